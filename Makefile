@@ -1,0 +1,83 @@
+# Makefile — builds libattn (shared and static), the attn command and the test suites.
+#
+#   make                 library + command into build/
+#   make demo            build, then run `attn demo`
+#   make check           the whole test suite (also what .ci/run runs)
+#   make install PREFIX=/usr/local   (DESTDIR honoured)
+#
+# Portable flags only: the library is built for baseline x86-64 (or whatever CC targets);
+# no -march=native, never -ffast-math.
+
+CC      ?= cc
+PREFIX  ?= /usr/local
+BUILD   ?= build
+OPT     ?= -O2
+SAN     ?=
+
+CFLAGS_BASE = -std=c11 $(OPT) -g -fopenmp -Wall -Wextra -Wshadow -Wno-unused-parameter \
+              -fno-strict-aliasing -D_POSIX_C_SOURCE=200809L -Iinclude $(SAN)
+LIB_CFLAGS  = $(CFLAGS_BASE) -fPIC -fvisibility=hidden
+LDLIBS      = -lm
+
+LIB_SRC   = $(wildcard src/*.c)
+LIB_OBJ   = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC))
+TOOL_SRC  = $(wildcard tools/*.c)
+TOOL_OBJ  = $(patsubst tools/%.c,$(BUILD)/obj/tools/%.o,$(TOOL_SRC))
+TEST_SRC  = $(wildcard tests/test_*.c)
+TEST_BIN  = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+
+VERSION = $(shell sed -n 's/^\#define ATTN_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)/\2/p' include/attn.h | paste -sd.)
+
+.PHONY: all demo check tests install uninstall clean
+all: $(BUILD)/libattn.so $(BUILD)/libattn.a $(BUILD)/attn $(BUILD)/attn.pc
+
+$(BUILD)/obj/%.o: src/%.c include/attn.h $(wildcard src/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(LIB_CFLAGS) -Isrc -c $< -o $@
+
+$(BUILD)/libattn.so: $(LIB_OBJ)
+	$(CC) -shared -fopenmp -Wl,-soname,libattn.so.0 $(SAN) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/libattn.a: $(LIB_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/obj/tools/%.o: tools/%.c include/attn.h $(wildcard tools/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -Itools -c $< -o $@
+
+$(BUILD)/attn: $(TOOL_OBJ) $(BUILD)/libattn.a
+	$(CC) -fopenmp $(SAN) -o $@ $(TOOL_OBJ) $(BUILD)/libattn.a $(LDLIBS)
+
+# Test programs may use the npy reader of the tools.
+$(BUILD)/tests/%: tests/%.c tests/check.h $(BUILD)/libattn.a $(BUILD)/obj/tools/npy.o
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -Isrc -Itools -o $@ $< $(BUILD)/obj/tools/npy.o $(BUILD)/libattn.a $(LDLIBS)
+
+tests: $(TEST_BIN) $(BUILD)/attn
+
+$(BUILD)/attn.pc: attn.pc.in include/attn.h
+	@mkdir -p $(BUILD)
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' $< > $@
+
+demo: all
+	$(BUILD)/attn demo
+
+check:
+	bash scripts/check.sh
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -m 644 include/attn.h $(DESTDIR)$(PREFIX)/include/attn.h
+	install -m 755 $(BUILD)/libattn.so $(DESTDIR)$(PREFIX)/lib/libattn.so.$(VERSION)
+	ln -sf libattn.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libattn.so.0
+	ln -sf libattn.so.0 $(DESTDIR)$(PREFIX)/lib/libattn.so
+	install -m 644 $(BUILD)/libattn.a $(DESTDIR)$(PREFIX)/lib/libattn.a
+	install -m 644 $(BUILD)/attn.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/attn.pc
+	install -m 755 $(BUILD)/attn $(DESTDIR)$(PREFIX)/bin/attn
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/include/attn.h $(DESTDIR)$(PREFIX)/lib/libattn.* \
+	      $(DESTDIR)$(PREFIX)/lib/pkgconfig/attn.pc $(DESTDIR)$(PREFIX)/bin/attn
+
+clean:
+	rm -rf $(BUILD)

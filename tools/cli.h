@@ -1,0 +1,12 @@
+/*
+ * cli.h — the subcommands of the `attn` command, one function each, dispatched by
+ *         attn_main.c. Each returns the process exit status (0 = success) and prints
+ *         its own one-line errors on stderr.
+ */
+#ifndef ATTN_CLI_H
+#define ATTN_CLI_H
+
+int cli_run(int argc, char **argv);   /* attn run ...   (tools/cli_run.c)  */
+int cli_demo(int argc, char **argv);  /* attn demo      (tools/cli_demo.c) */
+
+#endif /* ATTN_CLI_H */
