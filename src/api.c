@@ -1,0 +1,332 @@
+/*
+ * api.c — the public entry points: argument checking, the one place that fills
+ *         attn_params, path choice, workspace handling, status strings.
+ *
+ * Kernels never check arguments: everything a path relies on is established here,
+ * before anything is written. A failing call writes nothing but its error detail.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "attn_internal.h"
+
+/* ---- status strings and the per-thread error detail ------------------------------ */
+
+static const char *const g_status_text[] = {
+#define ATTN_X_TEXT(name, msg) msg,
+    ATTN_STATUS_LIST(ATTN_X_TEXT)
+#undef ATTN_X_TEXT
+};
+
+static _Thread_local char g_last_error[512];
+
+const char *attn_status_string(attn_status status) {
+    if ((unsigned)status >= (unsigned)ATTN_STATUS_COUNT) return "unknown status";
+    return g_status_text[status];
+}
+
+const char *attn_last_error(void) { return g_last_error; }
+
+const char *attn_version(void) {
+#define ATTN_STR2(x) #x
+#define ATTN_STR(x) ATTN_STR2(x)
+    return ATTN_STR(ATTN_VERSION_MAJOR) "." ATTN_STR(ATTN_VERSION_MINOR) "." ATTN_STR(
+        ATTN_VERSION_PATCH);
+}
+
+const char *attn_kernel_name(void) { return "generic"; }
+
+static attn_status fail(attn_status status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_last_error, sizeof g_last_error, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+/* ---- checked 64-bit arithmetic ----------------------------------------------------- */
+
+static bool mul_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_mul_overflow(a, b, r); }
+static bool add_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_add_overflow(a, b, r); }
+
+static const char *dtype_name(attn_dtype t) {
+    static const char *const names[] = {"float32", "float16", "bfloat16",
+                                        "bool",    "int32",   "int64"};
+    return (unsigned)t < (unsigned)ATTN_DTYPE_COUNT ? names[t] : "unknown";
+}
+
+/* A tensor's basic soundness: present, the expected dtype, sizes >= 0, element count
+ * and extreme offsets representable in int64, data present when non-empty. */
+static attn_status check_tensor(const attn_tensor *t, const char *name, attn_dtype want,
+                                bool need_data) {
+    if (!t) return fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", name);
+    if (t->dtype != want)
+        return fail(ATTN_ERR_DTYPE, "%s: dtype is %s, expected %s", name,
+                    dtype_name(t->dtype), dtype_name(want));
+    int64_t count = 1, span = 0;
+    for (int d = 0; d < 4; d++) {
+        if (t->shape[d] < 0)
+            return fail(ATTN_ERR_SHAPE, "%s: shape[%d] = %lld is negative", name, d,
+                        (long long)t->shape[d]);
+        if (!mul_ok(count, t->shape[d], &count))
+            return fail(ATTN_ERR_OVERFLOW, "%s: element count overflows int64", name);
+    }
+    for (int d = 0; d < 4 && count > 0; d++) {
+        int64_t s = t->stride[d], ext;
+        if (s == INT64_MIN || !mul_ok(t->shape[d] - 1, s < 0 ? -s : s, &ext) ||
+            !add_ok(span, ext, &span))
+            return fail(ATTN_ERR_OVERFLOW, "%s: offsets overflow int64 (stride[%d] = %lld)",
+                        name, d, (long long)s);
+    }
+    if (need_data && count > 0 && !t->data)
+        return fail(ATTN_ERR_NULL, "%s: data is NULL for %lld elements", name,
+                    (long long)count);
+    return ATTN_OK;
+}
+
+/* An output must not write one element twice: no stride 0 on a dimension longer than 1. */
+static attn_status check_output_strides(const attn_tensor *t, const char *name, int dims) {
+    for (int d = 0; d < dims; d++)
+        if (t->shape[d] > 1 && t->stride[d] == 0)
+            return fail(ATTN_ERR_STRIDE, "%s: stride[%d] is 0 on a dimension of size %lld",
+                        name, d, (long long)t->shape[d]);
+    return ATTN_OK;
+}
+
+static attn_status expect_dim(const attn_tensor *t, const char *name, int d, int64_t want,
+                              const char *what) {
+    if (t->shape[d] != want)
+        return fail(ATTN_ERR_SHAPE, "%s: shape[%d] (%s) is %lld, expected %lld", name, d, what,
+                    (long long)t->shape[d], (long long)want);
+    return ATTN_OK;
+}
+
+/* A mask or bias: each dimension is 1 (broadcast) or the score's size. */
+static attn_status check_broadcast(const attn_tensor *t, const char *name,
+                                   const int64_t full[4], int64_t out_stride[4]) {
+    static const char *const dim_names[4] = {"B", "Hq", "Lq", "Lk"};
+    for (int d = 0; d < 4; d++) {
+        if (t->shape[d] != full[d] && t->shape[d] != 1)
+            return fail(ATTN_ERR_MASK, "%s: shape[%d] is %lld, expected 1 or %s = %lld", name,
+                        d, (long long)t->shape[d], dim_names[d], (long long)full[d]);
+        out_stride[d] = t->shape[d] == 1 ? 0 : t->stride[d];
+    }
+    return ATTN_OK;
+}
+
+#define TRY(expr)                               \
+    do {                                        \
+        attn_status st_ = (expr);               \
+        if (st_ != ATTN_OK) return st_;         \
+    } while (0)
+
+/* The one place that fills attn_params. need_data = false for the workspace query,
+ * which may be asked before any buffer exists. */
+static attn_status params_init(attn_params *p, const attn_tensor *q, const attn_tensor *k,
+                               const attn_tensor *v, const attn_tensor *o,
+                               const attn_options *opt_in, bool need_data) {
+    static const attn_options defaults = {0};
+    const attn_options *opt = opt_in ? opt_in : &defaults;
+    *p = (attn_params){0};
+
+    TRY(check_tensor(q, "q", ATTN_F32, need_data));
+    TRY(check_tensor(k, "k", ATTN_F32, need_data));
+    TRY(check_tensor(v, "v", ATTN_F32, need_data));
+    TRY(check_tensor(o, "o", ATTN_F32, need_data));
+
+    p->B = q->shape[0];
+    p->Hq = q->shape[1];
+    p->Lq = q->shape[2];
+    p->Dk = q->shape[3];
+    p->Hkv = k->shape[1];
+    p->Lk = k->shape[2];
+    p->Dv = v->shape[3];
+
+    TRY(expect_dim(k, "k", 0, p->B, "B, as q"));
+    TRY(expect_dim(k, "k", 3, p->Dk, "Dk, as q"));
+    TRY(expect_dim(v, "v", 0, p->B, "B, as q"));
+    TRY(expect_dim(v, "v", 1, p->Hkv, "Hkv, as k"));
+    TRY(expect_dim(v, "v", 2, p->Lk, "Lk, as k"));
+    TRY(expect_dim(o, "o", 0, p->B, "B, as q"));
+    TRY(expect_dim(o, "o", 1, p->Hq, "Hq, as q"));
+    TRY(expect_dim(o, "o", 2, p->Lq, "Lq, as q"));
+    TRY(expect_dim(o, "o", 3, p->Dv, "Dv, as v"));
+    TRY(check_output_strides(o, "o", 4));
+
+    if (p->Hkv == 0 ? p->Hq != 0 : p->Hq % p->Hkv != 0)
+        return fail(ATTN_ERR_HEADS, "q: Hq = %lld is not a multiple of k's Hkv = %lld",
+                    (long long)p->Hq, (long long)p->Hkv);
+    p->group = p->Hkv ? p->Hq / p->Hkv : 1;
+
+    p->q = q->data; memcpy(p->q_s, q->stride, sizeof p->q_s);
+    p->k = k->data; memcpy(p->k_s, k->stride, sizeof p->k_s);
+    p->v = v->data; memcpy(p->v_s, v->stride, sizeof p->v_s);
+    p->o = o->data; memcpy(p->o_s, o->stride, sizeof p->o_s);
+
+    /* scale and softcap */
+    if (opt->has_scale) {
+        if (!isfinite(opt->scale))
+            return fail(ATTN_ERR_VALUE, "options.scale is %g, expected a finite number",
+                        (double)opt->scale);
+        p->scale = opt->scale;
+    } else {
+        /* An empty dot product (Dk = 0) is 0; its default scale is taken as 1 so that the
+         * logits are 0, not inf * 0. */
+        p->scale = p->Dk > 0 ? (float)(1.0 / sqrt((double)p->Dk)) : 1.0f;
+    }
+    if (!(opt->softcap >= 0.0f) || isinf(opt->softcap))
+        return fail(ATTN_ERR_VALUE, "options.softcap is %g, expected 0 (off) or a finite "
+                    "positive number", (double)opt->softcap);
+    p->softcap = opt->softcap;
+
+    /* causal, alignment, window */
+    if ((unsigned)opt->align > (unsigned)ATTN_ALIGN_BOTTOM_RIGHT)
+        return fail(ATTN_ERR_VALUE, "options.align is %d, expected ATTN_ALIGN_TOP_LEFT or "
+                    "ATTN_ALIGN_BOTTOM_RIGHT", (int)opt->align);
+    p->causal = opt->causal;
+    p->align = opt->align;
+    p->win_left = p->win_right = -1;
+    if (opt->has_window) {
+        if (opt->window_left < -1 || opt->window_right < -1)
+            return fail(ATTN_ERR_VALUE, "options.window = (%lld, %lld), expected each >= -1 "
+                        "(-1 = unbounded)", (long long)opt->window_left,
+                        (long long)opt->window_right);
+        p->win_left = opt->window_left;
+        p->win_right = opt->window_right;
+    }
+
+    /* masks */
+    const int64_t full[4] = {p->B, p->Hq, p->Lq, p->Lk};
+    if (opt->mask) {
+        TRY(check_tensor(opt->mask, "mask", ATTN_BOOL, need_data));
+        TRY(check_broadcast(opt->mask, "mask", full, p->mask_s));
+        p->mask = opt->mask->data;
+    }
+    if (opt->bias) {
+        TRY(check_tensor(opt->bias, "bias", ATTN_F32, need_data));
+        TRY(check_broadcast(opt->bias, "bias", full, p->bias_s));
+        p->bias = opt->bias->data;
+    }
+    if (opt->kv_len) {
+        const attn_tensor *t = opt->kv_len;
+        if (!t) return fail(ATTN_ERR_NULL, "kv_len: NULL");
+        attn_dtype dt = t->dtype == ATTN_I32 ? ATTN_I32 : ATTN_I64;
+        TRY(check_tensor(t, "kv_len", dt, need_data));
+        if (t->shape[0] != p->B || t->shape[1] != 1 || t->shape[2] != 1 || t->shape[3] != 1)
+            return fail(ATTN_ERR_SHAPE, "kv_len: shape [%lld, %lld, %lld, %lld], expected "
+                        "[B = %lld, 1, 1, 1]", (long long)t->shape[0], (long long)t->shape[1],
+                        (long long)t->shape[2], (long long)t->shape[3], (long long)p->B);
+        p->kv_len = t->data;
+        p->kv_len_dtype = dt;
+        p->kv_len_s = t->stride[0];
+        for (int64_t b = 0; need_data && b < p->B; b++) {
+            int64_t len = attn_key_len(p, b);
+            if (len < 0 || len > p->Lk)
+                return fail(ATTN_ERR_VALUE, "kv_len[%lld] = %lld, expected 0 <= kv_len <= "
+                            "Lk = %lld", (long long)b, (long long)len, (long long)p->Lk);
+        }
+    }
+    if (opt->alibi_slopes) {
+        const attn_tensor *t = opt->alibi_slopes;
+        TRY(check_tensor(t, "alibi_slopes", ATTN_F32, need_data));
+        if (t->shape[0] != p->Hq || t->shape[1] != 1 || t->shape[2] != 1 || t->shape[3] != 1)
+            return fail(ATTN_ERR_SHAPE, "alibi_slopes: shape [%lld, %lld, %lld, %lld], "
+                        "expected [Hq = %lld, 1, 1, 1]", (long long)t->shape[0],
+                        (long long)t->shape[1], (long long)t->shape[2],
+                        (long long)t->shape[3], (long long)p->Hq);
+        p->alibi = t->data;
+        p->alibi_s = t->stride[0];
+    }
+
+    /* optional outputs */
+    if (opt->lse) {
+        const attn_tensor *t = opt->lse;
+        TRY(check_tensor(t, "lse", ATTN_F32, need_data));
+        TRY(expect_dim(t, "lse", 0, p->B, "B"));
+        TRY(expect_dim(t, "lse", 1, p->Hq, "Hq"));
+        TRY(expect_dim(t, "lse", 2, p->Lq, "Lq"));
+        TRY(expect_dim(t, "lse", 3, 1, "1"));
+        TRY(check_output_strides(t, "lse", 3));
+        p->lse = t->data;
+        memcpy(p->lse_s, t->stride, sizeof p->lse_s);
+    }
+    if (opt->weights) {
+        const attn_tensor *t = opt->weights;
+        TRY(check_tensor(t, "weights", ATTN_F32, need_data));
+        for (int d = 0; d < 4; d++)
+            TRY(expect_dim(t, "weights", d, full[d], (const char *[]){"B", "Hq", "Lq", "Lk"}[d]));
+        TRY(check_output_strides(t, "weights", 4));
+        p->weights = t->data;
+        memcpy(p->w_s, t->stride, sizeof p->w_s);
+    }
+
+    /* path and threads */
+    switch (opt->path) {
+    case ATTN_PATH_AUTO:
+    case ATTN_PATH_FUSED: p->path = ATTN_PATH_FUSED; break;
+    case ATTN_PATH_REFERENCE: p->path = ATTN_PATH_REFERENCE; break;
+    default:
+        return fail(ATTN_ERR_VALUE, "options.path is %d, expected an attn_path value",
+                    (int)opt->path);
+    }
+    if (opt->threads < 0)
+        return fail(ATTN_ERR_VALUE, "options.threads is %d, expected >= 0 (0 = default)",
+                    (int)opt->threads);
+#ifdef _OPENMP
+    p->threads = opt->threads > 0 ? opt->threads : omp_get_max_threads();
+#else
+    p->threads = 1;
+#endif
+    if (p->threads < 1) p->threads = 1;
+    return ATTN_OK;
+}
+
+static size_t workspace_bytes(const attn_params *p) {
+    return p->path == ATTN_PATH_REFERENCE ? attn_reference_workspace(p)
+                                          : attn_fused_workspace(p);
+}
+
+attn_status attn_forward_workspace_size(const attn_tensor *q, const attn_tensor *k,
+                                        const attn_tensor *v, const attn_tensor *o,
+                                        const attn_options *opt, size_t *bytes) {
+    attn_params p;
+    if (!bytes) return fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
+    TRY(params_init(&p, q, k, v, o, opt, false));
+    size_t n = workspace_bytes(&p);
+    if (n == (size_t)-1) return fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+    *bytes = n;
+    g_last_error[0] = '\0';
+    return ATTN_OK;
+}
+
+attn_status attn_forward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                         const attn_tensor *o, const attn_options *opt) {
+    attn_params p;
+    TRY(params_init(&p, q, k, v, o, opt, true));
+    g_last_error[0] = '\0';
+    if (p.B == 0 || p.Hq == 0 || p.Lq == 0) return ATTN_OK;
+
+    size_t need = workspace_bytes(&p);
+    if (need == (size_t)-1) return fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+    void *ws = opt ? opt->workspace : NULL;
+    void *owned = NULL;
+    if (ws) {
+        if (opt->workspace_bytes < need)
+            return fail(ATTN_ERR_WORKSPACE, "options.workspace_bytes is %zu, this call "
+                        "needs %zu", opt->workspace_bytes, need);
+    } else if (need > 0) {
+        owned = ws = malloc(need);
+        if (!ws) return fail(ATTN_ERR_NOMEM, "workspace: could not allocate %zu bytes", need);
+    }
+    attn_status st = p.path == ATTN_PATH_REFERENCE ? attn_reference_forward(&p, ws)
+                                                   : attn_fused_forward(&p, ws);
+    free(owned);
+    return st;
+}

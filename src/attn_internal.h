@@ -1,0 +1,114 @@
+/*
+ * attn_internal.h — what the library's parts share and users never see: the params
+ *                   struct every kernel reads, the structural key range of a row, and
+ *                   the entry points of the paths.
+ *
+ * The params are filled and validated in one place (params.c, attn_params_init); the
+ * paths trust them. Shapes and strides are in elements, int64 throughout.
+ */
+#ifndef ATTN_INTERNAL_H
+#define ATTN_INTERNAL_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attn.h"
+
+#define ATTN_PRIVATE __attribute__((visibility("hidden")))
+
+/* Index letters: b batch, h query head, g key/value head, i query row, j key row,
+ * d position along Dk or Dv. */
+typedef struct attn_params {
+    int64_t B, Hq, Hkv, Lq, Lk, Dk, Dv;
+    int64_t group;                 /* Hq / Hkv: query heads per key/value head       */
+
+    const float *q;  int64_t q_s[4];   /* (B, Hq,  Lq, Dk) */
+    const float *k;  int64_t k_s[4];   /* (B, Hkv, Lk, Dk) */
+    const float *v;  int64_t v_s[4];   /* (B, Hkv, Lk, Dv) */
+    float *o;        int64_t o_s[4];   /* (B, Hq,  Lq, Dv) */
+
+    float scale;
+    float softcap;                 /* 0 = off                                        */
+    bool causal;
+    attn_align align;
+    int64_t win_left, win_right;   /* -1 = unbounded; both -1 when there is no window */
+
+    /* masks broadcast as (B|1, Hq|1, Lq|1, Lk|1): stride 0 on the broadcast dims */
+    const uint8_t *mask;  int64_t mask_s[4];   /* true = attend                      */
+    const float *bias;    int64_t bias_s[4];   /* added to the logits                 */
+    const void *kv_len;   attn_dtype kv_len_dtype;  int64_t kv_len_s;   /* (B)       */
+    const float *alibi;   int64_t alibi_s;                               /* (Hq)      */
+
+    float *lse;      int64_t lse_s[3];     /* (B, Hq, Lq)      or NULL */
+    float *weights;  int64_t w_s[4];       /* (B, Hq, Lq, Lk)  or NULL */
+
+    attn_path path;                /* resolved: never AUTO                           */
+    int threads;                   /* resolved: >= 1                                 */
+} attn_params;
+
+/* The key length of batch b: kv_len[b], or Lk. */
+static inline int64_t attn_key_len(const attn_params *p, int64_t b) {
+    if (!p->kv_len) return p->Lk;
+    if (p->kv_len_dtype == ATTN_I32)
+        return ((const int32_t *)p->kv_len)[b * p->kv_len_s];
+    return ((const int64_t *)p->kv_len)[b * p->kv_len_s];
+}
+
+/* The diagonal d_i of row i in batch b (CONTRACT: top-left d_i = i, bottom-right
+ * d_i = i + Lk_b - Lq). */
+static inline int64_t attn_diagonal(const attn_params *p, int64_t lk_b, int64_t i) {
+    return p->align == ATTN_ALIGN_BOTTOM_RIGHT ? i + lk_b - p->Lq : i;
+}
+
+/* The keys row i may read: [*lo, *hi), possibly empty. Everything outside (beyond the
+ * key length, outside the causal band or the window) is masked by structure and is
+ * never read. Written to avoid overflow for any window size up to INT64_MAX. */
+static inline void attn_row_range(const attn_params *p, int64_t lk_b, int64_t i,
+                                  int64_t *lo, int64_t *hi) {
+    int64_t d = attn_diagonal(p, lk_b, i);
+    int64_t a = 0, e = lk_b;
+    if (p->causal && d + 1 < e) e = d + 1;
+    if (p->win_left >= 0 && p->win_left < d) a = d - p->win_left;
+    if (p->win_right >= 0 && p->win_right < lk_b - d) {
+        int64_t r = d + p->win_right + 1;
+        if (r < e) e = r;
+    }
+    if (e < a) e = a;
+    if (a > lk_b) a = e = lk_b;
+    *lo = a;
+    *hi = e;
+}
+
+/* Everything about logit s_ij beyond scale·dot: softcap, float bias, ALiBi, bool mask.
+ * Returns the final logit, -INFINITY when masked. Shared by every path so that they
+ * cannot disagree on the order of operations (CONTRACT: softcap, then bias, then masks). */
+static inline float attn_finish_logit(const attn_params *p, float s, int64_t b, int64_t h,
+                                      int64_t i, int64_t j, int64_t d_i) {
+    if (p->softcap > 0.0f) s = p->softcap * tanhf(s / p->softcap);
+    if (p->bias)
+        s += p->bias[b * p->bias_s[0] + h * p->bias_s[1] + i * p->bias_s[2] + j * p->bias_s[3]];
+    if (p->alibi) {
+        int64_t dist = d_i > j ? d_i - j : j - d_i;
+        s -= p->alibi[h * p->alibi_s] * (float)dist;
+    }
+    if (p->mask &&
+        !p->mask[b * p->mask_s[0] + h * p->mask_s[1] + i * p->mask_s[2] + j * p->mask_s[3]])
+        s = -INFINITY;
+    return s;
+}
+
+/* True when the call has per-element terms beyond scale·dot. */
+static inline bool attn_has_elementwise(const attn_params *p) {
+    return p->softcap > 0.0f || p->bias || p->alibi || p->mask;
+}
+
+/* paths; each returns ATTN_OK or ATTN_ERR_WORKSPACE/NOMEM. The workspace functions
+ * return the bytes the path needs, (size_t)-1 on overflow. */
+ATTN_PRIVATE size_t attn_fused_workspace(const attn_params *p);
+ATTN_PRIVATE attn_status attn_fused_forward(const attn_params *p, void *ws);
+ATTN_PRIVATE size_t attn_reference_workspace(const attn_params *p);
+ATTN_PRIVATE attn_status attn_reference_forward(const attn_params *p, void *ws);
+
+#endif /* ATTN_INTERNAL_H */

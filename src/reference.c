@@ -1,0 +1,102 @@
+/*
+ * reference.c — the float64 reference path: the oracle of every test, selectable at run
+ *               time with ATTN_PATH_REFERENCE.
+ *
+ * Straightforward on purpose: for each (batch, head) it materializes the Lq x Lk score
+ * matrix in float64, takes the row softmax with the max subtracted, and forms O = P V
+ * in float64. It is not fast and needs Lq * Lk * 8 bytes of workspace; its virtue is
+ * that each line can be checked against docs/CONTRACT.md by eye. Rows run in parallel;
+ * each row is computed by one thread in a fixed order, so results do not depend on the
+ * thread count.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "attn_internal.h"
+
+size_t attn_reference_workspace(const attn_params *p) {
+    int64_t n;
+    if (__builtin_mul_overflow(p->Lq, p->Lk, &n) || n > (int64_t)(SIZE_MAX / sizeof(double)))
+        return (size_t)-1;
+    return (size_t)n * sizeof(double);
+}
+
+/* s_ij in float64, CONTRACT order: scale * dot, softcap, + bias + ALiBi, masks. */
+static double ref_logit(const attn_params *p, const float *q_bhi, const float *k_bgj,
+                        int64_t b, int64_t h, int64_t i, int64_t j, int64_t d_i) {
+    double dot = 0.0;
+    for (int64_t d = 0; d < p->Dk; d++)
+        dot += (double)q_bhi[d * p->q_s[3]] * (double)k_bgj[d * p->k_s[3]];
+    double s = (double)p->scale * dot;
+    if (p->softcap > 0.0f) s = (double)p->softcap * tanh(s / (double)p->softcap);
+    if (p->bias)
+        s += p->bias[b * p->bias_s[0] + h * p->bias_s[1] + i * p->bias_s[2] + j * p->bias_s[3]];
+    if (p->alibi) s -= (double)p->alibi[h * p->alibi_s] * (double)llabs(d_i - j);
+    if (p->mask &&
+        !p->mask[b * p->mask_s[0] + h * p->mask_s[1] + i * p->mask_s[2] + j * p->mask_s[3]])
+        s = -INFINITY;
+    return s;
+}
+
+attn_status attn_reference_forward(const attn_params *p, void *ws) {
+    double *scores = ws;  // (Lq, Lk), one (b, h) at a time
+    for (int64_t b = 0; b < p->B; b++) {
+        const int64_t lk_b = attn_key_len(p, b);
+        for (int64_t h = 0; h < p->Hq; h++) {
+            const int64_t g = h / p->group;
+            const float *q_bh = p->q + b * p->q_s[0] + h * p->q_s[1];
+            const float *k_bg = p->k + b * p->k_s[0] + g * p->k_s[1];
+            const float *v_bg = p->v + b * p->v_s[0] + g * p->v_s[1];
+
+#pragma omp parallel for schedule(static) num_threads(p->threads)
+            for (int64_t i = 0; i < p->Lq; i++) {
+                double *s_i = scores + i * p->Lk;
+                int64_t lo, hi;
+                attn_row_range(p, lk_b, i, &lo, &hi);
+                const int64_t d_i = attn_diagonal(p, lk_b, i);
+
+                /* keys outside [lo, hi) are masked by structure: never read */
+                double m = -INFINITY;
+                for (int64_t j = 0; j < p->Lk; j++) {
+                    s_i[j] = (j >= lo && j < hi)
+                                 ? ref_logit(p, q_bh + i * p->q_s[2], k_bg + j * p->k_s[2],
+                                             b, h, i, j, d_i)
+                                 : -INFINITY;
+                    if (isnan(s_i[j]) || s_i[j] > m) m = s_i[j];  // NaN sticks: a NaN logit poisons its row
+                }
+                /* m = -inf: every key is masked. Subtracting it would give -inf - -inf =
+                 * NaN; the row's answer is decided instead: O = 0, LSE = -inf, P = 0. */
+                const bool masked_row = m == -INFINITY;
+                double l = 0.0;
+                if (!masked_row) {
+                    for (int64_t j = 0; j < p->Lk; j++) {
+                        s_i[j] = exp(s_i[j] - m);
+                        l += s_i[j];
+                    }
+                } else {
+                    for (int64_t j = 0; j < p->Lk; j++) s_i[j] = 0.0;
+                }
+
+                float *o_bhi = p->o + b * p->o_s[0] + h * p->o_s[1] + i * p->o_s[2];
+                for (int64_t d = 0; d < p->Dv; d++) {
+                    double acc = 0.0;
+                    /* a weight of exactly 0 contributes nothing: a masked key's V is
+                     * never multiplied, so NaN stored there cannot leak */
+                    for (int64_t j = lo; j < hi; j++)
+                        if (s_i[j] != 0.0) acc += s_i[j] * (double)v_bg[j * p->v_s[2] + d * p->v_s[3]];
+                    o_bhi[d * p->o_s[3]] = masked_row ? 0.0f : (float)(acc / l);
+                }
+                if (p->lse) {
+                    double lse = masked_row ? -INFINITY : m + log(l);
+                    p->lse[b * p->lse_s[0] + h * p->lse_s[1] + i * p->lse_s[2]] = (float)lse;
+                }
+                if (p->weights) {
+                    float *w = p->weights + b * p->w_s[0] + h * p->w_s[1] + i * p->w_s[2];
+                    for (int64_t j = 0; j < p->Lk; j++)
+                        w[j * p->w_s[3]] = masked_row ? 0.0f : (float)(s_i[j] / l);
+                }
+            }
+        }
+    }
+    return ATTN_OK;
+}
