@@ -13,7 +13,7 @@
 
 static int g_pass, g_fail;
 
-static void check_failed(const char *file, int line, const char *fmt, ...) {
+static inline void check_failed(const char *file, int line, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "FAIL %s:%d: ", file, line);
@@ -33,7 +33,7 @@ static void check_failed(const char *file, int line, const char *fmt, ...) {
         }                                                         \
     } while (0)
 
-static int check_summary(const char *suite) {
+static inline int check_summary(const char *suite) {
     printf("%s: %d passed, %d failed\n", suite, g_pass, g_fail);
     return g_fail != 0;
 }
@@ -48,7 +48,7 @@ typedef struct tol_result {
     int nonfinite_mismatch;
 } tol_result;
 
-static int within_f32_tol(const float *got, const double *ref, int64_t n, tol_result *r) {
+static inline int within_f32_tol(const float *got, const double *ref, int64_t n, tol_result *r) {
     double num = 0, den = 0, max_err = 0, max_ref = 0;
     int64_t worst = -1;
     int bad = 0;

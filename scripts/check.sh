@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# check.sh — the whole test suite: builds, runs every suite, then runs them all again
+# under AddressSanitizer + UndefinedBehaviorSanitizer, and closes with one
+# "N passed, N failed" line summed over every suite of both runs.
+#
+# Usage: bash scripts/check.sh            (what `make check` and .ci/run run)
+#        ATTN_CHECK_SANITIZE=0 bash scripts/check.sh   skip the sanitizer run
+set -u
+cd "$(dirname "$0")/.."
+
+jobs=$(nproc 2>/dev/null || echo 2)
+total_pass=0
+total_fail=0
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+# run_suite NAME COMMAND...: runs one suite, echoes its output, adds its counts.
+run_suite() {
+    local name=$1
+    shift
+    echo "== $name"
+    "$@" 2>&1 | tee "$log"
+    local rc=${PIPESTATUS[0]}
+    local line
+    line=$(grep -E '^[A-Za-z0-9_-]+: [0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+    if [ -z "$line" ]; then
+        echo "$name: no summary line (exit $rc): counted as 1 failure"
+        total_fail=$((total_fail + 1))
+        return
+    fi
+    local p f
+    p=$(sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed.*/\1/' <<<"$line")
+    f=$(sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed.*/\2/' <<<"$line")
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        echo "$name: exited $rc with no failed check: counted as 1 failure"
+        f=1
+    fi
+    total_pass=$((total_pass + p))
+    total_fail=$((total_fail + f))
+}
+
+# run_all BUILD_DIR LABEL: every suite against one build.
+run_all() {
+    local b=$1 label=$2
+    for t in "$b"/tests/test_*; do
+        [ -x "$t" ] || continue
+        run_suite "$label$(basename "$t")" "$t"
+    done
+    run_suite "${label}test_cli.sh" bash tests/test_cli.sh "$b/attn"
+}
+
+make -s -j"$jobs" all tests || { echo "0 passed, 1 failed"; exit 1; }
+run_all build ""
+
+if [ "${ATTN_CHECK_SANITIZE:-1}" != 0 ]; then
+    san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+    if make -s -j"$jobs" BUILD=build-san OPT=-O1 SAN="$san" all tests; then
+        export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
+        export UBSAN_OPTIONS=print_stacktrace=1
+        run_all build-san "asan+ubsan "
+    else
+        echo "sanitizer build failed: counted as 1 failure"
+        total_fail=$((total_fail + 1))
+    fi
+fi
+
+echo
+echo "$total_pass passed, $total_fail failed"
+[ "$total_fail" -eq 0 ]
