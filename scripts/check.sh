@@ -47,6 +47,8 @@ run_all() {
         run_suite "$label$(basename "$t")" "$t"
     done
     run_suite "${label}test_cli.sh" bash tests/test_cli.sh "$b/attn"
+    # the installed library is linked into a plain program: not with a sanitized build
+    [ -n "$label" ] || run_suite "test_install.sh" bash tests/test_install.sh "$b"
 }
 
 make -s -j"$jobs" all tests || { echo "0 passed, 1 failed"; exit 1; }
