@@ -1,0 +1,309 @@
+#!/usr/bin/env bash
+# test_cli.sh — tests of the `attn` command (mostly `attn run`) through its files and
+#               exit codes, as an outside harness drives it.
+#
+# Usage: bash tests/test_cli.sh [path/to/attn]      (default build/attn)
+#
+# What it covers: answers on tiny cases checked against a pure-Python reference (and one
+# against numbers worked by hand), every option's wiring, the --lse and --weights outputs,
+# and each refusal: exit status 1 (data) or 2 (usage), exactly one line on stderr naming
+# the file or option, and no output file left behind. What it is not: a numerical test
+# of the library (tests/test_forward.c). Needs python3 only, not NumPy: the .npy files are
+# made and read with the struct module.
+
+set -u
+ATTN=${1:-build/attn}
+case $ATTN in /*) ;; *) ATTN=$PWD/$ATTN ;; esac
+if [ ! -x "$ATTN" ] || ! command -v python3 >/dev/null; then
+    echo "test_cli.sh: needs an executable attn ($ATTN) and python3"
+    echo "cli: 0 passed, 1 failed"
+    exit 1
+fi
+T=$(mktemp -d "${TMPDIR:-/tmp}/test_cli.XXXXXX") || exit 1
+trap 'rm -rf "$T"' EXIT
+cd "$T" || exit 1
+
+# ---- npyh.py: write, read and compute what .npy files should hold ----------------------
+cat > npyh.py <<'EOF'
+import ast, math, struct, sys
+
+CODES = {'f4': 'f', 'f8': 'd', 'f2': 'e', 'i4': 'i', 'i8': 'q', 'b1': '?', 'u1': 'B'}
+
+def write(path, descr, shape, values, fortran='False', hdr=None, cut=0, extra=0, ver=1):
+    """A .npy file; hdr (a shape) lies in the header, cut/extra shorten/lengthen the data."""
+    data = struct.pack(('>' if descr[0] == '>' else '<') + CODES[descr[1:]] * len(values), *values)
+    data = data[:len(data) - cut] + b'\0' * extra
+    shape = tuple(hdr if hdr is not None else shape)
+    text = "{'descr': '%s', 'fortran_order': %s, 'shape': %r, }" % (descr, fortran, shape)
+    pre = 10 if ver == 1 else 12
+    text += ' ' * (63 - (pre + len(text)) % 64) + '\n'
+    size = struct.pack('<H' if ver == 1 else '<I', len(text))
+    with open(path, 'wb') as f:
+        f.write(b'\x93NUMPY' + bytes([ver, 0]) + size + text.encode() + data)
+
+def read(path):
+    b = open(path, 'rb').read()
+    assert b[:6] == b'\x93NUMPY', 'bad magic'
+    n, pre = (struct.unpack('<H', b[8:10])[0], 10) if b[6] == 1 else (struct.unpack('<I', b[8:12])[0], 12)
+    h = ast.literal_eval(b[pre:pre + n].decode())
+    count = math.prod(h['shape'])
+    code = CODES[h['descr'][1:]]
+    return h, list(struct.unpack('<' + code * count, b[pre + n:]))
+
+def attention(q, k, v, scale=None, mask=None, bias=None, causal=False, align='top-left',
+              window=None, kvlen=None, slope=None, softcap=0.0):
+    """One batch, one head, float64, the contract's definition: (O, P, LSE) as flat lists."""
+    Lq, Lk, Dv = len(q), len(k), len(v[0])
+    scale = 1 / math.sqrt(len(q[0])) if scale is None else scale
+    lk = Lk if kvlen is None else kvlen
+    O, P, LSE = [], [], []
+    for i in range(Lq):
+        d = i if align == 'top-left' else i + lk - Lq
+        s = []
+        for j in range(Lk):
+            x = scale * sum(a * b for a, b in zip(q[i], k[j]))
+            if softcap:
+                x = softcap * math.tanh(x / softcap)
+            x += (bias[i][j] if bias else 0) - (slope * abs(d - j) if slope is not None else 0)
+            keep = j < lk and (mask is None or mask[i][j]) and (not causal or j <= d)
+            if window:
+                keep = keep and (window[0] < 0 or j >= d - window[0]) and (window[1] < 0 or j <= d + window[1])
+            s.append(x if keep else -math.inf)
+        m = max(s)
+        if m == -math.inf:
+            O += [0.0] * Dv; P += [0.0] * Lk; LSE.append(-math.inf)
+            continue
+        e = [math.exp(x - m) for x in s]
+        p = [x / sum(e) for x in e]
+        O += [sum(p[j] * v[j][c] for j in range(Lk)) for c in range(Dv)]
+        P += p
+        LSE.append(m + math.log(sum(e)))
+    return O, P, LSE
+
+def near(path, shape, want, tol):
+    """exit 0 if the float32 file has this shape and these values (to tol * (1 + |want|))."""
+    h, got = read(path)
+    if h['descr'] != '<f4' or list(h['shape']) != shape or len(got) != len(want):
+        sys.exit('%s: %s %s, expected <f4 %s' % (path, h['descr'], h['shape'], shape))
+    for i, (g, w) in enumerate(zip(got, want)):
+        if not (g == w or abs(g - w) <= tol * (1 + abs(w))):
+            sys.exit('%s[%d] = %r, expected %r' % (path, i, g, w))
+
+if __name__ == '__main__':
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == 'w':      # w PATH DESCR SHAPE VALUES [key=value ...]
+        nums = [ast.literal_eval(x) for x in args[3].split(',') if x]
+        kw = {k: ast.literal_eval(v) for k, v in (a.split('=', 1) for a in args[4:])}
+        if 'fortran' in kw:
+            kw['fortran'] = str(bool(kw['fortran']))
+        write(args[0], args[1], [int(x) for x in args[2].split(',') if x], nums, **kw)
+    elif cmd == 'check':  # check O.npy P.npy LSE.npy  PYTHON-DICT-OF-attention()-ARGS
+        kw = eval(args[3], {'inf': math.inf})
+        ref = attention(**kw)
+        Lq, Lk, Dv = len(kw['q']), len(kw['k']), len(kw['v'][0])
+        for path, shape, want in zip(args[:3], ([1, 1, Lq, Dv], [1, 1, Lq, Lk], [1, 1, Lq]), ref):
+            if path != '-':
+                near(path, shape, want, 1e-5)
+    elif cmd == 'near':   # near PATH SHAPE VALUES TOL
+        near(args[0], [int(x) for x in args[1].split(',')], [float(x) for x in args[2].split(',') if x], float(args[3]))
+EOF
+
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+npy() { python3 npyh.py w "$@" || { echo "test_cli.sh: cannot write $1"; exit 1; }; }
+fresh() { rm -rf out && mkdir out; }
+
+# run_ok NAME PYTHON-DICT ATTN-ARGS... : succeeds, writes out/o.npy, out/p.npy, out/l.npy as
+# attention(**DICT) says, prints nothing on stderr, leaves no temporary file
+run_ok() {
+    local name=$1 ref=$2
+    shift 2
+    fresh
+    "$ATTN" run --out out/o.npy --weights out/p.npy --lse out/l.npy "$@" >stdout.txt 2>err.txt
+    local rc=$?
+    if [ $rc -ne 0 ]; then bad "$name: exit $rc: $(head -c 300 err.txt)"; return; fi
+    if [ -s err.txt ]; then bad "$name: stderr not empty: $(head -c 300 err.txt)"; return; fi
+    if [ "$(ls out)" != "$(printf 'l.npy\no.npy\np.npy')" ]; then bad "$name: out/ holds: $(ls out)"; return; fi
+    local msg
+    if msg=$(python3 npyh.py check out/o.npy out/p.npy out/l.npy "$ref" 2>&1); then ok; else bad "$name: $msg"; fi
+}
+
+# expect_fail NAME STATUS TEXT ATTN-ARGS... : exits with STATUS, one line on stderr that
+# contains TEXT, no file in out/
+expect_fail() {
+    local name=$1 want=$2 text=$3
+    shift 3
+    fresh
+    "$ATTN" "$@" >stdout.txt 2>err.txt
+    local rc=$? lines
+    lines=$(wc -l < err.txt)
+    if [ $rc -ne "$want" ]; then bad "$name: exit $rc, expected $want: $(head -c 300 err.txt)"
+    elif [ "$lines" -ne 1 ] || [ "$(head -c 6 err.txt)" != "attn: " ]; then
+        bad "$name: stderr is not one 'attn: ' line: $(head -c 300 err.txt)"
+    elif ! grep -qF -- "$text" err.txt; then bad "$name: stderr lacks '$text': $(cat err.txt)"
+    elif [ -n "$(ls -A out)" ]; then bad "$name: left files: $(ls -A out)"
+    else ok; fi
+}
+
+# ---- inputs ------------------------------------------------------------------------------
+# The textbook case: keys (1,0), (0,1), values (10,0), (0,10), d = 2; query rows (2,0), (0,3).
+npy q.npy '<f4' 1,1,2,2 2,0,0,3
+npy k.npy '<f4' 1,1,2,2 1,0,0,1
+npy v.npy '<f4' 1,1,2,2 10,0,0,10
+BASE="'q': [[2,0],[0,3]], 'k': [[1,0],[0,1]], 'v': [[10,0],[0,10]]"
+IN=(--q q.npy --k k.npy --v v.npy)
+
+# ---- answers -----------------------------------------------------------------------------
+# By hand: row 0 logits (2/sqrt 2, 0), p = 1/(1 + e^-1.41421) = 0.80442, o = (8.0442, 1.9558)
+fresh
+if "$ATTN" run "${IN[@]}" --out out/o.npy 2>err.txt &&
+    msg=$(python3 npyh.py near out/o.npy 1,1,2,2 8.0442,1.9558,1.0704,8.9296 1e-4 2>&1); then ok
+else bad "textbook case: $(cat err.txt) ${msg:-}"; fi
+if [ "$(ls -A out)" = o.npy ]; then ok; else bad "only --out given, out/ holds: $(ls -A out)"; fi
+
+run_ok "plain" "{$BASE}" "${IN[@]}"
+run_ok "--reference" "{$BASE}" "${IN[@]}" --reference
+run_ok "--threads 1" "{$BASE}" "${IN[@]}" --threads 1
+run_ok "--causal" "{$BASE, 'causal': True}" "${IN[@]}" --causal
+run_ok "--scale 0.25" "{$BASE, 'scale': 0.25}" "${IN[@]}" --scale 0.25
+run_ok "--scale=-1.5e0" "{$BASE, 'scale': -1.5}" "${IN[@]}" --scale=-1.5e0
+run_ok "--softcap 1" "{$BASE, 'softcap': 1.0}" "${IN[@]}" --softcap 1
+run_ok "--window 0,0" "{$BASE, 'window': (0, 0)}" "${IN[@]}" --window 0,0
+run_ok "--window -1,0" "{$BASE, 'window': (-1, 0)}" "${IN[@]}" --window -1,0
+
+npy m_bool2d.npy '|b1' 2,2 1,0,1,1
+run_ok "bool mask [Lq,Lk] broadcast" "{$BASE, 'mask': [[1,0],[1,1]]}" "${IN[@]}" --mask m_bool2d.npy
+npy m_bool4d.npy '|b1' 1,1,2,2 0,1,1,0
+run_ok "bool mask 4-D" "{$BASE, 'mask': [[0,1],[1,0]]}" "${IN[@]}" --mask m_bool4d.npy
+npy m_none.npy '|b1' 1,2 0,0
+run_ok "bool mask [1,Lk] all false: rows fully masked" "{$BASE, 'mask': [[0,0],[0,0]]}" "${IN[@]}" --mask m_none.npy
+npy m_f1d.npy '<f4' 2 0.5,-1
+run_ok "float mask [Lk] broadcast" "{$BASE, 'bias': [[0.5,-1],[0.5,-1]]}" "${IN[@]}" --mask m_f1d.npy
+npy m_f3d.npy '<f4' 1,2,1 0,-1e999
+run_ok "float mask [1,Lq,1] with -inf" "{$BASE, 'bias': [[0,0],[-inf,-inf]]}" "${IN[@]}" --mask m_f3d.npy
+
+npy len1_i32.npy '<i4' 1 1
+run_ok "--kv-len int32" "{$BASE, 'kvlen': 1}" "${IN[@]}" --kv-len len1_i32.npy
+npy len0_i64.npy '<i8' 1 0
+run_ok "--kv-len int64 0: all masked" "{$BASE, 'kvlen': 0}" "${IN[@]}" --kv-len len0_i64.npy
+npy slopes.npy '<f4' 1 0.75
+run_ok "--alibi" "{$BASE, 'slope': 0.75}" "${IN[@]}" --alibi slopes.npy
+
+# one query row against two keys: the alignment decides what causal keeps
+npy q1.npy '<f4' 1,1,1,2 2,0
+Q1="'q': [[2,0]], 'k': [[1,0],[0,1]], 'v': [[10,0],[0,10]]"
+run_ok "--causal top-left, Lq < Lk" "{$Q1, 'causal': True}" --q q1.npy --k k.npy --v v.npy --causal
+run_ok "--causal --align bottom-right" "{$Q1, 'causal': True, 'align': 'bottom-right'}" \
+    --q q1.npy --k k.npy --v v.npy --causal --align bottom-right
+npy s2.npy '<f4' 1 2
+run_ok "--alibi --align=bottom-right" "{$Q1, 'slope': 2.0, 'align': 'bottom-right'}" \
+    --q q1.npy --k k.npy --v v.npy --alibi s2.npy --align=bottom-right
+
+# no keys at all (Lk = 0): every row fully masked, O = 0, LSE = -inf, weights [.., 0]
+npy k0.npy '<f4' 1,1,0,2 ""
+npy v0.npy '<f4' 1,1,0,3 ""
+fresh
+if "$ATTN" run "${IN[@]:0:2}" --k k0.npy --v v0.npy --out out/o.npy --lse out/l.npy --weights out/p.npy 2>err.txt &&
+    python3 npyh.py near out/o.npy 1,1,2,3 0,0,0,0,0,0 0 && python3 npyh.py near out/l.npy 1,1,2 -inf,-inf 0 &&
+    python3 npyh.py near out/p.npy 1,1,2,0 "" 0; then ok; else bad "Lk = 0: $(cat err.txt)"; fi
+
+# the library's format 2.0 and an existing output replaced
+npy q_v2.npy '<f4' 1,1,2,2 2,0,0,3 ver=2
+run_ok "format 2.0 input" "{$BASE}" --q q_v2.npy --k k.npy --v v.npy
+fresh
+echo stale > out/o.npy
+if "$ATTN" run "${IN[@]}" --out out/o.npy 2>err.txt && python3 npyh.py near out/o.npy 1,1,2,2 8.0442,1.9558,1.0704,8.9296 1e-4 &&
+    [ "$(ls -A out)" = o.npy ]; then ok; else bad "an existing output is replaced: $(cat err.txt)"; fi
+
+# ---- refusals of data (exit 1) ----------------------------------------------------------
+npy qf.npy '<f4' 1,1,2,2 2,0,0,3 fortran=1
+expect_fail "Fortran order" 1 "qf.npy: fortran_order" run --q qf.npy --k k.npy --v v.npy --out out/o.npy
+npy k8.npy '<f8' 1,1,2,2 1,0,0,1
+expect_fail "float64 keys" 1 "k8.npy: dtype '<f8' (float64)" run --q q.npy --k k8.npy --v v.npy --out out/o.npy
+npy v16.npy '<f2' 1,1,2,2 10,0,0,10
+expect_fail "float16 values" 1 "v16.npy: float16" run --q q.npy --k k.npy --v v16.npy --out out/o.npy
+npy qi.npy '<i4' 1,1,2,2 2,0,0,3
+expect_fail "int32 query" 1 "qi.npy: dtype int32, expected float32" run --q qi.npy --k k.npy --v v.npy --out out/o.npy
+npy q3.npy '<f4' 1,2,2 2,0,0,3
+expect_fail "rank 3 query" 1 "q3.npy: shape [1,2,2] has rank 3" run --q q3.npy --k k.npy --v v.npy --out out/o.npy
+npy vt.npy '<f4' 1,1,2,2 10,0,0,10 cut=3
+expect_fail "truncated data" 1 "vt.npy: truncated" run --q q.npy --k k.npy --v vt.npy --out out/o.npy
+npy klie.npy '<f4' 1,1,2,2 1,0,0,1 hdr=1,1,4,2
+expect_fail "header bigger than the data" 1 "klie.npy: truncated data: header says 32 bytes of data, file has 16" \
+    run --q q.npy --k klie.npy --v v.npy --out out/o.npy
+npy kx.npy '<f4' 1,1,2,2 1,0,0,1 extra=4
+expect_fail "trailing bytes" 1 "kx.npy: trailing bytes" run --q q.npy --k kx.npy --v v.npy --out out/o.npy
+npy kbe.npy '>f4' 1,1,2,2 1,0,0,1
+expect_fail "big-endian" 1 "kbe.npy: big-endian" run --q q.npy --k kbe.npy --v v.npy --out out/o.npy
+echo "not a npy file" > text.npy
+expect_fail "not a .npy file" 1 "text.npy: not a .npy file" run --q text.npy --k k.npy --v v.npy --out out/o.npy
+expect_fail "missing file" 1 "absent.npy: cannot open" run --q q.npy --k k.npy --v absent.npy --out out/o.npy
+npy kd.npy '<f4' 1,1,2,1 1,0
+expect_fail "Dk mismatch" 1 "kd.npy: shape [1,1,2,1] does not match q.npy [1,1,2,2] in dimension 3 (Dk)" \
+    run --q q.npy --k kd.npy --v v.npy --out out/o.npy
+npy v3.npy '<f4' 1,1,3,2 1,0,0,1,1,1
+expect_fail "Lk mismatch" 1 "v3.npy: shape [1,1,3,2] does not match k.npy" run --q q.npy --k k.npy --v v3.npy --out out/o.npy
+npy q3h.npy '<f4' 1,3,1,2 1,0,0,1,1,1
+npy k2h.npy '<f4' 1,2,2,2 1,0,0,1,1,0,0,1
+npy v2h.npy '<f4' 1,2,2,2 1,0,0,1,1,0,0,1
+expect_fail "Hq not a multiple of Hkv" 1 "k2h.npy" run --q q3h.npy --k k2h.npy --v v2h.npy --out out/o.npy
+npy m_bad.npy '|b1' 3,2 1,1,1,1,1,1
+expect_fail "mask shape" 1 "m_bad.npy: shape [3,2] does not broadcast" run "${IN[@]}" --mask m_bad.npy --out out/o.npy
+npy m_i4.npy '<i4' 2,2 1,1,1,1
+expect_fail "mask dtype" 1 "m_i4.npy: dtype int32, expected bool or float32" run "${IN[@]}" --mask m_i4.npy --out out/o.npy
+npy len3.npy '<i4' 1 3
+expect_fail "--kv-len beyond Lk" 1 "len3.npy" run "${IN[@]}" --kv-len len3.npy --out out/o.npy
+npy lenf.npy '<f4' 1 1
+expect_fail "--kv-len float" 1 "lenf.npy: dtype float32" run "${IN[@]}" --kv-len lenf.npy --out out/o.npy
+npy len2.npy '<i8' 2 1,1
+expect_fail "--kv-len [2] for B = 1" 1 "len2.npy: shape [2]" run "${IN[@]}" --kv-len len2.npy --out out/o.npy
+npy sl2.npy '<f4' 2 1,1
+expect_fail "--alibi [2] for Hq = 1" 1 "sl2.npy: shape [2]" run "${IN[@]}" --alibi sl2.npy --out out/o.npy
+expect_fail "output directory missing" 1 "out/none/o.npy" run "${IN[@]}" --out out/none/o.npy
+# a later output that cannot be written removes the earlier ones of the same call
+expect_fail "--weights unwritable" 1 "out/none/p.npy" run "${IN[@]}" --out out/o.npy --lse out/l.npy --weights out/none/p.npy
+fresh
+echo keep > out/o.npy
+"$ATTN" run --q qf.npy --k k.npy --v v.npy --out out/o.npy 2>/dev/null
+if [ "$(cat out/o.npy)" = keep ] && [ "$(ls -A out)" = o.npy ]; then ok; else bad "a failed run touched an existing output"; fi
+
+# ---- usage errors (exit 2) -------------------------------------------------------------
+OUT=(--out out/o.npy)
+expect_fail "missing --out" 2 "--out" run "${IN[@]}"
+expect_fail "missing --k" 2 "--k" run --q q.npy --v v.npy "${OUT[@]}"
+expect_fail "unknown option" 2 "--frobnicate" run "${IN[@]}" "${OUT[@]}" --frobnicate
+expect_fail "stray argument" 2 "extra.npy" run "${IN[@]}" "${OUT[@]}" extra.npy
+expect_fail "option without its value" 2 "--out" run "${IN[@]}" --out
+expect_fail "option followed by an option" 2 "--q" run --q --k k.npy --v v.npy "${OUT[@]}"
+expect_fail "option given twice" 2 "--q" run "${IN[@]}" --q q.npy "${OUT[@]}"
+expect_fail "flag with a value" 2 "--causal" run "${IN[@]}" "${OUT[@]}" --causal=yes
+expect_fail "--lse same as --out" 2 "--lse" run "${IN[@]}" "${OUT[@]}" --lse out/o.npy
+for bad_scale in 1.5x "" nan inf -inf 1e39 " 1" 0x; do
+    expect_fail "--scale '$bad_scale'" 2 "--scale" run "${IN[@]}" "${OUT[@]}" --scale "$bad_scale"
+done
+for bad_window in 3 a,b -2,0 1,-5 1,2,3 "1, 2" 1.5,2 , 99999999999999999999,1; do
+    expect_fail "--window '$bad_window'" 2 "--window: expected LEFT,RIGHT integers >= -1, got '$bad_window'" \
+        run "${IN[@]}" "${OUT[@]}" --window "$bad_window"
+done
+for bad_softcap in -1 x nan; do
+    expect_fail "--softcap '$bad_softcap'" 2 "--softcap" run "${IN[@]}" "${OUT[@]}" --softcap "$bad_softcap"
+done
+for bad_threads in -1 2x "" 1.5 9999999999; do
+    expect_fail "--threads '$bad_threads'" 2 "--threads" run "${IN[@]}" "${OUT[@]}" --threads "$bad_threads"
+done
+expect_fail "--align middle" 2 "--align" run "${IN[@]}" "${OUT[@]}" --align middle
+expect_fail "unknown command" 2 "frobnicate" frobnicate
+expect_fail "no command" 2 "command"
+
+# ---- help and version ------------------------------------------------------------------
+if "$ATTN" --version >stdout.txt 2>err.txt && grep -qE '^attn [0-9]+\.[0-9]+\.[0-9]+$' stdout.txt; then ok
+else bad "--version: $(cat stdout.txt err.txt)"; fi
+for h in --help help; do
+    if "$ATTN" $h >stdout.txt 2>err.txt && grep -q run stdout.txt && [ ! -s err.txt ]; then ok; else bad "attn $h"; fi
+done
+if "$ATTN" run --help >stdout.txt 2>err.txt && grep -q -- --window stdout.txt && [ ! -s err.txt ]; then ok
+else bad "attn run --help"; fi
+
+echo "cli: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,41 @@
+/*
+ * attn_main.c — main() of the `attn` command: picks the subcommand and hands it the
+ *               arguments from the subcommand's name on (argv[0] = "run", "demo").
+ *
+ * What it is not: any option parsing of its own beyond --help and --version; each
+ * subcommand (cli.h) parses, reports and chooses its exit status itself.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "attn.h"
+#include "cli.h"
+
+static const char USAGE[] =
+    "usage: attn <command> [options]\n"
+    "\n"
+    "  run       attention over .npy files (attn run --help for its options)\n"
+    "  demo      a short demonstration of the library\n"
+    "  help      this text\n"
+    "\n"
+    "  --version prints the library version\n";
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "attn: missing command (try 'attn --help')\n");
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "run") == 0) return cli_run(argc - 1, argv + 1);
+    if (strcmp(cmd, "demo") == 0) return cli_demo(argc - 1, argv + 1);
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        fputs(USAGE, stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "--version") == 0) {
+        printf("attn %s\n", attn_version());
+        return 0;
+    }
+    fprintf(stderr, "attn: unknown command '%s' (try 'attn --help')\n", cmd);
+    return 2;
+}

@@ -1,0 +1,412 @@
+/*
+ * cli_run.c — `attn run`: attention over .npy files, for scripts and outside harnesses.
+ *
+ * What it is: option parsing, loading and checking the inputs (each error one line on
+ * stderr naming the file or option), one attn_forward call, then the outputs written
+ * all-or-nothing (each through npy_write's temp file + rename; if a later one fails the
+ * earlier ones of this call are removed). Exit status: 0 success, 2 usage error, 1 data
+ * or library error. What it is not: a second implementation of any check the library
+ * makes — it checks early only where it can name the file the user gave.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "attn.h"
+#include "cli.h"
+#include "npy.h"
+
+enum { EXIT_DATA = 1, EXIT_USAGE = 2 };
+
+static const char RUN_USAGE[] =
+    "usage: attn run --q Q.npy --k K.npy --v V.npy --out O.npy [options]\n"
+    "\n"
+    "  O = softmax(scale * Q K^T + bias, masked) V, for float32 .npy arrays\n"
+    "    Q [B, Hq, Lq, Dk]   K [B, Hkv, Lk, Dk]   V [B, Hkv, Lk, Dv]   O [B, Hq, Lq, Dv]\n"
+    "\n"
+    "  --mask M.npy            bool (true = attend) or float32 (added to the logits), shape\n"
+    "                          broadcasting to [B, Hq, Lq, Lk] (a lower rank is right-aligned)\n"
+    "  --causal                keep keys j <= d_i\n"
+    "  --align top-left|bottom-right   the diagonal d_i = i, or i + Lk_b - Lq (top-left)\n"
+    "  --scale S               multiply Q K^T by S (default 1/sqrt(Dk))\n"
+    "  --softcap C             C * tanh(s / C) before the mask (0 = off)\n"
+    "  --window LEFT,RIGHT     keep d_i - LEFT <= j <= d_i + RIGHT; -1 = unbounded\n"
+    "  --kv-len LENS.npy       int32 or int64 [B]: keys j >= LENS[b] are masked\n"
+    "  --alibi SLOPES.npy      float32 [Hq]: bias -slope[h] * |d_i - j|\n"
+    "  --lse LSE.npy           also write the log-sum-exp [B, Hq, Lq] float32\n"
+    "  --weights P.npy         also write the attention weights [B, Hq, Lq, Lk] float32\n"
+    "  --threads N             threads (0 = all, the default)\n"
+    "  --reference             use the float64 reference path\n"
+    "\n"
+    "  Options take their value as the next argument or after '='. Exit status: 0 done,\n"
+    "  1 bad data or library error, 2 usage error. Outputs are written only on success.\n";
+
+static int say(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("attn: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return code;
+}
+
+/* ---- options ------------------------------------------------------------------------ */
+
+typedef struct run_args {
+    const char *q, *k, *v, *out, *mask, *kv_len, *alibi, *lse, *weights;
+    const char *align, *scale, *softcap, *window, *threads;
+    bool causal, reference;
+} run_args;
+
+static int parse_args(int argc, char **argv, run_args *a) {
+    struct { const char *name; const char **value; bool *flag; } opts[] = {
+        {"--q", &a->q, NULL},           {"--k", &a->k, NULL},
+        {"--v", &a->v, NULL},           {"--out", &a->out, NULL},
+        {"--mask", &a->mask, NULL},     {"--kv-len", &a->kv_len, NULL},
+        {"--alibi", &a->alibi, NULL},   {"--lse", &a->lse, NULL},
+        {"--weights", &a->weights, NULL}, {"--align", &a->align, NULL},
+        {"--scale", &a->scale, NULL},   {"--softcap", &a->softcap, NULL},
+        {"--window", &a->window, NULL}, {"--threads", &a->threads, NULL},
+        {"--causal", NULL, &a->causal}, {"--reference", NULL, &a->reference},
+    };
+    const int nopts = (int)(sizeof opts / sizeof opts[0]);
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strncmp(arg, "--", 2) != 0)
+            return say(EXIT_USAGE, "run: unexpected argument '%s' (see 'attn run --help')", arg);
+        const char *eq = strchr(arg, '=');
+        size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+        int o = 0;
+        while (o < nopts && !(strlen(opts[o].name) == len && strncmp(opts[o].name, arg, len) == 0))
+            o++;
+        if (o == nopts)
+            return say(EXIT_USAGE, "run: unknown option '%.*s' (see 'attn run --help')", (int)len, arg);
+        const char *name = opts[o].name;
+        if (opts[o].flag) {
+            if (eq) return say(EXIT_USAGE, "%s: takes no value", name);
+            if (*opts[o].flag) return say(EXIT_USAGE, "%s: given twice", name);
+            *opts[o].flag = true;
+            continue;
+        }
+        const char *value = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!value || (!eq && strncmp(value, "--", 2) == 0))
+            return say(EXIT_USAGE, "%s: missing value", name);
+        if (*opts[o].value) return say(EXIT_USAGE, "%s: given twice", name);
+        *opts[o].value = value;
+    }
+    const char *required[][2] = {{"--q", a->q}, {"--k", a->k}, {"--v", a->v}, {"--out", a->out}};
+    for (int r = 0; r < 4; r++)
+        if (!required[r][1])
+            return say(EXIT_USAGE, "run: missing required option %s (see 'attn run --help')",
+                       required[r][0]);
+    const char *outs[][2] = {{"--out", a->out}, {"--lse", a->lse}, {"--weights", a->weights}};
+    for (int x = 0; x < 3; x++)
+        for (int y = x + 1; y < 3; y++)
+            if (outs[x][1] && outs[y][1] && strcmp(outs[x][1], outs[y][1]) == 0)
+                return say(EXIT_USAGE, "%s: same file as %s", outs[y][0], outs[x][0]);
+    return 0;
+}
+
+/* Strict number parsing: the whole string, no leading space, finite. */
+static bool parse_f32(const char *s, float *v) {
+    if (!*s || isspace((unsigned char)*s)) return false;
+    char *end;
+    double d = strtod(s, &end);
+    if (*end || !isfinite(d) || !isfinite((float)d)) return false;
+    *v = (float)d;
+    return true;
+}
+
+static bool parse_i64(const char *s, const char *stop, int64_t *v) {
+    if (s == stop || isspace((unsigned char)*s)) return false;
+    char *end;
+    errno = 0;
+    long long x = strtoll(s, &end, 10);
+    if (end != stop || errno == ERANGE) return false;
+    *v = x;
+    return true;
+}
+
+static int options_from_args(const run_args *a, attn_options *opt) {
+    opt->causal = a->causal;
+    if (a->reference) opt->path = ATTN_PATH_REFERENCE;
+    if (a->align) {
+        if (strcmp(a->align, "top-left") == 0) opt->align = ATTN_ALIGN_TOP_LEFT;
+        else if (strcmp(a->align, "bottom-right") == 0) opt->align = ATTN_ALIGN_BOTTOM_RIGHT;
+        else return say(EXIT_USAGE, "--align: expected top-left or bottom-right, got '%s'", a->align);
+    }
+    if (a->scale) {
+        if (!parse_f32(a->scale, &opt->scale))
+            return say(EXIT_USAGE, "--scale: expected a finite number, got '%s'", a->scale);
+        opt->has_scale = true;
+    }
+    if (a->softcap && (!parse_f32(a->softcap, &opt->softcap) || opt->softcap < 0))
+        return say(EXIT_USAGE, "--softcap: expected a finite number >= 0, got '%s'", a->softcap);
+    if (a->window) {
+        const char *comma = strchr(a->window, ',');
+        if (!comma || !parse_i64(a->window, comma, &opt->window_left) ||
+            !parse_i64(comma + 1, comma + 1 + strlen(comma + 1), &opt->window_right) ||
+            opt->window_left < -1 || opt->window_right < -1)
+            return say(EXIT_USAGE, "--window: expected LEFT,RIGHT integers >= -1, got '%s'", a->window);
+        opt->has_window = true;
+    }
+    if (a->threads) {
+        int64_t n;
+        if (!parse_i64(a->threads, a->threads + strlen(a->threads), &n) || n < 0 || n > INT32_MAX)
+            return say(EXIT_USAGE, "--threads: expected an integer >= 0, got '%s'", a->threads);
+        opt->threads = (int32_t)n;
+    }
+    return 0;
+}
+
+/* ---- inputs ------------------------------------------------------------------------- */
+
+static const char *dtype_name(attn_dtype t) {
+    switch (t) {
+    case ATTN_F32: return "float32";
+    case ATTN_F16: return "float16";
+    case ATTN_BF16: return "bfloat16";
+    case ATTN_BOOL: return "bool";
+    case ATTN_I32: return "int32";
+    case ATTN_I64: return "int64";
+    default: return "unknown";
+    }
+}
+
+/* "[1,2,4,16]" */
+static const char *shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
+    size_t at = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < ndim && at < n; d++)
+        at += (size_t)snprintf(buf + at, n - at, d ? ",%lld" : "%lld", (long long)shape[d]);
+    if (at < n) snprintf(buf + at, n - at, "]");
+    return buf;
+}
+
+static int load(const char *path, npy_array *a) {
+    char err[256];
+    if (npy_read(path, a, err, sizeof err)) return say(EXIT_DATA, "%s: %s", path, err);
+    return 0;
+}
+
+/* Q, K or V: float32, rank 4. */
+static int check_qkv(const char *path, const npy_array *a) {
+    char s[200];
+    if (a->dtype == ATTN_F16)
+        return say(EXIT_DATA, "%s: float16 inputs are not supported yet (they arrive with the "
+                   "half-precision paths); convert to float32", path);
+    if (a->dtype != ATTN_F32)
+        return say(EXIT_DATA, "%s: dtype %s, expected float32", path, dtype_name(a->dtype));
+    if (a->ndim != 4)
+        return say(EXIT_DATA, "%s: shape %s has rank %d, expected rank 4 [B, H, L, D]", path,
+                   shape_str(s, sizeof s, a->ndim, a->shape), a->ndim);
+    return 0;
+}
+
+/* x's dimension d must equal ref's. */
+static int same_dim(const char *xp, const npy_array *x, const char *rp, const npy_array *ref,
+                    int d, const char *what) {
+    if (x->shape[d] == ref->shape[d]) return 0;
+    char s1[200], s2[200];
+    return say(EXIT_DATA, "%s: shape %s does not match %s %s in dimension %d (%s)", xp,
+               shape_str(s1, sizeof s1, 4, x->shape), rp, shape_str(s2, sizeof s2, 4, ref->shape),
+               d, what);
+}
+
+/* A rank-1 array of n elements of one of the given dtypes. */
+static int check_vector(const char *path, const npy_array *a, attn_dtype t1, attn_dtype t2,
+                        const char *dtypes, int64_t n, const char *nname) {
+    char s[200];
+    if (a->dtype != t1 && a->dtype != t2)
+        return say(EXIT_DATA, "%s: dtype %s, expected %s", path, dtype_name(a->dtype), dtypes);
+    if (a->ndim != 1 || a->shape[0] != n)
+        return say(EXIT_DATA, "%s: shape %s, expected [%s] = [%lld]", path,
+                   shape_str(s, sizeof s, a->ndim, a->shape), nname, (long long)n);
+    return 0;
+}
+
+/* ---- outputs ------------------------------------------------------------------------ */
+
+typedef struct out_file {
+    const char *path;
+    int ndim;
+    int64_t shape[4];
+    float *data;
+} out_file;
+
+static int alloc_out(out_file *f, const char *path, int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    f->path = path;
+    f->ndim = ndim;
+    for (int d = 0; d < ndim; d++) {
+        f->shape[d] = shape[d];
+        if (shape[d] != 0 && n > INT64_MAX / shape[d])
+            return say(EXIT_DATA, "%s: output size overflows 64 bits", path);
+        n *= shape[d];
+    }
+    if ((uint64_t)n > SIZE_MAX / sizeof(float) - 1 || !(f->data = calloc((size_t)n + 1, sizeof(float))))
+        return say(EXIT_DATA, "%s: out of memory (%lld floats)", path, (long long)n);
+    return 0;
+}
+
+/* A dense float32 output. Strides are taken over max(size, 1), so that an empty tensor
+ * (some size 0) still has no stride 0 on a longer dimension: it looks like no overlap. */
+static attn_tensor out_tensor(const out_file *f, int ndim) {
+    attn_tensor t = {f->data, ATTN_F32, {1, 1, 1, 1}, {1, 1, 1, 1}};
+    int64_t stride = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        t.shape[d] = f->shape[d];
+        t.stride[d] = stride;
+        stride *= f->shape[d] > 1 ? f->shape[d] : 1;
+    }
+    return t;
+}
+
+/* All or nothing: on a failure, remove the files already written by this call. */
+static int write_outputs(out_file *outs, int n) {
+    char err[256];
+    for (int i = 0; i < n; i++) {
+        if (npy_write(outs[i].path, ATTN_F32, outs[i].ndim, outs[i].shape, outs[i].data, err,
+                      sizeof err) == 0)
+            continue;
+        for (int j = 0; j < i; j++) unlink(outs[j].path);
+        return say(EXIT_DATA, "%s: %s", outs[i].path, err);
+    }
+    return 0;
+}
+
+/* ---- the command -------------------------------------------------------------------- */
+
+int cli_run(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(RUN_USAGE, stdout);
+            return 0;
+        }
+
+    run_args a = {0};
+    attn_options opt = {0};
+    int rc = parse_args(argc, argv, &a);
+    if (!rc) rc = options_from_args(&a, &opt);
+    if (rc) return rc;
+
+    npy_array q = {0}, k = {0}, v = {0}, mask = {0}, kvl = {0}, alibi = {0};
+    out_file outs[3] = {{0}};
+    int nouts = 0;
+    attn_tensor tq, tk, tv, to, tmask, tkvl, talibi, tlse, tw;
+
+    if ((rc = load(a.q, &q)) || (rc = check_qkv(a.q, &q)) || (rc = load(a.k, &k)) ||
+        (rc = check_qkv(a.k, &k)) || (rc = load(a.v, &v)) || (rc = check_qkv(a.v, &v)))
+        goto done;
+    /* q [B, Hq, Lq, Dk]   k [B, Hkv, Lk, Dk]   v [B, Hkv, Lk, Dv] */
+    const int64_t B = q.shape[0], Hq = q.shape[1], Lq = q.shape[2], Dk = q.shape[3];
+    const int64_t Hkv = k.shape[1], Lk = k.shape[2], Dv = v.shape[3];
+    if ((rc = same_dim(a.k, &k, a.q, &q, 0, "B")) || (rc = same_dim(a.k, &k, a.q, &q, 3, "Dk")) ||
+        (rc = same_dim(a.v, &v, a.k, &k, 0, "B")) || (rc = same_dim(a.v, &v, a.k, &k, 1, "Hkv")) ||
+        (rc = same_dim(a.v, &v, a.k, &k, 2, "Lk")))
+        goto done;
+    if (Hkv == 0 ? Hq != 0 : Hq % Hkv != 0) {
+        rc = say(EXIT_DATA, "%s: its %lld heads do not divide the %lld query heads of %s", a.k,
+                 (long long)Hkv, (long long)Hq, a.q);
+        goto done;
+    }
+    tq = attn_tensor_4d(q.data, ATTN_F32, B, Hq, Lq, Dk);
+    tk = attn_tensor_4d(k.data, ATTN_F32, B, Hkv, Lk, Dk);
+    tv = attn_tensor_4d(v.data, ATTN_F32, B, Hkv, Lk, Dv);
+
+    if (a.mask) {
+        /* right-aligned to [B, Hq, Lq, Lk]; a size-1 dimension broadcasts through stride 0 */
+        const int64_t full[4] = {B, Hq, Lq, Lk};
+        char s1[200], s2[200];
+        if ((rc = load(a.mask, &mask))) goto done;
+        if (mask.dtype != ATTN_BOOL && mask.dtype != ATTN_F32) {
+            rc = say(EXIT_DATA, "%s: dtype %s, expected bool or float32", a.mask,
+                     dtype_name(mask.dtype));
+            goto done;
+        }
+        if (mask.ndim > 4) {
+            rc = say(EXIT_DATA, "%s: shape %s has rank %d, expected at most 4 [B, Hq, Lq, Lk]",
+                     a.mask, shape_str(s1, sizeof s1, mask.ndim, mask.shape), mask.ndim);
+            goto done;
+        }
+        tmask = (attn_tensor){mask.data, mask.dtype, {0}, {0}};
+        int64_t stride = 1;
+        for (int d = 3; d >= 0; d--) {
+            int md = d - (4 - mask.ndim);  /* the mask's own dimension, < 0 if absent */
+            int64_t m = md >= 0 ? mask.shape[md] : 1;
+            if (m != full[d] && m != 1) {
+                rc = say(EXIT_DATA, "%s: shape %s does not broadcast to [B, Hq, Lq, Lk] = %s "
+                         "(its dimension %d is %lld)", a.mask,
+                         shape_str(s1, sizeof s1, mask.ndim, mask.shape),
+                         shape_str(s2, sizeof s2, 4, full), md, (long long)m);
+                goto done;
+            }
+            tmask.shape[d] = full[d];
+            tmask.stride[d] = m == 1 ? 0 : stride;
+            stride *= m > 1 ? m : 1;
+        }
+        if (mask.dtype == ATTN_BOOL) opt.mask = &tmask;
+        else opt.bias = &tmask;
+    }
+    if (a.kv_len) {
+        if ((rc = load(a.kv_len, &kvl)) ||
+            (rc = check_vector(a.kv_len, &kvl, ATTN_I32, ATTN_I64, "int32 or int64", B, "B")))
+            goto done;
+        for (int64_t b = 0; b < B; b++) {
+            int64_t len = kvl.dtype == ATTN_I32 ? ((int32_t *)kvl.data)[b] : ((int64_t *)kvl.data)[b];
+            if (len < 0 || len > Lk) {
+                rc = say(EXIT_DATA, "%s: element %lld is %lld, expected 0 <= length <= Lk = %lld",
+                         a.kv_len, (long long)b, (long long)len, (long long)Lk);
+                goto done;
+            }
+        }
+        tkvl = attn_tensor_4d(kvl.data, kvl.dtype, B, 1, 1, 1);
+        opt.kv_len = &tkvl;
+    }
+    if (a.alibi) {
+        if ((rc = load(a.alibi, &alibi)) ||
+            (rc = check_vector(a.alibi, &alibi, ATTN_F32, ATTN_F32, "float32", Hq, "Hq")))
+            goto done;
+        talibi = attn_tensor_4d(alibi.data, ATTN_F32, Hq, 1, 1, 1);
+        opt.alibi_slopes = &talibi;
+    }
+
+    /* outputs: O [B, Hq, Lq, Dv], LSE [B, Hq, Lq], P [B, Hq, Lq, Lk] */
+    if ((rc = alloc_out(&outs[nouts++], a.out, 4, (int64_t[]){B, Hq, Lq, Dv}))) goto done;
+    to = out_tensor(&outs[0], 4);
+    if (a.lse) {
+        if ((rc = alloc_out(&outs[nouts++], a.lse, 3, (int64_t[]){B, Hq, Lq}))) goto done;
+        tlse = out_tensor(&outs[nouts - 1], 3);  /* [B, Hq, Lq, 1] */
+        opt.lse = &tlse;
+    }
+    if (a.weights) {
+        if ((rc = alloc_out(&outs[nouts++], a.weights, 4, (int64_t[]){B, Hq, Lq, Lk}))) goto done;
+        tw = out_tensor(&outs[nouts - 1], 4);
+        opt.weights = &tw;
+    }
+
+    attn_status st = attn_forward(&tq, &tk, &tv, &to, &opt);
+    if (st != ATTN_OK) {
+        const char *detail = attn_last_error();
+        rc = *detail ? say(EXIT_DATA, "%s (%s)", detail, attn_status_string(st))
+                     : say(EXIT_DATA, "%s", attn_status_string(st));
+        goto done;
+    }
+    rc = write_outputs(outs, nouts);
+
+done:
+    npy_free(&q);
+    npy_free(&k);
+    npy_free(&v);
+    npy_free(&mask);
+    npy_free(&kvl);
+    npy_free(&alibi);
+    for (int i = 0; i < nouts; i++) free(outs[i].data);
+    return rc;
+}
