@@ -17,7 +17,7 @@ SAN     ?=
 CFLAGS_BASE = -std=c11 $(OPT) -g -fopenmp -Wall -Wextra -Wshadow -Wno-unused-parameter \
               -fno-strict-aliasing -D_POSIX_C_SOURCE=200809L -Iinclude $(SAN)
 LIB_CFLAGS  = $(CFLAGS_BASE) -fPIC -fvisibility=hidden
-LDLIBS      = -lm
+LDLIBS      = -lm -lpthread
 
 LIB_SRC   = $(wildcard src/*.c)
 LIB_OBJ   = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC))
@@ -31,9 +31,16 @@ VERSION = $(shell sed -n 's/^\#define ATTN_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-
 .PHONY: all demo check tests install uninstall clean
 all: $(BUILD)/libattn.so $(BUILD)/libattn.a $(BUILD)/attn $(BUILD)/attn.pc
 
+# Only the kernel files get ISA flags; the rest of the library is baseline. On a non-x86
+# target the ISA files compile to nothing and the generic kernel is the only one.
+ifneq ($(findstring x86_64,$(shell $(CC) -dumpmachine)),)
+ISA_kernels_avx512 = -O3 -mavx512f -mavx512dq -mavx512bw -mavx512vl -mfma
+ISA_kernels_avx2   = -O3 -mavx2 -mfma
+endif
+
 $(BUILD)/obj/%.o: src/%.c include/attn.h $(wildcard src/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(LIB_CFLAGS) -Isrc -c $< -o $@
+	$(CC) $(LIB_CFLAGS) $(ISA_$*) -Isrc -c $< -o $@
 
 $(BUILD)/libattn.so: $(LIB_OBJ)
 	$(CC) -shared -fopenmp -Wl,-soname,libattn.so.0 $(SAN) -o $@ $^ $(LDLIBS)

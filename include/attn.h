@@ -136,7 +136,8 @@ typedef struct attn_options {
     const attn_tensor *weights;
 
     attn_path path;
-    int32_t threads;  /* 0 = OpenMP's default; results are bit-identical for any count */
+    int32_t threads;  /* 0 = OpenMP's default, at most 512 (more are taken as 512);
+                         results are bit-identical for any count */
 
     /* scratch memory; NULL = the call allocates (and frees) it itself, once. Its size
      * comes from attn_forward_workspace_size() for the same arguments. */

@@ -15,7 +15,7 @@
 #include <omp.h>
 #endif
 
-#include "attn_internal.h"
+#include "kernels.h"
 
 /* ---- status strings and the per-thread error detail ------------------------------ */
 
@@ -40,8 +40,6 @@ const char *attn_version(void) {
     return ATTN_STR(ATTN_VERSION_MAJOR) "." ATTN_STR(ATTN_VERSION_MINOR) "." ATTN_STR(
         ATTN_VERSION_PATCH);
 }
-
-const char *attn_kernel_name(void) { return "generic"; }
 
 static attn_status fail(attn_status status, const char *fmt, ...) {
     va_list ap;
@@ -93,6 +91,8 @@ static attn_status check_tensor(const attn_tensor *t, const char *name, attn_dty
 
 /* An output must not write one element twice: no stride 0 on a dimension longer than 1. */
 static attn_status check_output_strides(const attn_tensor *t, const char *name, int dims) {
+    for (int d = 0; d < 4; d++)
+        if (t->shape[d] == 0) return ATTN_OK;  // no elements, nothing to overlap
     for (int d = 0; d < dims; d++)
         if (t->shape[d] > 1 && t->stride[d] == 0)
             return fail(ATTN_ERR_STRIDE, "%s: stride[%d] is 0 on a dimension of size %lld",
@@ -270,7 +270,13 @@ static attn_status params_init(attn_params *p, const attn_tensor *q, const attn_
     /* path and threads */
     switch (opt->path) {
     case ATTN_PATH_AUTO:
-    case ATTN_PATH_FUSED: p->path = ATTN_PATH_FUSED; break;
+    case ATTN_PATH_FUSED: {
+        const char *why = NULL;
+        p->path = ATTN_PATH_FUSED;
+        p->kernels = attn_select_kernels(&why);
+        if (!p->kernels) return fail(ATTN_ERR_UNSUPPORTED, "%s", why);
+        break;
+    }
     case ATTN_PATH_REFERENCE: p->path = ATTN_PATH_REFERENCE; break;
     default:
         return fail(ATTN_ERR_VALUE, "options.path is %d, expected an attn_path value",
@@ -285,6 +291,9 @@ static attn_status params_init(attn_params *p, const attn_tensor *q, const attn_
     p->threads = 1;
 #endif
     if (p->threads < 1) p->threads = 1;
+    /* More threads than this only cost workspace (and can exhaust the OpenMP runtime);
+     * the results do not depend on the count. */
+    if (p->threads > ATTN_MAX_THREADS) p->threads = ATTN_MAX_THREADS;
     return ATTN_OK;
 }
 

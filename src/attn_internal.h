@@ -18,6 +18,9 @@
 
 #define ATTN_PRIVATE __attribute__((visibility("hidden")))
 
+/* options.threads above this are taken as this */
+#define ATTN_MAX_THREADS 512
+
 /* Index letters: b batch, h query head, g key/value head, i query row, j key row,
  * d position along Dk or Dv. */
 typedef struct attn_params {
@@ -45,6 +48,7 @@ typedef struct attn_params {
     float *weights;  int64_t w_s[4];       /* (B, Hq, Lq, Lk)  or NULL */
 
     attn_path path;                /* resolved: never AUTO                           */
+    const struct attn_kernels *kernels;  /* the fused path's micro-kernels          */
     int threads;                   /* resolved: >= 1                                 */
 } attn_params;
 

@@ -24,38 +24,35 @@
 #include <omp.h>
 #endif
 
-/* Tile sizes: BQ query rows share each packed key block; BK keys per block, chosen so
- * that a packed K and V block together stay near 64 KiB (a Zen 4 core has 1 MiB of L2,
- * 32 KiB of L1d) and within [16, 128]. */
-enum { BQ = 32, BK_MIN = 16, BK_MAX = 128 };
+/* Tile sizes: BQ query rows share each key block; BK keys per block, chosen so that a
+ * key and a value block together stay near 64 KiB (a Zen 4 core has 32 KiB of L1d and
+ * 1 MiB of L2), within [16, 128]. */
+enum { BQ = 64, BK_MIN = 16, BK_MAX = 128 };
 
 typedef struct fused_plan {
     int64_t bq, bk;
     size_t thread_bytes;  // one thread's slice, a multiple of 64 bytes
-    /* float offsets inside a slice */
-    size_t off_q, off_kt, off_v, off_s, off_acc, off_tmp, off_m, off_l, off_alpha;
-    size_t off_lo, off_hi;  // int64 arrays, in bytes
+    size_t off_qt, off_k, off_v, off_s, off_acc, off_m, off_l, off_alpha, off_lo, off_hi;
 } fused_plan;
 
 static size_t round64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 
 /* Fills *plan; false when the sizes overflow. */
 static bool make_plan(const attn_params *p, fused_plan *plan) {
-    int64_t dk = p->Dk, dv = p->Dv;
+    const int64_t dk = p->Dk, dv = p->Dv;
+    if (dk > (int64_t)1 << 40 || dv > (int64_t)1 << 40) return false;
     int64_t bk = BK_MAX;
     while (bk > BK_MIN && bk * (dk + dv) * (int64_t)sizeof(float) > 64 * 1024) bk /= 2;
     plan->bq = BQ;
     plan->bk = bk;
-    if (dk > (int64_t)1 << 40 || dv > (int64_t)1 << 40) return false;
 
     size_t at = 0;
 #define CARVE(field, nbytes) (plan->field = at, at += round64(nbytes))
-    CARVE(off_q, (size_t)(BQ * dk) * sizeof(float));
-    CARVE(off_kt, (size_t)(dk * bk) * sizeof(float));
+    CARVE(off_qt, (size_t)(dk * BQ) * sizeof(float));
+    CARVE(off_k, (size_t)(bk * dk) * sizeof(float));
     CARVE(off_v, (size_t)(bk * dv) * sizeof(float));
-    CARVE(off_s, (size_t)(BQ * bk) * sizeof(float));
+    CARVE(off_s, (size_t)(bk * BQ) * sizeof(float));
     CARVE(off_acc, (size_t)(BQ * dv) * sizeof(float));
-    CARVE(off_tmp, (size_t)dv * sizeof(float));
     CARVE(off_m, BQ * sizeof(float));
     CARVE(off_l, BQ * sizeof(float));
     CARVE(off_alpha, BQ * sizeof(float));
@@ -75,24 +72,22 @@ size_t attn_fused_workspace(const attn_params *p) {
 
 /* One thread's scratch, carved from its slice of the workspace. */
 typedef struct fused_scratch {
-    float *q;      // (bq, Dk)   the query block
-    float *kt;     // (Dk, bk)   the key block, transposed
-    float *v;      // (bk, Dv)   the value block
-    float *s;      // (bq, bk)   logits, then probabilities
-    float *acc;    // (bq, Dv)   unnormalized output
-    float *tmp;    // (Dv)
-    float *m, *l, *alpha;  // (bq)
-    int64_t *lo, *hi;      // (bq) each row's structural key range
+    float *qt;     // (Dk, BQ)   the query block, transposed, padding rows zero
+    float *k;      // (bk, Dk)   the key block, when K must be packed
+    float *v;      // (bk, Dv)   the value block, when V must be packed
+    float *s;      // (bk, BQ)   logits, then probabilities, transposed
+    float *acc;    // (BQ, Dv)   unnormalized output
+    float *m, *l, *alpha;  // (BQ)
+    int64_t *lo, *hi;      // (BQ) each row's structural key range
 } fused_scratch;
 
 static fused_scratch carve(const fused_plan *plan, char *slice) {
     fused_scratch w = {
-        .q = (float *)(slice + plan->off_q),
-        .kt = (float *)(slice + plan->off_kt),
+        .qt = (float *)(slice + plan->off_qt),
+        .k = (float *)(slice + plan->off_k),
         .v = (float *)(slice + plan->off_v),
         .s = (float *)(slice + plan->off_s),
         .acc = (float *)(slice + plan->off_acc),
-        .tmp = (float *)(slice + plan->off_tmp),
         .m = (float *)(slice + plan->off_m),
         .l = (float *)(slice + plan->off_l),
         .alpha = (float *)(slice + plan->off_alpha),
@@ -102,75 +97,88 @@ static fused_scratch carve(const fused_plan *plan, char *slice) {
     return w;
 }
 
-/* The final logits of one tile: structural masks, then softcap, bias, ALiBi and the bool
- * mask. Rows i0.., keys j0.. (nk of them). */
-static void mask_tile(const attn_params *p, const fused_scratch *w, int64_t n, int64_t nk,
-                      int64_t lds, int64_t b, int64_t h, int64_t i0, int64_t j0,
-                      int64_t lk_b) {
+/* The final logits of one tile (S^T layout, rows i0.., keys j0..): structural masks on
+ * boundary tiles, then softcap, bias, ALiBi and the bool mask where the call has them. */
+static void finish_tile(const attn_params *p, const fused_scratch *w, int64_t n, int64_t nk,
+                        int64_t lds, int64_t b, int64_t h, int64_t i0, int64_t j0,
+                        int64_t lk_b, bool boundary) {
     const bool elementwise = attn_has_elementwise(p);
-    for (int64_t r = 0; r < n; r++) {
-        float *s_r = w->s + r * lds;
-        const int64_t i = i0 + r, lo = w->lo[r], hi = w->hi[r];
-        const int64_t d_i = attn_diagonal(p, lk_b, i);
-        for (int64_t c = 0; c < nk; c++) {
-            const int64_t j = j0 + c;
-            if (j < lo || j >= hi)
-                s_r[c] = -INFINITY;
+    for (int64_t c = 0; c < nk; c++) {
+        float *s_c = w->s + c * lds;
+        const int64_t j = j0 + c;
+        for (int64_t r = 0; r < n; r++) {
+            if (boundary && (j < w->lo[r] || j >= w->hi[r]))
+                s_c[r] = -INFINITY;
             else if (elementwise)
-                s_r[c] = attn_finish_logit(p, s_r[c], b, h, i, j, d_i);
+                s_c[r] = attn_finish_logit(p, s_c[r], b, h, i0 + r, j,
+                                           attn_diagonal(p, lk_b, i0 + r));
         }
     }
 }
 
-/* Pack keys j0 .. j0+nk-1 of head (b, g): K transposed into kt, V row-major into v. */
-static void pack_kv(const attn_params *p, const fused_scratch *w, int64_t bk, int64_t nk,
-                    int64_t b, int64_t g, int64_t j0, bool with_v) {
-    const float *k_bg = p->k + b * p->k_s[0] + g * p->k_s[1];
-    for (int64_t c = 0; c < nk; c++) {
-        const float *k_bgj = k_bg + (j0 + c) * p->k_s[2];
-        for (int64_t d = 0; d < p->Dk; d++) w->kt[d * bk + c] = k_bgj[d * p->k_s[3]];
+/* The key (or value) rows j0 .. j0+nk-1 of head (b, g): a pointer into the caller's
+ * tensor when its last stride is 1, else a copy into buf. *ld gets the row stride. */
+static const float *kv_block(const float *base, const int64_t st[4], int64_t width,
+                             int64_t b, int64_t g, int64_t j0, int64_t nk, float *buf,
+                             int64_t *ld) {
+    const float *x = base + b * st[0] + g * st[1] + j0 * st[2];
+    if (st[3] == 1 && nk > 0) {
+        *ld = st[2];
+        return x;
     }
-    if (!with_v) return;
-    const float *v_bg = p->v + b * p->v_s[0] + g * p->v_s[1];
-    for (int64_t c = 0; c < nk; c++) {
-        const float *v_bgj = v_bg + (j0 + c) * p->v_s[2];
-        float *v_c = w->v + c * p->Dv;
-        for (int64_t d = 0; d < p->Dv; d++) v_c[d] = v_bgj[d * p->v_s[3]];
-    }
+    for (int64_t c = 0; c < nk; c++)
+        for (int64_t d = 0; d < width; d++) buf[c * width + d] = x[c * st[2] + d * st[3]];
+    *ld = width;
+    return buf;
 }
 
 /* One work item: rows i0 .. i0+n-1 of query head h in batch b. */
 static void fused_item(const attn_params *p, const attn_kernels *kern, const fused_plan *plan,
                        const fused_scratch *w, int64_t b, int64_t h, int64_t i0, int64_t n) {
     const int64_t bk = plan->bk, g = h / p->group, lk_b = attn_key_len(p, b);
-    const int64_t dk = p->Dk, dv = p->Dv;
+    const int64_t dk = p->Dk, dv = p->Dv, lds = plan->bq;
+    const int64_t npad = (n + ATTN_ROW_PAD - 1) / ATTN_ROW_PAD * ATTN_ROW_PAD;
 
-    /* the block's key range: the union of its rows' structural ranges */
-    int64_t jmin = INT64_MAX, jmax = 0;
+    /* The block's key range is the union of its rows' structural ranges; inside it, the
+     * keys every row may read ([lo_max, hi_min)) need no structural mask. */
+    int64_t jmin = INT64_MAX, jmax = 0, lo_max = 0, hi_min = INT64_MAX;
     for (int64_t r = 0; r < n; r++) {
         attn_row_range(p, lk_b, i0 + r, &w->lo[r], &w->hi[r]);
         if (w->lo[r] < w->hi[r]) {
             if (w->lo[r] < jmin) jmin = w->lo[r];
             if (w->hi[r] > jmax) jmax = w->hi[r];
         }
+        if (w->lo[r] > lo_max) lo_max = w->lo[r];
+        if (w->hi[r] < hi_min) hi_min = w->hi[r];
     }
 
+    /* the query block, transposed, padding rows 0 */
     const float *q_bh = p->q + b * p->q_s[0] + h * p->q_s[1];
-    for (int64_t r = 0; r < n; r++) {
-        const float *q_bhi = q_bh + (i0 + r) * p->q_s[2];
-        for (int64_t d = 0; d < dk; d++) w->q[r * dk + d] = q_bhi[d * p->q_s[3]];
+    for (int64_t d = 0; d < dk; d++) {
+        float *qt_d = w->qt + d * lds;
+        for (int64_t r = 0; r < n; r++) qt_d[r] = q_bh[(i0 + r) * p->q_s[2] + d * p->q_s[3]];
+        for (int64_t r = n; r < npad; r++) qt_d[r] = 0.0f;
+    }
+    for (int64_t r = 0; r < npad; r++) {
         w->m[r] = -INFINITY;
         w->l[r] = 0.0f;
-        memset(w->acc + r * dv, 0, (size_t)dv * sizeof(float));
     }
+    memset(w->acc, 0, (size_t)(n * dv) * sizeof(float));
 
+    /* a bool mask or a bias can mask any key: their tiles skip zero weights */
+    const bool may_mask = p->mask || p->bias;
     for (int64_t j0 = jmin; j0 < jmax; j0 += bk) {
         const int64_t nk = jmax - j0 < bk ? jmax - j0 : bk;
-        pack_kv(p, w, bk, nk, b, g, j0, true);
-        kern->qk(n, nk, dk, w->q, dk, w->kt, bk, p->scale, w->s, bk);
-        mask_tile(p, w, n, nk, bk, b, h, i0, j0, lk_b);
-        kern->softmax(n, nk, w->s, bk, w->m, w->l, w->alpha);
-        kern->pv(n, nk, dv, w->s, bk, w->v, dv, w->alpha, w->acc, dv, w->tmp);
+        const bool boundary = j0 < lo_max || j0 + nk > hi_min;
+        int64_t ldk, ldv;
+        const float *k = kv_block(p->k, p->k_s, dk, b, g, j0, nk, w->k, &ldk);
+        const float *v = kv_block(p->v, p->v_s, dv, b, g, j0, nk, w->v, &ldv);
+        kern->qk(npad, nk, dk, w->qt, lds, k, ldk, p->scale, w->s, lds);
+        if (boundary || attn_has_elementwise(p))
+            finish_tile(p, w, n, nk, lds, b, h, i0, j0, lk_b, boundary);
+        kern->softmax(npad, nk, w->s, lds, w->m, w->l, w->alpha);
+        kern->pv(n, npad, nk, dv, w->s, lds, v, ldv, w->alpha, w->acc, dv,
+                 boundary || may_mask);
     }
 
     /* one division per element; a fully masked row (m = -inf) is 0 with LSE -inf */
@@ -197,15 +205,17 @@ static void fused_item(const attn_params *p, const attn_kernels *kern, const fus
     }
     for (int64_t j0 = jmin; j0 < jmax; j0 += bk) {
         const int64_t nk = jmax - j0 < bk ? jmax - j0 : bk;
-        pack_kv(p, w, bk, nk, b, g, j0, false);
-        kern->qk(n, nk, dk, w->q, dk, w->kt, bk, p->scale, w->s, bk);
-        mask_tile(p, w, n, nk, bk, b, h, i0, j0, lk_b);
+        const bool boundary = j0 < lo_max || j0 + nk > hi_min;
+        int64_t ldk;
+        const float *k = kv_block(p->k, p->k_s, dk, b, g, j0, nk, w->k, &ldk);
+        kern->qk(npad, nk, dk, w->qt, lds, k, ldk, p->scale, w->s, lds);
+        if (boundary || attn_has_elementwise(p))
+            finish_tile(p, w, n, nk, lds, b, h, i0, j0, lk_b, boundary);
         for (int64_t r = 0; r < n; r++) {
             if (w->m[r] == -INFINITY) continue;
             float *w_bhi = w_bh + (i0 + r) * p->w_s[2];
-            const float *s_r = w->s + r * bk;
             for (int64_t c = 0; c < nk; c++)
-                w_bhi[(j0 + c) * p->w_s[3]] = expf(s_r[c] - w->m[r]) / w->l[r];
+                w_bhi[(j0 + c) * p->w_s[3]] = expf(w->s[c * lds + r] - w->m[r]) / w->l[r];
         }
     }
 }
@@ -214,7 +224,7 @@ attn_status attn_fused_forward(const attn_params *p, void *ws) {
     fused_plan plan;
     make_plan(p, &plan);  // cannot fail: the workspace query succeeded with the same p
     char *base = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
-    const attn_kernels *kern = &attn_kernels_generic;
+    const attn_kernels *kern = p->kernels;
 
     /* Items in the order (b, h, query block from the last): with top-left causal masks
      * the last blocks have the most keys, so dynamic scheduling starts the long items

@@ -1,15 +1,22 @@
 /*
- * kernels.h — the micro-kernels of the fused forward pass and their contracts.
+ * kernels.h — the micro-kernels of the fused forward pass, their contracts, and the
+ *             run-time choice between them.
  *
  * A micro-kernel computes one tile and knows nothing of batches, heads, masks, threads
- * or workspace: fused.c (the framework) packs the operands, applies masks and owns the
- * loops. All buffers are float32, row-major, with the leading dimension given; kernels
- * read only the elements named in their contract and write only their outputs.
+ * or workspace: fused.c (the framework) packs the query block, applies masks and owns
+ * the loops. The logits of a tile are kept TRANSPOSED, S^T (nk keys, n rows): each key
+ * is a vector over the query rows, so the row-wise max and sum of the softmax are
+ * vertical (no horizontal reductions), the query block is packed transposed once per
+ * block, and K and V are read in their natural row-major layout, straight from the
+ * caller's memory when their last stride is 1.
  *
- * One table of kernels per instruction set; today only the portable C one exists
- * ("generic"). Later ISA variants fill the same table and must give results within the
- * contract's tolerance of the float64 reference (they need not be bit-identical to the
- * generic kernels, but each is bit-identical to itself for any thread count).
+ * Shared rules for every kernel:
+ * - n is the number of query rows, padded: npad = n rounded up to ATTN_ROW_PAD. Kernels
+ *   may compute on all npad rows (the framework zero-fills the padding and ignores it);
+ *   they never read beyond npad rows, nk keys, dk or dv columns.
+ * - Leading dimensions are in floats. Row-major throughout.
+ * - Results need not be bit-identical between kernels, but each kernel is deterministic:
+ *   the same inputs give the same bits on any thread.
  */
 #ifndef ATTN_KERNELS_H
 #define ATTN_KERNELS_H
@@ -18,39 +25,58 @@
 
 #include "attn_internal.h"
 
-typedef struct attn_kernels {
+#define ATTN_ROW_PAD 16  /* query rows are padded to a multiple of this */
+
+struct attn_kernels {
     const char *name;
 
-    /* S = scale * Q Kᵀ for one tile.
-     *   q  (n, dk),   row stride ldq     rows of the query block
-     *   kt (dk, nk),  row stride ldk     the key block, packed transposed
-     *   s  (n, nk),   row stride lds     written, every element
-     * 1 <= n, 1 <= nk <= ldk, 0 <= dk. With dk = 0 every s is 0 (times scale). */
-    void (*qk)(int64_t n, int64_t nk, int64_t dk, const float *q, int64_t ldq,
-               const float *kt, int64_t ldk, float scale, float *s, int64_t lds);
+    /* S^T = scale * K Q^T for one tile.
+     *   qt (dk, npad), row stride ldq    the query block, packed transposed
+     *   k  (nk, dk),   row stride ldk    the key block, natural layout
+     *   s  (nk, npad), row stride lds    written, every element
+     * 1 <= nk, 0 <= dk (dk = 0 gives s = 0). */
+    void (*qk)(int64_t npad, int64_t nk, int64_t dk, const float *qt, int64_t ldq,
+               const float *k, int64_t ldk, float scale, float *s, int64_t lds);
 
-    /* Online-softmax step for one tile of final logits (masked ones are -inf):
-     *   s (n, nk) in: logits, out: p_rc = exp(s_rc - m_new_r)  (0 where s = -inf)
-     *   m (n)     in: running max, out: new running max (NaN once any logit is NaN)
-     *   l (n)     in: running sum, out: l * alpha + sum_c p_rc
-     *   alpha (n) out: exp(m_old - m_new), the factor the row's accumulator needs;
-     *             rows that are still fully masked (m_new = -inf) get alpha = 1 and p = 0.
-     */
-    void (*softmax)(int64_t n, int64_t nk, float *s, int64_t lds, float *m, float *l,
+    /* Online-softmax step over one tile of final logits (masked ones are -inf):
+     *   s (nk, npad)  in: logits; out: p = exp(s - m_new), 0 where s = -inf
+     *   m (npad)      in/out: running max; NaN once any logit of the row is NaN
+     *   l (npad)      in/out: l * alpha + sum of the row's p
+     *   alpha (npad)  out: exp(m_old - m_new), the factor for the row's accumulator.
+     * A row whose logits are all -inf so far keeps m = -inf and gets p = 0. Every exp is
+     * the kernel's own (vectorized); its error bound is in docs/KERNELS.md. */
+    void (*softmax)(int64_t npad, int64_t nk, float *s, int64_t lds, float *m, float *l,
                     float *alpha);
 
-    /* acc = acc * alpha + P V for one tile, P V summed over the tile first so that the
-     * rounding error grows with sqrt(nk) + sqrt(Lk / nk), not sqrt(Lk).
-     *   p (n, nk),   row stride lds    probabilities; exact zeros are skipped, so a masked
-     *                                  key's value row is never multiplied
-     *   v (nk, dv),  row stride ldv    the value block, packed
-     *   acc (n, dv), row stride ldo    the running accumulator
-     *   tmp (dv)                       scratch */
-    void (*pv)(int64_t n, int64_t nk, int64_t dv, const float *p, int64_t lds,
+    /* acc = acc * alpha + P V for one tile (n real rows), the tile's P V summed from zero
+     * before it is added, so rounding grows with sqrt(nk) + sqrt(Lk / nk), not sqrt(Lk).
+     *   p   (nk, npad), row stride lds   probabilities, transposed as s above
+     *   v   (nk, dv),   row stride ldv   the value block, natural layout
+     *   acc (n, dv),    row stride ldo   the running accumulator
+     * skip_zeros: the tile holds masked keys; a p of exactly 0 must then not multiply its
+     * value row (NaN stored in a masked key's V must not reach the row). When false, no
+     * p is 0 by masking and the kernel may multiply freely. */
+    void (*pv)(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p, int64_t lds,
                const float *v, int64_t ldv, const float *alpha, float *acc, int64_t ldo,
-               float *tmp);
-} attn_kernels;
+               bool skip_zeros);
+};
+typedef struct attn_kernels attn_kernels;
 
-ATTN_PRIVATE extern const attn_kernels attn_kernels_generic;
+/* The kernel list: one X(name, isa-flag) per kernel, best first. The dispatch table, the
+ * tests (ATTN_ISA) and the benchmarks all read it. */
+#if defined(__x86_64__) || defined(_M_X64)
+#define ATTN_KERNEL_LIST(X) X(avx512) X(avx2) X(generic)
+#else
+#define ATTN_KERNEL_LIST(X) X(generic)
+#endif
+
+#define ATTN_X_DECLARE(name) ATTN_PRIVATE extern const attn_kernels attn_kernels_##name;
+ATTN_KERNEL_LIST(ATTN_X_DECLARE)
+#undef ATTN_X_DECLARE
+
+/* The kernels this process uses: probed once, or forced by ATTN_ISA. NULL when ATTN_ISA
+ * names a kernel this CPU cannot run (or none at all): the call then fails with
+ * ATTN_ERR_UNSUPPORTED and attn_last_error() says why. */
+ATTN_PRIVATE const attn_kernels *attn_select_kernels(const char **why);
 
 #endif /* ATTN_KERNELS_H */

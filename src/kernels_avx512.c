@@ -1,0 +1,205 @@
+/*
+ * kernels_avx512.c — the AVX-512F micro-kernels (contracts in kernels.h; design notes
+ *                    and the exp error bound in docs/KERNELS.md).
+ *
+ * Only this file is compiled with AVX-512 flags; dispatch.c calls it only on a CPU that
+ * has AVX-512F/DQ/BW/VL and FMA. One zmm holds 16 query rows of S^T, so the softmax's
+ * row max and row sum are element-wise across keys. The register tiles:
+ *   qk: up to 4 zmm of rows x KC keys (24 accumulators at 64 rows), K broadcast from
+ *       its natural layout, Q^T loaded as vectors;
+ *   pv: 4 rows x 4 zmm of value columns (16 accumulators), P broadcast, V loaded;
+ *       the last column chunk is masked, so any Dv works.
+ */
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#include <math.h>
+
+#include "kernels.h"
+
+#define UNROLL _Pragma("GCC unroll 16")
+#define INLINE static inline __attribute__((always_inline))
+
+/* exp(x) for a vector: n = round(x log2 e), r = x - n ln 2 in two steps (Cody-Waite),
+ * e^r by its degree-7 Taylor polynomial on |r| <= ln2/2 (truncation < 1.2e-8 relative),
+ * then scalef by 2^n, which rounds correctly into subnormals and 0 and saturates to inf.
+ * x is clamped below at -104, where exp is already 0 in float32; max(-104, x) returns x
+ * when x is NaN, so NaN stays NaN and -inf gives exactly 0. Measured against float64 exp
+ * over [-104, 88]: at most 2 ulp (tests/test_kernels.c). */
+INLINE __m512 exp_avx512(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606820309417e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* S^T for RV zmm of rows (16 RV rows) and KC keys starting at key c0. */
+INLINE void qk_tile(int RV, int KC, int64_t dk, const float *qt, int64_t ldq, const float *k,
+                    int64_t ldk, __m512 scale, float *s, int64_t lds) {
+    __m512 acc[4][12];
+    UNROLL for (int a = 0; a < RV; a++)
+        UNROLL for (int c = 0; c < KC; c++) acc[a][c] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dk; d++) {
+        __m512 q[4];
+        UNROLL for (int a = 0; a < RV; a++) q[a] = _mm512_loadu_ps(qt + d * ldq + 16 * a);
+        UNROLL for (int c = 0; c < KC; c++) {
+            const __m512 kb = _mm512_set1_ps(k[c * ldk + d]);
+            UNROLL for (int a = 0; a < RV; a++) acc[a][c] = _mm512_fmadd_ps(kb, q[a], acc[a][c]);
+        }
+    }
+    UNROLL for (int c = 0; c < KC; c++)
+        UNROLL for (int a = 0; a < RV; a++)
+            _mm512_storeu_ps(s + c * lds + 16 * a, _mm512_mul_ps(acc[a][c], scale));
+}
+
+/* keys in groups of KC (more keys when there are fewer row vectors, to keep enough
+ * independent accumulators in flight), the remainder one key at a time */
+#define QK_ROWS(RV, KC)                                                                  \
+    static void qk_rows##RV(int64_t nk, int64_t dk, const float *qt, int64_t ldq,       \
+                            const float *k, int64_t ldk, __m512 scale, float *s,        \
+                            int64_t lds) {                                              \
+        int64_t c = 0;                                                                   \
+        for (; c + KC <= nk; c += KC)                                                    \
+            qk_tile(RV, KC, dk, qt, ldq, k + c * ldk, ldk, scale, s + c * lds, lds);     \
+        for (; c < nk; c++)                                                              \
+            qk_tile(RV, 1, dk, qt, ldq, k + c * ldk, ldk, scale, s + c * lds, lds);      \
+    }
+QK_ROWS(1, 12)
+QK_ROWS(2, 8)
+QK_ROWS(3, 6)
+QK_ROWS(4, 6)
+
+static void qk_avx512(int64_t npad, int64_t nk, int64_t dk, const float *qt, int64_t ldq,
+                      const float *k, int64_t ldk, float scale, float *s, int64_t lds) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    int64_t a = 0;
+    for (; a + 4 <= npad / 16; a += 4) qk_rows4(nk, dk, qt + 16 * a, ldq, k, ldk, vs, s + 16 * a, lds);
+    switch (npad / 16 - a) {
+    case 3: qk_rows3(nk, dk, qt + 16 * a, ldq, k, ldk, vs, s + 16 * a, lds); break;
+    case 2: qk_rows2(nk, dk, qt + 16 * a, ldq, k, ldk, vs, s + 16 * a, lds); break;
+    case 1: qk_rows1(nk, dk, qt + 16 * a, ldq, k, ldk, vs, s + 16 * a, lds); break;
+    default: break;
+    }
+}
+
+static void softmax_avx512(int64_t npad, int64_t nk, float *s, int64_t lds, float *m, float *l,
+                           float *alpha) {
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
+    for (int64_t r = 0; r < npad; r += 16) {
+        const __m512 m_old = _mm512_loadu_ps(m + r);
+        __m512 mx = m_old;
+        __mmask16 nan = _mm512_cmp_ps_mask(m_old, m_old, _CMP_UNORD_Q);
+        for (int64_t c = 0; c < nk; c++) {
+            const __m512 x = _mm512_loadu_ps(s + c * lds + r);
+            mx = _mm512_max_ps(mx, x);
+            nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+        }
+        /* a NaN logit poisons its row (max_ps alone would drop it) */
+        mx = _mm512_mask_mov_ps(mx, nan, _mm512_set1_ps(NAN));
+        /* rows with every key masked so far: shift by 0, so exp(-inf - 0) = 0 rather
+         * than exp(-inf - -inf) = NaN */
+        const __m512 shift = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), zero);
+        __m512 sum = zero;
+        for (int64_t c = 0; c < nk; c++) {
+            const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + c * lds + r), shift));
+            _mm512_storeu_ps(s + c * lds + r, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        const __m512 a = exp_avx512(_mm512_sub_ps(m_old, shift));
+        _mm512_storeu_ps(alpha + r, a);
+        _mm512_storeu_ps(l + r, _mm512_fmadd_ps(_mm512_loadu_ps(l + r), a, sum));
+        _mm512_storeu_ps(m + r, mx);
+    }
+}
+
+/* RR rows x DC zmm of value columns starting at column d0; the last zmm loads and
+ * stores under `tail`. SKIP: a p of exactly 0 leaves the accumulator untouched. */
+INLINE void pv_tile(int RR, int DC, bool SKIP, int64_t nk, const float *p, int64_t lds,
+                    const float *v, int64_t ldv, const float *alpha, float *acc, int64_t ldo,
+                    __mmask16 tail) {
+    __m512 t[4][4];
+    UNROLL for (int i = 0; i < RR; i++)
+        UNROLL for (int j = 0; j < DC; j++) t[i][j] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < nk; c++) {
+        __m512 vv[4];
+        UNROLL for (int j = 0; j < DC; j++)
+            vv[j] = j == DC - 1 ? _mm512_maskz_loadu_ps(tail, v + c * ldv + 16 * j)
+                                : _mm512_loadu_ps(v + c * ldv + 16 * j);
+        UNROLL for (int i = 0; i < RR; i++) {
+            const __m512 pb = _mm512_set1_ps(p[c * lds + i]);
+            if (SKIP) {
+                const __mmask16 live = _mm512_cmp_ps_mask(pb, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+                UNROLL for (int j = 0; j < DC; j++)
+                    t[i][j] = _mm512_mask3_fmadd_ps(pb, vv[j], t[i][j], live);
+            } else {
+                UNROLL for (int j = 0; j < DC; j++) t[i][j] = _mm512_fmadd_ps(pb, vv[j], t[i][j]);
+            }
+        }
+    }
+    UNROLL for (int i = 0; i < RR; i++) {
+        const __m512 a = _mm512_set1_ps(alpha[i]);
+        UNROLL for (int j = 0; j < DC; j++) {
+            float *o = acc + i * ldo + 16 * j;
+            const __mmask16 mk = j == DC - 1 ? tail : (__mmask16)0xFFFF;
+            _mm512_mask_storeu_ps(o, mk, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, o), a, t[i][j]));
+        }
+    }
+}
+
+/* all rows for one chunk of at most 64 value columns */
+#define PV_COLS(DC)                                                                         \
+    static void pv_cols##DC(int64_t n, int64_t nk, const float *p, int64_t lds,           \
+                            const float *v, int64_t ldv, const float *alpha, float *acc,   \
+                            int64_t ldo, __mmask16 tail, bool skip) {                      \
+        int64_t r = 0;                                                                      \
+        if (skip) {                                                                         \
+            for (; r + 4 <= n; r += 4)                                                      \
+                pv_tile(4, DC, true, nk, p + r, lds, v, ldv, alpha + r, acc + r * ldo, ldo, tail); \
+            for (; r < n; r++)                                                              \
+                pv_tile(1, DC, true, nk, p + r, lds, v, ldv, alpha + r, acc + r * ldo, ldo, tail); \
+        } else {                                                                            \
+            for (; r + 4 <= n; r += 4)                                                      \
+                pv_tile(4, DC, false, nk, p + r, lds, v, ldv, alpha + r, acc + r * ldo, ldo, tail); \
+            for (; r < n; r++)                                                              \
+                pv_tile(1, DC, false, nk, p + r, lds, v, ldv, alpha + r, acc + r * ldo, ldo, tail); \
+        }                                                                                   \
+    }
+PV_COLS(1)
+PV_COLS(2)
+PV_COLS(3)
+PV_COLS(4)
+
+static void pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p,
+                      int64_t lds, const float *v, int64_t ldv, const float *alpha,
+                      float *acc, int64_t ldo, bool skip_zeros) {
+    (void)npad;
+    for (int64_t d0 = 0; d0 < dv; d0 += 64) {
+        const int64_t nd = dv - d0 < 64 ? dv - d0 : 64;
+        const int dc = (int)((nd + 15) / 16);
+        const int rem = (int)(nd - 16 * (dc - 1));
+        const __mmask16 tail = (__mmask16)(rem == 16 ? 0xFFFF : (1u << rem) - 1);
+        switch (dc) {
+        case 4: pv_cols4(n, nk, p, lds, v + d0, ldv, alpha, acc + d0, ldo, tail, skip_zeros); break;
+        case 3: pv_cols3(n, nk, p, lds, v + d0, ldv, alpha, acc + d0, ldo, tail, skip_zeros); break;
+        case 2: pv_cols2(n, nk, p, lds, v + d0, ldv, alpha, acc + d0, ldo, tail, skip_zeros); break;
+        default: pv_cols1(n, nk, p, lds, v + d0, ldv, alpha, acc + d0, ldo, tail, skip_zeros); break;
+        }
+    }
+}
+
+const attn_kernels attn_kernels_avx512 = {
+    .name = "avx512",
+    .qk = qk_avx512,
+    .softmax = softmax_avx512,
+    .pv = pv_avx512,
+};
+#endif
