@@ -170,8 +170,14 @@ ATTN_API const char *attn_last_error(void);
 /* "0.1.0" */
 ATTN_API const char *attn_version(void);
 
-/* The kernel family a fused call of this process runs ("generic" on the portable path). */
+/* The micro-kernels the fused path of this process runs: "avx512", "avx2" or "generic",
+ * the best this CPU supports unless the environment variable ATTN_ISA names another;
+ * "none" when ATTN_ISA names one this CPU cannot run (fused calls then return
+ * ATTN_ERR_UNSUPPORTED). ATTN_VERBOSE=1 prints the choice on stderr once. */
 ATTN_API const char *attn_kernel_name(void);
+
+/* Whether this build has the kernel `name` and this CPU can run it. */
+ATTN_API bool attn_kernel_supported(const char *name);
 
 #ifdef __cplusplus
 }

@@ -39,12 +39,25 @@ run_suite() {
     total_fail=$((total_fail + f))
 }
 
+# The suites whose results depend on the micro-kernels run once per kernel this CPU
+# supports (ATTN_ISA), not only the one dispatch picks; the others run once.
+PER_KERNEL="test_forward test_edge test_onnx"
+
 # run_all BUILD_DIR LABEL: every suite against one build.
 run_all() {
-    local b=$1 label=$2
+    local b=$1 label=$2 kernels
+    kernels=$("$b/attn" --version | sed -E 's/.*this CPU runs: ([^)]*)\).*/\1/')
     for t in "$b"/tests/test_*; do
         [ -x "$t" ] || continue
-        run_suite "$label$(basename "$t")" "$t"
+        local name
+        name=$(basename "$t")
+        if [[ " $PER_KERNEL " == *" $name "* ]]; then
+            for isa in $kernels; do
+                run_suite "$label$name [$isa]" env ATTN_ISA="$isa" "$t"
+            done
+        else
+            run_suite "$label$name" "$t"
+        fi
     done
     run_suite "${label}test_cli.sh" bash tests/test_cli.sh "$b/attn"
     # the installed library is linked into a plain program: not with a sanitized build

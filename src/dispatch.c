@@ -73,3 +73,10 @@ const char *attn_kernel_name(void) {
     const attn_kernels *k = attn_select_kernels(NULL);
     return k ? k->name : "none";
 }
+
+bool attn_kernel_supported(const char *name) {
+    if (!name) return false;
+    for (int i = 0; i < N_KERNELS; i++)
+        if (strcmp(name, g_list[i]->name) == 0) return cpu_can_run(name);
+    return false;
+}

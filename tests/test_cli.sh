@@ -297,7 +297,7 @@ expect_fail "unknown command" 2 "frobnicate" frobnicate
 expect_fail "no command" 2 "command"
 
 # ---- help and version ------------------------------------------------------------------
-if "$ATTN" --version >stdout.txt 2>err.txt && grep -qE '^attn [0-9]+\.[0-9]+\.[0-9]+$' stdout.txt; then ok
+if "$ATTN" --version >stdout.txt 2>err.txt && grep -qE '^attn [0-9]+\.[0-9]+\.[0-9]+ \(kernel [a-z0-9]+; this CPU runs:( [a-z0-9]+)+\)$' stdout.txt; then ok
 else bad "--version: $(cat stdout.txt err.txt)"; fi
 for h in --help help; do
     if "$ATTN" $h >stdout.txt 2>err.txt && grep -q run stdout.txt && [ ! -s err.txt ]; then ok; else bad "attn $h"; fi

@@ -33,7 +33,10 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (strcmp(cmd, "--version") == 0) {
-        printf("attn %s\n", attn_version());
+        printf("attn %s (kernel %s; this CPU runs:", attn_version(), attn_kernel_name());
+        for (const char *const *k = (const char *const[]){"avx512", "avx2", "generic", NULL}; *k; k++)
+            if (attn_kernel_supported(*k)) printf(" %s", *k);
+        printf(")\n");
         return 0;
     }
     fprintf(stderr, "attn: unknown command '%s' (try 'attn --help')\n", cmd);
