@@ -1,0 +1,253 @@
+"""attn — exact scaled dot-product attention (libattn) for NumPy arrays and PyTorch/JAX
+tensors, read in place whatever their strides.
+
+    import attn, numpy as np
+    q = k = v = np.random.rand(2, 8, 128, 64).astype(np.float32)    # (B, H, L, D)
+    o = attn.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+attn.scaled_dot_product_attention has the signature and the meaning of PyTorch's
+torch.nn.functional.scaled_dot_product_attention, plus keyword-only extras for what the
+library has beyond it. The full reference is docs/PYTHON.md; the semantics of every edge
+case are docs/CONTRACT.md.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Literal, Optional, Sequence, Tuple, TypeVar, Union, overload
+
+import numpy as np
+
+from . import _attn
+
+__all__ = ["scaled_dot_product_attention", "kernel_name", "__version__"]
+
+__version__: str = _attn.version()
+
+T = TypeVar("T")
+"""The kind of the query (numpy.ndarray, torch.Tensor, a JAX array): the result's kind."""
+
+Align = Literal["top-left", "bottom-right"]
+Precision = Literal["default", "float32", "float64"]
+Path = Literal["auto", "fused", "reference"]
+
+_ALIGN = {"top-left": 0, "bottom-right": 1}
+_PATH = {"auto": 0, "fused": 1, "reference": 2}
+_PRECISION_PATH = {"default": None, "float32": "fused", "float64": "reference"}
+
+
+def kernel_name() -> str:
+    """The kernel family a fused call of this process runs ('generic' on the portable path)."""
+    return _attn.kernel_name()
+
+
+def _torch_tensor_type() -> Optional[type]:
+    torch = sys.modules.get("torch")  # never imported here: only if the caller has it
+    return getattr(torch, "Tensor", None) if torch is not None else None
+
+
+def _plain(x: Any, tensor_type: Optional[type]) -> Any:
+    """A PyTorch tensor that requires grad is read through .detach() (same memory)."""
+    if tensor_type is not None and isinstance(x, tensor_type) and x.requires_grad:
+        return x.detach()
+    return x
+
+
+def _vector(x: Any, dtype: Any) -> Any:
+    """kv_len and alibi_slopes may be Python sequences (copied: they are tiny)."""
+    if isinstance(x, (list, tuple, range)):
+        return np.asarray(x, dtype=dtype)
+    return x
+
+
+def _allocator(query: Any, tensor_type: Optional[type]):
+    """alloc(shape, which) for the C extension: the result's kind follows the query.
+
+    PyTorch query -> torch.empty (CPU); anything else -> numpy.empty. The output has the
+    query's dtype when that is a floating type the library knows, LSE and weights float32.
+    """
+    if tensor_type is not None and isinstance(query, tensor_type):
+        torch = sys.modules["torch"]
+        floats = (torch.float32, torch.float16, torch.bfloat16)
+        o_dtype = query.dtype if query.dtype in floats else torch.float32
+
+        def alloc(shape, which):
+            return torch.empty(shape, dtype=o_dtype if which == "output" else torch.float32)
+        return alloc
+
+    q_dtype = getattr(query, "dtype", None)
+    try:
+        o_dtype = np.dtype(q_dtype) if q_dtype is not None else np.dtype(np.float32)
+    except TypeError:  # a dtype NumPy does not know (a JAX or other framework's own)
+        o_dtype = np.dtype(np.float32)
+    if o_dtype.kind != "f" or o_dtype.itemsize not in (2, 4):
+        o_dtype = np.dtype(np.float32)
+
+    def alloc(shape, which):
+        return np.empty(shape, dtype=o_dtype if which == "output" else np.float32)
+    return alloc
+
+
+def _to_query_kind(x: Any, query: Any) -> Any:
+    """NumPy results back into the query's framework where it is not NumPy or PyTorch."""
+    jax = sys.modules.get("jax")
+    if jax is not None and isinstance(query, getattr(jax, "Array", ())):
+        return jax.numpy.asarray(x)  # JAX arrays are immutable: a JAX-owned copy
+    return x
+
+
+@overload
+def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any = ...,
+                                 dropout_p: float = ..., is_causal: bool = ...,
+                                 scale: Optional[float] = ..., enable_gqa: bool = ..., *,
+                                 align: Align = ..., window: Optional[Tuple[int, int]] = ...,
+                                 softcap: float = ..., alibi_slopes: Any = ...,
+                                 kv_len: Any = ..., return_lse: Literal[False] = ...,
+                                 return_weights: Literal[False] = ...,
+                                 precision: Precision = ..., threads: int = ...,
+                                 path: Path = ...) -> T: ...
+@overload
+def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any = ...,
+                                 dropout_p: float = ..., is_causal: bool = ...,
+                                 scale: Optional[float] = ..., enable_gqa: bool = ..., *,
+                                 align: Align = ..., window: Optional[Tuple[int, int]] = ...,
+                                 softcap: float = ..., alibi_slopes: Any = ...,
+                                 kv_len: Any = ..., return_lse: Literal[True],
+                                 return_weights: Literal[False] = ...,
+                                 precision: Precision = ..., threads: int = ...,
+                                 path: Path = ...) -> Tuple[T, T]: ...
+@overload
+def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any = ...,
+                                 dropout_p: float = ..., is_causal: bool = ...,
+                                 scale: Optional[float] = ..., enable_gqa: bool = ..., *,
+                                 align: Align = ..., window: Optional[Tuple[int, int]] = ...,
+                                 softcap: float = ..., alibi_slopes: Any = ...,
+                                 kv_len: Any = ..., return_lse: Literal[False] = ...,
+                                 return_weights: Literal[True],
+                                 precision: Precision = ..., threads: int = ...,
+                                 path: Path = ...) -> Tuple[T, T]: ...
+@overload
+def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any = ...,
+                                 dropout_p: float = ..., is_causal: bool = ...,
+                                 scale: Optional[float] = ..., enable_gqa: bool = ..., *,
+                                 align: Align = ..., window: Optional[Tuple[int, int]] = ...,
+                                 softcap: float = ..., alibi_slopes: Any = ...,
+                                 kv_len: Any = ..., return_lse: Literal[True],
+                                 return_weights: Literal[True],
+                                 precision: Precision = ..., threads: int = ...,
+                                 path: Path = ...) -> Tuple[T, T, T]: ...
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False, *,
+                                 align="top-left", window=None, softcap=0.0,
+                                 alibi_slopes=None, kv_len=None, return_lse=False,
+                                 return_weights=False, precision="default", threads=0,
+                                 path="auto"):
+    """Exact attention: softmax(scale * query @ key^T + attn_mask) @ value, computed by libattn.
+
+    The signature and meaning of torch.nn.functional.scaled_dot_product_attention, on the
+    CPU, in float32, reading every input in place (no copy, whatever its strides).
+
+    Args:
+        query: (L, D), (H, L, D) or (B, H, L, D) — a NumPy array or any tensor with
+            __dlpack__ on the CPU (PyTorch, JAX). float32.
+        key: (S, D), (Hkv, S, D) or (B, Hkv, S, D), same kind of rules.
+        value: (S, Dv), (Hkv, S, Dv) or (B, Hkv, S, Dv). Dv may differ from D.
+            Leading dimensions broadcast as in PyTorch (a size-1 batch or head dimension
+            is shared); the result has the broadcast leading dimensions.
+        attn_mask: None, a bool mask (True = attend) or a float32 mask added to the
+            logits (-inf allowed), broadcast to (B, H, L, S) right-aligned as in PyTorch.
+        dropout_p: must be 0.0 — anything else raises NotImplementedError (no dropout yet).
+        is_causal: keep key j for query i when j <= i (top-left, PyTorch's is_causal; see
+            align for the KV-cache alignment).
+        scale: the factor applied to query @ key^T; None = 1/sqrt(D) (1 when D = 0).
+        enable_gqa: grouped-query attention: H query heads over Hkv key/value heads,
+            H % Hkv == 0, query head h reads key/value head h // (H // Hkv). Without it,
+            H != Hkv (neither 1) raises ValueError, as in PyTorch.
+
+    Keyword-only extras (the library has them, PyTorch does not):
+        align: "top-left" (default, PyTorch) or "bottom-right" (the diagonal of row i is
+            i + S_b - L, as KV caches and FlashAttention): the diagonal used by is_causal,
+            window and alibi_slopes.
+        window: (left, right): keep keys d_i - left <= j <= d_i + right; -1 = unbounded.
+        softcap: > 0: logits become softcap * tanh(logits / softcap) before the mask.
+        alibi_slopes: (H,) float32: adds -slope[h] * |d_i - j| to the logits.
+        kv_len: (B,) int32/int64 (or a list): keys j >= kv_len[b] of batch b are masked.
+        return_lse: also return the natural log-sum-exp of each row's logits, (..., L),
+            float32 (-inf for a fully masked row).
+        return_weights: also return the attention weights, (..., L, S), float32.
+        precision: "default"; "float32" (float32 accumulation, the fused path) or
+            "float64" (float64 throughout, the reference path that materializes scores).
+        threads: OpenMP threads, 0 = the default. Results are bit-identical for any count.
+        path: "auto", "fused" (streaming FlashAttention-2, memory independent of S) or
+            "reference" (float64 oracle).
+
+    Returns:
+        The output (..., L, Dv), of the query's kind: NumPy in, NumPy out; PyTorch in,
+        PyTorch out (a new CPU tensor from torch.empty); a JAX array for a JAX query; any
+        other DLPack producer gets a NumPy array. With return_lse / return_weights: the
+        tuple (output, lse), (output, weights) or (output, lse, weights).
+
+    Where this deliberately differs from PyTorch (docs/CONTRACT.md):
+        - A fully masked row (every key masked by attn_mask, causal, window or kv_len, or
+          S = 0) gives an output row of 0 (LSE -inf, weights 0), not NaN.
+        - is_causal together with attn_mask is allowed and means both masks
+          (PyTorch raises).
+        - Masked keys are never used: NaN or Inf stored in a masked key or value row cannot
+          reach the output.
+
+    Raises:
+        TypeError: an input is not an array/tensor, or has an unsupported dtype (float64,
+            or float16/bfloat16 until the half-precision paths exist). The message names
+            the argument.
+        ValueError: a wrong shape, rank, stride or option value, or a tensor on a GPU. The
+            message names the argument; exceptions raised from the library's status carry
+            it in their `status` attribute (e.g. "ATTN_ERR_SHAPE").
+        NotImplementedError: dropout_p != 0.
+
+    The GIL is released while the library computes.
+    """
+    if dropout_p != 0.0:
+        raise NotImplementedError(
+            "dropout_p=%r: attn has no dropout yet; pass dropout_p=0.0 (inference)" % (dropout_p,))
+    if align not in _ALIGN:
+        raise ValueError("align=%r: expected 'top-left' or 'bottom-right'" % (align,))
+    if path not in _PATH:
+        raise ValueError("path=%r: expected 'auto', 'fused' or 'reference'" % (path,))
+    if precision not in _PRECISION_PATH:
+        raise ValueError("precision=%r: expected 'default', 'float32' or 'float64'" % (precision,))
+    wanted = _PRECISION_PATH[precision]
+    if wanted is not None:
+        if path not in ("auto", wanted):
+            raise ValueError("precision=%r runs on the %s path, but path=%r" % (
+                precision, wanted, path))
+        path = wanted
+    if window is not None:
+        try:
+            left, right = window
+            window = (int(left), int(right))
+        except (TypeError, ValueError):
+            raise ValueError("window=%r: expected (left, right), two ints, -1 = unbounded" % (
+                window,)) from None
+    if isinstance(threads, bool) or not isinstance(threads, int):
+        raise TypeError("threads=%r: expected an int (0 = default)" % (threads,))
+
+    tt = _torch_tensor_type()
+    query, key, value = _plain(query, tt), _plain(key, tt), _plain(value, tt)
+    if attn_mask is not None:
+        attn_mask = _plain(attn_mask, tt)
+    if alibi_slopes is not None:
+        alibi_slopes = _plain(_vector(alibi_slopes, np.float32), tt)
+    if kv_len is not None:
+        kv_len = _plain(_vector(kv_len, np.int64), tt)
+
+    out, lse, weights = _attn.forward(
+        query, key, value, attn_mask, bool(is_causal), None if scale is None else float(scale),
+        bool(enable_gqa), _ALIGN[align], window, float(softcap), alibi_slopes, kv_len,
+        bool(return_lse), bool(return_weights), _PATH[path], threads, _allocator(query, tt))
+
+    out = _to_query_kind(out, query)
+    if not return_lse and not return_weights:
+        return out
+    extra = tuple(_to_query_kind(x, query) for x in (lse, weights) if x is not None)
+    return (out,) + extra

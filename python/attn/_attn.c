@@ -1,0 +1,816 @@
+/*
+ * _attn.c — the CPython extension behind the `attn` package: reads NumPy arrays (buffer
+ *           protocol) and DLPack tensors (PyTorch, JAX, ...) as attn_tensor views without
+ *           a copy, maps PyTorch's scaled_dot_product_attention arguments onto
+ *           attn_options, runs attn_forward with the GIL released, and turns a failing
+ *           status into a Python exception that names the argument.
+ *
+ * What it is not: the public function. python/attn/__init__.py owns the signature, the
+ * defaults, the docstring, the string options and the kind of the result (it passes an
+ * allocator); this file owns everything that touches memory.
+ *
+ * Shapes: a Python tensor of rank r <= 4 is the last r dimensions of the 4-D view
+ * [B, H, L, D]; the missing leading ones are size 1 with stride 0. Broadcasting follows
+ * PyTorch (right-aligned, a size-1 dimension gets stride 0). Strides are converted from
+ * bytes (buffer protocol) to elements; DLPack strides are in elements already.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "attn.h"
+
+/* ================================================================================
+ * DLPack, the parts a consumer needs, written from the public specification
+ * (dmlc.github.io/dlpack, the C API of the legacy "dltensor" capsule). Field order and
+ * types are the ABI: an enum is an int on every platform this builds on.
+ * ================================================================================ */
+
+enum {
+    DL_CPU = 1, DL_CUDA = 2, DL_CUDA_HOST = 3, DL_OPENCL = 4, DL_VULKAN = 7, DL_METAL = 8,
+    DL_VPI = 9, DL_ROCM = 10, DL_ROCM_HOST = 11, DL_EXT_DEV = 12, DL_CUDA_MANAGED = 13,
+    DL_ONEAPI = 14, DL_WEBGPU = 15, DL_HEXAGON = 16, DL_MAIA = 17,
+};
+enum { DL_INT = 0, DL_UINT = 1, DL_FLOAT = 2, DL_OPAQUE = 3, DL_BFLOAT = 4, DL_COMPLEX = 5,
+       DL_BOOL = 6 };
+
+typedef struct dl_device {
+    int32_t device_type; /* DLDeviceType */
+    int32_t device_id;
+} dl_device;
+
+typedef struct dl_dtype {
+    uint8_t code; /* DLDataTypeCode */
+    uint8_t bits;
+    uint16_t lanes;
+} dl_dtype;
+
+typedef struct dl_tensor {
+    void *data;
+    dl_device device;
+    int32_t ndim;
+    dl_dtype dtype;
+    int64_t *shape;
+    int64_t *strides; /* in elements; NULL = compact row-major */
+    uint64_t byte_offset;
+} dl_tensor;
+
+typedef struct dl_managed_tensor {
+    dl_tensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct dl_managed_tensor *self);
+} dl_managed_tensor;
+
+static const char *dl_device_name(int32_t t) {
+    switch (t) {
+    case DL_CPU: return "CPU";
+    case DL_CUDA: return "CUDA";
+    case DL_CUDA_HOST: return "CUDA host (pinned)";
+    case DL_OPENCL: return "OpenCL";
+    case DL_VULKAN: return "Vulkan";
+    case DL_METAL: return "Metal";
+    case DL_VPI: return "VPI";
+    case DL_ROCM: return "ROCm";
+    case DL_ROCM_HOST: return "ROCm host";
+    case DL_EXT_DEV: return "extension device";
+    case DL_CUDA_MANAGED: return "CUDA managed";
+    case DL_ONEAPI: return "oneAPI";
+    case DL_WEBGPU: return "WebGPU";
+    case DL_HEXAGON: return "Hexagon";
+    case DL_MAIA: return "MAIA";
+    default: return "unknown device";
+    }
+}
+
+/* Counters for the tests: capsules taken and deleters called (they must match). */
+static long long g_dlpack_taken, g_dlpack_released;
+
+/* ================================================================================
+ * One imported tensor: a read (or write) view of someone else's memory.
+ * ================================================================================ */
+
+enum { MAX_DIMS = 8 };
+
+typedef struct imported {
+    const char *arg;            /* the Python argument's name, used in every message   */
+    const char *via;            /* "buffer" or "dlpack"                                */
+    Py_buffer view;             /* buffer protocol: released by imported_release        */
+    bool has_view;
+    PyObject *capsule;          /* DLPack: the capsule, renamed "used_dltensor"         */
+    dl_managed_tensor *managed; /* DLPack: ours to delete once the call is done         */
+    void *data;                 /* element [0, ..., 0]                                  */
+    attn_dtype dtype;
+    int ndim;
+    int64_t shape[MAX_DIMS];
+    int64_t stride[MAX_DIMS];   /* in elements                                          */
+} imported;
+
+/* Gives back what an import took. May run the producer's Python code (a deleter that
+ * drops the last reference to an array, a buffer's release hook), so an exception being
+ * raised is set aside meanwhile and restored after. */
+static void imported_release(imported *t) {
+    if (!t->has_view && !t->managed && !t->capsule) return;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (t->has_view) PyBuffer_Release(&t->view);
+    t->has_view = false;
+    if (t->managed) {
+        /* The capsule was renamed "used_dltensor", so its destructor will not delete the
+         * tensor: the consumer (us) must, exactly once. */
+        if (t->managed->deleter) t->managed->deleter(t->managed);
+        g_dlpack_released++;
+        t->managed = NULL;
+    }
+    Py_CLEAR(t->capsule);
+    PyErr_Restore(type, value, tb);
+}
+
+static const char *attn_dtype_name(attn_dtype d) {
+    switch (d) {
+    case ATTN_F32: return "float32";
+    case ATTN_F16: return "float16";
+    case ATTN_BF16: return "bfloat16";
+    case ATTN_BOOL: return "bool";
+    case ATTN_I32: return "int32";
+    case ATTN_I64: return "int64";
+    default: return "unknown";
+    }
+}
+
+static int64_t dtype_size(attn_dtype d) {
+    switch (d) {
+    case ATTN_F32: case ATTN_I32: return 4;
+    case ATTN_F16: case ATTN_BF16: return 2;
+    case ATTN_BOOL: return 1;
+    default: return 8;
+    }
+}
+
+static void unsupported_dtype(const imported *t, const char *what) {
+    PyErr_Format(PyExc_TypeError,
+                 "%s: dtype %s is not supported (attn reads float32 tensors, bool or float32 "
+                 "masks and int32/int64 key lengths; float16 and bfloat16 are reserved for "
+                 "the half-precision paths)",
+                 t->arg, what);
+}
+
+/* The buffer protocol's struct-module format for one element, e.g. "f", "<f", "?". */
+static int buffer_dtype(imported *t, const char *fmt, Py_ssize_t itemsize) {
+    static const uint16_t probe = 1;
+    bool little = *(const uint8_t *)&probe == 1;
+    if (!fmt) fmt = "B";
+    char order = '@';
+    if (*fmt == '@' || *fmt == '=' || *fmt == '<' || *fmt == '>' || *fmt == '!') order = *fmt++;
+    bool swapped = (order == '<' && !little) || ((order == '>' || order == '!') && little);
+    char name[48];
+    if (strlen(fmt) != 1) {
+        snprintf(name, sizeof name, "with buffer format '%.20s'", fmt);
+        unsupported_dtype(t, name);
+        return -1;
+    }
+    char c = fmt[0];
+    const char *known = NULL;
+    switch (c) {
+    case 'f': t->dtype = ATTN_F32; known = itemsize == 4 ? "" : NULL; break;
+    case 'e': t->dtype = ATTN_F16; known = itemsize == 2 ? "" : NULL; break;
+    case '?': t->dtype = ATTN_BOOL; known = itemsize == 1 ? "" : NULL; break;
+    case 'i': case 'l': case 'q': case 'n':
+        if (itemsize == 4) { t->dtype = ATTN_I32; known = ""; }
+        if (itemsize == 8) { t->dtype = ATTN_I64; known = ""; }
+        break;
+    default: break;
+    }
+    if (!known) {
+        const char *what;
+        switch (c) {
+        case 'd': what = "float64"; break;
+        case 'g': what = "longdouble"; break;
+        case 'b': what = "int8"; break;
+        case 'B': what = "uint8"; break;
+        case 'h': what = "int16"; break;
+        case 'H': what = "uint16"; break;
+        case 'I': case 'L': case 'Q': case 'N': what = itemsize == 4 ? "uint32" : "uint64"; break;
+        case 'i': case 'l': case 'q': case 'n': what = "an integer of this size"; break;
+        default:
+            snprintf(name, sizeof name, "with buffer format '%c' (%zd bytes)", c, itemsize);
+            what = name;
+        }
+        unsupported_dtype(t, what);
+        return -1;
+    }
+    if (swapped && itemsize > 1) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s: the array is in non-native byte order; convert it first "
+                     "(e.g. a.astype(a.dtype.newbyteorder('=')))", t->arg);
+        return -1;
+    }
+    return 0;
+}
+
+static int import_buffer(PyObject *obj, imported *t, bool writable) {
+    if (PyObject_GetBuffer(obj, &t->view, writable ? PyBUF_RECORDS : PyBUF_RECORDS_RO) != 0)
+        return -1;
+    t->has_view = true;
+    t->via = "buffer";
+    Py_buffer *v = &t->view;
+    if (v->ndim > MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "%s: rank %d, expected at most 4", t->arg, v->ndim);
+        return -1;
+    }
+    if (v->suboffsets) {
+        PyErr_Format(PyExc_ValueError, "%s: an indirect (suboffset) buffer cannot be read",
+                     t->arg);
+        return -1;
+    }
+    if (buffer_dtype(t, v->format, v->itemsize) != 0) return -1;
+    t->ndim = v->ndim;
+    t->data = v->buf;
+    for (int d = 0; d < v->ndim; d++) {
+        Py_ssize_t s = v->strides ? v->strides[d] : 0;
+        t->shape[d] = v->shape ? v->shape[d] : 1;
+        if (!v->strides) { /* C-contiguous: recompute */
+            s = v->itemsize;
+            for (int e = d + 1; e < v->ndim; e++) s *= v->shape[e];
+        }
+        if (s % v->itemsize != 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: stride %zd bytes on dimension %d is not a multiple of the "
+                         "element size (%zd bytes); attn reads whole elements, so copy it "
+                         "first (e.g. numpy.ascontiguousarray)",
+                         t->arg, s, d, v->itemsize);
+            return -1;
+        }
+        t->stride[d] = s / v->itemsize;
+    }
+    if (t->data && (uintptr_t)t->data % (uintptr_t)v->itemsize != 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: data at %p is not aligned to its %zd-byte elements; copy it first "
+                     "(e.g. numpy.ascontiguousarray)",
+                     t->arg, t->data, v->itemsize);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_dl_device(imported *t, int32_t type, int32_t id) {
+    if (type == DL_CPU) return 0;
+    PyErr_Format(PyExc_ValueError,
+                 "%s: the tensor is on %s device %d (DLPack device type %d); attn computes "
+                 "on the CPU, so move it there first (e.g. tensor.cpu())",
+                 t->arg, dl_device_name(type), (int)id, (int)type);
+    return -1;
+}
+
+/* Re-raises the pending exception of a producer's __dlpack__ / __dlpack_device__ as a
+ * TypeError that names the argument (and keeps the producer's words). */
+static int dlpack_failed(PyObject *obj, imported *t, const char *method) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *dtype = PyObject_GetAttrString(obj, "dtype");
+    if (!dtype) PyErr_Clear();
+    PyObject *why = value ? value : Py_None;
+    if (dtype)
+        PyErr_Format(PyExc_TypeError, "%s: %s() of a %s of dtype %S failed: %S", t->arg,
+                     method, Py_TYPE(obj)->tp_name, dtype, why);
+    else
+        PyErr_Format(PyExc_TypeError, "%s: %s() of a %s failed: %S", t->arg, method,
+                     Py_TYPE(obj)->tp_name, why);
+    Py_XDECREF(dtype);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return -1;
+}
+
+static int import_dlpack(PyObject *obj, imported *t) {
+    t->via = "dlpack";
+    /* Ask for the device first, so that a GPU tensor is refused before it is exported. */
+    if (PyObject_HasAttrString(obj, "__dlpack_device__")) {
+        PyObject *dev = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
+        if (!dev) return dlpack_failed(obj, t, "__dlpack_device__");
+        int type = 0, id = 0;
+        int ok = PyTuple_Check(dev) && PyArg_ParseTuple(dev, "ii", &type, &id);
+        Py_DECREF(dev);
+        if (!ok) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_TypeError, "%s: __dlpack_device__() did not return a "
+                             "(device_type, device_id) tuple", t->arg);
+            return -1;
+        }
+        if (check_dl_device(t, type, id) != 0) return -1;
+    }
+    PyObject *cap = PyObject_CallMethod(obj, "__dlpack__", NULL);
+    if (!cap) return dlpack_failed(obj, t, "__dlpack__");
+    if (!PyCapsule_IsValid(cap, "dltensor")) {
+        Py_DECREF(cap);
+        PyErr_Format(PyExc_TypeError, "%s: __dlpack__() did not return an unused "
+                     "\"dltensor\" capsule", t->arg);
+        return -1;
+    }
+    dl_managed_tensor *m = PyCapsule_GetPointer(cap, "dltensor");
+    if (!m) {
+        Py_DECREF(cap);
+        return -1;
+    }
+    /* From here on the tensor is ours: rename the capsule so its destructor leaves it
+     * alone, keep the capsule alive until the call is done, then call the deleter. */
+    if (PyCapsule_SetName(cap, "used_dltensor") != 0) {
+        Py_DECREF(cap);
+        return -1;
+    }
+    t->capsule = cap;
+    t->managed = m;
+    g_dlpack_taken++;
+
+    const dl_tensor *dl = &m->dl_tensor;
+    if (check_dl_device(t, dl->device.device_type, dl->device.device_id) != 0) return -1;
+    if (dl->ndim < 0 || dl->ndim > MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "%s: rank %d, expected at most 4", t->arg,
+                     (int)dl->ndim);
+        return -1;
+    }
+    dl_dtype dt = dl->dtype;
+    bool known = dt.lanes == 1;
+    if (known) {
+        if (dt.code == DL_FLOAT && dt.bits == 32) t->dtype = ATTN_F32;
+        else if (dt.code == DL_FLOAT && dt.bits == 16) t->dtype = ATTN_F16;
+        else if (dt.code == DL_BFLOAT && dt.bits == 16) t->dtype = ATTN_BF16;
+        else if (dt.code == DL_BOOL && dt.bits == 8) t->dtype = ATTN_BOOL;
+        else if (dt.code == DL_INT && dt.bits == 32) t->dtype = ATTN_I32;
+        else if (dt.code == DL_INT && dt.bits == 64) t->dtype = ATTN_I64;
+        else known = false;
+    }
+    if (!known) {
+        static const char *const codes[] = {"int", "uint", "float", "opaque", "bfloat",
+                                            "complex", "bool"};
+        char name[64];
+        snprintf(name, sizeof name, "%s%d%s", dt.code < 7 ? codes[dt.code] : "code?",
+                 (int)dt.bits, dt.lanes != 1 ? " (vector lanes)" : "");
+        unsupported_dtype(t, name);
+        return -1;
+    }
+    t->ndim = dl->ndim;
+    t->data = dl->data ? (char *)dl->data + dl->byte_offset : NULL;
+    int64_t compact = 1;
+    for (int d = dl->ndim - 1; d >= 0; d--) {
+        t->shape[d] = dl->shape[d];
+        t->stride[d] = dl->strides ? dl->strides[d] : compact;
+        compact *= dl->shape[d];
+    }
+    int64_t size = dtype_size(t->dtype);
+    if (t->data && (uintptr_t)t->data % (uintptr_t)size != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: data at %p is not aligned to its %lld-byte "
+                     "elements", t->arg, t->data, (long long)size);
+        return -1;
+    }
+    return 0;
+}
+
+/* Reads obj as a tensor without copying it: the buffer protocol for NumPy arrays (and
+ * anything else that exports a strided buffer), DLPack for the rest. On failure a Python
+ * exception naming t->arg is set and everything taken so far is released. */
+static int import_tensor(PyObject *obj, const char *arg, bool writable, imported *t) {
+    memset(t, 0, sizeof *t);
+    t->arg = arg;
+    int rc;
+    if (PyObject_CheckBuffer(obj)) {
+        rc = import_buffer(obj, t, writable);
+        if (rc != 0 && !t->has_view && PyObject_HasAttrString(obj, "__dlpack__")) {
+            /* The exporter refused a buffer (a dtype the struct module cannot spell, say):
+             * DLPack may still describe it. */
+            PyErr_Clear();
+            rc = import_dlpack(obj, t);
+        } else if (rc != 0 && !t->has_view) {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyObject *dtype = PyObject_GetAttrString(obj, "dtype");
+            PyObject *dstr = dtype ? PyObject_Str(dtype) : NULL;
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s: cannot read the array's memory%s%s (%S)", arg,
+                         dstr ? " of dtype " : "", dstr ? PyUnicode_AsUTF8(dstr) : "",
+                         value ? value : Py_None);
+            Py_XDECREF(dstr);
+            Py_XDECREF(dtype);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+        }
+    } else if (PyObject_HasAttrString(obj, "__dlpack__")) {
+        rc = import_dlpack(obj, t);
+    } else {
+        PyErr_Format(PyExc_TypeError,
+                     "%s: expected a NumPy array or a tensor with __dlpack__ (PyTorch, JAX), "
+                     "got %s", arg, Py_TYPE(obj)->tp_name);
+        rc = -1;
+    }
+    if (rc != 0) imported_release(t);
+    return rc;
+}
+
+/* ================================================================================
+ * Errors from the library: the status decides the exception type, the detail's leading
+ * name (q, k, mask, options.scale, ...) is replaced by the Python argument's name.
+ * ================================================================================ */
+
+static const char *const g_status_names[] = {
+#define X_NAME(name, msg) #name,
+    ATTN_STATUS_LIST(X_NAME)
+#undef X_NAME
+};
+
+static PyObject *raise_status(attn_status st) {
+    static const struct { const char *c, *py; } names[] = {
+        {"q", "query"},       {"k", "key"},           {"v", "value"},
+        {"o", "output"},      {"mask", "attn_mask"},  {"bias", "attn_mask"},
+        {"kv_len", "kv_len"}, {"alibi_slopes", "alibi_slopes"},
+        {"lse", "the lse output"}, {"weights", "the weights output"},
+        {"options.scale", "scale"}, {"options.softcap", "softcap"},
+        {"options.window", "window"}, {"options.threads", "threads"},
+        {"options.align", "align"}, {"options.path", "path"},
+    };
+    const char *detail = attn_last_error();
+    size_t n = strspn(detail, "abcdefghijklmnopqrstuvwxyz_.");
+    const char *py = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strlen(names[i].c) == n && strncmp(detail, names[i].c, n) == 0) py = names[i].py;
+    const char *rest = py ? detail + n : detail;
+    const char *note = strstr(detail, "shape[") ? " [dimensions of the 4-D (B, H, L, D) view]" : "";
+
+    PyObject *type;
+    switch (st) {
+    case ATTN_ERR_DTYPE: type = PyExc_TypeError; break;
+    case ATTN_ERR_NOMEM: type = PyExc_MemoryError; break;
+    case ATTN_ERR_UNSUPPORTED: type = PyExc_NotImplementedError; break;
+    default: type = PyExc_ValueError; break;
+    }
+    PyObject *msg = PyUnicode_FromFormat("%s%s%s (%s)", py ? py : "attn_forward: ", rest, note,
+                                         attn_status_string(st));
+    if (!msg) return NULL;
+    PyObject *exc = PyObject_CallOneArg(type, msg);
+    Py_DECREF(msg);
+    if (!exc) return NULL;
+    const char *sname = (unsigned)st < ATTN_STATUS_COUNT ? g_status_names[st] : "unknown";
+    PyObject *s = PyUnicode_FromString(sname);
+    if (s) {
+        PyObject_SetAttrString(exc, "status", s);
+        Py_DECREF(s);
+    }
+    PyErr_SetObject(type, exc);
+    Py_DECREF(exc);
+    return NULL;
+}
+
+/* ================================================================================
+ * forward
+ * ================================================================================ */
+
+/* The 4-D view of a rank-r (r <= 4) tensor: leading dimensions of size 1, stride 0. */
+static attn_tensor to_4d(const imported *t) {
+    attn_tensor a = {t->data, t->dtype, {1, 1, 1, 1}, {0, 0, 0, 0}};
+    for (int d = 0; d < t->ndim; d++) {
+        a.shape[4 - t->ndim + d] = t->shape[d];
+        a.stride[4 - t->ndim + d] = t->stride[d];
+    }
+    return a;
+}
+
+static int check_rank(const imported *t, int lo, int hi, const char *expect) {
+    if (t->ndim >= lo && t->ndim <= hi) return 0;
+    PyErr_Format(PyExc_ValueError, "%s: rank %d, expected %s", t->arg, t->ndim, expect);
+    return -1;
+}
+
+static PyObject *shape_tuple(const int64_t *dims, int n) {
+    PyObject *tup = PyTuple_New(n);
+    if (!tup) return NULL;
+    for (int i = 0; i < n; i++) {
+        PyObject *x = PyLong_FromLongLong(dims[i]);
+        if (!x) {
+            Py_DECREF(tup);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(tup, i, x);
+    }
+    return tup;
+}
+
+/* Broadcasts one leading dimension (0 = batch, 1 = heads) of the tensors in ts to `full`:
+ * size 1 becomes `full` with stride 0. */
+static void broadcast_dim(attn_tensor *a, int d, int64_t full) {
+    if (a->shape[d] == 1 && full != 1) {
+        a->shape[d] = full;
+        a->stride[d] = 0;
+    }
+}
+
+/* Calls alloc(shape, which) and imports the result for writing; checks it is what was
+ * asked for. */
+static PyObject *alloc_output(PyObject *alloc, const int64_t *dims, int n, const char *which,
+                              attn_dtype want, imported *t) {
+    PyObject *shape = shape_tuple(dims, n);
+    if (!shape) return NULL;
+    PyObject *obj = PyObject_CallFunction(alloc, "Os", shape, which);
+    Py_DECREF(shape);
+    if (!obj) return NULL;
+    if (import_tensor(obj, which, true, t) != 0) {
+        Py_DECREF(obj);
+        return NULL;
+    }
+    bool same = t->ndim == n && t->dtype == want;
+    for (int d = 0; same && d < n; d++) same = t->shape[d] == dims[d];
+    if (!same) {
+        imported_release(t);
+        Py_DECREF(obj);
+        PyErr_Format(PyExc_RuntimeError, "internal: the %s allocator returned the wrong "
+                     "shape or dtype", which);
+        return NULL;
+    }
+    return obj;
+}
+
+PyDoc_STRVAR(forward_doc,
+"forward(query, key, value, attn_mask, is_causal, scale, enable_gqa, align, window,\n"
+"        softcap, alibi_slopes, kv_len, return_lse, return_weights, path, threads, alloc)\n"
+"--\n\n"
+"Private: the call behind attn.scaled_dot_product_attention. align and path are the\n"
+"attn_align / attn_path integers, window is None or (left, right), scale None or a\n"
+"float, alloc(shape, which) returns a fresh writable tensor for which in ('output',\n"
+"'lse', 'weights'). Returns (output, lse or None, weights or None).");
+
+static PyObject *py_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"query", "key", "value", "attn_mask", "is_causal", "scale",
+                             "enable_gqa", "align", "window", "softcap", "alibi_slopes",
+                             "kv_len", "return_lse", "return_weights", "path", "threads",
+                             "alloc", NULL};
+    PyObject *oq, *ok, *ov, *omask, *oscale, *owindow, *oalibi, *okvlen, *alloc;
+    int causal, gqa, align, want_lse, want_w, path, threads;
+    double softcap;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOpOpiOdOOppiiO:forward", kwlist, &oq,
+                                     &ok, &ov, &omask, &causal, &oscale, &gqa, &align,
+                                     &owindow, &softcap, &oalibi, &okvlen, &want_lse, &want_w,
+                                     &path, &threads, &alloc))
+        return NULL;
+
+    attn_options opt = {0};
+    if (oscale != Py_None) {
+        double s = PyFloat_AsDouble(oscale);
+        if (s == -1.0 && PyErr_Occurred()) return NULL;
+        opt.has_scale = true;
+        opt.scale = (float)s;
+    }
+    opt.softcap = (float)softcap;
+    opt.causal = causal;
+    opt.align = (attn_align)align;
+    if (owindow != Py_None) {
+        long long l, r;
+        if (!PyArg_ParseTuple(owindow, "LL", &l, &r)) return NULL;
+        opt.has_window = true;
+        opt.window_left = l;
+        opt.window_right = r;
+    }
+    opt.path = (attn_path)path;
+    opt.threads = threads;
+
+    enum { Q, K, V, MASK, ALIBI, KVLEN, OUT, LSE, WEIGHTS, N_T };
+    imported t[N_T];
+    memset(t, 0, sizeof t);
+    PyObject *outs[3] = {NULL, NULL, NULL};
+    PyObject *result = NULL;
+
+    if (import_tensor(oq, "query", false, &t[Q]) || import_tensor(ok, "key", false, &t[K]) ||
+        import_tensor(ov, "value", false, &t[V]))
+        goto done;
+    const char *qkv_rank = "2 (L, D), 3 (H, L, D) or 4 (B, H, L, D)";
+    if (check_rank(&t[Q], 2, 4, qkv_rank) || check_rank(&t[K], 2, 4, qkv_rank) ||
+        check_rank(&t[V], 2, 4, qkv_rank))
+        goto done;
+    attn_tensor q = to_4d(&t[Q]), k = to_4d(&t[K]), v = to_4d(&t[V]);
+
+    /* Batch: PyTorch broadcasts the leading dimensions of query, key and value. */
+    const attn_tensor *qkv[3] = {&q, &k, &v};
+    const char *qkv_names[3] = {"query", "key", "value"};
+    int64_t B = 1;
+    for (int i = 0; i < 3; i++)
+        if (qkv[i]->shape[0] != 1) B = qkv[i]->shape[0];
+    for (int i = 0; i < 3; i++)
+        if (qkv[i]->shape[0] != 1 && qkv[i]->shape[0] != B) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: batch size %lld (dimension -4) does not broadcast with %lld "
+                         "of the other inputs", qkv_names[i], (long long)qkv[i]->shape[0],
+                         (long long)B);
+            goto done;
+        }
+    broadcast_dim(&q, 0, B);
+    broadcast_dim(&k, 0, B);
+    broadcast_dim(&v, 0, B);
+
+    /* Heads: with enable_gqa, query head h reads key/value head h / (Hq / Hkv) (the
+     * library's rule); without it, PyTorch broadcasts (equal, or 1). */
+    int64_t Hkv = k.shape[1] != 1 ? k.shape[1] : v.shape[1];
+    if ((k.shape[1] != 1 && k.shape[1] != Hkv) || (v.shape[1] != 1 && v.shape[1] != Hkv)) {
+        PyErr_Format(PyExc_ValueError, "value: %lld heads (dimension -3) do not match key's "
+                     "%lld", (long long)v.shape[1], (long long)k.shape[1]);
+        goto done;
+    }
+    int64_t H = q.shape[1];
+    if (gqa) {
+        if (Hkv == 0 ? H != 0 : H % Hkv != 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "query: %lld heads (dimension -3) are not a multiple of key/value's "
+                         "%lld (enable_gqa=True needs Hq %% Hkv == 0)", (long long)H,
+                         (long long)Hkv);
+            goto done;
+        }
+    } else {
+        if (H == 1) H = Hkv;
+        if (Hkv != 1 && Hkv != H) {
+            PyErr_Format(PyExc_ValueError,
+                         "key: %lld heads (dimension -3) do not match query's %lld; pass "
+                         "enable_gqa=True for grouped-query attention (PyTorch refuses this "
+                         "too)", (long long)Hkv, (long long)q.shape[1]);
+            goto done;
+        }
+        broadcast_dim(&q, 1, H);
+        Hkv = H;
+    }
+    broadcast_dim(&k, 1, Hkv);
+    broadcast_dim(&v, 1, Hkv);
+    const int64_t Lq = q.shape[2], Lk = k.shape[2], Dv = v.shape[3];
+    int out_rank = t[Q].ndim;
+    if (t[K].ndim > out_rank) out_rank = t[K].ndim;
+    if (t[V].ndim > out_rank) out_rank = t[V].ndim;
+
+    /* attn_mask: bool -> mask, float -> bias; right-aligned to (B, H, Lq, Lk). */
+    attn_tensor mask = {0};
+    if (omask != Py_None) {
+        if (import_tensor(omask, "attn_mask", false, &t[MASK]) ||
+            check_rank(&t[MASK], 0, 4, "at most 4 (broadcast to B, H, L, S)"))
+            goto done;
+        if (t[MASK].dtype == ATTN_I32 || t[MASK].dtype == ATTN_I64) {
+            PyErr_Format(PyExc_TypeError, "attn_mask: dtype %s, expected bool (True = attend) "
+                         "or float32 (added to the logits)", attn_dtype_name(t[MASK].dtype));
+            goto done;
+        }
+        mask = to_4d(&t[MASK]);
+        const int64_t full[4] = {B, H, Lq, Lk};
+        for (int d = 0; d < 4; d++) {
+            if (mask.shape[d] == 1) {
+                mask.stride[d] = 0;
+                continue;
+            }
+            if (mask.shape[d] != full[d]) {
+                PyObject *ms = shape_tuple(t[MASK].shape, t[MASK].ndim);
+                PyObject *fs = shape_tuple(full, 4);
+                if (ms && fs)
+                    PyErr_Format(PyExc_ValueError,
+                                 "attn_mask: shape %R does not broadcast to the attention "
+                                 "scores (B, H, L, S) = %R", ms, fs);
+                Py_XDECREF(ms);
+                Py_XDECREF(fs);
+                goto done;
+            }
+        }
+        if (mask.dtype == ATTN_BOOL)
+            opt.mask = &mask;
+        else
+            opt.bias = &mask;
+    }
+
+    /* The per-batch key lengths [B] and the ALiBi slopes [H]: vectors on dimension 0. */
+    attn_tensor kvlen = {0}, alibi = {0};
+    if (okvlen != Py_None) {
+        if (import_tensor(okvlen, "kv_len", false, &t[KVLEN]) ||
+            check_rank(&t[KVLEN], 1, 1, "1 (one key length per batch)"))
+            goto done;
+        kvlen = (attn_tensor){t[KVLEN].data, t[KVLEN].dtype, {t[KVLEN].shape[0], 1, 1, 1},
+                              {t[KVLEN].stride[0], 0, 0, 0}};
+        if (kvlen.dtype != ATTN_I32 && kvlen.dtype != ATTN_I64) {
+            PyErr_Format(PyExc_TypeError, "kv_len: dtype %s, expected int32 or int64",
+                         attn_dtype_name(kvlen.dtype));
+            goto done;
+        }
+        opt.kv_len = &kvlen;
+    }
+    if (oalibi != Py_None) {
+        if (import_tensor(oalibi, "alibi_slopes", false, &t[ALIBI]) ||
+            check_rank(&t[ALIBI], 1, 1, "1 (one slope per query head)"))
+            goto done;
+        alibi = (attn_tensor){t[ALIBI].data, t[ALIBI].dtype, {t[ALIBI].shape[0], 1, 1, 1},
+                              {t[ALIBI].stride[0], 0, 0, 0}};
+        opt.alibi_slopes = &alibi;
+    }
+
+    /* Outputs: first described without memory, so that the library checks every argument
+     * before anything is allocated; then allocated by the caller and imported. */
+    attn_tensor o = attn_tensor_4d(NULL, q.dtype, B, H, Lq, Dv);
+    attn_tensor lse = attn_tensor_4d(NULL, ATTN_F32, B, H, Lq, 1);
+    attn_tensor w = attn_tensor_4d(NULL, ATTN_F32, B, H, Lq, Lk);
+    if (want_lse) opt.lse = &lse;
+    if (want_w) opt.weights = &w;
+    size_t ws_bytes = 0;
+    attn_status st = attn_forward_workspace_size(&q, &k, &v, &o, &opt, &ws_bytes);
+    if (st != ATTN_OK) {
+        raise_status(st);
+        goto done;
+    }
+
+    const int64_t full_o[4] = {B, H, Lq, Dv}, full_w[4] = {B, H, Lq, Lk};
+    const int64_t *o_dims = full_o + (4 - out_rank);
+    outs[0] = alloc_output(alloc, o_dims, out_rank, "output", q.dtype, &t[OUT]);
+    if (!outs[0]) goto done;
+    o = to_4d(&t[OUT]);
+    if (want_lse) {
+        outs[1] = alloc_output(alloc, o_dims, out_rank - 1, "lse", ATTN_F32, &t[LSE]);
+        if (!outs[1]) goto done;
+        attn_tensor l3 = to_4d(&t[LSE]); /* (.., Lq) -> (1, B, H, Lq): shift to (B, H, Lq, 1) */
+        lse = (attn_tensor){l3.data, ATTN_F32, {l3.shape[1], l3.shape[2], l3.shape[3], 1},
+                            {l3.stride[1], l3.stride[2], l3.stride[3], 0}};
+    }
+    if (want_w) {
+        outs[2] = alloc_output(alloc, full_w + (4 - out_rank), out_rank, "weights", ATTN_F32,
+                               &t[WEIGHTS]);
+        if (!outs[2]) goto done;
+        w = to_4d(&t[WEIGHTS]);
+    }
+
+    Py_BEGIN_ALLOW_THREADS
+    st = attn_forward(&q, &k, &v, &o, &opt);
+    Py_END_ALLOW_THREADS
+    if (st != ATTN_OK) {
+        raise_status(st);
+        goto done;
+    }
+    result = Py_BuildValue("(OOO)", outs[0], outs[1] ? outs[1] : Py_None,
+                           outs[2] ? outs[2] : Py_None);
+
+done:
+    for (int i = 0; i < N_T; i++) imported_release(&t[i]);
+    for (int i = 0; i < 3; i++) Py_XDECREF(outs[i]);
+    return result;
+}
+
+/* ================================================================================
+ * Small helpers for the package and its tests
+ * ================================================================================ */
+
+PyDoc_STRVAR(describe_doc,
+"_describe(obj) -> dict\n--\n\n"
+"Private, for the tests: what forward() would read from obj, through the same import\n"
+"(buffer protocol or DLPack): {'data': address of element [0, ..., 0], 'dtype',\n"
+"'shape', 'strides' (in elements), 'via': 'buffer' or 'dlpack'}. Nothing is copied.");
+
+static PyObject *py_describe(PyObject *self, PyObject *obj) {
+    imported t;
+    if (import_tensor(obj, "obj", false, &t) != 0) return NULL;
+    PyObject *shape = shape_tuple(t.shape, t.ndim), *strides = shape_tuple(t.stride, t.ndim);
+    PyObject *r = NULL;
+    if (shape && strides)
+        r = Py_BuildValue("{s:K,s:s,s:O,s:O,s:s}", "data",
+                          (unsigned long long)(uintptr_t)t.data, "dtype",
+                          attn_dtype_name(t.dtype), "shape", shape, "strides", strides, "via",
+                          t.via);
+    Py_XDECREF(shape);
+    Py_XDECREF(strides);
+    imported_release(&t);
+    return r;
+}
+
+PyDoc_STRVAR(dlpack_counts_doc,
+"_dlpack_counts() -> (taken, released)\n--\n\n"
+"Private, for the tests: DLPack capsules consumed so far and deleters called.");
+
+static PyObject *py_dlpack_counts(PyObject *self, PyObject *unused) {
+    return Py_BuildValue("(LL)", g_dlpack_taken, g_dlpack_released);
+}
+
+static PyObject *py_version(PyObject *self, PyObject *unused) {
+    return PyUnicode_FromString(attn_version());
+}
+
+static PyObject *py_kernel_name(PyObject *self, PyObject *unused) {
+    return PyUnicode_FromString(attn_kernel_name());
+}
+
+static PyMethodDef methods[] = {
+    {"forward", (PyCFunction)(void (*)(void))py_forward, METH_VARARGS | METH_KEYWORDS,
+     forward_doc},
+    {"_describe", py_describe, METH_O, describe_doc},
+    {"_dlpack_counts", py_dlpack_counts, METH_NOARGS, dlpack_counts_doc},
+    {"version", py_version, METH_NOARGS, "version() -> str\n--\n\nThe C library's version."},
+    {"kernel_name", py_kernel_name, METH_NOARGS,
+     "kernel_name() -> str\n--\n\nThe kernel family a fused call runs ('generic' on the "
+     "portable path)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "attn._attn",
+    "The C extension of the attn package (private; use attn.scaled_dot_product_attention).",
+    -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__attn(void) { return PyModule_Create(&module); }

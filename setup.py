@@ -1,0 +1,108 @@
+"""setup.py — builds the `attn` Python package: the CPython extension attn._attn, compiled
+together with every C source of the library (src/*.c), so `pip install .` needs neither
+`make` nor a prebuilt libattn.
+
+What it is not: the package metadata (pyproject.toml) or the Makefile. The flags mirror the
+Makefile's portable ones: -std=c11 -O2 -fopenmp, never -ffast-math or -march=native.
+
+A kernel file that needs its own ISA flags (src/kernels_avx2.c with -mavx2 -mfma, say) gets
+them from PER_FILE_FLAGS below, and only that file does; keep the table in step with the
+Makefile when a kernel file is added. A file whose name looks ISA-specific but is missing
+from the table is compiled with the base flags and reported in a warning (it still builds
+if it selects its ISA with __attribute__((target(...))) itself).
+"""
+import glob
+import os
+import platform
+import re
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Extra compiler flags for single library sources, relative to the repository root: the
+# Makefile's ISA_<file> variables, on x86-64 only (elsewhere those files compile to nothing
+# and the generic kernel is the only one). dispatch.c picks a kernel at run time.
+PER_FILE_FLAGS = {}
+if platform.machine().lower() in ("x86_64", "amd64"):
+    PER_FILE_FLAGS = {
+        "src/kernels_avx512.c": ["-O3", "-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl",
+                                 "-mfma"],
+        "src/kernels_avx2.c": ["-O3", "-mavx2", "-mfma"],
+    }
+
+BASE_FLAGS = ["-std=c11", "-O2", "-fopenmp", "-fno-strict-aliasing", "-fvisibility=hidden",
+              "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+LINK_FLAGS = ["-fopenmp"]
+ISA_NAME = re.compile(r"(sse|avx|fma|neon|sve|f16c|amx)", re.IGNORECASE)
+
+
+def library_sources():
+    """Every C source of the library, sorted, as paths relative to the repository root."""
+    return sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "src", "*.c")))
+
+
+def version():
+    """The version in include/attn.h (ATTN_VERSION_MAJOR.MINOR.PATCH)."""
+    with open(os.path.join(HERE, "include", "attn.h"), encoding="utf-8") as f:
+        text = f.read()
+    parts = [re.search(r"#define ATTN_VERSION_%s (\d+)" % k, text).group(1)
+             for k in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(parts)
+
+
+class BuildExt(build_ext):
+    """build_ext that compiles the files of PER_FILE_FLAGS separately with their flags."""
+
+    def build_extension(self, ext):
+        special = [s for s in ext.sources if s in PER_FILE_FLAGS]
+        for s in ext.sources:
+            if s.startswith("src") and s not in PER_FILE_FLAGS and ISA_NAME.search(
+                    os.path.basename(s)):
+                sys.stderr.write(
+                    "warning: %s looks ISA-specific but has no entry in PER_FILE_FLAGS "
+                    "(setup.py): compiled with the base flags only\n" % s)
+        objects = []
+        for s in special:
+            objects += self.compiler.compile(
+                [s], output_dir=self.build_temp, include_dirs=ext.include_dirs,
+                extra_postargs=ext.extra_compile_args + PER_FILE_FLAGS[s],
+                depends=ext.depends)
+        saved_sources, saved_objects = ext.sources, ext.extra_objects
+        ext.sources = [s for s in ext.sources if s not in PER_FILE_FLAGS]
+        ext.extra_objects = list(saved_objects or []) + objects
+        try:
+            super().build_extension(ext)
+        finally:
+            ext.sources, ext.extra_objects = saved_sources, saved_objects
+
+
+def main():
+    missing = [f for f in PER_FILE_FLAGS if not os.path.exists(os.path.join(HERE, f))]
+    if missing:
+        sys.exit("setup.py: PER_FILE_FLAGS names missing files: %s" % ", ".join(missing))
+    ext = Extension(
+        "attn._attn",
+        sources=["python/attn/_attn.c"] + library_sources(),
+        include_dirs=["include", "src"],
+        depends=["include/attn.h"] + sorted(
+            os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "src", "*.h"))),
+        extra_compile_args=BASE_FLAGS,
+        extra_link_args=LINK_FLAGS,
+        libraries=["m", "pthread"],
+    )
+    os.makedirs(os.path.join(HERE, "build", "python"), exist_ok=True)
+    setup(
+        version=version(),
+        ext_modules=[ext],
+        cmdclass={"build_ext": BuildExt},
+        # under build/ (ignored, removed by make clean), beside the Makefile's objects
+        options={"build": {"build_base": "build/python"},
+                 "egg_info": {"egg_base": "build/python"}},
+    )
+
+
+if __name__ == "__main__":
+    main()
