@@ -65,8 +65,8 @@ INLINE void qk_tile(int RV, int KC, int64_t dk, const float *qt, int64_t ldq, co
             _mm256_storeu_ps(s + c * lds + 8 * a, _mm256_mul_ps(acc[a][c], scale));
 }
 
-static void qk_avx2(int64_t npad, int64_t nk, int64_t dk, const float *qt, int64_t ldq,
-                    const float *k, int64_t ldk, float scale, float *s, int64_t lds) {
+static void qk_avx2(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
+                    const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale, float *s, int64_t lds) {
     const __m256 vs = _mm256_set1_ps(scale);
     for (int64_t r = 0; r < npad; r += 16) {  // npad is a multiple of 16: two ymm
         int64_t c = 0;
