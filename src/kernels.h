@@ -62,6 +62,10 @@ struct attn_kernels {
     void (*pv)(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p, int64_t lds,
                const float *v, int64_t ldv, const float *alpha, float *acc, int64_t ldo,
                bool skip_zeros);
+
+    /* y = exp(x) elementwise with the kernel's own exp (the one softmax uses), for x <= 0
+     * (and NaN, -inf). For the tests of its error bound. */
+    void (*exp)(int64_t n, const float *x, float *y);
 };
 typedef struct attn_kernels attn_kernels;
 

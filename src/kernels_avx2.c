@@ -172,10 +172,22 @@ static void pv_avx2(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float
     }
 }
 
+static void exp_array_avx2(int64_t n, const float *x, float *y) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp_avx2(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+        float in[8] = {0}, out[8];
+        for (int64_t j = i; j < n; j++) in[j - i] = x[j];
+        _mm256_storeu_ps(out, exp_avx2(_mm256_loadu_ps(in)));
+        for (int64_t j = i; j < n; j++) y[j] = out[j - i];
+    }
+}
+
 const attn_kernels attn_kernels_avx2 = {
     .name = "avx2",
     .qk = qk_avx2,
     .softmax = softmax_avx2,
     .pv = pv_avx2,
+    .exp = exp_array_avx2,
 };
 #endif

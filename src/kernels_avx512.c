@@ -242,10 +242,18 @@ static void pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, const flo
     }
 }
 
+static void exp_array_avx512(int64_t n, const float *x, float *y) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 mk = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(y + i, mk, exp_avx512(_mm512_maskz_loadu_ps(mk, x + i)));
+    }
+}
+
 const attn_kernels attn_kernels_avx512 = {
     .name = "avx512",
     .qk = qk_avx512,
     .softmax = softmax_avx512,
     .pv = pv_avx512,
+    .exp = exp_array_avx512,
 };
 #endif
