@@ -89,14 +89,34 @@ static attn_status check_tensor(const attn_tensor *t, const char *name, attn_dty
     return ATTN_OK;
 }
 
-/* An output must not write one element twice: no stride 0 on a dimension longer than 1. */
+/* An output must not write one element twice. Sufficient test: with the dimensions of
+ * size > 1 sorted by |stride|, each stride exceeds the farthest offset the smaller ones
+ * reach. (Exotic interleaved layouts that never overlap are refused too.) */
 static attn_status check_output_strides(const attn_tensor *t, const char *name, int dims) {
+    int64_t st[4], sh[4];
+    int idx[4], m = 0;
     for (int d = 0; d < 4; d++)
         if (t->shape[d] == 0) return ATTN_OK;  // no elements, nothing to overlap
-    for (int d = 0; d < dims; d++)
-        if (t->shape[d] > 1 && t->stride[d] == 0)
-            return fail(ATTN_ERR_STRIDE, "%s: stride[%d] is 0 on a dimension of size %lld",
-                        name, d, (long long)t->shape[d]);
+    for (int d = 0; d < dims; d++) {
+        if (t->shape[d] <= 1) continue;
+        st[m] = t->stride[d] < 0 ? -t->stride[d] : t->stride[d];
+        sh[m] = t->shape[d];
+        idx[m++] = d;
+    }
+    for (int a = 1; a < m; a++)  // insertion sort by |stride|
+        for (int b = a; b > 0 && st[b] < st[b - 1]; b--) {
+            int64_t x = st[b]; st[b] = st[b - 1]; st[b - 1] = x;
+            x = sh[b]; sh[b] = sh[b - 1]; sh[b - 1] = x;
+            int y = idx[b]; idx[b] = idx[b - 1]; idx[b - 1] = y;
+        }
+    int64_t reach = 0;  // the largest offset the dimensions so far can form
+    for (int a = 0; a < m; a++) {
+        if (st[a] <= reach)
+            return fail(ATTN_ERR_STRIDE, "%s: stride[%d] = %lld makes elements overlap (the "
+                        "smaller dimensions already reach offset %lld)", name, idx[a],
+                        (long long)t->stride[idx[a]], (long long)reach);
+        reach += (sh[a] - 1) * st[a];
+    }
     return ATTN_OK;
 }
 

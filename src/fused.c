@@ -1,19 +1,28 @@
 /*
  * fused.c — the fused forward pass: FlashAttention-2's algorithm on the CPU.
  *
- * The framework half of the fused path: it splits the work into (batch, head, query
- * block) items, hands them to OpenMP threads, packs each key/value block into the
- * thread's slice of the workspace, applies every mask, and finishes each row with one
+ * The framework half of the fused path: it splits the work into items of query rows,
+ * hands them to OpenMP threads, applies every mask, and finishes each row with one
  * division. The arithmetic on a tile is the micro-kernels' (kernels.h).
  *
- * Per query block the rows keep a running max m, a running sum l and an unnormalized
- * accumulator; each key block rescales them by exp(m_old - m_new). Extra memory is the
- * workspace alone: a few tiles per thread, independent of Lk; the Lq x Lk matrix is
- * never formed. A row reads only the keys in its structural range (key length, causal
- * band, window): blocks outside every row's range are skipped, and within a block the
- * keys outside a row's range are -inf before the softmax and so never multiply V.
- * Each item is computed by one thread in a fixed order, so results are bit-identical
- * for any thread count.
+ * Per block of query rows the rows keep a running max m, a running sum l and an
+ * unnormalized accumulator; each key block rescales them by exp(m_old - m_new). Extra
+ * memory is the workspace alone: a few tiles per thread, independent of Lk; the
+ * Lq x Lk matrix is never formed. A row reads only the keys in its structural range
+ * (key length, causal band, window): key blocks outside every row's range are skipped,
+ * blocks inside every row's range take no per-element mask test, and within a boundary
+ * block the keys outside a row's range are -inf before the softmax and never multiply V.
+ *
+ * The work items:
+ * - A block holds BQ query rows of one head, or, when Lq < BQ, the rows of several
+ *   query heads that share one key/value head (grouped-query attention), so that each
+ *   key and value is read once for the whole group.
+ * - Decoding-shaped calls (Lq <= SPLIT_MAX_LQ) with long key ranges also split the keys
+ *   into chunks whose size depends on the shape alone; each chunk leaves its (m, l, acc)
+ *   in the workspace and a merge combines them in chunk order. Both cores then stream
+ *   K and V even for a single head.
+ * Each item (and each chunk) is computed by one thread in a fixed order, and the merge
+ * order is fixed, so results are bit-identical for any thread count.
  */
 #include <math.h>
 #include <string.h>
@@ -26,13 +35,26 @@
 
 /* Tile sizes: BQ query rows share each key block; BK keys per block, chosen so that a
  * key and a value block together stay near 64 KiB (a Zen 4 core has 32 KiB of L1d and
- * 1 MiB of L2), within [16, 128]. */
-enum { BQ = 64, BK_MIN = 16, BK_MAX = 128 };
+ * 1 MiB of L2), within [16, 128]. Key splitting for decoding-shaped calls: at most
+ * SPLIT_MAX chunks of at least SPLIT_MIN_KEYS keys, for Lq <= SPLIT_MAX_LQ. */
+enum {
+    BQ = 64, BK_MIN = 16, BK_MAX = 128,
+    SPLIT_MAX_LQ = 16, SPLIT_MAX = 16, SPLIT_MIN_KEYS = 1024,
+};
 
+/* How a call is cut into work: fixed by the shapes alone, never by the thread count. */
 typedef struct fused_plan {
-    int64_t bq, bk;
-    size_t thread_bytes;  // one thread's slice, a multiple of 64 bytes
-    size_t off_qt, off_k, off_v, off_s, off_acc, off_m, off_l, off_alpha, off_lo, off_hi;
+    int64_t bk;
+    int64_t heads_per_block;  // query heads stacked in one block (1 when Lq >= BQ)
+    int64_t head_chunks;      // blocks per key/value head along the query heads
+    int64_t q_blocks;         // blocks along Lq
+    int64_t items;            // B * Hkv * head_chunks * q_blocks
+    int64_t split;            // key chunks per item (1 = no split)
+    int64_t split_keys;       // keys per chunk, a multiple of bk
+    size_t thread_bytes;      // one thread's slice, a multiple of 64 bytes
+    size_t partial_floats;    // one (item, chunk)'s saved m, l and acc
+    size_t off_q, off_qt, off_k, off_v, off_s, off_acc, off_m, off_l, off_alpha;
+    size_t off_lo, off_hi, off_h, off_i;
 } fused_plan;
 
 static size_t round64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
@@ -41,13 +63,32 @@ static size_t round64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 static bool make_plan(const attn_params *p, fused_plan *plan) {
     const int64_t dk = p->Dk, dv = p->Dv;
     if (dk > (int64_t)1 << 40 || dv > (int64_t)1 << 40) return false;
+    *plan = (fused_plan){0};
     int64_t bk = BK_MAX;
     while (bk > BK_MIN && bk * (dk + dv) * (int64_t)sizeof(float) > 64 * 1024) bk /= 2;
-    plan->bq = BQ;
     plan->bk = bk;
+
+    const int64_t group = p->group, lq = p->Lq > 0 ? p->Lq : 1;
+    plan->heads_per_block = lq >= BQ ? 1 : (BQ / lq < group ? BQ / lq : group);
+    plan->head_chunks = (group + plan->heads_per_block - 1) / plan->heads_per_block;
+    plan->q_blocks = (lq + BQ - 1) / BQ;
+    if (__builtin_mul_overflow(p->B * p->Hkv, plan->head_chunks * plan->q_blocks, &plan->items))
+        return false;
+
+    plan->split = 1;
+    plan->split_keys = p->Lk > 0 ? p->Lk : 1;
+    if (p->Lq <= SPLIT_MAX_LQ && p->Lk >= 2 * SPLIT_MIN_KEYS && !p->weights) {
+        int64_t chunk = (p->Lk + SPLIT_MAX - 1) / SPLIT_MAX;
+        if (chunk < SPLIT_MIN_KEYS) chunk = SPLIT_MIN_KEYS;
+        chunk = (chunk + bk - 1) / bk * bk;
+        plan->split_keys = chunk;
+        plan->split = (p->Lk + chunk - 1) / chunk;
+    }
+    plan->partial_floats = (size_t)(2 * BQ + BQ * dv);
 
     size_t at = 0;
 #define CARVE(field, nbytes) (plan->field = at, at += round64(nbytes))
+    CARVE(off_q, (size_t)(BQ * dk) * sizeof(float));
     CARVE(off_qt, (size_t)(dk * BQ) * sizeof(float));
     CARVE(off_k, (size_t)(bk * dk) * sizeof(float));
     CARVE(off_v, (size_t)(bk * dv) * sizeof(float));
@@ -58,31 +99,48 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
     CARVE(off_alpha, BQ * sizeof(float));
     CARVE(off_lo, BQ * sizeof(int64_t));
     CARVE(off_hi, BQ * sizeof(int64_t));
+    CARVE(off_h, BQ * sizeof(int64_t));
+    CARVE(off_i, BQ * sizeof(int64_t));
 #undef CARVE
     plan->thread_bytes = at;
     return true;
 }
 
+/* Bytes of the split partials, after the threads' slices; 0 without a split. */
+static bool partial_bytes(const fused_plan *plan, size_t *bytes) {
+    *bytes = 0;
+    if (plan->split == 1) return true;
+    int64_t units;
+    if (__builtin_mul_overflow(plan->items, plan->split, &units)) return false;
+    if ((size_t)units > SIZE_MAX / sizeof(float) / plan->partial_floats) return false;
+    *bytes = (size_t)units * plan->partial_floats * sizeof(float);
+    return true;
+}
+
 size_t attn_fused_workspace(const attn_params *p) {
     fused_plan plan;
-    if (!make_plan(p, &plan)) return (size_t)-1;
-    if ((size_t)p->threads > (SIZE_MAX - 64) / plan.thread_bytes) return (size_t)-1;
-    return (size_t)p->threads * plan.thread_bytes + 64;  // + 64: room to align the start
+    size_t partials;
+    if (!make_plan(p, &plan) || !partial_bytes(&plan, &partials)) return (size_t)-1;
+    if ((size_t)p->threads > (SIZE_MAX - 128 - partials) / plan.thread_bytes) return (size_t)-1;
+    return (size_t)p->threads * plan.thread_bytes + partials + 64;  // + 64: to align
 }
 
 /* One thread's scratch, carved from its slice of the workspace. */
 typedef struct fused_scratch {
-    float *qt;     // (Dk, BQ)   the query block, transposed, padding rows zero
+    float *q;      // (BQ, Dk)   the query rows, row-major
+    float *qt;     // (Dk, BQ)   the same, transposed, padding rows zero
     float *k;      // (bk, Dk)   the key block, when K must be packed
     float *v;      // (bk, Dv)   the value block, when V must be packed
     float *s;      // (bk, BQ)   logits, then probabilities, transposed
     float *acc;    // (BQ, Dv)   unnormalized output
     float *m, *l, *alpha;  // (BQ)
     int64_t *lo, *hi;      // (BQ) each row's structural key range
+    int64_t *h, *i;        // (BQ) each row's query head and row index
 } fused_scratch;
 
 static fused_scratch carve(const fused_plan *plan, char *slice) {
     fused_scratch w = {
+        .q = (float *)(slice + plan->off_q),
         .qt = (float *)(slice + plan->off_qt),
         .k = (float *)(slice + plan->off_k),
         .v = (float *)(slice + plan->off_v),
@@ -93,25 +151,68 @@ static fused_scratch carve(const fused_plan *plan, char *slice) {
         .alpha = (float *)(slice + plan->off_alpha),
         .lo = (int64_t *)(slice + plan->off_lo),
         .hi = (int64_t *)(slice + plan->off_hi),
+        .h = (int64_t *)(slice + plan->off_h),
+        .i = (int64_t *)(slice + plan->off_i),
     };
     return w;
 }
 
-/* The final logits of one tile (S^T layout, rows i0.., keys j0..): structural masks on
- * boundary tiles, then softcap, bias, ALiBi and the bool mask where the call has them. */
-static void finish_tile(const attn_params *p, const fused_scratch *w, int64_t n, int64_t nk,
-                        int64_t lds, int64_t b, int64_t h, int64_t i0, int64_t j0,
-                        int64_t lk_b, bool boundary) {
+/* One block of query rows: batch b, key/value head g, rows r = 0..n-1 with query head
+ * w->h[r] and row index w->i[r]; its key range and which keys need no structural mask. */
+typedef struct fused_block {
+    int64_t b, g, n, npad, lk_b;
+    int64_t jmin, jmax;      // union of the rows' ranges
+    int64_t lo_max, hi_min;  // [lo_max, hi_min): keys every row may read
+} fused_block;
+
+/* Item t: which rows, filled into w->h / w->i. Items run over (b, g, head chunk, query
+ * block), the query blocks from the last: with top-left causal masks the last blocks
+ * have the most keys, so dynamic scheduling starts the long items first. */
+static fused_block item_rows(const attn_params *p, const fused_plan *plan,
+                             const fused_scratch *w, int64_t t) {
+    const int64_t qb = plan->q_blocks - 1 - t % plan->q_blocks;
+    const int64_t rest = t / plan->q_blocks;
+    const int64_t hc = rest % plan->head_chunks, bg = rest / plan->head_chunks;
+    fused_block blk = {.b = bg / p->Hkv, .g = bg % p->Hkv};
+    const int64_t h0 = blk.g * p->group + hc * plan->heads_per_block;
+    const int64_t nh = p->group - hc * plan->heads_per_block < plan->heads_per_block
+                           ? p->group - hc * plan->heads_per_block
+                           : plan->heads_per_block;
+    const int64_t i0 = qb * BQ, nrow = p->Lq - i0 < BQ ? p->Lq - i0 : BQ;
+    blk.n = nh * nrow;
+    blk.npad = (blk.n + ATTN_ROW_PAD - 1) / ATTN_ROW_PAD * ATTN_ROW_PAD;
+    for (int64_t r = 0; r < blk.n; r++) {
+        w->h[r] = h0 + r / nrow;
+        w->i[r] = i0 + r % nrow;
+    }
+    blk.lk_b = attn_key_len(p, blk.b);
+    blk.jmin = INT64_MAX, blk.jmax = 0, blk.lo_max = 0, blk.hi_min = INT64_MAX;
+    for (int64_t r = 0; r < blk.n; r++) {
+        attn_row_range(p, blk.lk_b, w->i[r], &w->lo[r], &w->hi[r]);
+        if (w->lo[r] < w->hi[r]) {
+            if (w->lo[r] < blk.jmin) blk.jmin = w->lo[r];
+            if (w->hi[r] > blk.jmax) blk.jmax = w->hi[r];
+        }
+        if (w->lo[r] > blk.lo_max) blk.lo_max = w->lo[r];
+        if (w->hi[r] < blk.hi_min) blk.hi_min = w->hi[r];
+    }
+    return blk;
+}
+
+/* The final logits of one tile (S^T layout, keys j0..): structural masks on boundary
+ * tiles, then softcap, bias, ALiBi and the bool mask where the call has them. */
+static void finish_tile(const attn_params *p, const fused_scratch *w, const fused_block *blk,
+                        int64_t nk, int64_t lds, int64_t j0, bool boundary) {
     const bool elementwise = attn_has_elementwise(p);
     for (int64_t c = 0; c < nk; c++) {
         float *s_c = w->s + c * lds;
         const int64_t j = j0 + c;
-        for (int64_t r = 0; r < n; r++) {
+        for (int64_t r = 0; r < blk->n; r++) {
             if (boundary && (j < w->lo[r] || j >= w->hi[r]))
                 s_c[r] = -INFINITY;
             else if (elementwise)
-                s_c[r] = attn_finish_logit(p, s_c[r], b, h, i0 + r, j,
-                                           attn_diagonal(p, lk_b, i0 + r));
+                s_c[r] = attn_finish_logit(p, s_c[r], blk->b, w->h[r], w->i[r], j,
+                                           attn_diagonal(p, blk->lk_b, w->i[r]));
         }
     }
 }
@@ -122,7 +223,7 @@ static const float *kv_block(const float *base, const int64_t st[4], int64_t wid
                              int64_t b, int64_t g, int64_t j0, int64_t nk, float *buf,
                              int64_t *ld) {
     const float *x = base + b * st[0] + g * st[1] + j0 * st[2];
-    if (st[3] == 1 && nk > 0) {
+    if (st[3] == 1) {
         *ld = st[2];
         return x;
     }
@@ -132,33 +233,33 @@ static const float *kv_block(const float *base, const int64_t st[4], int64_t wid
     return buf;
 }
 
-/* One work item: rows i0 .. i0+n-1 of query head h in batch b. */
-static void fused_item(const attn_params *p, const attn_kernels *kern, const fused_plan *plan,
-                       const fused_scratch *w, int64_t b, int64_t h, int64_t i0, int64_t n) {
-    const int64_t bk = plan->bk, g = h / p->group, lk_b = attn_key_len(p, b);
-    const int64_t dk = p->Dk, dv = p->Dv, lds = plan->bq;
-    const int64_t npad = (n + ATTN_ROW_PAD - 1) / ATTN_ROW_PAD * ATTN_ROW_PAD;
+/* The logits of the tile at keys j0 .. j0+nk-1, masked: S^T in w->s. */
+static const float *tile_logits(const attn_params *p, const attn_kernels *kern,
+                                const fused_scratch *w, const fused_block *blk, int64_t j0,
+                                int64_t nk, bool boundary, int64_t *ldk) {
+    const int64_t dk = p->Dk;
+    const float *k = kv_block(p->k, p->k_s, dk, blk->b, blk->g, j0, nk, w->k, ldk);
+    kern->qk(blk->n, blk->npad, nk, dk, w->q, w->qt, BQ, k, *ldk, p->scale, w->s, BQ);
+    if (boundary || attn_has_elementwise(p)) finish_tile(p, w, blk, nk, BQ, j0, boundary);
+    return k;
+}
 
-    /* The block's key range is the union of its rows' structural ranges; inside it, the
-     * keys every row may read ([lo_max, hi_min)) need no structural mask. */
-    int64_t jmin = INT64_MAX, jmax = 0, lo_max = 0, hi_min = INT64_MAX;
+/* The online softmax over keys [ja, jb) of a block, into w->m, w->l, w->acc. */
+static void block_sweep(const attn_params *p, const attn_kernels *kern, const fused_plan *plan,
+                        const fused_scratch *w, const fused_block *blk, int64_t ja,
+                        int64_t jb) {
+    const int64_t dk = p->Dk, dv = p->Dv, n = blk->n, npad = blk->npad;
+    const float *q_b = p->q + blk->b * p->q_s[0];
     for (int64_t r = 0; r < n; r++) {
-        attn_row_range(p, lk_b, i0 + r, &w->lo[r], &w->hi[r]);
-        if (w->lo[r] < w->hi[r]) {
-            if (w->lo[r] < jmin) jmin = w->lo[r];
-            if (w->hi[r] > jmax) jmax = w->hi[r];
+        const float *q_bhi = q_b + w->h[r] * p->q_s[1] + w->i[r] * p->q_s[2];
+        for (int64_t d = 0; d < dk; d++) {
+            const float x = q_bhi[d * p->q_s[3]];
+            w->q[r * dk + d] = x;
+            w->qt[d * BQ + r] = x;
         }
-        if (w->lo[r] > lo_max) lo_max = w->lo[r];
-        if (w->hi[r] < hi_min) hi_min = w->hi[r];
     }
-
-    /* the query block, transposed, padding rows 0 */
-    const float *q_bh = p->q + b * p->q_s[0] + h * p->q_s[1];
-    for (int64_t d = 0; d < dk; d++) {
-        float *qt_d = w->qt + d * lds;
-        for (int64_t r = 0; r < n; r++) qt_d[r] = q_bh[(i0 + r) * p->q_s[2] + d * p->q_s[3]];
-        for (int64_t r = n; r < npad; r++) qt_d[r] = 0.0f;
-    }
+    for (int64_t d = 0; d < dk; d++)
+        for (int64_t r = n; r < npad; r++) w->qt[d * BQ + r] = 0.0f;
     for (int64_t r = 0; r < npad; r++) {
         w->m[r] = -INFINITY;
         w->l[r] = 0.0f;
@@ -167,70 +268,100 @@ static void fused_item(const attn_params *p, const attn_kernels *kern, const fus
 
     /* a bool mask or a bias can mask any key: their tiles skip zero weights */
     const bool may_mask = p->mask || p->bias;
-    for (int64_t j0 = jmin; j0 < jmax; j0 += bk) {
-        const int64_t nk = jmax - j0 < bk ? jmax - j0 : bk;
-        const bool boundary = j0 < lo_max || j0 + nk > hi_min;
+    for (int64_t j0 = ja; j0 < jb; j0 += plan->bk) {
+        const int64_t nk = jb - j0 < plan->bk ? jb - j0 : plan->bk;
+        const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
         int64_t ldk, ldv;
-        const float *k = kv_block(p->k, p->k_s, dk, b, g, j0, nk, w->k, &ldk);
-        const float *v = kv_block(p->v, p->v_s, dv, b, g, j0, nk, w->v, &ldv);
-        kern->qk(npad, nk, dk, w->qt, lds, k, ldk, p->scale, w->s, lds);
-        if (boundary || attn_has_elementwise(p))
-            finish_tile(p, w, n, nk, lds, b, h, i0, j0, lk_b, boundary);
-        kern->softmax(npad, nk, w->s, lds, w->m, w->l, w->alpha);
-        kern->pv(n, npad, nk, dv, w->s, lds, v, ldv, w->alpha, w->acc, dv,
-                 boundary || may_mask);
+        tile_logits(p, kern, w, blk, j0, nk, boundary, &ldk);
+        const float *v = kv_block(p->v, p->v_s, dv, blk->b, blk->g, j0, nk, w->v, &ldv);
+        kern->softmax(npad, nk, w->s, BQ, w->m, w->l, w->alpha);
+        kern->pv(n, npad, nk, dv, w->s, BQ, v, ldv, w->alpha, w->acc, dv, boundary || may_mask);
     }
+}
 
-    /* one division per element; a fully masked row (m = -inf) is 0 with LSE -inf */
-    float *o_bh = p->o + b * p->o_s[0] + h * p->o_s[1];
-    for (int64_t r = 0; r < n; r++) {
-        const bool masked_row = w->m[r] == -INFINITY;
-        float *o_bhi = o_bh + (i0 + r) * p->o_s[2];
-        const float *acc_r = w->acc + r * dv;
+/* O (and LSE) of a block from its m, l, acc: one division per element; a fully masked
+ * row (m = -inf) is 0 with LSE -inf. */
+static void block_store(const attn_params *p, const fused_block *blk, const float *m,
+                        const float *l, const float *acc, const int64_t *h, const int64_t *i) {
+    const int64_t dv = p->Dv;
+    for (int64_t r = 0; r < blk->n; r++) {
+        const bool masked_row = m[r] == -INFINITY;
+        float *o_bhi = p->o + blk->b * p->o_s[0] + h[r] * p->o_s[1] + i[r] * p->o_s[2];
+        const float *acc_r = acc + r * dv;
         for (int64_t d = 0; d < dv; d++)
-            o_bhi[d * p->o_s[3]] = masked_row ? 0.0f : acc_r[d] / w->l[r];
+            o_bhi[d * p->o_s[3]] = masked_row ? 0.0f : acc_r[d] / l[r];
         if (p->lse)
-            p->lse[b * p->lse_s[0] + h * p->lse_s[1] + (i0 + r) * p->lse_s[2]] =
-                masked_row ? -INFINITY : w->m[r] + logf(w->l[r]);
+            p->lse[blk->b * p->lse_s[0] + h[r] * p->lse_s[1] + i[r] * p->lse_s[2]] =
+                masked_row ? -INFINITY : m[r] + logf(l[r]);
     }
+}
 
-    if (!p->weights) return;
-    /* The weights, for those who ask: a second sweep recomputes each tile's logits and
-     * writes exp(s - m) / l with the row's final m and l. Keys outside every row's range
-     * are 0 without being read. */
-    float *w_bh = p->weights + b * p->w_s[0] + h * p->w_s[1];
-    for (int64_t r = 0; r < n; r++) {
-        float *w_bhi = w_bh + (i0 + r) * p->w_s[2];
+/* The weights, for those who ask: a second sweep recomputes each tile's logits and
+ * writes exp(s - m) / l with the row's final m and l. Keys outside every row's range
+ * are 0 without being read. */
+static void block_weights(const attn_params *p, const attn_kernels *kern,
+                          const fused_plan *plan, const fused_scratch *w,
+                          const fused_block *blk) {
+    float *w_b = p->weights + blk->b * p->w_s[0];
+    for (int64_t r = 0; r < blk->n; r++) {
+        float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2];
         for (int64_t j = 0; j < p->Lk; j++) w_bhi[j * p->w_s[3]] = 0.0f;
     }
-    for (int64_t j0 = jmin; j0 < jmax; j0 += bk) {
-        const int64_t nk = jmax - j0 < bk ? jmax - j0 : bk;
-        const bool boundary = j0 < lo_max || j0 + nk > hi_min;
+    for (int64_t j0 = blk->jmin; j0 < blk->jmax; j0 += plan->bk) {
+        const int64_t nk = blk->jmax - j0 < plan->bk ? blk->jmax - j0 : plan->bk;
+        const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
         int64_t ldk;
-        const float *k = kv_block(p->k, p->k_s, dk, b, g, j0, nk, w->k, &ldk);
-        kern->qk(npad, nk, dk, w->qt, lds, k, ldk, p->scale, w->s, lds);
-        if (boundary || attn_has_elementwise(p))
-            finish_tile(p, w, n, nk, lds, b, h, i0, j0, lk_b, boundary);
-        for (int64_t r = 0; r < n; r++) {
+        tile_logits(p, kern, w, blk, j0, nk, boundary, &ldk);
+        for (int64_t r = 0; r < blk->n; r++) {
             if (w->m[r] == -INFINITY) continue;
-            float *w_bhi = w_bh + (i0 + r) * p->w_s[2];
+            float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2];
             for (int64_t c = 0; c < nk; c++)
-                w_bhi[(j0 + c) * p->w_s[3]] = expf(w->s[c * lds + r] - w->m[r]) / w->l[r];
+                w_bhi[(j0 + c) * p->w_s[3]] = expf(w->s[c * BQ + r] - w->m[r]) / w->l[r];
+        }
+    }
+}
+
+/* Merge the chunks of a split item in chunk order:
+ *   m = max_c m_c,  l = sum_c l_c exp(m_c - m),  acc = sum_c acc_c exp(m_c - m).
+ * A chunk with m_c = -inf holds nothing; a NaN m_c makes the row NaN. */
+static void merge_partials(const attn_params *p, const fused_plan *plan, const fused_block *blk,
+                           const float *part, const fused_scratch *w) {
+    const int64_t dv = p->Dv, n = blk->n;
+    for (int64_t r = 0; r < n; r++) {
+        float m = -INFINITY;
+        bool nan = false;
+        for (int64_t c = 0; c < plan->split; c++) {
+            const float mc = part[c * plan->partial_floats + r];
+            if (mc > m) m = mc;
+            nan |= isnan(mc);
+        }
+        if (nan) m = NAN;
+        w->m[r] = m;
+        w->l[r] = 0.0f;
+        memset(w->acc + r * dv, 0, (size_t)dv * sizeof(float));
+        if (m == -INFINITY) continue;
+        for (int64_t c = 0; c < plan->split; c++) {
+            const float *pc = part + c * plan->partial_floats;
+            const float mc = pc[r];
+            if (mc == -INFINITY) continue;  // an empty chunk: exp(-inf - m) would be 0 anyway
+            const float f = expf(mc - m);
+            w->l[r] += pc[BQ + r] * f;
+            const float *acc_c = pc + 2 * BQ + r * dv;
+            for (int64_t d = 0; d < dv; d++) w->acc[r * dv + d] += acc_c[d] * f;
         }
     }
 }
 
 attn_status attn_fused_forward(const attn_params *p, void *ws) {
     fused_plan plan;
+    size_t partials;
     make_plan(p, &plan);  // cannot fail: the workspace query succeeded with the same p
+    partial_bytes(&plan, &partials);
     char *base = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
+    float *part = (float *)(base + (size_t)p->threads * plan.thread_bytes);
     const attn_kernels *kern = p->kernels;
+    const int64_t units = plan.items * plan.split;
 
-    /* Items in the order (b, h, query block from the last): with top-left causal masks
-     * the last blocks have the most keys, so dynamic scheduling starts the long items
-     * first and the short ones fill in at the end. */
-    const int64_t nqb = (p->Lq + plan.bq - 1) / plan.bq;
-    const int64_t items = p->B * p->Hq * nqb;
 #pragma omp parallel num_threads(p->threads)
     {
 #ifdef _OPENMP
@@ -240,11 +371,32 @@ attn_status attn_fused_forward(const attn_params *p, void *ws) {
 #endif
         const fused_scratch w = carve(&plan, base + (size_t)tid * plan.thread_bytes);
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < items; t++) {
-            const int64_t qb = nqb - 1 - t % nqb, bh = t / nqb;
-            const int64_t i0 = qb * plan.bq;
-            const int64_t n = p->Lq - i0 < plan.bq ? p->Lq - i0 : plan.bq;
-            fused_item(p, kern, &plan, &w, bh / p->Hq, bh % p->Hq, i0, n);
+        for (int64_t u = 0; u < units; u++) {
+            const fused_block blk = item_rows(p, &plan, &w, u / plan.split);
+            if (plan.split == 1) {
+                block_sweep(p, kern, &plan, &w, &blk, blk.jmin, blk.jmax);
+                block_store(p, &blk, w.m, w.l, w.acc, w.h, w.i);
+                if (p->weights) block_weights(p, kern, &plan, &w, &blk);
+                continue;
+            }
+            /* one chunk of a split item: its keys within the block's range */
+            const int64_t c = u % plan.split;
+            int64_t ja = c * plan.split_keys, jb = ja + plan.split_keys;
+            if (ja < blk.jmin) ja = blk.jmin;
+            if (jb > blk.jmax) jb = blk.jmax;
+            block_sweep(p, kern, &plan, &w, &blk, ja, ja < jb ? jb : ja);
+            float *pc = part + (size_t)u * plan.partial_floats;
+            memcpy(pc, w.m, BQ * sizeof(float));
+            memcpy(pc + BQ, w.l, BQ * sizeof(float));
+            memcpy(pc + 2 * BQ, w.acc, (size_t)(blk.n * p->Dv) * sizeof(float));
+        }
+        if (plan.split > 1) {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < plan.items; t++) {
+                const fused_block blk = item_rows(p, &plan, &w, t);
+                merge_partials(p, &plan, &blk, part + (size_t)(t * plan.split) * plan.partial_floats, &w);
+                block_store(p, &blk, w.m, w.l, w.acc, w.h, w.i);
+            }
         }
     }
     return ATTN_OK;

@@ -31,12 +31,15 @@ struct attn_kernels {
     const char *name;
 
     /* S^T = scale * K Q^T for one tile.
-     *   qt (dk, npad), row stride ldq    the query block, packed transposed
+     *   q  (n, dk),    row stride dk     the query rows, row-major
+     *   qt (dk, npad), row stride ldq    the same rows packed transposed, padding rows 0
      *   k  (nk, dk),   row stride ldk    the key block, natural layout
-     *   s  (nk, npad), row stride lds    written, every element
-     * 1 <= nk, 0 <= dk (dk = 0 gives s = 0). */
-    void (*qk)(int64_t npad, int64_t nk, int64_t dk, const float *qt, int64_t ldq,
-               const float *k, int64_t ldk, float scale, float *s, int64_t lds);
+     *   s  (nk, npad), row stride lds    written, every element (padding rows finite)
+     * 1 <= n <= npad, 1 <= nk, 0 <= dk (dk = 0 gives s = 0). A kernel may read q or qt,
+     * whichever suits the number of rows. */
+    void (*qk)(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
+               const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale,
+               float *s, int64_t lds);
 
     /* Online-softmax step over one tile of final logits (masked ones are -inf):
      *   s (nk, npad)  in: logits; out: p = exp(s - m_new), 0 where s = -inf
@@ -59,6 +62,10 @@ struct attn_kernels {
     void (*pv)(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p, int64_t lds,
                const float *v, int64_t ldv, const float *alpha, float *acc, int64_t ldo,
                bool skip_zeros);
+
+    /* y = exp(x) elementwise with the kernel's own exp (the one softmax uses), for x <= 0
+     * (and NaN, -inf). For the tests of its error bound. */
+    void (*exp)(int64_t n, const float *x, float *y);
 };
 typedef struct attn_kernels attn_kernels;
 

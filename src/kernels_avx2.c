@@ -65,8 +65,8 @@ INLINE void qk_tile(int RV, int KC, int64_t dk, const float *qt, int64_t ldq, co
             _mm256_storeu_ps(s + c * lds + 8 * a, _mm256_mul_ps(acc[a][c], scale));
 }
 
-static void qk_avx2(int64_t npad, int64_t nk, int64_t dk, const float *qt, int64_t ldq,
-                    const float *k, int64_t ldk, float scale, float *s, int64_t lds) {
+static void qk_avx2(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
+                    const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale, float *s, int64_t lds) {
     const __m256 vs = _mm256_set1_ps(scale);
     for (int64_t r = 0; r < npad; r += 16) {  // npad is a multiple of 16: two ymm
         int64_t c = 0;
@@ -172,10 +172,22 @@ static void pv_avx2(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float
     }
 }
 
+static void exp_array_avx2(int64_t n, const float *x, float *y) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp_avx2(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+        float in[8] = {0}, out[8];
+        for (int64_t j = i; j < n; j++) in[j - i] = x[j];
+        _mm256_storeu_ps(out, exp_avx2(_mm256_loadu_ps(in)));
+        for (int64_t j = i; j < n; j++) y[j] = out[j - i];
+    }
+}
+
 const attn_kernels attn_kernels_avx2 = {
     .name = "avx2",
     .qk = qk_avx2,
     .softmax = softmax_avx2,
     .pv = pv_avx2,
+    .exp = exp_array_avx2,
 };
 #endif

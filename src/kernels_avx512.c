@@ -78,8 +78,54 @@ QK_ROWS(2, 8)
 QK_ROWS(3, 6)
 QK_ROWS(4, 6)
 
-static void qk_avx512(int64_t npad, int64_t nk, int64_t dk, const float *qt, int64_t ldq,
-                      const float *k, int64_t ldk, float scale, float *s, int64_t lds) {
+/* The dot-product form for a few query rows (decoding): each key row is streamed once
+ * along Dk, in its natural layout, against NR query rows held in L1; KC keys at a time,
+ * each (row, key) sum reduced across its lanes at the end. Cheaper than padding the rows
+ * to a vector of 16 when there are at most 4 of them, and kinder to the prefetchers. */
+INLINE void qk_dot_tile(int NR, int KC, int64_t dk, const float *q, const float *k, int64_t ldk,
+                        float scale, float *s, int64_t lds) {
+    __m512 acc[4][4];
+    UNROLL for (int r = 0; r < NR; r++)
+        UNROLL for (int c = 0; c < KC; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dk; d += 16) {
+        const __mmask16 mk = dk - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (dk - d)) - 1);
+        __m512 kv[4];
+        UNROLL for (int c = 0; c < KC; c++) kv[c] = _mm512_maskz_loadu_ps(mk, k + c * ldk + d);
+        UNROLL for (int r = 0; r < NR; r++) {
+            const __m512 qv = _mm512_maskz_loadu_ps(mk, q + r * dk + d);
+            UNROLL for (int c = 0; c < KC; c++) acc[r][c] = _mm512_fmadd_ps(qv, kv[c], acc[r][c]);
+        }
+    }
+    UNROLL for (int c = 0; c < KC; c++)
+        UNROLL for (int r = 0; r < NR; r++) s[c * lds + r] = scale * _mm512_reduce_add_ps(acc[r][c]);
+}
+
+#define QK_DOT(NR)                                                                          \
+    static void qk_dot##NR(int64_t nk, int64_t dk, const float *q, const float *k,          \
+                           int64_t ldk, float scale, float *s, int64_t lds) {              \
+        int64_t c = 0;                                                                      \
+        for (; c + 4 <= nk; c += 4) qk_dot_tile(NR, 4, dk, q, k + c * ldk, ldk, scale, s + c * lds, lds); \
+        for (; c < nk; c++) qk_dot_tile(NR, 1, dk, q, k + c * ldk, ldk, scale, s + c * lds, lds); \
+    }
+QK_DOT(1)
+QK_DOT(2)
+QK_DOT(3)
+QK_DOT(4)
+
+static void qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
+                      const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale,
+                      float *s, int64_t lds) {
+    if (n <= 4) {
+        switch (n) {
+        case 1: qk_dot1(nk, dk, q, k, ldk, scale, s, lds); break;
+        case 2: qk_dot2(nk, dk, q, k, ldk, scale, s, lds); break;
+        case 3: qk_dot3(nk, dk, q, k, ldk, scale, s, lds); break;
+        default: qk_dot4(nk, dk, q, k, ldk, scale, s, lds); break;
+        }
+        for (int64_t c = 0; c < nk; c++)  // the padding rows: finite, unused
+            for (int64_t r = n; r < npad; r++) s[c * lds + r] = 0.0f;
+        return;
+    }
     const __m512 vs = _mm512_set1_ps(scale);
     int64_t a = 0;
     for (; a + 4 <= npad / 16; a += 4) qk_rows4(nk, dk, qt + 16 * a, ldq, k, ldk, vs, s + 16 * a, lds);
@@ -196,10 +242,18 @@ static void pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, const flo
     }
 }
 
+static void exp_array_avx512(int64_t n, const float *x, float *y) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 mk = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(y + i, mk, exp_avx512(_mm512_maskz_loadu_ps(mk, x + i)));
+    }
+}
+
 const attn_kernels attn_kernels_avx512 = {
     .name = "avx512",
     .qk = qk_avx512,
     .softmax = softmax_avx512,
     .pv = pv_avx512,
+    .exp = exp_array_avx512,
 };
 #endif

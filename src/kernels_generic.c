@@ -11,8 +11,8 @@
 
 #include "kernels.h"
 
-static void qk_generic(int64_t npad, int64_t nk, int64_t dk, const float *qt, int64_t ldq,
-                       const float *k, int64_t ldk, float scale, float *s, int64_t lds) {
+static void qk_generic(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
+                       const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale, float *s, int64_t lds) {
     for (int64_t c = 0; c < nk; c++) {
         float *s_c = s + c * lds;
         const float *k_c = k + c * ldk;
@@ -75,9 +75,14 @@ static void pv_generic(int64_t n, int64_t npad, int64_t nk, int64_t dv, const fl
     }
 }
 
+static void exp_array_generic(int64_t n, const float *x, float *y) {
+    for (int64_t i = 0; i < n; i++) y[i] = expf(x[i]);
+}
+
 const attn_kernels attn_kernels_generic = {
     .name = "generic",
     .qk = qk_generic,
     .softmax = softmax_generic,
     .pv = pv_generic,
+    .exp = exp_array_generic,
 };

@@ -1,0 +1,210 @@
+/*
+ * test_kernels.c — every micro-kernel this CPU can run, tested alone against float64:
+ *                  the vectorized exp's error bound, and qk / softmax / pv on tiles of
+ *                  awkward sizes (one under, at and over each register tile and vector
+ *                  width), NaN in skipped value rows, and the tolerance checks failing on
+ *                  planted errors.
+ *
+ * It calls the kernel tables directly (src/kernels.h), so a kernel that dispatch never
+ * picks on this machine is still tested when the CPU can run it. Not a test of the
+ * framework: test_forward and test_edge do that through the public API.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "kernels.h"
+
+static uint64_t g_rng = 12345;
+static double uniform(void) {  // splitmix64 -> [0, 1)
+    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (double)((z ^ (z >> 31)) >> 11) / 9007199254740992.0;
+}
+static float sym(void) { return (float)(2.0 * uniform() - 1.0); }
+
+/* distance in units in the last place of float, at the exact value's magnitude */
+static double ulp_error(float got, double exact) {
+    if (exact == 0.0) return got == 0.0f ? 0.0 : INFINITY;
+    int e;
+    frexp(exact, &e);
+    double ulp = ldexp(1.0, (e - 24 < -149 ? -149 : e - 24));
+    return fabs((double)got - exact) / ulp;
+}
+
+/* The exp bound (docs/KERNELS.md): at most 2 ulp where exp(x) >= 2^-126; below that the
+ * absolute error is at most 2^-126 (AVX2 flushes there). -inf gives 0, NaN gives NaN. */
+static void test_exp(const attn_kernels *k) {
+    enum { N = 1 << 20 };
+    float *x = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) x[i] = (float)(-104.0 * i / (N - 1));  // [-104, 0]
+    for (int i = 0; i < 4096; i++) x[i] = -(float)uniform() * 0.01f;    // near 0
+    x[1] = -0.0f;
+    x[2] = -87.33654f;
+    x[3] = -87.4f;
+    k->exp(N, x, y);
+    double worst_ulp = 0, worst_abs = 0;
+    float at = 0;
+    for (int i = 0; i < N; i++) {
+        const double e = exp((double)x[i]);
+        if (e >= 0x1p-126) {
+            const double u = ulp_error(y[i], e);
+            if (u > worst_ulp) worst_ulp = u, at = x[i];
+        } else if (fabs(y[i] - e) > worst_abs) {
+            worst_abs = fabs(y[i] - e);
+        }
+    }
+    CHECK(worst_ulp <= 2.0, "%s exp: %.2f ulp at x = %.9g (bound 2)", k->name, worst_ulp, at);
+    CHECK(worst_abs <= 0x1p-126, "%s exp: %g absolute below 2^-126", k->name, worst_abs);
+    printf("  %s exp: max %.2f ulp on [-104, 0] where exp >= 2^-126; max abs %.3g below\n",
+           k->name, worst_ulp, worst_abs);
+
+    float sp[5] = {-INFINITY, NAN, 0.0f, -200.0f, -1e30f}, sy[5];
+    k->exp(5, sp, sy);
+    CHECK(sy[0] == 0.0f, "%s exp(-inf) = %g, expected 0", k->name, sy[0]);
+    CHECK(isnan(sy[1]), "%s exp(NaN) = %g, expected NaN", k->name, sy[1]);
+    CHECK(sy[2] == 1.0f, "%s exp(0) = %.9g, expected 1", k->name, sy[2]);
+    CHECK(sy[3] == 0.0f && sy[4] == 0.0f, "%s exp(-200), exp(-1e30) = %g, %g", k->name, sy[3], sy[4]);
+    free(x);
+    free(y);
+}
+
+/* One tile through qk, softmax and pv, against the same steps in float64. */
+static void test_tile(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk, int64_t dv,
+                      bool with_nan) {
+    const int64_t npad = (n + ATTN_ROW_PAD - 1) / ATTN_ROW_PAD * ATTN_ROW_PAD;
+    const int64_t ldq = npad + 16, lds = npad + 16, ldk = dk + 3, ldv = dv + 5, ldo = dv + 2;
+    float *q = calloc((size_t)(n * (dk ? dk : 1)), sizeof(float));
+    float *qt = calloc((size_t)((dk ? dk : 1) * ldq), sizeof(float));
+    float *kk = malloc((size_t)(nk * ldk) * sizeof(float));
+    float *v = malloc((size_t)(nk * ldv) * sizeof(float));
+    float *s = malloc((size_t)(nk * lds) * sizeof(float));
+    float *acc = malloc((size_t)(n * ldo) * sizeof(float));
+    float m[80], l[80], alpha[80];
+    double *ref_s = malloc((size_t)(nk * n) * sizeof(double));
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t d = 0; d < dk; d++) q[r * dk + d] = qt[d * ldq + r] = sym();
+    for (int64_t c = 0; c < nk * ldk; c++) kk[c] = sym();
+    for (int64_t c = 0; c < nk * ldv; c++) v[c] = sym();
+    const float scale = 0.37f;
+
+    /* qk */
+    for (int64_t c = 0; c < nk * lds; c++) s[c] = NAN;  // every element must be written
+    k->qk(n, npad, nk, dk, q, qt, ldq, kk, ldk, scale, s, lds);
+    double num = 0, den = 0;
+    bool finite_pad = true;
+    for (int64_t c = 0; c < nk; c++) {
+        for (int64_t r = 0; r < n; r++) {
+            double dot = 0;
+            for (int64_t d = 0; d < dk; d++) dot += (double)q[r * dk + d] * kk[c * ldk + d];
+            ref_s[c * n + r] = scale * dot;
+            num += pow(s[c * lds + r] - ref_s[c * n + r], 2);
+            den += pow(ref_s[c * n + r], 2);
+        }
+        for (int64_t r = n; r < npad; r++) finite_pad &= isfinite(s[c * lds + r]);
+    }
+    CHECK(sqrt(num / (den > 0 ? den : 1)) <= 1e-6 && finite_pad,
+          "%s qk n=%lld nk=%lld dk=%lld: rel err %.3g, padding finite %d", k->name,
+          (long long)n, (long long)nk, (long long)dk, sqrt(num / (den > 0 ? den : 1)), finite_pad);
+
+    /* softmax from a fresh state, with some keys masked (-inf) in some rows; one row
+     * fully masked */
+    for (int64_t c = 0; c < nk; c++)
+        for (int64_t r = 0; r < n; r++) {
+            bool masked = (r == n - 1 && n > 1) || (c + r) % 5 == 3;
+            if (masked) s[c * lds + r] = -INFINITY, ref_s[c * n + r] = -INFINITY;
+            else ref_s[c * n + r] = s[c * lds + r];  // continue from the kernel's logits
+        }
+    for (int64_t r = 0; r < npad; r++) m[r] = -INFINITY, l[r] = 0.0f;
+    k->softmax(npad, nk, s, lds, m, l, alpha);
+    bool ok = true;
+    double worst = 0;
+    for (int64_t r = 0; r < n; r++) {
+        double mx = -INFINITY, sum = 0;
+        for (int64_t c = 0; c < nk; c++) mx = fmax(mx, ref_s[c * n + r]);
+        for (int64_t c = 0; c < nk; c++) {
+            double pe = mx == -INFINITY ? 0.0 : exp(ref_s[c * n + r] - mx);
+            sum += pe;
+            double err = fabs(s[c * lds + r] - pe);
+            if (err > worst) worst = err;
+            /* float rounding of s - m (half an ulp of |s - m|) and of exp (2 ulp) */
+            const double tol = (2.5e-7 + 6e-8 * fabs(ref_s[c * n + r] - mx)) * pe + 1e-38;
+            ok &= err <= tol || (pe == 0 && s[c * lds + r] == 0);
+        }
+        ok &= (mx == -INFINITY) ? (m[r] == -INFINITY && l[r] == 0.0f)
+                                : ((float)mx == m[r] && fabs(l[r] - sum) <= 1e-6 * sum);
+    }
+    CHECK(ok, "%s softmax n=%lld nk=%lld: worst p error %.3g", k->name, (long long)n,
+          (long long)nk, worst);
+
+    /* pv: acc starts at 1, alpha as left by softmax; with_nan puts NaN into the value
+     * row of a key that row 0 masks (p = 0): with skip_zeros it must not reach row 0 */
+    int64_t nan_key = -1;
+    if (with_nan)
+        for (int64_t c = 0; c < nk && nan_key < 0; c++)
+            if (s[c * lds + 0] == 0.0f) nan_key = c;
+    if (nan_key >= 0)
+        for (int64_t d = 0; d < dv; d++) v[nan_key * ldv + d] = NAN;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t d = 0; d < ldo; d++) acc[r * ldo + d] = d < dv ? 1.0f : 777.0f;
+    k->pv(n, npad, nk, dv, s, lds, v, ldv, alpha, acc, ldo, with_nan);
+    /* each element against float64, relative to the size of its terms (sums that cancel
+     * are only as accurate as their largest term) */
+    double worst_rel = 0;
+    bool guard = true, nan_free = true;
+    for (int64_t r = 0; r < n; r++) {
+        for (int64_t d = 0; d < dv; d++) {
+            double e = alpha[r], mag = fabs(alpha[r]);
+            for (int64_t c = 0; c < nk; c++)
+                if (s[c * lds + r] != 0.0f) {
+                    e += (double)s[c * lds + r] * v[c * ldv + d];
+                    mag += fabs((double)s[c * lds + r] * v[c * ldv + d]);
+                }
+            if (r == 0 && nan_key >= 0) nan_free &= !isnan(acc[d]);
+            if (isnan(e)) continue;
+            const double rel = fabs(acc[r * ldo + d] - e) / (mag > 0 ? mag : 1);
+            if (!(rel <= worst_rel)) worst_rel = rel;
+        }
+        for (int64_t d = dv; d < ldo; d++) guard &= acc[r * ldo + d] == 777.0f;
+    }
+    CHECK(worst_rel <= 1e-6 && guard && nan_free,
+          "%s pv n=%lld nk=%lld dv=%lld: rel err %.3g, columns past dv untouched %d, "
+          "NaN kept out %d", k->name, (long long)n, (long long)nk, (long long)dv, worst_rel,
+          guard, nan_free);
+    free(q), free(qt), free(kk), free(v), free(s), free(acc), free(ref_s);
+}
+
+/* The ulp measure must see a planted error: one float step off is 1 ulp, not 0. */
+static void test_planted(void) {
+    const double e = exp(-1.0);
+    const float good = (float)e, bad = nextafterf(nextafterf(nextafterf(good, 1), 1), 1);
+    CHECK(ulp_error(good, e) <= 0.5, "ulp of a correctly rounded value: %g", ulp_error(good, e));
+    CHECK(ulp_error(bad, e) > 2.0, "a value 3 floats off must fail the 2-ulp bound: %g",
+          ulp_error(bad, e));
+}
+
+int main(void) {
+    test_planted();
+    static const int64_t ns[] = {1, 2, 3, 4, 5, 15, 16, 17, 33, 48, 63, 64};
+    static const int64_t nks[] = {1, 5, 6, 7, 12, 13, 64, 127, 128};
+    static const int64_t ds[] = {0, 1, 15, 16, 17, 63, 64, 65, 128, 257};
+#define X_TEST(name)                                                                    \
+    if (attn_kernel_supported(#name)) {                                                \
+        const attn_kernels *k = &attn_kernels_##name;                                   \
+        test_exp(k);                                                                    \
+        for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)                          \
+            for (size_t b = 0; b < sizeof nks / sizeof nks[0]; b++) {                  \
+                const int64_t dk = ds[(a + b) % 10], dv = ds[(a + 3 * b + 1) % 10];     \
+                test_tile(k, ns[a], nks[b], dk, dv ? dv : 1, (a + b) % 2 == 0);         \
+            }                                                                           \
+    } else {                                                                            \
+        printf("  %s: skipped, this CPU cannot run it\n", #name);                      \
+    }
+    ATTN_KERNEL_LIST(X_TEST)
+#undef X_TEST
+    return check_summary("kernels");
+}
