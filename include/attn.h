@@ -161,6 +161,32 @@ ATTN_API attn_status attn_forward_workspace_size(const attn_tensor *q, const att
                                                  const attn_tensor *v, const attn_tensor *o,
                                                  const attn_options *opt, size_t *bytes);
 
+/* The gradients of attn_forward: given dO = dLoss/dO, writes dQ, dK, dV.
+ *   q, k, v, opt   exactly as in the forward call (same masks, scale, softcap, ...);
+ *                  opt->lse and opt->weights must be NULL (they are forward outputs)
+ *   o    [B, Hq, Lq, Dv]   the forward's output
+ *   d_o  [B, Hq, Lq, Dv]   the gradient of the loss with respect to o
+ *   lse  [B, Hq, Lq]       the forward's log-sum-exp (shape {B, Hq, Lq, 1}), float32
+ *   dq   [B, Hq, Lq, Dk]   written
+ *   dk   [B, Hkv, Lk, Dk]  written: summed over the query heads of each group
+ *   dv   [B, Hkv, Lk, Dv]  written: summed likewise
+ * Fully masked rows contribute 0 to every gradient. Deterministic: bit-identical for any
+ * thread count. On error nothing is written. */
+ATTN_API attn_status attn_backward(const attn_tensor *q, const attn_tensor *k,
+                                   const attn_tensor *v, const attn_tensor *o,
+                                   const attn_tensor *d_o, const attn_tensor *lse,
+                                   const attn_tensor *dq, const attn_tensor *dk,
+                                   const attn_tensor *dv, const attn_options *opt);
+
+/* Bytes of workspace attn_backward needs for these arguments (data pointers not read). */
+ATTN_API attn_status attn_backward_workspace_size(const attn_tensor *q, const attn_tensor *k,
+                                                  const attn_tensor *v, const attn_tensor *o,
+                                                  const attn_tensor *d_o,
+                                                  const attn_tensor *lse,
+                                                  const attn_tensor *dq, const attn_tensor *dk,
+                                                  const attn_tensor *dv,
+                                                  const attn_options *opt, size_t *bytes);
+
 /* The fixed message of a status code. */
 ATTN_API const char *attn_status_string(attn_status status);
 

@@ -41,7 +41,7 @@ const char *attn_version(void) {
         ATTN_VERSION_PATCH);
 }
 
-static attn_status fail(attn_status status, const char *fmt, ...) {
+attn_status attn_fail(attn_status status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(g_last_error, sizeof g_last_error, fmt, ap);
@@ -64,27 +64,27 @@ static const char *dtype_name(attn_dtype t) {
  * and extreme offsets representable in int64, data present when non-empty. */
 static attn_status check_tensor(const attn_tensor *t, const char *name, attn_dtype want,
                                 bool need_data) {
-    if (!t) return fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", name);
+    if (!t) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", name);
     if (t->dtype != want)
-        return fail(ATTN_ERR_DTYPE, "%s: dtype is %s, expected %s", name,
+        return attn_fail(ATTN_ERR_DTYPE, "%s: dtype is %s, expected %s", name,
                     dtype_name(t->dtype), dtype_name(want));
     int64_t count = 1, span = 0;
     for (int d = 0; d < 4; d++) {
         if (t->shape[d] < 0)
-            return fail(ATTN_ERR_SHAPE, "%s: shape[%d] = %lld is negative", name, d,
+            return attn_fail(ATTN_ERR_SHAPE, "%s: shape[%d] = %lld is negative", name, d,
                         (long long)t->shape[d]);
         if (!mul_ok(count, t->shape[d], &count))
-            return fail(ATTN_ERR_OVERFLOW, "%s: element count overflows int64", name);
+            return attn_fail(ATTN_ERR_OVERFLOW, "%s: element count overflows int64", name);
     }
     for (int d = 0; d < 4 && count > 0; d++) {
         int64_t s = t->stride[d], ext;
         if (s == INT64_MIN || !mul_ok(t->shape[d] - 1, s < 0 ? -s : s, &ext) ||
             !add_ok(span, ext, &span))
-            return fail(ATTN_ERR_OVERFLOW, "%s: offsets overflow int64 (stride[%d] = %lld)",
+            return attn_fail(ATTN_ERR_OVERFLOW, "%s: offsets overflow int64 (stride[%d] = %lld)",
                         name, d, (long long)s);
     }
     if (need_data && count > 0 && !t->data)
-        return fail(ATTN_ERR_NULL, "%s: data is NULL for %lld elements", name,
+        return attn_fail(ATTN_ERR_NULL, "%s: data is NULL for %lld elements", name,
                     (long long)count);
     return ATTN_OK;
 }
@@ -112,7 +112,7 @@ static attn_status check_output_strides(const attn_tensor *t, const char *name, 
     int64_t reach = 0;  // the largest offset the dimensions so far can form
     for (int a = 0; a < m; a++) {
         if (st[a] <= reach)
-            return fail(ATTN_ERR_STRIDE, "%s: stride[%d] = %lld makes elements overlap (the "
+            return attn_fail(ATTN_ERR_STRIDE, "%s: stride[%d] = %lld makes elements overlap (the "
                         "smaller dimensions already reach offset %lld)", name, idx[a],
                         (long long)t->stride[idx[a]], (long long)reach);
         reach += (sh[a] - 1) * st[a];
@@ -123,7 +123,7 @@ static attn_status check_output_strides(const attn_tensor *t, const char *name, 
 static attn_status expect_dim(const attn_tensor *t, const char *name, int d, int64_t want,
                               const char *what) {
     if (t->shape[d] != want)
-        return fail(ATTN_ERR_SHAPE, "%s: shape[%d] (%s) is %lld, expected %lld", name, d, what,
+        return attn_fail(ATTN_ERR_SHAPE, "%s: shape[%d] (%s) is %lld, expected %lld", name, d, what,
                     (long long)t->shape[d], (long long)want);
     return ATTN_OK;
 }
@@ -134,7 +134,7 @@ static attn_status check_broadcast(const attn_tensor *t, const char *name,
     static const char *const dim_names[4] = {"B", "Hq", "Lq", "Lk"};
     for (int d = 0; d < 4; d++) {
         if (t->shape[d] != full[d] && t->shape[d] != 1)
-            return fail(ATTN_ERR_MASK, "%s: shape[%d] is %lld, expected 1 or %s = %lld", name,
+            return attn_fail(ATTN_ERR_MASK, "%s: shape[%d] is %lld, expected 1 or %s = %lld", name,
                         d, (long long)t->shape[d], dim_names[d], (long long)full[d]);
         out_stride[d] = t->shape[d] == 1 ? 0 : t->stride[d];
     }
@@ -149,9 +149,9 @@ static attn_status check_broadcast(const attn_tensor *t, const char *name,
 
 /* The one place that fills attn_params. need_data = false for the workspace query,
  * which may be asked before any buffer exists. */
-static attn_status params_init(attn_params *p, const attn_tensor *q, const attn_tensor *k,
-                               const attn_tensor *v, const attn_tensor *o,
-                               const attn_options *opt_in, bool need_data) {
+attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_tensor *k,
+                             const attn_tensor *v, const attn_tensor *o,
+                             const attn_options *opt_in, bool need_data) {
     static const attn_options defaults = {0};
     const attn_options *opt = opt_in ? opt_in : &defaults;
     *p = (attn_params){0};
@@ -181,7 +181,7 @@ static attn_status params_init(attn_params *p, const attn_tensor *q, const attn_
     TRY(check_output_strides(o, "o", 4));
 
     if (p->Hkv == 0 ? p->Hq != 0 : p->Hq % p->Hkv != 0)
-        return fail(ATTN_ERR_HEADS, "q: Hq = %lld is not a multiple of k's Hkv = %lld",
+        return attn_fail(ATTN_ERR_HEADS, "q: Hq = %lld is not a multiple of k's Hkv = %lld",
                     (long long)p->Hq, (long long)p->Hkv);
     p->group = p->Hkv ? p->Hq / p->Hkv : 1;
 
@@ -193,7 +193,7 @@ static attn_status params_init(attn_params *p, const attn_tensor *q, const attn_
     /* scale and softcap */
     if (opt->has_scale) {
         if (!isfinite(opt->scale))
-            return fail(ATTN_ERR_VALUE, "options.scale is %g, expected a finite number",
+            return attn_fail(ATTN_ERR_VALUE, "options.scale is %g, expected a finite number",
                         (double)opt->scale);
         p->scale = opt->scale;
     } else {
@@ -202,20 +202,20 @@ static attn_status params_init(attn_params *p, const attn_tensor *q, const attn_
         p->scale = p->Dk > 0 ? (float)(1.0 / sqrt((double)p->Dk)) : 1.0f;
     }
     if (!(opt->softcap >= 0.0f) || isinf(opt->softcap))
-        return fail(ATTN_ERR_VALUE, "options.softcap is %g, expected 0 (off) or a finite "
+        return attn_fail(ATTN_ERR_VALUE, "options.softcap is %g, expected 0 (off) or a finite "
                     "positive number", (double)opt->softcap);
     p->softcap = opt->softcap;
 
     /* causal, alignment, window */
     if ((unsigned)opt->align > (unsigned)ATTN_ALIGN_BOTTOM_RIGHT)
-        return fail(ATTN_ERR_VALUE, "options.align is %d, expected ATTN_ALIGN_TOP_LEFT or "
+        return attn_fail(ATTN_ERR_VALUE, "options.align is %d, expected ATTN_ALIGN_TOP_LEFT or "
                     "ATTN_ALIGN_BOTTOM_RIGHT", (int)opt->align);
     p->causal = opt->causal;
     p->align = opt->align;
     p->win_left = p->win_right = -1;
     if (opt->has_window) {
         if (opt->window_left < -1 || opt->window_right < -1)
-            return fail(ATTN_ERR_VALUE, "options.window = (%lld, %lld), expected each >= -1 "
+            return attn_fail(ATTN_ERR_VALUE, "options.window = (%lld, %lld), expected each >= -1 "
                         "(-1 = unbounded)", (long long)opt->window_left,
                         (long long)opt->window_right);
         p->win_left = opt->window_left;
@@ -236,11 +236,11 @@ static attn_status params_init(attn_params *p, const attn_tensor *q, const attn_
     }
     if (opt->kv_len) {
         const attn_tensor *t = opt->kv_len;
-        if (!t) return fail(ATTN_ERR_NULL, "kv_len: NULL");
+        if (!t) return attn_fail(ATTN_ERR_NULL, "kv_len: NULL");
         attn_dtype dt = t->dtype == ATTN_I32 ? ATTN_I32 : ATTN_I64;
         TRY(check_tensor(t, "kv_len", dt, need_data));
         if (t->shape[0] != p->B || t->shape[1] != 1 || t->shape[2] != 1 || t->shape[3] != 1)
-            return fail(ATTN_ERR_SHAPE, "kv_len: shape [%lld, %lld, %lld, %lld], expected "
+            return attn_fail(ATTN_ERR_SHAPE, "kv_len: shape [%lld, %lld, %lld, %lld], expected "
                         "[B = %lld, 1, 1, 1]", (long long)t->shape[0], (long long)t->shape[1],
                         (long long)t->shape[2], (long long)t->shape[3], (long long)p->B);
         p->kv_len = t->data;
@@ -249,7 +249,7 @@ static attn_status params_init(attn_params *p, const attn_tensor *q, const attn_
         for (int64_t b = 0; need_data && b < p->B; b++) {
             int64_t len = attn_key_len(p, b);
             if (len < 0 || len > p->Lk)
-                return fail(ATTN_ERR_VALUE, "kv_len[%lld] = %lld, expected 0 <= kv_len <= "
+                return attn_fail(ATTN_ERR_VALUE, "kv_len[%lld] = %lld, expected 0 <= kv_len <= "
                             "Lk = %lld", (long long)b, (long long)len, (long long)p->Lk);
         }
     }
@@ -257,7 +257,7 @@ static attn_status params_init(attn_params *p, const attn_tensor *q, const attn_
         const attn_tensor *t = opt->alibi_slopes;
         TRY(check_tensor(t, "alibi_slopes", ATTN_F32, need_data));
         if (t->shape[0] != p->Hq || t->shape[1] != 1 || t->shape[2] != 1 || t->shape[3] != 1)
-            return fail(ATTN_ERR_SHAPE, "alibi_slopes: shape [%lld, %lld, %lld, %lld], "
+            return attn_fail(ATTN_ERR_SHAPE, "alibi_slopes: shape [%lld, %lld, %lld, %lld], "
                         "expected [Hq = %lld, 1, 1, 1]", (long long)t->shape[0],
                         (long long)t->shape[1], (long long)t->shape[2],
                         (long long)t->shape[3], (long long)p->Hq);
@@ -294,16 +294,16 @@ static attn_status params_init(attn_params *p, const attn_tensor *q, const attn_
         const char *why = NULL;
         p->path = ATTN_PATH_FUSED;
         p->kernels = attn_select_kernels(&why);
-        if (!p->kernels) return fail(ATTN_ERR_UNSUPPORTED, "%s", why);
+        if (!p->kernels) return attn_fail(ATTN_ERR_UNSUPPORTED, "%s", why);
         break;
     }
     case ATTN_PATH_REFERENCE: p->path = ATTN_PATH_REFERENCE; break;
     default:
-        return fail(ATTN_ERR_VALUE, "options.path is %d, expected an attn_path value",
+        return attn_fail(ATTN_ERR_VALUE, "options.path is %d, expected an attn_path value",
                     (int)opt->path);
     }
     if (opt->threads < 0)
-        return fail(ATTN_ERR_VALUE, "options.threads is %d, expected >= 0 (0 = default)",
+        return attn_fail(ATTN_ERR_VALUE, "options.threads is %d, expected >= 0 (0 = default)",
                     (int)opt->threads);
 #ifdef _OPENMP
     p->threads = opt->threads > 0 ? opt->threads : omp_get_max_threads();
@@ -326,10 +326,10 @@ attn_status attn_forward_workspace_size(const attn_tensor *q, const attn_tensor 
                                         const attn_tensor *v, const attn_tensor *o,
                                         const attn_options *opt, size_t *bytes) {
     attn_params p;
-    if (!bytes) return fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
-    TRY(params_init(&p, q, k, v, o, opt, false));
+    if (!bytes) return attn_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
+    TRY(attn_params_init(&p, q, k, v, o, opt, false));
     size_t n = workspace_bytes(&p);
-    if (n == (size_t)-1) return fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+    if (n == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
     *bytes = n;
     g_last_error[0] = '\0';
     return ATTN_OK;
@@ -338,21 +338,21 @@ attn_status attn_forward_workspace_size(const attn_tensor *q, const attn_tensor 
 attn_status attn_forward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                          const attn_tensor *o, const attn_options *opt) {
     attn_params p;
-    TRY(params_init(&p, q, k, v, o, opt, true));
+    TRY(attn_params_init(&p, q, k, v, o, opt, true));
     g_last_error[0] = '\0';
     if (p.B == 0 || p.Hq == 0 || p.Lq == 0) return ATTN_OK;
 
     size_t need = workspace_bytes(&p);
-    if (need == (size_t)-1) return fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+    if (need == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
     void *ws = opt ? opt->workspace : NULL;
     void *owned = NULL;
     if (ws) {
         if (opt->workspace_bytes < need)
-            return fail(ATTN_ERR_WORKSPACE, "options.workspace_bytes is %zu, this call "
+            return attn_fail(ATTN_ERR_WORKSPACE, "options.workspace_bytes is %zu, this call "
                         "needs %zu", opt->workspace_bytes, need);
     } else if (need > 0) {
         owned = ws = malloc(need);
-        if (!ws) return fail(ATTN_ERR_NOMEM, "workspace: could not allocate %zu bytes", need);
+        if (!ws) return attn_fail(ATTN_ERR_NOMEM, "workspace: could not allocate %zu bytes", need);
     }
     attn_status st = p.path == ATTN_PATH_REFERENCE ? attn_reference_forward(&p, ws)
                                                    : attn_fused_forward(&p, ws);

@@ -108,6 +108,18 @@ static inline bool attn_has_elementwise(const attn_params *p) {
     return p->softcap > 0.0f || p->bias || p->alibi || p->mask;
 }
 
+/* The one place that fills attn_params from the public arguments (api.c). need_data =
+ * false for workspace queries, which may come before any buffer exists. On failure the
+ * detail is in attn_last_error(). */
+ATTN_PRIVATE attn_status attn_params_init(attn_params *p, const attn_tensor *q,
+                                          const attn_tensor *k, const attn_tensor *v,
+                                          const attn_tensor *o, const attn_options *opt,
+                                          bool need_data);
+
+/* Records the detail of a failure for attn_last_error() and returns status. */
+ATTN_PRIVATE attn_status attn_fail(attn_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 /* paths; each returns ATTN_OK or ATTN_ERR_WORKSPACE/NOMEM. The workspace functions
  * return the bytes the path needs, (size_t)-1 on overflow. */
 ATTN_PRIVATE size_t attn_fused_workspace(const attn_params *p);
