@@ -66,6 +66,7 @@ run_all() {
 
 make -s -j"$jobs" all tests || { echo "0 passed, 1 failed"; exit 1; }
 run_all build ""
+run_suite python bash tests/python/run.sh   # the Python package, built from this tree
 
 if [ "${ATTN_CHECK_SANITIZE:-1}" != 0 ]; then
     san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # deps.sh — installs what building and testing attn needs and this machine lacks:
-# a C compiler with OpenMP (gcc), make and pkg-config, from Debian's packages.
+# a C compiler with OpenMP (gcc), make and pkg-config, from Debian's packages; for the
+# Python package (tests/python/run.sh): Python's headers, and NumPy, pytest, setuptools
+# and wheel with pip (Debian's packages where pip is missing or may not install).
 # Idempotent and quiet when everything is there already.
 set -eu
 missing=()
@@ -14,4 +16,22 @@ if [ ${#missing[@]} -gt 0 ]; then
     [ "$(id -u)" -eq 0 ] || SUDO=sudo
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+# The Python package is built without isolation (no network at test time), so its build
+# tools are installed here with its test dependencies.
+py_ok() { python3 -c "import numpy, pytest, setuptools, wheel, pip" 2>/dev/null; }
+if ! py_ok; then
+    echo "deps: installing numpy pytest setuptools wheel (pip)"
+    python3 -m pip install -q --disable-pip-version-check numpy pytest setuptools wheel ||
+        true
+fi
+headers=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+if ! py_ok || [ ! -f "$headers/Python.h" ]; then
+    echo "deps: installing python3-dev python3-pip python3-numpy python3-pytest python3-setuptools python3-wheel"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-dev python3-pip \
+        python3-numpy python3-pytest python3-setuptools python3-wheel
 fi
