@@ -351,3 +351,19 @@ def test_help_shows_the_docstrings():
         assert phrase in doc
     assert "kernel family" in pydoc.render_doc(attn.kernel_name, renderer=pydoc.plaintext)
     assert attn.__version__.count(".") == 2
+
+
+def test_readme_example():
+    """The README's Python example (the block after <!-- example:python -->) runs and
+    prints what its comment says."""
+    import os
+    readme = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+    with open(readme, encoding="utf-8") as f:
+        text = f.read()
+    assert "<!-- example:python -->" in text
+    block = text.split("<!-- example:python -->", 1)[1].split("```python\n", 1)[1]
+    code = block.split("```", 1)[0]
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    expected = code.strip().splitlines()[-1].split("# ", 1)[1]
+    assert r.stdout.strip() == expected
