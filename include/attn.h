@@ -67,8 +67,8 @@ typedef enum attn_status {
  * Use attn_tensor_4d() for a dense C-order tensor. */
 typedef enum attn_dtype {
     ATTN_F32 = 0, /* float                                                   */
-    ATTN_F16,     /* IEEE binary16 (reserved for the half-precision paths)   */
-    ATTN_BF16,    /* bfloat16      (reserved for the half-precision paths)   */
+    ATTN_F16,     /* IEEE binary16, stored as uint16_t                       */
+    ATTN_BF16,    /* bfloat16 (the top half of a float32), as uint16_t        */
     ATTN_BOOL,    /* one byte, 0 = false, anything else = true               */
     ATTN_I32,     /* int32_t                                                 */
     ATTN_I64,     /* int64_t                                                 */
@@ -103,6 +103,13 @@ typedef enum attn_path {
     ATTN_PATH_REFERENCE,  /* float64, materializes the scores: the oracle of every test   */
 } attn_path;
 
+typedef enum attn_precision {
+    ATTN_PRECISION_DEFAULT = 0,  /* probabilities stay float32 for P·V                 */
+    ATTN_PRECISION_FAST,         /* bfloat16 V: P rounded to bfloat16 for P·V, on the
+                                    CPU's bf16 dot products where it has them. Other
+                                    dtypes: the same as DEFAULT                         */
+} attn_precision;
+
 typedef struct attn_options {
     /* scale applied to Q·Kᵀ. Used only when has_scale is true (0 and negative scales are
      * legal), otherwise 1/sqrt(Dk). */
@@ -136,6 +143,7 @@ typedef struct attn_options {
     const attn_tensor *weights;
 
     attn_path path;
+    attn_precision precision;
     int32_t threads;  /* 0 = OpenMP's default, at most 512 (more are taken as 512);
                          results are bit-identical for any count */
 
@@ -150,6 +158,9 @@ typedef struct attn_options {
 /* O = attention(Q, K, V).
  *   q [B, Hq, Lq, Dk]   k [B, Hkv, Lk, Dk]   v [B, Hkv, Lk, Dv]   o [B, Hq, Lq, Dv]
  * Hq must be a multiple of Hkv (query head h reads key/value head h / (Hq / Hkv)).
+ * dtypes: q, k, v and o each ATTN_F32, ATTN_F16 or ATTN_BF16, with k and v alike (a
+ * 16-bit KV cache under float32 queries works); accumulation is float32 throughout and
+ * o is rounded to its dtype once, at the end.
  * Any size may be 0. On error nothing is written to o, lse or weights. */
 ATTN_API attn_status attn_forward(const attn_tensor *q, const attn_tensor *k,
                                   const attn_tensor *v, const attn_tensor *o,

@@ -65,9 +65,12 @@ static const char *dtype_name(attn_dtype t) {
 static attn_status check_tensor(const attn_tensor *t, const char *name, attn_dtype want,
                                 bool need_data) {
     if (!t) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", name);
-    if (t->dtype != want)
+    /* want = ATTN_F32 for q, k, v, o means any floating type: float32, float16, bfloat16 */
+    const bool floating = t->dtype == ATTN_F32 || t->dtype == ATTN_F16 || t->dtype == ATTN_BF16;
+    if (want == ATTN_DTYPE_COUNT ? !floating : t->dtype != want)
         return attn_fail(ATTN_ERR_DTYPE, "%s: dtype is %s, expected %s", name,
-                    dtype_name(t->dtype), dtype_name(want));
+                    dtype_name(t->dtype),
+                    want == ATTN_DTYPE_COUNT ? "float32, float16 or bfloat16" : dtype_name(want));
     int64_t count = 1, span = 0;
     for (int d = 0; d < 4; d++) {
         if (t->shape[d] < 0)
@@ -156,10 +159,14 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
     const attn_options *opt = opt_in ? opt_in : &defaults;
     *p = (attn_params){0};
 
-    TRY(check_tensor(q, "q", ATTN_F32, need_data));
-    TRY(check_tensor(k, "k", ATTN_F32, need_data));
-    TRY(check_tensor(v, "v", ATTN_F32, need_data));
-    TRY(check_tensor(o, "o", ATTN_F32, need_data));
+    /* ATTN_DTYPE_COUNT here: any of float32, float16, bfloat16 */
+    TRY(check_tensor(q, "q", ATTN_DTYPE_COUNT, need_data));
+    TRY(check_tensor(k, "k", ATTN_DTYPE_COUNT, need_data));
+    TRY(check_tensor(v, "v", k->dtype, need_data));
+    TRY(check_tensor(o, "o", ATTN_DTYPE_COUNT, need_data));
+    p->q_dt = q->dtype;
+    p->kv_dt = k->dtype;
+    p->o_dt = o->dtype;
 
     p->B = q->shape[0];
     p->Hq = q->shape[1];
@@ -286,6 +293,11 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
         p->weights = t->data;
         memcpy(p->w_s, t->stride, sizeof p->w_s);
     }
+
+    if ((unsigned)opt->precision > (unsigned)ATTN_PRECISION_FAST)
+        return attn_fail(ATTN_ERR_VALUE, "options.precision is %d, expected an "
+                         "attn_precision value", (int)opt->precision);
+    p->precision = opt->precision;
 
     /* path and threads */
     switch (opt->path) {

@@ -27,10 +27,13 @@ typedef struct attn_params {
     int64_t B, Hq, Hkv, Lq, Lk, Dk, Dv;
     int64_t group;                 /* Hq / Hkv: query heads per key/value head       */
 
-    const float *q;  int64_t q_s[4];   /* (B, Hq,  Lq, Dk) */
-    const float *k;  int64_t k_s[4];   /* (B, Hkv, Lk, Dk) */
-    const float *v;  int64_t v_s[4];   /* (B, Hkv, Lk, Dv) */
-    float *o;        int64_t o_s[4];   /* (B, Hq,  Lq, Dv) */
+    /* data of dtype q_dt, kv_dt (k and v alike) and o_dt: F32, F16 or BF16 */
+    const void *q;   int64_t q_s[4];   /* (B, Hq,  Lq, Dk) */
+    const void *k;   int64_t k_s[4];   /* (B, Hkv, Lk, Dk) */
+    const void *v;   int64_t v_s[4];   /* (B, Hkv, Lk, Dv) */
+    void *o;         int64_t o_s[4];   /* (B, Hq,  Lq, Dv) */
+    attn_dtype q_dt, kv_dt, o_dt;
+    attn_precision precision;
 
     float scale;
     float softcap;                 /* 0 = off                                        */

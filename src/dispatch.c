@@ -13,6 +13,15 @@
 
 #include "kernels.h"
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+/* F16C is CPUID leaf 1, ECX bit 29 (gcc 12's __builtin_cpu_supports has no name for it) */
+static bool cpu_has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#endif
+
 static bool cpu_can_run(const char *name) {
 #if defined(__x86_64__) || defined(_M_X64)
     __builtin_cpu_init();
@@ -21,7 +30,8 @@ static bool cpu_can_run(const char *name) {
                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                __builtin_cpu_supports("fma");
     if (strcmp(name, "avx2") == 0)
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               cpu_has_f16c();
 #endif
     return strcmp(name, "generic") == 0;
 }

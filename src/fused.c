@@ -27,6 +27,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "half.h"
 #include "kernels.h"
 
 #ifdef _OPENMP
@@ -217,19 +218,27 @@ static void finish_tile(const attn_params *p, const fused_scratch *w, const fuse
     }
 }
 
-/* The key (or value) rows j0 .. j0+nk-1 of head (b, g): a pointer into the caller's
- * tensor when its last stride is 1, else a copy into buf. *ld gets the row stride. */
-static const float *kv_block(const float *base, const int64_t st[4], int64_t width,
-                             int64_t b, int64_t g, int64_t j0, int64_t nk, float *buf,
-                             int64_t *ld) {
-    const float *x = base + b * st[0] + g * st[1] + j0 * st[2];
+/* The key (or value) rows j0 .. j0+nk-1 of head (b, g) as float32: a pointer into the
+ * caller's tensor when it is float32 with last stride 1, else converted into buf (the
+ * kernel's vector conversion for 16-bit rows with last stride 1). *ld gets the row
+ * stride. */
+static const float *kv_block(const attn_kernels *kern, attn_dtype dt, const void *base,
+                             const int64_t st[4], int64_t width, int64_t b, int64_t g,
+                             int64_t j0, int64_t nk, float *buf, int64_t *ld) {
+    const int64_t x = b * st[0] + g * st[1] + j0 * st[2];
+    *ld = width;
     if (st[3] == 1) {
-        *ld = st[2];
-        return x;
+        if (dt == ATTN_F32) {
+            *ld = st[2];
+            return (const float *)base + x;
+        }
+        for (int64_t c = 0; c < nk; c++)
+            kern->to_f32(dt, width, (const uint16_t *)base + x + c * st[2], buf + c * width);
+        return buf;
     }
     for (int64_t c = 0; c < nk; c++)
-        for (int64_t d = 0; d < width; d++) buf[c * width + d] = x[c * st[2] + d * st[3]];
-    *ld = width;
+        for (int64_t d = 0; d < width; d++)
+            buf[c * width + d] = attn_load(dt, base, x + c * st[2] + d * st[3]);
     return buf;
 }
 
@@ -238,7 +247,7 @@ static const float *tile_logits(const attn_params *p, const attn_kernels *kern,
                                 const fused_scratch *w, const fused_block *blk, int64_t j0,
                                 int64_t nk, bool boundary, int64_t *ldk) {
     const int64_t dk = p->Dk;
-    const float *k = kv_block(p->k, p->k_s, dk, blk->b, blk->g, j0, nk, w->k, ldk);
+    const float *k = kv_block(kern, p->kv_dt, p->k, p->k_s, dk, blk->b, blk->g, j0, nk, w->k, ldk);
     kern->qk(blk->n, blk->npad, nk, dk, w->q, w->qt, BQ, k, *ldk, p->scale, w->s, BQ);
     if (boundary || attn_has_elementwise(p)) finish_tile(p, w, blk, nk, BQ, j0, boundary);
     return k;
@@ -249,11 +258,10 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
                         const fused_scratch *w, const fused_block *blk, int64_t ja,
                         int64_t jb) {
     const int64_t dk = p->Dk, dv = p->Dv, n = blk->n, npad = blk->npad;
-    const float *q_b = p->q + blk->b * p->q_s[0];
     for (int64_t r = 0; r < n; r++) {
-        const float *q_bhi = q_b + w->h[r] * p->q_s[1] + w->i[r] * p->q_s[2];
+        const int64_t q_bhi = blk->b * p->q_s[0] + w->h[r] * p->q_s[1] + w->i[r] * p->q_s[2];
         for (int64_t d = 0; d < dk; d++) {
-            const float x = q_bhi[d * p->q_s[3]];
+            const float x = attn_load(p->q_dt, p->q, q_bhi + d * p->q_s[3]);
             w->q[r * dk + d] = x;
             w->qt[d * BQ + r] = x;
         }
@@ -273,7 +281,7 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
         int64_t ldk, ldv;
         tile_logits(p, kern, w, blk, j0, nk, boundary, &ldk);
-        const float *v = kv_block(p->v, p->v_s, dv, blk->b, blk->g, j0, nk, w->v, &ldv);
+        const float *v = kv_block(kern, p->kv_dt, p->v, p->v_s, dv, blk->b, blk->g, j0, nk, w->v, &ldv);
         kern->softmax(npad, nk, w->s, BQ, w->m, w->l, w->alpha);
         kern->pv(n, npad, nk, dv, w->s, BQ, v, ldv, w->alpha, w->acc, dv, boundary || may_mask);
     }
@@ -286,10 +294,10 @@ static void block_store(const attn_params *p, const fused_block *blk, const floa
     const int64_t dv = p->Dv;
     for (int64_t r = 0; r < blk->n; r++) {
         const bool masked_row = m[r] == -INFINITY;
-        float *o_bhi = p->o + blk->b * p->o_s[0] + h[r] * p->o_s[1] + i[r] * p->o_s[2];
+        const int64_t o_bhi = blk->b * p->o_s[0] + h[r] * p->o_s[1] + i[r] * p->o_s[2];
         const float *acc_r = acc + r * dv;
         for (int64_t d = 0; d < dv; d++)
-            o_bhi[d * p->o_s[3]] = masked_row ? 0.0f : acc_r[d] / l[r];
+            attn_store(p->o_dt, p->o, o_bhi + d * p->o_s[3], masked_row ? 0.0f : acc_r[d] / l[r]);
         if (p->lse)
             p->lse[blk->b * p->lse_s[0] + h[r] * p->lse_s[1] + i[r] * p->lse_s[2]] =
                 masked_row ? -INFINITY : m[r] + logf(l[r]);

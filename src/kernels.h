@@ -63,6 +63,9 @@ struct attn_kernels {
                const float *v, int64_t ldv, const float *alpha, float *acc, int64_t ldo,
                bool skip_zeros);
 
+    /* dst = src as float32, n elements of a contiguous ATTN_F16 or ATTN_BF16 row. */
+    void (*to_f32)(attn_dtype dt, int64_t n, const uint16_t *src, float *dst);
+
     /* y = exp(x) elementwise with the kernel's own exp (the one softmax uses), for x <= 0
      * (and NaN, -inf). For the tests of its error bound. */
     void (*exp)(int64_t n, const float *x, float *y);

@@ -13,6 +13,7 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include "half.h"
 #include "kernels.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
@@ -183,11 +184,26 @@ static void exp_array_avx2(int64_t n, const float *x, float *y) {
     }
 }
 
+/* 16-bit rows to float32: F16C's vcvtph2ps (exact), bfloat16 by a 16-bit shift. */
+static void to_f32_avx2(attn_dtype dt, int64_t n, const uint16_t *src, float *dst) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm_loadu_si128((const __m128i *)(src + i));
+        const __m256 f = dt == ATTN_BF16
+                             ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                             : _mm256_cvtph_ps(h);
+        _mm256_storeu_ps(dst + i, f);
+    }
+    for (; i < n; i++)
+        dst[i] = dt == ATTN_BF16 ? attn_bf16_to_f32(src[i]) : attn_f16_to_f32(src[i]);
+}
+
 const attn_kernels attn_kernels_avx2 = {
     .name = "avx2",
     .qk = qk_avx2,
     .softmax = softmax_avx2,
     .pv = pv_avx2,
+    .to_f32 = to_f32_avx2,
     .exp = exp_array_avx2,
 };
 #endif

@@ -249,11 +249,24 @@ static void exp_array_avx512(int64_t n, const float *x, float *y) {
     }
 }
 
+/* 16-bit rows to float32: F16C's vcvtph2ps (exact), bfloat16 by a 16-bit shift. */
+static void to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 mk = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m256i h = _mm256_maskz_loadu_epi16(mk, src + i);
+        const __m512 f = dt == ATTN_BF16
+                             ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+                             : _mm512_cvtph_ps(h);
+        _mm512_mask_storeu_ps(dst + i, mk, f);
+    }
+}
+
 const attn_kernels attn_kernels_avx512 = {
     .name = "avx512",
     .qk = qk_avx512,
     .softmax = softmax_avx512,
     .pv = pv_avx512,
+    .to_f32 = to_f32_avx512,
     .exp = exp_array_avx512,
 };
 #endif

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "half.h"
 #include "kernels.h"
 
 static void qk_generic(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
@@ -79,10 +80,18 @@ static void exp_array_generic(int64_t n, const float *x, float *y) {
     for (int64_t i = 0; i < n; i++) y[i] = expf(x[i]);
 }
 
+static void to_f32_generic(attn_dtype dt, int64_t n, const uint16_t *src, float *dst) {
+    if (dt == ATTN_BF16)
+        for (int64_t i = 0; i < n; i++) dst[i] = attn_bf16_to_f32(src[i]);
+    else
+        for (int64_t i = 0; i < n; i++) dst[i] = attn_f16_to_f32(src[i]);
+}
+
 const attn_kernels attn_kernels_generic = {
     .name = "generic",
     .qk = qk_generic,
     .softmax = softmax_generic,
     .pv = pv_generic,
+    .to_f32 = to_f32_generic,
     .exp = exp_array_generic,
 };

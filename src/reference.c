@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "attn_internal.h"
+#include "half.h"
 
 size_t attn_reference_workspace(const attn_params *p) {
     int64_t n;
@@ -22,11 +23,12 @@ size_t attn_reference_workspace(const attn_params *p) {
 }
 
 /* s_ij in float64, CONTRACT order: scale * dot, softcap, + bias + ALiBi, masks. */
-static double ref_logit(const attn_params *p, const float *q_bhi, const float *k_bgj,
-                        int64_t b, int64_t h, int64_t i, int64_t j, int64_t d_i) {
+static double ref_logit(const attn_params *p, int64_t q_bhi, int64_t k_bgj, int64_t b,
+                        int64_t h, int64_t i, int64_t j, int64_t d_i) {
     double dot = 0.0;
     for (int64_t d = 0; d < p->Dk; d++)
-        dot += (double)q_bhi[d * p->q_s[3]] * (double)k_bgj[d * p->k_s[3]];
+        dot += (double)attn_load(p->q_dt, p->q, q_bhi + d * p->q_s[3]) *
+               (double)attn_load(p->kv_dt, p->k, k_bgj + d * p->k_s[3]);
     double s = (double)p->scale * dot;
     if (p->softcap > 0.0f) s = (double)p->softcap * tanh(s / (double)p->softcap);
     if (p->bias)
@@ -44,9 +46,11 @@ attn_status attn_reference_forward(const attn_params *p, void *ws) {
         const int64_t lk_b = attn_key_len(p, b);
         for (int64_t h = 0; h < p->Hq; h++) {
             const int64_t g = h / p->group;
-            const float *q_bh = p->q + b * p->q_s[0] + h * p->q_s[1];
-            const float *k_bg = p->k + b * p->k_s[0] + g * p->k_s[1];
-            const float *v_bg = p->v + b * p->v_s[0] + g * p->v_s[1];
+            /* offsets, in elements, of the (b, h) and (b, g) slices; every input is read
+             * through attn_load, whatever its dtype, and upcast to float64 */
+            const int64_t q_bh = b * p->q_s[0] + h * p->q_s[1];
+            const int64_t k_bg = b * p->k_s[0] + g * p->k_s[1];
+            const int64_t v_bg = b * p->v_s[0] + g * p->v_s[1];
 
 #pragma omp parallel for schedule(static) num_threads(p->threads)
             for (int64_t i = 0; i < p->Lq; i++) {
@@ -77,14 +81,20 @@ attn_status attn_reference_forward(const attn_params *p, void *ws) {
                     for (int64_t j = 0; j < p->Lk; j++) s_i[j] = 0.0;
                 }
 
-                float *o_bhi = p->o + b * p->o_s[0] + h * p->o_s[1] + i * p->o_s[2];
+                const int64_t o_bhi = b * p->o_s[0] + h * p->o_s[1] + i * p->o_s[2];
                 for (int64_t d = 0; d < p->Dv; d++) {
                     double acc = 0.0;
                     /* a weight of exactly 0 contributes nothing: a masked key's V is
                      * never multiplied, so NaN stored there cannot leak */
                     for (int64_t j = lo; j < hi; j++)
-                        if (s_i[j] != 0.0) acc += s_i[j] * (double)v_bg[j * p->v_s[2] + d * p->v_s[3]];
-                    o_bhi[d * p->o_s[3]] = masked_row ? 0.0f : (float)(acc / l);
+                        if (s_i[j] != 0.0)
+                            acc += s_i[j] * (double)attn_load(p->kv_dt, p->v,
+                                                              v_bg + j * p->v_s[2] + d * p->v_s[3]);
+                    /* float64 -> float32 -> the output dtype: both steps round to nearest
+                     * even; the double rounding can differ from a direct one by at most
+                     * one ulp of the 16-bit type, only on exact ties */
+                    attn_store(p->o_dt, p->o, o_bhi + d * p->o_s[3],
+                               masked_row ? 0.0f : (float)(acc / l));
                 }
                 if (p->lse) {
                     double lse = masked_row ? -INFINITY : m + log(l);
