@@ -35,6 +35,7 @@ all: $(BUILD)/libattn.so $(BUILD)/libattn.a $(BUILD)/attn $(BUILD)/attn.pc
 # target the ISA files compile to nothing and the generic kernel is the only one.
 ifneq ($(findstring x86_64,$(shell $(CC) -dumpmachine)),)
 ISA_kernels_avx512 = -O3 -mavx512f -mavx512dq -mavx512bw -mavx512vl -mfma
+ISA_kernels_avx512bf16 = $(ISA_kernels_avx512) -mavx512bf16
 ISA_kernels_avx2   = -O3 -mavx2 -mfma -mf16c
 endif
 

@@ -162,6 +162,9 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
     /* ATTN_DTYPE_COUNT here: any of float32, float16, bfloat16 */
     TRY(check_tensor(q, "q", ATTN_DTYPE_COUNT, need_data));
     TRY(check_tensor(k, "k", ATTN_DTYPE_COUNT, need_data));
+    if (v && v->dtype != k->dtype)
+        return attn_fail(ATTN_ERR_DTYPE, "v: dtype is %s, expected %s like k (k and v must "
+                         "have one dtype)", dtype_name(v->dtype), dtype_name(k->dtype));
     TRY(check_tensor(v, "v", k->dtype, need_data));
     TRY(check_tensor(o, "o", ATTN_DTYPE_COUNT, need_data));
     p->q_dt = q->dtype;

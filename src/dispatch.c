@@ -25,6 +25,8 @@ static bool cpu_has_f16c(void) {
 static bool cpu_can_run(const char *name) {
 #if defined(__x86_64__) || defined(_M_X64)
     __builtin_cpu_init();
+    if (strcmp(name, "avx512bf16") == 0)
+        return cpu_can_run("avx512") && __builtin_cpu_supports("avx512bf16");
     if (strcmp(name, "avx512") == 0)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
@@ -59,7 +61,7 @@ static void choose(void) {
         }
         if (!g_chosen && !g_why[0])
             snprintf(g_why, sizeof g_why, "ATTN_ISA=%s: no such kernel (this build has "
-                     "avx512, avx2, generic on x86-64; generic elsewhere)", want);
+                     "avx512bf16, avx512, avx2, generic on x86-64; generic elsewhere)", want);
     } else {
         for (int i = 0; i < N_KERNELS && !g_chosen; i++)
             if (cpu_can_run(g_list[i]->name)) g_chosen = g_list[i];

@@ -55,7 +55,7 @@ typedef struct fused_plan {
     size_t thread_bytes;      // one thread's slice, a multiple of 64 bytes
     size_t partial_floats;    // one (item, chunk)'s saved m, l and acc
     size_t off_q, off_qt, off_k, off_v, off_s, off_acc, off_m, off_l, off_alpha;
-    size_t off_lo, off_hi, off_h, off_i;
+    size_t off_lo, off_hi, off_h, off_i, off_qp, off_pairs;
 } fused_plan;
 
 static size_t round64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
@@ -102,6 +102,10 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
     CARVE(off_hi, BQ * sizeof(int64_t));
     CARVE(off_h, BQ * sizeof(int64_t));
     CARVE(off_i, BQ * sizeof(int64_t));
+    if (p->q_dt == ATTN_BF16 && p->kv_dt == ATTN_BF16)  // the bf16 kernels' packed pairs
+        CARVE(off_qp, (size_t)((dk + 1) / 2 * BQ) * sizeof(uint32_t));
+    if (p->kv_dt == ATTN_BF16 && p->precision == ATTN_PRECISION_FAST)
+        CARVE(off_pairs, (size_t)((bk / 2 + 1) * (BQ + (dv + 15) / 16 * 16)) * sizeof(uint32_t));
 #undef CARVE
     plan->thread_bytes = at;
     return true;
@@ -137,6 +141,8 @@ typedef struct fused_scratch {
     float *m, *l, *alpha;  // (BQ)
     int64_t *lo, *hi;      // (BQ) each row's structural key range
     int64_t *h, *i;        // (BQ) each row's query head and row index
+    uint32_t *qp;          // (ceil(Dk/2), BQ) bf16 query pairs, for qk_bf16
+    uint32_t *pairs;       // the packed P and V pairs of pv_bf16
 } fused_scratch;
 
 static fused_scratch carve(const fused_plan *plan, char *slice) {
@@ -154,6 +160,8 @@ static fused_scratch carve(const fused_plan *plan, char *slice) {
         .hi = (int64_t *)(slice + plan->off_hi),
         .h = (int64_t *)(slice + plan->off_h),
         .i = (int64_t *)(slice + plan->off_i),
+        .qp = (uint32_t *)(slice + plan->off_qp),
+        .pairs = (uint32_t *)(slice + plan->off_pairs),
     };
     return w;
 }
@@ -164,6 +172,7 @@ typedef struct fused_block {
     int64_t b, g, n, npad, lk_b;
     int64_t jmin, jmax;      // union of the rows' ranges
     int64_t lo_max, hi_min;  // [lo_max, hi_min): keys every row may read
+    bool qk_bf16;            // Q·Kᵀ on the kernel's bf16 dot products
 } fused_block;
 
 /* Item t: which rows, filled into w->h / w->i. Items run over (b, g, head chunk, query
@@ -187,6 +196,10 @@ static fused_block item_rows(const attn_params *p, const fused_plan *plan,
         w->i[r] = i0 + r % nrow;
     }
     blk.lk_b = attn_key_len(p, blk.b);
+    /* bfloat16 Q and K with unit stride along Dk: products on bf16 dot products. For a
+     * few rows (decoding) the float32 dot-product kernel on converted keys is faster. */
+    blk.qk_bf16 = p->q_dt == ATTN_BF16 && p->kv_dt == ATTN_BF16 && p->kernels->qk_bf16 &&
+                  p->k_s[3] == 1 && blk.n > 4;
     blk.jmin = INT64_MAX, blk.jmax = 0, blk.lo_max = 0, blk.hi_min = INT64_MAX;
     for (int64_t r = 0; r < blk.n; r++) {
         attn_row_range(p, blk.lk_b, w->i[r], &w->lo[r], &w->hi[r]);
@@ -243,14 +256,20 @@ static const float *kv_block(const attn_kernels *kern, attn_dtype dt, const void
 }
 
 /* The logits of the tile at keys j0 .. j0+nk-1, masked: S^T in w->s. */
-static const float *tile_logits(const attn_params *p, const attn_kernels *kern,
-                                const fused_scratch *w, const fused_block *blk, int64_t j0,
-                                int64_t nk, bool boundary, int64_t *ldk) {
+static void tile_logits(const attn_params *p, const attn_kernels *kern, const fused_scratch *w,
+                        const fused_block *blk, int64_t j0, int64_t nk, bool boundary) {
     const int64_t dk = p->Dk;
-    const float *k = kv_block(kern, p->kv_dt, p->k, p->k_s, dk, blk->b, blk->g, j0, nk, w->k, ldk);
-    kern->qk(blk->n, blk->npad, nk, dk, w->q, w->qt, BQ, k, *ldk, p->scale, w->s, BQ);
+    if (blk->qk_bf16) {
+        const uint16_t *k = (const uint16_t *)p->k + blk->b * p->k_s[0] + blk->g * p->k_s[1] +
+                            j0 * p->k_s[2];
+        kern->qk_bf16(blk->npad, nk, dk, w->qp, BQ, k, p->k_s[2], p->scale, w->s, BQ);
+    } else {
+        int64_t ldk;
+        const float *k = kv_block(kern, p->kv_dt, p->k, p->k_s, dk, blk->b, blk->g, j0, nk,
+                                  w->k, &ldk);
+        kern->qk(blk->n, blk->npad, nk, dk, w->q, w->qt, BQ, k, ldk, p->scale, w->s, BQ);
+    }
     if (boundary || attn_has_elementwise(p)) finish_tile(p, w, blk, nk, BQ, j0, boundary);
-    return k;
 }
 
 /* The online softmax over keys [ja, jb) of a block, into w->m, w->l, w->acc. */
@@ -268,6 +287,13 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
     }
     for (int64_t d = 0; d < dk; d++)
         for (int64_t r = n; r < npad; r++) w->qt[d * BQ + r] = 0.0f;
+    if (blk->qk_bf16)  // pairs (2t, 2t+1) of each row, exact: the values are bfloat16
+        for (int64_t t = 0; t < (dk + 1) / 2; t++)
+            for (int64_t r = 0; r < npad; r++) {
+                const uint32_t lo = r < n ? attn_f32_to_bf16(w->qt[2 * t * BQ + r]) : 0;
+                const uint32_t hi = r < n && 2 * t + 1 < dk ? attn_f32_to_bf16(w->qt[(2 * t + 1) * BQ + r]) : 0;
+                w->qp[t * BQ + r] = lo | hi << 16;
+            }
     for (int64_t r = 0; r < npad; r++) {
         w->m[r] = -INFINITY;
         w->l[r] = 0.0f;
@@ -276,14 +302,27 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
 
     /* a bool mask or a bias can mask any key: their tiles skip zero weights */
     const bool may_mask = p->mask || p->bias;
+    /* FAST precision on a bfloat16 V: P is rounded to bfloat16 for P·V */
+    const bool fast = p->precision == ATTN_PRECISION_FAST && p->kv_dt == ATTN_BF16;
     for (int64_t j0 = ja; j0 < jb; j0 += plan->bk) {
         const int64_t nk = jb - j0 < plan->bk ? jb - j0 : plan->bk;
         const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
-        int64_t ldk, ldv;
-        tile_logits(p, kern, w, blk, j0, nk, boundary, &ldk);
-        const float *v = kv_block(kern, p->kv_dt, p->v, p->v_s, dv, blk->b, blk->g, j0, nk, w->v, &ldv);
+        const bool clean = !boundary && !may_mask;
+        tile_logits(p, kern, w, blk, j0, nk, boundary);
         kern->softmax(npad, nk, w->s, BQ, w->m, w->l, w->alpha);
-        kern->pv(n, npad, nk, dv, w->s, BQ, v, ldv, w->alpha, w->acc, dv, boundary || may_mask);
+        if (fast && clean && kern->pv_bf16 && p->v_s[3] == 1) {
+            const uint16_t *v = (const uint16_t *)p->v + blk->b * p->v_s[0] +
+                                blk->g * p->v_s[1] + j0 * p->v_s[2];
+            kern->pv_bf16(n, npad, nk, dv, w->s, BQ, v, p->v_s[2], w->alpha, w->acc, dv, w->pairs);
+            continue;
+        }
+        if (fast)  // the same rounding where the bf16 kernel does not apply
+            for (int64_t c = 0; c < nk; c++)
+                for (int64_t r = 0; r < n; r++)
+                    w->s[c * BQ + r] = attn_bf16_to_f32(attn_f32_to_bf16(w->s[c * BQ + r]));
+        int64_t ldv;
+        const float *v = kv_block(kern, p->kv_dt, p->v, p->v_s, dv, blk->b, blk->g, j0, nk, w->v, &ldv);
+        kern->pv(n, npad, nk, dv, w->s, BQ, v, ldv, w->alpha, w->acc, dv, !clean);
     }
 }
 
@@ -318,8 +357,7 @@ static void block_weights(const attn_params *p, const attn_kernels *kern,
     for (int64_t j0 = blk->jmin; j0 < blk->jmax; j0 += plan->bk) {
         const int64_t nk = blk->jmax - j0 < plan->bk ? blk->jmax - j0 : plan->bk;
         const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
-        int64_t ldk;
-        tile_logits(p, kern, w, blk, j0, nk, boundary, &ldk);
+        tile_logits(p, kern, w, blk, j0, nk, boundary);
         for (int64_t r = 0; r < blk->n; r++) {
             if (w->m[r] == -INFINITY) continue;
             float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2];

@@ -66,6 +66,23 @@ struct attn_kernels {
     /* dst = src as float32, n elements of a contiguous ATTN_F16 or ATTN_BF16 row. */
     void (*to_f32)(attn_dtype dt, int64_t n, const uint16_t *src, float *dst);
 
+    /* Optional bfloat16 entries, NULL where the CPU has no bf16 dot products.
+     * qk_bf16: S^T = scale * K Q^T for bfloat16 Q and K, products on vdpbf16ps (exact
+     * in float32), float32 accumulation.
+     *   qp (ceil(dk/2), npad) uint32, row stride ldq: query pairs, element 2t in the low
+     *      half and 2t+1 (0 past dk) in the high half, padding rows 0 (attn_pack_bf16_pairs)
+     *   k  (nk, dk) bfloat16, row stride ldk: the key block, natural layout; never read
+     *      past column dk - 1
+     * pv_bf16: the FAST precision's P V: acc = acc * alpha + bf16(P) V for a clean tile
+     * (no masked key: no p is 0 by masking), on vdpbf16ps over pairs of keys.
+     *   v (nk, dv) bfloat16, row stride ldv; pairs (bk / 2 + 1) * (npad + dv) uint32 of
+     *   scratch for the packed pairs of P and V. */
+    void (*qk_bf16)(int64_t npad, int64_t nk, int64_t dk, const uint32_t *qp, int64_t ldq,
+                    const uint16_t *k, int64_t ldk, float scale, float *s, int64_t lds);
+    void (*pv_bf16)(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p,
+                    int64_t lds, const uint16_t *v, int64_t ldv, const float *alpha,
+                    float *acc, int64_t ldo, uint32_t *pairs);
+
     /* y = exp(x) elementwise with the kernel's own exp (the one softmax uses), for x <= 0
      * (and NaN, -inf). For the tests of its error bound. */
     void (*exp)(int64_t n, const float *x, float *y);
@@ -75,10 +92,22 @@ typedef struct attn_kernels attn_kernels;
 /* The kernel list: one X(name, isa-flag) per kernel, best first. The dispatch table, the
  * tests (ATTN_ISA) and the benchmarks all read it. */
 #if defined(__x86_64__) || defined(_M_X64)
-#define ATTN_KERNEL_LIST(X) X(avx512) X(avx2) X(generic)
+#define ATTN_KERNEL_LIST(X) X(avx512bf16) X(avx512) X(avx2) X(generic)
 #else
 #define ATTN_KERNEL_LIST(X) X(generic)
 #endif
+
+/* the AVX-512 float32 kernels, shared by the avx512bf16 table */
+ATTN_PRIVATE void attn_qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
+                                 const float *qt, int64_t ldq, const float *k, int64_t ldk,
+                                 float scale, float *s, int64_t lds);
+ATTN_PRIVATE void attn_softmax_avx512(int64_t npad, int64_t nk, float *s, int64_t lds, float *m,
+                                      float *l, float *alpha);
+ATTN_PRIVATE void attn_pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p,
+                                 int64_t lds, const float *v, int64_t ldv, const float *alpha,
+                                 float *acc, int64_t ldo, bool skip_zeros);
+ATTN_PRIVATE void attn_exp_array_avx512(int64_t n, const float *x, float *y);
+ATTN_PRIVATE void attn_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst);
 
 #define ATTN_X_DECLARE(name) ATTN_PRIVATE extern const attn_kernels attn_kernels_##name;
 ATTN_KERNEL_LIST(ATTN_X_DECLARE)

@@ -112,7 +112,7 @@ QK_DOT(2)
 QK_DOT(3)
 QK_DOT(4)
 
-static void qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
+void attn_qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
                       const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale,
                       float *s, int64_t lds) {
     if (n <= 4) {
@@ -137,7 +137,7 @@ static void qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const flo
     }
 }
 
-static void softmax_avx512(int64_t npad, int64_t nk, float *s, int64_t lds, float *m, float *l,
+void attn_softmax_avx512(int64_t npad, int64_t nk, float *s, int64_t lds, float *m, float *l,
                            float *alpha) {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
     for (int64_t r = 0; r < npad; r += 16) {
@@ -224,7 +224,7 @@ PV_COLS(2)
 PV_COLS(3)
 PV_COLS(4)
 
-static void pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p,
+void attn_pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p,
                       int64_t lds, const float *v, int64_t ldv, const float *alpha,
                       float *acc, int64_t ldo, bool skip_zeros) {
     (void)npad;
@@ -242,7 +242,7 @@ static void pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, const flo
     }
 }
 
-static void exp_array_avx512(int64_t n, const float *x, float *y) {
+void attn_exp_array_avx512(int64_t n, const float *x, float *y) {
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 mk = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
         _mm512_mask_storeu_ps(y + i, mk, exp_avx512(_mm512_maskz_loadu_ps(mk, x + i)));
@@ -250,7 +250,7 @@ static void exp_array_avx512(int64_t n, const float *x, float *y) {
 }
 
 /* 16-bit rows to float32: F16C's vcvtph2ps (exact), bfloat16 by a 16-bit shift. */
-static void to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst) {
+void attn_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst) {
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 mk = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
         const __m256i h = _mm256_maskz_loadu_epi16(mk, src + i);
@@ -263,10 +263,10 @@ static void to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *
 
 const attn_kernels attn_kernels_avx512 = {
     .name = "avx512",
-    .qk = qk_avx512,
-    .softmax = softmax_avx512,
-    .pv = pv_avx512,
-    .to_f32 = to_f32_avx512,
-    .exp = exp_array_avx512,
+    .qk = attn_qk_avx512,
+    .softmax = attn_softmax_avx512,
+    .pv = attn_pv_avx512,
+    .to_f32 = attn_to_f32_avx512,
+    .exp = attn_exp_array_avx512,
 };
 #endif

@@ -34,7 +34,7 @@ int main(int argc, char **argv) {
     }
     if (strcmp(cmd, "--version") == 0) {
         printf("attn %s (kernel %s; this CPU runs:", attn_version(), attn_kernel_name());
-        for (const char *const *k = (const char *const[]){"avx512", "avx2", "generic", NULL}; *k; k++)
+        for (const char *const *k = (const char *const[]){"avx512bf16", "avx512", "avx2", "generic", NULL}; *k; k++)
             if (attn_kernel_supported(*k)) printf(" %s", *k);
         printf(")\n");
         return 0;
