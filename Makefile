@@ -51,15 +51,16 @@ $(BUILD)/libattn.a: $(LIB_OBJ)
 
 $(BUILD)/obj/tools/%.o: tools/%.c include/attn.h $(wildcard tools/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) -Itools -c $< -o $@
+	$(CC) $(CFLAGS_BASE) -Itools -Isrc -c $< -o $@
 
 $(BUILD)/attn: $(TOOL_OBJ) $(BUILD)/libattn.a
 	$(CC) -fopenmp $(SAN) -o $@ $(TOOL_OBJ) $(BUILD)/libattn.a $(LDLIBS)
 
-# Test programs may use the npy reader of the tools.
-$(BUILD)/tests/%: tests/%.c tests/check.h $(BUILD)/libattn.a $(BUILD)/obj/tools/npy.o
+# Test programs may use the npy reader and the naive attention of the tools.
+TEST_TOOL_OBJ = $(BUILD)/obj/tools/npy.o $(BUILD)/obj/tools/naive.o
+$(BUILD)/tests/%: tests/%.c tests/check.h $(BUILD)/libattn.a $(TEST_TOOL_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) -Isrc -Itools -o $@ $< $(BUILD)/obj/tools/npy.o $(BUILD)/libattn.a $(LDLIBS)
+	$(CC) $(CFLAGS_BASE) -Isrc -Itools -o $@ $< $(TEST_TOOL_OBJ) $(BUILD)/libattn.a $(LDLIBS)
 
 tests: $(TEST_BIN) $(BUILD)/attn
 

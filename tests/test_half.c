@@ -9,8 +9,8 @@
  *    each 16-bit combination (float16 / bfloat16 K and V under float16, bfloat16 or
  *    float32 queries, 16-bit or float32 outputs, both precision levels, both paths) has
  *    a max error against the float64 oracle at most twice that of a naive
- *    implementation computing in the same 16-bit type (tests/oracle.h's float64 math,
- *    with every intermediate rounded to the type, as PyTorch's math path does).
+ *    implementation computing in the same 16-bit type (tools/naive.c: every
+ *    intermediate rounded to the type, as PyTorch's math path does).
  * 3. The contract's edge cases in 16 bits: fully masked rows exactly 0, NaN stays NaN,
  *    float16 output overflow becomes inf.
  * Not here: float32 accuracy (test_forward), speed (attn bench).
@@ -25,6 +25,7 @@
 #include "check.h"
 #include "half.h"
 #include "kernels.h"
+#include "naive.h"
 
 static uint64_t g_rng = 99;
 static double uniform(void) {  // splitmix64 -> [0, 1)
@@ -39,11 +40,7 @@ static const char *dt_name(attn_dtype t) {
 }
 
 /* round x (a float) to the type dt and back: the value a 16-bit tensor would hold */
-static float round_to(attn_dtype dt, float x) {
-    if (dt == ATTN_F16) return attn_f16_to_f32(attn_f32_to_f16(x));
-    if (dt == ATTN_BF16) return attn_bf16_to_f32(attn_f32_to_bf16(x));
-    return x;
-}
+#define round_to naive_round
 
 /* ---- 1. conversions ------------------------------------------------------------------ */
 
@@ -164,62 +161,33 @@ typedef struct acase {
     float scale_mul;      // logits' spread
 } acase;
 
-/* The float64 oracle and the naive 16-bit implementation over dense [B, H, L, D] inputs
- * that already hold 16-bit values (as floats). naive: T = the type; scores rounded to T,
- * softmax in float rounded to T, P V accumulated in float and rounded to T. */
-static void oracle_and_naive(const acase *c, const float *q, const float *k, const float *v,
-                             const uint8_t *mask, float scale, attn_dtype t, double *ref,
-                             float *naive) {
+/* The float64 oracle over dense [B, H, L, D] inputs; keep [Lq, Lk] = which keys a row
+ * attends (the masks of the case, spelled out). */
+static void oracle(const acase *c, const float *q, const float *k, const float *v,
+                   const uint8_t *keep, float scale, double *ref) {
     const int64_t g = c->Hq / c->Hkv;
     double *s = malloc((size_t)c->Lk * sizeof(double));
-    float *sn = malloc((size_t)c->Lk * sizeof(float));
     for (int64_t b = 0; b < c->B; b++)
         for (int64_t h = 0; h < c->Hq; h++)
             for (int64_t i = 0; i < c->Lq; i++) {
                 const float *q_i = q + ((b * c->Hq + h) * c->Lq + i) * c->Dk;
-                const int64_t d_i = c->bottom_right ? i + c->Lk - c->Lq : i;
-                double m = -INFINITY;
-                float mn = -INFINITY;
+                double m = -INFINITY, l = 0;
                 for (int64_t j = 0; j < c->Lk; j++) {
                     const float *k_j = k + ((b * c->Hkv + h / g) * c->Lk + j) * c->Dk;
-                    bool keep = !(c->causal && j > d_i) &&
-                                !(c->window_left >= 0 && j < d_i - c->window_left) &&
-                                !(c->bool_mask && !mask[i * c->Lk + j]);
                     double dot = 0;
-                    float dotf = 0;
-                    for (int64_t d = 0; d < c->Dk; d++) {
-                        dot += (double)q_i[d] * k_j[d];
-                        dotf += q_i[d] * k_j[d];
-                    }
-                    s[j] = keep ? scale * dot : -INFINITY;
-                    sn[j] = keep ? round_to(t, round_to(t, dotf) * round_to(t, scale)) : -INFINITY;
+                    for (int64_t d = 0; d < c->Dk; d++) dot += (double)q_i[d] * k_j[d];
+                    s[j] = keep[i * c->Lk + j] ? scale * dot : -INFINITY;
                     m = fmax(m, s[j]);
-                    mn = fmaxf(mn, sn[j]);
                 }
-                double l = 0;
-                float ln = 0;
-                for (int64_t j = 0; j < c->Lk; j++) {
-                    s[j] = m == -INFINITY ? 0 : exp(s[j] - m);
-                    l += s[j];
-                    sn[j] = mn == -INFINITY ? 0 : expf(sn[j] - mn);
-                    ln += sn[j];
-                }
-                for (int64_t j = 0; j < c->Lk; j++) sn[j] = ln > 0 ? round_to(t, sn[j] / ln) : 0;
+                for (int64_t j = 0; j < c->Lk; j++) l += s[j] = m == -INFINITY ? 0 : exp(s[j] - m);
                 for (int64_t d = 0; d < c->Dv; d++) {
                     double acc = 0;
-                    float accn = 0;
-                    for (int64_t j = 0; j < c->Lk; j++) {
-                        const float v_jd = v[((b * c->Hkv + h / g) * c->Lk + j) * c->Dv + d];
-                        if (s[j] != 0) acc += s[j] * v_jd;
-                        if (sn[j] != 0) accn += sn[j] * v_jd;
-                    }
-                    const int64_t o = ((b * c->Hq + h) * c->Lq + i) * c->Dv + d;
-                    ref[o] = m == -INFINITY ? 0 : acc / l;
-                    naive[o] = round_to(t, accn);
+                    for (int64_t j = 0; j < c->Lk; j++)
+                        if (s[j] != 0) acc += s[j] * v[((b * c->Hkv + h / g) * c->Lk + j) * c->Dv + d];
+                    ref[((b * c->Hq + h) * c->Lq + i) * c->Dv + d] = m == -INFINITY ? 0 : acc / l;
                 }
             }
     free(s);
-    free(sn);
 }
 
 static void fill_tensor(attn_dtype dt, void *dst, const float *src, int64_t n) {
@@ -244,9 +212,16 @@ static void test_accuracy_case(const acase *c) {
     float *q32 = malloc(nq * sizeof(float)), *k32 = malloc(nk * sizeof(float));
     float *v32 = malloc(nv * sizeof(float)), *naive = malloc(no * sizeof(float));
     double *ref = malloc(no * sizeof(double));
-    uint8_t *mask = malloc((size_t)(c->Lq * c->Lk));
+    uint8_t *mask = malloc((size_t)(c->Lq * c->Lk)), *keep = malloc((size_t)(c->Lq * c->Lk));
     void *qx = malloc(nq * 4), *kx = malloc(nk * 4), *vx = malloc(nv * 4), *ox = malloc(no * 4);
-    for (int64_t i = 0; i < c->Lq * c->Lk; i++) mask[i] = uniform() < 0.8;
+    for (int64_t i = 0; i < c->Lq; i++)
+        for (int64_t j = 0; j < c->Lk; j++) {
+            const int64_t d_i = c->bottom_right ? i + c->Lk - c->Lq : i;
+            mask[i * c->Lk + j] = uniform() < 0.8;
+            keep[i * c->Lk + j] = !(c->causal && j > d_i) &&
+                                  !(c->window_left >= 0 && j < d_i - c->window_left) &&
+                                  !(c->bool_mask && !mask[i * c->Lk + j]);
+        }
     const float scale = c->scale_mul / sqrtf((float)c->Dk);
 
     static const attn_dtype kvs[] = {ATTN_F16, ATTN_BF16};
@@ -257,7 +232,9 @@ static void test_accuracy_case(const acase *c) {
         for (int64_t i = 0; i < nq; i++) q32[i] = round_to(kv, (float)(uniform() * 2 - 1));
         for (int64_t i = 0; i < nk; i++) k32[i] = round_to(kv, (float)(uniform() * 2 - 1));
         for (int64_t i = 0; i < nv; i++) v32[i] = round_to(kv, (float)(uniform() * 2 - 1));
-        oracle_and_naive(c, q32, k32, v32, mask, scale, kv, ref, naive);
+        oracle(c, q32, k32, v32, keep, scale, ref);
+        naive_attention(kv, c->B, c->Hq, c->Hkv, c->Lq, c->Lk, c->Dk, c->Dv, q32, k32, v32, keep,
+                        scale, naive);
         double max_ref;
         double naive_err = 0;
         for (int64_t i = 0; i < no; i++)
@@ -305,7 +282,7 @@ static void test_accuracy_case(const acase *c) {
                               (long long)c->window_left, err, naive_err, (int)st);
                     }
     }
-    free(q32), free(k32), free(v32), free(naive), free(ref), free(mask);
+    free(q32), free(k32), free(v32), free(naive), free(ref), free(mask), free(keep);
     free(qx), free(kx), free(vx), free(ox);
 }
 

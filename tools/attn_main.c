@@ -16,6 +16,7 @@ static const char USAGE[] =
     "\n"
     "  run       attention over .npy files (attn run --help for its options)\n"
     "  demo      a short demonstration of the library\n"
+    "  dtypes    float32, float16 and bfloat16 side by side (seed 003, exercise 2)\n"
     "  help      this text\n"
     "\n"
     "  --version prints the library version\n";
@@ -28,6 +29,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (strcmp(cmd, "run") == 0) return cli_run(argc - 1, argv + 1);
     if (strcmp(cmd, "demo") == 0) return cli_demo(argc - 1, argv + 1);
+    if (strcmp(cmd, "dtypes") == 0) return cli_dtypes(argc - 1, argv + 1);
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         fputs(USAGE, stdout);
         return 0;

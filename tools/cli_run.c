@@ -20,6 +20,7 @@
 
 #include "attn.h"
 #include "cli.h"
+#include "half.h"
 #include "npy.h"
 
 enum { EXIT_DATA = 1, EXIT_USAGE = 2 };
@@ -27,7 +28,7 @@ enum { EXIT_DATA = 1, EXIT_USAGE = 2 };
 static const char RUN_USAGE[] =
     "usage: attn run --q Q.npy --k K.npy --v V.npy --out O.npy [options]\n"
     "\n"
-    "  O = softmax(scale * Q K^T + bias, masked) V, for float32 .npy arrays\n"
+    "  O = softmax(scale * Q K^T + bias, masked) V, for float32 or float16 .npy arrays\n"
     "    Q [B, Hq, Lq, Dk]   K [B, Hkv, Lk, Dk]   V [B, Hkv, Lk, Dv]   O [B, Hq, Lq, Dv]\n"
     "\n"
     "  --mask M.npy            bool (true = attend) or float32 (added to the logits), shape\n"
@@ -43,6 +44,12 @@ static const char RUN_USAGE[] =
     "  --weights P.npy         also write the attention weights [B, Hq, Lq, Lk] float32\n"
     "  --threads N             threads (0 = all, the default)\n"
     "  --reference             use the float64 reference path\n"
+    "  --dtype f32|f16|bf16    convert Q, K, V to this type before the call; O is computed\n"
+    "                          in it (bf16 O is written as float32, which holds it exactly)\n"
+    "  --precision default|fast  fast: P rounded to bfloat16 for P V (bf16 V only)\n"
+    "\n"
+    "  Without --dtype each input keeps its .npy type: float32 Q over a float16 K/V cache\n"
+    "  works; O is float16 when Q, K and V all are, else float32.\n"
     "\n"
     "  Options take their value as the next argument or after '='. Exit status: 0 done,\n"
     "  1 bad data or library error, 2 usage error. Outputs are written only on success.\n";
@@ -61,7 +68,7 @@ static int say(int code, const char *fmt, ...) {
 
 typedef struct run_args {
     const char *q, *k, *v, *out, *mask, *kv_len, *alibi, *lse, *weights;
-    const char *align, *scale, *softcap, *window, *threads;
+    const char *align, *scale, *softcap, *window, *threads, *dtype, *precision;
     bool causal, reference;
 } run_args;
 
@@ -74,6 +81,7 @@ static int parse_args(int argc, char **argv, run_args *a) {
         {"--weights", &a->weights, NULL}, {"--align", &a->align, NULL},
         {"--scale", &a->scale, NULL},   {"--softcap", &a->softcap, NULL},
         {"--window", &a->window, NULL}, {"--threads", &a->threads, NULL},
+        {"--dtype", &a->dtype, NULL},   {"--precision", &a->precision, NULL},
         {"--causal", NULL, &a->causal}, {"--reference", NULL, &a->reference},
     };
     const int nopts = (int)(sizeof opts / sizeof opts[0]);
@@ -157,6 +165,14 @@ static int options_from_args(const run_args *a, attn_options *opt) {
             return say(EXIT_USAGE, "--window: expected LEFT,RIGHT integers >= -1, got '%s'", a->window);
         opt->has_window = true;
     }
+    if (a->precision) {
+        if (strcmp(a->precision, "default") == 0) opt->precision = ATTN_PRECISION_DEFAULT;
+        else if (strcmp(a->precision, "fast") == 0) opt->precision = ATTN_PRECISION_FAST;
+        else return say(EXIT_USAGE, "--precision: expected default or fast, got '%s'", a->precision);
+    }
+    if (a->dtype && strcmp(a->dtype, "f32") != 0 && strcmp(a->dtype, "f16") != 0 &&
+        strcmp(a->dtype, "bf16") != 0)
+        return say(EXIT_USAGE, "--dtype: expected f32, f16 or bf16, got '%s'", a->dtype);
     if (a->threads) {
         int64_t n;
         if (!parse_i64(a->threads, a->threads + strlen(a->threads), &n) || n < 0 || n > INT32_MAX)
@@ -195,14 +211,12 @@ static int load(const char *path, npy_array *a) {
     return 0;
 }
 
-/* Q, K or V: float32, rank 4. */
+/* Q, K or V: float32 or float16, rank 4. */
 static int check_qkv(const char *path, const npy_array *a) {
     char s[200];
-    if (a->dtype == ATTN_F16)
-        return say(EXIT_DATA, "%s: float16 inputs are not supported yet (they arrive with the "
-                   "half-precision paths); convert to float32", path);
-    if (a->dtype != ATTN_F32)
-        return say(EXIT_DATA, "%s: dtype %s, expected float32", path, dtype_name(a->dtype));
+    if (a->dtype != ATTN_F32 && a->dtype != ATTN_F16)
+        return say(EXIT_DATA, "%s: dtype %s, expected float32 or float16", path,
+                   dtype_name(a->dtype));
     if (a->ndim != 4)
         return say(EXIT_DATA, "%s: shape %s has rank %d, expected rank 4 [B, H, L, D]", path,
                    shape_str(s, sizeof s, a->ndim, a->shape), a->ndim);
@@ -237,7 +251,9 @@ typedef struct out_file {
     const char *path;
     int ndim;
     int64_t shape[4];
-    float *data;
+    int64_t count;
+    attn_dtype dtype;  // what the library writes: float32, float16 or bfloat16
+    float *data;       // room for count float32 values, whatever dtype
 } out_file;
 
 static int alloc_out(out_file *f, const char *path, int ndim, const int64_t *shape) {
@@ -250,6 +266,7 @@ static int alloc_out(out_file *f, const char *path, int ndim, const int64_t *sha
             return say(EXIT_DATA, "%s: output size overflows 64 bits", path);
         n *= shape[d];
     }
+    f->count = n;
     if ((uint64_t)n > SIZE_MAX / sizeof(float) - 1 || !(f->data = calloc((size_t)n + 1, sizeof(float))))
         return say(EXIT_DATA, "%s: out of memory (%lld floats)", path, (long long)n);
     return 0;
@@ -258,7 +275,7 @@ static int alloc_out(out_file *f, const char *path, int ndim, const int64_t *sha
 /* A dense float32 output. Strides are taken over max(size, 1), so that an empty tensor
  * (some size 0) still has no stride 0 on a longer dimension: it looks like no overlap. */
 static attn_tensor out_tensor(const out_file *f, int ndim) {
-    attn_tensor t = {f->data, ATTN_F32, {1, 1, 1, 1}, {1, 1, 1, 1}};
+    attn_tensor t = {f->data, f->dtype, {1, 1, 1, 1}, {1, 1, 1, 1}};
     int64_t stride = 1;
     for (int d = ndim - 1; d >= 0; d--) {
         t.shape[d] = f->shape[d];
@@ -272,12 +289,31 @@ static attn_tensor out_tensor(const out_file *f, int ndim) {
 static int write_outputs(out_file *outs, int n) {
     char err[256];
     for (int i = 0; i < n; i++) {
-        if (npy_write(outs[i].path, ATTN_F32, outs[i].ndim, outs[i].shape, outs[i].data, err,
+        /* NumPy has no bfloat16: a bfloat16 result is written as the float32 values it
+         * holds exactly (widened in place from the end) */
+        if (outs[i].dtype == ATTN_BF16) {
+            for (int64_t e = outs[i].count - 1; e >= 0; e--)
+                outs[i].data[e] = attn_bf16_to_f32(((const uint16_t *)outs[i].data)[e]);
+            outs[i].dtype = ATTN_F32;
+        }
+        if (npy_write(outs[i].path, outs[i].dtype, outs[i].ndim, outs[i].shape, outs[i].data, err,
                       sizeof err) == 0)
             continue;
         for (int j = 0; j < i; j++) unlink(outs[j].path);
         return say(EXIT_DATA, "%s: %s", outs[i].path, err);
     }
+    return 0;
+}
+
+/* Q, K or V converted to dtype (round to nearest even), in a new buffer. */
+static int convert_to(const char *path, npy_array *a, attn_dtype dtype) {
+    if (a->dtype == dtype) return 0;
+    void *buf = malloc((size_t)(a->count > 0 ? a->count : 1) * (dtype == ATTN_F32 ? 4 : 2));
+    if (!buf) return say(EXIT_DATA, "%s: out of memory converting to %s", path, dtype_name(dtype));
+    for (int64_t e = 0; e < a->count; e++) attn_store(dtype, buf, e, attn_load(a->dtype, a->data, e));
+    free(a->data);
+    a->data = buf;
+    a->dtype = dtype;
     return 0;
 }
 
@@ -316,9 +352,26 @@ int cli_run(int argc, char **argv) {
                  (long long)Hkv, (long long)Hq, a.q);
         goto done;
     }
-    tq = attn_tensor_4d(q.data, ATTN_F32, B, Hq, Lq, Dk);
-    tk = attn_tensor_4d(k.data, ATTN_F32, B, Hkv, Lk, Dk);
-    tv = attn_tensor_4d(v.data, ATTN_F32, B, Hkv, Lk, Dv);
+    /* dtypes: --dtype converts all three; otherwise each keeps its file's type, K and V
+     * alike, and O is float16 only when all three are */
+    attn_dtype o_dtype = q.dtype == ATTN_F16 && k.dtype == ATTN_F16 && v.dtype == ATTN_F16
+                             ? ATTN_F16 : ATTN_F32;
+    if (a.dtype) {
+        const attn_dtype want = strcmp(a.dtype, "f16") == 0    ? ATTN_F16
+                                : strcmp(a.dtype, "bf16") == 0 ? ATTN_BF16
+                                                               : ATTN_F32;
+        if ((rc = convert_to(a.q, &q, want)) || (rc = convert_to(a.k, &k, want)) ||
+            (rc = convert_to(a.v, &v, want)))
+            goto done;
+        o_dtype = want;
+    } else if (k.dtype != v.dtype) {
+        rc = say(EXIT_DATA, "%s: dtype %s, expected %s like %s (K and V share one dtype; "
+                 "or use --dtype)", a.v, dtype_name(v.dtype), dtype_name(k.dtype), a.k);
+        goto done;
+    }
+    tq = attn_tensor_4d(q.data, q.dtype, B, Hq, Lq, Dk);
+    tk = attn_tensor_4d(k.data, k.dtype, B, Hkv, Lk, Dk);
+    tv = attn_tensor_4d(v.data, v.dtype, B, Hkv, Lk, Dv);
 
     if (a.mask) {
         /* right-aligned to [B, Hq, Lq, Lk]; a size-1 dimension broadcasts through stride 0 */
@@ -379,6 +432,7 @@ int cli_run(int argc, char **argv) {
 
     /* outputs: O [B, Hq, Lq, Dv], LSE [B, Hq, Lq], P [B, Hq, Lq, Lk] */
     if ((rc = alloc_out(&outs[nouts++], a.out, 4, (int64_t[]){B, Hq, Lq, Dv}))) goto done;
+    outs[0].dtype = o_dtype;
     to = out_tensor(&outs[0], 4);
     if (a.lse) {
         if ((rc = alloc_out(&outs[nouts++], a.lse, 3, (int64_t[]){B, Hq, Lq}))) goto done;
