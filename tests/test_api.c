@@ -203,11 +203,10 @@ static void nulls(void) {
 /* ---- dtypes ------------------------------------------------------------------------- */
 
 static void dtypes(void) {
-    /* The header marks ATTN_F16 / ATTN_BF16 "reserved for the half-precision paths" and
-     * ATTN_ERR_UNSUPPORTED as "not supported by the chosen path". A float32-only library
-     * may reasonably answer either for a half tensor: DTYPE ("unsupported element type")
-     * or UNSUPPORTED (this path lacks it). Both are accepted for F16/BF16; any other
-     * wrong type (bool, int, an out-of-range enum) must be DTYPE. */
+    /* float16 and bfloat16 are legal for q, k, v and o, with k and v of one dtype: q or
+     * o alone in 16 bits is a valid call; k or v alone is a k/v mismatch (DTYPE, the
+     * message naming the one changed). Any other type (bool, int, an out-of-range enum)
+     * is DTYPE everywhere. */
     const attn_dtype half[2] = {ATTN_F16, ATTN_BF16};
     const int bad[4] = {ATTN_BOOL, ATTN_I32, ATTN_I64, 99};
     char what[96];
@@ -216,8 +215,11 @@ static void dtypes(void) {
             fx *f = fresh();
             tensor_of(f, t)->dtype = half[i];
             snprintf(what, sizeof what, "%s dtype %d (half)", k_tnames[t], (int)half[i]);
-            expect(f, &f->tq, &f->tk, &f->tv, &f->to, &f->opt, ATTN_ERR_DTYPE, ATTN_ERR_UNSUPPORTED,
-                   k_tnames[t], 0, what);
+            if (t == 0 || t == 3) {
+                EXPECT(f, ATTN_OK, NULL, what);
+            } else {
+                EXPECT(f, ATTN_ERR_DTYPE, k_tnames[t], what);
+            }
         }
         for (int i = 0; i < 4; i++) {
             fx *f = fresh();
@@ -241,6 +243,13 @@ static void dtypes(void) {
         int half_out = cases[i].dtype == ATTN_F16 || cases[i].dtype == ATTN_BF16;
         expect(f, &f->tq, &f->tk, &f->tv, &f->to, &f->opt, ATTN_ERR_DTYPE,
                half_out ? ATTN_ERR_UNSUPPORTED : -1, k_tnames[cases[i].t], 0, what);
+    }
+    /* k and v both 16-bit: legal */
+    for (int i = 0; i < 2; i++) {
+        fx *f = fresh();
+        f->tk.dtype = f->tv.dtype = half[i];
+        snprintf(what, sizeof what, "k and v dtype %d (half)", (int)half[i]);
+        EXPECT(f, ATTN_OK, NULL, what);
     }
     /* kv_len as I32 is legal */
     fx *f = fresh();
@@ -448,6 +457,9 @@ static void values(void) {
     f = fresh();
     f->opt.path = (attn_path)-1;
     EXPECT(f, ATTN_ERR_VALUE, "path", "path -1");
+    f = fresh();
+    f->opt.precision = (attn_precision)5;
+    EXPECT(f, ATTN_ERR_VALUE, "precision", "precision 5");
 }
 
 /* ---- overflow ------------------------------------------------------------------------ */

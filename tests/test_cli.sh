@@ -81,9 +81,11 @@ def attention(q, k, v, scale=None, mask=None, bias=None, causal=False, align='to
     return O, P, LSE
 
 def near(path, shape, want, tol):
-    """exit 0 if the float32 file has this shape and these values (to tol * (1 + |want|))."""
+    """exit 0 if the float32 (or, when tol >= 1e-3, float16) file has this shape and these
+    values (to tol * (1 + |want|))."""
     h, got = read(path)
-    if h['descr'] != '<f4' or list(h['shape']) != shape or len(got) != len(want):
+    kinds = ('<f4', '<f2') if tol >= 1e-3 else ('<f4',)
+    if h['descr'] not in kinds or list(h['shape']) != shape or len(got) != len(want):
         sys.exit('%s: %s %s, expected <f4 %s' % (path, h['descr'], h['shape'], shape))
     for i, (g, w) in enumerate(zip(got, want)):
         if not (g == w or abs(g - w) <= tol * (1 + abs(w))):
@@ -216,13 +218,43 @@ echo stale > out/o.npy
 if "$ATTN" run "${IN[@]}" --out out/o.npy 2>err.txt && python3 npyh.py near out/o.npy 1,1,2,2 8.0442,1.9558,1.0704,8.9296 1e-4 &&
     [ "$(ls -A out)" = o.npy ]; then ok; else bad "an existing output is replaced: $(cat err.txt)"; fi
 
+# ---- 16-bit inputs: float16 .npy files, --dtype, --precision ------------------------------
+# descr_is PATH DESCR: the .npy file's dtype
+descr_is() { python3 -c "import sys; sys.path.insert(0, '.'); import npyh; h, _ = npyh.read('$1'); sys.exit(h['descr'] != '$2')"; }
+npy k16.npy '<f2' 1,1,2,2 1,0,0,1
+npy v16.npy '<f2' 1,1,2,2 10,0,0,10
+npy q16.npy '<f2' 1,1,2,2 2,0,0,3
+WANT=8.0442,1.9558,1.0704,8.9296
+fresh
+if "$ATTN" run --q q.npy --k k16.npy --v v16.npy --out out/o.npy 2>err.txt &&
+    python3 npyh.py near out/o.npy 1,1,2,2 $WANT 1e-4 && descr_is out/o.npy '<f4'; then ok
+else bad "float32 Q over a float16 K/V cache: $(cat err.txt)"; fi
+fresh
+if "$ATTN" run --q q16.npy --k k16.npy --v v16.npy --out out/o.npy 2>err.txt &&
+    python3 npyh.py near out/o.npy 1,1,2,2 $WANT 1e-2 && descr_is out/o.npy '<f2'; then ok
+else bad "all float16: a float16 O: $(cat err.txt)"; fi
+for dt in f16 bf16 f32; do
+    for prec in default fast; do
+        fresh
+        if "$ATTN" run "${IN[@]}" --out out/o.npy --dtype $dt --precision $prec 2>err.txt &&
+            python3 npyh.py near out/o.npy 1,1,2,2 $WANT 5e-2; then ok
+        else bad "--dtype $dt --precision $prec: $(cat err.txt)"; fi
+    done
+done
+fresh
+"$ATTN" run "${IN[@]}" --out out/o.npy --dtype f16 && descr_is out/o.npy '<f2' && ok || bad "--dtype f16 writes float16"
+fresh
+"$ATTN" run "${IN[@]}" --out out/o.npy --dtype bf16 && descr_is out/o.npy '<f4' && ok || bad "--dtype bf16 writes float32"
+expect_fail "--dtype f64" 2 "--dtype: expected f32, f16 or bf16" run "${IN[@]}" --out out/o.npy --dtype f64
+expect_fail "--precision high" 2 "--precision: expected default or fast" run "${IN[@]}" --out out/o.npy --precision high
+
 # ---- refusals of data (exit 1) ----------------------------------------------------------
 npy qf.npy '<f4' 1,1,2,2 2,0,0,3 fortran=1
 expect_fail "Fortran order" 1 "qf.npy: fortran_order" run --q qf.npy --k k.npy --v v.npy --out out/o.npy
 npy k8.npy '<f8' 1,1,2,2 1,0,0,1
 expect_fail "float64 keys" 1 "k8.npy: dtype '<f8' (float64)" run --q q.npy --k k8.npy --v v.npy --out out/o.npy
 npy v16.npy '<f2' 1,1,2,2 10,0,0,10
-expect_fail "float16 values" 1 "v16.npy: float16" run --q q.npy --k k.npy --v v16.npy --out out/o.npy
+expect_fail "float16 values under float32 keys" 1 "v16.npy: dtype float16, expected float32 like k.npy" run --q q.npy --k k.npy --v v16.npy --out out/o.npy
 npy qi.npy '<i4' 1,1,2,2 2,0,0,3
 expect_fail "int32 query" 1 "qi.npy: dtype int32, expected float32" run --q qi.npy --k k.npy --v v.npy --out out/o.npy
 npy q3.npy '<f4' 1,2,2 2,0,0,3
