@@ -81,7 +81,8 @@ install: all
 	ln -sf libattn.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libattn.so.0
 	ln -sf libattn.so.0 $(DESTDIR)$(PREFIX)/lib/libattn.so
 	install -m 644 $(BUILD)/libattn.a $(DESTDIR)$(PREFIX)/lib/libattn.a
-	install -m 644 $(BUILD)/attn.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/attn.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' attn.pc.in \
+	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/attn.pc
 	install -m 755 $(BUILD)/attn $(DESTDIR)$(PREFIX)/bin/attn
 
 uninstall:

@@ -6,8 +6,8 @@ What it is not: the package metadata (pyproject.toml) or the Makefile. The flags
 Makefile's portable ones: -std=c11 -O2 -fopenmp, never -ffast-math or -march=native.
 
 A kernel file that needs its own ISA flags (src/kernels_avx2.c with -mavx2 -mfma, say) gets
-them from PER_FILE_FLAGS below, and only that file does; keep the table in step with the
-Makefile when a kernel file is added. A file whose name looks ISA-specific but is missing
+them from PER_FILE_FLAGS below, read from the Makefile's ISA_<file> variables, and only
+that file does. A file whose name looks ISA-specific but is missing
 from the table is compiled with the base flags and reported in a warning (it still builds
 if it selects its ISA with __attribute__((target(...))) itself).
 """
@@ -22,16 +22,23 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# Extra compiler flags for single library sources, relative to the repository root: the
-# Makefile's ISA_<file> variables, on x86-64 only (elsewhere those files compile to nothing
-# and the generic kernel is the only one). dispatch.c picks a kernel at run time.
-PER_FILE_FLAGS = {}
-if platform.machine().lower() in ("x86_64", "amd64"):
-    PER_FILE_FLAGS = {
-        "src/kernels_avx512.c": ["-O3", "-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl",
-                                 "-mfma"],
-        "src/kernels_avx2.c": ["-O3", "-mavx2", "-mfma"],
-    }
+# Extra compiler flags for single library sources, relative to the repository root, read
+# from the Makefile's ISA_<file> variables (one source of truth), on x86-64 only (elsewhere
+# those files compile to nothing and the generic kernel is the only one). dispatch.c picks
+# a kernel at run time.
+def makefile_isa_flags():
+    """{"src/<file>.c": [flags]} from lines `ISA_<file> = ...`, $(ISA_x) references expanded."""
+    with open(os.path.join(HERE, "Makefile"), encoding="utf-8") as f:
+        defs = dict(re.findall(r"^ISA_(\w+)\s*=\s*(.*)$", f.read(), re.MULTILINE))
+
+    def expand(text, depth=0):
+        return re.sub(r"\$\(ISA_(\w+)\)", lambda m: expand(defs.get(m.group(1), ""), depth + 1)
+                      if depth < 8 else "", text)
+
+    return {"src/%s.c" % name: expand(value).split() for name, value in defs.items()}
+
+
+PER_FILE_FLAGS = makefile_isa_flags() if platform.machine().lower() in ("x86_64", "amd64") else {}
 
 BASE_FLAGS = ["-std=c11", "-O2", "-fopenmp", "-fno-strict-aliasing", "-fvisibility=hidden",
               "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra", "-Wno-unused-parameter"]
