@@ -31,12 +31,15 @@ VERSION = $(shell sed -n 's/^\#define ATTN_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-
 .PHONY: all demo check tests install uninstall clean
 all: $(BUILD)/libattn.so $(BUILD)/libattn.a $(BUILD)/attn $(BUILD)/attn.pc
 
-# Only the kernel files get ISA flags; the rest of the library is baseline. On a non-x86
+# Only the kernel files (and the peak loops of `attn bench`, tools/bench_peak_*.c) get
+# ISA flags; the rest of the library and the command is baseline. On a non-x86
 # target the ISA files compile to nothing and the generic kernel is the only one.
 ifneq ($(findstring x86_64,$(shell $(CC) -dumpmachine)),)
 ISA_kernels_avx512 = -O3 -mavx512f -mavx512dq -mavx512bw -mavx512vl -mfma
 ISA_kernels_avx512bf16 = $(ISA_kernels_avx512) -mavx512bf16
 ISA_kernels_avx2   = -O3 -mavx2 -mfma -mf16c
+ISA_bench_peak_avx512 = -O3 -mavx512f -mfma
+ISA_bench_peak_avx2   = -O3 -mavx2 -mfma
 endif
 
 $(BUILD)/obj/%.o: src/%.c include/attn.h $(wildcard src/*.h)
@@ -51,7 +54,7 @@ $(BUILD)/libattn.a: $(LIB_OBJ)
 
 $(BUILD)/obj/tools/%.o: tools/%.c include/attn.h $(wildcard tools/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) -Itools -Isrc -c $< -o $@
+	$(CC) $(CFLAGS_BASE) $(ISA_$*) -Itools -Isrc -c $< -o $@
 
 $(BUILD)/attn: $(TOOL_OBJ) $(BUILD)/libattn.a
 	$(CC) -fopenmp $(SAN) -o $@ $(TOOL_OBJ) $(BUILD)/libattn.a $(LDLIBS)

@@ -1,6 +1,6 @@
 /*
  * attn_main.c — main() of the `attn` command: picks the subcommand and hands it the
- *               arguments from the subcommand's name on (argv[0] = "run", "demo").
+ *               arguments from the subcommand's name on (argv[0] = "run", "demo", "bench").
  *
  * What it is not: any option parsing of its own beyond --help and --version; each
  * subcommand (cli.h) parses, reports and chooses its exit status itself.
@@ -16,6 +16,7 @@ static const char USAGE[] =
     "\n"
     "  run       attention over .npy files (attn run --help for its options)\n"
     "  demo      a short demonstration of the library\n"
+    "  bench     this machine's peak, then the library's speed (attn bench --help)\n"
     "  dtypes    float32, float16 and bfloat16 side by side (seed 003, exercise 2)\n"
     "  help      this text\n"
     "\n"
@@ -29,6 +30,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (strcmp(cmd, "run") == 0) return cli_run(argc - 1, argv + 1);
     if (strcmp(cmd, "demo") == 0) return cli_demo(argc - 1, argv + 1);
+    if (strcmp(cmd, "bench") == 0) return cli_bench(argc - 1, argv + 1);
     if (strcmp(cmd, "dtypes") == 0) return cli_dtypes(argc - 1, argv + 1);
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         fputs(USAGE, stdout);

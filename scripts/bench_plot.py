@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""bench_plot.py — the plot and the Markdown table of docs/BENCHMARKS.md, from the JSON
+that `attn bench --json` (or --json-out FILE) writes.
+
+Usage (matplotlib is in the bench's venv, made by `attn bench --setup-torch`):
+  .venv-bench/bin/python scripts/bench_plot.py bench.json --png docs/bench/fwd_fp32.png
+  python3 scripts/bench_plot.py bench.json --markdown       (the table; needs no matplotlib)
+
+The plot: GFLOP/s against the sequence length L = Lq = Lk of the "fwd-*" cases, one panel
+without a mask and one causal, attn and PyTorch for each head dimension, with the
+measured FMA peak as a line. What it is not: a measurement: it draws what the JSON holds.
+"""
+import argparse
+import json
+import sys
+
+
+def fmt(v, spec, missing="–"):
+    return missing if v is None else format(v, spec)
+
+
+def ms(seconds):
+    """milliseconds with three significant digits (at least the integer part)"""
+    if seconds is None:
+        return "–"
+    v = seconds * 1e3
+    return "%.0f" % v if v >= 100 else "%.3g" % v
+
+
+def markdown(d):
+    m = d["machine"]
+    out = []
+    if m.get("measured"):
+        out.append("Measured in the same run: fp32 FMA peak %.1f GFLOP/s on 1 thread, %.1f on %d "
+                   "(%s); read bandwidth %.1f GB/s on 1 thread, %.1f on %d."
+                   % (m["peak_gflops_1"], m["peak_gflops_n"], d["threads"], m["peak_isa"],
+                      m["bw_gbs_1"], m["bw_gbs_n"], d["threads"]))
+    t = d.get("torch")
+    out.append("attn %s, kernel %s, %d threads%s." % (
+        d["attn_version"], d["kernel"], d["threads"],
+        "; PyTorch %s (%s)" % (t["version"], t["info"]) if t else ""))
+    out.append("")
+    out.append("| case | B | Hq/Hkv | Lq | Lk | D | mask | check | attn ms | GFLOP/s | % peak "
+               "| GB/s | % bw | reference ms | torch ms | torch GFLOP/s | attn / torch |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for c in d["cases"]:
+        out.append("| %s | %d | %d/%d | %d | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s "
+                   "| %s | %s |" % (
+                       c["name"], c["B"], c["Hq"], c["Hkv"], c["Lq"], c["Lk"], c["Dk"], c["mask"],
+                       c["check"], ms(c.get("median_s")), fmt(c.get("gflops"), ".1f"),
+                       fmt(c.get("pct_peak"), ".0f"), fmt(c.get("gbs"), ".1f"),
+                       fmt(c.get("pct_bw"), ".0f"), ms(c.get("ref_median_s")),
+                       ms(c.get("torch_median_s")), fmt(c.get("torch_gflops"), ".1f"),
+                       fmt(c.get("speedup_vs_torch"), ".2f")))
+    return "\n".join(out)
+
+
+def plot(d, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fwd = [c for c in d["cases"] if c["name"].startswith("fwd-") and c.get("gflops")]
+    dims = sorted({c["Dk"] for c in fwd})
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
+    colors = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
+    for ax, mask, title in zip(axes, ["none", "causal"], ["no mask", "causal (top-left)"]):
+        for ci, dim in enumerate(dims):
+            rows = sorted((c for c in fwd if c["mask"] == mask and c["Dk"] == dim),
+                          key=lambda c: c["Lq"])
+            if not rows:
+                continue
+            L = [c["Lq"] for c in rows]
+            ax.plot(L, [c["gflops"] for c in rows], "o-", color=colors[ci % 4],
+                    label="attn D=%d" % dim)
+            tr = [(c["Lq"], c["torch_gflops"]) for c in rows if c.get("torch_gflops")]
+            if tr:
+                ax.plot([x for x, _ in tr], [y for _, y in tr], "s--", color=colors[ci % 4],
+                        alpha=0.6, label="PyTorch D=%d" % dim)
+        m = d["machine"]
+        if m.get("measured"):
+            ax.axhline(m["peak_gflops_n"], color="gray", lw=1, ls=":")
+            ax.text(min(c["Lq"] for c in fwd), m["peak_gflops_n"] * 0.97,
+                    "measured fp32 FMA peak, %d threads" % d["threads"], va="top", fontsize=8,
+                    color="gray")
+        ax.set_xscale("log", base=2)
+        ls = sorted({c["Lq"] for c in fwd})
+        ax.set_xticks(ls)
+        ax.set_xticklabels([str(x) for x in ls])
+        ax.minorticks_off()
+        ax.set_xlabel("sequence length L = Lq = Lk")
+        ax.set_title("fp32 forward, B=%s, H=%s, %s" % (
+            "/".join(sorted({str(c["B"]) for c in fwd})),
+            "/".join(sorted({str(c["Hq"]) for c in fwd})), title))
+        ax.grid(True, alpha=0.3)
+        ax.set_ylim(bottom=0)
+    axes[0].set_ylabel("GFLOP/s (causal: half the FLOPs)")
+    axes[0].legend(fontsize=8, loc="lower right")
+    t = d.get("torch")
+    fig.suptitle("attn %s (%s kernel) vs %s, %d threads, %s; medians of one run" % (
+        d["attn_version"], d["kernel"], "PyTorch %s" % t["version"] if t else "(no PyTorch)",
+        d["threads"], d["machine"]["cpu"]), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("json", help="the output of attn bench --json")
+    ap.add_argument("--png", help="write the plot here")
+    ap.add_argument("--markdown", action="store_true", help="print the Markdown table")
+    a = ap.parse_args()
+    with open(a.json) as f:
+        d = json.load(f)
+    if a.markdown:
+        print(markdown(d))
+    if a.png:
+        plot(d, a.png)
+    if not a.markdown and not a.png:
+        ap.error("nothing to do: give --png and/or --markdown")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""bench_torch.py — the PyTorch side of `attn bench --vs torch`.
+
+What it is: a child process of `attn bench` that times
+torch.nn.functional.scaled_dot_product_attention on the CPU for the cases the bench sends,
+with the bench's own method: the same thread count (torch.set_num_threads), the same
+number of warm-up calls, at least the same number of timed calls (more for short calls,
+until about adaptive_seconds are timed, at most max_reps), the inputs rotated through the
+same number of copies, and the median reported.
+
+Protocol (JSON Lines on stdin and stdout, one object a line):
+  in:  {"hello": 1, "threads": N}
+  out: {"torch": "2.x", "info": "..."}            or {"error": "..."}
+  in:  {"name": ..., "B", "Hq", "Hkv", "Lq", "Lk", "Dk", "Dv", "mask": "none|causal|bool|window",
+        "window_left", "window_right", "mask_density", "threads", "warmup", "reps",
+        "max_reps", "adaptive_seconds", "rotate"}
+  out: {"name": ..., "median_s", "min_s", "max_s", "reps"}   or {"name": ..., "error": "..."}
+It also runs alone: `python scripts/bench_torch.py < cases.jsonl` (the hello line first).
+
+The masks as a PyTorch user writes them: causal is is_causal=True (top-left, as attn's
+default); a bool mask is a random [1, 1, Lq, Lk] attn_mask of the given density (True =
+attend, as attn); a sliding window has no SDPA argument, so it is the dense bool band
+mask of the same window; grouped-query attention is enable_gqa=True.
+
+What it is not: a check of PyTorch's answers (attn's answers are checked against its
+float64 reference by the bench; PyTorch's are PyTorch's), nor a benchmark of anything
+but the forward call: the inputs are made before the clock starts.
+"""
+import json
+import statistics
+import sys
+import time
+
+
+def say(obj):
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def make_inputs(torch, c):
+    g = torch.Generator().manual_seed(1)
+    def uniform(*shape):
+        return torch.rand(*shape, generator=g, dtype=torch.float32) * 4.0 - 2.0
+    q = uniform(c["B"], c["Hq"], c["Lq"], c["Dk"])
+    k = uniform(c["B"], c["Hkv"], c["Lk"], c["Dk"])
+    v = uniform(c["B"], c["Hkv"], c["Lk"], c["Dv"])
+    mask = None
+    if c["mask"] == "bool":
+        mask = torch.rand(1, 1, c["Lq"], c["Lk"], generator=g) < c["mask_density"]
+    elif c["mask"] == "window":
+        i = torch.arange(c["Lq"]).unsqueeze(1)  # top-left diagonal d_i = i
+        j = torch.arange(c["Lk"]).unsqueeze(0)
+        keep = torch.ones(c["Lq"], c["Lk"], dtype=torch.bool)
+        if c["window_left"] >= 0:
+            keep &= j >= i - c["window_left"]
+        if c["window_right"] >= 0:
+            keep &= j <= i + c["window_right"]
+        mask = keep.view(1, 1, c["Lq"], c["Lk"])
+    return q, k, v, mask
+
+
+def run_case(torch, F, c):
+    torch.set_num_threads(c["threads"])
+    q0, k0, v0, m0 = make_inputs(torch, c)
+    rot = max(1, int(c["rotate"]))
+    sets = [(q0, k0, v0, m0)] + [
+        (q0.clone(), k0.clone(), v0.clone(), None if m0 is None else m0.clone())
+        for _ in range(rot - 1)
+    ]
+    gqa = c["Hq"] != c["Hkv"]
+    causal = c["mask"] == "causal"
+
+    def call(s):
+        q, k, v, m = s
+        kw = {"attn_mask": m, "is_causal": causal}
+        if gqa:
+            kw["enable_gqa"] = True
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+
+    n_call = 1  # as attn: set 0 was used once (attn's check), timing starts on the next
+    with torch.inference_mode():
+        call(sets[0])
+        for _ in range(c["warmup"]):
+            call(sets[n_call % rot])
+            n_call += 1
+        times, want, spent = [], c["reps"], 0.0
+        while len(times) < want:
+            s = sets[n_call % rot]
+            n_call += 1
+            t0 = time.perf_counter()
+            call(s)
+            dt = time.perf_counter() - t0
+            times.append(dt)
+            spent += dt
+            if len(times) == c["reps"] and spent < c["adaptive_seconds"]:
+                more = int(-(-c["adaptive_seconds"] // (spent / len(times))))
+                want = max(c["reps"], min(c["max_reps"], more))
+    return {"name": c["name"], "median_s": statistics.median(times), "min_s": min(times),
+            "max_s": max(times), "reps": len(times)}
+
+
+def main():
+    hello = sys.stdin.readline()
+    try:
+        import torch
+        import torch.nn.functional as F
+    except Exception as e:  # the bench prints this line and stops
+        say({"error": "cannot import torch with %s: %s" % (sys.executable, e)})
+        return 1
+    threads = json.loads(hello).get("threads", 0) if hello.strip() else 0
+    if threads:
+        torch.set_num_threads(threads)
+    info = "threads %d, %s" % (torch.get_num_threads(),
+                               "mkldnn" if torch.backends.mkldnn.is_available() else "no mkldnn")
+    say({"torch": torch.__version__, "info": info})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        c = json.loads(line)
+        try:
+            say(run_case(torch, F, c))
+        except Exception as e:  # one case's failure is that row's, not the run's
+            say({"name": c.get("name", "?"), "error": "%s: %s" % (type(e).__name__, e)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

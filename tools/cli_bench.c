@@ -1,0 +1,1170 @@
+/*
+ * cli_bench.c — `attn bench`: measures this machine (fp32 FMA peak, memory read
+ *               bandwidth), then times the fused forward pass over a sweep of shapes,
+ *               each checked against the float64 reference first, optionally side by
+ *               side with PyTorch's scaled_dot_product_attention (scripts/bench_torch.py).
+ *
+ * What it is: the measuring method written down once (docs/BENCHMARKS.md quotes it):
+ *   - every case is checked against ATTN_PATH_REFERENCE with the contract's tolerance
+ *     (relative Frobenius <= 1e-6 and max abs <= 1e-5 * (1 + max|ref|)) before it is
+ *     timed; large cases check a subset (the first key/value head's query heads, then the
+ *     last rows, whose keys span the whole sequence: see pick_check);
+ *   - inputs are rotated through copies totalling at least rot_bytes (8x a 32 MiB L3), so
+ *     that a timed call does not find its inputs in the cache left by the previous one;
+ *   - warm-up calls, then at least --reps timed calls (more for short calls, until about
+ *     one second has been timed, at most 50); the median is reported, min and max too;
+ *   - FLOPs = 2 * (Dk + Dv) * B * Hq * pairs, pairs = Lq * Lk without a mask or with a
+ *     bool mask (nothing can skip its keys), Lq * Lk / 2 for causal (the issue's formula),
+ *     and the exact count inside the band for a sliding window; decoding shapes also
+ *     report GB/s = bytes of K and V read once / time.
+ * What it is not: a test (no limit on any time; tests/test_bench.sh checks only that it
+ * runs, checks and prints), nor a tuner: it changes nothing in the library. The ISA
+ * loops that measure the machine are in bench_peak*.c; the PyTorch side is a separate
+ * Python process spoken to through pipes, one JSON line per case each way.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <limits.h>
+#include <math.h>
+#include <omp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "attn.h"
+#include "bench_peak.h"
+#include "cli.h"
+
+enum { EXIT_FAIL = 1, EXIT_USAGE = 2 };
+
+/* Multiply-adds the reference may spend on one case's check by default: about a second
+ * of its float64 scalar loops on this machine (--check-budget changes it). */
+#define CHECK_BUDGET (256.0 * 1024 * 1024)
+
+static const char BENCH_USAGE[] =
+    "usage: attn bench [options]\n"
+    "\n"
+    "  Measures this machine's fp32 FMA peak and read bandwidth, then times the fused\n"
+    "  forward pass over a sweep of shapes; each case is checked against the float64\n"
+    "  reference before it is timed. Prints a table (or JSON); progress goes to stderr.\n"
+    "\n"
+    "  --quick               a tiny sweep and short machine measurements (for tests)\n"
+    "  --shapes PATTERNS     only the cases whose name matches one of the comma-separated\n"
+    "                        shell patterns, e.g. 'fwd-L2048-*,decode-*' (see --list)\n"
+    "  --list                print the names of the cases of the sweep and exit\n"
+    "  --threads N           threads for both sides (default: all, OpenMP's default)\n"
+    "  --reps N              at least N timed calls per case (default 5, --quick 3)\n"
+    "  --warmup N            untimed calls before them (default 2, --quick 1)\n"
+    "  --isa NAME            run the library's avx512, avx2 or generic kernels (ATTN_ISA)\n"
+    "  --ref-max-l N         also time the float64 reference path where Lq, Lk <= N\n"
+    "                        (default 1024; 0 = never)\n"
+    "  --no-machine          skip measuring the peak and the bandwidth\n"
+    "  --json                print one JSON object on stdout instead of the table\n"
+    "  --json-out FILE       print the table and also write the JSON object to FILE\n"
+    "  --vs torch            also time PyTorch's scaled_dot_product_attention on the CPU,\n"
+    "                        same shapes, same method, same thread count, in this run\n"
+    "  --setup-torch         create .venv-bench/ in the source tree and pip install torch,\n"
+    "                        numpy and matplotlib into it (several GB from PyPI), then exit\n"
+    "  --python PATH         the Python that has torch (default .venv-bench/bin/python)\n"
+    "  --torch-script PATH   the PyTorch side (default scripts/bench_torch.py)\n"
+    "  --plant-error         spoil one output element before the check (tests use it to see\n"
+    "                        the check fail)\n"
+    "  --check-budget N      multiply-adds the reference may spend checking one case before\n"
+    "                        a subset is checked (default 268435456)\n"
+    "  --quiet               no progress on stderr\n"
+    "\n"
+    "  Exit status: 0 every case passed its check, 1 a check or a call failed, 2 usage.\n";
+
+static int say(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("attn: bench: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return code;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *t, int n) {
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+/* ---- options ------------------------------------------------------------------------ */
+
+typedef struct bench_args {
+    bool quick, list, json, no_machine, setup_torch, plant_error, quiet;
+    const char *shapes, *isa, *vs, *python, *torch_script, *json_out;
+    int threads, reps, warmup;
+    int64_t ref_max_l;
+    double check_budget;
+} bench_args;
+
+static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *v) {
+    if (!*s) return false;
+    char *end;
+    errno = 0;
+    long long x = strtoll(s, &end, 10);
+    if (*end || errno == ERANGE || x < lo || x > hi) return false;
+    *v = x;
+    return true;
+}
+
+static int parse_args(int argc, char **argv, bench_args *a) {
+    const char *threads = NULL, *reps = NULL, *warmup = NULL, *ref_max_l = NULL, *budget = NULL;
+    struct { const char *name; const char **value; bool *flag; } opts[] = {
+        {"--quick", NULL, &a->quick},           {"--list", NULL, &a->list},
+        {"--json", NULL, &a->json},             {"--no-machine", NULL, &a->no_machine},
+        {"--setup-torch", NULL, &a->setup_torch}, {"--plant-error", NULL, &a->plant_error},
+        {"--quiet", NULL, &a->quiet},           {"--shapes", &a->shapes, NULL},
+        {"--isa", &a->isa, NULL},               {"--vs", &a->vs, NULL},
+        {"--python", &a->python, NULL},         {"--torch-script", &a->torch_script, NULL},
+        {"--json-out", &a->json_out, NULL},     {"--threads", &threads, NULL},
+        {"--reps", &reps, NULL},                {"--warmup", &warmup, NULL},
+        {"--ref-max-l", &ref_max_l, NULL},      {"--check-budget", &budget, NULL},
+    };
+    const int nopts = (int)(sizeof opts / sizeof opts[0]);
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            fputs(BENCH_USAGE, stdout);
+            return -1;
+        }
+        if (strncmp(arg, "--", 2) != 0)
+            return say(EXIT_USAGE, "unexpected argument '%s' (see 'attn bench --help')", arg);
+        const char *eq = strchr(arg, '=');
+        size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+        int o = 0;
+        while (o < nopts && !(strlen(opts[o].name) == len && strncmp(opts[o].name, arg, len) == 0))
+            o++;
+        if (o == nopts)
+            return say(EXIT_USAGE, "unknown option '%.*s' (see 'attn bench --help')", (int)len, arg);
+        const char *name = opts[o].name;
+        if (opts[o].flag) {
+            if (eq) return say(EXIT_USAGE, "%s: takes no value", name);
+            *opts[o].flag = true;
+            continue;
+        }
+        const char *value = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!value || (!eq && strncmp(value, "--", 2) == 0))
+            return say(EXIT_USAGE, "%s: missing value", name);
+        if (*opts[o].value) return say(EXIT_USAGE, "%s: given twice", name);
+        *opts[o].value = value;
+    }
+    int64_t v;
+    a->threads = 0;
+    if (threads) {
+        if (!parse_int(threads, 1, 512, &v))
+            return say(EXIT_USAGE, "--threads: expected an integer from 1 to 512, got '%s'", threads);
+        a->threads = (int)v;
+    }
+    a->reps = a->quick ? 3 : 5;
+    if (reps) {
+        if (!parse_int(reps, 1, 1000, &v))
+            return say(EXIT_USAGE, "--reps: expected an integer from 1 to 1000, got '%s'", reps);
+        a->reps = (int)v;
+    }
+    a->warmup = a->quick ? 1 : 2;
+    if (warmup) {
+        if (!parse_int(warmup, 0, 1000, &v))
+            return say(EXIT_USAGE, "--warmup: expected an integer from 0 to 1000, got '%s'", warmup);
+        a->warmup = (int)v;
+    }
+    a->ref_max_l = 1024;
+    if (ref_max_l) {
+        if (!parse_int(ref_max_l, 0, INT64_MAX, &v))
+            return say(EXIT_USAGE, "--ref-max-l: expected an integer >= 0, got '%s'", ref_max_l);
+        a->ref_max_l = v;
+    }
+    a->check_budget = CHECK_BUDGET;
+    if (budget) {
+        if (!parse_int(budget, 1, INT64_MAX, &v))
+            return say(EXIT_USAGE, "--check-budget: expected an integer >= 1, got '%s'", budget);
+        a->check_budget = (double)v;
+    }
+    if (a->isa && strcmp(a->isa, "avx512") != 0 && strcmp(a->isa, "avx2") != 0 &&
+        strcmp(a->isa, "generic") != 0)
+        return say(EXIT_USAGE, "--isa: expected avx512, avx2 or generic, got '%s'", a->isa);
+    if (a->vs && strcmp(a->vs, "torch") != 0)
+        return say(EXIT_USAGE, "--vs: only 'torch' is implemented, got '%s'", a->vs);
+    if (a->json && a->json_out)
+        return say(EXIT_USAGE, "--json and --json-out: choose one");
+    return 0;
+}
+
+/* ---- the cases ---------------------------------------------------------------------- */
+
+typedef enum { MASK_NONE, MASK_CAUSAL, MASK_BOOL, MASK_WINDOW } mask_kind;
+static const char *const MASK_NAME[] = {"none", "causal", "bool", "window"};
+
+/* The bool mask's share of attended pairs: a random [1, 1, Lq, Lk] pattern. */
+#define BOOL_MASK_DENSITY 0.9
+
+typedef struct bench_case {
+    char name[64];
+    int64_t B, Hq, Hkv, Lq, Lk, Dk, Dv;
+    mask_kind mask;
+    int64_t win_left, win_right;  /* MASK_WINDOW: top-left diagonal, -1 = unbounded */
+    bool decode;                  /* report GB/s of K and V                          */
+
+    /* results */
+    double flop, kv_bytes;
+    int rotate;                   /* input sets the timed calls cycle through */
+    char checked[96];             /* which part was checked against the reference */
+    double rel_fro, max_abs, tol_abs;
+    bool ran, pass;
+    char error[200];              /* a failed call: its status and detail */
+    int reps;
+    double t_med, t_min, t_max;   /* seconds, fused path */
+    double ref_med;               /* seconds, reference path; < 0 = not timed */
+    double torch_med, torch_min, torch_max;  /* < 0 = not timed */
+    int torch_reps;
+    char torch_error[200];
+} bench_case;
+
+static void add_case(bench_case *c, int *n, const char *name, int64_t B, int64_t Hq,
+                     int64_t Hkv, int64_t Lq, int64_t Lk, int64_t D, mask_kind mask,
+                     int64_t win_left, int64_t win_right, bool decode) {
+    bench_case *x = &c[(*n)++];
+    memset(x, 0, sizeof *x);
+    snprintf(x->name, sizeof x->name, "%s", name);
+    x->B = B, x->Hq = Hq, x->Hkv = Hkv, x->Lq = Lq, x->Lk = Lk, x->Dk = D, x->Dv = D;
+    x->mask = mask, x->win_left = win_left, x->win_right = win_right, x->decode = decode;
+    x->ref_med = x->torch_med = x->torch_min = x->torch_max = -1.0;
+}
+
+enum { MAX_CASES = 64 };
+
+/* The default sweep (docs/BENCHMARKS.md) or, with --quick, a tiny one of the same kinds. */
+static int make_sweep(bench_case *c, bool quick) {
+    int n = 0;
+    char name[64];
+    const int64_t Ls[] = {512, 1024, 2048, 4096}, qLs[] = {64, 200};
+    const int64_t Ds[] = {64, 128}, qDs[] = {16, 64};
+    const int64_t H = quick ? 2 : 16;
+    for (int li = 0; li < 4; li++) {
+        if (quick && li >= 2) break;
+        const int64_t L = quick ? qLs[li] : Ls[li];
+        for (int di = 0; di < 2; di++)
+            for (int causal = 0; causal < 2; causal++) {
+                const int64_t D = quick ? qDs[di] : Ds[di];
+                snprintf(name, sizeof name, "fwd-L%lld-D%lld%s", (long long)L, (long long)D,
+                         causal ? "-causal" : "");
+                add_case(c, &n, name, 1, H, H, L, L, D, causal ? MASK_CAUSAL : MASK_NONE,
+                         0, 0, false);
+            }
+    }
+    if (quick) {
+        add_case(c, &n, "gqa-L96-D32-causal", 1, 4, 2, 96, 96, 32, MASK_CAUSAL, 0, 0, false);
+        add_case(c, &n, "mask-L80-D32-bool", 2, 2, 2, 80, 80, 32, MASK_BOOL, 0, 0, false);
+        add_case(c, &n, "win-L128-D32-w32", 1, 2, 2, 128, 128, 32, MASK_WINDOW, 31, 0, false);
+        add_case(c, &n, "decode-Lk1000-D32", 1, 4, 2, 1, 1000, 32, MASK_NONE, 0, 0, true);
+    } else {
+        add_case(c, &n, "gqa-L2048-D128", 1, 32, 8, 2048, 2048, 128, MASK_NONE, 0, 0, false);
+        add_case(c, &n, "gqa-L2048-D128-causal", 1, 32, 8, 2048, 2048, 128, MASK_CAUSAL, 0, 0, false);
+        add_case(c, &n, "mask-L2048-D64-bool", 1, 16, 16, 2048, 2048, 64, MASK_BOOL, 0, 0, false);
+        add_case(c, &n, "win-L4096-D64-w512", 1, 16, 16, 4096, 4096, 64, MASK_WINDOW, 511, 0, false);
+        add_case(c, &n, "decode-Lk16384-D128", 1, 32, 8, 1, 16384, 128, MASK_NONE, 0, 0, true);
+    }
+    return n;
+}
+
+/* Keys row i attends to structurally (top-left diagonal d_i = i). */
+static int64_t band_pairs(const bench_case *c) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < c->Lq; i++) {
+        int64_t lo = c->win_left < 0 ? 0 : i - c->win_left;
+        int64_t hi = c->win_right < 0 ? c->Lk - 1 : i + c->win_right;
+        if (lo < 0) lo = 0;
+        if (hi > c->Lk - 1) hi = c->Lk - 1;
+        if (hi >= lo) n += hi - lo + 1;
+    }
+    return n;
+}
+
+static void count_work(bench_case *c) {
+    double pairs = (double)c->Lq * (double)c->Lk;
+    if (c->mask == MASK_CAUSAL) pairs *= 0.5;
+    if (c->mask == MASK_WINDOW) pairs = (double)band_pairs(c);
+    c->flop = 2.0 * (double)(c->Dk + c->Dv) * (double)c->B * (double)c->Hq * pairs;
+    c->kv_bytes = 4.0 * (double)c->B * (double)c->Hkv * (double)c->Lk * (double)(c->Dk + c->Dv);
+}
+
+/* ---- inputs ------------------------------------------------------------------------- */
+
+/* splitmix64: a fixed stream, so every run times the same numbers. */
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+/* uniform in [-2, 2): with scale 1/sqrt(Dk), logits of standard deviation about 1.3 */
+static void fill_uniform(float *x, int64_t n, uint64_t seed) {
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (float)((double)(rng_next(&seed) >> 11) * (4.0 / 9007199254740992.0) - 2.0);
+}
+
+typedef struct case_buffers {
+    int rot;
+    float *q[16], *k[16], *v[16], *o[16];  /* (B, Hq, Lq, Dk) (B, Hkv, Lk, Dk) ... */
+    unsigned char *mask;                   /* (1, 1, Lq, Lk), MASK_BOOL only       */
+    void *ws;
+    size_t ws_bytes;
+} case_buffers;
+
+static void free_buffers(case_buffers *cb) {
+    for (int r = 0; r < 16; r++) free(cb->q[r]), free(cb->k[r]), free(cb->v[r]), free(cb->o[r]);
+    free(cb->mask);
+    free(cb->ws);
+    memset(cb, 0, sizeof *cb);
+}
+
+static int64_t n_q(const bench_case *c) { return c->B * c->Hq * c->Lq * c->Dk; }
+static int64_t n_k(const bench_case *c) { return c->B * c->Hkv * c->Lk * c->Dk; }
+static int64_t n_v(const bench_case *c) { return c->B * c->Hkv * c->Lk * c->Dv; }
+static int64_t n_o(const bench_case *c) { return c->B * c->Hq * c->Lq * c->Dv; }
+
+/* n floats, 64-byte aligned as PyTorch's tensors are (a cache line), plus a spare line. */
+static float *alloc64(int64_t n) {
+    return aligned_alloc(64, ((size_t)n * sizeof(float) + 127) / 64 * 64);
+}
+
+/* rot copies of the inputs and outputs, at least rot_bytes in all (at most 16 copies). */
+static int alloc_buffers(const bench_case *c, double rot_bytes, case_buffers *cb) {
+    memset(cb, 0, sizeof *cb);
+    const double set_bytes = 4.0 * (double)(n_q(c) + n_k(c) + n_v(c) + n_o(c));
+    int rot = (int)ceil(rot_bytes / (set_bytes > 1 ? set_bytes : 1));
+    cb->rot = rot < 1 ? 1 : rot > 16 ? 16 : rot;
+    for (int r = 0; r < cb->rot; r++) {
+        cb->q[r] = alloc64(n_q(c));
+        cb->k[r] = alloc64(n_k(c));
+        cb->v[r] = alloc64(n_v(c));
+        cb->o[r] = alloc64(n_o(c));
+        if (!cb->q[r] || !cb->k[r] || !cb->v[r] || !cb->o[r]) return -1;
+        memset(cb->o[r], 0, (size_t)n_o(c) * sizeof(float));
+        if (r == 0) {
+            fill_uniform(cb->q[0], n_q(c), 1);
+            fill_uniform(cb->k[0], n_k(c), 2);
+            fill_uniform(cb->v[0], n_v(c), 3);
+        } else {
+            memcpy(cb->q[r], cb->q[0], (size_t)n_q(c) * sizeof(float));
+            memcpy(cb->k[r], cb->k[0], (size_t)n_k(c) * sizeof(float));
+            memcpy(cb->v[r], cb->v[0], (size_t)n_v(c) * sizeof(float));
+        }
+    }
+    if (c->mask == MASK_BOOL) {
+        if (!(cb->mask = malloc((size_t)(c->Lq * c->Lk)))) return -1;
+        uint64_t s = 4;
+        for (int64_t i = 0; i < c->Lq * c->Lk; i++)
+            cb->mask[i] = (double)(rng_next(&s) >> 11) < BOOL_MASK_DENSITY * 9007199254740992.0;
+    }
+    return 0;
+}
+
+/* The options of a case on a given path. */
+static attn_options case_options(const bench_case *c, const attn_tensor *mask, int threads,
+                                 attn_path path) {
+    attn_options opt = {0};
+    opt.path = path;
+    opt.threads = threads;
+    opt.causal = c->mask == MASK_CAUSAL;
+    if (c->mask == MASK_WINDOW) {
+        opt.has_window = true;
+        opt.window_left = c->win_left;
+        opt.window_right = c->win_right;
+    }
+    if (c->mask == MASK_BOOL) opt.mask = mask;
+    return opt;
+}
+
+typedef struct case_tensors { attn_tensor q, k, v, o, mask; } case_tensors;
+
+static case_tensors tensors_of(const bench_case *c, const case_buffers *cb, int r) {
+    case_tensors t;
+    t.q = attn_tensor_4d(cb->q[r], ATTN_F32, c->B, c->Hq, c->Lq, c->Dk);
+    t.k = attn_tensor_4d(cb->k[r], ATTN_F32, c->B, c->Hkv, c->Lk, c->Dk);
+    t.v = attn_tensor_4d(cb->v[r], ATTN_F32, c->B, c->Hkv, c->Lk, c->Dv);
+    t.o = attn_tensor_4d(cb->o[r], ATTN_F32, c->B, c->Hq, c->Lq, c->Dv);
+    t.mask = attn_tensor_4d(cb->mask, ATTN_BOOL, 1, 1, c->Lq, c->Lk);
+    return t;
+}
+
+static bool call_failed(bench_case *c, attn_status st, const char *what) {
+    if (st == ATTN_OK) return false;
+    snprintf(c->error, sizeof c->error, "%s: %s: %s", what, attn_status_string(st), attn_last_error());
+    return true;
+}
+
+/* ---- the check against the reference ------------------------------------------------- */
+
+typedef struct check_part { int64_t b, hq, hkv, r0, rows; } check_part;
+
+/* The part of a case the reference recomputes: all of it when that fits the budget;
+ * otherwise batch 0 and the query heads of the first key/value head (two heads when
+ * there is no grouping); then, if still too large, the last rows of those heads. With
+ * Lq = Lk the last rows' top-left diagonal equals a bottom-right one on the sub-problem
+ * (d = t + Lk - rows), so causal and window cases are checked exactly; they are also the
+ * rows that attend to the most keys. */
+static check_part pick_check(const bench_case *c, double budget) {
+    check_part p = {c->B, c->Hq, c->Hkv, 0, c->Lq};
+    const double per_row = (double)c->Lk * (double)(c->Dk + c->Dv);
+    if ((double)p.b * (double)p.hq * (double)p.rows * per_row <= budget) return p;
+    p.b = 1;
+    const int64_t group = c->Hq / c->Hkv;
+    p.hkv = group > 1 ? 1 : (c->Hkv < 2 ? c->Hkv : 2);
+    p.hq = p.hkv * group;
+    const double per_head_row = (double)p.hq * per_row;
+    if ((double)p.rows * per_head_row <= budget) return p;
+    const bool structural = c->mask == MASK_CAUSAL || c->mask == MASK_WINDOW;
+    if (structural && c->Lq != c->Lk) return p;  /* no exact sub-problem: check all rows */
+    int64_t rows = (int64_t)(budget / per_head_row);
+    rows = rows < 16 ? 16 : rows / 16 * 16;
+    if (rows < c->Lq) p.r0 = c->Lq - rows, p.rows = rows;
+    return p;
+}
+
+static int check_case(bench_case *c, const case_buffers *cb, int threads, bool plant,
+                      double budget) {
+    case_tensors t = tensors_of(c, cb, 0);
+    attn_options opt = case_options(c, &t.mask, threads, ATTN_PATH_FUSED);
+    opt.workspace = cb->ws, opt.workspace_bytes = cb->ws_bytes;
+    if (call_failed(c, attn_forward(&t.q, &t.k, &t.v, &t.o, &opt), "fused")) return -1;
+
+    const check_part p = pick_check(c, budget);
+    const bool whole = p.b == c->B && p.hq == c->Hq && p.rows == c->Lq;
+    if (whole)
+        snprintf(c->checked, sizeof c->checked, "all");
+    else
+        snprintf(c->checked, sizeof c->checked, "b 0..%lld, heads 0..%lld, rows %lld..%lld",
+                 (long long)(p.b - 1), (long long)(p.hq - 1), (long long)p.r0,
+                 (long long)(p.r0 + p.rows - 1));
+    float *ref = malloc((size_t)(p.b * p.hq * p.rows * c->Dv) * sizeof(float) + 64);
+    if (!ref) return snprintf(c->error, sizeof c->error, "out of memory for the check"), -1;
+    attn_tensor q = t.q, mask = t.mask;
+    q.data = cb->q[0] + p.r0 * c->Dk;
+    q.shape[0] = p.b, q.shape[1] = p.hq, q.shape[2] = p.rows;
+    attn_tensor k = t.k, v = t.v;
+    k.shape[0] = v.shape[0] = p.b;
+    k.shape[1] = v.shape[1] = p.hkv;
+    mask.data = cb->mask ? cb->mask + p.r0 * c->Lk : NULL;
+    mask.shape[2] = p.rows;
+    attn_tensor o = attn_tensor_4d(ref, ATTN_F32, p.b, p.hq, p.rows, c->Dv);
+    attn_options ropt = case_options(c, &mask, threads, ATTN_PATH_REFERENCE);
+    if (p.r0 > 0) ropt.align = ATTN_ALIGN_BOTTOM_RIGHT;  /* see pick_check */
+    attn_status st = attn_forward(&q, &k, &v, &o, &ropt);
+    if (call_failed(c, st, "reference")) return free(ref), -1;
+
+    float *fused = cb->o[0];
+    if (plant) fused[(p.r0 + p.rows / 2) * c->Dv] += 1e-3f * (1.0f + fabsf(fused[(p.r0 + p.rows / 2) * c->Dv]));
+    double err2 = 0, ref2 = 0, max_abs = 0, max_ref = 0;
+    for (int64_t b = 0; b < p.b; b++)
+        for (int64_t h = 0; h < p.hq; h++)
+            for (int64_t i = 0; i < p.rows; i++) {
+                const float *o_bhi = fused + ((b * c->Hq + h) * c->Lq + p.r0 + i) * c->Dv;
+                const float *r_bhi = ref + ((b * p.hq + h) * p.rows + i) * c->Dv;
+                for (int64_t d = 0; d < c->Dv; d++) {
+                    const double e = (double)o_bhi[d] - (double)r_bhi[d];
+                    err2 += e * e;
+                    ref2 += (double)r_bhi[d] * (double)r_bhi[d];
+                    if (!(fabs(e) <= max_abs)) max_abs = fabs(e);  /* NaN sticks */
+                    if (fabs((double)r_bhi[d]) > max_ref) max_ref = fabs((double)r_bhi[d]);
+                }
+            }
+    free(ref);
+    c->rel_fro = ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
+    c->max_abs = max_abs;
+    c->tol_abs = 1e-5 * (1.0 + max_ref);
+    c->pass = c->rel_fro <= 1e-6 && c->max_abs <= c->tol_abs;
+    return 0;
+}
+
+/* ---- timing ------------------------------------------------------------------------- */
+
+enum { MAX_REPS = 1000, ADAPTIVE_REPS = 50 };
+#define ADAPTIVE_SECONDS 1.0
+
+/* warmup untimed calls, then at least reps timed ones (more for short calls: until about
+ * ADAPTIVE_SECONDS are timed, at most ADAPTIVE_REPS), cycling through the input sets. */
+static int time_path(bench_case *c, const case_buffers *cb, int threads, attn_path path,
+                     int warmup, int reps, bool adaptive, double *med, double *tmin,
+                     double *tmax, int *nreps) {
+    static double t[MAX_REPS];
+    int call = 1;  /* the check used set 0: start on the next one */
+    for (int w = 0; w < warmup; w++, call++) {
+        case_tensors x = tensors_of(c, cb, call % cb->rot);
+        attn_options opt = case_options(c, &x.mask, threads, path);
+        if (path == ATTN_PATH_FUSED) opt.workspace = cb->ws, opt.workspace_bytes = cb->ws_bytes;
+        if (call_failed(c, attn_forward(&x.q, &x.k, &x.v, &x.o, &opt), "warm-up")) return -1;
+    }
+    int n = 0, want = reps;
+    double spent = 0;
+    while (n < want) {
+        case_tensors x = tensors_of(c, cb, call++ % cb->rot);
+        attn_options opt = case_options(c, &x.mask, threads, path);
+        if (path == ATTN_PATH_FUSED) opt.workspace = cb->ws, opt.workspace_bytes = cb->ws_bytes;
+        const double t0 = now_s();
+        attn_status st = attn_forward(&x.q, &x.k, &x.v, &x.o, &opt);
+        t[n] = now_s() - t0;
+        if (call_failed(c, st, "timed call")) return -1;
+        spent += t[n++];
+        if (adaptive && n == reps && spent < ADAPTIVE_SECONDS) {
+            int more = (int)ceil(ADAPTIVE_SECONDS / (spent / n));
+            want = more > ADAPTIVE_REPS ? ADAPTIVE_REPS : more;
+            if (want < reps) want = reps;
+        }
+    }
+    double lo = t[0], hi = t[0];
+    for (int i = 1; i < n; i++) lo = t[i] < lo ? t[i] : lo, hi = t[i] > hi ? t[i] : hi;
+    *med = median(t, n), *tmin = lo, *tmax = hi, *nreps = n;
+    return 0;
+}
+
+/* ---- the machine -------------------------------------------------------------------- */
+
+typedef struct isa_peak { const char *isa; double gflops_1, gflops_n; } isa_peak;
+
+typedef struct machine {
+    char cpu[128];
+    int procs, threads;
+    bool measured;
+    isa_peak peaks[3];
+    int npeaks;
+    const char *peak_isa;     /* the best */
+    double peak_1, peak_n;    /* GFLOP/s, 1 thread and `threads` threads */
+    const char *bw_isa;
+    double bw_1, bw_n;        /* GB/s (1e9 bytes) */
+    double bw_mib;            /* the buffer streamed */
+    double load_start[3], load_end[3];  /* /proc/loadavg: other work shares the cores */
+} machine;
+
+static void loadavg(double l[3]) {
+    l[0] = l[1] = l[2] = NAN;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (!f) return;
+    if (fscanf(f, "%lf %lf %lf", &l[0], &l[1], &l[2]) != 3) l[0] = l[1] = l[2] = NAN;
+    fclose(f);
+}
+
+static const bench_loops *const LOOPS[] = {
+#if defined(__x86_64__) || defined(_M_X64)
+    &bench_loops_avx512, &bench_loops_avx2,
+#endif
+    &bench_loops_generic,
+};
+enum { N_LOOPS = sizeof LOOPS / sizeof LOOPS[0] };
+
+static volatile double g_sink;
+
+/* GFLOP/s of `loops` on `threads` threads: iterations sized for about `seconds` a trial,
+ * the best of `trials` (a peak is the best the core does, not its median). */
+static double fma_gflops(const bench_loops *l, int threads, double seconds, int trials) {
+    int64_t iters = 1 << 16;
+    for (;;) {  /* calibrate on one thread */
+        double t0 = now_s();
+        g_sink += l->fma(iters, 1.0f);
+        double dt = now_s() - t0;
+        if (dt > 0.02 * seconds || iters > ((int64_t)1 << 40)) {
+            iters = (int64_t)((double)iters * seconds / (dt > 1e-9 ? dt : 1e-9)) + 1;
+            break;
+        }
+        iters *= 4;
+    }
+    double best = 0;
+    for (int t = 0; t < trials; t++) {
+        double t0 = now_s();
+#pragma omp parallel num_threads(threads)
+        {
+            double s = l->fma(iters, 1.0f + (float)omp_get_thread_num());
+#pragma omp atomic
+            g_sink += s;
+        }
+        double dt = now_s() - t0;
+        double g = (double)iters * (double)l->flops_per_iter * threads / dt * 1e-9;
+        if (g > best) best = g;
+    }
+    return best;
+}
+
+/* GB/s reading buf (n floats) with `threads` threads, each its own contiguous part (the
+ * same parts that first touched it): the best of `trials` passes after one untimed. */
+static double read_gbs(const bench_loops *l, const float *buf, int64_t n, int threads, int trials) {
+    double best = 0;
+    for (int t = 0; t <= trials; t++) {
+        double t0 = now_s();
+#pragma omp parallel num_threads(threads)
+        {
+            const int me = omp_get_thread_num(), nt = omp_get_num_threads();
+            const int64_t chunk = n / 64 / nt * 64;
+            const int64_t lo = me * chunk, hi = me == nt - 1 ? n : lo + chunk;
+            double s = l->read(buf + lo, hi - lo);
+#pragma omp atomic
+            g_sink += s;
+        }
+        double dt = now_s() - t0;
+        double g = 4.0 * (double)n / dt * 1e-9;
+        if (t > 0 && g > best) best = g;
+    }
+    return best;
+}
+
+static void cpu_model(char *out, size_t n) {
+    snprintf(out, n, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) != 0) continue;
+        const char *colon = strchr(line, ':');
+        if (!colon) continue;
+        colon++;
+        while (*colon == ' ' || *colon == '\t') colon++;
+        snprintf(out, n, "%s", colon);
+        out[strcspn(out, "\n")] = 0;
+        break;
+    }
+    fclose(f);
+}
+
+static int measure_machine(machine *m, bool quick, bool quiet) {
+    const double seconds = quick ? 0.005 : 0.1;
+    const int trials = quick ? 2 : 5;
+    for (int i = 0; i < N_LOOPS; i++) {
+        const bench_loops *l = LOOPS[i];
+        if (!attn_kernel_supported(l->isa)) continue;
+        if (!quiet) fprintf(stderr, "attn bench: fp32 FMA peak, %s ...\n", l->isa);
+        isa_peak *p = &m->peaks[m->npeaks++];
+        p->isa = l->isa;
+        p->gflops_1 = fma_gflops(l, 1, seconds, trials);
+        p->gflops_n = m->threads > 1 ? fma_gflops(l, m->threads, seconds, trials) : p->gflops_1;
+        if (p->gflops_n > m->peak_n) {
+            m->peak_isa = p->isa, m->peak_1 = p->gflops_1, m->peak_n = p->gflops_n;
+        }
+        if (!m->bw_isa) m->bw_isa = l->isa;  /* the widest loads this CPU has */
+    }
+    /* Bandwidth: a buffer far larger than the caches (1 GiB; 64 MiB with --quick),
+     * first touched by the same threads and parts that read it. */
+    const bench_loops *bl = NULL;
+    for (int i = 0; i < N_LOOPS; i++)
+        if (strcmp(LOOPS[i]->isa, m->bw_isa) == 0) bl = LOOPS[i];
+    m->bw_mib = quick ? 64 : 1024;
+    const int64_t n = (int64_t)(m->bw_mib * 1024 * 1024 / 4);
+    float *buf = aligned_alloc(64, (size_t)n * sizeof(float));
+    if (!buf) return say(EXIT_FAIL, "out of memory for the %g MiB bandwidth buffer", m->bw_mib);
+    if (!quiet) fprintf(stderr, "attn bench: read bandwidth, %g MiB, %s loads ...\n", m->bw_mib, bl->isa);
+#pragma omp parallel num_threads(m->threads)
+    {
+        const int me = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int64_t chunk = n / 64 / nt * 64;
+        const int64_t lo = me * chunk, hi = me == nt - 1 ? n : lo + chunk;
+        for (int64_t i = lo; i < hi; i++) buf[i] = 1e-3f * (float)(i & 7);
+    }
+    m->bw_1 = read_gbs(bl, buf, n, 1, quick ? 2 : 5);
+    m->bw_n = m->threads > 1 ? read_gbs(bl, buf, n, m->threads, quick ? 2 : 5) : m->bw_1;
+    free(buf);
+    m->measured = true;
+    return 0;
+}
+
+/* ---- the PyTorch side: a child process, one JSON line per case each way ----------------- */
+
+typedef struct torch_proc {
+    pid_t pid;
+    FILE *to, *from;
+    char version[64];
+    char info[200];
+} torch_proc;
+
+/* The value of "key" in a flat JSON object line written by bench_torch.py: a number into
+ * *num, or a string (no escapes beyond \" and \\) into str. */
+static bool json_find(const char *line, const char *key, double *num, char *str, size_t n) {
+    char pat[80];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(line, pat);
+    if (!p) return false;
+    p += strlen(pat);
+    while (*p == ' ') p++;
+    if (str && *p == '"') {
+        size_t at = 0;
+        for (p++; *p && *p != '"'; p++) {
+            if (*p == '\\' && p[1]) p++;
+            if (at + 1 < n) str[at++] = *p;
+        }
+        str[at] = 0;
+        return true;
+    }
+    if (num) {
+        char *end;
+        double v = strtod(p, &end);
+        if (end == p) return false;
+        *num = v;
+        return true;
+    }
+    return false;
+}
+
+static bool file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* The source tree: the folder above the one holding this executable (build/attn), when
+ * it has scripts/bench_torch.py; else the current folder. */
+static void source_root(char *out, size_t n) {
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = 0;
+        for (int up = 0; up < 2; up++) {
+            char *slash = strrchr(exe, '/');
+            if (!slash) break;
+            *slash = 0;
+            char probe[PATH_MAX + 64];
+            snprintf(probe, sizeof probe, "%s/scripts/bench_torch.py", exe);
+            if (file_exists(probe)) {
+                snprintf(out, n, "%s", exe);
+                return;
+            }
+        }
+    }
+    snprintf(out, n, ".");
+}
+
+static int torch_start(torch_proc *tp, const char *python, const char *script, int threads) {
+    int in[2], out[2];
+    if (pipe(in) || pipe(out)) return say(EXIT_FAIL, "pipe: %s", strerror(errno));
+    fflush(stdout), fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) return say(EXIT_FAIL, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        dup2(in[0], 0), dup2(out[1], 1);
+        close(in[0]), close(in[1]), close(out[0]), close(out[1]);
+        char nt[16];
+        snprintf(nt, sizeof nt, "%d", threads);
+        setenv("OMP_NUM_THREADS", nt, 1);
+        setenv("MKL_NUM_THREADS", nt, 1);
+        execlp(python, python, script, (char *)NULL);
+        fprintf(stderr, "attn: bench: cannot run %s: %s\n", python, strerror(errno));
+        _exit(127);
+    }
+    close(in[0]), close(out[1]);
+    tp->pid = pid;
+    tp->to = fdopen(in[1], "w");
+    tp->from = fdopen(out[0], "r");
+    fprintf(tp->to, "{\"hello\": 1, \"threads\": %d}\n", threads);
+    fflush(tp->to);
+    char line[4096];
+    if (!fgets(line, sizeof line, tp->from))
+        return say(EXIT_FAIL, "%s %s: no answer (is torch installed? try 'attn bench "
+                   "--setup-torch')", python, script);
+    char err[256];
+    if (json_find(line, "error", NULL, err, sizeof err))
+        return say(EXIT_FAIL, "%s: %s", script, err);
+    if (!json_find(line, "torch", NULL, tp->version, sizeof tp->version))
+        return say(EXIT_FAIL, "%s: unexpected answer: %.200s", script, line);
+    json_find(line, "info", NULL, tp->info, sizeof tp->info);
+    return 0;
+}
+
+static void torch_case(torch_proc *tp, bench_case *c, int threads, int warmup, int reps) {
+    fprintf(tp->to,
+            "{\"name\": \"%s\", \"B\": %lld, \"Hq\": %lld, \"Hkv\": %lld, \"Lq\": %lld, "
+            "\"Lk\": %lld, \"Dk\": %lld, \"Dv\": %lld, \"mask\": \"%s\", \"window_left\": %lld, "
+            "\"window_right\": %lld, \"mask_density\": %g, \"threads\": %d, \"warmup\": %d, "
+            "\"reps\": %d, \"max_reps\": %d, \"adaptive_seconds\": %g, \"rotate\": %d}\n",
+            c->name, (long long)c->B, (long long)c->Hq, (long long)c->Hkv, (long long)c->Lq,
+            (long long)c->Lk, (long long)c->Dk, (long long)c->Dv, MASK_NAME[c->mask],
+            (long long)c->win_left, (long long)c->win_right, BOOL_MASK_DENSITY, threads, warmup,
+            reps, ADAPTIVE_REPS, ADAPTIVE_SECONDS, c->rotate);
+    fflush(tp->to);
+    char line[4096];
+    if (!fgets(line, sizeof line, tp->from)) {
+        snprintf(c->torch_error, sizeof c->torch_error, "the torch process ended");
+        return;
+    }
+    double v;
+    if (json_find(line, "error", NULL, c->torch_error, sizeof c->torch_error)) return;
+    if (!json_find(line, "median_s", &v, NULL, 0)) {
+        snprintf(c->torch_error, sizeof c->torch_error, "unexpected answer");
+        return;
+    }
+    c->torch_med = v;
+    if (json_find(line, "min_s", &v, NULL, 0)) c->torch_min = v;
+    if (json_find(line, "max_s", &v, NULL, 0)) c->torch_max = v;
+    if (json_find(line, "reps", &v, NULL, 0)) c->torch_reps = (int)v;
+}
+
+static void torch_stop(torch_proc *tp) {
+    if (tp->to) fclose(tp->to);
+    if (tp->from) fclose(tp->from);
+    if (tp->pid > 0) waitpid(tp->pid, NULL, 0);
+}
+
+/* Runs argv to completion; its exit status, or -1. */
+static int run_child(char *const argv[]) {
+    fflush(stdout), fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        execvp(argv[0], argv);
+        fprintf(stderr, "attn: bench: cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    int st;
+    if (waitpid(pid, &st, 0) < 0) return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int setup_torch(const char *root) {
+    char venv[PATH_MAX + 32], py[PATH_MAX + 64];
+    snprintf(venv, sizeof venv, "%s/.venv-bench", root);
+    snprintf(py, sizeof py, "%s/bin/python", venv);
+    const double t0 = now_s();
+    if (!file_exists(py)) {
+        fprintf(stderr, "attn bench: python3 -m venv %s\n", venv);
+        char *mk[] = {"python3", "-m", "venv", venv, NULL};
+        if (run_child(mk) != 0) return say(EXIT_FAIL, "could not create the venv %s", venv);
+    }
+    fprintf(stderr, "attn bench: %s -m pip install torch numpy matplotlib (PyPI's default "
+            "torch wheel brings its CUDA libraries: several GB)\n", py);
+    char *pip[] = {py, "-m", "pip", "install", "torch", "numpy", "matplotlib", NULL};
+    if (run_child(pip) != 0) return say(EXIT_FAIL, "pip install failed (see above)");
+    char *ver[] = {py, "-c", "import torch; print('torch', torch.__version__, 'threads', "
+                   "torch.get_num_threads())", NULL};
+    if (run_child(ver) != 0) return say(EXIT_FAIL, "torch does not import (see above)");
+    fprintf(stderr, "attn bench: ready in %.0f s; run 'attn bench --vs torch'\n", now_s() - t0);
+    return 0;
+}
+
+/* ---- output ------------------------------------------------------------------------- */
+
+static void json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+        else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
+        else fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+static void json_num(FILE *f, double v) {
+    if (isfinite(v)) fprintf(f, "%.6g", v);
+    else fputs("null", f);
+}
+
+static double gflops(const bench_case *c, double t) { return t > 0 ? c->flop / t * 1e-9 : NAN; }
+
+static void write_json(FILE *f, const machine *m, const bench_case *c, int n, const bench_args *a,
+                       const torch_proc *tp) {
+    fprintf(f, "{\n  \"attn_version\": ");
+    json_string(f, attn_version());
+    fprintf(f, ",\n  \"kernel\": ");
+    json_string(f, attn_kernel_name());
+    fprintf(f, ",\n  \"threads\": %d,\n  \"reps\": %d,\n  \"warmup\": %d,\n  \"quick\": %s,\n",
+            m->threads, a->reps, a->warmup, a->quick ? "true" : "false");
+    fprintf(f, "  \"machine\": {\"cpu\": ");
+    json_string(f, m->cpu);
+    fprintf(f, ", \"procs\": %d, \"measured\": %s", m->procs, m->measured ? "true" : "false");
+    fprintf(f, ", \"loadavg_start\": [");
+    for (int i = 0; i < 3; i++) json_num(f, m->load_start[i]), fputs(i < 2 ? ", " : "]", f);
+    fprintf(f, ", \"loadavg_end\": [");
+    for (int i = 0; i < 3; i++) json_num(f, m->load_end[i]), fputs(i < 2 ? ", " : "]", f);
+    if (m->measured) {
+        fprintf(f, ",\n    \"fma_peak\": [");
+        for (int i = 0; i < m->npeaks; i++)
+            fprintf(f, "%s{\"isa\": \"%s\", \"gflops_1\": %.1f, \"gflops_n\": %.1f}",
+                    i ? ", " : "", m->peaks[i].isa, m->peaks[i].gflops_1, m->peaks[i].gflops_n);
+        fprintf(f, "],\n    \"peak_isa\": \"%s\", \"peak_gflops_1\": %.1f, \"peak_gflops_n\": %.1f,\n",
+                m->peak_isa, m->peak_1, m->peak_n);
+        fprintf(f, "    \"bw_isa\": \"%s\", \"bw_mib\": %g, \"bw_gbs_1\": %.1f, \"bw_gbs_n\": %.1f",
+                m->bw_isa, m->bw_mib, m->bw_1, m->bw_n);
+    }
+    fprintf(f, "},\n  \"torch\": ");
+    if (tp && tp->version[0]) {
+        fprintf(f, "{\"version\": ");
+        json_string(f, tp->version);
+        fprintf(f, ", \"info\": ");
+        json_string(f, tp->info);
+        fprintf(f, "}");
+    } else {
+        fprintf(f, "null");
+    }
+    fprintf(f, ",\n  \"cases\": [\n");
+    for (int i = 0; i < n; i++) {
+        const bench_case *x = &c[i];
+        fprintf(f, "    {\"name\": \"%s\", \"B\": %lld, \"Hq\": %lld, \"Hkv\": %lld, \"Lq\": %lld, "
+                "\"Lk\": %lld, \"Dk\": %lld, \"Dv\": %lld, \"mask\": \"%s\", \"dtype\": \"float32\"",
+                x->name, (long long)x->B, (long long)x->Hq, (long long)x->Hkv, (long long)x->Lq,
+                (long long)x->Lk, (long long)x->Dk, (long long)x->Dv, MASK_NAME[x->mask]);
+        if (x->mask == MASK_WINDOW)
+            fprintf(f, ", \"window_left\": %lld, \"window_right\": %lld", (long long)x->win_left,
+                    (long long)x->win_right);
+        if (x->mask == MASK_BOOL) fprintf(f, ", \"mask_density\": %g", BOOL_MASK_DENSITY);
+        fprintf(f, ",\n     \"decode\": %s, \"flop\": %.6g, \"kv_bytes\": %.6g, \"rotate\": %d, "
+                "\"threads\": %d, \"kernel\": \"%s\", \"ran\": %s, \"check\": \"%s\", \"checked\": ",
+                x->decode ? "true" : "false", x->flop, x->kv_bytes, x->rotate, m->threads,
+                attn_kernel_name(), x->ran ? "true" : "false",
+                !x->ran ? "skipped" : x->error[0] ? "error" : x->pass ? "pass" : "fail");
+        json_string(f, x->checked);
+        fprintf(f, ", \"rel_fro\": ");
+        json_num(f, x->rel_fro);
+        fprintf(f, ", \"max_abs\": ");
+        json_num(f, x->max_abs);
+        fprintf(f, ", \"tol_abs\": ");
+        json_num(f, x->tol_abs);
+        if (x->error[0]) {
+            fprintf(f, ", \"error\": ");
+            json_string(f, x->error);
+        }
+        if (x->ran && !x->error[0] && x->pass) {
+            fprintf(f, ",\n     \"reps\": %d, \"median_s\": %.6g, \"min_s\": %.6g, \"max_s\": %.6g, "
+                    "\"gflops\": %.2f", x->reps, x->t_med, x->t_min, x->t_max, gflops(x, x->t_med));
+            if (m->measured) fprintf(f, ", \"pct_peak\": %.1f", 100 * gflops(x, x->t_med) / m->peak_n);
+            if (x->decode) {
+                fprintf(f, ", \"gbs\": %.2f", x->kv_bytes / x->t_med * 1e-9);
+                if (m->measured) fprintf(f, ", \"pct_bw\": %.1f", 100 * x->kv_bytes / x->t_med * 1e-9 / m->bw_n);
+            }
+        }
+        if (x->ref_med > 0)
+            fprintf(f, ", \"ref_median_s\": %.6g, \"ref_gflops\": %.3f", x->ref_med, gflops(x, x->ref_med));
+        if (x->torch_med > 0) {
+            fprintf(f, ",\n     \"torch_reps\": %d, \"torch_median_s\": %.6g, \"torch_min_s\": %.6g, "
+                    "\"torch_max_s\": %.6g, \"torch_gflops\": %.2f", x->torch_reps, x->torch_med,
+                    x->torch_min, x->torch_max, gflops(x, x->torch_med));
+            if (x->decode) fprintf(f, ", \"torch_gbs\": %.2f", x->kv_bytes / x->torch_med * 1e-9);
+            if (x->ran && !x->error[0] && x->pass) fprintf(f, ", \"speedup_vs_torch\": %.4g", x->torch_med / x->t_med);
+        }
+        if (x->torch_error[0]) {
+            fprintf(f, ", \"torch_error\": ");
+            json_string(f, x->torch_error);
+        }
+        fprintf(f, "}%s\n", i + 1 < n ? "," : "");
+    }
+    fprintf(f, "  ]\n}\n");
+}
+
+static void print_table(FILE *f, const machine *m, const bench_case *c, int n, const torch_proc *tp) {
+    fprintf(f, "attn %s, kernel %s, %d threads, CPU: %s (%d logical); load average %.2f at "
+            "the start, %.2f at the end\n", attn_version(), attn_kernel_name(), m->threads, m->cpu,
+            m->procs, m->load_start[0], m->load_end[0]);
+    if (m->measured) {
+        fprintf(f, "fp32 FMA peak:");
+        for (int i = 0; i < m->npeaks; i++)
+            fprintf(f, "%s %s %.1f GFLOP/s on 1 thread, %.1f on %d", i ? ";" : "", m->peaks[i].isa,
+                    m->peaks[i].gflops_1, m->peaks[i].gflops_n, m->threads);
+        fprintf(f, "\nread bandwidth (%g MiB, %s loads): %.1f GB/s on 1 thread, %.1f on %d\n",
+                m->bw_mib, m->bw_isa, m->bw_1, m->bw_n, m->threads);
+    }
+    if (tp && tp->version[0]) fprintf(f, "torch %s (%s)\n", tp->version, tp->info);
+    fprintf(f, "medians; GFLOP/s = 2*(Dk+Dv)*B*Hq*pairs/time; %%peak of the %d-thread FMA peak; "
+            "GB/s = K and V bytes/time\n\n", m->threads);
+    fprintf(f, "%-24s %-22s %-6s %-5s %3s %-7s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s\n",
+            "case", "B Hq/Hkv Lq Lk D", "mask", "dtype", "thr", "kernel", "check", "ms",
+            "GFLOP/s", "%peak", "GB/s", "%bw", "ref ms", "x ref", "torch ms", "t GF/s", "x torch");
+    for (int i = 0; i < n; i++) {
+        const bench_case *x = &c[i];
+        char shape[64], cell[16][24];
+        snprintf(shape, sizeof shape, "%lld %lld/%lld %lld %lld %lld", (long long)x->B,
+                 (long long)x->Hq, (long long)x->Hkv, (long long)x->Lq, (long long)x->Lk,
+                 (long long)x->Dk);
+        for (int k = 0; k < 16; k++) snprintf(cell[k], sizeof cell[k], "-");
+        const bool ok = x->ran && !x->error[0] && x->pass;
+        if (ok) {
+            snprintf(cell[0], 24, "%.3f", x->t_med * 1e3);
+            snprintf(cell[1], 24, "%.1f", gflops(x, x->t_med));
+            if (m->measured) snprintf(cell[2], 24, "%.0f%%", 100 * gflops(x, x->t_med) / m->peak_n);
+            if (x->decode) {
+                snprintf(cell[3], 24, "%.1f", x->kv_bytes / x->t_med * 1e-9);
+                if (m->measured)
+                    snprintf(cell[4], 24, "%.0f%%", 100 * x->kv_bytes / x->t_med * 1e-9 / m->bw_n);
+            }
+            if (x->ref_med > 0) {
+                snprintf(cell[5], 24, "%.1f", x->ref_med * 1e3);
+                snprintf(cell[6], 24, "%.0fx", x->ref_med / x->t_med);
+            }
+        }
+        if (x->torch_med > 0) {
+            snprintf(cell[7], 24, "%.3f", x->torch_med * 1e3);
+            snprintf(cell[8], 24, "%.1f", gflops(x, x->torch_med));
+            if (ok) snprintf(cell[9], 24, "%.2fx", x->torch_med / x->t_med);
+        } else if (x->torch_error[0]) {
+            snprintf(cell[7], 24, "error");
+        }
+        fprintf(f, "%-24s %-22s %-6s %-5s %3d %-7s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s\n",
+                x->name, shape, MASK_NAME[x->mask], "f32", m->threads, attn_kernel_name(),
+                !x->ran ? "skip" : x->error[0] ? "ERROR" : x->pass ? "ok" : "FAIL", cell[0],
+                cell[1], cell[2], cell[3], cell[4], cell[5], cell[6], cell[7], cell[8], cell[9]);
+    }
+    for (int i = 0; i < n; i++) {
+        const bench_case *x = &c[i];
+        if (x->error[0]) fprintf(f, "%s: %s\n", x->name, x->error);
+        else if (x->ran && !x->pass)
+            fprintf(f, "%s: check FAILED (%s): relative Frobenius %.3g (limit 1e-6), max abs "
+                    "%.3g (limit %.3g)\n", x->name, x->checked, x->rel_fro, x->max_abs, x->tol_abs);
+        if (x->torch_error[0]) fprintf(f, "%s: torch: %s\n", x->name, x->torch_error);
+    }
+}
+
+/* ---- main --------------------------------------------------------------------------- */
+
+int cli_bench(int argc, char **argv) {
+    bench_args a = {0};
+    int rc = parse_args(argc, argv, &a);
+    if (rc) return rc < 0 ? 0 : rc;
+
+    char root[PATH_MAX];
+    source_root(root, sizeof root);
+    if (a.setup_torch) return setup_torch(root);
+
+    static bench_case cases[MAX_CASES];
+    int all = make_sweep(cases, a.quick), n = 0;
+    for (int i = 0; i < all; i++) {
+        bool keep = !a.shapes;
+        if (a.shapes) {
+            char pats[1024];
+            snprintf(pats, sizeof pats, "%s", a.shapes);
+            char *save = NULL;
+            for (char *p = strtok_r(pats, ",", &save); p && !keep; p = strtok_r(NULL, ",", &save))
+                keep = fnmatch(p, cases[i].name, 0) == 0;
+        }
+        if (keep) cases[n++] = cases[i];
+    }
+    if (a.list) {
+        for (int i = 0; i < n; i++) printf("%s\n", cases[i].name);
+        return 0;
+    }
+    if (n == 0) return say(EXIT_USAGE, "--shapes '%s' matches no case (see --list)", a.shapes);
+
+    /* ATTN_ISA is read once, at the library's first kernel choice: set it before. */
+    if (a.isa) {
+        if (!attn_kernel_supported(a.isa))
+            return say(EXIT_FAIL, "--isa %s: this CPU (or build) cannot run it", a.isa);
+        setenv("ATTN_ISA", a.isa, 1);
+    }
+    if (strcmp(attn_kernel_name(), "none") == 0)
+        return say(EXIT_FAIL, "no kernel can run (ATTN_ISA=%s?)", getenv("ATTN_ISA"));
+
+    machine m = {0};
+    cpu_model(m.cpu, sizeof m.cpu);
+    m.procs = omp_get_num_procs();
+    m.threads = a.threads ? a.threads : omp_get_max_threads();
+    loadavg(m.load_start);
+
+    torch_proc tp = {0};
+    bool torch = a.vs != NULL;
+    if (torch) {
+        char py[PATH_MAX + 64], script[PATH_MAX + 64];
+        snprintf(py, sizeof py, "%s", a.python ? a.python : "");
+        if (!a.python) snprintf(py, sizeof py, "%s/.venv-bench/bin/python", root);
+        snprintf(script, sizeof script, "%s", a.torch_script ? a.torch_script : "");
+        if (!a.torch_script) snprintf(script, sizeof script, "%s/scripts/bench_torch.py", root);
+        if (!a.python && !file_exists(py))
+            return say(EXIT_USAGE, "--vs torch: %s not found: run 'attn bench --setup-torch' "
+                       "first, or give --python", py);
+        if (!file_exists(script)) return say(EXIT_USAGE, "--vs torch: %s not found", script);
+        signal(SIGPIPE, SIG_IGN);
+        if (torch_start(&tp, py, script, m.threads)) {
+            torch_stop(&tp);
+            return EXIT_FAIL;
+        }
+        if (!a.quiet) fprintf(stderr, "attn bench: torch %s (%s)\n", tp.version, tp.info);
+    }
+
+    if (!a.no_machine && measure_machine(&m, a.quick, a.quiet)) return torch_stop(&tp), EXIT_FAIL;
+    if (!a.quiet && m.measured)
+        fprintf(stderr, "attn bench: peak %.1f GFLOP/s (%s, %d threads), %.1f on 1; read %.1f GB/s "
+                "(%d threads), %.1f on 1\n", m.peak_n, m.peak_isa, m.threads, m.peak_1, m.bw_n,
+                m.threads, m.bw_1);
+
+    /* 8x a 32 MiB L3 (1 MiB with --quick, where only the logic is tested) */
+    const double rot_bytes = a.quick ? 1024.0 * 1024 : 256.0 * 1024 * 1024;
+    bool failed = false;
+    for (int i = 0; i < n; i++) {
+        bench_case *c = &cases[i];
+        count_work(c);
+        case_buffers cb;
+        if (alloc_buffers(c, rot_bytes, &cb)) {
+            snprintf(c->error, sizeof c->error, "out of memory for the inputs");
+            free_buffers(&cb);
+            failed = true;
+            continue;
+        }
+        c->rotate = cb.rot;
+        c->ran = true;
+        if (!a.quiet)
+            fprintf(stderr, "attn bench: [%d/%d] %s: check", i + 1, n, c->name);
+        case_tensors t = tensors_of(c, &cb, 0);
+        attn_options wopt = case_options(c, &t.mask, m.threads, ATTN_PATH_FUSED);
+        attn_status st = attn_forward_workspace_size(&t.q, &t.k, &t.v, &t.o, &wopt, &cb.ws_bytes);
+        if (!call_failed(c, st, "workspace size") && cb.ws_bytes && !(cb.ws = malloc(cb.ws_bytes)))
+            snprintf(c->error, sizeof c->error, "out of memory for the workspace");
+        if (!c->error[0] && check_case(c, &cb, m.threads, a.plant_error, a.check_budget) == 0) {
+            if (!a.quiet) fprintf(stderr, " %s (%s), time", c->pass ? "ok" : "FAILED", c->checked);
+            if (c->pass)
+                time_path(c, &cb, m.threads, ATTN_PATH_FUSED, a.warmup, a.reps, true, &c->t_med,
+                          &c->t_min, &c->t_max, &c->reps);
+            if (c->pass && !c->error[0] && a.ref_max_l > 0 && c->Lq <= a.ref_max_l &&
+                c->Lk <= a.ref_max_l) {
+                double lo, hi;
+                int nr;
+                if (!a.quiet) fprintf(stderr, ", reference");
+                time_path(c, &cb, m.threads, ATTN_PATH_REFERENCE, 0, a.reps < 3 ? a.reps : 3,
+                          false, &c->ref_med, &lo, &hi, &nr);
+            }
+        }
+        free_buffers(&cb);
+        if (torch && c->pass && !c->error[0]) {
+            if (!a.quiet) fprintf(stderr, ", torch");
+            torch_case(&tp, c, m.threads, a.warmup, a.reps);
+        }
+        if (!a.quiet) {
+            if (c->error[0]) fprintf(stderr, ": %s\n", c->error);
+            else if (!c->pass) fprintf(stderr, "\n");
+            else if (c->torch_med > 0)
+                fprintf(stderr, ": %.3f ms, %.1f GFLOP/s; torch %.3f ms, %.1f GFLOP/s: %.2fx\n",
+                        c->t_med * 1e3, gflops(c, c->t_med), c->torch_med * 1e3,
+                        gflops(c, c->torch_med), c->torch_med / c->t_med);
+            else
+                fprintf(stderr, ": %.3f ms, %.1f GFLOP/s\n", c->t_med * 1e3, gflops(c, c->t_med));
+        }
+        if (c->error[0] || !c->pass) failed = true;
+    }
+    if (torch) torch_stop(&tp);
+    loadavg(m.load_end);
+
+    if (a.json) {
+        write_json(stdout, &m, cases, n, &a, torch ? &tp : NULL);
+    } else {
+        print_table(stdout, &m, cases, n, torch ? &tp : NULL);
+        if (a.json_out) {
+            FILE *f = fopen(a.json_out, "w");
+            if (!f) return say(EXIT_FAIL, "%s: %s", a.json_out, strerror(errno));
+            write_json(f, &m, cases, n, &a, torch ? &tp : NULL);
+            if (fclose(f)) return say(EXIT_FAIL, "%s: %s", a.json_out, strerror(errno));
+        }
+    }
+    fflush(stdout);
+    return failed ? EXIT_FAIL : 0;
+}
