@@ -38,6 +38,7 @@ ifneq ($(findstring x86_64,$(shell $(CC) -dumpmachine)),)
 ISA_kernels_avx512 = -O3 -mavx512f -mavx512dq -mavx512bw -mavx512vl -mfma
 ISA_kernels_avx512bf16 = $(ISA_kernels_avx512) -mavx512bf16
 ISA_kernels_avx2   = -O3 -mavx2 -mfma -mf16c
+ISA_bench_peak_avx512bf16 = -O3 -mavx512f -mavx512bf16
 ISA_bench_peak_avx512 = -O3 -mavx512f -mfma
 ISA_bench_peak_avx2   = -O3 -mavx2 -mfma
 endif

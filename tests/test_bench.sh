@@ -53,7 +53,8 @@ assert d["quick"] is True and d["threads"] >= 1, d
 m = d["machine"]
 assert m["measured"] is True
 assert m["peak_gflops_1"] > 0 and m["peak_gflops_n"] > 0 and m["bw_gbs_1"] > 0 and m["bw_gbs_n"] > 0, m
-assert {p["isa"] for p in m["fma_peak"]} >= {"generic"} or m["fma_peak"], m
+assert "generic" in {p["isa"] for p in m["fma_peak"]} and isinstance(m["other_peaks"], list), m
+assert 0 <= m["others_cpu_pct"] <= 100, m
 names = [c["name"] for c in d["cases"]]
 assert len(names) == len(set(names)) >= 8, names
 kinds = {c["mask"] for c in d["cases"]}

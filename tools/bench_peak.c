@@ -30,4 +30,4 @@ static double read_generic(const float *p, int64_t n) {
     return s;
 }
 
-const bench_loops bench_loops_generic = {"generic", fma_generic, (int64_t)NACC * 2, read_generic};
+const bench_loops bench_loops_generic = {"generic", "fp32 FMA", fma_generic, (int64_t)NACC * 2, read_generic};

@@ -53,5 +53,5 @@ static double read_avx2(const float *p, int64_t n) {
     return t;
 }
 
-const bench_loops bench_loops_avx2 = {"avx2", fma_avx2, (int64_t)NACC * 8 * 2, read_avx2};
+const bench_loops bench_loops_avx2 = {"avx2", "fp32 FMA", fma_avx2, (int64_t)NACC * 8 * 2, read_avx2};
 #endif

@@ -43,5 +43,5 @@ static double read_avx512(const float *p, int64_t n) {
     return (double)_mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
 
-const bench_loops bench_loops_avx512 = {"avx512", fma_avx512, (int64_t)NACC * 16 * 2, read_avx512};
+const bench_loops bench_loops_avx512 = {"avx512", "fp32 FMA", fma_avx512, (int64_t)NACC * 16 * 2, read_avx512};
 #endif

@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -64,7 +65,8 @@ static const char BENCH_USAGE[] =
     "  --threads N           threads for both sides (default: all, OpenMP's default)\n"
     "  --reps N              at least N timed calls per case (default 5, --quick 3)\n"
     "  --warmup N            untimed calls before them (default 2, --quick 1)\n"
-    "  --isa NAME            run the library's avx512, avx2 or generic kernels (ATTN_ISA)\n"
+    "  --isa NAME            run these kernels of the library (ATTN_ISA; 'attn --version'\n"
+    "                        lists those this CPU runs)\n"
     "  --ref-max-l N         also time the float64 reference path where Lq, Lk <= N\n"
     "                        (default 1024; 0 = never)\n"
     "  --no-machine          skip measuring the peak and the bandwidth\n"
@@ -202,9 +204,9 @@ static int parse_args(int argc, char **argv, bench_args *a) {
             return say(EXIT_USAGE, "--check-budget: expected an integer >= 1, got '%s'", budget);
         a->check_budget = (double)v;
     }
-    if (a->isa && strcmp(a->isa, "avx512") != 0 && strcmp(a->isa, "avx2") != 0 &&
-        strcmp(a->isa, "generic") != 0)
-        return say(EXIT_USAGE, "--isa: expected avx512, avx2 or generic, got '%s'", a->isa);
+    if (a->isa && !attn_kernel_supported(a->isa))
+        return say(EXIT_USAGE, "--isa: '%s' is no kernel this build has and this CPU runs "
+                   "(see 'attn --version')", a->isa);
     if (a->vs && strcmp(a->vs, "torch") != 0)
         return say(EXIT_USAGE, "--vs: only 'torch' is implemented, got '%s'", a->vs);
     if (a->json && a->json_out)
@@ -542,21 +544,57 @@ static int time_path(bench_case *c, const case_buffers *cb, int threads, attn_pa
 
 /* ---- the machine -------------------------------------------------------------------- */
 
-typedef struct isa_peak { const char *isa; double gflops_1, gflops_n; } isa_peak;
+typedef struct isa_peak { const char *isa, *what; double gflops_1, gflops_n; } isa_peak;
 
 typedef struct machine {
     char cpu[128];
     int procs, threads;
     bool measured;
-    isa_peak peaks[3];
+    isa_peak peaks[4];        /* fp32 FMA, one per ISA                          */
     int npeaks;
+    isa_peak others[2];       /* other instructions (vdpbf16ps), reported apart */
+    int nothers;
     const char *peak_isa;     /* the best */
     double peak_1, peak_n;    /* GFLOP/s, 1 thread and `threads` threads */
     const char *bw_isa;
     double bw_1, bw_n;        /* GB/s (1e9 bytes) */
     double bw_mib;            /* the buffer streamed */
     double load_start[3], load_end[3];  /* /proc/loadavg: other work shares the cores */
+    double others_pct;        /* % of all CPU time used by other processes during the run */
 } machine;
+
+/* Busy and total CPU seconds of the whole machine so far (/proc/stat), and this process's
+ * own (with its waited-for children, the PyTorch side): their difference over the run is
+ * what other processes took from the cores the timings ran on. */
+typedef struct cpu_sample { double busy, total, own; } cpu_sample;
+
+static cpu_sample cpu_now(void) {
+    cpu_sample c = {NAN, NAN, NAN};
+    unsigned long long v[8] = {0};
+    FILE *f = fopen("/proc/stat", "r");
+    if (f) {
+        if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
+                   &v[4], &v[5], &v[6], &v[7]) == 8) {
+            const double tick = (double)sysconf(_SC_CLK_TCK);
+            c.busy = (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / tick;
+            c.total = c.busy + (double)(v[3] + v[4]) / tick;
+        }
+        fclose(f);
+    }
+    struct rusage self, kids;
+    if (getrusage(RUSAGE_SELF, &self) == 0 && getrusage(RUSAGE_CHILDREN, &kids) == 0)
+        c.own = (double)(self.ru_utime.tv_sec + self.ru_stime.tv_sec + kids.ru_utime.tv_sec +
+                         kids.ru_stime.tv_sec) +
+                1e-6 * (double)(self.ru_utime.tv_usec + self.ru_stime.tv_usec +
+                                kids.ru_utime.tv_usec + kids.ru_stime.tv_usec);
+    return c;
+}
+
+static double others_pct(cpu_sample a, cpu_sample b) {
+    const double total = b.total - a.total, others = (b.busy - a.busy) - (b.own - a.own);
+    if (!(total > 0)) return NAN;
+    return others < 0 ? 0 : 100 * others / total;
+}
 
 static void loadavg(double l[3]) {
     l[0] = l[1] = l[2] = NAN;
@@ -568,7 +606,7 @@ static void loadavg(double l[3]) {
 
 static const bench_loops *const LOOPS[] = {
 #if defined(__x86_64__) || defined(_M_X64)
-    &bench_loops_avx512, &bench_loops_avx2,
+    &bench_loops_avx512bf16, &bench_loops_avx512, &bench_loops_avx2,
 #endif
     &bench_loops_generic,
 };
@@ -652,11 +690,13 @@ static int measure_machine(machine *m, bool quick, bool quiet) {
     for (int i = 0; i < N_LOOPS; i++) {
         const bench_loops *l = LOOPS[i];
         if (!attn_kernel_supported(l->isa)) continue;
-        if (!quiet) fprintf(stderr, "attn bench: fp32 FMA peak, %s ...\n", l->isa);
-        isa_peak *p = &m->peaks[m->npeaks++];
-        p->isa = l->isa;
+        if (!quiet) fprintf(stderr, "attn bench: %s peak, %s ...\n", l->what, l->isa);
+        const bool fp32 = strcmp(l->what, "fp32 FMA") == 0;
+        isa_peak *p = fp32 ? &m->peaks[m->npeaks++] : &m->others[m->nothers++];
+        p->isa = l->isa, p->what = l->what;
         p->gflops_1 = fma_gflops(l, 1, seconds, trials);
         p->gflops_n = m->threads > 1 ? fma_gflops(l, m->threads, seconds, trials) : p->gflops_1;
+        if (!fp32) continue;
         if (p->gflops_n > m->peak_n) {
             m->peak_isa = p->isa, m->peak_1 = p->gflops_1, m->peak_n = p->gflops_n;
         }
@@ -887,6 +927,8 @@ static void write_json(FILE *f, const machine *m, const bench_case *c, int n, co
     fprintf(f, "  \"machine\": {\"cpu\": ");
     json_string(f, m->cpu);
     fprintf(f, ", \"procs\": %d, \"measured\": %s", m->procs, m->measured ? "true" : "false");
+    fprintf(f, ", \"others_cpu_pct\": ");
+    json_num(f, m->others_pct);
     fprintf(f, ", \"loadavg_start\": [");
     for (int i = 0; i < 3; i++) json_num(f, m->load_start[i]), fputs(i < 2 ? ", " : "]", f);
     fprintf(f, ", \"loadavg_end\": [");
@@ -896,6 +938,11 @@ static void write_json(FILE *f, const machine *m, const bench_case *c, int n, co
         for (int i = 0; i < m->npeaks; i++)
             fprintf(f, "%s{\"isa\": \"%s\", \"gflops_1\": %.1f, \"gflops_n\": %.1f}",
                     i ? ", " : "", m->peaks[i].isa, m->peaks[i].gflops_1, m->peaks[i].gflops_n);
+        fprintf(f, "],\n    \"other_peaks\": [");
+        for (int i = 0; i < m->nothers; i++)
+            fprintf(f, "%s{\"isa\": \"%s\", \"what\": \"%s\", \"gflops_1\": %.1f, \"gflops_n\": %.1f}",
+                    i ? ", " : "", m->others[i].isa, m->others[i].what, m->others[i].gflops_1,
+                    m->others[i].gflops_n);
         fprintf(f, "],\n    \"peak_isa\": \"%s\", \"peak_gflops_1\": %.1f, \"peak_gflops_n\": %.1f,\n",
                 m->peak_isa, m->peak_1, m->peak_n);
         fprintf(f, "    \"bw_isa\": \"%s\", \"bw_mib\": %g, \"bw_gbs_1\": %.1f, \"bw_gbs_n\": %.1f",
@@ -966,14 +1013,19 @@ static void write_json(FILE *f, const machine *m, const bench_case *c, int n, co
 }
 
 static void print_table(FILE *f, const machine *m, const bench_case *c, int n, const torch_proc *tp) {
-    fprintf(f, "attn %s, kernel %s, %d threads, CPU: %s (%d logical); load average %.2f at "
-            "the start, %.2f at the end\n", attn_version(), attn_kernel_name(), m->threads, m->cpu,
-            m->procs, m->load_start[0], m->load_end[0]);
+    fprintf(f, "attn %s, kernel %s, %d threads, CPU: %s (%d logical); other processes used "
+            "%.0f%% of the CPU time during this run (load average %.2f at the start, %.2f at the "
+            "end)\n", attn_version(), attn_kernel_name(), m->threads, m->cpu, m->procs,
+            m->others_pct, m->load_start[0], m->load_end[0]);
     if (m->measured) {
         fprintf(f, "fp32 FMA peak:");
         for (int i = 0; i < m->npeaks; i++)
             fprintf(f, "%s %s %.1f GFLOP/s on 1 thread, %.1f on %d", i ? ";" : "", m->peaks[i].isa,
                     m->peaks[i].gflops_1, m->peaks[i].gflops_n, m->threads);
+        for (int i = 0; i < m->nothers; i++)
+            fprintf(f, "\n%s peak: %.1f GFLOP/s on 1 thread, %.1f on %d (not the peak of the "
+                    "fp32 rows)", m->others[i].what, m->others[i].gflops_1, m->others[i].gflops_n,
+                    m->threads);
         fprintf(f, "\nread bandwidth (%g MiB, %s loads): %.1f GB/s on 1 thread, %.1f on %d\n",
                 m->bw_mib, m->bw_isa, m->bw_1, m->bw_n, m->threads);
     }
@@ -1058,11 +1110,7 @@ int cli_bench(int argc, char **argv) {
     if (n == 0) return say(EXIT_USAGE, "--shapes '%s' matches no case (see --list)", a.shapes);
 
     /* ATTN_ISA is read once, at the library's first kernel choice: set it before. */
-    if (a.isa) {
-        if (!attn_kernel_supported(a.isa))
-            return say(EXIT_FAIL, "--isa %s: this CPU (or build) cannot run it", a.isa);
-        setenv("ATTN_ISA", a.isa, 1);
-    }
+    if (a.isa) setenv("ATTN_ISA", a.isa, 1);
     if (strcmp(attn_kernel_name(), "none") == 0)
         return say(EXIT_FAIL, "no kernel can run (ATTN_ISA=%s?)", getenv("ATTN_ISA"));
 
@@ -1071,6 +1119,7 @@ int cli_bench(int argc, char **argv) {
     m.procs = omp_get_num_procs();
     m.threads = a.threads ? a.threads : omp_get_max_threads();
     loadavg(m.load_start);
+    const cpu_sample cpu_start = cpu_now();
 
     torch_proc tp = {0};
     bool torch = a.vs != NULL;
@@ -1153,6 +1202,7 @@ int cli_bench(int argc, char **argv) {
     }
     if (torch) torch_stop(&tp);
     loadavg(m.load_end);
+    m.others_pct = others_pct(cpu_start, cpu_now());
 
     if (a.json) {
         write_json(stdout, &m, cases, n, &a, torch ? &tp : NULL);
