@@ -1,0 +1,610 @@
+/*
+ * backward.c — the backward pass: attn_backward and its workspace query (argument checks
+ *               beyond the forward's), and the fused path, FlashAttention-2's backward on
+ *               the CPU.
+ *
+ * The fused path recomputes the probabilities tile by tile from Q, K and the forward's
+ * LSE, P = exp(s - lse), and never forms the Lq x Lk matrix. The arithmetic on a tile is
+ * the forward's micro-kernels (kernels.h): qk gives Sᵀ = scale K Qᵀ and dPᵀ = V dOᵀ; pv
+ * gives dV += Pᵀ dO, dK += dSᵀ Q and dQ += dS K once P and dS are laid out as it expects.
+ * What it is not: a path for 16-bit dtypes (refused with ATTN_ERR_UNSUPPORTED), or a
+ * gradient for the bias, the ALiBi slopes or the mask (constants here).
+ *
+ * Work and determinism. A work item is (batch b, key/value head g, key chunk c): it owns
+ * the dK and dV rows of its keys, summed over the group's query heads in a fixed order,
+ * so they need no combining. dQ gathers contributions from every key; item (b, g, c)
+ * adds its own into a partial dQ of its chunk (C of them, C fixed by the shapes alone:
+ * 1 when B * Hkv gives enough items, at most 8), and a last pass sums the C partials in
+ * chunk order into dq. Every float is therefore produced by one thread in an order fixed
+ * by the shapes: bit-identical for any thread count and on repeated runs.
+ *
+ * Extra memory (the workspace): per thread a few tiles and packed blocks (about 200 KiB
+ * at D = 64) and a table of Lq / 64 query blocks; D_i = dO_i · O_i for every row
+ * (B * Hq * Lq floats); the C dQ partials (C * B * Hq * Lq * Dk floats). None of it grows
+ * with Lq x Lk.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backward.h"
+#include "kernels.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ---- argument checks ------------------------------------------------------------------
+ * attn_params_init (api.c) checks q, k, v, o and the options exactly as the forward call
+ * does; what follows checks the tensors only the backward has. */
+
+static attn_status check_f32(const attn_tensor *t, const char *name, const int64_t want[4],
+                             const char *const what[4], bool need_data) {
+    if (!t) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", name);
+    if (t->dtype != ATTN_F32)
+        return attn_fail(t->dtype == ATTN_F16 || t->dtype == ATTN_BF16 ? ATTN_ERR_UNSUPPORTED
+                                                                      : ATTN_ERR_DTYPE,
+                         "%s: dtype %d, the backward pass takes float32 only", name,
+                         (int)t->dtype);
+    for (int d = 0; d < 4; d++)
+        if (t->shape[d] != want[d])
+            return attn_fail(ATTN_ERR_SHAPE, "%s: shape[%d] (%s) is %lld, expected %lld", name,
+                             d, what[d], (long long)t->shape[d], (long long)want[d]);
+    int64_t count = 1, span = 0;
+    for (int d = 0; d < 4; d++)
+        if (__builtin_mul_overflow(count, t->shape[d], &count))
+            return attn_fail(ATTN_ERR_OVERFLOW, "%s: element count overflows int64", name);
+    for (int d = 0; d < 4 && count > 0; d++) {
+        const int64_t s = t->stride[d];
+        int64_t ext;
+        if (s == INT64_MIN || __builtin_mul_overflow(t->shape[d] - 1, s < 0 ? -s : s, &ext) ||
+            __builtin_add_overflow(span, ext, &span))
+            return attn_fail(ATTN_ERR_OVERFLOW, "%s: offsets overflow int64 (stride[%d] = %lld)",
+                             name, d, (long long)s);
+    }
+    if (need_data && count > 0 && !t->data)
+        return attn_fail(ATTN_ERR_NULL, "%s: data is NULL for %lld elements", name,
+                         (long long)count);
+    return ATTN_OK;
+}
+
+/* A gradient must not write one element twice: taking its dimensions of size > 1 from
+ * the smallest |stride| up, each stride must step past every offset the smaller ones
+ * reach. */
+static attn_status check_no_overlap(const attn_tensor *t, const char *name) {
+    int order[4], m = 0;
+    for (int d = 0; d < 4; d++) {
+        if (t->shape[d] == 0) return ATTN_OK;
+        if (t->shape[d] > 1) order[m++] = d;
+    }
+    int64_t mag[4];
+    for (int a = 0; a < m; a++) mag[a] = t->stride[order[a]] < 0 ? -t->stride[order[a]] : t->stride[order[a]];
+    for (int a = 1; a < m; a++)
+        for (int c = a; c > 0 && mag[c] < mag[c - 1]; c--) {
+            int64_t x = mag[c]; mag[c] = mag[c - 1]; mag[c - 1] = x;
+            int y = order[c]; order[c] = order[c - 1]; order[c - 1] = y;
+        }
+    int64_t reach = 0;
+    for (int a = 0; a < m; a++) {
+        if (mag[a] <= reach)
+            return attn_fail(ATTN_ERR_STRIDE, "%s: stride[%d] = %lld makes elements overlap",
+                             name, order[a], (long long)t->stride[order[a]]);
+        reach += (t->shape[order[a]] - 1) * mag[a];
+    }
+    return ATTN_OK;
+}
+
+#define TRY(expr)                               \
+    do {                                        \
+        attn_status st_ = (expr);               \
+        if (st_ != ATTN_OK) return st_;         \
+    } while (0)
+
+/* Fills *bp from the public arguments; the one place the backward params are set. */
+static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
+                                   const attn_tensor *k, const attn_tensor *v,
+                                   const attn_tensor *o, const attn_tensor *d_o,
+                                   const attn_tensor *lse, const attn_tensor *dq,
+                                   const attn_tensor *dk, const attn_tensor *dv,
+                                   const attn_options *opt, bool need_data) {
+    *bp = (attn_bwd_params){0};
+    /* 16-bit inputs are the half-precision issue's; their gradients are not written yet */
+    const attn_tensor *const ins[4] = {q, k, v, o};
+    const char *const in_names[4] = {"q", "k", "v", "o"};
+    for (int a = 0; a < 4; a++)
+        if (ins[a] && (ins[a]->dtype == ATTN_F16 || ins[a]->dtype == ATTN_BF16))
+            return attn_fail(ATTN_ERR_UNSUPPORTED, "%s: 16-bit dtypes have no backward pass "
+                             "yet (float32 only)", in_names[a]);
+    if (opt && (opt->lse || opt->weights))
+        return attn_fail(ATTN_ERR_VALUE, "options.%s must be NULL in attn_backward (the "
+                         "forward's LSE is the lse argument)", opt->lse ? "lse" : "weights");
+    attn_params *p = &bp->fwd;
+    TRY(attn_params_init(p, q, k, v, o, opt, need_data));
+
+    static const char *const q_dims[4] = {"B", "Hq", "Lq", "Dv"};
+    static const char *const l_dims[4] = {"B", "Hq", "Lq", "1"};
+    static const char *const dq_dims[4] = {"B", "Hq", "Lq", "Dk"};
+    static const char *const dk_dims[4] = {"B", "Hkv", "Lk", "Dk"};
+    static const char *const dv_dims[4] = {"B", "Hkv", "Lk", "Dv"};
+    TRY(check_f32(d_o, "d_o", (const int64_t[4]){p->B, p->Hq, p->Lq, p->Dv}, q_dims, need_data));
+    TRY(check_f32(lse, "lse", (const int64_t[4]){p->B, p->Hq, p->Lq, 1}, l_dims, need_data));
+    TRY(check_f32(dq, "dq", (const int64_t[4]){p->B, p->Hq, p->Lq, p->Dk}, dq_dims, need_data));
+    TRY(check_f32(dk, "dk", (const int64_t[4]){p->B, p->Hkv, p->Lk, p->Dk}, dk_dims, need_data));
+    TRY(check_f32(dv, "dv", (const int64_t[4]){p->B, p->Hkv, p->Lk, p->Dv}, dv_dims, need_data));
+    TRY(check_no_overlap(dq, "dq"));
+    TRY(check_no_overlap(dk, "dk"));
+    TRY(check_no_overlap(dv, "dv"));
+
+    bp->d_o = d_o->data; memcpy(bp->do_s, d_o->stride, sizeof bp->do_s);
+    bp->lse = lse->data; memcpy(bp->lse_s, lse->stride, sizeof bp->lse_s);
+    bp->dq = dq->data;   memcpy(bp->dq_s, dq->stride, sizeof bp->dq_s);
+    bp->dk = dk->data;   memcpy(bp->dk_s, dk->stride, sizeof bp->dk_s);
+    bp->dv = dv->data;   memcpy(bp->dv_s, dv->stride, sizeof bp->dv_s);
+    return ATTN_OK;
+}
+
+static size_t bwd_workspace(const attn_bwd_params *bp) {
+    return bp->fwd.path == ATTN_PATH_REFERENCE ? attn_reference_backward_workspace(bp)
+                                               : attn_fused_backward_workspace(bp);
+}
+
+attn_status attn_backward_workspace_size(const attn_tensor *q, const attn_tensor *k,
+                                         const attn_tensor *v, const attn_tensor *o,
+                                         const attn_tensor *d_o, const attn_tensor *lse,
+                                         const attn_tensor *dq, const attn_tensor *dk,
+                                         const attn_tensor *dv, const attn_options *opt,
+                                         size_t *bytes) {
+    attn_bwd_params bp;
+    if (!bytes) return attn_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
+    TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, false));
+    const size_t n = bwd_workspace(&bp);
+    if (n == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+    *bytes = n;
+    attn_fail(ATTN_OK, "%s", "");
+    return ATTN_OK;
+}
+
+attn_status attn_backward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                          const attn_tensor *o, const attn_tensor *d_o, const attn_tensor *lse,
+                          const attn_tensor *dq, const attn_tensor *dk, const attn_tensor *dv,
+                          const attn_options *opt) {
+    attn_bwd_params bp;
+    TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, true));
+    const attn_params *p = &bp.fwd;
+    attn_fail(ATTN_OK, "%s", "");
+    /* Empty sizes need no special case: with Lq = 0 (or Hq = 0) no row reads a key and
+     * dk, dv are written as 0; with Lk = 0 every row is fully masked and dq is 0. */
+    const size_t need = bwd_workspace(&bp);
+    if (need == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+    void *ws = opt ? opt->workspace : NULL;
+    void *owned = NULL;
+    if (ws) {
+        if (opt->workspace_bytes < need)
+            return attn_fail(ATTN_ERR_WORKSPACE, "options.workspace_bytes is %zu, this call "
+                             "needs %zu", opt->workspace_bytes, need);
+    } else if (need > 0) {
+        owned = ws = malloc(need);
+        if (!ws) return attn_fail(ATTN_ERR_NOMEM, "workspace: could not allocate %zu bytes", need);
+    }
+    const attn_status st = p->path == ATTN_PATH_REFERENCE ? attn_reference_backward(&bp, ws)
+                                                          : attn_fused_backward(&bp, ws);
+    free(owned);
+    return st;
+}
+
+/* ---- the fused path: the plan ---------------------------------------------------------
+ *
+ * Layout. A tile is BQ query rows i against bk keys j. Unlike the forward, the tile is
+ * kept in its natural layout, S (rows, keys), which the qk kernel gives when its roles are
+ * swapped (the keys play its "rows", packed transposed once per key block, and the query
+ * rows play its "keys", read in place). Then P and dS have the layout pv reads for
+ * dV += Pᵀ dO and dK += dSᵀ Q, and dQ += dS K is a qk call again (dS as its "keys", K as
+ * its packed "rows"): no tile is ever transposed. qk has no rule for zero terms, so the
+ * dQ product goes through it only when the key block is finite (then a zero dS times
+ * K is an exact zero, the same as skipping it); a block holding NaN or Inf — a masked
+ * key's garbage — takes pv on dSᵀ instead, which never multiplies a zero dS. */
+
+/* BQ query rows and bk keys per tile; bk shrinks from BK_MAX so that the key block's
+ * copies and gradients stay near 256 KiB. C key chunks per (b, g), fixed by the shapes:
+ * enough items for the threads when B * Hkv is small, never more than CHUNKS_MAX copies
+ * of dQ. */
+enum { BQ = 64, BK_MAX = 128, BK_MIN = 16, TARGET_ITEMS = 16, CHUNKS_MAX = 8 };
+
+typedef struct bwd_plan {
+    int64_t bk;             // keys per block, a multiple of ATTN_ROW_PAD: also the tiles' row stride
+    int64_t dkpad;          // Dk rounded up to ATTN_ROW_PAD
+    int64_t k_blocks;       // ceil(Lk / bk)
+    int64_t chunks;         // C
+    int64_t chunk_blocks;   // key blocks per chunk
+    int64_t q_blocks;       // ceil(Lq / BQ)
+    int64_t items;          // B * Hkv * C
+    size_t thread_bytes;    // one thread's slice, a multiple of 64
+    size_t off_d, off_part; // D (B, Hq, Lq) and the partials (C, B, Hq, Lq, Dk), after the slices
+    size_t total;
+    size_t off_kd, off_kt, off_kp, off_ktd, off_vd, off_vt, off_q, off_do, off_s, off_dp,
+        off_cap, off_dst, off_dqt, off_dk, off_dv, off_lse, off_D, off_ones, off_lo, off_hi,
+        off_qr;
+} bwd_plan;
+
+static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
+static int64_t pad16(int64_t n) { return (n + ATTN_ROW_PAD - 1) / ATTN_ROW_PAD * ATTN_ROW_PAD; }
+
+static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
+    const attn_params *p = &bp->fwd;
+    const int64_t dk = p->Dk, dv = p->Dv;
+    *plan = (bwd_plan){0};
+    if (dk > (int64_t)1 << 32 || dv > (int64_t)1 << 32 || p->Lq > (int64_t)1 << 48) return false;
+    int64_t bk = BK_MAX;
+    while (bk > BK_MIN && bk * (dk + dv) * 4 * (int64_t)sizeof(float) > 256 * 1024) bk /= 2;
+    plan->bk = bk;
+    plan->dkpad = pad16(dk);
+    plan->k_blocks = (p->Lk + bk - 1) / bk;
+    plan->q_blocks = (p->Lq + BQ - 1) / BQ;
+    const int64_t heads = p->B * p->Hkv;  // fits: the tensors' counts were checked
+    int64_t c = heads > 0 ? (TARGET_ITEMS + heads - 1) / heads : 1;
+    if (c > CHUNKS_MAX) c = CHUNKS_MAX;
+    if (c > plan->k_blocks) c = plan->k_blocks > 0 ? plan->k_blocks : 1;
+    plan->chunk_blocks = plan->k_blocks > 0 ? (plan->k_blocks + c - 1) / c : 0;
+    plan->chunks = plan->chunk_blocks > 0 ? (plan->k_blocks + plan->chunk_blocks - 1) / plan->chunk_blocks : 1;
+    if (__builtin_mul_overflow(heads, plan->chunks, &plan->items)) return false;
+
+    const size_t f = sizeof(float), tile = (size_t)(BQ * bk) * f;
+    size_t at = 0;
+#define CARVE(field, nbytes) (plan->field = at, at += round64(nbytes))
+    CARVE(off_kd, (size_t)(bk * dk) * f);             // K block (nk, Dk)
+    CARVE(off_kt, (size_t)(dk * bk) * f);             // Kᵀ (Dk, bk), zero columns past nk
+    CARVE(off_kp, (size_t)(bk * plan->dkpad) * f);    // K (nk, dkpad), zero columns past Dk
+    CARVE(off_ktd, (size_t)(dk * bk) * f);            // Kᵀ (Dk, nk) dense
+    CARVE(off_vd, (size_t)(bk * dv) * f);             // V block (nk, Dv)
+    CARVE(off_vt, (size_t)(dv * bk) * f);             // Vᵀ (Dv, bk), zero columns past nk
+    CARVE(off_q, (size_t)(BQ * dk) * f);              // query rows, when they must be packed
+    CARVE(off_do, (size_t)(BQ * dv) * f);             // their dO, likewise
+    CARVE(off_s, tile);                               // S, then P      (BQ, bk)
+    CARVE(off_dp, tile);                              // dP, then dS    (BQ, bk)
+    CARVE(off_cap, p->softcap > 0.0f ? tile : 0);     // 1 - tanh²      (BQ, bk)
+    CARVE(off_dst, tile);                             // dSᵀ            (bk, BQ), non-finite K only
+    CARVE(off_dqt, (size_t)(BQ * plan->dkpad) * f);   // the tile's dS K (BQ, dkpad)
+    CARVE(off_dk, (size_t)(bk * dk) * f);             // the block's dK (nk, Dk)
+    CARVE(off_dv, (size_t)(bk * dv) * f);             // the block's dV (nk, Dv)
+    CARVE(off_lse, BQ * f);
+    CARVE(off_D, BQ * f);
+    CARVE(off_ones, (BQ > BK_MAX ? BQ : BK_MAX) * f);
+    CARVE(off_lo, BQ * sizeof(int64_t));
+    CARVE(off_hi, BQ * sizeof(int64_t));
+    CARVE(off_qr, (size_t)plan->q_blocks * 2 * sizeof(int64_t));
+#undef CARVE
+    plan->thread_bytes = at;
+
+    /* after the threads' slices: D, then the dQ partials */
+    int64_t rows, part;
+    if (__builtin_mul_overflow(p->B * p->Hq, p->Lq, &rows)) return false;
+    if (__builtin_mul_overflow(rows, dk, &part) || __builtin_mul_overflow(part, plan->chunks, &part))
+        return false;
+    if ((uint64_t)rows > SIZE_MAX / 8 || (uint64_t)part > SIZE_MAX / 8) return false;
+    if ((size_t)p->threads > (SIZE_MAX / 4) / plan->thread_bytes) return false;
+    size_t total = (size_t)p->threads * plan->thread_bytes;
+    plan->off_d = total;
+    if (__builtin_add_overflow(total, round64((size_t)rows * sizeof(float)), &total)) return false;
+    plan->off_part = total;
+    if (__builtin_add_overflow(total, (size_t)part * sizeof(float), &total)) return false;
+    if (__builtin_add_overflow(total, (size_t)64, &total)) return false;  // to align
+    plan->total = total;
+    return true;
+}
+
+size_t attn_fused_backward_workspace(const attn_bwd_params *bp) {
+    bwd_plan plan;
+    return make_plan(bp, &plan) ? plan.total : (size_t)-1;
+}
+
+/* ---- the fused path: one thread's scratch ------------------------------------------- */
+
+typedef struct bwd_scratch {
+    float *kd, *kt, *kp, *ktd;  // the key block: (nk, Dk), (Dk, bk), (nk, dkpad), (Dk, nk)
+    float *vd, *vt;             // the value block: (nk, Dv), (Dv, bk)
+    float *q, *d_o;             // (BQ, Dk), (BQ, Dv) query rows and dO, when packed
+    float *s, *dp, *cap;        // (BQ, bk) S then P; dP then dS (scaled); softcap factors
+    float *dst;                 // (bk, BQ) dSᵀ, for a key block that is not finite
+    float *dqt;                 // (BQ, dkpad) the tile's dS K
+    float *dk, *dv;             // (bk, Dk), (bk, Dv) the key block's gradients
+    float *lse, *D;             // (BQ) per row: the LSE (+inf for rows without gradient), D_i
+    float *ones;                // 1.0f: pv's alpha, so that acc = acc * 1 + the tile's sum
+    int64_t *lo, *hi;           // (BQ) each row's structural key range
+    int64_t *qr;                // (q_blocks, 2) per query block: jmin, jmax of its rows' ranges
+} bwd_scratch;
+
+static bwd_scratch carve(const bwd_plan *plan, char *slice) {
+#define AT(field, type) (type *)(slice + plan->field)
+    bwd_scratch w = {
+        .kd = AT(off_kd, float),   .kt = AT(off_kt, float),   .kp = AT(off_kp, float),
+        .ktd = AT(off_ktd, float), .vd = AT(off_vd, float),   .vt = AT(off_vt, float),
+        .q = AT(off_q, float),     .d_o = AT(off_do, float),  .s = AT(off_s, float),
+        .dp = AT(off_dp, float),   .cap = AT(off_cap, float), .dst = AT(off_dst, float),
+        .dqt = AT(off_dqt, float), .dk = AT(off_dk, float),   .dv = AT(off_dv, float),
+        .lse = AT(off_lse, float), .D = AT(off_D, float),     .ones = AT(off_ones, float),
+        .lo = AT(off_lo, int64_t), .hi = AT(off_hi, int64_t), .qr = AT(off_qr, int64_t),
+    };
+#undef AT
+    for (int r = 0; r < (BQ > BK_MAX ? BQ : BK_MAX); r++) w.ones[r] = 1.0f;
+    return w;
+}
+
+/* D_i = dO_i · O_i for every row, in float64 then rounded: the row sum of P ∘ dP that
+ * the softmax's gradient subtracts (Σ_j P_ij dP_ij = dO_i · Σ_j P_ij v_j = dO_i · O_i). */
+static void row_dots(const attn_bwd_params *bp, float *D, int64_t r0, int64_t nr) {
+    const attn_params *p = &bp->fwd;
+    for (int64_t r = r0; r < r0 + nr; r++) {
+        const int64_t i = r % p->Lq, bh = r / p->Lq, h = bh % p->Hq, b = bh / p->Hq;
+        const float *o_i = (const float *)p->o + b * p->o_s[0] + h * p->o_s[1] + i * p->o_s[2];
+        const float *do_i = bp->d_o + b * bp->do_s[0] + h * bp->do_s[1] + i * bp->do_s[2];
+        double acc = 0.0;
+        for (int64_t d = 0; d < p->Dv; d++)
+            acc += (double)o_i[d * p->o_s[3]] * (double)do_i[d * bp->do_s[3]];
+        D[r] = (float)acc;
+    }
+}
+
+/* The key block j0 .. j0+nk-1 of head (b, g), in the layouts the tiles read (bwd_scratch);
+ * returns whether every K value of it is finite. Done once per key block, for all the
+ * query rows of the group's heads. */
+static bool pack_key_block(const attn_params *p, const bwd_plan *plan, const bwd_scratch *w,
+                           int64_t b, int64_t g, int64_t j0, int64_t nk) {
+    const int64_t dk = p->Dk, dv = p->Dv, bk = plan->bk, dkpad = plan->dkpad, nkpad = pad16(nk);
+    const float *k = (const float *)p->k + b * p->k_s[0] + g * p->k_s[1] + j0 * p->k_s[2];
+    const float *v = (const float *)p->v + b * p->v_s[0] + g * p->v_s[1] + j0 * p->v_s[2];
+    bool finite = true;
+    for (int64_t c = 0; c < nk; c++) {
+        for (int64_t d = 0; d < dk; d++) {
+            const float x = k[c * p->k_s[2] + d * p->k_s[3]];
+            finite &= isfinite(x) != 0;
+            w->kd[c * dk + d] = x;
+            w->kp[c * dkpad + d] = x;
+            w->kt[d * bk + c] = x;
+            w->ktd[d * nk + c] = x;
+        }
+        for (int64_t d = dk; d < dkpad; d++) w->kp[c * dkpad + d] = 0.0f;
+        for (int64_t d = 0; d < dv; d++) {
+            const float x = v[c * p->v_s[2] + d * p->v_s[3]];
+            w->vd[c * dv + d] = x;
+            w->vt[d * bk + c] = x;
+        }
+    }
+    for (int64_t d = 0; d < dk; d++)
+        for (int64_t c = nk; c < nkpad; c++) w->kt[d * bk + c] = 0.0f;
+    for (int64_t d = 0; d < dv; d++)
+        for (int64_t c = nk; c < nkpad; c++) w->vt[d * bk + c] = 0.0f;
+    return finite;
+}
+
+/* rows i0 .. i0+n-1 of (b, h) of a [.., .., L, width] view: the caller's memory when its
+ * last stride is 1, else a packed copy in buf; *ld gets the row stride */
+static const float *query_rows(const float *base, const int64_t st[4], int64_t width, int64_t b,
+                               int64_t h, int64_t i0, int64_t n, float *buf, int64_t *ld) {
+    const float *x = base + b * st[0] + h * st[1] + i0 * st[2];
+    if (st[3] == 1) {
+        *ld = st[2];
+        return x;
+    }
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t d = 0; d < width; d++) buf[r * width + d] = x[r * st[2] + d * st[3]];
+    *ld = width;
+    return buf;
+}
+
+/* ---- the fused path: one tile ----------------------------------------------------------
+ * Query rows i0 .. i0+n-1 of head h against the packed key block j0 .. j0+nk-1 (batch b):
+ * adds the tile's dV and dK to w->dv, w->dk and its dQ to dq_acc (rows i0.., stride Dk). */
+typedef struct bwd_tile {
+    int64_t b, h, lk_b, i0, n, j0, nk;
+    bool finite;  // every K value of the key block is finite
+} bwd_tile;
+
+static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const bwd_scratch *w,
+                          const bwd_tile *t, const float *D_bh, float *dq_acc) {
+    const attn_params *p = &bp->fwd;
+    const attn_kernels *kern = p->kernels;
+    const int64_t dk = p->Dk, dv = p->Dv, n = t->n, nk = t->nk, ld = plan->bk;
+    const int64_t nkpad = pad16(nk), dkpad = plan->dkpad;
+    const bool elementwise = attn_has_elementwise(p), softcap = p->softcap > 0.0f;
+
+    int64_t ldq, ldo;
+    const float *q = query_rows((const float *)p->q, p->q_s, dk, t->b, t->h, t->i0, n, w->q, &ldq);
+    const float *d_o = query_rows(bp->d_o, bp->do_s, dv, t->b, t->h, t->i0, n, w->d_o, &ldo);
+    const float *lse_bh = bp->lse + t->b * bp->lse_s[0] + t->h * bp->lse_s[1];
+    for (int64_t r = 0; r < n; r++) {
+        const float l = lse_bh[(t->i0 + r) * bp->lse_s[2]];
+        /* a fully masked row (LSE -inf) contributes nothing: P = exp(s - inf) = 0 rather
+         * than exp(-inf - -inf) = NaN */
+        w->lse[r] = l == -INFINITY ? INFINITY : l;
+        w->D[r] = D_bh[t->i0 + r];
+        attn_row_range(p, t->lk_b, t->i0 + r, &w->lo[r], &w->hi[r]);
+    }
+
+    /* forward (tile_logits): s = scale q_i · k_j, S = scale Q Kᵀ here in (rows, keys) */
+    kern->qk(nk, nkpad, n, dk, w->kd, w->kt, ld, q, ldq, p->scale, w->s, ld);
+
+    for (int64_t r = 0; r < n; r++) {
+        float *s_r = w->s + r * ld, *cap_r = w->cap + r * ld;
+        /* the row's structural range within the block; keys outside it (and the padding
+         * columns) are -inf, whatever K held there */
+        int64_t a = w->lo[r] - t->j0, e = w->hi[r] - t->j0;
+        a = a < 0 ? 0 : a > nk ? nk : a;
+        e = e < a ? a : e > nk ? nk : e;
+        for (int64_t c = 0; c < a; c++) s_r[c] = -INFINITY;
+        for (int64_t c = e; c < nkpad; c++) s_r[c] = -INFINITY;
+        if (elementwise) {
+            const int64_t i = t->i0 + r, d_i = attn_diagonal(p, t->lk_b, i);
+            for (int64_t c = a; c < e; c++) {
+                if (softcap) {  // forward: s = softcap * tanh(s / softcap); ds/draw = 1 - tanh²
+                    const float th = tanhf(s_r[c] / p->softcap);
+                    cap_r[c] = 1.0f - th * th;
+                }
+                s_r[c] = attn_finish_logit(p, s_r[c], t->b, t->h, i, t->j0 + c, d_i);
+            }
+        }
+        /* forward: P_ij = exp(s_ij - m_i) / l_i = exp(s_ij - lse_i). A recomputed logit may
+         * exceed the float32 LSE by an ulp (the forward may have summed it in another
+         * order): the argument is clamped at 0 (NaN kept, as NaN > 0 is false) so that
+         * the kernel's exp is asked only for x <= 0. */
+        const float l = w->lse[r];
+#pragma omp simd
+        for (int64_t c = 0; c < nkpad; c++) {
+            const float x = s_r[c] - l;
+            s_r[c] = x > 0.0f ? 0.0f : x;
+        }
+        kern->exp(nkpad, s_r, s_r);
+    }
+
+    /* forward: o_i = Σ_j P_ij v_j, so dV_j += Σ_i P_ij dO_i (a zero P never multiplies:
+     * a fully masked row's dO is not read) */
+    kern->pv(nk, nkpad, n, dv, w->s, ld, d_o, ldo, w->ones, w->dv, dv, true);
+
+    /* dP_ij = dO_i · v_j: dP = dO Vᵀ, with qk's roles swapped as for S */
+    kern->qk(nk, nkpad, n, dv, w->vd, w->vt, ld, d_o, ldo, 1.0f, w->dp, ld);
+
+    /* softmax: dS_ij = P_ij (dP_ij - D_i); then through the softcap (x cap_ij) and the
+     * scale (forward: s = scale q_i · k_j). P = 0 (masked) gives dS = 0 exactly, whatever
+     * dP holds: a masked key's V may be NaN. */
+    for (int64_t r = 0; r < n; r++) {
+        const float *P_r = w->s + r * ld, *cap_r = w->cap + r * ld;
+        float *dS_r = w->dp + r * ld;
+        const float D_r = w->D[r], scale = p->scale;
+        if (softcap) {
+            for (int64_t c = 0; c < nkpad; c++) {
+                const float ds = P_r[c] == 0.0f ? 0.0f : P_r[c] * (dS_r[c] - D_r) * cap_r[c];
+                dS_r[c] = ds * scale;
+            }
+        } else {
+#pragma omp simd
+            for (int64_t c = 0; c < nkpad; c++) {
+                const float ds = P_r[c] == 0.0f ? 0.0f : P_r[c] * (dS_r[c] - D_r);
+                dS_r[c] = ds * scale;
+            }
+        }
+    }
+
+    /* forward: s = scale q_i · k_j, so dK_j += Σ_i dS_ij q_i (a zero dS never multiplies) */
+    kern->pv(nk, nkpad, n, dk, w->dp, ld, q, ldq, w->ones, w->dk, dk, true);
+
+    /* ... and dQ_i += Σ_j dS_ij k_j, summed over the tile before it is added */
+    if (dk == 0) return;
+    if (t->finite) {
+        /* qk with dS as its "keys" and K as its packed "rows": (dS K) in (rows, dkpad) */
+        kern->qk(dk, dkpad, n, nk, w->ktd, w->kp, dkpad, w->dp, ld, 1.0f, w->dqt, dkpad);
+        for (int64_t r = 0; r < n; r++) {
+            float *acc = dq_acc + r * dk;
+            const float *x = w->dqt + r * dkpad;
+#pragma omp simd
+            for (int64_t d = 0; d < dk; d++) acc[d] += x[d];
+        }
+    } else {
+        /* a NaN or Inf in K: pv on dSᵀ, which skips the zero dS of masked keys */
+        const int64_t npad = pad16(n);
+        for (int64_t c = 0; c < nk; c++) {
+            for (int64_t r = 0; r < n; r++) w->dst[c * BQ + r] = w->dp[r * ld + c];
+            for (int64_t r = n; r < npad; r++) w->dst[c * BQ + r] = 0.0f;
+        }
+        kern->pv(n, npad, nk, dk, w->dst, BQ, w->kd, dk, w->ones, dq_acc, dk, true);
+    }
+}
+
+/* ---- the fused path: the items ------------------------------------------------------- */
+
+/* Item u = (b, g, c): the keys of chunk c of head (b, g), against every query row of the
+ * group's heads that reads them. */
+static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const bwd_scratch *w,
+                          const float *D, float *part, int64_t u) {
+    const attn_params *p = &bp->fwd;
+    const int64_t c = u % plan->chunks, bg = u / plan->chunks;
+    const int64_t b = bg / p->Hkv, g = bg % p->Hkv, G = p->group;
+    const int64_t Lq = p->Lq, Dk = p->Dk, Dv = p->Dv, bk = plan->bk;
+    const int64_t lk_b = attn_key_len(p, b);
+
+    /* this chunk's dQ partial of the group's heads: (G, Lq, Dk), from 0 */
+    float *part_c = part + ((c * p->B + b) * p->Hq + g * G) * Lq * Dk;
+    memset(part_c, 0, (size_t)(G * Lq * Dk) * sizeof(float));
+
+    /* each query block's union of key ranges, [jmin, jmax) (empty: jmin = jmax = 0) */
+    for (int64_t qb = 0; qb < plan->q_blocks; qb++) {
+        int64_t jmin = INT64_MAX, jmax = 0;
+        for (int64_t i = qb * BQ; i < (qb + 1) * BQ && i < Lq; i++) {
+            int64_t lo, hi;
+            attn_row_range(p, lk_b, i, &lo, &hi);
+            if (lo >= hi) continue;
+            if (lo < jmin) jmin = lo;
+            if (hi > jmax) jmax = hi;
+        }
+        w->qr[2 * qb] = jmin == INT64_MAX ? 0 : jmin;
+        w->qr[2 * qb + 1] = jmax;
+    }
+
+    const int64_t kb_end = (c + 1) * plan->chunk_blocks < plan->k_blocks
+                               ? (c + 1) * plan->chunk_blocks
+                               : plan->k_blocks;
+    for (int64_t kb = c * plan->chunk_blocks; kb < kb_end; kb++) {
+        bwd_tile t = {.b = b, .lk_b = lk_b, .j0 = kb * bk};
+        t.nk = p->Lk - t.j0 < bk ? p->Lk - t.j0 : bk;
+        memset(w->dk, 0, (size_t)(t.nk * Dk) * sizeof(float));
+        memset(w->dv, 0, (size_t)(t.nk * Dv) * sizeof(float));
+        bool packed = false;
+        for (int64_t hh = 0; hh < G; hh++) {
+            t.h = g * G + hh;
+            for (int64_t qb = 0; qb < plan->q_blocks; qb++) {
+                if (w->qr[2 * qb + 1] <= t.j0 || w->qr[2 * qb] >= t.j0 + t.nk) continue;
+                if (!packed) {  // only a block some row reads is packed
+                    t.finite = pack_key_block(p, plan, w, b, g, t.j0, t.nk);
+                    packed = true;
+                }
+                t.i0 = qb * BQ;
+                t.n = Lq - t.i0 < BQ ? Lq - t.i0 : BQ;
+                tile_backward(bp, plan, w, &t, D + (b * p->Hq + t.h) * Lq,
+                              part_c + (hh * Lq + t.i0) * Dk);
+            }
+        }
+        float *dk_b = bp->dk + b * bp->dk_s[0] + g * bp->dk_s[1] + t.j0 * bp->dk_s[2];
+        float *dv_b = bp->dv + b * bp->dv_s[0] + g * bp->dv_s[1] + t.j0 * bp->dv_s[2];
+        for (int64_t r = 0; r < t.nk; r++) {
+            for (int64_t d = 0; d < Dk; d++) dk_b[r * bp->dk_s[2] + d * bp->dk_s[3]] = w->dk[r * Dk + d];
+            for (int64_t d = 0; d < Dv; d++) dv_b[r * bp->dv_s[2] + d * bp->dv_s[3]] = w->dv[r * Dv + d];
+        }
+    }
+}
+
+attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
+    const attn_params *p = &bp->fwd;
+    bwd_plan plan;
+    make_plan(bp, &plan);  // cannot fail: the workspace query succeeded with the same bp
+    char *base = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
+    float *D = (float *)(base + plan.off_d);
+    float *part = (float *)(base + plan.off_part);
+    const int64_t rows = p->B * p->Hq * p->Lq, Dk = p->Dk;
+    const int64_t row_chunks = (rows + 255) / 256;
+
+#pragma omp parallel num_threads(p->threads)
+    {
+#ifdef _OPENMP
+        const int tid = omp_get_thread_num();
+#else
+        const int tid = 0;
+#endif
+        const bwd_scratch w = carve(&plan, base + (size_t)tid * plan.thread_bytes);
+#pragma omp for schedule(static)
+        for (int64_t rc = 0; rc < row_chunks; rc++)
+            row_dots(bp, D, rc * 256, rows - rc * 256 < 256 ? rows - rc * 256 : 256);
+        /* implicit barrier: every D_i is ready */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t u = 0; u < plan.items; u++) item_backward(bp, &plan, &w, D, part, u);
+        /* dq = the chunks' partials summed in chunk order */
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t i = r % p->Lq, bh = r / p->Lq, h = bh % p->Hq, b = bh / p->Hq;
+            float *dq_i = bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1] + i * bp->dq_s[2];
+            for (int64_t d = 0; d < Dk; d++) {
+                float acc = part[r * Dk + d];
+                for (int64_t c = 1; c < plan.chunks; c++) acc += part[(c * rows + r) * Dk + d];
+                dq_i[d * bp->dq_s[3]] = acc;
+            }
+        }
+    }
+    return ATTN_OK;
+}

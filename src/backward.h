@@ -1,0 +1,50 @@
+/*
+ * backward.h — what the backward pass's parts share and users never see: the backward
+ *              params (the forward's, extended by dO, LSE and the three gradients), the
+ *              entry points of its two paths, and the float64 helpers the tests use to
+ *              check gradients against finite differences.
+ *
+ * What it is not: a second place that validates arguments. attn_backward (backward.c)
+ * fills attn_bwd_params once, through attn_params_init for everything the forward call
+ * shares, and the paths trust it.
+ */
+#ifndef ATTN_BACKWARD_H
+#define ATTN_BACKWARD_H
+
+#include "attn_internal.h"
+
+/* The forward params (q, k, v, o, masks, scale, softcap, path, threads ... exactly as in
+ * the forward call; fwd.lse and fwd.weights are NULL) and what only the backward has. */
+typedef struct attn_bwd_params {
+    attn_params fwd;
+    const float *d_o;  int64_t do_s[4];    /* (B, Hq,  Lq, Dv)  dLoss/dO            */
+    const float *lse;  int64_t lse_s[3];   /* (B, Hq,  Lq)      the forward's LSE   */
+    float *dq;         int64_t dq_s[4];    /* (B, Hq,  Lq, Dk)  written             */
+    float *dk;         int64_t dk_s[4];    /* (B, Hkv, Lk, Dk)  written             */
+    float *dv;         int64_t dv_s[4];    /* (B, Hkv, Lk, Dv)  written             */
+} attn_bwd_params;
+
+/* The paths. Each returns ATTN_OK (the workspace was sized by the matching function,
+ * which returns (size_t)-1 when the size overflows). */
+ATTN_PRIVATE size_t attn_fused_backward_workspace(const attn_bwd_params *bp);
+ATTN_PRIVATE attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws);
+ATTN_PRIVATE size_t attn_reference_backward_workspace(const attn_bwd_params *bp);
+ATTN_PRIVATE attn_status attn_reference_backward(const attn_bwd_params *bp, void *ws);
+
+/* ---- float64 helpers for the tests (reference_backward.c) -----------------------------
+ * The reference's own arithmetic on dense float64 arrays, so that a test can perturb an
+ * input by 1e-6 (impossible in float32) and difference the forward. The options (scale,
+ * softcap, masks, bias, kv_len, ALiBi, alignment, window, threads) come from p, filled by
+ * attn_params_init; p's data pointers are not read. Dense C order:
+ *   q, dq [B, Hq, Lq, Dk]   k, dk [B, Hkv, Lk, Dk]   v, dv [B, Hkv, Lk, Dv]
+ *   o, d_o [B, Hq, Lq, Dv]  lse [B, Hq, Lq] (may be NULL)
+ * They allocate their scratch themselves: ATTN_OK or ATTN_ERR_NOMEM. */
+ATTN_PRIVATE attn_status attn_ref64_forward(const attn_params *p, const double *q,
+                                            const double *k, const double *v, double *o,
+                                            double *lse);
+ATTN_PRIVATE attn_status attn_ref64_backward(const attn_params *p, const double *q,
+                                             const double *k, const double *v,
+                                             const double *d_o, double *dq, double *dk,
+                                             double *dv, bool magnitudes);
+
+#endif /* ATTN_BACKWARD_H */

@@ -1,0 +1,306 @@
+/*
+ * reference_backward.c — the float64 reference backward pass: the oracle of the fused
+ *                        backward, selectable at run time with ATTN_PATH_REFERENCE; and the
+ *                        float64 forward and backward on dense arrays that the tests
+ *                        difference (backward.h).
+ *
+ * Straightforward on purpose. For each batch and key/value head it copies the group's
+ * inputs into float64, and for each query head of the group it materializes the Lq x Lk
+ * probabilities P and the logit gradients dS, then forms
+ *     dQ = dS K,   dK += dSᵀ Q,   dV += Pᵀ dO       (dK, dV summed over the group's heads)
+ * in float64. Every row is recomputed from Q, K and V: the forward's O and LSE, which the
+ * fused path reads, are validated by attn_backward but not used here — the oracle is the
+ * exact gradient of the function at these inputs, not of the forward's float32 rounding.
+ * Not fast: it needs (2 or 3) * Lq * Lk doubles of workspace. Rows (then keys) run in
+ * parallel, each computed by one thread in a fixed order: results do not depend on the
+ * thread count.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backward.h"
+
+/* ---- one row of probabilities ------------------------------------------------------- */
+
+/* Row i of query head h (batch b): P_i[j] = the row's softmax of the final logits, 0 for
+ * a masked key and all 0 for a fully masked row. When cap_i is given (softcap > 0),
+ * cap_i[j] = d s_ij / d raw_ij = 1 - tanh²(raw_ij / softcap) for the keys of the row's
+ * structural range. Returns the row's LSE (-inf when fully masked). The order of
+ * operations is the contract's, as in reference.c:
+ *     raw = scale * (q_i · k_j)
+ *     s   = softcap * tanh(raw / softcap)       (if softcap > 0)
+ *     s  += bias_ij - slope_h * |d_i - j|       (if given)
+ *     s   = -inf where masked
+ *     P_ij = exp(s_ij - m_i) / l_i
+ *   q_i (Dk)   k (Lk, Dk)   P_i, cap_i (Lk) */
+static double ref_row(const attn_params *p, int64_t b, int64_t h, int64_t i,
+                      const double *q_i, const double *k, double *P_i, double *cap_i) {
+    const int64_t lk_b = attn_key_len(p, b), Dk = p->Dk;
+    int64_t lo, hi;
+    attn_row_range(p, lk_b, i, &lo, &hi);
+    const int64_t d_i = attn_diagonal(p, lk_b, i);
+    double m = -INFINITY;
+    for (int64_t j = 0; j < p->Lk; j++) {
+        if (j < lo || j >= hi) {  // masked by structure: k_j is never read
+            P_i[j] = -INFINITY;
+            continue;
+        }
+        const double *k_j = k + j * Dk;
+        double dot = 0.0;
+        for (int64_t d = 0; d < Dk; d++) dot += q_i[d] * k_j[d];
+        double s = (double)p->scale * dot;
+        if (p->softcap > 0.0f) {
+            const double t = tanh(s / (double)p->softcap);
+            s = (double)p->softcap * t;
+            if (cap_i) cap_i[j] = 1.0 - t * t;
+        }
+        if (p->bias)
+            s += p->bias[b * p->bias_s[0] + h * p->bias_s[1] + i * p->bias_s[2] + j * p->bias_s[3]];
+        if (p->alibi) s -= (double)p->alibi[h * p->alibi_s] * (double)llabs(d_i - j);
+        if (p->mask &&
+            !p->mask[b * p->mask_s[0] + h * p->mask_s[1] + i * p->mask_s[2] + j * p->mask_s[3]])
+            s = -INFINITY;
+        P_i[j] = s;
+        if (isnan(s) || s > m) m = s;  // NaN sticks, as in the forward
+    }
+    if (m == -INFINITY) {  // fully masked: P = 0, LSE = -inf, no gradient
+        for (int64_t j = 0; j < p->Lk; j++) P_i[j] = 0.0;
+        return -INFINITY;
+    }
+    double l = 0.0;
+    for (int64_t j = 0; j < p->Lk; j++) {
+        P_i[j] = exp(P_i[j] - m);  // exp(-inf - m) = 0 for masked keys
+        l += P_i[j];
+    }
+    for (int64_t j = 0; j < p->Lk; j++) P_i[j] /= l;
+    return m + log(l);
+}
+
+/* ---- one key/value group ------------------------------------------------------------ */
+
+/* Scratch of one group: P and dS (Lq, Lk) each, and the softcap factors (Lq, Lk) when
+ * softcap > 0. */
+static int64_t ref_mats(const attn_params *p) { return p->softcap > 0.0f ? 3 : 2; }
+
+/* The forward of the query heads h = g*group .. of key/value head g, batch b.
+ *   q (group, Lq, Dk)  k (Lk, Dk)  v (Lk, Dv)  o (group, Lq, Dv)  lse (group, Lq) or NULL
+ *   P (Lq, Lk) scratch */
+static void ref_group_forward(const attn_params *p, int64_t b, int64_t g, const double *q,
+                              const double *k, const double *v, double *o, double *lse,
+                              double *P) {
+    const int64_t Lq = p->Lq, Lk = p->Lk, Dk = p->Dk, Dv = p->Dv;
+    for (int64_t hh = 0; hh < p->group; hh++) {
+        const int64_t h = g * p->group + hh;
+#pragma omp parallel for schedule(static) num_threads(p->threads)
+        for (int64_t i = 0; i < Lq; i++) {
+            double *P_i = P + i * Lk;
+            const double l = ref_row(p, b, h, i, q + (hh * Lq + i) * Dk, k, P_i, NULL);
+            if (lse) lse[hh * Lq + i] = l;
+            double *o_i = o + (hh * Lq + i) * Dv;
+            for (int64_t d = 0; d < Dv; d++) o_i[d] = 0.0;
+            for (int64_t j = 0; j < Lk; j++) {
+                if (P_i[j] == 0.0) continue;  // a masked key's V is never multiplied
+                for (int64_t d = 0; d < Dv; d++) o_i[d] += P_i[j] * v[j * Dv + d];
+            }
+        }
+    }
+}
+
+/* The gradients of the same heads. dq is written; dk and dv are written with the sum
+ * over the group's query heads.
+ *   q, dq (group, Lq, Dk)  k, dk (Lk, Dk)  v, dv (Lk, Dv)  d_o (group, Lq, Dv)
+ *   mats: ref_mats(p) scratch matrices of (Lq, Lk) */
+static void ref_group_backward(const attn_params *p, int64_t b, int64_t g, const double *q,
+                               const double *k, const double *v, const double *d_o,
+                               double *dq, double *dk, double *dv, double *mats, bool mag) {
+    const int64_t Lq = p->Lq, Lk = p->Lk, Dk = p->Dk, Dv = p->Dv;
+    double *P = mats, *dS = mats + Lq * Lk;
+    double *cap = p->softcap > 0.0f ? mats + 2 * Lq * Lk : NULL;
+    const double scale = (double)p->scale;
+    memset(dk, 0, (size_t)(Lk * Dk) * sizeof(double));
+    memset(dv, 0, (size_t)(Lk * Dv) * sizeof(double));
+
+    for (int64_t hh = 0; hh < p->group; hh++) {
+        const int64_t h = g * p->group + hh;
+        const double *q_h = q + hh * Lq * Dk, *do_h = d_o + hh * Lq * Dv;
+        double *dq_h = dq + hh * Lq * Dk;
+
+        /* rows: P, dS and dQ */
+#pragma omp parallel for schedule(static) num_threads(p->threads)
+        for (int64_t i = 0; i < Lq; i++) {
+            double *P_i = P + i * Lk, *dS_i = dS + i * Lk, *cap_i = cap ? cap + i * Lk : NULL;
+            const double *do_i = do_h + i * Dv;
+            ref_row(p, b, h, i, q_h + i * Dk, k, P_i, cap_i);
+
+            /* forward: o_i = Σ_j P_ij v_j, so dP_ij = dO_i · v_j; and
+             * D_i = Σ_j P_ij dP_ij (= dO_i · o_i with the float64 o_i) */
+            double D_i = 0.0;
+            for (int64_t j = 0; j < Lk; j++) {
+                dS_i[j] = 0.0;
+                if (P_i[j] == 0.0) continue;  // masked: v_j is not read
+                double dp = 0.0;
+                for (int64_t d = 0; d < Dv; d++) dp += do_i[d] * v[j * Dv + d];
+                dS_i[j] = dp;
+                D_i += P_i[j] * dp;
+            }
+            /* forward: P_ij = exp(s_ij - m_i) / l_i, whose Jacobian is
+             * dP_ij/ds_il = P_ij (δ_jl - P_il), so dS_ij = P_ij (dP_ij - D_i);
+             * forward: s = softcap * tanh(raw / softcap), ds/draw = 1 - tanh²;
+             * forward: raw = scale * (q_i · k_j), the scale goes to dQ and dK.
+             * Bias, ALiBi and masks are constants: no gradient flows to them. */
+            for (int64_t j = 0; j < Lk; j++) {
+                if (P_i[j] == 0.0) continue;
+                double ds = mag ? P_i[j] * (fabs(dS_i[j]) + fabs(D_i)) : P_i[j] * (dS_i[j] - D_i);
+                if (cap_i) ds *= cap_i[j];
+                dS_i[j] = mag ? fabs(scale * ds) : scale * ds;
+            }
+            /* forward: raw_ij = scale * q_i · k_j, so dq_i = Σ_j dS_ij k_j */
+            double *dq_i = dq_h + i * Dk;
+            for (int64_t d = 0; d < Dk; d++) dq_i[d] = 0.0;
+            for (int64_t j = 0; j < Lk; j++) {
+                if (dS_i[j] == 0.0) continue;
+                for (int64_t d = 0; d < Dk; d++) dq_i[d] += dS_i[j] * (mag ? fabs(k[j * Dk + d]) : k[j * Dk + d]);
+            }
+        }
+
+        /* keys: dK_j += Σ_i dS_ij q_i, dV_j += Σ_i P_ij dO_i, this head after the last */
+#pragma omp parallel for schedule(static) num_threads(p->threads)
+        for (int64_t j = 0; j < Lk; j++) {
+            double *dk_j = dk + j * Dk, *dv_j = dv + j * Dv;
+            for (int64_t i = 0; i < Lq; i++) {
+                const double P_ij = P[i * Lk + j], dS_ij = dS[i * Lk + j];
+                if (P_ij != 0.0)
+                    for (int64_t d = 0; d < Dv; d++)
+                        dv_j[d] += P_ij * (mag ? fabs(do_h[i * Dv + d]) : do_h[i * Dv + d]);
+                if (dS_ij != 0.0)
+                    for (int64_t d = 0; d < Dk; d++)
+                        dk_j[d] += dS_ij * (mag ? fabs(q_h[i * Dk + d]) : q_h[i * Dk + d]);
+            }
+        }
+    }
+}
+
+/* ---- sizes ---------------------------------------------------------------------------- */
+
+/* a * b + c without overflow, into *r; false when it overflows */
+static bool madd(int64_t a, int64_t b, int64_t c, int64_t *r) {
+    int64_t t;
+    return !__builtin_mul_overflow(a, b, &t) && !__builtin_add_overflow(t, c, r);
+}
+
+/* Doubles of one group's scratch: the matrices, then (when dense_io) the group's copies
+ * of q, dq, d_o, k, dk, v, dv. -1 on overflow. */
+static int64_t group_doubles(const attn_params *p, bool dense_io) {
+    int64_t n = 0, lqlk;
+    if (__builtin_mul_overflow(p->Lq, p->Lk, &lqlk) || !madd(ref_mats(p), lqlk, 0, &n))
+        return -1;
+    if (!dense_io) return n;
+    int64_t rows_q;
+    if (__builtin_mul_overflow(p->group, p->Lq, &rows_q)) return -1;
+    if (!madd(rows_q, 2 * p->Dk + p->Dv, n, &n)) return -1;      // q, dq, d_o
+    if (!madd(p->Lk, 2 * p->Dk + 2 * p->Dv, n, &n)) return -1;   // k, dk, v, dv
+    return n;
+}
+
+/* ---- the public path ------------------------------------------------------------------ */
+
+size_t attn_reference_backward_workspace(const attn_bwd_params *bp) {
+    const int64_t n = group_doubles(&bp->fwd, true);
+    if (n < 0 || (uint64_t)n > SIZE_MAX / sizeof(double)) return (size_t)-1;
+    return (size_t)n * sizeof(double);
+}
+
+/* the float rows of a strided view into dense doubles, and back */
+static void gather(const float *x, int64_t s_row, int64_t s_col, int64_t rows, int64_t cols,
+                   double *out) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) out[r * cols + c] = x[r * s_row + c * s_col];
+}
+static void scatter(const double *in, int64_t rows, int64_t cols, float *x, int64_t s_row,
+                    int64_t s_col) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) x[r * s_row + c * s_col] = (float)in[r * cols + c];
+}
+
+attn_status attn_reference_backward(const attn_bwd_params *bp, void *ws) {
+    const attn_params *p = &bp->fwd;
+    const int64_t Lq = p->Lq, Lk = p->Lk, Dk = p->Dk, Dv = p->Dv, G = p->group;
+    double *mats = ws;
+    double *q = mats + ref_mats(p) * Lq * Lk;  // (G, Lq, Dk)
+    double *dq = q + G * Lq * Dk;              // (G, Lq, Dk)
+    double *d_o = dq + G * Lq * Dk;            // (G, Lq, Dv)
+    double *k = d_o + G * Lq * Dv;             // (Lk, Dk)
+    double *dk = k + Lk * Dk;                  // (Lk, Dk)
+    double *v = dk + Lk * Dk;                  // (Lk, Dv)
+    double *dv = v + Lk * Dv;                  // (Lk, Dv)
+
+    for (int64_t b = 0; b < p->B; b++)
+        for (int64_t g = 0; g < p->Hkv; g++) {
+            for (int64_t hh = 0; hh < G; hh++) {
+                const int64_t h = g * G + hh;
+                gather((const float *)p->q + b * p->q_s[0] + h * p->q_s[1], p->q_s[2], p->q_s[3], Lq, Dk,
+                       q + hh * Lq * Dk);
+                gather(bp->d_o + b * bp->do_s[0] + h * bp->do_s[1], bp->do_s[2], bp->do_s[3],
+                       Lq, Dv, d_o + hh * Lq * Dv);
+            }
+            /* all Lk rows, the structurally masked ones included: ref_row never reads
+             * them, and a NaN copied here goes nowhere */
+            gather((const float *)p->k + b * p->k_s[0] + g * p->k_s[1], p->k_s[2], p->k_s[3], Lk, Dk, k);
+            gather((const float *)p->v + b * p->v_s[0] + g * p->v_s[1], p->v_s[2], p->v_s[3], Lk, Dv, v);
+
+            ref_group_backward(p, b, g, q, k, v, d_o, dq, dk, dv, mats, false);
+
+            for (int64_t hh = 0; hh < G; hh++) {
+                const int64_t h = g * G + hh;
+                scatter(dq + hh * Lq * Dk, Lq, Dk, bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1],
+                        bp->dq_s[2], bp->dq_s[3]);
+            }
+            scatter(dk, Lk, Dk, bp->dk + b * bp->dk_s[0] + g * bp->dk_s[1], bp->dk_s[2],
+                    bp->dk_s[3]);
+            scatter(dv, Lk, Dv, bp->dv + b * bp->dv_s[0] + g * bp->dv_s[1], bp->dv_s[2],
+                    bp->dv_s[3]);
+        }
+    return ATTN_OK;
+}
+
+/* ---- float64 helpers for the tests -------------------------------------------------- */
+
+static double *alloc_mats(const attn_params *p) {
+    const int64_t n = group_doubles(p, false);
+    if (n < 0 || (uint64_t)n > SIZE_MAX / sizeof(double)) return NULL;
+    return malloc(n > 0 ? (size_t)n * sizeof(double) : 1);
+}
+
+attn_status attn_ref64_forward(const attn_params *p, const double *q, const double *k,
+                               const double *v, double *o, double *lse) {
+    double *P = alloc_mats(p);
+    if (!P) return attn_fail(ATTN_ERR_NOMEM, "attn_ref64_forward: scratch");
+    const int64_t Lq = p->Lq, Lk = p->Lk, G = p->group;
+    for (int64_t b = 0; b < p->B; b++)
+        for (int64_t g = 0; g < p->Hkv; g++) {
+            const int64_t h0 = b * p->Hq + g * G, g0 = b * p->Hkv + g;
+            ref_group_forward(p, b, g, q + h0 * Lq * p->Dk, k + g0 * Lk * p->Dk,
+                              v + g0 * Lk * p->Dv, o + h0 * Lq * p->Dv,
+                              lse ? lse + h0 * Lq : NULL, P);
+        }
+    free(P);
+    return ATTN_OK;
+}
+
+attn_status attn_ref64_backward(const attn_params *p, const double *q, const double *k,
+                                const double *v, const double *d_o, double *dq, double *dk,
+                                double *dv, bool magnitudes) {
+    double *mats = alloc_mats(p);
+    if (!mats) return attn_fail(ATTN_ERR_NOMEM, "attn_ref64_backward: scratch");
+    const int64_t Lq = p->Lq, Lk = p->Lk, Dk = p->Dk, Dv = p->Dv, G = p->group;
+    for (int64_t b = 0; b < p->B; b++)
+        for (int64_t g = 0; g < p->Hkv; g++) {
+            const int64_t h0 = b * p->Hq + g * G, g0 = b * p->Hkv + g;
+            ref_group_backward(p, b, g, q + h0 * Lq * Dk, k + g0 * Lk * Dk, v + g0 * Lk * Dv,
+                               d_o + h0 * Lq * Dv, dq + h0 * Lq * Dk, dk + g0 * Lk * Dk,
+                               dv + g0 * Lk * Dv, mats, magnitudes);
+        }
+    free(mats);
+    return ATTN_OK;
+}
