@@ -96,6 +96,13 @@ for r in rows:
 '
 if ! grep -q 'fp32 FMA peak:' table.txt; then ok "--no-machine skips the peak"; else bad "--no-machine still measured"; fi
 
+expect "--machine-only" 0 "$ATTN" bench --quick --quiet --machine-only --json
+pycheck "--machine-only measures and runs no case" '
+import json
+d = json.load(open("out.txt"))
+assert d["cases"] == [] and d["machine"]["measured"] is True and d["machine"]["bw_gbs_n"] > 0, d
+'
+
 expect "--list" 0 "$ATTN" bench --quick --list --shapes '*causal'
 if [ -s out.txt ] && ! grep -qv 'causal$' out.txt; then ok "--list --shapes lists only the matches"; else
     bad "--list --shapes"; cat out.txt; fi
@@ -133,7 +140,7 @@ expect "a planted error fails a subset check too" 1 "$ATTN" bench --quick --quie
 
 # ---- usage errors: exit 2, one line on stderr --------------------------------------------------
 for args in "--bogus" "--reps 0" "--threads x" "--isa sse9" "--vs onnx" "--shapes nothing-matches" \
-            "--json --json-out x.json" "--check-budget 0" "stray"; do
+            "--json --json-out x.json" "--check-budget 0" "--machine-only --no-machine" "stray"; do
     # shellcheck disable=SC2086
     expect "usage error: $args" 2 "$ATTN" bench --quick $args
     if [ "$(wc -l <err.txt)" -eq 1 ] && [ ! -s out.txt ]; then ok "  one line on stderr: $(cat err.txt)"; else

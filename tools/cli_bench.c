@@ -70,6 +70,7 @@ static const char BENCH_USAGE[] =
     "  --ref-max-l N         also time the float64 reference path where Lq, Lk <= N\n"
     "                        (default 1024; 0 = never)\n"
     "  --no-machine          skip measuring the peak and the bandwidth\n"
+    "  --machine-only        measure the peak and the bandwidth, run no case\n"
     "  --json                print one JSON object on stdout instead of the table\n"
     "  --json-out FILE       print the table and also write the JSON object to FILE\n"
     "  --vs torch            also time PyTorch's scaled_dot_product_attention on the CPU,\n"
@@ -115,7 +116,7 @@ static double median(double *t, int n) {
 /* ---- options ------------------------------------------------------------------------ */
 
 typedef struct bench_args {
-    bool quick, list, json, no_machine, setup_torch, plant_error, quiet;
+    bool quick, list, json, no_machine, machine_only, setup_torch, plant_error, quiet;
     const char *shapes, *isa, *vs, *python, *torch_script, *json_out;
     int threads, reps, warmup;
     int64_t ref_max_l;
@@ -138,7 +139,8 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         {"--quick", NULL, &a->quick},           {"--list", NULL, &a->list},
         {"--json", NULL, &a->json},             {"--no-machine", NULL, &a->no_machine},
         {"--setup-torch", NULL, &a->setup_torch}, {"--plant-error", NULL, &a->plant_error},
-        {"--quiet", NULL, &a->quiet},           {"--shapes", &a->shapes, NULL},
+        {"--quiet", NULL, &a->quiet},           {"--machine-only", NULL, &a->machine_only},
+        {"--shapes", &a->shapes, NULL},
         {"--isa", &a->isa, NULL},               {"--vs", &a->vs, NULL},
         {"--python", &a->python, NULL},         {"--torch-script", &a->torch_script, NULL},
         {"--json-out", &a->json_out, NULL},     {"--threads", &threads, NULL},
@@ -211,6 +213,8 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         return say(EXIT_USAGE, "--vs: only 'torch' is implemented, got '%s'", a->vs);
     if (a->json && a->json_out)
         return say(EXIT_USAGE, "--json and --json-out: choose one");
+    if (a->machine_only && (a->no_machine || a->vs))
+        return say(EXIT_USAGE, "--machine-only: runs no case, so neither --no-machine nor --vs");
     return 0;
 }
 
@@ -1030,6 +1034,7 @@ static void print_table(FILE *f, const machine *m, const bench_case *c, int n, c
                 m->bw_mib, m->bw_isa, m->bw_1, m->bw_n, m->threads);
     }
     if (tp && tp->version[0]) fprintf(f, "torch %s (%s)\n", tp->version, tp->info);
+    if (n == 0) return;
     fprintf(f, "medians; GFLOP/s = 2*(Dk+Dv)*B*Hq*pairs/time; %%peak of the %d-thread FMA peak; "
             "GB/s = K and V bytes/time\n\n", m->threads);
     fprintf(f, "%-24s %-22s %-6s %-5s %3s %-7s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s\n",
@@ -1108,6 +1113,7 @@ int cli_bench(int argc, char **argv) {
         return 0;
     }
     if (n == 0) return say(EXIT_USAGE, "--shapes '%s' matches no case (see --list)", a.shapes);
+    if (a.machine_only) n = 0;
 
     /* ATTN_ISA is read once, at the library's first kernel choice: set it before. */
     if (a.isa) setenv("ATTN_ISA", a.isa, 1);
