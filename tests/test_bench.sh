@@ -127,7 +127,7 @@ expect "a planted error fails the check" 1 "$ATTN" bench --quick --quiet --no-ma
 if grep -q 'FAIL' out.txt && grep -q 'check FAILED' out.txt; then ok "the failure is shown in the table"; else
     bad "no FAIL row"; cat out.txt; fi
 
-expect "subsets checked under a small budget" 0 "$ATTN" bench --quick --quiet --no-machine --check-budget 50000 --json
+expect "subsets checked under a small budget" 0 "$ATTN" bench --quick --quiet --no-machine --check-budget 50000 --ref-max-l 0 --json
 pycheck "subset checks (last rows, bottom-right diagonal) pass on causal, window, mask, GQA" '
 import json
 d = json.load(open("out.txt"))
@@ -136,7 +136,7 @@ assert len(sub) >= 8 and all(c["check"] == "pass" for c in d["cases"]), d["cases
 assert {c["mask"] for c in sub} == {"none", "causal", "bool", "window"}, sub
 assert any("rows" in c["checked"] and not c["checked"].endswith("rows 0..%d" % (c["Lq"] - 1)) for c in sub)
 '
-expect "a planted error fails a subset check too" 1 "$ATTN" bench --quick --quiet --no-machine --check-budget 50000 --plant-error --shapes 'win-*,gqa-*'
+expect "a planted error fails a subset check too" 1 "$ATTN" bench --quick --quiet --no-machine --check-budget 50000 --ref-max-l 0 --plant-error --shapes 'win-*,gqa-*'
 
 # ---- usage errors: exit 2, one line on stderr --------------------------------------------------
 for args in "--bogus" "--reps 0" "--threads x" "--isa sse9" "--vs onnx" "--shapes nothing-matches" \

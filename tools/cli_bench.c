@@ -7,8 +7,9 @@
  * What it is: the measuring method written down once (docs/BENCHMARKS.md quotes it):
  *   - every case is checked against ATTN_PATH_REFERENCE with the contract's tolerance
  *     (relative Frobenius <= 1e-6 and max abs <= 1e-5 * (1 + max|ref|)) before it is
- *     timed; large cases check a subset (the first key/value head's query heads, then the
- *     last rows, whose keys span the whole sequence: see pick_check);
+ *     timed; a large case checks a subset (the first key/value head's query heads, then
+ *     the last rows, whose keys span the whole sequence: see pick_check), unless its
+ *     reference is timed anyway (Lq, Lk <= --ref-max-l), which is then checked whole;
  *   - inputs are rotated through copies totalling at least rot_bytes (8x a 32 MiB L3), so
  *     that a timed call does not find its inputs in the cache left by the previous one;
  *   - warm-up calls, then at least --reps timed calls (more for short calls, until about
@@ -82,7 +83,8 @@ static const char BENCH_USAGE[] =
     "  --plant-error         spoil one output element before the check (tests use it to see\n"
     "                        the check fail)\n"
     "  --check-budget N      multiply-adds the reference may spend checking one case before\n"
-    "                        a subset is checked (default 268435456)\n"
+    "                        a subset is checked (default 268435456; a case whose reference\n"
+    "                        is timed is checked whole)\n"
     "  --quiet               no progress on stderr\n"
     "\n"
     "  Exit status: 0 every case passed its check, 1 a check or a call failed, 2 usage.\n";
@@ -1175,13 +1177,15 @@ int cli_bench(int argc, char **argv) {
         attn_status st = attn_forward_workspace_size(&t.q, &t.k, &t.v, &t.o, &wopt, &cb.ws_bytes);
         if (!call_failed(c, st, "workspace size") && cb.ws_bytes && !(cb.ws = malloc(cb.ws_bytes)))
             snprintf(c->error, sizeof c->error, "out of memory for the workspace");
-        if (!c->error[0] && check_case(c, &cb, m.threads, a.plant_error, a.check_budget) == 0) {
+        /* a case whose reference is timed anyway is checked whole */
+        const bool ref_timed = a.ref_max_l > 0 && c->Lq <= a.ref_max_l && c->Lk <= a.ref_max_l;
+        const double budget = ref_timed ? INFINITY : a.check_budget;
+        if (!c->error[0] && check_case(c, &cb, m.threads, a.plant_error, budget) == 0) {
             if (!a.quiet) fprintf(stderr, " %s (%s), time", c->pass ? "ok" : "FAILED", c->checked);
             if (c->pass)
                 time_path(c, &cb, m.threads, ATTN_PATH_FUSED, a.warmup, a.reps, true, &c->t_med,
                           &c->t_min, &c->t_max, &c->reps);
-            if (c->pass && !c->error[0] && a.ref_max_l > 0 && c->Lq <= a.ref_max_l &&
-                c->Lk <= a.ref_max_l) {
+            if (c->pass && !c->error[0] && ref_timed) {
                 double lo, hi;
                 int nr;
                 if (!a.quiet) fprintf(stderr, ", reference");
