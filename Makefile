@@ -58,7 +58,7 @@ $(BUILD)/obj/tools/%.o: tools/%.c include/attn.h $(wildcard tools/*.h)
 	$(CC) $(CFLAGS_BASE) $(ISA_$*) -Itools -Isrc -c $< -o $@
 
 $(BUILD)/attn: $(TOOL_OBJ) $(BUILD)/libattn.a
-	$(CC) -fopenmp $(SAN) -o $@ $(TOOL_OBJ) $(BUILD)/libattn.a $(LDLIBS)
+	$(CC) -fopenmp $(SAN) -o $@ $(TOOL_OBJ) $(BUILD)/libattn.a $(LDLIBS) -lpng
 
 # Test programs may use the npy reader and the naive attention of the tools.
 TEST_TOOL_OBJ = $(BUILD)/obj/tools/npy.o $(BUILD)/obj/tools/naive.o

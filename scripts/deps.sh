@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # deps.sh — installs what building and testing attn needs and this machine lacks:
-# a C compiler with OpenMP (gcc), make and pkg-config, from Debian's packages; for the
+# a C compiler with OpenMP (gcc), make, pkg-config and libpng's headers (the loss curves
+# of `attn train`), from Debian's packages; for the
 # Python package (tests/python/run.sh): Python's headers, and NumPy, pytest, setuptools
 # and wheel with pip (Debian's packages where pip is missing or may not install).
 # Idempotent and quiet when everything is there already.
@@ -10,6 +11,7 @@ command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 command -v make >/dev/null 2>&1 || missing+=(make)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
+[ -f /usr/include/png.h ] || missing+=(libpng-dev)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "deps: installing ${missing[*]}"
     SUDO=""

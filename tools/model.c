@@ -1,0 +1,459 @@
+/*
+ * model.c — `attn train`'s transformer (model.h): parameters, activations, the forward
+ *           and backward passes of the whole network, AdamW.
+ *
+ * The layers other than attention are tools/model_ops.h, instantiated here for float.
+ * Attention is the library's: the query, key and value of every head are strided views
+ * straight into the (B·T, 3C) output of the QKV projection ([B, T, H, D] storage), the
+ * output a view into (B·T, C), the forward keeps its log-sum-exp, and the backward
+ * writes dQ, dK and dV through the same views into the (B·T, 3C) gradient. No copies.
+ * What it is not: a general framework (one architecture, float32, sizes fixed at
+ * creation) or the sampler and the training loop (tools/cli_train.c).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn.h"
+#include "model.h"
+
+#define REAL float
+#define OP(name) name##_f
+#include "model_ops.h"
+#undef REAL
+#undef OP
+
+/* one block's parameters (and, with the same shapes, their gradients) */
+typedef struct block_params {
+    float *ln1_g, *ln1_b;   /* (C)                 */
+    float *w_qkv, *b_qkv;   /* (C, 3C), (3C)       */
+    float *w_o, *b_o;       /* (C, C), (C)         */
+    float *ln2_g, *ln2_b;   /* (C)                 */
+    float *w_fc, *b_fc;     /* (C, 4C), (4C)       */
+    float *w_pr, *b_pr;     /* (4C, C), (C)        */
+} block_params;
+
+typedef struct params {
+    float *wte, *wpe;       /* (V, C), (T, C)      */
+    block_params *block;    /* (layers)            */
+    float *lnf_g, *lnf_b;   /* (C)                 */
+    float *w_out;           /* (C, V)              */
+} params;
+
+/* one block's activations, for B·T = N rows */
+typedef struct block_acts {
+    float *x;                     /* (N, C)  the block's input (the residual stream)  */
+    float *ln1, *ln1_mean, *ln1_rstd;   /* (N, C), (N), (N)                            */
+    float *qkv;                   /* (N, 3C) q | k | v of every head, [B, T, H, D]    */
+    float *att, *lse;             /* (N, C), (B, H, T)  attention output and its LSE  */
+    float *x2;                    /* (N, C)  x + attention's projection               */
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fc, *fch;              /* (N, 4C) before and after GELU                    */
+} block_acts;
+
+/* a parameter tensor: where it is, how big, whether AdamW decays it */
+typedef struct segment {
+    int64_t off, size;
+    bool decay;
+} segment;
+
+struct model {
+    model_config cfg;
+    int64_t n_params;
+    float *mem_params, *mem_grads, *adam_m, *adam_v;
+    params p, g;
+    segment *seg;
+    int n_seg;
+    int64_t adam_t;
+
+    /* activations of the latest forward */
+    float *mem_acts;
+    block_acts *act;
+    float *x_final, *lnf, *lnf_mean, *lnf_rstd, *probs, *losses;  /* (N, C) ... (N, V), (N) */
+    int *tokens, *targets;        /* (N) */
+    int fb, ft;                   /* the latest forward's b and t */
+    bool has_targets;
+
+    /* backward scratch */
+    float *mem_back;
+    float *dx, *dx2, *dln, *dqkv, *datt, *dfc, *dfch, *dlogits, *wt;
+
+    char err[300];
+};
+
+/* ---- layout ----------------------------------------------------------------------------- */
+
+/* Assigns the tensors of a parameter (or gradient) array in order; with seg, also records
+ * the segments. Returns the number of floats. */
+static int64_t bind_params(const model_config *c, float *base, params *p, block_params *blocks,
+                           segment *seg, int *n_seg) {
+    const int64_t V = c->vocab, T = c->ctx, C = c->d_model;
+    int64_t at = 0;
+    int ns = 0;
+#define TAKE(ptr, n, dec)                                               \
+    do {                                                                \
+        (ptr) = base ? base + at : NULL;                                \
+        if (seg) seg[ns] = (segment){at, (n), (dec)};                   \
+        ns++;                                                           \
+        at += (n);                                                      \
+    } while (0)
+    TAKE(p->wte, V * C, true);
+    TAKE(p->wpe, T * C, true);
+    p->block = blocks;
+    for (int l = 0; l < c->layers; l++) {
+        block_params *b = &blocks[l];
+        TAKE(b->ln1_g, C, false);
+        TAKE(b->ln1_b, C, false);
+        TAKE(b->w_qkv, C * 3 * C, true);
+        TAKE(b->b_qkv, 3 * C, false);
+        TAKE(b->w_o, C * C, true);
+        TAKE(b->b_o, C, false);
+        TAKE(b->ln2_g, C, false);
+        TAKE(b->ln2_b, C, false);
+        TAKE(b->w_fc, C * 4 * C, true);
+        TAKE(b->b_fc, 4 * C, false);
+        TAKE(b->w_pr, 4 * C * C, true);
+        TAKE(b->b_pr, C, false);
+    }
+    TAKE(p->lnf_g, C, false);
+    TAKE(p->lnf_b, C, false);
+    TAKE(p->w_out, C * V, true);
+#undef TAKE
+    if (n_seg) *n_seg = ns;
+    return at;
+}
+
+/* splitmix64 and Box-Muller: the initialization's normal draws */
+static double rng_uniform(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return ((double)(z >> 11) + 0.5) / 9007199254740992.0;
+}
+static double rng_normal(uint64_t *s) {
+    const double u = rng_uniform(s), w = rng_uniform(s);
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * w);
+}
+
+static void fill_normal(float *x, int64_t n, double std, uint64_t *s) {
+    for (int64_t e = 0; e < n; e++) x[e] = (float)(std * rng_normal(s));
+}
+static void fill_const(float *x, int64_t n, float v) {
+    for (int64_t e = 0; e < n; e++) x[e] = v;
+}
+
+/* GPT-2's initialization: N(0, 0.02) matrices, the two projections into the residual
+ * stream scaled by 1/sqrt(2 layers), zero biases, unit layer-norm gains */
+static void init_params(model *m) {
+    const model_config *c = &m->cfg;
+    const int64_t V = c->vocab, T = c->ctx, C = c->d_model;
+    uint64_t s = c->seed * 0x2545F4914F6CDD1Dull + 1;
+    const double std = 0.02, std_res = 0.02 / sqrt(2.0 * c->layers);
+    memset(m->mem_params, 0, (size_t)m->n_params * sizeof(float));
+    fill_normal(m->p.wte, V * C, std, &s);
+    fill_normal(m->p.wpe, T * C, std, &s);
+    for (int l = 0; l < c->layers; l++) {
+        block_params *b = &m->p.block[l];
+        fill_const(b->ln1_g, C, 1.0f);
+        fill_const(b->ln2_g, C, 1.0f);
+        fill_normal(b->w_qkv, C * 3 * C, std, &s);
+        fill_normal(b->w_o, C * C, std_res, &s);
+        fill_normal(b->w_fc, C * 4 * C, std, &s);
+        fill_normal(b->w_pr, 4 * C * C, std_res, &s);
+    }
+    fill_const(m->p.lnf_g, C, 1.0f);
+    fill_normal(m->p.w_out, C * V, std, &s);
+}
+
+static float *carve(float **at, int64_t n) {
+    float *p = *at;
+    *at += (n + 15) / 16 * 16;  // 64-byte steps
+    return p;
+}
+
+model *model_create(const model_config *cfg, const char **why) {
+    const model_config *c = cfg;
+    if (c->vocab < 1 || c->ctx < 1 || c->d_model < 1 || c->heads < 1 || c->layers < 1 ||
+        c->batch < 1 || c->d_model % c->heads != 0 || c->vocab > 65536 || c->ctx > 65536 ||
+        c->d_model > 8192 || c->layers > 64 || c->batch > 4096) {
+        if (why) *why = "invalid model sizes (d_model must be a multiple of heads)";
+        return NULL;
+    }
+    model *m = calloc(1, sizeof *m);
+    if (!m) goto nomem;
+    m->cfg = *c;
+    const int64_t V = c->vocab, T = c->ctx, C = c->d_model, L = c->layers;
+    const int64_t N = (int64_t)c->batch * T, H = c->heads;
+
+    /* parameters, gradients, AdamW's moments */
+    block_params *pb = calloc((size_t)L, sizeof *pb), *gb = calloc((size_t)L, sizeof *gb);
+    m->seg = calloc((size_t)(12 * L + 8), sizeof *m->seg);
+    m->act = calloc((size_t)L, sizeof *m->act);
+    m->p.block = pb;
+    m->g.block = gb;
+    if (!pb || !gb || !m->seg || !m->act) goto nomem_m;
+    m->n_params = bind_params(c, NULL, &m->p, pb, m->seg, &m->n_seg);
+    m->mem_params = calloc((size_t)m->n_params, sizeof(float));
+    m->mem_grads = calloc((size_t)m->n_params, sizeof(float));
+    m->adam_m = calloc((size_t)m->n_params, sizeof(float));
+    m->adam_v = calloc((size_t)m->n_params, sizeof(float));
+    bind_params(c, m->mem_params, &m->p, pb, NULL, NULL);
+    bind_params(c, m->mem_grads, &m->g, gb, NULL, NULL);
+    if (!m->mem_params || !m->mem_grads || !m->adam_m || !m->adam_v) goto nomem_m;
+    init_params(m);
+
+    /* activations: counted in a first pass, carved in a second */
+    int64_t acts = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        float *at = m->mem_acts;
+        int64_t used = 0;
+#define A(ptr, n)                                                 \
+        do {                                                      \
+            if (pass) (ptr) = carve(&at, (n));                    \
+            used += ((n) + 15) / 16 * 16;                         \
+        } while (0)
+        for (int l = 0; l < L; l++) {
+            block_acts *a = &m->act[l];
+            A(a->x, N * C);
+            A(a->ln1, N * C); A(a->ln1_mean, N); A(a->ln1_rstd, N);
+            A(a->qkv, N * 3 * C);
+            A(a->att, N * C); A(a->lse, (int64_t)c->batch * H * T);
+            A(a->x2, N * C);
+            A(a->ln2, N * C); A(a->ln2_mean, N); A(a->ln2_rstd, N);
+            A(a->fc, N * 4 * C); A(a->fch, N * 4 * C);
+        }
+        A(m->x_final, N * C);
+        A(m->lnf, N * C); A(m->lnf_mean, N); A(m->lnf_rstd, N);
+        A(m->probs, N * V);
+        A(m->losses, N);
+#undef A
+        if (!pass) {
+            acts = used;
+            m->mem_acts = calloc((size_t)acts, sizeof(float));
+            if (!m->mem_acts) goto nomem_m;
+        }
+    }
+    m->tokens = calloc((size_t)N, sizeof(int));
+    m->targets = calloc((size_t)N, sizeof(int));
+
+    /* backward scratch */
+    int64_t wt = 4 * C * C > C * V ? 4 * C * C : C * V;
+    const int64_t back = 7 * N * C + 2 * N * 4 * C + N * V + wt + 16 * 10;  // + 16 per carve
+    m->mem_back = calloc((size_t)back, sizeof(float));
+    if (!m->tokens || !m->targets || !m->mem_back) goto nomem_m;
+    float *at = m->mem_back;
+    m->dx = carve(&at, N * C);
+    m->dx2 = carve(&at, N * C);
+    m->dln = carve(&at, N * C);
+    m->dqkv = carve(&at, N * 3 * C);
+    m->datt = carve(&at, N * C);
+    m->dfc = carve(&at, N * 4 * C);
+    m->dfch = carve(&at, N * 4 * C);
+    m->dlogits = carve(&at, N * V);
+    m->wt = carve(&at, wt);
+    return m;
+
+nomem_m:
+    model_free(m);
+nomem:
+    if (why) *why = "out of memory";
+    return NULL;
+}
+
+void model_free(model *m) {
+    if (!m) return;
+    free(m->p.block);
+    free(m->g.block);
+    free(m->seg);
+    free(m->act);
+    free(m->mem_params);
+    free(m->mem_grads);
+    free(m->adam_m);
+    free(m->adam_v);
+    free(m->mem_acts);
+    free(m->tokens);
+    free(m->targets);
+    free(m->mem_back);
+    free(m);
+}
+
+int64_t model_param_count(const model *m) { return m->n_params; }
+float *model_params(model *m) { return m->mem_params; }
+float *model_grads(model *m) { return m->mem_grads; }
+const float *model_probs(const model *m) { return m->probs; }
+const float *model_losses(const model *m) { return m->losses; }
+const char *model_error(const model *m) { return m->err; }
+
+void model_zero_grad(model *m) { memset(m->mem_grads, 0, (size_t)m->n_params * sizeof(float)); }
+
+/* ---- attention through the library ----------------------------------------------------- */
+
+/* The views of one block's attention for b sequences of t tokens: q, k, v inside a
+ * (b·t, 3C) buffer, o inside a (b·t, C) one, each [B, T, H, D] storage of a
+ * [B, H, T, D] tensor. */
+typedef struct attn_views {
+    attn_tensor q, k, v, o, lse;
+    attn_options opt;
+} attn_views;
+
+static attn_views views(const model *m, float *qkv, float *o, float *lse, int b, int t) {
+    const int64_t C = m->cfg.d_model, H = m->cfg.heads, D = C / H;
+    attn_views w;
+    const attn_tensor base3 = {qkv, ATTN_F32, {b, H, t, D}, {t * 3 * C, D, 3 * C, 1}};
+    w.q = base3;
+    w.k = base3;
+    w.k.data = qkv + C;
+    w.v = base3;
+    w.v.data = qkv + 2 * C;
+    w.o = (attn_tensor){o, ATTN_F32, {b, H, t, D}, {t * C, D, C, 1}};
+    w.lse = attn_tensor_4d(lse, ATTN_F32, b, H, t, 1);
+    memset(&w.opt, 0, sizeof w.opt);
+    if (m->cfg.reversed) {
+        /* the seed's reversed mask, triu(diagonal = 0): row i keeps the keys j >= i, a
+         * window with no left side and an unbounded right side */
+        w.opt.has_window = true;
+        w.opt.window_left = 0;
+        w.opt.window_right = -1;
+    } else {
+        w.opt.causal = true;  // j <= i
+    }
+    return w;
+}
+
+static int fail(model *m, const char *what, attn_status st) {
+    snprintf(m->err, sizeof m->err, "%s: %s: %s", what, attn_status_string(st), attn_last_error());
+    return -1;
+}
+
+/* ---- forward ---------------------------------------------------------------------------- */
+
+int model_forward(model *m, const int *tokens, const int *targets, int b, int t, double *loss) {
+    const model_config *c = &m->cfg;
+    const int64_t V = c->vocab, C = c->d_model, N = (int64_t)b * t;
+    if (b < 1 || t < 1 || b > c->batch || t > c->ctx) {
+        snprintf(m->err, sizeof m->err, "forward: %d x %d tokens, at most %d x %d", b, t,
+                 c->batch, c->ctx);
+        return -1;
+    }
+    memcpy(m->tokens, tokens, (size_t)N * sizeof(int));
+    if (targets) memcpy(m->targets, targets, (size_t)N * sizeof(int));
+    else memset(m->targets, 0, (size_t)N * sizeof(int));
+    m->fb = b;
+    m->ft = t;
+    m->has_targets = targets != NULL;
+
+    encoder_forward_f(m->act[0].x, m->tokens, m->p.wte, m->p.wpe, N, t, C);
+    for (int l = 0; l < c->layers; l++) {
+        const block_params *p = &m->p.block[l];
+        block_acts *a = &m->act[l];
+        float *out = l + 1 < c->layers ? m->act[l + 1].x : m->x_final;
+        layernorm_forward_f(a->ln1, a->ln1_mean, a->ln1_rstd, a->x, p->ln1_g, p->ln1_b, N, C);
+        matmul_forward_f(a->qkv, a->ln1, p->w_qkv, p->b_qkv, N, C, 3 * C);
+        attn_views w = views(m, a->qkv, a->att, a->lse, b, t);
+        w.opt.lse = &w.lse;
+        const attn_status st = attn_forward(&w.q, &w.k, &w.v, &w.o, &w.opt);
+        if (st != ATTN_OK) return fail(m, "attn_forward", st);
+        matmul_forward_f(a->x2, a->att, p->w_o, p->b_o, N, C, C);
+        for (int64_t e = 0; e < N * C; e++) a->x2[e] += a->x[e];  // x2 = x + attention
+        layernorm_forward_f(a->ln2, a->ln2_mean, a->ln2_rstd, a->x2, p->ln2_g, p->ln2_b, N, C);
+        matmul_forward_f(a->fc, a->ln2, p->w_fc, p->b_fc, N, C, 4 * C);
+        gelu_forward_f(a->fch, a->fc, N * 4 * C);
+        matmul_forward_f(out, a->fch, p->w_pr, p->b_pr, N, 4 * C, C);
+        for (int64_t e = 0; e < N * C; e++) out[e] += a->x2[e];  // out = x2 + MLP
+    }
+    layernorm_forward_f(m->lnf, m->lnf_mean, m->lnf_rstd, m->x_final, m->p.lnf_g, m->p.lnf_b, N, C);
+    matmul_forward_f(m->probs, m->lnf, m->p.w_out, NULL, N, C, V);  // the logits, then
+    const double mean = crossentropy_forward_f(m->probs, m->losses, m->probs, m->targets, N, V);
+    if (loss) *loss = targets ? mean : 0.0;
+    return 0;
+}
+
+/* ---- backward ----------------------------------------------------------------------------- */
+
+int model_backward(model *m) {
+    const model_config *c = &m->cfg;
+    if (!m->has_targets) {
+        snprintf(m->err, sizeof m->err, "backward: the latest forward had no targets");
+        return -1;
+    }
+    const int b = m->fb, t = m->ft;
+    const int64_t V = c->vocab, C = c->d_model, N = (int64_t)b * t;
+    const size_t nc = (size_t)(N * C) * sizeof(float);
+
+    /* forward: loss = mean cross-entropy of softmax(logits); logits = lnf w_out */
+    crossentropy_backward_f(m->dlogits, m->probs, m->targets, N, V);
+    memset(m->dln, 0, nc);
+    matmul_backward_f(m->dln, m->g.w_out, NULL, m->dlogits, m->lnf, m->p.w_out, m->wt, N, C, V);
+    /* forward: lnf = LN(x_final) */
+    memset(m->dx, 0, nc);
+    layernorm_backward_f(m->dx, m->g.lnf_g, m->g.lnf_b, m->dln, m->x_final, m->p.lnf_g,
+                         m->lnf_mean, m->lnf_rstd, N, C);
+
+    for (int l = c->layers - 1; l >= 0; l--) {
+        const block_params *p = &m->p.block[l];
+        block_params *g = &m->g.block[l];
+        block_acts *a = &m->act[l];
+        /* forward: out = x2 + (fch w_pr + b_pr), so dx2 = dout, and the MLP gets dout;
+         * m->dx holds dout */
+        memset(m->dfch, 0, (size_t)(N * 4 * C) * sizeof(float));
+        matmul_backward_f(m->dfch, g->w_pr, g->b_pr, m->dx, a->fch, p->w_pr, m->wt, N, 4 * C, C);
+        /* forward: fch = GELU(fc) */
+        memset(m->dfc, 0, (size_t)(N * 4 * C) * sizeof(float));
+        gelu_backward_f(m->dfc, a->fc, m->dfch, N * 4 * C);
+        /* forward: fc = ln2 w_fc + b_fc */
+        memset(m->dln, 0, nc);
+        matmul_backward_f(m->dln, g->w_fc, g->b_fc, m->dfc, a->ln2, p->w_fc, m->wt, N, C, 4 * C);
+        /* forward: ln2 = LN(x2); dx2 = dout + LN's share */
+        memcpy(m->dx2, m->dx, nc);
+        layernorm_backward_f(m->dx2, g->ln2_g, g->ln2_b, m->dln, a->x2, p->ln2_g, a->ln2_mean,
+                             a->ln2_rstd, N, C);
+        /* forward: x2 = x + (att w_o + b_o) */
+        memset(m->datt, 0, nc);
+        matmul_backward_f(m->datt, g->w_o, g->b_o, m->dx2, a->att, p->w_o, m->wt, N, C, C);
+        /* forward: att = attention(qkv): the library's backward writes dq, dk, dv through
+         * the views into dqkv, which together cover it */
+        attn_views w = views(m, a->qkv, a->att, a->lse, b, t);
+        attn_views dw = views(m, m->dqkv, m->datt, a->lse, b, t);
+        const attn_status st = attn_backward(&w.q, &w.k, &w.v, &w.o, &dw.o, &w.lse, &dw.q,
+                                             &dw.k, &dw.v, &w.opt);
+        if (st != ATTN_OK) return fail(m, "attn_backward", st);
+        /* forward: qkv = ln1 w_qkv + b_qkv */
+        memset(m->dln, 0, nc);
+        matmul_backward_f(m->dln, g->w_qkv, g->b_qkv, m->dqkv, a->ln1, p->w_qkv, m->wt, N, C,
+                          3 * C);
+        /* forward: ln1 = LN(x); dx = dx2 + LN's share */
+        memcpy(m->dx, m->dx2, nc);
+        layernorm_backward_f(m->dx, g->ln1_g, g->ln1_b, m->dln, a->x, p->ln1_g, a->ln1_mean,
+                             a->ln1_rstd, N, C);
+    }
+    /* forward: x = wte[tokens] + wpe[positions] */
+    encoder_backward_f(m->g.wte, m->g.wpe, m->dx, m->tokens, N, t, C);
+    return 0;
+}
+
+/* ---- AdamW ------------------------------------------------------------------------------------ */
+
+double model_adamw(model *m, double lr, double wd, double clip) {
+    const double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+    double sq = 0;  // in order: the same norm on any thread count
+    for (int64_t e = 0; e < m->n_params; e++) sq += (double)m->mem_grads[e] * m->mem_grads[e];
+    const double norm = sqrt(sq);
+    const double k = clip > 0 && norm > clip ? clip / norm : 1.0;
+    m->adam_t++;
+    const double c1 = 1.0 - pow(beta1, (double)m->adam_t), c2 = 1.0 - pow(beta2, (double)m->adam_t);
+    for (int s = 0; s < m->n_seg; s++) {
+        const segment *sg = &m->seg[s];
+        const float decay = sg->decay ? (float)wd : 0.0f;
+#pragma omp parallel for schedule(static)
+        for (int64_t e = sg->off; e < sg->off + sg->size; e++) {
+            const float gr = (float)(m->mem_grads[e] * k);
+            m->adam_m[e] = (float)(beta1 * m->adam_m[e] + (1 - beta1) * gr);
+            m->adam_v[e] = (float)(beta2 * m->adam_v[e] + (1 - beta2) * gr * gr);
+            const double mh = m->adam_m[e] / c1, vh = m->adam_v[e] / c2;
+            m->mem_params[e] -= (float)(lr * (mh / (sqrt(vh) + eps) + decay * m->mem_params[e]));
+        }
+    }
+    return norm;
+}
