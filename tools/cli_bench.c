@@ -1039,7 +1039,7 @@ static void print_table(FILE *f, const machine *m, const bench_case *c, int n, c
     if (n == 0) return;
     fprintf(f, "medians; GFLOP/s = 2*(Dk+Dv)*B*Hq*pairs/time; %%peak of the %d-thread FMA peak; "
             "GB/s = K and V bytes/time\n\n", m->threads);
-    fprintf(f, "%-24s %-22s %-6s %-5s %3s %-7s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s\n",
+    fprintf(f, "%-24s %-22s %-6s %-5s %3s %-10s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s\n",
             "case", "B Hq/Hkv Lq Lk D", "mask", "dtype", "thr", "kernel", "check", "ms",
             "GFLOP/s", "%peak", "GB/s", "%bw", "ref ms", "x ref", "torch ms", "t GF/s", "x torch");
     for (int i = 0; i < n; i++) {
@@ -1071,7 +1071,7 @@ static void print_table(FILE *f, const machine *m, const bench_case *c, int n, c
         } else if (x->torch_error[0]) {
             snprintf(cell[7], 24, "error");
         }
-        fprintf(f, "%-24s %-22s %-6s %-5s %3d %-7s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s\n",
+        fprintf(f, "%-24s %-22s %-6s %-5s %3d %-10s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s\n",
                 x->name, shape, MASK_NAME[x->mask], "f32", m->threads, attn_kernel_name(),
                 !x->ran ? "skip" : x->error[0] ? "ERROR" : x->pass ? "ok" : "FAIL", cell[0],
                 cell[1], cell[2], cell[3], cell[4], cell[5], cell[6], cell[7], cell[8], cell[9]);
