@@ -24,7 +24,6 @@
  * Python process spoken to through pipes, one JSON line per case each way.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <fnmatch.h>
 #include <limits.h>
 #include <math.h>
