@@ -23,7 +23,7 @@ from setuptools.command.build_ext import build_ext
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Extra compiler flags for single library sources, relative to the repository root, read
-# from the Makefile's ISA_<file> variables (one source of truth), on x86-64 only (elsewhere
+# from the Makefile's ISA_<file> variables (one source of truth; those of tools/ skipped), on x86-64 only (elsewhere
 # those files compile to nothing and the generic kernel is the only one). dispatch.c picks
 # a kernel at run time.
 def makefile_isa_flags():
@@ -35,7 +35,12 @@ def makefile_isa_flags():
         return re.sub(r"\$\(ISA_(\w+)\)", lambda m: expand(defs.get(m.group(1), ""), depth + 1)
                       if depth < 8 else "", text)
 
-    return {"src/%s.c" % name: expand(value).split() for name, value in defs.items()}
+    # The Makefile's table also holds the attn command's files (tools/bench_peak_*.c):
+    # not library sources, so not compiled here. A name found in neither folder stays in
+    # the table, and main() reports it missing.
+    return {"src/%s.c" % name: expand(value).split() for name, value in defs.items()
+            if os.path.exists(os.path.join(HERE, "src", name + ".c"))
+            or not os.path.exists(os.path.join(HERE, "tools", name + ".c"))}
 
 
 PER_FILE_FLAGS = makefile_isa_flags() if platform.machine().lower() in ("x86_64", "amd64") else {}
