@@ -1,5 +1,5 @@
 """attn — exact scaled dot-product attention (libattn) for NumPy arrays and PyTorch/JAX
-tensors, read in place whatever their strides.
+tensors of float32, float16 or bfloat16, read in place whatever their strides.
 
     import attn, numpy as np
     q = k = v = np.random.rand(2, 8, 128, 64).astype(np.float32)    # (B, H, L, D)
@@ -27,12 +27,15 @@ T = TypeVar("T")
 """The kind of the query (numpy.ndarray, torch.Tensor, a JAX array): the result's kind."""
 
 Align = Literal["top-left", "bottom-right"]
-Precision = Literal["default", "float32", "float64"]
+Precision = Literal["default", "fast", "float64", "float32"]
 Path = Literal["auto", "fused", "reference"]
 
 _ALIGN = {"top-left": 0, "bottom-right": 1}
 _PATH = {"auto": 0, "fused": 1, "reference": 2}
-_PRECISION_PATH = {"default": None, "float32": "fused", "float64": "reference"}
+# precision -> (the path it needs, or None for any; attn_precision: 0 DEFAULT, 1 FAST).
+# "float32" is the name "default" had before the half-precision levels existed.
+_PRECISION = {"default": (None, 0), "float32": (None, 0), "fast": ("fused", 1),
+              "float64": ("reference", 0)}
 
 
 def kernel_name() -> str:
@@ -59,31 +62,47 @@ def _vector(x: Any, dtype: Any) -> Any:
     return x
 
 
-def _allocator(query: Any, tensor_type: Optional[type]):
-    """alloc(shape, which) for the C extension: the result's kind follows the query.
+def _widen(x: Any, tensor_type: Optional[type]) -> Any:
+    """A float16 or bfloat16 attn_mask or alibi_slopes as a float32 copy (exact): the
+    library reads those two in float32. Anything else is returned as it is."""
+    if tensor_type is not None and isinstance(x, tensor_type):
+        torch = sys.modules["torch"]
+        return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    name = getattr(getattr(x, "dtype", None), "name", None)  # NumPy, ml_dtypes, JAX
+    if name in ("float16", "bfloat16") and hasattr(x, "astype"):
+        return x.astype(np.float32)
+    return x
 
-    PyTorch query -> torch.empty (CPU); anything else -> numpy.empty. The output has the
-    query's dtype when that is a floating type the library knows, LSE and weights float32.
+
+def _numpy_dtype(name: str) -> Any:
+    """The NumPy dtype of 'float32', 'float16' or 'bfloat16'. NumPy has no bfloat16 of its
+    own: ml_dtypes' (JAX's) is used where it is installed, float32 otherwise."""
+    if name != "bfloat16":
+        return np.dtype(name)
+    try:
+        import ml_dtypes  # noqa: PLC0415 — optional, and only for a bfloat16 result
+    except ImportError:
+        return np.dtype(np.float32)
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def _allocator(query: Any, tensor_type: Optional[type]):
+    """alloc(shape, which, dtype) for the C extension: the result's kind follows the query.
+
+    PyTorch query -> torch.empty (CPU); anything else -> numpy.empty. The extension asks
+    for the query's dtype for the output and float32 for LSE and weights.
     """
     if tensor_type is not None and isinstance(query, tensor_type):
         torch = sys.modules["torch"]
-        floats = (torch.float32, torch.float16, torch.bfloat16)
-        o_dtype = query.dtype if query.dtype in floats else torch.float32
+        dtypes = {"float32": torch.float32, "float16": torch.float16,
+                  "bfloat16": torch.bfloat16}
 
-        def alloc(shape, which):
-            return torch.empty(shape, dtype=o_dtype if which == "output" else torch.float32)
+        def alloc(shape, which, dtype):
+            return torch.empty(shape, dtype=dtypes[dtype])
         return alloc
 
-    q_dtype = getattr(query, "dtype", None)
-    try:
-        o_dtype = np.dtype(q_dtype) if q_dtype is not None else np.dtype(np.float32)
-    except TypeError:  # a dtype NumPy does not know (a JAX or other framework's own)
-        o_dtype = np.dtype(np.float32)
-    if o_dtype.kind != "f" or o_dtype.itemsize not in (2, 4):
-        o_dtype = np.dtype(np.float32)
-
-    def alloc(shape, which):
-        return np.empty(shape, dtype=o_dtype if which == "output" else np.float32)
+    def alloc(shape, which, dtype):
+        return np.empty(shape, dtype=_numpy_dtype(dtype))
     return alloc
 
 
@@ -146,17 +165,23 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """Exact attention: softmax(scale * query @ key^T + attn_mask) @ value, computed by libattn.
 
     The signature and meaning of torch.nn.functional.scaled_dot_product_attention, on the
-    CPU, in float32, reading every input in place (no copy, whatever its strides).
+    CPU, with float32 accumulation whatever the input dtypes, reading every input in place
+    (no copy, whatever its strides).
 
     Args:
         query: (L, D), (H, L, D) or (B, H, L, D) — a NumPy array or any tensor with
-            __dlpack__ on the CPU (PyTorch, JAX). float32.
-        key: (S, D), (Hkv, S, D) or (B, Hkv, S, D), same kind of rules.
-        value: (S, Dv), (Hkv, S, Dv) or (B, Hkv, S, Dv). Dv may differ from D.
+            __dlpack__ on the CPU (PyTorch, JAX). float32, float16 or bfloat16 (NumPy has
+            no bfloat16; ml_dtypes' is read where installed). The output has its dtype.
+        key: (S, D), (Hkv, S, D) or (B, Hkv, S, D), same kind of rules; float32, float16
+            or bfloat16, independently of the query (a float32 query over a 16-bit K/V
+            cache works).
+        value: (S, Dv), (Hkv, S, Dv) or (B, Hkv, S, Dv). Dv may differ from D. The same
+            dtype as key.
             Leading dimensions broadcast as in PyTorch (a size-1 batch or head dimension
             is shared); the result has the broadcast leading dimensions.
-        attn_mask: None, a bool mask (True = attend) or a float32 mask added to the
-            logits (-inf allowed), broadcast to (B, H, L, S) right-aligned as in PyTorch.
+        attn_mask: None, a bool mask (True = attend) or a float mask added to the logits
+            (-inf allowed), broadcast to (B, H, L, S) right-aligned as in PyTorch. float32
+            is read in place; a float16 or bfloat16 mask is widened to a float32 copy.
         dropout_p: must be 0.0 — anything else raises NotImplementedError (no dropout yet).
         is_causal: keep key j for query i when j <= i (top-left, PyTorch's is_causal; see
             align for the KV-cache alignment).
@@ -171,22 +196,30 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             window and alibi_slopes.
         window: (left, right): keep keys d_i - left <= j <= d_i + right; -1 = unbounded.
         softcap: > 0: logits become softcap * tanh(logits / softcap) before the mask.
-        alibi_slopes: (H,) float32: adds -slope[h] * |d_i - j| to the logits.
+        alibi_slopes: (H,) float32 (16-bit: widened): adds -slope[h] * |d_i - j| to the
+            logits.
         kv_len: (B,) int32/int64 (or a list): keys j >= kv_len[b] of batch b are masked.
         return_lse: also return the natural log-sum-exp of each row's logits, (..., L),
             float32 (-inf for a fully masked row).
         return_weights: also return the attention weights, (..., L, S), float32.
-        precision: "default"; "float32" (float32 accumulation, the fused path) or
-            "float64" (float64 throughout, the reference path that materializes scores).
+        precision: "default": float32 accumulation, the probabilities kept in float32 for
+            P @ value; "fast": the same, except that with a bfloat16 value P is rounded to
+            bfloat16 for P @ value (on the CPU's bfloat16 dot products where it has them,
+            as FlashAttention and PyTorch's CPU kernel do; fused path only; for other
+            value dtypes it is "default", bit for bit); "float64": float64 throughout, the
+            reference path that materializes the scores. "float32" is an alias of
+            "default" (its name before the 16-bit levels existed).
         threads: OpenMP threads, 0 = the default. Results are bit-identical for any count.
         path: "auto", "fused" (streaming FlashAttention-2, memory independent of S) or
             "reference" (float64 oracle).
 
     Returns:
-        The output (..., L, Dv), of the query's kind: NumPy in, NumPy out; PyTorch in,
-        PyTorch out (a new CPU tensor from torch.empty); a JAX array for a JAX query; any
-        other DLPack producer gets a NumPy array. With return_lse / return_weights: the
-        tuple (output, lse), (output, weights) or (output, lse, weights).
+        The output (..., L, Dv), of the query's kind and dtype: NumPy in, NumPy out;
+        PyTorch in, PyTorch out (a new CPU tensor from torch.empty); a JAX array for a JAX
+        query; any other DLPack producer gets a NumPy array (float32 for a bfloat16 query
+        where ml_dtypes is not installed). LSE and weights are float32. With return_lse /
+        return_weights: the tuple (output, lse), (output, weights) or (output, lse,
+        weights).
 
     Where this deliberately differs from PyTorch (docs/CONTRACT.md):
         - A fully masked row (every key masked by attn_mask, causal, window or kv_len, or
@@ -198,8 +231,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     Raises:
         TypeError: an input is not an array/tensor, or has an unsupported dtype (float64,
-            or float16/bfloat16 until the half-precision paths exist). The message names
-            the argument.
+            integers), or key and value differ in dtype. The message names the argument.
         ValueError: a wrong shape, rank, stride or option value, or a tensor on a GPU. The
             message names the argument; exceptions raised from the library's status carry
             it in their `status` attribute (e.g. "ATTN_ERR_SHAPE").
@@ -214,9 +246,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise ValueError("align=%r: expected 'top-left' or 'bottom-right'" % (align,))
     if path not in _PATH:
         raise ValueError("path=%r: expected 'auto', 'fused' or 'reference'" % (path,))
-    if precision not in _PRECISION_PATH:
-        raise ValueError("precision=%r: expected 'default', 'float32' or 'float64'" % (precision,))
-    wanted = _PRECISION_PATH[precision]
+    if precision not in _PRECISION:
+        raise ValueError("precision=%r: expected 'default', 'fast' or 'float64' ('float32' "
+                         "= 'default')" % (precision,))
+    wanted, level = _PRECISION[precision]
     if wanted is not None:
         if path not in ("auto", wanted):
             raise ValueError("precision=%r runs on the %s path, but path=%r" % (
@@ -235,16 +268,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     tt = _torch_tensor_type()
     query, key, value = _plain(query, tt), _plain(key, tt), _plain(value, tt)
     if attn_mask is not None:
-        attn_mask = _plain(attn_mask, tt)
+        attn_mask = _widen(_plain(attn_mask, tt), tt)
     if alibi_slopes is not None:
-        alibi_slopes = _plain(_vector(alibi_slopes, np.float32), tt)
+        alibi_slopes = _widen(_plain(_vector(alibi_slopes, np.float32), tt), tt)
     if kv_len is not None:
         kv_len = _plain(_vector(kv_len, np.int64), tt)
 
     out, lse, weights = _attn.forward(
         query, key, value, attn_mask, bool(is_causal), None if scale is None else float(scale),
         bool(enable_gqa), _ALIGN[align], window, float(softcap), alibi_slopes, kv_len,
-        bool(return_lse), bool(return_weights), _PATH[path], threads, _allocator(query, tt))
+        bool(return_lse), bool(return_weights), _PATH[path], level, threads,
+        _allocator(query, tt))
 
     out = _to_query_kind(out, query)
     if not return_lse and not return_weights:

@@ -1,7 +1,8 @@
 /*
  * _attn.c — the CPython extension behind the `attn` package: reads NumPy arrays (buffer
- *           protocol) and DLPack tensors (PyTorch, JAX, ...) as attn_tensor views without
- *           a copy, maps PyTorch's scaled_dot_product_attention arguments onto
+ *           protocol; ml_dtypes' bfloat16 through a uint16 view) and DLPack tensors
+ *           (PyTorch, JAX, ...) of float32, float16 or bfloat16 as attn_tensor views
+ *           without a copy, maps PyTorch's scaled_dot_product_attention arguments onto
  *           attn_options, runs attn_forward with the GIL released, and turns a failing
  *           status into a Python exception that names the argument.
  *
@@ -17,8 +18,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <ctype.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attn.h"
@@ -151,14 +154,16 @@ static int64_t dtype_size(attn_dtype d) {
 
 static void unsupported_dtype(const imported *t, const char *what) {
     PyErr_Format(PyExc_TypeError,
-                 "%s: dtype %s is not supported (attn reads float32 tensors, bool or float32 "
-                 "masks and int32/int64 key lengths; float16 and bfloat16 are reserved for "
-                 "the half-precision paths)",
+                 "%s: dtype %s is not supported (attn reads float32, float16 or bfloat16 "
+                 "query, key and value, bool or float attention masks and int32/int64 key "
+                 "lengths)",
                  t->arg, what);
 }
 
-/* The buffer protocol's struct-module format for one element, e.g. "f", "<f", "?". */
-static int buffer_dtype(imported *t, const char *fmt, Py_ssize_t itemsize) {
+/* The buffer protocol's struct-module format for one element, e.g. "f", "<f", "?".
+ * raw_bf16: the buffer is a uint16 view of a bfloat16 array (see import_tensor), so 'H'
+ * means bfloat16. */
+static int buffer_dtype(imported *t, const char *fmt, Py_ssize_t itemsize, bool raw_bf16) {
     static const uint16_t probe = 1;
     bool little = *(const uint8_t *)&probe == 1;
     if (!fmt) fmt = "B";
@@ -176,6 +181,9 @@ static int buffer_dtype(imported *t, const char *fmt, Py_ssize_t itemsize) {
     switch (c) {
     case 'f': t->dtype = ATTN_F32; known = itemsize == 4 ? "" : NULL; break;
     case 'e': t->dtype = ATTN_F16; known = itemsize == 2 ? "" : NULL; break;
+    case 'H':
+        if (raw_bf16 && itemsize == 2) { t->dtype = ATTN_BF16; known = ""; }
+        break;
     case '?': t->dtype = ATTN_BOOL; known = itemsize == 1 ? "" : NULL; break;
     case 'i': case 'l': case 'q': case 'n':
         if (itemsize == 4) { t->dtype = ATTN_I32; known = ""; }
@@ -210,7 +218,7 @@ static int buffer_dtype(imported *t, const char *fmt, Py_ssize_t itemsize) {
     return 0;
 }
 
-static int import_buffer(PyObject *obj, imported *t, bool writable) {
+static int import_buffer(PyObject *obj, imported *t, bool writable, bool raw_bf16) {
     if (PyObject_GetBuffer(obj, &t->view, writable ? PyBUF_RECORDS : PyBUF_RECORDS_RO) != 0)
         return -1;
     t->has_view = true;
@@ -225,7 +233,7 @@ static int import_buffer(PyObject *obj, imported *t, bool writable) {
                      t->arg);
         return -1;
     }
-    if (buffer_dtype(t, v->format, v->itemsize) != 0) return -1;
+    if (buffer_dtype(t, v->format, v->itemsize, raw_bf16) != 0) return -1;
     t->ndim = v->ndim;
     t->data = v->buf;
     for (int d = 0; d < v->ndim; d++) {
@@ -370,6 +378,31 @@ static int import_dlpack(PyObject *obj, imported *t) {
     return 0;
 }
 
+/* Whether obj is a NumPy array (or a subclass) of the bfloat16 dtype that ml_dtypes (and
+ * so JAX) adds to NumPy. NumPy exports such an array neither as a buffer ("cannot include
+ * dtype 'E' in a buffer") nor through DLPack, so import_tensor reads it through a uint16
+ * view of the same memory. Checked by names: this file does not link against NumPy. */
+static bool is_numpy_bfloat16(PyObject *obj) {
+    PyObject *mro = Py_TYPE(obj)->tp_mro;
+    bool ndarray = false;
+    for (Py_ssize_t i = 0; mro && PyTuple_Check(mro) && i < PyTuple_GET_SIZE(mro); i++)
+        if (strcmp(((PyTypeObject *)PyTuple_GET_ITEM(mro, i))->tp_name, "numpy.ndarray") == 0)
+            ndarray = true;
+    if (!ndarray) return false;
+    bool yes = false;
+    PyObject *dtype = PyObject_GetAttrString(obj, "dtype");
+    PyObject *name = dtype ? PyObject_GetAttrString(dtype, "name") : NULL;
+    PyObject *size = dtype ? PyObject_GetAttrString(dtype, "itemsize") : NULL;
+    if (name && size && PyUnicode_Check(name) && PyLong_Check(size))
+        yes = PyUnicode_CompareWithASCIIString(name, "bfloat16") == 0 &&
+              PyLong_AsLong(size) == 2;
+    Py_XDECREF(dtype);
+    Py_XDECREF(name);
+    Py_XDECREF(size);
+    PyErr_Clear();
+    return yes;
+}
+
 /* Reads obj as a tensor without copying it: the buffer protocol for NumPy arrays (and
  * anything else that exports a strided buffer), DLPack for the rest. On failure a Python
  * exception naming t->arg is set and everything taken so far is released. */
@@ -377,8 +410,24 @@ static int import_tensor(PyObject *obj, const char *arg, bool writable, imported
     memset(t, 0, sizeof *t);
     t->arg = arg;
     int rc;
-    if (PyObject_CheckBuffer(obj)) {
-        rc = import_buffer(obj, t, writable);
+    if (is_numpy_bfloat16(obj)) {
+        /* obj.view("uint16"): the same memory and strides; the buffer keeps the view (and
+         * through it obj) alive until imported_release. */
+        PyObject *raw = PyObject_CallMethod(obj, "view", "s", "uint16");
+        if (!raw) {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_Format(PyExc_TypeError, "%s: cannot read the memory of a bfloat16 array "
+                         "(%S)", arg, value ? value : Py_None);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            return -1;
+        }
+        rc = import_buffer(raw, t, writable, true);
+        Py_DECREF(raw);
+    } else if (PyObject_CheckBuffer(obj)) {
+        rc = import_buffer(obj, t, writable, false);
         if (rc != 0 && !t->has_view && PyObject_HasAttrString(obj, "__dlpack__")) {
             /* The exporter refused a buffer (a dtype the struct module cannot spell, say):
              * DLPack may still describe it. */
@@ -422,6 +471,33 @@ static const char *const g_status_names[] = {
 #undef X_NAME
 };
 
+/* The detail after its leading name, with the library's one-letter tensor names that it
+ * mentions (q, k, v, o as whole words: "like k", "as q", "k's Hkv") spelled as the Python
+ * arguments. Returns a malloc'd string, NULL when out of memory. */
+static char *rename_tensors(const char *rest) {
+    static const char *const full[] = {"query", "key", "value", "output"};
+    static const char letters[] = "qkvo";
+    size_t n = strlen(rest);
+    char *out = malloc(n * 6 + 1);  // each letter grows to at most 6 characters
+    if (!out) return NULL;
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char c = rest[i], prev = i ? rest[i - 1] : ' ', next = rest[i + 1];
+        const char *hit = strchr(letters, c);
+        const bool word_start = !(isalnum((unsigned char)prev) || prev == '_' || prev == '.');
+        const bool word_end = !(isalnum((unsigned char)next) || next == '_' || next == '[');
+        if (c && hit && word_start && word_end) {
+            const char *name = full[hit - letters];
+            memcpy(out + w, name, strlen(name));
+            w += strlen(name);
+        } else {
+            out[w++] = c;
+        }
+    }
+    out[w] = '\0';
+    return out;
+}
+
 static PyObject *raise_status(attn_status st) {
     static const struct { const char *c, *py; } names[] = {
         {"q", "query"},       {"k", "key"},           {"v", "value"},
@@ -431,6 +507,7 @@ static PyObject *raise_status(attn_status st) {
         {"options.scale", "scale"}, {"options.softcap", "softcap"},
         {"options.window", "window"}, {"options.threads", "threads"},
         {"options.align", "align"}, {"options.path", "path"},
+        {"options.precision", "precision"},
     };
     const char *detail = attn_last_error();
     size_t n = strspn(detail, "abcdefghijklmnopqrstuvwxyz_.");
@@ -447,8 +524,11 @@ static PyObject *raise_status(attn_status st) {
     case ATTN_ERR_UNSUPPORTED: type = PyExc_NotImplementedError; break;
     default: type = PyExc_ValueError; break;
     }
-    PyObject *msg = PyUnicode_FromFormat("%s%s%s (%s)", py ? py : "attn_forward: ", rest, note,
+    char *body = rename_tensors(rest);
+    if (!body) return PyErr_NoMemory();
+    PyObject *msg = PyUnicode_FromFormat("%s%s%s (%s)", py ? py : "attn_forward: ", body, note,
                                          attn_status_string(st));
+    free(body);
     if (!msg) return NULL;
     PyObject *exc = PyObject_CallOneArg(type, msg);
     Py_DECREF(msg);
@@ -507,20 +587,23 @@ static void broadcast_dim(attn_tensor *a, int d, int64_t full) {
     }
 }
 
-/* Calls alloc(shape, which) and imports the result for writing; checks it is what was
- * asked for. */
+/* Calls alloc(shape, which, dtype) and imports the result for writing; checks it is what
+ * was asked for. The output may come back in another floating dtype than `want` (the
+ * library rounds to whichever it is given): a bfloat16 query whose framework the
+ * allocator cannot make bfloat16 arrays for gets float32. */
 static PyObject *alloc_output(PyObject *alloc, const int64_t *dims, int n, const char *which,
                               attn_dtype want, imported *t) {
     PyObject *shape = shape_tuple(dims, n);
     if (!shape) return NULL;
-    PyObject *obj = PyObject_CallFunction(alloc, "Os", shape, which);
+    PyObject *obj = PyObject_CallFunction(alloc, "Oss", shape, which, attn_dtype_name(want));
     Py_DECREF(shape);
     if (!obj) return NULL;
     if (import_tensor(obj, which, true, t) != 0) {
         Py_DECREF(obj);
         return NULL;
     }
-    bool same = t->ndim == n && t->dtype == want;
+    const bool floating = t->dtype == ATTN_F32 || t->dtype == ATTN_F16 || t->dtype == ATTN_BF16;
+    bool same = t->ndim == n && (t->dtype == want || (strcmp(which, "output") == 0 && floating));
     for (int d = 0; same && d < n; d++) same = t->shape[d] == dims[d];
     if (!same) {
         imported_release(t);
@@ -534,25 +617,28 @@ static PyObject *alloc_output(PyObject *alloc, const int64_t *dims, int n, const
 
 PyDoc_STRVAR(forward_doc,
 "forward(query, key, value, attn_mask, is_causal, scale, enable_gqa, align, window,\n"
-"        softcap, alibi_slopes, kv_len, return_lse, return_weights, path, threads, alloc)\n"
+"        softcap, alibi_slopes, kv_len, return_lse, return_weights, path, precision,\n"
+"        threads, alloc)\n"
 "--\n\n"
-"Private: the call behind attn.scaled_dot_product_attention. align and path are the\n"
-"attn_align / attn_path integers, window is None or (left, right), scale None or a\n"
-"float, alloc(shape, which) returns a fresh writable tensor for which in ('output',\n"
-"'lse', 'weights'). Returns (output, lse or None, weights or None).");
+"Private: the call behind attn.scaled_dot_product_attention. align, path and precision\n"
+"are the attn_align / attn_path / attn_precision integers, window is None or (left,\n"
+"right), scale None or a float, alloc(shape, which, dtype) returns a fresh writable\n"
+"tensor for which in ('output', 'lse', 'weights') and dtype in ('float32', 'float16',\n"
+"'bfloat16') (the output may be float32 instead of a 16-bit dtype it cannot make).\n"
+"Returns (output, lse or None, weights or None).");
 
 static PyObject *py_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"query", "key", "value", "attn_mask", "is_causal", "scale",
                              "enable_gqa", "align", "window", "softcap", "alibi_slopes",
-                             "kv_len", "return_lse", "return_weights", "path", "threads",
-                             "alloc", NULL};
+                             "kv_len", "return_lse", "return_weights", "path", "precision",
+                             "threads", "alloc", NULL};
     PyObject *oq, *ok, *ov, *omask, *oscale, *owindow, *oalibi, *okvlen, *alloc;
-    int causal, gqa, align, want_lse, want_w, path, threads;
+    int causal, gqa, align, want_lse, want_w, path, precision, threads;
     double softcap;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOpOpiOdOOppiiO:forward", kwlist, &oq,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOpOpiOdOOppiiiO:forward", kwlist, &oq,
                                      &ok, &ov, &omask, &causal, &oscale, &gqa, &align,
                                      &owindow, &softcap, &oalibi, &okvlen, &want_lse, &want_w,
-                                     &path, &threads, &alloc))
+                                     &path, &precision, &threads, &alloc))
         return NULL;
 
     attn_options opt = {0};
@@ -573,6 +659,7 @@ static PyObject *py_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
         opt.window_right = r;
     }
     opt.path = (attn_path)path;
+    opt.precision = (attn_precision)precision;
     opt.threads = threads;
 
     enum { Q, K, V, MASK, ALIBI, KVLEN, OUT, LSE, WEIGHTS, N_T };

@@ -1,11 +1,16 @@
-"""oracle.py — the Python suites' float64 reference of attention and the contract's
-tolerance check, written with NumPy alone (it never calls the attn package).
+"""oracle.py — the Python suites' float64 reference of attention, a naive attention
+computed in one 16-bit type, and the contract's tolerance checks, written with NumPy alone
+(it never calls the attn package).
 
 What it is: the formula of docs/CONTRACT.md, materialized — scores, masks, softmax, the
 fully-masked-row rule — over PyTorch-style inputs of rank 2 to 4 with PyTorch's
-broadcasting of the leading dimensions. What it is not: fast, or a model of which keys
-the library reads; a test that plants NaN in masked keys compares against the reference
-of the clean inputs.
+broadcasting of the leading dimensions (reference); the same formula with every
+intermediate rounded to float16 or bfloat16, as PyTorch's math path computes in those
+types (naive: the yardstick of the half-precision rule); the float32 tolerance
+(tolerance_failure) and the half-precision one (half_tolerance_failure: at most twice the
+naive implementation's error). What it is not: fast, or a model of which keys the library
+reads; a test that plants NaN in masked keys compares against the reference of the clean
+inputs.
 """
 import numpy as np
 
@@ -15,11 +20,12 @@ def _as4d(x):
     return x.reshape((1,) * (4 - x.ndim) + x.shape)
 
 
-def reference(q, k, v, mask=None, causal=False, scale=None, gqa=False, align="top-left",
-              window=None, softcap=0.0, alibi=None, kv_len=None):
-    """(out, lse, weights) in float64. Shapes as attn.scaled_dot_product_attention."""
+def _setup(q, k, v, mask, causal, scale, gqa, align, window, alibi, kv_len, dtype):
+    """The inputs as broadcast 4-D arrays of `dtype`, and what the masks make of the
+    scores: (rank, q4, k4, v4, scale, masked [B, H, Lq, Lk] bool, bias: a float64 array
+    to add (float mask and ALiBi) or None)."""
     rank = max(np.ndim(q), np.ndim(k), np.ndim(v))
-    q4, k4, v4 = (_as4d(x).astype(np.float64) for x in (q, k, v))
+    q4, k4, v4 = (_as4d(x).astype(dtype) for x in (q, k, v))
     B = max(q4.shape[0], k4.shape[0], v4.shape[0])
     Hkv = max(k4.shape[1], v4.shape[1])
     if gqa:
@@ -39,18 +45,14 @@ def reference(q, k, v, mask=None, causal=False, scale=None, gqa=False, align="to
     if scale is None:
         scale = 1.0 / np.sqrt(D) if D > 0 else 1.0
     scale = float(np.float32(scale))
-    with np.errstate(invalid="ignore", over="ignore"):
-        s = scale * np.einsum("bhid,bhjd->bhij", q4, k4)
-        if softcap:
-            c = float(np.float32(softcap))
-            s = c * np.tanh(s / c)
     masked = np.zeros((B, H, Lq, Lk), bool)
+    bias = None
     if mask is not None:
         m = _as4d(mask)
         if m.dtype == np.bool_:
             masked |= ~np.broadcast_to(m, masked.shape)
         else:
-            s = s + np.broadcast_to(m.astype(np.float64), masked.shape)
+            bias = np.broadcast_to(m.astype(np.float64), masked.shape)
 
     lens = np.full(B, Lk, np.int64) if kv_len is None else np.asarray(kv_len, np.int64)
     i = np.arange(Lq)[:, None]
@@ -68,9 +70,26 @@ def reference(q, k, v, mask=None, causal=False, scale=None, gqa=False, align="to
                 rule = rule | (j > d + right)
         masked[b] |= rule
         if alibi is not None:
+            if bias is None or not bias.flags.writeable:
+                bias = np.zeros(masked.shape) if bias is None else bias.copy()
             slopes = np.asarray(alibi, np.float64)
-            s[b] = s[b] - slopes[:, None, None] * np.abs(d - j)[None]
+            bias[b] = bias[b] - slopes[:, None, None] * np.abs(d - j)[None]
+    return rank, q4, k4, v4, scale, masked, bias
 
+
+def reference(q, k, v, mask=None, causal=False, scale=None, gqa=False, align="top-left",
+              window=None, softcap=0.0, alibi=None, kv_len=None):
+    """(out, lse, weights) in float64. Shapes as attn.scaled_dot_product_attention."""
+    rank, q4, k4, v4, scale, masked, bias = _setup(q, k, v, mask, causal, scale, gqa, align,
+                                                   window, alibi, kv_len, np.float64)
+    B, H, Lq, Lk = masked.shape
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = scale * np.einsum("bhid,bhjd->bhij", q4, k4)
+        if softcap:
+            c = float(np.float32(softcap))
+            s = c * np.tanh(s / c)
+        if bias is not None:
+            s = s + bias
     s = np.where(masked, -np.inf, s)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         mx = s.max(axis=-1, keepdims=True) if Lk > 0 else np.full((B, H, Lq, 1), -np.inf)
@@ -115,6 +134,92 @@ def tolerance_failure(got, ref):
     if norm > 0 and np.linalg.norm(g - r) / norm > 1e-6:
         return "relative Frobenius error %.3g > 1e-6" % (np.linalg.norm(g - r) / norm)
     return None
+
+
+def round_to(x, dtype):
+    """x (any floats) rounded to dtype ("float16", "bfloat16" or "float32"), round to
+    nearest even, returned as float32 (the value a tensor of that dtype would hold)."""
+    x = np.asarray(x, np.float32)
+    if dtype == "float32":
+        return x.copy()
+    if dtype == "float16":
+        with np.errstate(over="ignore"):                # beyond 65504: inf, as IEEE says
+            return x.astype(np.float16).astype(np.float32)
+    if dtype != "bfloat16":
+        raise ValueError(dtype)
+    # bfloat16 is the top half of a float32: add half of the dropped half (less one, plus
+    # the kept half's lowest bit: ties to even), then clear the dropped half; a carry
+    # into the exponent rounds up to the next binade or to inf, as it should
+    b = np.ascontiguousarray(x).view(np.uint32)
+    r = ((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) &
+         np.uint32(0xFFFF0000)).view(np.float32)
+    return np.where(np.isnan(x), x, r)
+
+
+def naive(q, k, v, dtype, mask=None, causal=False, scale=None, gqa=False, align="top-left",
+          window=None, softcap=0.0, alibi=None, kv_len=None):
+    """The output (float64, values of dtype) of attention computed naively in dtype, as
+    PyTorch's math path does in a 16-bit type (and tools/naive.c): Q·Kᵀ accumulated in
+    float32 and rounded to dtype, scaled and rounded again (softcap, bias: each rounded),
+    the softmax in float32 rounded to dtype, P·V accumulated in float32 rounded to dtype.
+    A fully masked row gives 0. The yardstick of the half-precision rule."""
+    rank, q4, k4, v4, scale, masked, bias = _setup(q, k, v, mask, causal, scale, gqa, align,
+                                                   window, alibi, kv_len, np.float32)
+    r = lambda x: round_to(x, dtype)  # noqa: E731
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        s = r(r(np.matmul(r(q4), np.swapaxes(r(k4), -1, -2))) * r(scale))
+        if softcap:
+            c = r(np.float32(softcap))
+            s = r(c * np.tanh(s / c))
+        if bias is not None:
+            s = r(s + r(bias))
+        s = np.where(masked, -np.inf, s).astype(np.float32)
+        mx = (s.max(axis=-1, keepdims=True) if s.shape[-1]
+              else np.full(s.shape[:-1] + (1,), -np.inf, np.float32))
+        full = np.isneginf(mx)
+        e = np.exp(s - np.where(full, np.float32(0), mx))
+        p = r(e / np.where(full, np.float32(1), e.sum(axis=-1, keepdims=True)))
+        p = np.where(full, np.float32(0), p)
+        out = r(np.matmul(p, r(v4)))
+    out = out.astype(np.float64)
+    return out.reshape(out.shape[4 - rank:])
+
+
+def half_tolerance_failure(got, ref, naive_out):
+    """None when got (a 16-bit path's output) is within the half-precision rule of ref
+    (float64), else a message: shapes equal; non-finite entries identical, as in
+    tolerance_failure; max |got - ref| <= 2 * max |naive_out - ref| + 2^-23 (1 + max |ref|),
+    naive_out being naive() of the same inputs (the float32 term keeps the rule meaningful
+    where the naive result happens to be exact)."""
+    got = np.asarray(got, np.float32).astype(np.float64)  # also reads ml_dtypes bfloat16
+    ref = np.asarray(ref, np.float64)
+    naive_out = np.asarray(naive_out, np.float64)
+    if got.shape != ref.shape:
+        return "shape %s, expected %s" % (got.shape, ref.shape)
+    fin_g, fin_r = np.isfinite(got), np.isfinite(ref)
+    same_nonfinite = (np.isnan(got) & np.isnan(ref)) | (got == ref)
+    bad = (~fin_g | ~fin_r) & ~same_nonfinite
+    if bad.any():
+        idx = tuple(np.argwhere(bad)[0])
+        return "non-finite mismatch at %s: got %r, expected %r" % (idx, got[idx], ref[idx])
+    fin = fin_g & fin_r
+    if not fin.any():
+        return None
+    g, r = got[fin], ref[fin]
+    with np.errstate(invalid="ignore"):
+        naive_err = np.nan_to_num(np.abs(naive_out[fin] - r), nan=np.inf).max()
+    err = np.abs(g - r)
+    bound = 2 * naive_err + 2.0 ** -23 * (1 + np.abs(r).max())
+    if err.max() > bound:
+        w = int(err.argmax())
+        return ("max |got - ref| = %.3g > %.3g = 2 x the naive error %.3g (+ float32 noise) "
+                "(got %r, expected %r)" % (err.max(), bound, naive_err, g[w], r[w]))
+    return None
+
+
+def assert_half_close(got, ref, naive_out, what="output"):
+    why = half_tolerance_failure(got, ref, naive_out)
+    assert why is None, "%s: %s" % (what, why)
 
 
 def assert_close(got, ref, what="output"):

@@ -17,7 +17,7 @@ import pytest
 
 import attn
 from attn import _attn
-from oracle import assert_close, randn, reference
+from oracle import assert_close, assert_half_close, naive, randn, reference, round_to
 
 sdpa = attn.scaled_dot_product_attention
 
@@ -224,6 +224,38 @@ def test_dlpack_unsupported_dtype_deleted(rng):
     assert t.deleted == 1
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_dlpack_16_bit_tensors(rng, dtype):
+    """kDLFloat 16 and kDLBfloat 16 from a producer written here (no framework needed):
+    read in place, the half-precision rule against the oracle, mixed key/value refused.
+    The result is NumPy of the query's dtype — for bfloat16, ml_dtypes' where it is
+    installed, else float32 (NumPy has no bfloat16 of its own)."""
+    code = {"float16": 2, "bfloat16": 4}[dtype]
+    vals = [round_to(rng.uniform(-1, 1, s), dtype) for s in ((2, 3, 6, 8), (2, 3, 9, 8),
+                                                            (2, 3, 9, 5))]
+    if dtype == "float16":
+        bits = [x.astype(np.float16).view(np.uint16) for x in vals]
+    else:
+        bits = [(x.view(np.uint32) >> 16).astype(np.uint16) for x in vals]
+    q, k, v = (CtypesDLPack(b, b.shape, elem_strides(b), code=code, bits=16) for b in bits)
+    d = _attn._describe(q)
+    assert d["dtype"] == dtype and d["data"] == bits[0].ctypes.data
+    out, lse = sdpa(q, k, v, is_causal=True, return_lse=True)
+    assert isinstance(out, np.ndarray) and lse.dtype == np.float32
+    try:
+        import ml_dtypes
+        want = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float16)
+    except ImportError:
+        want = np.dtype(np.float32) if dtype == "bfloat16" else np.dtype(np.float16)
+    assert out.dtype == want
+    ref = reference(*vals, causal=True)
+    assert_half_close(out, ref[0], naive(*vals, dtype, causal=True))
+    assert_close(lse, ref[1], "lse")
+    assert (q.deleted, k.deleted, v.deleted) == (2, 1, 1)       # _describe took q once too
+    with pytest.raises(TypeError, match=r"^value: dtype is float32, expected %s like key" % dtype):
+        sdpa(q, k, vals[2].astype(np.float32))
+
+
 # ---- errors name the argument -------------------------------------------------------------
 
 def call(rng, **over):
@@ -235,12 +267,15 @@ def call(rng, **over):
 
 @pytest.mark.parametrize("over, exc, pattern, status", [
     (dict(query=np.zeros((2, 4, 5, 8))), TypeError, r"^query: dtype float64", None),
-    (dict(key=np.zeros((2, 4, 6, 8), np.float16)), TypeError, r"^key: dtype is float16",
-     "ATTN_ERR_DTYPE"),
+    (dict(key=np.zeros((2, 4, 6, 8), np.float16)), TypeError,
+     r"^value: dtype is float32, expected float16 like key \(key and value must", "ATTN_ERR_DTYPE"),
+    (dict(value=np.zeros((2, 4, 6, 8), np.float16)), TypeError,
+     r"^value: dtype is float16, expected float32 like key", "ATTN_ERR_DTYPE"),
     (dict(value=np.zeros((2, 4, 6, 8), np.int32)), TypeError, r"^value: dtype is int32",
      "ATTN_ERR_DTYPE"),
     (dict(query=[[1.0]]), TypeError, r"^query: expected a NumPy array", None),
-    (dict(key=np.zeros((2, 4, 6, 7), np.float32)), ValueError, r"^key: shape\[3\] \(Dk",
+    (dict(key=np.zeros((2, 4, 6, 7), np.float32)), ValueError,
+     r"^key: shape\[3\] \(Dk, as query\) is 7",
      "ATTN_ERR_SHAPE"),
     (dict(value=np.zeros((2, 4, 7, 8), np.float32)), ValueError, r"^value: shape\[2\] \(Lk",
      "ATTN_ERR_SHAPE"),
@@ -253,8 +288,8 @@ def call(rng, **over):
           enable_gqa=True), ValueError, r"^query: 4 heads .*not a multiple", None),
     (dict(attn_mask=np.ones((5, 7), bool)), ValueError, r"^attn_mask: shape \(5, 7\)", None),
     (dict(attn_mask=np.ones((5, 6), np.int64)), TypeError, r"^attn_mask: dtype int64", None),
-    (dict(attn_mask=np.ones((5, 6), np.float16)), TypeError, r"^attn_mask: dtype is float16",
-     "ATTN_ERR_DTYPE"),
+    (dict(attn_mask=np.ones((5, 7), np.float16)), ValueError, r"^attn_mask: shape \(5, 7\)",
+     None),
     (dict(attn_mask=np.ones((5, 6))), TypeError, r"^attn_mask: dtype float64", None),
     (dict(scale=float("nan")), ValueError, r"^scale is nan", "ATTN_ERR_VALUE"),
     (dict(softcap=-1.0), ValueError, r"^softcap is -1", "ATTN_ERR_VALUE"),
@@ -271,6 +306,8 @@ def call(rng, **over):
     (dict(path="fast"), ValueError, r"^path=", None),
     (dict(precision="half"), ValueError, r"^precision=", None),
     (dict(precision="float64", path="fused"), ValueError, r"^precision='float64'", None),
+    (dict(precision="fast", path="reference"), ValueError, r"^precision='fast' runs on the fused",
+     None),
     (dict(dropout_p=0.1), NotImplementedError, r"^dropout_p=0.1", None),
 ])
 def test_errors_name_the_argument(rng, over, exc, pattern, status):
@@ -347,7 +384,8 @@ def test_help_shows_the_docstrings():
     assert "scaled_dot_product_attention(query, key, value, attn_mask=None" in text
     doc = pydoc.render_doc(sdpa, renderer=pydoc.plaintext)
     for phrase in ("fully masked row", "not NaN", "is_causal together with attn_mask",
-                   "NotImplementedError", "enable_gqa", "return_lse"):
+                   "NotImplementedError", "enable_gqa", "return_lse", "bfloat16",
+                   '"fast"', "float16"):
         assert phrase in doc
     assert "kernel family" in pydoc.render_doc(attn.kernel_name, renderer=pydoc.plaintext)
     assert attn.__version__.count(".") == 2

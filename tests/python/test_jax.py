@@ -1,6 +1,7 @@
 """test_jax.py — JAX arrays in, JAX arrays out: read in place (JAX CPU arrays export a
-buffer; DLPack otherwise), compared with the float64 oracle. Skipped, with the reason,
-where JAX is not installed (CI does not install it).
+buffer; DLPack otherwise — bfloat16 does), compared with the float64 oracle (float16 and
+bfloat16 under the half-precision rule). Skipped, with the reason, where JAX is not
+installed (CI does not install it).
 """
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ except ImportError:
 
 import attn
 from attn import _attn
-from oracle import assert_close, reference
+from oracle import assert_close, assert_half_close, naive, reference
 
 
 def test_jax_in_jax_out():
@@ -35,3 +36,23 @@ def test_jax_arrays_read_in_place():
     d = _attn._describe(x)
     assert d["data"] == x.unsafe_buffer_pointer()
     assert d["shape"] == (2, 3, 4) and d["strides"] == (12, 4, 1)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("precision", ["default", "fast"])
+def test_jax_16_bit(dtype, precision):
+    rng = np.random.default_rng(4)
+    q, k, v = (jnp.asarray(rng.uniform(-1, 1, s), dtype=dtype)
+               for s in ((2, 4, 9, 16), (2, 2, 30, 16), (2, 2, 30, 8)))
+    out = attn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True,
+                                            precision=precision)
+    assert isinstance(out, jax.Array) and out.dtype == q.dtype
+    d = _attn._describe(k)
+    assert d["dtype"] == dtype and d["data"] == k.unsafe_buffer_pointer()
+    ins = [np.asarray(x, np.float32) for x in (q, k, v)]
+    assert_half_close(np.asarray(out), reference(*ins, causal=True, gqa=True)[0],
+                      naive(*ins, dtype, causal=True, gqa=True))
+    # a float32 query over the 16-bit cache: float32 out, the float32 tolerance
+    o32 = attn.scaled_dot_product_attention(q.astype(jnp.float32), k, v, enable_gqa=True)
+    assert o32.dtype == jnp.float32
+    assert_close(np.asarray(o32), reference(*ins, gqa=True)[0])

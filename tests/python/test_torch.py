@@ -2,8 +2,17 @@
 torch.nn.functional.scaled_dot_product_attention on the same float32 CPU tensors (max
 absolute difference <= 1e-5, as seed 003 section 5 expects), and the PyTorch side of the
 interface: a torch.Tensor comes back, inputs are read in place through DLPack, the
-capsules are released. Skipped, with the reason, where PyTorch is not installed (CI does
-not install it; test_numpy.py covers the same ground against the float64 oracle).
+capsules are released.
+
+bfloat16 and float16 tensors, both precision levels: the output keeps the query's dtype
+and is held to the half-precision rule against PyTorch's float32 SDPA on the same
+(16-bit) values: max |ours - torch32| <= 2 * max |naive - torch32| + 3e-5, naive being
+oracle.naive in that dtype (checked here to be PyTorch's own math path in that dtype, to
+one ulp) and 3e-5 allowing for torch32's own float32 error (<= 1e-5, the bound above) on
+both sides; and no worse than twice the error of PyTorch's own 16-bit SDPA.
+
+Skipped, with the reason, where PyTorch is not installed (CI does not install it;
+test_numpy.py and test_half.py cover the same ground against the float64 oracle).
 """
 import sys
 
@@ -20,7 +29,7 @@ except ImportError:
 
 import attn
 from attn import _attn
-from oracle import assert_close, reference
+from oracle import assert_close, naive, reference, round_to
 
 sdpa = attn.scaled_dot_product_attention
 TOL = 1e-5
@@ -147,7 +156,7 @@ def test_contract_differences_from_torch():
                                          mask=causal_and_mask.numpy())[0])
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int32, torch.complex64])
 def test_other_dtypes_refused(dtype):
     q = randn(1, 2, 4, 8).to(dtype)
     with pytest.raises(TypeError, match=r"^query: dtype"):
@@ -170,3 +179,162 @@ def test_cuda_tensor_refused():
     q = randn(1, 1, 4, 8).cuda()
     with pytest.raises(ValueError, match=r"^query: .*CUDA"):
         sdpa(q, q.cpu(), q.cpu())
+
+
+# ---- bfloat16 and float16 ---------------------------------------------------------------------
+
+HALF = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def rand16(dtype, *shape, seed=0):
+    """Uniform values in [-1, 1) as a tensor of dtype (16-bit values, exact in float32)."""
+    g = torch.Generator().manual_seed(seed + 7 * sum(shape))
+    return (torch.rand(*shape, generator=g) * 2 - 1).to(dtype)
+
+
+def f32(x):
+    return x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+
+def compare_half(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
+                 precisions=("default", "fast")):
+    """Ours at each precision level against torch's float32 SDPA of the same values."""
+    name = HALF[k.dtype]
+    kw = dict(attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+    if enable_gqa:
+        kw["enable_gqa"] = True
+    exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                           **dict(kw, attn_mask=f32(attn_mask))).double()
+    theirs16 = F.scaled_dot_product_attention(q, k, v, **kw).double()
+    nv = torch.from_numpy(naive(q.float().numpy(), k.float().numpy(), v.float().numpy(), name,
+                                mask=None if attn_mask is None else f32(attn_mask).numpy(),
+                                causal=is_causal, scale=scale, gqa=enable_gqa))
+    naive_err = (nv - exact).abs().max().item()
+    theirs_err = (theirs16 - exact).abs().max().item()
+    outs = {}
+    for p in precisions:
+        ours = sdpa(q, k, v, precision=p, **kw)
+        assert isinstance(ours, torch.Tensor) and ours.dtype == q.dtype
+        err = (ours.double() - exact).abs().max().item()
+        assert err <= 2 * naive_err + 3 * TOL, (
+            "%s %s: max |attn - torch32| = %.3g > 2 x naive %.3g" % (name, p, err, naive_err))
+        assert err <= 2 * theirs_err + 3 * TOL, (
+            "%s %s: max |attn - torch32| = %.3g > 2 x torch's own %s SDPA's %.3g" % (
+                name, p, err, name, theirs_err))
+        outs[p] = ours
+    return outs
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=lambda d: HALF[d])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1, 1), (2, 3, 17, 33, 16), (1, 4, 64, 64, 64),
+                                   (2, 2, 5, 130, 8), (1, 1, 200, 7, 128), (1, 2, 3, 2500, 64),
+                                   (1, 8, 256, 256, 128)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_16_bit_matches_torch(shape, is_causal, dtype):
+    B, H, Lq, Lk, D = shape
+    outs = compare_half(rand16(dtype, B, H, Lq, D), rand16(dtype, B, H, Lk, D, seed=1),
+                        rand16(dtype, B, H, Lk, D, seed=2), is_causal=is_causal)
+    if dtype == torch.float16:                    # "fast" rounds P only for a bfloat16 value
+        assert torch.equal(outs["default"], outs["fast"])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=lambda d: HALF[d])
+def test_16_bit_masks_gqa_and_scale(dtype):
+    q, k, v = (rand16(dtype, 2, 4, 9, 16), rand16(dtype, 2, 4, 11, 16, seed=1),
+               rand16(dtype, 2, 4, 11, 8, seed=2))
+    g = torch.Generator().manual_seed(7)
+    bmask = torch.rand(9, 11, generator=g) < 0.8
+    bmask[..., 0] = True                      # no fully masked rows: PyTorch gives NaN there
+    compare_half(q, k, v, attn_mask=bmask)
+    fmask = (torch.randn(2, 1, 9, 11, generator=g) * 3).to(dtype)   # PyTorch: the query's dtype
+    fmask[..., 1] = float("-inf")
+    compare_half(q, k, v, attn_mask=fmask)
+    compare_half(q, k, v, scale=0.7)
+    if "enable_gqa" in F.scaled_dot_product_attention.__doc__:
+        compare_half(q, k[:, :2], v[:, :2], enable_gqa=True)
+        compare_half(q, k[:, :1], v[:, :1], enable_gqa=True, is_causal=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=lambda d: HALF[d])
+def test_16_bit_strided_views_read_in_place(dtype):
+    base = rand16(dtype, 2, 9, 3, 16)          # (B, L, H, D) storage
+    q = base.transpose(1, 2)                   # (B, H, L, D) view
+    cache = rand16(dtype, 2, 3, 64, 16, seed=1)
+    k, v = cache[:, :, 5:25], cache.flip(-1)[:, :, 10:30]
+    compare_half(q, k, v, is_causal=True)
+    d = _attn._describe(q)
+    assert d["via"] == "dlpack" and d["dtype"] == HALF[dtype]
+    assert d["data"] == q.data_ptr() and d["strides"] == q.stride()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=lambda d: HALF[d])
+def test_float32_query_over_16_bit_cache(dtype):
+    """A float32 query over a 16-bit K/V cache: a float32 result that meets the float32
+    bound against torch's float32 SDPA (the cache's values are exact in float32), except
+    where "fast" rounds P to bfloat16."""
+    q = randn(1, 8, 4, 64)
+    k, v = rand16(dtype, 1, 8, 300, 64, seed=1), rand16(dtype, 1, 8, 300, 64, seed=2)
+    theirs = F.scaled_dot_product_attention(q, k.float(), v.float())
+    for p in ("default", "fast"):
+        ours = sdpa(q, k, v, precision=p)
+        assert ours.dtype == torch.float32
+        diff = (ours - theirs).abs().max().item()
+        if p == "default" or dtype == torch.float16:
+            assert diff <= TOL, "%s: max |attn - torch| = %.3g" % (p, diff)
+        else:
+            nv = torch.from_numpy(naive(q.numpy(), k.float().numpy(), v.float().numpy(),
+                                        HALF[dtype]))
+            assert diff <= 2 * (nv - theirs.double()).abs().max().item() + 3 * TOL
+
+
+def test_bfloat16_fast_is_a_different_level():
+    q, k, v = (rand16(torch.bfloat16, 1, 4, 64, 64, seed=s) for s in range(3))
+    outs = compare_half(q, k, v)
+    assert not torch.equal(outs["default"], outs["fast"])   # P rounded to bfloat16 for P·V
+    _, l_d = sdpa(q, k, v, return_lse=True)
+    _, l_f = sdpa(q, k, v, return_lse=True, precision="fast")
+    assert torch.equal(l_d, l_f) and l_d.dtype == torch.float32
+
+
+def test_mixed_key_value_dtypes_refused():
+    q, k = rand16(torch.bfloat16, 1, 2, 4, 8), rand16(torch.bfloat16, 1, 2, 6, 8)
+    with pytest.raises(TypeError,
+                       match=r"^value: dtype is float16, expected bfloat16 like key") as info:
+        sdpa(q, k, k.to(torch.float16))
+    assert info.value.status == "ATTN_ERR_DTYPE"
+    with pytest.raises(TypeError, match=r"^value: dtype is float32, expected bfloat16 like key"):
+        sdpa(q, k, k.float())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=lambda d: HALF[d])
+@pytest.mark.parametrize("shape", [(2, 3, 40, 70, 64, 32), (1, 4, 64, 500, 128, 128)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_naive_is_torchs_math_path(dtype, shape):
+    """oracle.naive, the yardstick of the half-precision rule, computes what PyTorch's math
+    path computes in that dtype — the same roundings, not always the same bits (PyTorch's
+    CPU matmuls sum in another order, so a score may round the other way): its error
+    against the float64 oracle is PyTorch's to within 25%, and the two differ by less
+    than twice that error anywhere."""
+    B, H, Lq, Lk, Dk, Dv = shape
+    q, k, v = (rand16(dtype, B, H, Lq, Dk), rand16(dtype, B, H, Lk, Dk, seed=1),
+               rand16(dtype, B, H, Lk, Dv, seed=2))
+    theirs = (torch.softmax(q @ k.transpose(-1, -2) * Dk ** -0.5, dim=-1) @ v).double().numpy()
+    ours = naive(q.float().numpy(), k.float().numpy(), v.float().numpy(), HALF[dtype])
+    exact = reference(q.float().numpy(), k.float().numpy(), v.float().numpy())[0]
+    err_ours, err_theirs = np.abs(ours - exact).max(), np.abs(theirs - exact).max()
+    print("%s: naive %.3g, PyTorch's math path %.3g, %d of %d elements differ" % (
+        HALF[dtype], err_ours, err_theirs, (ours != theirs).sum(), ours.size))
+    assert 0.75 <= err_ours / err_theirs <= 1.25
+    assert np.abs(ours - theirs).max() <= 2 * err_theirs
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=lambda d: HALF[d])
+def test_round_to_matches_torch(dtype):
+    g = torch.Generator().manual_seed(3)
+    spread = 10.0 ** torch.randint(-8, 8, (100000,), generator=g)
+    x = torch.cat([torch.randn(100000, generator=g) * spread,
+                   torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 65504.0,
+                                 65520.0, 3.4e38, 1e-40, 1 + 2 ** -8, 1 + 3 * 2 ** -8])])
+    want = x.to(dtype).float().numpy()
+    np.testing.assert_array_equal(round_to(x.numpy(), HALF[dtype]), want)
