@@ -6,6 +6,7 @@ Usage (matplotlib is in the bench's venv, made by `attn bench --setup-torch`):
   .venv-bench/bin/python scripts/bench_plot.py bench.json --png docs/bench/fwd_fp32.png
   python3 scripts/bench_plot.py bench.json --markdown       (the table; needs no matplotlib)
 
+--markdown prints the results table, then issue 3's targets against this run.
 The plot: GFLOP/s against the sequence length L = Lq = Lk of the "fwd-*" cases, one panel
 without a mask and one causal, attn and PyTorch for each head dimension, with the
 measured FMA peak as a line. What it is not: a measurement: it draws what the JSON holds.
@@ -53,6 +54,44 @@ def markdown(d):
                        ms(c.get("torch_median_s")), fmt(c.get("torch_gflops"), ".1f"),
                        fmt(c.get("speedup_vs_torch"), ".2f")))
     return "\n".join(out)
+
+
+def targets(d):
+    """issue 3's targets, each against this run: a Markdown table."""
+    cases = {c["name"]: c for c in d["cases"]}
+    rows = []
+
+    def row(what, name, value, goal, ok):
+        rows.append("| %s | %s | %s | %s | %s |" % (what, name, value, goal,
+                                                     "–" if ok is None else "yes" if ok else "**no**"))
+
+    for L in (2048, 4096):
+        for D, pct in ((64, 65), (128, 70)):
+            for causal in (False, True):
+                name = "fwd-L%d-D%d%s" % (L, D, "-causal" if causal else "")
+                c = cases.get(name)
+                if not c or c.get("pct_peak") is None:
+                    continue
+                goal = 60 if causal else pct
+                row("% of peak", name, "%.0f%%" % c["pct_peak"], "≥ %d%%" % goal, c["pct_peak"] >= goal)
+                s = c.get("speedup_vs_torch")
+                row("× PyTorch", name, "–" if s is None else "%.2f×" % s, "≥ 1.5×",
+                    None if s is None else s >= 1.5)
+    for c in d["cases"]:
+        if c.get("decode") and c.get("pct_bw") is not None:
+            row("% of read bandwidth", c["name"], "%.0f%%" % c["pct_bw"], "≥ 75%", c["pct_bw"] >= 75)
+    slower_ref = [c["name"] for c in d["cases"] if c.get("ref_median_s") and c.get("median_s")
+                  and c["median_s"] > c["ref_median_s"]]
+    timed_ref = [c for c in d["cases"] if c.get("ref_median_s")]
+    row("not slower than the reference", "%d cases timed on both" % len(timed_ref),
+        ", ".join(slower_ref) or "none slower", "none slower", not slower_ref if timed_ref else None)
+    slower_torch = [c["name"] for c in d["cases"] if c.get("speedup_vs_torch") is not None
+                    and c["speedup_vs_torch"] < 1]
+    timed_torch = [c for c in d["cases"] if c.get("speedup_vs_torch") is not None]
+    row("not slower than PyTorch", "%d cases timed on both" % len(timed_torch),
+        ", ".join(slower_torch) or "none slower", "none slower",
+        not slower_torch if timed_torch else None)
+    return "\n".join(["| target | case | measured | goal | met |", "|---|---|---|---|---|"] + rows)
 
 
 def plot(d, path):
@@ -114,6 +153,8 @@ def main():
         d = json.load(f)
     if a.markdown:
         print(markdown(d))
+        print()
+        print(targets(d))
     if a.png:
         plot(d, a.png)
     if not a.markdown and not a.png:
