@@ -207,8 +207,10 @@ attn_status attn_backward(const attn_tensor *q, const attn_tensor *k, const attn
 /* BQ query rows and bk keys per tile; bk shrinks from BK_MAX so that the key block's
  * copies and gradients stay near 256 KiB. C key chunks per (b, g), fixed by the shapes:
  * enough items for the threads when B * Hkv is small, never more than CHUNKS_MAX copies
- * of dQ. */
+ * of dQ, nor more copies than fit in PARTIALS_MAX bytes (beyond the first). With C = 1
+ * and a dq whose last stride is 1, dQ is summed in place in dq and needs no copy. */
 enum { BQ = 64, BK_MAX = 128, BK_MIN = 16, TARGET_ITEMS = 16, CHUNKS_MAX = 8 };
+#define PARTIALS_MAX ((int64_t)256 << 20)
 
 typedef struct bwd_plan {
     int64_t bk;             // keys per block, a multiple of ATTN_ROW_PAD: also the tiles' row stride
@@ -219,6 +221,7 @@ typedef struct bwd_plan {
     int64_t q_blocks;       // ceil(Lq / BQ)
     int64_t items;          // B * Hkv * C
     size_t thread_bytes;    // one thread's slice, a multiple of 64
+    bool in_place;          // dQ summed in dq itself (C = 1, dq's last stride 1)
     size_t off_d, off_part; // D (B, Hq, Lq) and the partials (C, B, Hq, Lq, Dk), after the slices
     size_t total;
     size_t off_kd, off_kt, off_kp, off_ktd, off_vd, off_vt, off_q, off_do, off_s, off_dp,
@@ -241,12 +244,16 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     plan->k_blocks = (p->Lk + bk - 1) / bk;
     plan->q_blocks = (p->Lq + BQ - 1) / BQ;
     const int64_t heads = p->B * p->Hkv;  // fits: the tensors' counts were checked
-    int64_t c = heads > 0 ? (TARGET_ITEMS + heads - 1) / heads : 1;
+    int64_t c = heads > 0 ? (TARGET_ITEMS + heads - 1) / heads : 1, dq_bytes;
     if (c > CHUNKS_MAX) c = CHUNKS_MAX;
+    if (__builtin_mul_overflow(p->B * p->Hq * p->Lq, dk * (int64_t)sizeof(float), &dq_bytes))
+        return false;
+    if (dq_bytes > 0 && c > 1 + PARTIALS_MAX / dq_bytes) c = 1 + PARTIALS_MAX / dq_bytes;
     if (c > plan->k_blocks) c = plan->k_blocks > 0 ? plan->k_blocks : 1;
     plan->chunk_blocks = plan->k_blocks > 0 ? (plan->k_blocks + c - 1) / c : 0;
     plan->chunks = plan->chunk_blocks > 0 ? (plan->k_blocks + plan->chunk_blocks - 1) / plan->chunk_blocks : 1;
     if (__builtin_mul_overflow(heads, plan->chunks, &plan->items)) return false;
+    plan->in_place = plan->chunks == 1 && bp->dq_s[3] == 1;
 
     const size_t f = sizeof(float), tile = (size_t)(BQ * bk) * f;
     size_t at = 0;
@@ -280,6 +287,7 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     if (__builtin_mul_overflow(p->B * p->Hq, p->Lq, &rows)) return false;
     if (__builtin_mul_overflow(rows, dk, &part) || __builtin_mul_overflow(part, plan->chunks, &part))
         return false;
+    if (plan->in_place) part = 0;
     if ((uint64_t)rows > SIZE_MAX / 8 || (uint64_t)part > SIZE_MAX / 8) return false;
     if ((size_t)p->threads > (SIZE_MAX / 4) / plan->thread_bytes) return false;
     size_t total = (size_t)p->threads * plan->thread_bytes;
@@ -393,14 +401,14 @@ static const float *query_rows(const float *base, const int64_t st[4], int64_t w
 
 /* ---- the fused path: one tile ----------------------------------------------------------
  * Query rows i0 .. i0+n-1 of head h against the packed key block j0 .. j0+nk-1 (batch b):
- * adds the tile's dV and dK to w->dv, w->dk and its dQ to dq_acc (rows i0.., stride Dk). */
+ * adds the tile's dV and dK to w->dv, w->dk and its dQ to dq_acc (rows i0.., stride ldacc). */
 typedef struct bwd_tile {
     int64_t b, h, lk_b, i0, n, j0, nk;
     bool finite;  // every K value of the key block is finite
 } bwd_tile;
 
 static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const bwd_scratch *w,
-                          const bwd_tile *t, const float *D_bh, float *dq_acc) {
+                          const bwd_tile *t, const float *D_bh, float *dq_acc, int64_t ldacc) {
     const attn_params *p = &bp->fwd;
     const attn_kernels *kern = p->kernels;
     const int64_t dk = p->Dk, dv = p->Dv, n = t->n, nk = t->nk, ld = plan->bk;
@@ -492,7 +500,7 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
         /* qk with dS as its "keys" and K as its packed "rows": (dS K) in (rows, dkpad) */
         kern->qk(dk, dkpad, n, nk, w->ktd, w->kp, dkpad, w->dp, ld, 1.0f, w->dqt, dkpad);
         for (int64_t r = 0; r < n; r++) {
-            float *acc = dq_acc + r * dk;
+            float *acc = dq_acc + r * ldacc;
             const float *x = w->dqt + r * dkpad;
 #pragma omp simd
             for (int64_t d = 0; d < dk; d++) acc[d] += x[d];
@@ -504,7 +512,7 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
             for (int64_t r = 0; r < n; r++) w->dst[c * BQ + r] = w->dp[r * ld + c];
             for (int64_t r = n; r < npad; r++) w->dst[c * BQ + r] = 0.0f;
         }
-        kern->pv(n, npad, nk, dk, w->dst, BQ, w->kd, dk, w->ones, dq_acc, dk, true);
+        kern->pv(n, npad, nk, dk, w->dst, BQ, w->kd, dk, w->ones, dq_acc, ldacc, true);
     }
 }
 
@@ -520,9 +528,18 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
     const int64_t Lq = p->Lq, Dk = p->Dk, Dv = p->Dv, bk = plan->bk;
     const int64_t lk_b = attn_key_len(p, b);
 
-    /* this chunk's dQ partial of the group's heads: (G, Lq, Dk), from 0 */
-    float *part_c = part + ((c * p->B + b) * p->Hq + g * G) * Lq * Dk;
-    memset(part_c, 0, (size_t)(G * Lq * Dk) * sizeof(float));
+    /* this chunk's dQ of the group's heads, from 0: in dq itself, or the chunk's partial
+     * (G, Lq, Dk) */
+    float *part_c = NULL;
+    if (plan->in_place) {
+        for (int64_t h = g * G; h < (g + 1) * G; h++)
+            for (int64_t i = 0; i < Lq; i++)
+                memset(bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1] + i * bp->dq_s[2], 0,
+                       (size_t)Dk * sizeof(float));
+    } else {
+        part_c = part + ((c * p->B + b) * p->Hq + g * G) * Lq * Dk;
+        memset(part_c, 0, (size_t)(G * Lq * Dk) * sizeof(float));
+    }
 
     /* each query block's union of key ranges, [jmin, jmax) (empty: jmin = jmax = 0) */
     for (int64_t qb = 0; qb < plan->q_blocks; qb++) {
@@ -557,8 +574,13 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                 }
                 t.i0 = qb * BQ;
                 t.n = Lq - t.i0 < BQ ? Lq - t.i0 : BQ;
-                tile_backward(bp, plan, w, &t, D + (b * p->Hq + t.h) * Lq,
-                              part_c + (hh * Lq + t.i0) * Dk);
+                if (plan->in_place)
+                    tile_backward(bp, plan, w, &t, D + (b * p->Hq + t.h) * Lq,
+                                  bp->dq + b * bp->dq_s[0] + t.h * bp->dq_s[1] + t.i0 * bp->dq_s[2],
+                                  bp->dq_s[2]);
+                else
+                    tile_backward(bp, plan, w, &t, D + (b * p->Hq + t.h) * Lq,
+                                  part_c + (hh * Lq + t.i0) * Dk, Dk);
             }
         }
         float *dk_b = bp->dk + b * bp->dk_s[0] + g * bp->dk_s[1] + t.j0 * bp->dk_s[2];
@@ -594,9 +616,9 @@ attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
         /* implicit barrier: every D_i is ready */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t u = 0; u < plan.items; u++) item_backward(bp, &plan, &w, D, part, u);
-        /* dq = the chunks' partials summed in chunk order */
+        /* dq = the chunks' partials summed in chunk order (in place: done) */
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
+        for (int64_t r = 0; r < (plan.in_place ? 0 : rows); r++) {
             const int64_t i = r % p->Lq, bh = r / p->Lq, h = bh % p->Hq, b = bh / p->Hq;
             float *dq_i = bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1] + i * bp->dq_s[2];
             for (int64_t d = 0; d < Dk; d++) {
