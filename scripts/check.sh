@@ -62,6 +62,8 @@ run_all() {
     run_suite "${label}test_cli.sh" bash tests/test_cli.sh "$b/attn"
     # the installed library is linked into a plain program: not with a sanitized build
     [ -n "$label" ] || run_suite "test_install.sh" bash tests/test_install.sh "$b"
+    # the bench's logic on its tiny sweep (timings are not checked; too slow under ASan)
+    [ -n "$label" ] || run_suite "test_bench.sh" bash tests/test_bench.sh "$b/attn"
 }
 
 make -s -j"$jobs" all tests || { echo "0 passed, 1 failed"; exit 1; }
