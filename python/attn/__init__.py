@@ -7,8 +7,10 @@ tensors of float32, float16 or bfloat16, read in place whatever their strides.
 
 attn.scaled_dot_product_attention has the signature and the meaning of PyTorch's
 torch.nn.functional.scaled_dot_product_attention, plus keyword-only extras for what the
-library has beyond it. The full reference is docs/PYTHON.md; the semantics of every edge
-case are docs/CONTRACT.md.
+library has beyond it. PyTorch tensors that require grad get their gradients through the
+library's backward pass (a torch.autograd.Function; torch itself is never imported here).
+The full reference is docs/PYTHON.md; the semantics of every edge case are
+docs/CONTRACT.md.
 """
 from __future__ import annotations
 
@@ -112,6 +114,124 @@ def _to_query_kind(x: Any, query: Any) -> Any:
     if jax is not None and isinstance(query, getattr(jax, "Array", ())):
         return jax.numpy.asarray(x)  # JAX arrays are immutable: a JAX-owned copy
     return x
+
+
+def _forward(query: Any, key: Any, value: Any, attn_mask: Any, alibi_slopes: Any,
+             kv_len: Any, options: tuple, want_lse: bool, want_weights: bool,
+             tensor_type: Optional[type]) -> Tuple[Any, Any, Any]:
+    """_attn.forward on inputs already read as plain arrays/tensors; options is the tuple
+    (is_causal, scale, enable_gqa, align, window, softcap, path, precision, threads) of
+    the C arguments, as the backward takes them too."""
+    causal, scale, gqa, align, window, softcap, path, level, threads = options
+    return _attn.forward(query, key, value, attn_mask, causal, scale, gqa, align, window,
+                         softcap, alibi_slopes, kv_len, want_lse, want_weights, path, level,
+                         threads, _allocator(query, tensor_type))
+
+
+# ---- autograd (PyTorch) ---------------------------------------------------------------------
+# torch is never imported by this module: _torch_tensor_type() finds it in sys.modules, so
+# a caller passing torch tensors has imported it already, and everyone else never pays for it.
+
+def _requires_grad(x: Any, tensor_type: type) -> bool:
+    return isinstance(x, tensor_type) and x.requires_grad
+
+
+def _wants_autograd(query: Any, key: Any, value: Any, attn_mask: Any, alibi_slopes: Any,
+                    tensor_type: type) -> bool:
+    """Whether the call goes through the autograd Function: grad mode on and query, key or
+    value a torch tensor that requires grad. A mask or slopes that require grad are refused
+    there and then (the library has no gradient for them: silently leaving it out would
+    leave them untrained)."""
+    torch = sys.modules["torch"]
+    if not torch.is_grad_enabled():
+        return False
+    for name, x in (("attn_mask", attn_mask), ("alibi_slopes", alibi_slopes)):
+        if _requires_grad(x, tensor_type):
+            raise NotImplementedError(
+                "%s requires grad, but attn computes no gradient for it (only for query, key "
+                "and value); pass %s.detach() if it is meant to be a constant" % (name, name))
+    wants = [_requires_grad(x, tensor_type) for x in (query, key, value)]
+    if any(wants) and not isinstance(query, tensor_type):
+        which = ("key", "value")[wants.index(True, 1) - 1] if not wants[0] else "query"
+        raise TypeError("query: a %s, but %s requires grad: the output follows the query's "
+                        "kind, so pass query as a torch tensor too (torch.from_numpy shares "
+                        "its memory) for autograd" % (type(query).__name__, which))
+    return any(wants)
+
+
+_FUNCTION = None
+
+
+def _sdpa_function() -> Any:
+    """The torch.autograd.Function behind a call that needs gradients, made on first use."""
+    global _FUNCTION
+    if _FUNCTION is not None:
+        return _FUNCTION
+    torch = sys.modules["torch"]
+    from torch.autograd.function import once_differentiable  # noqa: PLC0415 — torch is loaded
+
+    class ScaledDotProductAttention(torch.autograd.Function):
+        """attn's attention with attn_backward as its gradient. Inputs: query, key, value
+        (any of them may require grad), attn_mask, alibi_slopes, kv_len (constants),
+        options (the C arguments' tuple, see _forward) and want_weights. Outputs: the
+        output, the LSE (always computed: the backward needs it; non-differentiable) and,
+        when asked, the weights (non-differentiable)."""
+
+        @staticmethod
+        def forward(ctx, query, key, value, attn_mask, alibi_slopes, kv_len, options,
+                    want_weights):
+            tt = torch.Tensor
+            q, k, v, mask, slopes, lens = (_plain(x, tt) for x in (
+                query, key, value, attn_mask, alibi_slopes, kv_len))
+            out, lse, weights = _forward(q, k, v, mask, slopes, lens, options, True,
+                                         want_weights, tt)
+            inputs = (q, k, v, mask, slopes, lens)
+            # tensors through save_for_backward (in-place changes before backward are then
+            # caught by PyTorch); anything else (a NumPy mask, a list of lengths) on ctx
+            ctx.save_for_backward(*(x if isinstance(x, tt) else None for x in inputs),
+                                  out, lse)
+            ctx.others = tuple(None if isinstance(x, tt) else x for x in inputs)
+            ctx.options = options
+            ctx.dtypes = tuple(getattr(x, "dtype", None) for x in (query, key, value))
+            extra = (lse,) if weights is None else (lse, weights)
+            ctx.mark_non_differentiable(*extra)
+            return (out,) + extra
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, grad_out, *unused):
+            tt = torch.Tensor
+            saved = [_plain(x, tt) for x in ctx.saved_tensors]  # the library reads them
+            q, k, v, mask, slopes, lens = (s if o is None else o
+                                           for s, o in zip(saved[:6], ctx.others))
+            out, lse = saved[6:]
+            grad_out = _plain(grad_out, tt)
+            grads = [torch.empty(x.shape, dtype=torch.float32)
+                     if need and isinstance(x, tt) else None
+                     for need, x in zip(ctx.needs_input_grad[:3], (q, k, v))]
+            causal, scale, gqa, align, window, softcap, path, level, threads = ctx.options
+            try:
+                _attn.backward(q, k, v, out, grad_out, lse, grads[0], grads[1], grads[2],
+                               mask, causal, scale, gqa, align, window, softcap, slopes, lens,
+                               path, level, threads)
+            except NotImplementedError as e:
+                half = ["%s is %s" % (n, x.dtype) for n, x in zip(("query", "key", "value"),
+                                                                  (q, k, v))
+                        if getattr(x, "dtype", None) in (torch.float16, torch.bfloat16)]
+                if half and getattr(e, "status", None) == "ATTN_ERR_UNSUPPORTED":
+                    raise NotImplementedError(
+                        "attn has no backward pass for float16/bfloat16 yet (%s): the "
+                        "library's backward takes float32 only; convert the inputs to "
+                        "float32 (.float()) to train through attn, or run the 16-bit "
+                        "forward under torch.no_grad() [library: %s]" % (
+                            ", ".join(half), e)) from e
+                raise
+            grads = [g if g is None or g.dtype == d else g.to(d)
+                     for g, d in zip(grads, ctx.dtypes)]
+            return tuple(grads) + (None,) * 5
+
+    _FUNCTION = ScaledDotProductAttention
+    return _FUNCTION
 
 
 @overload
@@ -229,15 +349,33 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         - Masked keys are never used: NaN or Inf stored in a masked key or value row cannot
           reach the output.
 
+    Autograd (PyTorch):
+        When grad mode is on and query, key or value is a torch tensor with
+        requires_grad, the call runs through a torch.autograd.Function whose backward is
+        the library's attn_backward (FlashAttention-2 style, deterministic: bit-identical
+        gradients for any thread count), with the same options as the forward: .grad of
+        query, key and value (summed over the query heads of a group under enable_gqa,
+        and over any broadcast batch or head dimension). Fully masked rows contribute 0
+        to every gradient. Only query, key and value get gradients: attn_mask (bool or
+        float), alibi_slopes and kv_len are constants, and a mask or slopes that require
+        grad raise NotImplementedError rather than stay silently untrained. The forward
+        also computes the LSE for the backward; the LSE and weights returned by
+        return_lse / return_weights are non-differentiable (requires_grad=False: a loss
+        on them does not reach the inputs, as with PyTorch's own fused kernels). float32
+        only: a float16/bfloat16 forward runs, but its backward raises
+        NotImplementedError (the library has no 16-bit backward yet). No double backward
+        (differentiating the gradients raises). The query must then be a torch tensor.
+
     Raises:
         TypeError: an input is not an array/tensor, or has an unsupported dtype (float64,
             integers), or key and value differ in dtype. The message names the argument.
         ValueError: a wrong shape, rank, stride or option value, or a tensor on a GPU. The
             message names the argument; exceptions raised from the library's status carry
             it in their `status` attribute (e.g. "ATTN_ERR_SHAPE").
-        NotImplementedError: dropout_p != 0.
+        NotImplementedError: dropout_p != 0; under autograd, a mask or slopes that require
+            grad, and the backward of 16-bit inputs.
 
-    The GIL is released while the library computes.
+    The GIL is released while the library computes (forward and backward).
     """
     if dropout_p != 0.0:
         raise NotImplementedError(
@@ -266,6 +404,21 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise TypeError("threads=%r: expected an int (0 = default)" % (threads,))
 
     tt = _torch_tensor_type()
+    options = (bool(is_causal), None if scale is None else float(scale), bool(enable_gqa),
+               _ALIGN[align], window, float(softcap), _PATH[path], level, threads)
+    if tt is not None and _wants_autograd(query, key, value, attn_mask, alibi_slopes, tt):
+        if attn_mask is not None:
+            attn_mask = _widen(attn_mask, tt)
+        if alibi_slopes is not None:
+            alibi_slopes = _widen(_vector(alibi_slopes, np.float32), tt)
+        if kv_len is not None:
+            kv_len = _vector(kv_len, np.int64)
+        outs = _sdpa_function().apply(query, key, value, attn_mask, alibi_slopes, kv_len,
+                                      options, bool(return_weights))
+        if not return_lse and not return_weights:
+            return outs[0]
+        return (outs[0],) + ((outs[1],) if return_lse else ()) + tuple(outs[2:])
+
     query, key, value = _plain(query, tt), _plain(key, tt), _plain(value, tt)
     if attn_mask is not None:
         attn_mask = _widen(_plain(attn_mask, tt), tt)
@@ -274,11 +427,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if kv_len is not None:
         kv_len = _plain(_vector(kv_len, np.int64), tt)
 
-    out, lse, weights = _attn.forward(
-        query, key, value, attn_mask, bool(is_causal), None if scale is None else float(scale),
-        bool(enable_gqa), _ALIGN[align], window, float(softcap), alibi_slopes, kv_len,
-        bool(return_lse), bool(return_weights), _PATH[path], level, threads,
-        _allocator(query, tt))
+    out, lse, weights = _forward(query, key, value, attn_mask, alibi_slopes, kv_len, options,
+                                 bool(return_lse), bool(return_weights), tt)
 
     out = _to_query_kind(out, query)
     if not return_lse and not return_weights:

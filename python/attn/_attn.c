@@ -3,8 +3,9 @@
  *           protocol; ml_dtypes' bfloat16 through a uint16 view) and DLPack tensors
  *           (PyTorch, JAX, ...) of float32, float16 or bfloat16 as attn_tensor views
  *           without a copy, maps PyTorch's scaled_dot_product_attention arguments onto
- *           attn_options, runs attn_forward with the GIL released, and turns a failing
- *           status into a Python exception that names the argument.
+ *           attn_options, runs attn_forward (and attn_backward, for autograd) with the
+ *           GIL released, and turns a failing status into a Python exception that names
+ *           the argument.
  *
  * What it is not: the public function. python/attn/__init__.py owns the signature, the
  * defaults, the docstring, the string options and the kind of the result (it passes an
@@ -403,6 +404,22 @@ static bool is_numpy_bfloat16(PyObject *obj) {
     return yes;
 }
 
+/* Whether obj exports a read-only buffer but no writable one. */
+static bool is_read_only(PyObject *obj) {
+    Py_buffer v;
+    if (PyObject_GetBuffer(obj, &v, PyBUF_RECORDS) == 0) {
+        PyBuffer_Release(&v);
+        return false;
+    }
+    PyErr_Clear();
+    if (PyObject_GetBuffer(obj, &v, PyBUF_RECORDS_RO) != 0) {
+        PyErr_Clear();
+        return false;  // no buffer at all: the import says why
+    }
+    PyBuffer_Release(&v);
+    return true;
+}
+
 /* Reads obj as a tensor without copying it: the buffer protocol for NumPy arrays (and
  * anything else that exports a strided buffer), DLPack for the rest. On failure a Python
  * exception naming t->arg is set and everything taken so far is released. */
@@ -426,6 +443,10 @@ static int import_tensor(PyObject *obj, const char *arg, bool writable, imported
         }
         rc = import_buffer(raw, t, writable, true);
         Py_DECREF(raw);
+    } else if (PyObject_CheckBuffer(obj) && writable && is_read_only(obj)) {
+        PyErr_Format(PyExc_ValueError, "%s: the array is read-only, and attn writes it in "
+                     "place (a broadcast_to view, say): pass a writable array", arg);
+        rc = -1;
     } else if (PyObject_CheckBuffer(obj)) {
         rc = import_buffer(obj, t, writable, false);
         if (rc != 0 && !t->has_view && PyObject_HasAttrString(obj, "__dlpack__")) {
@@ -471,14 +492,37 @@ static const char *const g_status_names[] = {
 #undef X_NAME
 };
 
+/* The library's argument names and the Python ones, per call (NULL-terminated). */
+typedef struct arg_name {
+    const char *c, *py;
+} arg_name;
+
+static const arg_name g_forward_names[] = {
+    {"q", "query"}, {"k", "key"}, {"v", "value"}, {"o", "output"},
+    {"lse", "the lse output"}, {"weights", "the weights output"}, {NULL, NULL},
+};
+static const arg_name g_backward_names[] = {
+    {"q", "query"}, {"k", "key"}, {"v", "value"}, {"o", "out"}, {"d_o", "grad_out"},
+    {"lse", "lse"}, {"dq", "grad_query"}, {"dk", "grad_key"}, {"dv", "grad_value"},
+    {NULL, NULL},
+};
+static const arg_name g_option_names[] = {
+    {"mask", "attn_mask"}, {"bias", "attn_mask"}, {"kv_len", "kv_len"},
+    {"alibi_slopes", "alibi_slopes"},
+    {"options.scale", "scale"}, {"options.softcap", "softcap"},
+    {"options.window", "window"}, {"options.threads", "threads"},
+    {"options.align", "align"}, {"options.path", "path"},
+    {"options.precision", "precision"}, {NULL, NULL},
+};
+
 /* The detail after its leading name, with the library's one-letter tensor names that it
  * mentions (q, k, v, o as whole words: "like k", "as q", "k's Hkv") spelled as the Python
- * arguments. Returns a malloc'd string, NULL when out of memory. */
-static char *rename_tensors(const char *rest) {
-    static const char *const full[] = {"query", "key", "value", "output"};
+ * arguments (o as out_name). Returns a malloc'd string, NULL when out of memory. */
+static char *rename_tensors(const char *rest, const char *out_name) {
+    const char *const full[] = {"query", "key", "value", out_name};
     static const char letters[] = "qkvo";
-    size_t n = strlen(rest);
-    char *out = malloc(n * 6 + 1);  // each letter grows to at most 6 characters
+    size_t n = strlen(rest), grow = strlen(out_name) > 5 ? strlen(out_name) : 5;
+    char *out = malloc(n * (grow + 1) + 1);  // each letter grows to at most grow + 1 characters
     if (!out) return NULL;
     size_t w = 0;
     for (size_t i = 0; i < n; i++) {
@@ -498,22 +542,19 @@ static char *rename_tensors(const char *rest) {
     return out;
 }
 
-static PyObject *raise_status(attn_status st) {
-    static const struct { const char *c, *py; } names[] = {
-        {"q", "query"},       {"k", "key"},           {"v", "value"},
-        {"o", "output"},      {"mask", "attn_mask"},  {"bias", "attn_mask"},
-        {"kv_len", "kv_len"}, {"alibi_slopes", "alibi_slopes"},
-        {"lse", "the lse output"}, {"weights", "the weights output"},
-        {"options.scale", "scale"}, {"options.softcap", "softcap"},
-        {"options.window", "window"}, {"options.threads", "threads"},
-        {"options.align", "align"}, {"options.path", "path"},
-        {"options.precision", "precision"},
-    };
+/* Raises the exception of a failed library call: names, the call's argument names
+ * (g_forward_names or g_backward_names), call the library function's name (used when the
+ * detail names no argument). */
+static PyObject *raise_status(attn_status st, const arg_name *names, const char *call) {
     const char *detail = attn_last_error();
     size_t n = strspn(detail, "abcdefghijklmnopqrstuvwxyz_.");
-    const char *py = NULL;
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (strlen(names[i].c) == n && strncmp(detail, names[i].c, n) == 0) py = names[i].py;
+    const char *py = NULL, *out_name = "output";
+    const arg_name *const tables[2] = {names, g_option_names};
+    for (int t = 0; t < 2; t++)
+        for (const arg_name *a = tables[t]; a->c; a++) {
+            if (strlen(a->c) == n && strncmp(detail, a->c, n) == 0 && !py) py = a->py;
+            if (strcmp(a->c, "o") == 0) out_name = a->py;
+        }
     const char *rest = py ? detail + n : detail;
     const char *note = strstr(detail, "shape[") ? " [dimensions of the 4-D (B, H, L, D) view]" : "";
 
@@ -524,10 +565,10 @@ static PyObject *raise_status(attn_status st) {
     case ATTN_ERR_UNSUPPORTED: type = PyExc_NotImplementedError; break;
     default: type = PyExc_ValueError; break;
     }
-    char *body = rename_tensors(rest);
+    char *body = rename_tensors(rest, out_name);
     if (!body) return PyErr_NoMemory();
-    PyObject *msg = PyUnicode_FromFormat("%s%s%s (%s)", py ? py : "attn_forward: ", body, note,
-                                         attn_status_string(st));
+    PyObject *msg = PyUnicode_FromFormat("%s%s%s%s (%s)", py ? py : call, py ? "" : ": ", body,
+                                         note, attn_status_string(st));
     free(body);
     if (!msg) return NULL;
     PyObject *exc = PyObject_CallOneArg(type, msg);
@@ -545,7 +586,7 @@ static PyObject *raise_status(attn_status st) {
 }
 
 /* ================================================================================
- * forward
+ * The inputs of a call, shared by forward and backward
  * ================================================================================ */
 
 /* The 4-D view of a rank-r (r <= 4) tensor: leading dimensions of size 1, stride 0. */
@@ -587,6 +628,195 @@ static void broadcast_dim(attn_tensor *a, int d, int64_t full) {
     }
 }
 
+/* attn_options from the Python arguments both calls share (without the tensors). */
+static int parse_options(attn_options *opt, PyObject *oscale, double softcap, int causal,
+                         int align, PyObject *owindow, int path, int precision, int threads) {
+    *opt = (attn_options){0};
+    if (oscale != Py_None) {
+        double s = PyFloat_AsDouble(oscale);
+        if (s == -1.0 && PyErr_Occurred()) return -1;
+        opt->has_scale = true;
+        opt->scale = (float)s;
+    }
+    opt->softcap = (float)softcap;
+    opt->causal = causal;
+    opt->align = (attn_align)align;
+    if (owindow != Py_None) {
+        long long l, r;
+        if (!PyArg_ParseTuple(owindow, "LL", &l, &r)) return -1;
+        opt->has_window = true;
+        opt->window_left = l;
+        opt->window_right = r;
+    }
+    opt->path = (attn_path)path;
+    opt->precision = (attn_precision)precision;
+    opt->threads = threads;
+    return 0;
+}
+
+enum { IN_Q, IN_K, IN_V, IN_MASK, IN_ALIBI, IN_KVLEN, IN_N };
+
+/* query, key, value and the masks of a call, imported and broadcast to the library's
+ * [B, H, L, D] views, with the options pointing at them. Lives where it was made (opt
+ * points into it); zero it before resolve_inputs and release it with inputs_release. */
+typedef struct call_inputs {
+    imported t[IN_N];
+    attn_tensor q, k, v, mask, kvlen, alibi;
+    attn_options opt;
+    int64_t B, H, Hkv, Lq, Lk, Dv;
+    int out_rank;  // the rank of the output: the largest of query's, key's, value's
+} call_inputs;
+
+static void inputs_release(call_inputs *c) {
+    for (int i = 0; i < IN_N; i++) imported_release(&c->t[i]);
+}
+
+/* Imports and broadcasts the inputs into *c (c->opt already parsed). one_group: when key
+ * and value both have one head and query several (without enable_gqa), read them as one
+ * group of grouped-query attention instead of broadcasting them to every head: the same
+ * logits, and the backward then sums dK and dV over the heads itself. */
+static int resolve_inputs(call_inputs *c, PyObject *oq, PyObject *ok, PyObject *ov,
+                          PyObject *omask, PyObject *oalibi, PyObject *okvlen, int gqa,
+                          bool one_group) {
+    imported *t = c->t;
+    if (import_tensor(oq, "query", false, &t[IN_Q]) || import_tensor(ok, "key", false, &t[IN_K]) ||
+        import_tensor(ov, "value", false, &t[IN_V]))
+        return -1;
+    const char *qkv_rank = "2 (L, D), 3 (H, L, D) or 4 (B, H, L, D)";
+    if (check_rank(&t[IN_Q], 2, 4, qkv_rank) || check_rank(&t[IN_K], 2, 4, qkv_rank) ||
+        check_rank(&t[IN_V], 2, 4, qkv_rank))
+        return -1;
+    c->q = to_4d(&t[IN_Q]);
+    c->k = to_4d(&t[IN_K]);
+    c->v = to_4d(&t[IN_V]);
+    attn_tensor *q = &c->q, *k = &c->k, *v = &c->v;
+
+    /* Batch: PyTorch broadcasts the leading dimensions of query, key and value. */
+    const attn_tensor *qkv[3] = {q, k, v};
+    const char *qkv_names[3] = {"query", "key", "value"};
+    int64_t B = 1;
+    for (int i = 0; i < 3; i++)
+        if (qkv[i]->shape[0] != 1) B = qkv[i]->shape[0];
+    for (int i = 0; i < 3; i++)
+        if (qkv[i]->shape[0] != 1 && qkv[i]->shape[0] != B) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: batch size %lld (dimension -4) does not broadcast with %lld "
+                         "of the other inputs", qkv_names[i], (long long)qkv[i]->shape[0],
+                         (long long)B);
+            return -1;
+        }
+    broadcast_dim(q, 0, B);
+    broadcast_dim(k, 0, B);
+    broadcast_dim(v, 0, B);
+
+    /* Heads: with enable_gqa, query head h reads key/value head h / (Hq / Hkv) (the
+     * library's rule); without it, PyTorch broadcasts (equal, or 1). */
+    int64_t Hkv = k->shape[1] != 1 ? k->shape[1] : v->shape[1];
+    if ((k->shape[1] != 1 && k->shape[1] != Hkv) || (v->shape[1] != 1 && v->shape[1] != Hkv)) {
+        PyErr_Format(PyExc_ValueError, "value: %lld heads (dimension -3) do not match key's "
+                     "%lld", (long long)v->shape[1], (long long)k->shape[1]);
+        return -1;
+    }
+    int64_t H = q->shape[1];
+    if (gqa) {
+        if (Hkv == 0 ? H != 0 : H % Hkv != 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "query: %lld heads (dimension -3) are not a multiple of key/value's "
+                         "%lld (enable_gqa=True needs Hq %% Hkv == 0)", (long long)H,
+                         (long long)Hkv);
+            return -1;
+        }
+    } else {
+        if (H == 1) H = Hkv;
+        if (Hkv != 1 && Hkv != H) {
+            PyErr_Format(PyExc_ValueError,
+                         "key: %lld heads (dimension -3) do not match query's %lld; pass "
+                         "enable_gqa=True for grouped-query attention (PyTorch refuses this "
+                         "too)", (long long)Hkv, (long long)q->shape[1]);
+            return -1;
+        }
+        broadcast_dim(q, 1, H);
+        if (!(one_group && Hkv == 1)) Hkv = H;
+    }
+    broadcast_dim(k, 1, Hkv);
+    broadcast_dim(v, 1, Hkv);
+    c->B = B;
+    c->H = H;
+    c->Hkv = Hkv;
+    c->Lq = q->shape[2];
+    c->Lk = k->shape[2];
+    c->Dv = v->shape[3];
+    c->out_rank = t[IN_Q].ndim;
+    if (t[IN_K].ndim > c->out_rank) c->out_rank = t[IN_K].ndim;
+    if (t[IN_V].ndim > c->out_rank) c->out_rank = t[IN_V].ndim;
+
+    /* attn_mask: bool -> mask, float -> bias; right-aligned to (B, H, Lq, Lk). */
+    if (omask != Py_None) {
+        if (import_tensor(omask, "attn_mask", false, &t[IN_MASK]) ||
+            check_rank(&t[IN_MASK], 0, 4, "at most 4 (broadcast to B, H, L, S)"))
+            return -1;
+        if (t[IN_MASK].dtype == ATTN_I32 || t[IN_MASK].dtype == ATTN_I64) {
+            PyErr_Format(PyExc_TypeError, "attn_mask: dtype %s, expected bool (True = attend) "
+                         "or float32 (added to the logits)", attn_dtype_name(t[IN_MASK].dtype));
+            return -1;
+        }
+        attn_tensor *mask = &c->mask;
+        *mask = to_4d(&t[IN_MASK]);
+        const int64_t full[4] = {B, H, c->Lq, c->Lk};
+        for (int d = 0; d < 4; d++) {
+            if (mask->shape[d] == 1) {
+                mask->stride[d] = 0;
+                continue;
+            }
+            if (mask->shape[d] != full[d]) {
+                PyObject *ms = shape_tuple(t[IN_MASK].shape, t[IN_MASK].ndim);
+                PyObject *fs = shape_tuple(full, 4);
+                if (ms && fs)
+                    PyErr_Format(PyExc_ValueError,
+                                 "attn_mask: shape %R does not broadcast to the attention "
+                                 "scores (B, H, L, S) = %R", ms, fs);
+                Py_XDECREF(ms);
+                Py_XDECREF(fs);
+                return -1;
+            }
+        }
+        if (mask->dtype == ATTN_BOOL)
+            c->opt.mask = mask;
+        else
+            c->opt.bias = mask;
+    }
+
+    /* The per-batch key lengths [B] and the ALiBi slopes [H]: vectors on dimension 0. */
+    if (okvlen != Py_None) {
+        imported *kl = &t[IN_KVLEN];
+        if (import_tensor(okvlen, "kv_len", false, kl) ||
+            check_rank(kl, 1, 1, "1 (one key length per batch)"))
+            return -1;
+        c->kvlen = (attn_tensor){kl->data, kl->dtype, {kl->shape[0], 1, 1, 1},
+                                 {kl->stride[0], 0, 0, 0}};
+        if (kl->dtype != ATTN_I32 && kl->dtype != ATTN_I64) {
+            PyErr_Format(PyExc_TypeError, "kv_len: dtype %s, expected int32 or int64",
+                         attn_dtype_name(kl->dtype));
+            return -1;
+        }
+        c->opt.kv_len = &c->kvlen;
+    }
+    if (oalibi != Py_None) {
+        imported *al = &t[IN_ALIBI];
+        if (import_tensor(oalibi, "alibi_slopes", false, al) ||
+            check_rank(al, 1, 1, "1 (one slope per query head)"))
+            return -1;
+        c->alibi = (attn_tensor){al->data, al->dtype, {al->shape[0], 1, 1, 1},
+                                 {al->stride[0], 0, 0, 0}};
+        c->opt.alibi_slopes = &c->alibi;
+    }
+    return 0;
+}
+
+/* ================================================================================
+ * forward
+ * ================================================================================ */
+
 /* Calls alloc(shape, which, dtype) and imports the result for writing; checks it is what
  * was asked for. The output may come back in another floating dtype than `want` (the
  * library rounds to whichever it is given): a bfloat16 query whose framework the
@@ -615,6 +845,13 @@ static PyObject *alloc_output(PyObject *alloc, const int64_t *dims, int n, const
     return obj;
 }
 
+/* The library's LSE view {B, H, Lq, 1} of a Python LSE tensor (..., Lq). */
+static attn_tensor lse_view(const imported *t) {
+    attn_tensor l3 = to_4d(t); /* (.., Lq) -> (1, B, H, Lq): shift to (B, H, Lq, 1) */
+    return (attn_tensor){l3.data, l3.dtype, {l3.shape[1], l3.shape[2], l3.shape[3], 1},
+                         {l3.stride[1], l3.stride[2], l3.stride[3], 0}};
+}
+
 PyDoc_STRVAR(forward_doc,
 "forward(query, key, value, attn_mask, is_causal, scale, enable_gqa, align, window,\n"
 "        softcap, alibi_slopes, kv_len, return_lse, return_weights, path, precision,\n"
@@ -641,181 +878,45 @@ static PyObject *py_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
                                      &path, &precision, &threads, &alloc))
         return NULL;
 
-    attn_options opt = {0};
-    if (oscale != Py_None) {
-        double s = PyFloat_AsDouble(oscale);
-        if (s == -1.0 && PyErr_Occurred()) return NULL;
-        opt.has_scale = true;
-        opt.scale = (float)s;
-    }
-    opt.softcap = (float)softcap;
-    opt.causal = causal;
-    opt.align = (attn_align)align;
-    if (owindow != Py_None) {
-        long long l, r;
-        if (!PyArg_ParseTuple(owindow, "LL", &l, &r)) return NULL;
-        opt.has_window = true;
-        opt.window_left = l;
-        opt.window_right = r;
-    }
-    opt.path = (attn_path)path;
-    opt.precision = (attn_precision)precision;
-    opt.threads = threads;
+    call_inputs c;
+    memset(&c, 0, sizeof c);
+    if (parse_options(&c.opt, oscale, softcap, causal, align, owindow, path, precision,
+                      threads) != 0)
+        return NULL;
 
-    enum { Q, K, V, MASK, ALIBI, KVLEN, OUT, LSE, WEIGHTS, N_T };
+    enum { OUT, LSE, WEIGHTS, N_T };
     imported t[N_T];
     memset(t, 0, sizeof t);
     PyObject *outs[3] = {NULL, NULL, NULL};
     PyObject *result = NULL;
 
-    if (import_tensor(oq, "query", false, &t[Q]) || import_tensor(ok, "key", false, &t[K]) ||
-        import_tensor(ov, "value", false, &t[V]))
-        goto done;
-    const char *qkv_rank = "2 (L, D), 3 (H, L, D) or 4 (B, H, L, D)";
-    if (check_rank(&t[Q], 2, 4, qkv_rank) || check_rank(&t[K], 2, 4, qkv_rank) ||
-        check_rank(&t[V], 2, 4, qkv_rank))
-        goto done;
-    attn_tensor q = to_4d(&t[Q]), k = to_4d(&t[K]), v = to_4d(&t[V]);
-
-    /* Batch: PyTorch broadcasts the leading dimensions of query, key and value. */
-    const attn_tensor *qkv[3] = {&q, &k, &v};
-    const char *qkv_names[3] = {"query", "key", "value"};
-    int64_t B = 1;
-    for (int i = 0; i < 3; i++)
-        if (qkv[i]->shape[0] != 1) B = qkv[i]->shape[0];
-    for (int i = 0; i < 3; i++)
-        if (qkv[i]->shape[0] != 1 && qkv[i]->shape[0] != B) {
-            PyErr_Format(PyExc_ValueError,
-                         "%s: batch size %lld (dimension -4) does not broadcast with %lld "
-                         "of the other inputs", qkv_names[i], (long long)qkv[i]->shape[0],
-                         (long long)B);
-            goto done;
-        }
-    broadcast_dim(&q, 0, B);
-    broadcast_dim(&k, 0, B);
-    broadcast_dim(&v, 0, B);
-
-    /* Heads: with enable_gqa, query head h reads key/value head h / (Hq / Hkv) (the
-     * library's rule); without it, PyTorch broadcasts (equal, or 1). */
-    int64_t Hkv = k.shape[1] != 1 ? k.shape[1] : v.shape[1];
-    if ((k.shape[1] != 1 && k.shape[1] != Hkv) || (v.shape[1] != 1 && v.shape[1] != Hkv)) {
-        PyErr_Format(PyExc_ValueError, "value: %lld heads (dimension -3) do not match key's "
-                     "%lld", (long long)v.shape[1], (long long)k.shape[1]);
-        goto done;
-    }
-    int64_t H = q.shape[1];
-    if (gqa) {
-        if (Hkv == 0 ? H != 0 : H % Hkv != 0) {
-            PyErr_Format(PyExc_ValueError,
-                         "query: %lld heads (dimension -3) are not a multiple of key/value's "
-                         "%lld (enable_gqa=True needs Hq %% Hkv == 0)", (long long)H,
-                         (long long)Hkv);
-            goto done;
-        }
-    } else {
-        if (H == 1) H = Hkv;
-        if (Hkv != 1 && Hkv != H) {
-            PyErr_Format(PyExc_ValueError,
-                         "key: %lld heads (dimension -3) do not match query's %lld; pass "
-                         "enable_gqa=True for grouped-query attention (PyTorch refuses this "
-                         "too)", (long long)Hkv, (long long)q.shape[1]);
-            goto done;
-        }
-        broadcast_dim(&q, 1, H);
-        Hkv = H;
-    }
-    broadcast_dim(&k, 1, Hkv);
-    broadcast_dim(&v, 1, Hkv);
-    const int64_t Lq = q.shape[2], Lk = k.shape[2], Dv = v.shape[3];
-    int out_rank = t[Q].ndim;
-    if (t[K].ndim > out_rank) out_rank = t[K].ndim;
-    if (t[V].ndim > out_rank) out_rank = t[V].ndim;
-
-    /* attn_mask: bool -> mask, float -> bias; right-aligned to (B, H, Lq, Lk). */
-    attn_tensor mask = {0};
-    if (omask != Py_None) {
-        if (import_tensor(omask, "attn_mask", false, &t[MASK]) ||
-            check_rank(&t[MASK], 0, 4, "at most 4 (broadcast to B, H, L, S)"))
-            goto done;
-        if (t[MASK].dtype == ATTN_I32 || t[MASK].dtype == ATTN_I64) {
-            PyErr_Format(PyExc_TypeError, "attn_mask: dtype %s, expected bool (True = attend) "
-                         "or float32 (added to the logits)", attn_dtype_name(t[MASK].dtype));
-            goto done;
-        }
-        mask = to_4d(&t[MASK]);
-        const int64_t full[4] = {B, H, Lq, Lk};
-        for (int d = 0; d < 4; d++) {
-            if (mask.shape[d] == 1) {
-                mask.stride[d] = 0;
-                continue;
-            }
-            if (mask.shape[d] != full[d]) {
-                PyObject *ms = shape_tuple(t[MASK].shape, t[MASK].ndim);
-                PyObject *fs = shape_tuple(full, 4);
-                if (ms && fs)
-                    PyErr_Format(PyExc_ValueError,
-                                 "attn_mask: shape %R does not broadcast to the attention "
-                                 "scores (B, H, L, S) = %R", ms, fs);
-                Py_XDECREF(ms);
-                Py_XDECREF(fs);
-                goto done;
-            }
-        }
-        if (mask.dtype == ATTN_BOOL)
-            opt.mask = &mask;
-        else
-            opt.bias = &mask;
-    }
-
-    /* The per-batch key lengths [B] and the ALiBi slopes [H]: vectors on dimension 0. */
-    attn_tensor kvlen = {0}, alibi = {0};
-    if (okvlen != Py_None) {
-        if (import_tensor(okvlen, "kv_len", false, &t[KVLEN]) ||
-            check_rank(&t[KVLEN], 1, 1, "1 (one key length per batch)"))
-            goto done;
-        kvlen = (attn_tensor){t[KVLEN].data, t[KVLEN].dtype, {t[KVLEN].shape[0], 1, 1, 1},
-                              {t[KVLEN].stride[0], 0, 0, 0}};
-        if (kvlen.dtype != ATTN_I32 && kvlen.dtype != ATTN_I64) {
-            PyErr_Format(PyExc_TypeError, "kv_len: dtype %s, expected int32 or int64",
-                         attn_dtype_name(kvlen.dtype));
-            goto done;
-        }
-        opt.kv_len = &kvlen;
-    }
-    if (oalibi != Py_None) {
-        if (import_tensor(oalibi, "alibi_slopes", false, &t[ALIBI]) ||
-            check_rank(&t[ALIBI], 1, 1, "1 (one slope per query head)"))
-            goto done;
-        alibi = (attn_tensor){t[ALIBI].data, t[ALIBI].dtype, {t[ALIBI].shape[0], 1, 1, 1},
-                              {t[ALIBI].stride[0], 0, 0, 0}};
-        opt.alibi_slopes = &alibi;
-    }
+    if (resolve_inputs(&c, oq, ok, ov, omask, oalibi, okvlen, gqa, false) != 0) goto done;
+    const int64_t B = c.B, H = c.H, Lq = c.Lq, Lk = c.Lk, Dv = c.Dv;
+    const int out_rank = c.out_rank;
 
     /* Outputs: first described without memory, so that the library checks every argument
      * before anything is allocated; then allocated by the caller and imported. */
-    attn_tensor o = attn_tensor_4d(NULL, q.dtype, B, H, Lq, Dv);
+    attn_tensor o = attn_tensor_4d(NULL, c.q.dtype, B, H, Lq, Dv);
     attn_tensor lse = attn_tensor_4d(NULL, ATTN_F32, B, H, Lq, 1);
     attn_tensor w = attn_tensor_4d(NULL, ATTN_F32, B, H, Lq, Lk);
-    if (want_lse) opt.lse = &lse;
-    if (want_w) opt.weights = &w;
+    if (want_lse) c.opt.lse = &lse;
+    if (want_w) c.opt.weights = &w;
     size_t ws_bytes = 0;
-    attn_status st = attn_forward_workspace_size(&q, &k, &v, &o, &opt, &ws_bytes);
+    attn_status st = attn_forward_workspace_size(&c.q, &c.k, &c.v, &o, &c.opt, &ws_bytes);
     if (st != ATTN_OK) {
-        raise_status(st);
+        raise_status(st, g_forward_names, "attn_forward");
         goto done;
     }
 
     const int64_t full_o[4] = {B, H, Lq, Dv}, full_w[4] = {B, H, Lq, Lk};
     const int64_t *o_dims = full_o + (4 - out_rank);
-    outs[0] = alloc_output(alloc, o_dims, out_rank, "output", q.dtype, &t[OUT]);
+    outs[0] = alloc_output(alloc, o_dims, out_rank, "output", c.q.dtype, &t[OUT]);
     if (!outs[0]) goto done;
     o = to_4d(&t[OUT]);
     if (want_lse) {
         outs[1] = alloc_output(alloc, o_dims, out_rank - 1, "lse", ATTN_F32, &t[LSE]);
         if (!outs[1]) goto done;
-        attn_tensor l3 = to_4d(&t[LSE]); /* (.., Lq) -> (1, B, H, Lq): shift to (B, H, Lq, 1) */
-        lse = (attn_tensor){l3.data, ATTN_F32, {l3.shape[1], l3.shape[2], l3.shape[3], 1},
-                            {l3.stride[1], l3.stride[2], l3.stride[3], 0}};
+        lse = lse_view(&t[LSE]);
     }
     if (want_w) {
         outs[2] = alloc_output(alloc, full_w + (4 - out_rank), out_rank, "weights", ATTN_F32,
@@ -825,18 +926,207 @@ static PyObject *py_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     }
 
     Py_BEGIN_ALLOW_THREADS
-    st = attn_forward(&q, &k, &v, &o, &opt);
+    st = attn_forward(&c.q, &c.k, &c.v, &o, &c.opt);
     Py_END_ALLOW_THREADS
     if (st != ATTN_OK) {
-        raise_status(st);
+        raise_status(st, g_forward_names, "attn_forward");
         goto done;
     }
     result = Py_BuildValue("(OOO)", outs[0], outs[1] ? outs[1] : Py_None,
                            outs[2] ? outs[2] : Py_None);
 
 done:
+    inputs_release(&c);
     for (int i = 0; i < N_T; i++) imported_release(&t[i]);
     for (int i = 0; i < 3; i++) Py_XDECREF(outs[i]);
+    return result;
+}
+
+/* ================================================================================
+ * backward
+ * ================================================================================ */
+
+/* One gradient the library writes. Where the caller's tensor has every size of the call's
+ * view (dX of the broadcast input), the library writes it in place, whatever its strides.
+ * Where it has a size-1 batch or head dimension that the call broadcast (a query of rank 2
+ * under a key of rank 4, a key shared by every batch, ...), or where the caller passed
+ * None, the library writes a dense float32 scratch of the call's shape, which is then
+ * summed over the broadcast dimensions into the caller's tensor. */
+typedef struct grad_slot {
+    imported imp;      // the caller's tensor, when given
+    bool given;
+    attn_tensor call;  // what the library writes
+    attn_tensor dest;  // the caller's 4-D view, summed into from call when temp is set
+    float *temp;       // owned scratch, NULL when the library writes the caller's memory
+    bool reduce[2];    // batch, heads
+} grad_slot;
+
+static int grad_setup(grad_slot *g, PyObject *obj, const char *arg, const imported *input,
+                      const char *input_name, const attn_tensor *x) {
+    const int64_t *shape = x->shape;
+    bool need_temp = obj == Py_None;
+    if (obj != Py_None) {
+        if (import_tensor(obj, arg, true, &g->imp) != 0) return -1;
+        g->given = true;
+        bool same = g->imp.ndim == input->ndim;
+        for (int d = 0; same && d < input->ndim; d++) same = g->imp.shape[d] == input->shape[d];
+        if (!same) {
+            PyObject *got = shape_tuple(g->imp.shape, g->imp.ndim);
+            PyObject *want = shape_tuple(input->shape, input->ndim);
+            if (got && want)
+                PyErr_Format(PyExc_ValueError, "%s: shape %R, expected %R (the shape of %s)",
+                             arg, got, want, input_name);
+            Py_XDECREF(got);
+            Py_XDECREF(want);
+            return -1;
+        }
+        g->dest = to_4d(&g->imp);
+        for (int d = 0; d < 2; d++) {
+            g->reduce[d] = g->dest.shape[d] != shape[d];  // 1 under a broadcast size
+            need_temp |= g->reduce[d];
+        }
+        if (!need_temp) {
+            g->call = g->dest;
+            return 0;
+        }
+        if (g->imp.dtype != ATTN_F32) {
+            PyErr_Format(PyExc_NotImplementedError,
+                         "%s: dtype %s; the gradient of a broadcast %s is summed in float32 "
+                         "and written as float32 only", arg, attn_dtype_name(g->imp.dtype),
+                         input_name);
+            return -1;
+        }
+        for (int d = 0; d < 4; d++)
+            if (g->dest.shape[d] > 1 && g->dest.stride[d] == 0) {
+                PyErr_Format(PyExc_ValueError, "%s: stride 0 on dimension %d of size %lld: "
+                             "its elements would overlap", arg, d - (4 - g->imp.ndim),
+                             (long long)g->dest.shape[d]);
+                return -1;
+            }
+    }
+    int64_t count = 1;
+    for (int d = 0; d < 4; d++)
+        if (__builtin_mul_overflow(count, shape[d], &count) || count > (int64_t)(SIZE_MAX / 8)) {
+            PyErr_Format(PyExc_ValueError, "%s: the broadcast gradient's size overflows", arg);
+            return -1;
+        }
+    g->temp = malloc((size_t)(count > 0 ? count : 1) * sizeof(float));
+    if (!g->temp) {
+        PyErr_Format(PyExc_MemoryError, "%s: could not allocate %lld bytes for the broadcast "
+                     "gradient", arg, (long long)count * 4);
+        return -1;
+    }
+    g->call = attn_tensor_4d(g->temp, ATTN_F32, shape[0], shape[1], shape[2], shape[3]);
+    return 0;
+}
+
+/* dest[b', h', i, e] = the sum of call[b, h, i, e] over the broadcast batch and head
+ * indices (those of a dimension dest has as 1), in float64, in index order. Runs without
+ * the GIL. */
+static void grad_reduce(const grad_slot *g) {
+    const attn_tensor *c = &g->call, *d = &g->dest;
+    const float *src = c->data;
+    float *dst = d->data;
+    const int64_t B = c->shape[0], H = c->shape[1], L = c->shape[2], D = c->shape[3];
+    for (int64_t b2 = 0; b2 < d->shape[0]; b2++)
+        for (int64_t h2 = 0; h2 < d->shape[1]; h2++) {
+            const int64_t b_lo = g->reduce[0] ? 0 : b2, b_hi = g->reduce[0] ? B : b2 + 1;
+            const int64_t h_lo = g->reduce[1] ? 0 : h2, h_hi = g->reduce[1] ? H : h2 + 1;
+            for (int64_t i = 0; i < L; i++)
+                for (int64_t e = 0; e < D; e++) {
+                    double s = 0.0;
+                    for (int64_t b = b_lo; b < b_hi; b++)
+                        for (int64_t h = h_lo; h < h_hi; h++)
+                            s += src[((b * H + h) * L + i) * D + e];
+                    dst[b2 * d->stride[0] + h2 * d->stride[1] + i * d->stride[2] +
+                        e * d->stride[3]] = (float)s;
+                }
+        }
+}
+
+static void grad_release(grad_slot *g) {
+    imported_release(&g->imp);
+    free(g->temp);
+    g->temp = NULL;
+}
+
+PyDoc_STRVAR(backward_doc,
+"backward(query, key, value, out, grad_out, lse, grad_query, grad_key, grad_value,\n"
+"         attn_mask, is_causal, scale, enable_gqa, align, window, softcap, alibi_slopes,\n"
+"         kv_len, path, precision, threads)\n"
+"--\n\n"
+"Private: the gradients of forward() (attn_backward), behind the autograd of\n"
+"attn.scaled_dot_product_attention. query ... threads are exactly the forward call's\n"
+"arguments; out and lse are the forward's output and LSE (float32), grad_out = dLoss/dout\n"
+"(float32, any strides, stride 0 too). grad_query, grad_key and grad_value are writable\n"
+"float32 tensors of the shapes of query, key and value (any strides; None = not wanted),\n"
+"written in place: the gradients of a broadcast batch or head dimension are summed (dK\n"
+"and dV over the query heads of a group too). No gradient for the masks, the bias or\n"
+"the slopes. The GIL is released. Returns None; on error nothing is written.");
+
+static PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"query", "key", "value", "out", "grad_out", "lse", "grad_query",
+                             "grad_key", "grad_value", "attn_mask", "is_causal", "scale",
+                             "enable_gqa", "align", "window", "softcap", "alibi_slopes",
+                             "kv_len", "path", "precision", "threads", NULL};
+    PyObject *oq, *ok, *ov, *oo, *odo, *olse, *odq, *odk, *odv, *omask, *oscale, *owindow,
+        *oalibi, *okvlen;
+    int causal, gqa, align, path, precision, threads;
+    double softcap;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOpOpiOdOOiii:backward", kwlist,
+                                     &oq, &ok, &ov, &oo, &odo, &olse, &odq, &odk, &odv, &omask,
+                                     &causal, &oscale, &gqa, &align, &owindow, &softcap,
+                                     &oalibi, &okvlen, &path, &precision, &threads))
+        return NULL;
+
+    call_inputs c;
+    memset(&c, 0, sizeof c);
+    if (parse_options(&c.opt, oscale, softcap, causal, align, owindow, path, precision,
+                      threads) != 0)
+        return NULL;
+
+    enum { OUT, DOUT, LSE, N_T };
+    imported t[N_T];
+    memset(t, 0, sizeof t);
+    grad_slot g[3];
+    memset(g, 0, sizeof g);
+    PyObject *result = NULL;
+
+    if (resolve_inputs(&c, oq, ok, ov, omask, oalibi, okvlen, gqa, true) != 0) goto done;
+    if (import_tensor(oo, "out", false, &t[OUT]) ||
+        import_tensor(odo, "grad_out", false, &t[DOUT]) ||
+        import_tensor(olse, "lse", false, &t[LSE]))
+        goto done;
+    const char *o_rank = "2 to 4 (..., L, Dv)";
+    if (check_rank(&t[OUT], 2, 4, o_rank) || check_rank(&t[DOUT], 2, 4, o_rank) ||
+        check_rank(&t[LSE], 1, 3, "1 to 3 (..., L)"))
+        goto done;
+    const attn_tensor o = to_4d(&t[OUT]), d_o = to_4d(&t[DOUT]), lse = lse_view(&t[LSE]);
+
+    if (grad_setup(&g[0], odq, "grad_query", &c.t[IN_Q], "query", &c.q) ||
+        grad_setup(&g[1], odk, "grad_key", &c.t[IN_K], "key", &c.k) ||
+        grad_setup(&g[2], odv, "grad_value", &c.t[IN_V], "value", &c.v))
+        goto done;
+
+    attn_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = attn_backward(&c.q, &c.k, &c.v, &o, &d_o, &lse, &g[0].call, &g[1].call, &g[2].call,
+                       &c.opt);
+    if (st == ATTN_OK)
+        for (int i = 0; i < 3; i++)
+            if (g[i].given && g[i].temp) grad_reduce(&g[i]);
+    Py_END_ALLOW_THREADS
+    if (st != ATTN_OK) {
+        raise_status(st, g_backward_names, "attn_backward");
+        goto done;
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+
+done:
+    inputs_release(&c);
+    for (int i = 0; i < N_T; i++) imported_release(&t[i]);
+    for (int i = 0; i < 3; i++) grad_release(&g[i]);
     return result;
 }
 
@@ -885,6 +1175,8 @@ static PyObject *py_kernel_name(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"forward", (PyCFunction)(void (*)(void))py_forward, METH_VARARGS | METH_KEYWORDS,
      forward_doc},
+    {"backward", (PyCFunction)(void (*)(void))py_backward, METH_VARARGS | METH_KEYWORDS,
+     backward_doc},
     {"_describe", py_describe, METH_O, describe_doc},
     {"_dlpack_counts", py_dlpack_counts, METH_NOARGS, dlpack_counts_doc},
     {"version", py_version, METH_NOARGS, "version() -> str\n--\n\nThe C library's version."},

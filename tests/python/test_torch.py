@@ -129,9 +129,13 @@ def test_result_is_a_fresh_torch_tensor():
 
 
 def test_requires_grad_inputs_are_read():
+    """A tensor that requires grad is read in place (through .detach()); under no_grad the
+    result is a plain tensor, with grad mode on it is differentiable (test_autograd.py)."""
     q = randn(1, 2, 4, 8).requires_grad_()
-    out = compare(q, q, q)
+    with torch.no_grad():
+        out = compare(q, q, q)
     assert not out.requires_grad
+    assert compare(q, q, q).requires_grad
 
 
 def test_capsules_released():
