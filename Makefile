@@ -66,6 +66,9 @@ $(BUILD)/tests/%: tests/%.c tests/check.h $(BUILD)/libattn.a $(TEST_TOOL_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -Isrc -Itools -o $@ $< $(TEST_TOOL_OBJ) $(BUILD)/libattn.a $(LDLIBS)
 
+# test_model compiles the training model's sources in directly
+$(BUILD)/tests/test_model: tools/model.c tools/model.h tools/model_ops.h
+
 tests: $(TEST_BIN) $(BUILD)/attn
 
 $(BUILD)/attn.pc: attn.pc.in include/attn.h
