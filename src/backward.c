@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "backward.h"
+#include "half.h"
 #include "kernels.h"
 
 #ifdef _OPENMP
@@ -41,11 +42,9 @@
 static attn_status check_f32(const attn_tensor *t, const char *name, const int64_t want[4],
                              const char *const what[4], bool need_data) {
     if (!t) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", name);
-    if (t->dtype != ATTN_F32)
-        return attn_fail(t->dtype == ATTN_F16 || t->dtype == ATTN_BF16 ? ATTN_ERR_UNSUPPORTED
-                                                                      : ATTN_ERR_DTYPE,
-                         "%s: dtype %d, the backward pass takes float32 only", name,
-                         (int)t->dtype);
+    if (t->dtype != ATTN_F32)  // 16-bit tensors were given float32 copies (backward_half)
+        return attn_fail(ATTN_ERR_DTYPE, "%s: dtype %d, expected float32%s", name,
+                         (int)t->dtype, strcmp(name, "lse") ? ", float16 or bfloat16" : "");
     for (int d = 0; d < 4; d++)
         if (t->shape[d] != want[d])
             return attn_fail(ATTN_ERR_SHAPE, "%s: shape[%d] (%s) is %lld, expected %lld", name,
@@ -108,13 +107,6 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
                                    const attn_tensor *dk, const attn_tensor *dv,
                                    const attn_options *opt, bool need_data) {
     *bp = (attn_bwd_params){0};
-    /* 16-bit inputs are the half-precision issue's; their gradients are not written yet */
-    const attn_tensor *const ins[4] = {q, k, v, o};
-    const char *const in_names[4] = {"q", "k", "v", "o"};
-    for (int a = 0; a < 4; a++)
-        if (ins[a] && (ins[a]->dtype == ATTN_F16 || ins[a]->dtype == ATTN_BF16))
-            return attn_fail(ATTN_ERR_UNSUPPORTED, "%s: 16-bit dtypes have no backward pass "
-                             "yet (float32 only)", in_names[a]);
     if (opt && (opt->lse || opt->weights))
         return attn_fail(ATTN_ERR_VALUE, "options.%s must be NULL in attn_backward (the "
                          "forward's LSE is the lse argument)", opt->lse ? "lse" : "weights");
@@ -148,6 +140,99 @@ static size_t bwd_workspace(const attn_bwd_params *bp) {
                                                : attn_fused_backward_workspace(bp);
 }
 
+/* ---- 16-bit tensors ---------------------------------------------------------------------
+ * q, k, v, o, d_o and the gradients may each be float16 or bfloat16 (k and v alike, as in
+ * the forward). Such a call runs the float32 path on dense float32 copies: the inputs are
+ * widened once (exactly), the gradients are accumulated in float32 and rounded once to
+ * their own dtype (to nearest, ties to even). The extra memory is the copies,
+ * (Lq (2 Dk + 2 Dv) per query head + Lk (2 Dk + 2 Dv) per key head) floats: never
+ * Lq x Lk. The LSE stays float32, as the forward writes it. */
+enum { H_Q, H_K, H_V, H_O, H_DO, H_DQ, H_DK, H_DV, H_N };
+
+static bool is_half(const attn_tensor *t) {
+    return t && (t->dtype == ATTN_F16 || t->dtype == ATTN_BF16);
+}
+
+/* Every element of src (any float dtype, any strides) into dst, through float. */
+static void copy_tensor(const attn_tensor *src, const attn_tensor *dst) {
+    const int64_t *n = src->shape, *ss = src->stride, *ds = dst->stride;
+    for (int64_t a = 0; a < n[0]; a++)
+        for (int64_t b = 0; b < n[1]; b++)
+            for (int64_t c = 0; c < n[2]; c++)
+                for (int64_t x = 0; x < n[3]; x++)
+                    attn_store(dst->dtype, dst->data, a * ds[0] + b * ds[1] + c * ds[2] + x * ds[3],
+                               attn_load(src->dtype, src->data,
+                                         a * ss[0] + b * ss[1] + c * ss[2] + x * ss[3]));
+}
+
+/* Checks a 16-bit call (the tensors' dtypes here, the rest through bwd_params_init on
+ * float32 stand-ins with the same shapes, strides and pointers), and lays out the dense
+ * float32 copies: dense[i] with data = NULL + offset, *copy_bytes their total, *inner the
+ * float32 call's own workspace. */
+static attn_status half_plan(const attn_tensor *const t[H_N], const attn_tensor *lse,
+                             const attn_options *opt, bool need_data, attn_tensor dense[H_N],
+                             size_t *copy_bytes, size_t *inner) {
+    static const char *const names[H_N] = {"q", "k", "v", "o", "d_o", "dq", "dk", "dv"};
+    attn_tensor shadow[H_N];
+    for (int i = 0; i < H_N; i++) {
+        if (!t[i]) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", names[i]);
+        if (t[i]->dtype != ATTN_F32 && !is_half(t[i]))
+            return attn_fail(ATTN_ERR_DTYPE, "%s: dtype %d, expected float32, float16 or "
+                             "bfloat16", names[i], (int)t[i]->dtype);
+        shadow[i] = *t[i];
+        shadow[i].dtype = ATTN_F32;
+    }
+    if (t[H_K]->dtype != t[H_V]->dtype)
+        return attn_fail(ATTN_ERR_DTYPE, "v: dtype %d, expected %d like k (k and v must have "
+                         "one dtype)", (int)t[H_V]->dtype, (int)t[H_K]->dtype);
+    attn_bwd_params bp;
+    TRY(bwd_params_init(&bp, &shadow[H_Q], &shadow[H_K], &shadow[H_V], &shadow[H_O],
+                        &shadow[H_DO], lse, &shadow[H_DQ], &shadow[H_DK], &shadow[H_DV], opt,
+                        need_data));
+    size_t at = 0;
+    for (int i = 0; i < H_N; i++) {
+        const int64_t *n = t[i]->shape;
+        dense[i] = attn_tensor_4d((char *)NULL + at, ATTN_F32, n[0], n[1], n[2], n[3]);
+        at += ((size_t)(n[0] * n[1] * n[2] * n[3]) * sizeof(float) + 63) & ~(size_t)63;
+    }
+    *copy_bytes = at;
+    attn_options o = opt ? *opt : (attn_options){0};
+    o.workspace = NULL;
+    return attn_backward_workspace_size(&dense[H_Q], &dense[H_K], &dense[H_V], &dense[H_O],
+                                        &dense[H_DO], lse, &dense[H_DQ], &dense[H_DK],
+                                        &dense[H_DV], &o, inner);
+}
+
+static attn_status backward_half(const attn_tensor *const t[H_N], const attn_tensor *lse,
+                                 const attn_options *opt) {
+    attn_tensor dense[H_N];
+    size_t copies, inner;
+    TRY(half_plan(t, lse, opt, true, dense, &copies, &inner));
+    const size_t need = copies + inner + 64;
+    char *ws = opt ? opt->workspace : NULL, *owned = NULL;
+    if (ws) {
+        if (opt->workspace_bytes < need)
+            return attn_fail(ATTN_ERR_WORKSPACE, "options.workspace_bytes is %zu, this call "
+                             "needs %zu", opt->workspace_bytes, need);
+    } else {
+        owned = ws = malloc(need);
+        if (!ws) return attn_fail(ATTN_ERR_NOMEM, "workspace: could not allocate %zu bytes", need);
+    }
+    char *base = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
+    for (int i = 0; i < H_N; i++) dense[i].data = base + ((char *)dense[i].data - (char *)NULL);
+    for (int i = H_Q; i <= H_DO; i++) copy_tensor(t[i], &dense[i]);
+    attn_options o = opt ? *opt : (attn_options){0};
+    o.workspace = inner ? base + copies : NULL;
+    o.workspace_bytes = inner;
+    const attn_status st = attn_backward(&dense[H_Q], &dense[H_K], &dense[H_V], &dense[H_O],
+                                         &dense[H_DO], lse, &dense[H_DQ], &dense[H_DK],
+                                         &dense[H_DV], &o);
+    if (st == ATTN_OK)
+        for (int i = H_DQ; i <= H_DV; i++) copy_tensor(&dense[i], t[i]);
+    free(owned);
+    return st;
+}
+
 attn_status attn_backward_workspace_size(const attn_tensor *q, const attn_tensor *k,
                                          const attn_tensor *v, const attn_tensor *o,
                                          const attn_tensor *d_o, const attn_tensor *lse,
@@ -156,6 +241,17 @@ attn_status attn_backward_workspace_size(const attn_tensor *q, const attn_tensor
                                          size_t *bytes) {
     attn_bwd_params bp;
     if (!bytes) return attn_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
+    const attn_tensor *const t[H_N] = {q, k, v, o, d_o, dq, dk, dv};
+    bool half = false;
+    for (int i = 0; i < H_N; i++) half |= is_half(t[i]);
+    if (half) {
+        attn_tensor dense[H_N];
+        size_t copies, inner;
+        TRY(half_plan(t, lse, opt, false, dense, &copies, &inner));
+        *bytes = copies + inner + 64;
+        attn_fail(ATTN_OK, "%s", "");
+        return ATTN_OK;
+    }
     TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, false));
     const size_t n = bwd_workspace(&bp);
     if (n == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
@@ -169,6 +265,9 @@ attn_status attn_backward(const attn_tensor *q, const attn_tensor *k, const attn
                           const attn_tensor *dq, const attn_tensor *dk, const attn_tensor *dv,
                           const attn_options *opt) {
     attn_bwd_params bp;
+    const attn_tensor *const t[H_N] = {q, k, v, o, d_o, dq, dk, dv};
+    for (int i = 0; i < H_N; i++)
+        if (is_half(t[i])) return backward_half(t, lse, opt);
     TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, true));
     const attn_params *p = &bp.fwd;
     attn_fail(ATTN_OK, "%s", "");

@@ -856,8 +856,9 @@ static void misuse(void) {
         case 4: pdk = NULL; want = ATTN_ERR_NULL; what = "dk NULL"; break;
         case 5: pdv = NULL; want = ATTN_ERR_NULL; what = "dv NULL"; break;
         case 6: dv.data = NULL; want = ATTN_ERR_NULL; what = "dv data NULL"; break;
-        case 7: q.dtype = ATTN_F16; want = ATTN_ERR_UNSUPPORTED; what = "q float16"; break;
-        case 8: d_o.dtype = ATTN_BF16; want = ATTN_ERR_UNSUPPORTED; what = "d_o bfloat16"; break;
+        /* 16-bit tensors are valid (test_backward_half); k and v must still agree */
+        case 7: k.dtype = ATTN_F16; want = ATTN_ERR_DTYPE; what = "k float16, v float32"; break;
+        case 8: d_o.dtype = ATTN_BOOL; want = ATTN_ERR_DTYPE; what = "d_o bool"; break;
         case 9: dq.dtype = ATTN_I32; want = ATTN_ERR_DTYPE; what = "dq int32"; break;
         case 10: d_o.shape[3] = 5; want = ATTN_ERR_SHAPE; what = "d_o Dv"; break;
         case 11: lse.shape[3] = 2; want = ATTN_ERR_SHAPE; what = "lse last dim"; break;
@@ -886,7 +887,7 @@ static void misuse(void) {
         case 28: opt.workspace = dummy; opt.workspace_bytes = sizeof dummy; want = ATTN_ERR_WORKSPACE; what = "workspace too small"; break;
         case 29: k.shape[3] = 4; want = ATTN_ERR_SHAPE; what = "k Dk"; break;
         case 30: o.shape[2] = 8; want = ATTN_ERR_SHAPE; what = "o Lq"; break;
-        case 31: lse.dtype = ATTN_F16; want = ATTN_ERR_UNSUPPORTED; what = "lse float16"; break;
+        case 31: lse.dtype = ATTN_F16; want = ATTN_ERR_DTYPE; what = "lse float16"; break;
         default: want = ATTN_OK; what = NULL; break;
         }
         if (!what) break;
