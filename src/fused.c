@@ -272,6 +272,21 @@ static void tile_logits(const attn_params *p, const attn_kernels *kern, const fu
     if (boundary || attn_has_elementwise(p)) finish_tile(p, w, blk, nk, BQ, j0, boundary);
 }
 
+/* A block of few rows (decoding) does little arithmetic per key and waits on memory: the
+ * key and value rows of the tile PREFETCH_TILES ahead are asked for while this one is
+ * computed (measured: about 10% faster on one core of the Zen 4; docs/KERNELS.md). */
+enum { PREFETCH_TILES = 2 };
+
+static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
+    const int64_t ek = p->kv_dt == ATTN_F32 ? 4 : 2;
+    for (int64_t c = j0; c < j0 + nk; c++) {
+        const char *k = (const char *)p->k + (blk->b * p->k_s[0] + blk->g * p->k_s[1] + c * p->k_s[2]) * ek;
+        const char *v = (const char *)p->v + (blk->b * p->v_s[0] + blk->g * p->v_s[1] + c * p->v_s[2]) * ek;
+        for (int64_t x = 0; x < p->Dk * p->k_s[3] * ek; x += 64) __builtin_prefetch(k + x, 0, 3);
+        for (int64_t x = 0; x < p->Dv * p->v_s[3] * ek; x += 64) __builtin_prefetch(v + x, 0, 3);
+    }
+}
+
 /* The online softmax over keys [ja, jb) of a block, into w->m, w->l, w->acc. */
 static void block_sweep(const attn_params *p, const attn_kernels *kern, const fused_plan *plan,
                         const fused_scratch *w, const fused_block *blk, int64_t ja,
@@ -308,6 +323,8 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         const int64_t nk = jb - j0 < plan->bk ? jb - j0 : plan->bk;
         const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
         const bool clean = !boundary && !may_mask;
+        const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
+        if (n <= 4 && pj < jb) prefetch_tile(p, blk, pj, jb - pj < plan->bk ? jb - pj : plan->bk);
         tile_logits(p, kern, w, blk, j0, nk, boundary);
         kern->softmax(npad, nk, w->s, BQ, w->m, w->l, w->alpha);
         if (fast && clean && kern->pv_bf16 && p->v_s[3] == 1) {
