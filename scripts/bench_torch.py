@@ -14,7 +14,8 @@ Protocol (JSON Lines on stdin and stdout, one object a line):
   in:  {"name": ..., "B", "Hq", "Hkv", "Lq", "Lk", "Dk", "Dv", "mask": "none|causal|bool|window",
         "window_left", "window_right", "mask_density", "threads", "warmup", "reps",
         "max_reps", "adaptive_seconds", "rotate"}
-  out: {"name": ..., "median_s", "min_s", "max_s", "reps"}   or {"name": ..., "error": "..."}
+  out: {"name": ..., "median_s", "min_s", "max_s", "reps", "times": [each call's seconds]}
+       or {"name": ..., "error": "..."}
 It also runs alone: `python scripts/bench_torch.py < cases.jsonl` (the hello line first).
 
 The masks as a PyTorch user writes them: causal is is_causal=True (top-left, as attn's
@@ -96,7 +97,7 @@ def run_case(torch, F, c):
                 more = int(-(-c["adaptive_seconds"] // (spent / len(times))))
                 want = max(c["reps"], min(c["max_reps"], more))
     return {"name": c["name"], "median_s": statistics.median(times), "min_s": min(times),
-            "max_s": max(times), "reps": len(times)}
+            "max_s": max(times), "reps": len(times), "times": times}
 
 
 def main():

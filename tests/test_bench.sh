@@ -103,6 +103,15 @@ d = json.load(open("out.txt"))
 assert d["cases"] == [] and d["machine"]["measured"] is True and d["machine"]["bw_gbs_n"] > 0, d
 '
 
+expect "--rounds 2" 0 "$ATTN" bench --quick --quiet --no-machine --rounds 2 --reps 2 --shapes 'fwd-L64-D16,win-*' --json
+pycheck "--rounds pools the calls of every round" '
+import json
+d = json.load(open("out.txt"))
+assert d["rounds"] == 2 and len(d["cases"]) == 2, d
+for c in d["cases"]:
+    assert c["check"] == "pass" and c["reps"] >= 4 and c["min_s"] <= c["median_s"] <= c["max_s"], c
+'
+
 expect "--list" 0 "$ATTN" bench --quick --list --shapes '*causal'
 if [ -s out.txt ] && ! grep -qv 'causal$' out.txt; then ok "--list --shapes lists only the matches"; else
     bad "--list --shapes"; cat out.txt; fi
@@ -140,7 +149,7 @@ expect "a planted error fails a subset check too" 1 "$ATTN" bench --quick --quie
 
 # ---- usage errors: exit 2, one line on stderr --------------------------------------------------
 for args in "--bogus" "--reps 0" "--threads x" "--isa sse9" "--vs onnx" "--shapes nothing-matches" \
-            "--json --json-out x.json" "--check-budget 0" "--machine-only --no-machine" "stray"; do
+            "--json --json-out x.json" "--check-budget 0" "--machine-only --no-machine" "--rounds 0" "stray"; do
     # shellcheck disable=SC2086
     expect "usage error: $args" 2 "$ATTN" bench --quick $args
     if [ "$(wc -l <err.txt)" -eq 1 ] && [ ! -s out.txt ]; then ok "  one line on stderr: $(cat err.txt)"; else
@@ -161,7 +170,8 @@ for line in sys.stdin:
         print(json.dumps({"name": c["name"], "error": "no bool masks here"}), flush=True)
     else:  # 1 s per GFLOP... of the shape it was sent, so the bench must have sent the right one
         t = 2 * (c["Dk"] + c["Dv"]) * c["B"] * c["Hq"] * c["Lq"] * c["Lk"] * 1e-9
-        print(json.dumps({"name": c["name"], "median_s": t, "min_s": t, "max_s": t, "reps": 7}), flush=True)
+        print(json.dumps({"name": c["name"], "median_s": t, "min_s": t, "max_s": t, "reps": 7,
+                          "times": [t] * 7}), flush=True)
 EOF
 expect "--vs torch through a stand-in (a torch error is that row's, not the run's)" 0 "$ATTN" bench --quick --quiet --no-machine --vs torch \
     --python python3 --torch-script fake_torch.py --shapes 'fwd-L64-D16,mask-*' --json

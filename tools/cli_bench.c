@@ -65,6 +65,9 @@ static const char BENCH_USAGE[] =
     "  --threads N           threads for both sides (default: all, OpenMP's default)\n"
     "  --reps N              at least N timed calls per case (default 5, --quick 3)\n"
     "  --warmup N            untimed calls before them (default 2, --quick 1)\n"
+    "  --rounds N            time the whole sweep N times, one case after the other, and\n"
+    "                        take each case's median over all its calls (default 1): a burst\n"
+    "                        of other work then spoils a part of a case's calls, not all\n"
     "  --isa NAME            run these kernels of the library (ATTN_ISA; 'attn --version'\n"
     "                        lists those this CPU runs)\n"
     "  --ref-max-l N         also time the float64 reference path where Lq, Lk <= N\n"
@@ -119,7 +122,7 @@ static double median(double *t, int n) {
 typedef struct bench_args {
     bool quick, list, json, no_machine, machine_only, setup_torch, plant_error, quiet;
     const char *shapes, *isa, *vs, *python, *torch_script, *json_out;
-    int threads, reps, warmup;
+    int threads, reps, warmup, rounds;
     int64_t ref_max_l;
     double check_budget;
 } bench_args;
@@ -135,7 +138,8 @@ static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *v) {
 }
 
 static int parse_args(int argc, char **argv, bench_args *a) {
-    const char *threads = NULL, *reps = NULL, *warmup = NULL, *ref_max_l = NULL, *budget = NULL;
+    const char *threads = NULL, *reps = NULL, *warmup = NULL, *ref_max_l = NULL, *budget = NULL,
+               *rounds = NULL;
     struct { const char *name; const char **value; bool *flag; } opts[] = {
         {"--quick", NULL, &a->quick},           {"--list", NULL, &a->list},
         {"--json", NULL, &a->json},             {"--no-machine", NULL, &a->no_machine},
@@ -147,6 +151,7 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         {"--json-out", &a->json_out, NULL},     {"--threads", &threads, NULL},
         {"--reps", &reps, NULL},                {"--warmup", &warmup, NULL},
         {"--ref-max-l", &ref_max_l, NULL},      {"--check-budget", &budget, NULL},
+        {"--rounds", &rounds, NULL},
     };
     const int nopts = (int)(sizeof opts / sizeof opts[0]);
     for (int i = 1; i < argc; i++) {
@@ -188,6 +193,12 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         if (!parse_int(reps, 1, 1000, &v))
             return say(EXIT_USAGE, "--reps: expected an integer from 1 to 1000, got '%s'", reps);
         a->reps = (int)v;
+    }
+    a->rounds = 1;
+    if (rounds) {
+        if (!parse_int(rounds, 1, 100, &v))
+            return say(EXIT_USAGE, "--rounds: expected an integer from 1 to 100, got '%s'", rounds);
+        a->rounds = (int)v;
     }
     a->warmup = a->quick ? 1 : 2;
     if (warmup) {
@@ -247,6 +258,9 @@ typedef struct bench_case {
     double torch_med, torch_min, torch_max;  /* < 0 = not timed */
     int torch_reps;
     char torch_error[200];
+    /* the timed calls of every round, pooled: the medians above are taken over these */
+    double *ts, *tts;
+    int nts, ntts;
 } bench_case;
 
 static void add_case(bench_case *c, int *n, const char *name, int64_t B, int64_t Hq,
@@ -508,15 +522,16 @@ static int check_case(bench_case *c, const case_buffers *cb, int threads, bool p
 
 /* ---- timing ------------------------------------------------------------------------- */
 
-enum { MAX_REPS = 1000, ADAPTIVE_REPS = 50 };
+enum { MAX_REPS = 1000, ADAPTIVE_REPS = 50, POOL = 4096 };
 #define ADAPTIVE_SECONDS 1.0
 
 /* warmup untimed calls, then at least reps timed ones (more for short calls: until about
- * ADAPTIVE_SECONDS are timed, at most ADAPTIVE_REPS), cycling through the input sets. */
+ * ADAPTIVE_SECONDS are timed, at most ADAPTIVE_REPS), cycling through the input sets;
+ * their times go to t[0..*nt), at most cap of them. */
 static int time_path(bench_case *c, const case_buffers *cb, int threads, attn_path path,
-                     int warmup, int reps, bool adaptive, double *med, double *tmin,
-                     double *tmax, int *nreps) {
-    static double t[MAX_REPS];
+                     int warmup, int reps, bool adaptive, double *t, int cap, int *nt) {
+    *nt = 0;
+    if (reps > cap) reps = cap;
     int call = 1;  /* the check used set 0: start on the next one */
     for (int w = 0; w < warmup; w++, call++) {
         case_tensors x = tensors_of(c, cb, call % cb->rot);
@@ -539,12 +554,16 @@ static int time_path(bench_case *c, const case_buffers *cb, int threads, attn_pa
             int more = (int)ceil(ADAPTIVE_SECONDS / (spent / n));
             want = more > ADAPTIVE_REPS ? ADAPTIVE_REPS : more;
             if (want < reps) want = reps;
+            if (want > cap) want = cap;
         }
     }
-    double lo = t[0], hi = t[0];
-    for (int i = 1; i < n; i++) lo = t[i] < lo ? t[i] : lo, hi = t[i] > hi ? t[i] : hi;
-    *med = median(t, n), *tmin = lo, *tmax = hi, *nreps = n;
+    *nt = n;
     return 0;
+}
+
+/* median, min and max of t[0..n) (t is sorted) */
+static void summarize(double *t, int n, double *med, double *lo, double *hi) {
+    *med = median(t, n), *lo = t[0], *hi = t[n - 1];
 }
 
 /* ---- the machine -------------------------------------------------------------------- */
@@ -818,7 +837,7 @@ static int torch_start(torch_proc *tp, const char *python, const char *script, i
     tp->from = fdopen(out[0], "r");
     fprintf(tp->to, "{\"hello\": 1, \"threads\": %d}\n", threads);
     fflush(tp->to);
-    char line[4096];
+    static char line[65536];
     if (!fgets(line, sizeof line, tp->from))
         return say(EXIT_FAIL, "%s %s: no answer (is torch installed? try 'attn bench "
                    "--setup-torch')", python, script);
@@ -842,7 +861,7 @@ static void torch_case(torch_proc *tp, bench_case *c, int threads, int warmup, i
             (long long)c->win_left, (long long)c->win_right, BOOL_MASK_DENSITY, threads, warmup,
             reps, ADAPTIVE_REPS, ADAPTIVE_SECONDS, c->rotate);
     fflush(tp->to);
-    char line[4096];
+    static char line[65536];
     if (!fgets(line, sizeof line, tp->from)) {
         snprintf(c->torch_error, sizeof c->torch_error, "the torch process ended");
         return;
@@ -853,10 +872,21 @@ static void torch_case(torch_proc *tp, bench_case *c, int threads, int warmup, i
         snprintf(c->torch_error, sizeof c->torch_error, "unexpected answer");
         return;
     }
-    c->torch_med = v;
-    if (json_find(line, "min_s", &v, NULL, 0)) c->torch_min = v;
-    if (json_find(line, "max_s", &v, NULL, 0)) c->torch_max = v;
-    if (json_find(line, "reps", &v, NULL, 0)) c->torch_reps = (int)v;
+    /* the times of the calls, pooled with those of the other rounds */
+    const char *p = strstr(line, "\"times\":");
+    p = p ? strchr(p, '[') : NULL;
+    if (!p) {
+        snprintf(c->torch_error, sizeof c->torch_error, "no times in the answer");
+        return;
+    }
+    for (p++; c->ntts < POOL;) {
+        char *end;
+        v = strtod(p, &end);
+        if (end == p) break;
+        c->tts[c->ntts++] = v;
+        p = end;
+        while (*p == ',' || *p == ' ') p++;
+    }
 }
 
 static void torch_stop(torch_proc *tp) {
@@ -927,8 +957,8 @@ static void write_json(FILE *f, const machine *m, const bench_case *c, int n, co
     json_string(f, attn_version());
     fprintf(f, ",\n  \"kernel\": ");
     json_string(f, attn_kernel_name());
-    fprintf(f, ",\n  \"threads\": %d,\n  \"reps\": %d,\n  \"warmup\": %d,\n  \"quick\": %s,\n",
-            m->threads, a->reps, a->warmup, a->quick ? "true" : "false");
+    fprintf(f, ",\n  \"threads\": %d,\n  \"reps\": %d,\n  \"warmup\": %d,\n  \"rounds\": %d,\n"
+            "  \"quick\": %s,\n", m->threads, a->reps, a->warmup, a->rounds, a->quick ? "true" : "false");
     fprintf(f, "  \"machine\": {\"cpu\": ");
     json_string(f, m->cpu);
     fprintf(f, ", \"procs\": %d, \"measured\": %s", m->procs, m->measured ? "true" : "false");
@@ -1158,57 +1188,87 @@ int cli_bench(int argc, char **argv) {
     const double rot_bytes = a.quick ? 1024.0 * 1024 : 256.0 * 1024 * 1024;
     bool failed = false;
     for (int i = 0; i < n; i++) {
-        bench_case *c = &cases[i];
-        count_work(c);
-        case_buffers cb;
-        if (alloc_buffers(c, rot_bytes, &cb)) {
-            snprintf(c->error, sizeof c->error, "out of memory for the inputs");
-            free_buffers(&cb);
-            failed = true;
-            continue;
-        }
-        c->rotate = cb.rot;
-        c->ran = true;
-        if (!a.quiet)
-            fprintf(stderr, "attn bench: [%d/%d] %s: check", i + 1, n, c->name);
-        case_tensors t = tensors_of(c, &cb, 0);
-        attn_options wopt = case_options(c, &t.mask, m.threads, ATTN_PATH_FUSED);
-        attn_status st = attn_forward_workspace_size(&t.q, &t.k, &t.v, &t.o, &wopt, &cb.ws_bytes);
-        if (!call_failed(c, st, "workspace size") && cb.ws_bytes && !(cb.ws = malloc(cb.ws_bytes)))
-            snprintf(c->error, sizeof c->error, "out of memory for the workspace");
-        /* a case whose reference is timed anyway is checked whole */
-        const bool ref_timed = a.ref_max_l > 0 && c->Lq <= a.ref_max_l && c->Lk <= a.ref_max_l;
-        const double budget = ref_timed ? INFINITY : a.check_budget;
-        if (!c->error[0] && check_case(c, &cb, m.threads, a.plant_error, budget) == 0) {
-            if (!a.quiet) fprintf(stderr, " %s (%s), time", c->pass ? "ok" : "FAILED", c->checked);
-            if (c->pass)
-                time_path(c, &cb, m.threads, ATTN_PATH_FUSED, a.warmup, a.reps, true, &c->t_med,
-                          &c->t_min, &c->t_max, &c->reps);
-            if (c->pass && !c->error[0] && ref_timed) {
-                double lo, hi;
+        count_work(&cases[i]);
+        cases[i].ts = malloc(POOL * sizeof(double));
+        cases[i].tts = malloc(POOL * sizeof(double));
+        if (!cases[i].ts || !cases[i].tts) return say(EXIT_FAIL, "out of memory");
+    }
+    for (int r = 0; r < a.rounds; r++)
+        for (int i = 0; i < n; i++) {
+            bench_case *c = &cases[i];
+            if (r > 0 && (c->error[0] || !c->pass)) continue;
+            case_buffers cb;
+            if (alloc_buffers(c, rot_bytes, &cb)) {
+                snprintf(c->error, sizeof c->error, "out of memory for the inputs");
+                free_buffers(&cb);
+                continue;
+            }
+            c->rotate = cb.rot;
+            c->ran = true;
+            if (!a.quiet) {
+                fprintf(stderr, "attn bench: ");
+                if (a.rounds > 1) fprintf(stderr, "round %d/%d ", r + 1, a.rounds);
+                fprintf(stderr, "[%d/%d] %s:", i + 1, n, c->name);
+            }
+            case_tensors t = tensors_of(c, &cb, 0);
+            attn_options wopt = case_options(c, &t.mask, m.threads, ATTN_PATH_FUSED);
+            attn_status st = attn_forward_workspace_size(&t.q, &t.k, &t.v, &t.o, &wopt, &cb.ws_bytes);
+            if (!call_failed(c, st, "workspace size") && cb.ws_bytes && !(cb.ws = malloc(cb.ws_bytes)))
+                snprintf(c->error, sizeof c->error, "out of memory for the workspace");
+            /* a case whose reference is timed anyway is checked whole */
+            const bool ref_timed = a.ref_max_l > 0 && c->Lq <= a.ref_max_l && c->Lk <= a.ref_max_l;
+            const double budget = ref_timed ? INFINITY : a.check_budget;
+            if (r == 0 && !c->error[0]) {
+                if (!a.quiet) fprintf(stderr, " check");
+                if (check_case(c, &cb, m.threads, a.plant_error, budget) == 0 && !a.quiet)
+                    fprintf(stderr, " %s (%s),", c->pass ? "ok" : "FAILED", c->checked);
+            }
+            if (c->pass && !c->error[0]) {
+                int nt;
+                if (!a.quiet) fprintf(stderr, " time");
+                if (time_path(c, &cb, m.threads, ATTN_PATH_FUSED, a.warmup, a.reps, true,
+                              c->ts + c->nts, POOL - c->nts, &nt) == 0)
+                    c->nts += nt;
+            }
+            if (r == 0 && c->pass && !c->error[0] && ref_timed) {
+                double tr[8], lo, hi;
                 int nr;
                 if (!a.quiet) fprintf(stderr, ", reference");
-                time_path(c, &cb, m.threads, ATTN_PATH_REFERENCE, 0, a.reps < 3 ? a.reps : 3,
-                          false, &c->ref_med, &lo, &hi, &nr);
+                if (time_path(c, &cb, m.threads, ATTN_PATH_REFERENCE, 0, a.reps < 3 ? a.reps : 3,
+                              false, tr, 8, &nr) == 0)
+                    summarize((qsort(tr, (size_t)nr, sizeof *tr, cmp_double), tr), nr, &c->ref_med,
+                              &lo, &hi);
+            }
+            free_buffers(&cb);
+            if (torch && c->pass && !c->error[0] && !c->torch_error[0]) {
+                if (!a.quiet) fprintf(stderr, ", torch");
+                torch_case(&tp, c, m.threads, a.warmup, a.reps);
+            }
+            if (c->nts) {
+                qsort(c->ts, (size_t)c->nts, sizeof(double), cmp_double);
+                summarize(c->ts, c->nts, &c->t_med, &c->t_min, &c->t_max);
+                c->reps = c->nts;
+            }
+            if (c->ntts) {
+                qsort(c->tts, (size_t)c->ntts, sizeof(double), cmp_double);
+                summarize(c->tts, c->ntts, &c->torch_med, &c->torch_min, &c->torch_max);
+                c->torch_reps = c->ntts;
+            }
+            if (!a.quiet) {
+                if (c->error[0]) fprintf(stderr, ": %s\n", c->error);
+                else if (!c->pass) fprintf(stderr, "\n");
+                else if (c->torch_med > 0)
+                    fprintf(stderr, ": %.3f ms, %.1f GFLOP/s; torch %.3f ms, %.1f GFLOP/s: %.2fx%s\n",
+                            c->t_med * 1e3, gflops(c, c->t_med), c->torch_med * 1e3,
+                            gflops(c, c->torch_med), c->torch_med / c->t_med,
+                            a.rounds > 1 ? " (so far)" : "");
+                else
+                    fprintf(stderr, ": %.3f ms, %.1f GFLOP/s%s\n", c->t_med * 1e3,
+                            gflops(c, c->t_med), a.rounds > 1 ? " (so far)" : "");
             }
         }
-        free_buffers(&cb);
-        if (torch && c->pass && !c->error[0]) {
-            if (!a.quiet) fprintf(stderr, ", torch");
-            torch_case(&tp, c, m.threads, a.warmup, a.reps);
-        }
-        if (!a.quiet) {
-            if (c->error[0]) fprintf(stderr, ": %s\n", c->error);
-            else if (!c->pass) fprintf(stderr, "\n");
-            else if (c->torch_med > 0)
-                fprintf(stderr, ": %.3f ms, %.1f GFLOP/s; torch %.3f ms, %.1f GFLOP/s: %.2fx\n",
-                        c->t_med * 1e3, gflops(c, c->t_med), c->torch_med * 1e3,
-                        gflops(c, c->torch_med), c->torch_med / c->t_med);
-            else
-                fprintf(stderr, ": %.3f ms, %.1f GFLOP/s\n", c->t_med * 1e3, gflops(c, c->t_med));
-        }
-        if (c->error[0] || !c->pass) failed = true;
-    }
+    for (int i = 0; i < n; i++)
+        if (cases[i].error[0] || !cases[i].pass) failed = true;
     if (torch) torch_stop(&tp);
     loadavg(m.load_end);
     m.others_pct = others_pct(cpu_start, cpu_now());
@@ -1225,5 +1285,6 @@ int cli_bench(int argc, char **argv) {
         }
     }
     fflush(stdout);
+    for (int i = 0; i < n; i++) free(cases[i].ts), free(cases[i].tts);
     return failed ? EXIT_FAIL : 0;
 }
