@@ -118,14 +118,14 @@ def _to_query_kind(x: Any, query: Any) -> Any:
 
 def _forward(query: Any, key: Any, value: Any, attn_mask: Any, alibi_slopes: Any,
              kv_len: Any, options: tuple, want_lse: bool, want_weights: bool,
-             tensor_type: Optional[type]) -> Tuple[Any, Any, Any]:
+             tensor_type: Optional[type], alloc: Any = None) -> Tuple[Any, Any, Any]:
     """_attn.forward on inputs already read as plain arrays/tensors; options is the tuple
     (is_causal, scale, enable_gqa, align, window, softcap, path, precision, threads) of
-    the C arguments, as the backward takes them too."""
+    the C arguments, as the backward takes them too. alloc: _allocator's by default."""
     causal, scale, gqa, align, window, softcap, path, level, threads = options
     return _attn.forward(query, key, value, attn_mask, causal, scale, gqa, align, window,
                          softcap, alibi_slopes, kv_len, want_lse, want_weights, path, level,
-                         threads, _allocator(query, tensor_type))
+                         threads, alloc or _allocator(query, tensor_type))
 
 
 # ---- autograd (PyTorch) ---------------------------------------------------------------------
@@ -183,13 +183,27 @@ def _sdpa_function() -> Any:
             tt = torch.Tensor
             q, k, v, mask, slopes, lens = (_plain(x, tt) for x in (
                 query, key, value, attn_mask, alibi_slopes, kv_len))
+            alloc = None
+            half = q.dtype in (torch.float16, torch.bfloat16)
+            if half:
+                # A 16-bit query: the library writes the output in float32 and the caller
+                # gets it rounded once (the same bits as a 16-bit output from the library,
+                # which also rounds its float32 result once, to nearest even). The backward
+                # reads the float32 one: its rowsum(dO * O) then carries no 16-bit rounding
+                # of O, which would otherwise reach dQ and dK (measured up to 3.7x PyTorch's
+                # own 16-bit backward error, where the gradients are small next to |dO||O|).
+                def alloc(shape, which, dtype):
+                    return torch.empty(shape, dtype=torch.float32 if which == "output"
+                                       else getattr(torch, dtype))
             out, lse, weights = _forward(q, k, v, mask, slopes, lens, options, True,
-                                         want_weights, tt)
+                                         want_weights, tt, alloc)
             inputs = (q, k, v, mask, slopes, lens)
             # tensors through save_for_backward (in-place changes before backward are then
             # caught by PyTorch); anything else (a NumPy mask, a list of lengths) on ctx
             ctx.save_for_backward(*(x if isinstance(x, tt) else None for x in inputs),
                                   out, lse)
+            if half:
+                out = out.to(q.dtype)
             ctx.others = tuple(None if isinstance(x, tt) else x for x in inputs)
             ctx.options = options
             ctx.dtypes = tuple(getattr(x, "dtype", None) for x in (query, key, value))
@@ -206,28 +220,17 @@ def _sdpa_function() -> Any:
                                            for s, o in zip(saved[:6], ctx.others))
             out, lse = saved[6:]
             grad_out = _plain(grad_out, tt)
-            grads = [torch.empty(x.shape, dtype=torch.float32)
+            # each gradient in its input's dtype (float32, float16 or bfloat16): the library
+            # computes in float32 and rounds once to it, so .grad needs no cast (a float32
+            # buffer cast afterwards would round twice)
+            grads = [torch.empty(x.shape, dtype=dtype)
                      if need and isinstance(x, tt) else None
-                     for need, x in zip(ctx.needs_input_grad[:3], (q, k, v))]
+                     for need, x, dtype in zip(ctx.needs_input_grad[:3], (q, k, v),
+                                               ctx.dtypes)]
             causal, scale, gqa, align, window, softcap, path, level, threads = ctx.options
-            try:
-                _attn.backward(q, k, v, out, grad_out, lse, grads[0], grads[1], grads[2],
-                               mask, causal, scale, gqa, align, window, softcap, slopes, lens,
-                               path, level, threads)
-            except NotImplementedError as e:
-                half = ["%s is %s" % (n, x.dtype) for n, x in zip(("query", "key", "value"),
-                                                                  (q, k, v))
-                        if getattr(x, "dtype", None) in (torch.float16, torch.bfloat16)]
-                if half and getattr(e, "status", None) == "ATTN_ERR_UNSUPPORTED":
-                    raise NotImplementedError(
-                        "attn has no backward pass for float16/bfloat16 yet (%s): the "
-                        "library's backward takes float32 only; convert the inputs to "
-                        "float32 (.float()) to train through attn, or run the 16-bit "
-                        "forward under torch.no_grad() [library: %s]" % (
-                            ", ".join(half), e)) from e
-                raise
-            grads = [g if g is None or g.dtype == d else g.to(d)
-                     for g, d in zip(grads, ctx.dtypes)]
+            _attn.backward(q, k, v, out, grad_out, lse, grads[0], grads[1], grads[2],
+                           mask, causal, scale, gqa, align, window, softcap, slopes, lens,
+                           path, level, threads)
             return tuple(grads) + (None,) * 5
 
     _FUNCTION = ScaledDotProductAttention
@@ -361,10 +364,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         grad raise NotImplementedError rather than stay silently untrained. The forward
         also computes the LSE for the backward; the LSE and weights returned by
         return_lse / return_weights are non-differentiable (requires_grad=False: a loss
-        on them does not reach the inputs, as with PyTorch's own fused kernels). float32
-        only: a float16/bfloat16 forward runs, but its backward raises
-        NotImplementedError (the library has no 16-bit backward yet). No double backward
-        (differentiating the gradients raises). The query must then be a torch tensor.
+        on them does not reach the inputs, as with PyTorch's own fused kernels). Each
+        .grad has its input's dtype: float16 and bfloat16 inputs (a float32 query over a
+        16-bit K/V too) get 16-bit gradients, computed in float32 and rounded once. No
+        double backward (differentiating the gradients raises). The query must then be a
+        torch tensor.
 
     Raises:
         TypeError: an input is not an array/tensor, or has an unsupported dtype (float64,
@@ -373,7 +377,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             message names the argument; exceptions raised from the library's status carry
             it in their `status` attribute (e.g. "ATTN_ERR_SHAPE").
         NotImplementedError: dropout_p != 0; under autograd, a mask or slopes that require
-            grad, and the backward of 16-bit inputs.
+            grad.
 
     The GIL is released while the library computes (forward and backward).
     """

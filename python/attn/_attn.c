@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "attn.h"
+#include "half.h"  // the library's float32 -> float16/bfloat16 rounding (src/half.h)
 
 /* ================================================================================
  * DLPack, the parts a consumer needs, written from the public specification
@@ -947,11 +948,13 @@ done:
  * ================================================================================ */
 
 /* One gradient the library writes. Where the caller's tensor has every size of the call's
- * view (dX of the broadcast input), the library writes it in place, whatever its strides.
- * Where it has a size-1 batch or head dimension that the call broadcast (a query of rank 2
- * under a key of rank 4, a key shared by every batch, ...), or where the caller passed
- * None, the library writes a dense float32 scratch of the call's shape, which is then
- * summed over the broadcast dimensions into the caller's tensor. */
+ * view (dX of the broadcast input), the library writes it in place, whatever its strides
+ * and whatever its dtype (float32, float16 or bfloat16: the library rounds each gradient
+ * once to it). Where it has a size-1 batch or head dimension that the call broadcast (a
+ * query of rank 2 under a key of rank 4, a key shared by every batch, ...), or where the
+ * caller passed None, the library writes a dense float32 scratch of the call's shape,
+ * which is then summed over the broadcast dimensions (in float64) into the caller's
+ * tensor, rounded once to its dtype. */
 typedef struct grad_slot {
     imported imp;      // the caller's tensor, when given
     bool given;
@@ -989,11 +992,10 @@ static int grad_setup(grad_slot *g, PyObject *obj, const char *arg, const import
             g->call = g->dest;
             return 0;
         }
-        if (g->imp.dtype != ATTN_F32) {
-            PyErr_Format(PyExc_NotImplementedError,
-                         "%s: dtype %s; the gradient of a broadcast %s is summed in float32 "
-                         "and written as float32 only", arg, attn_dtype_name(g->imp.dtype),
-                         input_name);
+        if (g->imp.dtype != ATTN_F32 && g->imp.dtype != ATTN_F16 &&
+            g->imp.dtype != ATTN_BF16) {
+            PyErr_Format(PyExc_TypeError, "%s: dtype %s, expected float32, float16 or "
+                         "bfloat16", arg, attn_dtype_name(g->imp.dtype));
             return -1;
         }
         for (int d = 0; d < 4; d++)
@@ -1020,13 +1022,24 @@ static int grad_setup(grad_slot *g, PyObject *obj, const char *arg, const import
     return 0;
 }
 
+/* x rounded once to dt (float32, float16 or bfloat16), to nearest even, stored at
+ * base[idx]. For a 16-bit dt, x is first rounded to float32 *to odd* (the float32 nearest
+ * x, moved one step towards x when it is inexact and even): float32 keeps at least two
+ * more bits than either 16-bit type, so the library's float32 -> 16-bit rounding of that
+ * is the correct rounding of x itself, with no double rounding. */
+static void store_rounded(attn_dtype dt, void *base, int64_t idx, double x) {
+    float f = (float)x;
+    if (dt != ATTN_F32 && isfinite(f) && (double)f != x && !(attn_f32_bits(f) & 1u))
+        f = nextafterf(f, x > (double)f ? INFINITY : -INFINITY);
+    attn_store(dt, base, idx, f);
+}
+
 /* dest[b', h', i, e] = the sum of call[b, h, i, e] over the broadcast batch and head
- * indices (those of a dimension dest has as 1), in float64, in index order. Runs without
- * the GIL. */
+ * indices (those of a dimension dest has as 1), in float64, in index order, rounded once
+ * to dest's dtype. Runs without the GIL. */
 static void grad_reduce(const grad_slot *g) {
     const attn_tensor *c = &g->call, *d = &g->dest;
     const float *src = c->data;
-    float *dst = d->data;
     const int64_t B = c->shape[0], H = c->shape[1], L = c->shape[2], D = c->shape[3];
     for (int64_t b2 = 0; b2 < d->shape[0]; b2++)
         for (int64_t h2 = 0; h2 < d->shape[1]; h2++) {
@@ -1038,8 +1051,8 @@ static void grad_reduce(const grad_slot *g) {
                     for (int64_t b = b_lo; b < b_hi; b++)
                         for (int64_t h = h_lo; h < h_hi; h++)
                             s += src[((b * H + h) * L + i) * D + e];
-                    dst[b2 * d->stride[0] + h2 * d->stride[1] + i * d->stride[2] +
-                        e * d->stride[3]] = (float)s;
+                    store_rounded(d->dtype, d->data, b2 * d->stride[0] + h2 * d->stride[1] +
+                                  i * d->stride[2] + e * d->stride[3], s);
                 }
         }
 }
@@ -1057,12 +1070,14 @@ PyDoc_STRVAR(backward_doc,
 "--\n\n"
 "Private: the gradients of forward() (attn_backward), behind the autograd of\n"
 "attn.scaled_dot_product_attention. query ... threads are exactly the forward call's\n"
-"arguments; out and lse are the forward's output and LSE (float32), grad_out = dLoss/dout\n"
-"(float32, any strides, stride 0 too). grad_query, grad_key and grad_value are writable\n"
-"float32 tensors of the shapes of query, key and value (any strides; None = not wanted),\n"
-"written in place: the gradients of a broadcast batch or head dimension are summed (dK\n"
-"and dV over the query heads of a group too). No gradient for the masks, the bias or\n"
-"the slopes. The GIL is released. Returns None; on error nothing is written.");
+"arguments; out and lse are the forward's output and LSE (lse float32), grad_out =\n"
+"dLoss/dout (any strides, stride 0 too). grad_query, grad_key and grad_value are writable\n"
+"tensors of the shapes of query, key and value (any strides; None = not wanted), written\n"
+"in place: the gradients of a broadcast batch or head dimension are summed (dK and dV\n"
+"over the query heads of a group too). query, key/value (alike), out, grad_out and each\n"
+"gradient may be float32, float16 or bfloat16: the library computes in float32 and\n"
+"rounds each gradient once to its own dtype. No gradient for the masks, the bias or the\n"
+"slopes. The GIL is released. Returns None; on error nothing is written.");
 
 static PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"query", "key", "value", "out", "grad_out", "lse", "grad_query",

@@ -7,6 +7,8 @@ def forward(query: Any, key: Any, value: Any, attn_mask: Any, is_causal: bool,
             kv_len: Any, return_lse: bool, return_weights: bool, path: int, precision: int,
             threads: int,
             alloc: Callable[[Tuple[int, ...], str, str], Any]) -> Tuple[Any, Any, Any]: ...
+# backward: query, key/value (alike), out, grad_out and each gradient float32, float16 or
+# bfloat16 (each gradient written in its own dtype, rounded once); lse float32.
 def backward(query: Any, key: Any, value: Any, out: Any, grad_out: Any, lse: Any,
              grad_query: Any, grad_key: Any, grad_value: Any, attn_mask: Any,
              is_causal: bool, scale: Optional[float], enable_gqa: bool, align: int,

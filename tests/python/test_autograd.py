@@ -27,6 +27,15 @@ TORCH_TOL = 1e-5 keeps an 8x margin and still catches any error of the size of a
 scale, sign, mask or group sum (those are O(1) relative; a planted 1e-4 on dQ is
 caught). Each case is also held to grad_failure against the float64 reference, widened
 only for logits beyond 16.7 in magnitude (large_logits).
+
+16-bit gradients (float16, bfloat16; the library computes in float32 and rounds each
+gradient once to its dtype): against the float64 gradient of the same 16-bit values, max
+error <= 2 x that of naive_grads — a NumPy backward computing in the 16-bit type, every
+materialized step rounded, as tests/test_backward_half.c defines it — plus
+2^-22 (1 + max|g|) (half_grad_failure; raw float16 arrays always, ml_dtypes' bfloat16 where
+installed). With PyTorch, each bfloat16/float16 .grad also within 2 x the error of
+PyTorch's own 16-bit SDPA backward plus HALF_SLACK (1 + max|g64|) (measured: 1.00 x at most
+over this file's cases, printed with -s). Both checks shown to reject planted errors.
 """
 import os
 import subprocess
@@ -37,13 +46,17 @@ import pytest
 
 import attn
 from attn import _attn
-from oracle import _as4d, _setup, reference, tolerance_failure
+from oracle import _as4d, _setup, reference, round_to, tolerance_failure
 
 try:
     import torch
     import torch.nn.functional as F
 except ImportError:
     torch = None
+try:
+    import ml_dtypes
+except ImportError:
+    ml_dtypes = None
 
 needs_torch = pytest.mark.skipif(
     torch is None, reason="PyTorch is not installed: autograd against PyTorch's SDPA backward "
@@ -467,9 +480,10 @@ def test_raw_backward_errors(rng):
         (dict(grad_query=np.zeros((2, 2, 5, 3), np.float32)), ValueError,
          r"grad_query: shape \(2, 2, 5, 3\), expected \(2, 2, 5, 4\)"),
         (dict(grad_key=np.zeros_like(k, np.float64)), TypeError, "grad_key: dtype float64"),
-        (dict(grad_value=np.zeros_like(v, np.float16)), NotImplementedError, "grad_value"),
-        (dict(grad_out=d_o.astype(np.float16)), NotImplementedError, "grad_out"),
-        (dict(query=q.astype(np.float16)), NotImplementedError, "query: 16-bit"),
+        (dict(lse=lse.astype(np.float16)), TypeError, "lse: dtype"),          # float32 only
+        (dict(key=k.astype(np.float16)), TypeError, "value: dtype"),    # key, value alike
+        (dict(key=k[0, 0], value=v[0, 0], grad_key=np.zeros((7, 4), bool)), TypeError,
+         "grad_key: dtype bool, expected float32, float16 or bfloat16"),     # summed here
         (dict(grad_value=np.broadcast_to(np.zeros_like(v), v.shape)), ValueError,
          "grad_value: the array is read-only"),
         (dict(grad_out="x"), TypeError, "grad_out: expected a NumPy array"),
@@ -508,6 +522,302 @@ def test_planted_errors_are_rejected(rng):
     leak[0, 0, 3, 0] = 1e-3                         # a fully masked row must be 0
     assert grad_failure(leak, ref[0], mag[0]) is not None
     assert grad_failure(dq / np.sqrt(16), ref[0], mag[0]) is not None
+
+
+# ---- 16-bit gradients (NumPy: float16; bfloat16 through ml_dtypes, where installed) -----------
+
+NP16 = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16)}
+if ml_dtypes is not None:
+    NP16["bfloat16"] = np.dtype(ml_dtypes.bfloat16)
+HALF = ["float16", pytest.param("bfloat16", marks=pytest.mark.skipif(
+    ml_dtypes is None, reason="ml_dtypes is not installed: NumPy has no bfloat16 of its own "
+    "(the PyTorch tests below cover bfloat16 gradients)"))]
+
+
+def naive_grads(q, k, v, d_o, dtype, mask=None, causal=False, scale=None, gqa=False,
+                align="top-left", window=None, kv_len=None):
+    """(dq, dk, dv) of a backward computed naively in dtype ("float16" or "bfloat16"), as
+    tests/test_backward_half.c's naive_backward_head and PyTorch's math path in a 16-bit
+    type do: every product and sum accumulated in float32, every materialized step rounded
+    to dtype — S = r(r(Q Kᵀ) r(scale)) (a float mask added and rounded), P = r(softmax(S))
+    (the softmax in float32; a fully masked row 0), per head dV = r(Pᵀ dO), dP = r(dO Vᵀ),
+    the row sums r(Σⱼ P dP), dS = r(P (dP − rowsum)), dQ = r(r(dS K) r(scale)),
+    dK = r(r(dSᵀ Q) r(scale)); the sums over a GQA group and over broadcast batch or head
+    dimensions in float32, rounded once more. float64 arrays (values of dtype) of the
+    inputs' shapes: the yardstick of the half-precision rule for gradients."""
+    _, q4, k4, v4, scale, masked, bias = _setup(q, k, v, mask, causal, scale, gqa, align,
+                                                window, None, kv_len, np.float32)
+    r = lambda x: round_to(x, dtype)  # noqa: E731
+    B, H, Lq, Lk = masked.shape
+    q4, k4, v4 = r(q4), r(k4), r(v4)
+    do4 = np.broadcast_to(r(_as4d(np.asarray(d_o, np.float32))), (B, H, Lq, v4.shape[3]))
+    sc = r(np.float32(scale))
+    kT = np.swapaxes(k4, -1, -2)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        s = r(r(np.matmul(q4, kT)) * sc)
+        if bias is not None:
+            s = r(s + r(bias))
+        s = np.where(masked, -np.inf, s).astype(np.float32)
+        mx = (s.max(axis=-1, keepdims=True) if Lk
+              else np.full((B, H, Lq, 1), -np.inf, np.float32))
+        full = np.isneginf(mx)
+        e = np.exp(s - np.where(full, np.float32(0), mx))
+        p = r(e / np.where(full, np.float32(1), e.sum(axis=-1, keepdims=True)))
+        p = np.where(full, np.float32(0), p).astype(np.float32)
+    dv4 = r(np.matmul(np.swapaxes(p, -1, -2), do4))
+    dp = r(np.matmul(do4, np.swapaxes(v4, -1, -2)))
+    rowsum = r((p * dp).sum(axis=-1, keepdims=True, dtype=np.float32))
+    ds = r(p * (dp - rowsum))
+    dq4 = r(r(np.matmul(ds, k4)) * sc)
+    dk4 = r(r(np.matmul(np.swapaxes(ds, -1, -2), q4)) * sc)
+    Hkv = max(_as4d(k).shape[1], _as4d(v).shape[1])
+    groups = H // Hkv if gqa else 1
+    return tuple(r(_sum_to(g4, _as4d(x).shape, grp)).astype(np.float64).reshape(np.shape(x))
+                 for g4, x, grp in ((dq4, q, 1), (dk4, k, groups), (dv4, v, groups)))
+
+
+def half_grad_failure(got, ref, naive_g):
+    """None when a 16-bit call's gradient got is within the half-precision rule of the
+    float64 gradient ref (of the same 16-bit inputs), else a message: finite, and max
+    |got − ref| <= 2 max |naive − ref| + 2^-22 (1 + max|ref|) — the rule of
+    tests/test_backward_half.c (the float32 term keeps it meaningful where the naive
+    gradient happens to be exact)."""
+    got = np.asarray(got, np.float32).astype(np.float64)   # also reads ml_dtypes bfloat16
+    ref = np.asarray(ref, np.float64)
+    if got.shape != ref.shape:
+        return "shape %s, expected %s" % (got.shape, ref.shape)
+    if not got.size:
+        return None
+    if not np.isfinite(got).all():
+        return "non-finite gradient at %s" % (tuple(np.argwhere(~np.isfinite(got))[0]),)
+    naive_err = np.abs(np.asarray(naive_g, np.float64) - ref).max()
+    err = np.abs(got - ref)
+    bound = 2 * naive_err + 2.0 ** -22 * (1 + np.abs(ref).max())
+    if err.max() > bound:
+        w = np.unravel_index(int(err.argmax()), err.shape)
+        return ("max |got - ref| = %.3g > %.3g = 2 x the naive error %.3g (+ float32 noise) "
+                "at %s (got %r, expected %r)" % (err.max(), bound, naive_err, w, got[w],
+                                                 ref[w]))
+    return None
+
+
+def assert_half_grads(got, ref, naive_g, what=""):
+    for name, g, r, n in zip(("dq", "dk", "dv"), got, ref, naive_g):
+        if g is not None:
+            why = half_grad_failure(g, r, n)
+            assert why is None, "%s%s: %s" % (what, name, why)
+
+
+def test_naive_grads_in_float32_is_the_reference(rng):
+    """naive_grads' formulas, rounded to float32 only, are the float64 gradient to the
+    float32 tolerance (GQA, causal, a bool mask, a float mask, broadcast K/V): the
+    yardstick is the backward, and only its roundings make it naive."""
+    q, k, v, d_o = inputs(rng, 2, 4, 2, 13, 17, 16, 8)
+    fmask = randn(rng, 4, 1, 17)
+    fmask[:, :, 3] = -np.inf
+    for kw in (dict(gqa=True, causal=True), dict(mask=rng.random((13, 17)) < 0.7, gqa=True),
+               dict(mask=fmask, align="bottom-right", causal=True, gqa=True)):
+        ref, mag = reference_grads(q, k, v, d_o, **kw)
+        assert_grads(naive_grads(q, k, v, d_o, "float32", **kw), ref, mag, "%s: " % kw)
+    ref, mag = reference_grads(q, k[0, 0], v[0, 0], d_o)
+    assert_grads(naive_grads(q, k[0, 0], v[0, 0], d_o, "float32"), ref, mag)
+
+
+def draw16(rng, dtype, *shape):
+    """Standard normal values that dtype holds exactly, as an array of dtype."""
+    return round_to(rng.standard_normal(shape), dtype).astype(NP16[dtype])
+
+
+def raw_opts(mask=None, causal=False, scale=None, gqa=False, align="top-left", window=None,
+             kv_len=None, path="auto"):
+    """The C arguments (keywords) of _attn.forward/_attn.backward after the tensors."""
+    return dict(attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa,
+                align=ALIGN[align], window=window, softcap=0.0, alibi_slopes=None,
+                kv_len=kv_len, path=PATH[path], precision=0, threads=0)
+
+
+def raw_call16(q, k, v, d_o, out_dtype=None, grad_dtypes=None, **kw):
+    """raw_call for 16-bit inputs: the forward's output in out_dtype (the query's by
+    default; "float32" is what the autograd Function keeps for its backward), then the
+    backward into fresh NaN-filled gradients of grad_dtypes (the inputs' by default).
+    Returns (grads, out, lse)."""
+    opts = raw_opts(**kw)
+    odt = NP16[out_dtype] if out_dtype else q.dtype
+    out, lse, _ = _attn.forward(q, k, v, return_lse=True, return_weights=False,
+                                alloc=lambda shape, which, dt: np.empty(
+                                    shape, odt if which == "output" else np.float32), **opts)
+    assert out.dtype == odt
+    dts = grad_dtypes or (q.dtype, k.dtype, v.dtype)
+    grads = tuple(np.full(np.shape(x), np.nan, dt) for x, dt in zip((q, k, v), dts))
+    _attn.backward(q, k, v, out, d_o, lse, *grads, **opts)
+    return grads, out, lse
+
+
+HALF_CASES = [  # B, H, Hkv, Lq, Lk, D, Dv, options (tests/test_backward_half.c's, and more)
+    ((1, 1, 1, 1, 1, 8, 8), dict()),
+    ((1, 2, 2, 17, 17, 16, 16), dict(causal=True)),
+    ((2, 4, 2, 33, 40, 32, 24), dict(mask="bool", gqa=True)),
+    ((1, 2, 1, 64, 64, 64, 64), dict(causal=True, mask="bool", gqa=True)),
+    ((1, 1, 1, 130, 129, 80, 64), dict(causal=True)),
+    ((2, 3, 3, 21, 47, 16, 8), dict(causal=True, align="bottom-right", mask="float")),
+    ((2, 4, 1, 9, 150, 32, 32), dict(gqa=True, window=(20, 3), kv_len=np.int64([150, 77]))),
+]
+
+
+def half_case(rng, dtype, shape, opts):
+    """The inputs of a HALF_CASES entry in dtype, and its options with the mask drawn."""
+    B, H, Hkv, Lq, Lk, D, Dv = shape
+    kw = dict(opts)
+    if kw.get("mask") == "bool":
+        kw["mask"] = rng.random((Lq, Lk)) < 0.8
+    elif kw.get("mask") == "float":
+        kw["mask"] = (rng.standard_normal((H, 1, Lk))).astype(np.float32)
+        kw["mask"][rng.random((H, 1, Lk)) < 0.2] = -np.inf
+    return (draw16(rng, dtype, B, H, Lq, D), draw16(rng, dtype, B, Hkv, Lk, D),
+            draw16(rng, dtype, B, Hkv, Lk, Dv), draw16(rng, dtype, B, H, Lq, Dv)), kw
+
+
+@pytest.mark.parametrize("case", range(len(HALF_CASES)), ids=lambda i: "x".join(
+    map(str, HALF_CASES[i][0])) + "".join("-" + k for k in HALF_CASES[i][1]))
+@pytest.mark.parametrize("path", ["fused", "reference"])
+@pytest.mark.parametrize("dtype", HALF)
+def test_raw_backward_16_bit(rng, dtype, case, path):
+    """16-bit q, k, v, out, d_o and gradients: each gradient within twice the error of the
+    naive 16-bit backward (naive_grads) against the float64 gradient of the same 16-bit
+    inputs, with the forward's output in the query's dtype (as the library writes it) and
+    in float32 (as the autograd Function keeps it); and a float32 query, out, d_o and dQ
+    over a 16-bit K/V (its dK, dV 16-bit), held to the same rule."""
+    (q, k, v, d_o), kw = half_case(rng, dtype, *HALF_CASES[case])
+    ref, _ = reference_grads(q, k, v, d_o, **kw)
+    nv = naive_grads(q, k, v, d_o, dtype, **kw)
+    for out_dtype in (None, "float32"):
+        got, out, _ = raw_call16(q, k, v, d_o, out_dtype=out_dtype, path=path, **kw)
+        for g, x in zip(got, (q, k, v)):
+            assert g.dtype == x.dtype and g.shape == x.shape
+        assert_half_grads(got, ref, nv, "%s out %s: " % (dtype, out.dtype))
+    f32 = lambda x: np.asarray(x, np.float32)  # noqa: E731 — exact
+    got, _, _ = raw_call16(f32(q), k, v, f32(d_o), path=path, **kw)
+    assert got[0].dtype == np.float32 and got[1].dtype == got[2].dtype == NP16[dtype]
+    assert_half_grads(got, ref, nv, "float32 query over %s K/V: " % dtype)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_raw_backward_16_bit_small_causal_with_float32_out(rng, dtype):
+    """Few query rows under a causal mask, where the gradients are small next to |dO||O|:
+    with the forward's output in float32 (as the autograd Function passes it) every
+    gradient meets the naive rule. (With a 16-bit output the library's rowsum(dO ∘ O)
+    carries O's 16-bit rounding into dQ and dK, which can exceed twice the naive error
+    here — measured up to 8x at Lq = 2 — hence the Function's float32 output.)"""
+    for _ in range(40):
+        B, Hkv, g = (int(x) for x in rng.integers(1, (3, 3, 5)))
+        Lq, Lk, D = int(rng.integers(2, 6)), int(rng.integers(2, 40)), int(rng.choice([16, 64]))
+        kw = dict(causal=True, gqa=g > 1)
+        q, k, v, d_o = (draw16(rng, dtype, *s) for s in ((B, Hkv * g, Lq, D), (B, Hkv, Lk, D),
+                                                         (B, Hkv, Lk, D), (B, Hkv * g, Lq, D)))
+        ref, _ = reference_grads(q, k, v, d_o, **kw)
+        got, _, _ = raw_call16(q, k, v, d_o, out_dtype="float32", **kw)
+        assert_half_grads(got, ref, naive_grads(q, k, v, d_o, dtype, **kw),
+                          "%s: " % ((B, Hkv * g, Hkv, Lq, Lk, D),))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_raw_backward_16_bit_rounds_once(rng, dtype):
+    """A 16-bit gradient is the float32 backward of the same values (the same 16-bit output
+    and LSE, read as float32) rounded once to its dtype: bit for bit where the library
+    writes it; where the extension sums a broadcast dimension (in float64, rounded once),
+    equal to the float32 result rounded except where that float32 value is itself a
+    16-bit tie (its second rounding may go the other way)."""
+    f32 = lambda x: np.asarray(x, np.float32)  # noqa: E731 — exact
+    q, k, v, d_o = (draw16(rng, dtype, *s) for s in ((2, 4, 19, 16), (2, 2, 23, 16),
+                                                     (2, 2, 23, 8), (2, 4, 19, 8)))
+    cases = [(q, k, v, d_o, False, dict(causal=True, gqa=True)),
+             (q, k, v, d_o, False, dict(mask=rng.random((19, 23)) < 0.7, gqa=True,
+                                        path="reference")),
+             (q, k[0, 0], v[0, 0], d_o, True, dict()),             # broadcast: summed here
+             (q[:, :1], k[:1, :1], v[:1, :1], d_o[:, :1], True, dict(causal=True))]
+    for q_, k_, v_, do_, summed, kw in cases:
+        got, out, lse = raw_call16(q_, k_, v_, do_, **kw)
+        want = tuple(np.full(np.shape(x), np.nan, np.float32) for x in (q_, k_, v_))
+        _attn.backward(f32(q_), f32(k_), f32(v_), f32(out), f32(do_), lse, *want,
+                       **raw_opts(**kw))
+        for g, w in zip(got, want):
+            once = w.astype(NP16[dtype])
+            differ = g.view(np.uint16) != once.view(np.uint16)
+            if summed:
+                tie = (f32(g).astype(np.float64) + f32(once)) / 2 == w
+                differ &= ~tie
+            assert not differ.any(), "%s: %d of %d elements differ" % (
+                kw, differ.sum(), differ.size)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_raw_backward_16_bit_broadcasts_and_views(rng, dtype):
+    """16-bit gradients of broadcast inputs (rank-2 K/V, a batch-shared K/V, a query of one
+    head: summed by the extension in float64 and rounded once) and written into
+    transposed and reversed views of larger 16-bit arrays, in place; the naive rule."""
+    q, k, v, d_o = (draw16(rng, dtype, *s) for s in ((2, 4, 9, 16), (2, 4, 12, 16),
+                                                     (2, 4, 12, 8), (2, 4, 9, 8)))
+    cases = [
+        ("rank-2 key/value", q, k[0, 0], v[0, 0], d_o),
+        ("batch-shared key/value", q, k[:1], v[:1], d_o),
+        ("query of one head", q[:, :1], k, v, d_o),
+        ("rank 2 everywhere", q[0, 0], k[0, 0], v[0, 0], d_o[0, 0]),
+    ]
+    for name, q_, k_, v_, do_ in cases:
+        for causal in (False, True):
+            got, _, _ = raw_call16(q_, k_, v_, do_, causal=causal)
+            ref, _ = reference_grads(q_, k_, v_, do_, causal=causal)
+            nv = naive_grads(q_, k_, v_, do_, dtype, causal=causal)
+            for g, x in zip(got, (q_, k_, v_)):
+                assert g.shape == x.shape and g.dtype == x.dtype
+            assert_half_grads(got, ref, nv, "%s causal=%s: " % (name, causal))
+    B, H, L, S, D = 2, 3, 10, 14, 8
+    qs, ks, vs = (draw16(rng, dtype, B, n, H, d) for n, d in ((L, D), (S, 2 * D), (S, D)))
+    q = qs.transpose(0, 2, 1, 3)
+    k = ks.transpose(0, 2, 1, 3)[..., ::2]
+    v = vs.transpose(0, 2, 1, 3)[:, ::-1]
+    d_o = np.broadcast_to(draw16(rng, dtype, 1, 1, L, D), (B, H, L, D))     # stride 0
+    stores = [np.zeros(s, NP16[dtype]) for s in ((B, L, H, D), (B, S, H, 2 * D),
+                                                 (B, S, H, D))]
+    grads = (stores[0].transpose(0, 2, 1, 3), stores[1].transpose(0, 2, 1, 3)[..., 1::2],
+             stores[2].transpose(0, 2, 1, 3)[:, :, ::-1])
+    opts = dict(attn_mask=None, is_causal=True, scale=None, enable_gqa=False, align=0,
+                window=None, softcap=0.0, alibi_slopes=None, kv_len=None, path=0,
+                precision=0, threads=0)
+    out, lse, _ = _attn.forward(q, k, v, return_lse=True, return_weights=False,
+                                alloc=lambda s, w, d: np.empty(s, NP16[d]), **opts)
+    _attn.backward(q, k, v, out, d_o, lse, *grads, **opts)
+    ref, _ = reference_grads(q, k, v, d_o, causal=True)
+    assert_half_grads(grads, ref, naive_grads(q, k, v, d_o, dtype, causal=True), "views: ")
+    assert not np.asarray(stores[1][..., ::2], np.float32).any(), "wrote outside its view"
+
+
+def test_half_grad_check_rejects_planted_errors(rng):
+    """half_grad_failure rejects: one element of dV off by 3 bounds, dQ scaled by
+    1 + 2^-7 (two float16 ulps), a group's dK not summed (its first head only), the scale
+    applied twice; and accepts the library's float16 gradients."""
+    (q, k, v, d_o), kw = half_case(rng, "float16", (1, 4, 2, 24, 40, 16, 16),
+                                   dict(gqa=True, causal=True))
+    got, _, _ = raw_call16(q, k, v, d_o, **kw)
+    ref, _ = reference_grads(q, k, v, d_o, **kw)
+    nv = naive_grads(q, k, v, d_o, "float16", **kw)
+    assert_half_grads(got, ref, nv)
+    dq, dk, dv = (np.asarray(g, np.float64) for g in got)
+    bound = 2 * np.abs(nv[2] - ref[2]).max() + 2.0 ** -22 * (1 + np.abs(ref[2]).max())
+    bad = dv.copy()
+    bad[0, 1, 5, 3] = ref[2][0, 1, 5, 3] + 3 * bound
+    assert "2 x the naive error" in half_grad_failure(
+        bad.astype(np.float16), ref[2], nv[2])
+    assert "2 x the naive error" in half_grad_failure(
+        (dq * (1 + 2.0 ** -7)).astype(np.float16), ref[0], nv[0])
+    one_head = reference_grads(q[:, ::2], k, v, d_o[:, ::2], causal=True)[0][1]
+    assert "2 x the naive error" in half_grad_failure(
+        one_head.astype(np.float16), ref[1], nv[1])
+    assert "2 x the naive error" in half_grad_failure(
+        (dq / 4).astype(np.float16), ref[0], nv[0])
+    nan = dk.copy()
+    nan[0, 0, 0, 0] = np.nan
+    assert "non-finite" in half_grad_failure(nan.astype(np.float16), ref[1], nv[1])
 
 
 # ---- PyTorch autograd ------------------------------------------------------------------------
@@ -794,24 +1104,192 @@ def test_torch_refusals():
         attn.scaled_dot_product_attention(q, k, v, alibi_slopes=slopes)
     with pytest.raises(TypeError, match="query: a ndarray, but key requires grad"):
         attn.scaled_dot_product_attention(q.detach().numpy(), k, v)
-    # 16-bit: the forward runs, the backward says why it cannot
-    for dt in (torch.bfloat16, torch.float16):
-        qh, kh, vh = leaves(q.to(dt), k.to(dt), v.to(dt))
-        out = attn.scaled_dot_product_attention(qh, kh, vh)
-        assert out.dtype == dt and out.requires_grad
-        with pytest.raises(NotImplementedError, match="no backward pass for float16/bfloat16 "
-                           "yet .*query is torch.%s.*float32" % str(dt).split(".")[1]):
-            out.sum().backward()
-    # a float32 query over a 16-bit cache: refused in the backward too, naming key
-    kh = k.detach().bfloat16()
-    out = attn.scaled_dot_product_attention(q, kh, kh)
-    with pytest.raises(NotImplementedError, match=r"\(key is torch.bfloat16, value is"):
-        out.sum().backward()
     # no double backward
     out = attn.scaled_dot_product_attention(q, k, v)
     (gq,) = torch.autograd.grad((out ** 2).sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable|differentiate twice"):
         gq.sum().backward()
+
+
+# ---- PyTorch autograd in 16 bits --------------------------------------------------------------
+# A float16/bfloat16 tensor's .grad, in its own dtype, against the float64 gradient of the same
+# 16-bit values (PyTorch's float64 SDPA backward, same upstream gradient): its max error must
+# be at most twice that of PyTorch's own 16-bit SDPA backward on the same tensors, plus
+# HALF_SLACK (1 + max|g64|) for the float32 arithmetic under the final rounding (our float32
+# gradients differ from PyTorch's float32 ones by up to 1.3e-6 (1 + max|g|), see TORCH_TOL;
+# HALF_SLACK is 1/250 of a float16 half-ulp at 1). It must also meet the naive rule above
+# (half_grad_failure, bfloat16 too: round_to needs no ml_dtypes).
+
+HALF_SLACK = 2e-6
+HALF_WORST = {}  # the largest (our error) / (PyTorch's 16-bit error) seen, per dtype, gradient
+
+
+def compare_torch_half(q, k, v, dt, wants=(True, True, True), record=True, **kw):
+    """q, k, v (float32 values) as dt leaves: attn's .grad against PyTorch's 16-bit SDPA
+    backward's error and the naive rule, both relative to PyTorch's float64 gradient."""
+    xs = leaves(q.to(dt), k.to(dt), v.to(dt), wants=wants)
+    out = attn.scaled_dot_product_attention(*xs, **kw)
+    assert out.dtype == dt
+    with torch.no_grad():  # the same bits as the library's own 16-bit output
+        assert torch.equal(out.view(torch.int16), attn.scaled_dot_product_attention(
+            *xs, **kw).view(torch.int16))
+    up = trand(*out.shape, seed=9).to(dt)
+    out.backward(up)
+    theirs = leaves(*(x.detach() for x in xs), wants=wants)
+    F.scaled_dot_product_attention(*theirs, **kw).backward(up)
+    exact = leaves(*(x.detach().double() for x in xs), wants=wants)
+    kw64 = dict(kw)
+    if isinstance(kw.get("attn_mask"), torch.Tensor) and kw["attn_mask"].is_floating_point():
+        kw64["attn_mask"] = kw["attn_mask"].double()
+    F.scaled_dot_product_attention(*exact, **kw64).backward(up.double())
+    mask = kw.get("attn_mask")
+    rk = dict(mask=None if mask is None else mask.float().numpy() if mask.is_floating_point()
+              else mask.numpy(), causal=kw.get("is_causal", False), scale=kw.get("scale"),
+              gqa=kw.get("enable_gqa", False))
+    f64 = [x.detach().double().numpy() for x in xs]
+    ref, _ = reference_grads(*f64, up.double().numpy(), **rk)
+    nv = naive_grads(*f64, up.double().numpy(), str(dt).split(".")[1], **rk)
+    for name, a, b, e, r, n, w in zip(("dq", "dk", "dv"), xs, theirs, exact, ref, nv, wants):
+        if not w:
+            assert a.grad is None
+            continue
+        assert a.grad.dtype == dt and a.grad.shape == a.shape
+        g64 = e.grad
+        assert np.abs(g64.numpy() - r).max() <= 1e-6 * (1 + np.abs(r).max())  # sound
+        ours = (a.grad.double() - g64).abs().max().item()
+        err_t = (b.grad.double() - g64).abs().max().item()
+        bound = 2 * err_t + HALF_SLACK * (1 + g64.abs().max().item())
+        if record and err_t > 0:
+            key = "%s %s" % (str(dt).split(".")[1], name)
+            HALF_WORST[key] = max(HALF_WORST.get(key, 0.0), ours / err_t)
+        assert ours <= bound, "%s %s: max error %.3g > 2 x PyTorch's 16-bit %.3g (+ %.3g)" % (
+            dt, name, ours, err_t, bound - 2 * err_t)
+        why = half_grad_failure(a.grad.float().numpy(), r, n)
+        assert why is None, "%s %s: %s" % (dt, name, why)
+    return xs
+
+
+DT16 = ["bfloat16", "float16"]
+
+
+@needs_torch
+@pytest.mark.parametrize("dt", DT16)
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1, 1), (2, 3, 17, 33, 16), (1, 4, 64, 64, 64),
+                                   (2, 2, 5, 130, 8), (1, 1, 200, 7, 128), (1, 2, 90, 150, 32)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_torch_16_bit_grads(dt, shape, is_causal):
+    B, H, Lq, Lk, D = shape
+    compare_torch_half(trand(B, H, Lq, D), trand(B, H, Lk, D, seed=1),
+                       trand(B, H, Lk, D, seed=2), getattr(torch, dt), is_causal=is_causal)
+
+
+@needs_torch
+@pytest.mark.parametrize("dt", DT16)
+def test_torch_16_bit_grads_masks_gqa_and_more(dt):
+    """GQA (causal too), bool and 16-bit float masks, a scale, broadcast key/value, ranks 2
+    and 3, transposed storage, partial requires_grad."""
+    t = getattr(torch, dt)
+    q, k, v = trand(2, 8, 21, 16), trand(2, 2, 37, 16, seed=1), trand(2, 2, 37, 8, seed=2)
+    for causal in (False, True):
+        compare_torch_half(q, k, v, t, enable_gqa=True, is_causal=causal)
+    q, k, v = trand(2, 3, 9, 8), trand(2, 3, 11, 8, seed=1), trand(2, 3, 11, 8, seed=2)
+    g = torch.Generator().manual_seed(7)
+    bmask = torch.rand(9, 11, generator=g) < 0.8
+    bmask[..., 0] = True                 # no fully masked row: PyTorch's math path gives NaN
+    compare_torch_half(q, k, v, t, attn_mask=bmask)
+    fmask = torch.randn(2, 3, 9, 11, generator=g)
+    fmask[torch.rand(2, 3, 9, 11, generator=g) < 0.2] = float("-inf")
+    fmask[..., 0] = 0.0
+    compare_torch_half(q, k, v, t, attn_mask=fmask.to(t))
+    compare_torch_half(q, k, v, t, scale=2.5)
+    compare_torch_half(q, k[0, 0], v[0, 0], t)                    # broadcast key/value
+    compare_torch_half(q[0, 0], k[0, 0], v[0, 0], t, is_causal=True)  # rank 2
+    compare_torch_half(q[0], k[0], v[0], t)                       # rank 3
+    B, H, L, S, D = 2, 4, 19, 23, 16
+    qt = trand(B, L, H, D).transpose(1, 2)
+    kt, vt = trand(B, S, H, D, seed=1).transpose(1, 2), trand(B, S, H, D, seed=2).transpose(1, 2)
+    compare_torch_half(qt, kt, vt, t, is_causal=True)
+    compare_torch_half(qt, kt, vt, t, wants=(False, True, False))
+    # few causal rows, gradients small next to |dO||O|: where a backward reading the 16-bit
+    # output fails (bfloat16 dQ over twice the naive error, float16 dQ over twice PyTorch's)
+    compare_torch_half(trand(2, 2, 3, 32, seed=1), trand(2, 1, 16, 32, seed=2),
+                       trand(2, 1, 16, 32, seed=3), t, enable_gqa=True, is_causal=True)
+    compare_torch_half(trand(1, 4, 2, 64, seed=2), trand(1, 1, 24, 64, seed=3),
+                       trand(1, 1, 24, 64, seed=4), t, enable_gqa=True, is_causal=True)
+
+
+@needs_torch
+@pytest.mark.parametrize("dt", DT16)
+def test_torch_16_bit_grads_are_rounded_once(dt):
+    """.grad of 16-bit leaves is the library's float32 backward of the same values rounded
+    once (bit for bit): the forward's float32 output and LSE (what the Function keeps),
+    then _attn.backward on float32 copies. A float32 query over a 16-bit K/V: a float32
+    q.grad (the float32 tolerance against float64) and 16-bit k.grad, v.grad likewise."""
+    t = getattr(torch, dt)
+    q, k, v = trand(2, 4, 19, 16).to(t), trand(2, 2, 23, 16, seed=1).to(t), \
+        trand(2, 2, 23, 8, seed=2).to(t)
+    up = trand(2, 4, 19, 8, seed=3)
+    for qq in (q, q.float()):
+        xs = leaves(qq, k, v)
+        out = attn.scaled_dot_product_attention(*xs, is_causal=True, enable_gqa=True)
+        assert out.dtype == qq.dtype
+        out.backward(up.to(qq.dtype))
+        opts = raw_opts(causal=True, gqa=True)
+        o32, lse, _ = _attn.forward(qq, k, v, return_lse=True, return_weights=False,
+                                    alloc=lambda s, w, d: torch.empty(s, dtype=torch.float32),
+                                    **opts)
+        want = [torch.empty(x.shape) for x in (q, k, v)]
+        _attn.backward(qq.float(), k.float(), v.float(), o32, up.to(qq.dtype).float(), lse,
+                       *want, **opts)
+        for x, w in zip(xs, want):
+            assert x.grad.dtype == x.dtype
+            assert torch.equal(x.grad, w.to(x.dtype)), (qq.dtype, x.dtype)
+    ref, mag = reference_grads(q.float().numpy(), k.float().numpy(), v.float().numpy(),
+                               up.numpy(), causal=True, gqa=True)      # the float32 query
+    assert grad_failure(xs[0].grad.numpy(), ref[0], mag[0]) is None
+
+
+@needs_torch
+def test_torch_16_bit_output_in_place():
+    """A 16-bit output is a rounded copy of the float32 one the backward reads: changing it
+    in place is not an error, and the gradient flows through the change (here: x2)."""
+    q, k, v = (trand(1, 2, 5, 8, seed=s).bfloat16() for s in (0, 1, 2))
+    xs = leaves(q, k, v)
+    out = attn.scaled_dot_product_attention(*xs)
+    out.mul_(2)
+    out.sum().backward()
+    ys = leaves(q, k, v)
+    attn.scaled_dot_product_attention(*ys).backward(torch.full((1, 2, 5, 8), 2.0).bfloat16())
+    for x, y in zip(xs, ys):
+        assert torch.equal(x.grad, y.grad)
+
+
+@needs_torch
+def test_torch_16_bit_planted_error_is_caught(monkeypatch):
+    """The 16-bit comparison rejects a dQ scaled by 1 + 2^-6 (four bfloat16 half-ulps at
+    most; two float16 ulps and more), as it would any larger mistake."""
+    real = _attn.backward
+
+    def planted(q, k, v, o, d_o, lse, dq, dk, dv, *rest):
+        real(q, k, v, o, d_o, lse, dq, dk, dv, *rest)
+        if dq is not None:
+            dq.mul_(1 + 2.0 ** -6)
+
+    monkeypatch.setattr(_attn, "backward", planted)
+    q, k, v = trand(1, 2, 33, 16), trand(1, 2, 40, 16, seed=1), trand(1, 2, 40, 16, seed=2)
+    for dt in (torch.bfloat16, torch.float16):
+        with pytest.raises(AssertionError, match="dq: max error .* > 2 x PyTorch's 16-bit"):
+            compare_torch_half(q, k, v, dt, record=False)
+
+
+@needs_torch
+def test_torch_16_bit_worst_ratio_report():
+    """Prints the largest ratio of our 16-bit gradient error to PyTorch's own 16-bit SDPA
+    backward's error seen so far, per dtype and gradient (run with -s; bound 2)."""
+    if HALF_WORST:
+        print("16-bit max error / PyTorch's 16-bit max error: " +
+              ", ".join("%s %.2f" % kv for kv in sorted(HALF_WORST.items())))
 
 
 @needs_torch
