@@ -7,8 +7,8 @@
  * LSE, P = exp(s - lse), and never forms the Lq x Lk matrix. The arithmetic on a tile is
  * the forward's micro-kernels (kernels.h): qk gives Sᵀ = scale K Qᵀ and dPᵀ = V dOᵀ; pv
  * gives dV += Pᵀ dO, dK += dSᵀ Q and dQ += dS K once P and dS are laid out as it expects.
- * What it is not: a path for 16-bit dtypes (refused with ATTN_ERR_UNSUPPORTED), or a
- * gradient for the bias, the ALiBi slopes or the mask (constants here).
+ * 16-bit tensors take the float32 path on float32 copies (backward_half, below). What
+ * it is not: a gradient for the bias, the ALiBi slopes or the mask (constants here).
  *
  * Work and determinism. A work item is (batch b, key/value head g, key chunk c): it owns
  * the dK and dV rows of its keys, summed over the group's query heads in a fixed order,
@@ -39,12 +39,17 @@
  * attn_params_init (api.c) checks q, k, v, o and the options exactly as the forward call
  * does; what follows checks the tensors only the backward has. */
 
+static const char *dtype_name(attn_dtype t) {
+    static const char *const names[] = {"float32", "float16", "bfloat16", "bool", "int32", "int64"};
+    return (unsigned)t < (unsigned)ATTN_DTYPE_COUNT ? names[t] : "unknown";
+}
+
 static attn_status check_f32(const attn_tensor *t, const char *name, const int64_t want[4],
                              const char *const what[4], bool need_data) {
     if (!t) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", name);
     if (t->dtype != ATTN_F32)  // 16-bit tensors were given float32 copies (backward_half)
-        return attn_fail(ATTN_ERR_DTYPE, "%s: dtype %d, expected float32%s", name,
-                         (int)t->dtype, strcmp(name, "lse") ? ", float16 or bfloat16" : "");
+        return attn_fail(ATTN_ERR_DTYPE, "%s: dtype %s, expected float32%s", name,
+                         dtype_name(t->dtype), strcmp(name, "lse") ? ", float16 or bfloat16" : "");
     for (int d = 0; d < 4; d++)
         if (t->shape[d] != want[d])
             return attn_fail(ATTN_ERR_SHAPE, "%s: shape[%d] (%s) is %lld, expected %lld", name,
@@ -146,7 +151,11 @@ static size_t bwd_workspace(const attn_bwd_params *bp) {
  * widened once (exactly), the gradients are accumulated in float32 and rounded once to
  * their own dtype (to nearest, ties to even). The extra memory is the copies,
  * (Lq (2 Dk + 2 Dv) per query head + Lk (2 Dk + 2 Dv) per key head) floats: never
- * Lq x Lk. The LSE stays float32, as the forward writes it. */
+ * Lq x Lk. The LSE stays float32, as the forward writes it.
+ * A 16-bit O is not used: the backward's row sums D = dO · O would inherit its rounding,
+ * which can dominate dQ and dK where they are small next to |dO| |O| (measured up to 8x
+ * the error of a naive 16-bit backward). O and its LSE are recomputed in float32 from the
+ * float32 copies instead (one forward pass; its workspace is allocated by that call). */
 enum { H_Q, H_K, H_V, H_O, H_DO, H_DQ, H_DK, H_DV, H_N };
 
 static bool is_half(const attn_tensor *t) {
@@ -170,21 +179,21 @@ static void copy_tensor(const attn_tensor *src, const attn_tensor *dst) {
  * float32 copies: dense[i] with data = NULL + offset, *copy_bytes their total, *inner the
  * float32 call's own workspace. */
 static attn_status half_plan(const attn_tensor *const t[H_N], const attn_tensor *lse,
-                             const attn_options *opt, bool need_data, attn_tensor dense[H_N],
+                             const attn_options *opt, bool need_data, attn_tensor dense[H_N + 1],
                              size_t *copy_bytes, size_t *inner) {
     static const char *const names[H_N] = {"q", "k", "v", "o", "d_o", "dq", "dk", "dv"};
     attn_tensor shadow[H_N];
     for (int i = 0; i < H_N; i++) {
         if (!t[i]) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", names[i]);
         if (t[i]->dtype != ATTN_F32 && !is_half(t[i]))
-            return attn_fail(ATTN_ERR_DTYPE, "%s: dtype %d, expected float32, float16 or "
-                             "bfloat16", names[i], (int)t[i]->dtype);
+            return attn_fail(ATTN_ERR_DTYPE, "%s: dtype %s, expected float32, float16 or "
+                             "bfloat16", names[i], dtype_name(t[i]->dtype));
         shadow[i] = *t[i];
         shadow[i].dtype = ATTN_F32;
     }
     if (t[H_K]->dtype != t[H_V]->dtype)
-        return attn_fail(ATTN_ERR_DTYPE, "v: dtype %d, expected %d like k (k and v must have "
-                         "one dtype)", (int)t[H_V]->dtype, (int)t[H_K]->dtype);
+        return attn_fail(ATTN_ERR_DTYPE, "v: dtype %s, expected %s like k (k and v must have "
+                         "one dtype)", dtype_name(t[H_V]->dtype), dtype_name(t[H_K]->dtype));
     attn_bwd_params bp;
     TRY(bwd_params_init(&bp, &shadow[H_Q], &shadow[H_K], &shadow[H_V], &shadow[H_O],
                         &shadow[H_DO], lse, &shadow[H_DQ], &shadow[H_DK], &shadow[H_DV], opt,
@@ -195,6 +204,10 @@ static attn_status half_plan(const attn_tensor *const t[H_N], const attn_tensor 
         dense[i] = attn_tensor_4d((char *)NULL + at, ATTN_F32, n[0], n[1], n[2], n[3]);
         at += ((size_t)(n[0] * n[1] * n[2] * n[3]) * sizeof(float) + 63) & ~(size_t)63;
     }
+    /* the recomputed LSE of a 16-bit O, after the copies */
+    dense[H_N] = attn_tensor_4d((char *)NULL + at, ATTN_F32, lse->shape[0], lse->shape[1],
+                                lse->shape[2], 1);
+    at += ((size_t)(lse->shape[0] * lse->shape[1] * lse->shape[2]) * sizeof(float) + 63) & ~(size_t)63;
     *copy_bytes = at;
     attn_options o = opt ? *opt : (attn_options){0};
     o.workspace = NULL;
@@ -205,7 +218,7 @@ static attn_status half_plan(const attn_tensor *const t[H_N], const attn_tensor 
 
 static attn_status backward_half(const attn_tensor *const t[H_N], const attn_tensor *lse,
                                  const attn_options *opt) {
-    attn_tensor dense[H_N];
+    attn_tensor dense[H_N + 1];
     size_t copies, inner;
     TRY(half_plan(t, lse, opt, true, dense, &copies, &inner));
     const size_t need = copies + inner + 64;
@@ -219,14 +232,25 @@ static attn_status backward_half(const attn_tensor *const t[H_N], const attn_ten
         if (!ws) return attn_fail(ATTN_ERR_NOMEM, "workspace: could not allocate %zu bytes", need);
     }
     char *base = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
-    for (int i = 0; i < H_N; i++) dense[i].data = base + ((char *)dense[i].data - (char *)NULL);
-    for (int i = H_Q; i <= H_DO; i++) copy_tensor(t[i], &dense[i]);
+    for (int i = 0; i <= H_N; i++) dense[i].data = base + ((char *)dense[i].data - (char *)NULL);
+    for (int i = H_Q; i <= H_DO; i++)
+        if (i != H_O || !is_half(t[H_O])) copy_tensor(t[i], &dense[i]);
     attn_options o = opt ? *opt : (attn_options){0};
+    attn_status st = ATTN_OK;
+    const attn_tensor *lse_used = lse;
+    if (is_half(t[H_O])) {  // O and its LSE again, in float32 (see above)
+        attn_options f = o;
+        f.workspace = NULL;
+        f.workspace_bytes = 0;
+        f.lse = &dense[H_N];
+        st = attn_forward(&dense[H_Q], &dense[H_K], &dense[H_V], &dense[H_O], &f);
+        lse_used = &dense[H_N];
+    }
     o.workspace = inner ? base + copies : NULL;
     o.workspace_bytes = inner;
-    const attn_status st = attn_backward(&dense[H_Q], &dense[H_K], &dense[H_V], &dense[H_O],
-                                         &dense[H_DO], lse, &dense[H_DQ], &dense[H_DK],
-                                         &dense[H_DV], &o);
+    if (st == ATTN_OK)
+        st = attn_backward(&dense[H_Q], &dense[H_K], &dense[H_V], &dense[H_O], &dense[H_DO],
+                           lse_used, &dense[H_DQ], &dense[H_DK], &dense[H_DV], &o);
     if (st == ATTN_OK)
         for (int i = H_DQ; i <= H_DV; i++) copy_tensor(&dense[i], t[i]);
     free(owned);
@@ -245,7 +269,7 @@ attn_status attn_backward_workspace_size(const attn_tensor *q, const attn_tensor
     bool half = false;
     for (int i = 0; i < H_N; i++) half |= is_half(t[i]);
     if (half) {
-        attn_tensor dense[H_N];
+        attn_tensor dense[H_N + 1];
         size_t copies, inner;
         TRY(half_plan(t, lse, opt, false, dense, &copies, &inner));
         *bytes = copies + inner + 64;
