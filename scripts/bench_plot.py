@@ -136,9 +136,11 @@ def plot(d, path):
     axes[0].set_ylabel("GFLOP/s (causal: half the FLOPs)")
     axes[0].legend(fontsize=8, loc="lower right")
     t = d.get("torch")
-    fig.suptitle("attn %s (%s kernel) vs %s, %d threads, %s; medians of one run" % (
+    rounds = d.get("rounds", 1)
+    fig.suptitle("attn %s (%s kernel) vs %s, %d threads, %s; medians of one run%s" % (
         d["attn_version"], d["kernel"], "PyTorch %s" % t["version"] if t else "(no PyTorch)",
-        d["threads"], d["machine"]["cpu"]), fontsize=10)
+        d["threads"], d["machine"]["cpu"], " (%d rounds)" % rounds if rounds > 1 else ""),
+        fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
