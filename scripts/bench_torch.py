@@ -13,7 +13,9 @@ Protocol (JSON Lines on stdin and stdout, one object a line):
   out: {"torch": "2.x", "info": "..."}            or {"error": "..."}
   in:  {"name": ..., "B", "Hq", "Hkv", "Lq", "Lk", "Dk", "Dv", "mask": "none|causal|bool|window",
         "window_left", "window_right", "mask_density", "threads", "warmup", "reps",
-        "max_reps", "adaptive_seconds", "rotate"}
+        "max_reps", "adaptive_seconds", "rotate",
+        "dtype", "kv_dtype": "float32|float16|bfloat16" (absent: float32),
+        "direction": "forward|backward" (absent: forward)}
   out: {"name": ..., "median_s", "min_s", "max_s", "reps", "times": [each call's seconds]}
        or {"name": ..., "error": "..."}
 It also runs alone: `python scripts/bench_torch.py < cases.jsonl` (the hello line first).
@@ -23,9 +25,16 @@ default); a bool mask is a random [1, 1, Lq, Lk] attn_mask of the given density 
 attend, as attn); a sliding window has no SDPA argument, so it is the dense bool band
 mask of the same window; grouped-query attention is enable_gqa=True.
 
+Dtypes: q is made in `dtype`, k and v in `kv_dtype`; SDPA wants one dtype for all three,
+so where they differ (attn's float32 queries over a 16-bit KV cache) q is cast to the KV
+dtype, as a PyTorch user would do, before the clock starts.
+
+Backward: q, k and v require grad; each timed call runs the forward untimed, then times
+out.backward(d_o) alone (d_o uniform, made beforehand), gradients reset between calls.
+
 What it is not: a check of PyTorch's answers (attn's answers are checked against its
 float64 reference by the bench; PyTorch's are PyTorch's), nor a benchmark of anything
-but the forward call: the inputs are made before the clock starts.
+but the forward call (or the backward call): the inputs are made before the clock starts.
 """
 import json
 import statistics
@@ -42,9 +51,10 @@ def make_inputs(torch, c):
     g = torch.Generator().manual_seed(1)
     def uniform(*shape):
         return torch.rand(*shape, generator=g, dtype=torch.float32) * 4.0 - 2.0
-    q = uniform(c["B"], c["Hq"], c["Lq"], c["Dk"])
-    k = uniform(c["B"], c["Hkv"], c["Lk"], c["Dk"])
-    v = uniform(c["B"], c["Hkv"], c["Lk"], c["Dv"])
+    kvt = getattr(torch, c.get("kv_dtype", "float32"))
+    q = uniform(c["B"], c["Hq"], c["Lq"], c["Dk"]).to(kvt)
+    k = uniform(c["B"], c["Hkv"], c["Lk"], c["Dk"]).to(kvt)
+    v = uniform(c["B"], c["Hkv"], c["Lk"], c["Dv"]).to(kvt)
     mask = None
     if c["mask"] == "bool":
         mask = torch.rand(1, 1, c["Lq"], c["Lk"], generator=g) < c["mask_density"]
@@ -71,12 +81,15 @@ def run_case(torch, F, c):
     gqa = c["Hq"] != c["Hkv"]
     causal = c["mask"] == "causal"
 
+    kw = {"is_causal": causal}
+    if gqa:
+        kw["enable_gqa"] = True
+    if c.get("direction", "forward") == "backward":
+        return run_backward(torch, F, c, sets, kw)
+
     def call(s):
         q, k, v, m = s
-        kw = {"attn_mask": m, "is_causal": causal}
-        if gqa:
-            kw["enable_gqa"] = True
-        return F.scaled_dot_product_attention(q, k, v, **kw)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, **kw)
 
     n_call = 1  # as attn: set 0 was used once (attn's check), timing starts on the next
     with torch.inference_mode():
@@ -96,8 +109,47 @@ def run_case(torch, F, c):
             if len(times) == c["reps"] and spent < c["adaptive_seconds"]:
                 more = int(-(-c["adaptive_seconds"] // (spent / len(times))))
                 want = max(c["reps"], min(c["max_reps"], more))
+    return answer(c, times)
+
+
+def answer(c, times):
     return {"name": c["name"], "median_s": statistics.median(times), "min_s": min(times),
             "max_s": max(times), "reps": len(times), "times": times}
+
+
+def run_backward(torch, F, c, sets, kw):
+    """out.backward(d_o) timed alone; the forward before it is not timed"""
+    g = torch.Generator().manual_seed(5)
+    d_o = torch.rand(c["B"], c["Hq"], c["Lq"], c["Dv"], generator=g) * 4.0 - 2.0
+    rot = len(sets)
+    leaves = [tuple(x.detach().clone().requires_grad_(True) for x in s[:3]) + (s[3], d_o.clone())
+              for s in sets]
+
+    def call(s, timed):
+        q, k, v, m, do = s
+        for x in (q, k, v):
+            x.grad = None
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, **kw)
+        t0 = time.perf_counter()
+        out.backward(do)
+        return time.perf_counter() - t0
+
+    n_call = 0
+    call(leaves[0], False)  # as attn's check
+    n_call = 1
+    for _ in range(c["warmup"]):
+        call(leaves[n_call % rot], False)
+        n_call += 1
+    times, want, spent = [], c["reps"], 0.0
+    while len(times) < want:
+        dt = call(leaves[n_call % rot], True)
+        n_call += 1
+        times.append(dt)
+        spent += dt
+        if len(times) == c["reps"] and spent < c["adaptive_seconds"]:
+            more = int(-(-c["adaptive_seconds"] // (spent / len(times))))
+            want = max(c["reps"], min(c["max_reps"], more))
+    return answer(c, times)
 
 
 def main():

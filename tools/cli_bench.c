@@ -44,6 +44,7 @@
 #include "attn.h"
 #include "bench_peak.h"
 #include "cli.h"
+#include "naive.h"
 
 enum { EXIT_FAIL = 1, EXIT_USAGE = 2 };
 
@@ -244,12 +245,18 @@ typedef struct bench_case {
     mask_kind mask;
     int64_t win_left, win_right;  /* MASK_WINDOW: top-left diagonal, -1 = unbounded */
     bool decode;                  /* report GB/s of K and V                          */
+    attn_dtype qdt, kvdt;         /* Q (and O), K and V: ATTN_F32, ATTN_F16, ATTN_BF16 */
+    attn_precision prec;
+    bool bwd;                     /* time attn_backward (FLOPs 2.5x the forward's)   */
+    char base[64];                /* the float32 forward row of the same shape, or "" */
+    double base_ratio;            /* its time / this row's time (same FLOPs), < 0 = none */
 
     /* results */
     double flop, kv_bytes;
     int rotate;                   /* input sets the timed calls cycle through */
     char checked[96];             /* which part was checked against the reference */
     double rel_fro, max_abs, tol_abs;
+    double naive_err;             /* 16-bit rows: the naive same-precision max error */
     bool ran, pass;
     char error[200];              /* a failed call: its status and detail */
     int reps;
@@ -271,8 +278,26 @@ static void add_case(bench_case *c, int *n, const char *name, int64_t B, int64_t
     snprintf(x->name, sizeof x->name, "%s", name);
     x->B = B, x->Hq = Hq, x->Hkv = Hkv, x->Lq = Lq, x->Lk = Lk, x->Dk = D, x->Dv = D;
     x->mask = mask, x->win_left = win_left, x->win_right = win_right, x->decode = decode;
-    x->ref_med = x->torch_med = x->torch_min = x->torch_max = -1.0;
+    x->ref_med = x->torch_med = x->torch_min = x->torch_max = x->base_ratio = -1.0;
+    x->qdt = x->kvdt = ATTN_F32;
 }
+
+/* The last case added, made a 16-bit (or mixed) one: `base` is the float32 row of the
+ * same shape that its speed is compared with. */
+static void set_dtype(bench_case *c, int n, attn_dtype qdt, attn_dtype kvdt,
+                      attn_precision prec, const char *base) {
+    bench_case *x = &c[n - 1];
+    x->qdt = qdt, x->kvdt = kvdt, x->prec = prec;
+    snprintf(x->base, sizeof x->base, "%s", base);
+}
+
+static const char *dtype_name(attn_dtype t) {
+    return t == ATTN_F16 ? "float16" : t == ATTN_BF16 ? "bfloat16" : "float32";
+}
+static const char *dtype_short(attn_dtype t) {
+    return t == ATTN_F16 ? "f16" : t == ATTN_BF16 ? "bf16" : "f32";
+}
+static size_t esz(attn_dtype t) { return t == ATTN_F32 ? 4 : 2; }
 
 enum { MAX_CASES = 64 };
 
@@ -300,12 +325,44 @@ static int make_sweep(bench_case *c, bool quick) {
         add_case(c, &n, "mask-L80-D32-bool", 2, 2, 2, 80, 80, 32, MASK_BOOL, 0, 0, false);
         add_case(c, &n, "win-L128-D32-w32", 1, 2, 2, 128, 128, 32, MASK_WINDOW, 31, 0, false);
         add_case(c, &n, "decode-Lk1000-D32", 1, 4, 2, 1, 1000, 32, MASK_NONE, 0, 0, true);
+        add_case(c, &n, "fwd-L64-D16-bf16", 1, H, H, 64, 64, 16, MASK_NONE, 0, 0, false);
+        set_dtype(c, n, ATTN_BF16, ATTN_BF16, ATTN_PRECISION_DEFAULT, "fwd-L64-D16");
+        add_case(c, &n, "fwd-L64-D16-bf16-fast", 1, H, H, 64, 64, 16, MASK_NONE, 0, 0, false);
+        set_dtype(c, n, ATTN_BF16, ATTN_BF16, ATTN_PRECISION_FAST, "fwd-L64-D16");
+        add_case(c, &n, "decode-Lk1000-D32-kvf16", 1, 4, 2, 1, 1000, 32, MASK_NONE, 0, 0, true);
+        set_dtype(c, n, ATTN_F32, ATTN_F16, ATTN_PRECISION_DEFAULT, "decode-Lk1000-D32");
+        add_case(c, &n, "bwd-L64-D16", 1, H, H, 64, 64, 16, MASK_NONE, 0, 0, false);
+        c[n - 1].bwd = true;
+        add_case(c, &n, "bwd-L96-D32-gqa-causal", 1, 4, 2, 96, 96, 32, MASK_CAUSAL, 0, 0, false);
+        c[n - 1].bwd = true;
     } else {
         add_case(c, &n, "gqa-L2048-D128", 1, 32, 8, 2048, 2048, 128, MASK_NONE, 0, 0, false);
         add_case(c, &n, "gqa-L2048-D128-causal", 1, 32, 8, 2048, 2048, 128, MASK_CAUSAL, 0, 0, false);
         add_case(c, &n, "mask-L2048-D64-bool", 1, 16, 16, 2048, 2048, 64, MASK_BOOL, 0, 0, false);
         add_case(c, &n, "win-L4096-D64-w512", 1, 16, 16, 4096, 4096, 64, MASK_WINDOW, 511, 0, false);
         add_case(c, &n, "decode-Lk16384-D128", 1, 32, 8, 1, 16384, 128, MASK_NONE, 0, 0, true);
+        /* issue 5: 16-bit forward and a 16-bit KV cache */
+        add_case(c, &n, "fwd-L4096-D128-bf16", 1, 16, 16, 4096, 4096, 128, MASK_NONE, 0, 0, false);
+        set_dtype(c, n, ATTN_BF16, ATTN_BF16, ATTN_PRECISION_DEFAULT, "fwd-L4096-D128");
+        add_case(c, &n, "fwd-L4096-D128-bf16-fast", 1, 16, 16, 4096, 4096, 128, MASK_NONE, 0, 0, false);
+        set_dtype(c, n, ATTN_BF16, ATTN_BF16, ATTN_PRECISION_FAST, "fwd-L4096-D128");
+        add_case(c, &n, "fwd-L4096-D128-f16", 1, 16, 16, 4096, 4096, 128, MASK_NONE, 0, 0, false);
+        set_dtype(c, n, ATTN_F16, ATTN_F16, ATTN_PRECISION_DEFAULT, "fwd-L4096-D128");
+        add_case(c, &n, "decode-Lk16384-D128-kvbf16", 1, 32, 8, 1, 16384, 128, MASK_NONE, 0, 0, true);
+        set_dtype(c, n, ATTN_F32, ATTN_BF16, ATTN_PRECISION_DEFAULT, "decode-Lk16384-D128");
+        add_case(c, &n, "decode-Lk16384-D128-kvf16", 1, 32, 8, 1, 16384, 128, MASK_NONE, 0, 0, true);
+        set_dtype(c, n, ATTN_F32, ATTN_F16, ATTN_PRECISION_DEFAULT, "decode-Lk16384-D128");
+        add_case(c, &n, "decode-Lk16384-D128-bf16", 1, 32, 8, 1, 16384, 128, MASK_NONE, 0, 0, true);
+        set_dtype(c, n, ATTN_BF16, ATTN_BF16, ATTN_PRECISION_DEFAULT, "decode-Lk16384-D128");
+        /* issue 6: the backward, float32 */
+        for (int di = 0; di < 2; di++)
+            for (int causal = 0; causal < 2; causal++) {
+                snprintf(name, sizeof name, "bwd-L2048-D%lld%s", (long long)Ds[di],
+                         causal ? "-causal" : "");
+                add_case(c, &n, name, 1, 16, 16, 2048, 2048, Ds[di],
+                         causal ? MASK_CAUSAL : MASK_NONE, 0, 0, false);
+                c[n - 1].bwd = true;
+            }
     }
     return n;
 }
@@ -328,7 +385,8 @@ static void count_work(bench_case *c) {
     if (c->mask == MASK_CAUSAL) pairs *= 0.5;
     if (c->mask == MASK_WINDOW) pairs = (double)band_pairs(c);
     c->flop = 2.0 * (double)(c->Dk + c->Dv) * (double)c->B * (double)c->Hq * pairs;
-    c->kv_bytes = 4.0 * (double)c->B * (double)c->Hkv * (double)c->Lk * (double)(c->Dk + c->Dv);
+    if (c->bwd) c->flop *= 2.5;  /* FlashAttention's convention (issue 6) */
+    c->kv_bytes = (double)esz(c->kvdt) * (double)c->B * (double)c->Hkv * (double)c->Lk * (double)(c->Dk + c->Dv);
 }
 
 /* ---- inputs ------------------------------------------------------------------------- */
@@ -346,16 +404,54 @@ static void fill_uniform(float *x, int64_t n, uint64_t seed) {
         x[i] = (float)((double)(rng_next(&seed) >> 11) * (4.0 / 9007199254740992.0) - 2.0);
 }
 
+/* 16-bit storage: the bits of a float that is representable in t (naive_round gives one) */
+static uint16_t half_bits(attn_dtype t, float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if (t == ATTN_BF16) return (uint16_t)(u >> 16);  /* exact: the low half is zero */
+    const uint16_t s = (uint16_t)((u >> 16) & 0x8000);
+    const float a = fabsf(x);
+    if (a == 0) return s;
+    if (isinf(a)) return (uint16_t)(s | 0x7c00);
+    int e;
+    frexpf(a, &e);                 /* a = m 2^e, m in [0.5, 1): 2^(e-1) <= a */
+    const int E = e - 1 + 15;
+    if (E >= 1) return (uint16_t)(s | E << 10 | ((uint16_t)ldexpf(a, 10 - (e - 1)) - 1024));
+    return (uint16_t)(s | (uint16_t)ldexpf(a, 24));  /* subnormal: a multiple of 2^-24 */
+}
+static float half_value(attn_dtype t, uint16_t h) {
+    if (t == ATTN_BF16) {
+        uint32_t u = (uint32_t)h << 16;
+        float x;
+        memcpy(&x, &u, sizeof x);
+        return x;
+    }
+    const int E = (h >> 10) & 31, m = h & 1023;
+    const float a = E == 0 ? ldexpf((float)m, -24) : E == 31 ? (m ? NAN : INFINITY)
+                                                              : ldexpf((float)(1024 + m), E - 25);
+    return h & 0x8000 ? -a : a;
+}
+/* element i of a tensor's storage as float */
+static float elem(attn_dtype t, const void *p, int64_t i) {
+    return t == ATTN_F32 ? ((const float *)p)[i] : half_value(t, ((const uint16_t *)p)[i]);
+}
+
 typedef struct case_buffers {
     int rot;
-    float *q[16], *k[16], *v[16], *o[16];  /* (B, Hq, Lq, Dk) (B, Hkv, Lk, Dk) ... */
+    void *q[16], *k[16], *v[16], *o[16];   /* (B, Hq, Lq, Dk) (B, Hkv, Lk, Dk) ... in their dtypes */
+    float *q32, *k32, *v32;                /* set 0's values as float (the naive check's input)  */
+    float *d_o[16], *lse[16], *dq[16], *dk[16], *dv[16];  /* backward cases */
     unsigned char *mask;                   /* (1, 1, Lq, Lk), MASK_BOOL only       */
     void *ws;
     size_t ws_bytes;
 } case_buffers;
 
 static void free_buffers(case_buffers *cb) {
-    for (int r = 0; r < 16; r++) free(cb->q[r]), free(cb->k[r]), free(cb->v[r]), free(cb->o[r]);
+    for (int r = 0; r < 16; r++) {
+        free(cb->q[r]), free(cb->k[r]), free(cb->v[r]), free(cb->o[r]);
+        free(cb->d_o[r]), free(cb->lse[r]), free(cb->dq[r]), free(cb->dk[r]), free(cb->dv[r]);
+    }
+    free(cb->q32), free(cb->k32), free(cb->v32);
     free(cb->mask);
     free(cb->ws);
     memset(cb, 0, sizeof *cb);
@@ -365,33 +461,62 @@ static int64_t n_q(const bench_case *c) { return c->B * c->Hq * c->Lq * c->Dk; }
 static int64_t n_k(const bench_case *c) { return c->B * c->Hkv * c->Lk * c->Dk; }
 static int64_t n_v(const bench_case *c) { return c->B * c->Hkv * c->Lk * c->Dv; }
 static int64_t n_o(const bench_case *c) { return c->B * c->Hq * c->Lq * c->Dv; }
+static int64_t n_lse(const bench_case *c) { return c->B * c->Hq * c->Lq; }
 
-/* n floats, 64-byte aligned as PyTorch's tensors are (a cache line), plus a spare line. */
-static float *alloc64(int64_t n) {
-    return aligned_alloc(64, ((size_t)n * sizeof(float) + 127) / 64 * 64);
+/* n elements of `size` bytes, 64-byte aligned as PyTorch's tensors are (a cache line),
+ * plus a spare line. */
+static void *alloc64(int64_t n, size_t size) {
+    return aligned_alloc(64, ((size_t)n * size + 127) / 64 * 64);
+}
+
+/* n uniform values rounded to t, stored in t, and as float in f32 (may be NULL) */
+static void fill_typed(attn_dtype t, void *dst, float *f32, int64_t n, uint64_t seed) {
+    float *x = t == ATTN_F32 ? dst : f32 ? f32 : malloc((size_t)n * sizeof(float));
+    if (!x) abort();
+    fill_uniform(x, n, seed);
+    if (t != ATTN_F32)
+        for (int64_t i = 0; i < n; i++) {
+            x[i] = naive_round(t, x[i]);
+            ((uint16_t *)dst)[i] = half_bits(t, x[i]);
+        }
+    if (f32 && t == ATTN_F32) memcpy(f32, x, (size_t)n * sizeof(float));
+    if (x != dst && x != f32) free(x);
 }
 
 /* rot copies of the inputs and outputs, at least rot_bytes in all (at most 16 copies). */
 static int alloc_buffers(const bench_case *c, double rot_bytes, case_buffers *cb) {
     memset(cb, 0, sizeof *cb);
-    const double set_bytes = 4.0 * (double)(n_q(c) + n_k(c) + n_v(c) + n_o(c));
+    const size_t sq = esz(c->qdt), skv = esz(c->kvdt);
+    double set_bytes = (double)sq * (double)(n_q(c) + n_o(c)) + (double)skv * (double)(n_k(c) + n_v(c));
+    if (c->bwd) set_bytes += 4.0 * (double)(n_o(c) + n_lse(c) + n_q(c) + n_k(c) + n_v(c));
     int rot = (int)ceil(rot_bytes / (set_bytes > 1 ? set_bytes : 1));
     cb->rot = rot < 1 ? 1 : rot > 16 ? 16 : rot;
+    if (!(cb->q32 = alloc64(n_q(c), 4)) || !(cb->k32 = alloc64(n_k(c), 4)) ||
+        !(cb->v32 = alloc64(n_v(c), 4)))
+        return -1;
     for (int r = 0; r < cb->rot; r++) {
-        cb->q[r] = alloc64(n_q(c));
-        cb->k[r] = alloc64(n_k(c));
-        cb->v[r] = alloc64(n_v(c));
-        cb->o[r] = alloc64(n_o(c));
+        cb->q[r] = alloc64(n_q(c), sq);
+        cb->k[r] = alloc64(n_k(c), skv);
+        cb->v[r] = alloc64(n_v(c), skv);
+        cb->o[r] = alloc64(n_o(c), sq);
         if (!cb->q[r] || !cb->k[r] || !cb->v[r] || !cb->o[r]) return -1;
-        memset(cb->o[r], 0, (size_t)n_o(c) * sizeof(float));
+        memset(cb->o[r], 0, (size_t)n_o(c) * sq);
         if (r == 0) {
-            fill_uniform(cb->q[0], n_q(c), 1);
-            fill_uniform(cb->k[0], n_k(c), 2);
-            fill_uniform(cb->v[0], n_v(c), 3);
+            fill_typed(c->qdt, cb->q[0], cb->q32, n_q(c), 1);
+            fill_typed(c->kvdt, cb->k[0], cb->k32, n_k(c), 2);
+            fill_typed(c->kvdt, cb->v[0], cb->v32, n_v(c), 3);
         } else {
-            memcpy(cb->q[r], cb->q[0], (size_t)n_q(c) * sizeof(float));
-            memcpy(cb->k[r], cb->k[0], (size_t)n_k(c) * sizeof(float));
-            memcpy(cb->v[r], cb->v[0], (size_t)n_v(c) * sizeof(float));
+            memcpy(cb->q[r], cb->q[0], (size_t)n_q(c) * sq);
+            memcpy(cb->k[r], cb->k[0], (size_t)n_k(c) * skv);
+            memcpy(cb->v[r], cb->v[0], (size_t)n_v(c) * skv);
+        }
+        if (c->bwd) {
+            cb->d_o[r] = alloc64(n_o(c), 4), cb->lse[r] = alloc64(n_lse(c), 4);
+            cb->dq[r] = alloc64(n_q(c), 4), cb->dk[r] = alloc64(n_k(c), 4);
+            cb->dv[r] = alloc64(n_v(c), 4);
+            if (!cb->d_o[r] || !cb->lse[r] || !cb->dq[r] || !cb->dk[r] || !cb->dv[r]) return -1;
+            if (r == 0) fill_uniform(cb->d_o[0], n_o(c), 5);
+            else memcpy(cb->d_o[r], cb->d_o[0], (size_t)n_o(c) * 4);
         }
     }
     if (c->mask == MASK_BOOL) {
@@ -409,6 +534,7 @@ static attn_options case_options(const bench_case *c, const attn_tensor *mask, i
     attn_options opt = {0};
     opt.path = path;
     opt.threads = threads;
+    opt.precision = c->prec;
     opt.causal = c->mask == MASK_CAUSAL;
     if (c->mask == MASK_WINDOW) {
         opt.has_window = true;
@@ -419,15 +545,20 @@ static attn_options case_options(const bench_case *c, const attn_tensor *mask, i
     return opt;
 }
 
-typedef struct case_tensors { attn_tensor q, k, v, o, mask; } case_tensors;
+typedef struct case_tensors { attn_tensor q, k, v, o, mask, d_o, lse, dq, dk, dv; } case_tensors;
 
 static case_tensors tensors_of(const bench_case *c, const case_buffers *cb, int r) {
     case_tensors t;
-    t.q = attn_tensor_4d(cb->q[r], ATTN_F32, c->B, c->Hq, c->Lq, c->Dk);
-    t.k = attn_tensor_4d(cb->k[r], ATTN_F32, c->B, c->Hkv, c->Lk, c->Dk);
-    t.v = attn_tensor_4d(cb->v[r], ATTN_F32, c->B, c->Hkv, c->Lk, c->Dv);
-    t.o = attn_tensor_4d(cb->o[r], ATTN_F32, c->B, c->Hq, c->Lq, c->Dv);
+    t.q = attn_tensor_4d(cb->q[r], c->qdt, c->B, c->Hq, c->Lq, c->Dk);
+    t.k = attn_tensor_4d(cb->k[r], c->kvdt, c->B, c->Hkv, c->Lk, c->Dk);
+    t.v = attn_tensor_4d(cb->v[r], c->kvdt, c->B, c->Hkv, c->Lk, c->Dv);
+    t.o = attn_tensor_4d(cb->o[r], c->qdt, c->B, c->Hq, c->Lq, c->Dv);
     t.mask = attn_tensor_4d(cb->mask, ATTN_BOOL, 1, 1, c->Lq, c->Lk);
+    t.d_o = attn_tensor_4d(cb->d_o[r], ATTN_F32, c->B, c->Hq, c->Lq, c->Dv);
+    t.lse = attn_tensor_4d(cb->lse[r], ATTN_F32, c->B, c->Hq, c->Lq, 1);
+    t.dq = attn_tensor_4d(cb->dq[r], ATTN_F32, c->B, c->Hq, c->Lq, c->Dk);
+    t.dk = attn_tensor_4d(cb->dk[r], ATTN_F32, c->B, c->Hkv, c->Lk, c->Dk);
+    t.dv = attn_tensor_4d(cb->dv[r], ATTN_F32, c->B, c->Hkv, c->Lk, c->Dv);
     return t;
 }
 
@@ -465,12 +596,95 @@ static check_part pick_check(const bench_case *c, double budget) {
     return p;
 }
 
-static int check_case(bench_case *c, const case_buffers *cb, int threads, bool plant,
-                      double budget) {
+/* One call of the case on input set r: the forward, or for a backward case the backward
+ * (its O and LSE made once by prepare_backward). */
+static attn_status call_case(const bench_case *c, const case_buffers *cb, int r, int threads,
+                             attn_path path) {
+    case_tensors x = tensors_of(c, cb, r);
+    attn_options opt = case_options(c, &x.mask, threads, path);
+    if (path == ATTN_PATH_FUSED) opt.workspace = cb->ws, opt.workspace_bytes = cb->ws_bytes;
+    if (c->bwd)
+        return attn_backward(&x.q, &x.k, &x.v, &x.o, &x.d_o, &x.lse, &x.dq, &x.dk, &x.dv, &opt);
+    return attn_forward(&x.q, &x.k, &x.v, &x.o, &opt);
+}
+
+/* A backward case's O and LSE: the fused forward on set 0, copied to the other sets. */
+static int prepare_backward(bench_case *c, case_buffers *cb, int threads) {
     case_tensors t = tensors_of(c, cb, 0);
     attn_options opt = case_options(c, &t.mask, threads, ATTN_PATH_FUSED);
-    opt.workspace = cb->ws, opt.workspace_bytes = cb->ws_bytes;
-    if (call_failed(c, attn_forward(&t.q, &t.k, &t.v, &t.o, &opt), "fused")) return -1;
+    opt.lse = &t.lse;
+    if (call_failed(c, attn_forward(&t.q, &t.k, &t.v, &t.o, &opt), "forward for the backward"))
+        return -1;
+    for (int r = 1; r < cb->rot; r++) {
+        memcpy(cb->o[r], cb->o[0], (size_t)n_o(c) * 4);
+        memcpy(cb->lse[r], cb->lse[0], (size_t)n_lse(c) * 4);
+    }
+    return 0;
+}
+
+/* The contract's float32 tolerance on n values against ref: relative Frobenius <= 1e-6
+ * and max abs <= 1e-5 (1 + max |ref|); the worst so far is kept in c. */
+static bool within_f32(bench_case *c, const float *got, const float *ref, int64_t n) {
+    double err2 = 0, ref2 = 0, max_abs = 0, max_ref = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double e = (double)got[i] - (double)ref[i];
+        err2 += e * e;
+        ref2 += (double)ref[i] * (double)ref[i];
+        if (!(fabs(e) <= max_abs)) max_abs = fabs(e);  /* NaN sticks */
+        if (fabs((double)ref[i]) > max_ref) max_ref = fabs((double)ref[i]);
+    }
+    const double rel = ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2), tol = 1e-5 * (1.0 + max_ref);
+    const bool ok = rel <= 1e-6 && max_abs <= tol;
+    if (!(rel <= c->rel_fro)) c->rel_fro = rel;
+    if (!(max_abs / tol <= c->max_abs / (c->tol_abs > 0 ? c->tol_abs : 1)))
+        c->max_abs = max_abs, c->tol_abs = tol;
+    return ok;
+}
+
+/* A backward case: the fused gradients of the whole case against the float64 reference
+ * backward (ATTN_PATH_REFERENCE, which recomputes everything from Q, K, V) on batch 0 and
+ * the query heads of the first key/value head (one head without grouping) when the
+ * whole case is over the budget: dK and dV need every row, so no row subset. */
+static int check_backward(bench_case *c, case_buffers *cb, int threads, bool plant, double budget) {
+    if (call_failed(c, call_case(c, cb, 0, threads, ATTN_PATH_FUSED), "fused backward")) return -1;
+    int64_t hq = c->Hq, hkv = c->Hkv, b = c->B;
+    const double whole = (double)c->B * (double)c->Hq * (double)c->Lq * (double)c->Lk *
+                         (double)(c->Dk + c->Dv) * 2.5;
+    if (whole > budget) b = 1, hkv = 1, hq = c->Hq / c->Hkv;
+    if (b == c->B && hq == c->Hq) snprintf(c->checked, sizeof c->checked, "all");
+    else snprintf(c->checked, sizeof c->checked, "b 0, heads 0..%lld, all rows, dQ dK dV",
+                  (long long)(hq - 1));
+    const int64_t nq = b * hq * c->Lq * c->Dk, nk = b * hkv * c->Lk * c->Dk,
+                  nv = b * hkv * c->Lk * c->Dv;
+    float *rq = malloc((size_t)(nq + nk + nv) * sizeof(float) + 64);
+    if (!rq) return snprintf(c->error, sizeof c->error, "out of memory for the check"), -1;
+    float *rk = rq + nq, *rv = rk + nk;
+    case_tensors t = tensors_of(c, cb, 0);
+    attn_tensor *sub[] = {&t.q, &t.k, &t.v, &t.o, &t.d_o, &t.lse, &t.dq, &t.dk, &t.dv};
+    for (int i = 0; i < 9; i++) {
+        const bool kv = i == 1 || i == 2 || i == 7 || i == 8;
+        sub[i]->shape[0] = b, sub[i]->shape[1] = kv ? hkv : hq;
+    }
+    t.dq.data = rq, t.dk.data = rk, t.dv.data = rv;
+    attn_options ropt = case_options(c, &t.mask, threads, ATTN_PATH_REFERENCE);
+    attn_status st = attn_backward(&t.q, &t.k, &t.v, &t.o, &t.d_o, &t.lse, &t.dq, &t.dk, &t.dv, &ropt);
+    if (call_failed(c, st, "reference backward")) return free(rq), -1;
+    if (plant) cb->dk[0][nk / 2] += 1e-3f * (1.0f + fabsf(cb->dk[0][nk / 2]));
+    c->rel_fro = c->max_abs = c->tol_abs = 0;
+    /* batch 0's heads are the first elements of each gradient */
+    bool ok = within_f32(c, cb->dq[0], rq, nq);
+    ok = within_f32(c, cb->dk[0], rk, nk) && ok;
+    ok = within_f32(c, cb->dv[0], rv, nv) && ok;
+    c->pass = ok;
+    free(rq);
+    return 0;
+}
+
+static int check_case(bench_case *c, case_buffers *cb, int threads, bool plant,
+                      double budget) {
+    if (c->bwd) return check_backward(c, cb, threads, plant, budget);
+    if (call_failed(c, call_case(c, cb, 0, threads, ATTN_PATH_FUSED), "fused")) return -1;
+    case_tensors t = tensors_of(c, cb, 0);
 
     const check_part p = pick_check(c, budget);
     const bool whole = p.b == c->B && p.hq == c->Hq && p.rows == c->Lq;
@@ -480,43 +694,77 @@ static int check_case(bench_case *c, const case_buffers *cb, int threads, bool p
         snprintf(c->checked, sizeof c->checked, "b 0..%lld, heads 0..%lld, rows %lld..%lld",
                  (long long)(p.b - 1), (long long)(p.hq - 1), (long long)p.r0,
                  (long long)(p.r0 + p.rows - 1));
-    float *ref = malloc((size_t)(p.b * p.hq * p.rows * c->Dv) * sizeof(float) + 64);
+    const int64_t n_ref = p.b * p.hq * p.rows * c->Dv;
+    float *ref = malloc((size_t)n_ref * sizeof(float) + 64);
     if (!ref) return snprintf(c->error, sizeof c->error, "out of memory for the check"), -1;
     attn_tensor q = t.q, mask = t.mask;
-    q.data = cb->q[0] + p.r0 * c->Dk;
+    q.data = (char *)cb->q[0] + p.r0 * c->Dk * esz(c->qdt);
     q.shape[0] = p.b, q.shape[1] = p.hq, q.shape[2] = p.rows;
     attn_tensor k = t.k, v = t.v;
     k.shape[0] = v.shape[0] = p.b;
     k.shape[1] = v.shape[1] = p.hkv;
     mask.data = cb->mask ? cb->mask + p.r0 * c->Lk : NULL;
     mask.shape[2] = p.rows;
+    /* the reference of the same (16-bit) inputs, its output in float32 */
     attn_tensor o = attn_tensor_4d(ref, ATTN_F32, p.b, p.hq, p.rows, c->Dv);
     attn_options ropt = case_options(c, &mask, threads, ATTN_PATH_REFERENCE);
     if (p.r0 > 0) ropt.align = ATTN_ALIGN_BOTTOM_RIGHT;  /* see pick_check */
     attn_status st = attn_forward(&q, &k, &v, &o, &ropt);
     if (call_failed(c, st, "reference")) return free(ref), -1;
 
-    float *fused = cb->o[0];
-    if (plant) fused[(p.r0 + p.rows / 2) * c->Dv] += 1e-3f * (1.0f + fabsf(fused[(p.r0 + p.rows / 2) * c->Dv]));
-    double err2 = 0, ref2 = 0, max_abs = 0, max_ref = 0;
+    /* the fused output of the checked part, as float */
+    float *fused = malloc((size_t)n_ref * sizeof(float) + 64);
+    if (!fused) return free(ref), snprintf(c->error, sizeof c->error, "out of memory for the check"), -1;
     for (int64_t b = 0; b < p.b; b++)
         for (int64_t h = 0; h < p.hq; h++)
-            for (int64_t i = 0; i < p.rows; i++) {
-                const float *o_bhi = fused + ((b * c->Hq + h) * c->Lq + p.r0 + i) * c->Dv;
-                const float *r_bhi = ref + ((b * p.hq + h) * p.rows + i) * c->Dv;
-                for (int64_t d = 0; d < c->Dv; d++) {
-                    const double e = (double)o_bhi[d] - (double)r_bhi[d];
-                    err2 += e * e;
-                    ref2 += (double)r_bhi[d] * (double)r_bhi[d];
-                    if (!(fabs(e) <= max_abs)) max_abs = fabs(e);  /* NaN sticks */
-                    if (fabs((double)r_bhi[d]) > max_ref) max_ref = fabs((double)r_bhi[d]);
-                }
-            }
-    free(ref);
+            for (int64_t i = 0; i < p.rows; i++)
+                for (int64_t d = 0; d < c->Dv; d++)
+                    fused[((b * p.hq + h) * p.rows + i) * c->Dv + d] =
+                        elem(c->qdt, cb->o[0], ((b * c->Hq + h) * c->Lq + p.r0 + i) * c->Dv + d);
+    const bool half = c->qdt != ATTN_F32 || c->kvdt != ATTN_F32;
+    if (plant) {
+        const int64_t at = (p.rows / 2) * c->Dv;
+        fused[at] += (half ? 0.25f : 1e-3f) * (1.0f + fabsf(fused[at]));
+    }
+    if (!half) {
+        c->rel_fro = c->max_abs = c->tol_abs = 0;
+        c->pass = within_f32(c, fused, ref, n_ref);
+        free(fused), free(ref);
+        return 0;
+    }
+    /* 16-bit: the half-precision rule of the contract (tests/test_half.c): max error
+     * against float64 at most twice that of a naive implementation computing in the same
+     * 16-bit type (tools/naive.c, the KV type), on the same inputs and the same part,
+     * plus float32 noise (2^-23 (1 + max|ref|)) for where the naive one happens to be exact */
+    const int64_t nq = p.b * p.hq * p.rows * c->Dk;
+    float *q32 = malloc((size_t)(nq + n_ref) * sizeof(float) + 64);
+    if (!q32) return free(fused), free(ref), snprintf(c->error, sizeof c->error, "out of memory"), -1;
+    float *naive = q32 + nq;
+    for (int64_t b = 0; b < p.b; b++)
+        for (int64_t h = 0; h < p.hq; h++)
+            memcpy(q32 + ((b * p.hq + h) * p.rows) * c->Dk,
+                   cb->q32 + ((b * c->Hq + h) * c->Lq + p.r0) * c->Dk,
+                   (size_t)(p.rows * c->Dk) * sizeof(float));
+    if (naive_attention(c->kvdt, p.b, p.hq, p.hkv, p.rows, c->Lk, c->Dk, c->Dv, q32, cb->k32,
+                        cb->v32, NULL, (float)(1.0 / sqrt((double)c->Dk)), naive) != 0)
+        return free(q32), free(fused), free(ref),
+               snprintf(c->error, sizeof c->error, "out of memory for the naive check"), -1;
+    double err2 = 0, ref2 = 0, max_abs = 0, max_ref = 0, naive_err = 0;
+    for (int64_t i = 0; i < n_ref; i++) {
+        const double e = (double)fused[i] - (double)ref[i];
+        err2 += e * e;
+        ref2 += (double)ref[i] * (double)ref[i];
+        if (!(fabs(e) <= max_abs)) max_abs = fabs(e);
+        if (fabs((double)ref[i]) > max_ref) max_ref = fabs((double)ref[i]);
+        const double ne = fabs((double)naive[i] - (double)ref[i]);
+        if (!(ne <= naive_err)) naive_err = ne;
+    }
     c->rel_fro = ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
     c->max_abs = max_abs;
-    c->tol_abs = 1e-5 * (1.0 + max_ref);
-    c->pass = c->rel_fro <= 1e-6 && c->max_abs <= c->tol_abs;
+    c->naive_err = naive_err;
+    c->tol_abs = 2 * naive_err + 0x1p-23 * (1 + max_ref);
+    c->pass = max_abs <= c->tol_abs;
+    free(q32), free(fused), free(ref);
     return 0;
 }
 
@@ -534,19 +782,14 @@ static int time_path(bench_case *c, const case_buffers *cb, int threads, attn_pa
     if (reps > cap) reps = cap;
     int call = 1;  /* the check used set 0: start on the next one */
     for (int w = 0; w < warmup; w++, call++) {
-        case_tensors x = tensors_of(c, cb, call % cb->rot);
-        attn_options opt = case_options(c, &x.mask, threads, path);
-        if (path == ATTN_PATH_FUSED) opt.workspace = cb->ws, opt.workspace_bytes = cb->ws_bytes;
-        if (call_failed(c, attn_forward(&x.q, &x.k, &x.v, &x.o, &opt), "warm-up")) return -1;
+        if (call_failed(c, call_case(c, cb, call % cb->rot, threads, path), "warm-up")) return -1;
     }
     int n = 0, want = reps;
     double spent = 0;
     while (n < want) {
-        case_tensors x = tensors_of(c, cb, call++ % cb->rot);
-        attn_options opt = case_options(c, &x.mask, threads, path);
-        if (path == ATTN_PATH_FUSED) opt.workspace = cb->ws, opt.workspace_bytes = cb->ws_bytes;
+        const int r = call++ % cb->rot;
         const double t0 = now_s();
-        attn_status st = attn_forward(&x.q, &x.k, &x.v, &x.o, &opt);
+        attn_status st = call_case(c, cb, r, threads, path);
         t[n] = now_s() - t0;
         if (call_failed(c, st, "timed call")) return -1;
         spent += t[n++];
@@ -855,11 +1098,13 @@ static void torch_case(torch_proc *tp, bench_case *c, int threads, int warmup, i
             "{\"name\": \"%s\", \"B\": %lld, \"Hq\": %lld, \"Hkv\": %lld, \"Lq\": %lld, "
             "\"Lk\": %lld, \"Dk\": %lld, \"Dv\": %lld, \"mask\": \"%s\", \"window_left\": %lld, "
             "\"window_right\": %lld, \"mask_density\": %g, \"threads\": %d, \"warmup\": %d, "
-            "\"reps\": %d, \"max_reps\": %d, \"adaptive_seconds\": %g, \"rotate\": %d}\n",
+            "\"reps\": %d, \"max_reps\": %d, \"adaptive_seconds\": %g, \"rotate\": %d, "
+            "\"dtype\": \"%s\", \"kv_dtype\": \"%s\", \"direction\": \"%s\"}\n",
             c->name, (long long)c->B, (long long)c->Hq, (long long)c->Hkv, (long long)c->Lq,
             (long long)c->Lk, (long long)c->Dk, (long long)c->Dv, MASK_NAME[c->mask],
             (long long)c->win_left, (long long)c->win_right, BOOL_MASK_DENSITY, threads, warmup,
-            reps, ADAPTIVE_REPS, ADAPTIVE_SECONDS, c->rotate);
+            reps, ADAPTIVE_REPS, ADAPTIVE_SECONDS, c->rotate, dtype_name(c->qdt),
+            dtype_name(c->kvdt), c->bwd ? "backward" : "forward");
     fflush(tp->to);
     static char line[65536];
     if (!fgets(line, sizeof line, tp->from)) {
@@ -1004,6 +1249,16 @@ static void write_json(FILE *f, const machine *m, const bench_case *c, int n, co
             fprintf(f, ", \"window_left\": %lld, \"window_right\": %lld", (long long)x->win_left,
                     (long long)x->win_right);
         if (x->mask == MASK_BOOL) fprintf(f, ", \"mask_density\": %g", BOOL_MASK_DENSITY);
+        fprintf(f, ", \"dtype\": \"%s\", \"kv_dtype\": \"%s\", \"precision\": \"%s\", "
+                "\"direction\": \"%s\"", dtype_name(x->qdt), dtype_name(x->kvdt),
+                x->prec == ATTN_PRECISION_FAST ? "fast" : "default",
+                x->bwd ? "backward" : "forward");
+        if (x->base[0]) fprintf(f, ", \"base\": \"%s\"", x->base);
+        if (x->base_ratio > 0) fprintf(f, ", \"speedup_vs_base\": %.4g", x->base_ratio);
+        if (x->qdt != ATTN_F32 || x->kvdt != ATTN_F32) {
+            fprintf(f, ", \"naive_max_abs\": ");
+            json_num(f, x->naive_err);
+        }
         fprintf(f, ",\n     \"decode\": %s, \"flop\": %.6g, \"kv_bytes\": %.6g, \"rotate\": %d, "
                 "\"threads\": %d, \"kernel\": \"%s\", \"ran\": %s, \"check\": \"%s\", \"checked\": ",
                 x->decode ? "true" : "false", x->flop, x->kv_bytes, x->rotate, m->threads,
@@ -1066,11 +1321,13 @@ static void print_table(FILE *f, const machine *m, const bench_case *c, int n, c
     }
     if (tp && tp->version[0]) fprintf(f, "torch %s (%s)\n", tp->version, tp->info);
     if (n == 0) return;
-    fprintf(f, "medians; GFLOP/s = 2*(Dk+Dv)*B*Hq*pairs/time; %%peak of the %d-thread FMA peak; "
-            "GB/s = K and V bytes/time\n\n", m->threads);
-    fprintf(f, "%-24s %-22s %-6s %-5s %3s %-10s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s\n",
+    fprintf(f, "medians; GFLOP/s = 2*(Dk+Dv)*B*Hq*pairs/time (x2.5 for bwd-* rows); %%peak of the "
+            "%d-thread fp32 FMA peak; GB/s = K and V bytes/time; dtype Q/KV, +F = FAST precision; "
+            "x f32 = this row's speed over the float32 row of the same shape\n\n", m->threads);
+    fprintf(f, "%-26s %-22s %-6s %-10s %3s %-10s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s %6s\n",
             "case", "B Hq/Hkv Lq Lk D", "mask", "dtype", "thr", "kernel", "check", "ms",
-            "GFLOP/s", "%peak", "GB/s", "%bw", "ref ms", "x ref", "torch ms", "t GF/s", "x torch");
+            "GFLOP/s", "%peak", "GB/s", "%bw", "ref ms", "x ref", "torch ms", "t GF/s", "x torch",
+            "x f32");
     for (int i = 0; i < n; i++) {
         const bench_case *x = &c[i];
         char shape[64], cell[16][24];
@@ -1100,14 +1357,24 @@ static void print_table(FILE *f, const machine *m, const bench_case *c, int n, c
         } else if (x->torch_error[0]) {
             snprintf(cell[7], 24, "error");
         }
-        fprintf(f, "%-24s %-22s %-6s %-5s %3d %-10s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s\n",
-                x->name, shape, MASK_NAME[x->mask], "f32", m->threads, attn_kernel_name(),
+        if (ok && x->base_ratio > 0) snprintf(cell[10], 24, "%.2fx", x->base_ratio);
+        char dt[24];
+        if (x->qdt == x->kvdt) snprintf(dt, sizeof dt, "%s", dtype_short(x->qdt));
+        else snprintf(dt, sizeof dt, "%s/%s", dtype_short(x->qdt), dtype_short(x->kvdt));
+        if (x->prec == ATTN_PRECISION_FAST) strcat(dt, "+F");
+        fprintf(f, "%-26s %-22s %-6s %-10s %3d %-10s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s %6s\n",
+                x->name, shape, MASK_NAME[x->mask], dt, m->threads, attn_kernel_name(),
                 !x->ran ? "skip" : x->error[0] ? "ERROR" : x->pass ? "ok" : "FAIL", cell[0],
-                cell[1], cell[2], cell[3], cell[4], cell[5], cell[6], cell[7], cell[8], cell[9]);
+                cell[1], cell[2], cell[3], cell[4], cell[5], cell[6], cell[7], cell[8], cell[9],
+                cell[10]);
     }
     for (int i = 0; i < n; i++) {
         const bench_case *x = &c[i];
         if (x->error[0]) fprintf(f, "%s: %s\n", x->name, x->error);
+        else if (x->ran && !x->pass && (x->qdt != ATTN_F32 || x->kvdt != ATTN_F32))
+            fprintf(f, "%s: check FAILED (%s): max abs %.3g, limit %.3g = 2 x the naive "
+                    "same-precision max abs %.3g + 2^-23 (1 + max|ref|)\n", x->name, x->checked,
+                    x->max_abs, x->tol_abs, x->naive_err);
         else if (x->ran && !x->pass)
             fprintf(f, "%s: check FAILED (%s): relative Frobenius %.3g (limit 1e-6), max abs "
                     "%.3g (limit %.3g)\n", x->name, x->checked, x->rel_fro, x->max_abs, x->tol_abs);
@@ -1212,9 +1479,14 @@ int cli_bench(int argc, char **argv) {
             }
             case_tensors t = tensors_of(c, &cb, 0);
             attn_options wopt = case_options(c, &t.mask, m.threads, ATTN_PATH_FUSED);
-            attn_status st = attn_forward_workspace_size(&t.q, &t.k, &t.v, &t.o, &wopt, &cb.ws_bytes);
+            attn_status st = c->bwd ? attn_backward_workspace_size(&t.q, &t.k, &t.v, &t.o, &t.d_o,
+                                                                   &t.lse, &t.dq, &t.dk, &t.dv,
+                                                                   &wopt, &cb.ws_bytes)
+                                    : attn_forward_workspace_size(&t.q, &t.k, &t.v, &t.o, &wopt,
+                                                                  &cb.ws_bytes);
             if (!call_failed(c, st, "workspace size") && cb.ws_bytes && !(cb.ws = malloc(cb.ws_bytes)))
                 snprintf(c->error, sizeof c->error, "out of memory for the workspace");
+            if (c->bwd && !c->error[0]) prepare_backward(c, &cb, m.threads);
             /* a case whose reference is timed anyway is checked whole */
             const bool ref_timed = a.ref_max_l > 0 && c->Lq <= a.ref_max_l && c->Lk <= a.ref_max_l;
             const double budget = ref_timed ? INFINITY : a.check_budget;
@@ -1269,6 +1541,11 @@ int cli_bench(int argc, char **argv) {
         }
     for (int i = 0; i < n; i++)
         if (cases[i].error[0] || !cases[i].pass) failed = true;
+    /* each 16-bit row against the float32 row of the same shape, if it ran */
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n && cases[i].base[0]; j++)
+            if (strcmp(cases[j].name, cases[i].base) == 0 && cases[i].t_med > 0 && cases[j].t_med > 0)
+                cases[i].base_ratio = cases[j].t_med / cases[i].t_med;
     if (torch) torch_stop(&tp);
     loadavg(m.load_end);
     m.others_pct = others_pct(cpu_start, cpu_now());
