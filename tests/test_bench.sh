@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_bench.sh — tests of `attn bench`'s logic on its tiny --quick sweep: that it runs,
 #                 checks every case against the reference (and that the check fails on a
-#                 planted error, on the whole case and on a checked subset), counts FLOPs
+#                 planted error, on the whole case and on a checked subset, on 16-bit and
+#                 backward rows too), counts FLOPs
 #                 by the stated formula, prints a parseable table and JSON, filters shapes,
 #                 refuses bad options, and speaks its protocol with the PyTorch side (here
 #                 a stand-in script: the real PyTorch is large and stays out of the suite).
@@ -63,7 +64,12 @@ assert any(c["Hq"] != c["Hkv"] for c in d["cases"]), "no GQA case"
 assert any(c["decode"] for c in d["cases"]), "no decoding case"
 for c in d["cases"]:
     assert c["check"] == "pass" and c["checked"] == "all", c
-    assert c["rel_fro"] <= 1e-6 and c["max_abs"] <= c["tol_abs"], c
+    half = c["dtype"] != "float32" or c["kv_dtype"] != "float32"
+    if half:   # the half-precision rule: at most twice the naive same-precision error
+        assert c["max_abs"] <= c["tol_abs"] and c["tol_abs"] >= 2 * c["naive_max_abs"], c
+        assert c["tol_abs"] <= 2 * c["naive_max_abs"] + 1e-6, c
+    else:
+        assert c["rel_fro"] <= 1e-6 and c["max_abs"] <= c["tol_abs"], c
     pairs = c["Lq"] * c["Lk"]
     if c["mask"] == "causal":
         pairs /= 2
@@ -72,13 +78,34 @@ for c in d["cases"]:
                         - max(0, i - c["window_left"] if c["window_left"] >= 0 else 0) + 1)
                     for i in range(c["Lq"]))
     flop = 2 * (c["Dk"] + c["Dv"]) * c["B"] * c["Hq"] * pairs
+    if c["direction"] == "backward":
+        flop *= 2.5
     assert abs(c["flop"] - flop) <= 1e-5 * flop, (c["name"], c["flop"], flop)
-    assert c["kv_bytes"] == 4 * c["B"] * c["Hkv"] * c["Lk"] * (c["Dk"] + c["Dv"]), c
+    kv_size = 4 if c["kv_dtype"] == "float32" else 2
+    assert c["kv_bytes"] == kv_size * c["B"] * c["Hkv"] * c["Lk"] * (c["Dk"] + c["Dv"]), c
     assert c["reps"] >= d["reps"] and c["min_s"] <= c["median_s"] <= c["max_s"], c
     assert abs(c["gflops"] - c["flop"] / c["median_s"] * 1e-9) <= 0.01 * c["gflops"] + 0.01, c
     assert c["rotate"] >= 1 and c["kernel"] == d["kernel"] and c["threads"] == d["threads"], c
     assert ("gbs" in c) == c["decode"], c
     assert "ref_median_s" in c, c   # every quick case is under --ref-max-l
+'
+pycheck "JSON: 16-bit rows, FAST precision and backward rows, each with its float32 row" '
+import json
+d = json.load(open("quick.json"))
+cs = {c["name"]: c for c in d["cases"]}
+assert {c["direction"] for c in cs.values()} == {"forward", "backward"}, cs.keys()
+assert {c["precision"] for c in cs.values()} == {"default", "fast"}, cs.keys()
+assert {"bfloat16", "float16"} <= {c["kv_dtype"] for c in cs.values()}, cs.keys()
+assert any(c["dtype"] == "float32" and c["kv_dtype"] != "float32" and c["decode"] for c in cs.values())
+for c in cs.values():
+    if c["dtype"] != "float32" or c["kv_dtype"] != "float32":
+        b = cs[c["base"]]    # the float32 forward row of the same shape
+        assert b["dtype"] == b["kv_dtype"] == "float32" and b["direction"] == "forward", b
+        assert [c[k] for k in ("B", "Hq", "Hkv", "Lq", "Lk", "Dk", "Dv", "mask")] == \
+               [b[k] for k in ("B", "Hq", "Hkv", "Lq", "Lk", "Dk", "Dv", "mask")], (c, b)
+        assert abs(c["speedup_vs_base"] - b["median_s"] / c["median_s"]) <= 1e-3 * c["speedup_vs_base"], c
+    else:
+        assert "base" not in c and "speedup_vs_base" not in c, c
 '
 
 # ---- the table ------------------------------------------------------------------------------
@@ -87,7 +114,10 @@ cp out.txt table.txt
 pycheck "table: a header and one parseable row per selected case" '
 rows = [l.split() for l in open("table.txt") if l.startswith(("fwd-", "decode-"))]
 assert [r[0] for r in rows] == ["fwd-L64-D16", "fwd-L64-D16-causal", "fwd-L64-D64",
-                                "fwd-L64-D64-causal", "decode-Lk1000-D32"], rows
+                                "fwd-L64-D64-causal", "decode-Lk1000-D32", "fwd-L64-D16-bf16",
+                                "fwd-L64-D16-bf16-fast", "decode-Lk1000-D32-kvf16"], rows
+assert [r[7] for r in rows] == ["f32"] * 5 + ["bf16", "bf16+F", "f32/f16"], rows   # dtype Q/KV
+assert all(r[-1] == "-" for r in rows[:5]) and all(r[-1].endswith("x") for r in rows[5:]), rows  # x f32
 head = [l for l in open("table.txt") if l.startswith("case ")]
 assert len(head) == 1 and "GFLOP/s" in head[0] and "%peak" in head[0], head
 for r in rows:
@@ -136,6 +166,11 @@ expect "a planted error fails the check" 1 "$ATTN" bench --quick --quiet --no-ma
 if grep -q 'FAIL' out.txt && grep -q 'check FAILED' out.txt; then ok "the failure is shown in the table"; else
     bad "no FAIL row"; cat out.txt; fi
 
+for s in fwd-L64-D16-bf16 fwd-L64-D16-bf16-fast decode-Lk1000-D32-kvf16 bwd-L64-D16 bwd-L96-D32-gqa-causal; do
+    expect "a planted error fails the check of $s" 1 "$ATTN" bench --quick --quiet --no-machine --plant-error --shapes "$s"
+    if grep -q "^$s: check FAILED" out.txt; then ok "  and is shown"; else bad "  no FAILED line"; cat out.txt; fi
+done
+
 expect "subsets checked under a small budget" 0 "$ATTN" bench --quick --quiet --no-machine --check-budget 50000 --ref-max-l 0 --json
 pycheck "subset checks (last rows, bottom-right diagonal) pass on causal, window, mask, GQA" '
 import json
@@ -144,6 +179,8 @@ sub = [c for c in d["cases"] if c["checked"] != "all"]
 assert len(sub) >= 8 and all(c["check"] == "pass" for c in d["cases"]), d["cases"]
 assert {c["mask"] for c in sub} == {"none", "causal", "bool", "window"}, sub
 assert any("rows" in c["checked"] and not c["checked"].endswith("rows 0..%d" % (c["Lq"] - 1)) for c in sub)
+assert any(c["direction"] == "backward" and "all rows" in c["checked"] for c in sub), sub
+assert any(c["dtype"] == "bfloat16" and c["precision"] == "fast" for c in sub), sub
 '
 expect "a planted error fails a subset check too" 1 "$ATTN" bench --quick --quiet --no-machine --check-budget 50000 --ref-max-l 0 --plant-error --shapes 'win-*,gqa-*'
 
@@ -166,6 +203,7 @@ print(json.dumps({"torch": "0.0-fake", "info": "threads %d" % hello["threads"]})
 for line in sys.stdin:
     c = json.loads(line)
     assert c["threads"] == hello["threads"] and c["rotate"] >= 1 and c["reps"] >= 1, c
+    assert c["dtype"] in ("float32", "float16", "bfloat16") and c["direction"] in ("forward", "backward"), c
     if c["mask"] == "bool":
         print(json.dumps({"name": c["name"], "error": "no bool masks here"}), flush=True)
     else:  # 1 s per GFLOP... of the shape it was sent, so the bench must have sent the right one

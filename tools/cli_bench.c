@@ -14,6 +14,14 @@
  *     that a timed call does not find its inputs in the cache left by the previous one;
  *   - warm-up calls, then at least --reps timed calls (more for short calls, until about
  *     one second has been timed, at most 50); the median is reported, min and max too;
+ *   - 16-bit rows (bfloat16/float16 Q and/or K, V) are checked against the float64
+ *     reference of the same 16-bit inputs by the half-precision rule of the contract: max
+ *     error at most twice that of a naive same-precision implementation (tools/naive.c) on
+ *     the checked part; each reports its speed over the float32 row of the same shape;
+ *   - bwd-* rows time attn_backward alone (O and LSE made once by the forward) and check
+ *     dQ, dK, dV against the reference backward at the contract's tolerance, on all rows
+ *     of batch 0's first key/value group when the whole case is over the budget; their
+ *     FLOPs are 2.5x the forward's (FlashAttention's convention);
  *   - FLOPs = 2 * (Dk + Dv) * B * Hq * pairs, pairs = Lq * Lk without a mask or with a
  *     bool mask (nothing can skip its keys), Lq * Lk / 2 for causal (the issue's formula),
  *     and the exact count inside the band for a sliding window; decoding shapes also
@@ -56,8 +64,9 @@ static const char BENCH_USAGE[] =
     "usage: attn bench [options]\n"
     "\n"
     "  Measures this machine's fp32 FMA peak and read bandwidth, then times the fused\n"
-    "  forward pass over a sweep of shapes; each case is checked against the float64\n"
-    "  reference before it is timed. Prints a table (or JSON); progress goes to stderr.\n"
+    "  forward pass over a sweep of shapes (float32, and bfloat16/float16 rows: bwd-* rows\n"
+    "  time the backward); each case is checked against the float64 reference before it is\n"
+    "  timed. Prints a table (or JSON); progress goes to stderr.\n"
     "\n"
     "  --quick               a tiny sweep and short machine measurements (for tests)\n"
     "  --shapes PATTERNS     only the cases whose name matches one of the comma-separated\n"
