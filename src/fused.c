@@ -214,20 +214,48 @@ static fused_block item_rows(const attn_params *p, const fused_plan *plan,
 }
 
 /* The final logits of one tile (S^T layout, keys j0..): structural masks on boundary
- * tiles, then softcap, bias, ALiBi and the bool mask where the call has them. */
+ * tiles, then softcap, bias, ALiBi and the bool mask where the call has them, in the
+ * order of attn_finish_logit. Row by row, with each row's mask, bias and slope located
+ * once: a call with only a bool mask costs a byte test per logit. */
 static void finish_tile(const attn_params *p, const fused_scratch *w, const fused_block *blk,
                         int64_t nk, int64_t lds, int64_t j0, bool boundary) {
     const bool elementwise = attn_has_elementwise(p);
-    for (int64_t c = 0; c < nk; c++) {
-        float *s_c = w->s + c * lds;
-        const int64_t j = j0 + c;
-        for (int64_t r = 0; r < blk->n; r++) {
-            if (boundary && (j < w->lo[r] || j >= w->hi[r]))
-                s_c[r] = -INFINITY;
-            else if (elementwise)
-                s_c[r] = attn_finish_logit(p, s_c[r], blk->b, w->h[r], w->i[r], j,
-                                           attn_diagonal(p, blk->lk_b, w->i[r]));
+    const bool mask_only = p->mask && !p->bias && !p->alibi && !(p->softcap > 0.0f);
+    const int64_t b = blk->b;
+    if (mask_only && p->mask_s[3] == 1 && w->h[0] == w->h[blk->n - 1]) {
+        /* one head, consecutive rows: the mask's rows are ldm = mask_s[2] apart and its
+         * keys contiguous, so the kernel masks the whole tile at once (the keys outside a
+         * row's structural range are -inf either way) */
+        if (boundary)
+            for (int64_t r = 0; r < blk->n; r++)
+                for (int64_t c = 0; c < nk; c++)
+                    if (j0 + c < w->lo[r] || j0 + c >= w->hi[r]) w->s[c * lds + r] = -INFINITY;
+        const uint8_t *m = p->mask + b * p->mask_s[0] + w->h[0] * p->mask_s[1] +
+                           w->i[0] * p->mask_s[2] + j0;
+        p->kernels->mask_bool(blk->n, nk, m, p->mask_s[2], w->s, lds);
+        return;
+    }
+    for (int64_t r = 0; r < blk->n; r++) {
+        float *s_r = w->s + r;  // key c of this row at s_r[c * lds]
+        int64_t c_lo = 0, c_hi = nk;
+        if (boundary) {  // keys outside [lo, hi) are masked by structure
+            c_lo = w->lo[r] - j0 < 0 ? 0 : w->lo[r] - j0 > nk ? nk : w->lo[r] - j0;
+            c_hi = w->hi[r] - j0 < c_lo ? c_lo : w->hi[r] - j0 > nk ? nk : w->hi[r] - j0;
+            for (int64_t c = 0; c < c_lo; c++) s_r[c * lds] = -INFINITY;
+            for (int64_t c = c_hi; c < nk; c++) s_r[c * lds] = -INFINITY;
         }
+        if (!elementwise) continue;
+        const int64_t h = w->h[r], i = w->i[r];
+        const uint8_t *m = p->mask ? p->mask + b * p->mask_s[0] + h * p->mask_s[1] +
+                                         i * p->mask_s[2] + j0 * p->mask_s[3]
+                                   : NULL;
+        if (mask_only) {  // (rows of several heads: the portable loop, row by row)
+            attn_mask_bool_generic(1, c_hi - c_lo, m + c_lo * p->mask_s[3], 0, s_r + c_lo * lds, lds);
+            continue;
+        }
+        const int64_t d_i = attn_diagonal(p, blk->lk_b, i);
+        for (int64_t c = c_lo; c < c_hi; c++)
+            s_r[c * lds] = attn_finish_logit(p, s_r[c * lds], b, h, i, j0 + c, d_i);
     }
 }
 

@@ -83,6 +83,11 @@ struct attn_kernels {
                     int64_t lds, const uint16_t *v, int64_t ldv, const float *alpha,
                     float *acc, int64_t ldo, uint32_t *pairs);
 
+    /* The bool mask on an S^T tile: s[c][r] = -inf where m[r * ldm + c] == 0, for rows
+     * r < n and keys c < nk (the mask's keys contiguous). Reads only those mask bytes. */
+    void (*mask_bool)(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm, float *s,
+                      int64_t lds);
+
     /* y = exp(x) elementwise with the kernel's own exp (the one softmax uses), for x <= 0
      * (and NaN, -inf). For the tests of its error bound. */
     void (*exp)(int64_t n, const float *x, float *y);
@@ -108,6 +113,11 @@ ATTN_PRIVATE void attn_pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv
                                  float *acc, int64_t ldo, bool skip_zeros);
 ATTN_PRIVATE void attn_exp_array_avx512(int64_t n, const float *x, float *y);
 ATTN_PRIVATE void attn_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst);
+ATTN_PRIVATE void attn_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,
+                                        float *s, int64_t lds);
+/* the portable bool mask, shared by the kernels with no vector version */
+ATTN_PRIVATE void attn_mask_bool_generic(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,
+                                         float *s, int64_t lds);
 
 #define ATTN_X_DECLARE(name) ATTN_PRIVATE extern const attn_kernels attn_kernels_##name;
 ATTN_KERNEL_LIST(ATTN_X_DECLARE)

@@ -203,6 +203,7 @@ const attn_kernels attn_kernels_avx2 = {
     .qk = qk_avx2,
     .softmax = softmax_avx2,
     .pv = pv_avx2,
+    .mask_bool = attn_mask_bool_generic,
     .to_f32 = to_f32_avx2,
     .exp = exp_array_avx2,
 };

@@ -273,6 +273,34 @@ void attn_exp_array_avx512(int64_t n, const float *x, float *y) {
     }
 }
 
+/* The bool mask over 16 rows at a time: one gather brings 4 mask bytes (keys c..c+3) of
+ * each of the 16 rows (two 8-lane gathers: row offsets are 64-bit), then each key's byte
+ * becomes a lane mask that sets the masked logits to -inf. Keys left over (nk not a
+ * multiple of 4) and rows past a multiple of 16 take the portable loop. */
+void attn_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm, float *s,
+                           int64_t lds) {
+    const int64_t n16 = n / 16 * 16, nk4 = nk / 4 * 4;
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    for (int64_t r = 0; r < n16; r += 16) {
+        const __m512i lanes = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m512i off_lo = _mm512_mullo_epi64(_mm512_add_epi64(lanes, _mm512_set1_epi64(r)),
+                                                  _mm512_set1_epi64(ldm));
+        const __m512i off_hi = _mm512_add_epi64(off_lo, _mm512_set1_epi64(8 * ldm));
+        for (int64_t c = 0; c < nk4; c += 4) {
+            const __m256i lo = _mm512_i64gather_epi32(off_lo, m + c, 1);
+            const __m256i hi = _mm512_i64gather_epi32(off_hi, m + c, 1);
+            const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            UNROLL for (int t = 0; t < 4; t++) {
+                const __mmask16 masked = _mm512_testn_epi32_mask(w, _mm512_set1_epi32(0xff << (8 * t)));
+                float *x = s + (c + t) * lds + r;
+                _mm512_mask_storeu_ps(x, masked, neg_inf);
+            }
+        }
+        if (nk4 < nk) attn_mask_bool_generic(16, nk - nk4, m + r * ldm + nk4, ldm, s + nk4 * lds + r, lds);
+    }
+    if (n16 < n) attn_mask_bool_generic(n - n16, nk, m + n16 * ldm, ldm, s + n16, lds);
+}
+
 /* 16-bit rows to float32: F16C's vcvtph2ps (exact), bfloat16 by a 16-bit shift. */
 void attn_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst) {
     for (int64_t i = 0; i < n; i += 16) {
@@ -290,6 +318,7 @@ const attn_kernels attn_kernels_avx512 = {
     .qk = attn_qk_avx512,
     .softmax = attn_softmax_avx512,
     .pv = attn_pv_avx512,
+    .mask_bool = attn_mask_bool_avx512,
     .to_f32 = attn_to_f32_avx512,
     .exp = attn_exp_array_avx512,
 };

@@ -80,6 +80,21 @@ static void exp_array_generic(int64_t n, const float *x, float *y) {
     for (int64_t i = 0; i < n; i++) y[i] = expf(x[i]);
 }
 
+/* branch-free: a random mask would mispredict half its branches. The logit's bits are
+ * kept, or replaced by -inf's (0xff800000), through an all-ones or all-zeros word (the
+ * library is built with -fno-strict-aliasing). */
+void attn_mask_bool_generic(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm, float *s,
+                              int64_t lds) {
+    for (int64_t r = 0; r < n; r++) {
+        uint32_t *u_r = (uint32_t *)s + r;
+        const uint8_t *m_r = m + r * ldm;
+        for (int64_t c = 0; c < nk; c++) {
+            const uint32_t keep = 0u - (uint32_t)(m_r[c] != 0);
+            u_r[c * lds] = (u_r[c * lds] & keep) | (0xff800000u & ~keep);
+        }
+    }
+}
+
 static void to_f32_generic(attn_dtype dt, int64_t n, const uint16_t *src, float *dst) {
     if (dt == ATTN_BF16)
         for (int64_t i = 0; i < n; i++) dst[i] = attn_bf16_to_f32(src[i]);
@@ -92,6 +107,7 @@ const attn_kernels attn_kernels_generic = {
     .qk = qk_generic,
     .softmax = softmax_generic,
     .pv = pv_generic,
+    .mask_bool = attn_mask_bool_generic,
     .to_f32 = to_f32_generic,
     .exp = exp_array_generic,
 };

@@ -178,6 +178,34 @@ static void test_tile(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk, 
     free(q), free(qt), free(kk), free(v), free(s), free(acc), free(ref_s);
 }
 
+/* The bool mask on an S^T tile against the obvious loop, over row counts and key counts
+ * around the vector widths, mask row strides including 0 (one row broadcast). */
+static void test_mask_bool(const attn_kernels *k) {
+    static const int64_t ns[] = {1, 3, 15, 16, 17, 33, 64}, nks[] = {1, 3, 4, 5, 63, 64, 130};
+    static const int64_t ldms[] = {0, 130, 2049};
+    int bad = 0;
+    for (size_t a = 0; a < 7; a++)
+        for (size_t b = 0; b < 7; b++)
+            for (size_t e = 0; e < 3; e++) {
+                const int64_t n = ns[a], nk = nks[b], ldm = ldms[e] < nk && ldms[e] ? nk : ldms[e];
+                const int64_t lds = 64 + 16;
+                uint8_t *m = malloc((size_t)(n * (ldm ? ldm : 1) + nk + 8));
+                float *s = malloc((size_t)(nk * lds) * sizeof(float));
+                for (int64_t i = 0; i < n * (ldm ? ldm : 1) + nk + 8; i++) m[i] = uniform() < 0.7;
+                for (int64_t i = 0; i < nk * lds; i++) s[i] = (float)i;
+                k->mask_bool(n, nk, m, ldm, s, lds);
+                for (int64_t c = 0; c < nk; c++)
+                    for (int64_t r = 0; r < lds; r++) {
+                        const bool in = r < n, keep = !in || m[r * ldm + c];
+                        const float want = keep ? (float)(c * lds + r) : -INFINITY;
+                        bad += memcmp(&s[c * lds + r], &want, sizeof want) != 0;
+                    }
+                free(m);
+                free(s);
+            }
+    CHECK(bad == 0, "%s mask_bool: %d logits differ from the obvious loop", k->name, bad);
+}
+
 /* The ulp measure must see a planted error: one float step off is 1 ulp, not 0. */
 static void test_planted(void) {
     const double e = exp(-1.0);
@@ -196,6 +224,7 @@ int main(void) {
     if (attn_kernel_supported(#name)) {                                                \
         const attn_kernels *k = &attn_kernels_##name;                                   \
         test_exp(k);                                                                    \
+        test_mask_bool(k);                                                              \
         for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)                          \
             for (size_t b = 0; b < sizeof nks / sizeof nks[0]; b++) {                  \
                 const int64_t dk = ds[(a + b) % 10], dv = ds[(a + 3 * b + 1) % 10];     \
