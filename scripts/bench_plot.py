@@ -6,7 +6,7 @@ Usage (matplotlib is in the bench's venv, made by `attn bench --setup-torch`):
   .venv-bench/bin/python scripts/bench_plot.py bench.json --png docs/bench/fwd_fp32.png
   python3 scripts/bench_plot.py bench.json --markdown       (the table; needs no matplotlib)
 
---markdown prints the results table, then issue 3's targets against this run.
+--markdown prints the results table, then the targets of issues 3, 5 and 6 against this run.
 The plot: GFLOP/s against the sequence length L = Lq = Lk of the "fwd-*" cases, one panel
 without a mask and one causal, attn and PyTorch for each head dimension, with the
 measured FMA peak as a line. What it is not: a measurement: it draws what the JSON holds.
@@ -41,19 +41,28 @@ def markdown(d):
         d["attn_version"], d["kernel"], d["threads"],
         "; PyTorch %s (%s)" % (t["version"], t["info"]) if t else ""))
     out.append("")
-    out.append("| case | B | Hq/Hkv | Lq | Lk | D | mask | check | attn ms | GFLOP/s | % peak "
-               "| GB/s | % bw | reference ms | torch ms | torch GFLOP/s | attn / torch |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    out.append("| case | B | Hq/Hkv | Lq | Lk | D | mask | dtype | check | attn ms | GFLOP/s | % peak "
+               "| GB/s | % bw | reference ms | torch ms | torch GFLOP/s | attn / torch | × f32 row |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for c in d["cases"]:
         out.append("| %s | %d | %d/%d | %d | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s "
-                   "| %s | %s |" % (
+                   "| %s | %s | %s | %s |" % (
                        c["name"], c["B"], c["Hq"], c["Hkv"], c["Lq"], c["Lk"], c["Dk"], c["mask"],
-                       c["check"], ms(c.get("median_s")), fmt(c.get("gflops"), ".1f"),
+                       dtype(c), c["check"], ms(c.get("median_s")), fmt(c.get("gflops"), ".1f"),
                        fmt(c.get("pct_peak"), ".0f"), fmt(c.get("gbs"), ".1f"),
                        fmt(c.get("pct_bw"), ".0f"), ms(c.get("ref_median_s")),
                        ms(c.get("torch_median_s")), fmt(c.get("torch_gflops"), ".1f"),
-                       fmt(c.get("speedup_vs_torch"), ".2f")))
+                       fmt(c.get("speedup_vs_torch"), ".2f"), fmt(c.get("speedup_vs_base"), ".2f")))
     return "\n".join(out)
+
+
+SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def dtype(c):
+    """Q/KV dtype, + FAST precision, as the printed table writes it"""
+    q, kv = SHORT[c.get("dtype", "float32")], SHORT[c.get("kv_dtype", "float32")]
+    return (q if q == kv else q + "/" + kv) + (" FAST" if c.get("precision") == "fast" else "")
 
 
 def targets(d):
@@ -61,9 +70,11 @@ def targets(d):
     cases = {c["name"]: c for c in d["cases"]}
     rows = []
 
+    issue = [3]
+
     def row(what, name, value, goal, ok):
-        rows.append("| %s | %s | %s | %s | %s |" % (what, name, value, goal,
-                                                     "–" if ok is None else "yes" if ok else "**no**"))
+        rows.append("| #%d | %s | %s | %s | %s | %s |" % (
+            issue[0], what, name, value, goal, "–" if ok is None else "yes" if ok else "**no**"))
 
     for L in (2048, 4096):
         for D, pct in ((64, 65), (128, 70)):
@@ -77,9 +88,9 @@ def targets(d):
                 s = c.get("speedup_vs_torch")
                 row("× PyTorch", name, "–" if s is None else "%.2f×" % s, "≥ 1.5×",
                     None if s is None else s >= 1.5)
-    for c in d["cases"]:
-        if c.get("decode") and c.get("pct_bw") is not None:
-            row("% of read bandwidth", c["name"], "%.0f%%" % c["pct_bw"], "≥ 75%", c["pct_bw"] >= 75)
+    c = cases.get("decode-Lk16384-D128")
+    if c and c.get("pct_bw") is not None:
+        row("% of read bandwidth", c["name"], "%.0f%%" % c["pct_bw"], "≥ 75%", c["pct_bw"] >= 75)
     slower_ref = [c["name"] for c in d["cases"] if c.get("ref_median_s") and c.get("median_s")
                   and c["median_s"] > c["ref_median_s"]]
     timed_ref = [c for c in d["cases"] if c.get("ref_median_s")]
@@ -91,7 +102,40 @@ def targets(d):
     row("not slower than PyTorch", "%d cases timed on both" % len(timed_torch),
         ", ".join(slower_torch) or "none slower", "none slower",
         not slower_torch if timed_torch else None)
-    return "\n".join(["| target | case | measured | goal | met |", "|---|---|---|---|---|"] + rows)
+    # issue 5: 16-bit rows against the float32 row of the same shape, in the same run
+    issue[0] = 5
+    for name, goal in (("fwd-L4096-D128-bf16", 1.4), ("fwd-L4096-D128-bf16-fast", 1.8)):
+        c = cases.get(name)
+        if c and c.get("speedup_vs_base") is not None:
+            row("× the float32 row", name, "%.2f×" % c["speedup_vs_base"], "≥ %.1f×" % goal,
+                c["speedup_vs_base"] >= goal)
+    for name in ("decode-Lk16384-D128-kvbf16", "decode-Lk16384-D128-kvf16", "decode-Lk16384-D128-bf16"):
+        c = cases.get(name)
+        if not c:
+            continue
+        if c.get("speedup_vs_base") is not None:
+            row("× the float32-cache row", name, "%.2f×" % c["speedup_vs_base"], "≥ 1.8×",
+                c["speedup_vs_base"] >= 1.8)
+        if c.get("pct_bw") is not None:
+            row("% of read bandwidth", name, "%.0f%%" % c["pct_bw"], "≥ 75%", c["pct_bw"] >= 75)
+    torch16 = [c for c in d["cases"] if c.get("dtype", "float32") != "float32"
+               or c.get("kv_dtype", "float32") != "float32"]
+    if torch16:
+        have = [c["name"] for c in torch16 if c.get("torch_median_s")]
+        row("PyTorch 16-bit SDPA in the same table", "%d 16-bit rows" % len(torch16),
+            "%d timed" % len(have), "all", len(have) == len(torch16))
+    # issue 6: the float32 backward
+    issue[0] = 6
+    for c in d["cases"]:
+        if c.get("direction") != "backward" or c["Lq"] != 2048:
+            continue
+        if c.get("pct_peak") is not None:
+            row("% of peak", c["name"], "%.0f%%" % c["pct_peak"], "≥ 50%", c["pct_peak"] >= 50)
+        s = c.get("speedup_vs_torch")
+        row("× PyTorch backward", c["name"], "–" if s is None else "%.2f×" % s, "≥ 1.5×",
+            None if s is None else s >= 1.5)
+    return "\n".join(["| issue | target | case | measured | goal | met |",
+                      "|---|---|---|---|---|---|"] + rows)
 
 
 def plot(d, path):
@@ -99,7 +143,8 @@ def plot(d, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fwd = [c for c in d["cases"] if c["name"].startswith("fwd-") and c.get("gflops")]
+    fwd = [c for c in d["cases"] if c["name"].startswith("fwd-") and c.get("gflops")
+           and c.get("dtype", "float32") == "float32"]
     dims = sorted({c["Dk"] for c in fwd})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
     colors = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
