@@ -54,7 +54,7 @@ attn_status attn_fail(attn_status status, const char *fmt, ...) {
 static bool mul_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_mul_overflow(a, b, r); }
 static bool add_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_add_overflow(a, b, r); }
 
-static const char *dtype_name(attn_dtype t) {
+const char *attn_dtype_name(attn_dtype t) {
     static const char *const names[] = {"float32", "float16", "bfloat16",
                                         "bool",    "int32",   "int64"};
     return (unsigned)t < (unsigned)ATTN_DTYPE_COUNT ? names[t] : "unknown";
@@ -62,15 +62,15 @@ static const char *dtype_name(attn_dtype t) {
 
 /* A tensor's basic soundness: present, the expected dtype, sizes >= 0, element count
  * and extreme offsets representable in int64, data present when non-empty. */
-static attn_status check_tensor(const attn_tensor *t, const char *name, attn_dtype want,
-                                bool need_data) {
+attn_status attn_check_tensor(const attn_tensor *t, const char *name, attn_dtype want,
+                              bool need_data) {
     if (!t) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", name);
     /* want = ATTN_F32 for q, k, v, o means any floating type: float32, float16, bfloat16 */
     const bool floating = t->dtype == ATTN_F32 || t->dtype == ATTN_F16 || t->dtype == ATTN_BF16;
     if (want == ATTN_DTYPE_COUNT ? !floating : t->dtype != want)
         return attn_fail(ATTN_ERR_DTYPE, "%s: dtype is %s, expected %s", name,
-                    dtype_name(t->dtype),
-                    want == ATTN_DTYPE_COUNT ? "float32, float16 or bfloat16" : dtype_name(want));
+                    attn_dtype_name(t->dtype),
+                    want == ATTN_DTYPE_COUNT ? "float32, float16 or bfloat16" : attn_dtype_name(want));
     int64_t count = 1, span = 0;
     for (int d = 0; d < 4; d++) {
         if (t->shape[d] < 0)
@@ -95,7 +95,7 @@ static attn_status check_tensor(const attn_tensor *t, const char *name, attn_dty
 /* An output must not write one element twice. Sufficient test: with the dimensions of
  * size > 1 sorted by |stride|, each stride exceeds the farthest offset the smaller ones
  * reach. (Exotic interleaved layouts that never overlap are refused too.) */
-static attn_status check_output_strides(const attn_tensor *t, const char *name, int dims) {
+attn_status attn_check_output_strides(const attn_tensor *t, const char *name, int dims) {
     int64_t st[4], sh[4];
     int idx[4], m = 0;
     for (int d = 0; d < 4; d++)
@@ -160,13 +160,13 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
     *p = (attn_params){0};
 
     /* ATTN_DTYPE_COUNT here: any of float32, float16, bfloat16 */
-    TRY(check_tensor(q, "q", ATTN_DTYPE_COUNT, need_data));
-    TRY(check_tensor(k, "k", ATTN_DTYPE_COUNT, need_data));
+    TRY(attn_check_tensor(q, "q", ATTN_DTYPE_COUNT, need_data));
+    TRY(attn_check_tensor(k, "k", ATTN_DTYPE_COUNT, need_data));
     if (v && v->dtype != k->dtype)
         return attn_fail(ATTN_ERR_DTYPE, "v: dtype is %s, expected %s like k (k and v must "
-                         "have one dtype)", dtype_name(v->dtype), dtype_name(k->dtype));
-    TRY(check_tensor(v, "v", k->dtype, need_data));
-    TRY(check_tensor(o, "o", ATTN_DTYPE_COUNT, need_data));
+                         "have one dtype)", attn_dtype_name(v->dtype), attn_dtype_name(k->dtype));
+    TRY(attn_check_tensor(v, "v", k->dtype, need_data));
+    TRY(attn_check_tensor(o, "o", ATTN_DTYPE_COUNT, need_data));
     p->q_dt = q->dtype;
     p->kv_dt = k->dtype;
     p->o_dt = o->dtype;
@@ -188,7 +188,7 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
     TRY(expect_dim(o, "o", 1, p->Hq, "Hq, as q"));
     TRY(expect_dim(o, "o", 2, p->Lq, "Lq, as q"));
     TRY(expect_dim(o, "o", 3, p->Dv, "Dv, as v"));
-    TRY(check_output_strides(o, "o", 4));
+    TRY(attn_check_output_strides(o, "o", 4));
 
     if (p->Hkv == 0 ? p->Hq != 0 : p->Hq % p->Hkv != 0)
         return attn_fail(ATTN_ERR_HEADS, "q: Hq = %lld is not a multiple of k's Hkv = %lld",
@@ -235,12 +235,12 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
     /* masks */
     const int64_t full[4] = {p->B, p->Hq, p->Lq, p->Lk};
     if (opt->mask) {
-        TRY(check_tensor(opt->mask, "mask", ATTN_BOOL, need_data));
+        TRY(attn_check_tensor(opt->mask, "mask", ATTN_BOOL, need_data));
         TRY(check_broadcast(opt->mask, "mask", full, p->mask_s));
         p->mask = opt->mask->data;
     }
     if (opt->bias) {
-        TRY(check_tensor(opt->bias, "bias", ATTN_F32, need_data));
+        TRY(attn_check_tensor(opt->bias, "bias", ATTN_F32, need_data));
         TRY(check_broadcast(opt->bias, "bias", full, p->bias_s));
         p->bias = opt->bias->data;
     }
@@ -248,7 +248,7 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
         const attn_tensor *t = opt->kv_len;
         if (!t) return attn_fail(ATTN_ERR_NULL, "kv_len: NULL");
         attn_dtype dt = t->dtype == ATTN_I32 ? ATTN_I32 : ATTN_I64;
-        TRY(check_tensor(t, "kv_len", dt, need_data));
+        TRY(attn_check_tensor(t, "kv_len", dt, need_data));
         if (t->shape[0] != p->B || t->shape[1] != 1 || t->shape[2] != 1 || t->shape[3] != 1)
             return attn_fail(ATTN_ERR_SHAPE, "kv_len: shape [%lld, %lld, %lld, %lld], expected "
                         "[B = %lld, 1, 1, 1]", (long long)t->shape[0], (long long)t->shape[1],
@@ -265,7 +265,7 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
     }
     if (opt->alibi_slopes) {
         const attn_tensor *t = opt->alibi_slopes;
-        TRY(check_tensor(t, "alibi_slopes", ATTN_F32, need_data));
+        TRY(attn_check_tensor(t, "alibi_slopes", ATTN_F32, need_data));
         if (t->shape[0] != p->Hq || t->shape[1] != 1 || t->shape[2] != 1 || t->shape[3] != 1)
             return attn_fail(ATTN_ERR_SHAPE, "alibi_slopes: shape [%lld, %lld, %lld, %lld], "
                         "expected [Hq = %lld, 1, 1, 1]", (long long)t->shape[0],
@@ -278,21 +278,21 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
     /* optional outputs */
     if (opt->lse) {
         const attn_tensor *t = opt->lse;
-        TRY(check_tensor(t, "lse", ATTN_F32, need_data));
+        TRY(attn_check_tensor(t, "lse", ATTN_F32, need_data));
         TRY(expect_dim(t, "lse", 0, p->B, "B"));
         TRY(expect_dim(t, "lse", 1, p->Hq, "Hq"));
         TRY(expect_dim(t, "lse", 2, p->Lq, "Lq"));
         TRY(expect_dim(t, "lse", 3, 1, "1"));
-        TRY(check_output_strides(t, "lse", 3));
+        TRY(attn_check_output_strides(t, "lse", 3));
         p->lse = t->data;
         memcpy(p->lse_s, t->stride, sizeof p->lse_s);
     }
     if (opt->weights) {
         const attn_tensor *t = opt->weights;
-        TRY(check_tensor(t, "weights", ATTN_F32, need_data));
+        TRY(attn_check_tensor(t, "weights", ATTN_F32, need_data));
         for (int d = 0; d < 4; d++)
             TRY(expect_dim(t, "weights", d, full[d], (const char *[]){"B", "Hq", "Lq", "Lk"}[d]));
-        TRY(check_output_strides(t, "weights", 4));
+        TRY(attn_check_output_strides(t, "weights", 4));
         p->weights = t->data;
         memcpy(p->w_s, t->stride, sizeof p->w_s);
     }
@@ -337,6 +337,22 @@ static size_t workspace_bytes(const attn_params *p) {
                                           : attn_fused_workspace(p);
 }
 
+attn_status attn_workspace_acquire(const attn_options *opt, size_t need, void **ws,
+                                   void **owned) {
+    *ws = opt ? opt->workspace : NULL;
+    *owned = NULL;
+    if (need == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+    if (*ws) {
+        if (opt->workspace_bytes < need)
+            return attn_fail(ATTN_ERR_WORKSPACE, "options.workspace_bytes is %zu, this call "
+                             "needs %zu", opt->workspace_bytes, need);
+    } else if (need > 0) {
+        *owned = *ws = malloc(need);
+        if (!*ws) return attn_fail(ATTN_ERR_NOMEM, "workspace: could not allocate %zu bytes", need);
+    }
+    return ATTN_OK;
+}
+
 attn_status attn_forward_workspace_size(const attn_tensor *q, const attn_tensor *k,
                                         const attn_tensor *v, const attn_tensor *o,
                                         const attn_options *opt, size_t *bytes) {
@@ -357,18 +373,8 @@ attn_status attn_forward(const attn_tensor *q, const attn_tensor *k, const attn_
     g_last_error[0] = '\0';
     if (p.B == 0 || p.Hq == 0 || p.Lq == 0) return ATTN_OK;
 
-    size_t need = workspace_bytes(&p);
-    if (need == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
-    void *ws = opt ? opt->workspace : NULL;
-    void *owned = NULL;
-    if (ws) {
-        if (opt->workspace_bytes < need)
-            return attn_fail(ATTN_ERR_WORKSPACE, "options.workspace_bytes is %zu, this call "
-                        "needs %zu", opt->workspace_bytes, need);
-    } else if (need > 0) {
-        owned = ws = malloc(need);
-        if (!ws) return attn_fail(ATTN_ERR_NOMEM, "workspace: could not allocate %zu bytes", need);
-    }
+    void *ws, *owned;
+    TRY(attn_workspace_acquire(opt, workspace_bytes(&p), &ws, &owned));
     attn_status st = p.path == ATTN_PATH_REFERENCE ? attn_reference_forward(&p, ws)
                                                    : attn_fused_forward(&p, ws);
     free(owned);

@@ -119,6 +119,24 @@ ATTN_PRIVATE attn_status attn_params_init(attn_params *p, const attn_tensor *q,
                                           const attn_tensor *o, const attn_options *opt,
                                           bool need_data);
 
+/* The workspace of a call needing `need` bytes ((size_t)-1: the size overflowed): the
+ * caller's opt->workspace if it is large enough, else ATTN_ERR_WORKSPACE; or, without
+ * one, a malloc the caller frees through *owned. */
+ATTN_PRIVATE attn_status attn_workspace_acquire(const attn_options *opt, size_t need,
+                                                void **ws, void **owned);
+
+/* A tensor's soundness: present, of dtype `want` (ATTN_DTYPE_COUNT: any of float32,
+ * float16, bfloat16), sizes >= 0, element count and extreme offsets within int64, data
+ * present when non-empty. And an output's: no element reachable twice through its first
+ * `dims` strides. Both record the failure's detail (api.c). */
+ATTN_PRIVATE attn_status attn_check_tensor(const attn_tensor *t, const char *name,
+                                           attn_dtype want, bool need_data);
+ATTN_PRIVATE attn_status attn_check_output_strides(const attn_tensor *t, const char *name,
+                                                   int dims);
+
+/* "float32", "float16", ... for messages */
+ATTN_PRIVATE const char *attn_dtype_name(attn_dtype t);
+
 /* Records the detail of a failure for attn_last_error() and returns status. */
 ATTN_PRIVATE attn_status attn_fail(attn_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

@@ -39,70 +39,24 @@
  * attn_params_init (api.c) checks q, k, v, o and the options exactly as the forward call
  * does; what follows checks the tensors only the backward has. */
 
-static const char *dtype_name(attn_dtype t) {
-    static const char *const names[] = {"float32", "float16", "bfloat16", "bool", "int32", "int64"};
-    return (unsigned)t < (unsigned)ATTN_DTYPE_COUNT ? names[t] : "unknown";
-}
-
-static attn_status check_f32(const attn_tensor *t, const char *name, const int64_t want[4],
-                             const char *const what[4], bool need_data) {
-    if (!t) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", name);
-    if (t->dtype != ATTN_F32)  // 16-bit tensors were given float32 copies (backward_half)
-        return attn_fail(ATTN_ERR_DTYPE, "%s: dtype %s, expected float32%s", name,
-                         dtype_name(t->dtype), strcmp(name, "lse") ? ", float16 or bfloat16" : "");
-    for (int d = 0; d < 4; d++)
-        if (t->shape[d] != want[d])
-            return attn_fail(ATTN_ERR_SHAPE, "%s: shape[%d] (%s) is %lld, expected %lld", name,
-                             d, what[d], (long long)t->shape[d], (long long)want[d]);
-    int64_t count = 1, span = 0;
-    for (int d = 0; d < 4; d++)
-        if (__builtin_mul_overflow(count, t->shape[d], &count))
-            return attn_fail(ATTN_ERR_OVERFLOW, "%s: element count overflows int64", name);
-    for (int d = 0; d < 4 && count > 0; d++) {
-        const int64_t s = t->stride[d];
-        int64_t ext;
-        if (s == INT64_MIN || __builtin_mul_overflow(t->shape[d] - 1, s < 0 ? -s : s, &ext) ||
-            __builtin_add_overflow(span, ext, &span))
-            return attn_fail(ATTN_ERR_OVERFLOW, "%s: offsets overflow int64 (stride[%d] = %lld)",
-                             name, d, (long long)s);
-    }
-    if (need_data && count > 0 && !t->data)
-        return attn_fail(ATTN_ERR_NULL, "%s: data is NULL for %lld elements", name,
-                         (long long)count);
-    return ATTN_OK;
-}
-
-/* A gradient must not write one element twice: taking its dimensions of size > 1 from
- * the smallest |stride| up, each stride must step past every offset the smaller ones
- * reach. */
-static attn_status check_no_overlap(const attn_tensor *t, const char *name) {
-    int order[4], m = 0;
-    for (int d = 0; d < 4; d++) {
-        if (t->shape[d] == 0) return ATTN_OK;
-        if (t->shape[d] > 1) order[m++] = d;
-    }
-    int64_t mag[4];
-    for (int a = 0; a < m; a++) mag[a] = t->stride[order[a]] < 0 ? -t->stride[order[a]] : t->stride[order[a]];
-    for (int a = 1; a < m; a++)
-        for (int c = a; c > 0 && mag[c] < mag[c - 1]; c--) {
-            int64_t x = mag[c]; mag[c] = mag[c - 1]; mag[c - 1] = x;
-            int y = order[c]; order[c] = order[c - 1]; order[c - 1] = y;
-        }
-    int64_t reach = 0;
-    for (int a = 0; a < m; a++) {
-        if (mag[a] <= reach)
-            return attn_fail(ATTN_ERR_STRIDE, "%s: stride[%d] = %lld makes elements overlap",
-                             name, order[a], (long long)t->stride[order[a]]);
-        reach += (t->shape[order[a]] - 1) * mag[a];
-    }
-    return ATTN_OK;
-}
-
 #define TRY(expr)                               \
     do {                                        \
         attn_status st_ = (expr);               \
         if (st_ != ATTN_OK) return st_;         \
     } while (0)
+
+/* d_o, lse and the gradients: sound (attn_check_tensor), of the expected shape. */
+static attn_status check_extra(const attn_tensor *t, const char *name, const int64_t want[4],
+                             const char *const what[4], bool need_data) {
+    TRY(attn_check_tensor(t, name, strcmp(name, "lse") ? ATTN_DTYPE_COUNT : ATTN_F32, need_data));
+    for (int d = 0; d < 4; d++)
+        if (t->shape[d] != want[d])
+            return attn_fail(ATTN_ERR_SHAPE, "%s: shape[%d] (%s) is %lld, expected %lld", name,
+                             d, what[d], (long long)t->shape[d], (long long)want[d]);
+    return ATTN_OK;
+}
+
+
 
 /* Fills *bp from the public arguments; the one place the backward params are set. */
 static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
@@ -123,14 +77,14 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
     static const char *const dq_dims[4] = {"B", "Hq", "Lq", "Dk"};
     static const char *const dk_dims[4] = {"B", "Hkv", "Lk", "Dk"};
     static const char *const dv_dims[4] = {"B", "Hkv", "Lk", "Dv"};
-    TRY(check_f32(d_o, "d_o", (const int64_t[4]){p->B, p->Hq, p->Lq, p->Dv}, q_dims, need_data));
-    TRY(check_f32(lse, "lse", (const int64_t[4]){p->B, p->Hq, p->Lq, 1}, l_dims, need_data));
-    TRY(check_f32(dq, "dq", (const int64_t[4]){p->B, p->Hq, p->Lq, p->Dk}, dq_dims, need_data));
-    TRY(check_f32(dk, "dk", (const int64_t[4]){p->B, p->Hkv, p->Lk, p->Dk}, dk_dims, need_data));
-    TRY(check_f32(dv, "dv", (const int64_t[4]){p->B, p->Hkv, p->Lk, p->Dv}, dv_dims, need_data));
-    TRY(check_no_overlap(dq, "dq"));
-    TRY(check_no_overlap(dk, "dk"));
-    TRY(check_no_overlap(dv, "dv"));
+    TRY(check_extra(d_o, "d_o", (const int64_t[4]){p->B, p->Hq, p->Lq, p->Dv}, q_dims, need_data));
+    TRY(check_extra(lse, "lse", (const int64_t[4]){p->B, p->Hq, p->Lq, 1}, l_dims, need_data));
+    TRY(check_extra(dq, "dq", (const int64_t[4]){p->B, p->Hq, p->Lq, p->Dk}, dq_dims, need_data));
+    TRY(check_extra(dk, "dk", (const int64_t[4]){p->B, p->Hkv, p->Lk, p->Dk}, dk_dims, need_data));
+    TRY(check_extra(dv, "dv", (const int64_t[4]){p->B, p->Hkv, p->Lk, p->Dv}, dv_dims, need_data));
+    TRY(attn_check_output_strides(dq, "dq", 4));
+    TRY(attn_check_output_strides(dk, "dk", 4));
+    TRY(attn_check_output_strides(dv, "dv", 4));
 
     bp->d_o = d_o->data; memcpy(bp->do_s, d_o->stride, sizeof bp->do_s);
     bp->lse = lse->data; memcpy(bp->lse_s, lse->stride, sizeof bp->lse_s);
@@ -187,13 +141,13 @@ static attn_status half_plan(const attn_tensor *const t[H_N], const attn_tensor 
         if (!t[i]) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", names[i]);
         if (t[i]->dtype != ATTN_F32 && !is_half(t[i]))
             return attn_fail(ATTN_ERR_DTYPE, "%s: dtype %s, expected float32, float16 or "
-                             "bfloat16", names[i], dtype_name(t[i]->dtype));
+                             "bfloat16", names[i], attn_dtype_name(t[i]->dtype));
         shadow[i] = *t[i];
         shadow[i].dtype = ATTN_F32;
     }
     if (t[H_K]->dtype != t[H_V]->dtype)
         return attn_fail(ATTN_ERR_DTYPE, "v: dtype %s, expected %s like k (k and v must have "
-                         "one dtype)", dtype_name(t[H_V]->dtype), dtype_name(t[H_K]->dtype));
+                         "one dtype)", attn_dtype_name(t[H_V]->dtype), attn_dtype_name(t[H_K]->dtype));
     attn_bwd_params bp;
     TRY(bwd_params_init(&bp, &shadow[H_Q], &shadow[H_K], &shadow[H_V], &shadow[H_O],
                         &shadow[H_DO], lse, &shadow[H_DQ], &shadow[H_DK], &shadow[H_DV], opt,
@@ -221,16 +175,8 @@ static attn_status backward_half(const attn_tensor *const t[H_N], const attn_ten
     attn_tensor dense[H_N + 1];
     size_t copies, inner;
     TRY(half_plan(t, lse, opt, true, dense, &copies, &inner));
-    const size_t need = copies + inner + 64;
-    char *ws = opt ? opt->workspace : NULL, *owned = NULL;
-    if (ws) {
-        if (opt->workspace_bytes < need)
-            return attn_fail(ATTN_ERR_WORKSPACE, "options.workspace_bytes is %zu, this call "
-                             "needs %zu", opt->workspace_bytes, need);
-    } else {
-        owned = ws = malloc(need);
-        if (!ws) return attn_fail(ATTN_ERR_NOMEM, "workspace: could not allocate %zu bytes", need);
-    }
+    void *ws, *owned;
+    TRY(attn_workspace_acquire(opt, copies + inner + 64, &ws, &owned));
     char *base = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
     for (int i = 0; i <= H_N; i++) dense[i].data = base + ((char *)dense[i].data - (char *)NULL);
     for (int i = H_Q; i <= H_DO; i++)
@@ -297,18 +243,8 @@ attn_status attn_backward(const attn_tensor *q, const attn_tensor *k, const attn
     attn_fail(ATTN_OK, "%s", "");
     /* Empty sizes need no special case: with Lq = 0 (or Hq = 0) no row reads a key and
      * dk, dv are written as 0; with Lk = 0 every row is fully masked and dq is 0. */
-    const size_t need = bwd_workspace(&bp);
-    if (need == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
-    void *ws = opt ? opt->workspace : NULL;
-    void *owned = NULL;
-    if (ws) {
-        if (opt->workspace_bytes < need)
-            return attn_fail(ATTN_ERR_WORKSPACE, "options.workspace_bytes is %zu, this call "
-                             "needs %zu", opt->workspace_bytes, need);
-    } else if (need > 0) {
-        owned = ws = malloc(need);
-        if (!ws) return attn_fail(ATTN_ERR_NOMEM, "workspace: could not allocate %zu bytes", need);
-    }
+    void *ws, *owned;
+    TRY(attn_workspace_acquire(opt, bwd_workspace(&bp), &ws, &owned));
     const attn_status st = p->path == ATTN_PATH_REFERENCE ? attn_reference_backward(&bp, ws)
                                                           : attn_fused_backward(&bp, ws);
     free(owned);
