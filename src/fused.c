@@ -249,8 +249,13 @@ static void finish_tile(const attn_params *p, const fused_scratch *w, const fuse
         const uint8_t *m = p->mask ? p->mask + b * p->mask_s[0] + h * p->mask_s[1] +
                                          i * p->mask_s[2] + j0 * p->mask_s[3]
                                    : NULL;
-        if (mask_only) {  // (rows of several heads: the portable loop, row by row)
-            attn_mask_bool_generic(1, c_hi - c_lo, m + c_lo * p->mask_s[3], 0, s_r + c_lo * lds, lds);
+        if (mask_only) {  // rows of several heads, or keys not contiguous in the mask
+            /* branch-free, as the kernels' mask_bool: -inf's bits where the byte is 0 */
+            uint32_t *u_r = (uint32_t *)s_r;
+            for (int64_t c = c_lo; c < c_hi; c++) {
+                const uint32_t keep = 0u - (uint32_t)(m[c * p->mask_s[3]] != 0);
+                u_r[c * lds] = (u_r[c * lds] & keep) | (0xff800000u & ~keep);
+            }
             continue;
         }
         const int64_t d_i = attn_diagonal(p, blk->lk_b, i);

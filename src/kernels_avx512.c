@@ -291,7 +291,7 @@ void attn_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,
             const __m256i hi = _mm512_i64gather_epi32(off_hi, m + c, 1);
             const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
             UNROLL for (int t = 0; t < 4; t++) {
-                const __mmask16 masked = _mm512_testn_epi32_mask(w, _mm512_set1_epi32(0xff << (8 * t)));
+                const __mmask16 masked = _mm512_testn_epi32_mask(w, _mm512_set1_epi32((int)(0xffu << (8 * t))));
                 float *x = s + (c + t) * lds + r;
                 _mm512_mask_storeu_ps(x, masked, neg_inf);
             }

@@ -257,16 +257,21 @@ static void features(void) {
  * with stride 2 and 3, weights written transposed, q read with its rows reversed
  * (negative stride), v with a non-unit stride in D. */
 static void odd_strides(void) {
-    for (int variant = 0; variant < 4; variant++) {
+    /* variants 4..7: the bool mask alone (no bias, no slopes), the library's mask-only
+     * path, on rows of stacked query heads (Lq < 64 under GQA) with keys not contiguous */
+    for (int variant = 0; variant < 8; variant++) {
+        const int v = variant & 3;
         fcase c = base(3, 4, 2, 17, 65, 16, 8);
-        c.mask = 3; c.mshape = variant & 1 ? 7 : 4; c.bias_ninf = 0.1; c.kvlen = 2 - (variant >> 1);
-        c.alibi = 1; c.lse = 1; c.weights = 1; c.causal = variant >> 1; c.align = variant & 1;
+        c.mask = variant < 4 ? 3 : 1; c.mshape = v & 1 ? 7 : 4; c.bias_ninf = 0.1;
+        c.kvlen = 2 - (v >> 1); c.alibi = variant < 4; c.lse = 1; c.weights = 1;
+        c.causal = v >> 1; c.align = v & 1;
         tcall t;
         tcall_build(&t, &c);
         /* mask and bias: the same logical values, stored with Lq and Lk swapped */
         attn_tensor *ms[2] = {&t.mask, &t.bias};
         void *copies[2] = {NULL, NULL};
         for (int m = 0; m < 2; m++) {
+            if (!(c.mask & (1 << m))) continue;
             attn_tensor *x = ms[m];
             int64_t d0 = x->shape[0], d1 = x->shape[1], d2 = x->shape[2], d3 = x->shape[3];
             size_t es = m == 0 ? 1 : 4;
@@ -293,9 +298,11 @@ static void odd_strides(void) {
         t.kvlen.data = t.kvlen.dtype == ATTN_I64 ? (void *)kl : (void *)kl32;
         t.kvlen.stride[0] = 2;
         float *sl = (float *)xcalloc(3 * c.Hq, 4);
-        for (int64_t h = 0; h < c.Hq; h++) { sl[3 * h] = t.slopeb[h]; sl[3 * h + 1] = NAN; }
-        t.alibi.data = sl;
-        t.alibi.stride[0] = 3;
+        if (c.alibi) {
+            for (int64_t h = 0; h < c.Hq; h++) { sl[3 * h] = t.slopeb[h]; sl[3 * h + 1] = NAN; }
+            t.alibi.data = sl;
+            t.alibi.stride[0] = 3;
+        }
         /* weights written [B, Hq, Lk, Lq] */
         t.w.stride[2] = 1; t.w.stride[3] = c.Lq;
         /* q rows reversed */
