@@ -52,6 +52,7 @@
 #include "attn.h"
 #include "bench_peak.h"
 #include "cli.h"
+#include "cliopt.h"
 #include "naive.h"
 
 enum { EXIT_FAIL = 1, EXIT_USAGE = 2 };
@@ -150,7 +151,7 @@ static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *v) {
 static int parse_args(int argc, char **argv, bench_args *a) {
     const char *threads = NULL, *reps = NULL, *warmup = NULL, *ref_max_l = NULL, *budget = NULL,
                *rounds = NULL;
-    struct { const char *name; const char **value; bool *flag; } opts[] = {
+    const cli_opt opts[] = {
         {"--quick", NULL, &a->quick},           {"--list", NULL, &a->list},
         {"--json", NULL, &a->json},             {"--no-machine", NULL, &a->no_machine},
         {"--setup-torch", NULL, &a->setup_torch}, {"--plant-error", NULL, &a->plant_error},
@@ -163,34 +164,13 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         {"--ref-max-l", &ref_max_l, NULL},      {"--check-budget", &budget, NULL},
         {"--rounds", &rounds, NULL},
     };
-    const int nopts = (int)(sizeof opts / sizeof opts[0]);
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(BENCH_USAGE, stdout);
             return -1;
         }
-        if (strncmp(arg, "--", 2) != 0)
-            return say(EXIT_USAGE, "unexpected argument '%s' (see 'attn bench --help')", arg);
-        const char *eq = strchr(arg, '=');
-        size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
-        int o = 0;
-        while (o < nopts && !(strlen(opts[o].name) == len && strncmp(opts[o].name, arg, len) == 0))
-            o++;
-        if (o == nopts)
-            return say(EXIT_USAGE, "unknown option '%.*s' (see 'attn bench --help')", (int)len, arg);
-        const char *name = opts[o].name;
-        if (opts[o].flag) {
-            if (eq) return say(EXIT_USAGE, "%s: takes no value", name);
-            *opts[o].flag = true;
-            continue;
-        }
-        const char *value = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-        if (!value || (!eq && strncmp(value, "--", 2) == 0))
-            return say(EXIT_USAGE, "%s: missing value", name);
-        if (*opts[o].value) return say(EXIT_USAGE, "%s: given twice", name);
-        *opts[o].value = value;
-    }
+    const int rc = cli_scan(argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), "bench: ", "bench");
+    if (rc) return rc;
     int64_t v;
     a->threads = 0;
     if (threads) {

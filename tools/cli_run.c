@@ -20,6 +20,7 @@
 
 #include "attn.h"
 #include "cli.h"
+#include "cliopt.h"
 #include "half.h"
 #include "npy.h"
 
@@ -73,7 +74,7 @@ typedef struct run_args {
 } run_args;
 
 static int parse_args(int argc, char **argv, run_args *a) {
-    struct { const char *name; const char **value; bool *flag; } opts[] = {
+    const cli_opt opts[] = {
         {"--q", &a->q, NULL},           {"--k", &a->k, NULL},
         {"--v", &a->v, NULL},           {"--out", &a->out, NULL},
         {"--mask", &a->mask, NULL},     {"--kv-len", &a->kv_len, NULL},
@@ -84,31 +85,8 @@ static int parse_args(int argc, char **argv, run_args *a) {
         {"--dtype", &a->dtype, NULL},   {"--precision", &a->precision, NULL},
         {"--causal", NULL, &a->causal}, {"--reference", NULL, &a->reference},
     };
-    const int nopts = (int)(sizeof opts / sizeof opts[0]);
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (strncmp(arg, "--", 2) != 0)
-            return say(EXIT_USAGE, "run: unexpected argument '%s' (see 'attn run --help')", arg);
-        const char *eq = strchr(arg, '=');
-        size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
-        int o = 0;
-        while (o < nopts && !(strlen(opts[o].name) == len && strncmp(opts[o].name, arg, len) == 0))
-            o++;
-        if (o == nopts)
-            return say(EXIT_USAGE, "run: unknown option '%.*s' (see 'attn run --help')", (int)len, arg);
-        const char *name = opts[o].name;
-        if (opts[o].flag) {
-            if (eq) return say(EXIT_USAGE, "%s: takes no value", name);
-            if (*opts[o].flag) return say(EXIT_USAGE, "%s: given twice", name);
-            *opts[o].flag = true;
-            continue;
-        }
-        const char *value = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-        if (!value || (!eq && strncmp(value, "--", 2) == 0))
-            return say(EXIT_USAGE, "%s: missing value", name);
-        if (*opts[o].value) return say(EXIT_USAGE, "%s: given twice", name);
-        *opts[o].value = value;
-    }
+    const int rc = cli_scan(argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), "run: ", "run");
+    if (rc) return rc;
     const char *required[][2] = {{"--q", a->q}, {"--k", a->k}, {"--v", a->v}, {"--out", a->out}};
     for (int r = 0; r < 4; r++)
         if (!required[r][1])

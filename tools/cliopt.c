@@ -1,0 +1,49 @@
+/*
+ * cliopt.c — the option scanner the `attn` subcommands share (see cliopt.h).
+ */
+#include "cliopt.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int cli_scan(int argc, char **argv, const cli_opt *opts, int nopts, const char *prefix,
+             const char *cmd) {
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strncmp(arg, "--", 2) != 0) {
+            fprintf(stderr, "attn: %sunexpected argument '%s' (see 'attn %s --help')\n",
+                    prefix, arg, cmd);
+            return 2;
+        }
+        const char *eq = strchr(arg, '=');
+        const size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+        int o = 0;
+        while (o < nopts && !(strlen(opts[o].name) == len && strncmp(opts[o].name, arg, len) == 0))
+            o++;
+        if (o == nopts) {
+            fprintf(stderr, "attn: %sunknown option '%.*s' (see 'attn %s --help')\n", prefix,
+                    (int)len, arg, cmd);
+            return 2;
+        }
+        const char *name = opts[o].name;
+        if (opts[o].flag) {
+            const char *why = eq ? "takes no value" : *opts[o].flag ? "given twice" : NULL;
+            if (why) {
+                fprintf(stderr, "attn: %s%s: %s\n", prefix, name, why);
+                return 2;
+            }
+            *opts[o].flag = true;
+            continue;
+        }
+        const char *value = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        const char *why = !value || (!eq && strncmp(value, "--", 2) == 0) ? "missing value"
+                          : *opts[o].value                                 ? "given twice"
+                                                                           : NULL;
+        if (why) {
+            fprintf(stderr, "attn: %s%s: %s\n", prefix, name, why);
+            return 2;
+        }
+        *opts[o].value = value;
+    }
+    return 0;
+}

@@ -1,0 +1,27 @@
+/*
+ * cliopt.h — the option scanner the `attn` subcommands share: `--name value`,
+ *            `--name=value` and `--flag`, each at most once, anything else refused.
+ *
+ * What it is not: a parser of the values (each subcommand checks its own) or a printer
+ * of help (a subcommand answers --help before scanning).
+ */
+#ifndef ATTN_CLIOPT_H
+#define ATTN_CLIOPT_H
+
+#include <stdbool.h>
+
+/* One option: a value option sets *value, a flag option sets *flag (exactly one of the
+ * two pointers is non-NULL). */
+typedef struct cli_opt {
+    const char *name;
+    const char **value;
+    bool *flag;
+} cli_opt;
+
+/* Scans argv[1..argc-1]. Returns 0, or 2 (a usage error) after printing one line,
+ * "attn: <prefix>..." on stderr, naming the argument or option. `cmd` names the
+ * subcommand in the pointer to its help ("see 'attn <cmd> --help'"). */
+int cli_scan(int argc, char **argv, const cli_opt *opts, int nopts, const char *prefix,
+             const char *cmd);
+
+#endif /* ATTN_CLIOPT_H */
