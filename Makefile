@@ -6,7 +6,7 @@
 #   make install PREFIX=/usr/local   (DESTDIR honoured)
 #
 # Portable flags only: the library is built for baseline x86-64 (or whatever CC targets);
-# no -march=native, never -ffast-math.
+# no -march=native, and never the fast-math option (it assumes no Inf or NaN).
 
 CC      ?= cc
 PREFIX  ?= /usr/local

@@ -3,7 +3,7 @@ together with every C source of the library (src/*.c), so `pip install .` needs 
 `make` nor a prebuilt libattn.
 
 What it is not: the package metadata (pyproject.toml) or the Makefile. The flags mirror the
-Makefile's portable ones: -std=c11 -O2 -fopenmp, never -ffast-math or -march=native.
+Makefile's portable ones: -std=c11 -O2 -fopenmp, never fast-math or -march=native.
 
 A kernel file that needs its own ISA flags (src/kernels_avx2.c with -mavx2 -mfma, say) gets
 them from PER_FILE_FLAGS below, read from the Makefile's ISA_<file> variables, and only

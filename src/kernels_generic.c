@@ -1,7 +1,7 @@
 /*
  * kernels_generic.c — the portable C micro-kernels (contracts in kernels.h).
  *
- * Written so that a compiler vectorizes them without -ffast-math: every inner loop runs
+ * Written so that a compiler vectorizes them without fast-math: every inner loop runs
  * over independent outputs (query rows of S^T, columns of the accumulator), never a
  * reduction whose order it would have to change. exp is libm's expf. This is the kernel
  * every machine has, the one a non-x86 build runs, and the yardstick of the others.
