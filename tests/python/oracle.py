@@ -105,6 +105,21 @@ def reference(q, k, v, mask=None, causal=False, scale=None, gqa=False, align="to
             w.reshape(w.shape[cut:]))
 
 
+def _shape_nonfinite_failure(got, ref):
+    """(message, None) when the shapes differ or a non-finite entry of either is not the
+    same in both (NaN where NaN, the same infinity); else (None, the mask of entries
+    finite in both)."""
+    if got.shape != ref.shape:
+        return "shape %s, expected %s" % (got.shape, ref.shape), None
+    fin_g, fin_r = np.isfinite(got), np.isfinite(ref)
+    same_nonfinite = (np.isnan(got) & np.isnan(ref)) | (got == ref)
+    bad = (~fin_g | ~fin_r) & ~same_nonfinite
+    if bad.any():
+        idx = tuple(np.argwhere(bad)[0])
+        return "non-finite mismatch at %s: got %r, expected %r" % (idx, got[idx], ref[idx]), None
+    return None, fin_g & fin_r
+
+
 def tolerance_failure(got, ref):
     """None when got (float32) is within the contract's float32 tolerance of ref (float64),
     else a message: shapes equal; non-finite entries of either identical (NaN where NaN,
@@ -112,15 +127,9 @@ def tolerance_failure(got, ref):
     Frobenius error ||got - ref|| / ||ref|| <= 1e-6."""
     got = np.asarray(got, np.float64)
     ref = np.asarray(ref, np.float64)
-    if got.shape != ref.shape:
-        return "shape %s, expected %s" % (got.shape, ref.shape)
-    fin_g, fin_r = np.isfinite(got), np.isfinite(ref)
-    same_nonfinite = (np.isnan(got) & np.isnan(ref)) | (got == ref)
-    bad = (~fin_g | ~fin_r) & ~same_nonfinite
-    if bad.any():
-        idx = tuple(np.argwhere(bad)[0])
-        return "non-finite mismatch at %s: got %r, expected %r" % (idx, got[idx], ref[idx])
-    fin = fin_g & fin_r
+    msg, fin = _shape_nonfinite_failure(got, ref)
+    if msg:
+        return msg
     if not fin.any():
         return None
     g, r = got[fin], ref[fin]
@@ -194,15 +203,9 @@ def half_tolerance_failure(got, ref, naive_out):
     got = np.asarray(got, np.float32).astype(np.float64)  # also reads ml_dtypes bfloat16
     ref = np.asarray(ref, np.float64)
     naive_out = np.asarray(naive_out, np.float64)
-    if got.shape != ref.shape:
-        return "shape %s, expected %s" % (got.shape, ref.shape)
-    fin_g, fin_r = np.isfinite(got), np.isfinite(ref)
-    same_nonfinite = (np.isnan(got) & np.isnan(ref)) | (got == ref)
-    bad = (~fin_g | ~fin_r) & ~same_nonfinite
-    if bad.any():
-        idx = tuple(np.argwhere(bad)[0])
-        return "non-finite mismatch at %s: got %r, expected %r" % (idx, got[idx], ref[idx])
-    fin = fin_g & fin_r
+    msg, fin = _shape_nonfinite_failure(got, ref)
+    if msg:
+        return msg
     if not fin.any():
         return None
     g, r = got[fin], ref[fin]
