@@ -354,12 +354,26 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
     const bool may_mask = p->mask || p->bias;
     /* FAST precision on a bfloat16 V: P is rounded to bfloat16 for P·V */
     const bool fast = p->precision == ATTN_PRECISION_FAST && p->kv_dt == ATTN_BF16;
+    /* a few rows (decoding) on a kernel that has the one-pass decoding step */
+    const bool decode = kern->decode && n <= 4 && !fast && !attn_has_elementwise(p) &&
+                        p->k_s[3] == 1 && p->v_s[3] == 1;
+    const int64_t ek = p->kv_dt == ATTN_F32 ? 4 : 2;
+    const char *k_bg = (const char *)p->k + (blk->b * p->k_s[0] + blk->g * p->k_s[1]) * ek;
+    const char *v_bg = (const char *)p->v + (blk->b * p->v_s[0] + blk->g * p->v_s[1]) * ek;
     for (int64_t j0 = ja; j0 < jb; j0 += plan->bk) {
         const int64_t nk = jb - j0 < plan->bk ? jb - j0 : plan->bk;
         const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
         const bool clean = !boundary && !may_mask;
         const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
-        if (n <= 4 && pj < jb) prefetch_tile(p, blk, pj, jb - pj < plan->bk ? jb - pj : plan->bk);
+        const int64_t pf_nk = pj < jb ? (jb - pj < plan->bk ? jb - pj : plan->bk) : 0;
+        if (decode && clean) {
+            kern->decode(n, nk, dk, dv, w->q, p->kv_dt, k_bg + j0 * p->k_s[2] * ek, p->k_s[2],
+                         v_bg + j0 * p->v_s[2] * ek, p->v_s[2], p->scale, w->s, w->m, w->l,
+                         w->alpha, w->acc, k_bg + pj * p->k_s[2] * ek, v_bg + pj * p->v_s[2] * ek,
+                         pf_nk);
+            continue;
+        }
+        if (n <= 4 && pf_nk > 0) prefetch_tile(p, blk, pj, pf_nk);
         tile_logits(p, kern, w, blk, j0, nk, boundary);
         kern->softmax(npad, nk, w->s, BQ, w->m, w->l, w->alpha);
         if (fast && clean && kern->pv_bf16 && p->v_s[3] == 1) {

@@ -266,6 +266,344 @@ void attn_pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float
     }
 }
 
+/* ---- decoding: the whole step of one clean tile for at most 4 query rows ------------------
+ *
+ * K and V are read once from the caller's rows (float32, or float16/bfloat16 converted in
+ * registers), four keys at a time for Q·Kᵀ, and the logits stay in one compact layout,
+ * lane 4c + r for key c and row r of a group of 4 keys, so the softmax works on 4x fewer
+ * vectors than the 16-row tile. While a group of keys is multiplied, the rows of the same
+ * keys PF tiles ahead are prefetched line by line into the outer caches, spread over the
+ * arithmetic rather than issued in one burst (docs/KERNELS.md: a burst stalls on the
+ * miss queue, and this key-interleaved access alone defeats the hardware streamer). */
+
+/* 16 elements of row `row` from column d, as float32; DT is a compile-time constant */
+INLINE __m512 load_row16(int DT, const void *row, int64_t d, __mmask16 mk) {
+    if (DT == ATTN_F32) return _mm512_maskz_loadu_ps(mk, (const float *)row + d);
+    const __m256i h = _mm256_maskz_loadu_epi16(mk, (const uint16_t *)row + d);
+    if (DT == ATTN_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+/* The rows to prefetch: keys c..c+3 of the tile ahead. Step i of a group's Dk loop asks
+ * for line i of each of its K rows and of its V rows; V lines past the last step (Dv
+ * wider than Dk) are asked for after the loop. */
+typedef struct pf_rows {
+    const char *k, *v;       // key/value row 0 of the tile ahead, or NULL
+    int64_t ldk, ldv;        // row strides in bytes
+    int64_t lines_k, lines_v;
+    int64_t nk;              // keys of the tile ahead
+} pf_rows;
+
+INLINE void pf_line(const pf_rows *pf, int64_t c, int64_t i) {
+    const int64_t rows = pf->nk - c < 4 ? pf->nk - c : 4;
+    if (i < pf->lines_k)
+        for (int64_t r = 0; r < rows; r++) _mm_prefetch(pf->k + (c + r) * pf->ldk + 64 * i, _MM_HINT_T2);
+    if (i < pf->lines_v)
+        for (int64_t r = 0; r < rows; r++) _mm_prefetch(pf->v + (c + r) * pf->ldv + 64 * i, _MM_HINT_T2);
+}
+
+/* bfloat16 rows as float32 by halves: 32 values in one load; the even ones are the
+ * 32-bit lanes shifted left by 16, the odd ones the lanes with the low half cleared. Two
+ * operations for 32 values where widening takes four; the other operand (Q, or the
+ * accumulators of P V) is kept in the same even/odd order. */
+INLINE void bf16_halves(const uint16_t *row, int64_t d, __mmask32 mk, __m512 *even, __m512 *odd) {
+    const __m512i raw = _mm512_maskz_loadu_epi16(mk, row + d);
+    *even = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+    *odd = _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+INLINE __mmask32 mask32(int64_t left) {
+    return left >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << left) - 1);
+}
+
+/* logits of NR rows x 4 keys (keys c..c+3 at k, k + ldk, ...): lanes 4c + r, scaled.
+ * SPLIT (bfloat16 K only): q holds each row's 32-column chunks as 16 even then 16 odd
+ * values (row stride ldq), to meet bf16_halves. */
+INLINE __m512 dec_qk4(int DT, int NR, bool SPLIT, int64_t dk, const float *q, int64_t ldq,
+                      const char *k, int64_t ldk, __m512 scale, const pf_rows *pf, int64_t c) {
+    __m512 acc[4][4];
+    UNROLL for (int r = 0; r < 4; r++)
+        UNROLL for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
+    const bool ahead = pf->k && c < pf->nk;
+    const int64_t step = SPLIT ? 32 : 16;
+    for (int64_t d = 0; d < dk; d += step) {
+        if (SPLIT) {
+            const __mmask32 mk = mask32(dk - d);
+            __m512 ke[4], ko[4];
+            UNROLL for (int j = 0; j < 4; j++) bf16_halves((const uint16_t *)(k + j * ldk), d, mk, &ke[j], &ko[j]);
+            if (ahead) pf_line(pf, c, d / step);
+            UNROLL for (int r = 0; r < NR; r++) {
+                const __m512 qe = _mm512_loadu_ps(q + r * ldq + d), qo = _mm512_loadu_ps(q + r * ldq + d + 16);
+                UNROLL for (int j = 0; j < 4; j++) {
+                    acc[r][j] = _mm512_fmadd_ps(qe, ke[j], acc[r][j]);
+                    acc[r][j] = _mm512_fmadd_ps(qo, ko[j], acc[r][j]);
+                }
+            }
+            continue;
+        }
+        const __mmask16 mk = dk - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (dk - d)) - 1);
+        __m512 kv[4];
+        UNROLL for (int j = 0; j < 4; j++) kv[j] = load_row16(DT, k + j * ldk, d, mk);
+        if (ahead) pf_line(pf, c, d / step);
+        UNROLL for (int r = 0; r < NR; r++) {
+            const __m512 qv = _mm512_maskz_loadu_ps(mk, q + r * ldq + d);
+            UNROLL for (int j = 0; j < 4; j++) acc[r][j] = _mm512_fmadd_ps(qv, kv[j], acc[r][j]);
+        }
+    }
+    if (ahead)
+        for (int64_t i = (dk + step - 1) / step; i < pf->lines_v; i++) pf_line(pf, c, i);
+    /* the transposing tree of qk_dot_tile: 128-bit lane j holds rows 0..3 of key j */
+    __m512 t[8], u[4];
+    UNROLL for (int x = 0; x < 8; x++) {
+        const __m512 a = acc[(2 * x) / 4][(2 * x) % 4], b = acc[(2 * x + 1) / 4][(2 * x + 1) % 4];
+        t[x] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    }
+    UNROLL for (int x = 0; x < 4; x++)
+        u[x] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * x], t[2 * x + 1], 0x88),
+                             _mm512_shuffle_f32x4(t[2 * x], t[2 * x + 1], 0xDD));
+    const __m512 v0 = _mm512_add_ps(_mm512_unpacklo_ps(u[0], u[1]), _mm512_unpackhi_ps(u[0], u[1]));
+    const __m512 v1 = _mm512_add_ps(_mm512_unpacklo_ps(u[2], u[3]), _mm512_unpackhi_ps(u[2], u[3]));
+    return _mm512_mul_ps(scale, _mm512_add_ps(_mm512_shuffle_ps(v0, v1, 0x44), _mm512_shuffle_ps(v0, v1, 0xEE)));
+}
+
+/* one key (the tile's last keys when nk % 4 != 0): its NR logits in lanes 0..NR-1 */
+INLINE __m128 dec_qk1(int DT, int NR, bool SPLIT, int64_t dk, const float *q, int64_t ldq,
+                      const char *k, float scale) {
+    __m512 acc[4];
+    UNROLL for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dk; d += SPLIT ? 32 : 16) {
+        if (SPLIT) {
+            __m512 ke, ko;
+            bf16_halves((const uint16_t *)k, d, mask32(dk - d), &ke, &ko);
+            UNROLL for (int r = 0; r < NR; r++) {
+                acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * ldq + d), ke, acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * ldq + d + 16), ko, acc[r]);
+            }
+            continue;
+        }
+        const __mmask16 mk = dk - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (dk - d)) - 1);
+        const __m512 kv = load_row16(DT, k, d, mk);
+        UNROLL for (int r = 0; r < NR; r++)
+            acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q + r * ldq + d), kv, acc[r]);
+    }
+    float x[4];
+    UNROLL for (int r = 0; r < 4; r++) x[r] = scale * _mm512_reduce_add_ps(acc[r]);
+    return _mm_loadu_ps(x);
+}
+
+/* the max (or sum) of each row over the 4 key lanes of a compact vector, in every
+ * 128-bit lane */
+INLINE __m512 rows_max(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0x4E));
+    return _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0xB1));
+}
+INLINE __m512 rows_sum(__m512 x) {
+    x = _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, 0x4E));
+    return _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, 0xB1));
+}
+
+/* acc rows r0..r0+RR-1, value columns d0.. in DC zmm (the last under `tail`):
+ * acc = acc * alpha + sum_c p[c][r] V[c] */
+INLINE void dec_pv(int DT, int RR, int DC, int64_t nk, const float *s, int r0, const char *v,
+                   int64_t ldv, int64_t d0, const float *alpha, float *acc, int64_t dv,
+                   __mmask16 tail) {
+    __m512 t[4][4];
+    UNROLL for (int i = 0; i < RR; i++)
+        UNROLL for (int j = 0; j < DC; j++) t[i][j] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < nk; c++) {
+        __m512 vv[4];
+        UNROLL for (int j = 0; j < DC; j++)
+            vv[j] = load_row16(DT, v + c * ldv, d0 + 16 * j, j == DC - 1 ? tail : (__mmask16)0xFFFF);
+        UNROLL for (int i = 0; i < RR; i++) {
+            const __m512 pb = _mm512_set1_ps(s[4 * c + r0 + i]);
+            UNROLL for (int j = 0; j < DC; j++) t[i][j] = _mm512_fmadd_ps(pb, vv[j], t[i][j]);
+        }
+    }
+    UNROLL for (int i = 0; i < RR; i++) {
+        const __m512 a = _mm512_set1_ps(alpha[r0 + i]);
+        UNROLL for (int j = 0; j < DC; j++) {
+            float *o = acc + (r0 + i) * dv + d0 + 16 * j;
+            const __mmask16 mk = j == DC - 1 ? tail : (__mmask16)0xFFFF;
+            _mm512_mask_storeu_ps(o, mk, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, o), a, t[i][j]));
+        }
+    }
+}
+
+/* dec_pv for bfloat16 V by halves: NC chunks of 32 columns from d0 (nd columns in all,
+ * at most 64); the tile's sums of the even and odd columns are put back in order once,
+ * before they meet the accumulator. */
+INLINE void dec_pv_bf16(int RR, int NC, int64_t nk, const float *s, int r0, const char *v,
+                        int64_t ldv, int64_t d0, int64_t nd, const float *alpha, float *acc,
+                        int64_t dv) {
+    __m512 t[4][4];
+    UNROLL for (int i = 0; i < RR; i++)
+        UNROLL for (int j = 0; j < 2 * NC; j++) t[i][j] = _mm512_setzero_ps();
+    __mmask32 mk[2];
+    UNROLL for (int h = 0; h < NC; h++) mk[h] = mask32(nd - 32 * h);
+    for (int64_t c = 0; c < nk; c++) {
+        __m512 vv[4];
+        UNROLL for (int h = 0; h < NC; h++)
+            bf16_halves((const uint16_t *)(v + c * ldv), d0 + 32 * h, mk[h], &vv[2 * h], &vv[2 * h + 1]);
+        UNROLL for (int i = 0; i < RR; i++) {
+            const __m512 pb = _mm512_set1_ps(s[4 * c + r0 + i]);
+            UNROLL for (int j = 0; j < 2 * NC; j++) t[i][j] = _mm512_fmadd_ps(pb, vv[j], t[i][j]);
+        }
+    }
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    UNROLL for (int i = 0; i < RR; i++) {
+        const __m512 a = _mm512_set1_ps(alpha[r0 + i]);
+        UNROLL for (int h = 0; h < NC; h++) {
+            const __m512 part[2] = {_mm512_permutex2var_ps(t[i][2 * h], lo, t[i][2 * h + 1]),
+                                    _mm512_permutex2var_ps(t[i][2 * h], hi, t[i][2 * h + 1])};
+            UNROLL for (int x = 0; x < 2; x++) {
+                const int64_t col = 32 * h + 16 * x, left = nd - col;
+                if (left <= 0) break;
+                const __mmask16 m16 = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+                float *o = acc + (r0 + i) * dv + d0 + col;
+                _mm512_mask_storeu_ps(o, m16, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m16, o), a, part[x]));
+            }
+        }
+    }
+}
+
+/* P V over rows 0..n-1 in groups of RR rows, columns in chunks of DC zmm */
+#define DEC_PV_ROWS(DT, DC, RR)                                                              \
+    for (int r0 = 0; r0 < n; r0 += RR) {                                                     \
+        if (n - r0 >= RR) dec_pv(DT, RR, DC, nk, s, r0, v, ldv, d0, alpha, acc, dv, tail);   \
+        else if (n - r0 == 3) dec_pv(DT, 3, DC, nk, s, r0, v, ldv, d0, alpha, acc, dv, tail);\
+        else if (n - r0 == 2) dec_pv(DT, 2, DC, nk, s, r0, v, ldv, d0, alpha, acc, dv, tail);\
+        else dec_pv(DT, 1, DC, nk, s, r0, v, ldv, d0, alpha, acc, dv, tail);                 \
+    }
+
+INLINE void decode_tile(int DT, int NR, bool SPLIT, int64_t n, int64_t nk, int64_t dk, int64_t dv,
+                        const float *q, int64_t ldq, const char *k, int64_t ldk, const char *v, int64_t ldv,
+                        float scale, float *s, float *m, float *l, float *alpha,
+                        float *acc, const pf_rows *pf) {
+    const __m512 vscale = _mm512_set1_ps(scale), neg_inf = _mm512_set1_ps(-INFINITY);
+    /* logits, 4 keys a vector; the lanes of keys past nk are -inf */
+    const int64_t nv = (nk + 3) / 4;
+    __m512 mx = neg_inf;
+    __mmask16 nan = 0;
+    for (int64_t x = 0; x < nv; x++) {
+        const int64_t c = 4 * x;
+        __m512 z;
+        if (c + 4 <= nk) {
+            z = dec_qk4(DT, NR, SPLIT, dk, q, ldq, k + c * ldk, ldk, vscale, pf, c);
+        } else {
+            float buf[16];
+            for (int i = 0; i < 16; i++) buf[i] = -INFINITY;
+            for (int64_t j = c; j < nk; j++) _mm_storeu_ps(buf + 4 * (j - c), dec_qk1(DT, NR, SPLIT, dk, q, ldq, k + j * ldk, scale));
+            z = _mm512_loadu_ps(buf);
+        }
+        _mm512_storeu_ps(s + 16 * x, z);
+        mx = _mm512_max_ps(mx, z);
+        nan |= _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q);
+    }
+    /* the online-softmax update of attn_softmax_avx512, on the compact layout */
+    const __m512 m_old = _mm512_broadcast_f32x4(_mm_loadu_ps(m));
+    nan |= _mm512_cmp_ps_mask(m_old, m_old, _CMP_UNORD_Q);
+    nan = (__mmask16)(((nan | nan >> 4 | nan >> 8 | nan >> 12) & 0xF) * 0x1111u);
+    __m512 m_new = _mm512_max_ps(m_old, rows_max(mx));
+    m_new = _mm512_mask_mov_ps(m_new, nan, _mm512_set1_ps(NAN));
+    const __m512 shift = _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ),
+                                            _mm512_setzero_ps());
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t x = 0; x < nv; x++) {
+        const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * x), shift));
+        _mm512_storeu_ps(s + 16 * x, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    const __m512 a = exp_avx512(_mm512_sub_ps(m_old, shift));
+    const __m128 l_new = _mm_fmadd_ps(_mm_loadu_ps(l), _mm512_castps512_ps128(a),
+                                      _mm512_castps512_ps128(rows_sum(sum)));
+    _mm_storeu_ps(alpha, _mm512_castps512_ps128(a));
+    _mm_storeu_ps(l, l_new);
+    _mm_storeu_ps(m, _mm512_castps512_ps128(m_new));
+    /* P V: up to 64 value columns a pass, 4 zmm x 4 rows */
+    if (DT == ATTN_BF16) {
+        for (int64_t d0 = 0; d0 < dv; d0 += 64) {
+            const int64_t nd = dv - d0 < 64 ? dv - d0 : 64;
+            for (int r0 = 0; r0 < n; r0 += 4) {
+                const int rr = n - r0 < 4 ? (int)(n - r0) : 4;
+#define PV_BF16(RR) (nd > 32 ? dec_pv_bf16(RR, 2, nk, s, r0, v, ldv, d0, nd, alpha, acc, dv) \
+                             : dec_pv_bf16(RR, 1, nk, s, r0, v, ldv, d0, nd, alpha, acc, dv))
+                switch (rr) {
+                case 4: PV_BF16(4); break;
+                case 3: PV_BF16(3); break;
+                case 2: PV_BF16(2); break;
+                default: PV_BF16(1); break;
+                }
+#undef PV_BF16
+            }
+        }
+        return;
+    }
+    for (int64_t d0 = 0; d0 < dv; d0 += 64) {
+        const int64_t nd = dv - d0 < 64 ? dv - d0 : 64;
+        const int dc = (int)((nd + 15) / 16);
+        const int rem = (int)(nd - 16 * (dc - 1));
+        const __mmask16 tail = (__mmask16)(rem == 16 ? 0xFFFF : (1u << rem) - 1);
+        switch (dc) {
+        case 4: DEC_PV_ROWS(DT, 4, 4) break;
+        case 3: DEC_PV_ROWS(DT, 3, 4) break;
+        case 2: DEC_PV_ROWS(DT, 2, 4) break;
+        default: DEC_PV_ROWS(DT, 1, 4) break;
+        }
+    }
+}
+
+#define DECODE_DT(DT, SPLIT, Q, LDQ)                                                          \
+    switch (n) {                                                                              \
+    case 1: decode_tile(DT, 1, SPLIT, n, nk, dk, dv, Q, LDQ, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    case 2: decode_tile(DT, 2, SPLIT, n, nk, dk, dv, Q, LDQ, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    case 3: decode_tile(DT, 3, SPLIT, n, nk, dk, dv, Q, LDQ, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    default: decode_tile(DT, 4, SPLIT, n, nk, dk, dv, Q, LDQ, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    }
+
+/* The query rows in the even/odd order of bf16_halves, zero past dk: qs (n, ldq). */
+enum { SPLIT_MAX_DK = 512 };
+static void split_rows(int64_t n, int64_t dk, const float *q, float *qs, int64_t ldq) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t d = 0; d < ldq; d += 32) {
+            const int64_t left = dk - d;
+            const __mmask16 m0 = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+            const __mmask16 m1 = left >= 32 ? 0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+            const __m512 a = _mm512_maskz_loadu_ps(m0, q + r * dk + d);
+            const __m512 b = _mm512_maskz_loadu_ps(m1, q + r * dk + d + 16);
+            _mm512_storeu_ps(qs + r * ldq + d, _mm512_permutex2var_ps(a, even, b));
+            _mm512_storeu_ps(qs + r * ldq + d + 16, _mm512_permutex2var_ps(a, odd, b));
+        }
+}
+
+void attn_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
+                        attn_dtype dt, const void *k, int64_t ldk, const void *v, int64_t ldv,
+                        float scale, float *s, float *m, float *l, float *alpha, float *acc,
+                        const void *pf_k, const void *pf_v, int64_t pf_nk) {
+    const int64_t es = dt == ATTN_F32 ? 4 : 2;
+    const char *kb = (const char *)k, *vb = (const char *)v;
+    const int64_t ldkb = ldk * es, ldvb = ldv * es;
+    const pf_rows pf = {
+        .k = pf_nk > 0 ? (const char *)pf_k : NULL, .v = (const char *)pf_v,
+        .ldk = ldkb, .ldv = ldvb,
+        .lines_k = (dk * es + 63) / 64, .lines_v = (dv * es + 63) / 64, .nk = pf_nk,
+    };
+    if (dt == ATTN_F32) {
+        DECODE_DT(ATTN_F32, false, q, dk)
+    } else if (dt == ATTN_BF16 && dk <= SPLIT_MAX_DK) {
+        float qs[4 * SPLIT_MAX_DK] __attribute__((aligned(64)));
+        const int64_t ldq = (dk + 31) / 32 * 32;
+        split_rows(n, dk, q, qs, ldq);
+        DECODE_DT(ATTN_BF16, true, qs, ldq)
+    } else if (dt == ATTN_BF16) {
+        DECODE_DT(ATTN_BF16, false, q, dk)
+    } else {
+        DECODE_DT(ATTN_F16, false, q, dk)
+    }
+}
+
 void attn_exp_array_avx512(int64_t n, const float *x, float *y) {
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 mk = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
@@ -320,6 +658,7 @@ const attn_kernels attn_kernels_avx512 = {
     .pv = attn_pv_avx512,
     .mask_bool = attn_mask_bool_avx512,
     .to_f32 = attn_to_f32_avx512,
+    .decode = attn_decode_avx512,
     .exp = attn_exp_array_avx512,
 };
 #endif

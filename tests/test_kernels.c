@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "half.h"
 #include "kernels.h"
 
 static uint64_t g_rng = 12345;
@@ -178,6 +179,86 @@ static void test_tile(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk, 
     free(q), free(qt), free(kk), free(v), free(s), free(acc), free(ref_s);
 }
 
+/* The decoding step (kernels that have one): for n <= 4 rows, from a running state some
+ * rows of which already hold keys (m finite, l and acc set) and some fresh (m = -inf),
+ * against the same update in float64 on the same rounded inputs. K and V in each dtype
+ * with row strides wider than the rows, a tile ahead to prefetch or none. nan_key >= 0
+ * stores NaN in that key's K row: every row's m must become NaN. plant: the tolerance
+ * must catch a 1e-4 relative error in one accumulator element. */
+static void test_decode(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk, int64_t dv,
+                        attn_dtype dt, bool prefetch, int64_t nan_key, bool plant) {
+    const int64_t ldk = dk + 3, ldv = dv + 5, es = dt == ATTN_F32 ? 4 : 2;
+    float *q = malloc((size_t)(4 * (dk ? dk : 1)) * sizeof(float));
+    char *kk = malloc((size_t)(2 * nk * ldk * es + 64)), *v = malloc((size_t)(2 * nk * ldv * es + 64));
+    double *kd = malloc((size_t)(nk * ldk) * sizeof(double)), *vd = malloc((size_t)(nk * ldv) * sizeof(double));
+    float *s = malloc((size_t)(4 * (nk + 3)) * sizeof(float)), *acc = malloc((size_t)(4 * dv + 1) * sizeof(float));
+    float m[4], l[4], alpha[4];
+    double m0[4], l0[4], *acc0 = malloc((size_t)(4 * dv + 1) * sizeof(double));
+    for (int64_t i = 0; i < n * dk; i++) q[i] = 2.0f * sym();
+    for (int64_t i = 0; i < 2 * nk * ldk; i++) {  // the second half: the tile ahead
+        const float x = sym();
+        attn_store(dt, kk, i, x);
+        if (i < nk * ldk) kd[i] = attn_load(dt, kk, i);
+    }
+    for (int64_t i = 0; i < 2 * nk * ldv; i++) {
+        const float x = sym();
+        attn_store(dt, v, i, x);
+        if (i < nk * ldv) vd[i] = attn_load(dt, v, i);
+    }
+    if (nan_key >= 0) {
+        attn_store(dt, kk, nan_key * ldk, NAN);
+        kd[nan_key * ldk] = NAN;
+    }
+    for (int64_t r = 0; r < n; r++) {  // row 1 fresh, the others with earlier keys
+        const bool fresh = r == 1;
+        m[r] = fresh ? -INFINITY : 0.5f * sym();
+        l[r] = fresh ? 0.0f : 3.0f + sym();
+        m0[r] = m[r], l0[r] = l[r];
+        for (int64_t d = 0; d < dv; d++) acc0[r * dv + d] = acc[r * dv + d] = fresh ? 0.0f : sym();
+    }
+    const float scale = 0.37f;
+    k->decode(n, nk, dk, dv, q, dt, kk, ldk, v, ldv, scale, s, m, l, alpha, acc,
+              prefetch ? kk + nk * ldk * es : NULL, prefetch ? v + nk * ldv * es : NULL,
+              prefetch ? nk : 0);
+    if (plant && dv > 0) acc[0] *= 1.0f + 1e-4f;
+    double worst = 0;
+    bool state_ok = true;
+    for (int64_t r = 0; r < n; r++) {
+        double mx = m0[r], sl[1024];
+        for (int64_t c = 0; c < nk; c++) {
+            double dot = 0;
+            for (int64_t d = 0; d < dk; d++) dot += (double)q[r * dk + d] * kd[c * ldk + d];
+            sl[c] = scale * dot;
+            mx = isnan(sl[c]) || isnan(mx) ? NAN : fmax(mx, sl[c]);
+        }
+        if (nan_key >= 0) {
+            state_ok &= isnan(m[r]);
+            continue;
+        }
+        const double a = m0[r] == -INFINITY ? 0.0 : exp(m0[r] - mx);
+        double sum = l0[r] * a;
+        for (int64_t c = 0; c < nk; c++) sum += exp(sl[c] - mx);
+        state_ok &= fabs(m[r] - mx) <= 1e-6 * (1 + fabs(mx)) && fabs(l[r] - sum) <= 2e-6 * sum &&
+                    fabs(alpha[r] - a) <= 1e-6;
+        for (int64_t d = 0; d < dv; d++) {
+            double e = acc0[r * dv + d] * a, mag = fabs(e);
+            for (int64_t c = 0; c < nk; c++) {
+                const double t = exp(sl[c] - mx) * vd[c * ldv + d];
+                e += t, mag += fabs(t);
+            }
+            const double rel = fabs(acc[r * dv + d] - e) / (mag > 0 ? mag : 1);
+            if (!(rel <= worst)) worst = rel;
+        }
+    }
+    const bool pass = worst <= 4e-6 && state_ok;
+    CHECK(plant ? !pass : pass,
+          "%s decode%s n=%lld nk=%lld dk=%lld dv=%lld %s prefetch %d nan_key %lld: acc rel err "
+          "%.3g, m/l/alpha ok %d", k->name, plant ? " (planted error must fail)" : "",
+          (long long)n, (long long)nk, (long long)dk, (long long)dv, attn_dtype_name(dt),
+          prefetch, (long long)nan_key, worst, state_ok);
+    free(q), free(kk), free(v), free(kd), free(vd), free(s), free(acc), free(acc0);
+}
+
 /* The bool mask on an S^T tile against the obvious loop, over row counts and key counts
  * around the vector widths, mask row strides including 0 (one row broadcast). */
 static void test_mask_bool(const attn_kernels *k) {
@@ -230,6 +311,22 @@ int main(void) {
                 const int64_t dk = ds[(a + b) % 10], dv = ds[(a + 3 * b + 1) % 10];     \
                 test_tile(k, ns[a], nks[b], dk, dv ? dv : 1, (a + b) % 2 == 0);         \
             }                                                                           \
+        if (k->decode) {                                                                \
+            static const attn_dtype dts[] = {ATTN_F32, ATTN_BF16, ATTN_F16};            \
+            for (int64_t n = 1; n <= 4; n++)                                            \
+                for (size_t b = 0; b < sizeof nks / sizeof nks[0]; b++)                \
+                    for (size_t t = 0; t < 3; t++) {                                    \
+                        const int64_t dk = ds[(n + b + 1) % 10], dv = ds[(n + 3 * b) % 10];   \
+                        test_decode(k, n, nks[b], dk, dv ? dv : 1, dts[t], (b + t) % 2 == 0, \
+                                    -1, false);                                         \
+                    }                                                                   \
+            test_decode(k, 4, 13, 64, 64, ATTN_F32, true, 6, false);                    \
+            test_decode(k, 3, 64, 128, 128, ATTN_BF16, true, 0, false);                 \
+            test_decode(k, 4, 9, 600, 70, ATTN_BF16, true, -1, false);                  \
+            test_decode(k, 2, 9, 600, 33, ATTN_F16, true, -1, false);                   \
+            test_decode(k, 4, 64, 128, 128, ATTN_F32, true, -1, true);                  \
+            test_decode(k, 2, 7, 17, 65, ATTN_F16, false, -1, true);                    \
+        }                                                                               \
     } else {                                                                            \
         printf("  %s: skipped, this CPU cannot run it\n", #name);                      \
     }

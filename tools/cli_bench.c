@@ -257,6 +257,11 @@ typedef struct bench_case {
     /* the timed calls of every round, pooled: the medians above are taken over these */
     double *ts, *tts;
     int nts, ntts;
+    /* decoding rows: a plain read of as many bytes as K and V, timed after each timed
+     * call of the fused path (GB/s), and their median */
+    double *bws;
+    int nbws;
+    double bw_here;
 } bench_case;
 
 static void add_case(bench_case *c, int *n, const char *name, int64_t B, int64_t Hq,
@@ -765,9 +770,30 @@ enum { MAX_REPS = 1000, ADAPTIVE_REPS = 50, POOL = 4096 };
 /* warmup untimed calls, then at least reps timed ones (more for short calls: until about
  * ADAPTIVE_SECONDS are timed, at most ADAPTIVE_REPS), cycling through the input sets;
  * their times go to t[0..*nt), at most cap of them. */
+/* The read loop of the bandwidth measurement (the widest loads), once it ran. */
+static const bench_loops *g_read_loops;
+static double read_pass(const bench_loops *l, const float *buf, int64_t n, int threads);
+
+/* A decoding row's bandwidth is measured beside it: after each timed call, one parallel
+ * read of a buffer of the size of K and V that no call touches (so that the next call
+ * finds none of its own data in the caches), appended to c->bws. Memory bandwidth on a
+ * shared machine drifts by a third within minutes; a ratio of interleaved timings does
+ * not. */
+static float *bw_buffer(const bench_case *c, int threads, int64_t *n) {
+    *n = (int64_t)(c->kv_bytes / 4) / (64 * threads) * (64 * threads);
+    if (!g_read_loops || !c->decode || *n <= 0) return NULL;
+    float *buf = aligned_alloc(64, (size_t)*n * sizeof(float));
+    if (!buf) return NULL;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < *n; i++) buf[i] = 1e-3f * (float)(i & 7);
+    return buf;
+}
+
 static int time_path(bench_case *c, const case_buffers *cb, int threads, attn_path path,
                      int warmup, int reps, bool adaptive, double *t, int cap, int *nt) {
     *nt = 0;
+    int64_t bw_n = 0;
+    float *bw_buf = path == ATTN_PATH_FUSED && c->bws ? bw_buffer(c, threads, &bw_n) : NULL;
     if (reps > cap) reps = cap;
     int call = 1;  /* the check used set 0: start on the next one */
     for (int w = 0; w < warmup; w++, call++) {
@@ -780,8 +806,12 @@ static int time_path(bench_case *c, const case_buffers *cb, int threads, attn_pa
         const double t0 = now_s();
         attn_status st = call_case(c, cb, r, threads, path);
         t[n] = now_s() - t0;
-        if (call_failed(c, st, "timed call")) return -1;
+        if (call_failed(c, st, "timed call")) {
+            free(bw_buf);
+            return -1;
+        }
         spent += t[n++];
+        if (bw_buf && c->nbws < POOL) c->bws[c->nbws++] = read_pass(g_read_loops, bw_buf, bw_n, threads);
         if (adaptive && n == reps && spent < ADAPTIVE_SECONDS) {
             int more = (int)ceil(ADAPTIVE_SECONDS / (spent / n));
             want = more > ADAPTIVE_REPS ? ADAPTIVE_REPS : more;
@@ -790,6 +820,7 @@ static int time_path(bench_case *c, const case_buffers *cb, int threads, attn_pa
         }
     }
     *nt = n;
+    free(bw_buf);
     return 0;
 }
 
@@ -900,23 +931,27 @@ static double fma_gflops(const bench_loops *l, int threads, double seconds, int 
     return best;
 }
 
-/* GB/s reading buf (n floats) with `threads` threads, each its own contiguous part (the
- * same parts that first touched it): the best of `trials` passes after one untimed. */
+/* GB/s of one parallel pass over buf (n floats), each thread its own contiguous part
+ * (the same parts that first touched it). */
+static double read_pass(const bench_loops *l, const float *buf, int64_t n, int threads) {
+    double t0 = now_s();
+#pragma omp parallel num_threads(threads)
+    {
+        const int me = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int64_t chunk = n / 64 / nt * 64;
+        const int64_t lo = me * chunk, hi = me == nt - 1 ? n : lo + chunk;
+        double s = l->read(buf + lo, hi - lo);
+#pragma omp atomic
+        g_sink += s;
+    }
+    return 4.0 * (double)n / (now_s() - t0) * 1e-9;
+}
+
+/* the best of `trials` passes after one untimed */
 static double read_gbs(const bench_loops *l, const float *buf, int64_t n, int threads, int trials) {
     double best = 0;
     for (int t = 0; t <= trials; t++) {
-        double t0 = now_s();
-#pragma omp parallel num_threads(threads)
-        {
-            const int me = omp_get_thread_num(), nt = omp_get_num_threads();
-            const int64_t chunk = n / 64 / nt * 64;
-            const int64_t lo = me * chunk, hi = me == nt - 1 ? n : lo + chunk;
-            double s = l->read(buf + lo, hi - lo);
-#pragma omp atomic
-            g_sink += s;
-        }
-        double dt = now_s() - t0;
-        double g = 4.0 * (double)n / dt * 1e-9;
+        double g = read_pass(l, buf, n, threads);
         if (t > 0 && g > best) best = g;
     }
     return best;
@@ -978,6 +1013,7 @@ static int measure_machine(machine *m, bool quick, bool quiet) {
     m->bw_1 = read_gbs(bl, buf, n, 1, quick ? 2 : 5);
     m->bw_n = m->threads > 1 ? read_gbs(bl, buf, n, m->threads, quick ? 2 : 5) : m->bw_1;
     free(buf);
+    g_read_loops = bl;
     m->measured = true;
     return 0;
 }
@@ -1270,7 +1306,10 @@ static void write_json(FILE *f, const machine *m, const bench_case *c, int n, co
             if (m->measured) fprintf(f, ", \"pct_peak\": %.1f", 100 * gflops(x, x->t_med) / m->peak_n);
             if (x->decode) {
                 fprintf(f, ", \"gbs\": %.2f", x->kv_bytes / x->t_med * 1e-9);
-                if (m->measured) fprintf(f, ", \"pct_bw\": %.1f", 100 * x->kv_bytes / x->t_med * 1e-9 / m->bw_n);
+                if (x->bw_here > 0)
+                    fprintf(f, ", \"bw_here_gbs\": %.2f, \"pct_bw\": %.1f", x->bw_here,
+                            100 * x->kv_bytes / x->t_med * 1e-9 / x->bw_here);
+                if (m->measured) fprintf(f, ", \"pct_bw_start\": %.1f", 100 * x->kv_bytes / x->t_med * 1e-9 / m->bw_n);
             }
         }
         if (x->ref_med > 0)
@@ -1311,8 +1350,10 @@ static void print_table(FILE *f, const machine *m, const bench_case *c, int n, c
     if (tp && tp->version[0]) fprintf(f, "torch %s (%s)\n", tp->version, tp->info);
     if (n == 0) return;
     fprintf(f, "medians; GFLOP/s = 2*(Dk+Dv)*B*Hq*pairs/time (x2.5 for bwd-* rows); %%peak of the "
-            "%d-thread fp32 FMA peak; GB/s = K and V bytes/time; dtype Q/KV, +F = FAST precision; "
-            "x f32 = this row's speed over the float32 row of the same shape\n\n", m->threads);
+            "%d-thread fp32 FMA peak; GB/s = K and V bytes/time; %%bw of the median GB/s of a plain "
+            "read of as many bytes, timed after each call (memory bandwidth drifts); dtype Q/KV, "
+            "+F = FAST precision; x f32 = this row's speed over the float32 row of the same shape\n\n",
+            m->threads);
     fprintf(f, "%-26s %-22s %-6s %-10s %3s %-10s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s %6s\n",
             "case", "B Hq/Hkv Lq Lk D", "mask", "dtype", "thr", "kernel", "check", "ms",
             "GFLOP/s", "%peak", "GB/s", "%bw", "ref ms", "x ref", "torch ms", "t GF/s", "x torch",
@@ -1331,8 +1372,8 @@ static void print_table(FILE *f, const machine *m, const bench_case *c, int n, c
             if (m->measured) snprintf(cell[2], 24, "%.0f%%", 100 * gflops(x, x->t_med) / m->peak_n);
             if (x->decode) {
                 snprintf(cell[3], 24, "%.1f", x->kv_bytes / x->t_med * 1e-9);
-                if (m->measured)
-                    snprintf(cell[4], 24, "%.0f%%", 100 * x->kv_bytes / x->t_med * 1e-9 / m->bw_n);
+                const double bw = x->bw_here > 0 ? x->bw_here : m->bw_n;
+                if (m->measured) snprintf(cell[4], 24, "%.0f%%", 100 * x->kv_bytes / x->t_med * 1e-9 / bw);
             }
             if (x->ref_med > 0) {
                 snprintf(cell[5], 24, "%.1f", x->ref_med * 1e3);
@@ -1447,7 +1488,9 @@ int cli_bench(int argc, char **argv) {
         count_work(&cases[i]);
         cases[i].ts = malloc(POOL * sizeof(double));
         cases[i].tts = malloc(POOL * sizeof(double));
-        if (!cases[i].ts || !cases[i].tts) return say(EXIT_FAIL, "out of memory");
+        cases[i].bws = cases[i].decode ? malloc(POOL * sizeof(double)) : NULL;
+        if (!cases[i].ts || !cases[i].tts || (cases[i].decode && !cases[i].bws))
+            return say(EXIT_FAIL, "out of memory");
     }
     for (int r = 0; r < a.rounds; r++)
         for (int i = 0; i < n; i++) {
@@ -1510,6 +1553,10 @@ int cli_bench(int argc, char **argv) {
                 summarize(c->ts, c->nts, &c->t_med, &c->t_min, &c->t_max);
                 c->reps = c->nts;
             }
+            if (c->nbws) {
+                qsort(c->bws, (size_t)c->nbws, sizeof(double), cmp_double);
+                c->bw_here = median(c->bws, c->nbws);
+            }
             if (c->ntts) {
                 qsort(c->tts, (size_t)c->ntts, sizeof(double), cmp_double);
                 summarize(c->tts, c->ntts, &c->torch_med, &c->torch_min, &c->torch_max);
@@ -1551,6 +1598,6 @@ int cli_bench(int argc, char **argv) {
         }
     }
     fflush(stdout);
-    for (int i = 0; i < n; i++) free(cases[i].ts), free(cases[i].tts);
+    for (int i = 0; i < n; i++) free(cases[i].ts), free(cases[i].tts), free(cases[i].bws);
     return failed ? EXIT_FAIL : 0;
 }
