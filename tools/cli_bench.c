@@ -1372,8 +1372,8 @@ static void print_table(FILE *f, const machine *m, const bench_case *c, int n, c
             if (m->measured) snprintf(cell[2], 24, "%.0f%%", 100 * gflops(x, x->t_med) / m->peak_n);
             if (x->decode) {
                 snprintf(cell[3], 24, "%.1f", x->kv_bytes / x->t_med * 1e-9);
-                const double bw = x->bw_here > 0 ? x->bw_here : m->bw_n;
-                if (m->measured) snprintf(cell[4], 24, "%.0f%%", 100 * x->kv_bytes / x->t_med * 1e-9 / bw);
+                const double bw = x->bw_here > 0 ? x->bw_here : m->measured ? m->bw_n : 0;
+                if (bw > 0) snprintf(cell[4], 24, "%.0f%%", 100 * x->kv_bytes / x->t_med * 1e-9 / bw);
             }
             if (x->ref_med > 0) {
                 snprintf(cell[5], 24, "%.1f", x->ref_med * 1e3);
@@ -1476,6 +1476,9 @@ int cli_bench(int argc, char **argv) {
     }
 
     if (!a.no_machine && measure_machine(&m, a.quick, a.quiet)) return torch_stop(&tp), EXIT_FAIL;
+    for (int i = 0; i < N_LOOPS && !g_read_loops; i++)  /* --no-machine: the same widest loads */
+        if (attn_kernel_supported(LOOPS[i]->isa) && strcmp(LOOPS[i]->what, "fp32 FMA") == 0)
+            g_read_loops = LOOPS[i];
     if (!a.quiet && m.measured)
         fprintf(stderr, "attn bench: peak %.1f GFLOP/s (%s, %d threads), %.1f on 1; read %.1f GB/s "
                 "(%d threads), %.1f on 1\n", m.peak_n, m.peak_isa, m.threads, m.peak_1, m.bw_n,
