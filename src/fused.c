@@ -35,8 +35,8 @@
 #endif
 
 /* Tile sizes: BQ query rows share each key block; BK keys per block, chosen so that a
- * key and a value block together stay near 64 KiB (a Zen 4 core has 32 KiB of L1d and
- * 1 MiB of L2), within [16, 128]. Key splitting for decoding-shaped calls: at most
+ * key and a value block together, in their own dtype, stay near 64 KiB (a Zen 4 core has
+ * 32 KiB of L1d and 1 MiB of L2), within [16, 128]. Key splitting for decoding-shaped calls: at most
  * SPLIT_MAX chunks of at least SPLIT_MIN_KEYS keys, for Lq <= SPLIT_MAX_LQ. */
 enum {
     BQ = 64, BK_MIN = 16, BK_MAX = 128,
@@ -66,7 +66,8 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
     if (dk > (int64_t)1 << 40 || dv > (int64_t)1 << 40) return false;
     *plan = (fused_plan){0};
     int64_t bk = BK_MAX;
-    while (bk > BK_MIN && bk * (dk + dv) * (int64_t)sizeof(float) > 64 * 1024) bk /= 2;
+    const int64_t kv_bytes = p->kv_dt == ATTN_F32 ? 4 : 2;
+    while (bk > BK_MIN && bk * (dk + dv) * kv_bytes > 64 * 1024) bk /= 2;
     plan->bk = bk;
 
     const int64_t group = p->group, lq = p->Lq > 0 ? p->Lq : 1;

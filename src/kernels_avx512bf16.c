@@ -78,11 +78,13 @@ static void qk_bf16_avx512(int64_t npad, int64_t nk, int64_t dk, const uint32_t 
     }
 }
 
-/* (x, y) as bfloat16 pairs in 32-bit lanes: x in the low half. Round to nearest even. */
+/* (x, y) as bfloat16 pairs in 32-bit lanes: x in the low half. Round to nearest even.
+ * vcvtne2ps2bf16 gives x in elements 0..15 and y in 16..31; one vpermw interleaves them. */
 static inline __m512i pair_bf16(__m512 x, __m512 y) {
-    const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x));
-    const __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(y));
-    return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(y, x);
+    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                                23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(interleave, both);
 }
 
 /* RR rows x DC zmm of value columns over key pairs: t[i][j] += p-pair(row i) . v-pair */
@@ -139,9 +141,22 @@ static void pv_bf16_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, cons
                                             : _mm512_setzero_ps();
             _mm512_storeu_si512(pp + c * ldp + r, pair_bf16(x, y));
         }
-    /* V pairs: vp[c][d] = (v[2c][d], v[2c+1][d]); an odd last key pairs with 0 */
-    for (int64_t c = 0; c < npairs; c++)
-        for (int64_t d = 0; d < dv; d += 16) {
+    /* V pairs: vp[c][d] = (v[2c][d], v[2c+1][d]); an odd last key pairs with 0. 32 columns
+     * of two rows make 32 pairs with two vpermt2w, the rest 16 columns at a time. */
+    const __m512i pair_lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                             39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i pair_hi = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24,
+                                             55, 23, 54, 22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+    const int64_t d32 = dv / 32 * 32;
+    for (int64_t c = 0; c < npairs; c++) {
+        if (2 * c + 1 < nk)
+            for (int64_t d = 0; d < d32; d += 32) {
+                const __m512i x = _mm512_loadu_si512(v + 2 * c * ldv + d);
+                const __m512i y = _mm512_loadu_si512(v + (2 * c + 1) * ldv + d);
+                _mm512_storeu_si512(vp + c * ldvp + d, _mm512_permutex2var_epi16(x, pair_lo, y));
+                _mm512_storeu_si512(vp + c * ldvp + d + 16, _mm512_permutex2var_epi16(x, pair_hi, y));
+            }
+        for (int64_t d = 2 * c + 1 < nk ? d32 : 0; d < dv; d += 16) {
             const __mmask16 mk = dv - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (dv - d)) - 1);
             const __m512i x = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, v + 2 * c * ldv + d));
             const __m512i y = 2 * c + 1 < nk
@@ -149,6 +164,7 @@ static void pv_bf16_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, cons
                                   : _mm512_setzero_si512();
             _mm512_storeu_si512(vp + c * ldvp + d, _mm512_or_si512(x, _mm512_slli_epi32(y, 16)));
         }
+    }
     for (int64_t d0 = 0; d0 < dv; d0 += 64) {
         const int64_t nd = dv - d0 < 64 ? dv - d0 : 64;
         const int dc = (int)((nd + 15) / 16), rem = (int)(nd - 16 * (dc - 1));
