@@ -328,23 +328,32 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
                         const fused_scratch *w, const fused_block *blk, int64_t ja,
                         int64_t jb) {
     const int64_t dk = p->Dk, dv = p->Dv, n = blk->n, npad = blk->npad;
-    for (int64_t r = 0; r < n; r++) {
-        const int64_t q_bhi = blk->b * p->q_s[0] + w->h[r] * p->q_s[1] + w->i[r] * p->q_s[2];
-        for (int64_t d = 0; d < dk; d++) {
-            const float x = attn_load(p->q_dt, p->q, q_bhi + d * p->q_s[3]);
-            w->q[r * dk + d] = x;
-            w->qt[d * BQ + r] = x;
-        }
-    }
-    for (int64_t d = 0; d < dk; d++)
-        for (int64_t r = n; r < npad; r++) w->qt[d * BQ + r] = 0.0f;
-    if (blk->qk_bf16)  // pairs (2t, 2t+1) of each row, exact: the values are bfloat16
-        for (int64_t t = 0; t < (dk + 1) / 2; t++)
-            for (int64_t r = 0; r < npad; r++) {
-                const uint32_t lo = r < n ? attn_f32_to_bf16(w->qt[2 * t * BQ + r]) : 0;
-                const uint32_t hi = r < n && 2 * t + 1 < dk ? attn_f32_to_bf16(w->qt[(2 * t + 1) * BQ + r]) : 0;
+    if (blk->qk_bf16) {
+        /* only the bf16 pairs (2t, 2t+1) of each row are read: with unit stride along Dk
+         * they are the row's own 32-bit words (element 2t in the low half) */
+        const uint16_t *q16 = (const uint16_t *)p->q;
+        for (int64_t r = 0; r < npad; r++) {
+            const uint16_t *row = r < n ? q16 + blk->b * p->q_s[0] + w->h[r] * p->q_s[1] +
+                                              w->i[r] * p->q_s[2]
+                                        : NULL;
+            for (int64_t t = 0; t < (dk + 1) / 2; t++) {
+                const uint32_t lo = row ? row[2 * t * p->q_s[3]] : 0;
+                const uint32_t hi = row && 2 * t + 1 < dk ? row[(2 * t + 1) * p->q_s[3]] : 0;
                 w->qp[t * BQ + r] = lo | hi << 16;
             }
+        }
+    } else {
+        for (int64_t r = 0; r < n; r++) {
+            const int64_t q_bhi = blk->b * p->q_s[0] + w->h[r] * p->q_s[1] + w->i[r] * p->q_s[2];
+            for (int64_t d = 0; d < dk; d++) {
+                const float x = attn_load(p->q_dt, p->q, q_bhi + d * p->q_s[3]);
+                w->q[r * dk + d] = x;
+                w->qt[d * BQ + r] = x;
+            }
+        }
+        for (int64_t d = 0; d < dk; d++)
+            for (int64_t r = n; r < npad; r++) w->qt[d * BQ + r] = 0.0f;
+    }
     for (int64_t r = 0; r < npad; r++) {
         w->m[r] = -INFINITY;
         w->l[r] = 0.0f;
@@ -376,13 +385,20 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         }
         if (n <= 4 && pf_nk > 0) prefetch_tile(p, blk, pj, pf_nk);
         tile_logits(p, kern, w, blk, j0, nk, boundary);
-        kern->softmax(npad, nk, w->s, BQ, w->m, w->l, w->alpha);
         if (fast && clean && kern->pv_bf16 && p->v_s[3] == 1) {
             const uint16_t *v = (const uint16_t *)p->v + blk->b * p->v_s[0] +
                                 blk->g * p->v_s[1] + j0 * p->v_s[2];
-            kern->pv_bf16(n, npad, nk, dv, w->s, BQ, v, p->v_s[2], w->alpha, w->acc, dv, w->pairs);
+            const float *probs = w->s;
+            if (kern->softmax_pairs) {  // P rounded to pairs as it is computed
+                kern->softmax_pairs(npad, nk, w->s, BQ, w->m, w->l, w->alpha, w->pairs, npad);
+                probs = NULL;
+            } else {
+                kern->softmax(npad, nk, w->s, BQ, w->m, w->l, w->alpha);
+            }
+            kern->pv_bf16(n, npad, nk, dv, probs, BQ, v, p->v_s[2], w->alpha, w->acc, dv, w->pairs);
             continue;
         }
+        kern->softmax(npad, nk, w->s, BQ, w->m, w->l, w->alpha);
         if (fast)  // the same rounding where the bf16 kernel does not apply
             for (int64_t c = 0; c < nk; c++)
                 for (int64_t r = 0; r < n; r++)

@@ -76,12 +76,20 @@ struct attn_kernels {
      * pv_bf16: the FAST precision's P V: acc = acc * alpha + bf16(P) V for a clean tile
      * (no masked key: no p is 0 by masking), on vdpbf16ps over pairs of keys.
      *   v (nk, dv) bfloat16, row stride ldv; pairs (bk / 2 + 1) * (npad + dv) uint32 of
-     *   scratch for the packed pairs of P and V. */
+     *   scratch for the packed pairs of P and V; p = NULL when softmax_pairs has put the
+     *   P pairs there already. */
     void (*qk_bf16)(int64_t npad, int64_t nk, int64_t dk, const uint32_t *qp, int64_t ldq,
                     const uint16_t *k, int64_t ldk, float scale, float *s, int64_t lds);
     void (*pv_bf16)(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p,
                     int64_t lds, const uint16_t *v, int64_t ldv, const float *alpha,
                     float *acc, int64_t ldo, uint32_t *pairs);
+    /* softmax_pairs: softmax's step for the FAST precision's clean tiles, its p written
+     * not into s but as the bfloat16 key pairs pv_bf16 reads: pp[c][r] = (bf16 p[2c][r],
+     * bf16 p[2c+1][r]) (0 past nk), row stride ldp = npad, at the start of pv_bf16's
+     * pairs; pv_bf16 then takes p = NULL. m, l, alpha and the pairs are bit for bit
+     * those of softmax followed by pv_bf16's own packing. */
+    void (*softmax_pairs)(int64_t npad, int64_t nk, const float *s, int64_t lds, float *m,
+                          float *l, float *alpha, uint32_t *pp, int64_t ldp);
 
     /* The bool mask on an S^T tile: s[c][r] = -inf where m[r * ldm + c] == 0, for rows
      * r < n and keys c < nk (the mask's keys contiguous). Reads only those mask bytes. */

@@ -14,33 +14,11 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include "exp_avx512.h"
 #include "kernels.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
 #define INLINE static inline __attribute__((always_inline))
-
-/* exp(x) for a vector: n = round(x log2 e), r = x - n ln 2 in two steps (Cody-Waite),
- * e^r by its degree-7 Taylor polynomial on |r| <= ln2/2 (truncation < 1.2e-8 relative),
- * then scalef by 2^n, which rounds correctly into subnormals and 0 and saturates to inf.
- * x is clamped below at -104, where exp is already 0 in float32; max(-104, x) returns x
- * when x is NaN, so NaN stays NaN and -inf gives exactly 0. Measured against float64 exp
- * over [-104, 88]: at most 2 ulp (tests/test_kernels.c). */
-INLINE __m512 exp_avx512(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606820309417e-06f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
 
 /* S^T for RV zmm of rows (16 RV rows) and KC keys starting at key c0. */
 INLINE void qk_tile(int RV, int KC, int64_t dk, const float *qt, int64_t ldq, const float *k,

@@ -11,8 +11,10 @@
  */
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
+#include "exp_avx512.h"
 #include "kernels.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
@@ -133,8 +135,9 @@ static void pv_bf16_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, cons
                            float *acc, int64_t ldo, uint32_t *pairs) {
     const int64_t npairs = (nk + 1) / 2, ldp = npad, ldvp = (dv + 15) / 16 * 16;
     uint32_t *pp = pairs, *vp = pairs + npairs * ldp;
-    /* P pairs along the keys, rounded to bfloat16: pp[c][r] = (p[2c][r], p[2c+1][r]) */
-    for (int64_t c = 0; c < npairs; c++)
+    /* P pairs along the keys, rounded to bfloat16: pp[c][r] = (p[2c][r], p[2c+1][r]);
+     * p = NULL: softmax_pairs left them there already */
+    for (int64_t c = 0; c < npairs && p; c++)
         for (int64_t r = 0; r < npad; r += 16) {
             const __m512 x = _mm512_loadu_ps(p + 2 * c * lds + r);
             const __m512 y = 2 * c + 1 < nk ? _mm512_loadu_ps(p + (2 * c + 1) * lds + r)
@@ -178,6 +181,41 @@ static void pv_bf16_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, cons
     }
 }
 
+/* attn_softmax_avx512 with its p written as bfloat16 key pairs (kernels.h): the same
+ * exps summed in the same order, so m, l, alpha and the rounded pairs are bit for bit
+ * those of softmax followed by pv_bf16's own packing. */
+static void softmax_pairs_avx512(int64_t npad, int64_t nk, const float *s, int64_t lds,
+                                 float *m, float *l, float *alpha, uint32_t *pp, int64_t ldp) {
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
+    for (int64_t r = 0; r < npad; r += 16) {
+        const __m512 m_old = _mm512_loadu_ps(m + r);
+        __m512 mx = m_old;
+        __mmask16 nan = _mm512_cmp_ps_mask(m_old, m_old, _CMP_UNORD_Q);
+        for (int64_t c = 0; c < nk; c++) {
+            const __m512 x = _mm512_loadu_ps(s + c * lds + r);
+            mx = _mm512_max_ps(mx, x);
+            nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+        }
+        mx = _mm512_mask_mov_ps(mx, nan, _mm512_set1_ps(NAN));
+        const __m512 shift = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), zero);
+        __m512 sum = zero;
+        for (int64_t c = 0; c < nk; c += 2) {
+            const __m512 e0 = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + c * lds + r), shift));
+            sum = _mm512_add_ps(sum, e0);
+            __m512 e1 = zero;
+            if (c + 1 < nk) {
+                e1 = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + (c + 1) * lds + r), shift));
+                sum = _mm512_add_ps(sum, e1);
+            }
+            _mm512_storeu_si512(pp + (c / 2) * ldp + r, pair_bf16(e0, e1));
+        }
+        const __m512 a = exp_avx512(_mm512_sub_ps(m_old, shift));
+        _mm512_storeu_ps(alpha + r, a);
+        _mm512_storeu_ps(l + r, _mm512_fmadd_ps(_mm512_loadu_ps(l + r), a, sum));
+        _mm512_storeu_ps(m + r, mx);
+    }
+}
+
 const attn_kernels attn_kernels_avx512bf16 = {
     .name = "avx512bf16",
     .qk = attn_qk_avx512,
@@ -185,6 +223,7 @@ const attn_kernels attn_kernels_avx512bf16 = {
     .pv = attn_pv_avx512,
     .qk_bf16 = qk_bf16_avx512,
     .pv_bf16 = pv_bf16_avx512,
+    .softmax_pairs = softmax_pairs_avx512,
     .mask_bool = attn_mask_bool_avx512,
     .to_f32 = attn_to_f32_avx512,
     .decode = attn_decode_avx512,

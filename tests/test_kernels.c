@@ -259,6 +259,39 @@ static void test_decode(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk
     free(q), free(kk), free(v), free(kd), free(vd), free(s), free(acc), free(acc0);
 }
 
+/* softmax_pairs (kernels that have it) against softmax followed by the packing pv_bf16
+ * does: bit for bit the same m, l, alpha and rounded pairs, from a running state, with
+ * masked keys and one fully masked row. */
+static void test_softmax_pairs(const attn_kernels *k, int64_t npad, int64_t nk) {
+    const int64_t lds = npad + 16, npairs = (nk + 1) / 2;
+    float *s = malloc((size_t)(nk * lds) * sizeof(float)), *s2 = malloc((size_t)(nk * lds) * sizeof(float));
+    uint32_t *pp = malloc((size_t)(npairs * npad) * sizeof(uint32_t));
+    float m[64], l[64], a[64], m2[64], l2[64], a2[64];
+    for (int64_t c = 0; c < nk * lds; c++) {
+        const int64_t r = c % lds, key = c / lds;
+        s[c] = (r == 1 || (r + key) % 7 == 3) ? -INFINITY : 6.0f * sym();
+    }
+    memcpy(s2, s, (size_t)(nk * lds) * sizeof(float));
+    for (int64_t r = 0; r < npad; r++) {
+        m[r] = m2[r] = r % 3 == 0 ? -INFINITY : 2.0f * sym();
+        l[r] = l2[r] = m[r] == -INFINITY ? 0.0f : 1.0f + (float)uniform();
+    }
+    k->softmax(npad, nk, s2, lds, m2, l2, a2);
+    k->softmax_pairs(npad, nk, s, lds, m, l, a, pp, npad);
+    int bad = 0;
+    for (int64_t r = 0; r < npad; r++)
+        bad += memcmp(&m[r], &m2[r], 4) != 0 || memcmp(&l[r], &l2[r], 4) != 0 || memcmp(&a[r], &a2[r], 4) != 0;
+    for (int64_t c = 0; c < npairs; c++)
+        for (int64_t r = 0; r < npad; r++) {
+            const uint32_t lo = attn_f32_to_bf16(s2[2 * c * lds + r]);
+            const uint32_t hi = 2 * c + 1 < nk ? attn_f32_to_bf16(s2[(2 * c + 1) * lds + r]) : 0;
+            bad += pp[c * npad + r] != (lo | hi << 16);
+        }
+    CHECK(bad == 0, "%s softmax_pairs npad=%lld nk=%lld: %d values differ from softmax + packing",
+          k->name, (long long)npad, (long long)nk, bad);
+    free(s), free(s2), free(pp);
+}
+
 /* The bool mask on an S^T tile against the obvious loop, over row counts and key counts
  * around the vector widths, mask row strides including 0 (one row broadcast). */
 static void test_mask_bool(const attn_kernels *k) {
@@ -310,6 +343,11 @@ int main(void) {
             for (size_t b = 0; b < sizeof nks / sizeof nks[0]; b++) {                  \
                 const int64_t dk = ds[(a + b) % 10], dv = ds[(a + 3 * b + 1) % 10];     \
                 test_tile(k, ns[a], nks[b], dk, dv ? dv : 1, (a + b) % 2 == 0);         \
+            }                                                                           \
+        if (k->softmax_pairs)                                                           \
+            for (size_t b = 0; b < sizeof nks / sizeof nks[0]; b++) {                  \
+                test_softmax_pairs(k, 16, nks[b]);                                      \
+                test_softmax_pairs(k, 64, nks[b]);                                      \
             }                                                                           \
         if (k->decode) {                                                                \
             static const attn_dtype dts[] = {ATTN_F32, ATTN_BF16, ATTN_F16};            \
