@@ -87,6 +87,11 @@ for c in d["cases"]:
     assert abs(c["gflops"] - c["flop"] / c["median_s"] * 1e-9) <= 0.01 * c["gflops"] + 0.01, c
     assert c["rotate"] >= 1 and c["kernel"] == d["kernel"] and c["threads"] == d["threads"], c
     assert ("gbs" in c) == c["decode"], c
+    # a decoding row: the read timed beside its calls, and its % of that read
+    assert ("bw_here_gbs" in c) == c["decode"], c
+    if c["decode"]:
+        assert c["bw_here_gbs"] > 0 and abs(c["pct_bw"] - 100 * c["gbs"] / c["bw_here_gbs"]) <= 0.5, c
+        assert abs(c["pct_bw_start"] - 100 * c["gbs"] / m["bw_gbs_n"]) <= 0.5, c
     assert "ref_median_s" in c, c   # every quick case is under --ref-max-l
 '
 pycheck "JSON: 16-bit rows, FAST precision and backward rows, each with its float32 row" '
