@@ -309,8 +309,9 @@ static void tile_logits(const attn_params *p, const attn_kernels *kern, const fu
 /* A block of few rows (decoding) does little arithmetic per key and waits on memory: the
  * key and value rows of the tile PREFETCH_TILES ahead are asked for while this one is
  * computed, into the outer caches (prefetcht2: a tile of K and V is 64 KiB, twice the L1).
- * Measured in interleaved runs of the decoding row, two threads: about 16 GB/s without,
- * 16 with a prefetch into L1, 19 into L2, 20 with this hint (docs/KERNELS.md). */
+ * A kernel with a decode entry does it itself, a few lines per step of its arithmetic;
+ * prefetch_tile asks for a whole tile at once, for the other kernels and for the tiles a
+ * mask reaches into (a burst like this stalls on the miss queue: docs/KERNELS.md). */
 enum { PREFETCH_TILES = 2 };
 
 static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
