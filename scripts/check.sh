@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# check.sh — the whole test suite: builds, runs every suite, then runs them all again
+# check.sh — the whole test suite: builds, runs every suite, runs the C suites again on
+# an AArch64 build under qemu-user (the portable kernel alone), then everything again
 # under AddressSanitizer + UndefinedBehaviorSanitizer, and closes with one
-# "N passed, N failed" line summed over every suite of both runs.
+# "N passed, N failed" line summed over every suite of every run.
 #
 # Usage: bash scripts/check.sh            (what `make check` and .ci/run run)
 #        ATTN_CHECK_SANITIZE=0 bash scripts/check.sh   skip the sanitizer run
+#        ATTN_CHECK_CROSS=0 bash scripts/check.sh      skip the AArch64 run under qemu
 set -u
 cd "$(dirname "$0")/.."
 
@@ -69,6 +71,29 @@ run_all() {
 make -s -j"$jobs" all tests || { echo "0 passed, 1 failed"; exit 1; }
 run_all build ""
 run_suite python bash tests/python/run.sh   # the Python package, built from this tree
+
+# The portable build on another CPU: on an x86-64 machine with an AArch64 cross compiler
+# and qemu-user (scripts/deps.sh installs them), the library and the C suites are built
+# for AArch64, where only the generic kernel exists, and run under emulation.
+CROSS_SUITES="test_api test_kernels test_edge test_npy test_forward test_half test_onnx test_backward test_backward_half"
+if [ "${ATTN_CHECK_CROSS:-1}" != 0 ] && [ "$(uname -m)" = x86_64 ]; then
+    if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >/dev/null 2>&1; then
+        targets="build-arm64/libattn.a"
+        for t in $CROSS_SUITES; do targets="$targets build-arm64/tests/$t"; done
+        # shellcheck disable=SC2086
+        if make -s -j"$jobs" CC=aarch64-linux-gnu-gcc BUILD=build-arm64 $targets; then
+            for t in $CROSS_SUITES; do
+                run_suite "aarch64 (qemu) $t" env QEMU_LD_PREFIX=/usr/aarch64-linux-gnu \
+                    qemu-aarch64 "build-arm64/tests/$t"
+            done
+        else
+            echo "aarch64 cross build failed: counted as 1 failure"
+            total_fail=$((total_fail + 1))
+        fi
+    else
+        echo "== aarch64 (qemu): skipped, no aarch64-linux-gnu-gcc or qemu-aarch64 (scripts/deps.sh installs them)"
+    fi
+fi
 
 if [ "${ATTN_CHECK_SANITIZE:-1}" != 0 ]; then
     san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"

@@ -4,6 +4,8 @@
 # of `attn train`), from Debian's packages; for the
 # Python package (tests/python/run.sh): Python's headers, and NumPy, pytest, setuptools
 # and wheel with pip (Debian's packages where pip is missing or may not install).
+# On x86-64 also an AArch64 cross compiler and qemu-user, for the suite's run of the
+# portable build on another CPU (skipped, not failed, where they cannot be installed).
 # Idempotent and quiet when everything is there already.
 set -eu
 missing=()
@@ -18,6 +20,17 @@ if [ ${#missing[@]} -gt 0 ]; then
     [ "$(id -u)" -eq 0 ] || SUDO=sudo
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+if [ "$(uname -m)" = x86_64 ] && { ! command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 ||
+    ! command -v qemu-aarch64 >/dev/null 2>&1; }; then
+    echo "deps: installing gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    { $SUDO apt-get update -qq &&
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+            gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user; } ||
+        echo "deps: the AArch64 tools did not install; make check will skip that run"
 fi
 
 # The Python package is built without isolation (no network at test time), so its build
