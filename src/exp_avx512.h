@@ -1,12 +1,14 @@
 /*
- * exp_avx512.h — the vectorized exp of the AVX-512 kernels, shared by kernels_avx512.c
- *                and kernels_avx512bf16.c (both compiled with AVX-512 flags; include it
- *                nowhere else).
+ * exp_avx512.h — the vectorized exp of the AVX-512 kernels and the max pass of their
+ *                softmax, shared by kernels_avx512.c and kernels_avx512bf16.c (both
+ *                compiled with AVX-512 flags; include it nowhere else).
  */
 #ifndef ATTN_EXP_AVX512_H
 #define ATTN_EXP_AVX512_H
 
 #include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
 
 /* exp(x) for a vector: n = round(x log2 e), r = x - n ln 2 in two steps (Cody-Waite),
  * e^r by its degree-7 Taylor polynomial on |r| <= ln2/2 (truncation < 1.2e-8 relative),
@@ -29,6 +31,27 @@ static inline __attribute__((always_inline)) __m512 exp_avx512(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
+}
+
+/* The first pass of the online softmax over the 16 rows of an S^T tile at s (nk keys, row
+ * stride lds): returns the new running max, max(m_old, the logits), NaN where the old max
+ * or any logit of the row is NaN (max_ps alone would drop it); *shift gets the value the
+ * exps subtract: the max, or 0 for rows with every key masked so far, so that
+ * exp(-inf - 0) = 0 rather than exp(-inf - -inf) = NaN. */
+static inline __attribute__((always_inline)) __m512 softmax_max_avx512(const float *s, int64_t lds,
+                                                                        int64_t nk, __m512 m_old,
+                                                                        __m512 *shift) {
+    __m512 mx = m_old;
+    __mmask16 nan = _mm512_cmp_ps_mask(m_old, m_old, _CMP_UNORD_Q);
+    for (int64_t c = 0; c < nk; c++) {
+        const __m512 x = _mm512_loadu_ps(s + c * lds);
+        mx = _mm512_max_ps(mx, x);
+        nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    }
+    mx = _mm512_mask_mov_ps(mx, nan, _mm512_set1_ps(NAN));
+    *shift = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ),
+                                _mm512_setzero_ps());
+    return mx;
 }
 
 #endif /* ATTN_EXP_AVX512_H */

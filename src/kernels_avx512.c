@@ -56,6 +56,24 @@ QK_ROWS(2, 8)
 QK_ROWS(3, 6)
 QK_ROWS(4, 6)
 
+/* The 16 lane sums of acc[r][c] (4 rows x 4 keys) at once, by a transposing tree (45
+ * operations rather than 16 reductions of 8): with A_(4r+c) = acc[r][c], pairs of vectors
+ * are folded by 256-bit halves, then 128-bit lanes, then within lanes; 128-bit lane c of
+ * the result holds rows 0..3 of key c, times scale. */
+INLINE __m512 lane_sums_4x4(__m512 acc[4][4], __m512 scale) {
+    __m512 t[8], u[4];
+    UNROLL for (int j = 0; j < 8; j++) {
+        const __m512 a = acc[(2 * j) / 4][(2 * j) % 4], b = acc[(2 * j + 1) / 4][(2 * j + 1) % 4];
+        t[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    }
+    UNROLL for (int j = 0; j < 4; j++)
+        u[j] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], 0x88),
+                             _mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], 0xDD));
+    const __m512 v0 = _mm512_add_ps(_mm512_unpacklo_ps(u[0], u[1]), _mm512_unpackhi_ps(u[0], u[1]));
+    const __m512 v1 = _mm512_add_ps(_mm512_unpacklo_ps(u[2], u[3]), _mm512_unpackhi_ps(u[2], u[3]));
+    return _mm512_mul_ps(scale, _mm512_add_ps(_mm512_shuffle_ps(v0, v1, 0x44), _mm512_shuffle_ps(v0, v1, 0xEE)));
+}
+
 /* The dot-product form for a few query rows (decoding): each key row is streamed once
  * along Dk, in its natural layout, against NR query rows held in L1; KC keys at a time,
  * each (row, key) sum reduced across its lanes at the end. Cheaper than padding the rows
@@ -75,23 +93,7 @@ INLINE void qk_dot_tile(int NR, int KC, int64_t dk, const float *q, const float 
         }
     }
     if (NR == 4 && KC == 4) {
-        /* the 16 lane sums at once, by a transposing tree (45 operations rather than 16
-         * reductions of 8): with A_(4r+c) = acc[r][c], pairs of vectors are folded by
-         * 256-bit halves, then 128-bit lanes, then within lanes; 128-bit lane c of the
-         * result holds rows 0..3 of key c, the layout of S^T */
-        __m512 t[8], u[4];
-        UNROLL for (int j = 0; j < 8; j++) {
-            const __m512 a = acc[(2 * j) / 4][(2 * j) % 4], b = acc[(2 * j + 1) / 4][(2 * j + 1) % 4];
-            t[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-        }
-        UNROLL for (int j = 0; j < 4; j++)
-            u[j] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], 0x88),
-                                 _mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], 0xDD));
-        const __m512 v0 = _mm512_add_ps(_mm512_unpacklo_ps(u[0], u[1]), _mm512_unpackhi_ps(u[0], u[1]));
-        const __m512 v1 = _mm512_add_ps(_mm512_unpacklo_ps(u[2], u[3]), _mm512_unpackhi_ps(u[2], u[3]));
-        const __m512 w = _mm512_mul_ps(_mm512_set1_ps(scale),
-                                       _mm512_add_ps(_mm512_shuffle_ps(v0, v1, 0x44),
-                                                     _mm512_shuffle_ps(v0, v1, 0xEE)));
+        const __m512 w = lane_sums_4x4(acc, _mm512_set1_ps(scale));  // lane 4c + r
         _mm_storeu_ps(s, _mm512_castps512_ps128(w));
         _mm_storeu_ps(s + lds, _mm512_extractf32x4_ps(w, 1));
         _mm_storeu_ps(s + 2 * lds, _mm512_extractf32x4_ps(w, 2));
@@ -141,21 +143,11 @@ void attn_qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float
 
 void attn_softmax_avx512(int64_t npad, int64_t nk, float *s, int64_t lds, float *m, float *l,
                            float *alpha) {
-    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
+    const __m512 zero = _mm512_setzero_ps();
     for (int64_t r = 0; r < npad; r += 16) {
         const __m512 m_old = _mm512_loadu_ps(m + r);
-        __m512 mx = m_old;
-        __mmask16 nan = _mm512_cmp_ps_mask(m_old, m_old, _CMP_UNORD_Q);
-        for (int64_t c = 0; c < nk; c++) {
-            const __m512 x = _mm512_loadu_ps(s + c * lds + r);
-            mx = _mm512_max_ps(mx, x);
-            nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-        }
-        /* a NaN logit poisons its row (max_ps alone would drop it) */
-        mx = _mm512_mask_mov_ps(mx, nan, _mm512_set1_ps(NAN));
-        /* rows with every key masked so far: shift by 0, so exp(-inf - 0) = 0 rather
-         * than exp(-inf - -inf) = NaN */
-        const __m512 shift = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), zero);
+        __m512 shift;
+        const __m512 mx = softmax_max_avx512(s + r, lds, nk, m_old, &shift);
         __m512 sum = zero;
         for (int64_t c = 0; c < nk; c++) {
             const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + c * lds + r), shift));
@@ -330,18 +322,7 @@ INLINE __m512 dec_qk4(int DT, int NR, bool SPLIT, int64_t dk, const float *q, in
     }
     if (ahead)
         for (int64_t i = (dk + step - 1) / step; i < pf->lines_v; i++) pf_line(pf, c, i);
-    /* the transposing tree of qk_dot_tile: 128-bit lane j holds rows 0..3 of key j */
-    __m512 t[8], u[4];
-    UNROLL for (int x = 0; x < 8; x++) {
-        const __m512 a = acc[(2 * x) / 4][(2 * x) % 4], b = acc[(2 * x + 1) / 4][(2 * x + 1) % 4];
-        t[x] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-    }
-    UNROLL for (int x = 0; x < 4; x++)
-        u[x] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * x], t[2 * x + 1], 0x88),
-                             _mm512_shuffle_f32x4(t[2 * x], t[2 * x + 1], 0xDD));
-    const __m512 v0 = _mm512_add_ps(_mm512_unpacklo_ps(u[0], u[1]), _mm512_unpackhi_ps(u[0], u[1]));
-    const __m512 v1 = _mm512_add_ps(_mm512_unpacklo_ps(u[2], u[3]), _mm512_unpackhi_ps(u[2], u[3]));
-    return _mm512_mul_ps(scale, _mm512_add_ps(_mm512_shuffle_ps(v0, v1, 0x44), _mm512_shuffle_ps(v0, v1, 0xEE)));
+    return lane_sums_4x4(acc, scale);  // 128-bit lane j: rows 0..3 of key j
 }
 
 /* one key (the tile's last keys when nk % 4 != 0): its NR logits in lanes 0..NR-1 */

@@ -186,18 +186,11 @@ static void pv_bf16_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, cons
  * those of softmax followed by pv_bf16's own packing. */
 static void softmax_pairs_avx512(int64_t npad, int64_t nk, const float *s, int64_t lds,
                                  float *m, float *l, float *alpha, uint32_t *pp, int64_t ldp) {
-    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
+    const __m512 zero = _mm512_setzero_ps();
     for (int64_t r = 0; r < npad; r += 16) {
         const __m512 m_old = _mm512_loadu_ps(m + r);
-        __m512 mx = m_old;
-        __mmask16 nan = _mm512_cmp_ps_mask(m_old, m_old, _CMP_UNORD_Q);
-        for (int64_t c = 0; c < nk; c++) {
-            const __m512 x = _mm512_loadu_ps(s + c * lds + r);
-            mx = _mm512_max_ps(mx, x);
-            nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-        }
-        mx = _mm512_mask_mov_ps(mx, nan, _mm512_set1_ps(NAN));
-        const __m512 shift = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), zero);
+        __m512 shift;
+        const __m512 mx = softmax_max_avx512(s + r, lds, nk, m_old, &shift);
         __m512 sum = zero;
         for (int64_t c = 0; c < nk; c += 2) {
             const __m512 e0 = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + c * lds + r), shift));

@@ -90,8 +90,9 @@ for c in d["cases"]:
     # a decoding row: the read timed beside its calls, and its % of that read
     assert ("bw_here_gbs" in c) == c["decode"], c
     if c["decode"]:
-        assert c["bw_here_gbs"] > 0 and abs(c["pct_bw"] - 100 * c["gbs"] / c["bw_here_gbs"]) <= 0.5, c
-        assert abs(c["pct_bw_start"] - 100 * c["gbs"] / m["bw_gbs_n"]) <= 0.5, c
+        # (the JSON rounds GB/s to 0.01 and the opening bandwidth to 0.1: 1% slack)
+        assert c["bw_here_gbs"] > 0 and abs(c["pct_bw"] - 100 * c["gbs"] / c["bw_here_gbs"]) <= 0.01 * c["pct_bw"] + 0.1, c
+        assert abs(c["pct_bw_start"] - 100 * c["gbs"] / m["bw_gbs_n"]) <= 0.01 * c["pct_bw_start"] + 0.1, c
     assert "ref_median_s" in c, c   # every quick case is under --ref-max-l
 '
 pycheck "JSON: 16-bit rows, FAST precision and backward rows, each with its float32 row" '
