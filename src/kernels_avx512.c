@@ -161,10 +161,21 @@ void attn_softmax_avx512(int64_t npad, int64_t nk, float *s, int64_t lds, float 
     }
 }
 
-/* RR rows x DC zmm of value columns starting at column d0; the last zmm loads and
- * stores under `tail`. SKIP: a p of exactly 0 leaves the accumulator untouched. */
-INLINE void pv_tile(int RR, int DC, bool SKIP, int64_t nk, const float *p, int64_t lds,
-                    const float *v, int64_t ldv, const float *alpha, float *acc, int64_t ldo,
+/* 16 elements of row `row` from column d, as float32; DT is a compile-time constant */
+INLINE __m512 load_row16(int DT, const void *row, int64_t d, __mmask16 mk) {
+    if (DT == ATTN_F32)
+        return mk == 0xFFFF ? _mm512_loadu_ps((const float *)row + d)
+                            : _mm512_maskz_loadu_ps(mk, (const float *)row + d);
+    const __m256i h = _mm256_maskz_loadu_epi16(mk, (const uint16_t *)row + d);
+    if (DT == ATTN_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+/* RR rows x DC zmm of value columns (V's rows of dtype DT, ldv bytes apart); the last
+ * zmm loads and stores under `tail`. acc = acc * alpha + sum_c p[c][i] V[c], the tile's
+ * sum from zero. SKIP: a p of exactly 0 leaves the accumulator untouched. */
+INLINE void pv_tile(int DT, int RR, int DC, bool SKIP, int64_t nk, const float *p, int64_t lds,
+                    const char *v, int64_t ldv, const float *alpha, float *acc, int64_t ldo,
                     __mmask16 tail) {
     __m512 t[4][4];
     UNROLL for (int i = 0; i < RR; i++)
@@ -172,8 +183,7 @@ INLINE void pv_tile(int RR, int DC, bool SKIP, int64_t nk, const float *p, int64
     for (int64_t c = 0; c < nk; c++) {
         __m512 vv[4];
         UNROLL for (int j = 0; j < DC; j++)
-            vv[j] = j == DC - 1 ? _mm512_maskz_loadu_ps(tail, v + c * ldv + 16 * j)
-                                : _mm512_loadu_ps(v + c * ldv + 16 * j);
+            vv[j] = load_row16(DT, v + c * ldv, 16 * j, j == DC - 1 ? tail : (__mmask16)0xFFFF);
         UNROLL for (int i = 0; i < RR; i++) {
             const __m512 pb = _mm512_set1_ps(p[c * lds + i]);
             if (SKIP) {
@@ -203,14 +213,14 @@ INLINE void pv_tile(int RR, int DC, bool SKIP, int64_t nk, const float *p, int64
         int64_t r = 0;                                                                      \
         if (skip) {                                                                         \
             for (; r + 4 <= n; r += 4)                                                      \
-                pv_tile(4, DC, true, nk, p + r, lds, v, ldv, alpha + r, acc + r * ldo, ldo, tail); \
+                pv_tile(ATTN_F32, 4, DC, true, nk, p + r, lds, (const char *)v, 4 * ldv, alpha + r, acc + r * ldo, ldo, tail); \
             for (; r < n; r++)                                                              \
-                pv_tile(1, DC, true, nk, p + r, lds, v, ldv, alpha + r, acc + r * ldo, ldo, tail); \
+                pv_tile(ATTN_F32, 1, DC, true, nk, p + r, lds, (const char *)v, 4 * ldv, alpha + r, acc + r * ldo, ldo, tail); \
         } else {                                                                            \
             for (; r + 4 <= n; r += 4)                                                      \
-                pv_tile(4, DC, false, nk, p + r, lds, v, ldv, alpha + r, acc + r * ldo, ldo, tail); \
+                pv_tile(ATTN_F32, 4, DC, false, nk, p + r, lds, (const char *)v, 4 * ldv, alpha + r, acc + r * ldo, ldo, tail); \
             for (; r < n; r++)                                                              \
-                pv_tile(1, DC, false, nk, p + r, lds, v, ldv, alpha + r, acc + r * ldo, ldo, tail); \
+                pv_tile(ATTN_F32, 1, DC, false, nk, p + r, lds, (const char *)v, 4 * ldv, alpha + r, acc + r * ldo, ldo, tail); \
         }                                                                                   \
     }
 PV_COLS(1)
@@ -245,14 +255,6 @@ void attn_pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float
  * keys PF tiles ahead are prefetched line by line into the outer caches, spread over the
  * arithmetic rather than issued in one burst (docs/KERNELS.md: a burst stalls on the
  * miss queue, and this key-interleaved access alone defeats the hardware streamer). */
-
-/* 16 elements of row `row` from column d, as float32; DT is a compile-time constant */
-INLINE __m512 load_row16(int DT, const void *row, int64_t d, __mmask16 mk) {
-    if (DT == ATTN_F32) return _mm512_maskz_loadu_ps(mk, (const float *)row + d);
-    const __m256i h = _mm256_maskz_loadu_epi16(mk, (const uint16_t *)row + d);
-    if (DT == ATTN_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    return _mm512_cvtph_ps(h);
-}
 
 /* The rows to prefetch: keys c..c+3 of the tile ahead. Step i of a group's Dk loop asks
  * for line i of each of its K rows and of its V rows; V lines past the last step (Dv
@@ -361,31 +363,13 @@ INLINE __m512 rows_sum(__m512 x) {
     return _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, 0xB1));
 }
 
-/* acc rows r0..r0+RR-1, value columns d0.. in DC zmm (the last under `tail`):
- * acc = acc * alpha + sum_c p[c][r] V[c] */
+/* acc rows r0..r0+RR-1, value columns d0.. in DC zmm (the last under `tail`), from the
+ * compact probabilities (key c of row r at s[4c + r]) */
 INLINE void dec_pv(int DT, int RR, int DC, int64_t nk, const float *s, int r0, const char *v,
                    int64_t ldv, int64_t d0, const float *alpha, float *acc, int64_t dv,
                    __mmask16 tail) {
-    __m512 t[4][4];
-    UNROLL for (int i = 0; i < RR; i++)
-        UNROLL for (int j = 0; j < DC; j++) t[i][j] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < nk; c++) {
-        __m512 vv[4];
-        UNROLL for (int j = 0; j < DC; j++)
-            vv[j] = load_row16(DT, v + c * ldv, d0 + 16 * j, j == DC - 1 ? tail : (__mmask16)0xFFFF);
-        UNROLL for (int i = 0; i < RR; i++) {
-            const __m512 pb = _mm512_set1_ps(s[4 * c + r0 + i]);
-            UNROLL for (int j = 0; j < DC; j++) t[i][j] = _mm512_fmadd_ps(pb, vv[j], t[i][j]);
-        }
-    }
-    UNROLL for (int i = 0; i < RR; i++) {
-        const __m512 a = _mm512_set1_ps(alpha[r0 + i]);
-        UNROLL for (int j = 0; j < DC; j++) {
-            float *o = acc + (r0 + i) * dv + d0 + 16 * j;
-            const __mmask16 mk = j == DC - 1 ? tail : (__mmask16)0xFFFF;
-            _mm512_mask_storeu_ps(o, mk, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, o), a, t[i][j]));
-        }
-    }
+    pv_tile(DT, RR, DC, false, nk, s + r0, 4, v + d0 * (DT == ATTN_F32 ? 4 : 2), ldv, alpha + r0,
+            acc + r0 * dv + d0, dv, tail);
 }
 
 /* dec_pv for bfloat16 V by halves: NC chunks of 32 columns from d0 (nd columns in all,
