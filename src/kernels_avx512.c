@@ -205,6 +205,13 @@ INLINE void pv_tile(int DT, int RR, int DC, bool SKIP, int64_t nk, const float *
     }
 }
 
+/* nd (1..64) value columns as *dc zmm: the mask of the last one's columns */
+INLINE __mmask16 column_chunks(int64_t nd, int *dc) {
+    *dc = (int)((nd + 15) / 16);
+    const int rem = (int)(nd - 16 * (*dc - 1));
+    return (__mmask16)(rem == 16 ? 0xFFFF : (1u << rem) - 1);
+}
+
 /* all rows for one chunk of at most 64 value columns */
 #define PV_COLS(DC)                                                                         \
     static void pv_cols##DC(int64_t n, int64_t nk, const float *p, int64_t lds,           \
@@ -234,9 +241,8 @@ void attn_pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float
     (void)npad;
     for (int64_t d0 = 0; d0 < dv; d0 += 64) {
         const int64_t nd = dv - d0 < 64 ? dv - d0 : 64;
-        const int dc = (int)((nd + 15) / 16);
-        const int rem = (int)(nd - 16 * (dc - 1));
-        const __mmask16 tail = (__mmask16)(rem == 16 ? 0xFFFF : (1u << rem) - 1);
+        int dc;
+        const __mmask16 tail = column_chunks(nd, &dc);
         switch (dc) {
         case 4: pv_cols4(n, nk, p, lds, v + d0, ldv, alpha, acc + d0, ldo, tail, skip_zeros); break;
         case 3: pv_cols3(n, nk, p, lds, v + d0, ldv, alpha, acc + d0, ldo, tail, skip_zeros); break;
@@ -484,9 +490,8 @@ INLINE void decode_tile(int DT, int NR, bool SPLIT, int64_t n, int64_t nk, int64
     }
     for (int64_t d0 = 0; d0 < dv; d0 += 64) {
         const int64_t nd = dv - d0 < 64 ? dv - d0 : 64;
-        const int dc = (int)((nd + 15) / 16);
-        const int rem = (int)(nd - 16 * (dc - 1));
-        const __mmask16 tail = (__mmask16)(rem == 16 ? 0xFFFF : (1u << rem) - 1);
+        int dc;
+        const __mmask16 tail = column_chunks(nd, &dc);
         switch (dc) {
         case 4: DEC_PV_ROWS(DT, 4, 4) break;
         case 3: DEC_PV_ROWS(DT, 3, 4) break;
