@@ -5,7 +5,8 @@
  * Only this file is compiled with AVX2 flags; dispatch.c calls it only on a CPU that has
  * AVX2 and FMA. The same design as the AVX-512 kernels at half the width and with 16
  * vector registers: one ymm holds 8 query rows of S^T. The register tiles:
- *   qk: 2 ymm of rows x 6 keys (12 accumulators);
+ *   qk: 2 ymm of rows x 6 keys (12 accumulators); for at most 4 rows (decoding) the
+ *       dot-product form, 4 rows x 2 keys reduced by one hadd tree;
  *   pv: 4 rows x 2 ymm of value columns (8 accumulators); a column tail narrower than
  *       8 goes through a masked load/store.
  */
@@ -66,8 +67,69 @@ INLINE void qk_tile(int RV, int KC, int64_t dk, const float *qt, int64_t ldq, co
             _mm256_storeu_ps(s + c * lds + 8 * a, _mm256_mul_ps(acc[a][c], scale));
 }
 
+/* The dot-product form for at most 4 query rows (decoding), as in the AVX-512 kernels:
+ * each key row streamed once along Dk against the rows in L1, 2 keys at a time (8
+ * accumulators), the 8 (row, key) sums reduced together by one hadd tree: lane 4c + r of
+ * the result is row r of key c. The 16-row tile would do 4x the FMAs on padding. */
+INLINE void qk_dot2(int NR, int KC, int64_t dk, const float *q, const float *k, int64_t ldk,
+                    float scale, float *s, int64_t lds) {
+    __m256 acc[2][4];  // [key][row]
+    UNROLL for (int c = 0; c < 2; c++)
+        UNROLL for (int r = 0; r < 4; r++) acc[c][r] = _mm256_setzero_ps();
+    const int64_t d8 = dk / 8 * 8;
+    for (int64_t d = 0; d < d8; d += 8) {
+        __m256 kv[2];
+        UNROLL for (int c = 0; c < KC; c++) kv[c] = _mm256_loadu_ps(k + c * ldk + d);
+        UNROLL for (int r = 0; r < NR; r++) {
+            const __m256 qv = _mm256_loadu_ps(q + r * dk + d);
+            UNROLL for (int c = 0; c < KC; c++) acc[c][r] = _mm256_fmadd_ps(qv, kv[c], acc[c][r]);
+        }
+    }
+    if (d8 < dk) {  // the last dk % 8 columns: masked loads, zero past dk
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(dk - d8)), lane);
+        __m256 kv[2];
+        UNROLL for (int c = 0; c < KC; c++) kv[c] = _mm256_maskload_ps(k + c * ldk + d8, mk);
+        UNROLL for (int r = 0; r < NR; r++) {
+            const __m256 qv = _mm256_maskload_ps(q + r * dk + d8, mk);
+            UNROLL for (int c = 0; c < KC; c++) acc[c][r] = _mm256_fmadd_ps(qv, kv[c], acc[c][r]);
+        }
+    }
+    const __m256 h01 = _mm256_hadd_ps(acc[0][0], acc[0][1]), h23 = _mm256_hadd_ps(acc[0][2], acc[0][3]);
+    const __m256 h45 = _mm256_hadd_ps(acc[1][0], acc[1][1]), h67 = _mm256_hadd_ps(acc[1][2], acc[1][3]);
+    const __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67);
+    const __m256 sum = _mm256_mul_ps(_mm256_set1_ps(scale),
+                                     _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20),
+                                                   _mm256_permute2f128_ps(a, b, 0x31)));
+    _mm_storeu_ps(s, _mm256_castps256_ps128(sum));
+    if (KC == 2) _mm_storeu_ps(s + lds, _mm256_extractf128_ps(sum, 1));
+}
+
+#define QK_DOT(NR)                                                                          \
+    static void qk_dot_rows##NR(int64_t nk, int64_t dk, const float *q, const float *k,     \
+                                int64_t ldk, float scale, float *s, int64_t lds) {         \
+        int64_t c = 0;                                                                      \
+        for (; c + 2 <= nk; c += 2) qk_dot2(NR, 2, dk, q, k + c * ldk, ldk, scale, s + c * lds, lds); \
+        if (c < nk) qk_dot2(NR, 1, dk, q, k + c * ldk, ldk, scale, s + c * lds, lds);      \
+    }
+QK_DOT(1)
+QK_DOT(2)
+QK_DOT(3)
+QK_DOT(4)
+
 static void qk_avx2(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
                     const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale, float *s, int64_t lds) {
+    if (n <= 4) {
+        switch (n) {
+        case 1: qk_dot_rows1(nk, dk, q, k, ldk, scale, s, lds); break;
+        case 2: qk_dot_rows2(nk, dk, q, k, ldk, scale, s, lds); break;
+        case 3: qk_dot_rows3(nk, dk, q, k, ldk, scale, s, lds); break;
+        default: qk_dot_rows4(nk, dk, q, k, ldk, scale, s, lds); break;
+        }
+        for (int64_t c = 0; c < nk; c++)  // the padding rows: finite, unused
+            for (int64_t r = n; r < npad; r++) s[c * lds + r] = 0.0f;
+        return;
+    }
     const __m256 vs = _mm256_set1_ps(scale);
     for (int64_t r = 0; r < npad; r += 16) {  // npad is a multiple of 16: two ymm
         int64_t c = 0;
