@@ -36,8 +36,8 @@
 
 /* Tile sizes: BQ query rows share each key block; BK keys per block, chosen so that a
  * key and a value block together, in their own dtype, stay near 64 KiB (a Zen 4 core has
- * 32 KiB of L1d and 1 MiB of L2), within [16, 128]. Key splitting for decoding-shaped calls: at most
- * SPLIT_MAX chunks of at least SPLIT_MIN_KEYS keys, for Lq <= SPLIT_MAX_LQ. */
+ * 32 KiB of L1d and 1 MiB of L2), within [16, 128]. Key splitting for decoding-shaped
+ * calls: at most SPLIT_MAX chunks of at least SPLIT_MIN_KEYS keys, for Lq <= SPLIT_MAX_LQ. */
 enum {
     BQ = 64, BK_MIN = 16, BK_MAX = 128,
     SPLIT_MAX_LQ = 16, SPLIT_MAX = 16, SPLIT_MIN_KEYS = 1024,
@@ -378,10 +378,12 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
         const int64_t pf_nk = pj < jb ? (jb - pj < plan->bk ? jb - pj : plan->bk) : 0;
         if (decode && clean) {
+            /* the tile ahead, when there is one (no pointer past the tensor otherwise) */
+            const char *pf_k = pf_nk > 0 ? k_bg + pj * p->k_s[2] * ek : NULL;
+            const char *pf_v = pf_nk > 0 ? v_bg + pj * p->v_s[2] * ek : NULL;
             kern->decode(n, nk, dk, dv, w->q, p->kv_dt, k_bg + j0 * p->k_s[2] * ek, p->k_s[2],
                          v_bg + j0 * p->v_s[2] * ek, p->v_s[2], p->scale, w->s, w->m, w->l,
-                         w->alpha, w->acc, k_bg + pj * p->k_s[2] * ek, v_bg + pj * p->v_s[2] * ek,
-                         pf_nk);
+                         w->alpha, w->acc, pf_k, pf_v, pf_nk);
             continue;
         }
         if (n <= 4 && pf_nk > 0) prefetch_tile(p, blk, pj, pf_nk);
