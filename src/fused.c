@@ -366,7 +366,7 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
     /* FAST precision on a bfloat16 V: P is rounded to bfloat16 for P·V */
     const bool fast = p->precision == ATTN_PRECISION_FAST && p->kv_dt == ATTN_BF16;
     /* a few rows (decoding) on a kernel that has the one-pass decoding step */
-    const bool decode = kern->decode && n <= 4 && !fast && !attn_has_elementwise(p) &&
+    const bool decode = kern->decode && n <= 4 && !attn_has_elementwise(p) &&
                         p->k_s[3] == 1 && p->v_s[3] == 1;
     const int64_t ek = p->kv_dt == ATTN_F32 ? 4 : 2;
     const char *k_bg = (const char *)p->k + (blk->b * p->k_s[0] + blk->g * p->k_s[1]) * ek;
@@ -381,7 +381,7 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
             /* the tile ahead, when there is one (no pointer past the tensor otherwise) */
             const char *pf_k = pf_nk > 0 ? k_bg + pj * p->k_s[2] * ek : NULL;
             const char *pf_v = pf_nk > 0 ? v_bg + pj * p->v_s[2] * ek : NULL;
-            kern->decode(n, nk, dk, dv, w->q, p->kv_dt, k_bg + j0 * p->k_s[2] * ek, p->k_s[2],
+            kern->decode(n, nk, dk, dv, w->q, p->kv_dt, fast, k_bg + j0 * p->k_s[2] * ek, p->k_s[2],
                          v_bg + j0 * p->v_s[2] * ek, p->v_s[2], p->scale, w->s, w->m, w->l,
                          w->alpha, w->acc, pf_k, pf_v, pf_nk);
             continue;

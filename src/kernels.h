@@ -102,15 +102,17 @@ struct attn_kernels {
      *   q (n, dk) float32 rows, row stride dk
      *   k (nk, dk), v (nk, dv) of dtype dt (F32, F16 or BF16), row strides ldk, ldv in
      *      elements, unit stride along the row; read once, converted in registers
+     *   round_p: the FAST precision's rounding of P to bfloat16 (nearest, ties to even)
+     *      for P·V; l still sums the float32 p, as softmax does
      *   s scratch of 4 * round_up(nk, 4) floats; m, l, alpha (4) as in softmax (entries
      *      past n are scratch); acc (n, dv), row stride dv, as in pv
      *   pf_k, pf_v, pf_nk: the first rows of a later tile (same strides) and its number
      *      of keys, prefetched into the outer caches while this tile is computed; pf_nk =
      *      0 for none. */
     void (*decode)(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
-                   attn_dtype dt, const void *k, int64_t ldk, const void *v, int64_t ldv,
-                   float scale, float *s, float *m, float *l, float *alpha, float *acc,
-                   const void *pf_k, const void *pf_v, int64_t pf_nk);
+                   attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
+                   int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
+                   float *acc, const void *pf_k, const void *pf_v, int64_t pf_nk);
 
     /* y = exp(x) elementwise with the kernel's own exp (the one softmax uses), for x <= 0
      * (and NaN, -inf). For the tests of its error bound. */
@@ -136,9 +138,9 @@ ATTN_PRIVATE void attn_pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv
                                  int64_t lds, const float *v, int64_t ldv, const float *alpha,
                                  float *acc, int64_t ldo, bool skip_zeros);
 ATTN_PRIVATE void attn_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
-                                     attn_dtype dt, const void *k, int64_t ldk, const void *v,
-                                     int64_t ldv, float scale, float *s, float *m, float *l,
-                                     float *alpha, float *acc, const void *pf_k,
+                                     attn_dtype dt, bool round_p, const void *k, int64_t ldk,
+                                     const void *v, int64_t ldv, float scale, float *s, float *m,
+                                     float *l, float *alpha, float *acc, const void *pf_k,
                                      const void *pf_v, int64_t pf_nk);
 ATTN_PRIVATE void attn_exp_array_avx512(int64_t n, const float *x, float *y);
 ATTN_PRIVATE void attn_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst);

@@ -425,7 +425,19 @@ INLINE void dec_pv_bf16(int RR, int NC, int64_t nk, const float *s, int r0, cons
         else dec_pv(DT, 1, DC, nk, s, r0, v, ldv, d0, alpha, acc, dv, tail);                 \
     }
 
-INLINE void decode_tile(int DT, int NR, bool SPLIT, int64_t n, int64_t nk, int64_t dk, int64_t dv,
+/* x rounded to the nearest bfloat16, ties to even, as attn_f32_to_bf16 (half.h) rounds
+ * it: NaN stays NaN (quiet), the rest by adding 0x7FFF plus the kept lowest bit. */
+INLINE __m512 round_bf16(__m512 x) {
+    const __m512i b = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_and_si512(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))),
+                                       _mm512_set1_epi32((int)0xFFFF0000u));
+    const __m512i quiet = _mm512_and_si512(_mm512_or_si512(b, _mm512_set1_epi32(0x00400000)),
+                                           _mm512_set1_epi32((int)0xFFFF0000u));
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), quiet));
+}
+
+INLINE void decode_tile(int DT, int NR, bool SPLIT, bool round_p, int64_t n, int64_t nk, int64_t dk, int64_t dv,
                         const float *q, int64_t ldq, const char *k, int64_t ldk, const char *v, int64_t ldv,
                         float scale, float *s, float *m, float *l, float *alpha,
                         float *acc, const pf_rows *pf) {
@@ -460,7 +472,8 @@ INLINE void decode_tile(int DT, int NR, bool SPLIT, int64_t n, int64_t nk, int64
     __m512 sum = _mm512_setzero_ps();
     for (int64_t x = 0; x < nv; x++) {
         const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * x), shift));
-        _mm512_storeu_ps(s + 16 * x, e);
+        /* FAST precision: P rounded to bfloat16 for P V, the sum l of the float32 p */
+        _mm512_storeu_ps(s + 16 * x, round_p ? round_bf16(e) : e);
         sum = _mm512_add_ps(sum, e);
     }
     const __m512 a = exp_avx512(_mm512_sub_ps(m_old, shift));
@@ -503,10 +516,10 @@ INLINE void decode_tile(int DT, int NR, bool SPLIT, int64_t n, int64_t nk, int64
 
 #define DECODE_DT(DT, SPLIT, Q, LDQ)                                                          \
     switch (n) {                                                                              \
-    case 1: decode_tile(DT, 1, SPLIT, n, nk, dk, dv, Q, LDQ, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
-    case 2: decode_tile(DT, 2, SPLIT, n, nk, dk, dv, Q, LDQ, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
-    case 3: decode_tile(DT, 3, SPLIT, n, nk, dk, dv, Q, LDQ, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
-    default: decode_tile(DT, 4, SPLIT, n, nk, dk, dv, Q, LDQ, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    case 1: decode_tile(DT, 1, SPLIT, round_p, n, nk, dk, dv, Q, LDQ, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    case 2: decode_tile(DT, 2, SPLIT, round_p, n, nk, dk, dv, Q, LDQ, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    case 3: decode_tile(DT, 3, SPLIT, round_p, n, nk, dk, dv, Q, LDQ, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    default: decode_tile(DT, 4, SPLIT, round_p, n, nk, dk, dv, Q, LDQ, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
     }
 
 /* The query rows in the even/odd order of bf16_halves, zero past dk: qs (n, ldq). */
@@ -527,9 +540,9 @@ static void split_rows(int64_t n, int64_t dk, const float *q, float *qs, int64_t
 }
 
 void attn_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
-                        attn_dtype dt, const void *k, int64_t ldk, const void *v, int64_t ldv,
-                        float scale, float *s, float *m, float *l, float *alpha, float *acc,
-                        const void *pf_k, const void *pf_v, int64_t pf_nk) {
+                        attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
+                        int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
+                        float *acc, const void *pf_k, const void *pf_v, int64_t pf_nk) {
     const int64_t es = dt == ATTN_F32 ? 4 : 2;
     const char *kb = (const char *)k, *vb = (const char *)v;
     const int64_t ldkb = ldk * es, ldvb = ldv * es;

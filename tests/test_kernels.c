@@ -184,9 +184,12 @@ static void test_tile(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk, 
  * against the same update in float64 on the same rounded inputs. K and V in each dtype
  * with row strides wider than the rows, a tile ahead to prefetch or none. nan_key >= 0
  * stores NaN in that key's K row: every row's m must become NaN. plant: the tolerance
- * must catch a 1e-4 relative error in one accumulator element. */
+ * must catch a 1e-4 relative error in one accumulator element. round_p (the FAST
+ * precision): the P the step multiplied V by, left in its scratch s[4c + r], must be
+ * bfloat16 numbers within half a bfloat16 step (2^-8 relative, plus the exp's error) of the exact
+ * p, and acc is checked against the sum over those; l still sums the exact p. */
 static void test_decode(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk, int64_t dv,
-                        attn_dtype dt, bool prefetch, int64_t nan_key, bool plant) {
+                        attn_dtype dt, bool round_p, bool prefetch, int64_t nan_key, bool plant) {
     const int64_t ldk = dk + 3, ldv = dv + 5, es = dt == ATTN_F32 ? 4 : 2;
     float *q = malloc((size_t)(4 * (dk ? dk : 1)) * sizeof(float));
     char *kk = malloc((size_t)(2 * nk * ldk * es + 64)), *v = malloc((size_t)(2 * nk * ldv * es + 64));
@@ -217,7 +220,7 @@ static void test_decode(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk
         for (int64_t d = 0; d < dv; d++) acc0[r * dv + d] = acc[r * dv + d] = fresh ? 0.0f : sym();
     }
     const float scale = 0.37f;
-    k->decode(n, nk, dk, dv, q, dt, kk, ldk, v, ldv, scale, s, m, l, alpha, acc,
+    k->decode(n, nk, dk, dv, q, dt, round_p, kk, ldk, v, ldv, scale, s, m, l, alpha, acc,
               prefetch ? kk + nk * ldk * es : NULL, prefetch ? v + nk * ldv * es : NULL,
               prefetch ? nk : 0);
     if (plant && dv > 0) acc[0] *= 1.0f + 1e-4f;
@@ -240,10 +243,21 @@ static void test_decode(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk
         for (int64_t c = 0; c < nk; c++) sum += exp(sl[c] - mx);
         state_ok &= fabs(m[r] - mx) <= 1e-6 * (1 + fabs(mx)) && fabs(l[r] - sum) <= 2e-6 * sum &&
                     fabs(alpha[r] - a) <= 1e-6;
+        double pv[1024];  // the p multiplying V: exact, or the step's own rounded ones
+        for (int64_t c = 0; c < nk; c++) {
+            const double exact = exp(sl[c] - mx);
+            pv[c] = exact;
+            if (!round_p) continue;
+            const float got = s[4 * c + r];
+            uint32_t bits;
+            memcpy(&bits, &got, sizeof bits);
+            state_ok &= (bits & 0xFFFFu) == 0 && fabs(got - exact) <= 0x1p-8 * exact + 1e-6 * exact + 1e-38;
+            pv[c] = got;
+        }
         for (int64_t d = 0; d < dv; d++) {
             double e = acc0[r * dv + d] * a, mag = fabs(e);
             for (int64_t c = 0; c < nk; c++) {
-                const double t = exp(sl[c] - mx) * vd[c * ldv + d];
+                const double t = pv[c] * vd[c * ldv + d];
                 e += t, mag += fabs(t);
             }
             const double rel = fabs(acc[r * dv + d] - e) / (mag > 0 ? mag : 1);
@@ -252,10 +266,11 @@ static void test_decode(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk
     }
     const bool pass = worst <= 4e-6 && state_ok;
     CHECK(plant ? !pass : pass,
-          "%s decode%s n=%lld nk=%lld dk=%lld dv=%lld %s prefetch %d nan_key %lld: acc rel err "
-          "%.3g, m/l/alpha ok %d", k->name, plant ? " (planted error must fail)" : "",
-          (long long)n, (long long)nk, (long long)dk, (long long)dv, attn_dtype_name(dt),
-          prefetch, (long long)nan_key, worst, state_ok);
+          "%s decode%s n=%lld nk=%lld dk=%lld dv=%lld %s%s prefetch %d nan_key %lld: acc rel "
+          "err %.3g, m/l/alpha (and rounded p) ok %d", k->name,
+          plant ? " (planted error must fail)" : "", (long long)n, (long long)nk, (long long)dk,
+          (long long)dv, attn_dtype_name(dt), round_p ? " FAST" : "", prefetch,
+          (long long)nan_key, worst, state_ok);
     free(q), free(kk), free(v), free(kd), free(vd), free(s), free(acc), free(acc0);
 }
 
@@ -355,15 +370,20 @@ int main(void) {
                 for (size_t b = 0; b < sizeof nks / sizeof nks[0]; b++)                \
                     for (size_t t = 0; t < 3; t++) {                                    \
                         const int64_t dk = ds[(n + b + 1) % 10], dv = ds[(n + 3 * b) % 10];   \
-                        test_decode(k, n, nks[b], dk, dv ? dv : 1, dts[t], (b + t) % 2 == 0, \
-                                    -1, false);                                         \
+                        test_decode(k, n, nks[b], dk, dv ? dv : 1, dts[t], false,      \
+                                    (b + t) % 2 == 0, -1, false);                       \
+                        if (dts[t] == ATTN_BF16)                                        \
+                            test_decode(k, n, nks[b], dk, dv ? dv : 1, dts[t], true,   \
+                                        (b + t) % 2 == 1, -1, false);                   \
                     }                                                                   \
-            test_decode(k, 4, 13, 64, 64, ATTN_F32, true, 6, false);                    \
-            test_decode(k, 3, 64, 128, 128, ATTN_BF16, true, 0, false);                 \
-            test_decode(k, 4, 9, 600, 70, ATTN_BF16, true, -1, false);                  \
-            test_decode(k, 2, 9, 600, 33, ATTN_F16, true, -1, false);                   \
-            test_decode(k, 4, 64, 128, 128, ATTN_F32, true, -1, true);                  \
-            test_decode(k, 2, 7, 17, 65, ATTN_F16, false, -1, true);                    \
+            test_decode(k, 4, 13, 64, 64, ATTN_F32, false, true, 6, false);             \
+            test_decode(k, 3, 64, 128, 128, ATTN_BF16, false, true, 0, false);          \
+            test_decode(k, 3, 64, 128, 128, ATTN_BF16, true, true, 0, false);           \
+            test_decode(k, 4, 9, 600, 70, ATTN_BF16, false, true, -1, false);           \
+            test_decode(k, 2, 9, 600, 33, ATTN_F16, false, true, -1, false);            \
+            test_decode(k, 4, 64, 128, 128, ATTN_F32, false, true, -1, true);           \
+            test_decode(k, 2, 7, 17, 65, ATTN_F16, false, false, -1, true);             \
+            test_decode(k, 4, 66, 128, 128, ATTN_BF16, true, true, -1, true);           \
         }                                                                               \
     } else {                                                                            \
         printf("  %s: skipped, this CPU cannot run it\n", #name);                      \
