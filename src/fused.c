@@ -312,7 +312,7 @@ static void tile_logits(const attn_params *p, const attn_kernels *kern, const fu
  * A kernel with a decode entry does it itself, a few lines per step of its arithmetic;
  * prefetch_tile asks for a whole tile at once, for the other kernels and for the tiles a
  * mask reaches into (a burst like this stalls on the miss queue: docs/KERNELS.md). */
-enum { PREFETCH_TILES = 2 };
+enum { PREFETCH_TILES = 2, DECODE_MAX_ROWS = 16 };
 
 static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
     const int64_t ek = p->kv_dt == ATTN_F32 ? 4 : 2;
@@ -329,6 +329,11 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
                         const fused_scratch *w, const fused_block *blk, int64_t ja,
                         int64_t jb) {
     const int64_t dk = p->Dk, dv = p->Dv, n = blk->n, npad = blk->npad;
+    /* a few rows (decoding) on a kernel that has the one-pass decoding step: up to 4 rows a
+     * call, so a block of up to DECODE_MAX_ROWS rows (the query heads of a GQA group)
+     * takes several calls on each tile, the tile then in the cache for all but the first */
+    const bool decode = kern->decode && n <= DECODE_MAX_ROWS && !attn_has_elementwise(p) &&
+                        p->k_s[3] == 1 && p->v_s[3] == 1;
     if (blk->qk_bf16) {
         /* only the bf16 pairs (2t, 2t+1) of each row are read: with unit stride along Dk
          * they are the row's own 32-bit words (element 2t in the low half) */
@@ -343,7 +348,8 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
                 w->qp[t * BQ + r] = lo | hi << 16;
             }
         }
-    } else {
+    }
+    if (!blk->qk_bf16 || decode) {  // float32 rows: the qk kernels' and the decoding step's
         for (int64_t r = 0; r < n; r++) {
             const int64_t q_bhi = blk->b * p->q_s[0] + w->h[r] * p->q_s[1] + w->i[r] * p->q_s[2];
             for (int64_t d = 0; d < dk; d++) {
@@ -365,9 +371,6 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
     const bool may_mask = p->mask || p->bias;
     /* FAST precision on a bfloat16 V: P is rounded to bfloat16 for P·V */
     const bool fast = p->precision == ATTN_PRECISION_FAST && p->kv_dt == ATTN_BF16;
-    /* a few rows (decoding) on a kernel that has the one-pass decoding step */
-    const bool decode = kern->decode && n <= 4 && !attn_has_elementwise(p) &&
-                        p->k_s[3] == 1 && p->v_s[3] == 1;
     const int64_t ek = p->kv_dt == ATTN_F32 ? 4 : 2;
     const char *k_bg = (const char *)p->k + (blk->b * p->k_s[0] + blk->g * p->k_s[1]) * ek;
     const char *v_bg = (const char *)p->v + (blk->b * p->v_s[0] + blk->g * p->v_s[1]) * ek;
@@ -378,12 +381,16 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
         const int64_t pf_nk = pj < jb ? (jb - pj < plan->bk ? jb - pj : plan->bk) : 0;
         if (decode && clean) {
-            /* the tile ahead, when there is one (no pointer past the tensor otherwise) */
+            /* the tile ahead, when there is one (no pointer past the tensor otherwise),
+             * prefetched by the first call */
             const char *pf_k = pf_nk > 0 ? k_bg + pj * p->k_s[2] * ek : NULL;
             const char *pf_v = pf_nk > 0 ? v_bg + pj * p->v_s[2] * ek : NULL;
-            kern->decode(n, nk, dk, dv, w->q, p->kv_dt, fast, k_bg + j0 * p->k_s[2] * ek, p->k_s[2],
-                         v_bg + j0 * p->v_s[2] * ek, p->v_s[2], p->scale, w->s, w->m, w->l,
-                         w->alpha, w->acc, pf_k, pf_v, pf_nk);
+            for (int64_t r0 = 0; r0 < n; r0 += 4)
+                kern->decode(n - r0 < 4 ? n - r0 : 4, nk, dk, dv, w->q + r0 * dk, p->kv_dt, fast,
+                             k_bg + j0 * p->k_s[2] * ek, p->k_s[2], v_bg + j0 * p->v_s[2] * ek,
+                             p->v_s[2], p->scale, w->s, w->m + r0, w->l + r0, w->alpha + r0,
+                             w->acc + r0 * dv, r0 == 0 ? pf_k : NULL, r0 == 0 ? pf_v : NULL,
+                             r0 == 0 ? pf_nk : 0);
             continue;
         }
         if (n <= 4 && pf_nk > 0) prefetch_tile(p, blk, pj, pf_nk);
