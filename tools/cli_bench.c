@@ -337,6 +337,8 @@ static int make_sweep(bench_case *c, bool quick) {
         add_case(c, &n, "mask-L2048-D64-bool", 1, 16, 16, 2048, 2048, 64, MASK_BOOL, 0, 0, false);
         add_case(c, &n, "win-L4096-D64-w512", 1, 16, 16, 4096, 4096, 64, MASK_WINDOW, 511, 0, false);
         add_case(c, &n, "decode-Lk16384-D128", 1, 32, 8, 1, 16384, 128, MASK_NONE, 0, 0, true);
+        /* a GQA group of 8 query heads a key/value head (16 rows a tile) */
+        add_case(c, &n, "decode-Lk16384-D128-g8", 1, 64, 8, 1, 16384, 128, MASK_NONE, 0, 0, true);
         /* issue 5: 16-bit forward and a 16-bit KV cache */
         add_case(c, &n, "fwd-L4096-D128-bf16", 1, 16, 16, 4096, 4096, 128, MASK_NONE, 0, 0, false);
         set_dtype(c, n, ATTN_BF16, ATTN_BF16, ATTN_PRECISION_DEFAULT, "fwd-L4096-D128");
@@ -350,6 +352,8 @@ static int make_sweep(bench_case *c, bool quick) {
         set_dtype(c, n, ATTN_F32, ATTN_F16, ATTN_PRECISION_DEFAULT, "decode-Lk16384-D128");
         add_case(c, &n, "decode-Lk16384-D128-bf16", 1, 32, 8, 1, 16384, 128, MASK_NONE, 0, 0, true);
         set_dtype(c, n, ATTN_BF16, ATTN_BF16, ATTN_PRECISION_DEFAULT, "decode-Lk16384-D128");
+        add_case(c, &n, "decode-Lk16384-D128-bf16-fast", 1, 32, 8, 1, 16384, 128, MASK_NONE, 0, 0, true);
+        set_dtype(c, n, ATTN_BF16, ATTN_BF16, ATTN_PRECISION_FAST, "decode-Lk16384-D128");
         /* issue 6: the backward, float32 */
         for (int di = 0; di < 2; di++)
             for (int causal = 0; causal < 2; causal++) {
@@ -1356,7 +1360,7 @@ static void print_table(FILE *f, const machine *m, const bench_case *c, int n, c
             "read of as many bytes, timed after each call (memory bandwidth drifts); dtype Q/KV, "
             "+F = FAST precision; x f32 = this row's speed over the float32 row of the same shape\n\n",
             m->threads);
-    fprintf(f, "%-26s %-22s %-6s %-10s %3s %-10s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s %6s\n",
+    fprintf(f, "%-29s %-22s %-6s %-10s %3s %-10s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s %6s\n",
             "case", "B Hq/Hkv Lq Lk D", "mask", "dtype", "thr", "kernel", "check", "ms",
             "GFLOP/s", "%peak", "GB/s", "%bw", "ref ms", "x ref", "torch ms", "t GF/s", "x torch",
             "x f32");
@@ -1394,7 +1398,7 @@ static void print_table(FILE *f, const machine *m, const bench_case *c, int n, c
         if (x->qdt == x->kvdt) snprintf(dt, sizeof dt, "%s", dtype_short(x->qdt));
         else snprintf(dt, sizeof dt, "%s/%s", dtype_short(x->qdt), dtype_short(x->kvdt));
         if (x->prec == ATTN_PRECISION_FAST) strcat(dt, "+F");
-        fprintf(f, "%-26s %-22s %-6s %-10s %3d %-10s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s %6s\n",
+        fprintf(f, "%-29s %-22s %-6s %-10s %3d %-10s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s %6s\n",
                 x->name, shape, MASK_NAME[x->mask], dt, m->threads, attn_kernel_name(),
                 !x->ran ? "skip" : x->error[0] ? "ERROR" : x->pass ? "ok" : "FAIL", cell[0],
                 cell[1], cell[2], cell[3], cell[4], cell[5], cell[6], cell[7], cell[8], cell[9],
