@@ -119,12 +119,19 @@ QK_DOT(4)
 void attn_qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
                       const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale,
                       float *s, int64_t lds) {
-    if (n <= 4) {
-        switch (n) {
-        case 1: qk_dot1(nk, dk, q, k, ldk, scale, s, lds); break;
-        case 2: qk_dot2(nk, dk, q, k, ldk, scale, s, lds); break;
-        case 3: qk_dot3(nk, dk, q, k, ldk, scale, s, lds); break;
-        default: qk_dot4(nk, dk, q, k, ldk, scale, s, lds); break;
+    if (n <= 16) {
+        /* up to 16 rows (decoding) by the dot-product form, 4 rows at a time: the sums of
+         * the decoding step (attn_decode_avx512) on the same rows, so a block's tiles agree
+         * whichever of the two computed them (the weights' sweep recomputes them here) */
+        for (int64_t r0 = 0; r0 < n; r0 += 4) {
+            const float *q_r = q + r0 * dk;
+            float *s_r = s + r0;
+            switch (n - r0 < 4 ? n - r0 : 4) {
+            case 1: qk_dot1(nk, dk, q_r, k, ldk, scale, s_r, lds); break;
+            case 2: qk_dot2(nk, dk, q_r, k, ldk, scale, s_r, lds); break;
+            case 3: qk_dot3(nk, dk, q_r, k, ldk, scale, s_r, lds); break;
+            default: qk_dot4(nk, dk, q_r, k, ldk, scale, s_r, lds); break;
+            }
         }
         for (int64_t c = 0; c < nk; c++)  // the padding rows: finite, unused
             for (int64_t r = n; r < npad; r++) s[c * lds + r] = 0.0f;
@@ -282,8 +289,9 @@ INLINE void pf_line(const pf_rows *pf, int64_t c, int64_t i) {
 
 /* bfloat16 rows as float32 by halves: 32 values in one load; the even ones are the
  * 32-bit lanes shifted left by 16, the odd ones the lanes with the low half cleared. Two
- * operations for 32 values where widening takes four; the other operand (Q, or the
- * accumulators of P V) is kept in the same even/odd order. */
+ * operations for 32 values where widening takes four; P·V keeps its accumulators in the
+ * same even/odd order and puts them back once a tile. (Not used for Q·Kᵀ: there the sums
+ * must stay those of qk on converted keys, in column order.) */
 INLINE void bf16_halves(const uint16_t *row, int64_t d, __mmask32 mk, __m512 *even, __m512 *odd) {
     const __m512i raw = _mm512_maskz_loadu_epi16(mk, row + d);
     *even = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
@@ -294,60 +302,37 @@ INLINE __mmask32 mask32(int64_t left) {
     return left >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << left) - 1);
 }
 
-/* logits of NR rows x 4 keys (keys c..c+3 at k, k + ldk, ...): lanes 4c + r, scaled.
- * SPLIT (bfloat16 K only): q holds each row's 32-column chunks as 16 even then 16 odd
- * values (row stride ldq), to meet bf16_halves. */
-INLINE __m512 dec_qk4(int DT, int NR, bool SPLIT, int64_t dk, const float *q, int64_t ldq,
-                      const char *k, int64_t ldk, __m512 scale, const pf_rows *pf, int64_t c) {
+/* logits of NR rows x 4 keys (keys c..c+3 at k, k + ldk, ...): lanes 4c + r, scaled. The
+ * sums are those of qk_dot_tile on the same rows and keys converted to float32 (the same
+ * FMAs in the same order, the same tree), so the weights' second sweep, which recomputes
+ * the logits with qk, meets the same maxima. */
+INLINE __m512 dec_qk4(int DT, int NR, int64_t dk, const float *q, int64_t ldq, const char *k,
+                      int64_t ldk, __m512 scale, const pf_rows *pf, int64_t c) {
     __m512 acc[4][4];
     UNROLL for (int r = 0; r < 4; r++)
         UNROLL for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
     const bool ahead = pf->k && c < pf->nk;
-    const int64_t step = SPLIT ? 32 : 16;
-    for (int64_t d = 0; d < dk; d += step) {
-        if (SPLIT) {
-            const __mmask32 mk = mask32(dk - d);
-            __m512 ke[4], ko[4];
-            UNROLL for (int j = 0; j < 4; j++) bf16_halves((const uint16_t *)(k + j * ldk), d, mk, &ke[j], &ko[j]);
-            if (ahead) pf_line(pf, c, d / step);
-            UNROLL for (int r = 0; r < NR; r++) {
-                const __m512 qe = _mm512_loadu_ps(q + r * ldq + d), qo = _mm512_loadu_ps(q + r * ldq + d + 16);
-                UNROLL for (int j = 0; j < 4; j++) {
-                    acc[r][j] = _mm512_fmadd_ps(qe, ke[j], acc[r][j]);
-                    acc[r][j] = _mm512_fmadd_ps(qo, ko[j], acc[r][j]);
-                }
-            }
-            continue;
-        }
+    for (int64_t d = 0; d < dk; d += 16) {
         const __mmask16 mk = dk - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (dk - d)) - 1);
         __m512 kv[4];
         UNROLL for (int j = 0; j < 4; j++) kv[j] = load_row16(DT, k + j * ldk, d, mk);
-        if (ahead) pf_line(pf, c, d / step);
+        if (ahead) pf_line(pf, c, d / 16);
         UNROLL for (int r = 0; r < NR; r++) {
             const __m512 qv = _mm512_maskz_loadu_ps(mk, q + r * ldq + d);
             UNROLL for (int j = 0; j < 4; j++) acc[r][j] = _mm512_fmadd_ps(qv, kv[j], acc[r][j]);
         }
     }
     if (ahead)
-        for (int64_t i = (dk + step - 1) / step; i < pf->lines_v; i++) pf_line(pf, c, i);
+        for (int64_t i = (dk + 15) / 16; i < pf->lines_v; i++) pf_line(pf, c, i);
     return lane_sums_4x4(acc, scale);  // 128-bit lane j: rows 0..3 of key j
 }
 
 /* one key (the tile's last keys when nk % 4 != 0): its NR logits in lanes 0..NR-1 */
-INLINE __m128 dec_qk1(int DT, int NR, bool SPLIT, int64_t dk, const float *q, int64_t ldq,
-                      const char *k, float scale) {
+INLINE __m128 dec_qk1(int DT, int NR, int64_t dk, const float *q, int64_t ldq, const char *k,
+                      float scale) {
     __m512 acc[4];
     UNROLL for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < dk; d += SPLIT ? 32 : 16) {
-        if (SPLIT) {
-            __m512 ke, ko;
-            bf16_halves((const uint16_t *)k, d, mask32(dk - d), &ke, &ko);
-            UNROLL for (int r = 0; r < NR; r++) {
-                acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * ldq + d), ke, acc[r]);
-                acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * ldq + d + 16), ko, acc[r]);
-            }
-            continue;
-        }
+    for (int64_t d = 0; d < dk; d += 16) {
         const __mmask16 mk = dk - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (dk - d)) - 1);
         const __m512 kv = load_row16(DT, k, d, mk);
         UNROLL for (int r = 0; r < NR; r++)
@@ -437,8 +422,8 @@ INLINE __m512 round_bf16(__m512 x) {
     return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), quiet));
 }
 
-INLINE void decode_tile(int DT, int NR, bool SPLIT, bool round_p, int64_t n, int64_t nk, int64_t dk, int64_t dv,
-                        const float *q, int64_t ldq, const char *k, int64_t ldk, const char *v, int64_t ldv,
+INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int64_t dk, int64_t dv,
+                        const float *q, const char *k, int64_t ldk, const char *v, int64_t ldv,
                         float scale, float *s, float *m, float *l, float *alpha,
                         float *acc, const pf_rows *pf) {
     const __m512 vscale = _mm512_set1_ps(scale), neg_inf = _mm512_set1_ps(-INFINITY);
@@ -450,11 +435,11 @@ INLINE void decode_tile(int DT, int NR, bool SPLIT, bool round_p, int64_t n, int
         const int64_t c = 4 * x;
         __m512 z;
         if (c + 4 <= nk) {
-            z = dec_qk4(DT, NR, SPLIT, dk, q, ldq, k + c * ldk, ldk, vscale, pf, c);
+            z = dec_qk4(DT, NR, dk, q, dk, k + c * ldk, ldk, vscale, pf, c);
         } else {
             float buf[16];
             for (int i = 0; i < 16; i++) buf[i] = -INFINITY;
-            for (int64_t j = c; j < nk; j++) _mm_storeu_ps(buf + 4 * (j - c), dec_qk1(DT, NR, SPLIT, dk, q, ldq, k + j * ldk, scale));
+            for (int64_t j = c; j < nk; j++) _mm_storeu_ps(buf + 4 * (j - c), dec_qk1(DT, NR, dk, q, dk, k + j * ldk, scale));
             z = _mm512_loadu_ps(buf);
         }
         _mm512_storeu_ps(s + 16 * x, z);
@@ -514,30 +499,13 @@ INLINE void decode_tile(int DT, int NR, bool SPLIT, bool round_p, int64_t n, int
     }
 }
 
-#define DECODE_DT(DT, SPLIT, Q, LDQ)                                                          \
-    switch (n) {                                                                              \
-    case 1: decode_tile(DT, 1, SPLIT, round_p, n, nk, dk, dv, Q, LDQ, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
-    case 2: decode_tile(DT, 2, SPLIT, round_p, n, nk, dk, dv, Q, LDQ, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
-    case 3: decode_tile(DT, 3, SPLIT, round_p, n, nk, dk, dv, Q, LDQ, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
-    default: decode_tile(DT, 4, SPLIT, round_p, n, nk, dk, dv, Q, LDQ, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+#define DECODE_DT(DT)                                                                           \
+    switch (n) {                                                                                \
+    case 1: decode_tile(DT, 1, round_p, n, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    case 2: decode_tile(DT, 2, round_p, n, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    case 3: decode_tile(DT, 3, round_p, n, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    default: decode_tile(DT, 4, round_p, n, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
     }
-
-/* The query rows in the even/odd order of bf16_halves, zero past dk: qs (n, ldq). */
-enum { SPLIT_MAX_DK = 512 };
-static void split_rows(int64_t n, int64_t dk, const float *q, float *qs, int64_t ldq) {
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    for (int64_t r = 0; r < n; r++)
-        for (int64_t d = 0; d < ldq; d += 32) {
-            const int64_t left = dk - d;
-            const __mmask16 m0 = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-            const __mmask16 m1 = left >= 32 ? 0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
-            const __m512 a = _mm512_maskz_loadu_ps(m0, q + r * dk + d);
-            const __m512 b = _mm512_maskz_loadu_ps(m1, q + r * dk + d + 16);
-            _mm512_storeu_ps(qs + r * ldq + d, _mm512_permutex2var_ps(a, even, b));
-            _mm512_storeu_ps(qs + r * ldq + d + 16, _mm512_permutex2var_ps(a, odd, b));
-        }
-}
 
 void attn_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                         attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
@@ -552,16 +520,11 @@ void attn_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const flo
         .lines_k = (dk * es + 63) / 64, .lines_v = (dv * es + 63) / 64, .nk = pf_nk,
     };
     if (dt == ATTN_F32) {
-        DECODE_DT(ATTN_F32, false, q, dk)
-    } else if (dt == ATTN_BF16 && dk <= SPLIT_MAX_DK) {
-        float qs[4 * SPLIT_MAX_DK] __attribute__((aligned(64)));
-        const int64_t ldq = (dk + 31) / 32 * 32;
-        split_rows(n, dk, q, qs, ldq);
-        DECODE_DT(ATTN_BF16, true, qs, ldq)
+        DECODE_DT(ATTN_F32)
     } else if (dt == ATTN_BF16) {
-        DECODE_DT(ATTN_BF16, false, q, dk)
+        DECODE_DT(ATTN_BF16)
     } else {
-        DECODE_DT(ATTN_F16, false, q, dk)
+        DECODE_DT(ATTN_F16)
     }
 }
 
