@@ -62,7 +62,7 @@ $(BUILD)/attn: $(TOOL_OBJ) $(BUILD)/libattn.a
 
 # Test programs may use the npy reader and the naive attention of the tools.
 TEST_TOOL_OBJ = $(BUILD)/obj/tools/npy.o $(BUILD)/obj/tools/naive.o
-$(BUILD)/tests/%: tests/%.c tests/check.h $(BUILD)/libattn.a $(TEST_TOOL_OBJ)
+$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libattn.a $(TEST_TOOL_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -Isrc -Itools -o $@ $< $(TEST_TOOL_OBJ) $(BUILD)/libattn.a $(LDLIBS)
 

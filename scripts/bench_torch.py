@@ -87,28 +87,34 @@ def run_case(torch, F, c):
     if c.get("direction", "forward") == "backward":
         return run_backward(torch, F, c, sets, kw)
 
-    def call(s):
-        q, k, v, m = s
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, **kw)
+    def call(i):
+        q, k, v, m = sets[i]
+        t0 = time.perf_counter()
+        F.scaled_dot_product_attention(q, k, v, attn_mask=m, **kw)
+        return time.perf_counter() - t0
 
-    n_call = 1  # as attn: set 0 was used once (attn's check), timing starts on the next
     with torch.inference_mode():
-        call(sets[0])
-        for _ in range(c["warmup"]):
-            call(sets[n_call % rot])
-            n_call += 1
-        times, want, spent = [], c["reps"], 0.0
-        while len(times) < want:
-            s = sets[n_call % rot]
-            n_call += 1
-            t0 = time.perf_counter()
-            call(s)
-            dt = time.perf_counter() - t0
-            times.append(dt)
-            spent += dt
-            if len(times) == c["reps"] and spent < c["adaptive_seconds"]:
-                more = int(-(-c["adaptive_seconds"] // (spent / len(times))))
-                want = max(c["reps"], min(c["max_reps"], more))
+        return measure(c, call, rot)
+
+
+def measure(c, call, rot):
+    """call(i) runs the case on input set i and returns its seconds. As attn: set 0 once
+    (attn's check), the warm-up calls, then at least c["reps"] timed calls, more while less
+    than c["adaptive_seconds"] is timed (at most c["max_reps"]), cycling through the sets."""
+    call(0)
+    n_call = 1
+    for _ in range(c["warmup"]):
+        call(n_call % rot)
+        n_call += 1
+    times, want, spent = [], c["reps"], 0.0
+    while len(times) < want:
+        dt = call(n_call % rot)
+        n_call += 1
+        times.append(dt)
+        spent += dt
+        if len(times) == c["reps"] and spent < c["adaptive_seconds"]:
+            more = int(-(-c["adaptive_seconds"] // (spent / len(times))))
+            want = max(c["reps"], min(c["max_reps"], more))
     return answer(c, times)
 
 
@@ -125,8 +131,8 @@ def run_backward(torch, F, c, sets, kw):
     leaves = [tuple(x.detach().clone().requires_grad_(True) for x in s[:3]) + (s[3], d_o.clone())
               for s in sets]
 
-    def call(s, timed):
-        q, k, v, m, do = s
+    def call(i):
+        q, k, v, m, do = leaves[i]
         for x in (q, k, v):
             x.grad = None
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, **kw)
@@ -134,22 +140,7 @@ def run_backward(torch, F, c, sets, kw):
         out.backward(do)
         return time.perf_counter() - t0
 
-    n_call = 0
-    call(leaves[0], False)  # as attn's check
-    n_call = 1
-    for _ in range(c["warmup"]):
-        call(leaves[n_call % rot], False)
-        n_call += 1
-    times, want, spent = [], c["reps"], 0.0
-    while len(times) < want:
-        dt = call(leaves[n_call % rot], True)
-        n_call += 1
-        times.append(dt)
-        spent += dt
-        if len(times) == c["reps"] and spent < c["adaptive_seconds"]:
-            more = int(-(-c["adaptive_seconds"] // (spent / len(times))))
-            want = max(c["reps"], min(c["max_reps"], more))
-    return answer(c, times)
+    return measure(c, call, rot)
 
 
 def main():

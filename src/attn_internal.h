@@ -11,6 +11,9 @@
 
 #include <math.h>
 #include <stdbool.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <stddef.h>
 #include <stdint.h>
 
@@ -147,5 +150,19 @@ ATTN_PRIVATE size_t attn_fused_workspace(const attn_params *p);
 ATTN_PRIVATE attn_status attn_fused_forward(const attn_params *p, void *ws);
 ATTN_PRIVATE size_t attn_reference_workspace(const attn_params *p);
 ATTN_PRIVATE attn_status attn_reference_forward(const attn_params *p, void *ws);
+/* The float64 reference's logit from raw = scale * (q_i · k_j), in the CONTRACT's order:
+ * softcap (*cap gets its factor 1 - tanh² when cap is not NULL), + bias, - ALiBi, then the
+ * bool mask (-inf). Shared by the reference forward and the reference backward. */
+ATTN_PRIVATE double attn_ref_finish(const attn_params *p, double raw, int64_t b, int64_t h,
+                                    int64_t i, int64_t j, int64_t d_i, double *cap);
+
+/* This thread's number in the enclosing OpenMP team (0 without OpenMP). */
+static inline int attn_thread_num(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
 
 #endif /* ATTN_INTERNAL_H */

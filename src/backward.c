@@ -31,9 +31,6 @@
 #include "half.h"
 #include "kernels.h"
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 /* ---- argument checks ------------------------------------------------------------------
  * attn_params_init (api.c) checks q, k, v, o and the options exactly as the forward call
@@ -663,11 +660,7 @@ attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
 
 #pragma omp parallel num_threads(p->threads)
     {
-#ifdef _OPENMP
-        const int tid = omp_get_thread_num();
-#else
-        const int tid = 0;
-#endif
+        const int tid = attn_thread_num();
         const bwd_scratch w = carve(&plan, base + (size_t)tid * plan.thread_bytes);
 #pragma omp for schedule(static)
         for (int64_t rc = 0; rc < row_chunks; rc++)

@@ -30,9 +30,6 @@
 #include "half.h"
 #include "kernels.h"
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 /* Tile sizes: BQ query rows share each key block; BK keys per block, chosen so that a
  * key and a value block together, in their own dtype, stay near 64 KiB (a Zen 4 core has
@@ -503,11 +500,7 @@ attn_status attn_fused_forward(const attn_params *p, void *ws) {
 
 #pragma omp parallel num_threads(p->threads)
     {
-#ifdef _OPENMP
-        const int tid = omp_get_thread_num();
-#else
-        const int tid = 0;
-#endif
+        const int tid = attn_thread_num();
         const fused_scratch w = carve(&plan, base + (size_t)tid * plan.thread_bytes);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t u = 0; u < units; u++) {

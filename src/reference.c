@@ -22,15 +22,14 @@ size_t attn_reference_workspace(const attn_params *p) {
     return (size_t)n * sizeof(double);
 }
 
-/* s_ij in float64, CONTRACT order: scale * dot, softcap, + bias + ALiBi, masks. */
-static double ref_logit(const attn_params *p, int64_t q_bhi, int64_t k_bgj, int64_t b,
-                        int64_t h, int64_t i, int64_t j, int64_t d_i) {
-    double dot = 0.0;
-    for (int64_t d = 0; d < p->Dk; d++)
-        dot += (double)attn_load(p->q_dt, p->q, q_bhi + d * p->q_s[3]) *
-               (double)attn_load(p->kv_dt, p->k, k_bgj + d * p->k_s[3]);
-    double s = (double)p->scale * dot;
-    if (p->softcap > 0.0f) s = (double)p->softcap * tanh(s / (double)p->softcap);
+double attn_ref_finish(const attn_params *p, double raw, int64_t b, int64_t h, int64_t i,
+                       int64_t j, int64_t d_i, double *cap) {
+    double s = raw;
+    if (p->softcap > 0.0f) {
+        const double t = tanh(s / (double)p->softcap);
+        s = (double)p->softcap * t;
+        if (cap) *cap = 1.0 - t * t;
+    }
     if (p->bias)
         s += p->bias[b * p->bias_s[0] + h * p->bias_s[1] + i * p->bias_s[2] + j * p->bias_s[3]];
     if (p->alibi) s -= (double)p->alibi[h * p->alibi_s] * (double)llabs(d_i - j);
@@ -38,6 +37,16 @@ static double ref_logit(const attn_params *p, int64_t q_bhi, int64_t k_bgj, int6
         !p->mask[b * p->mask_s[0] + h * p->mask_s[1] + i * p->mask_s[2] + j * p->mask_s[3]])
         s = -INFINITY;
     return s;
+}
+
+/* s_ij in float64, CONTRACT order: scale * dot, then attn_ref_finish. */
+static double ref_logit(const attn_params *p, int64_t q_bhi, int64_t k_bgj, int64_t b,
+                        int64_t h, int64_t i, int64_t j, int64_t d_i) {
+    double dot = 0.0;
+    for (int64_t d = 0; d < p->Dk; d++)
+        dot += (double)attn_load(p->q_dt, p->q, q_bhi + d * p->q_s[3]) *
+               (double)attn_load(p->kv_dt, p->k, k_bgj + d * p->k_s[3]);
+    return attn_ref_finish(p, (double)p->scale * dot, b, h, i, j, d_i, NULL);
 }
 
 attn_status attn_reference_forward(const attn_params *p, void *ws) {

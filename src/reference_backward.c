@@ -49,18 +49,8 @@ static double ref_row(const attn_params *p, int64_t b, int64_t h, int64_t i,
         const double *k_j = k + j * Dk;
         double dot = 0.0;
         for (int64_t d = 0; d < Dk; d++) dot += q_i[d] * k_j[d];
-        double s = (double)p->scale * dot;
-        if (p->softcap > 0.0f) {
-            const double t = tanh(s / (double)p->softcap);
-            s = (double)p->softcap * t;
-            if (cap_i) cap_i[j] = 1.0 - t * t;
-        }
-        if (p->bias)
-            s += p->bias[b * p->bias_s[0] + h * p->bias_s[1] + i * p->bias_s[2] + j * p->bias_s[3]];
-        if (p->alibi) s -= (double)p->alibi[h * p->alibi_s] * (double)llabs(d_i - j);
-        if (p->mask &&
-            !p->mask[b * p->mask_s[0] + h * p->mask_s[1] + i * p->mask_s[2] + j * p->mask_s[3]])
-            s = -INFINITY;
+        const double s = attn_ref_finish(p, (double)p->scale * dot, b, h, i, j, d_i,
+                                         cap_i ? &cap_i[j] : NULL);
         P_i[j] = s;
         if (isnan(s) || s > m) m = s;  // NaN sticks, as in the forward
     }

@@ -30,6 +30,7 @@
 #include "attn.h"
 #include "backward.h"
 #include "check.h"
+#include "views.h"
 
 /* ---- small tools ---------------------------------------------------------------------- */
 
@@ -347,41 +348,13 @@ static void finite_differences(void) {
 
 /* ---- 2. the fused path against the reference ----------------------------------------- */
 
-/* A logical [d0, d1, d2, d3] view into buf: layout 0 stores [d0, d1, L, D], layout 1
- * [d0, L, d1, D], with L = loff + d2 + lpad rows of D = d3 + dpad floats, from row loff. */
-static int64_t view_elems(int64_t d0, int64_t d1, int64_t d2, int64_t d3, int64_t loff,
-                          int64_t lpad, int64_t dpad) {
-    return d0 * d1 * (loff + d2 + lpad) * (d3 + dpad);
-}
-static attn_tensor make_view(float *buf, int64_t d0, int64_t d1, int64_t d2, int64_t d3,
-                             int layout, int64_t loff, int64_t lpad, int64_t dpad) {
-    const int64_t L = loff + d2 + lpad, D = d3 + dpad;
-    attn_tensor t = {.dtype = ATTN_F32, .shape = {d0, d1, d2, d3}};
-    if (layout == 0) {
-        t.stride[0] = d1 * L * D; t.stride[1] = L * D; t.stride[2] = D; t.stride[3] = 1;
-        t.data = buf + loff * D;
-    } else {
-        t.stride[0] = L * d1 * D; t.stride[1] = D; t.stride[2] = d1 * D; t.stride[3] = 1;
-        t.data = buf + loff * d1 * D;
-    }
-    return t;
-}
-static float *vp(const attn_tensor *t, int64_t a, int64_t b, int64_t c, int64_t d) {
-    return (float *)t->data + a * t->stride[0] + b * t->stride[1] + c * t->stride[2] + d * t->stride[3];
-}
-static void gather_f(const attn_tensor *t, float *out) {
-    int64_t n = 0;
-    for (int64_t a = 0; a < t->shape[0]; a++)
-        for (int64_t b = 0; b < t->shape[1]; b++)
-            for (int64_t c = 0; c < t->shape[2]; c++)
-                for (int64_t d = 0; d < t->shape[3]; d++) out[n++] = *vp(t, a, b, c, d);
-}
+/* The tensors are views.h's views: [B, H, L, D] or [B, L, H, D] over padded buffers. */
 static void gather_d(const attn_tensor *t, double *out) {
     int64_t n = 0;
     for (int64_t a = 0; a < t->shape[0]; a++)
         for (int64_t b = 0; b < t->shape[1]; b++)
             for (int64_t c = 0; c < t->shape[2]; c++)
-                for (int64_t d = 0; d < t->shape[3]; d++) out[n++] = *vp(t, a, b, c, d);
+                for (int64_t d = 0; d < t->shape[3]; d++) out[n++] = *view_ptr(t, a, b, c, d);
 }
 static int64_t numel(const attn_tensor *t) {
     return t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3];
@@ -439,7 +412,7 @@ static void bcall_build(bcall *t, const bcase *c) {
             for (int64_t i1 = 0; i1 < fill[a]->shape[1]; i1++)
                 for (int64_t i2 = 0; i2 < fill[a]->shape[2]; i2++)
                     for (int64_t i3 = 0; i3 < fill[a]->shape[3]; i3++)
-                        *vp(fill[a], i0, i1, i2, i3) = (float)((a == 3 ? 1.0 : amp) * rng_sym(&r));
+                        *view_ptr(fill[a], i0, i1, i2, i3) = (float)((a == 3 ? 1.0 : amp) * rng_sym(&r));
     t->n[0] = numel(&t->dq); t->n[1] = numel(&t->dk); t->n[2] = numel(&t->dv);
     for (int a = 0; a < 3; a++) {
         t->ref[a] = xcalloc(t->n[a], sizeof(double));
@@ -499,9 +472,9 @@ static attn_status bcall_run(bcall *t, attn_path path, int threads) {
     b.threads = threads;
     const attn_status st = attn_backward(&t->q, &t->k, &t->v, &t->o, &t->d_o, &t->lse, &t->dq,
                                          &t->dk, &t->dv, &b);
-    gather_f(&t->dq, t->got[0]);
-    gather_f(&t->dk, t->got[1]);
-    gather_f(&t->dv, t->got[2]);
+    gather_f32(&t->dq, t->got[0]);
+    gather_f32(&t->dk, t->got[1]);
+    gather_f32(&t->dv, t->got[2]);
     return st;
 }
 
@@ -713,8 +686,8 @@ static void masked_rows(void) {
             for (int64_t i = 0; i < c.Lq; i++) {
                 const int empty = i % 5 == 2;
                 for (int64_t d = 0; d < c.Dv; d++) {
-                    if (empty) *vp(&t.d_o, 0, h, i, d) = NAN;
-                    *vp(&t.d_o, 1, h, i, d) = NAN;  // batch 1: every row is empty
+                    if (empty) *view_ptr(&t.d_o, 0, h, i, d) = NAN;
+                    *view_ptr(&t.d_o, 1, h, i, d) = NAN;  // batch 1: every row is empty
                 }
             }
         CHECK(bcall_run(&t, paths[pi], 0) == ATTN_OK, "masked rows: backward failed");
@@ -777,8 +750,8 @@ static void poisoned_keys(void) {
                     if (used) continue;
                     poisoned++;
                     for (int64_t g = 0; g < c->Hkv; g++) {
-                        for (int64_t d = 0; d < c->Dk; d++) *vp(&t.k, b, g, j, d) = NAN;
-                        for (int64_t d = 0; d < c->Dv; d++) *vp(&t.v, b, g, j, d) = NAN;
+                        for (int64_t d = 0; d < c->Dk; d++) *view_ptr(&t.k, b, g, j, d) = NAN;
+                        for (int64_t d = 0; d < c->Dv; d++) *view_ptr(&t.v, b, g, j, d) = NAN;
                     }
                 }
             }

@@ -24,12 +24,7 @@ static const char *k_path_names[2] = {"fused", "reference"};
 
 static fcase base(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lk, int64_t Dk,
                   int64_t Dv) {
-    fcase c;
-    memset(&c, 0, sizeof c);
-    c.B = B; c.Hq = Hq; c.Hkv = Hkv; c.Lq = Lq; c.Lk = Lk; c.Dk = Dk; c.Dv = Dv;
-    c.kvlen_fixed = -1;
-    c.seed = g_seed++;
-    return c;
+    return fcase_new(g_seed++, B, Hq, Hkv, Lq, Lk, Dk, Dv);
 }
 
 /* ---- the small checks, each shown to fail on a planted error in planted_errors() --- */

@@ -31,12 +31,7 @@ static int g_cases;
 
 static fcase base(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lk, int64_t Dk,
                   int64_t Dv) {
-    fcase c;
-    memset(&c, 0, sizeof c);
-    c.B = B; c.Hq = Hq; c.Hkv = Hkv; c.Lq = Lq; c.Lk = Lk; c.Dk = Dk; c.Dv = Dv;
-    c.kvlen_fixed = -1;
-    c.seed = g_seed++;
-    return c;
+    return fcase_new(g_seed++, B, Hq, Hkv, Lq, Lk, Dk, Dv);
 }
 
 /* One case: the oracle, then the reference path, the fused path (and AUTO if asked).

@@ -15,6 +15,18 @@ inputs.
 import numpy as np
 
 
+# The shapes the float32 and float16 suites both sweep.
+SHAPES = [  # B, H, Lq, Lk, Dk, Dv
+    (1, 1, 1, 1, 1, 1),
+    (1, 1, 3, 5, 4, 4),
+    (2, 3, 17, 33, 16, 16),
+    (1, 2, 64, 64, 64, 64),
+    (2, 2, 5, 130, 8, 24),
+    (1, 1, 200, 7, 128, 32),
+    (3, 1, 31, 257, 7, 9),
+]
+
+
 def _as4d(x):
     x = np.asarray(x)
     return x.reshape((1,) * (4 - x.ndim) + x.shape)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import attn
-from oracle import assert_close, randn, reference
+from oracle import SHAPES, assert_close, randn, reference
 
 sdpa = attn.scaled_dot_product_attention
 PATHS = ["fused", "reference"]
@@ -26,15 +26,6 @@ def check(args, kwargs, ref_kwargs=None, ref_inputs=None):
 
 # ---- shapes ---------------------------------------------------------------------------
 
-SHAPES = [  # B, H, Lq, Lk, Dk, Dv
-    (1, 1, 1, 1, 1, 1),
-    (1, 1, 3, 5, 4, 4),
-    (2, 3, 17, 33, 16, 16),
-    (1, 2, 64, 64, 64, 64),
-    (2, 2, 5, 130, 8, 24),
-    (1, 1, 200, 7, 128, 32),
-    (3, 1, 31, 257, 7, 9),
-]
 
 
 @pytest.mark.parametrize("path", PATHS)
