@@ -309,7 +309,7 @@ static void tile_logits(const attn_params *p, const attn_kernels *kern, const fu
  * A kernel with a decode entry does it itself, a few lines per step of its arithmetic;
  * prefetch_tile asks for a whole tile at once, for the other kernels and for the tiles a
  * mask reaches into (a burst like this stalls on the miss queue: docs/KERNELS.md). */
-enum { PREFETCH_TILES = 2, DECODE_MAX_ROWS = 16 };
+enum { PREFETCH_TILES = 2 };
 
 static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
     const int64_t ek = p->kv_dt == ATTN_F32 ? 4 : 2;
@@ -327,9 +327,9 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
                         int64_t jb) {
     const int64_t dk = p->Dk, dv = p->Dv, n = blk->n, npad = blk->npad;
     /* a few rows (decoding) on a kernel that has the one-pass decoding step: up to 4 rows a
-     * call, so a block of up to DECODE_MAX_ROWS rows (the query heads of a GQA group)
+     * call, so a block of up to ATTN_DECODE_MAX_ROWS rows (the query heads of a GQA group)
      * takes several calls on each tile, the tile then in the cache for all but the first */
-    const bool decode = kern->decode && n <= DECODE_MAX_ROWS && !attn_has_elementwise(p) &&
+    const bool decode = kern->decode && n <= ATTN_DECODE_MAX_ROWS && !attn_has_elementwise(p) &&
                         p->k_s[3] == 1 && p->v_s[3] == 1;
     if (blk->qk_bf16) {
         /* only the bf16 pairs (2t, 2t+1) of each row are read: with unit stride along Dk

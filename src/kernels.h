@@ -26,6 +26,10 @@
 #include "attn_internal.h"
 
 #define ATTN_ROW_PAD 16  /* query rows are padded to a multiple of this */
+/* Blocks of at most this many query rows (decoding) take a kernel's decode entry, 4 rows a
+ * call, on their clean tiles; a kernel with a decode entry must compute Q·Kᵀ for such
+ * blocks in qk with the same sums (the weights' sweep recomputes the logits with qk). */
+#define ATTN_DECODE_MAX_ROWS 16
 
 struct attn_kernels {
     const char *name;

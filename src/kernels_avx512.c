@@ -119,8 +119,8 @@ QK_DOT(4)
 void attn_qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
                       const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale,
                       float *s, int64_t lds) {
-    if (n <= 16) {
-        /* up to 16 rows (decoding) by the dot-product form, 4 rows at a time: the sums of
+    if (n <= ATTN_DECODE_MAX_ROWS) {
+        /* decoding blocks by the dot-product form, 4 rows at a time: the sums of
          * the decoding step (attn_decode_avx512) on the same rows, so a block's tiles agree
          * whichever of the two computed them (the weights' sweep recomputes them here) */
         for (int64_t r0 = 0; r0 < n; r0 += 4) {
