@@ -34,10 +34,14 @@
 /* Tile sizes: BQ query rows share each key block; BK keys per block, chosen so that a
  * key and a value block together, in their own dtype, stay near 64 KiB (a Zen 4 core has
  * 32 KiB of L1d and 1 MiB of L2), within [16, 128]. Key splitting for decoding-shaped
- * calls: at most SPLIT_MAX chunks of at least SPLIT_MIN_KEYS keys, for Lq <= SPLIT_MAX_LQ. */
+ * calls (Lq <= SPLIT_MAX_LQ): chunks of SPLIT_LONG_KEYS keys or more, since every chunk
+ * starts its K and V streams cold (chunks of 1024 keys moved 5-10% fewer bytes a second
+ * than chunks of 4096: docs/KERNELS.md); shorter, down to SPLIT_MIN_KEYS, only where the
+ * call would otherwise have fewer than SPLIT_UNITS pieces of work; at most SPLIT_MAX. */
 enum {
     BQ = 64, BK_MIN = 16, BK_MAX = 128,
-    SPLIT_MAX_LQ = 16, SPLIT_MAX = 16, SPLIT_MIN_KEYS = 1024,
+    SPLIT_MAX_LQ = 16, SPLIT_MAX = 16, SPLIT_MIN_KEYS = 1024, SPLIT_LONG_KEYS = 4096,
+    SPLIT_UNITS = 16,
 };
 
 /* How a call is cut into work: fixed by the shapes alone, never by the thread count. */
@@ -78,6 +82,13 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
     plan->split_keys = p->Lk > 0 ? p->Lk : 1;
     if (p->Lq <= SPLIT_MAX_LQ && p->Lk >= 2 * SPLIT_MIN_KEYS && !p->weights) {
         int64_t chunk = (p->Lk + SPLIT_MAX - 1) / SPLIT_MAX;
+        if (chunk < SPLIT_LONG_KEYS) {
+            chunk = SPLIT_LONG_KEYS;
+            if (plan->items < SPLIT_UNITS && plan->items * ((p->Lk + chunk - 1) / chunk) < SPLIT_UNITS) {
+                const int64_t want = (SPLIT_UNITS + plan->items - 1) / plan->items;
+                chunk = (p->Lk + want - 1) / want;
+            }
+        }
         if (chunk < SPLIT_MIN_KEYS) chunk = SPLIT_MIN_KEYS;
         chunk = (chunk + bk - 1) / bk * bk;
         plan->split_keys = chunk;

@@ -123,6 +123,9 @@ static void decoding(void) {
     c = base(1, 1, 1, 1, 20000, 8, 8);
     c.lse = 1; c.dist = 1;
     run_case(&c, 1);
+    c = base(1, 8, 8, 1, 8200, 16, 16); /* enough heads for long chunks: 4096, 4096, 8 keys */
+    c.lse = 1;
+    run_case(&c, 1);
     c = base(1, 2, 2, 4, 4000, 16, 16); /* the row maximum sits in the last chunk */
     c.mask = 2; c.mshape = 4; c.lse = 1;
     {
