@@ -314,12 +314,13 @@ static void tile_logits(const attn_params *p, const attn_kernels *kern, const fu
     if (boundary || attn_has_elementwise(p)) finish_tile(p, w, blk, nk, BQ, j0, boundary);
 }
 
-/* A block of few rows (decoding) does little arithmetic per key and waits on memory: the
- * key and value rows of the tile PREFETCH_TILES ahead are asked for while this one is
- * computed, into the outer caches (prefetcht2: a tile of K and V is 64 KiB, twice the L1).
- * A kernel with a decode entry does it itself, a few lines per step of its arithmetic;
- * prefetch_tile asks for a whole tile at once, for the other kernels and for the tiles a
- * mask reaches into (a burst like this stalls on the miss queue: docs/KERNELS.md). */
+/* A block of few rows (decoding) does little arithmetic per key and waits on memory. A
+ * kernel with a decode entry prefetches itself, each stream during the other's phase (this
+ * tile's V while it reads K, the next tile's K while it reads V), a few lines per step of
+ * its arithmetic. For the other kernels and for the tiles a mask reaches into, the key
+ * and value rows of the tile PREFETCH_TILES ahead are asked for at once by prefetch_tile,
+ * into the outer caches (prefetcht2: a tile of K and V is 64 KiB, twice the L1; a burst
+ * like this stalls on the miss queue: docs/KERNELS.md). */
 enum { PREFETCH_TILES = 2 };
 
 static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
@@ -389,16 +390,15 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
         const int64_t pf_nk = pj < jb ? (jb - pj < plan->bk ? jb - pj : plan->bk) : 0;
         if (decode && clean) {
-            /* the tile ahead, when there is one (no pointer past the tensor otherwise),
-             * prefetched by the first call */
-            const char *pf_k = pf_nk > 0 ? k_bg + pj * p->k_s[2] * ek : NULL;
-            const char *pf_v = pf_nk > 0 ? v_bg + pj * p->v_s[2] * ek : NULL;
+            /* the first call on the tile prefetches its V and the next tile's K, when there
+             * is one (no pointer past the tensor otherwise) */
+            const int64_t j1 = j0 + nk, next_nk = j1 < jb ? (jb - j1 < plan->bk ? jb - j1 : plan->bk) : 0;
+            const char *next_k = next_nk > 0 ? k_bg + j1 * p->k_s[2] * ek : NULL;
             for (int64_t r0 = 0; r0 < n; r0 += 4)
                 kern->decode(n - r0 < 4 ? n - r0 : 4, nk, dk, dv, w->q + r0 * dk, p->kv_dt, fast,
                              k_bg + j0 * p->k_s[2] * ek, p->k_s[2], v_bg + j0 * p->v_s[2] * ek,
                              p->v_s[2], p->scale, w->s, w->m + r0, w->l + r0, w->alpha + r0,
-                             w->acc + r0 * dv, r0 == 0 ? pf_k : NULL, r0 == 0 ? pf_v : NULL,
-                             r0 == 0 ? pf_nk : 0);
+                             w->acc + r0 * dv, r0 == 0, next_k, next_nk);
             continue;
         }
         if (n <= 4 && pf_nk > 0) prefetch_tile(p, blk, pj, pf_nk);

@@ -111,13 +111,13 @@ struct attn_kernels {
      *      for P·V; l still sums the float32 p, as softmax does
      *   s scratch of 4 * round_up(nk, 4) floats; m, l, alpha (4) as in softmax (entries
      *      past n are scratch); acc (n, dv), row stride dv, as in pv
-     *   pf_k, pf_v, pf_nk: the first rows of a later tile (same strides) and its number
-     *      of keys, prefetched into the outer caches while this tile is computed; pf_nk =
-     *      0 for none. */
+     *   prefetch: ask for this tile's V rows while Q·Kᵀ runs, and for the next tile's K
+     *      rows (next_k, next_nk keys, same stride; next_nk = 0 for none) while P·V runs,
+     *      into the outer caches (the first call on a tile; the others find them there) */
     void (*decode)(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                    attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
                    int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
-                   float *acc, const void *pf_k, const void *pf_v, int64_t pf_nk);
+                   float *acc, bool prefetch, const void *next_k, int64_t next_nk);
 
     /* y = exp(x) elementwise with the kernel's own exp (the one softmax uses), for x <= 0
      * (and NaN, -inf). For the tests of its error bound. */
@@ -145,8 +145,8 @@ ATTN_PRIVATE void attn_pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv
 ATTN_PRIVATE void attn_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                                      attn_dtype dt, bool round_p, const void *k, int64_t ldk,
                                      const void *v, int64_t ldv, float scale, float *s, float *m,
-                                     float *l, float *alpha, float *acc, const void *pf_k,
-                                     const void *pf_v, int64_t pf_nk);
+                                     float *l, float *alpha, float *acc, bool prefetch,
+                                     const void *next_k, int64_t next_nk);
 ATTN_PRIVATE void attn_exp_array_avx512(int64_t n, const float *x, float *y);
 ATTN_PRIVATE void attn_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst);
 ATTN_PRIVATE void attn_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,

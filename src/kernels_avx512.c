@@ -177,12 +177,37 @@ INLINE __m512 load_row16(int DT, const void *row, int64_t d, __mmask16 mk) {
     return _mm512_cvtph_ps(h);
 }
 
+/* What the decoding step prefetches into the outer caches (prefetcht2), each stream
+ * during the other's phase: this tile's V rows while Q·Kᵀ reads K, the next tile's K rows
+ * while P·V reads V. A phase alone leaves the other stream idle, and the hardware
+ * prefetcher does not run ahead of a stream nobody reads (docs/KERNELS.md). */
+typedef struct pf_rows {
+    const char *v;                  // this tile's V rows, or NULL for none
+    int64_t ldv, lines_v, nv;       // row stride in bytes, 64-byte lines a row, rows
+    const char *k;                  // the next tile's K rows, or NULL for none
+    int64_t ldk, lines_k, nk;
+} pf_rows;
+
+/* line i of the V rows c..c+3 (those that exist) */
+INLINE void pf_v_line(const pf_rows *pf, int64_t c, int64_t i) {
+    if (!pf->v || i >= pf->lines_v) return;
+    const int64_t rows = pf->nv - c < 4 ? pf->nv - c : 4;
+    for (int64_t r = 0; r < rows; r++) _mm_prefetch(pf->v + (c + r) * pf->ldv + 64 * i, _MM_HINT_T2);
+}
+
+/* lines [i0, i1) of the next tile's K row c, if it has one */
+INLINE void pf_k_lines(const pf_rows *pf, int64_t c, int64_t i0, int64_t i1) {
+    if (!pf || !pf->k || c >= pf->nk) return;
+    for (int64_t i = i0; i < i1; i++) _mm_prefetch(pf->k + c * pf->ldk + 64 * i, _MM_HINT_T2);
+}
+
 /* RR rows x DC zmm of value columns (V's rows of dtype DT, ldv bytes apart); the last
  * zmm loads and stores under `tail`. acc = acc * alpha + sum_c p[c][i] V[c], the tile's
- * sum from zero. SKIP: a p of exactly 0 leaves the accumulator untouched. */
+ * sum from zero. SKIP: a p of exactly 0 leaves the accumulator untouched. pf (decoding,
+ * else NULL): lines [i0, i1) of the next tile's K row c are asked for with key c. */
 INLINE void pv_tile(int DT, int RR, int DC, bool SKIP, int64_t nk, const float *p, int64_t lds,
                     const char *v, int64_t ldv, const float *alpha, float *acc, int64_t ldo,
-                    __mmask16 tail) {
+                    __mmask16 tail, const pf_rows *pf, int64_t i0, int64_t i1) {
     __m512 t[4][4];
     UNROLL for (int i = 0; i < RR; i++)
         UNROLL for (int j = 0; j < DC; j++) t[i][j] = _mm512_setzero_ps();
@@ -190,6 +215,7 @@ INLINE void pv_tile(int DT, int RR, int DC, bool SKIP, int64_t nk, const float *
         __m512 vv[4];
         UNROLL for (int j = 0; j < DC; j++)
             vv[j] = load_row16(DT, v + c * ldv, 16 * j, j == DC - 1 ? tail : (__mmask16)0xFFFF);
+        pf_k_lines(pf, c, i0, i1);
         UNROLL for (int i = 0; i < RR; i++) {
             const __m512 pb = _mm512_set1_ps(p[c * lds + i]);
             if (SKIP) {
@@ -226,14 +252,14 @@ INLINE __mmask16 column_chunks(int64_t nd, int *dc) {
         int64_t r = 0;                                                                      \
         if (skip) {                                                                         \
             for (; r + 4 <= n; r += 4)                                                      \
-                pv_tile(ATTN_F32, 4, DC, true, nk, p + r, lds, (const char *)v, 4 * ldv, alpha + r, acc + r * ldo, ldo, tail); \
+                pv_tile(ATTN_F32, 4, DC, true, nk, p + r, lds, (const char *)v, 4 * ldv, alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
             for (; r < n; r++)                                                              \
-                pv_tile(ATTN_F32, 1, DC, true, nk, p + r, lds, (const char *)v, 4 * ldv, alpha + r, acc + r * ldo, ldo, tail); \
+                pv_tile(ATTN_F32, 1, DC, true, nk, p + r, lds, (const char *)v, 4 * ldv, alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
         } else {                                                                            \
             for (; r + 4 <= n; r += 4)                                                      \
-                pv_tile(ATTN_F32, 4, DC, false, nk, p + r, lds, (const char *)v, 4 * ldv, alpha + r, acc + r * ldo, ldo, tail); \
+                pv_tile(ATTN_F32, 4, DC, false, nk, p + r, lds, (const char *)v, 4 * ldv, alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
             for (; r < n; r++)                                                              \
-                pv_tile(ATTN_F32, 1, DC, false, nk, p + r, lds, (const char *)v, 4 * ldv, alpha + r, acc + r * ldo, ldo, tail); \
+                pv_tile(ATTN_F32, 1, DC, false, nk, p + r, lds, (const char *)v, 4 * ldv, alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
         }                                                                                   \
     }
 PV_COLS(1)
@@ -263,28 +289,10 @@ void attn_pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float
  * K and V are read once from the caller's rows (float32, or float16/bfloat16 converted in
  * registers), four keys at a time for Q·Kᵀ, and the logits stay in one compact layout,
  * lane 4c + r for key c and row r of a group of 4 keys, so the softmax works on 4x fewer
- * vectors than the 16-row tile. While a group of keys is multiplied, the rows of the same
- * keys PF tiles ahead are prefetched line by line into the outer caches, spread over the
- * arithmetic rather than issued in one burst (docs/KERNELS.md: a burst stalls on the
- * miss queue, and this key-interleaved access alone defeats the hardware streamer). */
-
-/* The rows to prefetch: keys c..c+3 of the tile ahead. Step i of a group's Dk loop asks
- * for line i of each of its K rows and of its V rows; V lines past the last step (Dv
- * wider than Dk) are asked for after the loop. */
-typedef struct pf_rows {
-    const char *k, *v;       // key/value row 0 of the tile ahead, or NULL
-    int64_t ldk, ldv;        // row strides in bytes
-    int64_t lines_k, lines_v;
-    int64_t nk;              // keys of the tile ahead
-} pf_rows;
-
-INLINE void pf_line(const pf_rows *pf, int64_t c, int64_t i) {
-    const int64_t rows = pf->nk - c < 4 ? pf->nk - c : 4;
-    if (i < pf->lines_k)
-        for (int64_t r = 0; r < rows; r++) _mm_prefetch(pf->k + (c + r) * pf->ldk + 64 * i, _MM_HINT_T2);
-    if (i < pf->lines_v)
-        for (int64_t r = 0; r < rows; r++) _mm_prefetch(pf->v + (c + r) * pf->ldv + 64 * i, _MM_HINT_T2);
-}
+ * vectors than the 16-row tile. While a group of keys is multiplied, the V rows of the
+ * same keys are prefetched, line by line, spread over the arithmetic rather than issued
+ * in one burst (a burst stalls on the miss queue); while P·V runs over a key, the same
+ * key's row of the next tile's K (pf_rows). */
 
 /* bfloat16 rows as float32 by halves: 32 values in one load; the even ones are the
  * 32-bit lanes shifted left by 16, the odd ones the lanes with the low half cleared. Two
@@ -308,19 +316,17 @@ INLINE __m512 dec_qk4(int DT, int NR, int64_t dk, const float *q, int64_t ldq, c
     __m512 acc[4][4];
     UNROLL for (int r = 0; r < 4; r++)
         UNROLL for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
-    const bool ahead = pf->k && c < pf->nk;
     for (int64_t d = 0; d < dk; d += 16) {
         const __mmask16 mk = dk - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (dk - d)) - 1);
         __m512 kv[4];
         UNROLL for (int j = 0; j < 4; j++) kv[j] = load_row16(DT, k + j * ldk, d, mk);
-        if (ahead) pf_line(pf, c, d / 16);
+        pf_v_line(pf, c, d / 16);
         UNROLL for (int r = 0; r < NR; r++) {
             const __m512 qv = _mm512_maskz_loadu_ps(mk, q + r * ldq + d);
             UNROLL for (int j = 0; j < 4; j++) acc[r][j] = _mm512_fmadd_ps(qv, kv[j], acc[r][j]);
         }
     }
-    if (ahead)
-        for (int64_t i = (dk + 15) / 16; i < pf->lines_v; i++) pf_line(pf, c, i);
+    for (int64_t i = (dk + 15) / 16; i < pf->lines_v; i++) pf_v_line(pf, c, i);
     return lane_sums_4x4(acc, scale);  // 128-bit lane j: rows 0..3 of key j
 }
 
@@ -337,20 +343,18 @@ INLINE __m512 dec_qk4_halves(int NR, int64_t dk, const float *qh, const char *k,
     __m512 acc[4][4];
     UNROLL for (int r = 0; r < 4; r++)
         UNROLL for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
-    const bool ahead = pf->k && c < pf->nk;
     for (int64_t d = 0; d < dk; d += 32) {
         __m512 ke[4], ko[4];
         UNROLL for (int j = 0; j < 4; j++)
             bf16_halves((const uint16_t *)(k + j * ldk), d, (__mmask32)0xFFFFFFFFu, &ke[j], &ko[j]);
-        if (ahead) pf_line(pf, c, d / 32);
+        pf_v_line(pf, c, d / 32);
         UNROLL for (int r = 0; r < NR; r++) {
             const __m512 qe = _mm512_loadu_ps(qh + r * dk + d), qo = _mm512_loadu_ps(qh + r * dk + d + 16);
             UNROLL for (int j = 0; j < 4; j++)
                 acc[r][j] = _mm512_fmadd_ps(qo, ko[j], _mm512_fmadd_ps(qe, ke[j], acc[r][j]));
         }
     }
-    if (ahead)
-        for (int64_t i = dk / 32; i < pf->lines_v; i++) pf_line(pf, c, i);
+    for (int64_t i = dk / 32; i < pf->lines_v; i++) pf_v_line(pf, c, i);
     return lane_sums_4x4(acc, scale);
 }
 
@@ -393,13 +397,23 @@ INLINE __m512 rows_sum(__m512 x) {
     return _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, 0xB1));
 }
 
+/* The next tile's K lines asked for during the P·V pass over value columns d0..d0+63:
+ * its share [i0, i1) of each row's lines, the passes (64 columns each) in turn. */
+INLINE void pass_lines(const pf_rows *pf, int64_t d0, int64_t dv, int64_t *i0, int64_t *i1) {
+    const int64_t passes = (dv + 63) / 64, p = d0 / 64;
+    *i0 = p * pf->lines_k / passes;
+    *i1 = (p + 1) * pf->lines_k / passes;
+}
+
 /* acc rows r0..r0+RR-1, value columns d0.. in DC zmm (the last under `tail`), from the
- * compact probabilities (key c of row r at s[4c + r]) */
+ * compact probabilities (key c of row r at s[4c + r]); pf as in pv_tile */
 INLINE void dec_pv(int DT, int RR, int DC, int64_t nk, const float *s, int r0, const char *v,
                    int64_t ldv, int64_t d0, const float *alpha, float *acc, int64_t dv,
-                   __mmask16 tail) {
+                   __mmask16 tail, const pf_rows *pf) {
+    int64_t i0, i1;
+    pass_lines(pf, d0, dv, &i0, &i1);
     pv_tile(DT, RR, DC, false, nk, s + r0, 4, v + d0 * (DT == ATTN_F32 ? 4 : 2), ldv, alpha + r0,
-            acc + r0 * dv + d0, dv, tail);
+            acc + r0 * dv + d0, dv, tail, pf, i0, i1);
 }
 
 /* dec_pv for bfloat16 V by halves: NC chunks of 32 columns from d0 (nd columns in all,
@@ -407,7 +421,9 @@ INLINE void dec_pv(int DT, int RR, int DC, int64_t nk, const float *s, int r0, c
  * before they meet the accumulator. */
 INLINE void dec_pv_bf16(int RR, int NC, int64_t nk, const float *s, int r0, const char *v,
                         int64_t ldv, int64_t d0, int64_t nd, const float *alpha, float *acc,
-                        int64_t dv) {
+                        int64_t dv, const pf_rows *pf) {
+    int64_t i0, i1;
+    pass_lines(pf, d0, dv, &i0, &i1);
     __m512 t[4][4];
     UNROLL for (int i = 0; i < RR; i++)
         UNROLL for (int j = 0; j < 2 * NC; j++) t[i][j] = _mm512_setzero_ps();
@@ -417,6 +433,7 @@ INLINE void dec_pv_bf16(int RR, int NC, int64_t nk, const float *s, int r0, cons
         __m512 vv[4];
         UNROLL for (int h = 0; h < NC; h++)
             bf16_halves((const uint16_t *)(v + c * ldv), d0 + 32 * h, mk[h], &vv[2 * h], &vv[2 * h + 1]);
+        pf_k_lines(pf, c, i0, i1);
         UNROLL for (int i = 0; i < RR; i++) {
             const __m512 pb = _mm512_set1_ps(s[4 * c + r0 + i]);
             UNROLL for (int j = 0; j < 2 * NC; j++) t[i][j] = _mm512_fmadd_ps(pb, vv[j], t[i][j]);
@@ -442,11 +459,11 @@ INLINE void dec_pv_bf16(int RR, int NC, int64_t nk, const float *s, int r0, cons
 
 /* P V over rows 0..n-1 in groups of RR rows, columns in chunks of DC zmm */
 #define DEC_PV_ROWS(DT, DC, RR)                                                              \
-    for (int r0 = 0; r0 < n; r0 += RR) {                                                     \
-        if (n - r0 >= RR) dec_pv(DT, RR, DC, nk, s, r0, v, ldv, d0, alpha, acc, dv, tail);   \
-        else if (n - r0 == 3) dec_pv(DT, 3, DC, nk, s, r0, v, ldv, d0, alpha, acc, dv, tail);\
-        else if (n - r0 == 2) dec_pv(DT, 2, DC, nk, s, r0, v, ldv, d0, alpha, acc, dv, tail);\
-        else dec_pv(DT, 1, DC, nk, s, r0, v, ldv, d0, alpha, acc, dv, tail);                 \
+    for (int r0 = 0; r0 < n; r0 += RR) {                                                          \
+        if (n - r0 >= RR) dec_pv(DT, RR, DC, nk, s, r0, v, ldv, d0, alpha, acc, dv, tail, pf);   \
+        else if (n - r0 == 3) dec_pv(DT, 3, DC, nk, s, r0, v, ldv, d0, alpha, acc, dv, tail, pf);\
+        else if (n - r0 == 2) dec_pv(DT, 2, DC, nk, s, r0, v, ldv, d0, alpha, acc, dv, tail, pf);\
+        else dec_pv(DT, 1, DC, nk, s, r0, v, ldv, d0, alpha, acc, dv, tail, pf);                 \
     }
 
 /* x rounded to the nearest bfloat16, ties to even, as attn_f32_to_bf16 (half.h) rounds
@@ -483,6 +500,7 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int
             float buf[16];
             for (int i = 0; i < 16; i++) buf[i] = -INFINITY;
             for (int64_t j = c; j < nk; j++) _mm_storeu_ps(buf + 4 * (j - c), dec_qk1(DT, NR, dk, q, dk, k + j * ldk, scale));
+            for (int64_t i = 0; i < pf->lines_v; i++) pf_v_line(pf, c, i);
             z = _mm512_loadu_ps(buf);
         }
         _mm512_storeu_ps(s + 16 * x, z);
@@ -516,8 +534,8 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int
             const int64_t nd = dv - d0 < 64 ? dv - d0 : 64;
             for (int r0 = 0; r0 < n; r0 += 4) {
                 const int rr = n - r0 < 4 ? (int)(n - r0) : 4;
-#define PV_BF16(RR) (nd > 32 ? dec_pv_bf16(RR, 2, nk, s, r0, v, ldv, d0, nd, alpha, acc, dv) \
-                             : dec_pv_bf16(RR, 1, nk, s, r0, v, ldv, d0, nd, alpha, acc, dv))
+#define PV_BF16(RR) (nd > 32 ? dec_pv_bf16(RR, 2, nk, s, r0, v, ldv, d0, nd, alpha, acc, dv, pf) \
+                             : dec_pv_bf16(RR, 1, nk, s, r0, v, ldv, d0, nd, alpha, acc, dv, pf))
                 switch (rr) {
                 case 4: PV_BF16(4); break;
                 case 3: PV_BF16(3); break;
@@ -553,14 +571,14 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int
 void attn_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                         attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
                         int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
-                        float *acc, const void *pf_k, const void *pf_v, int64_t pf_nk) {
+                        float *acc, bool prefetch, const void *next_k, int64_t next_nk) {
     const int64_t es = dt == ATTN_F32 ? 4 : 2;
     const char *kb = (const char *)k, *vb = (const char *)v;
     const int64_t ldkb = ldk * es, ldvb = ldv * es;
     const pf_rows pf = {
-        .k = pf_nk > 0 ? (const char *)pf_k : NULL, .v = (const char *)pf_v,
-        .ldk = ldkb, .ldv = ldvb,
-        .lines_k = (dk * es + 63) / 64, .lines_v = (dv * es + 63) / 64, .nk = pf_nk,
+        .v = prefetch ? vb : NULL, .ldv = ldvb, .lines_v = (dv * es + 63) / 64, .nv = nk,
+        .k = prefetch && next_nk > 0 ? (const char *)next_k : NULL, .ldk = ldkb,
+        .lines_k = (dk * es + 63) / 64, .nk = next_nk,
     };
     if (dt == ATTN_F32) {
         DECODE_DT(ATTN_F32)

@@ -221,8 +221,7 @@ static void test_decode(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk
     }
     const float scale = 0.37f;
     k->decode(n, nk, dk, dv, q, dt, round_p, kk, ldk, v, ldv, scale, s, m, l, alpha, acc,
-              prefetch ? kk + nk * ldk * es : NULL, prefetch ? v + nk * ldv * es : NULL,
-              prefetch ? nk : 0);
+              prefetch, prefetch ? kk + nk * ldk * es : NULL, prefetch ? nk : 0);
     if (plant && dv > 0) acc[0] *= 1.0f + 1e-4f;
     double worst = 0;
     bool state_ok = true;
