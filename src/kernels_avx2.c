@@ -8,7 +8,8 @@
  *   qk: 2 ymm of rows x 6 keys (12 accumulators); for at most 4 rows (decoding) the
  *       dot-product form, 4 rows x 2 keys reduced by one hadd tree;
  *   pv: 4 rows x 2 ymm of value columns (8 accumulators); a column tail narrower than
- *       8 goes through a masked load/store.
+ *       8 goes through a masked load/store;
+ *   decode: the AVX-512 decoding step at half the width (below).
  */
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -260,6 +261,188 @@ static void to_f32_avx2(attn_dtype dt, int64_t n, const uint16_t *src, float *ds
         dst[i] = dt == ATTN_BF16 ? attn_bf16_to_f32(src[i]) : attn_f16_to_f32(src[i]);
 }
 
+/* ---- decoding: the whole step of one clean tile for at most 4 query rows ------------------
+ * The AVX-512 step (kernels_avx512.c) at half the width: Q·Kᵀ by the dot-product form, 2
+ * keys x 4 rows a call of qk_step2 reduced by one hadd tree, the logits in a compact
+ * layout (lane 4c + r for key c of a pair, row r), the online softmax on it, then P·V
+ * for the 4 rows, 16 value columns a pass. 16-bit K and V are converted in registers.
+ * Each stream is prefetched into the outer caches during the other's phase: this tile's
+ * V rows while Q·Kᵀ reads K, the next tile's K rows while P·V reads V. */
+
+/* 8 values of a row from column d as float32 (n < 8: the first n, zeros after) */
+INLINE __m256 load_row8(int DT, const void *row, int64_t d, int64_t n) {
+    if (n < 8) {
+        float x[8] = {0};
+        for (int64_t j = 0; j < n; j++) x[j] = attn_load(DT, row, d + j);
+        return _mm256_loadu_ps(x);
+    }
+    if (DT == ATTN_F32) return _mm256_loadu_ps((const float *)row + d);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + d));
+    if (DT == ATTN_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+typedef struct dec_pf {
+    const char *v;                  // this tile's V rows, or NULL for none
+    int64_t ldv, lines_v, nv;       // row stride in bytes, 64-byte lines a row, rows
+    const char *k;                  // the next tile's K rows, or NULL for none
+    int64_t ldk, lines_k, nk;
+} dec_pf;
+
+/* line i of the V rows c, c+1 (those that exist) */
+INLINE void pf_v_line2(const dec_pf *pf, int64_t c, int64_t i) {
+    if (!pf->v || i >= pf->lines_v) return;
+    for (int64_t r = c; r < c + 2 && r < pf->nv; r++) _mm_prefetch(pf->v + r * pf->ldv + 64 * i, _MM_HINT_T2);
+}
+
+/* logits of NR rows x KC (1 or 2) keys at k: lanes 4c + r, scaled; lanes of a missing
+ * second key -inf */
+INLINE __m256 qk_step2(int DT, int NR, int KC, int64_t dk, const float *q, const char *k,
+                       int64_t ldk, __m256 scale, const dec_pf *pf, int64_t c) {
+    __m256 acc[2][4];
+    UNROLL for (int j = 0; j < 2; j++)
+        UNROLL for (int r = 0; r < 4; r++) acc[j][r] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (int64_t d = 0; d < dk; d += 8, i++) {
+        const int64_t left = dk - d < 8 ? dk - d : 8;
+        __m256 kv[2];
+        UNROLL for (int j = 0; j < KC; j++) kv[j] = load_row8(DT, k + j * ldk, d, left);
+        pf_v_line2(pf, c, i);
+        UNROLL for (int r = 0; r < NR; r++) {
+            const __m256 qv = load_row8(ATTN_F32, q + r * dk, d, left);
+            UNROLL for (int j = 0; j < KC; j++) acc[j][r] = _mm256_fmadd_ps(qv, kv[j], acc[j][r]);
+        }
+    }
+    for (; i < pf->lines_v; i++) pf_v_line2(pf, c, i);
+    const __m256 h01 = _mm256_hadd_ps(acc[0][0], acc[0][1]), h23 = _mm256_hadd_ps(acc[0][2], acc[0][3]);
+    const __m256 h45 = _mm256_hadd_ps(acc[1][0], acc[1][1]), h67 = _mm256_hadd_ps(acc[1][2], acc[1][3]);
+    const __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67);
+    const __m256 z = _mm256_mul_ps(scale, _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20),
+                                                        _mm256_permute2f128_ps(a, b, 0x31)));
+    if (KC == 2) return z;
+    return _mm256_blend_ps(z, _mm256_set1_ps(-INFINITY), 0xF0);
+}
+
+/* per row, the max (sum) over the 2 key lanes of a compact vector, in both halves */
+INLINE __m256 rows_max2(__m256 x) { return _mm256_max_ps(x, _mm256_permute2f128_ps(x, x, 0x01)); }
+INLINE __m256 rows_sum2(__m256 x) { return _mm256_add_ps(x, _mm256_permute2f128_ps(x, x, 0x01)); }
+
+/* x rounded to the nearest bfloat16, ties to even (half.h's attn_f32_to_bf16); NaN stays
+ * NaN, made quiet */
+INLINE __m256 round_bf16_avx2(__m256 x) {
+    const __m256i b = _mm256_castps_si256(x), hi = _mm256_set1_epi32((int)0xFFFF0000u);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_and_si256(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), hi);
+    const __m256i quiet = _mm256_and_si256(_mm256_or_si256(b, _mm256_set1_epi32(0x00400000)), hi);
+    return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(quiet), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+/* acc rows 0..NR-1, value columns d0..d0+15 (nd of them), from the compact p (key c of
+ * row r at s[4c + r]); lines [i0, i1) of the next tile's K row c asked for with key c */
+INLINE void pv_step(int DT, int NR, int64_t nk, const float *s, const char *v, int64_t ldv,
+                    int64_t d0, int64_t nd, const float *alpha, float *acc, int64_t dv,
+                    const dec_pf *pf, int64_t i0, int64_t i1) {
+    __m256 t[4][2];
+    UNROLL for (int r = 0; r < 4; r++) t[r][0] = t[r][1] = _mm256_setzero_ps();
+    const int64_t n0 = nd < 8 ? nd : 8, n1 = nd - n0;
+    for (int64_t c = 0; c < nk; c++) {
+        const char *row = v + c * ldv;
+        const __m256 v0 = load_row8(DT, row, d0, n0);
+        const __m256 v1 = n1 > 0 ? load_row8(DT, row, d0 + 8, n1) : _mm256_setzero_ps();
+        if (pf->k && c < pf->nk)
+            for (int64_t i = i0; i < i1; i++) _mm_prefetch(pf->k + c * pf->ldk + 64 * i, _MM_HINT_T2);
+        UNROLL for (int r = 0; r < NR; r++) {
+            const __m256 pb = _mm256_set1_ps(s[4 * c + r]);
+            t[r][0] = _mm256_fmadd_ps(pb, v0, t[r][0]);
+            t[r][1] = _mm256_fmadd_ps(pb, v1, t[r][1]);
+        }
+    }
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    UNROLL for (int r = 0; r < NR; r++) {
+        const __m256 a = _mm256_set1_ps(alpha[r]);
+        UNROLL for (int h = 0; h < 2; h++) {
+            const int64_t cols = h == 0 ? n0 : n1;
+            if (cols <= 0) break;
+            float *o = acc + r * dv + d0 + 8 * h;
+            const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)cols), lane);
+            _mm256_maskstore_ps(o, mk, _mm256_fmadd_ps(_mm256_maskload_ps(o, mk), a, t[r][h]));
+        }
+    }
+}
+
+INLINE void decode_tile_avx2(int DT, int NR, bool round_p, int64_t nk, int64_t dk, int64_t dv,
+                             const float *q, const char *k, int64_t ldk, const char *v,
+                             int64_t ldv, float scale, float *s, float *m, float *l,
+                             float *alpha, float *acc, const dec_pf *pf) {
+    const __m256 vscale = _mm256_set1_ps(scale), neg_inf = _mm256_set1_ps(-INFINITY);
+    const int64_t nv = (nk + 1) / 2;
+    __m256 mx = neg_inf, nan = _mm256_setzero_ps();
+    for (int64_t x = 0; x < nv; x++) {
+        const int64_t c = 2 * x;
+        const __m256 z = c + 2 <= nk ? qk_step2(DT, NR, 2, dk, q, k + c * ldk, ldk, vscale, pf, c)
+                                     : qk_step2(DT, NR, 1, dk, q, k + c * ldk, ldk, vscale, pf, c);
+        _mm256_storeu_ps(s + 8 * x, z);
+        mx = _mm256_max_ps(mx, z);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));
+    }
+    /* the online-softmax update of softmax_avx2, on the compact layout */
+    const __m256 m_old = _mm256_broadcast_ps((const __m128 *)m);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(m_old, m_old, _CMP_UNORD_Q));
+    nan = _mm256_or_ps(nan, _mm256_permute2f128_ps(nan, nan, 0x01));
+    __m256 m_new = _mm256_max_ps(m_old, rows_max2(mx));
+    m_new = _mm256_blendv_ps(m_new, _mm256_set1_ps(NAN), nan);
+    const __m256 shift = _mm256_blendv_ps(m_new, _mm256_setzero_ps(), _mm256_cmp_ps(m_new, neg_inf, _CMP_EQ_OQ));
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t x = 0; x < nv; x++) {
+        const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * x), shift));
+        /* FAST precision: P rounded to bfloat16 for P V, the sum l of the float32 p */
+        _mm256_storeu_ps(s + 8 * x, round_p ? round_bf16_avx2(e) : e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    const __m256 a = exp_avx2(_mm256_sub_ps(m_old, shift));
+    const __m128 l_new = _mm_fmadd_ps(_mm_loadu_ps(l), _mm256_castps256_ps128(a),
+                                      _mm256_castps256_ps128(rows_sum2(sum)));
+    _mm_storeu_ps(alpha, _mm256_castps256_ps128(a));
+    _mm_storeu_ps(l, l_new);
+    _mm_storeu_ps(m, _mm256_castps256_ps128(m_new));
+    /* P V, 16 columns a pass; the next tile's K lines shared out over the passes */
+    const int64_t passes = (dv + 15) / 16;
+    for (int64_t p = 0; p < passes; p++) {
+        const int64_t d0 = 16 * p, nd = dv - d0 < 16 ? dv - d0 : 16;
+        pv_step(DT, NR, nk, s, v, ldv, d0, nd, alpha, acc, dv, pf, p * pf->lines_k / passes,
+                (p + 1) * pf->lines_k / passes);
+    }
+}
+
+#define DECODE_AVX2(DT)                                                                       \
+    switch (n) {                                                                              \
+    case 1: decode_tile_avx2(DT, 1, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    case 2: decode_tile_avx2(DT, 2, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    case 3: decode_tile_avx2(DT, 3, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    default: decode_tile_avx2(DT, 4, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    }
+
+static void decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
+                        attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
+                        int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
+                        float *acc, bool prefetch, const void *next_k, int64_t next_nk) {
+    const int64_t es = dt == ATTN_F32 ? 4 : 2;
+    const char *kb = (const char *)k, *vb = (const char *)v;
+    const int64_t ldkb = ldk * es, ldvb = ldv * es;
+    const dec_pf pf = {
+        .v = prefetch ? vb : NULL, .ldv = ldvb, .lines_v = (dv * es + 63) / 64, .nv = nk,
+        .k = prefetch && next_nk > 0 ? (const char *)next_k : NULL, .ldk = ldkb,
+        .lines_k = (dk * es + 63) / 64, .nk = next_nk,
+    };
+    if (dt == ATTN_F32) {
+        DECODE_AVX2(ATTN_F32)
+    } else if (dt == ATTN_BF16) {
+        DECODE_AVX2(ATTN_BF16)
+    } else {
+        DECODE_AVX2(ATTN_F16)
+    }
+}
+
 const attn_kernels attn_kernels_avx2 = {
     .name = "avx2",
     .qk = qk_avx2,
@@ -267,6 +450,7 @@ const attn_kernels attn_kernels_avx2 = {
     .pv = pv_avx2,
     .mask_bool = attn_mask_bool_generic,
     .to_f32 = to_f32_avx2,
+    .decode = decode_avx2,
     .exp = exp_array_avx2,
 };
 #endif
