@@ -455,6 +455,18 @@ static const float *query_rows(const float *base, const int64_t st[4], int64_t w
     return buf;
 }
 
+/* true when the n rows of width `width` (stride ld) hold no NaN or Inf: a sum of x * 0
+ * is 0 exactly then, NaN otherwise */
+static bool rows_finite(const float *x, int64_t ld, int64_t n, int64_t width) {
+    float z = 0.0f;
+    for (int64_t r = 0; r < n; r++) {
+        const float *x_r = x + r * ld;
+#pragma omp simd reduction(+ : z)
+        for (int64_t d = 0; d < width; d++) z += x_r[d] * 0.0f;
+    }
+    return z == 0.0f;
+}
+
 /* ---- the fused path: one tile ----------------------------------------------------------
  * Query rows i0 .. i0+n-1 of head h against the packed key block j0 .. j0+nk-1 (batch b):
  * adds the tile's dV and dK to w->dv, w->dk and its dQ to dq_acc (rows i0.., stride ldacc). */
@@ -519,9 +531,12 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
         kern->exp(nkpad, s_r, s_r);
     }
 
-    /* forward: o_i = Σ_j P_ij v_j, so dV_j += Σ_i P_ij dO_i (a zero P never multiplies:
-     * a fully masked row's dO is not read) */
-    kern->pv(nk, nkpad, n, dv, w->s, ld, d_o, ldo, w->ones, w->dv, dv, true);
+    /* forward: o_i = Σ_j P_ij v_j, so dV_j += Σ_i P_ij dO_i. A zero P must not multiply a
+     * NaN or Inf of dO (a fully masked row's dO is not read): pv skips zeros, at a cost
+     * (a test per row and key, ~10% of the backward), only when dO's rows are not all
+     * finite; otherwise 0 · dO adds an exact 0. Likewise Q below for dK. */
+    kern->pv(nk, nkpad, n, dv, w->s, ld, d_o, ldo, w->ones, w->dv, dv,
+             !rows_finite(d_o, ldo, n, dv));
 
     /* dP_ij = dO_i · v_j: dP = dO Vᵀ, with qk's roles swapped as for S */
     kern->qk(nk, nkpad, n, dv, w->vd, w->vt, ld, d_o, ldo, 1.0f, w->dp, ld);
@@ -547,8 +562,9 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
         }
     }
 
-    /* forward: s = scale q_i · k_j, so dK_j += Σ_i dS_ij q_i (a zero dS never multiplies) */
-    kern->pv(nk, nkpad, n, dk, w->dp, ld, q, ldq, w->ones, w->dk, dk, true);
+    /* forward: s = scale q_i · k_j, so dK_j += Σ_i dS_ij q_i (a zero dS never multiplies
+     * a non-finite q) */
+    kern->pv(nk, nkpad, n, dk, w->dp, ld, q, ldq, w->ones, w->dk, dk, !rows_finite(q, ldq, n, dk));
 
     /* ... and dQ_i += Σ_j dS_ij k_j, summed over the tile before it is added */
     if (dk == 0) return;

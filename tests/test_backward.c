@@ -674,12 +674,19 @@ static int all_finite(const float *p, int64_t n) {
 
 static void masked_rows(void) {
     static const attn_path paths[2] = {ATTN_PATH_FUSED, ATTN_PATH_REFERENCE};
-    /* batch 1 has kv_len 0, rows i % 5 == 2 have no key in the bool mask; their dO is NaN */
+    /* batch 1 has kv_len 0, rows i % 5 == 2 have no key in the bool mask; their dO is NaN
+     * and their Q Inf (NaN in batch 1): a zero P or dS must not multiply either */
     bcase c = base(2, 2, 1, 70, 90, 16, 24);
     c.kvlen = 2; c.kvlen_fixed = -1; c.mask = 1; c.mshape = 4; c.empty_rows = 1;
     for (int pi = 0; pi < 2; pi++) {
         bcall t;
         bcall_build(&t, &c);
+        for (int64_t h = 0; h < c.Hq; h++)
+            for (int64_t i = 0; i < c.Lq; i++)
+                for (int64_t d = 0; d < c.Dk; d++) {
+                    if (i % 5 == 2) *view_ptr(&t.q, 0, h, i, d) = d % 2 ? INFINITY : -INFINITY;
+                    *view_ptr(&t.q, 1, h, i, d) = NAN;
+                }
         CHECK(bcall_forward(&t) == ATTN_OK, "masked rows: forward failed");
         const int64_t lk0 = t.s.kvl64[0];
         for (int64_t h = 0; h < c.Hq; h++)
@@ -705,7 +712,7 @@ static void masked_rows(void) {
         CHECK(all_zero(t.got[1] + half_k, half_k) && all_zero(t.got[2] + half_v, half_v),
               "masked rows (%s): dk/dv of the batch with kv_len 0 not 0", pi ? "reference" : "fused");
         CHECK(all_finite(t.got[1], half_k) && all_finite(t.got[2], half_v),
-              "masked rows (%s): NaN dO of empty rows reached dk/dv", pi ? "reference" : "fused");
+              "masked rows (%s): NaN dO or Inf Q of empty rows reached dk/dv", pi ? "reference" : "fused");
         int64_t beyond = 0;  // keys at or past kv_len[0] in batch 0: exactly 0
         for (int64_t j = lk0; j < c.Lk; j++) {
             for (int64_t d = 0; d < c.Dk; d++) beyond += t.got[1][j * c.Dk + d] != 0.0f;
