@@ -32,6 +32,29 @@
  * sweep runs on qk too, and the decoding step may sum Q·Kᵀ in its own order. */
 #define ATTN_DECODE_MAX_ROWS 16
 
+/* What a decoding step (the decode entry) prefetches into the outer caches, each stream
+ * during the other's phase: this tile's V rows while Q·Kᵀ reads K, the next tile's K rows
+ * while P·V reads V. A phase alone leaves the other stream idle, and the hardware
+ * prefetcher does not run ahead of a stream nobody reads (docs/KERNELS.md). */
+typedef struct attn_decode_pf {
+    const char *v;                  // this tile's V rows, or NULL for none
+    int64_t ldv, lines_v, nv;       // row stride in bytes, 64-byte lines a row, rows
+    const char *k;                  // the next tile's K rows, or NULL for none
+    int64_t ldk, lines_k, nk;
+} attn_decode_pf;
+
+/* from the decode entry's arguments (strides in elements of es bytes) */
+static inline attn_decode_pf attn_decode_pf_make(bool prefetch, const void *v, int64_t ldv,
+                                                 int64_t nk, int64_t dv, const void *next_k,
+                                                 int64_t ldk, int64_t next_nk, int64_t dk,
+                                                 int64_t es) {
+    return (attn_decode_pf){
+        .v = prefetch ? (const char *)v : NULL, .ldv = ldv * es, .lines_v = (dv * es + 63) / 64,
+        .nv = nk, .k = prefetch && next_nk > 0 ? (const char *)next_k : NULL, .ldk = ldk * es,
+        .lines_k = (dk * es + 63) / 64, .nk = next_nk,
+    };
+}
+
 struct attn_kernels {
     const char *name;
 

@@ -282,15 +282,8 @@ INLINE __m256 load_row8(int DT, const void *row, int64_t d, int64_t n) {
     return _mm256_cvtph_ps(h);
 }
 
-typedef struct dec_pf {
-    const char *v;                  // this tile's V rows, or NULL for none
-    int64_t ldv, lines_v, nv;       // row stride in bytes, 64-byte lines a row, rows
-    const char *k;                  // the next tile's K rows, or NULL for none
-    int64_t ldk, lines_k, nk;
-} dec_pf;
-
 /* line i of the V rows c, c+1 (those that exist) */
-INLINE void pf_v_line2(const dec_pf *pf, int64_t c, int64_t i) {
+INLINE void pf_v_line2(const attn_decode_pf *pf, int64_t c, int64_t i) {
     if (!pf->v || i >= pf->lines_v) return;
     for (int64_t r = c; r < c + 2 && r < pf->nv; r++) _mm_prefetch(pf->v + r * pf->ldv + 64 * i, _MM_HINT_T2);
 }
@@ -298,7 +291,7 @@ INLINE void pf_v_line2(const dec_pf *pf, int64_t c, int64_t i) {
 /* logits of NR rows x KC (1 or 2) keys at k: lanes 4c + r, scaled; lanes of a missing
  * second key -inf */
 INLINE __m256 qk_step2(int DT, int NR, int KC, int64_t dk, const float *q, const char *k,
-                       int64_t ldk, __m256 scale, const dec_pf *pf, int64_t c) {
+                       int64_t ldk, __m256 scale, const attn_decode_pf *pf, int64_t c) {
     __m256 acc[2][4];
     UNROLL for (int j = 0; j < 2; j++)
         UNROLL for (int r = 0; r < 4; r++) acc[j][r] = _mm256_setzero_ps();
@@ -341,7 +334,7 @@ INLINE __m256 round_bf16_avx2(__m256 x) {
  * row r at s[4c + r]); lines [i0, i1) of the next tile's K row c asked for with key c */
 INLINE void pv_step(int DT, int NR, int64_t nk, const float *s, const char *v, int64_t ldv,
                     int64_t d0, int64_t nd, const float *alpha, float *acc, int64_t dv,
-                    const dec_pf *pf, int64_t i0, int64_t i1) {
+                    const attn_decode_pf *pf, int64_t i0, int64_t i1) {
     __m256 t[4][2];
     UNROLL for (int r = 0; r < 4; r++) t[r][0] = t[r][1] = _mm256_setzero_ps();
     const int64_t n0 = nd < 8 ? nd : 8, n1 = nd - n0;
@@ -373,7 +366,7 @@ INLINE void pv_step(int DT, int NR, int64_t nk, const float *s, const char *v, i
 INLINE void decode_tile_avx2(int DT, int NR, bool round_p, int64_t nk, int64_t dk, int64_t dv,
                              const float *q, const char *k, int64_t ldk, const char *v,
                              int64_t ldv, float scale, float *s, float *m, float *l,
-                             float *alpha, float *acc, const dec_pf *pf) {
+                             float *alpha, float *acc, const attn_decode_pf *pf) {
     const __m256 vscale = _mm256_set1_ps(scale), neg_inf = _mm256_set1_ps(-INFINITY);
     const int64_t nv = (nk + 1) / 2;
     __m256 mx = neg_inf, nan = _mm256_setzero_ps();
@@ -429,11 +422,7 @@ static void decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const flo
     const int64_t es = dt == ATTN_F32 ? 4 : 2;
     const char *kb = (const char *)k, *vb = (const char *)v;
     const int64_t ldkb = ldk * es, ldvb = ldv * es;
-    const dec_pf pf = {
-        .v = prefetch ? vb : NULL, .ldv = ldvb, .lines_v = (dv * es + 63) / 64, .nv = nk,
-        .k = prefetch && next_nk > 0 ? (const char *)next_k : NULL, .ldk = ldkb,
-        .lines_k = (dk * es + 63) / 64, .nk = next_nk,
-    };
+    const attn_decode_pf pf = attn_decode_pf_make(prefetch, v, ldv, nk, dv, next_k, ldk, next_nk, dk, es);
     if (dt == ATTN_F32) {
         DECODE_AVX2(ATTN_F32)
     } else if (dt == ATTN_BF16) {

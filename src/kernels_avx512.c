@@ -177,26 +177,15 @@ INLINE __m512 load_row16(int DT, const void *row, int64_t d, __mmask16 mk) {
     return _mm512_cvtph_ps(h);
 }
 
-/* What the decoding step prefetches into the outer caches (prefetcht2), each stream
- * during the other's phase: this tile's V rows while Q·Kᵀ reads K, the next tile's K rows
- * while P·V reads V. A phase alone leaves the other stream idle, and the hardware
- * prefetcher does not run ahead of a stream nobody reads (docs/KERNELS.md). */
-typedef struct pf_rows {
-    const char *v;                  // this tile's V rows, or NULL for none
-    int64_t ldv, lines_v, nv;       // row stride in bytes, 64-byte lines a row, rows
-    const char *k;                  // the next tile's K rows, or NULL for none
-    int64_t ldk, lines_k, nk;
-} pf_rows;
-
 /* line i of the V rows c..c+3 (those that exist) */
-INLINE void pf_v_line(const pf_rows *pf, int64_t c, int64_t i) {
+INLINE void pf_v_line(const attn_decode_pf *pf, int64_t c, int64_t i) {
     if (!pf->v || i >= pf->lines_v) return;
     const int64_t rows = pf->nv - c < 4 ? pf->nv - c : 4;
     for (int64_t r = 0; r < rows; r++) _mm_prefetch(pf->v + (c + r) * pf->ldv + 64 * i, _MM_HINT_T2);
 }
 
 /* lines [i0, i1) of the next tile's K row c, if it has one */
-INLINE void pf_k_lines(const pf_rows *pf, int64_t c, int64_t i0, int64_t i1) {
+INLINE void pf_k_lines(const attn_decode_pf *pf, int64_t c, int64_t i0, int64_t i1) {
     if (!pf || !pf->k || c >= pf->nk) return;
     for (int64_t i = i0; i < i1; i++) _mm_prefetch(pf->k + c * pf->ldk + 64 * i, _MM_HINT_T2);
 }
@@ -207,7 +196,7 @@ INLINE void pf_k_lines(const pf_rows *pf, int64_t c, int64_t i0, int64_t i1) {
  * else NULL): lines [i0, i1) of the next tile's K row c are asked for with key c. */
 INLINE void pv_tile(int DT, int RR, int DC, bool SKIP, int64_t nk, const float *p, int64_t lds,
                     const char *v, int64_t ldv, const float *alpha, float *acc, int64_t ldo,
-                    __mmask16 tail, const pf_rows *pf, int64_t i0, int64_t i1) {
+                    __mmask16 tail, const attn_decode_pf *pf, int64_t i0, int64_t i1) {
     __m512 t[4][4];
     UNROLL for (int i = 0; i < RR; i++)
         UNROLL for (int j = 0; j < DC; j++) t[i][j] = _mm512_setzero_ps();
@@ -292,7 +281,7 @@ void attn_pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float
  * vectors than the 16-row tile. While a group of keys is multiplied, the V rows of the
  * same keys are prefetched, line by line, spread over the arithmetic rather than issued
  * in one burst (a burst stalls on the miss queue); while P·V runs over a key, the same
- * key's row of the next tile's K (pf_rows). */
+ * key's row of the next tile's K (attn_decode_pf). */
 
 /* bfloat16 rows as float32 by halves: 32 values in one load; the even ones are the
  * 32-bit lanes shifted left by 16, the odd ones the lanes with the low half cleared. Two
@@ -312,7 +301,7 @@ INLINE __mmask32 mask32(int64_t left) {
 /* logits of NR rows x 4 keys (keys c..c+3 at k, k + ldk, ...): lanes 4c + r, scaled; the
  * FMAs and the tree of qk_dot_tile on the same rows and keys converted to float32. */
 INLINE __m512 dec_qk4(int DT, int NR, int64_t dk, const float *q, int64_t ldq, const char *k,
-                      int64_t ldk, __m512 scale, const pf_rows *pf, int64_t c) {
+                      int64_t ldk, __m512 scale, const attn_decode_pf *pf, int64_t c) {
     __m512 acc[4][4];
     UNROLL for (int r = 0; r < 4; r++)
         UNROLL for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
@@ -339,7 +328,7 @@ INLINE __m512 dec_qk4(int DT, int NR, int64_t dk, const float *q, int64_t ldq, c
 enum { DEC_HALVES_MAX_DK = 256 };
 
 INLINE __m512 dec_qk4_halves(int NR, int64_t dk, const float *qh, const char *k, int64_t ldk,
-                             __m512 scale, const pf_rows *pf, int64_t c) {
+                             __m512 scale, const attn_decode_pf *pf, int64_t c) {
     __m512 acc[4][4];
     UNROLL for (int r = 0; r < 4; r++)
         UNROLL for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
@@ -399,7 +388,7 @@ INLINE __m512 rows_sum(__m512 x) {
 
 /* The next tile's K lines asked for during the P·V pass over value columns d0..d0+63:
  * its share [i0, i1) of each row's lines, the passes (64 columns each) in turn. */
-INLINE void pass_lines(const pf_rows *pf, int64_t d0, int64_t dv, int64_t *i0, int64_t *i1) {
+INLINE void pass_lines(const attn_decode_pf *pf, int64_t d0, int64_t dv, int64_t *i0, int64_t *i1) {
     const int64_t passes = (dv + 63) / 64, p = d0 / 64;
     *i0 = p * pf->lines_k / passes;
     *i1 = (p + 1) * pf->lines_k / passes;
@@ -409,7 +398,7 @@ INLINE void pass_lines(const pf_rows *pf, int64_t d0, int64_t dv, int64_t *i0, i
  * compact probabilities (key c of row r at s[4c + r]); pf as in pv_tile */
 INLINE void dec_pv(int DT, int RR, int DC, int64_t nk, const float *s, int r0, const char *v,
                    int64_t ldv, int64_t d0, const float *alpha, float *acc, int64_t dv,
-                   __mmask16 tail, const pf_rows *pf) {
+                   __mmask16 tail, const attn_decode_pf *pf) {
     int64_t i0, i1;
     pass_lines(pf, d0, dv, &i0, &i1);
     pv_tile(DT, RR, DC, false, nk, s + r0, 4, v + d0 * (DT == ATTN_F32 ? 4 : 2), ldv, alpha + r0,
@@ -421,7 +410,7 @@ INLINE void dec_pv(int DT, int RR, int DC, int64_t nk, const float *s, int r0, c
  * before they meet the accumulator. */
 INLINE void dec_pv_bf16(int RR, int NC, int64_t nk, const float *s, int r0, const char *v,
                         int64_t ldv, int64_t d0, int64_t nd, const float *alpha, float *acc,
-                        int64_t dv, const pf_rows *pf) {
+                        int64_t dv, const attn_decode_pf *pf) {
     int64_t i0, i1;
     pass_lines(pf, d0, dv, &i0, &i1);
     __m512 t[4][4];
@@ -481,7 +470,7 @@ INLINE __m512 round_bf16(__m512 x) {
 INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int64_t dk, int64_t dv,
                         const float *q, const char *k, int64_t ldk, const char *v, int64_t ldv,
                         float scale, float *s, float *m, float *l, float *alpha,
-                        float *acc, const pf_rows *pf) {
+                        float *acc, const attn_decode_pf *pf) {
     const __m512 vscale = _mm512_set1_ps(scale), neg_inf = _mm512_set1_ps(-INFINITY);
     /* logits, 4 keys a vector; the lanes of keys past nk are -inf */
     const int64_t nv = (nk + 3) / 4;
@@ -575,11 +564,7 @@ void attn_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const flo
     const int64_t es = dt == ATTN_F32 ? 4 : 2;
     const char *kb = (const char *)k, *vb = (const char *)v;
     const int64_t ldkb = ldk * es, ldvb = ldv * es;
-    const pf_rows pf = {
-        .v = prefetch ? vb : NULL, .ldv = ldvb, .lines_v = (dv * es + 63) / 64, .nv = nk,
-        .k = prefetch && next_nk > 0 ? (const char *)next_k : NULL, .ldk = ldkb,
-        .lines_k = (dk * es + 63) / 64, .nk = next_nk,
-    };
+    const attn_decode_pf pf = attn_decode_pf_make(prefetch, v, ldv, nk, dv, next_k, ldk, next_nk, dk, es);
     if (dt == ATTN_F32) {
         DECODE_DT(ATTN_F32)
     } else if (dt == ATTN_BF16) {
