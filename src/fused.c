@@ -342,7 +342,7 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
      * call, so a block of up to ATTN_DECODE_MAX_ROWS rows (the query heads of a GQA group)
      * takes several calls on each tile, the tile then in the cache for all but the first */
     const bool decode = kern->decode && n <= ATTN_DECODE_MAX_ROWS && !attn_has_elementwise(p) &&
-                        p->k_s[3] == 1 && p->v_s[3] == 1 && !p->weights;
+                        p->k_s[3] == 1 && p->v_s[3] == 1;
     if (blk->qk_bf16) {
         /* only the bf16 pairs (2t, 2t+1) of each row are read: with unit stride along Dk
          * they are the row's own 32-bit words (element 2t in the low half) */

@@ -27,9 +27,9 @@
 
 #define ATTN_ROW_PAD 16  /* query rows are padded to a multiple of this */
 /* Blocks of at most this many query rows (decoding) take a kernel's decode entry, 4 rows a
- * call, on their clean tiles, unless the call asks for the weights: the weights' sweep
- * recomputes the logits with qk and must meet the maxima of the first sweep, so that
- * sweep runs on qk too, and the decoding step may sum Q·Kᵀ in its own order. */
+ * call, on their clean tiles; a kernel with a decode entry must compute Q·Kᵀ for such
+ * blocks in qk with the same sums (the weights' sweep recomputes the logits with qk, and
+ * O must not change when the weights are asked for). */
 #define ATTN_DECODE_MAX_ROWS 16
 
 /* What a decoding step (the decode entry) prefetches into the outer caches, each stream

@@ -5,8 +5,9 @@
  * Only this file is compiled with AVX2 flags; dispatch.c calls it only on a CPU that has
  * AVX2 and FMA. The same design as the AVX-512 kernels at half the width and with 16
  * vector registers: one ymm holds 8 query rows of S^T. The register tiles:
- *   qk: 2 ymm of rows x 6 keys (12 accumulators); for at most 4 rows (decoding) the
- *       dot-product form, 4 rows x 2 keys reduced by one hadd tree;
+ *   qk: 2 ymm of rows x 6 keys (12 accumulators); for decoding blocks (at most
+ *       ATTN_DECODE_MAX_ROWS rows) the dot-product form, 4 rows x 2 keys reduced by one
+ *       hadd tree, the sums of the decoding step;
  *   pv: 4 rows x 2 ymm of value columns (8 accumulators); a column tail narrower than
  *       8 goes through a masked load/store;
  *   decode: the AVX-512 decoding step at half the width (below).
@@ -120,12 +121,18 @@ QK_DOT(4)
 
 static void qk_avx2(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
                     const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale, float *s, int64_t lds) {
-    if (n <= 4) {
-        switch (n) {
-        case 1: qk_dot_rows1(nk, dk, q, k, ldk, scale, s, lds); break;
-        case 2: qk_dot_rows2(nk, dk, q, k, ldk, scale, s, lds); break;
-        case 3: qk_dot_rows3(nk, dk, q, k, ldk, scale, s, lds); break;
-        default: qk_dot_rows4(nk, dk, q, k, ldk, scale, s, lds); break;
+    if (n <= ATTN_DECODE_MAX_ROWS) {
+        /* decoding blocks by the dot-product form, 4 rows at a time: the sums of the
+         * decoding step (decode_avx2) on the same rows */
+        for (int64_t r0 = 0; r0 < n; r0 += 4) {
+            const float *q_r = q + r0 * dk;
+            float *s_r = s + r0;
+            switch (n - r0 < 4 ? n - r0 : 4) {
+            case 1: qk_dot_rows1(nk, dk, q_r, k, ldk, scale, s_r, lds); break;
+            case 2: qk_dot_rows2(nk, dk, q_r, k, ldk, scale, s_r, lds); break;
+            case 3: qk_dot_rows3(nk, dk, q_r, k, ldk, scale, s_r, lds); break;
+            default: qk_dot_rows4(nk, dk, q_r, k, ldk, scale, s_r, lds); break;
+            }
         }
         for (int64_t c = 0; c < nk; c++)  // the padding rows: finite, unused
             for (int64_t r = n; r < npad; r++) s[c * lds + r] = 0.0f;

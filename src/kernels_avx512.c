@@ -120,8 +120,9 @@ void attn_qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float
                       const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale,
                       float *s, int64_t lds) {
     if (n <= ATTN_DECODE_MAX_ROWS) {
-        /* decoding blocks by the dot-product form, 4 rows at a time, as the decoding
-         * step (attn_decode_avx512) computes them on float32 keys */
+        /* decoding blocks by the dot-product form, 4 rows at a time: the sums of
+         * the decoding step (attn_decode_avx512) on the same rows, so a block's tiles agree
+         * whichever of the two computed them (the weights' sweep recomputes them here) */
         for (int64_t r0 = 0; r0 < n; r0 += 4) {
             const float *q_r = q + r0 * dk;
             float *s_r = s + r0;
@@ -286,8 +287,8 @@ void attn_pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float
 /* bfloat16 rows as float32 by halves: 32 values in one load; the even ones are the
  * 32-bit lanes shifted left by 16, the odd ones the lanes with the low half cleared. Two
  * operations for 32 values where widening takes four; P·V keeps its accumulators in the
- * same even/odd order and puts them back once a tile; the decoding step's Q·Kᵀ splits the
- * query rows the same way instead (dec_qk4_halves). */
+ * same even/odd order and puts them back once a tile. (Not used for Q·Kᵀ: there the sums
+ * must stay those of qk on converted keys, in column order.) */
 INLINE void bf16_halves(const uint16_t *row, int64_t d, __mmask32 mk, __m512 *even, __m512 *odd) {
     const __m512i raw = _mm512_maskz_loadu_epi16(mk, row + d);
     *even = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
@@ -298,8 +299,10 @@ INLINE __mmask32 mask32(int64_t left) {
     return left >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << left) - 1);
 }
 
-/* logits of NR rows x 4 keys (keys c..c+3 at k, k + ldk, ...): lanes 4c + r, scaled; the
- * FMAs and the tree of qk_dot_tile on the same rows and keys converted to float32. */
+/* logits of NR rows x 4 keys (keys c..c+3 at k, k + ldk, ...): lanes 4c + r, scaled. The
+ * sums are those of qk_dot_tile on the same rows and keys converted to float32 (the same
+ * FMAs in the same order, the same tree), so the weights' second sweep, which recomputes
+ * the logits with qk, meets the same maxima. */
 INLINE __m512 dec_qk4(int DT, int NR, int64_t dk, const float *q, int64_t ldq, const char *k,
                       int64_t ldk, __m512 scale, const attn_decode_pf *pf, int64_t c) {
     __m512 acc[4][4];
@@ -317,46 +320,6 @@ INLINE __m512 dec_qk4(int DT, int NR, int64_t dk, const float *q, int64_t ldq, c
     }
     for (int64_t i = (dk + 15) / 16; i < pf->lines_v; i++) pf_v_line(pf, c, i);
     return lane_sums_4x4(acc, scale);  // 128-bit lane j: rows 0..3 of key j
-}
-
-/* dec_qk4 on a bfloat16 K by halves (Dk a multiple of 32, at most DEC_HALVES_MAX_DK):
- * the query rows come split into their even and odd columns (qh, per 32 columns: the 16
- * even ones, then the 16 odd ones), so one load of a key's 32 values gives two float32
- * vectors by a shift and an and (bf16_halves) where widening takes twice the operations.
- * Its sums run in another order than qk's on converted keys; the weights' sweep, which
- * recomputes the logits with qk, does not use the decoding step (fused.c). */
-enum { DEC_HALVES_MAX_DK = 256 };
-
-INLINE __m512 dec_qk4_halves(int NR, int64_t dk, const float *qh, const char *k, int64_t ldk,
-                             __m512 scale, const attn_decode_pf *pf, int64_t c) {
-    __m512 acc[4][4];
-    UNROLL for (int r = 0; r < 4; r++)
-        UNROLL for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < dk; d += 32) {
-        __m512 ke[4], ko[4];
-        UNROLL for (int j = 0; j < 4; j++)
-            bf16_halves((const uint16_t *)(k + j * ldk), d, (__mmask32)0xFFFFFFFFu, &ke[j], &ko[j]);
-        pf_v_line(pf, c, d / 32);
-        UNROLL for (int r = 0; r < NR; r++) {
-            const __m512 qe = _mm512_loadu_ps(qh + r * dk + d), qo = _mm512_loadu_ps(qh + r * dk + d + 16);
-            UNROLL for (int j = 0; j < 4; j++)
-                acc[r][j] = _mm512_fmadd_ps(qo, ko[j], _mm512_fmadd_ps(qe, ke[j], acc[r][j]));
-        }
-    }
-    for (int64_t i = dk / 32; i < pf->lines_v; i++) pf_v_line(pf, c, i);
-    return lane_sums_4x4(acc, scale);
-}
-
-/* the rows q (NR x dk, dk a multiple of 32) with each 32 columns as 16 even, 16 odd */
-INLINE void split_halves(int NR, int64_t dk, const float *q, float *qh) {
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    for (int r = 0; r < NR; r++)
-        for (int64_t d = 0; d < dk; d += 32) {
-            const __m512 a = _mm512_loadu_ps(q + r * dk + d), b = _mm512_loadu_ps(q + r * dk + d + 16);
-            _mm512_storeu_ps(qh + r * dk + d, _mm512_permutex2var_ps(a, even, b));
-            _mm512_storeu_ps(qh + r * dk + d + 16, _mm512_permutex2var_ps(a, odd, b));
-        }
 }
 
 /* one key (the tile's last keys when nk % 4 != 0): its NR logits in lanes 0..NR-1 */
@@ -476,15 +439,11 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int
     const int64_t nv = (nk + 3) / 4;
     __m512 mx = neg_inf;
     __mmask16 nan = 0;
-    const bool halves = DT == ATTN_BF16 && dk % 32 == 0 && dk <= DEC_HALVES_MAX_DK && nk >= 4;
-    float qh[4 * DEC_HALVES_MAX_DK];
-    if (halves) split_halves(NR, dk, q, qh);
     for (int64_t x = 0; x < nv; x++) {
         const int64_t c = 4 * x;
         __m512 z;
         if (c + 4 <= nk) {
-            z = halves ? dec_qk4_halves(NR, dk, qh, k + c * ldk, ldk, vscale, pf, c)
-                       : dec_qk4(DT, NR, dk, q, dk, k + c * ldk, ldk, vscale, pf, c);
+            z = dec_qk4(DT, NR, dk, q, dk, k + c * ldk, ldk, vscale, pf, c);
         } else {
             float buf[16];
             for (int i = 0; i < 16; i++) buf[i] = -INFINITY;

@@ -17,6 +17,7 @@
 
 #include "attn.h"
 #include "check.h"
+#include "half.h"
 #include "oracle.h"
 
 static const int64_t k_L[] = {1, 2, 3, 17, 63, 64, 65, 127, 128, 129};
@@ -140,6 +141,64 @@ static void decoding(void) {
         }
         g_cases++;
         tcall_free(&t);
+    }
+}
+
+/* ---- 1c. asking for the weights changes nothing else -----------------------------------
+ * Decoding blocks (1 query row, GQA groups of 4 and 8: one and two calls of the decoding
+ * step a tile) with float32 and bfloat16 K/V, logits near 1e4 and of a few units: O and
+ * LSE must be the same bits with and without the weights output, and no weight may
+ * exceed 1 (the weights' sweep recomputes the logits and must meet the first sweep's
+ * maxima). */
+static void weights_keep_o(void) {
+    for (int t = 0; t < 8; t++) {  // t >= 4: logits of a few units, many keys weigh
+        const int64_t Hkv = 2, Hq = t % 2 ? 16 : 8, Lk = 700, D = t % 4 < 2 ? 64 : 128;
+        const attn_dtype kdt = t % 2 ? ATTN_BF16 : ATTN_F32;
+        const int64_t es = kdt == ATTN_F32 ? 4 : 2;
+        rng_t r = {0x5eed + (uint64_t)t};
+        float *q = xcalloc(Hq * D, sizeof(float)), *o1 = xcalloc(Hq * D, sizeof(float));
+        float *o2 = xcalloc(Hq * D, sizeof(float)), *w = xcalloc(Hq * Lk, sizeof(float));
+        float *l1 = xcalloc(Hq, sizeof(float)), *l2 = xcalloc(Hq, sizeof(float));
+        char *k = xcalloc(Hkv * Lk * D, (size_t)es), *v = xcalloc(Hkv * Lk * D, (size_t)es);
+        for (int64_t i = 0; i < Hq * D; i++) q[i] = (float)((t < 4 ? 40.0 : 0.2) * rng_normal(&r));
+        for (int64_t i = 0; i < Hkv * Lk * D; i++) {
+            const float kx = (float)rng_normal(&r), vx = (float)rng_normal(&r);
+            if (kdt == ATTN_F32) {
+                ((float *)k)[i] = kx, ((float *)v)[i] = vx;
+            } else {
+                ((uint16_t *)k)[i] = attn_f32_to_bf16(kx), ((uint16_t *)v)[i] = attn_f32_to_bf16(vx);
+            }
+        }
+        attn_tensor tq = attn_tensor_4d(q, ATTN_F32, 1, Hq, 1, D), tk = attn_tensor_4d(k, kdt, 1, Hkv, Lk, D);
+        attn_tensor tv = attn_tensor_4d(v, kdt, 1, Hkv, Lk, D);
+        attn_tensor to1 = attn_tensor_4d(o1, ATTN_F32, 1, Hq, 1, D), to2 = attn_tensor_4d(o2, ATTN_F32, 1, Hq, 1, D);
+        attn_tensor tw = attn_tensor_4d(w, ATTN_F32, 1, Hq, 1, Lk);
+        attn_tensor tl1 = attn_tensor_4d(l1, ATTN_F32, 1, Hq, 1, 1), tl2 = attn_tensor_4d(l2, ATTN_F32, 1, Hq, 1, 1);
+        attn_options op = {0};
+        op.scale = 1.0f;
+        op.lse = &tl1;
+        const attn_status s1 = attn_forward(&tq, &tk, &tv, &to1, &op);
+        op.lse = &tl2;
+        op.weights = &tw;
+        const attn_status s2 = attn_forward(&tq, &tk, &tv, &to2, &op);
+        CHECK(s1 == ATTN_OK && s2 == ATTN_OK, "weights keep O (case %d): status %d, %d", t, (int)s1, (int)s2);
+        CHECK(memcmp(o1, o2, (size_t)(Hq * D) * sizeof(float)) == 0 &&
+                  memcmp(l1, l2, (size_t)Hq * sizeof(float)) == 0,
+              "weights keep O (case %d, %s K/V, %lld query heads): O or LSE changed when the weights "
+              "were asked for", t, kdt == ATTN_F32 ? "float32" : "bfloat16", (long long)Hq);
+        float wmax = 0.0f, worst_sum = 0.0f;
+        for (int64_t h = 0; h < Hq; h++) {
+            double sum = 0;
+            for (int64_t j = 0; j < Lk; j++) {
+                wmax = w[h * Lk + j] > wmax ? w[h * Lk + j] : wmax;
+                sum += w[h * Lk + j];
+            }
+            if (fabs(sum - 1.0) > worst_sum) worst_sum = (float)fabs(sum - 1.0);
+        }
+        CHECK(wmax <= 1.0f && worst_sum <= 1e-5f, "weights keep O (case %d): max weight %.9g, "
+              "worst |row sum - 1| %.3g", t, (double)wmax, (double)worst_sum);
+        g_cases++;
+        free(q), free(o1), free(o2), free(w), free(l1), free(l2), free(k), free(v);
     }
 }
 
@@ -424,7 +483,7 @@ static double now(void) {
 
 int main(void) {
     struct { const char *name; void (*fn)(void); } parts[] = {
-        {"sizes", sizes}, {"decoding", decoding}, {"gqa", gqa}, {"features", features}, {"strides", odd_strides},
+        {"sizes", sizes}, {"decoding", decoding}, {"weights", weights_keep_o}, {"gqa", gqa}, {"features", features}, {"strides", odd_strides},
         {"threads", threads}};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         double t0 = now();
