@@ -333,16 +333,21 @@ static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t 
     }
 }
 
+/* A block of a few rows (decoding) on a kernel that has the one-pass decoding step: up to
+ * 4 rows a call, so a block of up to ATTN_DECODE_MAX_ROWS rows (the query heads of a GQA
+ * group) takes several calls on each clean tile, the tile then in the cache for all but
+ * the first. */
+static bool takes_decode(const attn_params *p, const attn_kernels *kern, int64_t n) {
+    return kern->decode && kern->decode_qk && n <= ATTN_DECODE_MAX_ROWS &&
+           !attn_has_elementwise(p) && p->k_s[3] == 1 && p->v_s[3] == 1;
+}
+
 /* The online softmax over keys [ja, jb) of a block, into w->m, w->l, w->acc. */
 static void block_sweep(const attn_params *p, const attn_kernels *kern, const fused_plan *plan,
                         const fused_scratch *w, const fused_block *blk, int64_t ja,
                         int64_t jb) {
     const int64_t dk = p->Dk, dv = p->Dv, n = blk->n, npad = blk->npad;
-    /* a few rows (decoding) on a kernel that has the one-pass decoding step: up to 4 rows a
-     * call, so a block of up to ATTN_DECODE_MAX_ROWS rows (the query heads of a GQA group)
-     * takes several calls on each tile, the tile then in the cache for all but the first */
-    const bool decode = kern->decode && n <= ATTN_DECODE_MAX_ROWS && !attn_has_elementwise(p) &&
-                        p->k_s[3] == 1 && p->v_s[3] == 1;
+    const bool decode = takes_decode(p, kern, n);
     if (blk->qk_bf16) {
         /* only the bf16 pairs (2t, 2t+1) of each row are read: with unit stride along Dk
          * they are the row's own 32-bit words (element 2t in the low half) */
@@ -455,10 +460,25 @@ static void block_weights(const attn_params *p, const attn_kernels *kern,
         float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2];
         for (int64_t j = 0; j < p->Lk; j++) w_bhi[j * p->w_s[3]] = 0.0f;
     }
+    const bool decode = takes_decode(p, kern, blk->n), may_mask = p->mask || p->bias;
+    const int64_t ek = p->kv_dt == ATTN_F32 ? 4 : 2;
+    const char *k_bg = (const char *)p->k + (blk->b * p->k_s[0] + blk->g * p->k_s[1]) * ek;
     for (int64_t j0 = blk->jmin; j0 < blk->jmax; j0 += plan->bk) {
         const int64_t nk = blk->jmax - j0 < plan->bk ? blk->jmax - j0 : plan->bk;
         const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
-        tile_logits(p, kern, w, blk, j0, nk, boundary);
+        if (decode && !boundary && !may_mask) {
+            /* a tile the decoding step took: its own logits, so that the maxima agree */
+            float cs[4 * (BK_MAX + 4)];
+            for (int64_t r0 = 0; r0 < blk->n; r0 += 4) {
+                const int64_t rows = blk->n - r0 < 4 ? blk->n - r0 : 4;
+                kern->decode_qk(rows, nk, p->Dk, w->q + r0 * p->Dk, p->kv_dt,
+                                k_bg + j0 * p->k_s[2] * ek, p->k_s[2], p->scale, cs);
+                for (int64_t c = 0; c < nk; c++)
+                    for (int64_t r = 0; r < rows; r++) w->s[c * BQ + r0 + r] = cs[4 * c + r];
+            }
+        } else {
+            tile_logits(p, kern, w, blk, j0, nk, boundary);
+        }
         for (int64_t r = 0; r < blk->n; r++) {
             if (w->m[r] == -INFINITY) continue;
             float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2];

@@ -27,9 +27,9 @@
 
 #define ATTN_ROW_PAD 16  /* query rows are padded to a multiple of this */
 /* Blocks of at most this many query rows (decoding) take a kernel's decode entry, 4 rows a
- * call, on their clean tiles; a kernel with a decode entry must compute Q·Kᵀ for such
- * blocks in qk with the same sums (the weights' sweep recomputes the logits with qk, and
- * O must not change when the weights are asked for). */
+ * call, on their clean tiles (whether or not the weights are asked for: O must not
+ * change when they are); the weights' sweep recomputes those tiles' logits with the
+ * kernel's decode_qk, the step's own Q·Kᵀ, to meet the first sweep's maxima. */
 #define ATTN_DECODE_MAX_ROWS 16
 
 /* What a decoding step (the decode entry) prefetches into the outer caches, each stream
@@ -142,6 +142,12 @@ struct attn_kernels {
                    int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
                    float *acc, bool prefetch, const void *next_k, int64_t next_nk);
 
+    /* With decode: the logits decode computes for the same arguments, bit for bit, in its
+     * scratch layout: s[4c + r] = scale q_r · k_c for keys c < nk and rows r < n (other
+     * lanes unspecified); s holds 4 * round_up(nk, 4) floats. */
+    void (*decode_qk)(int64_t n, int64_t nk, int64_t dk, const float *q, attn_dtype dt,
+                      const void *k, int64_t ldk, float scale, float *s);
+
     /* y = exp(x) elementwise with the kernel's own exp (the one softmax uses), for x <= 0
      * (and NaN, -inf). For the tests of its error bound. */
     void (*exp)(int64_t n, const float *x, float *y);
@@ -170,6 +176,9 @@ ATTN_PRIVATE void attn_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t 
                                      const void *v, int64_t ldv, float scale, float *s, float *m,
                                      float *l, float *alpha, float *acc, bool prefetch,
                                      const void *next_k, int64_t next_nk);
+ATTN_PRIVATE void attn_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q,
+                                        attn_dtype dt, const void *k, int64_t ldk, float scale,
+                                        float *s);
 ATTN_PRIVATE void attn_exp_array_avx512(int64_t n, const float *x, float *y);
 ATTN_PRIVATE void attn_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst);
 ATTN_PRIVATE void attn_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,

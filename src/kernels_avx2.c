@@ -439,6 +439,35 @@ static void decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const flo
     }
 }
 
+/* decode_avx2's logits alone (kernels.h: decode_qk), for the weights' sweep */
+static void decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, attn_dtype dt,
+                           const void *k, int64_t ldk, float scale, float *s) {
+    const attn_decode_pf none = {0};
+    const char *kb = (const char *)k;
+    const int64_t ldkb = ldk * (dt == ATTN_F32 ? 4 : 2);
+#define LOGITS(DT, NR)                                                                          \
+    for (int64_t c = 0; c < nk; c += 2)                                                         \
+        _mm256_storeu_ps(s + 4 * c, c + 2 <= nk ? qk_step2(DT, NR, 2, dk, q, kb + c * ldkb, ldkb, vs, &none, c) \
+                                                : qk_step2(DT, NR, 1, dk, q, kb + c * ldkb, ldkb, vs, &none, c));
+#define LOGITS_N(DT)                                                                            \
+    switch (n) {                                                                                \
+    case 1: LOGITS(DT, 1) break;                                                                \
+    case 2: LOGITS(DT, 2) break;                                                                \
+    case 3: LOGITS(DT, 3) break;                                                                \
+    default: LOGITS(DT, 4) break;                                                               \
+    }
+    const __m256 vs = _mm256_set1_ps(scale);
+    if (dt == ATTN_F32) {
+        LOGITS_N(ATTN_F32)
+    } else if (dt == ATTN_BF16) {
+        LOGITS_N(ATTN_BF16)
+    } else {
+        LOGITS_N(ATTN_F16)
+    }
+#undef LOGITS_N
+#undef LOGITS
+}
+
 const attn_kernels attn_kernels_avx2 = {
     .name = "avx2",
     .qk = qk_avx2,
@@ -447,6 +476,7 @@ const attn_kernels attn_kernels_avx2 = {
     .mask_bool = attn_mask_bool_generic,
     .to_f32 = to_f32_avx2,
     .decode = decode_avx2,
+    .decode_qk = decode_qk_avx2,
     .exp = exp_array_avx2,
 };
 #endif

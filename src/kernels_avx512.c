@@ -322,6 +322,46 @@ INLINE __m512 dec_qk4(int DT, int NR, int64_t dk, const float *q, int64_t ldq, c
     return lane_sums_4x4(acc, scale);  // 128-bit lane j: rows 0..3 of key j
 }
 
+/* dec_qk4 on a bfloat16 K by halves (Dk a multiple of 32, at most DEC_HALVES_MAX_DK):
+ * the query rows come split into their even and odd columns (qh, per 32 columns: the 16
+ * even ones, then the 16 odd ones), so one load of a key's 32 values gives two float32
+ * vectors by a shift and an and (bf16_halves) where widening takes twice the operations.
+ * Its sums run in another order than qk's on converted keys: the weights' sweep takes
+ * its logits from decode_qk, this same code, not from qk (kernels.h). */
+enum { DEC_HALVES_MAX_DK = 256 };
+
+INLINE __m512 dec_qk4_halves(int NR, int64_t dk, const float *qh, const char *k, int64_t ldk,
+                             __m512 scale, const attn_decode_pf *pf, int64_t c) {
+    __m512 acc[4][4];
+    UNROLL for (int r = 0; r < 4; r++)
+        UNROLL for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dk; d += 32) {
+        __m512 ke[4], ko[4];
+        UNROLL for (int j = 0; j < 4; j++)
+            bf16_halves((const uint16_t *)(k + j * ldk), d, (__mmask32)0xFFFFFFFFu, &ke[j], &ko[j]);
+        pf_v_line(pf, c, d / 32);
+        UNROLL for (int r = 0; r < NR; r++) {
+            const __m512 qe = _mm512_loadu_ps(qh + r * dk + d), qo = _mm512_loadu_ps(qh + r * dk + d + 16);
+            UNROLL for (int j = 0; j < 4; j++)
+                acc[r][j] = _mm512_fmadd_ps(qo, ko[j], _mm512_fmadd_ps(qe, ke[j], acc[r][j]));
+        }
+    }
+    for (int64_t i = dk / 32; i < pf->lines_v; i++) pf_v_line(pf, c, i);
+    return lane_sums_4x4(acc, scale);
+}
+
+/* the rows q (NR x dk, dk a multiple of 32) with each 32 columns as 16 even, 16 odd */
+INLINE void split_halves(int NR, int64_t dk, const float *q, float *qh) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    for (int r = 0; r < NR; r++)
+        for (int64_t d = 0; d < dk; d += 32) {
+            const __m512 a = _mm512_loadu_ps(q + r * dk + d), b = _mm512_loadu_ps(q + r * dk + d + 16);
+            _mm512_storeu_ps(qh + r * dk + d, _mm512_permutex2var_ps(a, even, b));
+            _mm512_storeu_ps(qh + r * dk + d + 16, _mm512_permutex2var_ps(a, odd, b));
+        }
+}
+
 /* one key (the tile's last keys when nk % 4 != 0): its NR logits in lanes 0..NR-1 */
 INLINE __m128 dec_qk1(int DT, int NR, int64_t dk, const float *q, int64_t ldq, const char *k,
                       float scale) {
@@ -430,20 +470,25 @@ INLINE __m512 round_bf16(__m512 x) {
     return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), quiet));
 }
 
-INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int64_t dk, int64_t dv,
-                        const float *q, const char *k, int64_t ldk, const char *v, int64_t ldv,
-                        float scale, float *s, float *m, float *l, float *alpha,
-                        float *acc, const attn_decode_pf *pf) {
-    const __m512 vscale = _mm512_set1_ps(scale), neg_inf = _mm512_set1_ps(-INFINITY);
-    /* logits, 4 keys a vector; the lanes of keys past nk are -inf */
+/* The tile's logits for NR rows, 4 keys a vector (lane 4c + r; the lanes of keys past nk
+ * -inf) into s; *mx gets their lane-wise max, *nan the lanes that saw a NaN. The one
+ * Q·Kᵀ of the decoding step, for decode and for decode_qk alike. */
+INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, const char *k,
+                       int64_t ldk, float scale, float *s, const attn_decode_pf *pf, __m512 *mx,
+                       __mmask16 *nan) {
+    const __m512 vscale = _mm512_set1_ps(scale);
     const int64_t nv = (nk + 3) / 4;
-    __m512 mx = neg_inf;
-    __mmask16 nan = 0;
+    const bool halves = DT == ATTN_BF16 && dk % 32 == 0 && dk <= DEC_HALVES_MAX_DK && nk >= 4;
+    float qh[4 * DEC_HALVES_MAX_DK];
+    if (halves) split_halves(NR, dk, q, qh);
+    *mx = _mm512_set1_ps(-INFINITY);
+    *nan = 0;
     for (int64_t x = 0; x < nv; x++) {
         const int64_t c = 4 * x;
         __m512 z;
         if (c + 4 <= nk) {
-            z = dec_qk4(DT, NR, dk, q, dk, k + c * ldk, ldk, vscale, pf, c);
+            z = halves ? dec_qk4_halves(NR, dk, qh, k + c * ldk, ldk, vscale, pf, c)
+                       : dec_qk4(DT, NR, dk, q, dk, k + c * ldk, ldk, vscale, pf, c);
         } else {
             float buf[16];
             for (int i = 0; i < 16; i++) buf[i] = -INFINITY;
@@ -452,9 +497,20 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int
             z = _mm512_loadu_ps(buf);
         }
         _mm512_storeu_ps(s + 16 * x, z);
-        mx = _mm512_max_ps(mx, z);
-        nan |= _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q);
+        *mx = _mm512_max_ps(*mx, z);
+        *nan |= _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q);
     }
+}
+
+INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int64_t dk, int64_t dv,
+                        const float *q, const char *k, int64_t ldk, const char *v, int64_t ldv,
+                        float scale, float *s, float *m, float *l, float *alpha,
+                        float *acc, const attn_decode_pf *pf) {
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    const int64_t nv = (nk + 3) / 4;
+    __m512 mx;
+    __mmask16 nan;
+    dec_logits(DT, NR, nk, dk, q, k, ldk, scale, s, pf, &mx, &nan);
     /* the online-softmax update of attn_softmax_avx512, on the compact layout */
     const __m512 m_old = _mm512_broadcast_f32x4(_mm_loadu_ps(m));
     nan |= _mm512_cmp_ps_mask(m_old, m_old, _CMP_UNORD_Q);
@@ -533,6 +589,31 @@ void attn_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const flo
     }
 }
 
+/* decode's logits alone (kernels.h: decode_qk), for the weights' sweep */
+void attn_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q, attn_dtype dt,
+                           const void *k, int64_t ldk, float scale, float *s) {
+    const attn_decode_pf none = {0};
+    const char *kb = (const char *)k;
+    const int64_t ldkb = ldk * (dt == ATTN_F32 ? 4 : 2);
+    __m512 mx;
+    __mmask16 nan;
+#define LOGITS(DT)                                                                            \
+    switch (n) {                                                                              \
+    case 1: dec_logits(DT, 1, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;         \
+    case 2: dec_logits(DT, 2, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;         \
+    case 3: dec_logits(DT, 3, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;         \
+    default: dec_logits(DT, 4, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;        \
+    }
+    if (dt == ATTN_F32) {
+        LOGITS(ATTN_F32)
+    } else if (dt == ATTN_BF16) {
+        LOGITS(ATTN_BF16)
+    } else {
+        LOGITS(ATTN_F16)
+    }
+#undef LOGITS
+}
+
 void attn_exp_array_avx512(int64_t n, const float *x, float *y) {
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 mk = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
@@ -588,6 +669,7 @@ const attn_kernels attn_kernels_avx512 = {
     .mask_bool = attn_mask_bool_avx512,
     .to_f32 = attn_to_f32_avx512,
     .decode = attn_decode_avx512,
+    .decode_qk = attn_decode_qk_avx512,
     .exp = attn_exp_array_avx512,
 };
 #endif

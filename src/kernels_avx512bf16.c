@@ -220,6 +220,7 @@ const attn_kernels attn_kernels_avx512bf16 = {
     .mask_bool = attn_mask_bool_avx512,
     .to_f32 = attn_to_f32_avx512,
     .decode = attn_decode_avx512,
+    .decode_qk = attn_decode_qk_avx512,
     .exp = attn_exp_array_avx512,
 };
 #endif

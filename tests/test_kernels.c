@@ -223,7 +223,10 @@ static void test_decode(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk
     k->decode(n, nk, dk, dv, q, dt, round_p, kk, ldk, v, ldv, scale, s, m, l, alpha, acc,
               prefetch, prefetch ? kk + nk * ldk * es : NULL, prefetch ? nk : 0);
     if (plant && dv > 0) acc[0] *= 1.0f + 1e-4f;
-    double worst = 0;
+    /* decode_qk: the step's logits alone, checked against float64 dot products below */
+    float *sq = malloc((size_t)(4 * (nk + 3)) * sizeof(float));
+    k->decode_qk(n, nk, dk, q, dt, kk, ldk, scale, sq);
+    double worst = 0, worst_qk = 0;
     bool state_ok = true;
     for (int64_t r = 0; r < n; r++) {
         double mx = m0[r], sl[1024];
@@ -232,6 +235,10 @@ static void test_decode(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk
             for (int64_t d = 0; d < dk; d++) dot += (double)q[r * dk + d] * kd[c * ldk + d];
             sl[c] = scale * dot;
             mx = isnan(sl[c]) || isnan(mx) ? NAN : fmax(mx, sl[c]);
+            double mag = 0;
+            for (int64_t d = 0; d < dk; d++) mag += fabs((double)q[r * dk + d] * kd[c * ldk + d]);
+            const double e = fabs(sq[4 * c + r] - sl[c]) / (scale * mag > 0 ? scale * mag : 1);
+            if (!isnan(sl[c]) && !(e <= worst_qk)) worst_qk = e;
         }
         if (nan_key >= 0) {
             state_ok &= isnan(m[r]);
@@ -263,14 +270,14 @@ static void test_decode(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk
             if (!(rel <= worst)) worst = rel;
         }
     }
-    const bool pass = worst <= 4e-6 && state_ok;
+    const bool pass = worst <= 4e-6 && worst_qk <= 4e-6 && state_ok;
     CHECK(plant ? !pass : pass,
           "%s decode%s n=%lld nk=%lld dk=%lld dv=%lld %s%s prefetch %d nan_key %lld: acc rel "
-          "err %.3g, m/l/alpha (and rounded p) ok %d", k->name,
+          "err %.3g, decode_qk rel err %.3g, m/l/alpha (and rounded p) ok %d", k->name,
           plant ? " (planted error must fail)" : "", (long long)n, (long long)nk, (long long)dk,
           (long long)dv, attn_dtype_name(dt), round_p ? " FAST" : "", prefetch,
-          (long long)nan_key, worst, state_ok);
-    free(q), free(kk), free(v), free(kd), free(vd), free(s), free(acc), free(acc0);
+          (long long)nan_key, worst, worst_qk, state_ok);
+    free(q), free(kk), free(v), free(kd), free(vd), free(s), free(acc), free(acc0), free(sq);
 }
 
 /* softmax_pairs (kernels that have it) against softmax followed by the packing pv_bf16
