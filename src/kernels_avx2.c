@@ -7,7 +7,7 @@
  * vector registers: one ymm holds 8 query rows of S^T. The register tiles:
  *   qk: 2 ymm of rows x 6 keys (12 accumulators); for decoding blocks (at most
  *       ATTN_DECODE_MAX_ROWS rows) the dot-product form, 4 rows x 2 keys reduced by one
- *       hadd tree, the sums of the decoding step;
+ *       hadd tree;
  *   pv: 4 rows x 2 ymm of value columns (8 accumulators); a column tail narrower than
  *       8 goes through a masked load/store;
  *   decode: the AVX-512 decoding step at half the width (below).
@@ -122,8 +122,8 @@ QK_DOT(4)
 static void qk_avx2(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
                     const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale, float *s, int64_t lds) {
     if (n <= ATTN_DECODE_MAX_ROWS) {
-        /* decoding blocks by the dot-product form, 4 rows at a time: the sums of the
-         * decoding step (decode_avx2) on the same rows */
+        /* decoding blocks (their boundary and masked tiles) by the dot-product form, 4
+         * rows at a time, as the decoding step: no padding rows */
         for (int64_t r0 = 0; r0 < n; r0 += 4) {
             const float *q_r = q + r0 * dk;
             float *s_r = s + r0;

@@ -120,9 +120,8 @@ void attn_qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float
                       const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale,
                       float *s, int64_t lds) {
     if (n <= ATTN_DECODE_MAX_ROWS) {
-        /* decoding blocks by the dot-product form, 4 rows at a time: the sums of
-         * the decoding step (attn_decode_avx512) on the same rows, so a block's tiles agree
-         * whichever of the two computed them (the weights' sweep recomputes them here) */
+        /* decoding blocks (their boundary and masked tiles, and the other kernels'
+         * callers) by the dot-product form, 4 rows at a time, as the decoding step */
         for (int64_t r0 = 0; r0 < n; r0 += 4) {
             const float *q_r = q + r0 * dk;
             float *s_r = s + r0;
@@ -287,8 +286,8 @@ void attn_pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float
 /* bfloat16 rows as float32 by halves: 32 values in one load; the even ones are the
  * 32-bit lanes shifted left by 16, the odd ones the lanes with the low half cleared. Two
  * operations for 32 values where widening takes four; P·V keeps its accumulators in the
- * same even/odd order and puts them back once a tile. (Not used for Q·Kᵀ: there the sums
- * must stay those of qk on converted keys, in column order.) */
+ * same even/odd order and puts them back once a tile; Q·Kᵀ splits the query rows the same
+ * way instead (dec_qk4_halves). */
 INLINE void bf16_halves(const uint16_t *row, int64_t d, __mmask32 mk, __m512 *even, __m512 *odd) {
     const __m512i raw = _mm512_maskz_loadu_epi16(mk, row + d);
     *even = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
@@ -299,10 +298,8 @@ INLINE __mmask32 mask32(int64_t left) {
     return left >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << left) - 1);
 }
 
-/* logits of NR rows x 4 keys (keys c..c+3 at k, k + ldk, ...): lanes 4c + r, scaled. The
- * sums are those of qk_dot_tile on the same rows and keys converted to float32 (the same
- * FMAs in the same order, the same tree), so the weights' second sweep, which recomputes
- * the logits with qk, meets the same maxima. */
+/* logits of NR rows x 4 keys (keys c..c+3 at k, k + ldk, ...): lanes 4c + r, scaled; the
+ * FMAs and the tree of qk_dot_tile, on keys converted to float32 in registers */
 INLINE __m512 dec_qk4(int DT, int NR, int64_t dk, const float *q, int64_t ldq, const char *k,
                       int64_t ldk, __m512 scale, const attn_decode_pf *pf, int64_t c) {
     __m512 acc[4][4];
