@@ -296,21 +296,42 @@ INLINE void pf_v_line2(const attn_decode_pf *pf, int64_t c, int64_t i) {
 }
 
 /* logits of NR rows x KC (1 or 2) keys at k: lanes 4c + r, scaled; lanes of a missing
- * second key -inf */
-INLINE __m256 qk_step2(int DT, int NR, int KC, int64_t dk, const float *q, const char *k,
-                       int64_t ldk, __m256 scale, const attn_decode_pf *pf, int64_t c) {
+ * second key -inf. HALVES (a bfloat16 K, Dk a multiple of 16): q comes split by halves
+ * and each load of 16 key values gives the even and the odd ones by a shift and an and,
+ * where widening takes twice the operations (as dec_qk4_halves in kernels_avx512.c). */
+INLINE __m256 qk_step2(int DT, bool HALVES, int NR, int KC, int64_t dk, const float *q,
+                       const char *k, int64_t ldk, __m256 scale, const attn_decode_pf *pf,
+                       int64_t c) {
     __m256 acc[2][4];
     UNROLL for (int j = 0; j < 2; j++)
         UNROLL for (int r = 0; r < 4; r++) acc[j][r] = _mm256_setzero_ps();
     int64_t i = 0;
-    for (int64_t d = 0; d < dk; d += 8, i++) {
-        const int64_t left = dk - d < 8 ? dk - d : 8;
-        __m256 kv[2];
-        UNROLL for (int j = 0; j < KC; j++) kv[j] = load_row8(DT, k + j * ldk, d, left);
-        pf_v_line2(pf, c, i);
-        UNROLL for (int r = 0; r < NR; r++) {
-            const __m256 qv = load_row8(ATTN_F32, q + r * dk, d, left);
-            UNROLL for (int j = 0; j < KC; j++) acc[j][r] = _mm256_fmadd_ps(qv, kv[j], acc[j][r]);
+    if (HALVES) {  // q split by halves (split_halves2); 16 values of a bfloat16 K a load
+        const __m256i hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
+        for (int64_t d = 0; d < dk; d += 16, i++) {
+            __m256 ke[2], ko[2];
+            UNROLL for (int j = 0; j < KC; j++) {
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)(k + j * ldk) + d));
+                ke[j] = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+                ko[j] = _mm256_castsi256_ps(_mm256_and_si256(raw, hi16));
+            }
+            pf_v_line2(pf, c, i);
+            UNROLL for (int r = 0; r < NR; r++) {
+                const __m256 qe = _mm256_loadu_ps(q + r * dk + d), qo = _mm256_loadu_ps(q + r * dk + d + 8);
+                UNROLL for (int j = 0; j < KC; j++)
+                    acc[j][r] = _mm256_fmadd_ps(qo, ko[j], _mm256_fmadd_ps(qe, ke[j], acc[j][r]));
+            }
+        }
+    } else {
+        for (int64_t d = 0; d < dk; d += 8, i++) {
+            const int64_t left = dk - d < 8 ? dk - d : 8;
+            __m256 kv[2];
+            UNROLL for (int j = 0; j < KC; j++) kv[j] = load_row8(DT, k + j * ldk, d, left);
+            pf_v_line2(pf, c, i);
+            UNROLL for (int r = 0; r < NR; r++) {
+                const __m256 qv = load_row8(ATTN_F32, q + r * dk, d, left);
+                UNROLL for (int j = 0; j < KC; j++) acc[j][r] = _mm256_fmadd_ps(qv, kv[j], acc[j][r]);
+            }
         }
     }
     for (; i < pf->lines_v; i++) pf_v_line2(pf, c, i);
@@ -321,6 +342,44 @@ INLINE __m256 qk_step2(int DT, int NR, int KC, int64_t dk, const float *q, const
                                                         _mm256_permute2f128_ps(a, b, 0x31)));
     if (KC == 2) return z;
     return _mm256_blend_ps(z, _mm256_set1_ps(-INFINITY), 0xF0);
+}
+
+enum { DEC_HALVES_MAX_DK = 256 };
+
+/* the rows q (NR x dk, dk a multiple of 16) with each 16 columns as 8 even, 8 odd */
+INLINE void split_halves2(int NR, int64_t dk, const float *q, float *qh) {
+    for (int r = 0; r < NR; r++)
+        for (int64_t d = 0; d < dk; d += 16)
+            for (int x = 0; x < 8; x++) {
+                qh[r * dk + d + x] = q[r * dk + d + 2 * x];
+                qh[r * dk + d + 8 + x] = q[r * dk + d + 2 * x + 1];
+            }
+}
+
+/* The tile's logits for NR rows, 2 keys a vector (lane 4c + r; lanes of a key past nk
+ * -inf) into s; *mx gets their lane-wise max, *nan the lanes that saw a NaN. The one
+ * Q·Kᵀ of the decoding step, for decode and for decode_qk alike. */
+INLINE void dec_logits2(int DT, int NR, int64_t nk, int64_t dk, const float *q, const char *k,
+                        int64_t ldk, float scale, float *s, const attn_decode_pf *pf,
+                        __m256 *mx, __m256 *nan) {
+    const __m256 vscale = _mm256_set1_ps(scale);
+    const bool halves = DT == ATTN_BF16 && dk % 16 == 0 && dk <= DEC_HALVES_MAX_DK;
+    float qh[4 * DEC_HALVES_MAX_DK];
+    if (halves) split_halves2(NR, dk, q, qh);
+    *mx = _mm256_set1_ps(-INFINITY);
+    *nan = _mm256_setzero_ps();
+    for (int64_t c = 0; c < nk; c += 2) {
+        __m256 z;
+        if (halves)
+            z = c + 2 <= nk ? qk_step2(DT, true, NR, 2, dk, qh, k + c * ldk, ldk, vscale, pf, c)
+                            : qk_step2(DT, true, NR, 1, dk, qh, k + c * ldk, ldk, vscale, pf, c);
+        else
+            z = c + 2 <= nk ? qk_step2(DT, false, NR, 2, dk, q, k + c * ldk, ldk, vscale, pf, c)
+                            : qk_step2(DT, false, NR, 1, dk, q, k + c * ldk, ldk, vscale, pf, c);
+        _mm256_storeu_ps(s + 4 * c, z);
+        *mx = _mm256_max_ps(*mx, z);
+        *nan = _mm256_or_ps(*nan, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));
+    }
 }
 
 /* per row, the max (sum) over the 2 key lanes of a compact vector, in both halves */
@@ -345,10 +404,20 @@ INLINE void pv_step(int DT, int NR, int64_t nk, const float *s, const char *v, i
     __m256 t[4][2];
     UNROLL for (int r = 0; r < 4; r++) t[r][0] = t[r][1] = _mm256_setzero_ps();
     const int64_t n0 = nd < 8 ? nd : 8, n1 = nd - n0;
+    /* a bfloat16 V by halves when the pass is 16 columns wide: t[r][0] sums the even
+     * columns, t[r][1] the odd ones, put back in order once, below */
+    const bool halves = DT == ATTN_BF16 && nd == 16;
     for (int64_t c = 0; c < nk; c++) {
         const char *row = v + c * ldv;
-        const __m256 v0 = load_row8(DT, row, d0, n0);
-        const __m256 v1 = n1 > 0 ? load_row8(DT, row, d0 + 8, n1) : _mm256_setzero_ps();
+        __m256 v0, v1;
+        if (halves) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + d0));
+            v0 = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+            v1 = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32((int)0xFFFF0000u)));
+        } else {
+            v0 = load_row8(DT, row, d0, n0);
+            v1 = n1 > 0 ? load_row8(DT, row, d0 + 8, n1) : _mm256_setzero_ps();
+        }
         if (pf->k && c < pf->nk)
             for (int64_t i = i0; i < i1; i++) _mm_prefetch(pf->k + c * pf->ldk + 64 * i, _MM_HINT_T2);
         UNROLL for (int r = 0; r < NR; r++) {
@@ -357,6 +426,12 @@ INLINE void pv_step(int DT, int NR, int64_t nk, const float *s, const char *v, i
             t[r][1] = _mm256_fmadd_ps(pb, v1, t[r][1]);
         }
     }
+    if (halves)
+        UNROLL for (int r = 0; r < NR; r++) {
+            const __m256 lo = _mm256_unpacklo_ps(t[r][0], t[r][1]), hi = _mm256_unpackhi_ps(t[r][0], t[r][1]);
+            t[r][0] = _mm256_permute2f128_ps(lo, hi, 0x20);
+            t[r][1] = _mm256_permute2f128_ps(lo, hi, 0x31);
+        }
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     UNROLL for (int r = 0; r < NR; r++) {
         const __m256 a = _mm256_set1_ps(alpha[r]);
@@ -374,17 +449,10 @@ INLINE void decode_tile_avx2(int DT, int NR, bool round_p, int64_t nk, int64_t d
                              const float *q, const char *k, int64_t ldk, const char *v,
                              int64_t ldv, float scale, float *s, float *m, float *l,
                              float *alpha, float *acc, const attn_decode_pf *pf) {
-    const __m256 vscale = _mm256_set1_ps(scale), neg_inf = _mm256_set1_ps(-INFINITY);
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
     const int64_t nv = (nk + 1) / 2;
-    __m256 mx = neg_inf, nan = _mm256_setzero_ps();
-    for (int64_t x = 0; x < nv; x++) {
-        const int64_t c = 2 * x;
-        const __m256 z = c + 2 <= nk ? qk_step2(DT, NR, 2, dk, q, k + c * ldk, ldk, vscale, pf, c)
-                                     : qk_step2(DT, NR, 1, dk, q, k + c * ldk, ldk, vscale, pf, c);
-        _mm256_storeu_ps(s + 8 * x, z);
-        mx = _mm256_max_ps(mx, z);
-        nan = _mm256_or_ps(nan, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));
-    }
+    __m256 mx, nan;
+    dec_logits2(DT, NR, nk, dk, q, k, ldk, scale, s, pf, &mx, &nan);
     /* the online-softmax update of softmax_avx2, on the compact layout */
     const __m256 m_old = _mm256_broadcast_ps((const __m128 *)m);
     nan = _mm256_or_ps(nan, _mm256_cmp_ps(m_old, m_old, _CMP_UNORD_Q));
@@ -445,26 +513,21 @@ static void decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, at
     const attn_decode_pf none = {0};
     const char *kb = (const char *)k;
     const int64_t ldkb = ldk * (dt == ATTN_F32 ? 4 : 2);
-#define LOGITS(DT, NR)                                                                          \
-    for (int64_t c = 0; c < nk; c += 2)                                                         \
-        _mm256_storeu_ps(s + 4 * c, c + 2 <= nk ? qk_step2(DT, NR, 2, dk, q, kb + c * ldkb, ldkb, vs, &none, c) \
-                                                : qk_step2(DT, NR, 1, dk, q, kb + c * ldkb, ldkb, vs, &none, c));
-#define LOGITS_N(DT)                                                                            \
+    __m256 mx, nan;
+#define LOGITS(DT)                                                                              \
     switch (n) {                                                                                \
-    case 1: LOGITS(DT, 1) break;                                                                \
-    case 2: LOGITS(DT, 2) break;                                                                \
-    case 3: LOGITS(DT, 3) break;                                                                \
-    default: LOGITS(DT, 4) break;                                                               \
+    case 1: dec_logits2(DT, 1, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;          \
+    case 2: dec_logits2(DT, 2, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;          \
+    case 3: dec_logits2(DT, 3, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;          \
+    default: dec_logits2(DT, 4, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;         \
     }
-    const __m256 vs = _mm256_set1_ps(scale);
     if (dt == ATTN_F32) {
-        LOGITS_N(ATTN_F32)
+        LOGITS(ATTN_F32)
     } else if (dt == ATTN_BF16) {
-        LOGITS_N(ATTN_BF16)
+        LOGITS(ATTN_BF16)
     } else {
-        LOGITS_N(ATTN_F16)
+        LOGITS(ATTN_F16)
     }
-#undef LOGITS_N
 #undef LOGITS
 }
 
