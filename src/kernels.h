@@ -55,6 +55,19 @@ static inline attn_decode_pf attn_decode_pf_make(bool prefetch, const void *v, i
     };
 }
 
+/* M(DT) for the K/V dtype dt (float32, bfloat16 or float16), DT a compile-time constant:
+ * how the kernels instantiate their dtype templates */
+#define ATTN_KV_DTYPE_SWITCH(dt, M)                                                         \
+    do {                                                                                    \
+        if ((dt) == ATTN_F32) {                                                             \
+            M(ATTN_F32)                                                                     \
+        } else if ((dt) == ATTN_BF16) {                                                     \
+            M(ATTN_BF16)                                                                    \
+        } else {                                                                            \
+            M(ATTN_F16)                                                                     \
+        }                                                                                   \
+    } while (0)
+
 struct attn_kernels {
     const char *name;
 

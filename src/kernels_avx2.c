@@ -498,13 +498,7 @@ static void decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const flo
     const char *kb = (const char *)k, *vb = (const char *)v;
     const int64_t ldkb = ldk * es, ldvb = ldv * es;
     const attn_decode_pf pf = attn_decode_pf_make(prefetch, v, ldv, nk, dv, next_k, ldk, next_nk, dk, es);
-    if (dt == ATTN_F32) {
-        DECODE_AVX2(ATTN_F32)
-    } else if (dt == ATTN_BF16) {
-        DECODE_AVX2(ATTN_BF16)
-    } else {
-        DECODE_AVX2(ATTN_F16)
-    }
+    ATTN_KV_DTYPE_SWITCH(dt, DECODE_AVX2);
 }
 
 /* decode_avx2's logits alone (kernels.h: decode_qk), for the weights' sweep */
@@ -521,13 +515,7 @@ static void decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, at
     case 3: dec_logits2(DT, 3, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;          \
     default: dec_logits2(DT, 4, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;         \
     }
-    if (dt == ATTN_F32) {
-        LOGITS(ATTN_F32)
-    } else if (dt == ATTN_BF16) {
-        LOGITS(ATTN_BF16)
-    } else {
-        LOGITS(ATTN_F16)
-    }
+    ATTN_KV_DTYPE_SWITCH(dt, LOGITS);
 #undef LOGITS
 }
 

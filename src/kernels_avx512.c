@@ -577,13 +577,7 @@ void attn_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const flo
     const char *kb = (const char *)k, *vb = (const char *)v;
     const int64_t ldkb = ldk * es, ldvb = ldv * es;
     const attn_decode_pf pf = attn_decode_pf_make(prefetch, v, ldv, nk, dv, next_k, ldk, next_nk, dk, es);
-    if (dt == ATTN_F32) {
-        DECODE_DT(ATTN_F32)
-    } else if (dt == ATTN_BF16) {
-        DECODE_DT(ATTN_BF16)
-    } else {
-        DECODE_DT(ATTN_F16)
-    }
+    ATTN_KV_DTYPE_SWITCH(dt, DECODE_DT);
 }
 
 /* decode's logits alone (kernels.h: decode_qk), for the weights' sweep */
@@ -601,13 +595,7 @@ void attn_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q, at
     case 3: dec_logits(DT, 3, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;         \
     default: dec_logits(DT, 4, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;        \
     }
-    if (dt == ATTN_F32) {
-        LOGITS(ATTN_F32)
-    } else if (dt == ATTN_BF16) {
-        LOGITS(ATTN_BF16)
-    } else {
-        LOGITS(ATTN_F16)
-    }
+    ATTN_KV_DTYPE_SWITCH(dt, LOGITS);
 #undef LOGITS
 }
 
