@@ -282,7 +282,7 @@ typedef struct bwd_plan {
     size_t total;
     size_t off_kd, off_kt, off_kp, off_ktd, off_vd, off_vt, off_q, off_do, off_s, off_dp,
         off_cap, off_dst, off_dqt, off_dk, off_dv, off_lse, off_D, off_ones, off_lo, off_hi,
-        off_qr;
+        off_qr, off_fin;
 } bwd_plan;
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -335,6 +335,7 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     CARVE(off_lo, BQ * sizeof(int64_t));
     CARVE(off_hi, BQ * sizeof(int64_t));
     CARVE(off_qr, (size_t)plan->q_blocks * 2 * sizeof(int64_t));
+    CARVE(off_fin, (size_t)(p->group * plan->q_blocks) * 2);  // finite-rows flags, below
 #undef CARVE
     plan->thread_bytes = at;
 
@@ -375,6 +376,9 @@ typedef struct bwd_scratch {
     float *ones;                // 1.0f: pv's alpha, so that acc = acc * 1 + the tile's sum
     int64_t *lo, *hi;           // (BQ) each row's structural key range
     int64_t *qr;                // (q_blocks, 2) per query block: jmin, jmax of its rows' ranges
+    uint8_t *fin;               // (group, q_blocks, 2) per query block of each head of the
+                                // item: whether its dO rows, its Q rows hold no NaN or Inf
+                                // (0 not known yet, 1 yes, 2 no)
 } bwd_scratch;
 
 static bwd_scratch carve(const bwd_plan *plan, char *slice) {
@@ -387,6 +391,7 @@ static bwd_scratch carve(const bwd_plan *plan, char *slice) {
         .dqt = AT(off_dqt, float), .dk = AT(off_dk, float),   .dv = AT(off_dv, float),
         .lse = AT(off_lse, float), .D = AT(off_D, float),     .ones = AT(off_ones, float),
         .lo = AT(off_lo, int64_t), .hi = AT(off_hi, int64_t), .qr = AT(off_qr, int64_t),
+        .fin = AT(off_fin, uint8_t),
     };
 #undef AT
     for (int r = 0; r < (BQ > BK_MAX ? BQ : BK_MAX); r++) w.ones[r] = 1.0f;
@@ -476,7 +481,8 @@ typedef struct bwd_tile {
 } bwd_tile;
 
 static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const bwd_scratch *w,
-                          const bwd_tile *t, const float *D_bh, float *dq_acc, int64_t ldacc) {
+                          const bwd_tile *t, const float *D_bh, float *dq_acc, int64_t ldacc,
+                          uint8_t fin[2]) {
     const attn_params *p = &bp->fwd;
     const attn_kernels *kern = p->kernels;
     const int64_t dk = p->Dk, dv = p->Dv, n = t->n, nk = t->nk, ld = plan->bk;
@@ -535,8 +541,9 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
      * NaN or Inf of dO (a fully masked row's dO is not read): pv skips zeros, at a cost
      * (a test per row and key, ~10% of the backward), only when dO's rows are not all
      * finite; otherwise 0 · dO adds an exact 0. Likewise Q below for dK. */
-    kern->pv(nk, nkpad, n, dv, w->s, ld, d_o, ldo, w->ones, w->dv, dv,
-             !rows_finite(d_o, ldo, n, dv));
+    if (!fin[0]) fin[0] = rows_finite(d_o, ldo, n, dv) ? 1 : 2;
+    if (!fin[1]) fin[1] = rows_finite(q, ldq, n, dk) ? 1 : 2;
+    kern->pv(nk, nkpad, n, dv, w->s, ld, d_o, ldo, w->ones, w->dv, dv, fin[0] == 2);
 
     /* dP_ij = dO_i · v_j: dP = dO Vᵀ, with qk's roles swapped as for S */
     kern->qk(nk, nkpad, n, dv, w->vd, w->vt, ld, d_o, ldo, 1.0f, w->dp, ld);
@@ -564,7 +571,7 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
 
     /* forward: s = scale q_i · k_j, so dK_j += Σ_i dS_ij q_i (a zero dS never multiplies
      * a non-finite q) */
-    kern->pv(nk, nkpad, n, dk, w->dp, ld, q, ldq, w->ones, w->dk, dk, !rows_finite(q, ldq, n, dk));
+    kern->pv(nk, nkpad, n, dk, w->dp, ld, q, ldq, w->ones, w->dk, dk, fin[1] == 2);
 
     /* ... and dQ_i += Σ_j dS_ij k_j, summed over the tile before it is added */
     if (dk == 0) return;
@@ -626,6 +633,7 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
         w->qr[2 * qb] = jmin == INT64_MAX ? 0 : jmin;
         w->qr[2 * qb + 1] = jmax;
     }
+    memset(w->fin, 0, (size_t)(G * plan->q_blocks) * 2);  // found out once, at first use
 
     const int64_t kb_end = (c + 1) * plan->chunk_blocks < plan->k_blocks
                                ? (c + 1) * plan->chunk_blocks
@@ -646,13 +654,14 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                 }
                 t.i0 = qb * BQ;
                 t.n = Lq - t.i0 < BQ ? Lq - t.i0 : BQ;
+                uint8_t *fin = w->fin + 2 * (hh * plan->q_blocks + qb);
                 if (plan->in_place)
                     tile_backward(bp, plan, w, &t, D + (b * p->Hq + t.h) * Lq,
                                   bp->dq + b * bp->dq_s[0] + t.h * bp->dq_s[1] + t.i0 * bp->dq_s[2],
-                                  bp->dq_s[2]);
+                                  bp->dq_s[2], fin);
                 else
                     tile_backward(bp, plan, w, &t, D + (b * p->Hq + t.h) * Lq,
-                                  part_c + (hh * Lq + t.i0) * Dk, Dk);
+                                  part_c + (hh * Lq + t.i0) * Dk, Dk, fin);
             }
         }
         float *dk_b = bp->dk + b * bp->dk_s[0] + g * bp->dk_s[1] + t.j0 * bp->dk_s[2];
