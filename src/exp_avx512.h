@@ -54,4 +54,16 @@ static inline __attribute__((always_inline)) __m512 softmax_max_avx512(const flo
     return mx;
 }
 
+/* The last step of the online softmax over 16 rows: alpha = exp(m_old - shift) rescales
+ * the old sum, l = l * alpha + sum, m = the new max (the rows' entries at m, l, alpha). */
+static inline __attribute__((always_inline)) void softmax_store_avx512(__m512 m_old, __m512 shift,
+                                                                        __m512 mx, __m512 sum,
+                                                                        float *m, float *l,
+                                                                        float *alpha) {
+    const __m512 a = exp_avx512(_mm512_sub_ps(m_old, shift));
+    _mm512_storeu_ps(alpha, a);
+    _mm512_storeu_ps(l, _mm512_fmadd_ps(_mm512_loadu_ps(l), a, sum));
+    _mm512_storeu_ps(m, mx);
+}
+
 #endif /* ATTN_EXP_AVX512_H */

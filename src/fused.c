@@ -323,11 +323,18 @@ static void tile_logits(const attn_params *p, const attn_kernels *kern, const fu
  * like this stalls on the miss queue: docs/KERNELS.md). */
 enum { PREFETCH_TILES = 2 };
 
+/* Row j of the block's key/value head in K or V (base, strides st), as the bytes the
+ * decoding entries take. */
+static const char *kv_row(const attn_params *p, const fused_block *blk, const void *base,
+                          const int64_t st[4], int64_t j) {
+    const int64_t ek = p->kv_dt == ATTN_F32 ? 4 : 2;
+    return (const char *)base + (blk->b * st[0] + blk->g * st[1] + j * st[2]) * ek;
+}
+
 static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
     const int64_t ek = p->kv_dt == ATTN_F32 ? 4 : 2;
     for (int64_t c = j0; c < j0 + nk; c++) {
-        const char *k = (const char *)p->k + (blk->b * p->k_s[0] + blk->g * p->k_s[1] + c * p->k_s[2]) * ek;
-        const char *v = (const char *)p->v + (blk->b * p->v_s[0] + blk->g * p->v_s[1] + c * p->v_s[2]) * ek;
+        const char *k = kv_row(p, blk, p->k, p->k_s, c), *v = kv_row(p, blk, p->v, p->v_s, c);
         for (int64_t x = 0; x < p->Dk * p->k_s[3] * ek; x += 64) __builtin_prefetch(k + x, 0, 1);
         for (int64_t x = 0; x < p->Dv * p->v_s[3] * ek; x += 64) __builtin_prefetch(v + x, 0, 1);
     }
@@ -385,28 +392,24 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
     const bool may_mask = p->mask || p->bias;
     /* FAST precision on a bfloat16 V: P is rounded to bfloat16 for P·V */
     const bool fast = p->precision == ATTN_PRECISION_FAST && p->kv_dt == ATTN_BF16;
-    const int64_t ek = p->kv_dt == ATTN_F32 ? 4 : 2;
-    const char *k_bg = (const char *)p->k + (blk->b * p->k_s[0] + blk->g * p->k_s[1]) * ek;
-    const char *v_bg = (const char *)p->v + (blk->b * p->v_s[0] + blk->g * p->v_s[1]) * ek;
     for (int64_t j0 = ja; j0 < jb; j0 += plan->bk) {
         const int64_t nk = jb - j0 < plan->bk ? jb - j0 : plan->bk;
         const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
         const bool clean = !boundary && !may_mask;
-        const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
-        const int64_t pf_nk = pj < jb ? (jb - pj < plan->bk ? jb - pj : plan->bk) : 0;
         if (decode && clean) {
             /* the first call on the tile prefetches its V and the next tile's K, when there
              * is one (no pointer past the tensor otherwise) */
             const int64_t j1 = j0 + nk, next_nk = j1 < jb ? (jb - j1 < plan->bk ? jb - j1 : plan->bk) : 0;
-            const char *next_k = next_nk > 0 ? k_bg + j1 * p->k_s[2] * ek : NULL;
+            const char *next_k = next_nk > 0 ? kv_row(p, blk, p->k, p->k_s, j1) : NULL;
             for (int64_t r0 = 0; r0 < n; r0 += 4)
                 kern->decode(n - r0 < 4 ? n - r0 : 4, nk, dk, dv, w->q + r0 * dk, p->kv_dt, fast,
-                             k_bg + j0 * p->k_s[2] * ek, p->k_s[2], v_bg + j0 * p->v_s[2] * ek,
+                             kv_row(p, blk, p->k, p->k_s, j0), p->k_s[2], kv_row(p, blk, p->v, p->v_s, j0),
                              p->v_s[2], p->scale, w->s, w->m + r0, w->l + r0, w->alpha + r0,
                              w->acc + r0 * dv, r0 == 0, next_k, next_nk);
             continue;
         }
-        if (n <= 4 && pf_nk > 0) prefetch_tile(p, blk, pj, pf_nk);
+        const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
+        if (n <= 4 && pj < jb) prefetch_tile(p, blk, pj, jb - pj < plan->bk ? jb - pj : plan->bk);
         tile_logits(p, kern, w, blk, j0, nk, boundary);
         if (fast && clean && kern->pv_bf16 && p->v_s[3] == 1) {
             const uint16_t *v = (const uint16_t *)p->v + blk->b * p->v_s[0] +
@@ -461,8 +464,6 @@ static void block_weights(const attn_params *p, const attn_kernels *kern,
         for (int64_t j = 0; j < p->Lk; j++) w_bhi[j * p->w_s[3]] = 0.0f;
     }
     const bool decode = takes_decode(p, kern, blk->n), may_mask = p->mask || p->bias;
-    const int64_t ek = p->kv_dt == ATTN_F32 ? 4 : 2;
-    const char *k_bg = (const char *)p->k + (blk->b * p->k_s[0] + blk->g * p->k_s[1]) * ek;
     for (int64_t j0 = blk->jmin; j0 < blk->jmax; j0 += plan->bk) {
         const int64_t nk = blk->jmax - j0 < plan->bk ? blk->jmax - j0 : plan->bk;
         const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
@@ -472,7 +473,7 @@ static void block_weights(const attn_params *p, const attn_kernels *kern,
             for (int64_t r0 = 0; r0 < blk->n; r0 += 4) {
                 const int64_t rows = blk->n - r0 < 4 ? blk->n - r0 : 4;
                 kern->decode_qk(rows, nk, p->Dk, w->q + r0 * p->Dk, p->kv_dt,
-                                k_bg + j0 * p->k_s[2] * ek, p->k_s[2], p->scale, cs);
+                                kv_row(p, blk, p->k, p->k_s, j0), p->k_s[2], p->scale, cs);
                 for (int64_t c = 0; c < nk; c++)
                     for (int64_t r = 0; r < rows; r++) w->s[c * BQ + r0 + r] = cs[4 * c + r];
             }

@@ -68,6 +68,20 @@ static inline attn_decode_pf attn_decode_pf_make(bool prefetch, const void *v, i
         }                                                                                   \
     } while (0)
 
+/* Q·Kᵀ of a decoding block (n <= ATTN_DECODE_MAX_ROWS rows, row-major q) by a kernel's
+ * dot-product form, 4 rows at a time through rows[r] for a group of r rows (rows[0]
+ * unused), then 0 for the padding rows up to npad (finite, unused) */
+typedef void attn_qk_rows_fn(int64_t nk, int64_t dk, const float *q, const float *k,
+                             int64_t ldk, float scale, float *s, int64_t lds);
+static inline void attn_qk_dot_block(attn_qk_rows_fn *const rows[5], int64_t n, int64_t npad,
+                                     int64_t nk, int64_t dk, const float *q, const float *k,
+                                     int64_t ldk, float scale, float *s, int64_t lds) {
+    for (int64_t r0 = 0; r0 < n; r0 += 4)
+        rows[n - r0 < 4 ? n - r0 : 4](nk, dk, q + r0 * dk, k, ldk, scale, s + r0, lds);
+    for (int64_t c = 0; c < nk; c++)
+        for (int64_t r = n; r < npad; r++) s[c * lds + r] = 0.0f;
+}
+
 struct attn_kernels {
     const char *name;
 

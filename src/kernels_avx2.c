@@ -122,20 +122,10 @@ QK_DOT(4)
 static void qk_avx2(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
                     const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale, float *s, int64_t lds) {
     if (n <= ATTN_DECODE_MAX_ROWS) {
-        /* decoding blocks (their boundary and masked tiles) by the dot-product form, 4
-         * rows at a time, as the decoding step: no padding rows */
-        for (int64_t r0 = 0; r0 < n; r0 += 4) {
-            const float *q_r = q + r0 * dk;
-            float *s_r = s + r0;
-            switch (n - r0 < 4 ? n - r0 : 4) {
-            case 1: qk_dot_rows1(nk, dk, q_r, k, ldk, scale, s_r, lds); break;
-            case 2: qk_dot_rows2(nk, dk, q_r, k, ldk, scale, s_r, lds); break;
-            case 3: qk_dot_rows3(nk, dk, q_r, k, ldk, scale, s_r, lds); break;
-            default: qk_dot_rows4(nk, dk, q_r, k, ldk, scale, s_r, lds); break;
-            }
-        }
-        for (int64_t c = 0; c < nk; c++)  // the padding rows: finite, unused
-            for (int64_t r = n; r < npad; r++) s[c * lds + r] = 0.0f;
+        /* decoding blocks (their boundary and masked tiles) by the dot-product form */
+        static attn_qk_rows_fn *const rows[5] = {NULL, qk_dot_rows1, qk_dot_rows2, qk_dot_rows3,
+                                                 qk_dot_rows4};
+        attn_qk_dot_block(rows, n, npad, nk, dk, q, k, ldk, scale, s, lds);
         return;
     }
     const __m256 vs = _mm256_set1_ps(scale);

@@ -120,20 +120,9 @@ void attn_qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float
                       const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale,
                       float *s, int64_t lds) {
     if (n <= ATTN_DECODE_MAX_ROWS) {
-        /* decoding blocks (their boundary and masked tiles, and the other kernels'
-         * callers) by the dot-product form, 4 rows at a time, as the decoding step */
-        for (int64_t r0 = 0; r0 < n; r0 += 4) {
-            const float *q_r = q + r0 * dk;
-            float *s_r = s + r0;
-            switch (n - r0 < 4 ? n - r0 : 4) {
-            case 1: qk_dot1(nk, dk, q_r, k, ldk, scale, s_r, lds); break;
-            case 2: qk_dot2(nk, dk, q_r, k, ldk, scale, s_r, lds); break;
-            case 3: qk_dot3(nk, dk, q_r, k, ldk, scale, s_r, lds); break;
-            default: qk_dot4(nk, dk, q_r, k, ldk, scale, s_r, lds); break;
-            }
-        }
-        for (int64_t c = 0; c < nk; c++)  // the padding rows: finite, unused
-            for (int64_t r = n; r < npad; r++) s[c * lds + r] = 0.0f;
+        /* decoding blocks (their boundary and masked tiles) by the dot-product form */
+        static attn_qk_rows_fn *const rows[5] = {NULL, qk_dot1, qk_dot2, qk_dot3, qk_dot4};
+        attn_qk_dot_block(rows, n, npad, nk, dk, q, k, ldk, scale, s, lds);
         return;
     }
     const __m512 vs = _mm512_set1_ps(scale);
@@ -160,10 +149,7 @@ void attn_softmax_avx512(int64_t npad, int64_t nk, float *s, int64_t lds, float 
             _mm512_storeu_ps(s + c * lds + r, e);
             sum = _mm512_add_ps(sum, e);
         }
-        const __m512 a = exp_avx512(_mm512_sub_ps(m_old, shift));
-        _mm512_storeu_ps(alpha + r, a);
-        _mm512_storeu_ps(l + r, _mm512_fmadd_ps(_mm512_loadu_ps(l + r), a, sum));
-        _mm512_storeu_ps(m + r, mx);
+        softmax_store_avx512(m_old, shift, mx, sum, m + r, l + r, alpha + r);
     }
 }
 

@@ -202,10 +202,7 @@ static void softmax_pairs_avx512(int64_t npad, int64_t nk, const float *s, int64
             }
             _mm512_storeu_si512(pp + (c / 2) * ldp + r, pair_bf16(e0, e1));
         }
-        const __m512 a = exp_avx512(_mm512_sub_ps(m_old, shift));
-        _mm512_storeu_ps(alpha + r, a);
-        _mm512_storeu_ps(l + r, _mm512_fmadd_ps(_mm512_loadu_ps(l + r), a, sum));
-        _mm512_storeu_ps(m + r, mx);
+        softmax_store_avx512(m_old, shift, mx, sum, m + r, l + r, alpha + r);
     }
 }
 
