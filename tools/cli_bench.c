@@ -1227,6 +1227,9 @@ static void json_num(FILE *f, double v) {
 
 static double gflops(const bench_case *c, double t) { return t > 0 ? c->flop / t * 1e-9 : NAN; }
 
+/* a decoding row's GB/s of K and V at its median time */
+static double case_gbs(const bench_case *x) { return x->kv_bytes / x->t_med * 1e-9; }
+
 static void write_json(FILE *f, const machine *m, const bench_case *c, int n, const bench_args *a,
                        const torch_proc *tp) {
     fprintf(f, "{\n  \"attn_version\": ");
@@ -1311,11 +1314,11 @@ static void write_json(FILE *f, const machine *m, const bench_case *c, int n, co
                     "\"gflops\": %.2f", x->reps, x->t_med, x->t_min, x->t_max, gflops(x, x->t_med));
             if (m->measured) fprintf(f, ", \"pct_peak\": %.1f", 100 * gflops(x, x->t_med) / m->peak_n);
             if (x->decode) {
-                fprintf(f, ", \"gbs\": %.2f", x->kv_bytes / x->t_med * 1e-9);
+                fprintf(f, ", \"gbs\": %.2f", case_gbs(x));
                 if (x->bw_here > 0)
                     fprintf(f, ", \"bw_here_gbs\": %.2f, \"pct_bw\": %.1f", x->bw_here,
-                            100 * x->kv_bytes / x->t_med * 1e-9 / x->bw_here);
-                if (m->measured) fprintf(f, ", \"pct_bw_start\": %.1f", 100 * x->kv_bytes / x->t_med * 1e-9 / m->bw_n);
+                            100 * case_gbs(x) / x->bw_here);
+                if (m->measured) fprintf(f, ", \"pct_bw_start\": %.1f", 100 * case_gbs(x) / m->bw_n);
             }
         }
         if (x->ref_med > 0)
@@ -1377,9 +1380,9 @@ static void print_table(FILE *f, const machine *m, const bench_case *c, int n, c
             snprintf(cell[1], 24, "%.1f", gflops(x, x->t_med));
             if (m->measured) snprintf(cell[2], 24, "%.0f%%", 100 * gflops(x, x->t_med) / m->peak_n);
             if (x->decode) {
-                snprintf(cell[3], 24, "%.1f", x->kv_bytes / x->t_med * 1e-9);
+                snprintf(cell[3], 24, "%.1f", case_gbs(x));
                 const double bw = x->bw_here > 0 ? x->bw_here : m->measured ? m->bw_n : 0;
-                if (bw > 0) snprintf(cell[4], 24, "%.0f%%", 100 * x->kv_bytes / x->t_med * 1e-9 / bw);
+                if (bw > 0) snprintf(cell[4], 24, "%.0f%%", 100 * case_gbs(x) / bw);
             }
             if (x->ref_med > 0) {
                 snprintf(cell[5], 24, "%.1f", x->ref_med * 1e3);
