@@ -17,7 +17,33 @@ SAN     ?=
 CFLAGS_BASE = -std=c11 $(OPT) -g -fopenmp -Wall -Wextra -Wshadow -Wno-unused-parameter \
               -fno-strict-aliasing -D_POSIX_C_SOURCE=200809L -Iinclude $(SAN)
 LIB_CFLAGS  = $(CFLAGS_BASE) -fPIC -fvisibility=hidden
-LDLIBS      = -lm -lpthread
+
+# The BLAS of the projections (src/blas.c): OpenBLAS through pkg-config by default; any
+# other CBLAS with  make BLAS=name BLAS_CFLAGS=-I... BLAS_LIBS="-L... -lcblas"  (name is
+# what `attn --version` prints); BLAS=none builds without one (calls that need it return
+# ATTN_ERR_UNSUPPORTED, and `make check` fails on x86-64 unless ATTN_CHECK_NO_BLAS=1).
+# SBGEMM=1 adds cblas_sbgemm's bfloat16 products (a BLAS that exports it: an OpenBLAS
+# built with BUILD_BFLOAT16; Debian's 0.3.21 does not).
+BLAS ?= openblas
+ifeq ($(BLAS),none)
+BLAS_CFLAGS :=
+BLAS_LIBS   :=
+BLAS_DEFS   :=
+else ifeq ($(BLAS),openblas)
+ifeq ($(origin BLAS_LIBS),undefined)
+BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
+BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null)
+endif
+BLAS_DEFS   := $(if $(BLAS_LIBS),-DATTN_HAVE_CBLAS -DATTN_BLAS_OPENBLAS)
+else
+BLAS_DEFS   := -DATTN_HAVE_CBLAS -DATTN_BLAS_NAME='"$(BLAS)"'
+endif
+SBGEMM ?= 0
+ifeq ($(SBGEMM),1)
+BLAS_DEFS += -DATTN_HAVE_SBGEMM
+endif
+LIB_CFLAGS += $(BLAS_CFLAGS) $(BLAS_DEFS)
+LDLIBS      = $(BLAS_LIBS) -lm -lpthread
 
 LIB_SRC   = $(wildcard src/*.c)
 LIB_OBJ   = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC))
@@ -73,7 +99,7 @@ tests: $(TEST_BIN) $(BUILD)/attn
 
 $(BUILD)/attn.pc: attn.pc.in include/attn.h
 	@mkdir -p $(BUILD)
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' $< > $@
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' -e 's|@BLAS_LIBS@|$(BLAS_LIBS)|g' $< > $@
 
 demo: all
 	$(BUILD)/attn demo
@@ -88,7 +114,7 @@ install: all
 	ln -sf libattn.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libattn.so.0
 	ln -sf libattn.so.0 $(DESTDIR)$(PREFIX)/lib/libattn.so
 	install -m 644 $(BUILD)/libattn.a $(DESTDIR)$(PREFIX)/lib/libattn.a
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' attn.pc.in \
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' -e 's|@BLAS_LIBS@|$(BLAS_LIBS)|g' attn.pc.in \
 	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/attn.pc
 	install -m 755 $(BUILD)/attn $(DESTDIR)$(PREFIX)/bin/attn
 

@@ -48,6 +48,27 @@ PER_FILE_FLAGS = makefile_isa_flags() if platform.machine().lower() in ("x86_64"
 BASE_FLAGS = ["-std=c11", "-O2", "-fopenmp", "-fno-strict-aliasing", "-fvisibility=hidden",
               "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 LINK_FLAGS = ["-fopenmp"]
+
+
+def blas_flags():
+    """(compile flags, link flags) for OpenBLAS through pkg-config, as the Makefile's
+    default BLAS; ([], []) without it (the calls that need a BLAS then return
+    ATTN_ERR_UNSUPPORTED). ATTN_BLAS=none builds without one on purpose."""
+    if os.environ.get("ATTN_BLAS", "openblas") == "none":
+        return [], []
+    import subprocess
+    try:
+        cflags = subprocess.run(["pkg-config", "--cflags", "openblas"], check=True,
+                                capture_output=True, text=True).stdout.split()
+        libs = subprocess.run(["pkg-config", "--libs", "openblas"], check=True,
+                              capture_output=True, text=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        sys.stderr.write("warning: no OpenBLAS found by pkg-config: built without a BLAS\n")
+        return [], []
+    return cflags + ["-DATTN_HAVE_CBLAS", "-DATTN_BLAS_OPENBLAS"], libs
+
+
+BLAS_CFLAGS, BLAS_LIBS = blas_flags()
 ISA_NAME = re.compile(r"(sse|avx|fma|neon|sve|f16c|amx)", re.IGNORECASE)
 
 
@@ -101,8 +122,8 @@ def main():
         include_dirs=["include", "src"],
         depends=["include/attn.h"] + sorted(
             os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "src", "*.h"))),
-        extra_compile_args=BASE_FLAGS,
-        extra_link_args=LINK_FLAGS,
+        extra_compile_args=BASE_FLAGS + BLAS_CFLAGS,
+        extra_link_args=LINK_FLAGS + BLAS_LIBS,
         libraries=["m", "pthread"],
     )
     os.makedirs(os.path.join(HERE, "build", "python"), exist_ok=True)

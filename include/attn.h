@@ -216,6 +216,11 @@ ATTN_API const char *attn_kernel_name(void);
 /* Whether this build has the kernel `name` and this CPU can run it. */
 ATTN_API bool attn_kernel_supported(const char *name);
 
+/* The BLAS this build calls for its matrix products (projections): OpenBLAS's own
+ * description ("OpenBLAS 0.3.21 ..."), the name given at build time for another CBLAS,
+ * or "none" for a build without one (calls that need it return ATTN_ERR_UNSUPPORTED). */
+ATTN_API const char *attn_blas_name(void);
+
 #ifdef __cplusplus
 }
 #endif

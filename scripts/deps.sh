@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # deps.sh — installs what building and testing attn needs and this machine lacks:
-# a C compiler with OpenMP (gcc), make, pkg-config and libpng's headers (the loss curves
-# of `attn train`), from Debian's packages; for the
+# a C compiler with OpenMP (gcc), make, pkg-config, libpng's headers (the loss curves
+# of `attn train`) and OpenBLAS (the projections), from Debian's packages; for the
 # Python package (tests/python/run.sh): Python's headers, and NumPy, pytest, setuptools
 # and wheel with pip (Debian's packages where pip is missing or may not install).
 # On x86-64 also an AArch64 cross compiler and qemu-user, for the suite's run of the
@@ -14,6 +14,9 @@ command -v make >/dev/null 2>&1 || missing+=(make)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 [ -f /usr/include/png.h ] || missing+=(libpng-dev)
+# OpenBLAS (its OpenMP build, which shares the library's OpenMP threads) for the
+# projections' matrix products
+pkg-config --exists openblas 2>/dev/null || missing+=(libopenblas-openmp-dev)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "deps: installing ${missing[*]}"
     SUDO=""

@@ -43,6 +43,7 @@ int main(int argc, char **argv) {
         for (const char *const *k = (const char *const[]){"avx512bf16", "avx512", "avx2", "generic", NULL}; *k; k++)
             if (attn_kernel_supported(*k)) printf(" %s", *k);
         printf(")\n");
+        printf("BLAS: %s\n", attn_blas_name());
         return 0;
     }
     fprintf(stderr, "attn: unknown command '%s' (try 'attn --help')\n", cmd);
