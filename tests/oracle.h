@@ -4,7 +4,7 @@
  * What it is: a naive, obviously-correct reading of docs/CONTRACT.md (one query row at
  * a time, the full score row materialized in double, every mask rule written out as an
  * `if`), written in the tests and independent of the library's ATTN_PATH_REFERENCE;
- * a deterministic RNG; strided-view helpers; and `tcall`, which builds one complete
+ * strided-view helpers; and `tcall`, which builds one complete
  * attn_forward call (q, k, v, o, masks, kv_len, ALiBi, lse, weights) from a case
  * description, runs it on a chosen path and compares it with the oracle.
  * What it is not: fast, or a validator — the oracle assumes arguments the library
@@ -23,29 +23,8 @@
 
 #include "attn.h"
 #include "check.h"
+#include "rng.h"
 #include "views.h"
-
-/* ---- deterministic random numbers (splitmix64) --------------------------------------- */
-
-typedef struct rng_t {
-    uint64_t s;
-} rng_t;
-
-static inline uint64_t rng_next(rng_t *r) {
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-/* uniform in [0, 1) */
-static inline double rng_unif(rng_t *r) { return (double)(rng_next(r) >> 11) * 0x1.0p-53; }
-static inline double rng_range(rng_t *r, double lo, double hi) { return lo + (hi - lo) * rng_unif(r); }
-/* uniform in [0, n), n > 0 */
-static inline int64_t rng_int(rng_t *r, int64_t n) { return (int64_t)(rng_next(r) % (uint64_t)n); }
-static inline double rng_normal(rng_t *r) {
-    double u1 = 1.0 - rng_unif(r), u2 = rng_unif(r); /* u1 in (0, 1] */
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
 
 /* ---- strided views ------------------------------------------------------------------- */
 

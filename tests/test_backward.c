@@ -30,21 +30,11 @@
 #include "attn.h"
 #include "backward.h"
 #include "check.h"
+#include "rng.h"
 #include "views.h"
 
 /* ---- small tools ---------------------------------------------------------------------- */
 
-typedef struct rng_t {
-    uint64_t s;
-} rng_t;
-static uint64_t rng_next(rng_t *r) {  // splitmix64
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-static double rng_unif(rng_t *r) { return (double)(rng_next(r) >> 11) * 0x1.0p-53; }
-static double rng_sym(rng_t *r) { return 2.0 * rng_unif(r) - 1.0; }
 
 static void *xcalloc(int64_t n, size_t size) {
     void *p = calloc((size_t)(n > 0 ? n : 1), size);

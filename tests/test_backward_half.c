@@ -21,14 +21,10 @@
 #include "check.h"
 #include "half.h"
 #include "naive.h"
+#include "rng.h"
 
-static uint64_t g_rng = 4242;
-static float sym(void) {  // splitmix64 -> [-1, 1)
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (float)(2.0 * ((double)((z ^ (z >> 31)) >> 11) / 9007199254740992.0) - 1.0);
-}
+static rng_t g_rng = {4242};
+static float sym(void) { return (float)rng_sym(&g_rng); }
 
 typedef struct bcase {
     int64_t B, Hq, Hkv, Lq, Lk, Dk, Dv;

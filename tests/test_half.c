@@ -26,14 +26,10 @@
 #include "half.h"
 #include "kernels.h"
 #include "naive.h"
+#include "rng.h"
 
-static uint64_t g_rng = 99;
-static double uniform(void) {  // splitmix64 -> [0, 1)
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (double)((z ^ (z >> 31)) >> 11) / 9007199254740992.0;
-}
+static rng_t g_rng = {99};
+static double uniform(void) { return rng_unif(&g_rng); }
 
 static const char *dt_name(attn_dtype t) {
     return t == ATTN_F16 ? "f16" : t == ATTN_BF16 ? "bf16" : "f32";

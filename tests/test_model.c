@@ -31,17 +31,12 @@
 #define REAL double
 #define OP(name) name##_d
 #include "model_ops.h"
+#include "rng.h"
 #undef REAL
 #undef OP
 
-static uint64_t g_rng = 12345;
-static double unif(void) {  // splitmix64, in [-1, 1)
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return 2.0 * ((double)(z >> 11) / 9007199254740992.0) - 1.0;
-}
+static rng_t g_rng = {12345};
+static double unif(void) { return rng_sym(&g_rng); }
 static double *rand_vec(int64_t n, double amp) {
     double *x = calloc((size_t)(n > 0 ? n : 1), sizeof(double));
     for (int64_t e = 0; e < n; e++) x[e] = amp * unif();

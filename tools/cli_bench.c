@@ -54,6 +54,7 @@
 #include "cli.h"
 #include "cliopt.h"
 #include "naive.h"
+#include "rng.h"
 
 enum { EXIT_FAIL = 1, EXIT_USAGE = 2 };
 
@@ -391,17 +392,11 @@ static void count_work(bench_case *c) {
 
 /* ---- inputs ------------------------------------------------------------------------- */
 
-/* splitmix64: a fixed stream, so every run times the same numbers. */
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-/* uniform in [-2, 2): with scale 1/sqrt(Dk), logits of standard deviation about 1.3 */
+/* uniform in [-2, 2) from a fixed stream, so every run times the same numbers: with
+ * scale 1/sqrt(Dk), logits of standard deviation about 1.3 */
 static void fill_uniform(float *x, int64_t n, uint64_t seed) {
-    for (int64_t i = 0; i < n; i++)
-        x[i] = (float)((double)(rng_next(&seed) >> 11) * (4.0 / 9007199254740992.0) - 2.0);
+    rng_t r = {seed};
+    for (int64_t i = 0; i < n; i++) x[i] = (float)rng_range(&r, -2.0, 2.0);
 }
 
 /* 16-bit storage: the bits of a float that is representable in t (naive_round gives one) */
@@ -521,9 +516,8 @@ static int alloc_buffers(const bench_case *c, double rot_bytes, case_buffers *cb
     }
     if (c->mask == MASK_BOOL) {
         if (!(cb->mask = malloc((size_t)(c->Lq * c->Lk)))) return -1;
-        uint64_t s = 4;
-        for (int64_t i = 0; i < c->Lq * c->Lk; i++)
-            cb->mask[i] = (double)(rng_next(&s) >> 11) < BOOL_MASK_DENSITY * 9007199254740992.0;
+        rng_t r = {4};
+        for (int64_t i = 0; i < c->Lq * c->Lk; i++) cb->mask[i] = rng_unif(&r) < BOOL_MASK_DENSITY;
     }
     return 0;
 }
@@ -1259,7 +1253,7 @@ static void write_json(FILE *f, const machine *m, const bench_case *c, int n, co
                     m->others[i].gflops_n);
         fprintf(f, "],\n    \"peak_isa\": \"%s\", \"peak_gflops_1\": %.1f, \"peak_gflops_n\": %.1f,\n",
                 m->peak_isa, m->peak_1, m->peak_n);
-        fprintf(f, "    \"bw_isa\": \"%s\", \"bw_mib\": %g, \"bw_gbs_1\": %.1f, \"bw_gbs_n\": %.1f",
+        fprintf(f, "    \"bw_isa\": \"%s\", \"bw_mib\": %g, \"bw_gbs_1\": %.4g, \"bw_gbs_n\": %.4g",
                 m->bw_isa, m->bw_mib, m->bw_1, m->bw_n);
     }
     fprintf(f, "},\n  \"torch\": ");
@@ -1311,12 +1305,12 @@ static void write_json(FILE *f, const machine *m, const bench_case *c, int n, co
         }
         if (x->ran && !x->error[0] && x->pass) {
             fprintf(f, ",\n     \"reps\": %d, \"median_s\": %.6g, \"min_s\": %.6g, \"max_s\": %.6g, "
-                    "\"gflops\": %.2f", x->reps, x->t_med, x->t_min, x->t_max, gflops(x, x->t_med));
+                    "\"gflops\": %.4g", x->reps, x->t_med, x->t_min, x->t_max, gflops(x, x->t_med));
             if (m->measured) fprintf(f, ", \"pct_peak\": %.1f", 100 * gflops(x, x->t_med) / m->peak_n);
             if (x->decode) {
-                fprintf(f, ", \"gbs\": %.2f", case_gbs(x));
+                fprintf(f, ", \"gbs\": %.4g", case_gbs(x));
                 if (x->bw_here > 0)
-                    fprintf(f, ", \"bw_here_gbs\": %.2f, \"pct_bw\": %.1f", x->bw_here,
+                    fprintf(f, ", \"bw_here_gbs\": %.4g, \"pct_bw\": %.1f", x->bw_here,
                             100 * case_gbs(x) / x->bw_here);
                 if (m->measured) fprintf(f, ", \"pct_bw_start\": %.1f", 100 * case_gbs(x) / m->bw_n);
             }

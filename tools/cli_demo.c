@@ -13,6 +13,7 @@
 
 #include "attn.h"
 #include "cli.h"
+#include "rng.h"
 
 /* One forward call on dense [1, 1, Lq, D] tensors; prints and returns non-zero on error. */
 static int demo_attend(float *q, float *k, float *v, float *o, int64_t lq, int64_t lk,
@@ -39,17 +40,8 @@ static int demo_score(float *q, float *k, int64_t d, const attn_options *base, f
 }
 
 /* splitmix64, then Box-Muller: a fixed stream of N(0, 1) samples. */
-static uint64_t g_rng = 0x5eed0003;
-static double demo_uniform(void) {
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return ((double)(z >> 11) + 0.5) / 9007199254740992.0;
-}
-static float demo_normal(void) {
-    return (float)(sqrt(-2.0 * log(demo_uniform())) * cos(6.283185307179586 * demo_uniform()));
-}
+static rng_t g_rng = {0x5eed0003};
+static float demo_normal(void) { return (float)rng_gauss(&g_rng); }
 
 static int demo_example_3_2(void) {
     float k[4] = {1, 0, 0, 1};   /* k1 = (1, 0), k2 = (0, 1)   */

@@ -17,21 +17,13 @@
 #include "cli.h"
 #include "half.h"
 #include "naive.h"
+#include "rng.h"
 
 enum { B = 1, H = 4, L = 512, D = 64 };
 #define N_QKV ((int64_t)B * H * L * D)
 
-static uint64_t g_rng = 0x5eed0002;
-static float normal(void) {  // splitmix64 + Box-Muller
-    double u[2];
-    for (int t = 0; t < 2; t++) {
-        uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        u[t] = ((double)((z ^ (z >> 31)) >> 11) + 0.5) / 9007199254740992.0;
-    }
-    return (float)(sqrt(-2.0 * log(u[0])) * cos(6.283185307179586 * u[1]));
-}
+static rng_t g_rng = {0x5eed0002};
+static float normal(void) { return (float)rng_gauss(&g_rng); }
 
 typedef struct errs { double max_abs, rel; } errs;
 

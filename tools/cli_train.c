@@ -32,6 +32,7 @@
 #include "cli.h"
 #include "model.h"
 #include "png_plot.h"
+#include "rng.h"
 
 static const char USAGE[] =
     "usage: attn train [options]\n"
@@ -214,14 +215,8 @@ static int load_text(const train_opts *o, text *t) {
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
-static uint64_t g_rng;
-static uint64_t rng_next(void) {  // splitmix64
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rng_unit(void) { return (double)(rng_next() >> 11) / 9007199254740992.0; }
+static rng_t g_rng;
+static double rng_unit(void) { return rng_unif(&g_rng); }
 
 static double seconds(void) {
     struct timespec ts;
@@ -386,7 +381,7 @@ static int train_one(const train_opts *o, bool reversed, const int *ids, int64_t
            reversed ? "reversed (window left 0, right unbounded)" : "causal", reversed ? ">=" : "<=");
     printf("%8s %10s %10s %22s %8s\n", "step", "train", "val", "val, last position", "time");
 
-    g_rng = o->seed * 0x9E3779B97F4A7C15ull + 17;  // the same batches for both models
+    g_rng.s = o->seed * 0x9E3779B97F4A7C15ull + 17;  // the same batches for both models
     const double t0 = seconds();
     double window = 0;
     int in_window = 0, rc = 0;
@@ -425,7 +420,7 @@ static int train_one(const train_opts *o, bool reversed, const int *ids, int64_t
     if (rc != 0) {
         fprintf(stderr, "attn train: %s\n", model_error(m));
     } else if (o->sample > 0) {
-        g_rng = o->seed * 0x9E3779B97F4A7C15ull + 99;  // the same draws for both models
+        g_rng.s = o->seed * 0x9E3779B97F4A7C15ull + 99;  // the same draws for both models
         log->sample = generate(m, o, ids + prompt0, o->ctx / 2, o->sample, vocab, V);
     }
     free(tok);

@@ -21,6 +21,7 @@
 #define REAL float
 #define OP(name) name##_f
 #include "model_ops.h"
+#include "rng.h"
 #undef REAL
 #undef OP
 
@@ -124,21 +125,9 @@ static int64_t bind_params(const model_config *c, float *base, params *p, block_
     return at;
 }
 
-/* splitmix64 and Box-Muller: the initialization's normal draws */
-static double rng_uniform(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return ((double)(z >> 11) + 0.5) / 9007199254740992.0;
-}
-static double rng_normal(uint64_t *s) {
-    const double u = rng_uniform(s), w = rng_uniform(s);
-    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * w);
-}
-
-static void fill_normal(float *x, int64_t n, double std, uint64_t *s) {
-    for (int64_t e = 0; e < n; e++) x[e] = (float)(std * rng_normal(s));
+/* the initialization's normal draws */
+static void fill_normal(float *x, int64_t n, double std, rng_t *s) {
+    for (int64_t e = 0; e < n; e++) x[e] = (float)(std * rng_gauss(s));
 }
 static void fill_const(float *x, int64_t n, float v) {
     for (int64_t e = 0; e < n; e++) x[e] = v;
@@ -149,7 +138,7 @@ static void fill_const(float *x, int64_t n, float v) {
 static void init_params(model *m) {
     const model_config *c = &m->cfg;
     const int64_t V = c->vocab, T = c->ctx, C = c->d_model;
-    uint64_t s = c->seed * 0x2545F4914F6CDD1Dull + 1;
+    rng_t s = {c->seed * 0x2545F4914F6CDD1Dull + 1};
     const double std = 0.02, std_res = 0.02 / sqrt(2.0 * c->layers);
     memset(m->mem_params, 0, (size_t)m->n_params * sizeof(float));
     fill_normal(m->p.wte, V * C, std, &s);
