@@ -45,7 +45,7 @@ endif
 LIB_CFLAGS += $(BLAS_CFLAGS) $(BLAS_DEFS)
 LDLIBS      = $(BLAS_LIBS) -lm -lpthread
 
-LIB_SRC   = $(wildcard src/*.c)
+LIB_SRC   = $(wildcard src/*.c) $(wildcard src/kernels/*/*.c)
 LIB_OBJ   = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 TOOL_SRC  = $(wildcard tools/*.c)
 TOOL_OBJ  = $(patsubst tools/%.c,$(BUILD)/obj/tools/%.o,$(TOOL_SRC))
@@ -57,21 +57,23 @@ VERSION = $(shell sed -n 's/^\#define ATTN_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-
 .PHONY: all demo check tests install uninstall clean
 all: $(BUILD)/libattn.so $(BUILD)/libattn.a $(BUILD)/attn $(BUILD)/attn.pc
 
-# Only the kernel files (and the peak loops of `attn bench`, tools/bench_peak_*.c) get
-# ISA flags; the rest of the library and the command is baseline. On a non-x86
-# target the ISA files compile to nothing and the generic kernel is the only one.
-ifneq ($(findstring x86_64,$(shell $(CC) -dumpmachine)),)
-ISA_kernels_avx512 = -O3 -mavx512f -mavx512dq -mavx512bw -mavx512vl -mfma
-ISA_kernels_avx512bf16 = $(ISA_kernels_avx512) -mavx512bf16
-ISA_kernels_avx2   = -O3 -mavx2 -mfma -mf16c
-ISA_bench_peak_avx512bf16 = -O3 -mavx512f -mavx512bf16
-ISA_bench_peak_avx512 = -O3 -mavx512f -mfma
-ISA_bench_peak_avx2   = -O3 -mavx2 -mfma
-endif
+# Only the files of a kernel's folder, src/kernels/<isa>/, get ISA flags: those of its
+# line in src/kernels/list.h (the one list of kernels); the rest of the library and the
+# command is baseline. On a non-x86 target the x86 folders compile to nothing and take no
+# flags: the generic kernel is the only one.
+X86_64 := $(findstring x86_64,$(shell $(CC) -dumpmachine))
+open_paren := (
+isa_flags = $(if $(X86_64),$(shell sed -n 's/^ *X[$(open_paren)]$(1), *"\([^"]*\)".*/\1/p' src/kernels/list.h))
+KERNEL_ISAS := $(notdir $(wildcard src/kernels/*))
+$(foreach i,$(KERNEL_ISAS),$(eval ISA_FLAGS_$(i) := $(call isa_flags,$(i))))
 
-$(BUILD)/obj/%.o: src/%.c include/attn.h $(wildcard src/*.h)
+$(BUILD)/obj/kernels/%.o: src/kernels/%.c include/attn.h $(wildcard src/*.h src/kernels/*.h src/kernels/*/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(LIB_CFLAGS) $(ISA_$*) -Isrc -c $< -o $@
+	$(CC) $(LIB_CFLAGS) $(ISA_FLAGS_$(firstword $(subst /, ,$*))) -Isrc -c $< -o $@
+
+$(BUILD)/obj/%.o: src/%.c include/attn.h $(wildcard src/*.h src/kernels/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(LIB_CFLAGS) -Isrc -c $< -o $@
 
 $(BUILD)/libattn.so: $(LIB_OBJ)
 	$(CC) -shared -fopenmp -Wl,-soname,libattn.so.0 $(SAN) -o $@ $^ $(LDLIBS)
@@ -79,9 +81,9 @@ $(BUILD)/libattn.so: $(LIB_OBJ)
 $(BUILD)/libattn.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/obj/tools/%.o: tools/%.c include/attn.h $(wildcard tools/*.h)
+$(BUILD)/obj/tools/%.o: tools/%.c include/attn.h $(wildcard tools/*.h src/kernels/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) $(ISA_$*) -Itools -Isrc -c $< -o $@
+	$(CC) $(CFLAGS_BASE) -Itools -Isrc -c $< -o $@
 
 $(BUILD)/attn: $(TOOL_OBJ) $(BUILD)/libattn.a
 	$(CC) -fopenmp $(SAN) -o $@ $(TOOL_OBJ) $(BUILD)/libattn.a $(LDLIBS) -lpng

@@ -5,11 +5,11 @@ together with every C source of the library (src/*.c), so `pip install .` needs 
 What it is not: the package metadata (pyproject.toml) or the Makefile. The flags mirror the
 Makefile's portable ones: -std=c11 -O2 -fopenmp, never fast-math or -march=native.
 
-A kernel file that needs its own ISA flags (src/kernels_avx2.c with -mavx2 -mfma, say) gets
-them from PER_FILE_FLAGS below, read from the Makefile's ISA_<file> variables, and only
-that file does. A file whose name looks ISA-specific but is missing
-from the table is compiled with the base flags and reported in a warning (it still builds
-if it selects its ISA with __attribute__((target(...))) itself).
+The files of a kernel's folder (src/kernels/avx2/*.c with -mavx2 -mfma -mf16c, say) get
+their ISA's flags from PER_FILE_FLAGS below, read from that kernel's line of
+src/kernels/list.h, and only those files do. A file outside the kernel folders whose
+name looks ISA-specific is compiled with the base flags and reported in a warning (it
+still builds if it selects its ISA with __attribute__((target(...))) itself).
 """
 import glob
 import os
@@ -22,28 +22,23 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# Extra compiler flags for single library sources, relative to the repository root, read
-# from the Makefile's ISA_<file> variables (one source of truth; those of tools/ skipped), on x86-64 only (elsewhere
-# those files compile to nothing and the generic kernel is the only one). dispatch.c picks
-# a kernel at run time.
-def makefile_isa_flags():
-    """{"src/<file>.c": [flags]} from lines `ISA_<file> = ...`, $(ISA_x) references expanded."""
-    with open(os.path.join(HERE, "Makefile"), encoding="utf-8") as f:
-        defs = dict(re.findall(r"^ISA_(\w+)\s*=\s*(.*)$", f.read(), re.MULTILINE))
-
-    def expand(text, depth=0):
-        return re.sub(r"\$\(ISA_(\w+)\)", lambda m: expand(defs.get(m.group(1), ""), depth + 1)
-                      if depth < 8 else "", text)
-
-    # The Makefile's table also holds the attn command's files (tools/bench_peak_*.c):
-    # not library sources, so not compiled here. A name found in neither folder stays in
-    # the table, and main() reports it missing.
-    return {"src/%s.c" % name: expand(value).split() for name, value in defs.items()
-            if os.path.exists(os.path.join(HERE, "src", name + ".c"))
-            or not os.path.exists(os.path.join(HERE, "tools", name + ".c"))}
+# Extra compiler flags for the files of a kernel's folder, src/kernels/<isa>/*.c: the
+# flags of that kernel's line in src/kernels/list.h (the one list the Makefile reads too),
+# on x86-64 only (elsewhere those files compile to nothing and the generic kernel is the
+# only one). dispatch.c picks a kernel at run time.
+def kernel_isa_flags():
+    """{"src/kernels/<isa>/<file>.c": [flags]} for every kernel folder with flags."""
+    with open(os.path.join(HERE, "src", "kernels", "list.h"), encoding="utf-8") as f:
+        flags = dict(re.findall(r'^ *X\((\w+), *"([^"]*)"', f.read(), re.MULTILINE))
+    table = {}
+    for isa, value in flags.items():
+        for path in glob.glob(os.path.join(HERE, "src", "kernels", isa, "*.c")):
+            if value.split():
+                table[os.path.relpath(path, HERE)] = value.split()
+    return table
 
 
-PER_FILE_FLAGS = makefile_isa_flags() if platform.machine().lower() in ("x86_64", "amd64") else {}
+PER_FILE_FLAGS = kernel_isa_flags() if platform.machine().lower() in ("x86_64", "amd64") else {}
 
 BASE_FLAGS = ["-std=c11", "-O2", "-fopenmp", "-fno-strict-aliasing", "-fvisibility=hidden",
               "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra", "-Wno-unused-parameter"]
@@ -74,7 +69,8 @@ ISA_NAME = re.compile(r"(sse|avx|fma|neon|sve|f16c|amx)", re.IGNORECASE)
 
 def library_sources():
     """Every C source of the library, sorted, as paths relative to the repository root."""
-    return sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "src", "*.c")))
+    return sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "src", "*.c"))
+                  + glob.glob(os.path.join(HERE, "src", "kernels", "*", "*.c")))
 
 
 def version():
@@ -121,7 +117,9 @@ def main():
         sources=["python/attn/_attn.c"] + library_sources(),
         include_dirs=["include", "src"],
         depends=["include/attn.h"] + sorted(
-            os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "src", "*.h"))),
+            os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "src", "*.h"))
+            + glob.glob(os.path.join(HERE, "src", "kernels", "*.h"))
+            + glob.glob(os.path.join(HERE, "src", "kernels", "*", "*.h"))),
         extra_compile_args=BASE_FLAGS + BLAS_CFLAGS,
         extra_link_args=LINK_FLAGS + BLAS_LIBS,
         libraries=["m", "pthread"],

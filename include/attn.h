@@ -207,14 +207,19 @@ ATTN_API const char *attn_last_error(void);
 /* "0.1.0" */
 ATTN_API const char *attn_version(void);
 
-/* The micro-kernels the fused path of this process runs: "avx512", "avx2" or "generic",
- * the best this CPU supports unless the environment variable ATTN_ISA names another;
- * "none" when ATTN_ISA names one this CPU cannot run (fused calls then return
- * ATTN_ERR_UNSUPPORTED). ATTN_VERBOSE=1 prints the choice on stderr once. */
+/* The micro-kernels the fused path of this process runs (a name of attn_kernel_list():
+ * "avx512bf16", "avx512", "avx2", "generic" in an x86-64 build), the best this CPU
+ * supports unless the environment variable ATTN_ISA names another; "none" when ATTN_ISA
+ * names one this CPU cannot run (fused calls then return ATTN_ERR_UNSUPPORTED).
+ * ATTN_VERBOSE=1 prints the choice on stderr once. */
 ATTN_API const char *attn_kernel_name(void);
 
 /* Whether this build has the kernel `name` and this CPU can run it. */
 ATTN_API bool attn_kernel_supported(const char *name);
+
+/* Every kernel this build has, best first, NULL-terminated (whether or not this CPU can
+ * run it: attn_kernel_supported). Static storage; never freed. */
+ATTN_API const char *const *attn_kernel_list(void);
 
 /* The BLAS this build calls for its matrix products (projections): OpenBLAS's own
  * description ("OpenBLAS 0.3.21 ..."), the name given at build time for another CBLAS,

@@ -48,7 +48,10 @@ PER_KERNEL="test_forward test_edge test_onnx test_half test_backward test_backwa
 # run_all BUILD_DIR LABEL: every suite against one build.
 run_all() {
     local b=$1 label=$2 kernels
-    kernels=$("$b/attn" --version | head -n 1 | sed -E 's/.*this CPU runs: ([^)]*)\).*/\1/')
+    kernels=$("$b/attn" --kernels | awk '$2 == "runs" { print $1 }')
+    local cannot
+    cannot=$("$b/attn" --kernels | awk '$2 != "runs" { print $1 }')
+    [ -z "$cannot" ] || echo "== ${label}kernels this CPU cannot run, not tested here: "$cannot
     for t in "$b"/tests/test_*; do
         [ -x "$t" ] || continue
         local name

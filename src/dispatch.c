@@ -1,6 +1,6 @@
 /*
  * dispatch.c — the run-time choice of micro-kernels: the CPU is probed once, the best
- *              kernel of the list (kernels.h) that it can run is taken, and ATTN_ISA
+ *              kernel of the list (kernels/list.h) that it can run is taken, and ATTN_ISA
  *              can force another. ATTN_VERBOSE=1 says on stderr which one was chosen.
  *
  * The library itself is compiled for the baseline ISA; only the kernel files get ISA
@@ -12,7 +12,6 @@
 #include <string.h>
 
 #include "kernels.h"
-
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
 /* F16C is CPUID leaf 1, ECX bit 29 (gcc 12's __builtin_cpu_supports has no name for it) */
@@ -20,30 +19,42 @@ static bool cpu_has_f16c(void) {
     unsigned a, b, c, d;
     return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
 }
+#define ATTN_CPU(feature) __builtin_cpu_supports(#feature)
+#define ATTN_CPU_F16C cpu_has_f16c()
 #endif
 
-static bool cpu_can_run(const char *name) {
-#if defined(__x86_64__) || defined(_M_X64)
-    __builtin_cpu_init();
-    if (strcmp(name, "avx512bf16") == 0)
-        return cpu_can_run("avx512") && __builtin_cpu_supports("avx512bf16");
-    if (strcmp(name, "avx512") == 0)
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-               __builtin_cpu_supports("fma");
-    if (strcmp(name, "avx2") == 0)
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               cpu_has_f16c();
-#endif
-    return strcmp(name, "generic") == 0;
-}
+/* One entry per line of kernels/list.h: the table and whether this CPU can run it. */
+typedef struct kernel_entry {
+    const attn_kernels *table;
+    bool (*probe)(void);
+} kernel_entry;
 
-static const attn_kernels *const g_list[] = {
-#define ATTN_X_ENTRY(name) &attn_kernels_##name,
+#define ATTN_X_PROBE(name, flags, row_pad, bq, bk_min, bk_max, probe) \
+    static bool probe_##name(void) { return (probe); }
+ATTN_KERNEL_LIST(ATTN_X_PROBE)
+#undef ATTN_X_PROBE
+
+static const kernel_entry g_list[] = {
+#define ATTN_X_ENTRY(name, ...) {&attn_kernels_##name, probe_##name},
     ATTN_KERNEL_LIST(ATTN_X_ENTRY)
 #undef ATTN_X_ENTRY
 };
 enum { N_KERNELS = sizeof g_list / sizeof g_list[0] };
+
+/* the names, NULL-terminated, for attn_kernel_list() */
+static const char *const g_names[] = {
+#define ATTN_X_NAME(name, ...) #name,
+    ATTN_KERNEL_LIST(ATTN_X_NAME)
+#undef ATTN_X_NAME
+    NULL};
+
+static bool cpu_can_run(const kernel_entry *e) {
+#if defined(__x86_64__) || defined(_M_X64)
+    __builtin_cpu_init();
+#endif
+    return e->probe();
+}
+
 
 static const attn_kernels *g_chosen;
 static char g_why[200];
@@ -52,19 +63,22 @@ static void choose(void) {
     const char *want = getenv("ATTN_ISA");
     if (want && *want) {
         for (int i = 0; i < N_KERNELS; i++) {
-            if (strcmp(want, g_list[i]->name) != 0) continue;
-            if (cpu_can_run(want))
-                g_chosen = g_list[i];
+            if (strcmp(want, g_list[i].table->name) != 0) continue;
+            if (cpu_can_run(&g_list[i]))
+                g_chosen = g_list[i].table;
             else
                 snprintf(g_why, sizeof g_why, "ATTN_ISA=%s: this CPU cannot run it", want);
             break;
         }
-        if (!g_chosen && !g_why[0])
-            snprintf(g_why, sizeof g_why, "ATTN_ISA=%s: no such kernel (this build has "
-                     "avx512bf16, avx512, avx2, generic on x86-64; generic elsewhere)", want);
+        if (!g_chosen && !g_why[0]) {
+            int at = snprintf(g_why, sizeof g_why, "ATTN_ISA=%s: no such kernel (this build has", want);
+            for (int i = 0; i < N_KERNELS && at > 0 && (size_t)at < sizeof g_why; i++)
+                at += snprintf(g_why + at, sizeof g_why - (size_t)at, " %s", g_names[i]);
+            if (at > 0 && (size_t)at < sizeof g_why) snprintf(g_why + at, sizeof g_why - (size_t)at, ")");
+        }
     } else {
         for (int i = 0; i < N_KERNELS && !g_chosen; i++)
-            if (cpu_can_run(g_list[i]->name)) g_chosen = g_list[i];
+            if (cpu_can_run(&g_list[i])) g_chosen = g_list[i].table;
     }
     const char *verbose = getenv("ATTN_VERBOSE");
     if (verbose && *verbose && strcmp(verbose, "0") != 0)
@@ -89,6 +103,8 @@ const char *attn_kernel_name(void) {
 bool attn_kernel_supported(const char *name) {
     if (!name) return false;
     for (int i = 0; i < N_KERNELS; i++)
-        if (strcmp(name, g_list[i]->name) == 0) return cpu_can_run(name);
+        if (strcmp(name, g_list[i].table->name) == 0) return cpu_can_run(&g_list[i]);
     return false;
 }
+
+const char *const *attn_kernel_list(void) { return g_names; }

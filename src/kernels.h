@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "attn_internal.h"
+#include "kernels/list.h"
 
 #define ATTN_ROW_PAD 16  /* query rows are padded to a multiple of this */
 /* Blocks of at most this many query rows (decoding) take a kernel's decode entry, 4 rows a
@@ -82,8 +83,16 @@ static inline void attn_qk_dot_block(attn_qk_rows_fn *const rows[5], int64_t n, 
         for (int64_t r = n; r < npad; r++) s[c * lds + r] = 0.0f;
 }
 
+/* A kernel's tile geometry (its line of kernels/list.h): the framework pads a block's
+ * query rows to row_pad, makes blocks of at most bq rows, and key blocks of bk_min to
+ * bk_max keys. */
+typedef struct attn_kernel_geom {
+    int32_t row_pad, bq, bk_min, bk_max;
+} attn_kernel_geom;
+
 struct attn_kernels {
     const char *name;
+    attn_kernel_geom geom;
 
     /* S^T = scale * K Q^T for one tile.
      *   q  (n, dk),    row stride dk     the query rows, row-major
@@ -181,13 +190,16 @@ struct attn_kernels {
 };
 typedef struct attn_kernels attn_kernels;
 
-/* The kernel list: one X(name, isa-flag) per kernel, best first. The dispatch table, the
- * tests (ATTN_ISA) and the benchmarks all read it. */
-#if defined(__x86_64__) || defined(_M_X64)
-#define ATTN_KERNEL_LIST(X) X(avx512bf16) X(avx512) X(avx2) X(generic)
-#else
-#define ATTN_KERNEL_LIST(X) X(generic)
-#endif
+/* Every kernel's geometry, from its line of the list (kernels/list.h), as constants:
+ * ATTN_ROW_PAD_<name>, ATTN_BQ_<name>, ATTN_BK_MIN_<name>, ATTN_BK_MAX_<name>; a
+ * kernel table takes its own by ATTN_GEOM(name). */
+#define ATTN_X_GEOM(name, flags, row_pad, bq, bk_min, bk_max, probe)                    \
+    enum { ATTN_ROW_PAD_##name = row_pad, ATTN_BQ_##name = bq, ATTN_BK_MIN_##name = bk_min, \
+           ATTN_BK_MAX_##name = bk_max };
+ATTN_KERNEL_LIST(ATTN_X_GEOM)
+#undef ATTN_X_GEOM
+#define ATTN_GEOM(name) \
+    {ATTN_ROW_PAD_##name, ATTN_BQ_##name, ATTN_BK_MIN_##name, ATTN_BK_MAX_##name}
 
 /* the AVX-512 float32 kernels, shared by the avx512bf16 table */
 ATTN_PRIVATE void attn_qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
@@ -214,7 +226,7 @@ ATTN_PRIVATE void attn_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m,
 ATTN_PRIVATE void attn_mask_bool_generic(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,
                                          float *s, int64_t lds);
 
-#define ATTN_X_DECLARE(name) ATTN_PRIVATE extern const attn_kernels attn_kernels_##name;
+#define ATTN_X_DECLARE(name, ...) ATTN_PRIVATE extern const attn_kernels attn_kernels_##name;
 ATTN_KERNEL_LIST(ATTN_X_DECLARE)
 #undef ATTN_X_DECLARE
 

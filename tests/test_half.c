@@ -130,7 +130,7 @@ static void test_conversions(void) {
     static uint16_t all[65536];
     static float got[65536];
     for (uint32_t h = 0; h < 65536; h++) all[h] = (uint16_t)h;
-#define X_CONV(name)                                                                        \
+#define X_CONV(name, ...)                                                                   \
     if (attn_kernel_supported(#name)) {                                                    \
         for (int d = 0; d < 2; d++) {                                                      \
             const attn_dtype dt = d ? ATTN_BF16 : ATTN_F16;                                 \

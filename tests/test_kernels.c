@@ -363,7 +363,7 @@ int main(void) {
     static const int64_t ns[] = {1, 2, 3, 4, 5, 15, 16, 17, 33, 48, 63, 64};
     static const int64_t nks[] = {1, 5, 6, 7, 12, 13, 64, 127, 128};
     static const int64_t ds[] = {0, 1, 15, 16, 17, 63, 64, 65, 128, 257};
-#define X_TEST(name)                                                                    \
+#define X_TEST(name, ...)                                                               \
     if (attn_kernel_supported(#name)) {                                                \
         const attn_kernels *k = &attn_kernels_##name;                                   \
         test_exp(k);                                                                    \

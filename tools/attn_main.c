@@ -21,7 +21,10 @@ static const char USAGE[] =
     "  train     a small transformer, causal vs reversed mask (seed 003, exercise 3)\n"
     "  help      this text\n"
     "\n"
-    "  --version prints the library version\n";
+    "  --version prints the library version, the kernel this process runs, the kernels\n"
+    "            this CPU runs and the BLAS\n"
+    "  --kernels prints every kernel of this build, one a line: its name, then 'runs' or\n"
+    "            'cannot-run' on this CPU\n";
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -40,10 +43,15 @@ int main(int argc, char **argv) {
     }
     if (strcmp(cmd, "--version") == 0) {
         printf("attn %s (kernel %s; this CPU runs:", attn_version(), attn_kernel_name());
-        for (const char *const *k = (const char *const[]){"avx512bf16", "avx512", "avx2", "generic", NULL}; *k; k++)
+        for (const char *const *k = attn_kernel_list(); *k; k++)
             if (attn_kernel_supported(*k)) printf(" %s", *k);
         printf(")\n");
         printf("BLAS: %s\n", attn_blas_name());
+        return 0;
+    }
+    if (strcmp(cmd, "--kernels") == 0) {
+        for (const char *const *k = attn_kernel_list(); *k; k++)
+            printf("%s %s\n", *k, attn_kernel_supported(*k) ? "runs" : "cannot-run");
         return 0;
     }
     fprintf(stderr, "attn: unknown command '%s' (try 'attn --help')\n", cmd);

@@ -28,7 +28,7 @@
  *     report GB/s = bytes of K and V read once / time.
  * What it is not: a test (no limit on any time; tests/test_bench.sh checks only that it
  * runs, checks and prints), nor a tuner: it changes nothing in the library. The ISA
- * loops that measure the machine are in bench_peak*.c; the PyTorch side is a separate
+ * loops that measure the machine are in src/kernels/<isa>/peak.c; the PyTorch side is a separate
  * Python process spoken to through pipes, one JSON line per case each way.
  */
 #include <errno.h>
@@ -50,11 +50,11 @@
 #include <unistd.h>
 
 #include "attn.h"
-#include "bench_peak.h"
 #include "cli.h"
 #include "cliopt.h"
 #include "naive.h"
 #include "rng.h"
+#include "kernels/peak.h"
 
 enum { EXIT_FAIL = 1, EXIT_USAGE = 2 };
 
@@ -213,7 +213,7 @@ static int parse_args(int argc, char **argv, bench_args *a) {
     }
     if (a->isa && !attn_kernel_supported(a->isa))
         return say(EXIT_USAGE, "--isa: '%s' is no kernel this build has and this CPU runs "
-                   "(see 'attn --version')", a->isa);
+                   "(see 'attn --kernels')", a->isa);
     if (a->vs && strcmp(a->vs, "torch") != 0)
         return say(EXIT_USAGE, "--vs: only 'torch' is implemented, got '%s'", a->vs);
     if (a->json && a->json_out)
@@ -891,11 +891,11 @@ static void loadavg(double l[3]) {
     fclose(f);
 }
 
+/* every kernel's peak loops (kernels/list.h), best first */
 static const bench_loops *const LOOPS[] = {
-#if defined(__x86_64__) || defined(_M_X64)
-    &bench_loops_avx512bf16, &bench_loops_avx512, &bench_loops_avx2,
-#endif
-    &bench_loops_generic,
+#define X_LOOPS(name, ...) &attn_peak_##name,
+    ATTN_KERNEL_LIST(X_LOOPS)
+#undef X_LOOPS
 };
 enum { N_LOOPS = sizeof LOOPS / sizeof LOOPS[0] };
 

@@ -1,5 +1,5 @@
 /*
- * kernels_avx512bf16.c — the AVX-512 kernels plus the bfloat16 dot-product entries
+ * avx512bf16/kernels.c — the AVX-512 kernels plus the bfloat16 dot-product entries
  *                        (contracts in kernels.h; notes in docs/KERNELS.md).
  *
  * vdpbf16ps multiplies pairs of bfloat16 values, exactly in float32, and adds both
@@ -14,7 +14,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "exp_avx512.h"
+#include "kernels/avx512/softmax.h"
 #include "kernels.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
@@ -208,6 +208,7 @@ static void softmax_pairs_avx512(int64_t npad, int64_t nk, const float *s, int64
 
 const attn_kernels attn_kernels_avx512bf16 = {
     .name = "avx512bf16",
+    .geom = ATTN_GEOM(avx512bf16),
     .qk = attn_qk_avx512,
     .softmax = attn_softmax_avx512,
     .pv = attn_pv_avx512,

@@ -1,12 +1,12 @@
 /*
- * bench_peak.c — the portable loops of bench_peak.h, compiled for the baseline ISA: what
- *                `attn bench` measures on a CPU without AVX2 (or not x86 at all).
+ * peak.c (generic) — the portable loops of kernels/peak.h, compiled for the baseline ISA: what
+ * `attn bench` measures on a CPU without AVX2 (or not x86 at all).
  *
  * Plain C with several independent chains so that the compiler may keep them in
  * registers. Without FMA in the baseline, a chain step is a multiply and an add (still
  * 2 flops); the figure is the peak of this build's portable code, not of the hardware.
  */
-#include "bench_peak.h"
+#include "kernels/peak.h"
 
 enum { NACC = 16 };
 
@@ -30,4 +30,4 @@ static double read_generic(const float *p, int64_t n) {
     return s;
 }
 
-const bench_loops bench_loops_generic = {"generic", "fp32 FMA", fma_generic, (int64_t)NACC * 2, read_generic};
+const bench_loops attn_peak_generic = {"generic", "fp32 FMA", fma_generic, (int64_t)NACC * 2, read_generic};

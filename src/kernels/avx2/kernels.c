@@ -1,5 +1,5 @@
 /*
- * kernels_avx2.c — the AVX2 + FMA micro-kernels (contracts in kernels.h; design notes
+ * avx2/kernels.c — the AVX2 + FMA micro-kernels (contracts in kernels.h; design notes
  *                  and the exp error bound in docs/KERNELS.md).
  *
  * Only this file is compiled with AVX2 flags; dispatch.c calls it only on a CPU that has
@@ -259,7 +259,7 @@ static void to_f32_avx2(attn_dtype dt, int64_t n, const uint16_t *src, float *ds
 }
 
 /* ---- decoding: the whole step of one clean tile for at most 4 query rows ------------------
- * The AVX-512 step (kernels_avx512.c) at half the width: Q·Kᵀ by the dot-product form, 2
+ * The AVX-512 step (avx512/kernels.c) at half the width: Q·Kᵀ by the dot-product form, 2
  * keys x 4 rows a call of qk_step2 reduced by one hadd tree, the logits in a compact
  * layout (lane 4c + r for key c of a pair, row r), the online softmax on it, then P·V
  * for the 4 rows, 16 value columns a pass. 16-bit K and V are converted in registers.
@@ -288,7 +288,7 @@ INLINE void pf_v_line2(const attn_decode_pf *pf, int64_t c, int64_t i) {
 /* logits of NR rows x KC (1 or 2) keys at k: lanes 4c + r, scaled; lanes of a missing
  * second key -inf. HALVES (a bfloat16 K, Dk a multiple of 16): q comes split by halves
  * and each load of 16 key values gives the even and the odd ones by a shift and an and,
- * where widening takes twice the operations (as dec_qk4_halves in kernels_avx512.c). */
+ * where widening takes twice the operations (as dec_qk4_halves in avx512/kernels.c). */
 INLINE __m256 qk_step2(int DT, bool HALVES, int NR, int KC, int64_t dk, const float *q,
                        const char *k, int64_t ldk, __m256 scale, const attn_decode_pf *pf,
                        int64_t c) {
@@ -511,6 +511,7 @@ static void decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, at
 
 const attn_kernels attn_kernels_avx2 = {
     .name = "avx2",
+    .geom = ATTN_GEOM(avx2),
     .qk = qk_avx2,
     .softmax = softmax_avx2,
     .pv = pv_avx2,

@@ -1,15 +1,15 @@
 /*
- * bench_peak_avx2.c — the AVX2+FMA loops of bench_peak.h: the fp32 FMA peak on ymm
- *                     registers and the read bandwidth with 32-byte loads.
+ * peak.c (avx2) — the AVX2+FMA loops of kernels/peak.h: the fp32 FMA peak on ymm
+ * registers and the read bandwidth with 32-byte loads.
  *
- * Only this file is compiled with AVX2 flags (Makefile: ISA_bench_peak_avx2); `attn
+ * Only this file is compiled with AVX2 flags (its line of kernels/list.h); `attn
  * bench` calls it only where attn_kernel_supported("avx2") is true. It is a measuring
  * loop, not a kernel: nothing here is used by the library.
  */
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
-#include "bench_peak.h"
+#include "kernels/peak.h"
 
 /* 12 independent accumulator chains: with x and y, 14 of the 16 ymm registers, so
  * nothing spills, and still more chains than latency x throughput (4 x 2 = 8) needs. */
@@ -53,5 +53,5 @@ static double read_avx2(const float *p, int64_t n) {
     return t;
 }
 
-const bench_loops bench_loops_avx2 = {"avx2", "fp32 FMA", fma_avx2, (int64_t)NACC * 8 * 2, read_avx2};
+const bench_loops attn_peak_avx2 = {"avx2", "fp32 FMA", fma_avx2, (int64_t)NACC * 8 * 2, read_avx2};
 #endif

@@ -1,5 +1,5 @@
 /*
- * kernels_avx512.c — the AVX-512F micro-kernels (contracts in kernels.h; design notes
+ * avx512/kernels.c — the AVX-512F micro-kernels (contracts in kernels.h; design notes
  *                    and the exp error bound in docs/KERNELS.md).
  *
  * Only this file is compiled with AVX-512 flags; dispatch.c calls it only on a CPU that
@@ -14,7 +14,7 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "exp_avx512.h"
+#include "softmax.h"
 #include "kernels.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
@@ -634,6 +634,7 @@ void attn_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *ds
 
 const attn_kernels attn_kernels_avx512 = {
     .name = "avx512",
+    .geom = ATTN_GEOM(avx512),
     .qk = attn_qk_avx512,
     .softmax = attn_softmax_avx512,
     .pv = attn_pv_avx512,

@@ -1,15 +1,15 @@
 /*
- * bench_peak_avx512.c — the AVX-512F loops of bench_peak.h: the fp32 FMA peak on zmm
- *                       registers and the read bandwidth with 64-byte loads.
+ * peak.c (avx512) — the AVX-512F loops of kernels/peak.h: the fp32 FMA peak on zmm
+ * registers and the read bandwidth with 64-byte loads.
  *
- * Only this file is compiled with AVX-512 flags (Makefile: ISA_bench_peak_avx512);
+ * Only this file is compiled with AVX-512 flags (its line of kernels/list.h);
  * `attn bench` calls it only where attn_kernel_supported("avx512") is true. It is a
  * measuring loop, not a kernel: nothing here is used by the library.
  */
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
-#include "bench_peak.h"
+#include "kernels/peak.h"
 
 /* 24 independent accumulator chains (of the 32 zmm registers; x and y take two more):
  * far more than latency x throughput needs on current cores (4 cycles x 2 pipes = 8),
@@ -43,5 +43,5 @@ static double read_avx512(const float *p, int64_t n) {
     return (double)_mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
 
-const bench_loops bench_loops_avx512 = {"avx512", "fp32 FMA", fma_avx512, (int64_t)NACC * 16 * 2, read_avx512};
+const bench_loops attn_peak_avx512 = {"avx512", "fp32 FMA", fma_avx512, (int64_t)NACC * 16 * 2, read_avx512};
 #endif

@@ -1,9 +1,9 @@
 /*
- * bench_peak_avx512bf16.c — the AVX512-BF16 loop of bench_peak.h: the peak of
- *                           vdpbf16ps, bfloat16 pairs multiplied and summed into float32,
- *                           the instruction of the bfloat16 kernels.
+ * peak.c (avx512bf16) — the AVX512-BF16 loop of kernels/peak.h: the peak of
+ * vdpbf16ps, bfloat16 pairs multiplied and summed into float32,
+ * the instruction of the bfloat16 kernels.
  *
- * Only this file is compiled with AVX512-BF16 flags (Makefile: ISA_bench_peak_avx512bf16);
+ * Only this file is compiled with AVX512-BF16 flags (its line of kernels/list.h);
  * `attn bench` calls it only where attn_kernel_supported("avx512bf16") is true. It is not
  * an fp32 FMA figure and `attn bench` reports it apart (percent of peak of the float32 rows
  * is taken against the fp32 FMA peak). Nothing here is used by the library.
@@ -11,9 +11,9 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
-#include "bench_peak.h"
+#include "kernels/peak.h"
 
-/* 24 independent chains, as in bench_peak_avx512.c. One vdpbf16ps does 16 lanes x 2 pairs:
+/* 24 independent chains, as in the avx512 peak.c. One vdpbf16ps does 16 lanes x 2 pairs:
  * 32 multiplies and 32 adds, 64 flops. The accumulators grow by 2e-6 a round: no overflow. */
 enum { NACC = 24 };
 
@@ -33,8 +33,8 @@ static double dot_bf16(int64_t iters, float seed) {
 }
 
 /* The read loop is the AVX-512 one's: loads do not change with the arithmetic. */
-static double read_bf16(const float *p, int64_t n) { return bench_loops_avx512.read(p, n); }
+static double read_bf16(const float *p, int64_t n) { return attn_peak_avx512.read(p, n); }
 
-const bench_loops bench_loops_avx512bf16 = {"avx512bf16", "bf16 dot (vdpbf16ps)", dot_bf16,
+const bench_loops attn_peak_avx512bf16 = {"avx512bf16", "bf16 dot (vdpbf16ps)", dot_bf16,
                                             (int64_t)NACC * 64, read_bf16};
 #endif

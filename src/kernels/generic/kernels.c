@@ -1,5 +1,5 @@
 /*
- * kernels_generic.c — the portable C micro-kernels (contracts in kernels.h).
+ * generic/kernels.c — the portable C micro-kernels (contracts in kernels.h).
  *
  * Written so that a compiler vectorizes them without fast-math: every inner loop runs
  * over independent outputs (query rows of S^T, columns of the accumulator), never a
@@ -104,6 +104,7 @@ static void to_f32_generic(attn_dtype dt, int64_t n, const uint16_t *src, float 
 
 const attn_kernels attn_kernels_generic = {
     .name = "generic",
+    .geom = ATTN_GEOM(generic),
     .qk = qk_generic,
     .softmax = softmax_generic,
     .pv = pv_generic,
