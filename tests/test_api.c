@@ -7,7 +7,8 @@
  * write an element twice, option values (scale, softcap, window, kv_len entries,
  * threads, enums), int64 overflow of sizes and offsets, workspace size and use,
  * attn_forward_workspace_size's own NULL, the status strings, attn_last_error (set on
- * failure, "" after success, per thread), attn_version and attn_kernel_name.
+ * failure, "" after success, per thread), attn_version, attn_kernel_name and
+ * attn_kernel_list.
  * Each failing call is made with a sentinel in o, lse and weights, which must survive.
  * The status of the workspace query is checked to agree for the argument errors.
  * What it is not: a test of the numbers (test_forward.c, test_edge.c).
@@ -633,6 +634,22 @@ static void strings(void) {
     CHECK(attn_version() && strcmp(attn_version(), want) == 0, "attn_version() is \"%s\", want \"%s\"",
           attn_version() ? attn_version() : "(null)", want);
     CHECK(attn_kernel_name() && attn_kernel_name()[0], "attn_kernel_name() is empty");
+
+    /* attn_kernel_list(): NULL-terminated, ends with generic (every build has it and every
+     * CPU runs it), holds the kernel this process runs, and no name twice */
+    const char *const *list = attn_kernel_list();
+    int n = 0, has_chosen = 0, dup = 0;
+    for (; list && list[n]; n++) {
+        has_chosen |= strcmp(list[n], attn_kernel_name()) == 0;
+        for (int j = 0; j < n; j++) dup |= strcmp(list[j], list[n]) == 0;
+    }
+    CHECK(list && n >= 1 && strcmp(list[n - 1], "generic") == 0 && attn_kernel_supported("generic"),
+          "attn_kernel_list(): %d names, the last not a runnable generic", n);
+    CHECK(has_chosen || strcmp(attn_kernel_name(), "none") == 0,
+          "attn_kernel_name() \"%s\" is not in attn_kernel_list()", attn_kernel_name());
+    CHECK(!dup, "attn_kernel_list() names a kernel twice");
+    CHECK(!attn_kernel_supported("no-such-kernel") && !attn_kernel_supported(NULL),
+          "attn_kernel_supported() accepts a name the list does not have");
 }
 
 int main(void) {

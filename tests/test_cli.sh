@@ -331,6 +331,14 @@ expect_fail "no command" 2 "command"
 # ---- help and version ------------------------------------------------------------------
 if "$ATTN" --version >stdout.txt 2>err.txt && grep -qE '^attn [0-9]+\.[0-9]+\.[0-9]+ \(kernel [a-z0-9]+; this CPU runs:( [a-z0-9]+)+\)$' stdout.txt; then ok
 else bad "--version: $(cat stdout.txt err.txt)"; fi
+if "$ATTN" --version >stdout.txt 2>err.txt && grep -qE '^BLAS: .+$' stdout.txt; then ok
+else bad "--version names no BLAS: $(cat stdout.txt err.txt)"; fi
+# --kernels: one "name runs|cannot-run" a line, generic last and runnable, and the kernels
+# that run are exactly those --version lists
+if "$ATTN" --kernels >stdout.txt 2>err.txt && [ ! -s err.txt ] &&
+    ! grep -qvE '^[a-z0-9_]+ (runs|cannot-run)$' stdout.txt && [ "$(tail -n 1 stdout.txt)" = "generic runs" ] &&
+    [ "$(awk '$2 == "runs" { printf " %s", $1 }' stdout.txt)" = "$("$ATTN" --version | head -n 1 | sed -E 's/.*this CPU runs:([^)]*)\).*/\1/')" ]; then ok
+else bad "--kernels: $(cat stdout.txt err.txt)"; fi
 for h in --help help; do
     if "$ATTN" $h >stdout.txt 2>err.txt && grep -q run stdout.txt && [ ! -s err.txt ]; then ok; else bad "attn $h"; fi
 done
