@@ -250,7 +250,7 @@ attn_status attn_backward(const attn_tensor *q, const attn_tensor *k, const attn
 
 /* ---- the fused path: the plan ---------------------------------------------------------
  *
- * Layout. A tile is BQ query rows i against bk keys j. Unlike the forward, the tile is
+ * Layout. A tile is bq query rows i against bk keys j. Unlike the forward, the tile is
  * kept in its natural layout, S (rows, keys), which the qk kernel gives when its roles are
  * swapped (the keys play its "rows", packed transposed once per key block, and the query
  * rows play its "keys", read in place). Then P and dS have the layout pv reads for
@@ -260,21 +260,23 @@ attn_status attn_backward(const attn_tensor *q, const attn_tensor *k, const attn
  * K is an exact zero, the same as skipping it); a block holding NaN or Inf — a masked
  * key's garbage — takes pv on dSᵀ instead, which never multiplies a zero dS. */
 
-/* BQ query rows and bk keys per tile; bk shrinks from BK_MAX so that the key block's
+/* bq query rows and bk keys per tile (the kernel's geometry, kernels/list.h); bk shrinks
+ * from the kernel's bk_max (not below its bk_min) so that the key block's
  * copies and gradients stay near 256 KiB. C key chunks per (b, g), fixed by the shapes:
  * enough items for the threads when B * Hkv is small, never more than CHUNKS_MAX copies
  * of dQ, nor more copies than fit in PARTIALS_MAX bytes (beyond the first). With C = 1
  * and a dq whose last stride is 1, dQ is summed in place in dq and needs no copy. */
-enum { BQ = 64, BK_MAX = 128, BK_MIN = 16, TARGET_ITEMS = 16, CHUNKS_MAX = 8 };
+enum { TARGET_ITEMS = 16, CHUNKS_MAX = 8 };
 #define PARTIALS_MAX ((int64_t)256 << 20)
 
 typedef struct bwd_plan {
-    int64_t bk;             // keys per block, a multiple of ATTN_ROW_PAD: also the tiles' row stride
-    int64_t dkpad;          // Dk rounded up to ATTN_ROW_PAD
+    int64_t bq, row_pad;    // the kernel's (kernels/list.h): query rows per tile, row padding
+    int64_t bk;             // keys per block, a multiple of row_pad: also the tiles' row stride
+    int64_t dkpad;          // Dk rounded up to row_pad
     int64_t k_blocks;       // ceil(Lk / bk)
     int64_t chunks;         // C
     int64_t chunk_blocks;   // key blocks per chunk
-    int64_t q_blocks;       // ceil(Lq / BQ)
+    int64_t q_blocks;       // ceil(Lq / bq)
     int64_t items;          // B * Hkv * C
     size_t thread_bytes;    // one thread's slice, a multiple of 64
     bool in_place;          // dQ summed in dq itself (C = 1, dq's last stride 1)
@@ -286,19 +288,24 @@ typedef struct bwd_plan {
 } bwd_plan;
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
-static int64_t pad16(int64_t n) { return (n + ATTN_ROW_PAD - 1) / ATTN_ROW_PAD * ATTN_ROW_PAD; }
+/* n rounded up to the kernel's row padding */
+static int64_t pad_rows(const bwd_plan *plan, int64_t n) {
+    return (n + plan->row_pad - 1) / plan->row_pad * plan->row_pad;
+}
 
 static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     const attn_params *p = &bp->fwd;
     const int64_t dk = p->Dk, dv = p->Dv;
     *plan = (bwd_plan){0};
     if (dk > (int64_t)1 << 32 || dv > (int64_t)1 << 32 || p->Lq > (int64_t)1 << 48) return false;
-    int64_t bk = BK_MAX;
-    while (bk > BK_MIN && bk * (dk + dv) * 4 * (int64_t)sizeof(float) > 256 * 1024) bk /= 2;
+    const attn_kernel_geom *geom = &p->kernels->geom;
+    plan->bq = geom->bq, plan->row_pad = geom->row_pad;
+    int64_t bk = geom->bk_max;
+    while (bk > geom->bk_min && bk * (dk + dv) * 4 * (int64_t)sizeof(float) > 256 * 1024) bk /= 2;
     plan->bk = bk;
-    plan->dkpad = pad16(dk);
+    plan->dkpad = pad_rows(plan, dk);
     plan->k_blocks = (p->Lk + bk - 1) / bk;
-    plan->q_blocks = (p->Lq + BQ - 1) / BQ;
+    plan->q_blocks = (p->Lq + plan->bq - 1) / plan->bq;
     const int64_t heads = p->B * p->Hkv;  // fits: the tensors' counts were checked
     int64_t c = heads > 0 ? (TARGET_ITEMS + heads - 1) / heads : 1, dq_bytes;
     if (c > CHUNKS_MAX) c = CHUNKS_MAX;
@@ -311,7 +318,7 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     if (__builtin_mul_overflow(heads, plan->chunks, &plan->items)) return false;
     plan->in_place = plan->chunks == 1 && bp->dq_s[3] == 1;
 
-    const size_t f = sizeof(float), tile = (size_t)(BQ * bk) * f;
+    const size_t f = sizeof(float), tile = (size_t)(plan->bq * bk) * f;
     size_t at = 0;
 #define CARVE(field, nbytes) (plan->field = at, at += round64(nbytes))
     CARVE(off_kd, (size_t)(bk * dk) * f);             // K block (nk, Dk)
@@ -320,20 +327,20 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     CARVE(off_ktd, (size_t)(dk * bk) * f);            // Kᵀ (Dk, nk) dense
     CARVE(off_vd, (size_t)(bk * dv) * f);             // V block (nk, Dv)
     CARVE(off_vt, (size_t)(dv * bk) * f);             // Vᵀ (Dv, bk), zero columns past nk
-    CARVE(off_q, (size_t)(BQ * dk) * f);              // query rows, when they must be packed
-    CARVE(off_do, (size_t)(BQ * dv) * f);             // their dO, likewise
-    CARVE(off_s, tile);                               // S, then P      (BQ, bk)
-    CARVE(off_dp, tile);                              // dP, then dS    (BQ, bk)
-    CARVE(off_cap, p->softcap > 0.0f ? tile : 0);     // 1 - tanh²      (BQ, bk)
-    CARVE(off_dst, tile);                             // dSᵀ            (bk, BQ), non-finite K only
-    CARVE(off_dqt, (size_t)(BQ * plan->dkpad) * f);   // the tile's dS K (BQ, dkpad)
+    CARVE(off_q, (size_t)(plan->bq * dk) * f);        // query rows, when they must be packed
+    CARVE(off_do, (size_t)(plan->bq * dv) * f);       // their dO, likewise
+    CARVE(off_s, tile);                               // S, then P      (bq, bk)
+    CARVE(off_dp, tile);                              // dP, then dS    (bq, bk)
+    CARVE(off_cap, p->softcap > 0.0f ? tile : 0);     // 1 - tanh²      (bq, bk)
+    CARVE(off_dst, tile);                             // dSᵀ            (bk, bq), non-finite K only
+    CARVE(off_dqt, (size_t)(plan->bq * plan->dkpad) * f);  // the tile's dS K (bq, dkpad)
     CARVE(off_dk, (size_t)(bk * dk) * f);             // the block's dK (nk, Dk)
     CARVE(off_dv, (size_t)(bk * dv) * f);             // the block's dV (nk, Dv)
-    CARVE(off_lse, BQ * f);
-    CARVE(off_D, BQ * f);
-    CARVE(off_ones, (BQ > BK_MAX ? BQ : BK_MAX) * f);
-    CARVE(off_lo, BQ * sizeof(int64_t));
-    CARVE(off_hi, BQ * sizeof(int64_t));
+    CARVE(off_lse, plan->bq * f);
+    CARVE(off_D, plan->bq * f);
+    CARVE(off_ones, (plan->bq > plan->bk ? plan->bq : plan->bk) * f);
+    CARVE(off_lo, plan->bq * sizeof(int64_t));
+    CARVE(off_hi, plan->bq * sizeof(int64_t));
     CARVE(off_qr, (size_t)plan->q_blocks * 2 * sizeof(int64_t));
     CARVE(off_fin, (size_t)(p->group * plan->q_blocks) * 2);  // finite-rows flags, below
 #undef CARVE
@@ -367,14 +374,14 @@ size_t attn_fused_backward_workspace(const attn_bwd_params *bp) {
 typedef struct bwd_scratch {
     float *kd, *kt, *kp, *ktd;  // the key block: (nk, Dk), (Dk, bk), (nk, dkpad), (Dk, nk)
     float *vd, *vt;             // the value block: (nk, Dv), (Dv, bk)
-    float *q, *d_o;             // (BQ, Dk), (BQ, Dv) query rows and dO, when packed
-    float *s, *dp, *cap;        // (BQ, bk) S then P; dP then dS (scaled); softcap factors
-    float *dst;                 // (bk, BQ) dSᵀ, for a key block that is not finite
-    float *dqt;                 // (BQ, dkpad) the tile's dS K
+    float *q, *d_o;             // (bq, Dk), (bq, Dv) query rows and dO, when packed
+    float *s, *dp, *cap;        // (bq, bk) S then P; dP then dS (scaled); softcap factors
+    float *dst;                 // (bk, bq) dSᵀ, for a key block that is not finite
+    float *dqt;                 // (bq, dkpad) the tile's dS K
     float *dk, *dv;             // (bk, Dk), (bk, Dv) the key block's gradients
-    float *lse, *D;             // (BQ) per row: the LSE (+inf for rows without gradient), D_i
+    float *lse, *D;             // (bq) per row: the LSE (+inf for rows without gradient), D_i
     float *ones;                // 1.0f: pv's alpha, so that acc = acc * 1 + the tile's sum
-    int64_t *lo, *hi;           // (BQ) each row's structural key range
+    int64_t *lo, *hi;           // (bq) each row's structural key range
     int64_t *qr;                // (q_blocks, 2) per query block: jmin, jmax of its rows' ranges
     uint8_t *fin;               // (group, q_blocks, 2) per query block of each head of the
                                 // item: whether its dO rows, its Q rows hold no NaN or Inf
@@ -394,7 +401,7 @@ static bwd_scratch carve(const bwd_plan *plan, char *slice) {
         .fin = AT(off_fin, uint8_t),
     };
 #undef AT
-    for (int r = 0; r < (BQ > BK_MAX ? BQ : BK_MAX); r++) w.ones[r] = 1.0f;
+    for (int r = 0; r < (plan->bq > plan->bk ? plan->bq : plan->bk); r++) w.ones[r] = 1.0f;
     return w;
 }
 
@@ -418,7 +425,7 @@ static void row_dots(const attn_bwd_params *bp, float *D, int64_t r0, int64_t nr
  * query rows of the group's heads. */
 static bool pack_key_block(const attn_params *p, const bwd_plan *plan, const bwd_scratch *w,
                            int64_t b, int64_t g, int64_t j0, int64_t nk) {
-    const int64_t dk = p->Dk, dv = p->Dv, bk = plan->bk, dkpad = plan->dkpad, nkpad = pad16(nk);
+    const int64_t dk = p->Dk, dv = p->Dv, bk = plan->bk, dkpad = plan->dkpad, nkpad = pad_rows(plan, nk);
     const float *k = (const float *)p->k + b * p->k_s[0] + g * p->k_s[1] + j0 * p->k_s[2];
     const float *v = (const float *)p->v + b * p->v_s[0] + g * p->v_s[1] + j0 * p->v_s[2];
     bool finite = true;
@@ -486,7 +493,7 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
     const attn_params *p = &bp->fwd;
     const attn_kernels *kern = p->kernels;
     const int64_t dk = p->Dk, dv = p->Dv, n = t->n, nk = t->nk, ld = plan->bk;
-    const int64_t nkpad = pad16(nk), dkpad = plan->dkpad;
+    const int64_t nkpad = pad_rows(plan, nk), dkpad = plan->dkpad;
     const bool elementwise = attn_has_elementwise(p), softcap = p->softcap > 0.0f;
 
     int64_t ldq, ldo;
@@ -586,12 +593,12 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
         }
     } else {
         /* a NaN or Inf in K: pv on dSᵀ, which skips the zero dS of masked keys */
-        const int64_t npad = pad16(n);
+        const int64_t npad = pad_rows(plan, n);
         for (int64_t c = 0; c < nk; c++) {
-            for (int64_t r = 0; r < n; r++) w->dst[c * BQ + r] = w->dp[r * ld + c];
-            for (int64_t r = n; r < npad; r++) w->dst[c * BQ + r] = 0.0f;
+            for (int64_t r = 0; r < n; r++) w->dst[c * plan->bq + r] = w->dp[r * ld + c];
+            for (int64_t r = n; r < npad; r++) w->dst[c * plan->bq + r] = 0.0f;
         }
-        kern->pv(n, npad, nk, dk, w->dst, BQ, w->kd, dk, w->ones, dq_acc, ldacc, true);
+        kern->pv(n, npad, nk, dk, w->dst, plan->bq, w->kd, dk, w->ones, dq_acc, ldacc, true);
     }
 }
 
@@ -623,7 +630,7 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
     /* each query block's union of key ranges, [jmin, jmax) (empty: jmin = jmax = 0) */
     for (int64_t qb = 0; qb < plan->q_blocks; qb++) {
         int64_t jmin = INT64_MAX, jmax = 0;
-        for (int64_t i = qb * BQ; i < (qb + 1) * BQ && i < Lq; i++) {
+        for (int64_t i = qb * plan->bq; i < (qb + 1) * plan->bq && i < Lq; i++) {
             int64_t lo, hi;
             attn_row_range(p, lk_b, i, &lo, &hi);
             if (lo >= hi) continue;
@@ -652,8 +659,8 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                     t.finite = pack_key_block(p, plan, w, b, g, t.j0, t.nk);
                     packed = true;
                 }
-                t.i0 = qb * BQ;
-                t.n = Lq - t.i0 < BQ ? Lq - t.i0 : BQ;
+                t.i0 = qb * plan->bq;
+                t.n = Lq - t.i0 < plan->bq ? Lq - t.i0 : plan->bq;
                 uint8_t *fin = w->fin + 2 * (hh * plan->q_blocks + qb);
                 if (plan->in_place)
                     tile_backward(bp, plan, w, &t, D + (b * p->Hq + t.h) * Lq,

@@ -14,7 +14,7 @@
  * block the keys outside a row's range are -inf before the softmax and never multiply V.
  *
  * The work items:
- * - A block holds BQ query rows of one head, or, when Lq < BQ, the rows of several
+ * - A block holds bq query rows of one head, or, when Lq < bq, the rows of several
  *   query heads that share one key/value head (grouped-query attention), so that each
  *   key and value is read once for the whole group.
  * - Decoding-shaped calls (Lq <= SPLIT_MAX_LQ) with long key ranges also split the keys
@@ -31,23 +31,24 @@
 #include "kernels.h"
 
 
-/* Tile sizes: BQ query rows share each key block; BK keys per block, chosen so that a
- * key and a value block together, in their own dtype, stay near 64 KiB (a Zen 4 core has
- * 32 KiB of L1d and 1 MiB of L2), within [16, 128]. Key splitting for decoding-shaped
+/* Tile sizes, from the kernel's geometry (kernels/list.h): bq query rows share each key
+ * block; bk keys per block, chosen so that a key and a value block together, in their own
+ * dtype, stay near 64 KiB (a Zen 4 core has 32 KiB of L1d and 1 MiB of L2), within the
+ * kernel's [bk_min, bk_max]. Key splitting for decoding-shaped
  * calls (Lq <= SPLIT_MAX_LQ): chunks of SPLIT_LONG_KEYS keys or more, since every chunk
  * starts its K and V streams cold (chunks of 1024 keys moved 5-10% fewer bytes a second
  * than chunks of 4096: docs/KERNELS.md); shorter, down to SPLIT_MIN_KEYS, only where the
  * call would otherwise have fewer than SPLIT_UNITS pieces of work; at most SPLIT_MAX. */
 enum {
-    BQ = 64, BK_MIN = 16, BK_MAX = 128,
     SPLIT_MAX_LQ = 16, SPLIT_MAX = 16, SPLIT_MIN_KEYS = 1024, SPLIT_LONG_KEYS = 4096,
     SPLIT_UNITS = 16,
 };
 
 /* How a call is cut into work: fixed by the shapes alone, never by the thread count. */
 typedef struct fused_plan {
+    int64_t bq, row_pad;      // the kernel's: rows per block, their padding
     int64_t bk;
-    int64_t heads_per_block;  // query heads stacked in one block (1 when Lq >= BQ)
+    int64_t heads_per_block;  // query heads stacked in one block (1 when Lq >= bq)
     int64_t head_chunks;      // blocks per key/value head along the query heads
     int64_t q_blocks;         // blocks along Lq
     int64_t items;            // B * Hkv * head_chunks * q_blocks
@@ -66,15 +67,18 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
     const int64_t dk = p->Dk, dv = p->Dv;
     if (dk > (int64_t)1 << 40 || dv > (int64_t)1 << 40) return false;
     *plan = (fused_plan){0};
-    int64_t bk = BK_MAX;
+    const attn_kernel_geom *geom = &p->kernels->geom;
+    const int64_t bq = geom->bq;
+    plan->bq = bq, plan->row_pad = geom->row_pad;
+    int64_t bk = geom->bk_max;
     const int64_t kv_bytes = p->kv_dt == ATTN_F32 ? 4 : 2;
-    while (bk > BK_MIN && bk * (dk + dv) * kv_bytes > 64 * 1024) bk /= 2;
+    while (bk > geom->bk_min && bk * (dk + dv) * kv_bytes > 64 * 1024) bk /= 2;
     plan->bk = bk;
 
     const int64_t group = p->group, lq = p->Lq > 0 ? p->Lq : 1;
-    plan->heads_per_block = lq >= BQ ? 1 : (BQ / lq < group ? BQ / lq : group);
+    plan->heads_per_block = lq >= bq ? 1 : (bq / lq < group ? bq / lq : group);
     plan->head_chunks = (group + plan->heads_per_block - 1) / plan->heads_per_block;
-    plan->q_blocks = (lq + BQ - 1) / BQ;
+    plan->q_blocks = (lq + bq - 1) / bq;
     if (__builtin_mul_overflow(p->B * p->Hkv, plan->head_chunks * plan->q_blocks, &plan->items))
         return false;
 
@@ -94,27 +98,27 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
         plan->split_keys = chunk;
         plan->split = (p->Lk + chunk - 1) / chunk;
     }
-    plan->partial_floats = (size_t)(2 * BQ + BQ * dv);
+    plan->partial_floats = (size_t)(2 * bq + bq * dv);
 
     size_t at = 0;
 #define CARVE(field, nbytes) (plan->field = at, at += round64(nbytes))
-    CARVE(off_q, (size_t)(BQ * dk) * sizeof(float));
-    CARVE(off_qt, (size_t)(dk * BQ) * sizeof(float));
+    CARVE(off_q, (size_t)(bq * dk) * sizeof(float));
+    CARVE(off_qt, (size_t)(dk * bq) * sizeof(float));
     CARVE(off_k, (size_t)(bk * dk) * sizeof(float));
     CARVE(off_v, (size_t)(bk * dv) * sizeof(float));
-    CARVE(off_s, (size_t)(bk * BQ) * sizeof(float));
-    CARVE(off_acc, (size_t)(BQ * dv) * sizeof(float));
-    CARVE(off_m, BQ * sizeof(float));
-    CARVE(off_l, BQ * sizeof(float));
-    CARVE(off_alpha, BQ * sizeof(float));
-    CARVE(off_lo, BQ * sizeof(int64_t));
-    CARVE(off_hi, BQ * sizeof(int64_t));
-    CARVE(off_h, BQ * sizeof(int64_t));
-    CARVE(off_i, BQ * sizeof(int64_t));
+    CARVE(off_s, (size_t)(bk * bq) * sizeof(float));
+    CARVE(off_acc, (size_t)(bq * dv) * sizeof(float));
+    CARVE(off_m, bq * sizeof(float));
+    CARVE(off_l, bq * sizeof(float));
+    CARVE(off_alpha, bq * sizeof(float));
+    CARVE(off_lo, bq * sizeof(int64_t));
+    CARVE(off_hi, bq * sizeof(int64_t));
+    CARVE(off_h, bq * sizeof(int64_t));
+    CARVE(off_i, bq * sizeof(int64_t));
     if (p->q_dt == ATTN_BF16 && p->kv_dt == ATTN_BF16)  // the bf16 kernels' packed pairs
-        CARVE(off_qp, (size_t)((dk + 1) / 2 * BQ) * sizeof(uint32_t));
+        CARVE(off_qp, (size_t)((dk + 1) / 2 * bq) * sizeof(uint32_t));
     if (p->kv_dt == ATTN_BF16 && p->precision == ATTN_PRECISION_FAST)
-        CARVE(off_pairs, (size_t)((bk / 2 + 1) * (BQ + (dv + 15) / 16 * 16)) * sizeof(uint32_t));
+        CARVE(off_pairs, (size_t)((bk / 2 + 1) * (bq + (dv + 15) / 16 * 16)) * sizeof(uint32_t));
 #undef CARVE
     plan->thread_bytes = at;
     return true;
@@ -141,21 +145,23 @@ size_t attn_fused_workspace(const attn_params *p) {
 
 /* One thread's scratch, carved from its slice of the workspace. */
 typedef struct fused_scratch {
-    float *q;      // (BQ, Dk)   the query rows, row-major
-    float *qt;     // (Dk, BQ)   the same, transposed, padding rows zero
+    int64_t ld;    // bq: the row stride of qt, s and qp (the plan's rows per block)
+    float *q;      // (bq, Dk)   the query rows, row-major
+    float *qt;     // (Dk, bq)   the same, transposed, padding rows zero
     float *k;      // (bk, Dk)   the key block, when K must be packed
     float *v;      // (bk, Dv)   the value block, when V must be packed
-    float *s;      // (bk, BQ)   logits, then probabilities, transposed
-    float *acc;    // (BQ, Dv)   unnormalized output
-    float *m, *l, *alpha;  // (BQ)
-    int64_t *lo, *hi;      // (BQ) each row's structural key range
-    int64_t *h, *i;        // (BQ) each row's query head and row index
-    uint32_t *qp;          // (ceil(Dk/2), BQ) bf16 query pairs, for qk_bf16
+    float *s;      // (bk, bq)   logits, then probabilities, transposed
+    float *acc;    // (bq, Dv)   unnormalized output
+    float *m, *l, *alpha;  // (bq)
+    int64_t *lo, *hi;      // (bq) each row's structural key range
+    int64_t *h, *i;        // (bq) each row's query head and row index
+    uint32_t *qp;          // (ceil(Dk/2), bq) bf16 query pairs, for qk_bf16
     uint32_t *pairs;       // the packed P and V pairs of pv_bf16
 } fused_scratch;
 
 static fused_scratch carve(const fused_plan *plan, char *slice) {
     fused_scratch w = {
+        .ld = plan->bq,
         .q = (float *)(slice + plan->off_q),
         .qt = (float *)(slice + plan->off_qt),
         .k = (float *)(slice + plan->off_k),
@@ -197,9 +203,9 @@ static fused_block item_rows(const attn_params *p, const fused_plan *plan,
     const int64_t nh = p->group - hc * plan->heads_per_block < plan->heads_per_block
                            ? p->group - hc * plan->heads_per_block
                            : plan->heads_per_block;
-    const int64_t i0 = qb * BQ, nrow = p->Lq - i0 < BQ ? p->Lq - i0 : BQ;
+    const int64_t i0 = qb * plan->bq, nrow = p->Lq - i0 < plan->bq ? p->Lq - i0 : plan->bq;
     blk.n = nh * nrow;
-    blk.npad = (blk.n + ATTN_ROW_PAD - 1) / ATTN_ROW_PAD * ATTN_ROW_PAD;
+    blk.npad = (blk.n + plan->row_pad - 1) / plan->row_pad * plan->row_pad;
     for (int64_t r = 0; r < blk.n; r++) {
         w->h[r] = h0 + r / nrow;
         w->i[r] = i0 + r % nrow;
@@ -304,14 +310,14 @@ static void tile_logits(const attn_params *p, const attn_kernels *kern, const fu
     if (blk->qk_bf16) {
         const uint16_t *k = (const uint16_t *)p->k + blk->b * p->k_s[0] + blk->g * p->k_s[1] +
                             j0 * p->k_s[2];
-        kern->qk_bf16(blk->npad, nk, dk, w->qp, BQ, k, p->k_s[2], p->scale, w->s, BQ);
+        kern->qk_bf16(blk->npad, nk, dk, w->qp, w->ld, k, p->k_s[2], p->scale, w->s, w->ld);
     } else {
         int64_t ldk;
         const float *k = kv_block(kern, p->kv_dt, p->k, p->k_s, dk, blk->b, blk->g, j0, nk,
                                   w->k, &ldk);
-        kern->qk(blk->n, blk->npad, nk, dk, w->q, w->qt, BQ, k, ldk, p->scale, w->s, BQ);
+        kern->qk(blk->n, blk->npad, nk, dk, w->q, w->qt, w->ld, k, ldk, p->scale, w->s, w->ld);
     }
-    if (boundary || attn_has_elementwise(p)) finish_tile(p, w, blk, nk, BQ, j0, boundary);
+    if (boundary || attn_has_elementwise(p)) finish_tile(p, w, blk, nk, w->ld, j0, boundary);
 }
 
 /* A block of few rows (decoding) does little arithmetic per key and waits on memory. A
@@ -366,7 +372,7 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
             for (int64_t t = 0; t < (dk + 1) / 2; t++) {
                 const uint32_t lo = row ? row[2 * t * p->q_s[3]] : 0;
                 const uint32_t hi = row && 2 * t + 1 < dk ? row[(2 * t + 1) * p->q_s[3]] : 0;
-                w->qp[t * BQ + r] = lo | hi << 16;
+                w->qp[t * w->ld + r] = lo | hi << 16;
             }
         }
     }
@@ -376,11 +382,11 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
             for (int64_t d = 0; d < dk; d++) {
                 const float x = attn_load(p->q_dt, p->q, q_bhi + d * p->q_s[3]);
                 w->q[r * dk + d] = x;
-                w->qt[d * BQ + r] = x;
+                w->qt[d * w->ld + r] = x;
             }
         }
         for (int64_t d = 0; d < dk; d++)
-            for (int64_t r = n; r < npad; r++) w->qt[d * BQ + r] = 0.0f;
+            for (int64_t r = n; r < npad; r++) w->qt[d * w->ld + r] = 0.0f;
     }
     for (int64_t r = 0; r < npad; r++) {
         w->m[r] = -INFINITY;
@@ -416,22 +422,22 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
                                 blk->g * p->v_s[1] + j0 * p->v_s[2];
             const float *probs = w->s;
             if (kern->softmax_pairs) {  // P rounded to pairs as it is computed
-                kern->softmax_pairs(npad, nk, w->s, BQ, w->m, w->l, w->alpha, w->pairs, npad);
+                kern->softmax_pairs(npad, nk, w->s, w->ld, w->m, w->l, w->alpha, w->pairs, npad);
                 probs = NULL;
             } else {
-                kern->softmax(npad, nk, w->s, BQ, w->m, w->l, w->alpha);
+                kern->softmax(npad, nk, w->s, w->ld, w->m, w->l, w->alpha);
             }
-            kern->pv_bf16(n, npad, nk, dv, probs, BQ, v, p->v_s[2], w->alpha, w->acc, dv, w->pairs);
+            kern->pv_bf16(n, npad, nk, dv, probs, w->ld, v, p->v_s[2], w->alpha, w->acc, dv, w->pairs);
             continue;
         }
-        kern->softmax(npad, nk, w->s, BQ, w->m, w->l, w->alpha);
+        kern->softmax(npad, nk, w->s, w->ld, w->m, w->l, w->alpha);
         if (fast)  // the same rounding where the bf16 kernel does not apply
             for (int64_t c = 0; c < nk; c++)
                 for (int64_t r = 0; r < n; r++)
-                    w->s[c * BQ + r] = attn_bf16_to_f32(attn_f32_to_bf16(w->s[c * BQ + r]));
+                    w->s[c * w->ld + r] = attn_bf16_to_f32(attn_f32_to_bf16(w->s[c * w->ld + r]));
         int64_t ldv;
         const float *v = kv_block(kern, p->kv_dt, p->v, p->v_s, dv, blk->b, blk->g, j0, nk, w->v, &ldv);
-        kern->pv(n, npad, nk, dv, w->s, BQ, v, ldv, w->alpha, w->acc, dv, !clean);
+        kern->pv(n, npad, nk, dv, w->s, w->ld, v, ldv, w->alpha, w->acc, dv, !clean);
     }
 }
 
@@ -469,13 +475,13 @@ static void block_weights(const attn_params *p, const attn_kernels *kern,
         const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
         if (decode && !boundary && !may_mask) {
             /* a tile the decoding step took: its own logits, so that the maxima agree */
-            float cs[4 * (BK_MAX + 4)];
+            float cs[4 * (ATTN_BK_LIMIT + 4)];
             for (int64_t r0 = 0; r0 < blk->n; r0 += 4) {
                 const int64_t rows = blk->n - r0 < 4 ? blk->n - r0 : 4;
                 kern->decode_qk(rows, nk, p->Dk, w->q + r0 * p->Dk, p->kv_dt,
                                 kv_row(p, blk, p->k, p->k_s, j0), p->k_s[2], p->scale, cs);
                 for (int64_t c = 0; c < nk; c++)
-                    for (int64_t r = 0; r < rows; r++) w->s[c * BQ + r0 + r] = cs[4 * c + r];
+                    for (int64_t r = 0; r < rows; r++) w->s[c * w->ld + r0 + r] = cs[4 * c + r];
             }
         } else {
             tile_logits(p, kern, w, blk, j0, nk, boundary);
@@ -484,7 +490,7 @@ static void block_weights(const attn_params *p, const attn_kernels *kern,
             if (w->m[r] == -INFINITY) continue;
             float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2];
             for (int64_t c = 0; c < nk; c++)
-                w_bhi[(j0 + c) * p->w_s[3]] = expf(w->s[c * BQ + r] - w->m[r]) / w->l[r];
+                w_bhi[(j0 + c) * p->w_s[3]] = expf(w->s[c * w->ld + r] - w->m[r]) / w->l[r];
         }
     }
 }
@@ -513,8 +519,8 @@ static void merge_partials(const attn_params *p, const fused_plan *plan, const f
             const float mc = pc[r];
             if (mc == -INFINITY) continue;  // an empty chunk: exp(-inf - m) would be 0 anyway
             const float f = expf(mc - m);
-            w->l[r] += pc[BQ + r] * f;
-            const float *acc_c = pc + 2 * BQ + r * dv;
+            w->l[r] += pc[plan->bq + r] * f;
+            const float *acc_c = pc + 2 * plan->bq + r * dv;
             for (int64_t d = 0; d < dv; d++) w->acc[r * dv + d] += acc_c[d] * f;
         }
     }
@@ -550,9 +556,9 @@ attn_status attn_fused_forward(const attn_params *p, void *ws) {
             if (jb > blk.jmax) jb = blk.jmax;
             block_sweep(p, kern, &plan, &w, &blk, ja, ja < jb ? jb : ja);
             float *pc = part + (size_t)u * plan.partial_floats;
-            memcpy(pc, w.m, BQ * sizeof(float));
-            memcpy(pc + BQ, w.l, BQ * sizeof(float));
-            memcpy(pc + 2 * BQ, w.acc, (size_t)(blk.n * p->Dv) * sizeof(float));
+            memcpy(pc, w.m, plan.bq * sizeof(float));
+            memcpy(pc + plan.bq, w.l, plan.bq * sizeof(float));
+            memcpy(pc + 2 * plan.bq, w.acc, (size_t)(blk.n * p->Dv) * sizeof(float));
         }
         if (plan.split > 1) {
 #pragma omp for schedule(dynamic, 1)

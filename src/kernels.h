@@ -11,7 +11,8 @@
  * caller's memory when their last stride is 1.
  *
  * Shared rules for every kernel:
- * - n is the number of query rows, padded: npad = n rounded up to ATTN_ROW_PAD. Kernels
+ * - n is the number of query rows, padded: npad = n rounded up to the kernel's
+ *   geom.row_pad (its line of kernels/list.h), npad <= geom.bq. Kernels
  *   may compute on all npad rows (the framework zero-fills the padding and ignores it);
  *   they never read beyond npad rows, nk keys, dk or dv columns.
  * - Leading dimensions are in floats. Row-major throughout.
@@ -26,7 +27,6 @@
 #include "attn_internal.h"
 #include "kernels/list.h"
 
-#define ATTN_ROW_PAD 16  /* query rows are padded to a multiple of this */
 /* Blocks of at most this many query rows (decoding) take a kernel's decode entry, 4 rows a
  * call, on their clean tiles (whether or not the weights are asked for: O must not
  * change when they are); the weights' sweep recomputes those tiles' logits with the
@@ -200,6 +200,17 @@ ATTN_KERNEL_LIST(ATTN_X_GEOM)
 #undef ATTN_X_GEOM
 #define ATTN_GEOM(name) \
     {ATTN_ROW_PAD_##name, ATTN_BQ_##name, ATTN_BK_MIN_##name, ATTN_BK_MAX_##name}
+
+/* Bounds every kernel's geometry keeps, checked at compile time: the framework's stack
+ * scratch is sized by ATTN_BK_LIMIT, and the decoding blocks (ATTN_DECODE_MAX_ROWS rows)
+ * must fit a block. */
+#define ATTN_BK_LIMIT 256
+#define ATTN_X_GEOM_CHECK(name, flags, row_pad, bq, bk_min, bk_max, probe)                 \
+    _Static_assert(row_pad >= 1 && bq % row_pad == 0 && bq >= 16 && 1 <= bk_min &&          \
+                       bk_min <= bk_max && bk_max <= ATTN_BK_LIMIT && bk_min % row_pad == 0, \
+                   "the geometry of kernel " #name " breaks the framework's bounds");
+ATTN_KERNEL_LIST(ATTN_X_GEOM_CHECK)
+#undef ATTN_X_GEOM_CHECK
 
 /* the AVX-512 float32 kernels, shared by the avx512bf16 table */
 ATTN_PRIVATE void attn_qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,

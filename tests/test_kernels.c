@@ -77,7 +77,7 @@ static void test_exp(const attn_kernels *k) {
 /* One tile through qk, softmax and pv, against the same steps in float64. */
 static void test_tile(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk, int64_t dv,
                       bool with_nan) {
-    const int64_t npad = (n + ATTN_ROW_PAD - 1) / ATTN_ROW_PAD * ATTN_ROW_PAD;
+    const int64_t pad = k->geom.row_pad, npad = (n + pad - 1) / pad * pad;
     const int64_t ldq = npad + 16, lds = npad + 16, ldk = dk + 3, ldv = dv + 5, ldo = dv + 2;
     float *q = calloc((size_t)(n * (dk ? dk : 1)), sizeof(float));
     float *qt = calloc((size_t)((dk ? dk : 1) * ldq), sizeof(float));
