@@ -65,13 +65,20 @@ typedef enum attn_status {
  * int64 value: [B, L, H, D] storage is [B, H, L, D] with permuted strides, a key/value
  * cache view is a larger tensor's strides with a smaller shape, and stride 0 broadcasts.
  * Use attn_tensor_4d() for a dense C-order tensor. */
+/* One list gives the enum, the names (attn_dtype_name) and the element sizes
+ * (attn_dtype_size): X(enumerator, name, bytes). New dtypes go at the end. */
+#define ATTN_DTYPE_LIST(X)                                                               \
+    X(ATTN_F32, "float32", 4)   /* float                                              */ \
+    X(ATTN_F16, "float16", 2)   /* IEEE binary16, stored as uint16_t                  */ \
+    X(ATTN_BF16, "bfloat16", 2) /* bfloat16 (the top half of a float32), as uint16_t  */ \
+    X(ATTN_BOOL, "bool", 1)     /* one byte, 0 = false, anything else = true          */ \
+    X(ATTN_I32, "int32", 4)     /* int32_t                                            */ \
+    X(ATTN_I64, "int64", 8)     /* int64_t                                            */
+
 typedef enum attn_dtype {
-    ATTN_F32 = 0, /* float                                                   */
-    ATTN_F16,     /* IEEE binary16, stored as uint16_t                       */
-    ATTN_BF16,    /* bfloat16 (the top half of a float32), as uint16_t        */
-    ATTN_BOOL,    /* one byte, 0 = false, anything else = true               */
-    ATTN_I32,     /* int32_t                                                 */
-    ATTN_I64,     /* int64_t                                                 */
+#define ATTN_X_ENUM(e, name, bytes) e,
+    ATTN_DTYPE_LIST(ATTN_X_ENUM)
+#undef ATTN_X_ENUM
     ATTN_DTYPE_COUNT
 } attn_dtype;
 
@@ -197,6 +204,11 @@ ATTN_API attn_status attn_backward_workspace_size(const attn_tensor *q, const at
                                                   const attn_tensor *dq, const attn_tensor *dk,
                                                   const attn_tensor *dv,
                                                   const attn_options *opt, size_t *bytes);
+
+/* The name of a dtype ("float32", "bfloat16", ...), "unknown" for a value outside the
+ * list; and the bytes of one element, 0 outside the list. */
+ATTN_API const char *attn_dtype_name(attn_dtype dtype);
+ATTN_API size_t attn_dtype_size(attn_dtype dtype);
 
 /* The fixed message of a status code. */
 ATTN_API const char *attn_status_string(attn_status status);

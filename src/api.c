@@ -55,10 +55,15 @@ static bool mul_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_mul_ove
 static bool add_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_add_overflow(a, b, r); }
 
 const char *attn_dtype_name(attn_dtype t) {
-    static const char *const names[] = {"float32", "float16", "bfloat16",
-                                        "bool",    "int32",   "int64"};
-    return (unsigned)t < (unsigned)ATTN_DTYPE_COUNT ? names[t] : "unknown";
+    switch (t) {
+#define ATTN_X_NAME(e, name, bytes) case e: return name;
+        ATTN_DTYPE_LIST(ATTN_X_NAME)
+#undef ATTN_X_NAME
+    default: return "unknown";
+    }
 }
+
+size_t attn_dtype_size(attn_dtype t) { return (size_t)attn_elem_bytes(t); }
 
 /* A tensor's basic soundness: present, the expected dtype, sizes >= 0, element count
  * and extreme offsets representable in int64, data present when non-empty. */

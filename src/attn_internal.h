@@ -21,6 +21,17 @@
 
 #define ATTN_PRIVATE __attribute__((visibility("hidden")))
 
+/* Bytes of one element of dtype t (0 outside the list), from the dtype list: inline, so
+ * that a kernel's compile-time dtype folds it to a constant. */
+static inline int64_t attn_elem_bytes(attn_dtype t) {
+    switch (t) {
+#define ATTN_X_SIZE(e, name, bytes) case e: return bytes;
+        ATTN_DTYPE_LIST(ATTN_X_SIZE)
+#undef ATTN_X_SIZE
+    default: return 0;
+    }
+}
+
 /* options.threads above this are taken as this */
 #define ATTN_MAX_THREADS 512
 
@@ -138,7 +149,6 @@ ATTN_PRIVATE attn_status attn_check_output_strides(const attn_tensor *t, const c
                                                    int dims);
 
 /* "float32", "float16", ... for messages */
-ATTN_PRIVATE const char *attn_dtype_name(attn_dtype t);
 
 /* Records the detail of a failure for attn_last_error() and returns status. */
 ATTN_PRIVATE attn_status attn_fail(attn_status status, const char *fmt, ...)

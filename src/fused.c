@@ -71,7 +71,7 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
     const int64_t bq = geom->bq;
     plan->bq = bq, plan->row_pad = geom->row_pad;
     int64_t bk = geom->bk_max;
-    const int64_t kv_bytes = p->kv_dt == ATTN_F32 ? 4 : 2;
+    const int64_t kv_bytes = attn_elem_bytes(p->kv_dt);
     while (bk > geom->bk_min && bk * (dk + dv) * kv_bytes > 64 * 1024) bk /= 2;
     plan->bk = bk;
 
@@ -333,12 +333,12 @@ enum { PREFETCH_TILES = 2 };
  * decoding entries take. */
 static const char *kv_row(const attn_params *p, const fused_block *blk, const void *base,
                           const int64_t st[4], int64_t j) {
-    const int64_t ek = p->kv_dt == ATTN_F32 ? 4 : 2;
+    const int64_t ek = attn_elem_bytes(p->kv_dt);
     return (const char *)base + (blk->b * st[0] + blk->g * st[1] + j * st[2]) * ek;
 }
 
 static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
-    const int64_t ek = p->kv_dt == ATTN_F32 ? 4 : 2;
+    const int64_t ek = attn_elem_bytes(p->kv_dt);
     for (int64_t c = j0; c < j0 + nk; c++) {
         const char *k = kv_row(p, blk, p->k, p->k_s, c), *v = kv_row(p, blk, p->v, p->v_s, c);
         for (int64_t x = 0; x < p->Dk * p->k_s[3] * ek; x += 64) __builtin_prefetch(k + x, 0, 1);

@@ -56,20 +56,24 @@ static inline uint16_t attn_f32_to_f16(float f) {
     return (uint16_t)(sign | (uint16_t)nearbyintf(attn_bits_f32(ax) * 0x1p24f));
 }
 
-/* element idx (in elements) of a float32/float16/bfloat16 tensor, as float */
+/* element idx (in elements) of a float32/float16/bfloat16 tensor, as float. Another
+ * dtype never reaches here (the API refuses it first); were one added to the list and
+ * not here, it would read as NaN and write nothing, never as some other dtype's bits. */
 static inline float attn_load(attn_dtype dt, const void *base, int64_t idx) {
     switch (dt) {
+    case ATTN_F32: return ((const float *)base)[idx];
     case ATTN_F16: return attn_f16_to_f32(((const uint16_t *)base)[idx]);
     case ATTN_BF16: return attn_bf16_to_f32(((const uint16_t *)base)[idx]);
-    default: return ((const float *)base)[idx];
+    default: return NAN;
     }
 }
 
 static inline void attn_store(attn_dtype dt, void *base, int64_t idx, float x) {
     switch (dt) {
+    case ATTN_F32: ((float *)base)[idx] = x; break;
     case ATTN_F16: ((uint16_t *)base)[idx] = attn_f32_to_f16(x); break;
     case ATTN_BF16: ((uint16_t *)base)[idx] = attn_f32_to_bf16(x); break;
-    default: ((float *)base)[idx] = x; break;
+    default: break;
     }
 }
 

@@ -57,14 +57,16 @@ static inline attn_decode_pf attn_decode_pf_make(bool prefetch, const void *v, i
 }
 
 /* M(DT) for the K/V dtype dt (float32, bfloat16 or float16), DT a compile-time constant:
- * how the kernels instantiate their dtype templates */
+ * how the kernels instantiate their dtype templates. Any other dtype runs nothing: the
+ * API admits only these three to the kernels (attn_check_tensor refuses the rest with
+ * ATTN_ERR_DTYPE), and a new one needs its own branch here, never a fall-through. */
 #define ATTN_KV_DTYPE_SWITCH(dt, M)                                                         \
     do {                                                                                    \
         if ((dt) == ATTN_F32) {                                                             \
             M(ATTN_F32)                                                                     \
         } else if ((dt) == ATTN_BF16) {                                                     \
             M(ATTN_BF16)                                                                    \
-        } else {                                                                            \
+        } else if ((dt) == ATTN_F16) {                                                      \
             M(ATTN_F16)                                                                     \
         }                                                                                   \
     } while (0)

@@ -650,6 +650,18 @@ static void strings(void) {
     CHECK(!dup, "attn_kernel_list() names a kernel twice");
     CHECK(!attn_kernel_supported("no-such-kernel") && !attn_kernel_supported(NULL),
           "attn_kernel_supported() accepts a name the list does not have");
+
+    /* the dtype table: every dtype its name and size, an unknown one neither */
+    static const struct { attn_dtype t; const char *name; size_t bytes; } dts[] = {
+        {ATTN_F32, "float32", 4}, {ATTN_F16, "float16", 2}, {ATTN_BF16, "bfloat16", 2},
+        {ATTN_BOOL, "bool", 1},   {ATTN_I32, "int32", 4},   {ATTN_I64, "int64", 8}};
+    for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++)
+        CHECK(strcmp(attn_dtype_name(dts[i].t), dts[i].name) == 0 && attn_dtype_size(dts[i].t) == dts[i].bytes,
+              "dtype %d: name \"%s\", %zu bytes; want \"%s\", %zu", (int)dts[i].t,
+              attn_dtype_name(dts[i].t), attn_dtype_size(dts[i].t), dts[i].name, dts[i].bytes);
+    CHECK(strcmp(attn_dtype_name(ATTN_DTYPE_COUNT), "unknown") == 0 && attn_dtype_size(ATTN_DTYPE_COUNT) == 0 &&
+              attn_dtype_size((attn_dtype)-1) == 0,
+          "a dtype outside the list has a name or a size");
 }
 
 int main(void) {

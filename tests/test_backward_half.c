@@ -185,7 +185,7 @@ static void run_case(const bcase *c, attn_dtype t) {
                 CHECK(st == ATTN_OK && got[a] <= bound,
                       "%s %s%s %s: B%lld H%lld/%lld L%lld/%lld D%lld/%lld causal %d mask %d: "
                       "error %.3g, naive %.3g (status %d: %s)", gname[a],
-                      t == ATTN_F16 ? "float16" : "bfloat16", mixed ? " K/V under float32 q" : "",
+                      attn_dtype_name(t), mixed ? " K/V under float32 q" : "",
                       path ? "reference" : "fused", (long long)c->B, (long long)c->Hq,
                       (long long)c->Hkv, (long long)c->Lq, (long long)c->Lk, (long long)c->Dk,
                       (long long)c->Dv, c->causal, c->bool_mask, got[a], naive[a], (int)st,

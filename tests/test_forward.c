@@ -154,7 +154,7 @@ static void weights_keep_o(void) {
     for (int t = 0; t < 8; t++) {  // t >= 4: logits of a few units, many keys weigh
         const int64_t Hkv = 2, Hq = t % 2 ? 16 : 8, Lk = 700, D = t % 4 < 2 ? 64 : 128;
         const attn_dtype kdt = t % 2 ? ATTN_BF16 : ATTN_F32;
-        const int64_t es = kdt == ATTN_F32 ? 4 : 2;
+        const int64_t es = (int64_t)attn_dtype_size(kdt);
         rng_t r = {0x5eed + (uint64_t)t};
         float *q = xcalloc(Hq * D, sizeof(float)), *o1 = xcalloc(Hq * D, sizeof(float));
         float *o2 = xcalloc(Hq * D, sizeof(float)), *w = xcalloc(Hq * Lk, sizeof(float));

@@ -31,9 +31,6 @@
 static rng_t g_rng = {99};
 static double uniform(void) { return rng_unif(&g_rng); }
 
-static const char *dt_name(attn_dtype t) {
-    return t == ATTN_F16 ? "f16" : t == ATTN_BF16 ? "bf16" : "f32";
-}
 
 /* round x (a float) to the type dt and back: the value a 16-bit tensor would hold */
 #define round_to naive_round
@@ -141,7 +138,7 @@ static void test_conversions(void) {
                 bad += isnan(e) ? !isnan(got[h]) : memcmp(&e, &got[h], 4) != 0;              \
             }                                                                               \
             CHECK(bad == 0, "%s to_f32(%s): %d patterns differ from the scalar conversion", \
-                  #name, dt_name(dt), bad);                                                 \
+                  #name, attn_dtype_name(dt), bad);                                                 \
         }                                                                                   \
     }
     ATTN_KERNEL_LIST(X_CONV)
@@ -270,7 +267,7 @@ static void test_accuracy_case(const acase *c) {
                         CHECK(st == ATTN_OK && err <= bound,
                               "%s: q %s kv %s o %s %s %s, B%lld H%lld/%lld L%lld/%lld D%lld/%lld "
                               "causal %d br %d mask %d win %lld: error %.3g, naive %.3g (status %d)",
-                              attn_kernel_name(), dt_name(qt), dt_name(kv), dt_name(ot),
+                              attn_kernel_name(), attn_dtype_name(qt), attn_dtype_name(kv), attn_dtype_name(ot),
                               prec ? "fast" : "default", path ? "reference" : "fused",
                               (long long)c->B, (long long)c->Hq, (long long)c->Hkv,
                               (long long)c->Lq, (long long)c->Lk, (long long)c->Dk,
@@ -332,8 +329,8 @@ static void test_edges(void) {
                 for (int i = 2; i < L; i++) finite &= isfinite(attn_load(dt, o, i * D + d));
             }
             CHECK(zero_rows && lse[0] == -INFINITY && lse[1] == -INFINITY,
-                  "%s: fully masked rows must be exactly +0 with LSE -inf", dt_name(dt));
-            CHECK(finite, "%s: NaN in keys beyond kv_len reached the output", dt_name(dt));
+                  "%s: fully masked rows must be exactly +0 with LSE -inf", attn_dtype_name(dt));
+            CHECK(finite, "%s: NaN in keys beyond kv_len reached the output", attn_dtype_name(dt));
         }
         /* NaN in an unmasked query propagates to its row only */
         for (int d = 0; d < D; d++) attn_store(dt, k, 3 * D + d, 0.5f), attn_store(dt, v, 4 * D + d, 0.5f);
@@ -341,7 +338,7 @@ static void test_edges(void) {
         opt = (attn_options){0};
         CHECK(attn_forward(&tq, &tk, &tv, &to, &opt) == ATTN_OK, "call failed");
         CHECK(isnan(attn_load(dt, o, 0)) && !isnan(attn_load(dt, o, D)),
-              "%s: NaN in q row 0 must reach row 0 only", dt_name(dt));
+              "%s: NaN in q row 0 must reach row 0 only", attn_dtype_name(dt));
     }
     /* float32 values beyond float16's range become inf in a float16 output */
     float big_v[2 * D], qf[D] = {0}, kf[2 * D] = {0};

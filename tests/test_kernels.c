@@ -192,7 +192,7 @@ static void test_tile(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk, 
  * p, and acc is checked against the sum over those; l still sums the exact p. */
 static void test_decode(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk, int64_t dv,
                         attn_dtype dt, bool round_p, bool prefetch, int64_t nan_key, bool plant) {
-    const int64_t ldk = dk + 3, ldv = dv + 5, es = dt == ATTN_F32 ? 4 : 2;
+    const int64_t ldk = dk + 3, ldv = dv + 5, es = (int64_t)attn_dtype_size(dt);
     float *q = malloc((size_t)(4 * (dk ? dk : 1)) * sizeof(float));
     char *kk = malloc((size_t)(2 * nk * ldk * es + 64)), *v = malloc((size_t)(2 * nk * ldv * es + 64));
     double *kd = malloc((size_t)(nk * ldk) * sizeof(double)), *vd = malloc((size_t)(nk * ldv) * sizeof(double));

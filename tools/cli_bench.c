@@ -288,13 +288,9 @@ static void set_dtype(bench_case *c, int n, attn_dtype qdt, attn_dtype kvdt,
     snprintf(x->base, sizeof x->base, "%s", base);
 }
 
-static const char *dtype_name(attn_dtype t) {
-    return t == ATTN_F16 ? "float16" : t == ATTN_BF16 ? "bfloat16" : "float32";
-}
 static const char *dtype_short(attn_dtype t) {
     return t == ATTN_F16 ? "f16" : t == ATTN_BF16 ? "bf16" : "f32";
 }
-static size_t esz(attn_dtype t) { return t == ATTN_F32 ? 4 : 2; }
 
 enum { MAX_CASES = 64 };
 
@@ -387,7 +383,7 @@ static void count_work(bench_case *c) {
     if (c->mask == MASK_WINDOW) pairs = (double)band_pairs(c);
     c->flop = 2.0 * (double)(c->Dk + c->Dv) * (double)c->B * (double)c->Hq * pairs;
     if (c->bwd) c->flop *= 2.5;  /* FlashAttention's convention (issue 6) */
-    c->kv_bytes = (double)esz(c->kvdt) * (double)c->B * (double)c->Hkv * (double)c->Lk * (double)(c->Dk + c->Dv);
+    c->kv_bytes = (double)attn_dtype_size(c->kvdt) * (double)c->B * (double)c->Hkv * (double)c->Lk * (double)(c->Dk + c->Dv);
 }
 
 /* ---- inputs ------------------------------------------------------------------------- */
@@ -481,7 +477,7 @@ static void fill_typed(attn_dtype t, void *dst, float *f32, int64_t n, uint64_t 
 /* rot copies of the inputs and outputs, at least rot_bytes in all (at most 16 copies). */
 static int alloc_buffers(const bench_case *c, double rot_bytes, case_buffers *cb) {
     memset(cb, 0, sizeof *cb);
-    const size_t sq = esz(c->qdt), skv = esz(c->kvdt);
+    const size_t sq = attn_dtype_size(c->qdt), skv = attn_dtype_size(c->kvdt);
     double set_bytes = (double)sq * (double)(n_q(c) + n_o(c)) + (double)skv * (double)(n_k(c) + n_v(c));
     if (c->bwd) set_bytes += 4.0 * (double)(n_o(c) + n_lse(c) + n_q(c) + n_k(c) + n_v(c));
     int rot = (int)ceil(rot_bytes / (set_bytes > 1 ? set_bytes : 1));
@@ -692,7 +688,7 @@ static int check_case(bench_case *c, case_buffers *cb, int threads, bool plant,
     float *ref = malloc((size_t)n_ref * sizeof(float) + 64);
     if (!ref) return snprintf(c->error, sizeof c->error, "out of memory for the check"), -1;
     attn_tensor q = t.q, mask = t.mask;
-    q.data = (char *)cb->q[0] + p.r0 * c->Dk * esz(c->qdt);
+    q.data = (char *)cb->q[0] + p.r0 * c->Dk * attn_dtype_size(c->qdt);
     q.shape[0] = p.b, q.shape[1] = p.hq, q.shape[2] = p.rows;
     attn_tensor k = t.k, v = t.v;
     k.shape[0] = v.shape[0] = p.b;
@@ -1128,8 +1124,8 @@ static void torch_case(torch_proc *tp, bench_case *c, int threads, int warmup, i
             c->name, (long long)c->B, (long long)c->Hq, (long long)c->Hkv, (long long)c->Lq,
             (long long)c->Lk, (long long)c->Dk, (long long)c->Dv, MASK_NAME[c->mask],
             (long long)c->win_left, (long long)c->win_right, BOOL_MASK_DENSITY, threads, warmup,
-            reps, ADAPTIVE_REPS, ADAPTIVE_SECONDS, c->rotate, dtype_name(c->qdt),
-            dtype_name(c->kvdt), c->bwd ? "backward" : "forward");
+            reps, ADAPTIVE_REPS, ADAPTIVE_SECONDS, c->rotate, attn_dtype_name(c->qdt),
+            attn_dtype_name(c->kvdt), c->bwd ? "backward" : "forward");
     fflush(tp->to);
     static char line[65536];
     if (!fgets(line, sizeof line, tp->from)) {
@@ -1278,7 +1274,7 @@ static void write_json(FILE *f, const machine *m, const bench_case *c, int n, co
                     (long long)x->win_right);
         if (x->mask == MASK_BOOL) fprintf(f, ", \"mask_density\": %g", BOOL_MASK_DENSITY);
         fprintf(f, ", \"dtype\": \"%s\", \"kv_dtype\": \"%s\", \"precision\": \"%s\", "
-                "\"direction\": \"%s\"", dtype_name(x->qdt), dtype_name(x->kvdt),
+                "\"direction\": \"%s\"", attn_dtype_name(x->qdt), attn_dtype_name(x->kvdt),
                 x->prec == ATTN_PRECISION_FAST ? "fast" : "default",
                 x->bwd ? "backward" : "forward");
         if (x->base[0]) fprintf(f, ", \"base\": \"%s\"", x->base);

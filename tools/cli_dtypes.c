@@ -42,7 +42,7 @@ static errs error_of(const float *got, const float *ref, int64_t n) {
  * returned widened to float. */
 static int fused(attn_dtype t, attn_precision prec, const float *q, const float *k,
                  const float *v, float *o) {
-    const size_t es = t == ATTN_F32 ? 4 : 2;
+    const size_t es = attn_dtype_size(t);
     void *bq = malloc(N_QKV * es), *bk = malloc(N_QKV * es), *bv = malloc(N_QKV * es),
          *bo = malloc(N_QKV * es);
     int rc = 1;

@@ -162,18 +162,6 @@ static int options_from_args(const run_args *a, attn_options *opt) {
 
 /* ---- inputs ------------------------------------------------------------------------- */
 
-static const char *dtype_name(attn_dtype t) {
-    switch (t) {
-    case ATTN_F32: return "float32";
-    case ATTN_F16: return "float16";
-    case ATTN_BF16: return "bfloat16";
-    case ATTN_BOOL: return "bool";
-    case ATTN_I32: return "int32";
-    case ATTN_I64: return "int64";
-    default: return "unknown";
-    }
-}
-
 /* "[1,2,4,16]" */
 static const char *shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
     size_t at = (size_t)snprintf(buf, n, "[");
@@ -194,7 +182,7 @@ static int check_qkv(const char *path, const npy_array *a) {
     char s[200];
     if (a->dtype != ATTN_F32 && a->dtype != ATTN_F16)
         return say(EXIT_DATA, "%s: dtype %s, expected float32 or float16", path,
-                   dtype_name(a->dtype));
+                   attn_dtype_name(a->dtype));
     if (a->ndim != 4)
         return say(EXIT_DATA, "%s: shape %s has rank %d, expected rank 4 [B, H, L, D]", path,
                    shape_str(s, sizeof s, a->ndim, a->shape), a->ndim);
@@ -216,7 +204,7 @@ static int check_vector(const char *path, const npy_array *a, attn_dtype t1, att
                         const char *dtypes, int64_t n, const char *nname) {
     char s[200];
     if (a->dtype != t1 && a->dtype != t2)
-        return say(EXIT_DATA, "%s: dtype %s, expected %s", path, dtype_name(a->dtype), dtypes);
+        return say(EXIT_DATA, "%s: dtype %s, expected %s", path, attn_dtype_name(a->dtype), dtypes);
     if (a->ndim != 1 || a->shape[0] != n)
         return say(EXIT_DATA, "%s: shape %s, expected [%s] = [%lld]", path,
                    shape_str(s, sizeof s, a->ndim, a->shape), nname, (long long)n);
@@ -286,8 +274,8 @@ static int write_outputs(out_file *outs, int n) {
 /* Q, K or V converted to dtype (round to nearest even), in a new buffer. */
 static int convert_to(const char *path, npy_array *a, attn_dtype dtype) {
     if (a->dtype == dtype) return 0;
-    void *buf = malloc((size_t)(a->count > 0 ? a->count : 1) * (dtype == ATTN_F32 ? 4 : 2));
-    if (!buf) return say(EXIT_DATA, "%s: out of memory converting to %s", path, dtype_name(dtype));
+    void *buf = malloc((size_t)(a->count > 0 ? a->count : 1) * attn_dtype_size(dtype));
+    if (!buf) return say(EXIT_DATA, "%s: out of memory converting to %s", path, attn_dtype_name(dtype));
     for (int64_t e = 0; e < a->count; e++) attn_store(dtype, buf, e, attn_load(a->dtype, a->data, e));
     free(a->data);
     a->data = buf;
@@ -344,7 +332,7 @@ int cli_run(int argc, char **argv) {
         o_dtype = want;
     } else if (k.dtype != v.dtype) {
         rc = say(EXIT_DATA, "%s: dtype %s, expected %s like %s (K and V share one dtype; "
-                 "or use --dtype)", a.v, dtype_name(v.dtype), dtype_name(k.dtype), a.k);
+                 "or use --dtype)", a.v, attn_dtype_name(v.dtype), attn_dtype_name(k.dtype), a.k);
         goto done;
     }
     tq = attn_tensor_4d(q.data, q.dtype, B, Hq, Lq, Dk);
@@ -358,7 +346,7 @@ int cli_run(int argc, char **argv) {
         if ((rc = load(a.mask, &mask))) goto done;
         if (mask.dtype != ATTN_BOOL && mask.dtype != ATTN_F32) {
             rc = say(EXIT_DATA, "%s: dtype %s, expected bool or float32", a.mask,
-                     dtype_name(mask.dtype));
+                     attn_dtype_name(mask.dtype));
             goto done;
         }
         if (mask.ndim > 4) {

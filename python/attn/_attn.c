@@ -133,27 +133,6 @@ static void imported_release(imported *t) {
     PyErr_Restore(type, value, tb);
 }
 
-static const char *attn_dtype_name(attn_dtype d) {
-    switch (d) {
-    case ATTN_F32: return "float32";
-    case ATTN_F16: return "float16";
-    case ATTN_BF16: return "bfloat16";
-    case ATTN_BOOL: return "bool";
-    case ATTN_I32: return "int32";
-    case ATTN_I64: return "int64";
-    default: return "unknown";
-    }
-}
-
-static int64_t dtype_size(attn_dtype d) {
-    switch (d) {
-    case ATTN_F32: case ATTN_I32: return 4;
-    case ATTN_F16: case ATTN_BF16: return 2;
-    case ATTN_BOOL: return 1;
-    default: return 8;
-    }
-}
-
 static void unsupported_dtype(const imported *t, const char *what) {
     PyErr_Format(PyExc_TypeError,
                  "%s: dtype %s is not supported (attn reads float32, float16 or bfloat16 "
@@ -371,7 +350,7 @@ static int import_dlpack(PyObject *obj, imported *t) {
         t->stride[d] = dl->strides ? dl->strides[d] : compact;
         compact *= dl->shape[d];
     }
-    int64_t size = dtype_size(t->dtype);
+    int64_t size = (int64_t)attn_dtype_size(t->dtype);
     if (t->data && (uintptr_t)t->data % (uintptr_t)size != 0) {
         PyErr_Format(PyExc_ValueError, "%s: data at %p is not aligned to its %lld-byte "
                      "elements", t->arg, t->data, (long long)size);

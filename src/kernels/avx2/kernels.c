@@ -484,7 +484,7 @@ static void decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const flo
                         attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
                         int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
                         float *acc, bool prefetch, const void *next_k, int64_t next_nk) {
-    const int64_t es = dt == ATTN_F32 ? 4 : 2;
+    const int64_t es = attn_elem_bytes(dt);
     const char *kb = (const char *)k, *vb = (const char *)v;
     const int64_t ldkb = ldk * es, ldvb = ldv * es;
     const attn_decode_pf pf = attn_decode_pf_make(prefetch, v, ldv, nk, dv, next_k, ldk, next_nk, dk, es);
@@ -496,7 +496,7 @@ static void decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, at
                            const void *k, int64_t ldk, float scale, float *s) {
     const attn_decode_pf none = {0};
     const char *kb = (const char *)k;
-    const int64_t ldkb = ldk * (dt == ATTN_F32 ? 4 : 2);
+    const int64_t ldkb = ldk * (attn_elem_bytes(dt));
     __m256 mx, nan;
 #define LOGITS(DT)                                                                              \
     switch (n) {                                                                                \

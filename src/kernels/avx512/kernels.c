@@ -387,7 +387,7 @@ INLINE void dec_pv(int DT, int RR, int DC, int64_t nk, const float *s, int r0, c
                    __mmask16 tail, const attn_decode_pf *pf) {
     int64_t i0, i1;
     pass_lines(pf, d0, dv, &i0, &i1);
-    pv_tile(DT, RR, DC, false, nk, s + r0, 4, v + d0 * (DT == ATTN_F32 ? 4 : 2), ldv, alpha + r0,
+    pv_tile(DT, RR, DC, false, nk, s + r0, 4, v + d0 * attn_elem_bytes(DT), ldv, alpha + r0,
             acc + r0 * dv + d0, dv, tail, pf, i0, i1);
 }
 
@@ -559,7 +559,7 @@ void attn_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const flo
                         attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
                         int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
                         float *acc, bool prefetch, const void *next_k, int64_t next_nk) {
-    const int64_t es = dt == ATTN_F32 ? 4 : 2;
+    const int64_t es = attn_elem_bytes(dt);
     const char *kb = (const char *)k, *vb = (const char *)v;
     const int64_t ldkb = ldk * es, ldvb = ldv * es;
     const attn_decode_pf pf = attn_decode_pf_make(prefetch, v, ldv, nk, dv, next_k, ldk, next_nk, dk, es);
@@ -571,7 +571,7 @@ void attn_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q, at
                            const void *k, int64_t ldk, float scale, float *s) {
     const attn_decode_pf none = {0};
     const char *kb = (const char *)k;
-    const int64_t ldkb = ldk * (dt == ATTN_F32 ? 4 : 2);
+    const int64_t ldkb = ldk * (attn_elem_bytes(dt));
     __m512 mx;
     __mmask16 nan;
 #define LOGITS(DT)                                                                            \
