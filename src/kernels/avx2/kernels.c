@@ -73,7 +73,7 @@ INLINE void qk_tile(int RV, int KC, int64_t dk, const float *qt, int64_t ldq, co
  * each key row streamed once along Dk against the rows in L1, 2 keys at a time (8
  * accumulators), the 8 (row, key) sums reduced together by one hadd tree: lane 4c + r of
  * the result is row r of key c. The 16-row tile would do 4x the FMAs on padding. */
-INLINE void qk_dot2(int NR, int KC, int64_t dk, const float *q, const float *k, int64_t ldk,
+INLINE void qk_dot_tile(int NR, int KC, int64_t dk, const float *q, const float *k, int64_t ldk,
                     float scale, float *s, int64_t lds) {
     __m256 acc[2][4];  // [key][row]
     UNROLL for (int c = 0; c < 2; c++)
@@ -111,8 +111,8 @@ INLINE void qk_dot2(int NR, int KC, int64_t dk, const float *q, const float *k, 
     static void qk_dot_rows##NR(int64_t nk, int64_t dk, const float *q, const float *k,     \
                                 int64_t ldk, float scale, float *s, int64_t lds) {         \
         int64_t c = 0;                                                                      \
-        for (; c + 2 <= nk; c += 2) qk_dot2(NR, 2, dk, q, k + c * ldk, ldk, scale, s + c * lds, lds); \
-        if (c < nk) qk_dot2(NR, 1, dk, q, k + c * ldk, ldk, scale, s + c * lds, lds);      \
+        for (; c + 2 <= nk; c += 2) qk_dot_tile(NR, 2, dk, q, k + c * ldk, ldk, scale, s + c * lds, lds); \
+        if (c < nk) qk_dot_tile(NR, 1, dk, q, k + c * ldk, ldk, scale, s + c * lds, lds);      \
     }
 QK_DOT(1)
 QK_DOT(2)
@@ -260,14 +260,14 @@ static void to_f32_avx2(attn_dtype dt, int64_t n, const uint16_t *src, float *ds
 
 /* ---- decoding: the whole step of one clean tile for at most 4 query rows ------------------
  * The AVX-512 step (avx512/kernels.c) at half the width: Q·Kᵀ by the dot-product form, 2
- * keys x 4 rows a call of qk_step2 reduced by one hadd tree, the logits in a compact
+ * keys x 4 rows a call of dec_qk4 reduced by one hadd tree, the logits in a compact
  * layout (lane 4c + r for key c of a pair, row r), the online softmax on it, then P·V
  * for the 4 rows, 16 value columns a pass. 16-bit K and V are converted in registers.
  * Each stream is prefetched into the outer caches during the other's phase: this tile's
  * V rows while Q·Kᵀ reads K, the next tile's K rows while P·V reads V. */
 
 /* 8 values of a row from column d as float32 (n < 8: the first n, zeros after) */
-INLINE __m256 load_row8(int DT, const void *row, int64_t d, int64_t n) {
+INLINE __m256 load_row(int DT, const void *row, int64_t d, int64_t n) {
     if (n < 8) {
         float x[8] = {0};
         for (int64_t j = 0; j < n; j++) x[j] = attn_load(DT, row, d + j);
@@ -280,7 +280,7 @@ INLINE __m256 load_row8(int DT, const void *row, int64_t d, int64_t n) {
 }
 
 /* line i of the V rows c, c+1 (those that exist) */
-INLINE void pf_v_line2(const attn_decode_pf *pf, int64_t c, int64_t i) {
+INLINE void pf_v_line(const attn_decode_pf *pf, int64_t c, int64_t i) {
     if (!pf->v || i >= pf->lines_v) return;
     for (int64_t r = c; r < c + 2 && r < pf->nv; r++) _mm_prefetch(pf->v + r * pf->ldv + 64 * i, _MM_HINT_T2);
 }
@@ -289,14 +289,14 @@ INLINE void pf_v_line2(const attn_decode_pf *pf, int64_t c, int64_t i) {
  * second key -inf. HALVES (a bfloat16 K, Dk a multiple of 16): q comes split by halves
  * and each load of 16 key values gives the even and the odd ones by a shift and an and,
  * where widening takes twice the operations (as dec_qk4_halves in avx512/kernels.c). */
-INLINE __m256 qk_step2(int DT, bool HALVES, int NR, int KC, int64_t dk, const float *q,
+INLINE __m256 dec_qk4(int DT, bool HALVES, int NR, int KC, int64_t dk, const float *q,
                        const char *k, int64_t ldk, __m256 scale, const attn_decode_pf *pf,
                        int64_t c) {
     __m256 acc[2][4];
     UNROLL for (int j = 0; j < 2; j++)
         UNROLL for (int r = 0; r < 4; r++) acc[j][r] = _mm256_setzero_ps();
     int64_t i = 0;
-    if (HALVES) {  // q split by halves (split_halves2); 16 values of a bfloat16 K a load
+    if (HALVES) {  // q split by halves (split_halves); 16 values of a bfloat16 K a load
         const __m256i hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
         for (int64_t d = 0; d < dk; d += 16, i++) {
             __m256 ke[2], ko[2];
@@ -305,7 +305,7 @@ INLINE __m256 qk_step2(int DT, bool HALVES, int NR, int KC, int64_t dk, const fl
                 ke[j] = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
                 ko[j] = _mm256_castsi256_ps(_mm256_and_si256(raw, hi16));
             }
-            pf_v_line2(pf, c, i);
+            pf_v_line(pf, c, i);
             UNROLL for (int r = 0; r < NR; r++) {
                 const __m256 qe = _mm256_loadu_ps(q + r * dk + d), qo = _mm256_loadu_ps(q + r * dk + d + 8);
                 UNROLL for (int j = 0; j < KC; j++)
@@ -316,15 +316,15 @@ INLINE __m256 qk_step2(int DT, bool HALVES, int NR, int KC, int64_t dk, const fl
         for (int64_t d = 0; d < dk; d += 8, i++) {
             const int64_t left = dk - d < 8 ? dk - d : 8;
             __m256 kv[2];
-            UNROLL for (int j = 0; j < KC; j++) kv[j] = load_row8(DT, k + j * ldk, d, left);
-            pf_v_line2(pf, c, i);
+            UNROLL for (int j = 0; j < KC; j++) kv[j] = load_row(DT, k + j * ldk, d, left);
+            pf_v_line(pf, c, i);
             UNROLL for (int r = 0; r < NR; r++) {
-                const __m256 qv = load_row8(ATTN_F32, q + r * dk, d, left);
+                const __m256 qv = load_row(ATTN_F32, q + r * dk, d, left);
                 UNROLL for (int j = 0; j < KC; j++) acc[j][r] = _mm256_fmadd_ps(qv, kv[j], acc[j][r]);
             }
         }
     }
-    for (; i < pf->lines_v; i++) pf_v_line2(pf, c, i);
+    for (; i < pf->lines_v; i++) pf_v_line(pf, c, i);
     const __m256 h01 = _mm256_hadd_ps(acc[0][0], acc[0][1]), h23 = _mm256_hadd_ps(acc[0][2], acc[0][3]);
     const __m256 h45 = _mm256_hadd_ps(acc[1][0], acc[1][1]), h67 = _mm256_hadd_ps(acc[1][2], acc[1][3]);
     const __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67);
@@ -337,7 +337,7 @@ INLINE __m256 qk_step2(int DT, bool HALVES, int NR, int KC, int64_t dk, const fl
 enum { DEC_HALVES_MAX_DK = 256 };
 
 /* the rows q (NR x dk, dk a multiple of 16) with each 16 columns as 8 even, 8 odd */
-INLINE void split_halves2(int NR, int64_t dk, const float *q, float *qh) {
+INLINE void split_halves(int NR, int64_t dk, const float *q, float *qh) {
     for (int r = 0; r < NR; r++)
         for (int64_t d = 0; d < dk; d += 16)
             for (int x = 0; x < 8; x++) {
@@ -349,23 +349,23 @@ INLINE void split_halves2(int NR, int64_t dk, const float *q, float *qh) {
 /* The tile's logits for NR rows, 2 keys a vector (lane 4c + r; lanes of a key past nk
  * -inf) into s; *mx gets their lane-wise max, *nan the lanes that saw a NaN. The one
  * Q·Kᵀ of the decoding step, for decode and for decode_qk alike. */
-INLINE void dec_logits2(int DT, int NR, int64_t nk, int64_t dk, const float *q, const char *k,
+INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, const char *k,
                         int64_t ldk, float scale, float *s, const attn_decode_pf *pf,
                         __m256 *mx, __m256 *nan) {
     const __m256 vscale = _mm256_set1_ps(scale);
     const bool halves = DT == ATTN_BF16 && dk % 16 == 0 && dk <= DEC_HALVES_MAX_DK;
     float qh[4 * DEC_HALVES_MAX_DK];
-    if (halves) split_halves2(NR, dk, q, qh);
+    if (halves) split_halves(NR, dk, q, qh);
     *mx = _mm256_set1_ps(-INFINITY);
     *nan = _mm256_setzero_ps();
     for (int64_t c = 0; c < nk; c += 2) {
         __m256 z;
         if (halves)
-            z = c + 2 <= nk ? qk_step2(DT, true, NR, 2, dk, qh, k + c * ldk, ldk, vscale, pf, c)
-                            : qk_step2(DT, true, NR, 1, dk, qh, k + c * ldk, ldk, vscale, pf, c);
+            z = c + 2 <= nk ? dec_qk4(DT, true, NR, 2, dk, qh, k + c * ldk, ldk, vscale, pf, c)
+                            : dec_qk4(DT, true, NR, 1, dk, qh, k + c * ldk, ldk, vscale, pf, c);
         else
-            z = c + 2 <= nk ? qk_step2(DT, false, NR, 2, dk, q, k + c * ldk, ldk, vscale, pf, c)
-                            : qk_step2(DT, false, NR, 1, dk, q, k + c * ldk, ldk, vscale, pf, c);
+            z = c + 2 <= nk ? dec_qk4(DT, false, NR, 2, dk, q, k + c * ldk, ldk, vscale, pf, c)
+                            : dec_qk4(DT, false, NR, 1, dk, q, k + c * ldk, ldk, vscale, pf, c);
         _mm256_storeu_ps(s + 4 * c, z);
         *mx = _mm256_max_ps(*mx, z);
         *nan = _mm256_or_ps(*nan, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));
@@ -373,12 +373,12 @@ INLINE void dec_logits2(int DT, int NR, int64_t nk, int64_t dk, const float *q, 
 }
 
 /* per row, the max (sum) over the 2 key lanes of a compact vector, in both halves */
-INLINE __m256 rows_max2(__m256 x) { return _mm256_max_ps(x, _mm256_permute2f128_ps(x, x, 0x01)); }
-INLINE __m256 rows_sum2(__m256 x) { return _mm256_add_ps(x, _mm256_permute2f128_ps(x, x, 0x01)); }
+INLINE __m256 rows_max(__m256 x) { return _mm256_max_ps(x, _mm256_permute2f128_ps(x, x, 0x01)); }
+INLINE __m256 rows_sum(__m256 x) { return _mm256_add_ps(x, _mm256_permute2f128_ps(x, x, 0x01)); }
 
 /* x rounded to the nearest bfloat16, ties to even (half.h's attn_f32_to_bf16); NaN stays
  * NaN, made quiet */
-INLINE __m256 round_bf16_avx2(__m256 x) {
+INLINE __m256 round_bf16(__m256 x) {
     const __m256i b = _mm256_castps_si256(x), hi = _mm256_set1_epi32((int)0xFFFF0000u);
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
     const __m256i r = _mm256_and_si256(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), hi);
@@ -388,7 +388,7 @@ INLINE __m256 round_bf16_avx2(__m256 x) {
 
 /* acc rows 0..NR-1, value columns d0..d0+15 (nd of them), from the compact p (key c of
  * row r at s[4c + r]); lines [i0, i1) of the next tile's K row c asked for with key c */
-INLINE void pv_step(int DT, int NR, int64_t nk, const float *s, const char *v, int64_t ldv,
+INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, int64_t ldv,
                     int64_t d0, int64_t nd, const float *alpha, float *acc, int64_t dv,
                     const attn_decode_pf *pf, int64_t i0, int64_t i1) {
     __m256 t[4][2];
@@ -405,8 +405,8 @@ INLINE void pv_step(int DT, int NR, int64_t nk, const float *s, const char *v, i
             v0 = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
             v1 = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32((int)0xFFFF0000u)));
         } else {
-            v0 = load_row8(DT, row, d0, n0);
-            v1 = n1 > 0 ? load_row8(DT, row, d0 + 8, n1) : _mm256_setzero_ps();
+            v0 = load_row(DT, row, d0, n0);
+            v1 = n1 > 0 ? load_row(DT, row, d0 + 8, n1) : _mm256_setzero_ps();
         }
         if (pf->k && c < pf->nk)
             for (int64_t i = i0; i < i1; i++) _mm_prefetch(pf->k + c * pf->ldk + 64 * i, _MM_HINT_T2);
@@ -435,31 +435,31 @@ INLINE void pv_step(int DT, int NR, int64_t nk, const float *s, const char *v, i
     }
 }
 
-INLINE void decode_tile_avx2(int DT, int NR, bool round_p, int64_t nk, int64_t dk, int64_t dv,
+INLINE void decode_tile(int DT, int NR, bool round_p, int64_t nk, int64_t dk, int64_t dv,
                              const float *q, const char *k, int64_t ldk, const char *v,
                              int64_t ldv, float scale, float *s, float *m, float *l,
                              float *alpha, float *acc, const attn_decode_pf *pf) {
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
     const int64_t nv = (nk + 1) / 2;
     __m256 mx, nan;
-    dec_logits2(DT, NR, nk, dk, q, k, ldk, scale, s, pf, &mx, &nan);
+    dec_logits(DT, NR, nk, dk, q, k, ldk, scale, s, pf, &mx, &nan);
     /* the online-softmax update of softmax_avx2, on the compact layout */
     const __m256 m_old = _mm256_broadcast_ps((const __m128 *)m);
     nan = _mm256_or_ps(nan, _mm256_cmp_ps(m_old, m_old, _CMP_UNORD_Q));
     nan = _mm256_or_ps(nan, _mm256_permute2f128_ps(nan, nan, 0x01));
-    __m256 m_new = _mm256_max_ps(m_old, rows_max2(mx));
+    __m256 m_new = _mm256_max_ps(m_old, rows_max(mx));
     m_new = _mm256_blendv_ps(m_new, _mm256_set1_ps(NAN), nan);
     const __m256 shift = _mm256_blendv_ps(m_new, _mm256_setzero_ps(), _mm256_cmp_ps(m_new, neg_inf, _CMP_EQ_OQ));
     __m256 sum = _mm256_setzero_ps();
     for (int64_t x = 0; x < nv; x++) {
         const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * x), shift));
         /* FAST precision: P rounded to bfloat16 for P V, the sum l of the float32 p */
-        _mm256_storeu_ps(s + 8 * x, round_p ? round_bf16_avx2(e) : e);
+        _mm256_storeu_ps(s + 8 * x, round_p ? round_bf16(e) : e);
         sum = _mm256_add_ps(sum, e);
     }
     const __m256 a = exp_avx2(_mm256_sub_ps(m_old, shift));
     const __m128 l_new = _mm_fmadd_ps(_mm_loadu_ps(l), _mm256_castps256_ps128(a),
-                                      _mm256_castps256_ps128(rows_sum2(sum)));
+                                      _mm256_castps256_ps128(rows_sum(sum)));
     _mm_storeu_ps(alpha, _mm256_castps256_ps128(a));
     _mm_storeu_ps(l, l_new);
     _mm_storeu_ps(m, _mm256_castps256_ps128(m_new));
@@ -467,17 +467,17 @@ INLINE void decode_tile_avx2(int DT, int NR, bool round_p, int64_t nk, int64_t d
     const int64_t passes = (dv + 15) / 16;
     for (int64_t p = 0; p < passes; p++) {
         const int64_t d0 = 16 * p, nd = dv - d0 < 16 ? dv - d0 : 16;
-        pv_step(DT, NR, nk, s, v, ldv, d0, nd, alpha, acc, dv, pf, p * pf->lines_k / passes,
+        dec_pv(DT, NR, nk, s, v, ldv, d0, nd, alpha, acc, dv, pf, p * pf->lines_k / passes,
                 (p + 1) * pf->lines_k / passes);
     }
 }
 
 #define DECODE_AVX2(DT)                                                                       \
     switch (n) {                                                                              \
-    case 1: decode_tile_avx2(DT, 1, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
-    case 2: decode_tile_avx2(DT, 2, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
-    case 3: decode_tile_avx2(DT, 3, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
-    default: decode_tile_avx2(DT, 4, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    case 1: decode_tile(DT, 1, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    case 2: decode_tile(DT, 2, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    case 3: decode_tile(DT, 3, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    default: decode_tile(DT, 4, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
     }
 
 static void decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
@@ -500,10 +500,10 @@ static void decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, at
     __m256 mx, nan;
 #define LOGITS(DT)                                                                              \
     switch (n) {                                                                                \
-    case 1: dec_logits2(DT, 1, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;          \
-    case 2: dec_logits2(DT, 2, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;          \
-    case 3: dec_logits2(DT, 3, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;          \
-    default: dec_logits2(DT, 4, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;         \
+    case 1: dec_logits(DT, 1, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;          \
+    case 2: dec_logits(DT, 2, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;          \
+    case 3: dec_logits(DT, 3, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;          \
+    default: dec_logits(DT, 4, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;         \
     }
     ATTN_KV_DTYPE_SWITCH(dt, LOGITS);
 #undef LOGITS

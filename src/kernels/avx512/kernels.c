@@ -105,8 +105,8 @@ INLINE void qk_dot_tile(int NR, int KC, int64_t dk, const float *q, const float 
 }
 
 #define QK_DOT(NR)                                                                          \
-    static void qk_dot##NR(int64_t nk, int64_t dk, const float *q, const float *k,          \
-                           int64_t ldk, float scale, float *s, int64_t lds) {              \
+    static void qk_dot_rows##NR(int64_t nk, int64_t dk, const float *q, const float *k,     \
+                                int64_t ldk, float scale, float *s, int64_t lds) {         \
         int64_t c = 0;                                                                      \
         for (; c + 4 <= nk; c += 4) qk_dot_tile(NR, 4, dk, q, k + c * ldk, ldk, scale, s + c * lds, lds); \
         for (; c < nk; c++) qk_dot_tile(NR, 1, dk, q, k + c * ldk, ldk, scale, s + c * lds, lds); \
@@ -121,7 +121,7 @@ void attn_qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float
                       float *s, int64_t lds) {
     if (n <= ATTN_DECODE_MAX_ROWS) {
         /* decoding blocks (their boundary and masked tiles) by the dot-product form */
-        static attn_qk_rows_fn *const rows[5] = {NULL, qk_dot1, qk_dot2, qk_dot3, qk_dot4};
+        static attn_qk_rows_fn *const rows[5] = {NULL, qk_dot_rows1, qk_dot_rows2, qk_dot_rows3, qk_dot_rows4};
         attn_qk_dot_block(rows, n, npad, nk, dk, q, k, ldk, scale, s, lds);
         return;
     }
@@ -154,7 +154,7 @@ void attn_softmax_avx512(int64_t npad, int64_t nk, float *s, int64_t lds, float 
 }
 
 /* 16 elements of row `row` from column d, as float32; DT is a compile-time constant */
-INLINE __m512 load_row16(int DT, const void *row, int64_t d, __mmask16 mk) {
+INLINE __m512 load_row(int DT, const void *row, int64_t d, __mmask16 mk) {
     if (DT == ATTN_F32)
         return mk == 0xFFFF ? _mm512_loadu_ps((const float *)row + d)
                             : _mm512_maskz_loadu_ps(mk, (const float *)row + d);
@@ -189,7 +189,7 @@ INLINE void pv_tile(int DT, int RR, int DC, bool SKIP, int64_t nk, const float *
     for (int64_t c = 0; c < nk; c++) {
         __m512 vv[4];
         UNROLL for (int j = 0; j < DC; j++)
-            vv[j] = load_row16(DT, v + c * ldv, 16 * j, j == DC - 1 ? tail : (__mmask16)0xFFFF);
+            vv[j] = load_row(DT, v + c * ldv, 16 * j, j == DC - 1 ? tail : (__mmask16)0xFFFF);
         pf_k_lines(pf, c, i0, i1);
         UNROLL for (int i = 0; i < RR; i++) {
             const __m512 pb = _mm512_set1_ps(p[c * lds + i]);
@@ -294,7 +294,7 @@ INLINE __m512 dec_qk4(int DT, int NR, int64_t dk, const float *q, int64_t ldq, c
     for (int64_t d = 0; d < dk; d += 16) {
         const __mmask16 mk = dk - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (dk - d)) - 1);
         __m512 kv[4];
-        UNROLL for (int j = 0; j < 4; j++) kv[j] = load_row16(DT, k + j * ldk, d, mk);
+        UNROLL for (int j = 0; j < 4; j++) kv[j] = load_row(DT, k + j * ldk, d, mk);
         pf_v_line(pf, c, d / 16);
         UNROLL for (int r = 0; r < NR; r++) {
             const __m512 qv = _mm512_maskz_loadu_ps(mk, q + r * ldq + d);
@@ -352,7 +352,7 @@ INLINE __m128 dec_qk1(int DT, int NR, int64_t dk, const float *q, int64_t ldq, c
     UNROLL for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t d = 0; d < dk; d += 16) {
         const __mmask16 mk = dk - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (dk - d)) - 1);
-        const __m512 kv = load_row16(DT, k, d, mk);
+        const __m512 kv = load_row(DT, k, d, mk);
         UNROLL for (int r = 0; r < NR; r++)
             acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q + r * ldq + d), kv, acc[r]);
     }
