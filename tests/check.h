@@ -1,6 +1,7 @@
 /*
  * check.h — the test suites' small framework: counted checks, a closing
- *           "<suite>: N passed, N failed" line, and the contract's float32 tolerance.
+ *           "<suite>: N passed, N failed" line, and the contract's float32 tolerance
+ *           on a float64 reference (the rule itself is tools/tolerance.h).
  * Header-only; each test program includes it once.
  */
 #ifndef ATTN_TEST_CHECK_H
@@ -10,6 +11,8 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include "tolerance.h"
 
 static int g_pass, g_fail;
 
@@ -38,39 +41,12 @@ static inline int check_summary(const char *suite) {
     return g_fail != 0;
 }
 
-/* The contract's float32 tolerance (docs/CONTRACT.md):
- *   ||got - ref||_F / ||ref||_F <= 1e-6   and   max |got - ref| <= 1e-5 * (1 + max |ref|)
- * Non-finite reference entries must match exactly (NaN where NaN, the same infinity).
- * Returns 1 when within tolerance; fills *max_err and *rel_err for messages. */
-typedef struct tol_result {
-    double max_err, rel_err, max_ref;
-    int64_t worst;     /* index of the largest error, -1 if none */
-    int nonfinite_mismatch;
-} tol_result;
-
+/* The contract's float32 tolerance (tools/tolerance.h) against a float64 reference:
+ * 1 when within it; fills *r (when not NULL) for messages. */
 static inline int within_f32_tol(const float *got, const double *ref, int64_t n, tol_result *r) {
-    double num = 0, den = 0, max_err = 0, max_ref = 0;
-    int64_t worst = -1;
-    int bad = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double g = got[i], e = ref[i];
-        if (!isfinite(e) || !isfinite(g)) {
-            int same = (isnan(e) && isnan(g)) || (g == e);
-            if (!same) { bad++; if (worst < 0) worst = i; }
-            continue;
-        }
-        double d = fabs(g - e);
-        num += d * d;
-        den += e * e;
-        if (fabs(e) > max_ref) max_ref = fabs(e);
-        if (d > max_err) { max_err = d; worst = i; }
-    }
-    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-    if (r) {
-        r->max_err = max_err; r->rel_err = rel; r->max_ref = max_ref;
-        r->worst = worst; r->nonfinite_mismatch = bad;
-    }
-    return bad == 0 && rel <= 1e-6 && max_err <= 1e-5 * (1.0 + max_ref);
+    tol_acc a = tol_start();
+    for (int64_t i = 0; i < n; i++) tol_add(&a, i, got[i], ref[i]);
+    return tol_pass(&a, r);
 }
 
 #endif /* ATTN_TEST_CHECK_H */

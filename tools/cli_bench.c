@@ -52,8 +52,10 @@
 #include "attn.h"
 #include "cli.h"
 #include "cliopt.h"
+#include "half.h"
 #include "naive.h"
 #include "rng.h"
+#include "tolerance.h"
 #include "kernels/peak.h"
 
 enum { EXIT_FAIL = 1, EXIT_USAGE = 2 };
@@ -395,32 +397,13 @@ static void fill_uniform(float *x, int64_t n, uint64_t seed) {
     for (int64_t i = 0; i < n; i++) x[i] = (float)rng_range(&r, -2.0, 2.0);
 }
 
-/* 16-bit storage: the bits of a float that is representable in t (naive_round gives one) */
+/* 16-bit storage of a float representable in t (naive_round gives one): the library's own
+ * codec (half.h), exact for such a value */
 static uint16_t half_bits(attn_dtype t, float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    if (t == ATTN_BF16) return (uint16_t)(u >> 16);  /* exact: the low half is zero */
-    const uint16_t s = (uint16_t)((u >> 16) & 0x8000);
-    const float a = fabsf(x);
-    if (a == 0) return s;
-    if (isinf(a)) return (uint16_t)(s | 0x7c00);
-    int e;
-    frexpf(a, &e);                 /* a = m 2^e, m in [0.5, 1): 2^(e-1) <= a */
-    const int E = e - 1 + 15;
-    if (E >= 1) return (uint16_t)(s | E << 10 | ((uint16_t)ldexpf(a, 10 - (e - 1)) - 1024));
-    return (uint16_t)(s | (uint16_t)ldexpf(a, 24));  /* subnormal: a multiple of 2^-24 */
+    return t == ATTN_BF16 ? attn_f32_to_bf16(x) : attn_f32_to_f16(x);
 }
 static float half_value(attn_dtype t, uint16_t h) {
-    if (t == ATTN_BF16) {
-        uint32_t u = (uint32_t)h << 16;
-        float x;
-        memcpy(&x, &u, sizeof x);
-        return x;
-    }
-    const int E = (h >> 10) & 31, m = h & 1023;
-    const float a = E == 0 ? ldexpf((float)m, -24) : E == 31 ? (m ? NAN : INFINITY)
-                                                              : ldexpf((float)(1024 + m), E - 25);
-    return h & 0x8000 ? -a : a;
+    return t == ATTN_BF16 ? attn_bf16_to_f32(h) : attn_f16_to_f32(h);
 }
 /* element i of a tensor's storage as float */
 static float elem(attn_dtype t, const void *p, int64_t i) {
@@ -612,19 +595,15 @@ static int prepare_backward(bench_case *c, case_buffers *cb, int threads) {
     return 0;
 }
 
-/* The contract's float32 tolerance on n values against ref: relative Frobenius <= 1e-6
- * and max abs <= 1e-5 (1 + max |ref|); the worst so far is kept in c. */
+/* The contract's float32 tolerance (tools/tolerance.h) on n values against ref; the
+ * worst so far is kept in c (a non-finite mismatch counts as an infinite error). */
 static bool within_f32(bench_case *c, const float *got, const float *ref, int64_t n) {
-    double err2 = 0, ref2 = 0, max_abs = 0, max_ref = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const double e = (double)got[i] - (double)ref[i];
-        err2 += e * e;
-        ref2 += (double)ref[i] * (double)ref[i];
-        if (!(fabs(e) <= max_abs)) max_abs = fabs(e);  /* NaN sticks */
-        if (fabs((double)ref[i]) > max_ref) max_ref = fabs((double)ref[i]);
-    }
-    const double rel = ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2), tol = 1e-5 * (1.0 + max_ref);
-    const bool ok = rel <= 1e-6 && max_abs <= tol;
+    tol_acc acc = tol_start();
+    for (int64_t i = 0; i < n; i++) tol_add(&acc, i, got[i], ref[i]);
+    tol_result r;
+    const bool ok = tol_pass(&acc, &r);
+    const double rel = r.nonfinite_mismatch ? INFINITY : r.rel_err;
+    const double max_abs = r.nonfinite_mismatch ? INFINITY : r.max_err, tol = 1e-5 * (1.0 + r.max_ref);
     if (!(rel <= c->rel_fro)) c->rel_fro = rel;
     if (!(max_abs / tol <= c->max_abs / (c->tol_abs > 0 ? c->tol_abs : 1)))
         c->max_abs = max_abs, c->tol_abs = tol;
