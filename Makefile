@@ -67,7 +67,11 @@ ISA_kernels_avx2   = -O3 -mavx2 -mfma -mf16c
 ISA_bench_peak_avx512bf16 = -O3 -mavx512f -mavx512bf16
 ISA_bench_peak_avx512 = -O3 -mavx512f -mfma
 ISA_bench_peak_avx2   = -O3 -mavx2 -mfma
+# additive attention's scoring kernels (src/additive_<isa>.c: one portable body, vectorized per ISA)
+ISA_additive_avx512 = -O3 -mavx512f -mavx512dq -mfma -mprefer-vector-width=512
+ISA_additive_avx2   = -O3 -mavx2 -mfma
 endif
+ISA_additive_generic = -O3
 
 $(BUILD)/obj/%.o: src/%.c include/attn.h $(wildcard src/*.h)
 	@mkdir -p $(dir $@)
