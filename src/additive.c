@@ -55,6 +55,23 @@ attn_status attn_additive_tanh(int64_t n, const float *x, float *y) {
     return ATTN_OK;
 }
 
+void attn_additive_read_keys(const attn_additive_params *p, int64_t b, int64_t *j0,
+                             int64_t *j1) {
+    /* lo_i and hi_i grow by at most 1 a row, and only the first and last rows can be
+     * empty, so the nonempty ranges overlap or touch: their union is [min lo, max hi) */
+    const int64_t lk_b = attn_key_len(&p->m, b);
+    *j0 = lk_b;
+    *j1 = 0;
+    for (int64_t i = 0; i < p->m.Lq; i++) {
+        int64_t lo, hi;
+        attn_row_range(&p->m, lk_b, i, &lo, &hi);
+        if (lo >= hi) continue;
+        if (lo < *j0) *j0 = lo;
+        if (hi > *j1) *j1 = hi;
+    }
+    if (*j1 <= *j0) *j0 = *j1 = 0;
+}
+
 /* ---- ṽ and its gradient ----------------------------------------------------------------- */
 
 static double v_norm(const attn_additive_params *p) {

@@ -65,6 +65,11 @@ ATTN_PRIVATE const attn_additive_kernels *attn_additive_select(void);
 /* The table of the ISA called `name` if this build has it and the CPU runs it. */
 ATTN_PRIVATE const attn_additive_kernels *attn_additive_kernels_named(const char *name);
 
+/* The keys some query row of batch b reads, [*j0, *j1) (the union of the rows' structural
+ * ranges, which is one interval): the products through U read only these rows of K. */
+ATTN_PRIVATE void attn_additive_read_keys(const attn_additive_params *p, int64_t b,
+                                          int64_t *j0, int64_t *j1);
+
 /* ṽ = v, or g v / ‖v‖ when normalize (float64 for the norm); writes A floats. */
 ATTN_PRIVATE void attn_additive_effective_v(const attn_additive_params *p, float *vt);
 

@@ -163,9 +163,12 @@ static attn_status through_weights(const attn_additive_params *p, const attn_add
         TRY(attn_proj_product(true, true, Lk, m->Dk, A, dkpt, Lk, p->w_key, A, false, bm->tmp, m->Dk));
         scatter(bm->tmp, Lk, m->Dk, g->dk, g->dk_s, b);
     }
-    if (gr->d_w_key) {  /* dU += Kᵀ dKp = Kᵀ (dKpᵀ)ᵀ */
+    if (gr->d_w_key) {  /* dU += Kᵀ dKp = Kᵀ (dKpᵀ)ᵀ, over the keys some row reads */
+        int64_t j0, j1;
+        attn_additive_read_keys(p, b, &j0, &j1);
         const float *kb = attn_proj_rows(p->k, p->k_s, b, Lk, m->Dk, pr->gather, &ld);
-        TRY(attn_proj_product(true, true, m->Dk, A, Lk, kb, ld, dkpt, Lk, b > 0, gr->d_w_key, A));
+        TRY(attn_proj_product(true, true, m->Dk, A, j1 - j0, kb + j0 * ld, ld, dkpt + j0, Lk,
+                              b > 0, gr->d_w_key, A));
     }
     for (int64_t a = 0; a < A; a++)
         for (int64_t j = 0; j < Lk; j++) dbias[a] += dkpt[a * Lk + j];

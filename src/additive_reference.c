@@ -172,10 +172,12 @@ static void backward_batch(const attn_additive_params *p, const attn_additive_bw
     }
 }
 
-/* out[r, c] (strided, float) = Σ_a dx[r, a] W[c, a];  and grad[c, a] += Σ_r in[r, c] dx[r, a] */
+/* out[r, c] (strided, float) = Σ_a dx[r, a] W[c, a];  grad[c, a] += Σ_r in[r, c] dx[r, a]
+ * over the rows [r0, r1) that are read */
 static void through_weights(const float *W, int64_t Dw, int64_t A, const double *dx,
-                            int64_t L, const float *in, const int64_t in_s[4], int64_t b,
-                            float *out, const int64_t out_s[4], double *grad) {
+                            int64_t L, int64_t r0, int64_t r1, const float *in,
+                            const int64_t in_s[4], int64_t b, float *out,
+                            const int64_t out_s[4], double *grad) {
     for (int64_t r = 0; out && r < L; r++)
         for (int64_t c = 0; c < Dw; c++) {
             double s = 0;
@@ -184,7 +186,7 @@ static void through_weights(const float *W, int64_t Dw, int64_t A, const double 
         }
     for (int64_t c = 0; grad && c < Dw; c++)
         for (int64_t a = 0; a < A; a++)
-            for (int64_t r = 0; r < L; r++) grad[c * A + a] += at(in, in_s, b, r, c) * dx[r * A + a];
+            for (int64_t r = r0; r < r1; r++) grad[c * A + a] += at(in, in_s, b, r, c) * dx[r * A + a];
 }
 
 attn_status attn_additive_reference_backward(const attn_additive_params *p,
@@ -201,8 +203,12 @@ attn_status attn_additive_reference_backward(const attn_additive_params *p,
     for (int64_t b = 0; b < m->B; b++) {
         project(p, b, &w);
         backward_batch(p, g, b, &w);
-        through_weights(p->w_query, p->Dq, A, w.dqp, m->Lq, p->q, p->q_s, b, g->dq, g->dq_s, gw);
-        through_weights(p->w_key, m->Dk, A, w.dkp, m->Lk, p->k, p->k_s, b, g->dk, g->dk_s, gu);
+        int64_t j0, j1;
+        attn_additive_read_keys(p, b, &j0, &j1);
+        through_weights(p->w_query, p->Dq, A, w.dqp, m->Lq, 0, m->Lq, p->q, p->q_s, b, g->dq,
+                        g->dq_s, gw);
+        through_weights(p->w_key, m->Dk, A, w.dkp, m->Lk, j0, j1, p->k, p->k_s, b, g->dk,
+                        g->dk_s, gu);
         for (int64_t j = 0; j < m->Lk; j++)
             for (int64_t a = 0; a < A; a++) gb[a] += w.dkp[j * A + a];
         for (int64_t j = 0; g->dval && j < m->Lk; j++)

@@ -75,69 +75,7 @@ static void test_tanh(const attn_additive_kernels *k) {
     free(y);
 }
 
-/* ---- this file's float64 oracle ------------------------------------------------------- */
-
-/* Is key j of row i kept (key length, causal, window, bool mask)? */
-static int oracle_keep(const acall *t, int64_t b, int64_t i, int64_t j) {
-    const acase *c = &t->c;
-    const int64_t lkb = c->kvlen ? t->kvl[b] : c->Lk;
-    const int64_t d = c->align ? i + lkb - c->Lq : i;
-    if (j >= lkb || (c->causal && j > d)) return 0;
-    if (c->window && c->wl >= 0 && j < d - c->wl) return 0;
-    if (c->window && c->wr >= 0 && j > d + c->wr) return 0;
-    return !c->mask || t->maskb[(b * c->Lq + i) * c->Lk + j];
-}
-
-/* o [B, Lq, Dv], lse [B, Lq], w [B, Lq, Lk] dense float64 */
-static void oracle(const acall *t, double *o, double *lse, double *w) {
-    const acase *c = &t->c;
-    const int64_t A = c->A;
-    double *vt = xcalloc(A, sizeof(double)), *e = xcalloc(c->Lk, sizeof(double));
-    double n2 = 0;
-    for (int64_t a = 0; a < A; a++) n2 += (double)t->v[a] * t->v[a];
-    for (int64_t a = 0; a < A; a++)
-        vt[a] = c->normalize ? (n2 > 0 ? 1.7 * t->v[a] / sqrt(n2) : 0) : t->v[a];
-    for (int64_t b = 0; b < c->B; b++)
-        for (int64_t i = 0; i < c->Lq; i++) {
-            double m = -INFINITY, l = 0;
-            for (int64_t j = 0; j < c->Lk; j++) {
-                e[j] = -INFINITY;
-                if (!oracle_keep(t, b, i, j)) continue;
-                double s = 0;
-                for (int64_t a = 0; a < A; a++) {
-                    double x = c->bias ? t->bias[a] : 0;
-                    for (int64_t d = 0; d < c->Dq; d++) x += *view_ptr(&t->q, b, 0, i, d) * (double)t->W[d * A + a];
-                    for (int64_t d = 0; d < c->Dk; d++) x += *view_ptr(&t->k, b, 0, j, d) * (double)t->U[d * A + a];
-                    s += vt[a] * tanh(x);
-                }
-                e[j] = s;
-                if (s > m) m = s;
-            }
-            for (int64_t j = 0; j < c->Lk; j++) l += e[j] == -INFINITY ? 0 : exp(e[j] - m);
-            double *o_i = o + (b * c->Lq + i) * c->Dv;
-            for (int64_t d = 0; d < c->Dv; d++) o_i[d] = 0;
-            for (int64_t j = 0; j < c->Lk; j++) {
-                const double p = m == -INFINITY || e[j] == -INFINITY ? 0 : exp(e[j] - m) / l;
-                w[(b * c->Lq + i) * c->Lk + j] = p;
-                for (int64_t d = 0; p > 0 && d < c->Dv; d++) o_i[d] += p * *view_ptr(&t->val, b, 0, j, d);
-            }
-            lse[b * c->Lq + i] = m == -INFINITY ? -INFINITY : m + log(l);
-        }
-    free(vt);
-    free(e);
-}
-
-/* ---- the tolerance --------------------------------------------------------------------- */
-
-/* docs/CONTRACT.md's additive tolerance: the float32 rule with 10x its bounds (each logit
- * sums A tanh values of a few ulp each), and non-finite entries matching exactly. */
-static int within_add_tol(const float *got, const double *ref, int64_t n, tol_result *r) {
-    tol_result rr;
-    within_f32_tol(got, ref, n, &rr);
-    if (r) *r = rr;
-    return rr.nonfinite_mismatch == 0 && rr.rel_err <= 1e-5 &&
-           rr.max_err <= 1e-4 * (1.0 + rr.max_ref);
-}
+/* ---- forward cases --------------------------------------------------------------------- */
 
 static double g_worst_rel[2];  /* fused, reference */
 
@@ -155,32 +93,6 @@ static got_t gather_outputs(const acall *t) {
     return g;
 }
 static void free_got(got_t *g) { free(g->o); free(g->lse); free(g->w); }
-
-static int same_bits(const float *a, const float *b, int64_t n) {
-    return n == 0 || memcmp(a, b, (size_t)n * sizeof(float)) == 0;
-}
-
-/* Overwrite with NaN every K and V row no query row may read (by structure). */
-static int64_t poison_unread(acall *t) {
-    const acase *c = &t->c;
-    int64_t n = 0;
-    for (int64_t b = 0; b < c->B; b++)
-        for (int64_t j = 0; j < c->Lk; j++) {
-            int used = 0;
-            const int64_t lkb = c->kvlen ? t->kvl[b] : c->Lk;
-            for (int64_t i = 0; i < c->Lq && !used; i++) {
-                const int64_t d = c->align ? i + lkb - c->Lq : i;
-                used = j < lkb && !(c->causal && j > d) &&
-                       !(c->window && c->wl >= 0 && j < d - c->wl) &&
-                       !(c->window && c->wr >= 0 && j > d + c->wr);
-            }
-            if (used) continue;
-            for (int64_t d = 0; d < c->Dk; d++) *view_ptr(&t->k, b, 0, j, d) = NAN;
-            for (int64_t d = 0; d < c->Dv; d++) *view_ptr(&t->val, b, 0, j, d) = NAN;
-            n++;
-        }
-    return n;
-}
 
 static void run_case(const acase *c) {
     acall t;
@@ -222,16 +134,6 @@ static void run_case(const acase *c) {
     free_got(&first);
     free(o); free(lse); free(w);
     acall_free(&t);
-}
-
-static acase mk(int64_t B, int64_t Lq, int64_t Lk, int64_t Dq, int64_t Dk, int64_t Dv,
-                int64_t A, uint64_t seed) {
-    acase c;
-    memset(&c, 0, sizeof c);
-    c.B = B; c.Lq = Lq; c.Lk = Lk; c.Dq = Dq; c.Dk = Dk; c.Dv = Dv; c.A = A;
-    c.wl = c.wr = -1;
-    c.seed = seed;
-    return c;
 }
 
 static void shape_matrix(void) {
