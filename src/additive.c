@@ -206,7 +206,10 @@ static void fold_tile(const attn_additive_params *p, row_state *s, int64_t b, in
         if (pj == 0.0f) continue;  /* masked or underflowed: its V row is not read */
         ps += pj;
         const float *v_j = p->val + b * p->val_s[0] + (j0 + j) * p->val_s[2];
-        for (int64_t d = 0; d < Dv; d++) s->tmp[d] += pj * v_j[d * p->val_s[3]];
+        if (p->val_s[3] == 1)  /* the common layout, as a loop the compiler vectorizes */
+            for (int64_t d = 0; d < Dv; d++) s->tmp[d] += pj * v_j[d];
+        else
+            for (int64_t d = 0; d < Dv; d++) s->tmp[d] += pj * v_j[d * p->val_s[3]];
     }
     s->l = s->l * alpha + ps;
     for (int64_t d = 0; d < Dv; d++) s->acc[d] = s->acc[d] * alpha + s->tmp[d];

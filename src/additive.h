@@ -45,7 +45,9 @@ typedef struct attn_additive_params {
  *                      with u[a][j] = de[j] * vt[a] * (1 - t[a][j]^2):
  *                      dqp[a] += sum_j u[a][j]           (dqp may be NULL)
  *                      dkpt[a*lddk + j] += u[a][j]        (dkpt may be NULL)
- *                      dvt[a] += sum_j de[j] * t[a][j]    (dvt may be NULL)           */
+ *                      dvt[a] += sum_j de[j] * t[a][j]    (dvt may be NULL)
+ *                      (the sums over j in a fixed lane order, see additive_kernel.h)
+ *   dot(n, x, y)       sum_d x[d] y[d] of unit-stride vectors, in the same lane order    */
 typedef struct attn_additive_kernels {
     const char *name;
     void (*tanh)(int64_t n, const float *x, float *y);
@@ -53,6 +55,7 @@ typedef struct attn_additive_kernels {
                   const float *vt, float *e, float *t);
     void (*grad)(int64_t nk, int64_t A, const float *t, const float *de, const float *vt,
                  float *dqp, float *dkpt, int64_t lddk, float *dvt);
+    float (*dot)(int64_t n, const float *x, const float *y);
 } attn_additive_kernels;
 
 ATTN_PRIVATE extern const attn_additive_kernels attn_additive_kernels_generic;

@@ -71,7 +71,10 @@ static bool tile_de(const attn_additive_params *p, const attn_additive_bwd *g,
         any = true;
         const float *v_j = p->val + b * p->val_s[0] + (j0 + j) * p->val_s[2];
         float dp = 0.0f;
-        for (int64_t d = 0; d < m->Dv; d++) dp += do_i[d * g->d_o_s[3]] * v_j[d * p->val_s[3]];
+        if (g->d_o_s[3] == 1 && p->val_s[3] == 1)
+            dp = p->kern->dot(m->Dv, do_i, v_j);
+        else
+            for (int64_t d = 0; d < m->Dv; d++) dp += do_i[d * g->d_o_s[3]] * v_j[d * p->val_s[3]];
         w->de[j] = pj * (dp - Di);
     }
     return any;
@@ -105,7 +108,10 @@ static void keys_item(const attn_additive_params *p, const attn_additive_bwd *g,
         for (int64_t j = 0; j < hi - lo; j++) {
             if (w->pr[j] == 0.0f) continue;
             float *dv_j = dval_tile + (lo - t0 + j) * Dv;
-            for (int64_t d = 0; d < Dv; d++) dv_j[d] += w->pr[j] * do_i[d * g->d_o_s[3]];
+            if (g->d_o_s[3] == 1)  /* the common layout, as a loop the compiler vectorizes */
+                for (int64_t d = 0; d < Dv; d++) dv_j[d] += w->pr[j] * do_i[d];
+            else
+                for (int64_t d = 0; d < Dv; d++) dv_j[d] += w->pr[j] * do_i[d * g->d_o_s[3]];
         }
         p->kern->grad(hi - lo, A, w->t, w->de, pr->vt, NULL, dkpt + (lo - t0), m->Lk, dvt);
     }

@@ -105,30 +105,53 @@ static void ADD_NAME(add_score)(int64_t nk, int64_t A, const float *qp, const fl
     for (int64_t j = 0; j < nk; j++) e[j] = acc[j];
 }
 
+/* Σ_j x[j] in a fixed order that vectorizes without reassociation: ADD_LANES partial
+ * sums, lane l taking j ≡ l (mod ADD_LANES), added up in lane order at the end. */
+#define ADD_LANES 16
+static inline float ADD_NAME(add_sum)(int64_t n, const float *x) {
+    float lane[ADD_LANES] = {0};
+    int64_t j = 0;
+    for (; j + ADD_LANES <= n; j += ADD_LANES)
+        for (int l = 0; l < ADD_LANES; l++) lane[l] += x[j + l];
+    for (int l = 0; j < n; j++, l++) lane[l] += x[j];
+    float s = 0.0f;
+    for (int l = 0; l < ADD_LANES; l++) s += lane[l];
+    return s;
+}
+
 /* Through e_ij = Σ_a ṽ_a tanh(x_ija):  ∂e/∂x_ija = ṽ_a (1 - t²),  ∂e/∂ṽ_a = t. */
 static void ADD_NAME(add_grad)(int64_t nk, int64_t A, const float *t, const float *de,
                                const float *vt, float *dqp, float *dkpt, int64_t lddk,
                                float *dvt) {
+    float u[ATTN_ADD_TILE];
     for (int64_t a = 0; a < A; a++) {
         const float *t_a = t + a * nk;
         const float v_a = vt[a];
-        float sq = 0.0f, sv = 0.0f;
-        if (dkpt) {
-            float *dk_a = dkpt + a * lddk;
-            for (int64_t j = 0; j < nk; j++) {
-                const float u = de[j] * v_a * (1.0f - t_a[j] * t_a[j]);
-                dk_a[j] += u;
+        if (dkpt || dqp) {
+            for (int64_t j = 0; j < nk; j++) u[j] = de[j] * v_a * (1.0f - t_a[j] * t_a[j]);
+            if (dkpt) {
+                float *dk_a = dkpt + a * lddk;
+                for (int64_t j = 0; j < nk; j++) dk_a[j] += u[j];
             }
-        }
-        if (dqp) {
-            for (int64_t j = 0; j < nk; j++) sq += de[j] * v_a * (1.0f - t_a[j] * t_a[j]);
-            dqp[a] += sq;
+            if (dqp) dqp[a] += ADD_NAME(add_sum)(nk, u);
         }
         if (dvt) {
-            for (int64_t j = 0; j < nk; j++) sv = ADD_FMA(de[j], t_a[j], sv);
-            dvt[a] += sv;
+            for (int64_t j = 0; j < nk; j++) u[j] = de[j] * t_a[j];
+            dvt[a] += ADD_NAME(add_sum)(nk, u);
         }
     }
+}
+
+/* Σ_d x[d] y[d] over unit-stride vectors, in the lane order of add_sum */
+static float ADD_NAME(add_dot)(int64_t n, const float *x, const float *y) {
+    float lane[ADD_LANES] = {0};
+    int64_t d = 0;
+    for (; d + ADD_LANES <= n; d += ADD_LANES)
+        for (int l = 0; l < ADD_LANES; l++) lane[l] = ADD_FMA(x[d + l], y[d + l], lane[l]);
+    for (int l = 0; d < n; d++, l++) lane[l] = ADD_FMA(x[d], y[d], lane[l]);
+    float s = 0.0f;
+    for (int l = 0; l < ADD_LANES; l++) s += lane[l];
+    return s;
 }
 
 const attn_additive_kernels ADD_NAME(attn_additive_kernels) = {
@@ -136,4 +159,5 @@ const attn_additive_kernels ADD_NAME(attn_additive_kernels) = {
     .tanh = ADD_NAME(add_tanh),
     .score = ADD_NAME(add_score),
     .grad = ADD_NAME(add_grad),
+    .dot = ADD_NAME(add_dot),
 };
