@@ -8,8 +8,11 @@
  *                 anti-diagonal.
  *
  * The model, for inputs x_1..x_T and targets y_t = x_{T+1-t}:
- *   encoder   h_t = GRU_enc(emb_enc[x_t], h_{t-1}),  h_0 = 0
- *   decoder   s_0 = h_T;  at step t: c_t = attention(query s_{t-1}; keys = values = h_1..h_T)
+ *   encoder   bidirectional, as Bahdanau's: f_t = GRU_f(emb_enc[x_t], f_{t-1}), f_0 = 0,
+ *             g_t = GRU_b(emb_enc[x_t], g_{t+1}), g_{T+1} = 0; annotations h_t = [f_t; g_t]
+ *             (a one-way encoder's f_t also remembers x_{t-1}, and the alignment it learns
+ *             is then off the anti-diagonal by one)
+ *   decoder   s_0 = f_T;  at step t: c_t = attention(query s_{t-1}; keys = values = h_1..h_T)
  *             s_t = GRU_dec([emb_dec[y_{t-1}]; c_t], s_{t-1})   (y_0 = START; teacher forcing)
  *             logits_t = [s_t; c_t] Wo + bo,  loss = mean cross-entropy
  * attention is attn_additive_forward / attn_additive_backward (one call per decoder step,
@@ -41,28 +44,31 @@ typedef struct gru {
 
 typedef struct net {
     float *emb_enc, *emb_dec;   /* (VOCAB, E), (VOCAB + 1, E)   */
-    gru enc, dec;               /* enc Din = E, dec Din = E + H     */
-    float *Wq, *Uk, *va, *ba;   /* attention: (H, A) (H, A) (A) (A) */
-    float *Wo, *bo;             /* (2H, VOCAB), (VOCAB)          */
+    gru enc, encb, dec;         /* Din = E, E, E + K              */
+    float *Wq, *Uk, *va, *ba;   /* attention: (H, A) (K, A) (A) (A) */
+    float *Wo, *bo;             /* (H + K, VOCAB), (VOCAB)        */
 } net;
 
 typedef struct dims {
     int B, T, E, H, A;
+    int K;  /* the annotations' width, 2H */
 } dims;
 
 /* Points the parts of a net at consecutive slices of base; returns the float count. */
 static int64_t layout(net *n, float *base, const dims *d) {
     int64_t off = 0;
 #define TAKE(p, count) (p = base ? base + off : NULL, off += (count))
-    const int64_t E = d->E, H = d->H, A = d->A;
+    const int64_t E = d->E, H = d->H, A = d->A, K = d->K;
     TAKE(n->emb_enc, VOCAB * E);
     TAKE(n->emb_dec, (VOCAB + 1) * E);
     TAKE(n->enc.Wx, E * 3 * H); TAKE(n->enc.Wh, H * 3 * H);
     TAKE(n->enc.bx, 3 * H);     TAKE(n->enc.bh, 3 * H);
-    TAKE(n->dec.Wx, (E + H) * 3 * H); TAKE(n->dec.Wh, H * 3 * H);
+    TAKE(n->encb.Wx, E * 3 * H); TAKE(n->encb.Wh, H * 3 * H);
+    TAKE(n->encb.bx, 3 * H);     TAKE(n->encb.bh, 3 * H);
+    TAKE(n->dec.Wx, (E + K) * 3 * H); TAKE(n->dec.Wh, H * 3 * H);
     TAKE(n->dec.bx, 3 * H);           TAKE(n->dec.bh, 3 * H);
-    TAKE(n->Wq, H * A); TAKE(n->Uk, H * A); TAKE(n->va, A); TAKE(n->ba, A);
-    TAKE(n->Wo, 2 * H * VOCAB); TAKE(n->bo, VOCAB);
+    TAKE(n->Wq, H * A); TAKE(n->Uk, K * A); TAKE(n->va, A); TAKE(n->ba, A);
+    TAKE(n->Wo, (H + K) * VOCAB); TAKE(n->bo, VOCAB);
 #undef TAKE
     return off;
 }
@@ -76,10 +82,10 @@ typedef struct gru_steps {
 } gru_steps;
 
 typedef struct cache {
-    gru_steps enc, dec;
-    float *hs;                    /* (B, T, H): the encoder states, keys and values */
-    float *c, *lse, *alpha;       /* (T, B, H|1|T): context, LSE, attention weights */
-    float *oin, *logits;          /* (T, B, 2H|VOCAB)                               */
+    gru_steps enc, encb, dec;     /* encb's step s is position T - 1 - s            */
+    float *hs;                    /* (B, T, K): the annotations, keys and values    */
+    float *c, *lse, *alpha;       /* (T, B, K|1|T): context, LSE, attention weights */
+    float *oin, *logits;          /* (T, B, H+K|VOCAB)                              */
     int *yin, *tgt;               /* (T, B): the decoder's input and target symbols */
 } cache;
 
@@ -156,27 +162,28 @@ typedef struct work {
 } work;
 
 static void work_alloc(work *w, const dims *d) {
-    const int64_t B = d->B, T = d->T, E = d->E, H = d->H, A = d->A, TB = T * B;
+    const int64_t B = d->B, T = d->T, E = d->E, H = d->H, A = d->A, K = d->K, TB = T * B;
     memset(w, 0, sizeof *w);
     steps_alloc(&w->c.enc, d->T, d->B, d->E, d->H);
-    steps_alloc(&w->c.dec, d->T, d->B, d->E + d->H, d->H);
-    w->c.hs = falloc(B * T * H);
-    w->c.c = falloc(TB * H); w->c.lse = falloc(TB); w->c.alpha = falloc(TB * T);
-    w->c.oin = falloc(TB * 2 * H); w->c.logits = falloc(TB * VOCAB);
+    steps_alloc(&w->c.encb, d->T, d->B, d->E, d->H);
+    steps_alloc(&w->c.dec, d->T, d->B, d->E + d->K, d->H);
+    w->c.hs = falloc(B * T * K);
+    w->c.c = falloc(TB * K); w->c.lse = falloc(TB); w->c.alpha = falloc(TB * T);
+    w->c.oin = falloc(TB * (H + K)); w->c.logits = falloc(TB * VOCAB);
     w->c.yin = calloc((size_t)TB, sizeof(int)); w->c.tgt = calloc((size_t)TB, sizeof(int));
     w->x = calloc((size_t)TB, sizeof(int));
     w->probs = falloc(TB * VOCAB); w->losses = falloc(TB);
-    const int64_t wide = 3 * H * (E + H) > VOCAB * 2 * H ? 3 * H * (E + H) : VOCAB * 2 * H;
-    w->dlogits = falloc(TB * VOCAB); w->doin = falloc(B * 2 * H); w->ds = falloc(B * H);
-    w->dsp = falloc(B * H); w->dc = falloc(B * H); w->du = falloc(B * (E + H));
+    const int64_t wide = 3 * H * (E + K) > VOCAB * (H + K) ? 3 * H * (E + K) : VOCAB * (H + K);
+    w->dlogits = falloc(TB * VOCAB); w->doin = falloc(B * (H + K)); w->ds = falloc(B * H);
+    w->dsp = falloc(B * H); w->dc = falloc(B * K); w->du = falloc(B * (E + K));
     w->dgx = falloc(B * 3 * H); w->dgh = falloc(B * 3 * H); w->wt = falloc(wide);
-    w->dq = falloc(B * H); w->dk = falloc(B * T * H); w->dv = falloc(B * T * H);
-    w->dhs = falloc(B * T * H); w->dho = falloc(B * H);
-    w->gWq = falloc(H * A); w->gUk = falloc(H * A); w->gva = falloc(A); w->gba = falloc(A);
+    w->dq = falloc(B * H); w->dk = falloc(B * T * K); w->dv = falloc(B * T * K);
+    w->dhs = falloc(B * T * K); w->dho = falloc(B * H);
+    w->gWq = falloc(H * A); w->gUk = falloc(K * A); w->gva = falloc(A); w->gba = falloc(A);
 }
 
 static void work_free(work *w) {
-    steps_free(&w->c.enc); steps_free(&w->c.dec);
+    steps_free(&w->c.enc); steps_free(&w->c.encb); steps_free(&w->c.dec);
     float *f[] = {w->c.hs, w->c.c, w->c.lse, w->c.alpha, w->c.oin, w->c.logits, w->probs,
                   w->losses, w->dlogits, w->doin, w->ds, w->dsp, w->dc, w->du, w->dgx, w->dgh,
                   w->wt, w->dq, w->dk, w->dv, w->dhs, w->dho, w->gWq, w->gUk, w->gva, w->gba};
@@ -204,11 +211,11 @@ typedef struct step_tensors {
 } step_tensors;
 
 static step_tensors step_tensors_of(cache *c, const dims *d, int t) {
-    const int64_t B = d->B, H = d->H, T = d->T;
+    const int64_t B = d->B, H = d->H, T = d->T, K = d->K;
     step_tensors s;
     s.q = attn_tensor_4d(c->dec.h + t * B * H, ATTN_F32, B, 1, 1, H);  /* s_{t-1} */
-    s.kv = attn_tensor_4d(c->hs, ATTN_F32, B, 1, T, H);
-    s.o = attn_tensor_4d(c->c + t * B * H, ATTN_F32, B, 1, 1, H);
+    s.kv = attn_tensor_4d(c->hs, ATTN_F32, B, 1, T, K);
+    s.o = attn_tensor_4d(c->c + t * B * K, ATTN_F32, B, 1, 1, K);
     s.lse = attn_tensor_4d(c->lse + t * B, ATTN_F32, B, 1, 1, 1);
     s.alpha = attn_tensor_4d(c->alpha + t * B * T, ATTN_F32, B, 1, 1, T);
     return s;
@@ -217,19 +224,26 @@ static step_tensors step_tensors_of(cache *c, const dims *d, int t) {
 /* The forward pass over w->x; teacher-forced on y (B, T) when given (returns the mean
  * loss), else greedy (pred (B, T) gets the symbols). Returns NAN if attention fails. */
 static double forward(const net *n, const dims *d, work *w, const int *y, int *pred) {
-    const int B = d->B, T = d->T, E = d->E, H = d->H;
+    const int B = d->B, T = d->T, E = d->E, H = d->H, K = d->K;
     cache *c = &w->c;
-    for (int t = 0; t < T; t++) {
-        for (int b = 0; b < B; b++)
-            memcpy(c->enc.x + ((int64_t)t * B + b) * E, n->emb_enc + (int64_t)w->x[b * T + t] * E,
-                   (size_t)E * sizeof(float));
-        float *h = c->enc.h + (int64_t)t * B * H;
-        if (t) memcpy(h, c->enc.out + (int64_t)(t - 1) * B * H, (size_t)B * H * sizeof(float));
-        else memset(h, 0, (size_t)B * H * sizeof(float));
-        step_forward(&n->enc, &c->enc, t, B);
-        for (int b = 0; b < B; b++)
-            memcpy(c->hs + ((int64_t)b * T + t) * H, c->enc.out + ((int64_t)t * B + b) * H,
-                   (size_t)H * sizeof(float));
+    /* the two directions: step s of dir 0 reads position s, of dir 1 position T - 1 - s;
+     * each writes its half of the annotation h_t */
+    for (int dir = 0; dir < 2; dir++) {
+        const gru *wg = dir ? &n->encb : &n->enc;
+        gru_steps *gs = dir ? &c->encb : &c->enc;
+        for (int s = 0; s < T; s++) {
+            const int t = dir ? T - 1 - s : s;
+            for (int b = 0; b < B; b++)
+                memcpy(gs->x + ((int64_t)s * B + b) * E, n->emb_enc + (int64_t)w->x[b * T + t] * E,
+                       (size_t)E * sizeof(float));
+            float *h = gs->h + (int64_t)s * B * H;
+            if (s) memcpy(h, gs->out + (int64_t)(s - 1) * B * H, (size_t)B * H * sizeof(float));
+            else memset(h, 0, (size_t)B * H * sizeof(float));
+            step_forward(wg, gs, s, B);
+            for (int b = 0; b < B; b++)
+                memcpy(c->hs + ((int64_t)b * T + t) * K + dir * H,
+                       gs->out + ((int64_t)s * B + b) * H, (size_t)H * sizeof(float));
+        }
     }
     const attn_additive_weights aw = attn_weights(n, d);
     for (int t = 0; t < T; t++) {
@@ -242,22 +256,22 @@ static double forward(const net *n, const dims *d, work *w, const int *y, int *p
             fprintf(stderr, "attn seq2seq: attention: %s\n", attn_last_error());
             return NAN;
         }
-        const float *ct = c->c + (int64_t)t * B * H;
+        const float *ct = c->c + (int64_t)t * B * K;
         for (int b = 0; b < B; b++) {
             const int yin = t == 0 ? START : y ? y[b * T + t - 1] : pred[b * T + t - 1];
             c->yin[t * B + b] = yin;
             c->tgt[t * B + b] = y ? y[b * T + t] : 0;
-            float *u = c->dec.x + ((int64_t)t * B + b) * (E + H);
+            float *u = c->dec.x + ((int64_t)t * B + b) * (E + K);
             memcpy(u, n->emb_dec + (int64_t)yin * E, (size_t)E * sizeof(float));
-            memcpy(u + E, ct + (int64_t)b * H, (size_t)H * sizeof(float));
+            memcpy(u + E, ct + (int64_t)b * K, (size_t)K * sizeof(float));
         }
         step_forward(&n->dec, &c->dec, t, B);
-        float *oin = c->oin + (int64_t)t * B * 2 * H, *logits = c->logits + (int64_t)t * B * VOCAB;
+        float *oin = c->oin + (int64_t)t * B * (H + K), *logits = c->logits + (int64_t)t * B * VOCAB;
         for (int b = 0; b < B; b++) {
-            memcpy(oin + (int64_t)b * 2 * H, c->dec.out + ((int64_t)t * B + b) * H, (size_t)H * sizeof(float));
-            memcpy(oin + (int64_t)b * 2 * H + H, ct + (int64_t)b * H, (size_t)H * sizeof(float));
+            memcpy(oin + (int64_t)b * (H + K), c->dec.out + ((int64_t)t * B + b) * H, (size_t)H * sizeof(float));
+            memcpy(oin + (int64_t)b * (H + K) + H, ct + (int64_t)b * K, (size_t)K * sizeof(float));
         }
-        matmul_forward_s2s(logits, oin, n->Wo, n->bo, B, 2 * H, VOCAB);
+        matmul_forward_s2s(logits, oin, n->Wo, n->bo, B, H + K, VOCAB);
         for (int b = 0; pred && b < B; b++) {
             int best = 0;
             for (int v = 1; v < VOCAB; v++)
@@ -275,37 +289,36 @@ static void add_to(float *dst, const float *src, int64_t n) {
 
 /* The gradients of the latest teacher-forced forward into g (added: zero g first). */
 static int backward(const net *n, net *g, const dims *d, work *w) {
-    const int B = d->B, T = d->T, E = d->E, H = d->H, A = d->A;
+    const int B = d->B, T = d->T, E = d->E, H = d->H, A = d->A, K = d->K;
     cache *c = &w->c;
-    const int64_t BH = (int64_t)B * H;
+    const int64_t BH = (int64_t)B * H, BK = (int64_t)B * K;
     crossentropy_backward_s2s(w->dlogits, w->probs, c->tgt, (int64_t)T * B, VOCAB);
-    memset(w->dhs, 0, (size_t)(BH * T) * sizeof(float));
+    memset(w->dhs, 0, (size_t)(BK * T) * sizeof(float));
     memset(w->ds, 0, (size_t)BH * sizeof(float));
     const attn_additive_weights aw = attn_weights(n, d);
     for (int t = T - 1; t >= 0; t--) {
         /* logits = [s_t; c_t] Wo + bo */
-        memset(w->doin, 0, (size_t)(2 * BH) * sizeof(float));
+        memset(w->doin, 0, (size_t)(BH + BK) * sizeof(float));
         matmul_backward_s2s(w->doin, g->Wo, g->bo, w->dlogits + (int64_t)t * B * VOCAB,
-                            c->oin + (int64_t)t * B * 2 * H, n->Wo, w->wt, B, 2 * H, VOCAB);
-        for (int b = 0; b < B; b++)
-            for (int k = 0; k < H; k++) {
-                w->ds[b * H + k] += w->doin[b * 2 * H + k];
-                w->dc[b * H + k] = w->doin[b * 2 * H + H + k];
-            }
+                            c->oin + (int64_t)t * B * (H + K), n->Wo, w->wt, B, H + K, VOCAB);
+        for (int b = 0; b < B; b++) {
+            for (int k = 0; k < H; k++) w->ds[b * H + k] += w->doin[b * (H + K) + k];
+            for (int k = 0; k < K; k++) w->dc[b * K + k] = w->doin[b * (H + K) + H + k];
+        }
         /* s_t = GRU_dec([emb_dec[y_{t-1}]; c_t], s_{t-1}) */
-        memset(w->du, 0, (size_t)B * (E + H) * sizeof(float));
+        memset(w->du, 0, (size_t)B * (E + K) * sizeof(float));
         memset(w->dsp, 0, (size_t)BH * sizeof(float));
         step_backward(&n->dec, &g->dec, &c->dec, t, B, w->ds, w->du, w->dsp, w);
         for (int b = 0; b < B; b++) {
-            add_to(g->emb_dec + (int64_t)c->yin[t * B + b] * E, w->du + (int64_t)b * (E + H), E);
-            add_to(w->dc + (int64_t)b * H, w->du + (int64_t)b * (E + H) + E, H);
+            add_to(g->emb_dec + (int64_t)c->yin[t * B + b] * E, w->du + (int64_t)b * (E + K), E);
+            add_to(w->dc + (int64_t)b * K, w->du + (int64_t)b * (E + K) + E, K);
         }
         /* c_t = attention(s_{t-1}; h, h) */
         step_tensors st = step_tensors_of(c, d, t);
-        attn_tensor tdo = attn_tensor_4d(w->dc, ATTN_F32, B, 1, 1, H);
+        attn_tensor tdo = attn_tensor_4d(w->dc, ATTN_F32, B, 1, 1, K);
         attn_tensor tdq = attn_tensor_4d(w->dq, ATTN_F32, B, 1, 1, H);
-        attn_tensor tdk = attn_tensor_4d(w->dk, ATTN_F32, B, 1, T, H);
-        attn_tensor tdv = attn_tensor_4d(w->dv, ATTN_F32, B, 1, T, H);
+        attn_tensor tdk = attn_tensor_4d(w->dk, ATTN_F32, B, 1, T, K);
+        attn_tensor tdv = attn_tensor_4d(w->dv, ATTN_F32, B, 1, T, K);
         attn_additive_grads gr = {w->gWq, w->gUk, w->gva, w->gba, NULL};
         attn_status s = attn_additive_backward(&st.q, &st.kv, &st.kv, &aw, &st.o, &tdo, &st.lse,
                                                &tdq, &tdk, &tdv, &gr, NULL);
@@ -314,24 +327,30 @@ static int backward(const net *n, net *g, const dims *d, work *w) {
             return -1;
         }
         add_to(w->dsp, w->dq, BH);
-        add_to(w->dhs, w->dk, BH * T);
-        add_to(w->dhs, w->dv, BH * T);
-        add_to(g->Wq, w->gWq, (int64_t)H * A); add_to(g->Uk, w->gUk, (int64_t)H * A);
+        add_to(w->dhs, w->dk, BK * T);
+        add_to(w->dhs, w->dv, BK * T);
+        add_to(g->Wq, w->gWq, (int64_t)H * A); add_to(g->Uk, w->gUk, (int64_t)K * A);
         add_to(g->va, w->gva, A); add_to(g->ba, w->gba, A);
         memcpy(w->ds, w->dsp, (size_t)BH * sizeof(float));
     }
-    /* s_0 = h_T */
-    for (int b = 0; b < B; b++) add_to(w->dhs + ((int64_t)b * T + T - 1) * H, w->ds + (int64_t)b * H, H);
-    memset(w->dsp, 0, (size_t)BH * sizeof(float));  /* dL/dh_t from step t + 1 */
-    for (int t = T - 1; t >= 0; t--) {
-        for (int b = 0; b < B; b++)
-            for (int k = 0; k < H; k++)
-                w->dho[b * H + k] = w->dhs[((int64_t)b * T + t) * H + k] + w->dsp[b * H + k];
-        memset(w->du, 0, (size_t)B * E * sizeof(float));
-        memset(w->dsp, 0, (size_t)BH * sizeof(float));
-        step_backward(&n->enc, &g->enc, &c->enc, t, B, w->dho, w->du, w->dsp, w);
-        for (int b = 0; b < B; b++)
-            add_to(g->emb_enc + (int64_t)w->x[b * T + t] * E, w->du + (int64_t)b * E, E);
+    /* s_0 = f_T, the forward half of h_T */
+    for (int b = 0; b < B; b++) add_to(w->dhs + ((int64_t)b * T + T - 1) * K, w->ds + (int64_t)b * H, H);
+    for (int dir = 0; dir < 2; dir++) {
+        const gru *wg = dir ? &n->encb : &n->enc;
+        gru *dg = dir ? &g->encb : &g->enc;
+        const gru_steps *gs = dir ? &c->encb : &c->enc;
+        memset(w->dsp, 0, (size_t)BH * sizeof(float));  /* dL/d(state) from step s + 1 */
+        for (int s = T - 1; s >= 0; s--) {
+            const int t = dir ? T - 1 - s : s;
+            for (int b = 0; b < B; b++)
+                for (int k = 0; k < H; k++)
+                    w->dho[b * H + k] = w->dhs[((int64_t)b * T + t) * K + dir * H + k] + w->dsp[b * H + k];
+            memset(w->du, 0, (size_t)B * E * sizeof(float));
+            memset(w->dsp, 0, (size_t)BH * sizeof(float));
+            step_backward(wg, dg, gs, s, B, w->dho, w->du, w->dsp, w);
+            for (int b = 0; b < B; b++)
+                add_to(g->emb_enc + (int64_t)w->x[b * T + t] * E, w->du + (int64_t)b * E, E);
+        }
     }
     return 0;
 }
@@ -359,16 +378,17 @@ static void init(net *n, const dims *d) {
     const float kh = 1.0f / sqrtf((float)d->H);
     for (int64_t i = 0; i < (int64_t)VOCAB * d->E; i++) n->emb_enc[i] = unif(1);
     for (int64_t i = 0; i < (int64_t)(VOCAB + 1) * d->E; i++) n->emb_dec[i] = unif(1);
-    gru *gs[2] = {&n->enc, &n->dec};
-    const int ins[2] = {d->E, d->E + d->H};
-    for (int g = 0; g < 2; g++) {
+    gru *gs[3] = {&n->enc, &n->encb, &n->dec};
+    const int ins[3] = {d->E, d->E, d->E + d->K};
+    for (int g = 0; g < 3; g++) {
         for (int64_t i = 0; i < (int64_t)ins[g] * 3 * d->H; i++) gs[g]->Wx[i] = unif(kh);
         for (int64_t i = 0; i < (int64_t)d->H * 3 * d->H; i++) gs[g]->Wh[i] = unif(kh);
         for (int64_t i = 0; i < 3 * d->H; i++) gs[g]->bx[i] = unif(kh), gs[g]->bh[i] = unif(kh);
     }
-    for (int64_t i = 0; i < (int64_t)d->H * d->A; i++) n->Wq[i] = unif(kh), n->Uk[i] = unif(kh);
+    for (int64_t i = 0; i < (int64_t)d->H * d->A; i++) n->Wq[i] = unif(kh);
+    for (int64_t i = 0; i < (int64_t)d->K * d->A; i++) n->Uk[i] = unif(kh / 1.4142f);
     for (int64_t i = 0; i < d->A; i++) n->va[i] = unif(1.0f / sqrtf((float)d->A)), n->ba[i] = 0;
-    for (int64_t i = 0; i < (int64_t)2 * d->H * VOCAB; i++) n->Wo[i] = unif(kh / 1.4142f);
+    for (int64_t i = 0; i < (int64_t)(d->H + d->K) * VOCAB; i++) n->Wo[i] = unif(kh / 1.7321f);
     for (int64_t i = 0; i < VOCAB; i++) n->bo[i] = 0;
 }
 
@@ -414,7 +434,8 @@ static int write_alignment(const char *path, const double *al, int T) {
 static const char USAGE[] =
     "usage: attn seq2seq [options]\n"
     "\n"
-    "  Trains a GRU encoder-decoder with Bahdanau (additive) attention to reverse sequences\n"
+    "  Trains a GRU encoder (bidirectional) and decoder with Bahdanau (additive) attention\n"
+    "  to reverse sequences\n"
     "  of digits, printing the loss; then scores greedy decoding on 512 held-out sequences\n"
     "  and writes the learned alignment (mean attention weights, output step x encoder\n"
     "  position) as a PNG heatmap: reversal is the anti-diagonal.\n"
@@ -469,6 +490,7 @@ int cli_seq2seq(int argc, char **argv) {
     const float lr = lr_s ? strtof(lr_s, NULL) : 0.005f;
     if (!(lr > 0 && lr < 1)) return fprintf(stderr, "attn: seq2seq: --lr: expected 0 < lr < 1\n"), 2;
     d.E = 16;
+    d.K = 2 * d.H;
     /* one thread by default: each product and attention call here is small, and threads
      * would mostly wait for one another */
     omp_set_num_threads(threads);
