@@ -16,6 +16,7 @@
  * A row is computed by one thread in a fixed order: bit-identical for any thread count.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,8 +43,15 @@ const attn_additive_kernels *attn_additive_kernels_named(const char *name) {
     return NULL;
 }
 
+/* Chosen once: the dot-product path's choice is made once per process too, and asking
+ * the CPU again (cpuid) on every call would cost more than a small call's work. */
+static const attn_additive_kernels *g_chosen;
+static pthread_once_t g_chosen_once = PTHREAD_ONCE_INIT;
+static void choose_once(void) { g_chosen = attn_additive_kernels_named(attn_kernel_name()); }
+
 const attn_additive_kernels *attn_additive_select(void) {
-    return attn_additive_kernels_named(attn_kernel_name());
+    pthread_once(&g_chosen_once, choose_once);
+    return g_chosen;
 }
 
 attn_status attn_additive_tanh(int64_t n, const float *x, float *y) {
