@@ -260,15 +260,24 @@ attn_status attn_additive_fused_forward(const attn_additive_params *p) {
     const attn_params *m = &p->m;
     attn_additive_proj pr;
     TRY(attn_proj_init(&pr, p, m->threads, 2 * m->Dv + ATTN_ADD_TILE, 0));
-    attn_status st = attn_proj_run(&pr, p);
-    if (st == ATTN_OK) {
+    attn_proj_vt(&pr, p);
+    attn_status st = ATTN_OK;
 #pragma omp parallel num_threads(m->threads)
-        {
-            float *scratch = attn_proj_thread_scratch(&pr, attn_thread_num());
+    {
+        const int t = attn_thread_num();
+        float *scratch = attn_proj_thread_scratch(&pr, t);
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t r = 0; r < m->B * m->Lq; r++)
-                forward_row(p, &pr, pr.vt, scratch, r / m->Lq, r % m->Lq);
+        for (int64_t b = 0; b < m->B; b++) {
+            attn_status sb = attn_proj_batch(&pr, p, b, attn_proj_gather(&pr, t));
+            if (sb != ATTN_OK) {
+#pragma omp critical(attn_additive_status)
+                st = sb;
+            }
         }
+        /* the barrier of the loop above: every projection is done, st is final */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t r = 0; r < m->B * m->Lq; r++)
+            if (st == ATTN_OK) forward_row(p, &pr, pr.vt, scratch, r / m->Lq, r % m->Lq);
     }
     attn_proj_free(&pr);
     return st;

@@ -162,7 +162,7 @@ static attn_status through_weights(const attn_additive_params *p, const attn_add
         scatter(bm->tmp, Lq, p->Dq, g->dq, g->dq_s, b);
     }
     if (gr->d_w_query) {  /* dW += Qᵀ dQp */
-        const float *qb = attn_proj_rows(p->q, p->q_s, b, Lq, p->Dq, pr->gather, &ld);
+        const float *qb = attn_proj_rows(p->q, p->q_s, b, Lq, p->Dq, attn_proj_gather(pr, 0), &ld);
         TRY(attn_proj_product(true, false, p->Dq, A, Lq, qb, ld, dqp, A, b > 0, gr->d_w_query, A));
     }
     if (g->dk) {  /* Kp = K U  ->  dK = dKp Uᵀ = (dKpᵀ)ᵀ Uᵀ */
@@ -172,7 +172,7 @@ static attn_status through_weights(const attn_additive_params *p, const attn_add
     if (gr->d_w_key) {  /* dU += Kᵀ dKp = Kᵀ (dKpᵀ)ᵀ, over the keys some row reads */
         int64_t j0, j1;
         attn_additive_read_keys(p, b, &j0, &j1);
-        const float *kb = attn_proj_rows(p->k, p->k_s, b, Lk, m->Dk, pr->gather, &ld);
+        const float *kb = attn_proj_rows(p->k, p->k_s, b, Lk, m->Dk, attn_proj_gather(pr, 0), &ld);
         TRY(attn_proj_product(true, true, m->Dk, A, j1 - j0, kb + j0 * ld, ld, dkpt + j0, Lk,
                               b > 0, gr->d_w_key, A));
     }
@@ -186,7 +186,7 @@ attn_status attn_additive_fused_backward(const attn_additive_params *p,
     const attn_params *m = &p->m;
     const int64_t A = p->A, B = m->B, Lq = m->Lq, Lk = m->Lk, Dv = m->Dv;
     bwd_mem bm = {.tiles = (Lk + ATTN_ADD_TILE - 1) / ATTN_ADD_TILE};
-    const int64_t wide = Lq * p->Dq > Lk * m->Dk ? Lq * p->Dq : Lk * m->Dk;
+    const int64_t wide = Lq * p->Dq > Lk * m->Dk ? Lq * p->Dq : Lk * m->Dk;  /* bm.tmp */
     const int64_t extra = B * Lq * A + B * A * Lk + B * bm.tiles * A + B * Lq + wide + 64;
     attn_additive_proj pr;
     /* per thread: the tile's t, e, p, de, and a dV tile */
@@ -196,30 +196,42 @@ attn_status attn_additive_fused_backward(const attn_additive_params *p,
     bm.dvt = bm.dkpt + B * A * Lk;
     bm.Dr = bm.dvt + B * bm.tiles * A;
     bm.tmp = bm.Dr + B * Lq;
-    attn_status st = attn_proj_run(&pr, p);
-    /* D_i = dO_i · o_i, which equals Σ_j p_ij dp_ij */
-    for (int64_t r = 0; st == ATTN_OK && r < B * Lq; r++) {
-        const int64_t b = r / Lq, i = r % Lq;
-        const float *do_i = g->d_o + b * g->d_o_s[0] + i * g->d_o_s[2];
-        const float *o_i = p->o + b * p->o_s[0] + i * p->o_s[2];
-        float s = 0.0f;
-        for (int64_t d = 0; d < Dv; d++) s += do_i[d * g->d_o_s[3]] * o_i[d * p->o_s[3]];
-        bm.Dr[r] = s;
-    }
-    if (st == ATTN_OK) {
+    attn_proj_vt(&pr, p);
+    attn_status st = ATTN_OK;
 #pragma omp parallel num_threads(m->threads)
-        {
-            const bwd_scratch w = carve(&pr, attn_thread_num(), A);
-            float *dval_tile = w.de + ATTN_ADD_TILE;
+    {
+        const int th = attn_thread_num();
+        const bwd_scratch w = carve(&pr, th, A);
+        float *dval_tile = w.de + ATTN_ADD_TILE;
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t it = 0; it < B * bm.tiles; it++)
-                keys_item(p, g, &pr, &bm, &w, dval_tile, it / bm.tiles, it % bm.tiles);
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t r = 0; r < B * Lq; r++) rows_item(p, g, &pr, &bm, &w, r / Lq, r % Lq);
+        for (int64_t b = 0; b < B; b++) {
+            attn_status sb = attn_proj_batch(&pr, p, b, attn_proj_gather(&pr, th));
+            if (sb != ATTN_OK) {
+#pragma omp critical(attn_additive_bwd_status)
+                st = sb;
+            }
         }
+        /* D_i = dO_i · o_i, which equals Σ_j p_ij dp_ij */
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < B * Lq; r++) {
+            const int64_t b = r / Lq, i = r % Lq;
+            const float *do_i = g->d_o + b * g->d_o_s[0] + i * g->d_o_s[2];
+            const float *o_i = p->o + b * p->o_s[0] + i * p->o_s[2];
+            float s = 0.0f;
+            for (int64_t d = 0; d < Dv; d++) s += do_i[d * g->d_o_s[3]] * o_i[d * p->o_s[3]];
+            bm.Dr[r] = s;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < B * bm.tiles; it++)
+            if (st == ATTN_OK) keys_item(p, g, &pr, &bm, &w, dval_tile, it / bm.tiles, it % bm.tiles);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t r = 0; r < B * Lq; r++)
+            if (st == ATTN_OK) rows_item(p, g, &pr, &bm, &w, r / Lq, r % Lq);
     }
     double *acc = calloc((size_t)(2 * A + 1), sizeof(double));  /* dbias, dṽ */
     if (!acc && st == ATTN_OK) st = attn_fail(ATTN_ERR_NOMEM, "additive backward: out of memory");
+    /* the weights' gradients sum over the batches in order: one thread (the products
+     * through the BLAS's own threads) */
     for (int64_t b = 0; st == ATTN_OK && b < B; b++) st = through_weights(p, g, &pr, &bm, b, acc);
     if (st == ATTN_OK) {
         const attn_additive_grads *gr = &g->gr;

@@ -14,7 +14,8 @@ typedef struct attn_additive_proj {
     float *qp;        /* (B, Lq, A)                                     */
     float *kpt;       /* (B, A, Lk): Kp transposed, so keys are columns  */
     float *vt;        /* (A) ṽ                                          */
-    float *gather;    /* (max(Lq Dq, Lk Dk)) dense copy of a strided input */
+    float *gather;    /* (threads, per_gather) dense copies of strided inputs */
+    int64_t per_gather;
     float *scratch;   /* (threads, per_thread)                           */
     int64_t per_thread;
     float *extra;     /* (extra floats) for the caller (the backward's)  */
@@ -24,8 +25,13 @@ typedef struct attn_additive_proj {
 /* Sizes and allocates (ATTN_ERR_OVERFLOW, ATTN_ERR_NOMEM); nothing is computed yet. */
 ATTN_PRIVATE attn_status attn_proj_init(attn_additive_proj *pr, const attn_additive_params *p,
                                         int threads, int64_t per_thread, int64_t extra);
-/* Fills qp, kpt and vt. */
-ATTN_PRIVATE attn_status attn_proj_run(attn_additive_proj *pr, const attn_additive_params *p);
+/* Fills vt; then qp and kpt of batch b (any thread, with its own gather slice). */
+ATTN_PRIVATE void attn_proj_vt(attn_additive_proj *pr, const attn_additive_params *p);
+ATTN_PRIVATE attn_status attn_proj_batch(attn_additive_proj *pr, const attn_additive_params *p,
+                                         int64_t b, float *gather);
+static inline float *attn_proj_gather(const attn_additive_proj *pr, int t) {
+    return pr->gather + (int64_t)t * pr->per_gather;
+}
 ATTN_PRIVATE void attn_proj_free(attn_additive_proj *pr);
 
 /* c[m, n] = op(a) op(b) (+ c when accumulate) through attn_gemm_f32; with an inner size

@@ -515,7 +515,7 @@ int cli_seq2seq(int argc, char **argv) {
         if (!(loss == loss) || backward(&n, &g, &d, &w)) return 1;
         adam(pbuf, gbuf, mbuf, vbuf, np, lr, step);
         avg = step == 1 ? loss : 0.95 * avg + 0.05 * loss;
-        if (step % (steps >= 1000 ? 100 : 25) == 0 || step == 1)
+        if (step % (steps >= 1000 ? 100 : 25) == 0 || step == 1 || step == steps)
             printf("  step %5d  loss %.4f  (running mean %.4f)\n", step, loss, avg);
     }
     /* held-out: greedy decoding and the mean alignment */
