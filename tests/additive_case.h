@@ -239,6 +239,21 @@ static inline void oracle(const acall *t, double *o, double *lse, double *w) {
     free(e);
 }
 
+/* In a build without a BLAS the fused path must refuse (ATTN_ERR_UNSUPPORTED): checked,
+ * and 1 is returned so that a suite skips the rest. 0 in a build with one. */
+static inline void acall_free(acall *t);
+static inline int acall_without_blas(void) {
+    if (strcmp(attn_blas_name(), "none") != 0) return 0;
+    acase c = mk(1, 2, 3, 2, 2, 2, 4, 1);
+    acall t;
+    acall_build(&t, &c);
+    CHECK(acall_forward(&t, ATTN_PATH_FUSED, 1, 0) == ATTN_ERR_UNSUPPORTED,
+          "no BLAS: the fused path must return ATTN_ERR_UNSUPPORTED");
+    acall_free(&t);
+    printf("  this build has no BLAS: the fused path's refusal checked, the rest skipped\n");
+    return 1;
+}
+
 static inline void acall_free(acall *t) {
     free(t->qb); free(t->kb); free(t->vb); free(t->ob); free(t->lseb); free(t->wb);
     free(t->W); free(t->U); free(t->v); free(t->bias); free(t->maskb); free(t->kvl);
