@@ -238,6 +238,70 @@ ATTN_API const char *const *attn_kernel_list(void);
  * or "none" for a build without one (calls that need it return ATTN_ERR_UNSUPPORTED). */
 ATTN_API const char *attn_blas_name(void);
 
+/* ---- additive (Bahdanau) attention -----------------------------------------------------
+ * e_ij = ṽ · tanh(W q_i + U k_j + b),  O = softmax_j(e, masked) V,  ṽ = v, or g v / ‖v‖
+ * when normalize (the weight-normalized form of TF-Addons' BahdanauAttention).
+ * Extra letters: Dq query width, A units. Weights are dense row-major float32. */
+typedef struct attn_additive_weights {
+    int64_t units;          /* A >= 0                                              */
+    const float *w_query;   /* W [Dq, A]                                           */
+    const float *w_key;     /* U [Dk, A]                                           */
+    const float *v;         /* v [A]                                               */
+    const float *bias;      /* b [A], or NULL for none                             */
+    bool normalize;         /* ṽ = g v / ‖v‖ (‖v‖ = 0 gives ṽ = 0)                 */
+    float g;                /* used only when normalize; must be finite            */
+} attn_additive_weights;
+
+/* The weights' gradients; each pointer may be NULL (not wanted). Written, not added to. */
+typedef struct attn_additive_grads {
+    float *d_w_query;       /* [Dq, A] */
+    float *d_w_key;         /* [Dk, A] */
+    float *d_v;             /* [A]     */
+    float *d_bias;          /* [A]     */
+    float *d_g;             /* one float, when normalize */
+} attn_additive_grads;
+
+/* O = additive attention.
+ *   q [B, 1, Lq, Dq]   k [B, 1, Lk, Dk]   v [B, 1, Lk, Dv]   o [B, 1, Lq, Dv]   all float32
+ * Options as attn_forward where they make sense: kv_len, mask (bool, [B|1, 1, Lq|1, Lk|1]),
+ * causal (with align), window; lse and weights outputs; path (FUSED or REFERENCE),
+ * threads. Refused (ATTN_ERR_UNSUPPORTED): has_scale, softcap, bias, alibi_slopes, a
+ * caller's workspace (the call allocates its own, linear in Lq + Lk). The projections
+ * go through the BLAS: without one the fused path returns ATTN_ERR_UNSUPPORTED. */
+ATTN_API attn_status attn_additive_forward(const attn_tensor *q, const attn_tensor *k,
+                                           const attn_tensor *v,
+                                           const attn_additive_weights *w,
+                                           const attn_tensor *o, const attn_options *opt);
+
+/* The gradients of attn_additive_forward: arguments as attn_backward (o, d_o, lse from
+ * the forward; opt->lse and opt->weights NULL), plus the weights and their gradients.
+ * dq, dk, dv may each be NULL. Deterministic for any thread count. */
+ATTN_API attn_status attn_additive_backward(const attn_tensor *q, const attn_tensor *k,
+                                            const attn_tensor *v,
+                                            const attn_additive_weights *w,
+                                            const attn_tensor *o, const attn_tensor *d_o,
+                                            const attn_tensor *lse, const attn_tensor *dq,
+                                            const attn_tensor *dk, const attn_tensor *dv,
+                                            const attn_additive_grads *grads,
+                                            const attn_options *opt);
+
+/* Luong's forms. general: e_ij = q_i W k_jᵀ with W [Dq, Dk] dense: q is projected
+ * through the BLAS, then attn_forward runs with scale 1 unless opt->has_scale (every
+ * attn_forward option applies). concat: e_ij = vᵀ tanh(W [q_i; k_j]), which is the
+ * additive form with W split into w_query and w_key: attn_additive_forward. */
+ATTN_API attn_status attn_luong_general_forward(const attn_tensor *q, const attn_tensor *k,
+                                                const attn_tensor *v, const float *w,
+                                                const attn_tensor *o, const attn_options *opt);
+ATTN_API attn_status attn_luong_concat_forward(const attn_tensor *q, const attn_tensor *k,
+                                               const attn_tensor *v,
+                                               const attn_additive_weights *w,
+                                               const attn_tensor *o, const attn_options *opt);
+
+/* The vectorized tanh of the additive scores, on n floats (the kernel attn_kernel_name()
+ * names): error bound in docs/CONTRACT.md. For tests and benchmarks. */
+ATTN_API attn_status attn_additive_tanh(int64_t n, const float *x, float *y);
+
+
 #ifdef __cplusplus
 }
 #endif

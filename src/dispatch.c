@@ -107,4 +107,12 @@ bool attn_kernel_supported(const char *name) {
     return false;
 }
 
+const attn_kernels *attn_kernels_named(const char *name) {
+    if (!name) return NULL;
+    for (int i = 0; i < N_KERNELS; i++)
+        if (strcmp(name, g_list[i].table->name) == 0)
+            return cpu_can_run(&g_list[i]) ? g_list[i].table : NULL;
+    return NULL;
+}
+
 const char *const *attn_kernel_list(void) { return g_names; }

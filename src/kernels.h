@@ -189,6 +189,9 @@ struct attn_kernels {
     /* y = exp(x) elementwise with the kernel's own exp (the one softmax uses), for x <= 0
      * (and NaN, -inf). For the tests of its error bound. */
     void (*exp)(int64_t n, const float *x, float *y);
+
+    /* The same ISA's micro-kernels of additive attention (additive.h), in its folder. */
+    const struct attn_additive_kernels *additive;
 };
 typedef struct attn_kernels attn_kernels;
 
@@ -242,6 +245,10 @@ ATTN_PRIVATE void attn_mask_bool_generic(int64_t n, int64_t nk, const uint8_t *m
 #define ATTN_X_DECLARE(name, ...) ATTN_PRIVATE extern const attn_kernels attn_kernels_##name;
 ATTN_KERNEL_LIST(ATTN_X_DECLARE)
 #undef ATTN_X_DECLARE
+
+/* The table of the kernel `name`, NULL when this build has none of that name or this CPU
+ * cannot run it. */
+ATTN_PRIVATE const attn_kernels *attn_kernels_named(const char *name);
 
 /* The kernels this process uses: probed once, or forced by ATTN_ISA. NULL when ATTN_ISA
  * names a kernel this CPU cannot run (or none at all): the call then fails with

@@ -236,5 +236,14 @@ expect "--vs torch: a side that does not answer the hello" 1 "$ATTN" bench --qui
 expect "--vs torch without the venv" 2 "$ATTN" bench --quick --vs torch --python /nonexistent/python \
     --torch-script /nonexistent/script.py
 
+# ---- additive attention's rows (tools/bench_additive.c) ------------------------------------
+expect "bench --additive --quick" 0 "$ATTN" bench --additive --quick --reps 1
+if grep -q "check O .* ok" out.txt && grep -q "forward (fused)" out.txt &&
+    grep -q "tight tanh loop" out.txt; then ok "bench --additive prints its checks and rows"
+else bad "bench --additive output"; sed 's/^/    /' out.txt | tail -8; fi
+expect "bench --additive --plant-error fails its check" 1 "$ATTN" bench --additive --quick --reps 1 \
+    --plant-error
+expect "bench --additive --reps 0" 2 "$ATTN" bench --additive --reps 0
+
 echo "bench: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -345,5 +345,12 @@ done
 if "$ATTN" run --help >stdout.txt 2>err.txt && grep -q -- --window stdout.txt && [ ! -s err.txt ]; then ok
 else bad "attn run --help"; fi
 
+# ---- seq2seq: a short run trains, prints its loss and writes a PNG -------------------------
+if "$ATTN" seq2seq --steps 20 --len 6 --out s2s.png >stdout.txt 2>err.txt &&
+    grep -q "step    20  loss" stdout.txt && grep -q "held-out" stdout.txt &&
+    [ "$(head -c 4 s2s.png | od -An -tx1 | tr -d ' ')" = "89504e47" ]; then ok
+else bad "attn seq2seq --steps 20: $(tail -3 stdout.txt err.txt)"; fi
+expect_fail "seq2seq --len 1" 2 "--len" seq2seq --len 1
+
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

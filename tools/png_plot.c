@@ -215,11 +215,17 @@ int plot_png(const char *path, const plot_spec *sp, char *err, size_t errlen) {
 #undef PX
 #undef PY
 
+    const int rc = png_write_rgb(path, cv.px, W, H, err, errlen);
+    free(cv.px);
+    return rc;
+}
+
+int png_write_rgb(const char *path, const unsigned char *px, int width, int height, char *err,
+                  size_t errlen) {
     /* PNG: 8-bit RGB, rows top to bottom */
     FILE *f = fopen(path, "wb");
     if (!f) {
         snprintf(err, errlen, "%s: cannot open for writing", path);
-        free(cv.px);
         return -1;
     }
     png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
@@ -228,18 +234,16 @@ int plot_png(const char *path, const plot_spec *sp, char *err, size_t errlen) {
         snprintf(err, errlen, "%s: libpng failed to write it", path);
         png_destroy_write_struct(&png, &info);
         fclose(f);
-        free(cv.px);
         remove(path);
         return -1;
     }
     png_init_io(png, f);
-    png_set_IHDR(png, info, W, H, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+    png_set_IHDR(png, info, width, height, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
                  PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
     png_write_info(png, info);
-    for (int y = 0; y < H; y++) png_write_row(png, cv.px + (size_t)y * W * 3);
+    for (int y = 0; y < height; y++) png_write_row(png, (png_bytep)px + (size_t)y * width * 3);
     png_write_end(png, NULL);
     png_destroy_write_struct(&png, &info);
-    free(cv.px);
     if (fclose(f) != 0) {
         snprintf(err, errlen, "%s: write error", path);
         remove(path);

@@ -30,4 +30,9 @@ typedef struct plot_spec {
 /* Writes the plot to path. 0 on success; -1 with the reason in err. */
 int plot_png(const char *path, const plot_spec *spec, char *err, size_t errlen);
 
+/* Writes W x H 8-bit RGB pixels (rows top to bottom, 3 bytes a pixel) as a PNG; the
+ * writer of plot_png, for pictures drawn elsewhere. 0 on success; -1 with the reason. */
+int png_write_rgb(const char *path, const unsigned char *px, int W, int H, char *err,
+                  size_t errlen);
+
 #endif /* ATTN_PNG_PLOT_H */

@@ -439,3 +439,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         return out
     extra = tuple(_to_query_kind(x, query) for x in (lse, weights) if x is not None)
     return (out,) + extra
+
+
+# Bahdanau's additive attention (python/attn/_additive.py)
+from ._additive import additive_attention, additive_attention_grad  # noqa: E402,F401
+__all__ += ["additive_attention", "additive_attention_grad"]

@@ -17,6 +17,7 @@
 #include <math.h>
 
 #include "half.h"
+#include "additive.h"
 #include "kernels.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
@@ -520,5 +521,6 @@ const attn_kernels attn_kernels_avx2 = {
     .decode = decode_avx2,
     .decode_qk = decode_qk_avx2,
     .exp = exp_array_avx2,
+    .additive = &attn_additive_kernels_avx2,
 };
 #endif

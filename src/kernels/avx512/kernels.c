@@ -15,6 +15,7 @@
 #include <math.h>
 
 #include "softmax.h"
+#include "additive.h"
 #include "kernels.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
@@ -643,5 +644,6 @@ const attn_kernels attn_kernels_avx512 = {
     .decode = attn_decode_avx512,
     .decode_qk = attn_decode_qk_avx512,
     .exp = attn_exp_array_avx512,
+    .additive = &attn_additive_kernels_avx512,
 };
 #endif

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "half.h"
+#include "additive.h"
 #include "kernels.h"
 
 static void qk_generic(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
@@ -111,4 +112,5 @@ const attn_kernels attn_kernels_generic = {
     .mask_bool = attn_mask_bool_generic,
     .to_f32 = to_f32_generic,
     .exp = exp_array_generic,
+    .additive = &attn_additive_kernels_generic,
 };

@@ -1,0 +1,330 @@
+/*
+ * additive.c — additive (Bahdanau) attention's public calls and its fused forward:
+ *              argument checking (attn_additive_params_init, the one filler), the choice
+ *              of scoring kernels, the projections through the BLAS door, and the
+ *              streaming sweep over key tiles with the online softmax. Luong's `general`
+ *              and `concat` forms are thin callers at the end.
+ *
+ * What it is not: the scoring arithmetic (additive_kernel.h, per ISA), the backward
+ * (additive_backward.c), the float64 path (additive_reference.c).
+ *
+ * Per batch, Qp = Q W [Lq, A] and Kpᵀ = Uᵀ Kᵀ + b [A, Lk] are formed once by
+ * attn_gemm_f32 (workspace linear in Lq + Lk). Each query row is then one work item: it
+ * walks its structural key range [lo, hi) in tiles of ATTN_ADD_TILE keys, scores a tile
+ * (A adds, A tanh, A multiply-adds a key), and folds it into (m, l, acc) as the
+ * dot-product path does — never more than A x tile of the Lq x Lk x A work at a time.
+ * A row is computed by one thread in a fixed order: bit-identical for any thread count.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "additive.h"
+#include "additive_proj.h"
+#include "blas.h"
+#include "kernels.h"
+
+#define TRY(expr)                               \
+    do {                                        \
+        attn_status st_ = (expr);               \
+        if (st_ != ATTN_OK) return st_;         \
+    } while (0)
+
+/* ---- kernels ------------------------------------------------------------------------- */
+
+const attn_additive_kernels *attn_additive_kernels_named(const char *name) {
+    const attn_kernels *k = attn_kernels_named(name);
+    return k ? k->additive : NULL;
+}
+
+/* Chosen once: the dot-product path's choice is made once per process too, and asking
+ * the CPU again (cpuid) on every call would cost more than a small call's work. */
+static const attn_additive_kernels *g_chosen;
+static pthread_once_t g_chosen_once = PTHREAD_ONCE_INIT;
+static void choose_once(void) { g_chosen = attn_additive_kernels_named(attn_kernel_name()); }
+
+const attn_additive_kernels *attn_additive_select(void) {
+    pthread_once(&g_chosen_once, choose_once);
+    return g_chosen;
+}
+
+attn_status attn_additive_tanh(int64_t n, const float *x, float *y) {
+    if (n < 0) return attn_fail(ATTN_ERR_SHAPE, "n = %lld is negative", (long long)n);
+    if (n > 0 && (!x || !y)) return attn_fail(ATTN_ERR_NULL, "x or y is NULL");
+    const attn_additive_kernels *kern = attn_additive_select();
+    if (!kern) return attn_fail(ATTN_ERR_UNSUPPORTED, "no kernel this CPU can run (ATTN_ISA)");
+    kern->tanh(n, x, y);
+    return ATTN_OK;
+}
+
+void attn_additive_read_keys(const attn_additive_params *p, int64_t b, int64_t *j0,
+                             int64_t *j1) {
+    /* lo_i and hi_i grow by at most 1 a row, and only the first and last rows can be
+     * empty, so the nonempty ranges overlap or touch: their union is [min lo, max hi) */
+    const int64_t lk_b = attn_key_len(&p->m, b);
+    *j0 = lk_b;
+    *j1 = 0;
+    for (int64_t i = 0; i < p->m.Lq; i++) {
+        int64_t lo, hi;
+        attn_row_range(&p->m, lk_b, i, &lo, &hi);
+        if (lo >= hi) continue;
+        if (lo < *j0) *j0 = lo;
+        if (hi > *j1) *j1 = hi;
+    }
+    if (*j1 <= *j0) *j0 = *j1 = 0;
+}
+
+/* ---- ṽ and its gradient ----------------------------------------------------------------- */
+
+static double v_norm(const attn_additive_params *p) {
+    double s = 0.0;
+    for (int64_t a = 0; a < p->A; a++) s += (double)p->v[a] * (double)p->v[a];
+    return sqrt(s);
+}
+
+void attn_additive_effective_v(const attn_additive_params *p, float *vt) {
+    /* ṽ = g v / ‖v‖; ‖v‖ = 0 gives ṽ = 0 (the direction is undefined, 0 is its limit
+     * along any path that keeps g finite) */
+    const double n = p->normalize ? v_norm(p) : 1.0;
+    const double f = p->normalize ? (n > 0 ? (double)p->g / n : 0.0) : 1.0;
+    for (int64_t a = 0; a < p->A; a++) vt[a] = (float)(f * (double)p->v[a]);
+}
+
+void attn_additive_v_grad(const attn_additive_params *p, const double *dvt, float *dv,
+                          float *dg) {
+    if (!p->normalize) {
+        for (int64_t a = 0; dv && a < p->A; a++) dv[a] = (float)dvt[a];
+        if (dg) *dg = 0.0f;
+        return;
+    }
+    /* from ṽ = g v / n:  dv = (g / n) (dṽ - v (v·dṽ) / n²),  dg = (v·dṽ) / n */
+    const double n = v_norm(p);
+    double vd = 0.0;
+    for (int64_t a = 0; a < p->A; a++) vd += (double)p->v[a] * dvt[a];
+    for (int64_t a = 0; dv && a < p->A; a++)
+        dv[a] = n > 0 ? (float)((double)p->g / n * (dvt[a] - (double)p->v[a] * vd / (n * n)))
+                      : 0.0f;
+    if (dg) *dg = n > 0 ? (float)(vd / n) : 0.0f;
+}
+
+/* ---- argument checking ------------------------------------------------------------------ */
+
+attn_status attn_additive_params_init(attn_additive_params *p, const attn_tensor *q,
+                                      const attn_tensor *k, const attn_tensor *val,
+                                      const attn_additive_weights *w, const attn_tensor *o,
+                                      const attn_options *opt, bool need_data) {
+    *p = (attn_additive_params){0};
+    TRY(attn_check_tensor(q, "q", ATTN_F32, need_data));
+    TRY(attn_check_tensor(k, "k", ATTN_F32, need_data));
+    TRY(attn_check_tensor(val, "v", ATTN_F32, need_data));
+    TRY(attn_check_tensor(o, "o", ATTN_F32, need_data));
+    if (!w) return attn_fail(ATTN_ERR_NULL, "weights: NULL");
+    if (q->shape[1] != 1 || k->shape[1] != 1 || val->shape[1] != 1 || o->shape[1] != 1)
+        return attn_fail(ATTN_ERR_SHAPE, "q, k, v, o: shape[1] must be 1 (one head: [B, 1, L, D])");
+    /* The masks, outputs, path and threads are the dot-product call's: its filler checks
+     * them on a stand-in q of k's width (the additive q may be of another width). */
+    attn_tensor q_as_k = *q;
+    q_as_k.shape[3] = k->shape[3];
+    q_as_k.stride[3] = 1;
+    for (int d = 0; d < 3; d++) q_as_k.stride[d] = 0;
+    if (!need_data) q_as_k.data = NULL;
+    else if (!q_as_k.data) q_as_k.data = (void *)k->data;  /* q is empty: checked above */
+    TRY(attn_params_init(&p->m, &q_as_k, k, val, o, opt, need_data));
+    if (opt && (opt->has_scale || opt->softcap != 0.0f || opt->bias || opt->alibi_slopes))
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "additive attention: options.has_scale, "
+                         "softcap, bias and alibi_slopes are not supported");
+    if (opt && opt->workspace)
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "additive attention: options.workspace is not "
+                         "supported (the call allocates its own)");
+
+    p->Dq = q->shape[3];
+    p->A = w->units;
+    if (p->A < 0) return attn_fail(ATTN_ERR_SHAPE, "weights.units = %lld is negative", (long long)p->A);
+    int64_t n;
+    if (__builtin_mul_overflow(p->Dq > p->m.Dk ? p->Dq : p->m.Dk, p->A, &n))
+        return attn_fail(ATTN_ERR_OVERFLOW, "weights: D x A overflows int64");
+    if (need_data && p->A > 0 && (!w->v || (p->Dq > 0 && !w->w_query) || (p->m.Dk > 0 && !w->w_key)))
+        return attn_fail(ATTN_ERR_NULL, "weights: w_query, w_key or v is NULL");
+    if (w->normalize && !isfinite(w->g))
+        return attn_fail(ATTN_ERR_VALUE, "weights.g is %g, expected a finite number", (double)w->g);
+    p->q = q->data;  memcpy(p->q_s, q->stride, sizeof p->q_s);
+    p->k = k->data;  memcpy(p->k_s, k->stride, sizeof p->k_s);
+    p->val = val->data;  memcpy(p->val_s, val->stride, sizeof p->val_s);
+    p->o = o->data;  memcpy(p->o_s, o->stride, sizeof p->o_s);
+    p->w_query = w->w_query;
+    p->w_key = w->w_key;
+    p->v = w->v;
+    p->bias = w->bias;
+    p->normalize = w->normalize;
+    p->g = w->g;
+    if (p->m.path == ATTN_PATH_FUSED) {
+        p->kern = attn_additive_select();
+        if (!p->kern) return attn_fail(ATTN_ERR_UNSUPPORTED, "additive attention: no scoring "
+                                       "kernel for the kernel '%s'", attn_kernel_name());
+        if (strcmp(attn_blas_name(), "none") == 0)
+            return attn_fail(ATTN_ERR_UNSUPPORTED, "additive attention: this build has no BLAS "
+                             "for the projections (use ATTN_PATH_REFERENCE)");
+    }
+    return ATTN_OK;
+}
+
+/* ---- the fused forward -------------------------------------------------------------------- */
+
+/* One row's sweep state: the running max m, the sum l, the accumulator acc (Dv). */
+typedef struct row_state {
+    float m, l;
+    float *acc, *tmp;   /* (Dv) each */
+    float *e;           /* (ATTN_ADD_TILE) logits of the tile */
+} row_state;
+
+/* The final logits of row i over keys [j0, j0 + nk): the score, then the bool mask. */
+static void tile_logits(const attn_additive_params *p, const attn_additive_proj *pr,
+                        const float *vt, int64_t b, int64_t i, int64_t d_i, int64_t j0,
+                        int64_t nk, float *e) {
+    p->kern->score(nk, p->A, attn_proj_qp(pr, b, i), attn_proj_kpt(pr, b) + j0, p->m.Lk, vt,
+                   e, NULL);
+    if (p->m.mask)
+        for (int64_t j = 0; j < nk; j++)
+            e[j] = attn_finish_logit(&p->m, e[j], b, 0, i, j0 + j, d_i);
+}
+
+static void fold_tile(const attn_additive_params *p, row_state *s, int64_t b, int64_t j0,
+                      int64_t nk) {
+    const int64_t Dv = p->m.Dv;
+    float mt = -INFINITY;
+    bool nan = false;
+    for (int64_t j = 0; j < nk; j++) {
+        if (s->e[j] > mt) mt = s->e[j];
+        nan |= isnan(s->e[j]);
+    }
+    /* a NaN logit makes the row NaN: the running max is kept NaN once seen */
+    const float m_new = (nan || isnan(s->m)) ? NAN : (mt > s->m ? mt : s->m);
+    if (m_new == -INFINITY) return;  /* nothing unmasked yet: exp(-inf - -inf) is NaN */
+    const float alpha = expf(s->m - m_new);
+    float ps = 0.0f;
+    for (int64_t d = 0; d < Dv; d++) s->tmp[d] = 0.0f;
+    for (int64_t j = 0; j < nk; j++) {
+        const float pj = expf(s->e[j] - m_new);
+        if (pj == 0.0f) continue;  /* masked or underflowed: its V row is not read */
+        ps += pj;
+        const float *v_j = p->val + b * p->val_s[0] + (j0 + j) * p->val_s[2];
+        if (p->val_s[3] == 1)  /* the common layout, as a loop the compiler vectorizes */
+            for (int64_t d = 0; d < Dv; d++) s->tmp[d] += pj * v_j[d];
+        else
+            for (int64_t d = 0; d < Dv; d++) s->tmp[d] += pj * v_j[d * p->val_s[3]];
+    }
+    s->l = s->l * alpha + ps;
+    for (int64_t d = 0; d < Dv; d++) s->acc[d] = s->acc[d] * alpha + s->tmp[d];
+    s->m = m_new;
+}
+
+static void forward_row(const attn_additive_params *p, const attn_additive_proj *pr,
+                        const float *vt, float *scratch, int64_t b, int64_t i) {
+    const attn_params *m = &p->m;
+    const int64_t lk_b = attn_key_len(m, b), Dv = m->Dv;
+    int64_t lo, hi;
+    attn_row_range(m, lk_b, i, &lo, &hi);
+    const int64_t d_i = attn_diagonal(m, lk_b, i);
+    row_state s = {-INFINITY, 0.0f, scratch, scratch + Dv, scratch + 2 * Dv};
+    for (int64_t d = 0; d < Dv; d++) s.acc[d] = 0.0f;
+    for (int64_t j0 = lo; j0 < hi; j0 += ATTN_ADD_TILE) {
+        const int64_t nk = hi - j0 < ATTN_ADD_TILE ? hi - j0 : ATTN_ADD_TILE;
+        tile_logits(p, pr, vt, b, i, d_i, j0, nk, s.e);
+        fold_tile(p, &s, b, j0, nk);
+    }
+    float *o_i = p->o + b * p->o_s[0] + i * p->o_s[2];
+    const bool empty = s.m == -INFINITY;  /* fully masked: O = 0, LSE = -inf */
+    for (int64_t d = 0; d < Dv; d++) o_i[d * p->o_s[3]] = empty ? 0.0f : s.acc[d] / s.l;
+    if (m->lse)
+        m->lse[b * m->lse_s[0] + i * m->lse_s[2]] = empty ? -INFINITY : s.m + logf(s.l);
+    if (!m->weights) return;
+    /* the weights: a second sweep with the row's final m and l */
+    float *w_i = m->weights + b * m->w_s[0] + i * m->w_s[2];
+    for (int64_t j = 0; j < m->Lk; j++) w_i[j * m->w_s[3]] = 0.0f;
+    if (empty) return;
+    for (int64_t j0 = lo; j0 < hi; j0 += ATTN_ADD_TILE) {
+        const int64_t nk = hi - j0 < ATTN_ADD_TILE ? hi - j0 : ATTN_ADD_TILE;
+        tile_logits(p, pr, vt, b, i, d_i, j0, nk, s.e);
+        for (int64_t j = 0; j < nk; j++)
+            w_i[(j0 + j) * m->w_s[3]] = expf(s.e[j] - s.m) / s.l;
+    }
+}
+
+attn_status attn_additive_fused_forward(const attn_additive_params *p) {
+    const attn_params *m = &p->m;
+    attn_additive_proj pr;
+    TRY(attn_proj_init(&pr, p, m->threads, 2 * m->Dv + ATTN_ADD_TILE, 0));
+    attn_proj_vt(&pr, p);
+    attn_status st = ATTN_OK;
+#pragma omp parallel num_threads(m->threads)
+    {
+        const int t = attn_thread_num();
+        float *scratch = attn_proj_thread_scratch(&pr, t);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < m->B; b++) {
+            attn_status sb = attn_proj_batch(&pr, p, b, attn_proj_gather(&pr, t));
+            if (sb != ATTN_OK) {
+#pragma omp critical(attn_additive_status)
+                st = sb;
+            }
+        }
+        /* the barrier of the loop above: every projection is done, st is final */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t r = 0; r < m->B * m->Lq; r++)
+            if (st == ATTN_OK) forward_row(p, &pr, pr.vt, scratch, r / m->Lq, r % m->Lq);
+    }
+    attn_proj_free(&pr);
+    return st;
+}
+
+/* ---- public calls --------------------------------------------------------------------------- */
+
+attn_status attn_additive_forward(const attn_tensor *q, const attn_tensor *k,
+                                  const attn_tensor *v, const attn_additive_weights *w,
+                                  const attn_tensor *o, const attn_options *opt) {
+    attn_additive_params p;
+    TRY(attn_additive_params_init(&p, q, k, v, w, o, opt, true));
+    attn_fail(ATTN_OK, "%s", "");
+    if (p.m.B == 0 || p.m.Lq == 0) return ATTN_OK;
+    return p.m.path == ATTN_PATH_REFERENCE ? attn_additive_reference_forward(&p)
+                                           : attn_additive_fused_forward(&p);
+}
+
+attn_status attn_luong_concat_forward(const attn_tensor *q, const attn_tensor *k,
+                                      const attn_tensor *v, const attn_additive_weights *w,
+                                      const attn_tensor *o, const attn_options *opt) {
+    return attn_additive_forward(q, k, v, w, o, opt);
+}
+
+attn_status attn_luong_general_forward(const attn_tensor *q, const attn_tensor *k,
+                                       const attn_tensor *v, const float *w,
+                                       const attn_tensor *o, const attn_options *opt) {
+    TRY(attn_check_tensor(q, "q", ATTN_F32, true));
+    TRY(attn_check_tensor(k, "k", ATTN_DTYPE_COUNT, true));
+    const int64_t B = q->shape[0], H = q->shape[1], Lq = q->shape[2], Dq = q->shape[3];
+    const int64_t Dk = k->shape[3];
+    int64_t n;
+    if (__builtin_mul_overflow(B * H, Lq, &n) || __builtin_mul_overflow(n, Dk > Dq ? Dk : Dq, &n))
+        return attn_fail(ATTN_ERR_OVERFLOW, "q: [B, H, Lq, max(Dq, Dk)] overflows int64");
+    if (!w && Dq > 0 && Dk > 0) return attn_fail(ATTN_ERR_NULL, "w: NULL");
+    /* qp [B, H, Lq, Dk] = q W, then plain attention on (qp, k, v): qp_i · k_j = q_i W k_jᵀ */
+    float *qp = malloc((size_t)(n > 0 ? 2 * n : 1) * sizeof(float)), *gather = qp + n;
+    if (!qp) return attn_fail(ATTN_ERR_NOMEM, "luong general: could not allocate q W");
+    attn_status st = ATTN_OK;
+    for (int64_t bh = 0; st == ATTN_OK && bh < B * H; bh++) {
+        int64_t ld;
+        const float *rows = attn_proj_rows((const float *)q->data + (bh % H) * q->stride[1],
+                                           q->stride, bh / H, Lq, Dq, gather, &ld);
+        st = attn_proj_product(false, false, Lq, Dk, Dq, rows, ld, w, Dk, false,
+                               qp + bh * Lq * Dk, Dk);
+    }
+    if (st == ATTN_OK) {
+        attn_tensor qt = attn_tensor_4d(qp, ATTN_F32, B, H, Lq, Dk);
+        attn_options o2 = opt ? *opt : (attn_options){0};
+        if (!o2.has_scale) o2.has_scale = true, o2.scale = 1.0f;  /* Luong: no 1/√d */
+        st = attn_forward(&qt, k, v, o, &o2);
+    }
+    free(qp);
+    return st;
+}

@@ -1,0 +1,107 @@
+/*
+ * additive.h — what the parts of additive (Bahdanau) attention share inside the library:
+ *              the params struct filled once by attn_additive_params_init (additive.c),
+ *              the scoring micro-kernels' table (one per ISA, additive_<isa>.c), and the
+ *              entry points of the fused and float64 paths.
+ *
+ * What it is not: the dot-product attention's params (attn_internal.h), which this
+ * reuses for the masks (kv_len, bool mask, causal, window) so that both calls read one
+ * rule. Index letters as everywhere: b batch, i query row, j key row, a unit (0..A).
+ */
+#ifndef ATTN_ADDITIVE_H
+#define ATTN_ADDITIVE_H
+
+#include "attn_internal.h"
+
+/* Keys per scoring tile: the kernels handle any nk <= this; the fused paths never hold
+ * more than A x ATTN_ADD_TILE of the Lq x Lk x A work per thread. */
+#define ATTN_ADD_TILE 64
+
+typedef struct attn_additive_params {
+    attn_params m;            /* sizes (Hq = Hkv = 1, Dk of k), masks, lse, weights,
+                                 path, threads: filled by attn_params_init            */
+    int64_t Dq, A;            /* query width, units                                    */
+    const float *q;   int64_t q_s[4];   /* (B, 1, Lq, Dq) float32                      */
+    const float *k;   int64_t k_s[4];   /* (B, 1, Lk, Dk) float32                      */
+    const float *val; int64_t val_s[4]; /* (B, 1, Lk, Dv) float32                      */
+    float *o;         int64_t o_s[4];   /* (B, 1, Lq, Dv) float32                      */
+    const float *w_query;     /* (Dq, A) dense                                         */
+    const float *w_key;       /* (Dk, A) dense                                         */
+    const float *v;           /* (A)                                                   */
+    const float *bias;        /* (A) or NULL                                           */
+    bool normalize;
+    float g;
+    const struct attn_additive_kernels *kern;  /* fused path only                      */
+} attn_additive_params;
+
+/* The scoring micro-kernels. Every loop runs in a fixed order (a = 0..A-1 for each
+ * score), so a result does not depend on the thread that computes it.
+ *   tanh(n, x, y)      y[c] = tanh(x[c]), the bound of docs/CONTRACT.md
+ *   score(nk, A, qp, kpt, ldk, vt, e, t)
+ *                      e[j] = sum_a vt[a] * tanh(qp[a] + kpt[a*ldk + j]), j < nk <=
+ *                      ATTN_ADD_TILE; t (A x nk, row a at t + a*nk) receives the tanh
+ *                      values when not NULL. Reads kpt columns < nk only.
+ *   grad(nk, A, t, de, vt, dqp, dkpt, lddk, dvt)
+ *                      with u[a][j] = de[j] * vt[a] * (1 - t[a][j]^2):
+ *                      dqp[a] += sum_j u[a][j]           (dqp may be NULL)
+ *                      dkpt[a*lddk + j] += u[a][j]        (dkpt may be NULL)
+ *                      dvt[a] += sum_j de[j] * t[a][j]    (dvt may be NULL)
+ *                      (the sums over j in a fixed lane order, see additive_kernel.h)
+ *   dot(n, x, y)       sum_d x[d] y[d] of unit-stride vectors, in the same lane order    */
+typedef struct attn_additive_kernels {
+    const char *name;
+    void (*tanh)(int64_t n, const float *x, float *y);
+    void (*score)(int64_t nk, int64_t A, const float *qp, const float *kpt, int64_t ldk,
+                  const float *vt, float *e, float *t);
+    void (*grad)(int64_t nk, int64_t A, const float *t, const float *de, const float *vt,
+                 float *dqp, float *dkpt, int64_t lddk, float *dvt);
+    float (*dot)(int64_t n, const float *x, const float *y);
+} attn_additive_kernels;
+
+ATTN_PRIVATE extern const attn_additive_kernels attn_additive_kernels_generic;
+ATTN_PRIVATE extern const attn_additive_kernels attn_additive_kernels_avx2;
+ATTN_PRIVATE extern const attn_additive_kernels attn_additive_kernels_avx512;
+
+/* The table for the kernel the dot-product path chose (attn_kernel_name(), ATTN_ISA
+ * included): avx512 and avx512bf16 take avx512; NULL when none can run. */
+ATTN_PRIVATE const attn_additive_kernels *attn_additive_select(void);
+/* The table of the ISA called `name` if this build has it and the CPU runs it. */
+ATTN_PRIVATE const attn_additive_kernels *attn_additive_kernels_named(const char *name);
+
+/* The keys some query row of batch b reads, [*j0, *j1) (the union of the rows' structural
+ * ranges, which is one interval): the products through U read only these rows of K. */
+ATTN_PRIVATE void attn_additive_read_keys(const attn_additive_params *p, int64_t b,
+                                          int64_t *j0, int64_t *j1);
+
+/* ṽ = v, or g v / ‖v‖ when normalize (float64 for the norm); writes A floats. */
+ATTN_PRIVATE void attn_additive_effective_v(const attn_additive_params *p, float *vt);
+
+ATTN_PRIVATE attn_status attn_additive_params_init(
+    attn_additive_params *p, const attn_tensor *q, const attn_tensor *k,
+    const attn_tensor *val, const attn_additive_weights *w, const attn_tensor *o,
+    const attn_options *opt, bool need_data);
+
+ATTN_PRIVATE attn_status attn_additive_fused_forward(const attn_additive_params *p);
+ATTN_PRIVATE attn_status attn_additive_reference_forward(const attn_additive_params *p);
+
+/* The backward's extra arguments: the forward's o and lse, dO, and the outputs. */
+typedef struct attn_additive_bwd {
+    const float *d_o;  int64_t d_o_s[4];   /* (B, 1, Lq, Dv) */
+    const float *lse;  int64_t lse_s[3];   /* (B, 1, Lq)     */
+    float *dq;         int64_t dq_s[4];    /* (B, 1, Lq, Dq) */
+    float *dk;         int64_t dk_s[4];    /* (B, 1, Lk, Dk) */
+    float *dval;       int64_t dval_s[4];  /* (B, 1, Lk, Dv) */
+    attn_additive_grads gr;                /* the weights' gradients, each optional   */
+} attn_additive_bwd;
+
+ATTN_PRIVATE attn_status attn_additive_fused_backward(const attn_additive_params *p,
+                                                      const attn_additive_bwd *g);
+ATTN_PRIVATE attn_status attn_additive_reference_backward(const attn_additive_params *p,
+                                                          const attn_additive_bwd *g);
+
+/* The gradient of ṽ carried back to v (and g): dv = dṽ, or, when normalize,
+ * dv = (g/‖v‖) (dṽ - v (v·dṽ)/‖v‖²) and dg = v·dṽ / ‖v‖ (float64). */
+ATTN_PRIVATE void attn_additive_v_grad(const attn_additive_params *p, const double *dvt,
+                                       float *dv, float *dg);
+
+#endif /* ATTN_ADDITIVE_H */
