@@ -38,7 +38,8 @@ typedef struct attn_ring_stats {
     int32_t steps;         /* ring steps (the communicator's size)                        */
     double total_s;        /* the whole call                                              */
     double compute_s;      /* attending and merging the blocks                            */
-    double wait_s;         /* waiting for messages after the compute of a step was done   */
+    double wait_s;         /* waiting for messages after the compute of a step was done,
+                              and at the end for the slowest process                      */
     double max_wait_s;     /* the longest such wait of one step                           */
     int64_t bytes_sent;    /* bytes this process sent                                     */
 } attn_ring_stats;

@@ -180,6 +180,11 @@ void ring_wait(MPI_Request *req, int n, attn_ring_stats *st) {
     }
 }
 
+void ring_progress(MPI_Request *req, int n) {
+    int done;
+    if (n > 0) MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE);
+}
+
 attn_status ring_agree(const ring_call *rc, attn_status st) {
     int mine = (int)st, all = 0;
     MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MAX, rc->comm);
@@ -329,10 +334,12 @@ void ring_end(ring_call *rc) {
 
 /* ---- the forward ----------------------------------------------------------------------- */
 
-/* The forward's step s: every piece's partial, merged into (acc, acc_lse) in order. */
+/* The forward's step s: every piece's partial, merged into (acc, acc_lse) in order. The
+ * step's messages (req, n) are prodded between pieces (ring_progress). */
 static attn_status forward_step(const ring_call *rc, int s, void *block, const attn_tensor *q,
                                 const attn_tensor *acc, const attn_tensor *acc_lse,
-                                const attn_tensor *part, const attn_tensor *part_lse) {
+                                const attn_tensor *part, const attn_tensor *part_lse,
+                                MPI_Request *req, int nreq) {
     const int src = (rc->r + s) % rc->P;
     ring_piece pc[3];
     const int n = ring_pieces(rc, s, pc);
@@ -357,6 +364,7 @@ static attn_status forward_step(const ring_call *rc, int s, void *block, const a
             attn_tensor lses[2] = {ring_rows(acc_lse, pc[x].q0, pc[x].qn), lx};
             st = attn_merge(2, parts, lses, &parts[0], &lses[0], rc->opt.threads);
         }
+        ring_progress(req, nreq);
         if (lenp != len) free(lenp);
         if (st != ATTN_OK) return ring_fail(st, "step %d: %s", s, attn_last_error());
     }
@@ -411,7 +419,7 @@ attn_status attn_ring_forward(const attn_tensor *q, const attn_tensor *k, const 
     /* a failure inside a step (out of memory) does not change the messages: every process
      * goes round the whole ring and they agree once, at the end */
     for (int s = 0; s < rc.P; s++) {
-        MPI_Request req[2];
+        MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
         int nreq = 0;
         if (s + 1 < rc.P) {  // the block moves on while it is attended
             const int next = (rc.r + s + 1) % rc.P;
@@ -428,11 +436,13 @@ attn_status attn_ring_forward(const attn_tensor *q, const attn_tensor *k, const 
                        (n1 ? ring_chunk_bytes(&rc, n1, rc.kv_es) : 0), to, RING_TAG_KV, &req[nreq++], stats);
         }
         const double c0 = MPI_Wtime();
-        if (st == ATTN_OK) st = forward_step(&rc, s, blk[s % 2], q, &acc, &acc_lse, &part, &part_lse);
+        if (st == ATTN_OK) st = forward_step(&rc, s, blk[s % 2], q, &acc, &acc_lse, &part, &part_lse, req, nreq);
         if (stats) stats->compute_s += MPI_Wtime() - c0;
         ring_wait(req, nreq, stats);
     }
+    const double a0 = MPI_Wtime();  // waiting here is waiting for the slowest process
     st = ring_agree(&rc, st);
+    if (stats) stats->wait_s += MPI_Wtime() - a0;
     /* O in its dtype (attn_merge of one partial is exact), and the LSE */
     if (st == ATTN_OK) {
         st = attn_merge(1, &acc, &acc_lse, o, opt ? opt->lse : NULL, rc.opt.threads);

@@ -39,7 +39,8 @@ typedef struct bwd_io {
 } bwd_io;
 
 /* Step s: every piece's gradients; dQ into io->dq_acc, dK and dV into io->mine. */
-static attn_status backward_step(const ring_call *rc, int s, void *block, const bwd_io *io) {
+static attn_status backward_step(const ring_call *rc, int s, void *block, const bwd_io *io,
+                                 MPI_Request *req, int nreq) {
     const int src = (rc->r + s) % rc->P;
     ring_piece pc[3];
     const int n = ring_pieces(rc, s, pc);
@@ -73,6 +74,7 @@ static attn_status backward_step(const ring_call *rc, int s, void *block, const 
         add_rows(io->dq_acc, io->dq_part->data, rc->B * rc->Hq, rc->lq_r, rc->Dk, pc[x].q0, pc[x].qn);
         add_into(mk.data, tk.data, rc->B * rc->Hkv * k.shape[2] * rc->Dk);
         add_into(mv.data, tv.data, rc->B * rc->Hkv * k.shape[2] * rc->Dv);
+        ring_progress(req, nreq);
     }
     return ATTN_OK;
 }
@@ -169,7 +171,7 @@ attn_status attn_ring_backward(const attn_tensor *q, const attn_tensor *k, const
         ring_irecv(&rc, late_home, late_bytes, 0, RING_TAG_LATE, &late_recv);
     for (int s = 0; s < P; s++) {
         const int src = (r + s) % P;
-        MPI_Request req[2];
+        MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
         int nreq = 0;
         if (s + 1 < P) {  // K and V move on as in the forward
             const int next = (r + s + 1) % P;
@@ -179,7 +181,12 @@ attn_status attn_ring_backward(const attn_tensor *q, const attn_tensor *k, const
                        to, RING_TAG_KV, &req[nreq++], stats);
         }
         const double c0 = MPI_Wtime();
-        if (st == ATTN_OK) st = backward_step(&rc, s, blk[s % 2], &io);
+        if (st == ATTN_OK) {
+            /* the travelling sums of the previous step move with this step's K and V */
+            MPI_Request all[4] = {req[0], req[1], acc_recv, MPI_REQUEST_NULL};
+            st = backward_step(&rc, s, blk[s % 2], &io, all, 3);
+            req[0] = all[0], req[1] = all[1], acc_recv = all[2];
+        }
         if (stats) stats->compute_s += MPI_Wtime() - c0;
         ring_wait(req, nreq, stats);
 
@@ -222,7 +229,9 @@ attn_status attn_ring_backward(const attn_tensor *q, const attn_tensor *k, const
     } else if (rc.chunks == 2) {
         memcpy(late_home, (const char *)acc[0] + block_bytes(&rc, 0, 4, false), late_bytes);
     }
+    const double a0 = MPI_Wtime();  // waiting here is waiting for the slowest process
     st = ring_agree(&rc, st);
+    if (stats) stats->wait_s += MPI_Wtime() - a0;
     if (st == ATTN_OK) {
         store_chunk(&rc, home, n_early, dk, dv, 0);
         if (rc.chunks == 2) store_chunk(&rc, late_home, n_late, dk, dv, n_early);

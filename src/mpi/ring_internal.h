@@ -101,6 +101,11 @@ RING_PRIVATE void ring_isend(const ring_call *rc, const void *buf, size_t bytes,
 RING_PRIVATE void ring_irecv(const ring_call *rc, void *buf, size_t bytes, int from, int tag,
                              MPI_Request *req);
 
+/* Lets MPI move the messages of n requests on without waiting: Open MPI has no progress
+ * thread, so a large (rendezvous) message advances only inside MPI calls, and a step
+ * calls this between its pieces. */
+RING_PRIVATE void ring_progress(MPI_Request *req, int n);
+
 /* Waits for n requests; the time waited is added to the stats. */
 RING_PRIVATE void ring_wait(MPI_Request *req, int n, attn_ring_stats *st);
 
