@@ -249,6 +249,33 @@ static void test_refused(void) {
           (long long)n[0], (long long)f[1], (long long)n[1]);
 }
 
+/* The bytes a causal forward sends: each block's early chunk goes P - 1 hops round the
+ * ring, its late chunk only down to process 0 (src hops), never where it is not needed. */
+static void test_bytes_sent(void) {
+    enum { L = 40, D = 8 };
+    float *buf = xcalloc(4 * L * D, sizeof(float));
+    int64_t f[2], n[2];
+    attn_ring_slice(L, g_size, g_rank, true, f, n);
+    const int64_t l = n[0] + n[1];
+    attn_tensor q = t4(buf, ATTN_F32, 1, 1, l, D), k = t4(buf + L * D, ATTN_F32, 1, 1, l, D);
+    attn_tensor v = t4(buf + 2 * L * D, ATTN_F32, 1, 1, l, D), o = t4(buf + 3 * L * D, ATTN_F32, 1, 1, l, D);
+    attn_options opt = {.causal = true};
+    attn_ring_stats st;
+    CHECK(attn_ring_forward(&q, &k, &v, &o, &opt, MPI_COMM_WORLD, &st) == ATTN_OK, "bytes case");
+    int64_t all = 0, want = 0;
+    MPI_Allreduce(&st.bytes_sent, &all, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    for (int src = 0; src < g_size; src++) {
+        attn_ring_slice(L, g_size, src, true, f, n);
+        /* a chunk of m keys: K and V, each padded to 64 bytes */
+        const int64_t e = 2 * ((n[0] * D * 4 + 63) / 64 * 64), lt = 2 * ((n[1] * D * 4 + 63) / 64 * 64);
+        want += (g_size - 1) * e + src * lt;
+    }
+    CHECK(all == want, "causal forward sent %lld bytes in all, expected %lld", (long long)all,
+          (long long)want);
+    CHECK(st.steps == g_size && st.total_s >= st.compute_s, "stats: %d steps", st.steps);
+    free(buf);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
@@ -276,6 +303,7 @@ int main(int argc, char **argv) {
     attn_ring_slice(pc->Lq, g_size, g_rank, true, f, n);
     CHECK(n[0] + n[1] == 0 || bad == 2, "planted errors: %d comparisons failed, expected 2", bad);
     test_refused();
+    test_bytes_sent();
 
     int mine[2] = {g_pass, g_fail}, all[2];
     MPI_Reduce(mine, all, 2, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
