@@ -180,6 +180,33 @@ void ring_wait(MPI_Request *req, int n, attn_ring_stats *st) {
     }
 }
 
+size_t ring_block_bytes(const ring_call *rc, int src, size_t es, bool late) {
+    int64_t f, n;
+    ring_key_chunk(rc, src, 0, &f, &n);
+    size_t b = ring_chunk_bytes(rc, n, es);
+    if (late && rc->chunks == 2) {
+        ring_key_chunk(rc, src, 1, &f, &n);
+        b += ring_chunk_bytes(rc, n, es);
+    }
+    return b;
+}
+
+attn_status ring_alloc(ring_call *rc, size_t bytes, size_t max_message, char **mem) {
+    attn_status st = ATTN_OK;
+    *mem = NULL;
+    if (max_message / 64 > INT32_MAX || bytes > SIZE_MAX - 128)
+        st = ring_fail(ATTN_ERR_OVERFLOW, "a block exceeds MPI's count");
+    else if (!(*mem = aligned_alloc(64, ring_pad64(bytes) + 64)))
+        st = ring_fail(ATTN_ERR_NOMEM, "ring: could not allocate %zu bytes", bytes);
+    st = ring_agree(rc, st);
+    if (st != ATTN_OK) {
+        free(*mem);
+        *mem = NULL;
+        ring_end(rc);
+    }
+    return st;
+}
+
 void ring_progress(MPI_Request *req, int n) {
     int done;
     if (n > 0) MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE);
@@ -385,25 +412,14 @@ attn_status attn_ring_forward(const attn_tensor *q, const attn_tensor *k, const 
     /* two blocks (the one attended, the one arriving), the running (O, LSE), a partial */
     size_t block_bytes = 0;
     for (int p = 0; p < rc.P; p++) {
-        size_t b = 0;
-        for (int c = 0; c < rc.chunks; c++) {
-            int64_t f, n;
-            ring_key_chunk(&rc, p, c, &f, &n);
-            b += ring_chunk_bytes(&rc, n, rc.kv_es);
-        }
-        if (b > block_bytes) block_bytes = b;
+        const size_t b = ring_block_bytes(&rc, p, rc.kv_es, true);
+        block_bytes = b > block_bytes ? b : block_bytes;
     }
     const size_t o_bytes = ring_pad64((size_t)(rc.B * rc.Hq * rc.lq_r * rc.Dv) * 4);
     const size_t l_bytes = ring_pad64((size_t)(rc.B * rc.Hq * rc.lq_r) * 4);
-    if (block_bytes / 64 > INT32_MAX) st = ring_fail(ATTN_ERR_OVERFLOW, "a block exceeds MPI's count");
-    char *mem = st == ATTN_OK ? aligned_alloc(64, 2 * block_bytes + 2 * (o_bytes + l_bytes) + 64) : NULL;
-    if (st == ATTN_OK && !mem) st = ring_fail(ATTN_ERR_NOMEM, "ring: out of memory");
-    st = ring_agree(&rc, st);
-    if (st != ATTN_OK) {
-        free(mem);
-        ring_end(&rc);
-        return st;
-    }
+    char *mem;
+    st = ring_alloc(&rc, 2 * block_bytes + 2 * (o_bytes + l_bytes), block_bytes, &mem);
+    if (st != ATTN_OK) return st;
     void *blk[2] = {mem, mem + block_bytes};
     float *acc_o = (float *)(mem + 2 * block_bytes), *part_o = (float *)((char *)acc_o + o_bytes);
     float *acc_l = (float *)((char *)part_o + o_bytes), *part_l = (float *)((char *)acc_l + l_bytes);
@@ -422,18 +438,11 @@ attn_status attn_ring_forward(const attn_tensor *q, const attn_tensor *k, const 
         MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
         int nreq = 0;
         if (s + 1 < rc.P) {  // the block moves on while it is attended
-            const int next = (rc.r + s + 1) % rc.P;
-            int64_t f, n0, n1 = 0;
-            ring_key_chunk(&rc, next, 0, &f, &n0);
-            if (ring_needs_late(&rc, rc.r, s + 1)) ring_key_chunk(&rc, next, 1, &f, &n1);
-            ring_irecv(&rc, blk[(s + 1) % 2], ring_chunk_bytes(&rc, n0, rc.kv_es) +
-                       (n1 ? ring_chunk_bytes(&rc, n1, rc.kv_es) : 0), from, RING_TAG_KV, &req[nreq++]);
-            const int cur = (rc.r + s) % rc.P;
-            ring_key_chunk(&rc, cur, 0, &f, &n0);
-            n1 = 0;
-            if (ring_needs_late(&rc, to, s + 1)) ring_key_chunk(&rc, cur, 1, &f, &n1);
-            ring_isend(&rc, blk[s % 2], ring_chunk_bytes(&rc, n0, rc.kv_es) +
-                       (n1 ? ring_chunk_bytes(&rc, n1, rc.kv_es) : 0), to, RING_TAG_KV, &req[nreq++], stats);
+            const int next = (rc.r + s + 1) % rc.P, cur = (rc.r + s) % rc.P;
+            ring_irecv(&rc, blk[(s + 1) % 2], ring_block_bytes(&rc, next, rc.kv_es, ring_needs_late(&rc, rc.r, s + 1)),
+                       from, RING_TAG_KV, &req[nreq++]);
+            ring_isend(&rc, blk[s % 2], ring_block_bytes(&rc, cur, rc.kv_es, ring_needs_late(&rc, to, s + 1)),
+                       to, RING_TAG_KV, &req[nreq++], stats);
         }
         const double c0 = MPI_Wtime();
         if (st == ATTN_OK) st = forward_step(&rc, s, blk[s % 2], q, &acc, &acc_lse, &part, &part_lse, req, nreq);

@@ -79,19 +79,6 @@ static attn_status backward_step(const ring_call *rc, int s, void *block, const 
     return ATTN_OK;
 }
 
-/* Bytes of src's block: its chunks in K/V dtype (es) or as float32 sums; late = with the
- * late chunk. */
-static size_t block_bytes(const ring_call *rc, int src, size_t es, bool late) {
-    int64_t f, n;
-    ring_key_chunk(rc, src, 0, &f, &n);
-    size_t b = ring_chunk_bytes(rc, n, es);
-    if (late && rc->chunks == 2) {
-        ring_key_chunk(rc, src, 1, &f, &n);
-        b += ring_chunk_bytes(rc, n, es);
-    }
-    return b;
-}
-
 /* float32 chunk (dK then dV, dense) into the caller's dk, dv rows [j0, j0 + n) */
 static void store_chunk(const ring_call *rc, const void *sums, int64_t n, const attn_tensor *dk,
                         const attn_tensor *dv, int64_t j0) {
@@ -126,7 +113,7 @@ attn_status attn_ring_backward(const attn_tensor *q, const attn_tensor *k, const
     const int P = rc.P, r = rc.r, to = (r + P - 1) % P, from = (r + 1) % P;
     size_t kv_max = 0, acc_max = 0, chunk_max = 0;
     for (int p = 0; p < P; p++) {
-        const size_t a = block_bytes(&rc, p, rc.kv_es, true), b = block_bytes(&rc, p, 4, true);
+        const size_t a = ring_block_bytes(&rc, p, rc.kv_es, true), b = ring_block_bytes(&rc, p, 4, true);
         kv_max = a > kv_max ? a : kv_max;
         acc_max = b > acc_max ? b : acc_max;
         for (int c = 0; c < rc.chunks; c++) {
@@ -141,16 +128,10 @@ attn_status attn_ring_backward(const attn_tensor *q, const attn_tensor *k, const
     if (rc.chunks == 2) ring_key_chunk(&rc, r, 1, &f_late, &n_late);
     const size_t late_bytes = ring_chunk_bytes(&rc, n_late, 4);
     const size_t dq_bytes = ring_pad64((size_t)(rc.B * rc.Hq * rc.lq_r * rc.Dk) * 4);
-    const size_t total = 2 * kv_max + 3 * acc_max + chunk_max + late_bytes + 2 * dq_bytes + 64;
-    if (acc_max / 64 > INT32_MAX) st = ring_fail(ATTN_ERR_OVERFLOW, "a block exceeds MPI's count");
-    char *mem = st == ATTN_OK ? aligned_alloc(64, ring_pad64(total)) : NULL;
-    if (st == ATTN_OK && !mem) st = ring_fail(ATTN_ERR_NOMEM, "ring: out of memory");
-    st = ring_agree(&rc, st);
-    if (st != ATTN_OK) {
-        free(mem);
-        ring_end(&rc);
-        return st;
-    }
+    const size_t total = 2 * kv_max + 3 * acc_max + chunk_max + late_bytes + 2 * dq_bytes;
+    char *mem;
+    st = ring_alloc(&rc, total, acc_max > kv_max ? acc_max : kv_max, &mem);
+    if (st != ATTN_OK) return st;
     char *at = mem;
     void *blk[2] = {at, at + kv_max};
     at += 2 * kv_max;
@@ -175,9 +156,9 @@ attn_status attn_ring_backward(const attn_tensor *q, const attn_tensor *k, const
         int nreq = 0;
         if (s + 1 < P) {  // K and V move on as in the forward
             const int next = (r + s + 1) % P;
-            ring_irecv(&rc, blk[(s + 1) % 2], block_bytes(&rc, next, rc.kv_es, ring_needs_late(&rc, r, s + 1)),
+            ring_irecv(&rc, blk[(s + 1) % 2], ring_block_bytes(&rc, next, rc.kv_es, ring_needs_late(&rc, r, s + 1)),
                        from, RING_TAG_KV, &req[nreq++]);
-            ring_isend(&rc, blk[s % 2], block_bytes(&rc, src, rc.kv_es, ring_needs_late(&rc, to, s + 1)),
+            ring_isend(&rc, blk[s % 2], ring_block_bytes(&rc, src, rc.kv_es, ring_needs_late(&rc, to, s + 1)),
                        to, RING_TAG_KV, &req[nreq++], stats);
         }
         const double c0 = MPI_Wtime();
@@ -191,7 +172,7 @@ attn_status attn_ring_backward(const attn_tensor *q, const attn_tensor *k, const
         ring_wait(req, nreq, stats);
 
         /* the block's sums: incoming (none at step 0) + this process's */
-        const size_t held = block_bytes(&rc, src, 4, ring_needs_late(&rc, r, s));
+        const size_t held = ring_block_bytes(&rc, src, 4, ring_needs_late(&rc, r, s));
         float *sums = acc[s % 2];
         if (s == 0) {
             memcpy(sums, mine, held);
@@ -201,22 +182,22 @@ attn_status attn_ring_backward(const attn_tensor *q, const attn_tensor *k, const
         }
         if (P > 1) {
             const bool late_on = ring_needs_late(&rc, to, s + 1) && s + 1 < P;
-            ring_isend(&rc, sums, block_bytes(&rc, src, 4, late_on), to, RING_TAG_ACC,
+            ring_isend(&rc, sums, ring_block_bytes(&rc, src, 4, late_on), to, RING_TAG_ACC,
                        &acc_send[s % 2][0], stats);
             n_acc_send[s % 2] = 1;
             if (r == 0 && rc.chunks == 2) {  // the late chunk's last user: its sums go home
-                const size_t early = block_bytes(&rc, src, 4, false);
+                const size_t early = ring_block_bytes(&rc, src, 4, false);
                 if (src == 0)
                     memcpy(late_home, (char *)sums + early, late_bytes);
                 else
-                    ring_isend(&rc, (char *)sums + early, block_bytes(&rc, src, 4, true) - early, src,
+                    ring_isend(&rc, (char *)sums + early, ring_block_bytes(&rc, src, 4, true) - early, src,
                                RING_TAG_LATE, &acc_send[s % 2][n_acc_send[s % 2]++], stats);
             }
             /* the next step's incoming sums (after the last step: this block's own) */
             const int nx = (s + 1) % 2;
             ring_wait(acc_send[nx], n_acc_send[nx], stats);
             n_acc_send[nx] = 0;
-            ring_irecv(&rc, acc[nx], block_bytes(&rc, (r + s + 1) % P, 4, ring_needs_late(&rc, r, s + 1) && s + 1 < P),
+            ring_irecv(&rc, acc[nx], ring_block_bytes(&rc, (r + s + 1) % P, 4, ring_needs_late(&rc, r, s + 1) && s + 1 < P),
                        from, RING_TAG_ACC, &acc_recv);
         }
     }
@@ -227,7 +208,7 @@ attn_status attn_ring_backward(const attn_tensor *q, const attn_tensor *k, const
         for (int x = 0; x < 2; x++) ring_wait(acc_send[x], n_acc_send[x], stats);
         ring_wait(&late_recv, 1, stats);
     } else if (rc.chunks == 2) {
-        memcpy(late_home, (const char *)acc[0] + block_bytes(&rc, 0, 4, false), late_bytes);
+        memcpy(late_home, (const char *)acc[0] + ring_block_bytes(&rc, 0, 4, false), late_bytes);
     }
     const double a0 = MPI_Wtime();  // waiting here is waiting for the slowest process
     st = ring_agree(&rc, st);

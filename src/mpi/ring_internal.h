@@ -75,6 +75,14 @@ RING_PRIVATE bool ring_needs_late(const ring_call *rc, int rr, int s);
  * K and V parts padded to 64 bytes; K first, then V, both dense [B, Hkv, n, D]. */
 RING_PRIVATE size_t ring_chunk_bytes(const ring_call *rc, int64_t n, size_t es);
 
+/* Bytes of src's block: its chunks of elements of es bytes (the K/V dtype, or 4 for the
+ * float32 dK/dV sums); late = with its late chunk. */
+RING_PRIVATE size_t ring_block_bytes(const ring_call *rc, int src, size_t es, bool late);
+
+/* One allocation of `bytes` (64-aligned) for a call whose largest message has
+ * max_message bytes, agreed by every process; on failure nothing is held and rc is ended. */
+RING_PRIVATE attn_status ring_alloc(ring_call *rc, size_t bytes, size_t max_message, char **mem);
+
 /* The dense views of chunk c of a packed block (chunks one after the other) of process
  * src, elements of dtype dt. */
 RING_PRIVATE void ring_chunk_views(const ring_call *rc, void *block, int src, int c,
