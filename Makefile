@@ -149,4 +149,15 @@ $(BUILD)/tests/mpi/test_ring: tests/mpi/test_ring.c $(wildcard tests/*.h) $(BUIL
 
 $(BUILD)/ring_bench: tools/mpi/ring_bench.c $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a
 	$(MPICC) $(CFLAGS_BASE) -o $@ $< $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a $(LDLIBS)
+
+# installed beside libattn: link with -lattn_mpi -lattn and the MPI wrapper's flags
+.PHONY: install-mpi uninstall-mpi
+install: install-mpi
+uninstall: uninstall-mpi
+install-mpi: $(BUILD)/libattn_mpi.a
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib
+	install -m 644 include/attn_mpi.h $(DESTDIR)$(PREFIX)/include/attn_mpi.h
+	install -m 644 $(BUILD)/libattn_mpi.a $(DESTDIR)$(PREFIX)/lib/libattn_mpi.a
+uninstall-mpi:
+	rm -f $(DESTDIR)$(PREFIX)/include/attn_mpi.h $(DESTDIR)$(PREFIX)/lib/libattn_mpi.a
 endif
