@@ -290,10 +290,11 @@ attn_status ring_begin(ring_call *rc, const attn_tensor *q, const attn_tensor *k
         const int64_t *x = all + p * F_COUNT;
         for (int f = F_B; f < F_COUNT; f++)
             if (f != F_LQ && f != F_LK && x[f] != mine[f]) {
+                st = ring_fail(ATTN_ERR_SHAPE, "process %d's call differs from process %d's "
+                               "(field %d: %lld against %lld)", p, rc->r, f,
+                               (long long)x[f], (long long)mine[f]);
                 free(all);
-                return ring_fail(ATTN_ERR_SHAPE, "process %d's call differs from process %d's "
-                                 "(field %d: %lld against %lld)", p, rc->r, f,
-                                 (long long)x[f], (long long)mine[f]);
+                return st;
             }
         rc->Lq += x[F_LQ];
         rc->Lk += x[F_LK];
