@@ -126,3 +126,40 @@ uninstall:
 
 clean:
 	rm -rf $(BUILD)
+
+# libattn_mpi (include/attn_mpi.h, src/mpi/): ring attention over MPI, built beside
+# libattn only where an MPI compiler wrapper exists (scripts/deps.sh installs Open MPI),
+# so that libattn itself never depends on MPI. Its suite is tests/mpi/test_ring, run by
+# scripts/check.sh under mpirun; build/ring_bench times the ring (docs/RING.md).
+MPICC ?= $(shell command -v mpicc 2>/dev/null)
+ifneq ($(MPICC),)
+MPI_SRC = $(wildcard src/mpi/*.c)
+MPI_OBJ = $(patsubst src/mpi/%.c,$(BUILD)/obj/mpi/%.o,$(MPI_SRC))
+all: $(BUILD)/libattn_mpi.a
+tests: $(BUILD)/tests/mpi/test_ring $(if $(wildcard tools/mpi/ring_bench.c),$(BUILD)/ring_bench)
+
+$(BUILD)/obj/mpi/%.o: src/mpi/%.c include/attn.h include/attn_mpi.h $(wildcard src/mpi/*.h src/*.h)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(LIB_CFLAGS) -Isrc -c $< -o $@
+
+$(BUILD)/libattn_mpi.a: $(MPI_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/tests/mpi/test_ring: tests/mpi/test_ring.c $(wildcard tests/*.h tools/*.h) $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS_BASE) -Isrc -Itests -Itools -o $@ $< $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a $(LDLIBS)
+
+$(BUILD)/ring_bench: tools/mpi/ring_bench.c $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a
+	$(MPICC) $(CFLAGS_BASE) -o $@ $< $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a $(LDLIBS)
+
+# installed beside libattn: link with -lattn_mpi -lattn and the MPI wrapper's flags
+.PHONY: install-mpi uninstall-mpi
+install: install-mpi
+uninstall: uninstall-mpi
+install-mpi: $(BUILD)/libattn_mpi.a
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib
+	install -m 644 include/attn_mpi.h $(DESTDIR)$(PREFIX)/include/attn_mpi.h
+	install -m 644 $(BUILD)/libattn_mpi.a $(DESTDIR)$(PREFIX)/lib/libattn_mpi.a
+uninstall-mpi:
+	rm -f $(DESTDIR)$(PREFIX)/include/attn_mpi.h $(DESTDIR)$(PREFIX)/lib/libattn_mpi.a
+endif

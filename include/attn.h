@@ -210,6 +210,20 @@ ATTN_API attn_status attn_backward_workspace_size(const attn_tensor *q, const at
 ATTN_API const char *attn_dtype_name(attn_dtype dtype);
 ATTN_API size_t attn_dtype_size(attn_dtype dtype);
 
+/* The (O, LSE) of attention over the union of the keys of n partial results of the same
+ * rows (each, say, attn_forward with an lse output over its own range of keys):
+ *   o_parts[c]   [B, Hq, Lq, Dv]  float32, c = 0..n-1, any strides
+ *   lse_parts[c] [B, Hq, Lq]      float32 natural-log LSE (shape {B, Hq, Lq, 1})
+ *   o            [B, Hq, Lq, Dv]  written: float32, float16 or bfloat16
+ *   lse          [B, Hq, Lq]      written (float32), or NULL
+ * Total: a partial with LSE -inf is empty and neutral (its O is not read); n = 0 or all
+ * partials empty gives O 0 and LSE -inf; a NaN or +inf LSE makes its row NaN. o and lse
+ * may be exactly the view of one of the partials (in-place); no other overlap. threads:
+ * 0 = OpenMP's default; the result is bit-identical for any count. */
+ATTN_API attn_status attn_merge(int64_t n, const attn_tensor *o_parts,
+                                const attn_tensor *lse_parts, const attn_tensor *o,
+                                const attn_tensor *lse, int32_t threads);
+
 /* The fixed message of a status code. */
 ATTN_API const char *attn_status_string(attn_status status);
 

@@ -81,6 +81,22 @@ fi
 run_all build ""
 run_suite python bash tests/python/run.sh   # the Python package, built from this tree
 
+# Ring attention over MPI (libattn_mpi, built where mpicc exists): its suite under mpirun
+# with 1, 2, 3 and 4 processes, oversubscribed, one OpenMP thread each, shared memory
+# only (btl self,vader: no network address is used).
+if [ -x build/tests/mpi/test_ring ] && command -v mpirun >/dev/null 2>&1; then
+    mpi_flags="--oversubscribe --bind-to none --mca btl self,vader"
+    [ "$(id -u)" -ne 0 ] || mpi_flags="$mpi_flags --allow-run-as-root"
+    for np in 1 2 3 4; do
+        # shellcheck disable=SC2086
+        run_suite "test_ring (mpirun -n $np)" env OMP_NUM_THREADS=1 \
+            OMPI_MCA_btl_vader_single_copy_mechanism=none mpirun $mpi_flags -n "$np" \
+            build/tests/mpi/test_ring
+    done
+else
+    echo "== test_ring: skipped, no mpicc or mpirun (scripts/deps.sh installs Open MPI)"
+fi
+
 # The portable build on another CPU: on an x86-64 machine with an AArch64 cross compiler
 # and qemu-user (scripts/deps.sh installs them), the library and the C suites are built
 # for AArch64, where only the generic kernel exists, and run under emulation.

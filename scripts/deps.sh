@@ -6,6 +6,7 @@
 # and wheel with pip (Debian's packages where pip is missing or may not install).
 # On x86-64 also an AArch64 cross compiler and qemu-user, for the suite's run of the
 # portable build on another CPU (skipped, not failed, where they cannot be installed).
+# Open MPI (libattn_mpi's ring attention; skipped where it cannot be installed).
 # Idempotent and quiet when everything is there already.
 set -eu
 missing=()
@@ -34,6 +35,17 @@ if [ "$(uname -m)" = x86_64 ] && { ! command -v aarch64-linux-gnu-gcc >/dev/null
         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
             gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user; } ||
         echo "deps: the AArch64 tools did not install; make check will skip that run"
+fi
+
+# Open MPI, for libattn_mpi (ring attention) and its suite under mpirun (skipped, not
+# failed, where it cannot be installed: the core library never needs it).
+if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then
+    echo "deps: installing libopenmpi-dev openmpi-bin"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    { $SUDO apt-get update -qq &&
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libopenmpi-dev openmpi-bin; } ||
+        echo "deps: Open MPI did not install; make check will skip the ring's suite"
 fi
 
 # The Python package is built without isolation (no network at test time), so its build

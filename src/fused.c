@@ -29,6 +29,7 @@
 
 #include "half.h"
 #include "kernels.h"
+#include "merge.h"
 
 
 /* Tile sizes, from the kernel's geometry (kernels/list.h): bq query rows share each key
@@ -495,34 +496,16 @@ static void block_weights(const attn_params *p, const attn_kernels *kern,
     }
 }
 
-/* Merge the chunks of a split item in chunk order:
- *   m = max_c m_c,  l = sum_c l_c exp(m_c - m),  acc = sum_c acc_c exp(m_c - m).
- * A chunk with m_c = -inf holds nothing; a NaN m_c makes the row NaN. */
+/* Merge the chunks of a split item in chunk order (merge.h: a chunk with m_c = -inf holds
+ * nothing, a NaN m_c makes the row NaN), into w->m, w->l, w->acc. */
 static void merge_partials(const attn_params *p, const fused_plan *plan, const fused_block *blk,
                            const float *part, const fused_scratch *w) {
-    const int64_t dv = p->Dv, n = blk->n;
-    for (int64_t r = 0; r < n; r++) {
-        float m = -INFINITY;
-        bool nan = false;
-        for (int64_t c = 0; c < plan->split; c++) {
-            const float mc = part[c * plan->partial_floats + r];
-            if (mc > m) m = mc;
-            nan |= isnan(mc);
-        }
-        if (nan) m = NAN;
-        w->m[r] = m;
-        w->l[r] = 0.0f;
-        memset(w->acc + r * dv, 0, (size_t)dv * sizeof(float));
-        if (m == -INFINITY) continue;
-        for (int64_t c = 0; c < plan->split; c++) {
-            const float *pc = part + c * plan->partial_floats;
-            const float mc = pc[r];
-            if (mc == -INFINITY) continue;  // an empty chunk: exp(-inf - m) would be 0 anyway
-            const float f = expf(mc - m);
-            w->l[r] += pc[plan->bq + r] * f;
-            const float *acc_c = pc + 2 * plan->bq + r * dv;
-            for (int64_t d = 0; d < dv; d++) w->acc[r * dv + d] += acc_c[d] * f;
-        }
+    const int64_t dv = p->Dv, pf = (int64_t)plan->partial_floats;
+    const float *x[SPLIT_MAX];
+    for (int64_t r = 0; r < blk->n; r++) {
+        for (int64_t c = 0; c < plan->split; c++) x[c] = part + c * pf + 2 * plan->bq + r * dv;
+        w->m[r] = attn_merge_row(plan->split, part + r, pf, part + plan->bq + r, pf, x, NULL, dv,
+                                 w->acc + r * dv, &w->l[r]);
     }
 }
 

@@ -1,0 +1,235 @@
+/*
+ * ring_backward.c — the backward of ring attention over MPI: attn_ring_backward.
+ *
+ * The same ring and the same pieces as the forward (ring.c). At step s each process
+ * runs attn_backward on its queries against the block of src from the forward's global
+ * O and LSE (the gradient of attention restricted to a block of keys needs nothing
+ * else), adds the pieces' dQ to its own float32 dQ, and their dK, dV to the block's
+ * travelling float32 sums: the sums arrive from process r + 1 while the step computes,
+ * take this process's contribution (incoming + own, always in that order) and leave for
+ * r - 1; after P steps they are home. A late chunk's sums stop at process 0 with its K
+ * and V and go straight home from there. Each float is produced in an order fixed by P
+ * alone: bit-identical for any thread count and any timing. What is not here: the
+ * checks and the blocks (ring.c), any attention arithmetic (libattn's).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "half.h"
+#include "ring_internal.h"
+
+/* x[i] += y[i] over n floats */
+static void add_into(float *x, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+/* rows [q0, q0 + qn) of the dense [B, H, L, D] float32 buffers: acc += part */
+static void add_rows(float *acc, const float *part, int64_t BH, int64_t L, int64_t D, int64_t q0,
+                     int64_t qn) {
+    for (int64_t bh = 0; bh < BH; bh++)
+        add_into(acc + (bh * L + q0) * D, part + (bh * L + q0) * D, qn * D);
+}
+
+typedef struct bwd_io {
+    const attn_tensor *q, *o, *d_o, *lse;
+    const attn_tensor *dq_part;  // float32 [B, Hq, Lq_r, Dk]
+    float *dq_acc;               // the same shape, dense
+    void *mine;                  // this step's dK, dV of the block, float32 chunks
+    void *tmp;                   // one piece's dK, dV, float32, one chunk
+} bwd_io;
+
+/* Step s: every piece's gradients; dQ into io->dq_acc, dK and dV into io->mine. */
+static attn_status backward_step(const ring_call *rc, int s, void *block, const bwd_io *io,
+                                 MPI_Request *req, int nreq) {
+    const int src = (rc->r + s) % rc->P;
+    ring_piece pc[3];
+    const int n = ring_pieces(rc, s, pc);
+    for (int c = 0; c < rc->chunks; c++) {
+        attn_tensor mk, mv;
+        ring_chunk_views(rc, io->mine, src, c, ATTN_F32, &mk, &mv);
+        memset(mk.data, 0, ring_chunk_bytes(rc, mk.shape[2], 4));
+    }
+    for (int x = 0; x < n; x++) {
+        attn_tensor k, v, mk, mv, tk, tv, len_t;
+        int64_t len[64], *lenp = rc->B <= 64 ? len : malloc((size_t)rc->B * sizeof(int64_t));
+        if (!lenp) return ring_fail(ATTN_ERR_NOMEM, "ring: out of memory");
+        ring_chunk_views(rc, block, src, pc[x].c, rc->kv_dt, &k, &v);
+        if (pc[x].qn == 0 || k.shape[2] == 0) {
+            if (lenp != len) free(lenp);
+            continue;
+        }
+        ring_chunk_views(rc, io->mine, src, pc[x].c, ATTN_F32, &mk, &mv);
+        tk = attn_tensor_4d(io->tmp, ATTN_F32, rc->B, rc->Hkv, k.shape[2], rc->Dk);
+        tv = attn_tensor_4d((char *)io->tmp + ((char *)mv.data - (char *)mk.data), ATTN_F32, rc->B,
+                            rc->Hkv, k.shape[2], rc->Dv);
+        attn_tensor qx = ring_rows(io->q, pc[x].q0, pc[x].qn), ox = ring_rows(io->o, pc[x].q0, pc[x].qn);
+        attn_tensor dox = ring_rows(io->d_o, pc[x].q0, pc[x].qn), lx = ring_rows(io->lse, pc[x].q0, pc[x].qn);
+        attn_tensor dqx = ring_rows(io->dq_part, pc[x].q0, pc[x].qn);
+        attn_options po = rc->opt;
+        po.causal = pc[x].causal;
+        po.kv_len = ring_kv_len(rc, src, pc[x].c, lenp, &len_t);
+        attn_status st = attn_backward(&qx, &k, &v, &ox, &dox, &lx, &dqx, &tk, &tv, &po);
+        if (lenp != len) free(lenp);
+        if (st != ATTN_OK) return ring_fail(st, "step %d: %s", s, attn_last_error());
+        add_rows(io->dq_acc, io->dq_part->data, rc->B * rc->Hq, rc->lq_r, rc->Dk, pc[x].q0, pc[x].qn);
+        add_into(mk.data, tk.data, rc->B * rc->Hkv * k.shape[2] * rc->Dk);
+        add_into(mv.data, tv.data, rc->B * rc->Hkv * k.shape[2] * rc->Dv);
+        ring_progress(req, nreq);
+    }
+    return ATTN_OK;
+}
+
+/* float32 chunk (dK then dV, dense) into the caller's dk, dv rows [j0, j0 + n) */
+static void store_chunk(const ring_call *rc, const void *sums, int64_t n, const attn_tensor *dk,
+                        const attn_tensor *dv, int64_t j0) {
+    const float *sk = sums, *sv = (const float *)((const char *)sums +
+                                                  ring_pad64((size_t)(rc->B * rc->Hkv * n * rc->Dk) * 4));
+    for (int64_t b = 0; b < rc->B; b++)
+        for (int64_t g = 0; g < rc->Hkv; g++)
+            for (int64_t j = 0; j < n; j++) {
+                const int64_t row = (b * rc->Hkv + g) * n + j;
+                for (int64_t d = 0; d < rc->Dk; d++)
+                    attn_store(dk->dtype, dk->data, b * dk->stride[0] + g * dk->stride[1] +
+                               (j0 + j) * dk->stride[2] + d * dk->stride[3], sk[row * rc->Dk + d]);
+                for (int64_t d = 0; d < rc->Dv; d++)
+                    attn_store(dv->dtype, dv->data, b * dv->stride[0] + g * dv->stride[1] +
+                               (j0 + j) * dv->stride[2] + d * dv->stride[3], sv[row * rc->Dv + d]);
+            }
+}
+
+attn_status attn_ring_backward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                               const attn_tensor *o, const attn_tensor *d_o, const attn_tensor *lse,
+                               const attn_tensor *dq, const attn_tensor *dk, const attn_tensor *dv,
+                               const attn_options *opt, MPI_Comm comm, attn_ring_stats *stats) {
+    const double t0 = MPI_Wtime();
+    if (stats) *stats = (attn_ring_stats){0};
+    ring_call rc;
+    const attn_tensor *bwd[5] = {d_o, lse, dq, dk, dv};
+    attn_status st = ring_begin(&rc, q, k, v, o, opt, comm, bwd);
+    if (st != ATTN_OK) {
+        ring_end(&rc);
+        return st;
+    }
+    const int P = rc.P, r = rc.r, to = (r + P - 1) % P, from = (r + 1) % P;
+    size_t kv_max = 0, acc_max = 0, chunk_max = 0;
+    for (int p = 0; p < P; p++) {
+        const size_t a = ring_block_bytes(&rc, p, rc.kv_es, true), b = ring_block_bytes(&rc, p, 4, true);
+        kv_max = a > kv_max ? a : kv_max;
+        acc_max = b > acc_max ? b : acc_max;
+        for (int c = 0; c < rc.chunks; c++) {
+            int64_t f, n;
+            ring_key_chunk(&rc, p, c, &f, &n);
+            const size_t x = ring_chunk_bytes(&rc, n, 4);
+            chunk_max = x > chunk_max ? x : chunk_max;
+        }
+    }
+    int64_t f_late = 0, n_late = 0, n_early, f_early;
+    ring_key_chunk(&rc, r, 0, &f_early, &n_early);
+    if (rc.chunks == 2) ring_key_chunk(&rc, r, 1, &f_late, &n_late);
+    const size_t late_bytes = ring_chunk_bytes(&rc, n_late, 4);
+    const size_t dq_bytes = ring_pad64((size_t)(rc.B * rc.Hq * rc.lq_r * rc.Dk) * 4);
+    const size_t total = 2 * kv_max + 3 * acc_max + chunk_max + late_bytes + 2 * dq_bytes;
+    char *mem;
+    st = ring_alloc(&rc, total, acc_max > kv_max ? acc_max : kv_max, &mem);
+    if (st != ATTN_OK) return st;
+    char *at = mem;
+    void *blk[2] = {at, at + kv_max};
+    at += 2 * kv_max;
+    void *acc[2] = {at, at + acc_max}, *mine = at + 2 * acc_max;
+    at += 3 * acc_max;
+    void *tmp = at, *late_home = at + chunk_max;
+    at += chunk_max + late_bytes;
+    float *dq_acc = (float *)at, *dq_part = (float *)(at + dq_bytes);
+    memset(dq_acc, 0, dq_bytes);
+    const attn_tensor dq_part_t = attn_tensor_4d(dq_part, ATTN_F32, rc.B, rc.Hq, rc.lq_r, rc.Dk);
+    const bwd_io io = {q, o, d_o, lse, &dq_part_t, dq_acc, mine, tmp};
+    ring_pack(&rc, k, v, blk[0]);
+
+    /* sends from acc[x] (the ring's, and process 0's late one home) pending until reuse */
+    MPI_Request acc_send[2][2], acc_recv = MPI_REQUEST_NULL, late_recv = MPI_REQUEST_NULL;
+    int n_acc_send[2] = {0, 0};
+    if (rc.chunks == 2 && r != 0 && P > 1)
+        ring_irecv(&rc, late_home, late_bytes, 0, RING_TAG_LATE, &late_recv);
+    for (int s = 0; s < P; s++) {
+        const int src = (r + s) % P;
+        MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+        int nreq = 0;
+        if (s + 1 < P) {  // K and V move on as in the forward
+            const int next = (r + s + 1) % P;
+            ring_irecv(&rc, blk[(s + 1) % 2], ring_block_bytes(&rc, next, rc.kv_es, ring_needs_late(&rc, r, s + 1)),
+                       from, RING_TAG_KV, &req[nreq++]);
+            ring_isend(&rc, blk[s % 2], ring_block_bytes(&rc, src, rc.kv_es, ring_needs_late(&rc, to, s + 1)),
+                       to, RING_TAG_KV, &req[nreq++], stats);
+        }
+        const double c0 = MPI_Wtime();
+        if (st == ATTN_OK) {
+            /* the travelling sums of the previous step move with this step's K and V */
+            MPI_Request all[4] = {req[0], req[1], acc_recv, MPI_REQUEST_NULL};
+            st = backward_step(&rc, s, blk[s % 2], &io, all, 3);
+            req[0] = all[0], req[1] = all[1], acc_recv = all[2];
+        }
+        if (stats) stats->compute_s += MPI_Wtime() - c0;
+        ring_wait(req, nreq, stats);
+
+        /* the block's sums: incoming (none at step 0) + this process's */
+        const size_t held = ring_block_bytes(&rc, src, 4, ring_needs_late(&rc, r, s));
+        float *sums = acc[s % 2];
+        if (s == 0) {
+            memcpy(sums, mine, held);
+        } else {
+            ring_wait(&acc_recv, 1, stats);
+            add_into(sums, mine, (int64_t)(held / 4));
+        }
+        if (P > 1) {
+            const bool late_on = ring_needs_late(&rc, to, s + 1) && s + 1 < P;
+            ring_isend(&rc, sums, ring_block_bytes(&rc, src, 4, late_on), to, RING_TAG_ACC,
+                       &acc_send[s % 2][0], stats);
+            n_acc_send[s % 2] = 1;
+            if (r == 0 && rc.chunks == 2) {  // the late chunk's last user: its sums go home
+                const size_t early = ring_block_bytes(&rc, src, 4, false);
+                if (src == 0)
+                    memcpy(late_home, (char *)sums + early, late_bytes);
+                else
+                    ring_isend(&rc, (char *)sums + early, ring_block_bytes(&rc, src, 4, true) - early, src,
+                               RING_TAG_LATE, &acc_send[s % 2][n_acc_send[s % 2]++], stats);
+            }
+            /* the next step's incoming sums (after the last step: this block's own) */
+            const int nx = (s + 1) % 2;
+            ring_wait(acc_send[nx], n_acc_send[nx], stats);
+            n_acc_send[nx] = 0;
+            ring_irecv(&rc, acc[nx], ring_block_bytes(&rc, (r + s + 1) % P, 4, ring_needs_late(&rc, r, s + 1) && s + 1 < P),
+                       from, RING_TAG_ACC, &acc_recv);
+        }
+    }
+    const void *home = acc[0];
+    if (P > 1) {
+        ring_wait(&acc_recv, 1, stats);
+        home = acc[P % 2];
+        for (int x = 0; x < 2; x++) ring_wait(acc_send[x], n_acc_send[x], stats);
+        ring_wait(&late_recv, 1, stats);
+    } else if (rc.chunks == 2) {
+        memcpy(late_home, (const char *)acc[0] + ring_block_bytes(&rc, 0, 4, false), late_bytes);
+    }
+    const double a0 = MPI_Wtime();  // waiting here is waiting for the slowest process
+    st = ring_agree(&rc, st);
+    if (stats) stats->wait_s += MPI_Wtime() - a0;
+    if (st == ATTN_OK) {
+        store_chunk(&rc, home, n_early, dk, dv, 0);
+        if (rc.chunks == 2) store_chunk(&rc, late_home, n_late, dk, dv, n_early);
+        for (int64_t b = 0; b < rc.B; b++)
+            for (int64_t h = 0; h < rc.Hq; h++)
+                for (int64_t i = 0; i < rc.lq_r; i++)
+                    for (int64_t d = 0; d < rc.Dk; d++)
+                        attn_store(dq->dtype, dq->data, b * dq->stride[0] + h * dq->stride[1] +
+                                   i * dq->stride[2] + d * dq->stride[3],
+                                   dq_acc[((b * rc.Hq + h) * rc.lq_r + i) * rc.Dk + d]);
+    }
+    free(mem);
+    ring_end(&rc);
+    if (stats) {
+        stats->steps = P;
+        stats->total_s = MPI_Wtime() - t0;
+    }
+    if (st == ATTN_OK) ring_ok();
+    return st;
+}
