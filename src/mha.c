@@ -77,6 +77,7 @@ attn_status mha_plan_init(mha_plan *pl, const attn_mha *m, const attn_tensor *x_
     if (x_kv) TRY(check_rows(x_kv, "x_kv", need_data));
     pl->xq = x_q;
     pl->xkv = x_kv ? x_kv : x_q;
+    pl->self = x_kv == NULL;
     pl->B = x_q->shape[0];
     pl->Lq = x_q->shape[1];
     pl->E = x_q->shape[2];

@@ -41,6 +41,7 @@ ATTN_PRIVATE void *mha_take(mha_ws *w, int64_t nfloats);
 typedef struct mha_plan {
     int64_t B, Lq, Lk, E, Ekv, Hq, Hkv, Dk, Dv;
     const attn_tensor *xq, *xkv;             /* xkv == xq for self-attention      */
+    bool self;                               /* x_kv was NULL                     */
     const attn_tensor *w[MHA_N], *b[MHA_N];  /* b[] may be NULL                   */
     int64_t in[MHA_N], out[MHA_N];           /* each weight's logical [in, out]   */
     attn_rope_kind rope;
