@@ -325,7 +325,7 @@ void mha_qkv_layout(const mha_plan *pl, mha_ws *w, mha_qkv *s) {
     s->o = mha_take(w, pl->B * pl->Lq * pl->Hq * pl->Dv);
 }
 
-void mha_qkv_project(const mha_plan *pl, const mha_qkv *s) {
+void mha_qkv_project(const mha_plan *pl, const mha_qkv *s, const int64_t *pos0) {
     const int64_t mq = pl->B * pl->Lq, mk = pl->B * pl->Lk;
     mha_project(s->q, pl->out[MHA_Q], mq, pl->out[MHA_Q], pl->E, s->xq, s->w[MHA_Q],
                 pl->b[MHA_Q]);
@@ -333,21 +333,20 @@ void mha_qkv_project(const mha_plan *pl, const mha_qkv *s) {
                 pl->b[MHA_K]);
     mha_project(s->v, pl->out[MHA_V], mk, pl->out[MHA_V], pl->Ekv, s->xkv, s->w[MHA_V],
                 pl->b[MHA_V]);
-    attn_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, NULL, s->q, pl->B, pl->Lq,
+    attn_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, pos0, s->q, pl->B, pl->Lq,
                     pl->Hq, pl->Dk, false);
-    attn_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, NULL, s->k, pl->B, pl->Lk,
+    attn_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, pos0, s->k, pl->B, pl->Lk,
                     pl->Hkv, pl->Dk, false);
 }
 
 attn_status mha_forward_ws(const mha_plan *pl, const attn_tensor *y,
-                                  const attn_tensor *weights, bool average,
-                                  const attn_options *opt, mha_ws *w, mha_qkv *s,
-                                  float **lse_out) {
+                           const attn_tensor *weights, bool average, const attn_options *opt,
+                           mha_ws *w, mha_qkv *s, float **lse_out) {
     mha_qkv_layout(pl, w, s);
     float *lse = lse_out ? mha_take(w, pl->B * pl->Hq * pl->Lq) : NULL;
     mha_target yt = {0};
     if (y) yt = mha_rows_target(y, w);
-    if (!w->count_only) mha_qkv_project(pl, s);
+    if (!w->count_only) mha_qkv_project(pl, s, NULL);
     attn_tensor q = mha_heads_view(s->q, pl->B, pl->Lq, pl->Hq, pl->Dk);
     attn_tensor k = mha_heads_view(s->k, pl->B, pl->Lk, pl->Hkv, pl->Dk);
     attn_tensor v = mha_heads_view(s->v, pl->B, pl->Lk, pl->Hkv, pl->Dv);
@@ -357,11 +356,16 @@ attn_status mha_forward_ws(const mha_plan *pl, const attn_tensor *y,
     if (w->overflow) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
     if (lse_out) *lse_out = lse;
     if (w->count_only || !y) return ATTN_OK;
-    const mha_op ov = {s->o, pl->Hq * pl->Dv > 1 ? pl->Hq * pl->Dv : 1, false};
-    mha_project(yt.p, yt.ld, pl->B * pl->Lq, pl->E, pl->in[MHA_O], ov, s->w[MHA_O],
-                pl->b[MHA_O]);
-    mha_scatter(y, &yt);
+    mha_out_project(pl, s, y, &yt);
     return ATTN_OK;
+}
+
+void mha_out_project(const mha_plan *pl, const mha_qkv *s, const attn_tensor *y,
+                     const mha_target *yt) {
+    const mha_op ov = {s->o, pl->Hq * pl->Dv > 1 ? pl->Hq * pl->Dv : 1, false};
+    mha_project(yt->p, yt->ld, pl->B * pl->Lq, pl->E, pl->in[MHA_O], ov, s->w[MHA_O],
+                pl->b[MHA_O]);
+    mha_scatter(y, yt);
 }
 
 static attn_status forward_call(const attn_mha *m, const attn_tensor *x_q,

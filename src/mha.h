@@ -102,8 +102,11 @@ typedef struct mha_qkv {
     float *q, *k, *v, *o;  /* (B, Lq, Hq, Dk) (B, Lk, Hkv, Dk) (B, Lk, Hkv, Dv) (B, Lq, Hq, Dv) */
 } mha_qkv;
 ATTN_PRIVATE void mha_qkv_layout(const mha_plan *pl, mha_ws *w, mha_qkv *s);
-/* Q, K, V projected and rotated */
-ATTN_PRIVATE void mha_qkv_project(const mha_plan *pl, const mha_qkv *s);
+/* Q, K, V projected and rotated (row i of batch b at position offset + pos0[b] + i) */
+ATTN_PRIVATE void mha_qkv_project(const mha_plan *pl, const mha_qkv *s, const int64_t *pos0);
+/* y = O W_O + b_O through target yt (mha_rows_target of y) */
+ATTN_PRIVATE void mha_out_project(const mha_plan *pl, const mha_qkv *s, const attn_tensor *y,
+                                  const mha_target *yt);
 /* The whole forward over workspace w (count_only: sizes it). y may be NULL (the
  * backward's recomputation); lse_out not NULL: the LSE [B, Hq, Lq] is taken from the
  * workspace too and returned. */
