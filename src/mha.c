@@ -368,15 +368,10 @@ void mha_out_project(const mha_plan *pl, const mha_qkv *s, const attn_tensor *y,
     mha_scatter(y, yt);
 }
 
-static attn_status forward_call(const attn_mha *m, const attn_tensor *x_q,
-                                const attn_tensor *x_kv, const attn_tensor *y,
-                                const attn_tensor *weights, bool average,
-                                const attn_options *opt, size_t *bytes) {
-    mha_plan pl;
-    mha_qkv s;
-    TRY(mha_plan_init(&pl, m, x_q, x_kv, y, bytes == NULL));
+attn_status mha_two_pass(mha_body body, const void *ctx, const attn_options *opt,
+                         size_t *bytes) {
     mha_ws w = {.count_only = true};
-    TRY(mha_forward_ws(&pl, y, weights, average, opt, &w, &s, NULL));
+    TRY(body(ctx, opt, &w));
     if (bytes) {
         *bytes = w.used;
         return ATTN_OK;
@@ -384,9 +379,30 @@ static attn_status forward_call(const attn_mha *m, const attn_tensor *x_q,
     void *ws, *owned;
     TRY(attn_workspace_acquire(opt, w.used, &ws, &owned));
     mha_ws run = {.base = ws};
-    attn_status st = mha_forward_ws(&pl, y, weights, average, opt, &run, &s, NULL);
+    attn_status st = body(ctx, opt, &run);
     free(owned);
     return st;
+}
+
+typedef struct fwd_ctx {
+    mha_plan pl;
+    const attn_tensor *y, *weights;
+    bool average;
+} fwd_ctx;
+
+static attn_status forward_body(const void *ctx, const attn_options *opt, mha_ws *w) {
+    const fwd_ctx *f = ctx;
+    mha_qkv s;
+    return mha_forward_ws(&f->pl, f->y, f->weights, f->average, opt, w, &s, NULL);
+}
+
+static attn_status forward_call(const attn_mha *m, const attn_tensor *x_q,
+                                const attn_tensor *x_kv, const attn_tensor *y,
+                                const attn_tensor *weights, bool average,
+                                const attn_options *opt, size_t *bytes) {
+    fwd_ctx f = {.y = y, .weights = weights, .average = average};
+    TRY(mha_plan_init(&f.pl, m, x_q, x_kv, y, bytes == NULL));
+    return mha_two_pass(forward_body, &f, opt, bytes);
 }
 
 attn_status attn_mha_forward(const attn_mha *m, const attn_tensor *x_q, const attn_tensor *x_kv,

@@ -37,6 +37,13 @@ typedef struct mha_ws {
 } mha_ws;
 ATTN_PRIVATE void *mha_take(mha_ws *w, int64_t nfloats);
 
+/* Every call of the module runs its body twice: once counting (the workspace's size),
+ * once over opt->workspace or a malloc of that size. bytes not NULL: the size query,
+ * the first pass only. */
+typedef attn_status (*mha_body)(const void *ctx, const attn_options *opt, mha_ws *w);
+ATTN_PRIVATE attn_status mha_two_pass(mha_body body, const void *ctx, const attn_options *opt,
+                                      size_t *bytes);
+
 /* One call's arguments, checked (mha_plan_init) before anything is written. */
 typedef struct mha_plan {
     int64_t B, Lq, Lk, E, Ekv, Hq, Hkv, Dk, Dv;

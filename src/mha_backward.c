@@ -18,7 +18,6 @@
  *   V = x_kv W_V + b_V         dW_V = x_kvᵀ dV   db_V = Σ dV
  *                              dx_kv = dK' W_Kᵀ + dV W_Vᵀ  (added to dx_q in self-attention)
  */
-#include <stdlib.h>
 #include <string.h>
 
 #include "mha.h"
@@ -224,18 +223,22 @@ static attn_status backward_ws(const mha_plan *pl, const attn_tensor *dy,
     return ATTN_OK;
 }
 
+typedef struct bwd_ctx {
+    mha_plan pl;
+    const attn_tensor *dy;
+    const attn_mha_grads *g;
+} bwd_ctx;
+
+static attn_status backward_body(const void *ctx, const attn_options *opt, mha_ws *w) {
+    const bwd_ctx *b = ctx;
+    return backward_ws(&b->pl, b->dy, b->g, opt, w);
+}
+
 attn_status attn_mha_backward(const attn_mha *m, const attn_tensor *x_q, const attn_tensor *x_kv,
                               const attn_tensor *dy, const attn_mha_grads *g,
                               const attn_options *opt) {
-    mha_plan pl;
-    TRY(mha_plan_init(&pl, m, x_q, x_kv, NULL, true));
-    TRY(check_grads(&pl, dy, g, x_kv == NULL, true));
-    mha_ws w = {.count_only = true};
-    TRY(backward_ws(&pl, dy, g, opt, &w));
-    void *ws, *owned;
-    TRY(attn_workspace_acquire(opt, w.used, &ws, &owned));
-    mha_ws run = {.base = ws};
-    attn_status st = backward_ws(&pl, dy, g, opt, &run);
-    free(owned);
-    return st;
+    bwd_ctx b = {.dy = dy, .g = g};
+    TRY(mha_plan_init(&b.pl, m, x_q, x_kv, NULL, true));
+    TRY(check_grads(&b.pl, dy, g, x_kv == NULL, true));
+    return mha_two_pass(backward_body, &b, opt, NULL);
 }

@@ -10,8 +10,6 @@
  * cache dtype, with kv_len = len + n per batch: row i of batch b sees keys
  * [0, len[b] + i], exactly what one causal call over the whole sequence gives it.
  */
-#include <stdlib.h>
-
 #include "half.h"
 #include "mha.h"
 
@@ -94,18 +92,22 @@ static attn_status decode_ws(const mha_plan *pl, const attn_kv_cache *c, const a
     return ATTN_OK;
 }
 
+typedef struct dec_ctx {
+    mha_plan pl;
+    const attn_kv_cache *cache;
+    const attn_tensor *y;
+} dec_ctx;
+
+static attn_status decode_body(const void *ctx, const attn_options *opt, mha_ws *w) {
+    const dec_ctx *d = ctx;
+    return decode_ws(&d->pl, d->cache, d->y, opt, w);
+}
+
 attn_status attn_mha_decode(const attn_mha *m, const attn_tensor *x, const attn_kv_cache *cache,
                             const attn_tensor *y, const attn_options *opt) {
-    mha_plan pl;
+    dec_ctx d = {.cache = cache, .y = y};
     if (!y) return attn_fail(ATTN_ERR_NULL, "y: tensor pointer is NULL");
-    TRY(mha_plan_init(&pl, m, x, NULL, y, true));
-    TRY(check_cache(&pl, cache, true));
-    mha_ws w = {.count_only = true};
-    TRY(decode_ws(&pl, cache, y, opt, &w));
-    void *ws, *owned;
-    TRY(attn_workspace_acquire(opt, w.used, &ws, &owned));
-    mha_ws run = {.base = ws};
-    attn_status st = decode_ws(&pl, cache, y, opt, &run);
-    free(owned);
-    return st;
+    TRY(mha_plan_init(&d.pl, m, x, NULL, y, true));
+    TRY(check_cache(&d.pl, cache, true));
+    return mha_two_pass(decode_body, &d, opt, NULL);
 }
