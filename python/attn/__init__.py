@@ -439,3 +439,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         return out
     extra = tuple(_to_query_kind(x, query) for x in (lse, weights) if x is not None)
     return (out,) + extra
+
+
+# ---- the multi-head attention layer (python/attn/mha.py; attn.nn for PyTorch) -----------
+from .mha import multi_head_attention, multi_head_attention_grad  # noqa: E402
+
+__all__ += ["multi_head_attention", "multi_head_attention_grad"]
