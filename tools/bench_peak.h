@@ -35,4 +35,10 @@ extern const bench_loops bench_loops_avx512;
 extern const bench_loops bench_loops_avx2;
 #endif
 
+/* This machine's fp32 FMA peak (GFLOP/s, the best ISA) and read bandwidth (GB/s) on
+ * `threads` threads, as `attn bench` measures them (tools/cli_bench.c); short
+ * measurements with quick. Returns non-zero (after a message) when out of memory. */
+#include <stdbool.h>
+int bench_machine_peak(int threads, bool quick, double *fp32_gflops, double *read_gbs);
+
 #endif /* ATTN_BENCH_PEAK_H */

@@ -11,6 +11,7 @@ int cli_demo(int argc, char **argv);  /* attn demo      (tools/cli_demo.c) */
 int cli_bench(int argc, char **argv); /* attn bench     (tools/cli_bench.c) */
 int cli_dtypes(int argc, char **argv);  /* attn dtypes  (tools/cli_dtypes.c) */
 int cli_train(int argc, char **argv);   /* attn train   (tools/cli_train.c) */
+int cli_bench_mha(int argc, char **argv);  /* attn bench-mha (tools/bench_mha.c) */
 int demo_mha(void);  /* attn demo's multi-head examples (tools/demo_mha.c) */
 
 #endif /* ATTN_CLI_H */
