@@ -156,6 +156,27 @@ static bool rows_in_place(const attn_tensor *x) {
     return B <= 1 || L <= 1 || x->stride[0] == L * x->stride[1];
 }
 
+/* d [R, C] dense = t's elements widened to float32: row r = (r / L, r % L) starts at
+ * offset (r / L)·s_outer + (r % L)·s_inner, its elements cs apart. Rows in parallel; a
+ * bfloat16 row of unit stride is widened by its bits (the top half of a float32). */
+static void widen(float *d, const attn_tensor *t, int64_t R, int64_t C, int64_t L,
+                  int64_t s_outer, int64_t s_inner, int64_t cs) {
+#pragma omp parallel for schedule(static) if (R * C > (1 << 16))
+    for (int64_t r = 0; r < R; r++) {
+        const int64_t off = (r / L) * s_outer + (r % L) * s_inner;
+        float *dr = d + r * C;
+        if (t->dtype == ATTN_BF16 && cs == 1) {
+            const uint16_t *src = (const uint16_t *)t->data + off;
+            for (int64_t c = 0; c < C; c++) {
+                const uint32_t bits = (uint32_t)src[c] << 16;
+                memcpy(&dr[c], &bits, sizeof bits);
+            }
+        } else {
+            for (int64_t c = 0; c < C; c++) dr[c] = attn_load(t->dtype, t->data, off + c * cs);
+        }
+    }
+}
+
 static int64_t rows_ld(const attn_tensor *x) {
     const int64_t B = x->shape[0], L = x->shape[1], C = x->shape[2];
     return L > 1 ? x->stride[1] : (B > 1 ? x->stride[0] : (C > 1 ? C : 1));
@@ -165,13 +186,7 @@ mha_op mha_rows_op(const attn_tensor *x, mha_ws *w) {
     const int64_t B = x->shape[0], L = x->shape[1], C = x->shape[2];
     if (rows_in_place(x)) return (mha_op){(const float *)x->data, rows_ld(x), false};
     float *d = mha_take(w, B * L * C);  /* (B·L, C) */
-    if (d)
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t i = 0; i < L; i++)
-                for (int64_t c = 0; c < C; c++)
-                    d[(b * L + i) * C + c] =
-                        attn_load(x->dtype, x->data,
-                                  b * x->stride[0] + i * x->stride[1] + c * x->stride[2]);
+    if (d) widen(d, x, B * L, C, L, x->stride[0], x->stride[1], x->stride[2]);
     return (mha_op){d, C > 1 ? C : 1, false};
 }
 
@@ -188,11 +203,7 @@ mha_op mha_weight_op(const attn_tensor *wt, mha_ws *w) {
             return (mha_op){(const float *)wt->data, wt->stride[1], true};
     }
     float *d = mha_take(w, in * out);  /* (in, out) */
-    if (d)
-        for (int64_t r = 0; r < in; r++)
-            for (int64_t c = 0; c < out; c++)
-                d[r * out + c] = attn_load(wt->dtype, wt->data,
-                                           r * wt->stride[0] + c * wt->stride[1]);
+    if (d) widen(d, wt, in, out, in > 0 ? in : 1, 0, wt->stride[0], wt->stride[1]);
     return (mha_op){d, out > 1 ? out : 1, false};
 }
 

@@ -8,7 +8,7 @@
  *     drawn, against (loss(θ + h) - loss(θ - h)) / 2h in double, h = 1e-6, for self-
  *     and cross-attention, GQA, Dk != Dv, both RoPE pairings, masks (causal both ways,
  *     kv_len with an empty batch, a key padding mask), PyTorch's packed [3E, E] gradient
- *     written in place, padded x and dx: relative Frobenius error <= 2e-6 (relative to
+ *     written in place, padded x and dx, bfloat16 x, weights and biases: relative Frobenius error <= 2e-6 (relative to
  *     max(norm, 0.1)) and max error <= 2e-5 · (1 + max |ref|) per gradient (float32
  *     arithmetic through two products on each side of the attention).
  *  2. Bit-identical gradients for 1 and 2 threads (the attention's and OpenMP's).
@@ -209,6 +209,8 @@ static mcase small_case(uint64_t seed) {
                    .Dv = 3, .bias = true, .seed = seed};
 }
 
+static const attn_options opts_causal = {.causal = true};
+
 static void test_gradients(void) {
     int64_t lens[2] = {3, 0};
     attn_tensor kv_len = {lens, ATTN_I64, {2, 1, 1, 1}, {1, 1, 1, 1}};
@@ -237,6 +239,11 @@ static void test_gradients(void) {
     mcase c = small_case(99);
     c.Hkv = 1;
     run_grad_case(&c, NULL, "GQA 4:1, no options", 0);
+    c = small_case(98);
+    c.bf16 = true;
+    c.layout = 2;
+    c.rope.kind = ATTN_ROPE_HALF;
+    run_grad_case(&c, &opts_causal, "bfloat16 x, weights and biases", 0);
 }
 
 /* the same gradients, bit for bit, on 1 and 2 threads */
