@@ -184,10 +184,10 @@ static int64_t rows_ld(const attn_tensor *x) {
 
 mha_op mha_rows_op(const attn_tensor *x, mha_ws *w) {
     const int64_t B = x->shape[0], L = x->shape[1], C = x->shape[2];
-    if (rows_in_place(x)) return (mha_op){(const float *)x->data, rows_ld(x), false};
+    if (rows_in_place(x)) return (mha_op){.p = (const float *)x->data, .ld = rows_ld(x)};
     float *d = mha_take(w, B * L * C);  /* (B·L, C) */
     if (d) widen(d, x, B * L, C, L, x->stride[0], x->stride[1], x->stride[2]);
-    return (mha_op){d, C > 1 ? C : 1, false};
+    return (mha_op){.p = d, .ld = C > 1 ? C : 1};
 }
 
 mha_op mha_weight_op(const attn_tensor *wt, mha_ws *w) {
@@ -196,27 +196,57 @@ mha_op mha_weight_op(const attn_tensor *wt, mha_ws *w) {
         /* row-major [in, out]: unit stride along out, rows stride[0] >= out apart */
         if ((out <= 1 || wt->stride[1] == 1) && wt->stride[0] >= (out > 1 ? out : 1) &&
             fits_int(wt->stride[0]))
-            return (mha_op){(const float *)wt->data, wt->stride[0], false};
+            return (mha_op){(const float *)wt->data, wt->stride[0], false, NULL, in, out};
         /* PyTorch's [out, in] rows: unit stride along in */
         if ((in <= 1 || wt->stride[0] == 1) && wt->stride[1] >= (in > 1 ? in : 1) &&
             fits_int(wt->stride[1]))
-            return (mha_op){(const float *)wt->data, wt->stride[1], true};
+            return (mha_op){(const float *)wt->data, wt->stride[1], true, NULL, in, out};
     }
-    float *d = mha_take(w, in * out);  /* (in, out) */
-    if (d) widen(d, wt, in, out, in > 0 ? in : 1, 0, wt->stride[0], wt->stride[1]);
-    return (mha_op){d, out > 1 ? out : 1, false};
+    float *panel = mha_take(w, (in < MHA_PANEL ? in : MHA_PANEL) * out);  /* (MHA_PANEL, out) */
+    return (mha_op){panel, out > 1 ? out : 1, false, wt, in, out};
 }
 
-void mha_project(float *out, int64_t ldc, int64_t M, int64_t N, int64_t K, mha_op a,
-                 mha_op w, const attn_tensor *bias) {
+void mha_gemm_w(bool transposed, int64_t M, const float *a, int64_t lda, const mha_op *w,
+                float beta, float *c, int64_t ldc) {
+    /* sizes and leading dimensions were checked by mha_plan_init: these cannot fail */
+    const int64_t in = w->in, out = w->out;
+    if (!w->src) {
+        if (!transposed)
+            (void)attn_gemm_f32(false, w->trans, M, out, in, 1.0f, a, lda, w->p, w->ld, beta, c, ldc);
+        else
+            (void)attn_gemm_f32(false, !w->trans, M, in, out, 1.0f, a, lda, w->p, w->ld, beta, c, ldc);
+        return;
+    }
+    if (in == 0 && !transposed) {  /* an empty sum: c = beta · c */
+        (void)attn_gemm_f32(false, false, M, out, 0, 1.0f, a, lda, w->p, w->ld, beta, c, ldc);
+        return;
+    }
+    float *panel = (float *)w->p;  /* (kc, out): rows k0 .. k0 + kc of the weight */
+    const attn_tensor *t = w->src;
+    for (int64_t k0 = 0; k0 < in; k0 += MHA_PANEL) {
+        const int64_t kc = in - k0 < MHA_PANEL ? in - k0 : MHA_PANEL;
+        const attn_tensor rows = {(char *)t->data + (size_t)(k0 * t->stride[0]) *
+                                                        (t->dtype == ATTN_F32 ? 4 : 2),
+                                  t->dtype, {kc, out, 1, 1}, {t->stride[0], t->stride[1], 1, 1}};
+        widen(panel, &rows, kc, out, kc, 0, t->stride[0], t->stride[1]);
+        if (!transposed)  /* c += a[:, k0 .. k0 + kc) · panel */
+            (void)attn_gemm_f32(false, false, M, out, kc, 1.0f, a + k0, lda, panel, w->ld,
+                                k0 ? 1.0f : beta, c, ldc);
+        else  /* c[:, k0 .. k0 + kc) = a · panelᵀ */
+            (void)attn_gemm_f32(false, true, M, kc, out, 1.0f, a, lda, panel, w->ld, beta,
+                                c + k0, ldc);
+    }
+}
+
+void mha_project(float *out, int64_t ldc, int64_t M, mha_op a, mha_op w,
+                 const attn_tensor *bias) {
+    const int64_t N = w.out;
     if (M == 0 || N == 0) return;
     if (bias)
         for (int64_t r = 0; r < M; r++)
             for (int64_t c = 0; c < N; c++)
                 out[r * ldc + c] = attn_load(bias->dtype, bias->data, c * bias->stride[0]);
-    /* sizes and leading dimensions were checked by mha_plan_init: this cannot fail */
-    (void)attn_gemm_f32(a.trans, w.trans, M, N, K, 1.0f, a.p, a.ld, w.p, w.ld,
-                        bias ? 1.0f : 0.0f, out, ldc);
+    mha_gemm_w(false, M, a.p, a.ld, &w, bias ? 1.0f : 0.0f, out, ldc);
 }
 
 mha_target mha_rows_target(const attn_tensor *y, mha_ws *w) {
@@ -338,12 +368,9 @@ void mha_qkv_layout(const mha_plan *pl, mha_ws *w, mha_qkv *s) {
 
 void mha_qkv_project(const mha_plan *pl, const mha_qkv *s, const int64_t *pos0) {
     const int64_t mq = pl->B * pl->Lq, mk = pl->B * pl->Lk;
-    mha_project(s->q, pl->out[MHA_Q], mq, pl->out[MHA_Q], pl->E, s->xq, s->w[MHA_Q],
-                pl->b[MHA_Q]);
-    mha_project(s->k, pl->out[MHA_K], mk, pl->out[MHA_K], pl->Ekv, s->xkv, s->w[MHA_K],
-                pl->b[MHA_K]);
-    mha_project(s->v, pl->out[MHA_V], mk, pl->out[MHA_V], pl->Ekv, s->xkv, s->w[MHA_V],
-                pl->b[MHA_V]);
+    mha_project(s->q, pl->out[MHA_Q], mq, s->xq, s->w[MHA_Q], pl->b[MHA_Q]);
+    mha_project(s->k, pl->out[MHA_K], mk, s->xkv, s->w[MHA_K], pl->b[MHA_K]);
+    mha_project(s->v, pl->out[MHA_V], mk, s->xkv, s->w[MHA_V], pl->b[MHA_V]);
     attn_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, pos0, s->q, pl->B, pl->Lq,
                     pl->Hq, pl->Dk, false);
     attn_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, pos0, s->k, pl->B, pl->Lk,
@@ -373,9 +400,8 @@ attn_status mha_forward_ws(const mha_plan *pl, const attn_tensor *y,
 
 void mha_out_project(const mha_plan *pl, const mha_qkv *s, const attn_tensor *y,
                      const mha_target *yt) {
-    const mha_op ov = {s->o, pl->Hq * pl->Dv > 1 ? pl->Hq * pl->Dv : 1, false};
-    mha_project(yt->p, yt->ld, pl->B * pl->Lq, pl->E, pl->in[MHA_O], ov, s->w[MHA_O],
-                pl->b[MHA_O]);
+    const mha_op ov = {.p = s->o, .ld = pl->Hq * pl->Dv > 1 ? pl->Hq * pl->Dv : 1};
+    mha_project(yt->p, yt->ld, pl->B * pl->Lq, ov, s->w[MHA_O], pl->b[MHA_O]);
     mha_scatter(y, yt);
 }
 

@@ -21,12 +21,19 @@
 enum { MHA_Q = 0, MHA_K, MHA_V, MHA_O, MHA_N };
 
 /* A float32 operand as attn_gemm_f32 reads it: op(p) is [rows, cols], p is [cols, rows]
- * row-major with leading dimension ld when trans. */
+ * row-major with leading dimension ld when trans. A weight the BLAS cannot read in place
+ * (bfloat16, or no unit stride) has src set: p is then a panel of MHA_PANEL of its rows,
+ * widened to float32 just before each product that reads them (mha_gemm_w). */
 typedef struct mha_op {
     const float *p;
     int64_t ld;
     bool trans;
+    const attn_tensor *src;
+    int64_t in, out;  /* a weight's logical [in, out] */
 } mha_op;
+
+/* rows of a widened weight panel: 256 rows of 4096 floats are 4 MiB */
+#define MHA_PANEL 256
 
 /* A bump allocator over the workspace, 64-byte aligned pieces; count_only: it counts. */
 typedef struct mha_ws {
@@ -68,13 +75,21 @@ ATTN_PRIVATE attn_status mha_plan_init(mha_plan *pl, const attn_mha *m, const at
  * (w->base NULL: only counted). */
 ATTN_PRIVATE mha_op mha_rows_op(const attn_tensor *x, mha_ws *w);
 /* A weight (logical [in, out]) as a float32 operand: in place when float32 with one unit
- * stride, else widened into the workspace as row-major [in, out]. */
+ * stride, else a panel of the workspace (src set). */
 ATTN_PRIVATE mha_op mha_weight_op(const attn_tensor *wt, mha_ws *w);
 
-/* out[M, N] (rows ldc apart) = a[M, K] · op(w) (+ bias[N] on every row when bias is
- * not NULL). */
-ATTN_PRIVATE void mha_project(float *out, int64_t ldc, int64_t M, int64_t N, int64_t K,
-                              mha_op a, mha_op w, const attn_tensor *bias);
+/* With w a weight of logical [in, out]:
+ *   transposed false:  c[M, out] = a[M, in] · w    + beta · c
+ *   transposed true:   c[M, in]  = a[M, out] · wᵀ  + beta · c
+ * a and c row-major with leading dimensions lda and ldc. A panelled weight is widened
+ * MHA_PANEL rows at a time, each panel's product added to c. */
+ATTN_PRIVATE void mha_gemm_w(bool transposed, int64_t M, const float *a, int64_t lda,
+                             const mha_op *w, float beta, float *c, int64_t ldc);
+
+/* out[M, out] (rows ldc apart) = a[M, in] · w (+ bias[out] on every row when bias is not
+ * NULL), for w a weight of logical [in, out]. */
+ATTN_PRIVATE void mha_project(float *out, int64_t ldc, int64_t M, mha_op a, mha_op w,
+                              const attn_tensor *bias);
 
 /* An output [B, L, C] of float32 or bfloat16 (shape {B, L, C, 1}) as a float32 [B·L, C]
  * target: in place (dst = y's data, *scatter false) when float32 with unit last stride

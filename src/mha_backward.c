@@ -142,9 +142,8 @@ static void xgrad_run(const attn_tensor *dx, const mha_target *t, const xterm *t
     if (!dx) return;
     for (int e = 0; e < nterms; e++) {
         const int64_t n = terms[e].n;
-        (void)attn_gemm_f32(false, !terms[e].w.trans, M, C, n, 1.0f, terms[e].g,
-                            n > 1 ? n : 1, terms[e].w.p, terms[e].w.ld, e ? 1.0f : 0.0f, t->p,
-                            t->ld);
+        mha_gemm_w(true, M, terms[e].g, n > 1 ? n : 1, &terms[e].w, e ? 1.0f : 0.0f, t->p,
+                   t->ld);
     }
     mha_scatter(dx, t);
 }
@@ -189,8 +188,7 @@ static attn_status backward_ws(const mha_plan *pl, const attn_tensor *dy,
 
     /* dO = G W_Oᵀ */
     const int64_t ho = Hq * pl->Dv;
-    (void)attn_gemm_f32(false, !s.w[MHA_O].trans, mq, ho, pl->E, 1.0f, gy.p, gy.ld,
-                        s.w[MHA_O].p, s.w[MHA_O].ld, 0.0f, d_o, ho > 1 ? ho : 1);
+    mha_gemm_w(true, mq, gy.p, gy.ld, &s.w[MHA_O], 0.0f, d_o, ho > 1 ? ho : 1);
     TRY(attn_backward(&q, &k, &v, &o, &vdo, &tl, &vdq, &vdk, &vdv, &bo));
     /* Q = rope(x_q W_Q + b_Q): the rotation's transpose is the inverse rotation */
     attn_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, NULL, dq, B, Lq, Hq, pl->Dk, true);
@@ -202,7 +200,7 @@ static attn_status backward_ws(const mha_plan *pl, const attn_tensor *dy,
             memcpy(gdense + r * pl->E, gy.p + r * gy.ld, (size_t)pl->E * sizeof(float));
     }
     const float *gd = gdense ? gdense : gy.p;
-    const mha_op oop = {s.o, ho > 1 ? ho : 1, false};
+    const mha_op oop = {.p = s.o, .ld = ho > 1 ? ho : 1};
     wgrad_run(&wg[MHA_O], oop, gd, mq);
     bias_grad(g->db_o, gd, mq, pl->E);
     wgrad_run(&wg[MHA_Q], s.xq, dq, mq);

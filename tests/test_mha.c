@@ -12,7 +12,7 @@
  *     a scale; the attention weights per head and averaged over heads (against the
  *     oracle of oracle.h on the composition's projections).
  *  3. bfloat16 x, weights and biases (exact widening: the same tolerance), a bfloat16 y
- *     (within its rounding).
+ *     (within its rounding), widths over one widening panel.
  *  4. RoPE alone against its formula in double, both pairings.
  *  5. Misuse: wrong weight shapes, widths the heads do not divide, rotary dim odd or
  *     larger than Dk, bad weights' shape: the status, and nothing written.
@@ -200,6 +200,12 @@ static void test_bf16(void) {
     c.torch = c.self = true;
     c.Lk = c.Lq; c.Ekv = c.E; c.Dv = c.Dk; c.Hkv = c.Hq;
     run_case(&c, &(attn_options){.causal = true}, "bfloat16 packed self-attention");
+    /* widths over a widening panel (MHA_PANEL rows): W_Q, W_K, W_V in two panels */
+    c = (mcase){.B = 2, .Lq = 5, .Lk = 7, .E = 300, .Ekv = 270, .Hq = 3, .Hkv = 1, .Dk = 4,
+                .Dv = 4, .bias = true, .bf16 = true, .seed = 501};
+    run_case(&c, NULL, "bfloat16, E 300 / 270 over two panels");
+    c.torch = true;
+    run_case(&c, NULL, "bfloat16 [out, in] weights, E 300 / 270");
 }
 
 /* RoPE on its own against the formula */
