@@ -206,10 +206,49 @@ mha_op mha_weight_op(const attn_tensor *wt, mha_ws *w) {
     return (mha_op){panel, out > 1 ? out : 1, false, wt, in, out};
 }
 
+/* rows k0 .. k0 + kc of a panelled weight, widened into its panel (kc, out) */
+static float *widen_panel(const mha_op *w, int64_t k0, int64_t kc) {
+    const attn_tensor *t = w->src;
+    const attn_tensor rows = {(char *)t->data + (size_t)(k0 * t->stride[0]) *
+                                                    (t->dtype == ATTN_F32 ? 4 : 2),
+                              t->dtype, {kc, w->out, 1, 1}, {t->stride[0], t->stride[1], 1, 1}};
+    float *panel = (float *)w->p;
+    widen(panel, &rows, kc, w->out, kc, 0, t->stride[0], t->stride[1]);
+    return panel;
+}
+
+/* mha_gemm_w for M = 1: c[out] = wᵀ a (or c[in] = w a when transposed). The stored
+ * matrix is [in, out] (rows ld apart) unless w->trans ([out, in]); a panel is [kc, out]. */
+static void gemv_w(bool transposed, const float *a, const mha_op *w, float beta, float *c) {
+    const int64_t in = w->in, out = w->out;
+    if (!w->src) {
+        const bool gt = transposed ? w->trans : !w->trans;
+        (void)attn_gemv_f32(gt, w->trans ? out : in, w->trans ? in : out, 1.0f, w->p, w->ld, a,
+                            beta, c);
+        return;
+    }
+    if (in == 0 && !transposed) {
+        (void)attn_gemv_f32(true, 0, out, 1.0f, w->p, w->ld, a, beta, c);
+        return;
+    }
+    for (int64_t k0 = 0; k0 < in; k0 += MHA_PANEL) {
+        const int64_t kc = in - k0 < MHA_PANEL ? in - k0 : MHA_PANEL;
+        float *panel = widen_panel(w, k0, kc);
+        if (!transposed)  /* c += panelᵀ a[k0 .. k0 + kc) */
+            (void)attn_gemv_f32(true, kc, out, 1.0f, panel, w->ld, a + k0, k0 ? 1.0f : beta, c);
+        else  /* c[k0 .. k0 + kc) = panel a */
+            (void)attn_gemv_f32(false, kc, out, 1.0f, panel, w->ld, a, beta, c + k0);
+    }
+}
+
 void mha_gemm_w(bool transposed, int64_t M, const float *a, int64_t lda, const mha_op *w,
                 float beta, float *c, int64_t ldc) {
     /* sizes and leading dimensions were checked by mha_plan_init: these cannot fail */
     const int64_t in = w->in, out = w->out;
+    if (M == 1) {  /* one row: a matrix-vector product (a GEMM of M = 1 packs all of w) */
+        gemv_w(transposed, a, w, beta, c);
+        return;
+    }
     if (!w->src) {
         if (!transposed)
             (void)attn_gemm_f32(false, w->trans, M, out, in, 1.0f, a, lda, w->p, w->ld, beta, c, ldc);
@@ -221,14 +260,9 @@ void mha_gemm_w(bool transposed, int64_t M, const float *a, int64_t lda, const m
         (void)attn_gemm_f32(false, false, M, out, 0, 1.0f, a, lda, w->p, w->ld, beta, c, ldc);
         return;
     }
-    float *panel = (float *)w->p;  /* (kc, out): rows k0 .. k0 + kc of the weight */
-    const attn_tensor *t = w->src;
     for (int64_t k0 = 0; k0 < in; k0 += MHA_PANEL) {
         const int64_t kc = in - k0 < MHA_PANEL ? in - k0 : MHA_PANEL;
-        const attn_tensor rows = {(char *)t->data + (size_t)(k0 * t->stride[0]) *
-                                                        (t->dtype == ATTN_F32 ? 4 : 2),
-                                  t->dtype, {kc, out, 1, 1}, {t->stride[0], t->stride[1], 1, 1}};
-        widen(panel, &rows, kc, out, kc, 0, t->stride[0], t->stride[1]);
+        float *panel = widen_panel(w, k0, kc);
         if (!transposed)  /* c += a[:, k0 .. k0 + kc) · panel */
             (void)attn_gemm_f32(false, false, M, out, kc, 1.0f, a + k0, lda, panel, w->ld,
                                 k0 ? 1.0f : beta, c, ldc);

@@ -246,6 +246,12 @@ static void test_gradients(void) {
     c.layout = 2;
     c.rope.kind = ATTN_ROPE_HALF;
     run_grad_case(&c, &opts_causal, "bfloat16 x, weights and biases", 0, 0);
+    /* one row (B = Lq = 1): the products by Wᵀ are matrix-vector ones */
+    c = (mcase){.B = 1, .Lq = 1, .Lk = 3, .E = 6, .Ekv = 5, .Hq = 2, .Hkv = 1, .Dk = 2,
+                .Dv = 3, .bias = true, .torch = true, .seed = 96};
+    run_grad_case(&c, NULL, "one query row, PyTorch's layout", 0, 0);
+    c.bf16 = true;
+    run_grad_case(&c, NULL, "one query row, bfloat16", 0, 0);
     /* widths over a widening panel (MHA_PANEL rows): the products by W and Wᵀ in
      * several panels, seen in dx_q, dx_kv, dW_O and the biases */
     c = (mcase){.B = 2, .Lq = 3, .Lk = 4, .E = 300, .Ekv = 270, .Hq = 2, .Hkv = 1, .Dk = 4,

@@ -10,7 +10,8 @@
  *  2. float16 and bfloat16 caches: within the cache's rounding (relative Frobenius
  *     error <= 4e-4 for float16, 3e-3 for bfloat16, against the float64 layer; measured
  *     6-9e-5 and 5-7e-4: the cache's K and V rounded once, 2^-11 and 2^-8 relative).
- *  3. The cache: rows beyond len + n never written; len advanced.
+ *  3. The cache: rows beyond len + n never written; len advanced. One token a step of
+ *     one sequence (every product a matrix-vector one) over bfloat16 weights.
  *  4. Misuse (too many tokens for Lmax, options the step owns, wrong cache shape or
  *     dtypes, an unknown kind): the status, nothing written, len unchanged.
  *  5. The tolerance check rejects a planted error (a step's positions off by one).
@@ -118,6 +119,30 @@ static void test_loop(void) {
         }
 }
 
+/* one sequence, one token a step: every product has one row (a matrix-vector product),
+ * over bfloat16 x and weights ([in, out] and PyTorch's [out, in]), a float32 y */
+static void test_single_rows(void) {
+    const int64_t sizes[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    for (int torch = 0; torch < 2; torch++) {
+        mcase c = dec_case(90 + (uint64_t)torch, ATTN_ROPE_INTERLEAVED);
+        c.B = 1;
+        c.bf16 = true;
+        c.torch = torch;
+        c.Hkv = c.Hq;  /* (packed q, k, v in the PyTorch layout) */
+        mlayer l;
+        mlayer_build(&l, &c);
+        l.ty.dtype = ATTN_F32;  /* y float32 (its storage has room): the float32 tolerance */
+        dcache d;
+        dcache_build(&d, &c, c.Lq, ATTN_F32);
+        attn_status st;
+        double err = run_steps(&l, &d, sizes, 12, &st, false);
+        CHECK(st == ATTN_OK && err <= 1e-6, "one row a step, torch %d: status %d, rel err %.3g",
+              torch, st, err);
+        dcache_free(&d);
+        mlayer_free(&l);
+    }
+}
+
 static void expect_refused(mlayer *l, dcache *d, int64_t n, const attn_options *opt,
                            attn_status want, const char *what) {
     int64_t len0 = d->len[0];
@@ -157,6 +182,7 @@ static void test_misuse(void) {
 
 int main(void) {
     test_loop();
+    test_single_rows();
     test_misuse();
     /* planted: a second step whose positions are one late must fail the float32 check */
     mcase c = dec_case(70, ATTN_ROPE_HALF);
