@@ -10,6 +10,10 @@
  * GEMM vs attention. A Llama-sized decoding step (E = 4096, Hq = 32, Hkv = 8, D = 128,
  * 4096 cached tokens, bfloat16 weights and cache, one token): GB/s counting the weights
  * and the cache read once, against the read bandwidth.
+ * On a machine whose cores other processes share, OpenMP's spinning barriers can
+ * dominate the many short parallel calls of a step (measured on the project's shared
+ * machine: the decoding step 1.8 s spinning, 34 ms with OMP_WAIT_POLICY=passive); run it
+ * with OMP_WAIT_POLICY=passive there.
  * What it is not: a test (it checks one answer first, fused against the float64
  * reference attention, and fails on a mismatch) or a PyTorch comparison (see
  * scripts/bench_torch.py for that side of `attn bench`).
