@@ -114,7 +114,7 @@ def main():
         sys.exit("setup.py: PER_FILE_FLAGS names missing files: %s" % ", ".join(missing))
     ext = Extension(
         "attn._attn",
-        sources=["python/attn/_attn.c"] + library_sources(),
+        sources=["python/attn/_attn.c", "python/attn/_mha.c"] + library_sources(),
         include_dirs=["include", "src"],
         depends=["include/attn.h"] + sorted(
             os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "src", "*.h"))

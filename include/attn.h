@@ -316,6 +316,98 @@ ATTN_API attn_status attn_luong_concat_forward(const attn_tensor *q, const attn_
 ATTN_API attn_status attn_additive_tanh(int64_t n, const float *x, float *y);
 
 
+
+/* ---- the multi-head attention module -------------------------------------------------
+ * A transformer's attention layer around attn_forward: projections through the BLAS,
+ * optional rotary positions, the heads' attention, the output projection.
+ *   x_q [B, Lq, E]  (shape {B, Lq, E, 1})     x_kv [B, Lk, Ekv]  (NULL: self-attention)
+ *   Q = x_q W_Q + b_Q    K = x_kv W_K + b_K    V = x_kv W_V + b_V    (then RoPE on Q, K)
+ *   O = attention(Q, K, V) per head           y = O W_O + b_O        y [B, Lq, E]
+ * Weights are logical [in, out] matrices, shape {in, out, 1, 1}, any strides with one of
+ * the two equal to 1: stride {out, 1} is a row-major [in, out] matrix, stride {1, in} is
+ * PyTorch's [out, in] rows (nn.Linear.weight, read transposed without a copy), so W_Q of
+ * a packed in_proj_weight [3E, E] is {data, {E, E, 1, 1}, {1, E, 0, 0}}, W_K the same
+ * at data + E·E, W_V at data + 2·E·E. Biases are {out, 1, 1, 1} or NULL. dtypes: x, y,
+ * weights and biases float32 or bfloat16 (bfloat16 is widened to float32 in the
+ * workspace; every product accumulates in float32). Full contract: docs/CONTRACT.md. */
+typedef enum attn_rope_kind {
+    ATTN_ROPE_NONE = 0,
+    ATTN_ROPE_HALF,         /* pairs (d, d + r/2): GPT-NeoX, Llama             */
+    ATTN_ROPE_INTERLEAVED,  /* pairs (2d, 2d + 1): GPT-J                        */
+} attn_rope_kind;
+
+typedef struct attn_rope {
+    attn_rope_kind kind;
+    int64_t rotary_dim;  /* r: the first r of Dk are rotated; 0 = Dk; even, <= Dk   */
+    double base;         /* theta_d = pos * base^(-2d / r); 0 = 10000                */
+    int64_t offset;      /* position of row 0 of x_q and of x_kv                     */
+} attn_rope;
+
+typedef struct attn_mha {
+    int64_t Hq;          /* query heads: W_Q has Hq·Dk columns, W_O Hq·Dv rows         */
+    int64_t Hkv;         /* key/value heads (0 = Hq); Hq a multiple of it             */
+    const attn_tensor *w_q, *w_k, *w_v, *w_o;  /* [E, Hq·Dk] [Ekv, Hkv·Dk] [Ekv, Hkv·Dv] [Hq·Dv, E] */
+    const attn_tensor *b_q, *b_k, *b_v, *b_o;  /* [Hq·Dk] [Hkv·Dk] [Hkv·Dv] [E], or NULL */
+    attn_rope rope;
+} attn_mha;
+
+/* y = the layer on x_q (and x_kv). opt is attn_forward's, its masks and options read
+ * against the heads' scores [B, Hq, Lq, Lk] (a key padding mask: kv_len, or a bool mask
+ * {B, 1, 1, Lk}); opt->lse and opt->weights must be NULL; opt->workspace, if given, is
+ * the module's whole scratch (attn_mha_forward_workspace_size). weights (NULL = not
+ * wanted): [B, Hq, Lq, Lk] float32, or with average_weights [B, 1, Lq, Lk], the mean
+ * over heads (PyTorch's need_weights / average_attn_weights). On error nothing is
+ * written. */
+ATTN_API attn_status attn_mha_forward(const attn_mha *m, const attn_tensor *x_q,
+                                      const attn_tensor *x_kv, const attn_tensor *y,
+                                      const attn_tensor *weights, bool average_weights,
+                                      const attn_options *opt);
+ATTN_API attn_status attn_mha_forward_workspace_size(const attn_mha *m, const attn_tensor *x_q,
+                                                     const attn_tensor *x_kv,
+                                                     const attn_tensor *y,
+                                                     const attn_tensor *weights,
+                                                     bool average_weights,
+                                                     const attn_options *opt, size_t *bytes);
+
+/* The gradients of attn_mha_forward for dy = dLoss/dy [B, Lq, E], each float32, each
+ * NULL when not wanted, each overwritten (not accumulated); shapes as the tensor they
+ * differentiate (strides free, so dW of a packed in_proj_weight is written in place).
+ * Self-attention (x_kv NULL): dx_kv must be NULL and dx_q gets both paths' sum. The
+ * forward is recomputed (nothing is kept between calls). Deterministic for any thread
+ * count. On error nothing is written. */
+typedef struct attn_mha_grads {
+    const attn_tensor *dx_q, *dx_kv;
+    const attn_tensor *dw_q, *dw_k, *dw_v, *dw_o;
+    const attn_tensor *db_q, *db_k, *db_v, *db_o;
+} attn_mha_grads;
+
+ATTN_API attn_status attn_mha_backward(const attn_mha *m, const attn_tensor *x_q,
+                                       const attn_tensor *x_kv, const attn_tensor *dy,
+                                       const attn_mha_grads *g, const attn_options *opt);
+
+/* A key/value cache the caller owns, appended to by attn_mha_decode. kind says how the
+ * storage is laid out; today one kind: contiguous tensors (a paged kind will add its
+ * block table beside k and v).
+ *   k [B, Hkv, Lmax, Dk]   v [B, Hkv, Lmax, Dv]   float32, float16 or bfloat16 (alike)
+ *   len [B]                tokens held per batch, read and advanced by each step */
+typedef enum attn_cache_kind { ATTN_CACHE_CONTIGUOUS = 0 } attn_cache_kind;
+
+typedef struct attn_kv_cache {
+    attn_cache_kind kind;
+    attn_tensor k, v;
+    int64_t *len;
+} attn_kv_cache;
+
+/* One decoding step of a self-attention layer: projects x [B, n, E] (n new tokens per
+ * batch), rotates them at positions len[b] + i (+ rope.offset), writes their K and V at
+ * rows len[b] .. len[b] + n - 1 of the cache, attends to rows [0, len[b] + n) with
+ * bottom-right causal alignment, writes y [B, n, E] and adds n to len[b]. opt as in
+ * attn_mha_forward, except that causal, align and kv_len are the step's own (opt's must
+ * be unset). ATTN_ERR_VALUE when len[b] + n > Lmax. On error nothing is written. */
+ATTN_API attn_status attn_mha_decode(const attn_mha *m, const attn_tensor *x,
+                                     const attn_kv_cache *cache, const attn_tensor *y,
+                                     const attn_options *opt);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 
 #ifdef ATTN_HAVE_CBLAS
 #include <cblas.h>
@@ -47,6 +48,28 @@ attn_status attn_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
     return ATTN_OK;
 #else
     (void)alpha; (void)beta;
+    return ATTN_ERR_UNSUPPORTED;
+#endif
+}
+
+attn_status attn_gemv_f32(bool trans, int64_t rows, int64_t cols, float alpha, const float *a,
+                          int64_t lda, const float *x, float beta, float *y) {
+    /* the checks of a [rows, cols] · [cols, 1] product (or its transpose) */
+    attn_status st = gemm_check(trans, false, trans ? cols : rows, 1, trans ? rows : cols, a,
+                                lda, x, 1, y, 1);
+    const int64_t ny = trans ? cols : rows;
+    if (st != ATTN_OK || ny == 0) return st;
+    if (beta == 0.0f) memset(y, 0, (size_t)ny * sizeof(float));  /* y's contents ignored */
+#ifdef ATTN_HAVE_CBLAS
+    if (!rows || !cols) {  /* an empty sum: y = beta * y */
+        for (int64_t i = 0; beta != 0.0f && i < ny; i++) y[i] *= beta;
+        return ATTN_OK;
+    }
+    cblas_sgemv(CblasRowMajor, trans ? CblasTrans : CblasNoTrans, (int)rows, (int)cols,
+                alpha, a, (int)lda, x, 1, beta == 0.0f ? 1.0f : beta, y, 1);
+    return ATTN_OK;
+#else
+    (void)alpha;
     return ATTN_ERR_UNSUPPORTED;
 #endif
 }

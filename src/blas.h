@@ -29,6 +29,13 @@ ATTN_BLAS_PRIVATE attn_status attn_gemm_f32(bool trans_a, bool trans_b, int64_t 
                                             int64_t lda, const float *b, int64_t ldb,
                                             float beta, float *c, int64_t ldc);
 
+/* y = alpha * op(a) x + beta * y for a [rows, cols] (lda): op(a) = a (y has rows
+ * elements, x cols) or aᵀ when trans (y has cols, x rows); unit strides. beta = 0
+ * ignores y's contents (NaN included). cblas_sgemv: one row of a product (M = 1). */
+ATTN_BLAS_PRIVATE attn_status attn_gemv_f32(bool trans, int64_t rows, int64_t cols, float alpha,
+                                            const float *a, int64_t lda, const float *x,
+                                            float beta, float *y);
+
 /* The same with bfloat16 a and b (as uint16_t) and a float32 c, accumulated in float32:
  * cblas_sbgemm, in a build with ATTN_HAVE_SBGEMM (an OpenBLAS built with BUILD_BFLOAT16;
  * Debian's 0.3.21 declares cblas_sbgemm but does not export it), ATTN_ERR_UNSUPPORTED

@@ -38,7 +38,9 @@ if LD_LIBRARY_PATH=$prefix/lib ldd "$tmp/example" | grep -q "$prefix/lib/libattn
 
 demo=$("$prefix/bin/attn" demo 2>&1)
 for want in "a1 = 0.804   a2 = 0.196" "= (8.04, 1.96)" "output = 5" "a1 = 0.8808" \
-    "d_k = 64: 8.0" "= 16" "row 0: [1.00, 0.00, 0.00, 0.00]"; do
+    "d_k = 64: 8.0" "= 16" "row 0: [1.00, 0.00, 0.00, 0.00]" \
+    "Seed 002 section 4" "Seed 003 section 6" "x (2, 8, 16) -> y (2, 8, 16)" \
+    "identical heads: loss"; do
     if grep -qF -- "$want" <<<"$demo"; then ok; else bad "attn demo lacks '$want'"; fi
 done
 

@@ -1,11 +1,13 @@
 /*
  * test_model.c — the hand-written layers of `attn train` (tools/model_ops.h) and the
- *                model that composes them (tools/model.c).
+ *                model that composes them with the library's parts (tools/model.c).
  *
  * What it covers:
  *  1. Each layer's backward against central finite differences of its forward, in
- *     float64 (model_ops.h instantiated for double): embeddings, layer norm, matmul with
- *     bias, GELU, softmax cross-entropy. Relative Frobenius error under 1e-6 per gradient.
+ *     float64 (model_ops.h instantiated for double): embeddings, layer norm, GELU,
+ *     softmax cross-entropy. Relative Frobenius error under 1e-6 per gradient. (The
+ *     matrix products are the BLAS's and the attention layer the library's module,
+ *     tested by test_mha*.c; their wiring is what 2. checks.)
  *  2. The whole float32 model, attention included, against finite differences of its
  *     loss along each parameter tensor's own gradient direction: within 2e-2 of the
  *     gradient's norm plus the float32 loss's noise (see tensor_check()), so that a wrong
@@ -92,7 +94,7 @@ static void compare(const char *layer, const char *what, const double *got, cons
     if (err > g_worst) g_worst = err;
 }
 
-enum { N_ = 7, T_ = 3, C_ = 6, V_ = 5, OC_ = 9 };
+enum { N_ = 7, T_ = 3, C_ = 6, V_ = 5 };
 
 typedef struct enc_ctx {
     double *wte, *wpe, *out, *w;
@@ -138,30 +140,6 @@ static void check_layernorm(void) {
     compare("layernorm", "b", db, f3, C_);
     free(c.x); free(c.g); free(c.b); free(c.out); free(c.mean); free(c.rstd); free(c.w);
     free(dx); free(dg); free(db); free(f1); free(f2); free(f3);
-}
-
-typedef struct mm_ctx {
-    double *x, *wm, *bias, *out, *w;
-} mm_ctx;
-static double mm_loss(void *p) {
-    mm_ctx *c = p;
-    matmul_forward_d(c->out, c->x, c->wm, c->bias, N_, C_, OC_);
-    return dot(c->out, c->w, N_ * OC_);
-}
-static void check_matmul(void) {
-    mm_ctx c = {rand_vec(N_ * C_, 1), rand_vec(C_ * OC_, 1), rand_vec(OC_, 1), zeros(N_ * OC_),
-                rand_vec(N_ * OC_, 1)};
-    double *dx = zeros(N_ * C_), *dw = zeros(C_ * OC_), *db = zeros(OC_), *wt = zeros(C_ * OC_);
-    matmul_backward_d(dx, dw, db, c.w, c.x, c.wm, wt, N_, C_, OC_);
-    double *f1 = zeros(N_ * C_), *f2 = zeros(C_ * OC_), *f3 = zeros(OC_);
-    fd(mm_loss, &c, c.x, N_ * C_, f1);
-    fd(mm_loss, &c, c.wm, C_ * OC_, f2);
-    fd(mm_loss, &c, c.bias, OC_, f3);
-    compare("matmul", "inp", dx, f1, N_ * C_);
-    compare("matmul", "w", dw, f2, C_ * OC_);
-    compare("matmul", "bias", db, f3, OC_);
-    free(c.x); free(c.wm); free(c.bias); free(c.out); free(c.w);
-    free(dx); free(dw); free(db); free(wt); free(f1); free(f2); free(f3);
 }
 
 typedef struct gelu_ctx {
@@ -357,7 +335,6 @@ static void planted(void) {
 int main(void) {
     check_encoder();
     check_layernorm();
-    check_matmul();
     check_gelu();
     check_crossentropy();
     printf("model: layers vs finite differences (float64), worst relative error %.2g\n", g_worst);

@@ -6,6 +6,8 @@
 #ifndef ATTN_CLI_H
 #define ATTN_CLI_H
 
+#include <stdbool.h>
+
 int cli_run(int argc, char **argv);   /* attn run ...   (tools/cli_run.c)  */
 int cli_demo(int argc, char **argv);  /* attn demo      (tools/cli_demo.c) */
 int cli_bench(int argc, char **argv); /* attn bench     (tools/cli_bench.c) */
@@ -13,5 +15,11 @@ int cli_dtypes(int argc, char **argv);  /* attn dtypes  (tools/cli_dtypes.c) */
 int cli_train(int argc, char **argv);   /* attn train   (tools/cli_train.c) */
 int cli_seq2seq(int argc, char **argv);  /* attn seq2seq (tools/cli_seq2seq.c) */
 int bench_additive(int argc, char **argv); /* attn bench --additive (tools/bench_additive.c) */
+int cli_bench_mha(int argc, char **argv);  /* attn bench-mha (tools/bench_mha.c) */
+int demo_mha(void);  /* attn demo's multi-head examples (tools/demo_mha.c) */
+/* This machine's fp32 FMA peak (GFLOP/s, the best ISA) and read bandwidth (GB/s) on
+ * `threads` threads, as `attn bench` measures them (tools/cli_bench.c); short
+ * measurements with quick. Returns non-zero (after a message) when out of memory. */
+int bench_machine_peak(int threads, bool quick, double *fp32_gflops, double *read_gbs);
 
 #endif /* ATTN_CLI_H */

@@ -1584,3 +1584,13 @@ int cli_bench(int argc, char **argv) {
     for (int i = 0; i < n; i++) free(cases[i].ts), free(cases[i].tts), free(cases[i].bws);
     return failed ? EXIT_FAIL : 0;
 }
+
+/* ---- the machine for the other bench files (cli.h) -------------------------------- */
+
+int bench_machine_peak(int threads, bool quick, double *fp32_gflops, double *read_gbs) {
+    machine m = {.threads = threads};
+    if (measure_machine(&m, quick, true)) return 1;
+    *fp32_gflops = m.peak_n;
+    *read_gbs = m.bw_n;
+    return 0;
+}

@@ -162,5 +162,7 @@ int cli_demo(int argc, char **argv) {
     }
     printf("attn %s demo (kernel: %s)\n\n", attn_version(), attn_kernel_name());
     if (demo_example_3_2()) return 1;
-    return demo_causal();
+    if (demo_causal()) return 1;
+    printf("\n");
+    return demo_mha();
 }

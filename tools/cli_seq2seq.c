@@ -30,7 +30,9 @@
 #include "attn.h"
 #include "cli.h"
 #include "cliopt.h"
+#include "linear.h"
 #include "png_plot.h"
+#include "rng.h"
 
 #define REAL float
 #define OP(name) name##_s2s
@@ -115,8 +117,8 @@ static float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 /* h' = (1 - z) n + z h, z = σ(x Wx_z + h Wh_z + b), r likewise, n = tanh(x Wx_n + b + r (h Wh_n + b)) */
 static void gru_forward(const gru *g, const float *x, const float *h, int B, int Din, int H,
                         float *gx, float *gh, float *z, float *r, float *n, float *out) {
-    matmul_forward_s2s(gx, x, g->Wx, g->bx, B, Din, 3 * H);
-    matmul_forward_s2s(gh, h, g->Wh, g->bh, B, H, 3 * H);
+    (void)linear_forward(gx, x, g->Wx, g->bx, B, Din, 3 * H);
+    (void)linear_forward(gh, h, g->Wh, g->bh, B, H, 3 * H);
     for (int b = 0; b < B; b++)
         for (int k = 0; k < H; k++) {
             const int64_t i = (int64_t)b * H + k, j = (int64_t)b * 3 * H + k;
@@ -144,8 +146,8 @@ static void gru_backward(const gru *g, gru *dg, const float *x, const float *h, 
             dgx[j] = daz; dgx[j + H] = dar; dgx[j + 2 * H] = dan;
             dgh[j] = daz; dgh[j + H] = dar; dgh[j + 2 * H] = dan * r[i];
         }
-    matmul_backward_s2s(dx, dg->Wx, dg->bx, dgx, x, g->Wx, wt, B, Din, 3 * H);
-    matmul_backward_s2s(dh, dg->Wh, dg->bh, dgh, h, g->Wh, wt, B, H, 3 * H);
+    (void)linear_backward(dx, dg->Wx, dg->bx, dgx, x, g->Wx, B, Din, 3 * H);
+    (void)linear_backward(dh, dg->Wh, dg->bh, dgh, h, g->Wh, B, H, 3 * H);
 }
 
 static attn_additive_weights attn_weights(const net *n, const dims *d) {
@@ -271,7 +273,7 @@ static double forward(const net *n, const dims *d, work *w, const int *y, int *p
             memcpy(oin + (int64_t)b * (H + K), c->dec.out + ((int64_t)t * B + b) * H, (size_t)H * sizeof(float));
             memcpy(oin + (int64_t)b * (H + K) + H, ct + (int64_t)b * K, (size_t)K * sizeof(float));
         }
-        matmul_forward_s2s(logits, oin, n->Wo, n->bo, B, H + K, VOCAB);
+        (void)linear_forward(logits, oin, n->Wo, n->bo, B, H + K, VOCAB);
         for (int b = 0; pred && b < B; b++) {
             int best = 0;
             for (int v = 1; v < VOCAB; v++)
@@ -299,8 +301,8 @@ static int backward(const net *n, net *g, const dims *d, work *w) {
     for (int t = T - 1; t >= 0; t--) {
         /* logits = [s_t; c_t] Wo + bo */
         memset(w->doin, 0, (size_t)(BH + BK) * sizeof(float));
-        matmul_backward_s2s(w->doin, g->Wo, g->bo, w->dlogits + (int64_t)t * B * VOCAB,
-                            c->oin + (int64_t)t * B * (H + K), n->Wo, w->wt, B, H + K, VOCAB);
+        (void)linear_backward(w->doin, g->Wo, g->bo, w->dlogits + (int64_t)t * B * VOCAB,
+                              c->oin + (int64_t)t * B * (H + K), n->Wo, B, H + K, VOCAB);
         for (int b = 0; b < B; b++) {
             for (int k = 0; k < H; k++) w->ds[b * H + k] += w->doin[b * (H + K) + k];
             for (int k = 0; k < K; k++) w->dc[b * K + k] = w->doin[b * (H + K) + H + k];
@@ -357,14 +359,9 @@ static int backward(const net *n, net *g, const dims *d, work *w) {
 
 /* ---- data, optimizer, picture ---------------------------------------------------------- */
 
-static uint64_t g_rng;
-static uint64_t rnd(void) {  /* splitmix64 */
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-static float unif(float k) { return k * (float)((double)(rnd() >> 11) * 0x1.0p-52 - 1.0); }
+static rng_t g_rng;
+static uint64_t rnd(void) { return rng_next(&g_rng); }
+static float unif(float k) { return k * (float)rng_sym(&g_rng); }
 
 /* B random sequences x (B, T) and their reversals y */
 static void batch(int B, int T, int *x, int *y) {
@@ -489,12 +486,16 @@ int cli_seq2seq(int argc, char **argv) {
         return rc;
     const float lr = lr_s ? strtof(lr_s, NULL) : 0.005f;
     if (!(lr > 0 && lr < 1)) return fprintf(stderr, "attn: seq2seq: --lr: expected 0 < lr < 1\n"), 2;
+    /* the dense layers' products need the BLAS (linear.h); with one, they cannot fail on
+     * these small sizes, so their statuses are not checked step by step */
+    if (strcmp(attn_blas_name(), "none") == 0)
+        return fprintf(stderr, "attn: seq2seq: this build has no BLAS (make BLAS=...)\n"), 1;
     d.E = 16;
     d.K = 2 * d.H;
     /* one thread by default: each product and attention call here is small, and threads
      * would mostly wait for one another */
     omp_set_num_threads(threads);
-    g_rng = (uint64_t)seed * 7919u + 1;
+    g_rng.s = (uint64_t)seed * 7919u + 1;
 
     net n, g;
     const int64_t np = layout(&n, NULL, &d);

@@ -2,11 +2,13 @@
  * model.c — `attn train`'s transformer (model.h): parameters, activations, the forward
  *           and backward passes of the whole network, AdamW.
  *
- * The layers other than attention are tools/model_ops.h, instantiated here for float.
- * Attention is the library's: the query, key and value of every head are strided views
- * straight into the (B·T, 3C) output of the QKV projection ([B, T, H, D] storage), the
- * output a view into (B·T, C), the forward keeps its log-sum-exp, and the backward
- * writes dQ, dK and dV through the same views into the (B·T, 3C) gradient. No copies.
+ * The embeddings, layer norms, GELU and cross-entropy are tools/model_ops.h,
+ * instantiated here for float; every matrix product is the library's BLAS door
+ * (attn_gemm_f32, src/blas.h). Each block's attention layer is the library's multi-head
+ * module (attn_mha_forward / attn_mha_backward): W_Q, W_K and W_V are the three column
+ * blocks of the packed (C, 3C) w_qkv, read in place with leading dimension 3C, their
+ * gradients written the same way into the packed gradient. The module keeps nothing
+ * between calls: its backward recomputes the block's projections and attention from ln1.
  * What it is not: a general framework (one architecture, float32, sizes fixed at
  * creation) or the sampler and the training loop (tools/cli_train.c).
  */
@@ -16,6 +18,8 @@
 #include <string.h>
 
 #include "attn.h"
+#include "blas.h"
+#include "linear.h"
 #include "model.h"
 
 #define REAL float
@@ -46,9 +50,7 @@ typedef struct params {
 typedef struct block_acts {
     float *x;                     /* (N, C)  the block's input (the residual stream)  */
     float *ln1, *ln1_mean, *ln1_rstd;   /* (N, C), (N), (N)                            */
-    float *qkv;                   /* (N, 3C) q | k | v of every head, [B, T, H, D]    */
-    float *att, *lse;             /* (N, C), (B, H, T)  attention output and its LSE  */
-    float *x2;                    /* (N, C)  x + attention's projection               */
+    float *x2;                    /* (N, C)  x + the attention layer's output         */
     float *ln2, *ln2_mean, *ln2_rstd;
     float *fc, *fch;              /* (N, 4C) before and after GELU                    */
 } block_acts;
@@ -78,7 +80,7 @@ struct model {
 
     /* backward scratch */
     float *mem_back;
-    float *dx, *dx2, *dln, *dqkv, *datt, *dfc, *dfch, *dlogits, *wt;
+    float *dx, *dx2, *dln, *dfc, *dfch, *dlogits;
 
     char err[300];
 };
@@ -174,7 +176,7 @@ model *model_create(const model_config *cfg, const char **why) {
     if (!m) goto nomem;
     m->cfg = *c;
     const int64_t V = c->vocab, T = c->ctx, C = c->d_model, L = c->layers;
-    const int64_t N = (int64_t)c->batch * T, H = c->heads;
+    const int64_t N = (int64_t)c->batch * T;
 
     /* parameters, gradients, AdamW's moments */
     block_params *pb = calloc((size_t)L, sizeof *pb), *gb = calloc((size_t)L, sizeof *gb);
@@ -207,8 +209,6 @@ model *model_create(const model_config *cfg, const char **why) {
             block_acts *a = &m->act[l];
             A(a->x, N * C);
             A(a->ln1, N * C); A(a->ln1_mean, N); A(a->ln1_rstd, N);
-            A(a->qkv, N * 3 * C);
-            A(a->att, N * C); A(a->lse, (int64_t)c->batch * H * T);
             A(a->x2, N * C);
             A(a->ln2, N * C); A(a->ln2_mean, N); A(a->ln2_rstd, N);
             A(a->fc, N * 4 * C); A(a->fch, N * 4 * C);
@@ -228,20 +228,16 @@ model *model_create(const model_config *cfg, const char **why) {
     m->targets = calloc((size_t)N, sizeof(int));
 
     /* backward scratch */
-    int64_t wt = 4 * C * C > C * V ? 4 * C * C : C * V;
-    const int64_t back = 7 * N * C + 2 * N * 4 * C + N * V + wt + 16 * 10;  // + 16 per carve
+    const int64_t back = 3 * N * C + 2 * N * 4 * C + N * V + 16 * 6;  // + 16 per carve
     m->mem_back = calloc((size_t)back, sizeof(float));
     if (!m->tokens || !m->targets || !m->mem_back) goto nomem_m;
     float *at = m->mem_back;
     m->dx = carve(&at, N * C);
     m->dx2 = carve(&at, N * C);
     m->dln = carve(&at, N * C);
-    m->dqkv = carve(&at, N * 3 * C);
-    m->datt = carve(&at, N * C);
     m->dfc = carve(&at, N * 4 * C);
     m->dfch = carve(&at, N * 4 * C);
     m->dlogits = carve(&at, N * V);
-    m->wt = carve(&at, wt);
     return m;
 
 nomem_m:
@@ -277,38 +273,50 @@ const char *model_error(const model *m) { return m->err; }
 
 void model_zero_grad(model *m) { memset(m->mem_grads, 0, (size_t)m->n_params * sizeof(float)); }
 
-/* ---- attention through the library ----------------------------------------------------- */
+/* ---- the library's parts: the BLAS and the multi-head module ------------------------- */
 
-/* The views of one block's attention for b sequences of t tokens: q, k, v inside a
- * (b·t, 3C) buffer, o inside a (b·t, C) one, each [B, T, H, D] storage of a
- * [B, H, T, D] tensor. */
-typedef struct attn_views {
-    attn_tensor q, k, v, o, lse;
+/* One block's attention layer as the module reads it: q, k, v the column blocks of the
+ * packed (C, 3C) w_qkv (leading dimension 3C), o the (C, C) w_o; tensors over p's
+ * arrays, so the same function describes the parameters and their gradients. */
+typedef struct block_mha {
+    attn_tensor w[4], b[4];
+    attn_mha m;
+    attn_mha_grads g;  /* of the tensors of the gradient block, when built from one */
     attn_options opt;
-} attn_views;
+} block_mha;
 
-static attn_views views(const model *m, float *qkv, float *o, float *lse, int b, int t) {
-    const int64_t C = m->cfg.d_model, H = m->cfg.heads, D = C / H;
-    attn_views w;
-    const attn_tensor base3 = {qkv, ATTN_F32, {b, H, t, D}, {t * 3 * C, D, 3 * C, 1}};
-    w.q = base3;
-    w.k = base3;
-    w.k.data = qkv + C;
-    w.v = base3;
-    w.v.data = qkv + 2 * C;
-    w.o = (attn_tensor){o, ATTN_F32, {b, H, t, D}, {t * C, D, C, 1}};
-    w.lse = attn_tensor_4d(lse, ATTN_F32, b, H, t, 1);
-    memset(&w.opt, 0, sizeof w.opt);
+static void block_tensors(const model *m, const block_params *p, attn_tensor w[4], attn_tensor b[4]) {
+    const int64_t C = m->cfg.d_model;
+    for (int k = 0; k < 3; k++) {
+        w[k] = (attn_tensor){p->w_qkv + k * C, ATTN_F32, {C, C, 1, 1}, {3 * C, 1, 1, 1}};
+        b[k] = attn_tensor_4d(p->b_qkv + k * C, ATTN_F32, C, 1, 1, 1);
+    }
+    w[3] = attn_tensor_4d(p->w_o, ATTN_F32, C, C, 1, 1);
+    b[3] = attn_tensor_4d(p->b_o, ATTN_F32, C, 1, 1, 1);
+}
+
+/* bm over p (and its gradients over g, if not NULL); its tensors point into bm itself */
+static void block_mha_init(block_mha *bm, const model *m, const block_params *p,
+                           const block_params *g, attn_tensor gw[4], attn_tensor gb[4]) {
+    block_tensors(m, p, bm->w, bm->b);
+    bm->m = (attn_mha){.Hq = m->cfg.heads, .w_q = &bm->w[0], .w_k = &bm->w[1],
+                       .w_v = &bm->w[2], .w_o = &bm->w[3], .b_q = &bm->b[0],
+                       .b_k = &bm->b[1], .b_v = &bm->b[2], .b_o = &bm->b[3]};
+    if (g) {
+        block_tensors(m, g, gw, gb);
+        bm->g = (attn_mha_grads){.dw_q = &gw[0], .dw_k = &gw[1], .dw_v = &gw[2], .dw_o = &gw[3],
+                                 .db_q = &gb[0], .db_k = &gb[1], .db_v = &gb[2], .db_o = &gb[3]};
+    }
+    memset(&bm->opt, 0, sizeof bm->opt);
     if (m->cfg.reversed) {
         /* the seed's reversed mask, triu(diagonal = 0): row i keeps the keys j >= i, a
          * window with no left side and an unbounded right side */
-        w.opt.has_window = true;
-        w.opt.window_left = 0;
-        w.opt.window_right = -1;
+        bm->opt.has_window = true;
+        bm->opt.window_left = 0;
+        bm->opt.window_right = -1;
     } else {
-        w.opt.causal = true;  // j <= i
+        bm->opt.causal = true;  // j <= i
     }
-    return w;
 }
 
 static int fail(model *m, const char *what, attn_status st) {
@@ -339,21 +347,24 @@ int model_forward(model *m, const int *tokens, const int *targets, int b, int t,
         block_acts *a = &m->act[l];
         float *out = l + 1 < c->layers ? m->act[l + 1].x : m->x_final;
         layernorm_forward_f(a->ln1, a->ln1_mean, a->ln1_rstd, a->x, p->ln1_g, p->ln1_b, N, C);
-        matmul_forward_f(a->qkv, a->ln1, p->w_qkv, p->b_qkv, N, C, 3 * C);
-        attn_views w = views(m, a->qkv, a->att, a->lse, b, t);
-        w.opt.lse = &w.lse;
-        const attn_status st = attn_forward(&w.q, &w.k, &w.v, &w.o, &w.opt);
-        if (st != ATTN_OK) return fail(m, "attn_forward", st);
-        matmul_forward_f(a->x2, a->att, p->w_o, p->b_o, N, C, C);
+        block_mha bm;
+        block_mha_init(&bm, m, p, NULL, NULL, NULL);
+        const attn_tensor x = attn_tensor_4d(a->ln1, ATTN_F32, b, t, C, 1);
+        const attn_tensor y = attn_tensor_4d(a->x2, ATTN_F32, b, t, C, 1);
+        attn_status st = attn_mha_forward(&bm.m, &x, NULL, &y, NULL, false, &bm.opt);
+        if (st != ATTN_OK) return fail(m, "attn_mha_forward", st);
         for (int64_t e = 0; e < N * C; e++) a->x2[e] += a->x[e];  // x2 = x + attention
         layernorm_forward_f(a->ln2, a->ln2_mean, a->ln2_rstd, a->x2, p->ln2_g, p->ln2_b, N, C);
-        matmul_forward_f(a->fc, a->ln2, p->w_fc, p->b_fc, N, C, 4 * C);
+        st = linear_forward(a->fc, a->ln2, p->w_fc, p->b_fc, N, C, 4 * C);
+        if (st != ATTN_OK) return fail(m, "attn_gemm_f32", st);
         gelu_forward_f(a->fch, a->fc, N * 4 * C);
-        matmul_forward_f(out, a->fch, p->w_pr, p->b_pr, N, 4 * C, C);
+        st = linear_forward(out, a->fch, p->w_pr, p->b_pr, N, 4 * C, C);
+        if (st != ATTN_OK) return fail(m, "attn_gemm_f32", st);
         for (int64_t e = 0; e < N * C; e++) out[e] += a->x2[e];  // out = x2 + MLP
     }
     layernorm_forward_f(m->lnf, m->lnf_mean, m->lnf_rstd, m->x_final, m->p.lnf_g, m->p.lnf_b, N, C);
-    matmul_forward_f(m->probs, m->lnf, m->p.w_out, NULL, N, C, V);  // the logits, then
+    const attn_status st = linear_forward(m->probs, m->lnf, m->p.w_out, NULL, N, C, V);  // the logits,
+    if (st != ATTN_OK) return fail(m, "attn_gemm_f32", st);                           // then
     const double mean = crossentropy_forward_f(m->probs, m->losses, m->probs, m->targets, N, V);
     if (loss) *loss = targets ? mean : 0.0;
     return 0;
@@ -374,7 +385,9 @@ int model_backward(model *m) {
     /* forward: loss = mean cross-entropy of softmax(logits); logits = lnf w_out */
     crossentropy_backward_f(m->dlogits, m->probs, m->targets, N, V);
     memset(m->dln, 0, nc);
-    matmul_backward_f(m->dln, m->g.w_out, NULL, m->dlogits, m->lnf, m->p.w_out, m->wt, N, C, V);
+    attn_status st = linear_backward(m->dln, m->g.w_out, NULL, m->dlogits, m->lnf, m->p.w_out,
+                                     N, C, V);
+    if (st != ATTN_OK) return fail(m, "attn_gemm_f32", st);
     /* forward: lnf = LN(x_final) */
     memset(m->dx, 0, nc);
     layernorm_backward_f(m->dx, m->g.lnf_g, m->g.lnf_b, m->dln, m->x_final, m->p.lnf_g,
@@ -387,31 +400,31 @@ int model_backward(model *m) {
         /* forward: out = x2 + (fch w_pr + b_pr), so dx2 = dout, and the MLP gets dout;
          * m->dx holds dout */
         memset(m->dfch, 0, (size_t)(N * 4 * C) * sizeof(float));
-        matmul_backward_f(m->dfch, g->w_pr, g->b_pr, m->dx, a->fch, p->w_pr, m->wt, N, 4 * C, C);
+        st = linear_backward(m->dfch, g->w_pr, g->b_pr, m->dx, a->fch, p->w_pr, N, 4 * C, C);
+        if (st != ATTN_OK) return fail(m, "attn_gemm_f32", st);
         /* forward: fch = GELU(fc) */
         memset(m->dfc, 0, (size_t)(N * 4 * C) * sizeof(float));
         gelu_backward_f(m->dfc, a->fc, m->dfch, N * 4 * C);
         /* forward: fc = ln2 w_fc + b_fc */
         memset(m->dln, 0, nc);
-        matmul_backward_f(m->dln, g->w_fc, g->b_fc, m->dfc, a->ln2, p->w_fc, m->wt, N, C, 4 * C);
+        st = linear_backward(m->dln, g->w_fc, g->b_fc, m->dfc, a->ln2, p->w_fc, N, C, 4 * C);
+        if (st != ATTN_OK) return fail(m, "attn_gemm_f32", st);
         /* forward: ln2 = LN(x2); dx2 = dout + LN's share */
         memcpy(m->dx2, m->dx, nc);
         layernorm_backward_f(m->dx2, g->ln2_g, g->ln2_b, m->dln, a->x2, p->ln2_g, a->ln2_mean,
                              a->ln2_rstd, N, C);
-        /* forward: x2 = x + (att w_o + b_o) */
-        memset(m->datt, 0, nc);
-        matmul_backward_f(m->datt, g->w_o, g->b_o, m->dx2, a->att, p->w_o, m->wt, N, C, C);
-        /* forward: att = attention(qkv): the library's backward writes dq, dk, dv through
-         * the views into dqkv, which together cover it */
-        attn_views w = views(m, a->qkv, a->att, a->lse, b, t);
-        attn_views dw = views(m, m->dqkv, m->datt, a->lse, b, t);
-        const attn_status st = attn_backward(&w.q, &w.k, &w.v, &w.o, &dw.o, &w.lse, &dw.q,
-                                             &dw.k, &dw.v, &w.opt);
-        if (st != ATTN_OK) return fail(m, "attn_backward", st);
-        /* forward: qkv = ln1 w_qkv + b_qkv */
-        memset(m->dln, 0, nc);
-        matmul_backward_f(m->dln, g->w_qkv, g->b_qkv, m->dqkv, a->ln1, p->w_qkv, m->wt, N, C,
-                          3 * C);
+        /* forward: x2 = x + mha(ln1), so the layer gets dx2. The module's backward
+         * overwrites its gradients (dln, the block's w_qkv, b_qkv, w_o, b_o), which is
+         * adding them to the zeroed ones: each is used once per forward. */
+        block_mha bm;
+        attn_tensor gw[4], gb[4];
+        block_mha_init(&bm, m, p, g, gw, gb);
+        const attn_tensor x = attn_tensor_4d(a->ln1, ATTN_F32, b, t, C, 1);
+        const attn_tensor dy = attn_tensor_4d(m->dx2, ATTN_F32, b, t, C, 1);
+        const attn_tensor dln = attn_tensor_4d(m->dln, ATTN_F32, b, t, C, 1);
+        bm.g.dx_q = &dln;
+        st = attn_mha_backward(&bm.m, &x, NULL, &dy, &bm.g, &bm.opt);
+        if (st != ATTN_OK) return fail(m, "attn_mha_backward", st);
         /* forward: ln1 = LN(x); dx = dx2 + LN's share */
         memcpy(m->dx, m->dx2, nc);
         layernorm_backward_f(m->dx, g->ln1_g, g->ln1_b, m->dln, a->x, p->ln1_g, a->ln1_mean,

@@ -1,11 +1,13 @@
 /*
  * model.h — the small character-level transformer of `attn train`, in plain C on top of
  *           libattn: token and position embeddings, `layers` blocks of pre-norm multi-head
- *           self-attention (attn_forward / attn_backward) and a GELU MLP, a final layer
- *           norm, a projection to the vocabulary, cross-entropy, AdamW.
+ *           self-attention (the library's module, attn_mha_forward / attn_mha_backward)
+ *           and a GELU MLP, a final layer norm, a projection to the vocabulary,
+ *           cross-entropy, AdamW.
  *
- * What it is not: a framework. One model, float32, its layers' forward and backward
- * written by hand (tools/model_ops.h), its activations allocated once for `batch`
+ * What it is not: a framework. One model, float32, its products through the library's
+ * BLAS, its other layers' forward and backward written by hand (tools/model_ops.h),
+ * its activations allocated once for `batch`
  * sequences of `ctx` tokens. Deterministic: the same seed and data give the same bits on
  * any thread count (every loop and the library are).
  */

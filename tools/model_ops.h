@@ -11,8 +11,9 @@
  * Conventions: N = B * T rows (tokens), row-major; every backward ADDS into the parameter
  * gradients (the model zeroes them once per step) and into dinp where stated. Loops that
  * run on threads give each output element to one thread with a fixed order of terms, so
- * results do not depend on the thread count. What it is not: attention (the library's
- * attn_forward / attn_backward, in model.c), the optimizer, or anything that allocates.
+ * results do not depend on the thread count. What it is not: a matrix product (model.c
+ * calls the library's BLAS door for those), attention (the library's multi-head module,
+ * in model.c), the optimizer, or anything that allocates.
  */
 #include <stdint.h>
 #include <tgmath.h>
@@ -105,77 +106,6 @@ static inline void OP(layernorm_backward)(REAL *dinp, REAL *dg, REAL *db, const 
             db[c] += dy[c];
         }
     }
-}
-
-/* ---- matmul ------------------------------------------------------------------------------ */
-
-/* C = [bias +] A B, or C += A B (accumulate), for M x NC of C:
- *   A (M, K): element (r, k) at a[r * ars + k * aks]   (so Aᵀ is A with the strides swapped)
- *   B (K, NC): element (k, c) at b[k * ldb + c]          C: element (r, c) at cm[r * ldc + c]
- * Blocks of 4 rows x 16 columns keep their sums in local arrays the compiler holds in
- * registers; each sum runs over k in order from 0 and is then added (or stored) once, so
- * the result does not depend on the thread count (threads take blocks of rows). */
-static inline void OP(gemm)(REAL *cm, int64_t ldc, const REAL *a, int64_t ars, int64_t aks,
-                            const REAL *b, int64_t ldb, const REAL *bias, int64_t M, int64_t NC,
-                            int64_t K, int accumulate) {
-    const int64_t blocks = (M + 3) / 4;
-#pragma omp parallel for schedule(static)
-    for (int64_t mb = 0; mb < blocks; mb++) {
-        const int64_t r0 = mb * 4, nr = M - r0 < 4 ? M - r0 : 4;
-        for (int64_t c0 = 0; c0 < NC; c0 += 16) {
-            const int64_t nc = NC - c0 < 16 ? NC - c0 : 16;
-            REAL acc[4][16];
-            for (int r = 0; r < 4; r++)
-                for (int c = 0; c < 16; c++) acc[r][c] = 0;
-            if (nr == 4 && nc == 16) {
-                const REAL *a0 = a + r0 * ars, *a1 = a0 + ars, *a2 = a1 + ars, *a3 = a2 + ars;
-                for (int64_t k = 0; k < K; k++) {
-                    const REAL *b_k = b + k * ldb + c0;
-                    const REAL x0 = a0[k * aks], x1 = a1[k * aks], x2 = a2[k * aks], x3 = a3[k * aks];
-                    for (int c = 0; c < 16; c++) {
-                        const REAL y = b_k[c];
-                        acc[0][c] += x0 * y;
-                        acc[1][c] += x1 * y;
-                        acc[2][c] += x2 * y;
-                        acc[3][c] += x3 * y;
-                    }
-                }
-            } else {  // the edges: the same sums, one at a time
-                for (int64_t k = 0; k < K; k++)
-                    for (int64_t r = 0; r < nr; r++) {
-                        const REAL x = a[(r0 + r) * ars + k * aks];
-                        for (int64_t c = 0; c < nc; c++) acc[r][c] += x * b[k * ldb + c0 + c];
-                    }
-            }
-            for (int64_t r = 0; r < nr; r++) {
-                REAL *o = cm + (r0 + r) * ldc + c0;
-                for (int64_t c = 0; c < nc; c++)
-                    o[c] = accumulate ? o[c] + acc[r][c] : (bias ? bias[c0 + c] : (REAL)0) + acc[r][c];
-            }
-        }
-    }
-}
-
-/* out = inp w + bias
- *   out (N, OC)   inp (N, IC)   w (IC, OC)   bias (OC) or NULL */
-static inline void OP(matmul_forward)(REAL *out, const REAL *inp, const REAL *w,
-                                      const REAL *bias, int64_t N, int64_t IC, int64_t OC) {
-    OP(gemm)(out, OC, inp, IC, 1, w, OC, bias, N, OC, IC, 0);
-}
-
-/* forward: out = inp w + bias, so
- *   dinp += dout wᵀ,   dw += inpᵀ dout,   dbias += Σ_n dout
- * wt (OC, IC) is scratch for wᵀ, so that every product reads B along its rows. */
-static inline void OP(matmul_backward)(REAL *dinp, REAL *dw, REAL *dbias, const REAL *dout,
-                                       const REAL *inp, const REAL *w, REAL *wt, int64_t N,
-                                       int64_t IC, int64_t OC) {
-    for (int64_t i = 0; i < IC; i++)
-        for (int64_t c = 0; c < OC; c++) wt[c * IC + i] = w[i * OC + c];
-    OP(gemm)(dinp, IC, dout, OC, 1, wt, IC, NULL, N, IC, OC, 1);
-    OP(gemm)(dw, OC, inp, 1, IC, dout, OC, NULL, IC, OC, N, 1);
-    if (dbias)
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t c = 0; c < OC; c++) dbias[c] += dout[n * OC + c];
 }
 
 /* ---- GELU (the tanh form) ------------------------------------------------------------- */

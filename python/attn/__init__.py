@@ -444,3 +444,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 # Bahdanau's additive attention (python/attn/_additive.py)
 from ._additive import additive_attention, additive_attention_grad  # noqa: E402,F401
 __all__ += ["additive_attention", "additive_attention_grad"]
+
+# ---- the multi-head attention layer (python/attn/mha.py; attn.nn for PyTorch) -----------
+from .mha import multi_head_attention, multi_head_attention_grad  # noqa: E402
+
+__all__ += ["multi_head_attention", "multi_head_attention_grad"]

@@ -1166,12 +1166,18 @@ static PyObject *py_kernel_name(PyObject *self, PyObject *unused) {
     return PyUnicode_FromString(attn_kernel_name());
 }
 
+/* the multi-head module's entry (_mha.c) */
+PyObject *attn_py_mha(PyObject *self, PyObject *args, PyObject *kw);
+
 static PyMethodDef methods[] = {
     {"forward", (PyCFunction)(void (*)(void))py_forward, METH_VARARGS | METH_KEYWORDS,
      forward_doc},
     {"backward", (PyCFunction)(void (*)(void))py_backward, METH_VARARGS | METH_KEYWORDS,
      backward_doc},
     {"_describe", py_describe, METH_O, describe_doc},
+    {"_mha", (PyCFunction)(void (*)(void))attn_py_mha, METH_VARARGS | METH_KEYWORDS,
+     "_mha(**tensors_and_options) -> None\n--\n\nThe multi-head module (private; use "
+     "attn.multi_head_attention)."},
     {"_dlpack_counts", py_dlpack_counts, METH_NOARGS, dlpack_counts_doc},
     {"version", py_version, METH_NOARGS, "version() -> str\n--\n\nThe C library's version."},
     {"kernel_name", py_kernel_name, METH_NOARGS,

@@ -1,0 +1,183 @@
+"""attn.nn — PyTorch modules over the attn library (importing it imports torch).
+
+MultiheadAttention has torch.nn.MultiheadAttention's constructor, parameters (so its
+state_dict loads into this one and back), forward signature and results, computed by the
+library's multi-head module (attn_mha_forward, attn_mha_backward through a
+torch.autograd.Function) in float32 on the CPU.
+
+What it is not, today (each raises NotImplementedError rather than computing something
+else): dropout > 0 while training, add_bias_kv, add_zero_attn, a key that is not the
+value (the library projects K and V from one input), tensors on another device.
+Differences: a row whose keys are all masked gives 0, where PyTorch gives NaN.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import numpy as np
+import torch
+
+from .mha import multi_head_attention, multi_head_attention_grad
+
+__all__ = ["MultiheadAttention"]
+
+
+def _np(t: Optional[torch.Tensor]) -> Optional[np.ndarray]:
+    if t is None:
+        return None
+    if t.device.type != "cpu":
+        raise NotImplementedError("attn.nn: tensors on %s (the library runs on the CPU)"
+                                  % t.device)
+    return t.detach().to(torch.float32).numpy()
+
+
+def _mask(m: Optional[torch.Tensor]) -> Optional[np.ndarray]:
+    """a PyTorch mask as NumPy: bool kept (True = ignore, PyTorch's sense), float32 else"""
+    if m is None:
+        return None
+    return m.cpu().numpy() if m.dtype == torch.bool else _np(m)
+
+
+class _MhaFunction(torch.autograd.Function):
+    """(x_q, x_kv or None, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o) -> y, with the
+    weights in PyTorch's [out, in] layout and the call's options in a dict."""
+
+    @staticmethod
+    def forward(ctx, opts, x_q, x_kv, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o):
+        arrays = [_np(t) for t in (x_q, x_kv, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o)]
+        ctx.opts = opts
+        ctx.save_for_backward(x_q, x_kv, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o)
+        res = multi_head_attention(
+            arrays[0], arrays[1], w_q=arrays[2], w_k=arrays[3], w_v=arrays[4],
+            w_o=arrays[5], b_q=arrays[6], b_k=arrays[7], b_v=arrays[8], b_o=arrays[9],
+            weight_layout="out_in", **opts)
+        y, weights = res if opts["need_weights"] else (res, np.zeros(0, np.float32))
+        weights = torch.from_numpy(np.ascontiguousarray(weights)).to(x_q.dtype)
+        ctx.mark_non_differentiable(weights)
+        return torch.from_numpy(y).to(x_q.dtype), weights
+
+    @staticmethod
+    def backward(ctx, dy, dweights):
+        saved = ctx.saved_tensors
+        arrays = [_np(t) for t in saved]
+        opts = {k: v for k, v in ctx.opts.items()
+                if k not in ("need_weights", "average_attn_weights")}
+        g = multi_head_attention_grad(
+            _np(dy.contiguous()), arrays[0], arrays[1], w_q=arrays[2], w_k=arrays[3],
+            w_v=arrays[4], w_o=arrays[5], b_q=arrays[6], b_k=arrays[7], b_v=arrays[8],
+            b_o=arrays[9], weight_layout="out_in", **opts)
+
+        def back(name, like):
+            if like is None or name not in g:
+                return None
+            return torch.from_numpy(np.ascontiguousarray(g[name])).to(like.dtype)
+
+        x_q, x_kv = saved[0], saved[1]
+        return (None, back("dx_q", x_q), back("dx_kv", x_kv),
+                back("dw_q", saved[2]), back("dw_k", saved[3]), back("dw_v", saved[4]),
+                back("dw_o", saved[5]), back("db_q", saved[6]), back("db_k", saved[7]),
+                back("db_v", saved[8]), back("db_o", saved[9]))
+
+
+class MultiheadAttention(torch.nn.Module):
+    """torch.nn.MultiheadAttention on the attn library (see the module's docstring)."""
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0,
+                 bias: bool = True, add_bias_kv: bool = False, add_zero_attn: bool = False,
+                 kdim: Optional[int] = None, vdim: Optional[int] = None,
+                 batch_first: bool = False, device=None, dtype=None) -> None:
+        super().__init__()
+        if embed_dim <= 0 or num_heads <= 0:
+            raise ValueError("embed_dim and num_heads must be greater than 0, got %d and %d"
+                             % (embed_dim, num_heads))
+        if embed_dim % num_heads != 0:
+            raise ValueError("embed_dim must be divisible by num_heads")
+        if add_bias_kv or add_zero_attn:
+            raise NotImplementedError("attn.nn.MultiheadAttention: add_bias_kv and "
+                                      "add_zero_attn are not implemented")
+        factory = {"device": device, "dtype": dtype}
+        self.embed_dim = embed_dim
+        self.kdim = kdim if kdim is not None else embed_dim
+        self.vdim = vdim if vdim is not None else embed_dim
+        if self.kdim != self.vdim:
+            raise NotImplementedError("attn.nn.MultiheadAttention: kdim != vdim (keys and "
+                                      "values are projected from one input)")
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.batch_first = batch_first
+        self.head_dim = embed_dim // num_heads
+        P = torch.nn.Parameter
+        if not self._qkv_same_embed_dim:
+            self.q_proj_weight = P(torch.empty((embed_dim, embed_dim), **factory))
+            self.k_proj_weight = P(torch.empty((embed_dim, self.kdim), **factory))
+            self.v_proj_weight = P(torch.empty((embed_dim, self.vdim), **factory))
+            self.register_parameter("in_proj_weight", None)
+        else:
+            self.in_proj_weight = P(torch.empty((3 * embed_dim, embed_dim), **factory))
+            self.register_parameter("q_proj_weight", None)
+            self.register_parameter("k_proj_weight", None)
+            self.register_parameter("v_proj_weight", None)
+        if bias:
+            self.in_proj_bias = P(torch.empty(3 * embed_dim, **factory))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = torch.nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.bias_k = self.bias_v = None
+        self.add_zero_attn = False
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        if self._qkv_same_embed_dim:
+            torch.nn.init.xavier_uniform_(self.in_proj_weight)
+        else:
+            torch.nn.init.xavier_uniform_(self.q_proj_weight)
+            torch.nn.init.xavier_uniform_(self.k_proj_weight)
+            torch.nn.init.xavier_uniform_(self.v_proj_weight)
+        if self.in_proj_bias is not None:
+            torch.nn.init.constant_(self.in_proj_bias, 0.0)
+            torch.nn.init.constant_(self.out_proj.bias, 0.0)
+
+    def _weights(self):
+        E = self.embed_dim
+        if self._qkv_same_embed_dim:
+            w = self.in_proj_weight
+            wq, wk, wv = w[:E], w[E:2 * E], w[2 * E:]
+        else:
+            wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+        b = self.in_proj_bias
+        bq, bk, bv = (None, None, None) if b is None else (b[:E], b[E:2 * E], b[2 * E:])
+        return wq, wk, wv, self.out_proj.weight, bq, bk, bv, self.out_proj.bias
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                key_padding_mask: Optional[torch.Tensor] = None, need_weights: bool = True,
+                attn_mask: Optional[torch.Tensor] = None,
+                average_attn_weights: bool = True,
+                is_causal: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        if self.dropout > 0.0 and self.training:
+            raise NotImplementedError("attn.nn.MultiheadAttention: dropout while training")
+        if key is not value and not (key.shape == value.shape and key.data_ptr() ==
+                                     value.data_ptr() and key.stride() == value.stride()):
+            raise NotImplementedError("attn.nn.MultiheadAttention: key and value must be "
+                                      "the same tensor (K and V come from one input)")
+        unbatched = query.dim() == 2
+        self_attn = query is key
+        if unbatched:
+            query, key = query.unsqueeze(1), key.unsqueeze(1)
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        if not self.batch_first or unbatched:
+            query, key = query.transpose(0, 1), key.transpose(0, 1)
+        opts = dict(num_heads=self.num_heads, need_weights=bool(need_weights),
+                    average_attn_weights=bool(average_attn_weights),
+                    key_padding_mask=_mask(key_padding_mask), attn_mask=_mask(attn_mask),
+                    is_causal=bool(is_causal and attn_mask is None))
+        y, weights = _MhaFunction.apply(opts, query, None if self_attn else key,
+                                        *self._weights())
+        if not self.batch_first or unbatched:
+            y = y.transpose(0, 1)
+        if not need_weights:
+            return (y.squeeze(1) if unbatched else y), None
+        if unbatched:
+            y, weights = y.squeeze(1), weights.squeeze(0)
+        return y, weights

@@ -1,0 +1,289 @@
+/*
+ * bench_mha.c — `attn bench-mha`: the multi-head module's speed on the layers the module
+ *               exists for, beside the machine's fp32 FMA peak and read bandwidth
+ *               (measured as `attn bench` does, tools/cli_bench.c).
+ *
+ * Rows: BERT-base self-attention (B = 8, L = 512, E = 768, 12 heads, float32): forward,
+ * forward with the averaged weights, forward + backward; the forward's parts timed alone
+ * — its four projections through attn_gemm_f32 (GFLOP/s against the peak) and its
+ * attention (attn_forward on the same [B, L, H, D] views) — for the share of time in
+ * GEMM vs attention. A Llama-sized decoding step (E = 4096, Hq = 32, Hkv = 8, D = 128,
+ * 4096 cached tokens, bfloat16 weights and cache, one token): GB/s counting the weights
+ * and the cache read once, against the read bandwidth.
+ * On a machine whose cores other processes share, OpenMP's spinning barriers can
+ * dominate the many short parallel calls of a step (measured on the project's shared
+ * machine: the decoding step 1.8 s spinning, 34 ms with OMP_WAIT_POLICY=passive); run it
+ * with OMP_WAIT_POLICY=passive there.
+ * What it is not: a test (it checks one answer first, fused against the float64
+ * reference attention, and fails on a mismatch) or a PyTorch comparison (see
+ * scripts/bench_torch.py for that side of `attn bench`).
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "attn.h"
+#include "cli.h"
+#include "blas.h"
+#include "cli.h"
+#include "half.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static float *randf(int64_t n, float scale, uint64_t seed) {
+    float *p = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n && p; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = scale * ((float)(seed >> 40) / 8388608.0f - 1.0f);
+    }
+    return p;
+}
+
+/* One self-attention layer of float32 row-major weights and biases. */
+typedef struct blayer {
+    int64_t B, L, E, H;
+    float *x, *y, *dy, *w[4], *b[4], *g[10];
+    attn_tensor tx, ty, tdy, tw[4], tb[4], tg[10];
+    attn_mha m;
+    attn_mha_grads grads;
+} blayer;
+
+static int blayer_init(blayer *l, int64_t B, int64_t L, int64_t E, int64_t H) {
+    memset(l, 0, sizeof *l);
+    l->B = B, l->L = L, l->E = E, l->H = H;
+    const int64_t n = B * L * E;
+    l->x = randf(n, 1.0f, 1), l->y = randf(n, 0, 2), l->dy = randf(n, 1.0f, 3);
+    l->tx = attn_tensor_4d(l->x, ATTN_F32, B, L, E, 1);
+    l->ty = attn_tensor_4d(l->y, ATTN_F32, B, L, E, 1);
+    l->tdy = attn_tensor_4d(l->dy, ATTN_F32, B, L, E, 1);
+    for (int k = 0; k < 4; k++) {
+        l->w[k] = randf(E * E, 1.0f / sqrtf((float)E), 10 + k);
+        l->b[k] = randf(E, 0.1f, 20 + k);
+        l->g[k] = randf(E * E, 0, 0);
+        l->g[4 + k] = randf(E, 0, 0);
+        l->tw[k] = attn_tensor_4d(l->w[k], ATTN_F32, E, E, 1, 1);
+        l->tb[k] = attn_tensor_4d(l->b[k], ATTN_F32, E, 1, 1, 1);
+        l->tg[k] = l->tw[k], l->tg[k].data = l->g[k];
+        l->tg[4 + k] = l->tb[k], l->tg[4 + k].data = l->g[4 + k];
+    }
+    l->g[8] = randf(n, 0, 0);
+    l->tg[8] = attn_tensor_4d(l->g[8], ATTN_F32, B, L, E, 1);
+    l->m = (attn_mha){.Hq = H, .w_q = &l->tw[0], .w_k = &l->tw[1], .w_v = &l->tw[2],
+                      .w_o = &l->tw[3], .b_q = &l->tb[0], .b_k = &l->tb[1],
+                      .b_v = &l->tb[2], .b_o = &l->tb[3]};
+    l->grads = (attn_mha_grads){.dx_q = &l->tg[8], .dw_q = &l->tg[0], .dw_k = &l->tg[1],
+                                .dw_v = &l->tg[2], .dw_o = &l->tg[3], .db_q = &l->tg[4],
+                                .db_k = &l->tg[5], .db_v = &l->tg[6], .db_o = &l->tg[7]};
+    for (int k = 0; k < 10; k++)
+        if (k != 9 && !l->g[k]) return 1;
+    return !l->x || !l->y || !l->dy;
+}
+
+static void blayer_free(blayer *l) {
+    free(l->x), free(l->y), free(l->dy);
+    for (int k = 0; k < 4; k++) free(l->w[k]), free(l->b[k]);
+    for (int k = 0; k < 10; k++) free(l->g[k]);
+}
+
+/* the median of reps timed calls of what (after one untimed); what returns a status */
+typedef attn_status (*timed_fn)(void *ctx);
+static double time_median(timed_fn what, void *ctx, int reps, attn_status *st) {
+    double t[64];
+    if (reps > 64) reps = 64;
+    *st = what(ctx);
+    for (int r = 0; r < reps && *st == ATTN_OK; r++) {
+        double t0 = now();
+        *st = what(ctx);
+        t[r] = now() - t0;
+    }
+    for (int a = 1; a < reps; a++)
+        for (int b = a; b > 0 && t[b] < t[b - 1]; b--) {
+            double s = t[b]; t[b] = t[b - 1]; t[b - 1] = s;
+        }
+    return *st == ATTN_OK ? t[reps / 2] : NAN;
+}
+
+typedef struct fwd_arg {
+    blayer *l;
+    const attn_tensor *weights;
+    bool backward;
+    float *qkv, *o;  /* the parts: (B·L, 3E), (B·L, E) */
+} fwd_arg;
+
+static attn_status run_forward(void *ctx) {
+    fwd_arg *a = ctx;
+    return attn_mha_forward(&a->l->m, &a->l->tx, NULL, &a->l->ty, a->weights, true, NULL);
+}
+static attn_status run_train(void *ctx) {
+    fwd_arg *a = ctx;
+    attn_status st = run_forward(ctx);
+    if (st == ATTN_OK) st = attn_mha_backward(&a->l->m, &a->l->tx, NULL, &a->l->tdy, &a->l->grads, NULL);
+    return st;
+}
+/* the forward's four projections alone, as the module runs them */
+static attn_status run_gemms(void *ctx) {
+    fwd_arg *a = ctx;
+    const blayer *l = a->l;
+    const int64_t M = l->B * l->L, E = l->E;
+    attn_status st = ATTN_OK;
+    for (int k = 0; k < 3 && st == ATTN_OK; k++)
+        st = attn_gemm_f32(false, false, M, E, E, 1.0f, l->x, E, l->w[k], E, 0.0f,
+                           a->qkv + k * E, 3 * E);
+    if (st == ATTN_OK)
+        st = attn_gemm_f32(false, false, M, E, E, 1.0f, a->o, E, l->w[3], E, 0.0f, l->y, E);
+    return st;
+}
+/* the forward's attention alone, on [B, L, H, D] views of the projections */
+static attn_status run_attention(void *ctx) {
+    fwd_arg *a = ctx;
+    const blayer *l = a->l;
+    const int64_t B = l->B, L = l->L, H = l->H, D = l->E / l->H, E = l->E;
+    attn_tensor q = {a->qkv, ATTN_F32, {B, H, L, D}, {L * 3 * E, D, 3 * E, 1}};
+    attn_tensor k = q, v = q;
+    k.data = a->qkv + E, v.data = a->qkv + 2 * E;
+    attn_tensor o = {a->o, ATTN_F32, {B, H, L, D}, {L * E, D, E, 1}};
+    return attn_forward(&q, &k, &v, &o, NULL);
+}
+
+/* The answer first: the module's fused attention against the float64 reference path. */
+static int check_answer(int64_t E, int64_t H) {
+    blayer l;
+    if (blayer_init(&l, 1, 96, E, H)) return 1;
+    float *ref = malloc((size_t)(96 * E) * sizeof(float));
+    attn_status st = attn_mha_forward(&l.m, &l.tx, NULL, &l.ty, NULL, false,
+                                      &(attn_options){.causal = true, .path = ATTN_PATH_REFERENCE});
+    if (ref) memcpy(ref, l.y, (size_t)(96 * E) * sizeof(float));
+    if (st == ATTN_OK)
+        st = attn_mha_forward(&l.m, &l.tx, NULL, &l.ty, NULL, false, &(attn_options){.causal = true});
+    double num = 0, den = 0;
+    for (int64_t e = 0; ref && e < 96 * E; e++) {
+        num += ((double)l.y[e] - ref[e]) * ((double)l.y[e] - ref[e]);
+        den += (double)ref[e] * ref[e];
+    }
+    const bool ok = st == ATTN_OK && ref && sqrt(num / den) <= 1e-5;
+    if (!ok)
+        fprintf(stderr, "attn bench-mha: the answer check failed (%s, relative error %.3g)\n",
+                attn_status_string(st), sqrt(num / (den > 0 ? den : 1)));
+    free(ref);
+    blayer_free(&l);
+    return !ok;
+}
+
+static int bench_bert(int64_t B, int64_t L, int64_t E, int64_t H, int reps, double peak) {
+    blayer l;
+    if (blayer_init(&l, B, L, E, H)) return 1;
+    float *wts = malloc((size_t)(B * L * L) * sizeof(float));
+    float *qkv = randf(B * L * 3 * E, 1.0f, 7), *o = randf(B * L * E, 1.0f, 8);
+    if (!wts || !qkv || !o) return 1;
+    attn_tensor tw = attn_tensor_4d(wts, ATTN_F32, B, 1, L, L);
+    fwd_arg a = {.l = &l, .qkv = qkv, .o = o};
+    attn_status st;
+    const double t_fwd = time_median(run_forward, &a, reps, &st);
+    a.weights = &tw;
+    const double t_w = time_median(run_forward, &a, reps, &st);
+    a.weights = NULL;
+    const double t_gemm = time_median(run_gemms, &a, reps, &st);
+    const double t_att = time_median(run_attention, &a, reps, &st);
+    const double t_train = time_median(run_train, &a, reps, &st);
+    const double gemm_gf = 2.0 * (double)(B * L) * (double)E * (double)E * 4.0;
+    printf("BERT-base self-attention B=%lld L=%lld E=%lld heads=%lld float32 (median of %d):\n",
+           (long long)B, (long long)L, (long long)E, (long long)H, reps);
+    printf("  forward                 %9.2f ms\n", t_fwd * 1e3);
+    printf("  forward + weights (avg) %9.2f ms\n", t_w * 1e3);
+    printf("  forward + backward      %9.2f ms\n", t_train * 1e3);
+    printf("  forward's parts: projections (4 GEMMs) %.2f ms = %.1f%%, attention %.2f ms = "
+           "%.1f%%, the rest %.1f%%\n", t_gemm * 1e3, 100 * t_gemm / t_fwd, t_att * 1e3,
+           100 * t_att / t_fwd, 100 * (t_fwd - t_gemm - t_att) / t_fwd);
+    printf("  GEMM %.1f GFLOP/s = %.0f%% of the fp32 FMA peak %.1f GFLOP/s\n",
+           gemm_gf / t_gemm * 1e-9, 100 * gemm_gf / t_gemm * 1e-9 / peak, peak);
+    free(wts), free(qkv), free(o);
+    blayer_free(&l);
+    return st != ATTN_OK;
+}
+
+typedef struct dec_arg {
+    attn_mha m;
+    attn_tensor x, y;
+    attn_kv_cache cache;
+    int64_t len[1], start;
+} dec_arg;
+
+static attn_status run_decode(void *ctx) {
+    dec_arg *d = ctx;
+    d->len[0] = d->start;
+    return attn_mha_decode(&d->m, &d->x, &d->cache, &d->y, NULL);
+}
+
+/* One token of a layer with bfloat16 weights and cache; every buffer freed at the end. */
+static int bench_decode(int64_t E, int64_t Hq, int64_t Hkv, int64_t D, int64_t Lc, int reps,
+                        double bw) {
+    const int64_t in[4] = {E, E, E, Hq * D}, out[4] = {Hq * D, Hkv * D, Hkv * D, E};
+    uint16_t *w[4], *kc = malloc((size_t)(Hkv * Lc * D) * 2), *vc = malloc((size_t)(Hkv * Lc * D) * 2);
+    float *x = randf(E, 1.0f, 5), *y = randf(E, 0, 6);
+    dec_arg d = {.start = Lc - 1};
+    double bytes = 2.0 * 2.0 * (double)(Hkv * Lc * D);
+    int bad = !kc || !vc || !x || !y;
+    for (int k = 0; k < 4; k++) {
+        w[k] = malloc((size_t)(in[k] * out[k]) * 2);
+        bad |= !w[k];
+        for (int64_t e = 0; w[k] && e < in[k] * out[k]; e++)
+            w[k][e] = attn_f32_to_bf16((float)((e * 2654435761u) % 1000) * 1e-5f - 5e-3f);
+        bytes += 2.0 * (double)(in[k] * out[k]);
+    }
+    for (int64_t e = 0; !bad && e < Hkv * Lc * D; e++) kc[e] = vc[e] = attn_f32_to_bf16(0.01f * (float)(e % 7));
+    attn_tensor tw[4];
+    for (int k = 0; k < 4; k++) tw[k] = attn_tensor_4d(w[k], ATTN_BF16, in[k], out[k], 1, 1);
+    d.m = (attn_mha){.Hq = Hq, .Hkv = Hkv, .w_q = &tw[0], .w_k = &tw[1], .w_v = &tw[2],
+                     .w_o = &tw[3], .rope = {.kind = ATTN_ROPE_HALF}};
+    d.x = attn_tensor_4d(x, ATTN_F32, 1, 1, E, 1);
+    d.y = attn_tensor_4d(y, ATTN_F32, 1, 1, E, 1);
+    d.cache = (attn_kv_cache){.kind = ATTN_CACHE_CONTIGUOUS,
+                              .k = attn_tensor_4d(kc, ATTN_BF16, 1, Hkv, Lc, D),
+                              .v = attn_tensor_4d(vc, ATTN_BF16, 1, Hkv, Lc, D), .len = d.len};
+    attn_status st = ATTN_ERR_NOMEM;
+    double t = bad ? NAN : time_median(run_decode, &d, reps, &st);
+    printf("Decoding step E=%lld Hq=%lld Hkv=%lld D=%lld, %lld cached tokens, bfloat16 weights "
+           "and cache, 1 token:\n  %.2f ms, %.1f GB/s over %.1f MB (weights + cache once) = "
+           "%.0f%% of the read bandwidth %.1f GB/s\n", (long long)E, (long long)Hq,
+           (long long)Hkv, (long long)D, (long long)Lc, t * 1e3, bytes / t * 1e-9, bytes * 1e-6,
+           100 * bytes / t * 1e-9 / bw, bw);
+    for (int k = 0; k < 4; k++) free(w[k]);
+    free(kc), free(vc), free(x), free(y);
+    return st != ATTN_OK;
+}
+
+int cli_bench_mha(int argc, char **argv) {
+    bool quick = false;
+    int threads = omp_get_max_threads(), reps = 5;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) quick = true, reps = 2;
+        else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: attn bench-mha [--quick] [--threads N] [--reps N]\n");
+            return 2;
+        }
+    }
+    if (threads < 1 || threads > 512 || reps < 1) {
+        fprintf(stderr, "attn bench-mha: --threads 1..512 and --reps >= 1\n");
+        return 2;
+    }
+    omp_set_num_threads(threads);  /* the attention's threads and the OpenMP BLAS's */
+    double peak, bw;
+    if (bench_machine_peak(threads, quick, &peak, &bw)) return 1;
+    printf("attn bench-mha: %d threads, kernel %s, BLAS %s\n", threads, attn_kernel_name(),
+           attn_blas_name());
+    if (check_answer(quick ? 64 : 768, quick ? 4 : 12)) return 1;
+    if (quick)
+        return bench_bert(2, 64, 64, 4, reps, peak) || bench_decode(256, 8, 2, 32, 128, reps, bw);
+    return bench_bert(8, 512, 768, 12, reps, peak) || bench_decode(4096, 32, 8, 128, 4096, reps, bw);
+}
