@@ -1424,6 +1424,7 @@ static void print_table(FILE *f, const machine *m, const bench_case *c, int n, c
 /* ---- main --------------------------------------------------------------------------- */
 
 int cli_bench(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "masks") == 0) return cli_bench_masks(argc - 1, argv + 1);
     bench_args a = {0};
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;
