@@ -511,7 +511,7 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
         attn_row_range(p, t->lk_b, t->i0 + r, &w->lo[r], &w->hi[r]);
         /* keys outside the hull of the row's mask and bias are masked by structure */
         if (plan->sum)
-            dense &= attn_mask_summary_row(plan->sum, t->b, t->h, t->i0 + r, &w->lo[r], &w->hi[r]);
+            dense &= attn_mask_summary_row(p, plan->sum, t->b, t->h, t->i0 + r, &w->lo[r], &w->hi[r]);
     }
     /* the logits' params: without mask and bias where they leave the tile open (its cells,
      * or every row's whole range) */
@@ -643,7 +643,7 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
             for (int64_t hh = 0; hh < (plan->sum ? G : 1); hh++) {  // the mask's hulls per head
                 int64_t lo, hi;
                 attn_row_range(p, lk_b, i, &lo, &hi);
-                if (plan->sum) attn_mask_summary_row(plan->sum, b, g * G + hh, i, &lo, &hi);
+                if (plan->sum) attn_mask_summary_row(p, plan->sum, b, g * G + hh, i, &lo, &hi);
                 if (lo >= hi) continue;
                 if (lo < jmin) jmin = lo;
                 if (hi > jmax) jmax = hi;
@@ -667,7 +667,7 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
             for (int64_t qb = 0; qb < plan->q_blocks; qb++) {
                 if (w->qr[2 * qb + 1] <= t.j0 || w->qr[2 * qb] >= t.j0 + t.nk) continue;
                 /* a tile the mask or bias masks whole adds nothing; an open one needs neither */
-                const attn_tile_class cls = plan->sum ? attn_mask_summary_tile(plan->sum, b, t.h, 1, qb,
+                const attn_tile_class cls = plan->sum ? attn_mask_summary_tile(p, plan->sum, b, t.h, 1, qb,
                                                                                t.j0, t.nk)
                                                       : ATTN_TILE_MIXED;
                 if (cls == ATTN_TILE_MASKED) continue;
@@ -706,7 +706,7 @@ attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
     attn_mask_summary sum;
     attn_params open;
     if (p->mask || p->bias) {
-        attn_mask_summary_build(p, base + plan.off_sum, &sum);
+        attn_mask_summary_init(p, base + plan.off_sum, &sum);
         open = *p;
         open.mask = NULL;
         open.bias = NULL;

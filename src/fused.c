@@ -228,7 +228,7 @@ static fused_block item_rows(const attn_params *p, const fused_plan *plan,
         attn_row_range(p, blk.lk_b, w->i[r], &w->lo[r], &w->hi[r]);
         /* keys outside the hull of a row's mask and bias are masked: by structure now */
         if (plan->sum)
-            blk.dense &= attn_mask_summary_row(plan->sum, blk.b, w->h[r], w->i[r], &w->lo[r], &w->hi[r]);
+            blk.dense &= attn_mask_summary_row(p, plan->sum, blk.b, w->h[r], w->i[r], &w->lo[r], &w->hi[r]);
         if (w->lo[r] < w->hi[r]) {
             if (w->lo[r] < blk.jmin) blk.jmin = w->lo[r];
             if (w->hi[r] > blk.jmax) blk.jmax = w->hi[r];
@@ -247,7 +247,7 @@ static const attn_params *tile_params(const attn_params *p, const fused_plan *pl
                                       const fused_block *blk, int64_t j0, int64_t nk) {
     if (!plan->sum) return p;
     if (blk->dense) return plan->open;
-    switch (attn_mask_summary_tile(plan->sum, blk->b, blk->h0, blk->nh, blk->qb, j0, nk)) {
+    switch (attn_mask_summary_tile(p, plan->sum, blk->b, blk->h0, blk->nh, blk->qb, j0, nk)) {
     case ATTN_TILE_MASKED: return NULL;
     case ATTN_TILE_OPEN: return plan->open;
     default: return p;
@@ -565,7 +565,7 @@ attn_status attn_fused_forward(const attn_params *p, void *ws) {
     attn_mask_summary sum;
     attn_params open;
     if (p->mask || p->bias) {
-        attn_mask_summary_build(p, (char *)part + round64(partials), &sum);
+        attn_mask_summary_init(p, (char *)part + round64(partials), &sum);
         open = *p;
         open.mask = NULL;
         open.bias = NULL;

@@ -8,9 +8,13 @@
  * attn_mask_summary_row and attn_mask_summary_tile) or a second definition of a logit.
  *
  * Cost: each cell is read once, counted by a short vectorizable loop per granule; the
- * first and last kept key of a row are then searched within their granules only. The
- * rows are shared out in blocks among the call's threads; no two threads write one byte.
+ * first and last kept key of a row are then searched within their granules only. A block
+ * of rows is summarized when a tile first asks about it, by the thread asking (a state
+ * per block: not begun, begun, done; a thread that finds it begun by another waits for
+ * it), so the pass needs no parallel region or barrier of its own, and the threads share
+ * it as they share the tiles. Whoever builds a block writes the same bytes.
  */
+#include <sched.h>
 #include <string.h>
 
 #include "mask_summary.h"
@@ -39,7 +43,7 @@ static bool one_bytes(const attn_sum_one *t, size_t *bytes) {
         rows > INT64_MAX / 32 || cells > INT64_MAX / 2)
         return false;
     *bytes = round64((size_t)rows * 2 * sizeof(int64_t)) + round64((size_t)rows) +
-             round64((size_t)cells);
+             round64((size_t)cells) + round64((size_t)(t->nb * t->nh * t->qblocks) * sizeof(atomic_int));
     return true;
 }
 
@@ -66,6 +70,8 @@ static void place(attn_sum_one *t, char **at) {
     t->hull = (int64_t *)*at;
     t->dense = (uint8_t *)(*at + round64(rows * 2 * sizeof(int64_t)));
     t->code = t->dense + round64(rows);
+    t->state = (atomic_int *)(t->code + round64((size_t)(t->nb * t->nh * t->qblocks * t->granules)));
+    for (int64_t u = 0; u < t->nb * t->nh * t->qblocks; u++) atomic_init(&t->state[u], 0);
     *at += bytes;
 }
 
@@ -150,21 +156,11 @@ static void build_block(const attn_params *p, const attn_sum_one *t, const int64
     }
 }
 
-void attn_mask_summary_build(const attn_params *p, void *mem, attn_mask_summary *s) {
+void attn_mask_summary_init(const attn_params *p, void *mem, attn_mask_summary *s) {
     both(p, s);
     char *at = mem;
     place(&s->mask, &at);
     place(&s->bias, &at);
-    const int64_t nm = s->mask.src ? s->mask.nb * s->mask.nh * s->mask.qblocks : 0;
-    const int64_t nf = s->bias.src ? s->bias.nb * s->bias.nh * s->bias.qblocks : 0;
-    const attn_mask_summary *sc = s;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(p->threads) if (nm + nf > 1)
-    for (int64_t u = 0; u < nm + nf; u++) {
-        if (u < nm)
-            build_block(p, &sc->mask, p->mask_s, true, u);
-        else
-            build_block(p, &sc->bias, p->bias_s, false, u - nm);
-    }
 }
 
 /* ---- the questions ---------------------------------------------------------------------- */
@@ -173,42 +169,58 @@ static int64_t row_index(const attn_sum_one *t, int64_t b, int64_t h, int64_t i)
     return ((t->nb == 1 ? 0 : b) * t->nh + (t->nh == 1 ? 0 : h)) * t->nq + (t->nq == 1 ? 0 : i);
 }
 
-static bool narrow(const attn_sum_one *t, int64_t b, int64_t h, int64_t i, int64_t *lo,
-                   int64_t *hi) {
+/* block u of t, summarized first if no thread has done it yet */
+static void ensure(const attn_params *p, const attn_sum_one *t, bool is_bool, int64_t u) {
+    if (atomic_load_explicit(&t->state[u], memory_order_acquire) == 2) return;
+    int expected = 0;
+    if (atomic_compare_exchange_strong_explicit(&t->state[u], &expected, 1, memory_order_acq_rel,
+                                                memory_order_acquire)) {
+        build_block(p, t, is_bool ? p->mask_s : p->bias_s, is_bool, u);
+        atomic_store_explicit(&t->state[u], 2, memory_order_release);
+        return;
+    }
+    while (atomic_load_explicit(&t->state[u], memory_order_acquire) != 2) sched_yield();
+}
+
+static bool narrow(const attn_params *p, const attn_sum_one *t, bool is_bool, int64_t b,
+                   int64_t h, int64_t i, int64_t *lo, int64_t *hi) {
     if (!t->src) return true;
     const int64_t row = row_index(t, b, h, i), *hull = t->hull + 2 * row;
+    ensure(p, t, is_bool, row / t->nq * t->qblocks + row % t->nq / ATTN_SUM_ROWS);
     if (hull[0] > *lo) *lo = hull[0];
     if (hull[1] < *hi) *hi = hull[1];
     if (*hi < *lo) *hi = *lo;
     return t->dense[row] != 0;
 }
 
-bool attn_mask_summary_row(const attn_mask_summary *s, int64_t b, int64_t h, int64_t i,
-                           int64_t *lo, int64_t *hi) {
-    const bool dm = narrow(&s->mask, b, h, i, lo, hi);
-    const bool db = narrow(&s->bias, b, h, i, lo, hi);
+bool attn_mask_summary_row(const attn_params *p, const attn_mask_summary *s, int64_t b,
+                           int64_t h, int64_t i, int64_t *lo, int64_t *hi) {
+    const bool dm = narrow(p, &s->mask, true, b, h, i, lo, hi);
+    const bool db = narrow(p, &s->bias, false, b, h, i, lo, hi);
     return dm && db;
 }
 
 /* the OR of one tensor's flags over the tile; ATTN_SUM_OPEN without the tensor */
-static unsigned tile_flags(const attn_sum_one *t, int64_t b, int64_t h0, int64_t nh, int64_t qb,
-                           int64_t j0, int64_t nk) {
+static unsigned tile_flags(const attn_params *p, const attn_sum_one *t, bool is_bool, int64_t b,
+                           int64_t h0, int64_t nh, int64_t qb, int64_t j0, int64_t nk) {
     if (!t->src) return ATTN_SUM_OPEN;
     const int64_t g0 = j0 / ATTN_SUM_KEYS, g1 = (j0 + nk - 1) / ATTN_SUM_KEYS;
     const int64_t heads = t->nh == 1 ? 1 : nh, qbi = t->nq == 1 ? 0 : qb;
     unsigned f = 0;
     for (int64_t hh = 0; hh < heads; hh++) {
         const int64_t bh = (t->nb == 1 ? 0 : b) * t->nh + (t->nh == 1 ? 0 : h0 + hh);
+        ensure(p, t, is_bool, bh * t->qblocks + qbi);
         const uint8_t *code = t->code + (bh * t->qblocks + qbi) * t->granules;
         for (int64_t g = g0; g <= g1; g++) f |= code[g];
     }
     return f;
 }
 
-attn_tile_class attn_mask_summary_tile(const attn_mask_summary *s, int64_t b, int64_t h0,
-                                       int64_t nh, int64_t qb, int64_t j0, int64_t nk) {
-    const unsigned fm = tile_flags(&s->mask, b, h0, nh, qb, j0, nk);
-    const unsigned fb = tile_flags(&s->bias, b, h0, nh, qb, j0, nk);
+attn_tile_class attn_mask_summary_tile(const attn_params *p, const attn_mask_summary *s,
+                                       int64_t b, int64_t h0, int64_t nh, int64_t qb, int64_t j0,
+                                       int64_t nk) {
+    const unsigned fm = tile_flags(p, &s->mask, true, b, h0, nh, qb, j0, nk);
+    const unsigned fb = tile_flags(p, &s->bias, false, b, h0, nh, qb, j0, nk);
     if (fm == ATTN_SUM_MASKED || fb == ATTN_SUM_MASKED) return ATTN_TILE_MASKED;
     if (fm == ATTN_SUM_OPEN && fb == ATTN_SUM_OPEN) return ATTN_TILE_OPEN;
     return ATTN_TILE_MIXED;

@@ -15,11 +15,14 @@
  * -inf), and "other" for every other bias value (NaN and +inf included): the bias is
  * then added, and NaN reaches the row as the contract says.
  *
- * Memory: hulls 2 int64 and a byte per collapsed row, and a byte per (block, granule):
+ * Memory: hulls 2 int64 and a byte per collapsed row, a byte per (block, granule) and a
+ * state per block:
  * (rows / 64) x (Lk / 16) bytes — 1/1024 of the mask itself, never more than the mask.
  */
 #ifndef ATTN_MASK_SUMMARY_H
 #define ATTN_MASK_SUMMARY_H
+
+#include <stdatomic.h>
 
 #include "attn_internal.h"
 
@@ -46,6 +49,7 @@ typedef struct attn_sum_one {
                                  //  key that is not masked; [0, 0) when all are
     uint8_t *dense;              // (nb, nh, nq): every key of the hull is open
     uint8_t *code;               // (nb, nh, qblocks, granules): OR of ATTN_SUM_* flags
+    atomic_int *state;           // (nb, nh, qblocks): 0 not begun, 1 begun, 2 done
 } attn_sum_one;
 
 typedef struct attn_mask_summary {
@@ -56,18 +60,20 @@ typedef struct attn_mask_summary {
  * multiple of 64; (size_t)-1 on overflow. */
 ATTN_PRIVATE size_t attn_mask_summary_bytes(const attn_params *p);
 
-/* Summarizes p's mask and bias into mem (attn_mask_summary_bytes(p) bytes, 64-aligned)
- * with p->threads threads; call it outside any parallel region. */
-ATTN_PRIVATE void attn_mask_summary_build(const attn_params *p, void *mem, attn_mask_summary *s);
+/* Lays out p's summary in mem (attn_mask_summary_bytes(p) bytes, 64-aligned), before the
+ * call's parallel region. Nothing is summarized yet: each block of rows is, by the first
+ * thread whose question (below) needs it; the others wait for that thread. */
+ATTN_PRIVATE void attn_mask_summary_init(const attn_params *p, void *mem, attn_mask_summary *s);
 
 /* Row i of head h, batch b: narrows [*lo, *hi) to the hulls of the mask and the bias;
  * true when every key left is open in both (the row then needs neither). */
-ATTN_PRIVATE bool attn_mask_summary_row(const attn_mask_summary *s, int64_t b, int64_t h,
-                                        int64_t i, int64_t *lo, int64_t *hi);
+ATTN_PRIVATE bool attn_mask_summary_row(const attn_params *p, const attn_mask_summary *s,
+                                        int64_t b, int64_t h, int64_t i, int64_t *lo, int64_t *hi);
 
 /* The class of the tile of query block qb (rows qb * ATTN_SUM_ROWS ..., or all rows when
  * a block stacks heads) of heads h0 .. h0 + nh - 1, keys j0 .. j0 + nk - 1 (nk >= 1). */
-ATTN_PRIVATE attn_tile_class attn_mask_summary_tile(const attn_mask_summary *s, int64_t b,
+ATTN_PRIVATE attn_tile_class attn_mask_summary_tile(const attn_params *p,
+                                                    const attn_mask_summary *s, int64_t b,
                                                     int64_t h0, int64_t nh, int64_t qb,
                                                     int64_t j0, int64_t nk);
 
