@@ -108,8 +108,12 @@ static inline void attn_row_range(const attn_params *p, int64_t lk_b, int64_t i,
 static inline float attn_finish_logit(const attn_params *p, float s, int64_t b, int64_t h,
                                       int64_t i, int64_t j, int64_t d_i) {
     if (p->softcap > 0.0f) s = p->softcap * tanhf(s / p->softcap);
-    if (p->bias)
-        s += p->bias[b * p->bias_s[0] + h * p->bias_s[1] + i * p->bias_s[2] + j * p->bias_s[3]];
+    if (p->bias) {  // a -inf bias masks its key whatever s is (NaN and +inf included)
+        const float x =
+            p->bias[b * p->bias_s[0] + h * p->bias_s[1] + i * p->bias_s[2] + j * p->bias_s[3]];
+        if (x == -INFINITY) return -INFINITY;
+        s += x;
+    }
     if (p->alibi) {
         int64_t dist = d_i > j ? d_i - j : j - d_i;
         s -= p->alibi[h * p->alibi_s] * (float)dist;

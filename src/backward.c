@@ -30,6 +30,7 @@
 #include "backward.h"
 #include "half.h"
 #include "kernels.h"
+#include "mask_summary.h"
 
 
 /* ---- argument checks ------------------------------------------------------------------
@@ -285,6 +286,11 @@ typedef struct bwd_plan {
     size_t off_kd, off_kt, off_kp, off_ktd, off_vd, off_vt, off_q, off_do, off_s, off_dp,
         off_cap, off_dst, off_dqt, off_dk, off_dv, off_lse, off_D, off_ones, off_lo, off_hi,
         off_qr, off_fin;
+    size_t off_sum;         // the mask summary (mask_summary.h), after the partials
+    /* the summary and the params without mask and bias, for the tiles they leave open;
+     * both NULL without mask or bias (set by attn_fused_backward) */
+    const attn_mask_summary *sum;
+    const attn_params *open;
 } bwd_plan;
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -358,7 +364,10 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     plan->off_d = total;
     if (__builtin_add_overflow(total, round64((size_t)rows * sizeof(float)), &total)) return false;
     plan->off_part = total;
-    if (__builtin_add_overflow(total, (size_t)part * sizeof(float), &total)) return false;
+    if (__builtin_add_overflow(total, round64((size_t)part * sizeof(float)), &total)) return false;
+    plan->off_sum = total;
+    const size_t sum_bytes = attn_mask_summary_bytes(p);
+    if (sum_bytes == (size_t)-1 || __builtin_add_overflow(total, sum_bytes, &total)) return false;
     if (__builtin_add_overflow(total, (size_t)64, &total)) return false;  // to align
     plan->total = total;
     return true;
@@ -489,17 +498,17 @@ typedef struct bwd_tile {
 
 static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const bwd_scratch *w,
                           const bwd_tile *t, const float *D_bh, float *dq_acc, int64_t ldacc,
-                          uint8_t fin[2]) {
+                          uint8_t fin[2], bool open_tile) {
     const attn_params *p = &bp->fwd;
     const attn_kernels *kern = p->kernels;
     const int64_t dk = p->Dk, dv = p->Dv, n = t->n, nk = t->nk, ld = plan->bk;
     const int64_t nkpad = pad_rows(plan, nk), dkpad = plan->dkpad;
-    const bool elementwise = attn_has_elementwise(p), softcap = p->softcap > 0.0f;
 
     int64_t ldq, ldo;
     const float *q = query_rows((const float *)p->q, p->q_s, dk, t->b, t->h, t->i0, n, w->q, &ldq);
     const float *d_o = query_rows(bp->d_o, bp->do_s, dv, t->b, t->h, t->i0, n, w->d_o, &ldo);
     const float *lse_bh = bp->lse + t->b * bp->lse_s[0] + t->h * bp->lse_s[1];
+    bool dense = true;
     for (int64_t r = 0; r < n; r++) {
         const float l = lse_bh[(t->i0 + r) * bp->lse_s[2]];
         /* a fully masked row (LSE -inf) contributes nothing: P = exp(s - inf) = 0 rather
@@ -507,7 +516,14 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
         w->lse[r] = l == -INFINITY ? INFINITY : l;
         w->D[r] = D_bh[t->i0 + r];
         attn_row_range(p, t->lk_b, t->i0 + r, &w->lo[r], &w->hi[r]);
+        /* keys outside the hull of the row's mask and bias are masked by structure */
+        if (plan->sum)
+            dense &= attn_mask_summary_row(p, plan->sum, t->b, t->h, t->i0 + r, &w->lo[r], &w->hi[r]);
     }
+    /* the logits' params: without mask and bias where they leave the tile open (its cells,
+     * or every row's whole range) */
+    const attn_params *pt = plan->sum && (open_tile || dense) ? plan->open : p;
+    const bool elementwise = attn_has_elementwise(pt), softcap = p->softcap > 0.0f;
 
     /* forward (tile_logits): s = scale q_i · k_j, S = scale Q Kᵀ here in (rows, keys) */
     kern->qk(nk, nkpad, n, dk, w->kd, w->kt, ld, q, ldq, p->scale, w->s, ld);
@@ -528,7 +544,7 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                     const float th = tanhf(s_r[c] / p->softcap);
                     cap_r[c] = 1.0f - th * th;
                 }
-                s_r[c] = attn_finish_logit(p, s_r[c], t->b, t->h, i, t->j0 + c, d_i);
+                s_r[c] = attn_finish_logit(pt, s_r[c], t->b, t->h, i, t->j0 + c, d_i);
             }
         }
         /* forward: P_ij = exp(s_ij - m_i) / l_i = exp(s_ij - lse_i). A recomputed logit may
@@ -630,13 +646,15 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
     /* each query block's union of key ranges, [jmin, jmax) (empty: jmin = jmax = 0) */
     for (int64_t qb = 0; qb < plan->q_blocks; qb++) {
         int64_t jmin = INT64_MAX, jmax = 0;
-        for (int64_t i = qb * plan->bq; i < (qb + 1) * plan->bq && i < Lq; i++) {
-            int64_t lo, hi;
-            attn_row_range(p, lk_b, i, &lo, &hi);
-            if (lo >= hi) continue;
-            if (lo < jmin) jmin = lo;
-            if (hi > jmax) jmax = hi;
-        }
+        for (int64_t i = qb * plan->bq; i < (qb + 1) * plan->bq && i < Lq; i++)
+            for (int64_t hh = 0; hh < (plan->sum ? G : 1); hh++) {  // the mask's hulls per head
+                int64_t lo, hi;
+                attn_row_range(p, lk_b, i, &lo, &hi);
+                if (plan->sum) attn_mask_summary_row(p, plan->sum, b, g * G + hh, i, &lo, &hi);
+                if (lo >= hi) continue;
+                if (lo < jmin) jmin = lo;
+                if (hi > jmax) jmax = hi;
+            }
         w->qr[2 * qb] = jmin == INT64_MAX ? 0 : jmin;
         w->qr[2 * qb + 1] = jmax;
     }
@@ -655,6 +673,11 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
             t.h = g * G + hh;
             for (int64_t qb = 0; qb < plan->q_blocks; qb++) {
                 if (w->qr[2 * qb + 1] <= t.j0 || w->qr[2 * qb] >= t.j0 + t.nk) continue;
+                /* a tile the mask or bias masks whole adds nothing; an open one needs neither */
+                const attn_tile_class cls = plan->sum ? attn_mask_summary_tile(p, plan->sum, b, t.h, 1, qb,
+                                                                               t.j0, t.nk)
+                                                      : ATTN_TILE_MIXED;
+                if (cls == ATTN_TILE_MASKED) continue;
                 if (!packed) {  // only a block some row reads is packed
                     t.finite = pack_key_block(p, plan, w, b, g, t.j0, t.nk);
                     packed = true;
@@ -665,10 +688,10 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                 if (plan->in_place)
                     tile_backward(bp, plan, w, &t, D + (b * p->Hq + t.h) * Lq,
                                   bp->dq + b * bp->dq_s[0] + t.h * bp->dq_s[1] + t.i0 * bp->dq_s[2],
-                                  bp->dq_s[2], fin);
+                                  bp->dq_s[2], fin, cls == ATTN_TILE_OPEN);
                 else
                     tile_backward(bp, plan, w, &t, D + (b * p->Hq + t.h) * Lq,
-                                  part_c + (hh * Lq + t.i0) * Dk, Dk, fin);
+                                  part_c + (hh * Lq + t.i0) * Dk, Dk, fin, cls == ATTN_TILE_OPEN);
             }
         }
         float *dk_b = bp->dk + b * bp->dk_s[0] + g * bp->dk_s[1] + t.j0 * bp->dk_s[2];
@@ -687,6 +710,16 @@ attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
     char *base = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
     float *D = (float *)(base + plan.off_d);
     float *part = (float *)(base + plan.off_part);
+    attn_mask_summary sum;
+    attn_params open;
+    if (p->mask || p->bias) {
+        attn_mask_summary_init(p, base + plan.off_sum, &sum);
+        open = *p;
+        open.mask = NULL;
+        open.bias = NULL;
+        plan.sum = &sum;
+        plan.open = &open;
+    }
     const int64_t rows = p->B * p->Hq * p->Lq, Dk = p->Dk;
     const int64_t row_chunks = (rows + 255) / 256;
 

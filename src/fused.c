@@ -30,6 +30,7 @@
 #include "half.h"
 #include "kernels.h"
 #include "merge.h"
+#include "mask_summary.h"
 
 
 /* Tile sizes, from the kernel's geometry (kernels/list.h): bq query rows share each key
@@ -59,6 +60,10 @@ typedef struct fused_plan {
     size_t partial_floats;    // one (item, chunk)'s saved m, l and acc
     size_t off_q, off_qt, off_k, off_v, off_s, off_acc, off_m, off_l, off_alpha;
     size_t off_lo, off_hi, off_h, off_i, off_qp, off_pairs;
+    /* the call's bool mask and bias, summarized once (mask_summary.h), and the params
+     * without them, for the tiles they leave open; both NULL without mask or bias */
+    const attn_mask_summary *sum;
+    const attn_params *open;
 } fused_plan;
 
 static size_t round64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
@@ -136,10 +141,15 @@ static bool partial_bytes(const fused_plan *plan, size_t *bytes) {
     return true;
 }
 
+/* after the threads' slices and the partials: the mask summary (mask_summary.h) */
 size_t attn_fused_workspace(const attn_params *p) {
     fused_plan plan;
     size_t partials;
-    if (!make_plan(p, &plan) || !partial_bytes(&plan, &partials)) return (size_t)-1;
+    const size_t summary = attn_mask_summary_bytes(p);
+    if (!make_plan(p, &plan) || !partial_bytes(&plan, &partials) || summary == (size_t)-1 ||
+        partials > SIZE_MAX / 4 - summary)
+        return (size_t)-1;
+    partials = round64(partials) + summary;
     if ((size_t)p->threads > (SIZE_MAX - 128 - partials) / plan.thread_bytes) return (size_t)-1;
     return (size_t)p->threads * plan.thread_bytes + partials + 64;  // + 64: to align
 }
@@ -186,6 +196,8 @@ static fused_scratch carve(const fused_plan *plan, char *slice) {
  * w->h[r] and row index w->i[r]; its key range and which keys need no structural mask. */
 typedef struct fused_block {
     int64_t b, g, n, npad, lk_b;
+    int64_t h0, nh, qb;      // query heads h0 .. h0+nh-1, query block qb
+    bool dense;              // every row's mask and bias open on its whole range
     int64_t jmin, jmax;      // union of the rows' ranges
     int64_t lo_max, hi_min;  // [lo_max, hi_min): keys every row may read
     bool qk_bf16;            // Q·Kᵀ on the kernel's bf16 dot products
@@ -206,6 +218,7 @@ static fused_block item_rows(const attn_params *p, const fused_plan *plan,
                            : plan->heads_per_block;
     const int64_t i0 = qb * plan->bq, nrow = p->Lq - i0 < plan->bq ? p->Lq - i0 : plan->bq;
     blk.n = nh * nrow;
+    blk.h0 = h0, blk.nh = nh, blk.qb = qb;
     blk.npad = (blk.n + plan->row_pad - 1) / plan->row_pad * plan->row_pad;
     for (int64_t r = 0; r < blk.n; r++) {
         w->h[r] = h0 + r / nrow;
@@ -217,8 +230,12 @@ static fused_block item_rows(const attn_params *p, const fused_plan *plan,
     blk.qk_bf16 = p->q_dt == ATTN_BF16 && p->kv_dt == ATTN_BF16 && p->kernels->qk_bf16 &&
                   p->k_s[3] == 1 && blk.n > 4;
     blk.jmin = INT64_MAX, blk.jmax = 0, blk.lo_max = 0, blk.hi_min = INT64_MAX;
+    blk.dense = true;
     for (int64_t r = 0; r < blk.n; r++) {
         attn_row_range(p, blk.lk_b, w->i[r], &w->lo[r], &w->hi[r]);
+        /* keys outside the hull of a row's mask and bias are masked: by structure now */
+        if (plan->sum)
+            blk.dense &= attn_mask_summary_row(p, plan->sum, blk.b, w->h[r], w->i[r], &w->lo[r], &w->hi[r]);
         if (w->lo[r] < w->hi[r]) {
             if (w->lo[r] < blk.jmin) blk.jmin = w->lo[r];
             if (w->hi[r] > blk.jmax) blk.jmax = w->hi[r];
@@ -227,6 +244,21 @@ static fused_block item_rows(const attn_params *p, const fused_plan *plan,
         if (w->hi[r] < blk.hi_min) blk.hi_min = w->hi[r];
     }
     return blk;
+}
+
+/* The params tile j0 .. j0+nk-1 of a block is computed with: p itself where the mask or
+ * the bias is mixed in the tile, p without them where they leave it open (a block whose
+ * rows are all dense, or a tile of open cells), NULL where they mask every key of every
+ * row (the tile is skipped: it would add exp(-inf) = 0 to each row). */
+static const attn_params *tile_params(const attn_params *p, const fused_plan *plan,
+                                      const fused_block *blk, int64_t j0, int64_t nk) {
+    if (!plan->sum) return p;
+    if (blk->dense) return plan->open;
+    switch (attn_mask_summary_tile(p, plan->sum, blk->b, blk->h0, blk->nh, blk->qb, j0, nk)) {
+    case ATTN_TILE_MASKED: return NULL;
+    case ATTN_TILE_OPEN: return plan->open;
+    default: return p;
+    }
 }
 
 /* The final logits of one tile (S^T layout, keys j0..): structural masks on boundary
@@ -361,7 +393,7 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
                         const fused_scratch *w, const fused_block *blk, int64_t ja,
                         int64_t jb) {
     const int64_t dk = p->Dk, dv = p->Dv, n = blk->n, npad = blk->npad;
-    const bool decode = takes_decode(p, kern, n);
+    const bool decode = takes_decode(plan->open ? plan->open : p, kern, n);
     if (blk->qk_bf16) {
         /* only the bf16 pairs (2t, 2t+1) of each row are read: with unit stride along Dk
          * they are the row's own 32-bit words (element 2t in the low half) */
@@ -395,14 +427,15 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
     }
     memset(w->acc, 0, (size_t)(n * dv) * sizeof(float));
 
-    /* a bool mask or a bias can mask any key: their tiles skip zero weights */
-    const bool may_mask = p->mask || p->bias;
     /* FAST precision on a bfloat16 V: P is rounded to bfloat16 for P·V */
     const bool fast = p->precision == ATTN_PRECISION_FAST && p->kv_dt == ATTN_BF16;
     for (int64_t j0 = ja; j0 < jb; j0 += plan->bk) {
         const int64_t nk = jb - j0 < plan->bk ? jb - j0 : plan->bk;
+        const attn_params *pt = tile_params(p, plan, blk, j0, nk);
+        if (!pt) continue;
         const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
-        const bool clean = !boundary && !may_mask;
+        /* a bool mask or a bias can mask any key: their tiles skip zero weights */
+        const bool clean = !boundary && !pt->mask && !pt->bias;
         if (decode && clean) {
             /* the first call on the tile prefetches its V and the next tile's K, when there
              * is one (no pointer past the tensor otherwise) */
@@ -417,7 +450,7 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         }
         const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
         if (n <= 4 && pj < jb) prefetch_tile(p, blk, pj, jb - pj < plan->bk ? jb - pj : plan->bk);
-        tile_logits(p, kern, w, blk, j0, nk, boundary);
+        tile_logits(pt, kern, w, blk, j0, nk, boundary);
         if (fast && clean && kern->pv_bf16 && p->v_s[3] == 1) {
             const uint16_t *v = (const uint16_t *)p->v + blk->b * p->v_s[0] +
                                 blk->g * p->v_s[1] + j0 * p->v_s[2];
@@ -470,11 +503,13 @@ static void block_weights(const attn_params *p, const attn_kernels *kern,
         float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2];
         for (int64_t j = 0; j < p->Lk; j++) w_bhi[j * p->w_s[3]] = 0.0f;
     }
-    const bool decode = takes_decode(p, kern, blk->n), may_mask = p->mask || p->bias;
+    const bool decode = takes_decode(plan->open ? plan->open : p, kern, blk->n);
     for (int64_t j0 = blk->jmin; j0 < blk->jmax; j0 += plan->bk) {
         const int64_t nk = blk->jmax - j0 < plan->bk ? blk->jmax - j0 : plan->bk;
+        const attn_params *pt = tile_params(p, plan, blk, j0, nk);
+        if (!pt) continue;  // every weight of the tile is 0, written above
         const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
-        if (decode && !boundary && !may_mask) {
+        if (decode && !boundary && !pt->mask && !pt->bias) {
             /* a tile the decoding step took: its own logits, so that the maxima agree */
             float cs[4 * (ATTN_BK_LIMIT + 4)];
             for (int64_t r0 = 0; r0 < blk->n; r0 += 4) {
@@ -485,7 +520,7 @@ static void block_weights(const attn_params *p, const attn_kernels *kern,
                     for (int64_t r = 0; r < rows; r++) w->s[c * w->ld + r0 + r] = cs[4 * c + r];
             }
         } else {
-            tile_logits(p, kern, w, blk, j0, nk, boundary);
+            tile_logits(pt, kern, w, blk, j0, nk, boundary);
         }
         for (int64_t r = 0; r < blk->n; r++) {
             if (w->m[r] == -INFINITY) continue;
@@ -516,6 +551,16 @@ attn_status attn_fused_forward(const attn_params *p, void *ws) {
     partial_bytes(&plan, &partials);
     char *base = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
     float *part = (float *)(base + (size_t)p->threads * plan.thread_bytes);
+    attn_mask_summary sum;
+    attn_params open;
+    if (p->mask || p->bias) {
+        attn_mask_summary_init(p, (char *)part + round64(partials), &sum);
+        open = *p;
+        open.mask = NULL;
+        open.bias = NULL;
+        plan.sum = &sum;
+        plan.open = &open;
+    }
     const attn_kernels *kern = p->kernels;
     const int64_t units = plan.items * plan.split;
 

@@ -30,8 +30,12 @@ double attn_ref_finish(const attn_params *p, double raw, int64_t b, int64_t h, i
         s = (double)p->softcap * t;
         if (cap) *cap = 1.0 - t * t;
     }
-    if (p->bias)
-        s += p->bias[b * p->bias_s[0] + h * p->bias_s[1] + i * p->bias_s[2] + j * p->bias_s[3]];
+    if (p->bias) {  // a -inf bias masks its key whatever raw is (NaN and +inf included)
+        const double x =
+            p->bias[b * p->bias_s[0] + h * p->bias_s[1] + i * p->bias_s[2] + j * p->bias_s[3]];
+        if (x == -INFINITY) return -INFINITY;
+        s += x;
+    }
     if (p->alibi) s -= (double)p->alibi[h * p->alibi_s] * (double)llabs(d_i - j);
     if (p->mask &&
         !p->mask[b * p->mask_s[0] + h * p->mask_s[1] + i * p->mask_s[2] + j * p->mask_s[3]])

@@ -11,6 +11,7 @@
 int cli_run(int argc, char **argv);   /* attn run ...   (tools/cli_run.c)  */
 int cli_demo(int argc, char **argv);  /* attn demo      (tools/cli_demo.c) */
 int cli_bench(int argc, char **argv); /* attn bench     (tools/cli_bench.c) */
+int cli_bench_masks(int argc, char **argv);  /* attn bench masks (tools/cli_bench_masks.c) */
 int cli_dtypes(int argc, char **argv);  /* attn dtypes  (tools/cli_dtypes.c) */
 int cli_train(int argc, char **argv);   /* attn train   (tools/cli_train.c) */
 int cli_seq2seq(int argc, char **argv);  /* attn seq2seq (tools/cli_seq2seq.c) */

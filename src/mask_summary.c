@@ -1,0 +1,227 @@
+/*
+ * mask_summary.c — one pass over a call's bool mask and float bias that records their
+ *                  structure (mask_summary.h): each collapsed row's hull of kept keys and
+ *                  whether it is all open, and per (block of rows, granule of keys) what
+ *                  the cells hold.
+ *
+ * What it is not: a decision about tiles (the fused paths make those from the answers of
+ * attn_mask_summary_row and attn_mask_summary_tile) or a second definition of a logit.
+ *
+ * Cost: each cell is read once, counted by a short vectorizable loop per granule; the
+ * first and last kept key of a row are then searched within their granules only. A block
+ * of rows is summarized when a tile first asks about it, by the thread asking (a state
+ * per block: not begun, begun, done; a thread that finds it begun by another waits for
+ * it), so the pass needs no parallel region or barrier of its own, and the threads share
+ * it as they share the tiles. Whoever builds a block writes the same bytes.
+ */
+#include <sched.h>
+#include <string.h>
+
+#include "mask_summary.h"
+
+static size_t round64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
+
+/* the collapsed dims of one tensor: a dim of stride 0 (shape 1, or an expanded view) is
+ * summarized once */
+static void collapse(attn_sum_one *t, const void *src, const int64_t st[4], const attn_params *p) {
+    *t = (attn_sum_one){.src = src};
+    if (!src) return;
+    t->nb = st[0] == 0 ? 1 : p->B;
+    t->nh = st[1] == 0 ? 1 : p->Hq;
+    t->nq = st[2] == 0 ? 1 : p->Lq;
+    t->qblocks = (t->nq + ATTN_SUM_ROWS - 1) / ATTN_SUM_ROWS;
+    t->granules = (p->Lk + ATTN_SUM_KEYS - 1) / ATTN_SUM_KEYS;
+}
+
+/* bytes of one tensor's summary; false on overflow */
+static bool one_bytes(const attn_sum_one *t, size_t *bytes) {
+    *bytes = 0;
+    if (!t->src) return true;
+    int64_t rows, cells;
+    if (__builtin_mul_overflow(t->nb * t->nh, t->nq, &rows) ||
+        __builtin_mul_overflow(t->nb * t->nh * t->qblocks, t->granules, &cells) ||
+        rows > INT64_MAX / 32 || cells > INT64_MAX / 2)
+        return false;
+    *bytes = round64((size_t)rows * 2 * sizeof(int64_t)) + round64((size_t)rows) +
+             round64((size_t)cells) + round64((size_t)(t->nb * t->nh * t->qblocks) * sizeof(atomic_int));
+    return true;
+}
+
+static void both(const attn_params *p, attn_mask_summary *s) {
+    collapse(&s->mask, p->mask, p->mask_s, p);
+    collapse(&s->bias, p->bias, p->bias_s, p);
+}
+
+size_t attn_mask_summary_bytes(const attn_params *p) {
+    attn_mask_summary s;
+    both(p, &s);
+    size_t a, b;
+    if (!one_bytes(&s.mask, &a) || !one_bytes(&s.bias, &b) || a > SIZE_MAX / 2 - b)
+        return (size_t)-1;
+    return a + b;
+}
+
+/* carves one tensor's arrays from *at */
+static void place(attn_sum_one *t, char **at) {
+    size_t bytes;
+    if (!t->src) return;
+    one_bytes(t, &bytes);
+    const size_t rows = (size_t)(t->nb * t->nh * t->nq);
+    t->hull = (int64_t *)*at;
+    t->dense = (uint8_t *)(*at + round64(rows * 2 * sizeof(int64_t)));
+    t->code = t->dense + round64(rows);
+    t->state = (atomic_int *)(t->code + round64((size_t)(t->nb * t->nh * t->qblocks * t->granules)));
+    for (int64_t u = 0; u < t->nb * t->nh * t->qblocks; u++) atomic_init(&t->state[u], 0);
+    *at += bytes;
+}
+
+/* ---- one row ----------------------------------------------------------------------------
+ * A row of Lk cells, cell j at x[j * st] (st = 0: a mask broadcast along the keys). The
+ * counts of open and masked cells of a granule come from a loop the compiler vectorizes;
+ * a cell that is neither is "other" (a bias value to add). */
+typedef struct row_view {
+    bool is_bool;
+    const uint8_t *m;  // bool cells, or
+    const float *f;    // bias cells
+    int64_t st, lk;
+} row_view;
+
+static bool cell_masked(const row_view *r, int64_t j) {
+    return r->is_bool ? r->m[j * r->st] == 0 : r->f[j * r->st] == -INFINITY;
+}
+
+static void count_granule(const row_view *r, int64_t j0, int64_t n, int *open, int *masked) {
+    int o = 0, k = 0;
+    if (r->is_bool) {
+        const uint8_t *m = r->m + j0 * r->st;
+        const int64_t st = r->st;
+#pragma omp simd reduction(+ : k)
+        for (int64_t c = 0; c < n; c++) k += m[c * st] == 0;
+        o = (int)n - k;
+    } else {
+        const float *f = r->f + j0 * r->st;
+        const int64_t st = r->st;
+#pragma omp simd reduction(+ : o, k)
+        for (int64_t c = 0; c < n; c++) {
+            o += f[c * st] == 0.0f;
+            k += f[c * st] == -INFINITY;
+        }
+    }
+    *open = o;
+    *masked = k;
+}
+
+/* Scans one row: ORs each granule's flags into code[], writes its hull and returns whether
+ * the hull is all open. */
+static bool scan_row(const row_view *r, uint8_t *code, int64_t hull[2]) {
+    int64_t first = -1, last_g = -1, opens = 0;
+    for (int64_t g = 0, j0 = 0; j0 < r->lk; g++, j0 += ATTN_SUM_KEYS) {
+        const int64_t n = r->lk - j0 < ATTN_SUM_KEYS ? r->lk - j0 : ATTN_SUM_KEYS;
+        int open, masked;
+        count_granule(r, j0, n, &open, &masked);
+        code[g] |= (uint8_t)((open ? ATTN_SUM_OPEN : 0) | (masked ? ATTN_SUM_MASKED : 0) |
+                             (open + masked < n ? ATTN_SUM_OTHER : 0));
+        opens += open;
+        if (masked == n) continue;
+        last_g = g;
+        if (first < 0)
+            for (first = j0; cell_masked(r, first); first++) continue;
+    }
+    if (first < 0) {
+        hull[0] = hull[1] = 0;
+        return true;
+    }
+    int64_t last = last_g * ATTN_SUM_KEYS + ATTN_SUM_KEYS - 1;
+    if (last >= r->lk) last = r->lk - 1;
+    while (cell_masked(r, last)) last--;
+    hull[0] = first;
+    hull[1] = last + 1;
+    /* every open cell lies in the hull: it is all open when they fill it */
+    return opens == hull[1] - hull[0];
+}
+
+/* Block u of one tensor: rows qb * ATTN_SUM_ROWS ... of (b, h), collapsed. */
+static void build_block(const attn_params *p, const attn_sum_one *t, const int64_t st[4],
+                        bool is_bool, int64_t u) {
+    const int64_t qb = u % t->qblocks, bh = u / t->qblocks, h = bh % t->nh, b = bh / t->nh;
+    uint8_t *code = t->code + u * t->granules;
+    memset(code, 0, (size_t)t->granules);
+    row_view r = {.is_bool = is_bool, .st = st[3], .lk = p->Lk};
+    const int64_t i_end = (qb + 1) * ATTN_SUM_ROWS < t->nq ? (qb + 1) * ATTN_SUM_ROWS : t->nq;
+    for (int64_t i = qb * ATTN_SUM_ROWS; i < i_end; i++) {
+        const int64_t x = b * st[0] + h * st[1] + i * st[2], row = bh * t->nq + i;
+        r.m = is_bool ? (const uint8_t *)t->src + x : NULL;
+        r.f = is_bool ? NULL : (const float *)t->src + x;
+        t->dense[row] = scan_row(&r, code, t->hull + 2 * row);
+    }
+}
+
+void attn_mask_summary_init(const attn_params *p, void *mem, attn_mask_summary *s) {
+    both(p, s);
+    char *at = mem;
+    place(&s->mask, &at);
+    place(&s->bias, &at);
+}
+
+/* ---- the questions ---------------------------------------------------------------------- */
+
+static int64_t row_index(const attn_sum_one *t, int64_t b, int64_t h, int64_t i) {
+    return ((t->nb == 1 ? 0 : b) * t->nh + (t->nh == 1 ? 0 : h)) * t->nq + (t->nq == 1 ? 0 : i);
+}
+
+/* block u of t, summarized first if no thread has done it yet */
+static void ensure(const attn_params *p, const attn_sum_one *t, bool is_bool, int64_t u) {
+    if (atomic_load_explicit(&t->state[u], memory_order_acquire) == 2) return;
+    int expected = 0;
+    if (atomic_compare_exchange_strong_explicit(&t->state[u], &expected, 1, memory_order_acq_rel,
+                                                memory_order_acquire)) {
+        build_block(p, t, is_bool ? p->mask_s : p->bias_s, is_bool, u);
+        atomic_store_explicit(&t->state[u], 2, memory_order_release);
+        return;
+    }
+    while (atomic_load_explicit(&t->state[u], memory_order_acquire) != 2) sched_yield();
+}
+
+static bool narrow(const attn_params *p, const attn_sum_one *t, bool is_bool, int64_t b,
+                   int64_t h, int64_t i, int64_t *lo, int64_t *hi) {
+    if (!t->src) return true;
+    const int64_t row = row_index(t, b, h, i), *hull = t->hull + 2 * row;
+    ensure(p, t, is_bool, row / t->nq * t->qblocks + row % t->nq / ATTN_SUM_ROWS);
+    if (hull[0] > *lo) *lo = hull[0];
+    if (hull[1] < *hi) *hi = hull[1];
+    if (*hi < *lo) *hi = *lo;
+    return t->dense[row] != 0;
+}
+
+bool attn_mask_summary_row(const attn_params *p, const attn_mask_summary *s, int64_t b,
+                           int64_t h, int64_t i, int64_t *lo, int64_t *hi) {
+    const bool dm = narrow(p, &s->mask, true, b, h, i, lo, hi);
+    const bool db = narrow(p, &s->bias, false, b, h, i, lo, hi);
+    return dm && db;
+}
+
+/* the OR of one tensor's flags over the tile; ATTN_SUM_OPEN without the tensor */
+static unsigned tile_flags(const attn_params *p, const attn_sum_one *t, bool is_bool, int64_t b,
+                           int64_t h0, int64_t nh, int64_t qb, int64_t j0, int64_t nk) {
+    if (!t->src) return ATTN_SUM_OPEN;
+    const int64_t g0 = j0 / ATTN_SUM_KEYS, g1 = (j0 + nk - 1) / ATTN_SUM_KEYS;
+    const int64_t heads = t->nh == 1 ? 1 : nh, qbi = t->nq == 1 ? 0 : qb;
+    unsigned f = 0;
+    for (int64_t hh = 0; hh < heads; hh++) {
+        const int64_t bh = (t->nb == 1 ? 0 : b) * t->nh + (t->nh == 1 ? 0 : h0 + hh);
+        ensure(p, t, is_bool, bh * t->qblocks + qbi);
+        const uint8_t *code = t->code + (bh * t->qblocks + qbi) * t->granules;
+        for (int64_t g = g0; g <= g1; g++) f |= code[g];
+    }
+    return f;
+}
+
+attn_tile_class attn_mask_summary_tile(const attn_params *p, const attn_mask_summary *s,
+                                       int64_t b, int64_t h0, int64_t nh, int64_t qb, int64_t j0,
+                                       int64_t nk) {
+    const unsigned fm = tile_flags(p, &s->mask, true, b, h0, nh, qb, j0, nk);
+    const unsigned fb = tile_flags(p, &s->bias, false, b, h0, nh, qb, j0, nk);
+    if (fm == ATTN_SUM_MASKED || fb == ATTN_SUM_MASKED) return ATTN_TILE_MASKED;
+    if (fm == ATTN_SUM_OPEN && fb == ATTN_SUM_OPEN) return ATTN_TILE_OPEN;
+    return ATTN_TILE_MIXED;
+}
