@@ -71,13 +71,18 @@ attn_status attn_check_tensor(const attn_tensor *t, const char *name, attn_dtype
         return attn_fail(ATTN_ERR_DTYPE, "%s: dtype is %s, expected %s", name,
                     attn_dtype_name(t->dtype),
                     want == ATTN_DTYPE_COUNT ? "float32, float16 or bfloat16" : attn_dtype_name(want));
-    int64_t count = 1, span = 0;
+    int64_t count = 1, span = 0, extent = 1;
     for (int d = 0; d < 4; d++) {
         if (t->shape[d] < 0)
             return attn_fail(ATTN_ERR_SHAPE, "%s: shape[%d] = %lld is negative", name, d,
                         (long long)t->shape[d]);
         if (!mul_ok(count, t->shape[d], &count))
             return attn_fail(ATTN_ERR_OVERFLOW, "%s: element count overflows int64", name);
+        /* the sizes other than 0 too: an empty tensor whose other sizes' product does not
+         * fit has no dense layout (NumPy refuses to make one) */
+        if (t->shape[d] > 0 && !mul_ok(extent, t->shape[d], &extent))
+            return attn_fail(ATTN_ERR_OVERFLOW, "%s: the product of the sizes other than 0 "
+                             "overflows int64", name);
     }
     for (int d = 0; d < 4 && count > 0; d++) {
         int64_t s = t->stride[d], ext;

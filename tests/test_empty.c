@@ -7,7 +7,9 @@
  * and Lk long enough for the forward's split over keys (Lk >= 2048); the workspace
  * queries and the calls of the forward and the backward, both paths, float32 and
  * float16, with the data pointers of empty tensors NULL and non-NULL; what is written
- * (B·Hq·Lq = 0: nothing; Lk = 0: o = 0, lse = -inf, dq = 0; Lq = 0: dk = dv = 0).
+ * (B·Hq·Lq = 0: nothing; Lk = 0: o = 0, lse = -inf, dq = 0; Lq = 0: dk = dv = 0); and
+ * attn_tensor_4d on sizes whose dense strides do not fit in int64 (refused as
+ * ATTN_ERR_OVERFLOW, even when another size is 0).
  * What it is not: the numbers of non-empty calls (test_forward.c, test_backward.c).
  */
 #include <stdlib.h>
@@ -144,6 +146,34 @@ static void backward_case(const eshape *s, attn_path path, attn_dtype dt, bool n
     free(dq.data); free(dk.data); free(dv.data);
 }
 
+/* Dense strides that do not fit in int64: attn_tensor_4d must not overflow computing
+ * them, and the library refuses the tensor, empty or not. */
+static void huge_dense(void) {
+    const int64_t big = (int64_t)1 << 40;
+    float one = 0.0f;
+    attn_tensor q = attn_tensor_4d(NULL, ATTN_F32, 0, big, big, 4);
+    attn_tensor k = attn_tensor_4d(NULL, ATTN_F32, 0, 1, 1, 4);
+    attn_tensor v = attn_tensor_4d(NULL, ATTN_F32, 0, 1, 1, 4);
+    attn_tensor o = attn_tensor_4d(NULL, ATTN_F32, 0, big, big, 4);
+    CHECK(q.stride[0] == INT64_MAX && q.stride[1] == big * 4 && q.stride[2] == 4 && q.stride[3] == 1,
+          "attn_tensor_4d(0, 2^40, 2^40, 4): strides %lld %lld %lld %lld", (long long)q.stride[0],
+          (long long)q.stride[1], (long long)q.stride[2], (long long)q.stride[3]);
+    k.shape[1] = big;  // heads as q's
+    v.shape[1] = big;
+    size_t bytes = 0;
+    attn_status st = attn_forward_workspace_size(&q, &k, &v, &o, NULL, &bytes);
+    CHECK(st == ATTN_ERR_OVERFLOW, "0 x 2^40 x 2^40 x 4 q: workspace query status %d, expected "
+          "ATTN_ERR_OVERFLOW", (int)st);
+    st = attn_forward(&q, &k, &v, &o, NULL);
+    CHECK(st == ATTN_ERR_OVERFLOW, "0 x 2^40 x 2^40 x 4 q: status %d, expected ATTN_ERR_OVERFLOW",
+          (int)st);
+    /* the largest representable strides still come out exact */
+    attn_tensor t = attn_tensor_4d(&one, ATTN_F32, 1, (int64_t)1 << 20, (int64_t)1 << 21,
+                                   (int64_t)1 << 21);
+    CHECK(t.stride[0] == (int64_t)1 << 62 && t.stride[1] == (int64_t)1 << 42,
+          "attn_tensor_4d(1, 2^20, 2^21, 2^21): stride[0] = %lld", (long long)t.stride[0]);
+}
+
 int main(void) {
     const int n = (int)(sizeof g_shapes / sizeof g_shapes[0]);
     for (int c = 0; c < n; c++)
@@ -153,5 +183,6 @@ int main(void) {
                 backward_case(&g_shapes[c], (attn_path)path, ATTN_F32, null_empty);
                 backward_case(&g_shapes[c], (attn_path)path, ATTN_F16, null_empty);
             }
+    huge_dense();
     return check_summary("test_empty");
 }
