@@ -375,11 +375,16 @@ attn_status attn_forward(const attn_tensor *q, const attn_tensor *k, const attn_
                          const attn_tensor *o, const attn_options *opt) {
     attn_params p;
     TRY(attn_params_init(&p, q, k, v, o, opt, true));
+    if (p.B == 0 || p.Hq == 0 || p.Lq == 0) {  // nothing is written: nothing can alias
+        g_last_error[0] = '\0';
+        return ATTN_OK;
+    }
+    const size_t need = workspace_bytes(&p);
+    TRY(attn_check_forward_aliasing(q, k, v, o, opt, need == (size_t)-1 ? 0 : need));
     g_last_error[0] = '\0';
-    if (p.B == 0 || p.Hq == 0 || p.Lq == 0) return ATTN_OK;
 
     void *ws, *owned;
-    TRY(attn_workspace_acquire(opt, workspace_bytes(&p), &ws, &owned));
+    TRY(attn_workspace_acquire(opt, need, &ws, &owned));
     attn_status st = p.path == ATTN_PATH_REFERENCE ? attn_reference_forward(&p, ws)
                                                    : attn_fused_forward(&p, ws);
     free(owned);
