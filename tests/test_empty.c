@@ -3,8 +3,8 @@
  *                without crashing, dividing by zero or (under UBSan) doing pointer
  *                arithmetic on NULL, and must write what the contract says.
  *
- * What it covers: B, Hq = Hkv, Lq, Lk, Dk or Dv = 0, alone and together, with Lq small
- * and Lk long enough for the forward's split over keys (Lk >= 2048); the workspace
+ * What it covers: B, Hq (with Hkv = 0 or not), Lq, Lk, Dk or Dv = 0, alone and together,
+ * with Lq small and Lk long enough for the forward's split over keys (Lk >= 2048); the workspace
  * queries and the calls of the forward and the backward, both paths, float32 and
  * float16, with the data pointers of empty tensors NULL and non-NULL; what is written
  * (B·Hq·Lq = 0: nothing; Lk = 0: o = 0, lse = -inf, dq = 0; Lq = 0: dk = dv = 0); and
@@ -30,6 +30,7 @@ static const eshape g_shapes[] = {
     {2, 2, 1, 1, 0, 4, 4},     {2, 2, 1, 3, 5, 0, 4},     {2, 2, 1, 1, 2048, 0, 4},
     {2, 2, 1, 3, 5, 4, 0},     {2, 2, 1, 1, 2048, 4, 0},  {0, 0, 0, 0, 0, 0, 0},
     {0, 1, 1, 0, 2048, 0, 0},  {1, 1, 1, 1, 0, 0, 0},     {3, 2, 2, 17, 0, 3, 3},
+    {2, 0, 2, 1, 5, 4, 4},     {2, 0, 2, 3, 2048, 4, 4},  {1, 0, 3, 70, 5, 4, 4},
 };
 
 static int64_t count4(const int64_t n[4]) { return n[0] * n[1] * n[2] * n[3]; }
