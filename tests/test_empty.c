@@ -74,14 +74,29 @@ static bool untouched(const attn_tensor *t) {
     return count_written(t->data, c > 0 ? c : 1) == 0;
 }
 
+/* q, k, v, o of dtype dt and a float32 lse for shape s, the inputs filled */
+typedef struct etensors {
+    attn_tensor q, k, v, o, lse;
+} etensors;
+
+static etensors make_call(const eshape *s, attn_dtype dt, bool null_empty) {
+    etensors t = {make(dt, s->B, s->Hq, s->Lq, s->Dk, null_empty),
+                  make(dt, s->B, s->Hkv, s->Lk, s->Dk, null_empty),
+                  make(dt, s->B, s->Hkv, s->Lk, s->Dv, null_empty),
+                  make(dt, s->B, s->Hq, s->Lq, s->Dv, null_empty),
+                  make(ATTN_F32, s->B, s->Hq, s->Lq, 1, null_empty)};
+    fill_input(&t.q); fill_input(&t.k); fill_input(&t.v);
+    return t;
+}
+
+static void free_call(etensors *t) {
+    free(t->q.data); free(t->k.data); free(t->v.data); free(t->o.data); free(t->lse.data);
+}
+
 static void forward_case(const eshape *s, attn_path path, bool null_empty) {
-    attn_tensor q = make(ATTN_F32, s->B, s->Hq, s->Lq, s->Dk, null_empty);
-    attn_tensor k = make(ATTN_F32, s->B, s->Hkv, s->Lk, s->Dk, null_empty);
-    attn_tensor v = make(ATTN_F32, s->B, s->Hkv, s->Lk, s->Dv, null_empty);
-    attn_tensor o = make(ATTN_F32, s->B, s->Hq, s->Lq, s->Dv, null_empty);
-    attn_tensor lse = make(ATTN_F32, s->B, s->Hq, s->Lq, 1, null_empty);
+    etensors t = make_call(s, ATTN_F32, null_empty);
+    attn_tensor q = t.q, k = t.k, v = t.v, o = t.o, lse = t.lse;
     attn_tensor w = make(ATTN_F32, s->B, s->Hq, s->Lq, s->Lk, null_empty);
-    fill_input(&q); fill_input(&k); fill_input(&v);
     char what[160];
     snprintf(what, sizeof what, "forward B=%lld Hq=%lld Hkv=%lld Lq=%lld Lk=%lld Dk=%lld Dv=%lld "
              "path %d, empty data %s", (long long)s->B, (long long)s->Hq, (long long)s->Hkv,
@@ -108,20 +123,18 @@ static void forward_case(const eshape *s, attn_path path, bool null_empty) {
         if (s->Lk == 0)
             CHECK(all_equal(&lse, -INFINITY), "%s: lse is not -inf for fully masked rows", what);
     }
-    free(q.data); free(k.data); free(v.data); free(o.data); free(lse.data); free(w.data);
+    free_call(&t);
+    free(w.data);
 }
 
 static void backward_case(const eshape *s, attn_path path, attn_dtype dt, bool null_empty) {
-    attn_tensor q = make(dt, s->B, s->Hq, s->Lq, s->Dk, null_empty);
-    attn_tensor k = make(dt, s->B, s->Hkv, s->Lk, s->Dk, null_empty);
-    attn_tensor v = make(dt, s->B, s->Hkv, s->Lk, s->Dv, null_empty);
-    attn_tensor o = make(dt, s->B, s->Hq, s->Lq, s->Dv, null_empty);
+    etensors t = make_call(s, dt, null_empty);
+    attn_tensor q = t.q, k = t.k, v = t.v, o = t.o, lse = t.lse;
     attn_tensor d_o = make(dt, s->B, s->Hq, s->Lq, s->Dv, null_empty);
-    attn_tensor lse = make(ATTN_F32, s->B, s->Hq, s->Lq, 1, null_empty);
     attn_tensor dq = make(dt, s->B, s->Hq, s->Lq, s->Dk, null_empty);
     attn_tensor dk = make(dt, s->B, s->Hkv, s->Lk, s->Dk, null_empty);
     attn_tensor dv = make(dt, s->B, s->Hkv, s->Lk, s->Dv, null_empty);
-    fill_input(&q); fill_input(&k); fill_input(&v); fill_input(&d_o);
+    fill_input(&d_o);
     char what[180];
     snprintf(what, sizeof what, "backward %s B=%lld Hq=%lld Hkv=%lld Lq=%lld Lk=%lld Dk=%lld "
              "Dv=%lld path %d, empty data %s", dt == ATTN_F32 ? "float32" : "float16",
@@ -143,8 +156,8 @@ static void backward_case(const eshape *s, attn_path path, attn_dtype dt, bool n
     if (s->Hq * s->Lq == 0 && count4(dk.shape) > 0)
         CHECK(all_equal(&dk, 0.0f) && all_equal(&dv, 0.0f), "%s: dk, dv are not 0 with no "
               "query row", what);
-    free(q.data); free(k.data); free(v.data); free(o.data); free(d_o.data); free(lse.data);
-    free(dq.data); free(dk.data); free(dv.data);
+    free_call(&t);
+    free(d_o.data); free(dq.data); free(dk.data); free(dv.data);
 }
 
 /* Dense strides that do not fit in int64: attn_tensor_4d must not overflow computing
