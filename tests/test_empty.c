@@ -198,5 +198,5 @@ int main(void) {
                 backward_case(&g_shapes[c], (attn_path)path, ATTN_F16, null_empty);
             }
     huge_dense();
-    return check_summary("test_empty");
+    return check_summary("empty");
 }
