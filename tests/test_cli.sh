@@ -405,7 +405,7 @@ refused 1 "character device" "--q a character device" run --q "$dev" --k k.npy -
 fresh
 npy q_huge.npy '<f4' 0,1099511627776,1099511627776,4 ""
 npy k_one.npy '<f4' 0,1,1,4 ""
-refused 1 "overflow" "q of [0, 2^40, 2^40, 4]" run --q q_huge.npy --k k_one.npy --v k_one.npy --out out/o.npy
+refused 1 "overflows" "q of [0, 2^40, 2^40, 4]" run --q q_huge.npy --k k_one.npy --v k_one.npy --out out/o.npy
 if [ -z "$(ls -A out)" ]; then ok; else bad "huge empty q left: $(ls -A out)"; fi
 
 # ---- help and version ------------------------------------------------------------------

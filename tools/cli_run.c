@@ -249,14 +249,15 @@ typedef struct out_file {
 } out_file;
 
 static int alloc_out(out_file *f, const char *path, int ndim, const int64_t *shape) {
-    int64_t n = 1;
+    int64_t n = 1, extent = 1;  // extent: the sizes other than 0, as NumPy multiplies them
     f->path = path;
     f->ndim = ndim;
     for (int d = 0; d < ndim; d++) {
         f->shape[d] = shape[d];
-        if (shape[d] != 0 && n > INT64_MAX / shape[d])
+        if (shape[d] != 0 && (n > INT64_MAX / shape[d] || extent > INT64_MAX / shape[d]))
             return say(EXIT_DATA, "%s: output size overflows 64 bits", path);
         n *= shape[d];
+        if (shape[d] != 0) extent *= shape[d];
     }
     f->count = n;
     if ((uint64_t)n > SIZE_MAX / sizeof(float) - 1 || !(f->data = calloc((size_t)n + 1, sizeof(float))))
