@@ -76,13 +76,18 @@ attn_status attn_check_tensor(const attn_tensor *t, const char *name, attn_dtype
         return attn_fail(ATTN_ERR_DTYPE, "%s: dtype is %s, expected %s", name,
                     attn_dtype_name(t->dtype),
                     want == ATTN_DTYPE_COUNT ? "float32, float16 or bfloat16" : attn_dtype_name(want));
-    int64_t count = 1, span = 0;
+    int64_t count = 1, span = 0, extent = 1;
     for (int d = 0; d < 4; d++) {
         if (t->shape[d] < 0)
             return attn_fail(ATTN_ERR_SHAPE, "%s: shape[%d] = %lld is negative", name, d,
                         (long long)t->shape[d]);
         if (!mul_ok(count, t->shape[d], &count))
             return attn_fail(ATTN_ERR_OVERFLOW, "%s: element count overflows int64", name);
+        /* the sizes other than 0 too: an empty tensor whose other sizes' product does not
+         * fit has no dense layout (NumPy refuses to make one) */
+        if (t->shape[d] > 0 && !mul_ok(extent, t->shape[d], &extent))
+            return attn_fail(ATTN_ERR_OVERFLOW, "%s: the product of the sizes other than 0 "
+                             "overflows int64", name);
     }
     for (int d = 0; d < 4 && count > 0; d++) {
         int64_t s = t->stride[d], ext;
@@ -126,6 +131,21 @@ attn_status attn_check_output_strides(const attn_tensor *t, const char *name, in
         reach += (sh[a] - 1) * st[a];
     }
     return ATTN_OK;
+}
+
+/* The address the params hold for an empty tensor (and the workspace of a call that
+ * needs none): real memory no path ever reads or writes, since there is nothing there,
+ * so that no path does arithmetic on NULL or on an empty tensor's arbitrary strides. */
+static _Alignas(64) char g_nothing[64];
+
+const void *attn_view_data(const attn_tensor *t, int64_t *s, int n) {
+    for (int d = 0; d < 4; d++)
+        if (t->shape[d] == 0) {
+            memset(s, 0, sizeof *s * (size_t)n);
+            return g_nothing;
+        }
+    memcpy(s, t->stride, sizeof *s * (size_t)n);
+    return t->data;
 }
 
 static attn_status expect_dim(const attn_tensor *t, const char *name, int d, int64_t want,
@@ -200,10 +220,10 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
                     (long long)p->Hq, (long long)p->Hkv);
     p->group = p->Hkv ? p->Hq / p->Hkv : 1;
 
-    p->q = q->data; memcpy(p->q_s, q->stride, sizeof p->q_s);
-    p->k = k->data; memcpy(p->k_s, k->stride, sizeof p->k_s);
-    p->v = v->data; memcpy(p->v_s, v->stride, sizeof p->v_s);
-    p->o = o->data; memcpy(p->o_s, o->stride, sizeof p->o_s);
+    p->q = attn_view_data(q, p->q_s, 4);
+    p->k = attn_view_data(k, p->k_s, 4);
+    p->v = attn_view_data(v, p->v_s, 4);
+    p->o = (void *)attn_view_data(o, p->o_s, 4);
 
     /* scale and softcap */
     if (opt->has_scale) {
@@ -242,12 +262,16 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
     if (opt->mask) {
         TRY(attn_check_tensor(opt->mask, "mask", ATTN_BOOL, need_data));
         TRY(check_broadcast(opt->mask, "mask", full, p->mask_s));
-        p->mask = opt->mask->data;
+        int64_t unused[4];
+        p->mask = attn_view_data(opt->mask, unused, 4);
+        if (p->mask != opt->mask->data) memset(p->mask_s, 0, sizeof p->mask_s);
     }
     if (opt->bias) {
         TRY(attn_check_tensor(opt->bias, "bias", ATTN_F32, need_data));
         TRY(check_broadcast(opt->bias, "bias", full, p->bias_s));
-        p->bias = opt->bias->data;
+        int64_t unused[4];
+        p->bias = attn_view_data(opt->bias, unused, 4);
+        if ((const void *)p->bias != opt->bias->data) memset(p->bias_s, 0, sizeof p->bias_s);
     }
     if (opt->kv_len) {
         const attn_tensor *t = opt->kv_len;
@@ -258,9 +282,8 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
             return attn_fail(ATTN_ERR_SHAPE, "kv_len: shape [%lld, %lld, %lld, %lld], expected "
                         "[B = %lld, 1, 1, 1]", (long long)t->shape[0], (long long)t->shape[1],
                         (long long)t->shape[2], (long long)t->shape[3], (long long)p->B);
-        p->kv_len = t->data;
+        p->kv_len = attn_view_data(t, &p->kv_len_s, 1);
         p->kv_len_dtype = dt;
-        p->kv_len_s = t->stride[0];
         for (int64_t b = 0; need_data && b < p->B; b++) {
             int64_t len = attn_key_len(p, b);
             if (len < 0 || len > p->Lk)
@@ -276,8 +299,7 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
                         "expected [Hq = %lld, 1, 1, 1]", (long long)t->shape[0],
                         (long long)t->shape[1], (long long)t->shape[2],
                         (long long)t->shape[3], (long long)p->Hq);
-        p->alibi = t->data;
-        p->alibi_s = t->stride[0];
+        p->alibi = attn_view_data(t, &p->alibi_s, 1);
     }
 
     /* optional outputs */
@@ -289,8 +311,7 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
         TRY(expect_dim(t, "lse", 2, p->Lq, "Lq"));
         TRY(expect_dim(t, "lse", 3, 1, "1"));
         TRY(attn_check_output_strides(t, "lse", 3));
-        p->lse = t->data;
-        memcpy(p->lse_s, t->stride, sizeof p->lse_s);
+        p->lse = (float *)attn_view_data(t, p->lse_s, 3);
     }
     if (opt->weights) {
         const attn_tensor *t = opt->weights;
@@ -298,8 +319,7 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
         for (int d = 0; d < 4; d++)
             TRY(expect_dim(t, "weights", d, full[d], (const char *[]){"B", "Hq", "Lq", "Lk"}[d]));
         TRY(attn_check_output_strides(t, "weights", 4));
-        p->weights = t->data;
-        memcpy(p->w_s, t->stride, sizeof p->w_s);
+        p->weights = (float *)attn_view_data(t, p->w_s, 4);
     }
 
     if ((unsigned)opt->precision > (unsigned)ATTN_PRECISION_FAST)
@@ -354,6 +374,8 @@ attn_status attn_workspace_acquire(const attn_options *opt, size_t need, void **
     } else if (need > 0) {
         *owned = *ws = malloc(need);
         if (!*ws) return attn_fail(ATTN_ERR_NOMEM, "workspace: could not allocate %zu bytes", need);
+    } else {
+        *ws = g_nothing;  // none needed: still no path computes on NULL
     }
     return ATTN_OK;
 }
@@ -375,11 +397,16 @@ attn_status attn_forward(const attn_tensor *q, const attn_tensor *k, const attn_
                          const attn_tensor *o, const attn_options *opt) {
     attn_params p;
     TRY(attn_params_init(&p, q, k, v, o, opt, true));
+    if (p.B == 0 || p.Hq == 0 || p.Lq == 0) {  // nothing is written: nothing can alias
+        g_last_error[0] = '\0';
+        return ATTN_OK;
+    }
+    const size_t need = workspace_bytes(&p);
+    TRY(attn_check_forward_aliasing(q, k, v, o, opt, need == (size_t)-1 ? 0 : need));
     g_last_error[0] = '\0';
-    if (p.B == 0 || p.Hq == 0 || p.Lq == 0) return ATTN_OK;
 
     void *ws, *owned;
-    TRY(attn_workspace_acquire(opt, workspace_bytes(&p), &ws, &owned));
+    TRY(attn_workspace_acquire(opt, need, &ws, &owned));
     attn_status st = p.path == ATTN_PATH_REFERENCE ? attn_reference_forward(&p, ws)
                                                    : attn_fused_forward(&p, ws);
     free(owned);

@@ -82,7 +82,8 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
     plan->bk = bk;
 
     const int64_t group = p->group, lq = p->Lq > 0 ? p->Lq : 1;
-    plan->heads_per_block = lq >= bq ? 1 : (bq / lq < group ? bq / lq : group);
+    /* group = 0 (Hq = 0 over Hkv > 0 heads): no head chunk, so no item */
+    plan->heads_per_block = lq >= bq || group == 0 ? 1 : (bq / lq < group ? bq / lq : group);
     plan->head_chunks = (group + plan->heads_per_block - 1) / plan->heads_per_block;
     plan->q_blocks = (lq + bq - 1) / bq;
     if (__builtin_mul_overflow(p->B * p->Hkv, plan->head_chunks * plan->q_blocks, &plan->items))
@@ -90,7 +91,8 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
 
     plan->split = 1;
     plan->split_keys = p->Lk > 0 ? p->Lk : 1;
-    if (p->Lq <= SPLIT_MAX_LQ && p->Lk >= 2 * SPLIT_MIN_KEYS && !p->weights) {
+    /* no item (B, Hkv or Lq = 0): nothing to split, and items would divide below */
+    if (plan->items > 0 && p->Lq <= SPLIT_MAX_LQ && p->Lk >= 2 * SPLIT_MIN_KEYS && !p->weights) {
         int64_t chunk = (p->Lk + SPLIT_MAX - 1) / SPLIT_MAX;
         if (chunk < SPLIT_LONG_KEYS) {
             chunk = SPLIT_LONG_KEYS;
