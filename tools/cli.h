@@ -11,5 +11,6 @@ int cli_demo(int argc, char **argv);  /* attn demo      (tools/cli_demo.c) */
 int cli_bench(int argc, char **argv); /* attn bench     (tools/cli_bench.c) */
 int cli_dtypes(int argc, char **argv);  /* attn dtypes  (tools/cli_dtypes.c) */
 int cli_train(int argc, char **argv);   /* attn train   (tools/cli_train.c) */
+int cli_viz(int argc, char **argv);     /* attn viz     (tools/cli_viz.c)   */
 
 #endif /* ATTN_CLI_H */

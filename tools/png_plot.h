@@ -3,8 +3,8 @@
  *              light grid lines, any number of curves in their own colours (solid or
  *              dashed), a horizontal reference line, and a legend by colour.
  *
- * What it is not: a plotting library. One fixed layout, lower-case labels in a built-in
- * 5x7 pixel font (digits, a-z and a little punctuation), linear axes from 0.
+ * What it is not: a plotting library. One fixed layout, labels in the built-in 5x7 pixel
+ * font of canvas.h (printable ASCII), linear axes from 0.
  */
 #ifndef ATTN_PNG_PLOT_H
 #define ATTN_PNG_PLOT_H
