@@ -62,6 +62,7 @@ run_all() {
         fi
     done
     run_suite "${label}test_cli.sh" bash tests/test_cli.sh "$b/attn"
+    run_suite "${label}test_viz.sh" bash tests/test_viz.sh "$b/attn"   # attn viz's pictures
     # the installed library is linked into a plain program: not with a sanitized build
     [ -n "$label" ] || run_suite "test_install.sh" bash tests/test_install.sh "$b"
     # the bench's logic on its tiny sweep (timings are not checked; too slow under ASan)
