@@ -213,6 +213,14 @@ print('ok' if not bad else '; '.join(bad))
     [ "$out" = ok ] && ok || bad "blocks $red against the direct weights: $out"
 done
 
+# ---- a float mask of only 0s and 1s: a warning on stderr, the call still made --------------
+py "np.save('m01.npy', np.tril(np.ones((4, 4), np.float32)))"
+if "$ATTN" viz --q q.npy --k k.npy --v v.npy --mask m01.npy --png w.png 2>err && [ -e w.png ] &&
+    grep -q "warning: m01.npy: a float32 mask of only 0s and 1s" err; then ok; else bad "0/1 float mask: no warning ($(cat err))"; fi
+py "np.save('mhalf.npy', np.tril(np.ones((4, 4), np.float32)) * 0.5)"
+"$ATTN" viz --q q.npy --k k.npy --v v.npy --mask mhalf.npy --png w.png 2>err
+[ ! -s err ] && ok || bad "a float mask of 0 and 0.5 warned: $(cat err)"
+
 # ---- refusals: exit status and no picture -------------------------------------------------
 expect() {  # expect STATUS WHAT ARGS...: exit status, one line on stderr, no x.png
     local want=$1 what=$2

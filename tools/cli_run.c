@@ -384,6 +384,15 @@ int run_load_inputs(const run_args *a, run_inputs *in) {
         }
         if (mask->dtype == ATTN_BOOL) opt->mask = &in->tmask;
         else opt->bias = &in->tmask;
+        /* seed 003's pitfall: 0 where -inf was meant. A float mask of only 0s and 1s is
+         * almost always a bool mask saved as float: added to the logits, it masks nothing */
+        bool zero_one = mask->dtype == ATTN_F32 && mask->count > 0;
+        for (int64_t e = 0; zero_one && e < mask->count; e++)
+            zero_one = ((const float *)mask->data)[e] == 0.0f || ((const float *)mask->data)[e] == 1.0f;
+        if (zero_one)
+            fprintf(stderr, "attn: warning: %s: a float32 mask of only 0s and 1s is added to the "
+                    "logits and masks nothing; for a mask save it as bool (true = attend) or "
+                    "use -inf for the masked keys\n", a->mask);
     }
     if (a->kv_len) {
         npy_array *kvl = &in->kvl;
