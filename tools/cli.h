@@ -12,5 +12,7 @@ int cli_bench(int argc, char **argv); /* attn bench     (tools/cli_bench.c) */
 int cli_dtypes(int argc, char **argv);  /* attn dtypes  (tools/cli_dtypes.c) */
 int cli_train(int argc, char **argv);   /* attn train   (tools/cli_train.c) */
 int cli_viz(int argc, char **argv);     /* attn viz     (tools/cli_viz.c)   */
+/* attn bench --head-dims ... (tools/bench_headdim.c): speed against the head dimension */
+int bench_head_dims(int argc, char **argv);
 
 #endif /* ATTN_CLI_H */

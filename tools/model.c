@@ -370,6 +370,18 @@ int model_forward(model *m, const int *tokens, const int *targets, int b, int t,
     return 0;
 }
 
+int model_attention_inputs(const model *m, int layer, float *out) {
+    if (layer < 0 || layer >= m->cfg.layers) return -1;
+    const int64_t C = m->cfg.d_model, H = m->cfg.heads, D = C / H, t = m->ft;
+    const float *qkv = m->act[layer].qkv;  // (t, 3C) for sequence 0: [T, H, D] per third
+    for (int64_t x = 0; x < 3; x++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < t; i++)
+                for (int64_t d = 0; d < D; d++)
+                    out[((x * H + h) * t + i) * D + d] = qkv[i * 3 * C + x * C + h * D + d];
+    return 0;
+}
+
 /* ---- backward ----------------------------------------------------------------------------- */
 
 int model_backward(model *m) {
