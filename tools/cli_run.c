@@ -426,13 +426,17 @@ int run_library_error(attn_status st) {
 
 /* ---- the command -------------------------------------------------------------------- */
 
-int cli_run(int argc, char **argv) {
+bool run_help(int argc, char **argv, const char *usage) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(RUN_USAGE, stdout);
-            return 0;
+            fputs(usage, stdout);
+            return true;
         }
+    return false;
+}
 
+int cli_run(int argc, char **argv) {
+    if (run_help(argc, argv, RUN_USAGE)) return 0;
     run_args a = {0};
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc;

@@ -95,11 +95,7 @@ static void free_tokens(char **lines, int64_t n) {
 }
 
 int cli_viz(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(VIZ_USAGE, stdout);
-            return 0;
-        }
+    if (run_help(argc, argv, VIZ_USAGE)) return 0;
     run_args a = {0};
     viz_args z = {0};
     cli_opt opts[RUN_INPUT_OPTS + 8];

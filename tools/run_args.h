@@ -52,6 +52,9 @@ void run_inputs_free(run_inputs *in);
 /* A failed library call's line on stderr ("attn: detail (status)"); returns EXIT_DATA. */
 int run_library_error(attn_status st);
 
+/* Prints usage on stdout and returns true when an argument is --help or -h. */
+bool run_help(int argc, char **argv, const char *usage);
+
 /* "attn: " + the message + newline on stderr; returns code. */
 int run_say(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
