@@ -159,6 +159,17 @@ static void refusals(void) {
           "refusal: an LSE of the wrong length");
     CHECK(attn_weights_grid(&t.q, &t.k, NULL, &grid, ATTN_REDUCE_SUM, &opt) == ATTN_ERR_NULL,
           "refusal: NULL lse");
+    /* empty sides: R = 0 exactly when Lq = 0 (C likewise), nothing to write */
+    attn_tensor q0 = t.q, k0 = t.k, lse0 = t.lse;
+    q0.shape[2] = 0;
+    lse0.shape[2] = 0;
+    grid = attn_tensor_4d(g, ATTN_F32, 1, 2, 0, 9);
+    CHECK(attn_weights_grid(&q0, &t.k, &lse0, &grid, ATTN_REDUCE_SUM, &opt) == ATTN_OK,
+          "Lq = 0, R = 0: %s", attn_last_error());
+    k0.shape[2] = 0;
+    grid = attn_tensor_4d(g, ATTN_F32, 1, 2, 6, 0);
+    CHECK(attn_weights_grid(&t.q, &k0, &t.lse, &grid, ATTN_REDUCE_MAX, &opt) == ATTN_OK,
+          "Lk = 0, C = 0: %s", attn_last_error());
     CHECK(count_written(g, 2 * 7 * 10) == 0, "refusals wrote %lld floats of the grid",
           (long long)count_written(g, 2 * 7 * 10));
     tcall_free(&t);
