@@ -231,6 +231,25 @@ ATTN_API size_t attn_dtype_size(attn_dtype dtype);
 ATTN_API attn_status attn_merge(int64_t n, const attn_tensor *o_parts,
                                 const attn_tensor *lse_parts, const attn_tensor *o,
                                 const attn_tensor *lse, int32_t threads);
+/* ---- attention weights from the LSE, in blocks --------------------------------------
+ * The weights p_ij = exp(s_ij - lse_i) of a forward call, recomputed from its LSE in one
+ * pass over K and reduced over blocks: cell (r, c) of grid covers rows i with
+ * floor(i R / Lq) = r and keys j with floor(j C / Lk) = c. Memory is the grid and a few
+ * tiles; the Lq x Lk matrix is never held. R = Lq, C = Lk gives the weights themselves. */
+typedef enum attn_reduce {
+    ATTN_REDUCE_SUM = 0,  /* the sum of the block's weights                     */
+    ATTN_REDUCE_MAX,      /* the largest weight of the block                    */
+} attn_reduce;
+
+/*   q, k, opt  exactly as in the forward call (masks, scale, softcap, path, threads...);
+ *              opt->lse and opt->weights must be NULL
+ *   lse  [B, Hq, Lq]     that call's log-sum-exp (shape {B, Hq, Lq, 1}), float32
+ *   grid [B, Hq, R, C]   written, float32, 1 <= R <= Lq, 1 <= C <= Lk (0 for an empty side):
+ *                        -inf in a cell every entry of whose block is masked
+ * Deterministic for any thread count. On error nothing is written. */
+ATTN_API attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
+                                       const attn_tensor *lse, const attn_tensor *grid,
+                                       attn_reduce reduce, const attn_options *opt);
 
 /* The fixed message of a status code. */
 ATTN_API const char *attn_status_string(attn_status status);

@@ -43,7 +43,7 @@ run_suite() {
 
 # The suites whose results depend on the micro-kernels run once per kernel this CPU
 # supports (ATTN_ISA), not only the one dispatch picks; the others run once.
-PER_KERNEL="test_forward test_edge test_onnx test_half test_backward test_backward_half test_masks"
+PER_KERNEL="test_forward test_edge test_onnx test_half test_backward test_backward_half test_masks test_weights"
 
 # run_all BUILD_DIR LABEL: every suite against one build.
 run_all() {
@@ -65,6 +65,8 @@ run_all() {
         fi
     done
     run_suite "${label}test_cli.sh" bash tests/test_cli.sh "$b/attn"
+    run_suite "${label}test_viz.sh" bash tests/test_viz.sh "$b/attn"   # attn viz's pictures
+    run_suite "${label}test_demo.sh" bash tests/test_demo.sh "$b/attn"   # attn demo's sections
     # the installed library is linked into a plain program: not with a sanitized build
     [ -n "$label" ] || run_suite "test_install.sh" bash tests/test_install.sh "$b"
     # the bench's logic on its tiny sweep (timings are not checked; too slow under ASan)
@@ -100,7 +102,7 @@ fi
 # The portable build on another CPU: on an x86-64 machine with an AArch64 cross compiler
 # and qemu-user (scripts/deps.sh installs them), the library and the C suites are built
 # for AArch64, where only the generic kernel exists, and run under emulation.
-CROSS_SUITES="test_api test_kernels test_edge test_npy test_forward test_half test_onnx test_backward test_backward_half test_empty test_alias"
+CROSS_SUITES="test_api test_kernels test_edge test_npy test_forward test_half test_onnx test_backward test_backward_half test_empty test_alias test_weights"
 if [ "${ATTN_CHECK_CROSS:-1}" != 0 ] && [ "$(uname -m)" = x86_64 ]; then
     if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >/dev/null 2>&1; then
         targets="build-arm64/libattn.a"

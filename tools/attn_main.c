@@ -21,6 +21,7 @@ static const char USAGE[] =
     "  dtypes    float32, float16 and bfloat16 side by side (seed 003, exercise 2)\n"
     "  train     a small transformer, causal vs reversed mask (seed 003, exercise 3)\n"
     "  seq2seq   a GRU encoder-decoder with additive attention learns to reverse (seed 002)\n"
+    "  viz       heatmaps of attention weights as PNG, any length (attn viz --help)\n"
     "  help      this text\n"
     "\n"
     "  --version prints the library version, the kernel this process runs, the kernels\n"
@@ -41,6 +42,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "dtypes") == 0) return cli_dtypes(argc - 1, argv + 1);
     if (strcmp(cmd, "train") == 0) return cli_train(argc - 1, argv + 1);
     if (strcmp(cmd, "seq2seq") == 0) return cli_seq2seq(argc - 1, argv + 1);
+    if (strcmp(cmd, "viz") == 0) return cli_viz(argc - 1, argv + 1);
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         fputs(USAGE, stdout);
         return 0;

@@ -22,5 +22,8 @@ int demo_mha(void);  /* attn demo's multi-head examples (tools/demo_mha.c) */
  * `threads` threads, as `attn bench` measures them (tools/cli_bench.c); short
  * measurements with quick. Returns non-zero (after a message) when out of memory. */
 int bench_machine_peak(int threads, bool quick, double *fp32_gflops, double *read_gbs);
+int cli_viz(int argc, char **argv);     /* attn viz     (tools/cli_viz.c)   */
+/* attn bench --head-dims ... (tools/bench_headdim.c): speed against the head dimension */
+int bench_head_dims(int argc, char **argv);
 
 #endif /* ATTN_CLI_H */

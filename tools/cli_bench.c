@@ -75,6 +75,8 @@ static const char BENCH_USAGE[] =
     "  each of their calls.\n"
     "\n"
     "  --quick               a tiny sweep and short machine measurements (for tests)\n"
+    "  --head-dims [--png FILE] [--tokens L]   (alone) the fused forward's speed against the\n"
+    "                        head dimension, 8 to 256, as a table and a plot\n"
     "  --shapes PATTERNS     only the cases whose name matches one of the comma-separated\n"
     "                        shell patterns, e.g. 'fwd-L2048-*,decode-*' (see --list)\n"
     "  --list                print the names of the cases of the sweep and exit\n"
@@ -1396,6 +1398,7 @@ int cli_bench(int argc, char **argv) {
     /* additive attention's rows have their own file (tools/bench_additive.c) */
     if (argc > 1 && strcmp(argv[1], "--additive") == 0) return bench_additive(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "masks") == 0) return cli_bench_masks(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "--head-dims") == 0) return bench_head_dims(argc - 1, argv + 1);
     bench_args a = {0};
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;

@@ -9,14 +9,17 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "attn.h"
 #include "cli.h"
+#include "demo.h"
+#include "heatmap.h"
 #include "rng.h"
 
-/* One forward call on dense [1, 1, Lq, D] tensors; prints and returns non-zero on error. */
-static int demo_attend(float *q, float *k, float *v, float *o, int64_t lq, int64_t lk,
+int demo_attend(float *q, float *k, float *v, float *o, int64_t lq, int64_t lk,
                        int64_t dk, int64_t dv, attn_options *opt) {
     attn_tensor tq = attn_tensor_4d(q, ATTN_F32, 1, 1, lq, dk);
     attn_tensor tk = attn_tensor_4d(k, ATTN_F32, 1, 1, lk, dk);
@@ -40,8 +43,12 @@ static int demo_score(float *q, float *k, int64_t d, const attn_options *base, f
 }
 
 /* splitmix64, then Box-Muller: a fixed stream of N(0, 1) samples. */
-static rng_t g_rng = {0x5eed0003};
-static float demo_normal(void) { return (float)rng_gauss(&g_rng); }
+enum { RNG_SEED = 0x5eed0003 };
+static rng_t g_rng = {RNG_SEED};
+float demo_normal(void) { return (float)rng_gauss(&g_rng); }
+
+/* Exercise 3.3's sample: N33 pairs of D33 normals, two uniforms each */
+enum { N33 = 100000, D33 = 64 };
 
 static int demo_example_3_2(void) {
     float k[4] = {1, 0, 0, 1};   /* k1 = (1, 0), k2 = (0, 1)   */
@@ -72,7 +79,6 @@ static int demo_example_3_2(void) {
     /* 3.3: the standard deviation of q.k for independent N(0, 1) components, d_k = 64,
      * sampled: each of n pairs is its own batch entry with one key, scale 1, and its
      * LSE is its dot product. */
-    enum { N33 = 100000, D33 = 64 };
     float *qs = malloc(sizeof(float) * N33 * D33), *ks = malloc(sizeof(float) * N33 * D33);
     float *dots = malloc(sizeof(float) * N33), *vz = calloc(N33, sizeof(float));
     float *oz = malloc(sizeof(float) * N33);
@@ -121,11 +127,13 @@ static int demo_example_3_2(void) {
 /* Seed 003 §4: x (4 tokens, D = 8), Q = x Wq, K = x Wk, V = x Wv, causal attention.
  * The seed draws W from N(0, 1), which makes the logits' spread sqrt(D) times larger
  * than a trained layer's and every row one-hot; here W is N(0, 1/D), the scale of
- * nn.Linear's initialization, so that the weights show the spread the seed prints. */
-static int demo_causal(void) {
-    enum { T = 4, D = 8 };
-    float x[T][D], wq[D][D], wk[D][D], wv[D][D], q[T][D] = {{0}}, k[T][D] = {{0}},
-                                                 v[T][D] = {{0}}, o[T][D], a[T][T];
+ * nn.Linear's initialization, so that the weights show the spread the seed prints. The
+ * stream starts where seed 000's exercises leave it (3.3 drew 2 * N33 * D33 normals of
+ * two uniforms each: the splitmix64 state advances by a constant per uniform). */
+void demo_seed003_input(float q[DEMO_T][DEMO_D], float k[DEMO_T][DEMO_D], float v[DEMO_T][DEMO_D]) {
+    enum { T = DEMO_T, D = DEMO_D };
+    g_rng.s = RNG_SEED + (uint64_t)4 * N33 * D33 * 0x9E3779B97F4A7C15ull;
+    float x[T][D], wq[D][D], wk[D][D], wv[D][D];
     for (int t = 0; t < T; t++)
         for (int d = 0; d < D; d++) x[t][d] = demo_normal();
     for (int r = 0; r < D; r++)
@@ -133,12 +141,20 @@ static int demo_causal(void) {
             wq[r][c] = demo_normal() / sqrtf(D), wk[r][c] = demo_normal() / sqrtf(D),
             wv[r][c] = demo_normal() / sqrtf(D);
     for (int t = 0; t < T; t++)
-        for (int c = 0; c < D; c++)
+        for (int c = 0; c < D; c++) {
+            q[t][c] = k[t][c] = v[t][c] = 0.0f;
             for (int r = 0; r < D; r++) {
                 q[t][c] += x[t][r] * wq[r][c];
                 k[t][c] += x[t][r] * wk[r][c];
                 v[t][c] += x[t][r] * wv[r][c];
             }
+        }
+}
+
+static int demo_causal(const char *png) {
+    enum { T = DEMO_T, D = DEMO_D };
+    float q[T][D], k[T][D], v[T][D], o[T][D], a[T][T];
+    demo_seed003_input(q, k, v);
     attn_tensor w = attn_tensor_4d(a, ATTN_F32, 1, 1, T, T);
     attn_options opt = {.causal = true, .weights = &w};
     if (demo_attend(&q[0][0], &k[0][0], &v[0][0], &o[0][0], T, T, D, D, &opt)) return 1;
@@ -151,18 +167,106 @@ static int demo_causal(void) {
     }
     printf("  Row i sees only positions 0..i: the weights are lower-triangular and each row "
            "sums to 1.\n");
+    if (!png) return 0;
+    /* the picture: masked entries (j > i) as -inf, so that they are drawn as masked */
+    float cells[T][T];
+    for (int i = 0; i < T; i++)
+        for (int j = 0; j < T; j++) cells[i][j] = j > i ? -INFINITY : a[i][j];
+    static const char *const tok[T] = {"x0", "x1", "x2", "x3"};
+    const heat_panel panel = {&cells[0][0], NULL};
+    const heat_spec spec = {.title = "seed 003 section 4: causal self-attention, 4 tokens",
+                            .panels = &panel, .n_panels = 1, .rows = T, .cols = T, .vmax = 1.0,
+                            .scale_label = "weight", .row_labels = tok, .col_labels = tok,
+                            .numbers = 1};
+    char err[256];
+    if (heat_png(png, &spec, err, sizeof err)) {
+        fprintf(stderr, "attn: demo: %s\n", err);
+        return 1;
+    }
+    printf("  (picture: %s)\n", png);
     return 0;
 }
 
+static const char DEMO_USAGE[] =
+    "usage: attn demo [--section NAME] [--png FILE] [--tokens N,N...]\n"
+    "\n"
+    "  Without --section: seed 000's example and exercises, and seed 003's causal example.\n"
+    "  --section seed000    seed 000, example 3.2 and exercises 3.1-3.4\n"
+    "            causal     seed 003 section 4 (--png FILE also draws it)\n"
+    "            sdpa       seed 003 section 5: fused against the float64 reference\n"
+    "            ex1        seed 003 exercise 1: B = 2, T = 8, D = 16, shapes and row sums\n"
+    "            ex4        seed 003 exercise 4: 8 heads with the same weights\n"
+    "            ex5        seed 003 exercise 5: peak memory and time of the fused call\n"
+    "                       (--tokens, default 10000; 100000 takes minutes)\n"
+    "            pitfalls   seed 003 section 7, the six pitfalls, run\n"
+    "            compare    seed 002: dot-product, additive and multi-head attention\n"
+    "            all        every section (ex5 at --tokens)\n"
+    "  (seed 003 exercise 2: attn dtypes; exercise 3: attn train)\n";
+
+/* "10000,100000" into at most 8 sizes */
+static int parse_tokens(const char *s, int64_t *out, int *n) {
+    *n = 0;
+    while (*s && *n < 8) {
+        char *end;
+        const long long x = strtoll(s, &end, 10);
+        if (end == s || x < 1 || x > 10000000 || (*end && *end != ',')) return -1;
+        out[(*n)++] = x;
+        s = *end ? end + 1 : end;
+    }
+    return *s ? -1 : 0;
+}
+
 int cli_demo(int argc, char **argv) {
-    (void)argv;
-    if (argc > 1) {
-        fprintf(stderr, "attn: demo takes no arguments\n");
+    const char *section = NULL, *png = NULL, *tokens = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char **slot = strcmp(argv[i], "--section") == 0 ? &section
+                            : strcmp(argv[i], "--png") == 0   ? &png
+                            : strcmp(argv[i], "--tokens") == 0 ? &tokens
+                                                               : NULL;
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(DEMO_USAGE, stdout);
+            return 0;
+        }
+        if (!slot || i + 1 >= argc) {
+            fprintf(stderr, "attn: demo: unknown or incomplete option '%s' (see 'attn demo --help')\n",
+                    argv[i]);
+            return 2;
+        }
+        *slot = argv[++i];
+    }
+    int64_t sizes[8] = {10000};
+    int nsizes = 1;
+    if (tokens && parse_tokens(tokens, sizes, &nsizes)) {
+        fprintf(stderr, "attn: demo: --tokens: expected sizes 1..10000000 separated by commas, "
+                "got '%s'\n", tokens);
+        return 2;
+    }
+    static const char *const names[] = {"seed000", "causal", "sdpa", "ex1", "ex4",
+                                        "ex5", "pitfalls", "compare", "all"};
+    int which = -1;
+    for (int s = 0; section && s < (int)(sizeof names / sizeof names[0]); s++)
+        if (strcmp(section, names[s]) == 0) which = s;
+    if (section && which < 0) {
+        fprintf(stderr, "attn: demo: --section: unknown section '%s' (see 'attn demo --help')\n",
+                section);
         return 2;
     }
     printf("attn %s demo (kernel: %s)\n\n", attn_version(), attn_kernel_name());
-    if (demo_example_3_2()) return 1;
-    if (demo_causal()) return 1;
-    printf("\n");
-    return demo_mha();
+    const bool all = which == 8, plain = which < 0;
+    if ((plain || all || which == 0) && demo_example_3_2()) return 1;
+    if ((plain || all || which == 1) && demo_causal(png)) return 1;
+    if (plain) {
+        printf("\n");
+        if (demo_mha()) return 1;
+        printf("\nMore sections: attn demo --section sdpa|ex1|ex4|ex5|pitfalls|compare|all "
+               "(attn demo --help)\n");
+        return 0;
+    }
+    if ((all || which == 2) && demo_sdpa()) return 1;
+    if ((all || which == 3) && demo_exercise1()) return 1;
+    if ((all || which == 4) && demo_exercise4()) return 1;
+    if ((all || which == 5) && demo_exercise5(sizes, nsizes)) return 1;
+    if ((all || which == 6) && demo_pitfalls()) return 1;
+    if ((all || which == 7) && demo_compare()) return 1;
+    return 0;
 }

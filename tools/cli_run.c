@@ -3,10 +3,12 @@
  *
  * What it is: option parsing, the files checked by the rules of cli_files.h before any is
  * read, loading and checking the inputs (each error one line on stderr naming the file
- * or option), one attn_forward call, then the outputs written all-or-nothing (temporary
- * files renamed once all are complete, cli_files.c). Exit status: 0 success, 2 usage
- * error (one file named twice included), 1 data or library error. What it is not: a second implementation of any check the library
- * makes — it checks early only where it can name the file the user gave.
+ * or option; the loading is shared with `attn viz`, run_args.h), one attn_forward call,
+ * then the outputs written all-or-nothing (temporary files renamed once all are
+ * complete, cli_files.c). Exit status: 0 success, 2 usage error (one file named twice
+ * included), 1 data or library error. What it is not: a second implementation of any
+ * check the library makes — it checks early only where it can name the file the user
+ * gave.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -22,10 +24,10 @@
 #include "cli.h"
 #include "cli_files.h"
 #include "cliopt.h"
+#include "run_args.h"
 #include "half.h"
 #include "npy.h"
 
-enum { EXIT_DATA = 1, EXIT_USAGE = 2 };
 
 static const char RUN_USAGE[] =
     "usage: attn run --q Q.npy --k K.npy --v V.npy --out O.npy [options]\n"
@@ -56,7 +58,7 @@ static const char RUN_USAGE[] =
     "  Options take their value as the next argument or after '='. Exit status: 0 done,\n"
     "  1 bad data or library error, 2 usage error. Outputs are written only on success.\n";
 
-static int say(int code, const char *fmt, ...) {
+int run_say(int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fputs("attn: ", stderr);
@@ -65,34 +67,44 @@ static int say(int code, const char *fmt, ...) {
     va_end(ap);
     return code;
 }
+#define say run_say
 
 /* ---- options ------------------------------------------------------------------------ */
 
-typedef struct run_args {
-    const char *q, *k, *v, *out, *mask, *kv_len, *alibi, *lse, *weights;
-    const char *align, *scale, *softcap, *window, *threads, *dtype, *precision;
-    bool causal, reference;
-} run_args;
+int run_input_opts(run_args *a, cli_opt *opts) {
+    const cli_opt in[RUN_INPUT_OPTS] = {
+        {"--q", &a->q, NULL},           {"--k", &a->k, NULL},
+        {"--v", &a->v, NULL},           {"--mask", &a->mask, NULL},
+        {"--kv-len", &a->kv_len, NULL}, {"--alibi", &a->alibi, NULL},
+        {"--align", &a->align, NULL},   {"--scale", &a->scale, NULL},
+        {"--softcap", &a->softcap, NULL}, {"--window", &a->window, NULL},
+        {"--threads", &a->threads, NULL}, {"--dtype", &a->dtype, NULL},
+        {"--precision", &a->precision, NULL}, {"--causal", NULL, &a->causal},
+        {"--reference", NULL, &a->reference},
+    };
+    memcpy(opts, in, sizeof in);
+    return RUN_INPUT_OPTS;
+}
+
+int run_require_inputs(const run_args *a, const char *cmd) {
+    const char *required[][2] = {{"--q", a->q}, {"--k", a->k}, {"--v", a->v}};
+    for (int r = 0; r < 3; r++)
+        if (!required[r][1])
+            return run_say(EXIT_USAGE, "%s: missing required option %s (see 'attn %s --help')",
+                           cmd, required[r][0], cmd);
+    return 0;
+}
 
 static int parse_args(int argc, char **argv, run_args *a) {
-    const cli_opt opts[] = {
-        {"--q", &a->q, NULL},           {"--k", &a->k, NULL},
-        {"--v", &a->v, NULL},           {"--out", &a->out, NULL},
-        {"--mask", &a->mask, NULL},     {"--kv-len", &a->kv_len, NULL},
-        {"--alibi", &a->alibi, NULL},   {"--lse", &a->lse, NULL},
-        {"--weights", &a->weights, NULL}, {"--align", &a->align, NULL},
-        {"--scale", &a->scale, NULL},   {"--softcap", &a->softcap, NULL},
-        {"--window", &a->window, NULL}, {"--threads", &a->threads, NULL},
-        {"--dtype", &a->dtype, NULL},   {"--precision", &a->precision, NULL},
-        {"--causal", NULL, &a->causal}, {"--reference", NULL, &a->reference},
-    };
-    const int rc = cli_scan(argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), "run: ", "run");
+    cli_opt opts[RUN_INPUT_OPTS + 3];
+    int n = run_input_opts(a, opts);
+    opts[n++] = (cli_opt){"--out", &a->out, NULL};
+    opts[n++] = (cli_opt){"--lse", &a->lse, NULL};
+    opts[n++] = (cli_opt){"--weights", &a->weights, NULL};
+    const int rc = cli_scan(argc, argv, opts, n, "run: ", "run");
     if (rc) return rc;
-    const char *required[][2] = {{"--q", a->q}, {"--k", a->k}, {"--v", a->v}, {"--out", a->out}};
-    for (int r = 0; r < 4; r++)
-        if (!required[r][1])
-            return say(EXIT_USAGE, "run: missing required option %s (see 'attn run --help')",
-                       required[r][0]);
+    if (run_require_inputs(a, "run")) return EXIT_USAGE;
+    if (!a->out) return say(EXIT_USAGE, "run: missing required option --out (see 'attn run --help')");
     return 0;
 }
 
@@ -298,157 +310,181 @@ static int convert_to(const char *path, npy_array *a, attn_dtype dtype) {
     return 0;
 }
 
+/* ---- the inputs of a call, shared with `attn viz` ------------------------------------ */
+
+void run_inputs_free(run_inputs *in) {
+    npy_free(&in->q);
+    npy_free(&in->k);
+    npy_free(&in->v);
+    npy_free(&in->mask);
+    npy_free(&in->kvl);
+    npy_free(&in->alibi);
+}
+
+int run_load_inputs(const run_args *a, run_inputs *in) {
+    int rc;
+    attn_options *opt = &in->opt;
+    *opt = (attn_options){0};
+    if ((rc = options_from_args(a, opt))) return rc;
+    npy_array *q = &in->q, *k = &in->k, *v = &in->v;
+    if ((rc = load(a->q, q)) || (rc = check_qkv(a->q, q)) || (rc = load(a->k, k)) ||
+        (rc = check_qkv(a->k, k)) || (rc = load(a->v, v)) || (rc = check_qkv(a->v, v)))
+        return rc;
+    /* q [B, Hq, Lq, Dk]   k [B, Hkv, Lk, Dk]   v [B, Hkv, Lk, Dv] */
+    const int64_t B = in->B = q->shape[0], Hq = in->Hq = q->shape[1], Lq = in->Lq = q->shape[2];
+    const int64_t Dk = in->Dk = q->shape[3];
+    const int64_t Hkv = in->Hkv = k->shape[1], Lk = in->Lk = k->shape[2], Dv = in->Dv = v->shape[3];
+    if ((rc = same_dim(a->k, k, a->q, q, 0, "B")) || (rc = same_dim(a->k, k, a->q, q, 3, "Dk")) ||
+        (rc = same_dim(a->v, v, a->k, k, 0, "B")) || (rc = same_dim(a->v, v, a->k, k, 1, "Hkv")) ||
+        (rc = same_dim(a->v, v, a->k, k, 2, "Lk")))
+        return rc;
+    if (Hkv == 0 ? Hq != 0 : Hq % Hkv != 0)
+        return say(EXIT_DATA, "%s: its %lld heads do not divide the %lld query heads of %s", a->k,
+                   (long long)Hkv, (long long)Hq, a->q);
+    /* dtypes: --dtype converts all three; otherwise each keeps its file's type, K and V
+     * alike, and O is float16 only when all three are */
+    in->o_dtype = q->dtype == ATTN_F16 && k->dtype == ATTN_F16 && v->dtype == ATTN_F16
+                      ? ATTN_F16 : ATTN_F32;
+    if (a->dtype) {
+        const attn_dtype want = strcmp(a->dtype, "f16") == 0    ? ATTN_F16
+                                : strcmp(a->dtype, "bf16") == 0 ? ATTN_BF16
+                                                                : ATTN_F32;
+        if ((rc = convert_to(a->q, q, want)) || (rc = convert_to(a->k, k, want)) ||
+            (rc = convert_to(a->v, v, want)))
+            return rc;
+        in->o_dtype = want;
+    } else if (k->dtype != v->dtype) {
+        return say(EXIT_DATA, "%s: dtype %s, expected %s like %s (K and V share one dtype; "
+                   "or use --dtype)", a->v, attn_dtype_name(v->dtype), attn_dtype_name(k->dtype), a->k);
+    }
+    in->tq = attn_tensor_4d(q->data, q->dtype, B, Hq, Lq, Dk);
+    in->tk = attn_tensor_4d(k->data, k->dtype, B, Hkv, Lk, Dk);
+    in->tv = attn_tensor_4d(v->data, v->dtype, B, Hkv, Lk, Dv);
+
+    if (a->mask) {
+        /* right-aligned to [B, Hq, Lq, Lk]; a size-1 dimension broadcasts through stride 0 */
+        npy_array *mask = &in->mask;
+        const int64_t full[4] = {B, Hq, Lq, Lk};
+        char s1[200], s2[200];
+        if ((rc = load(a->mask, mask))) return rc;
+        if (mask->dtype != ATTN_BOOL && mask->dtype != ATTN_F32)
+            return say(EXIT_DATA, "%s: dtype %s, expected bool or float32", a->mask,
+                       attn_dtype_name(mask->dtype));
+        if (mask->ndim > 4)
+            return say(EXIT_DATA, "%s: shape %s has rank %d, expected at most 4 [B, Hq, Lq, Lk]",
+                       a->mask, shape_str(s1, sizeof s1, mask->ndim, mask->shape), mask->ndim);
+        in->tmask = (attn_tensor){mask->data, mask->dtype, {0}, {0}};
+        int64_t stride = 1;
+        for (int d = 3; d >= 0; d--) {
+            int md = d - (4 - mask->ndim);  /* the mask's own dimension, < 0 if absent */
+            int64_t m = md >= 0 ? mask->shape[md] : 1;
+            if (m != full[d] && m != 1)
+                return say(EXIT_DATA, "%s: shape %s does not broadcast to [B, Hq, Lq, Lk] = %s "
+                           "(its dimension %d is %lld)", a->mask,
+                           shape_str(s1, sizeof s1, mask->ndim, mask->shape),
+                           shape_str(s2, sizeof s2, 4, full), md, (long long)m);
+            in->tmask.shape[d] = full[d];
+            in->tmask.stride[d] = m == 1 ? 0 : stride;
+            stride *= m > 1 ? m : 1;
+        }
+        if (mask->dtype == ATTN_BOOL) opt->mask = &in->tmask;
+        else opt->bias = &in->tmask;
+        /* seed 003's pitfall: 0 where -inf was meant. A float mask of only 0s and 1s is
+         * almost always a bool mask saved as float: added to the logits, it masks nothing */
+        bool zero_one = mask->dtype == ATTN_F32 && mask->count > 0;
+        for (int64_t e = 0; zero_one && e < mask->count; e++)
+            zero_one = ((const float *)mask->data)[e] == 0.0f || ((const float *)mask->data)[e] == 1.0f;
+        if (zero_one)
+            fprintf(stderr, "attn: warning: %s: a float32 mask of only 0s and 1s is added to the "
+                    "logits and masks nothing; for a mask save it as bool (true = attend) or "
+                    "use -inf for the masked keys\n", a->mask);
+    }
+    if (a->kv_len) {
+        npy_array *kvl = &in->kvl;
+        if ((rc = load(a->kv_len, kvl)) ||
+            (rc = check_vector(a->kv_len, kvl, ATTN_I32, ATTN_I64, "int32 or int64", B, "B")))
+            return rc;
+        for (int64_t b = 0; b < B; b++) {
+            int64_t len = kvl->dtype == ATTN_I32 ? ((int32_t *)kvl->data)[b] : ((int64_t *)kvl->data)[b];
+            if (len < 0 || len > Lk)
+                return say(EXIT_DATA, "%s: element %lld is %lld, expected 0 <= length <= Lk = %lld",
+                           a->kv_len, (long long)b, (long long)len, (long long)Lk);
+        }
+        in->tkvl = attn_tensor_4d(kvl->data, kvl->dtype, B, 1, 1, 1);
+        opt->kv_len = &in->tkvl;
+    }
+    if (a->alibi) {
+        if ((rc = load(a->alibi, &in->alibi)) ||
+            (rc = check_vector(a->alibi, &in->alibi, ATTN_F32, ATTN_F32, "float32", Hq, "Hq")))
+            return rc;
+        in->talibi = attn_tensor_4d(in->alibi.data, ATTN_F32, Hq, 1, 1, 1);
+        opt->alibi_slopes = &in->talibi;
+    }
+    return 0;
+}
+
+int run_library_error(attn_status st) {
+    const char *detail = attn_last_error();
+    return *detail ? say(EXIT_DATA, "%s (%s)", detail, attn_status_string(st))
+                   : say(EXIT_DATA, "%s", attn_status_string(st));
+}
+
 /* ---- the command -------------------------------------------------------------------- */
 
-int cli_run(int argc, char **argv) {
+bool run_help(int argc, char **argv, const char *usage) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(RUN_USAGE, stdout);
-            return 0;
+            fputs(usage, stdout);
+            return true;
         }
+    return false;
+}
 
+int cli_run(int argc, char **argv) {
+    if (run_help(argc, argv, RUN_USAGE)) return 0;
     run_args a = {0};
-    attn_options opt = {0};
     cli_path in_paths[6], out_paths[3];
     int n_paths = 0;
     int rc = parse_args(argc, argv, &a);
-    if (!rc) rc = options_from_args(&a, &opt);
     if (!rc) rc = check_files(&a, in_paths, out_paths, &n_paths);
     if (rc) {
         cli_files_abort(out_paths, n_paths);
         return rc;
     }
 
-    npy_array q = {0}, k = {0}, v = {0}, mask = {0}, kvl = {0}, alibi = {0};
+    run_inputs in = {0};
     out_file outs[3] = {{0}};
     int nouts = 0;
-    attn_tensor tq, tk, tv, to, tmask, tkvl, talibi, tlse, tw;
-
-    if ((rc = load(a.q, &q)) || (rc = check_qkv(a.q, &q)) || (rc = load(a.k, &k)) ||
-        (rc = check_qkv(a.k, &k)) || (rc = load(a.v, &v)) || (rc = check_qkv(a.v, &v)))
-        goto done;
-    /* q [B, Hq, Lq, Dk]   k [B, Hkv, Lk, Dk]   v [B, Hkv, Lk, Dv] */
-    const int64_t B = q.shape[0], Hq = q.shape[1], Lq = q.shape[2], Dk = q.shape[3];
-    const int64_t Hkv = k.shape[1], Lk = k.shape[2], Dv = v.shape[3];
-    if ((rc = same_dim(a.k, &k, a.q, &q, 0, "B")) || (rc = same_dim(a.k, &k, a.q, &q, 3, "Dk")) ||
-        (rc = same_dim(a.v, &v, a.k, &k, 0, "B")) || (rc = same_dim(a.v, &v, a.k, &k, 1, "Hkv")) ||
-        (rc = same_dim(a.v, &v, a.k, &k, 2, "Lk")))
-        goto done;
-    if (Hkv == 0 ? Hq != 0 : Hq % Hkv != 0) {
-        rc = say(EXIT_DATA, "%s: its %lld heads do not divide the %lld query heads of %s", a.k,
-                 (long long)Hkv, (long long)Hq, a.q);
-        goto done;
-    }
-    /* dtypes: --dtype converts all three; otherwise each keeps its file's type, K and V
-     * alike, and O is float16 only when all three are */
-    attn_dtype o_dtype = q.dtype == ATTN_F16 && k.dtype == ATTN_F16 && v.dtype == ATTN_F16
-                             ? ATTN_F16 : ATTN_F32;
-    if (a.dtype) {
-        const attn_dtype want = strcmp(a.dtype, "f16") == 0    ? ATTN_F16
-                                : strcmp(a.dtype, "bf16") == 0 ? ATTN_BF16
-                                                               : ATTN_F32;
-        if ((rc = convert_to(a.q, &q, want)) || (rc = convert_to(a.k, &k, want)) ||
-            (rc = convert_to(a.v, &v, want)))
-            goto done;
-        o_dtype = want;
-    } else if (k.dtype != v.dtype) {
-        rc = say(EXIT_DATA, "%s: dtype %s, expected %s like %s (K and V share one dtype; "
-                 "or use --dtype)", a.v, attn_dtype_name(v.dtype), attn_dtype_name(k.dtype), a.k);
-        goto done;
-    }
-    tq = attn_tensor_4d(q.data, q.dtype, B, Hq, Lq, Dk);
-    tk = attn_tensor_4d(k.data, k.dtype, B, Hkv, Lk, Dk);
-    tv = attn_tensor_4d(v.data, v.dtype, B, Hkv, Lk, Dv);
-
-    if (a.mask) {
-        /* right-aligned to [B, Hq, Lq, Lk]; a size-1 dimension broadcasts through stride 0 */
-        const int64_t full[4] = {B, Hq, Lq, Lk};
-        char s1[200], s2[200];
-        if ((rc = load(a.mask, &mask))) goto done;
-        if (mask.dtype != ATTN_BOOL && mask.dtype != ATTN_F32) {
-            rc = say(EXIT_DATA, "%s: dtype %s, expected bool or float32", a.mask,
-                     attn_dtype_name(mask.dtype));
-            goto done;
-        }
-        if (mask.ndim > 4) {
-            rc = say(EXIT_DATA, "%s: shape %s has rank %d, expected at most 4 [B, Hq, Lq, Lk]",
-                     a.mask, shape_str(s1, sizeof s1, mask.ndim, mask.shape), mask.ndim);
-            goto done;
-        }
-        tmask = (attn_tensor){mask.data, mask.dtype, {0}, {0}};
-        int64_t stride = 1;
-        for (int d = 3; d >= 0; d--) {
-            int md = d - (4 - mask.ndim);  /* the mask's own dimension, < 0 if absent */
-            int64_t m = md >= 0 ? mask.shape[md] : 1;
-            if (m != full[d] && m != 1) {
-                rc = say(EXIT_DATA, "%s: shape %s does not broadcast to [B, Hq, Lq, Lk] = %s "
-                         "(its dimension %d is %lld)", a.mask,
-                         shape_str(s1, sizeof s1, mask.ndim, mask.shape),
-                         shape_str(s2, sizeof s2, 4, full), md, (long long)m);
-                goto done;
-            }
-            tmask.shape[d] = full[d];
-            tmask.stride[d] = m == 1 ? 0 : stride;
-            stride *= m > 1 ? m : 1;
-        }
-        if (mask.dtype == ATTN_BOOL) opt.mask = &tmask;
-        else opt.bias = &tmask;
-    }
-    if (a.kv_len) {
-        if ((rc = load(a.kv_len, &kvl)) ||
-            (rc = check_vector(a.kv_len, &kvl, ATTN_I32, ATTN_I64, "int32 or int64", B, "B")))
-            goto done;
-        for (int64_t b = 0; b < B; b++) {
-            int64_t len = kvl.dtype == ATTN_I32 ? ((int32_t *)kvl.data)[b] : ((int64_t *)kvl.data)[b];
-            if (len < 0 || len > Lk) {
-                rc = say(EXIT_DATA, "%s: element %lld is %lld, expected 0 <= length <= Lk = %lld",
-                         a.kv_len, (long long)b, (long long)len, (long long)Lk);
-                goto done;
-            }
-        }
-        tkvl = attn_tensor_4d(kvl.data, kvl.dtype, B, 1, 1, 1);
-        opt.kv_len = &tkvl;
-    }
-    if (a.alibi) {
-        if ((rc = load(a.alibi, &alibi)) ||
-            (rc = check_vector(a.alibi, &alibi, ATTN_F32, ATTN_F32, "float32", Hq, "Hq")))
-            goto done;
-        talibi = attn_tensor_4d(alibi.data, ATTN_F32, Hq, 1, 1, 1);
-        opt.alibi_slopes = &talibi;
-    }
+    attn_tensor to, tlse, tw;
+    attn_options *opt = &in.opt;
+    if ((rc = run_load_inputs(&a, &in))) goto done;
+    const int64_t B = in.B, Hq = in.Hq, Lq = in.Lq, Lk = in.Lk, Dv = in.Dv;
 
     /* outputs: O [B, Hq, Lq, Dv], LSE [B, Hq, Lq], P [B, Hq, Lq, Lk] */
     if ((rc = alloc_out(&outs[nouts++], a.out, 4, (int64_t[]){B, Hq, Lq, Dv}))) goto done;
-    outs[0].dtype = o_dtype;
+    outs[0].dtype = in.o_dtype;
     to = out_tensor(&outs[0], 4);
     if (a.lse) {
         if ((rc = alloc_out(&outs[nouts++], a.lse, 3, (int64_t[]){B, Hq, Lq}))) goto done;
         tlse = out_tensor(&outs[nouts - 1], 3);  /* [B, Hq, Lq, 1] */
-        opt.lse = &tlse;
+        opt->lse = &tlse;
     }
     if (a.weights) {
         if ((rc = alloc_out(&outs[nouts++], a.weights, 4, (int64_t[]){B, Hq, Lq, Lk}))) goto done;
         tw = out_tensor(&outs[nouts - 1], 4);
-        opt.weights = &tw;
+        opt->weights = &tw;
     }
 
-    attn_status st = attn_forward(&tq, &tk, &tv, &to, &opt);
+    attn_status st = attn_forward(&in.tq, &in.tk, &in.tv, &to, opt);
     if (st != ATTN_OK) {
-        const char *detail = attn_last_error();
-        rc = *detail ? say(EXIT_DATA, "%s (%s)", detail, attn_status_string(st))
-                     : say(EXIT_DATA, "%s", attn_status_string(st));
+        rc = run_library_error(st);
         goto done;
     }
     rc = write_outputs(outs, out_paths, nouts);
 
 done:
     cli_files_abort(out_paths, n_paths);
-    npy_free(&q);
-    npy_free(&k);
-    npy_free(&v);
-    npy_free(&mask);
-    npy_free(&kvl);
-    npy_free(&alibi);
+    run_inputs_free(&in);
     for (int i = 0; i < nouts; i++) free(outs[i].data);
     return rc;
 }

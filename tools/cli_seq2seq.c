@@ -31,7 +31,7 @@
 #include "cli.h"
 #include "cliopt.h"
 #include "linear.h"
-#include "png_plot.h"
+#include "canvas.h"
 #include "rng.h"
 
 #define REAL float
@@ -408,23 +408,22 @@ static void adam(float *p, const float *g, float *m, float *v, int64_t n, float 
  * square per (output step, encoder position), output steps top to bottom. */
 static int write_alignment(const char *path, const double *al, int T) {
     const int cell = 32, pad = 8, W = T * cell + 2 * pad, H = W;
-    unsigned char *px = malloc((size_t)W * H * 3);
-    if (!px) return -1;
-    memset(px, 255, (size_t)W * H * 3);
-    for (int y = 0; y < T * cell; y++)
-        for (int x = 0; x < T * cell; x++) {
-            double a = al[(y / cell) * T + x / cell];
+    canvas cv;
+    if (canvas_new(&cv, W, H, 0xFFFFFF)) return -1;
+    for (int y = 0; y < T; y++)
+        for (int x = 0; x < T; x++) {
+            double a = al[y * T + x];
             a = a < 0 ? 0 : a > 1 ? 1 : a;
-            const bool grid = x % cell == 0 || y % cell == 0;
-            unsigned char *p = px + ((size_t)(y + pad) * W + (x + pad)) * 3;
-            p[0] = grid ? 200 : (unsigned char)(255 - a * (255 - 16));
-            p[1] = grid ? 200 : (unsigned char)(255 - a * (255 - 48));
-            p[2] = grid ? 200 : (unsigned char)(255 - a * (255 - 128));
+            const uint32_t r = (uint32_t)(255 - a * (255 - 16)), gr = (uint32_t)(255 - a * (255 - 48));
+            const uint32_t bl = (uint32_t)(255 - a * (255 - 128));
+            const int x0 = pad + x * cell, y0 = pad + y * cell;
+            canvas_rect(&cv, x0, y0, x0 + cell - 1, y0 + cell - 1, 0xC8C8C8);  /* the grid line */
+            canvas_rect(&cv, x0 + 1, y0 + 1, x0 + cell - 1, y0 + cell - 1, r << 16 | gr << 8 | bl);
         }
     char err[256];
-    const int rc = png_write_rgb(path, px, W, H, err, sizeof err);
+    const int rc = canvas_write_png(&cv, path, err, sizeof err);
     if (rc) fprintf(stderr, "attn seq2seq: %s\n", err);
-    free(px);
+    canvas_free(&cv);
     return rc;
 }
 

@@ -31,6 +31,7 @@
 #include "attn.h"
 #include "cli.h"
 #include "model.h"
+#include "npy.h"
 #include "png_plot.h"
 #include "rng.h"
 
@@ -57,13 +58,16 @@ static const char USAGE[] =
     "  --png FILE              the loss curves (default attn-train.png; 'none' to skip)\n"
     "  --seed S                initialization, batches and sampling (default 1)\n"
     "  --threads N             OpenMP threads (default: all)\n"
-    "  --quiet                 no progress line on stderr\n";
+    "  --quiet                 no progress line on stderr\n"
+    "  --viz DIR               after training, the causal model's attention inputs on the\n"
+    "                          first line of the validation text: DIR/layerL_{q,k,v}.npy\n"
+    "                          [1, H, t, D] and DIR/tokens.txt, for attn viz --causal\n";
 
 typedef struct train_opts {
     int steps, batch, ctx, d_model, heads, layers, eval_every, sample, threads;
     double lr, temperature;
     uint64_t seed;
-    const char *png;
+    const char *png, *viz;
     bool run[2];  // [0] causal, [1] reversed
     bool quiet;
     char *data[64];
@@ -349,6 +353,41 @@ static void progress(const train_opts *o, const char *name, int s, double loss, 
     fflush(stderr);
 }
 
+/* --viz: one forward of the trained model over the line starting at ids[line0] (at most
+ * ctx characters, the newline excluded), then each block's Q, K, V as .npy files and the
+ * characters as tokens, one a line. */
+static int dump_attention(model *m, const train_opts *o, const int *ids, int64_t line0,
+                          const unsigned char *vocab) {
+    int t = 0;
+    while (t < o->ctx && vocab[ids[line0 + t]] != '\n') t++;
+    if (t < 2) t = 2;
+    const int64_t H = o->heads, D = o->d_model / o->heads;
+    float *qkv = malloc(sizeof(float) * (size_t)(3 * H * t * D));
+    char path[4096], err[256];
+    int rc = !qkv || model_forward(m, ids + line0, NULL, 1, t, NULL) != 0;
+    for (int l = 0; !rc && l < o->layers; l++) {
+        rc = model_attention_inputs(m, l, qkv) != 0;
+        for (int x = 0; !rc && x < 3; x++) {
+            snprintf(path, sizeof path, "%s/layer%d_%c.npy", o->viz, l, "qkv"[x]);
+            rc = npy_write(path, ATTN_F32, 4, (int64_t[]){1, H, t, D}, qkv + x * H * t * D, err,
+                           sizeof err) != 0;
+            if (rc) fprintf(stderr, "attn train: %s: %s\n", path, err);
+        }
+    }
+    snprintf(path, sizeof path, "%s/tokens.txt", o->viz);
+    FILE *f = rc ? NULL : fopen(path, "w");
+    for (int i = 0; f && i < t; i++) fprintf(f, "%c\n", vocab[ids[line0 + i]]);
+    if (!rc && (!f || fclose(f) != 0)) {
+        fprintf(stderr, "attn train: %s: cannot write\n", path);
+        rc = 1;
+    }
+    free(qkv);
+    if (!rc)
+        printf("attention inputs of the causal model on %d characters of the validation text: "
+               "%s/layer*_{q,k,v}.npy, %s/tokens.txt\n", t, o->viz, o->viz);
+    return rc;
+}
+
 static int train_one(const train_opts *o, bool reversed, const int *ids, int64_t n_train,
                      int64_t v0, int64_t v1, int64_t prompt0, int V, const unsigned char *vocab,
                      run_log *log) {
@@ -423,6 +462,7 @@ static int train_one(const train_opts *o, bool reversed, const int *ids, int64_t
         g_rng.s = o->seed * 0x9E3779B97F4A7C15ull + 99;  // the same draws for both models
         log->sample = generate(m, o, ids + prompt0, o->ctx / 2, o->sample, vocab, V);
     }
+    if (rc == 0 && o->viz && !reversed) rc = dump_attention(m, o, ids, prompt0, vocab);
     free(tok);
     free(tgt);
     free(starts);
@@ -488,6 +528,7 @@ int cli_train(int argc, char **argv) {
         else if (strcmp(arg, "--lr") == 0) ok = parse_double(val, 0, 10, &o.lr);
         else if (strcmp(arg, "--temperature") == 0) ok = parse_double(val, 0.01, 100, &o.temperature);
         else if (strcmp(arg, "--png") == 0) o.png = strcmp(val, "none") == 0 ? NULL : val;
+        else if (strcmp(arg, "--viz") == 0) ok = (o.viz = val) != NULL;
         else if (strcmp(arg, "--seed") == 0) {
             ok = parse_int(val, 0, INT_MAX, &seed);
             o.seed = (uint64_t)seed;

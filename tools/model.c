@@ -370,6 +370,27 @@ int model_forward(model *m, const int *tokens, const int *targets, int b, int t,
     return 0;
 }
 
+int model_attention_inputs(const model *m, int layer, float *out) {
+    if (layer < 0 || layer >= m->cfg.layers) return -1;
+    const int64_t C = m->cfg.d_model, H = m->cfg.heads, D = C / H, t = m->ft;
+    /* the layer's projections of sequence 0 again: qkv (t, 3C) = ln1 w_qkv + b_qkv, [T, H, D]
+     * per third (the module does not keep them) */
+    float *qkv = malloc((size_t)(t > 0 ? t : 1) * 3 * (size_t)C * sizeof(float));
+    if (!qkv) return -1;
+    const block_params *bp = &m->p.block[layer];
+    if (linear_forward(qkv, m->act[layer].ln1, bp->w_qkv, bp->b_qkv, t, C, 3 * C) != ATTN_OK) {
+        free(qkv);
+        return -1;
+    }
+    for (int64_t x = 0; x < 3; x++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < t; i++)
+                for (int64_t d = 0; d < D; d++)
+                    out[((x * H + h) * t + i) * D + d] = qkv[i * 3 * C + x * C + h * D + d];
+    free(qkv);
+    return 0;
+}
+
 /* ---- backward ----------------------------------------------------------------------------- */
 
 int model_backward(model *m) {

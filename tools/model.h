@@ -62,4 +62,9 @@ const float *model_losses(const model *m);
 
 const char *model_error(const model *m);
 
+/* After model_forward: the attention inputs of block `layer` for sequence 0 of the latest
+ * forward, Q, K and V each [H, t, D] dense, one after the other in out (3 * H * t * D
+ * floats, t the forward's sequence length). 0, or -1 for a layer out of range. */
+int model_attention_inputs(const model *m, int layer, float *out);
+
 #endif /* ATTN_MODEL_H */

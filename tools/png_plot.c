@@ -1,37 +1,24 @@
 /*
- * png_plot.c — the line plot of png_plot.h: drawn by hand into an RGB canvas, then
- *              written with libpng.
+ * png_plot.c — the line plot of png_plot.h: drawn by hand into an RGB canvas (canvas.h:
+ *              pixels, the project's bitmap font at twice its size, the PNG writer).
  *
- * The font is this file's own: each glyph is 7 rows of 5 pixels ('#' on) above the
- * baseline, plus 2 below for g, j, p, q, y, drawn at twice the size. Lines are Bresenham's with a 2-pixel pen; a dashed line alternates 9 pixels
- * on and 6 off along its length. What it is not: anti-aliased, or general.
+ * Lines are Bresenham's with a 2-pixel pen; a dashed line alternates 9 pixels on and 6
+ * off along its length. What it is not: anti-aliased, or general.
  */
 #include <math.h>
-#include <png.h>
-#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "canvas.h"
 #include "png_plot.h"
 
 enum { W = 960, H = 600, LEFT = 90, RIGHT = 30, TOP = 56, BOTTOM = 70, SCALE = 2 };
 
-typedef struct canvas {
-    uint8_t *px;  // (H, W, 3)
-} canvas;
-
-static void put(canvas *c, int x, int y, uint32_t rgb) {
-    if (x < 0 || y < 0 || x >= W || y >= H) return;
-    uint8_t *p = c->px + ((size_t)y * W + (size_t)x) * 3;
-    p[0] = (uint8_t)(rgb >> 16);
-    p[1] = (uint8_t)(rgb >> 8);
-    p[2] = (uint8_t)rgb;
-}
+static void put(canvas *c, int x, int y, uint32_t rgb) { canvas_put(c, x, y, rgb); }
 
 static void rect(canvas *c, int x0, int y0, int x1, int y1, uint32_t rgb) {
-    for (int y = y0; y <= y1; y++)
-        for (int x = x0; x <= x1; x++) put(c, x, y, rgb);
+    canvas_rect(c, x0, y0, x1, y1, rgb);
 }
 
 /* Bresenham with a pen of `pen` pixels; dashed: 9 on, 6 off, phase carried in *run */
@@ -56,66 +43,15 @@ static void line(canvas *c, int x0, int y0, int x1, int y1, uint32_t rgb, int pe
     }
 }
 
-/* ---- the font --------------------------------------------------------------------------- */
-
-/* 7 rows of 5 (9 with a descender), separated by spaces; '#' = on */
-static const struct {
-    char ch;
-    const char *rows;
-} GLYPHS[] = {
-    {'a', "..... ..... .###. ....# .#### #...# .####"}, {'b', "#.... #.... ####. #...# #...# #...# ####."},
-    {'c', "..... ..... .###. #.... #.... #.... .###."}, {'d', "....# ....# .#### #...# #...# #...# .####"},
-    {'e', "..... ..... .###. #...# ##### #.... .###."}, {'f', "..##. .#... ####. .#... .#... .#... .#..."},
-    {'g', "..... ..... .#### #...# #...# #...# .#### ....# .###."}, {'h', "#.... #.... ####. #...# #...# #...# #...#"},
-    {'i', "..#.. ..... .##.. ..#.. ..#.. ..#.. .###."}, {'j', "...#. ..... ..##. ...#. ...#. ...#. ...#. #..#. .##.."},
-    {'k', "#.... #.... #..#. #.#.. ##... #.#.. #..#."}, {'l', ".##.. ..#.. ..#.. ..#.. ..#.. ..#.. .###."},
-    {'m', "..... ..... ##.#. #.#.# #.#.# #.#.# #.#.#"}, {'n', "..... ..... ####. #...# #...# #...# #...#"},
-    {'o', "..... ..... .###. #...# #...# #...# .###."}, {'p', "..... ..... ####. #...# #...# #...# ####. #.... #...."},
-    {'q', "..... ..... .#### #...# #...# #...# .#### ....# ....#"}, {'r', "..... ..... #.##. ##..# #.... #.... #...."},
-    {'s', "..... ..... .#### #.... .###. ....# ####."}, {'t', ".#... .#... ####. .#... .#... .#..# ..##."},
-    {'u', "..... ..... #...# #...# #...# #..## .##.#"}, {'v', "..... ..... #...# #...# #...# .#.#. ..#.."},
-    {'w', "..... ..... #...# #...# #.#.# #.#.# .#.#."}, {'x', "..... ..... #...# .#.#. ..#.. .#.#. #...#"},
-    {'y', "..... ..... #...# #...# #...# #...# .#### ....# .###."}, {'z', "..... ..... ##### ...#. ..#.. .#... #####"},
-    {'0', ".###. #...# #..## #.#.# ##..# #...# .###."}, {'1', "..#.. .##.. ..#.. ..#.. ..#.. ..#.. .###."},
-    {'2', ".###. #...# ....# ...#. ..#.. .#... #####"}, {'3', "##### ...#. ..#.. ...#. ....# #...# .###."},
-    {'4', "...#. ..##. .#.#. #..#. ##### ...#. ...#."}, {'5', "##### #.... ####. ....# ....# #...# .###."},
-    {'6', "..##. .#... #.... ####. #...# #...# .###."}, {'7', "##### ....# ...#. ..#.. .#... .#... .#..."},
-    {'8', ".###. #...# #...# .###. #...# #...# .###."}, {'9', ".###. #...# #...# .#### ....# ...#. .##.."},
-    {'.', "..... ..... ..... ..... ..... .##.. .##.."}, {',', "..... ..... ..... ..... .##.. ..#.. .#..."},
-    {':', "..... .##.. .##.. ..... .##.. .##.. ....."}, {'(', "...#. ..#.. .#... .#... .#... ..#.. ...#."},
-    {')', ".#... ..#.. ...#. ...#. ...#. ..#.. .#..."}, {'-', "..... ..... ..... ##### ..... ..... ....."},
-    {'/', "..... ....# ...#. ..#.. .#... #.... ....."}, {'=', "..... ..... ##### ..... ##### ..... ....."},
-    {'+', "..... ..#.. ..#.. ##### ..#.. ..#.. ....."}, {'\'', "..#.. ..#.. .#... ..... ..... ..... ....."},
-};
-
-static const char *glyph(char ch) {
-    if (ch >= 'A' && ch <= 'Z') ch = (char)(ch - 'A' + 'a');
-    for (size_t g = 0; g < sizeof GLYPHS / sizeof GLYPHS[0]; g++)
-        if (GLYPHS[g].ch == ch) return GLYPHS[g].rows;
-    return NULL;  // a space, or a character the font lacks: left blank
-}
+/* ---- text ------------------------------------------------------------------------------ */
 
 enum { CHAR_W = 6 * SCALE, CHAR_H = 7 * SCALE };
 
-static int text_width(const char *s) { return (int)strlen(s) * CHAR_W; }
+static int text_width(const char *s) { return canvas_text_width(s, SCALE); }
 
 /* text with its top-left corner at (x, y); vertical = rotated a quarter turn left */
 static void text(canvas *c, int x, int y, const char *s, uint32_t rgb, int vertical) {
-    for (int k = 0; s[k]; k++) {
-        const char *g = glyph(s[k]);
-        if (!g) continue;
-        const int rows = (int)(strlen(g) + 1) / 6;
-        for (int row = 0; row < rows; row++)
-            for (int col = 0; col < 5; col++) {
-                if (g[row * 6 + col] != '#') continue;
-                for (int a = 0; a < SCALE; a++)
-                    for (int b = 0; b < SCALE; b++) {
-                        const int px = k * CHAR_W + col * SCALE + a, py = row * SCALE + b;
-                        if (vertical) put(c, x + py, y - px, rgb);
-                        else put(c, x + px, y + py, rgb);
-                    }
-            }
-    }
+    canvas_text(c, x, y, s, rgb, SCALE, vertical);
 }
 
 /* ---- axes ----------------------------------------------------------------------------------- */
@@ -136,12 +72,11 @@ static void number(char *buf, size_t n, double v, double step) {
 }
 
 int plot_png(const char *path, const plot_spec *sp, char *err, size_t errlen) {
-    canvas cv = {calloc((size_t)W * H * 3, 1)};
-    if (!cv.px) {
+    canvas cv;
+    if (canvas_new(&cv, W, H, 0xFFFFFF)) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    memset(cv.px, 255, (size_t)W * H * 3);
     const int x0 = LEFT, x1 = W - RIGHT, y0 = H - BOTTOM, y1 = TOP;  // plot area
     const double xmax = sp->xmax > 0 ? sp->xmax : 1, ymax = sp->ymax > 0 ? sp->ymax : 1;
 #define PX(x) (x0 + (int)lround((x) / xmax * (x1 - x0)))
@@ -215,39 +150,7 @@ int plot_png(const char *path, const plot_spec *sp, char *err, size_t errlen) {
 #undef PX
 #undef PY
 
-    const int rc = png_write_rgb(path, cv.px, W, H, err, errlen);
-    free(cv.px);
+    const int rc = canvas_write_png(&cv, path, err, errlen);
+    canvas_free(&cv);
     return rc;
-}
-
-int png_write_rgb(const char *path, const unsigned char *px, int width, int height, char *err,
-                  size_t errlen) {
-    /* PNG: 8-bit RGB, rows top to bottom */
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        snprintf(err, errlen, "%s: cannot open for writing", path);
-        return -1;
-    }
-    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
-    png_infop info = png ? png_create_info_struct(png) : NULL;
-    if (!png || !info || setjmp(png_jmpbuf(png))) {
-        snprintf(err, errlen, "%s: libpng failed to write it", path);
-        png_destroy_write_struct(&png, &info);
-        fclose(f);
-        remove(path);
-        return -1;
-    }
-    png_init_io(png, f);
-    png_set_IHDR(png, info, width, height, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
-                 PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-    png_write_info(png, info);
-    for (int y = 0; y < height; y++) png_write_row(png, (png_bytep)px + (size_t)y * width * 3);
-    png_write_end(png, NULL);
-    png_destroy_write_struct(&png, &info);
-    if (fclose(f) != 0) {
-        snprintf(err, errlen, "%s: write error", path);
-        remove(path);
-        return -1;
-    }
-    return 0;
 }

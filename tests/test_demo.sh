@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# test_demo.sh — `attn demo`'s sections against the numbers the seeds print or imply:
+#                seed 003 §4's lower-triangular rows, §5's difference at the "1e-6 level",
+#                exercise 1's row sums of 1, exercise 4's identical heads, exercise 5's
+#                measurement at small sizes (the suite never runs 100K tokens), the six
+#                pitfalls of §7, seed 002's rows; and --section's refusals.
+#
+# Usage: bash tests/test_demo.sh [path/to/attn]      (default build/attn)
+# What it is not: a test of the library's numerics (test_forward.c) — the numbers here are
+# what a reader of the seeds checks by eye, parsed from the printed text.
+
+set -u
+ATTN=${1:-build/attn}
+case $ATTN in /*) ;; *) ATTN=$PWD/$ATTN ;; esac
+[ -x "$ATTN" ] || { echo "test_demo.sh: no executable $ATTN"; echo "demo: 0 passed, 1 failed"; exit 1; }
+T=$(mktemp -d "${TMPDIR:-/tmp}/test_demo.XXXXXX") || exit 1
+trap 'rm -rf "$T"' EXIT
+pass=0
+fail=0
+check() {  # check WHAT CONDITION-STATUS
+    if [ "$2" = 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $1"; fi
+}
+has() { grep -qF -- "$2" <<<"$1"; echo $?; }
+# a number after a fixed text, compared with awk: num TEXT OUTPUT
+num() { grep -oE -- "$1 *-?[0-9.e+-]+" <<<"$2" | head -n 1 | sed -E "s/.*$1 *//"; }
+lt() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "" && a + 0 < b + 0) }'; echo $?; }
+
+out=$("$ATTN" demo --section causal --png "$T/c.png")
+check "section 4: row 0 sees only itself" "$(has "$out" "row 0: [1.00, 0.00, 0.00, 0.00]")"
+check "section 4: row 1 ends in two zeros" "$(grep -qE 'row 1: \[0\.[0-9]+, 0\.[0-9]+, 0\.00, 0\.00\]' <<<"$out"; echo $?)"
+check "section 4: row 2 ends in a zero" "$(grep -qE 'row 2: \[0\.[0-9]+, 0\.[0-9]+, 0\.[0-9]+, 0\.00\]' <<<"$out"; echo $?)"
+check "section 4: the picture" "$([ -s "$T/c.png" ]; echo $?)"
+plain=$("$ATTN" demo)
+check "plain demo keeps section 4's numbers" "$(has "$plain" "$(grep 'row 3' <<<"$out")")"
+
+out=$("$ATTN" demo --section sdpa)
+check "section 5: max abs diff below 1e-6 ($(num "max abs diff:" "$out"))" "$(lt "$(num "max abs diff:" "$out")" 1e-6)"
+
+out=$("$ATTN" demo --section ex1)
+check "exercise 1: the shape" "$(has "$out" "attn shape [2, 1, 8, 8]")"
+check "exercise 1: rows sum to 1 ($(num "= " "$(grep sum <<<"$out")"))" "$(lt "$(grep -oE '= [0-9.e+-]+;' <<<"$out" | tr -d '=;')" 1e-6)"
+check "exercise 1: nothing above the diagonal" "$(has "$out" "above the diagonal: 0")"
+
+out=$("$ATTN" demo --section ex4)
+check "exercise 4: alike heads are identical" "$(grep -qE 'alike *: max .* = 0$' <<<"$out"; echo $?)"
+indep=$(grep independently <<<"$out" | grep -oE '[0-9.e+-]+$')
+check "exercise 4: independent heads differ ($indep)" "$(lt 0.05 "$indep")"
+
+out=$("$ATTN" demo --section ex5 --tokens 300,2000)
+check "exercise 5: both sizes measured" "$([ "$(grep -c 'tokens: .* s; peak resident set' <<<"$out")" = 2 ]; echo $?)"
+check "exercise 5: the score matrix of 2000 tokens" "$(has "$out" "4e+06 elements = 16 MB in float32")"
+check "exercise 5: the paragraph" "$(has "$out" "never materializes the score matrix")"
+
+out=$("$ATTN" demo --section pitfalls)
+w=($(grep -oE 'mean largest weight [0-9.]+' <<<"$out" | grep -oE '[0-9.]+$'))
+check "pitfall 1: saturation without sqrt(d_k) (${w[*]})" "$(lt "${w[0]:-}" "$(awk -v x="${w[1]:-0}" 'BEGIN { print x / 4 }')")"
+check "pitfall 2: the mask's status" "$(has "$out" "does not broadcast to the scores")"
+check "pitfall 3: -inf masks, 0/1 does not" "$(has "$out" "with -inf: [1.00, 0.00, 0.00, 0.00]")"
+# no copy of the mask: the workspace grows by the structure summary only, far less than
+# the mask's own bytes
+check "pitfall 4: no copy of the mask" "$(python3 -c '
+import re, sys
+t = sys.stdin.read().replace("\n", " ")
+m = re.search(r"bias of (\d+) bytes\): +workspace (\d+) bytes, +(\d+) more than without", t)
+sys.exit(0 if m and int(m.group(3)) * 16 < int(m.group(1)) else 1)' <<<"$out"; echo $?)"
+check "pitfall 5: both applied" "$(grep -qE 'row 2: \[0\.00, 0\.[0-9]+, 0\.[0-9]+, 0\.00\]' <<<"$out"; echo $?)"
+check "pitfall 6: transposed K read in place" "$(has "$out" "max |O - O_transposed| = 0.")"
+
+out=$("$ATTN" demo --section compare)
+check "seed 002: the dot-product row" "$(has "$out" "scaled dot-product  row 0 weights")"
+
+out=$("$ATTN" bench --head-dims --tokens 48 --png "$T/hd.png")
+check "bench --head-dims: 21 head dimensions, 8 to 256" "$([ "$(grep -cE '^ +[0-9]+ +[0-9.]+ +[0-9.]+' <<<"$out")" = 21 ] &&
+    grep -qE '^ +8 ' <<<"$out" && grep -qE '^ +256 ' <<<"$out"; echo $?)"
+check "bench --head-dims: sizes not multiples of 16 marked" "$([ "$(grep -c 'not a multiple of 16' <<<"$out")" = 8 ]; echo $?)"
+check "bench --head-dims: the plot" "$([ -s "$T/hd.png" ]; echo $?)"
+
+"$ATTN" demo --section nope >/dev/null 2>"$T/err"
+check "unknown section: exit 2" "$([ $? = 2 ] && [ "$(wc -l <"$T/err")" = 1 ]; echo $?)"
+"$ATTN" demo --section ex5 --tokens 0 >/dev/null 2>"$T/err"
+check "--tokens 0: exit 2" "$([ $? = 2 ]; echo $?)"
+
+echo "demo: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

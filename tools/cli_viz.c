@@ -1,0 +1,253 @@
+/*
+ * cli_viz.c — `attn viz`: pictures of attention weights from .npy inputs, headless.
+ *
+ * What it is: the inputs and options of `attn run` (run_args.h), one forward call for the
+ * LSE, then attn_weights_grid for the weights in blocks of rows and keys — at most
+ * --pixels cells a side, each block's sum or max, computed in one more pass over K
+ * without ever holding Lq x Lk — and heatmap.c's picture of one head or of every head.
+ * What it is not: a second check of the inputs (run_args.h's) or of the weights (the
+ * library's); the picture's layout and colours are heatmap.h's.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn.h"
+#include "cli.h"
+#include "cliopt.h"
+#include "heatmap.h"
+#include "npy.h"
+#include "run_args.h"
+
+static const char VIZ_USAGE[] =
+    "usage: attn viz --q Q.npy --k K.npy --v V.npy --png OUT.png [options]\n"
+    "\n"
+    "  A heatmap of the attention weights softmax(scale * Q K^T + bias, masked) of one\n"
+    "  batch entry: every query head in a grid of labelled panels, or the one --head.\n"
+    "  Rows are queries, columns keys; white is weight 0, dark blue the top of the scale,\n"
+    "  grey a masked cell (every entry of its block masked), distinct from weight 0.\n"
+    "\n"
+    "  --png OUT.png         the picture (required)\n"
+    "  --head H              only query head H (default: all heads, a grid)\n"
+    "  --batch N             the batch entry drawn (default 0)\n"
+    "  --tokens FILE         token labels, one per line, Lk lines: the keys; row i takes\n"
+    "                        the token at its diagonal (i, or i + Lk - Lq bottom-right).\n"
+    "                        Drawn when a cell is one weight and at least 10 pixels\n"
+    "  --pixels N            at most N cells a side (default 256): beyond, each cell is a\n"
+    "                        block of rows and keys, computed streaming from the LSE\n"
+    "  --reduce sum|max      a block's value: sum = the weight its rows give its keys,\n"
+    "                        summed over the keys and averaged over the rows (the block's\n"
+    "                        share of its rows' attention); max = its largest weight\n"
+    "                        (default sum; the same for a block of one entry)\n"
+    "  --vmax X|auto         the top of the colour scale (default 1 for single weights,\n"
+    "                        auto = the largest value drawn, for blocks)\n"
+    "  --grid G.npy          also write the grid drawn [B, Hq, R, C] float32 (-inf masked)\n"
+    "\n"
+    "  Inputs and every other option as for 'attn run' (attn run --help): --mask,\n"
+    "  --causal, --align, --scale, --softcap, --window, --kv-len, --alibi, --threads,\n"
+    "  --reference, --dtype, --precision. Exit status: 0 done, 1 bad data or library\n"
+    "  error, 2 usage error.\n";
+
+typedef struct viz_args {
+    const char *png, *head, *batch, *tokens, *pixels, *reduce, *vmax, *grid;
+} viz_args;
+
+/* A whole-string integer in [lo, hi]. */
+static int viz_int(const char *name, const char *s, int64_t lo, int64_t hi, int64_t *v) {
+    char *end;
+    const long long x = strtoll(s, &end, 10);
+    if (!*s || *end || x < lo || x > hi)
+        return run_say(EXIT_USAGE, "%s: expected an integer %lld..%lld, got '%s'", name,
+                       (long long)lo, (long long)hi, s);
+    *v = x;
+    return 0;
+}
+
+/* The lines of path (without their newline) into *lines; *n gets the count. */
+static int read_tokens(const char *path, char ***lines, int64_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return run_say(EXIT_DATA, "%s: cannot open", path);
+    char **out = NULL, buf[4096];
+    int64_t count = 0, room = 0;
+    while (fgets(buf, sizeof buf, f)) {
+        const size_t len = strcspn(buf, "\r\n");
+        buf[len] = '\0';
+        if (count == room) {
+            room = room ? 2 * room : 64;
+            char **grown = realloc(out, (size_t)room * sizeof *out);
+            if (!grown) break;
+            out = grown;
+        }
+        if (!(out[count] = strdup(buf))) break;
+        count++;
+    }
+    const int bad = ferror(f) || !feof(f);
+    fclose(f);
+    *lines = out;
+    *n = count;
+    return bad ? run_say(EXIT_DATA, "%s: read error or out of memory", path) : 0;
+}
+
+static void free_tokens(char **lines, int64_t n) {
+    for (int64_t x = 0; x < n; x++) free(lines[x]);
+    free(lines);
+}
+
+int cli_viz(int argc, char **argv) {
+    if (run_help(argc, argv, VIZ_USAGE)) return 0;
+    run_args a = {0};
+    viz_args z = {0};
+    cli_opt opts[RUN_INPUT_OPTS + 8];
+    int n = run_input_opts(&a, opts);
+    const cli_opt own[8] = {
+        {"--png", &z.png, NULL},       {"--head", &z.head, NULL},     {"--batch", &z.batch, NULL},
+        {"--tokens", &z.tokens, NULL}, {"--pixels", &z.pixels, NULL}, {"--reduce", &z.reduce, NULL},
+        {"--vmax", &z.vmax, NULL},     {"--grid", &z.grid, NULL},
+    };
+    memcpy(opts + n, own, sizeof own);
+    n += 8;
+    int rc = cli_scan(argc, argv, opts, n, "viz: ", "viz");
+    if (rc || (rc = run_require_inputs(&a, "viz"))) return rc;
+    if (!z.png) return run_say(EXIT_USAGE, "viz: missing required option --png (see 'attn viz --help')");
+    int64_t pixels = 256, head = -1, batch = 0;
+    if (z.pixels && (rc = viz_int("--pixels", z.pixels, 1, 4096, &pixels))) return rc;
+    if (z.head && (rc = viz_int("--head", z.head, 0, INT32_MAX, &head))) return rc;
+    if (z.batch && (rc = viz_int("--batch", z.batch, 0, INT32_MAX, &batch))) return rc;
+    attn_reduce reduce = ATTN_REDUCE_SUM;
+    if (z.reduce) {
+        if (strcmp(z.reduce, "max") == 0) reduce = ATTN_REDUCE_MAX;
+        else if (strcmp(z.reduce, "sum") != 0)
+            return run_say(EXIT_USAGE, "--reduce: expected sum or max, got '%s'", z.reduce);
+    }
+    double vmax = 0;  // 0 = auto
+    if (z.vmax && strcmp(z.vmax, "auto") != 0) {
+        char *end;
+        vmax = strtod(z.vmax, &end);
+        if (!*z.vmax || *end || !(vmax > 0) || !isfinite(vmax))
+            return run_say(EXIT_USAGE, "--vmax: expected a number > 0 or auto, got '%s'", z.vmax);
+    }
+
+    run_inputs in = {0};
+    float *o = NULL, *lse = NULL, *grid = NULL;
+    char **tokens = NULL, **row_tokens = NULL;
+    int64_t ntok = 0;
+    heat_panel *panels = NULL;
+    char(*titles)[32] = NULL;
+    if ((rc = run_load_inputs(&a, &in))) goto done;
+    const int64_t B = in.B, Hq = in.Hq, Lq = in.Lq, Lk = in.Lk;
+    if (B == 0 || Hq == 0 || Lq == 0 || Lk == 0) {
+        rc = run_say(EXIT_DATA, "viz: nothing to draw: B, Hq, Lq and Lk must be > 0 (%lld, %lld, "
+                     "%lld, %lld)", (long long)B, (long long)Hq, (long long)Lq, (long long)Lk);
+        goto done;
+    }
+    if (batch >= B || head >= Hq) {
+        rc = run_say(EXIT_USAGE, "viz: %s %lld is out of range (B = %lld, Hq = %lld)",
+                     batch >= B ? "--batch" : "--head", (long long)(batch >= B ? batch : head),
+                     (long long)B, (long long)Hq);
+        goto done;
+    }
+    if (z.tokens) {
+        if ((rc = read_tokens(z.tokens, &tokens, &ntok))) goto done;
+        if (ntok != Lk) {
+            rc = run_say(EXIT_DATA, "%s: %lld lines, expected one token per key (Lk = %lld)",
+                         z.tokens, (long long)ntok, (long long)Lk);
+            goto done;
+        }
+    }
+
+    /* the forward's LSE (O is computed and dropped), then the grid from it */
+    const int64_t R = Lq < pixels ? Lq : pixels, C = Lk < pixels ? Lk : pixels;
+    o = malloc((size_t)(B * Hq * Lq * in.Dv + 1) * sizeof(float));
+    lse = malloc((size_t)(B * Hq * Lq) * sizeof(float));
+    grid = malloc((size_t)(B * Hq * R * C) * sizeof(float));
+    panels = calloc((size_t)Hq, sizeof *panels);
+    titles = calloc((size_t)Hq, sizeof *titles);
+    if (!o || !lse || !grid || !panels || !titles) {
+        rc = run_say(EXIT_DATA, "viz: out of memory");
+        goto done;
+    }
+    const attn_tensor to = attn_tensor_4d(o, ATTN_F32, B, Hq, Lq, in.Dv);
+    const attn_tensor tl = attn_tensor_4d(lse, ATTN_F32, B, Hq, Lq, 1);
+    const attn_tensor tg = attn_tensor_4d(grid, ATTN_F32, B, Hq, R, C);
+    attn_options opt = in.opt;
+    opt.lse = &tl;
+    attn_status st = attn_forward(&in.tq, &in.tk, &in.tv, &to, &opt);
+    opt.lse = NULL;
+    if (st == ATTN_OK) st = attn_weights_grid(&in.tq, &in.tk, &tl, &tg, reduce, &opt);
+    if (st != ATTN_OK) {
+        rc = run_library_error(st);
+        goto done;
+    }
+    if (z.grid) {
+        char err[256];
+        if (npy_write(z.grid, ATTN_F32, 4, (int64_t[]){B, Hq, R, C}, grid, err, sizeof err)) {
+            rc = run_say(EXIT_DATA, "%s: %s", z.grid, err);
+            goto done;
+        }
+    }
+
+    /* what is drawn: a sum as its rows' average, so that every cell lies in [0, 1] */
+    const int single = R == Lq && C == Lk;
+    double top = 0;
+    for (int64_t h = 0; h < Hq; h++) {
+        float *g = grid + (batch * Hq + h) * R * C;
+        for (int64_t r = 0; r < R; r++) {
+            /* rows i with floor(i R / Lq) = r: from ceil(r Lq / R) to ceil((r + 1) Lq / R) */
+            const int64_t rows = ((r + 1) * Lq + R - 1) / R - (r * Lq + R - 1) / R;
+            for (int64_t c = 0; c < C; c++) {
+                float *x = &g[r * C + c];
+                if (reduce == ATTN_REDUCE_SUM && *x != -INFINITY) *x /= (float)rows;
+                if ((head < 0 || h == head) && isfinite(*x) && *x > top) top = *x;
+            }
+        }
+    }
+    if (vmax == 0) vmax = single ? 1.0 : top > 0 ? top : 1.0;
+    int np = 0;
+    for (int64_t h = 0; h < Hq; h++) {
+        if (head >= 0 && h != head) continue;
+        snprintf(titles[np], sizeof titles[np], "head %lld", (long long)h);
+        panels[np].cells = grid + (batch * Hq + h) * R * C;
+        panels[np].title = Hq > 1 ? titles[np] : NULL;
+        np++;
+    }
+    if (tokens && single) {
+        row_tokens = calloc((size_t)Lq, sizeof *row_tokens);
+        if (!row_tokens) {
+            rc = run_say(EXIT_DATA, "viz: out of memory");
+            goto done;
+        }
+        for (int64_t i = 0; i < Lq; i++) {
+            const int64_t d = in.opt.align == ATTN_ALIGN_BOTTOM_RIGHT ? i + Lk - Lq : i;
+            row_tokens[i] = d >= 0 && d < Lk ? tokens[d] : "";
+        }
+    }
+    char title[200];
+    if (single)
+        snprintf(title, sizeof title, "attention weights, batch %lld, %lld queries x %lld keys",
+                 (long long)batch, (long long)Lq, (long long)Lk);
+    else
+        snprintf(title, sizeof title, "attention, batch %lld, %lld x %lld in blocks of %lld x %lld "
+                 "(%s)", (long long)batch, (long long)Lq, (long long)Lk, (long long)((Lq + R - 1) / R),
+                 (long long)((Lk + C - 1) / C), reduce == ATTN_REDUCE_MAX ? "max" : "row share");
+    const heat_spec spec = {
+        .title = title, .panels = panels, .n_panels = np, .rows = R, .cols = C, .vmax = vmax,
+        .scale_label = reduce == ATTN_REDUCE_MAX || single ? "weight" : "share",
+        .row_labels = (const char *const *)row_tokens,
+        .col_labels = single ? (const char *const *)tokens : NULL,
+        .numbers = single,
+    };
+    char err[256];
+    if (heat_png(z.png, &spec, err, sizeof err)) rc = run_say(EXIT_DATA, "%s", err);
+
+done:
+    run_inputs_free(&in);
+    free(o);
+    free(lse);
+    free(grid);
+    free(panels);
+    free(titles);
+    free(row_tokens);
+    if (tokens) free_tokens(tokens, ntok);
+    return rc;
+}
