@@ -26,6 +26,18 @@
 #include "attn_internal.h"
 
 #define ATTN_ROW_PAD 16  /* query rows are padded to a multiple of this */
+
+/* The kernels' templates (helpers whose tile sizes are constant arguments) are forced
+ * inline, so that each expansion keeps its tile in registers. Under clang with a
+ * sanitizer (the Makefile defines ATTN_SANITIZED when SAN is set) they are kept out of
+ * line instead: every expansion inlined and unrolled, with a check on each access,
+ * made one file take clang more than 8 minutes and 5 GB (docs/HARDENING.md). The
+ * arithmetic is the same either way; only where it runs from changes. */
+#if defined(ATTN_SANITIZED) && defined(__clang__)
+#define ATTN_KERNEL_INLINE static __attribute__((noinline))
+#else
+#define ATTN_KERNEL_INLINE static inline __attribute__((always_inline))
+#endif
 /* Blocks of at most this many query rows (decoding) take a kernel's decode entry, 4 rows a
  * call, on their clean tiles (whether or not the weights are asked for: O must not
  * change when they are); the weights' sweep recomputes those tiles' logits with the
