@@ -214,6 +214,7 @@ int main(void) {
     printf("test_nomem: %lld allocation points failed over %zu calls\n", (long long)g_points,
            sizeof CASES / sizeof CASES[0]);
 #else
+    (void)CASES;
     (void)run_case;
     (void)outputs;
     (void)bufs_init;
