@@ -20,6 +20,7 @@
 
 #include "attn.h"
 #include "cli.h"
+#include "cli_run.h"
 #include "cliopt.h"
 #include "half.h"
 #include "npy.h"
@@ -66,12 +67,6 @@ static int say(int code, const char *fmt, ...) {
 }
 
 /* ---- options ------------------------------------------------------------------------ */
-
-typedef struct run_args {
-    const char *q, *k, *v, *out, *mask, *kv_len, *alibi, *lse, *weights;
-    const char *align, *scale, *softcap, *window, *threads, *dtype, *precision;
-    bool causal, reference;
-} run_args;
 
 static int parse_args(int argc, char **argv, run_args *a) {
     const cli_opt opts[] = {
@@ -158,6 +153,13 @@ static int options_from_args(const run_args *a, attn_options *opt) {
         opt->threads = (int32_t)n;
     }
     return 0;
+}
+
+int cli_run_parse(int argc, char **argv, run_args *a, attn_options *opt) {
+    *a = (run_args){0};
+    *opt = (attn_options){0};
+    const int rc = parse_args(argc, argv, a);
+    return rc ? rc : options_from_args(a, opt);
 }
 
 /* ---- inputs ------------------------------------------------------------------------- */
@@ -304,10 +306,9 @@ int cli_run(int argc, char **argv) {
             return 0;
         }
 
-    run_args a = {0};
-    attn_options opt = {0};
-    int rc = parse_args(argc, argv, &a);
-    if (!rc) rc = options_from_args(&a, &opt);
+    run_args a;
+    attn_options opt;
+    int rc = cli_run_parse(argc, argv, &a, &opt);
     if (rc) return rc;
 
     npy_array q = {0}, k = {0}, v = {0}, mask = {0}, kvl = {0}, alibi = {0};
