@@ -82,10 +82,18 @@ typedef struct attn_tensor {
     int64_t stride[4];
 } attn_tensor;
 
-/* A dense C-order [d0, d1, d2, d3] tensor over `data`. */
+/* A dense C-order [d0, d1, d2, d3] tensor over `data`. The strides are products of the
+ * sizes, computed without overflow: one that does not fit in int64 is INT64_MAX, and the
+ * calls refuse such a tensor with ATTN_ERR_OVERFLOW (even when another size is 0). */
+static inline int64_t attn_stride_product_(int64_t a, int64_t b) {
+    if (a < 0 || b < 0) return 0; /* a negative size: refused by the calls as ATTN_ERR_SHAPE */
+    if (a != 0 && b > INT64_MAX / a) return INT64_MAX;
+    return a * b;
+}
 static inline attn_tensor attn_tensor_4d(void *data, attn_dtype dtype, int64_t d0,
                                          int64_t d1, int64_t d2, int64_t d3) {
-    attn_tensor t = {data, dtype, {d0, d1, d2, d3}, {d1 * d2 * d3, d2 * d3, d3, 1}};
+    const int64_t s2 = d3, s1 = attn_stride_product_(d2, s2), s0 = attn_stride_product_(d1, s1);
+    attn_tensor t = {data, dtype, {d0, d1, d2, d3}, {s0, s1, s2, 1}};
     return t;
 }
 

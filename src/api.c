@@ -72,13 +72,18 @@ attn_status attn_check_tensor(const attn_tensor *t, const char *name, attn_dtype
         return attn_fail(ATTN_ERR_DTYPE, "%s: dtype is %s, expected %s", name,
                     attn_dtype_name(t->dtype),
                     want == ATTN_DTYPE_COUNT ? "float32, float16 or bfloat16" : attn_dtype_name(want));
-    int64_t count = 1, span = 0;
+    int64_t count = 1, span = 0, extent = 1;
     for (int d = 0; d < 4; d++) {
         if (t->shape[d] < 0)
             return attn_fail(ATTN_ERR_SHAPE, "%s: shape[%d] = %lld is negative", name, d,
                         (long long)t->shape[d]);
         if (!mul_ok(count, t->shape[d], &count))
             return attn_fail(ATTN_ERR_OVERFLOW, "%s: element count overflows int64", name);
+        /* the sizes other than 0 too: an empty tensor whose other sizes' product does not
+         * fit has no dense layout (NumPy refuses to make one) */
+        if (t->shape[d] > 0 && !mul_ok(extent, t->shape[d], &extent))
+            return attn_fail(ATTN_ERR_OVERFLOW, "%s: the product of the sizes other than 0 "
+                             "overflows int64", name);
     }
     for (int d = 0; d < 4 && count > 0; d++) {
         int64_t s = t->stride[d], ext;
@@ -371,11 +376,16 @@ attn_status attn_forward(const attn_tensor *q, const attn_tensor *k, const attn_
                          const attn_tensor *o, const attn_options *opt) {
     attn_params p;
     TRY(attn_params_init(&p, q, k, v, o, opt, true));
+    if (p.B == 0 || p.Hq == 0 || p.Lq == 0) {  // nothing is written: nothing can alias
+        g_last_error[0] = '\0';
+        return ATTN_OK;
+    }
+    const size_t need = workspace_bytes(&p);
+    TRY(attn_check_forward_aliasing(q, k, v, o, opt, need == (size_t)-1 ? 0 : need));
     g_last_error[0] = '\0';
-    if (p.B == 0 || p.Hq == 0 || p.Lq == 0) return ATTN_OK;
 
     void *ws, *owned;
-    TRY(attn_workspace_acquire(opt, workspace_bytes(&p), &ws, &owned));
+    TRY(attn_workspace_acquire(opt, need, &ws, &owned));
     attn_status st = p.path == ATTN_PATH_REFERENCE ? attn_reference_forward(&p, ws)
                                                    : attn_fused_forward(&p, ws);
     attn_free(owned);

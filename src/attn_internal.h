@@ -137,6 +137,19 @@ ATTN_PRIVATE attn_status attn_check_tensor(const attn_tensor *t, const char *nam
 ATTN_PRIVATE attn_status attn_check_output_strides(const attn_tensor *t, const char *name,
                                                    int dims);
 
+/* Whether two views can share a byte (exact; overlap.c says how). Empty views and views
+ * with NULL data share none. */
+ATTN_PRIVATE bool attn_views_overlap(const attn_tensor *a, const attn_tensor *b);
+
+/* ATTN_ERR_STRIDE (with the detail) when an output of attn_forward — o, opt->lse,
+ * opt->weights, or the first ws_need bytes of opt->workspace — shares a byte with any
+ * input (q, k, v, mask, bias, kv_len, alibi_slopes) or another output (overlap.c). Run on
+ * the call's own tensors after attn_params_init accepted them; not by the workspace
+ * query, which reads no data pointer. */
+ATTN_PRIVATE attn_status attn_check_forward_aliasing(const attn_tensor *q, const attn_tensor *k,
+                                                     const attn_tensor *v, const attn_tensor *o,
+                                                     const attn_options *opt, size_t ws_need);
+
 /* "float32", "float16", ... for messages */
 ATTN_PRIVATE const char *attn_dtype_name(attn_dtype t);
 

@@ -173,6 +173,7 @@ static attn_status backward_half(const attn_tensor *const t[H_N], const attn_ten
     attn_tensor dense[H_N + 1];
     size_t copies, inner;
     TRY(half_plan(t, lse, opt, true, dense, &copies, &inner));
+    TRY(attn_check_backward_aliasing(t, lse, opt, copies + inner + 64));
     void *ws, *owned;
     TRY(attn_workspace_acquire(opt, copies + inner + 64, &ws, &owned));
     char *base = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
@@ -238,11 +239,13 @@ attn_status attn_backward(const attn_tensor *q, const attn_tensor *k, const attn
         if (is_half(t[i])) return backward_half(t, lse, opt);
     TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, true));
     const attn_params *p = &bp.fwd;
+    const size_t need = bwd_workspace(&bp);
+    TRY(attn_check_backward_aliasing(t, lse, opt, need == (size_t)-1 ? 0 : need));
     attn_fail(ATTN_OK, "%s", "");
     /* Empty sizes need no special case: with Lq = 0 (or Hq = 0) no row reads a key and
      * dk, dv are written as 0; with Lk = 0 every row is fully masked and dq is 0. */
     void *ws, *owned;
-    TRY(attn_workspace_acquire(opt, bwd_workspace(&bp), &ws, &owned));
+    TRY(attn_workspace_acquire(opt, need, &ws, &owned));
     const attn_status st = p->path == ATTN_PATH_REFERENCE ? attn_reference_backward(&bp, ws)
                                                           : attn_fused_backward(&bp, ws);
     attn_free(owned);

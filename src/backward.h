@@ -24,6 +24,13 @@ typedef struct attn_bwd_params {
     float *dv;         int64_t dv_s[4];    /* (B, Hkv, Lk, Dv)  written             */
 } attn_bwd_params;
 
+/* The backward's rule of overlap.c: dq, dk, dv (t[5..7] of t = {q, k, v, o, d_o, dq, dk,
+ * dv}) and the first ws_need bytes of opt->workspace share no byte with an input (the
+ * first five, lse, the masks) or each other; ATTN_ERR_STRIDE otherwise. */
+ATTN_PRIVATE attn_status attn_check_backward_aliasing(const attn_tensor *const t[8],
+                                                      const attn_tensor *lse,
+                                                      const attn_options *opt, size_t ws_need);
+
 /* The paths. Each returns ATTN_OK (the workspace was sized by the matching function,
  * which returns (size_t)-1 when the size overflows). */
 ATTN_PRIVATE size_t attn_fused_backward_workspace(const attn_bwd_params *bp);

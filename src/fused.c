@@ -80,7 +80,8 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
 
     plan->split = 1;
     plan->split_keys = p->Lk > 0 ? p->Lk : 1;
-    if (p->Lq <= SPLIT_MAX_LQ && p->Lk >= 2 * SPLIT_MIN_KEYS && !p->weights) {
+    /* no item (B, Hkv or Lq = 0): nothing to split, and items would divide below */
+    if (plan->items > 0 && p->Lq <= SPLIT_MAX_LQ && p->Lk >= 2 * SPLIT_MIN_KEYS && !p->weights) {
         int64_t chunk = (p->Lk + SPLIT_MAX - 1) / SPLIT_MAX;
         if (chunk < SPLIT_LONG_KEYS) {
             chunk = SPLIT_LONG_KEYS;
