@@ -80,6 +80,19 @@ static size_t dsize(attn_dtype dt) {
 /* A [d0, d1, d2, d3] view: dims 1 and 2 swapped in memory when perm, rows padded by pad
  * elements, the view starting off elements into the allocation. */
 static void buf_make(buf *b, attn_dtype dt, const int64_t d[4], bool perm, int64_t pad,
+                     int64_t off);
+
+/* The same with its rows (dimension 2) in reverse order when flip: a negative stride. */
+static void buf_make_flip(buf *b, attn_dtype dt, const int64_t d[4], bool perm, int64_t pad,
+                          int64_t off, bool flip) {
+    buf_make(b, dt, d, perm, pad, off);
+    if (flip && d[2] > 1) {
+        b->t.data = (char *)b->t.data + (d[2] - 1) * b->t.stride[2] * (int64_t)dsize(dt);
+        b->t.stride[2] = -b->t.stride[2];
+    }
+}
+
+static void buf_make(buf *b, attn_dtype dt, const int64_t d[4], bool perm, int64_t pad,
                      int64_t off) {
     const int64_t D = d[3] + pad;
     int64_t s[4];
@@ -215,7 +228,7 @@ static void free_bufs(buf *const *b, int n) {
 static attn_status forward(call *c, buf *o, buf *lse, buf *w, int threads, attn_path path,
                            bool with_ws) {
     attn_options opt = c->opt;
-    opt.threads = threads;
+    opt.threads = c->opt.threads < 0 ? c->opt.threads : threads;  // keep a planted -1
     opt.path = path;
     opt.lse = c->has_lse ? &lse->t : NULL;
     opt.weights = c->has_w ? &w->t : NULL;
@@ -250,11 +263,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const int64_t Lk = pick(&r, 4) == 0 ? pick(&r, 260) : pick(&r, 40);
     const int64_t Dk = pick(&r, 40) + (pick(&r, 16) != 0), Dv = pick(&r, 40) + (pick(&r, 16) != 0);
     const attn_dtype qdt = DT3[pick(&r, 3)], kvdt = DT3[pick(&r, 3)], odt = DT3[pick(&r, 3)];
-    const unsigned layout = byte(&r);  // bit per tensor: permuted; pads from the next bytes
-    buf_make(&c.q, qdt, (int64_t[]){B, Hq, Lq, Dk}, layout & 1, pick(&r, 3), pick(&r, 3));
-    buf_make(&c.k, kvdt, (int64_t[]){B, Hkv, Lk, Dk}, layout & 2, pick(&r, 3), pick(&r, 3));
-    buf_make(&c.v, kvdt, (int64_t[]){B, Hkv, Lk, Dv}, layout & 4, pick(&r, 3), pick(&r, 3));
-    buf_make(&c.o, odt, (int64_t[]){B, Hq, Lq, Dv}, layout & 8, pick(&r, 3), pick(&r, 3));
+    /* a bit per tensor: permuted (layout), rows reversed (flip); pads from the next bytes */
+    const unsigned layout = byte(&r), flip = byte(&r);
+    buf_make_flip(&c.q, qdt, (int64_t[]){B, Hq, Lq, Dk}, layout & 1, pick(&r, 3), pick(&r, 3),
+                  flip & 1);
+    buf_make_flip(&c.k, kvdt, (int64_t[]){B, Hkv, Lk, Dk}, layout & 2, pick(&r, 3), pick(&r, 3),
+                  flip & 2);
+    buf_make_flip(&c.v, kvdt, (int64_t[]){B, Hkv, Lk, Dv}, layout & 4, pick(&r, 3), pick(&r, 3),
+                  flip & 4);
+    buf_make_flip(&c.o, odt, (int64_t[]){B, Hq, Lq, Dv}, layout & 8, pick(&r, 3), pick(&r, 3),
+                  flip & 8);
     const double vs = 0.25 + pick(&r, 4) * 0.25;  // value range, keeps logits moderate
     buf_fill(&c.q, -vs, vs);
     buf_fill(&c.k, -vs, vs);
@@ -336,7 +354,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 4: c.opt.threads = -1; break;                     // bad option value
     case 5: c.opt.window_left = -2; c.opt.has_window = true; break;
     case 6: c.q.t.data = NULL; break;                      // NULL data
-    case 7: c.o.t.stride[fd] = -c.o.t.stride[fd]; break;   // negative stride
+    case 7: c.q.t.dtype = ATTN_BOOL; break;                // not a float dtype
     case 8: c.opt.align = (attn_align)7; break;
     default: break;
     }
@@ -349,6 +367,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     qopt.weights = c.has_w ? &c.w.t : NULL;
     const attn_status st_ws = attn_forward_workspace_size(&c.q.t, &c.k.t, &c.v.t, &c.o.t, &qopt,
                                                           &ws_bytes);
+    char ws_err[512];
+    snprintf(ws_err, sizeof ws_err, "%s", attn_last_error());
     const attn_status st = forward(&c, &c.o, &c.lse, &c.w, 1, ATTN_PATH_FUSED, false);
     if (st != ATTN_OK) {
         REQUIRE(all_poison(&c.o) && all_poison(&c.lse) && all_poison(&c.w),
@@ -356,7 +376,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         free_bufs(all, nall);
         return 0;
     }
-    REQUIRE(st_ws == ATTN_OK, "the call succeeded, its workspace query did not (%d)", (int)st_ws);
+    REQUIRE(st_ws == ATTN_OK, "the call succeeded, its workspace query did not (%d: %s)",
+            (int)st_ws, ws_err);
     REQUIRE(pad_poison(&c.o) && pad_poison(&c.lse) && pad_poison(&c.w),
             "a call wrote outside its outputs' elements");
     if (!c.has_lse) REQUIRE(all_poison(&c.lse), "lse written without being asked for");

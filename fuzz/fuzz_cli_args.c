@@ -14,15 +14,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli_run.h"
 
-#define REQUIRE(cond)                                                               \
-    do {                                                                            \
-        if (!(cond)) {                                                              \
-            fprintf(stderr, "fuzz_cli_args: %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                \
-        }                                                                           \
+/* The parser's usage messages go to stderr, which libFuzzer closes (-close_fd_mask=2);
+ * a broken rule is reported on a copy of stderr taken before that. */
+static FILE *g_report;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    const int fd = dup(2);
+    g_report = fd >= 0 ? fdopen(fd, "w") : NULL;
+    return 0;
+}
+
+#define REQUIRE(cond)                                                                     \
+    do {                                                                                  \
+        if (!(cond)) {                                                                    \
+            fprintf(g_report ? g_report : stderr, "fuzz_cli_args: %s:%d: %s\n", __FILE__, \
+                    __LINE__, #cond);                                                     \
+            abort();                                                                      \
+        }                                                                                 \
     } while (0)
 
 enum { MAX_ARGS = 64 };

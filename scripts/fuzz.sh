@@ -30,12 +30,14 @@ for h in "${harnesses[@]}"; do
     work="$build/corpus/$h"
     mkdir -p "$work"
     log="$build/$h.log"
-    # -close_fd_mask=2: the harness's own stderr (usage messages) is dropped; libFuzzer
-    # and the sanitizers still report on a duplicate of it. The outer timeout only guards
-    # against a hang libFuzzer's own -timeout (per input) would not catch.
+    # -close_fd_mask=2 for the argument parser: its usage messages are dropped; libFuzzer,
+    # the sanitizers and the harness still report on a duplicate of stderr. The outer
+    # timeout only guards against a hang libFuzzer's own -timeout (per input) misses.
+    quiet=()
+    [ "$h" != fuzz_cli_args ] || quiet=(-close_fd_mask=2)
     start=$(date +%s)
     timeout $((secs + 120)) "$bin" -max_total_time="$secs" -timeout=60 -rss_limit_mb=4096 \
-        -print_final_stats=1 -close_fd_mask=2 -artifact_prefix="$build/artifacts/$h-" \
+        -print_final_stats=1 "${quiet[@]}" -artifact_prefix="$build/artifacts/$h-" \
         "$work" "fuzz/corpus/$h" >"$log" 2>&1
     rc=$?
     took=$(($(date +%s) - start))
