@@ -33,6 +33,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         if (!(cond)) {                                                                    \
             fprintf(g_report ? g_report : stderr, "fuzz_cli_args: %s:%d: %s\n", __FILE__, \
                     __LINE__, #cond);                                                     \
+            fflush(g_report);                                                             \
             abort();                                                                      \
         }                                                                                 \
     } while (0)

@@ -44,8 +44,8 @@ valgrind_suite() {
     valgrind --quiet --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
         --show-leak-kinds=definite "$@" >"$out" 2>&1
     local rc=$? errors
-    errors=$(sed -nE 's/.*ERROR SUMMARY: ([0-9]+) errors.*/\1/p' "$out" | tail -n 1)
-    [ -n "$errors" ] || errors=$(grep -c '^==[0-9]*== [A-Z]' "$out")
+    # with --quiet there is no ERROR SUMMARY: each error's first line, each definite leak
+    errors=$(grep -cE '^==[0-9]+== ([A-Z]|[0-9,]+ bytes in [0-9,]+ blocks are definitely)' "$out")
     if [ "$rc" -eq 0 ]; then
         echo "$name: 1 passed, 0 failed (0 valgrind errors)"
     else
