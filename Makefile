@@ -139,7 +139,8 @@ FUZZ_BUILD ?= build-fuzz
 FUZZ_SAN    = -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
               -fno-omit-frame-pointer
 FUZZ_BIN    = $(patsubst fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard fuzz/fuzz_*.c))
-FUZZ_TOOL_OBJ = $(BUILD)/obj/tools/npy.o $(BUILD)/obj/tools/cliopt.o $(BUILD)/obj/tools/cli_run.o
+FUZZ_TOOL_OBJ = $(BUILD)/obj/tools/npy.o $(BUILD)/obj/tools/cliopt.o $(BUILD)/obj/tools/cli_run.o \
+                $(BUILD)/obj/tools/cli_files.o
 
 .PHONY: fuzz fuzz-build fuzz-bins
 fuzz-build:

@@ -44,7 +44,7 @@ extern "C" {
     X(ATTN_ERR_NULL, "a required pointer is NULL")                                     \
     X(ATTN_ERR_DTYPE, "unsupported or mismatched element type")                        \
     X(ATTN_ERR_SHAPE, "tensor shapes do not agree")                                    \
-    X(ATTN_ERR_STRIDE, "invalid stride (an output would overlap itself)")              \
+    X(ATTN_ERR_STRIDE, "an output overlaps itself, an input or another output")        \
     X(ATTN_ERR_HEADS, "query heads are not a multiple of key/value heads")             \
     X(ATTN_ERR_MASK, "mask or bias has a shape that does not broadcast to the scores") \
     X(ATTN_ERR_VALUE, "an option has an invalid value")                                \

@@ -84,7 +84,7 @@ run_suite python bash tests/python/run.sh   # the Python package, built from thi
 # The portable build on another CPU: on an x86-64 machine with an AArch64 cross compiler
 # and qemu-user (scripts/deps.sh installs them), the library and the C suites are built
 # for AArch64, where only the generic kernel exists, and run under emulation.
-CROSS_SUITES="test_api test_kernels test_edge test_npy test_forward test_half test_onnx test_backward test_backward_half"
+CROSS_SUITES="test_api test_kernels test_edge test_npy test_forward test_half test_onnx test_backward test_backward_half test_empty test_alias"
 if [ "${ATTN_CHECK_CROSS:-1}" != 0 ] && [ "$(uname -m)" = x86_64 ]; then
     if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >/dev/null 2>&1; then
         targets="build-arm64/libattn.a"

@@ -129,6 +129,21 @@ attn_status attn_check_output_strides(const attn_tensor *t, const char *name, in
     return ATTN_OK;
 }
 
+/* The address the params hold for an empty tensor (and the workspace of a call that
+ * needs none): real memory no path ever reads or writes, since there is nothing there,
+ * so that no path does arithmetic on NULL or on an empty tensor's arbitrary strides. */
+static _Alignas(64) char g_nothing[64];
+
+const void *attn_view_data(const attn_tensor *t, int64_t *s, int n) {
+    for (int d = 0; d < 4; d++)
+        if (t->shape[d] == 0) {
+            memset(s, 0, sizeof *s * (size_t)n);
+            return g_nothing;
+        }
+    memcpy(s, t->stride, sizeof *s * (size_t)n);
+    return t->data;
+}
+
 static attn_status expect_dim(const attn_tensor *t, const char *name, int d, int64_t want,
                               const char *what) {
     if (t->shape[d] != want)
@@ -201,10 +216,10 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
                     (long long)p->Hq, (long long)p->Hkv);
     p->group = p->Hkv ? p->Hq / p->Hkv : 1;
 
-    p->q = q->data; memcpy(p->q_s, q->stride, sizeof p->q_s);
-    p->k = k->data; memcpy(p->k_s, k->stride, sizeof p->k_s);
-    p->v = v->data; memcpy(p->v_s, v->stride, sizeof p->v_s);
-    p->o = o->data; memcpy(p->o_s, o->stride, sizeof p->o_s);
+    p->q = attn_view_data(q, p->q_s, 4);
+    p->k = attn_view_data(k, p->k_s, 4);
+    p->v = attn_view_data(v, p->v_s, 4);
+    p->o = (void *)attn_view_data(o, p->o_s, 4);
 
     /* scale and softcap */
     if (opt->has_scale) {
@@ -243,12 +258,16 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
     if (opt->mask) {
         TRY(attn_check_tensor(opt->mask, "mask", ATTN_BOOL, need_data));
         TRY(check_broadcast(opt->mask, "mask", full, p->mask_s));
-        p->mask = opt->mask->data;
+        int64_t unused[4];
+        p->mask = attn_view_data(opt->mask, unused, 4);
+        if (p->mask != opt->mask->data) memset(p->mask_s, 0, sizeof p->mask_s);
     }
     if (opt->bias) {
         TRY(attn_check_tensor(opt->bias, "bias", ATTN_F32, need_data));
         TRY(check_broadcast(opt->bias, "bias", full, p->bias_s));
-        p->bias = opt->bias->data;
+        int64_t unused[4];
+        p->bias = attn_view_data(opt->bias, unused, 4);
+        if ((const void *)p->bias != opt->bias->data) memset(p->bias_s, 0, sizeof p->bias_s);
     }
     if (opt->kv_len) {
         const attn_tensor *t = opt->kv_len;
@@ -259,9 +278,8 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
             return attn_fail(ATTN_ERR_SHAPE, "kv_len: shape [%lld, %lld, %lld, %lld], expected "
                         "[B = %lld, 1, 1, 1]", (long long)t->shape[0], (long long)t->shape[1],
                         (long long)t->shape[2], (long long)t->shape[3], (long long)p->B);
-        p->kv_len = t->data;
+        p->kv_len = attn_view_data(t, &p->kv_len_s, 1);
         p->kv_len_dtype = dt;
-        p->kv_len_s = t->stride[0];
         for (int64_t b = 0; need_data && b < p->B; b++) {
             int64_t len = attn_key_len(p, b);
             if (len < 0 || len > p->Lk)
@@ -277,8 +295,7 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
                         "expected [Hq = %lld, 1, 1, 1]", (long long)t->shape[0],
                         (long long)t->shape[1], (long long)t->shape[2],
                         (long long)t->shape[3], (long long)p->Hq);
-        p->alibi = t->data;
-        p->alibi_s = t->stride[0];
+        p->alibi = attn_view_data(t, &p->alibi_s, 1);
     }
 
     /* optional outputs */
@@ -290,8 +307,7 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
         TRY(expect_dim(t, "lse", 2, p->Lq, "Lq"));
         TRY(expect_dim(t, "lse", 3, 1, "1"));
         TRY(attn_check_output_strides(t, "lse", 3));
-        p->lse = t->data;
-        memcpy(p->lse_s, t->stride, sizeof p->lse_s);
+        p->lse = (float *)attn_view_data(t, p->lse_s, 3);
     }
     if (opt->weights) {
         const attn_tensor *t = opt->weights;
@@ -299,8 +315,7 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
         for (int d = 0; d < 4; d++)
             TRY(expect_dim(t, "weights", d, full[d], (const char *[]){"B", "Hq", "Lq", "Lk"}[d]));
         TRY(attn_check_output_strides(t, "weights", 4));
-        p->weights = t->data;
-        memcpy(p->w_s, t->stride, sizeof p->w_s);
+        p->weights = (float *)attn_view_data(t, p->w_s, 4);
     }
 
     if ((unsigned)opt->precision > (unsigned)ATTN_PRECISION_FAST)
@@ -355,6 +370,8 @@ attn_status attn_workspace_acquire(const attn_options *opt, size_t need, void **
     } else if (need > 0) {
         *owned = *ws = attn_malloc(need);
         if (!*ws) return attn_fail(ATTN_ERR_NOMEM, "workspace: could not allocate %zu bytes", need);
+    } else {
+        *ws = g_nothing;  // none needed: still no path computes on NULL
     }
     return ATTN_OK;
 }

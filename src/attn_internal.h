@@ -150,6 +150,10 @@ ATTN_PRIVATE attn_status attn_check_forward_aliasing(const attn_tensor *q, const
                                                      const attn_tensor *v, const attn_tensor *o,
                                                      const attn_options *opt, size_t ws_need);
 
+/* What the params hold for tensor t: its data and its first n strides into s, or, when
+ * t is empty, the address of a small static block no path touches and strides 0 (api.c). */
+ATTN_PRIVATE const void *attn_view_data(const attn_tensor *t, int64_t *s, int n);
+
 /* "float32", "float16", ... for messages */
 ATTN_PRIVATE const char *attn_dtype_name(attn_dtype t);
 

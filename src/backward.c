@@ -84,11 +84,11 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
     TRY(attn_check_output_strides(dk, "dk", 4));
     TRY(attn_check_output_strides(dv, "dv", 4));
 
-    bp->d_o = d_o->data; memcpy(bp->do_s, d_o->stride, sizeof bp->do_s);
-    bp->lse = lse->data; memcpy(bp->lse_s, lse->stride, sizeof bp->lse_s);
-    bp->dq = dq->data;   memcpy(bp->dq_s, dq->stride, sizeof bp->dq_s);
-    bp->dk = dk->data;   memcpy(bp->dk_s, dk->stride, sizeof bp->dk_s);
-    bp->dv = dv->data;   memcpy(bp->dv_s, dv->stride, sizeof bp->dv_s);
+    bp->d_o = attn_view_data(d_o, bp->do_s, 4);
+    bp->lse = attn_view_data(lse, bp->lse_s, 3);
+    bp->dq = (float *)attn_view_data(dq, bp->dq_s, 4);
+    bp->dk = (float *)attn_view_data(dk, bp->dk_s, 4);
+    bp->dv = (float *)attn_view_data(dv, bp->dv_s, 4);
     return ATTN_OK;
 }
 
@@ -128,8 +128,8 @@ static void copy_tensor(const attn_tensor *src, const attn_tensor *dst) {
 
 /* Checks a 16-bit call (the tensors' dtypes here, the rest through bwd_params_init on
  * float32 stand-ins with the same shapes, strides and pointers), and lays out the dense
- * float32 copies: dense[i] with data = NULL + offset, *copy_bytes their total, *inner the
- * float32 call's own workspace. */
+ * float32 copies: dense[i] with data = its byte offset (held as a pointer, rebased onto
+ * the workspace later), *copy_bytes their total, *inner the float32 call's own workspace. */
 static attn_status half_plan(const attn_tensor *const t[H_N], const attn_tensor *lse,
                              const attn_options *opt, bool need_data, attn_tensor dense[H_N + 1],
                              size_t *copy_bytes, size_t *inner) {
@@ -153,11 +153,11 @@ static attn_status half_plan(const attn_tensor *const t[H_N], const attn_tensor 
     size_t at = 0;
     for (int i = 0; i < H_N; i++) {
         const int64_t *n = t[i]->shape;
-        dense[i] = attn_tensor_4d((char *)NULL + at, ATTN_F32, n[0], n[1], n[2], n[3]);
+        dense[i] = attn_tensor_4d((void *)(uintptr_t)at, ATTN_F32, n[0], n[1], n[2], n[3]);
         at += ((size_t)(n[0] * n[1] * n[2] * n[3]) * sizeof(float) + 63) & ~(size_t)63;
     }
     /* the recomputed LSE of a 16-bit O, after the copies */
-    dense[H_N] = attn_tensor_4d((char *)NULL + at, ATTN_F32, lse->shape[0], lse->shape[1],
+    dense[H_N] = attn_tensor_4d((void *)(uintptr_t)at, ATTN_F32, lse->shape[0], lse->shape[1],
                                 lse->shape[2], 1);
     at += ((size_t)(lse->shape[0] * lse->shape[1] * lse->shape[2]) * sizeof(float) + 63) & ~(size_t)63;
     *copy_bytes = at;
@@ -177,7 +177,7 @@ static attn_status backward_half(const attn_tensor *const t[H_N], const attn_ten
     void *ws, *owned;
     TRY(attn_workspace_acquire(opt, copies + inner + 64, &ws, &owned));
     char *base = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
-    for (int i = 0; i <= H_N; i++) dense[i].data = base + ((char *)dense[i].data - (char *)NULL);
+    for (int i = 0; i <= H_N; i++) dense[i].data = base + (uintptr_t)dense[i].data;
     for (int i = H_Q; i <= H_DO; i++)
         if (i != H_O || !is_half(t[H_O])) copy_tensor(t[i], &dense[i]);
     attn_options o = opt ? *opt : (attn_options){0};

@@ -72,7 +72,8 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
     plan->bk = bk;
 
     const int64_t group = p->group, lq = p->Lq > 0 ? p->Lq : 1;
-    plan->heads_per_block = lq >= BQ ? 1 : (BQ / lq < group ? BQ / lq : group);
+    /* group = 0 (Hq = 0 over Hkv > 0 heads): no head chunk, so no item */
+    plan->heads_per_block = lq >= BQ || group == 0 ? 1 : (BQ / lq < group ? BQ / lq : group);
     plan->head_chunks = (group + plan->heads_per_block - 1) / plan->heads_per_block;
     plan->q_blocks = (lq + BQ - 1) / BQ;
     if (__builtin_mul_overflow(p->B * p->Hkv, plan->head_chunks * plan->q_blocks, &plan->items))

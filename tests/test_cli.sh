@@ -293,7 +293,7 @@ expect_fail "--kv-len [2] for B = 1" 1 "len2.npy: shape [2]" run "${IN[@]}" --kv
 npy sl2.npy '<f4' 2 1,1
 expect_fail "--alibi [2] for Hq = 1" 1 "sl2.npy: shape [2]" run "${IN[@]}" --alibi sl2.npy --out out/o.npy
 expect_fail "output directory missing" 1 "out/none/o.npy" run "${IN[@]}" --out out/none/o.npy
-# a later output that cannot be written removes the earlier ones of the same call
+# an output whose directory does not exist is refused before anything is written
 expect_fail "--weights unwritable" 1 "out/none/p.npy" run "${IN[@]}" --out out/o.npy --lse out/l.npy --weights out/none/p.npy
 fresh
 echo keep > out/o.npy
@@ -310,7 +310,7 @@ expect_fail "option without its value" 2 "--out" run "${IN[@]}" --out
 expect_fail "option followed by an option" 2 "--q" run --q --k k.npy --v v.npy "${OUT[@]}"
 expect_fail "option given twice" 2 "--q" run "${IN[@]}" --q q.npy "${OUT[@]}"
 expect_fail "flag with a value" 2 "--causal" run "${IN[@]}" "${OUT[@]}" --causal=yes
-expect_fail "--lse same as --out" 2 "--lse" run "${IN[@]}" "${OUT[@]}" --lse out/o.npy
+expect_fail "--lse same as --out" 2 "--lse: out/o.npy is the same file as --out" run "${IN[@]}" "${OUT[@]}" --lse out/o.npy
 for bad_scale in 1.5x "" nan inf -inf 1e39 " 1" 0x; do
     expect_fail "--scale '$bad_scale'" 2 "--scale" run "${IN[@]}" "${OUT[@]}" --scale "$bad_scale"
 done
@@ -327,6 +327,86 @@ done
 expect_fail "--align middle" 2 "--align" run "${IN[@]}" "${OUT[@]}" --align middle
 expect_fail "unknown command" 2 "frobnicate" frobnicate
 expect_fail "no command" 2 "command"
+
+# ---- files: a run never loses a user's file (docs/CLI.md, "Files") ----------------------
+# refused STATUS TEXT NAME ATTN-ARGS... : exits STATUS with one 'attn: ' line holding TEXT
+# (out/ is not emptied first: the checks after it look at what is there)
+refused() {
+    local want=$1 text=$2 name=$3
+    shift 3
+    "$ATTN" "$@" >stdout.txt 2>err.txt
+    local rc=$?
+    if [ $rc -ne "$want" ]; then bad "$name: exit $rc, expected $want: $(head -c 300 err.txt)"
+    elif [ "$(wc -l < err.txt)" -ne 1 ] || ! grep -qF -- "$text" err.txt; then
+        bad "$name: stderr is not one line with '$text': $(head -c 300 err.txt)"
+    else ok; fi
+}
+# same CONTENT FILE...: each FILE still holds what CONTENT holds, and out/ has no temporary
+same() {
+    local ref=$1 f
+    shift
+    for f in "$@"; do cmp -s "$ref" "$f" || { bad "$f changed"; return; }; done
+    if ls -A out | grep -q tmp; then bad "temporary files left: $(ls -A out)"; else ok; fi
+}
+cp q.npy keep_q.npy
+echo keep > keep.txt
+fresh
+refused 2 "same file" "--lse ./o.npy beside --out o.npy" run "${IN[@]}" --out out/o.npy --lse ./out/o.npy
+if [ -z "$(ls -A out)" ]; then ok; else bad "same-file refusal left: $(ls -A out)"; fi
+refused 2 "same file" "--weights through out/../out" run "${IN[@]}" --out out/o.npy --weights out/../out/o.npy
+fresh
+cp q.npy out/q.npy
+refused 2 "is the input --q" "--out an input" run --q out/q.npy --k k.npy --v v.npy --out out/q.npy
+same keep_q.npy out/q.npy
+refused 1 "/nonexistent/l.npy" "--out an input, --lse unwritable" run --q out/q.npy --k k.npy --v v.npy --out out/o.npy --lse /nonexistent/l.npy
+same keep_q.npy out/q.npy
+ln out/q.npy out/hard.npy
+refused 2 "is the input --q" "--out a hard link to an input" run --q out/q.npy --k k.npy --v v.npy --out out/hard.npy
+ln -s q.npy out/soft.npy
+refused 2 "is the input --q" "--out a symbolic link to an input" run --q out/q.npy --k k.npy --v v.npy --out out/soft.npy
+same keep_q.npy out/q.npy
+# an output already there, a later output failing as it is written (file size limit):
+# the earlier output and the file already there are as they were
+fresh
+cp keep.txt out/o.npy
+npy q64.npy '<f4' 1,1,64,2 $(python3 -c "print(','.join(['1'] * 128))")
+npy k64.npy '<f4' 1,1,64,2 $(python3 -c "print(','.join(['1'] * 128))")
+npy v64.npy '<f4' 1,1,64,2 $(python3 -c "print(','.join(['1'] * 128))")
+(trap '' XFSZ; ulimit -f 4; "$ATTN" run --q q64.npy --k k64.npy --v v64.npy --out out/o.npy \
+    --weights out/p.npy >stdout.txt 2>err.txt)
+rc=$?
+if [ $rc -eq 1 ] && grep -q "out/p.npy" err.txt; then ok; else bad "write failure of --weights: exit $rc: $(cat err.txt)"; fi
+same keep.txt out/o.npy
+if [ "$(ls -A out)" = o.npy ]; then ok; else bad "after a failed write out/ holds: $(ls -A out)"; fi
+# a symbolic link as --out: written through to the file it names; the link stays
+fresh
+cp keep.txt out/real.npy
+chmod 640 out/real.npy
+ln -s real.npy out/link.npy
+if "$ATTN" run "${IN[@]}" --out out/link.npy 2>err.txt && [ -L out/link.npy ] &&
+    python3 npyh.py near out/real.npy 1,1,2,2 8.0442,1.9558,1.0704,8.9296 1e-4 >/dev/null 2>&1 &&
+    [ "$(stat -c %a out/real.npy)" = 640 ]; then ok
+else bad "--out a symbolic link: $(cat err.txt); $(ls -l out)"; fi
+ln -s nowhere.npy out/dangling.npy
+refused 1 "does not exist" "--out a dangling link" run "${IN[@]}" --out out/dangling.npy
+if [ -L out/dangling.npy ] && [ ! -e out/nowhere.npy ]; then ok; else bad "dangling link touched"; fi
+# special files: never replaced as outputs, never opened as inputs
+fresh
+mkfifo out/fifo.npy
+refused 1 "FIFO" "--out a FIFO" run "${IN[@]}" --out out/fifo.npy
+refused 1 "not a regular file" "--q a FIFO (must not block)" run --q out/fifo.npy --k k.npy --v v.npy --out out/o.npy
+refused 1 "not a regular file" "--mask a directory" run "${IN[@]}" --mask out --out out/o.npy
+if [ -p out/fifo.npy ] && [ ! -e out/o.npy ]; then ok; else bad "FIFO run: out/ holds $(ls -l out)"; fi
+if [ "$(id -u)" = 0 ] && mknod out/null c 1 3 2>/dev/null; then dev=out/null; else dev=/dev/null; fi
+refused 1 "character device" "--out a character device" run "${IN[@]}" --out "$dev"
+if [ -c "$dev" ]; then ok; else bad "$dev is no longer a character device"; fi
+refused 1 "character device" "--q a character device" run --q "$dev" --k k.npy --v v.npy --out out/o.npy
+# sizes other than 0 whose product does not fit in int64: refused, no o.npy NumPy cannot load
+fresh
+npy q_huge.npy '<f4' 0,1099511627776,1099511627776,4 ""
+npy k_one.npy '<f4' 0,1,1,4 ""
+refused 1 "overflow" "q of [0, 2^40, 2^40, 4]" run --q q_huge.npy --k k_one.npy --v k_one.npy --out out/o.npy
+if [ -z "$(ls -A out)" ]; then ok; else bad "huge empty q left: $(ls -A out)"; fi
 
 # ---- help and version ------------------------------------------------------------------
 if "$ATTN" --version >stdout.txt 2>err.txt && grep -qE '^attn [0-9]+\.[0-9]+\.[0-9]+ \(kernel [a-z0-9]+; this CPU runs:( [a-z0-9]+)+\)$' stdout.txt; then ok

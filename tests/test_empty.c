@@ -3,8 +3,8 @@
  *                without crashing, dividing by zero or (under UBSan) doing pointer
  *                arithmetic on NULL, and must write what the contract says.
  *
- * What it covers: B, Hq = Hkv, Lq, Lk, Dk or Dv = 0, alone and together, with Lq small
- * and Lk long enough for the forward's split over keys (Lk >= 2048); the workspace
+ * What it covers: B, Hq (with Hkv = 0 or not), Lq, Lk, Dk or Dv = 0, alone and together,
+ * with Lq small and Lk long enough for the forward's split over keys (Lk >= 2048); the workspace
  * queries and the calls of the forward and the backward, both paths, float32 and
  * float16, with the data pointers of empty tensors NULL and non-NULL; what is written
  * (B·Hq·Lq = 0: nothing; Lk = 0: o = 0, lse = -inf, dq = 0; Lq = 0: dk = dv = 0); and
@@ -30,6 +30,7 @@ static const eshape g_shapes[] = {
     {2, 2, 1, 1, 0, 4, 4},     {2, 2, 1, 3, 5, 0, 4},     {2, 2, 1, 1, 2048, 0, 4},
     {2, 2, 1, 3, 5, 4, 0},     {2, 2, 1, 1, 2048, 4, 0},  {0, 0, 0, 0, 0, 0, 0},
     {0, 1, 1, 0, 2048, 0, 0},  {1, 1, 1, 1, 0, 0, 0},     {3, 2, 2, 17, 0, 3, 3},
+    {2, 0, 2, 1, 5, 4, 4},     {2, 0, 2, 3, 2048, 4, 4},  {1, 0, 3, 70, 5, 4, 4},
 };
 
 static int64_t count4(const int64_t n[4]) { return n[0] * n[1] * n[2] * n[3]; }
@@ -73,14 +74,29 @@ static bool untouched(const attn_tensor *t) {
     return count_written(t->data, c > 0 ? c : 1) == 0;
 }
 
+/* q, k, v, o of dtype dt and a float32 lse for shape s, the inputs filled */
+typedef struct etensors {
+    attn_tensor q, k, v, o, lse;
+} etensors;
+
+static etensors make_call(const eshape *s, attn_dtype dt, bool null_empty) {
+    etensors t = {make(dt, s->B, s->Hq, s->Lq, s->Dk, null_empty),
+                  make(dt, s->B, s->Hkv, s->Lk, s->Dk, null_empty),
+                  make(dt, s->B, s->Hkv, s->Lk, s->Dv, null_empty),
+                  make(dt, s->B, s->Hq, s->Lq, s->Dv, null_empty),
+                  make(ATTN_F32, s->B, s->Hq, s->Lq, 1, null_empty)};
+    fill_input(&t.q); fill_input(&t.k); fill_input(&t.v);
+    return t;
+}
+
+static void free_call(etensors *t) {
+    free(t->q.data); free(t->k.data); free(t->v.data); free(t->o.data); free(t->lse.data);
+}
+
 static void forward_case(const eshape *s, attn_path path, bool null_empty) {
-    attn_tensor q = make(ATTN_F32, s->B, s->Hq, s->Lq, s->Dk, null_empty);
-    attn_tensor k = make(ATTN_F32, s->B, s->Hkv, s->Lk, s->Dk, null_empty);
-    attn_tensor v = make(ATTN_F32, s->B, s->Hkv, s->Lk, s->Dv, null_empty);
-    attn_tensor o = make(ATTN_F32, s->B, s->Hq, s->Lq, s->Dv, null_empty);
-    attn_tensor lse = make(ATTN_F32, s->B, s->Hq, s->Lq, 1, null_empty);
+    etensors t = make_call(s, ATTN_F32, null_empty);
+    attn_tensor q = t.q, k = t.k, v = t.v, o = t.o, lse = t.lse;
     attn_tensor w = make(ATTN_F32, s->B, s->Hq, s->Lq, s->Lk, null_empty);
-    fill_input(&q); fill_input(&k); fill_input(&v);
     char what[160];
     snprintf(what, sizeof what, "forward B=%lld Hq=%lld Hkv=%lld Lq=%lld Lk=%lld Dk=%lld Dv=%lld "
              "path %d, empty data %s", (long long)s->B, (long long)s->Hq, (long long)s->Hkv,
@@ -107,20 +123,18 @@ static void forward_case(const eshape *s, attn_path path, bool null_empty) {
         if (s->Lk == 0)
             CHECK(all_equal(&lse, -INFINITY), "%s: lse is not -inf for fully masked rows", what);
     }
-    free(q.data); free(k.data); free(v.data); free(o.data); free(lse.data); free(w.data);
+    free_call(&t);
+    free(w.data);
 }
 
 static void backward_case(const eshape *s, attn_path path, attn_dtype dt, bool null_empty) {
-    attn_tensor q = make(dt, s->B, s->Hq, s->Lq, s->Dk, null_empty);
-    attn_tensor k = make(dt, s->B, s->Hkv, s->Lk, s->Dk, null_empty);
-    attn_tensor v = make(dt, s->B, s->Hkv, s->Lk, s->Dv, null_empty);
-    attn_tensor o = make(dt, s->B, s->Hq, s->Lq, s->Dv, null_empty);
+    etensors t = make_call(s, dt, null_empty);
+    attn_tensor q = t.q, k = t.k, v = t.v, o = t.o, lse = t.lse;
     attn_tensor d_o = make(dt, s->B, s->Hq, s->Lq, s->Dv, null_empty);
-    attn_tensor lse = make(ATTN_F32, s->B, s->Hq, s->Lq, 1, null_empty);
     attn_tensor dq = make(dt, s->B, s->Hq, s->Lq, s->Dk, null_empty);
     attn_tensor dk = make(dt, s->B, s->Hkv, s->Lk, s->Dk, null_empty);
     attn_tensor dv = make(dt, s->B, s->Hkv, s->Lk, s->Dv, null_empty);
-    fill_input(&q); fill_input(&k); fill_input(&v); fill_input(&d_o);
+    fill_input(&d_o);
     char what[180];
     snprintf(what, sizeof what, "backward %s B=%lld Hq=%lld Hkv=%lld Lq=%lld Lk=%lld Dk=%lld "
              "Dv=%lld path %d, empty data %s", dt == ATTN_F32 ? "float32" : "float16",
@@ -142,8 +156,8 @@ static void backward_case(const eshape *s, attn_path path, attn_dtype dt, bool n
     if (s->Hq * s->Lq == 0 && count4(dk.shape) > 0)
         CHECK(all_equal(&dk, 0.0f) && all_equal(&dv, 0.0f), "%s: dk, dv are not 0 with no "
               "query row", what);
-    free(q.data); free(k.data); free(v.data); free(o.data); free(d_o.data); free(lse.data);
-    free(dq.data); free(dk.data); free(dv.data);
+    free_call(&t);
+    free(d_o.data); free(dq.data); free(dk.data); free(dv.data);
 }
 
 /* Dense strides that do not fit in int64: attn_tensor_4d must not overflow computing
@@ -184,5 +198,5 @@ int main(void) {
                 backward_case(&g_shapes[c], (attn_path)path, ATTN_F16, null_empty);
             }
     huge_dense();
-    return check_summary("test_empty");
+    return check_summary("empty");
 }

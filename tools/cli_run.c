@@ -1,11 +1,11 @@
 /*
  * cli_run.c — `attn run`: attention over .npy files, for scripts and outside harnesses.
  *
- * What it is: option parsing, loading and checking the inputs (each error one line on
- * stderr naming the file or option), one attn_forward call, then the outputs written
- * all-or-nothing (each through npy_write's temp file + rename; if a later one fails the
- * earlier ones of this call are removed). Exit status: 0 success, 2 usage error, 1 data
- * or library error. What it is not: a second implementation of any check the library
+ * What it is: option parsing, the files checked by the rules of cli_files.h before any is
+ * read, loading and checking the inputs (each error one line on stderr naming the file
+ * or option), one attn_forward call, then the outputs written all-or-nothing (temporary
+ * files renamed once all are complete, cli_files.c). Exit status: 0 success, 2 usage
+ * error (one file named twice included), 1 data or library error. What it is not: a second implementation of any check the library
  * makes — it checks early only where it can name the file the user gave.
  */
 #include <ctype.h>
@@ -20,6 +20,7 @@
 
 #include "attn.h"
 #include "cli.h"
+#include "cli_files.h"
 #include "cli_run.h"
 #include "cliopt.h"
 #include "half.h"
@@ -87,11 +88,24 @@ static int parse_args(int argc, char **argv, run_args *a) {
         if (!required[r][1])
             return say(EXIT_USAGE, "run: missing required option %s (see 'attn run --help')",
                        required[r][0]);
+    return 0;
+}
+
+/* The paths of a, by the rules of cli_files.h, before anything is read or written: the
+ * inputs into in[], the outputs (--out first) into out[]. */
+static int check_files(const run_args *a, cli_path *in, cli_path *out, int *n_out) {
+    const char *ins[][2] = {{"--q", a->q},       {"--k", a->k},           {"--v", a->v},
+                            {"--mask", a->mask}, {"--kv-len", a->kv_len}, {"--alibi", a->alibi}};
     const char *outs[][2] = {{"--out", a->out}, {"--lse", a->lse}, {"--weights", a->weights}};
-    for (int x = 0; x < 3; x++)
-        for (int y = x + 1; y < 3; y++)
-            if (outs[x][1] && outs[y][1] && strcmp(outs[x][1], outs[y][1]) == 0)
-                return say(EXIT_USAGE, "%s: same file as %s", outs[y][0], outs[x][0]);
+    int n_in = 0;
+    *n_out = 0;
+    for (int i = 0; i < 6; i++)
+        if (ins[i][1]) in[n_in++] = (cli_path){.opt = ins[i][0], .path = ins[i][1]};
+    for (int i = 0; i < 3; i++)
+        if (outs[i][1]) out[(*n_out)++] = (cli_path){.opt = outs[i][0], .path = outs[i][1]};
+    char err[512];
+    const int rc = cli_files_check(in, n_in, out, *n_out, err, sizeof err);
+    if (rc) return say(rc == -2 ? EXIT_USAGE : EXIT_DATA, "%s", err);
     return 0;
 }
 
@@ -265,9 +279,10 @@ static attn_tensor out_tensor(const out_file *f, int ndim) {
     return t;
 }
 
-/* All or nothing: on a failure, remove the files already written by this call. */
-static int write_outputs(out_file *outs, int n) {
-    char err[256];
+/* All or nothing: every output into a temporary file beside its target, then all renamed
+ * over their targets; on a failure the temporary files are removed and no file changed. */
+static int write_outputs(out_file *outs, cli_path *paths, int n) {
+    char err[512];
     for (int i = 0; i < n; i++) {
         /* NumPy has no bfloat16: a bfloat16 result is written as the float32 values it
          * holds exactly (widened in place from the end) */
@@ -276,12 +291,11 @@ static int write_outputs(out_file *outs, int n) {
                 outs[i].data[e] = attn_bf16_to_f32(((const uint16_t *)outs[i].data)[e]);
             outs[i].dtype = ATTN_F32;
         }
-        if (npy_write(outs[i].path, outs[i].dtype, outs[i].ndim, outs[i].shape, outs[i].data, err,
-                      sizeof err) == 0)
-            continue;
-        for (int j = 0; j < i; j++) unlink(outs[j].path);
-        return say(EXIT_DATA, "%s: %s", outs[i].path, err);
+        if (cli_files_write(&paths[i], outs[i].dtype, outs[i].ndim, outs[i].shape, outs[i].data,
+                            err, sizeof err))
+            return say(EXIT_DATA, "%s: %s", outs[i].path, err);
     }
+    if (cli_files_commit(paths, n, err, sizeof err)) return say(EXIT_DATA, "%s", err);
     return 0;
 }
 
@@ -308,8 +322,14 @@ int cli_run(int argc, char **argv) {
 
     run_args a;
     attn_options opt;
+    cli_path in_paths[6], out_paths[3];
+    int n_paths = 0;
     int rc = cli_run_parse(argc, argv, &a, &opt);
-    if (rc) return rc;
+    if (!rc) rc = check_files(&a, in_paths, out_paths, &n_paths);
+    if (rc) {
+        cli_files_abort(out_paths, n_paths);
+        return rc;
+    }
 
     npy_array q = {0}, k = {0}, v = {0}, mask = {0}, kvl = {0}, alibi = {0};
     out_file outs[3] = {{0}};
@@ -431,9 +451,10 @@ int cli_run(int argc, char **argv) {
                      : say(EXIT_DATA, "%s", attn_status_string(st));
         goto done;
     }
-    rc = write_outputs(outs, nouts);
+    rc = write_outputs(outs, out_paths, nouts);
 
 done:
+    cli_files_abort(out_paths, n_paths);
     npy_free(&q);
     npy_free(&k);
     npy_free(&v);

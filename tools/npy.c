@@ -313,8 +313,25 @@ static int read_file(FILE *f, npy_array *a, char *err, size_t errlen) {
 int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     if (!host_is_little_endian()) return fail(err, errlen, "only little-endian hosts are supported");
-    FILE *f = fopen(path, "rb");
-    if (!f) return fail(err, errlen, "cannot open: %s", strerror(errno));
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer; the
+     * file is then checked to be regular (read_file) before any read, and reads of a
+     * regular file do not depend on the flag */
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) return fail(err, errlen, "cannot open: %s", strerror(errno));
+    struct stat st;
+    const char *why = NULL;
+    if (fstat(fd, &st) != 0) why = strerror(errno);
+    else if (S_ISDIR(st.st_mode)) why = "not a regular file (a directory)";
+    else if (!S_ISREG(st.st_mode)) why = "not a regular file (a device, FIFO or socket)";
+    if (why) {
+        close(fd);
+        return fail(err, errlen, "%s", why);
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return fail(err, errlen, "cannot open: %s", strerror(errno));
+    }
     npy_array a = {0};
     int rc = read_file(f, &a, err, errlen);
     fclose(f);
@@ -339,8 +356,11 @@ static int write_all(FILE *f, const void *buf, size_t n) {
     return 0;
 }
 
-int npy_write(const char *path, attn_dtype dtype, int ndim, const int64_t *shape,
-              const void *data, char *err, size_t errlen) {
+/* The file's preamble and header dict into pre/hdr (lengths *pre_len, *hdr_len) and its
+ * data size into *bytes; -1 with a reason when it cannot be written. */
+static int make_header(attn_dtype dtype, int ndim, const int64_t *shape, const void *data,
+                       unsigned char pre[12], int *pre_len, char *hdr, int *hdr_len,
+                       int64_t *bytes, char *err, size_t errlen) {
     if (!host_is_little_endian()) return fail(err, errlen, "only little-endian hosts are supported");
     const char *descr = dtype == ATTN_F32 ? "<f4" : dtype == ATTN_F16 ? "<f2"
                       : dtype == ATTN_BOOL ? "|b1" : dtype == ATTN_I32 ? "<i4"
@@ -350,61 +370,87 @@ int npy_write(const char *path, attn_dtype dtype, int ndim, const int64_t *shape
         return fail(err, errlen, "cannot write rank %d (0 to %d supported)", ndim, NPY_MAX_DIMS);
 
     /* the dict, then spaces and '\n' so that the data starts at a multiple of 64 */
-    char hdr[512 + NPY_ALIGN];
-    int64_t count = 1, bytes;
-    int n = snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
+    int64_t count = 1;
+    int n = snprintf(hdr, 512, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0) return fail(err, errlen, "cannot write a negative dimension");
         if (!mul_i64(count, shape[i], &count))
             return fail(err, errlen, "shape has more elements than fit in 64 bits");
-        n += snprintf(hdr + n, sizeof hdr - (size_t)n, ndim == 1 ? "%lld," : i ? ", %lld" : "%lld",
+        n += snprintf(hdr + n, 512 - (size_t)n, ndim == 1 ? "%lld," : i ? ", %lld" : "%lld",
                       (long long)shape[i]);
     }
-    n += snprintf(hdr + n, sizeof hdr - (size_t)n, "), }");
+    n += snprintf(hdr + n, 512 - (size_t)n, "), }");
     if (n <= 0 || n >= 512) return fail(err, errlen, "header too long");  /* rank <= 8: < 300 */
-    if (!mul_i64(count, (int64_t)npy_dtype_size(dtype), &bytes) || (uint64_t)bytes > SIZE_MAX)
+    if (!mul_i64(count, (int64_t)npy_dtype_size(dtype), bytes) || (uint64_t)*bytes > SIZE_MAX)
         return fail(err, errlen, "data size does not fit in memory sizes");
-    if (bytes > 0 && !data) return fail(err, errlen, "no data to write");
+    if (*bytes > 0 && !data) return fail(err, errlen, "no data to write");
 
     /* format 1.0 unless the header needs more than 65535 bytes (never at rank <= 8) */
-    int pre_len = n + 1 + NPY_ALIGN <= 65535 ? 10 : 12;
-    int pad = NPY_ALIGN - (pre_len + n + 1) % NPY_ALIGN;
+    *pre_len = n + 1 + NPY_ALIGN <= 65535 ? 10 : 12;
+    int pad = NPY_ALIGN - (*pre_len + n + 1) % NPY_ALIGN;
     if (pad == NPY_ALIGN) pad = 0;
     memset(hdr + n, ' ', (size_t)pad);
     n += pad;
     hdr[n++] = '\n';
-    unsigned char pre[12];
     memcpy(pre, NPY_MAGIC, 6);
-    pre[6] = pre_len == 10 ? 1 : 2;
+    pre[6] = *pre_len == 10 ? 1 : 2;
     pre[7] = 0;
-    for (int i = 0; i < pre_len - 8; i++) pre[8 + i] = (unsigned char)((uint32_t)n >> (8 * i));
+    for (int i = 0; i < *pre_len - 8; i++) pre[8 + i] = (unsigned char)((uint32_t)n >> (8 * i));
+    *hdr_len = n;
+    return 0;
+}
 
+int npy_write_fd(int fd, attn_dtype dtype, int ndim, const int64_t *shape, const void *data,
+                 char *err, size_t errlen) {
+    char hdr[512 + NPY_ALIGN];
+    unsigned char pre[12];
+    int pre_len = 0, n = 0;
+    int64_t bytes = 0;
+    if (make_header(dtype, ndim, shape, data, pre, &pre_len, hdr, &n, &bytes, err, errlen)) {
+        close(fd);
+        return -1;
+    }
+    FILE *f = fdopen(fd, "wb");
+    if (!f) {
+        const int e = errno;
+        close(fd);
+        return fail(err, errlen, "cannot write: %s", strerror(e));
+    }
+    int rc = 0;
+    if (write_all(f, pre, (size_t)pre_len) || write_all(f, hdr, (size_t)n) ||
+        write_all(f, data, (size_t)bytes) || fflush(f) != 0)
+        rc = -1;
+    int e = errno;
+    if (fclose(f) != 0 && rc == 0) { rc = -1; e = errno; }
+    if (rc) fail(err, errlen, "cannot write: %s", strerror(e));
+    return rc;
+}
+
+int npy_write(const char *path, attn_dtype dtype, int ndim, const int64_t *shape,
+              const void *data, char *err, size_t errlen) {
+    char hdr[512 + NPY_ALIGN];  // refused before a temporary file exists
+    unsigned char pre[12];
+    int pre_len = 0, n = 0;
+    int64_t bytes = 0;
+    if (make_header(dtype, ndim, shape, data, pre, &pre_len, hdr, &n, &bytes, err, errlen))
+        return -1;
     size_t tlen = strlen(path) + 32;
     char *tmp = malloc(tlen);
     if (!tmp) return fail(err, errlen, "out of memory");
     snprintf(tmp, tlen, "%s.tmp.%ld", path, (long)getpid());
     unlink(tmp);  /* a leftover of an earlier process with the same pid */
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
-    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
-    if (!f) {
+    if (fd < 0) {
         int e = errno;
-        if (fd >= 0) close(fd);
-        unlink(tmp);
         free(tmp);
         return fail(err, errlen, "cannot create a temporary file: %s", strerror(e));
     }
-    int rc = 0;
-    const char *step = "write";
-    if (write_all(f, pre, (size_t)pre_len) || write_all(f, hdr, (size_t)n) ||
-        write_all(f, data, (size_t)bytes) || fflush(f) != 0)
+    int rc = npy_write_fd(fd, dtype, ndim, shape, data, err, errlen);
+    if (rc == 0 && rename(tmp, path) != 0) {
         rc = -1;
-    int e = errno;
-    if (fclose(f) != 0 && rc == 0) { rc = -1; e = errno; }
-    if (rc == 0 && rename(tmp, path) != 0) { rc = -1; e = errno; step = "rename into place"; }
-    if (rc) {
-        unlink(tmp);
-        fail(err, errlen, "cannot %s: %s", step, strerror(e));
+        fail(err, errlen, "cannot rename into place: %s", strerror(errno));
     }
+    if (rc) unlink(tmp);
     free(tmp);
     return rc;
 }

@@ -5,9 +5,10 @@
  * What it reads: little-endian C-order arrays of float32, float16, bool, int32, int64
  * (and their '|'/'<' byte-order marks), of rank 0 to 8. Everything else is refused with
  * a one-line reason: Fortran order, big-endian, other dtypes, a header that does not
- * parse or lies about the data size, truncated data. What it writes: format 1.0 (2.0
- * when the header needs it), written to a temporary file and renamed, so that a failed
- * write leaves no partial file behind.
+ * parse or lies about the data size, truncated data, a path that is not a regular file
+ * (a FIFO, device or directory is refused before it is read). What it writes: format
+ * 1.0 (2.0 when the header needs it), written to a temporary file and renamed, so that
+ * a failed write leaves no partial file behind.
  */
 #ifndef ATTN_NPY_H
 #define ATTN_NPY_H
@@ -34,6 +35,11 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen);
 /* 0 on success, -1 with a reason in err. dtype as above. */
 int npy_write(const char *path, attn_dtype dtype, int ndim, const int64_t *shape,
               const void *data, char *err, size_t errlen);
+
+/* The same file written to fd, which is closed in every case; nothing is renamed. For a
+ * caller that places and renames its own temporary files (tools/cli_files.c). */
+int npy_write_fd(int fd, attn_dtype dtype, int ndim, const int64_t *shape, const void *data,
+                 char *err, size_t errlen);
 
 void npy_free(npy_array *a);
 

@@ -19,7 +19,7 @@ from typing import Any, Literal, Optional, Sequence, Tuple, TypeVar, Union, over
 
 import numpy as np
 
-from . import _attn
+from . import _attn, _options
 
 __all__ = ["scaled_dot_product_attention", "kernel_name", "__version__"]
 
@@ -397,19 +397,20 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             raise ValueError("precision=%r runs on the %s path, but path=%r" % (
                 precision, wanted, path))
         path = wanted
-    if window is not None:
-        try:
-            left, right = window
-            window = (int(left), int(right))
-        except (TypeError, ValueError):
-            raise ValueError("window=%r: expected (left, right), two ints, -1 = unbounded" % (
-                window,)) from None
-    if isinstance(threads, bool) or not isinstance(threads, int):
-        raise TypeError("threads=%r: expected an int (0 = default)" % (threads,))
+    # flags, numbers and counts as PyTorch takes them, nothing looser (_options.py)
+    window = _options.window(window)
+    threads = _options.threads(threads)
+    is_causal, enable_gqa, return_lse, return_weights = _options.flags(
+        ("is_causal", "enable_gqa", "return_lse", "return_weights"),
+        (is_causal, enable_gqa, return_lse, return_weights))
+    scale = None if scale is None else _options.number("scale", scale)
+    softcap = _options.number("softcap", softcap)
+    alibi_slopes = _options.sequence("alibi_slopes", alibi_slopes, "float")
+    kv_len = _options.sequence("kv_len", kv_len, "int")
 
     tt = _torch_tensor_type()
-    options = (bool(is_causal), None if scale is None else float(scale), bool(enable_gqa),
-               _ALIGN[align], window, float(softcap), _PATH[path], level, threads)
+    options = (is_causal, scale, enable_gqa, _ALIGN[align], window, softcap, _PATH[path],
+               level, threads)
     if tt is not None and _wants_autograd(query, key, value, attn_mask, alibi_slopes, tt):
         if attn_mask is not None:
             attn_mask = _widen(attn_mask, tt)
