@@ -241,6 +241,20 @@ static attn_status forward(call *c, buf *o, buf *lse, buf *w, int threads, attn_
     return st;
 }
 
+/* forward() into freshly poisoned twins of the outputs */
+static attn_status forward_again(call *c, buf *o, buf *lse, buf *w, int threads, attn_path path,
+                                 bool with_ws) {
+    buf_repoison(o);
+    buf_repoison(lse);
+    buf_repoison(w);
+    return forward(c, o, lse, w, threads, path, with_ws);
+}
+
+/* the twins hold the same bytes as the first call's outputs */
+static bool same3(const call *c, const buf *o, const buf *lse, const buf *w) {
+    return same_bytes(o, &c->o) && same_bytes(lse, &c->lse) && same_bytes(w, &c->w);
+}
+
 static void backward(call *c, const buf *o, const buf *lse, const attn_tensor *lse_t);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -389,23 +403,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     buf_twin(&o3, &c.o);
     buf_twin(&lse3, &c.lse);
     buf_twin(&w3, &c.w);
-    REQUIRE(forward(&c, &o3, &lse3, &w3, 3, ATTN_PATH_FUSED, false) == ATTN_OK, "3 threads: %s",
-            attn_last_error());
-    REQUIRE(same_bytes(&o3, &c.o) && same_bytes(&lse3, &c.lse) && same_bytes(&w3, &c.w),
-            "1 and 3 threads differ");
-    buf_repoison(&o3);
-    buf_repoison(&lse3);
-    buf_repoison(&w3);
-    REQUIRE(forward(&c, &o3, &lse3, &w3, 2, ATTN_PATH_AUTO, true) == ATTN_OK,
+    REQUIRE(forward_again(&c, &o3, &lse3, &w3, 3, ATTN_PATH_FUSED, false) == ATTN_OK,
+            "3 threads: %s", attn_last_error());
+    REQUIRE(same3(&c, &o3, &lse3, &w3), "1 and 3 threads differ");
+    REQUIRE(forward_again(&c, &o3, &lse3, &w3, 2, ATTN_PATH_AUTO, true) == ATTN_OK,
             "with the queried workspace: %s", attn_last_error());
-    REQUIRE(same_bytes(&o3, &c.o) && same_bytes(&lse3, &c.lse) && same_bytes(&w3, &c.w),
-            "with the queried workspace, a different result");
+    REQUIRE(same3(&c, &o3, &lse3, &w3), "with the queried workspace, a different result");
 
     /* against the reference path */
-    buf_repoison(&o3);
-    buf_repoison(&lse3);
-    buf_repoison(&w3);
-    REQUIRE(forward(&c, &o3, &lse3, &w3, 2, ATTN_PATH_REFERENCE, false) == ATTN_OK,
+    REQUIRE(forward_again(&c, &o3, &lse3, &w3, 2, ATTN_PATH_REFERENCE, false) == ATTN_OK,
             "reference path refused what the fused path took: %s", attn_last_error());
     const bool fast = c.opt.precision == ATTN_PRECISION_FAST && kvdt == ATTN_BF16;
     const bool f32 = odt == ATTN_F32 && !fast;
