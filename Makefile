@@ -13,10 +13,14 @@ PREFIX  ?= /usr/local
 BUILD   ?= build
 OPT     ?= -O2
 SAN     ?=
+# OPENMP=-fopenmp-simd builds without the OpenMP runtime (one thread per call, the simd
+# pragmas kept), for the ThreadSanitizer run of scripts/check.sh (libgomp is not
+# instrumented for it)
+OPENMP  ?= -fopenmp
 
-CFLAGS_BASE = -std=c11 $(OPT) -g -fopenmp -Wall -Wextra -Wshadow -Wno-unused-parameter \
+CFLAGS_BASE = -std=c11 $(OPT) -g $(OPENMP) -Wall -Wextra -Wshadow -Wno-unused-parameter \
               -fno-strict-aliasing -D_POSIX_C_SOURCE=200809L -Iinclude $(SAN)
-LIB_CFLAGS  = $(CFLAGS_BASE) -fPIC -fvisibility=hidden
+LIB_CFLAGS  = $(CFLAGS_BASE) -fPIC -fvisibility=hidden $(if $(SAN),-DATTN_SANITIZED)
 
 # The BLAS of the projections (src/blas.c): OpenBLAS through pkg-config by default; any
 # other CBLAS with  make BLAS=name BLAS_CFLAGS=-I... BLAS_LIBS="-L... -lcblas"  (name is
@@ -76,7 +80,7 @@ $(BUILD)/obj/%.o: src/%.c include/attn.h $(wildcard src/*.h src/kernels/*.h)
 	$(CC) $(LIB_CFLAGS) -Isrc -c $< -o $@
 
 $(BUILD)/libattn.so: $(LIB_OBJ)
-	$(CC) -shared -fopenmp -Wl,-soname,libattn.so.0 $(SAN) -o $@ $^ $(LDLIBS)
+	$(CC) -shared $(OPENMP) -Wl,-soname,libattn.so.0 $(SAN) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/libattn.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
@@ -86,7 +90,7 @@ $(BUILD)/obj/tools/%.o: tools/%.c include/attn.h $(wildcard tools/*.h src/kernel
 	$(CC) $(CFLAGS_BASE) -Itools -Isrc -c $< -o $@
 
 $(BUILD)/attn: $(TOOL_OBJ) $(BUILD)/libattn.a
-	$(CC) -fopenmp $(SAN) -o $@ $(TOOL_OBJ) $(BUILD)/libattn.a $(LDLIBS) -lpng
+	$(CC) $(OPENMP) $(SAN) -o $@ $(TOOL_OBJ) $(BUILD)/libattn.a $(LDLIBS) -lpng
 
 # Test programs may use the npy reader and the naive attention of the tools.
 TEST_TOOL_OBJ = $(BUILD)/obj/tools/npy.o $(BUILD)/obj/tools/naive.o
@@ -163,3 +167,30 @@ install-mpi: $(BUILD)/libattn_mpi.a
 uninstall-mpi:
 	rm -f $(DESTDIR)$(PREFIX)/include/attn_mpi.h $(DESTDIR)$(PREFIX)/lib/libattn_mpi.a
 endif
+
+# ---- fuzzing: libFuzzer harnesses fuzz/fuzz_*.c (clang only) -------------------------
+#   make fuzz FUZZ_TIME=60     builds them into build-fuzz/ and runs each for 60 s from
+#                              its seed corpus fuzz/corpus/<harness>/ (scripts/fuzz.sh)
+# The library and the tools they call are compiled with coverage, ASan and UBSan.
+FUZZ_CC    ?= clang
+FUZZ_TIME  ?= 60
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SAN    = -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
+              -fno-omit-frame-pointer
+FUZZ_BIN    = $(patsubst fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard fuzz/fuzz_*.c))
+FUZZ_TOOL_OBJ = $(BUILD)/obj/tools/npy.o $(BUILD)/obj/tools/cliopt.o $(BUILD)/obj/tools/cli_run.o \
+                $(BUILD)/obj/tools/cli_files.o
+
+.PHONY: fuzz fuzz-build fuzz-bins
+fuzz-build:
+	$(MAKE) CC=$(FUZZ_CC) BUILD=$(FUZZ_BUILD) OPT=-O1 SAN="$(FUZZ_SAN)" fuzz-bins
+
+fuzz-bins: $(FUZZ_BIN)
+
+$(BUILD)/fuzz/%: fuzz/%.c $(BUILD)/libattn.a $(FUZZ_TOOL_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -fsanitize=fuzzer -Isrc -Itools -o $@ $< $(FUZZ_TOOL_OBJ) \
+	    $(BUILD)/libattn.a $(LDLIBS)
+
+fuzz: fuzz-build
+	bash scripts/fuzz.sh $(FUZZ_TIME) $(FUZZ_BUILD)

@@ -7,6 +7,9 @@
 # Usage: bash scripts/check.sh            (what `make check` and .ci/run run)
 #        ATTN_CHECK_SANITIZE=0 bash scripts/check.sh   skip the sanitizer run
 #        ATTN_CHECK_CROSS=0 bash scripts/check.sh      skip the AArch64 run under qemu
+# then the hardening runs of scripts/check_harden.sh (ThreadSanitizer, valgrind, the
+# fuzzers; ATTN_CHECK_TSAN=0, ATTN_CHECK_VALGRIND=0, ATTN_CHECK_FUZZ=0 skip them). The
+# sanitizer build is also the fault-injection build (src/alloc.h) that test_nomem needs.
 set -u
 cd "$(dirname "$0")/.."
 
@@ -124,6 +127,7 @@ fi
 
 if [ "${ATTN_CHECK_SANITIZE:-1}" != 0 ]; then
     san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+    san="$san -DATTN_FAULT_INJECTION"
     if make -s -j"$jobs" BUILD=build-san OPT=-O1 SAN="$san" all tests; then
         export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
         export UBSAN_OPTIONS=print_stacktrace=1
@@ -133,6 +137,9 @@ if [ "${ATTN_CHECK_SANITIZE:-1}" != 0 ]; then
         total_fail=$((total_fail + 1))
     fi
 fi
+
+# shellcheck source=scripts/check_harden.sh
+. scripts/check_harden.sh
 
 echo
 echo "$total_pass passed, $total_fail failed"

@@ -65,3 +65,34 @@ if ! py_ok || [ ! -f "$headers/Python.h" ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-dev python3-pip \
         python3-numpy python3-pytest python3-setuptools python3-wheel
 fi
+
+# The hardening runs of make check (scripts/check_harden.sh): clang with its libFuzzer
+# runtime (Debian's libclang-rt-<version>-dev, libclang-rt-14-dev for bookworm's clang 14)
+# for the fuzzers, valgrind for memcheck; skipped, not failed, where they cannot be
+# installed (make check then prints why each part did not run).
+fuzz_ok() {
+    local d
+    d=$(mktemp -d)
+    printf '%s\n' '#include <stddef.h>' '#include <stdint.h>' \
+        'int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { return 0; }' >"$d/p.c"
+    clang -fsanitize=fuzzer,address "$d/p.c" -o "$d/p" >/dev/null 2>&1
+    local rc=$?
+    rm -rf "$d"
+    return $rc
+}
+hard=()
+command -v valgrind >/dev/null 2>&1 || hard+=(valgrind)
+if ! command -v clang >/dev/null 2>&1; then
+    hard+=(clang libclang-rt-dev)
+elif ! fuzz_ok; then
+    hard+=("libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev")
+fi
+if [ ${#hard[@]} -gt 0 ]; then
+    echo "deps: installing ${hard[*]}"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    { $SUDO apt-get update -qq &&
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+            "${hard[@]}"; } ||
+        echo "deps: ${hard[*]} did not install; make check will skip the runs that need them"
+fi

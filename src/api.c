@@ -15,6 +15,7 @@
 #include <omp.h>
 #endif
 
+#include "alloc.h"
 #include "kernels.h"
 
 /* ---- status strings and the per-thread error detail ------------------------------ */
@@ -372,7 +373,7 @@ attn_status attn_workspace_acquire(const attn_options *opt, size_t need, void **
             return attn_fail(ATTN_ERR_WORKSPACE, "options.workspace_bytes is %zu, this call "
                              "needs %zu", opt->workspace_bytes, need);
     } else if (need > 0) {
-        *owned = *ws = malloc(need);
+        *owned = *ws = attn_malloc(need);
         if (!*ws) return attn_fail(ATTN_ERR_NOMEM, "workspace: could not allocate %zu bytes", need);
     } else {
         *ws = g_nothing;  // none needed: still no path computes on NULL
@@ -409,6 +410,6 @@ attn_status attn_forward(const attn_tensor *q, const attn_tensor *k, const attn_
     TRY(attn_workspace_acquire(opt, need, &ws, &owned));
     attn_status st = p.path == ATTN_PATH_REFERENCE ? attn_reference_forward(&p, ws)
                                                    : attn_fused_forward(&p, ws);
-    free(owned);
+    attn_free(owned);
     return st;
 }

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "backward.h"
 #include "half.h"
 #include "kernels.h"
@@ -198,7 +199,7 @@ static attn_status backward_half(const attn_tensor *const t[H_N], const attn_ten
                            lse_used, &dense[H_DQ], &dense[H_DK], &dense[H_DV], &o);
     if (st == ATTN_OK)
         for (int i = H_DQ; i <= H_DV; i++) copy_tensor(&dense[i], t[i]);
-    free(owned);
+    attn_free(owned);
     return st;
 }
 
@@ -248,7 +249,7 @@ attn_status attn_backward(const attn_tensor *q, const attn_tensor *k, const attn
     TRY(attn_workspace_acquire(opt, need, &ws, &owned));
     const attn_status st = p->path == ATTN_PATH_REFERENCE ? attn_reference_backward(&bp, ws)
                                                           : attn_fused_backward(&bp, ws);
-    free(owned);
+    attn_free(owned);
     return st;
 }
 

@@ -27,6 +27,28 @@
 #include "attn_internal.h"
 #include "kernels/list.h"
 
+/* The kernels' templates (helpers whose tile sizes are constant arguments) are forced
+ * inline, so that each expansion keeps its tile in registers. Under clang with a
+ * sanitizer (the Makefile defines ATTN_SANITIZED when SAN is set) they are kept out of
+ * line instead (also for a plain clang -fsanitize=address command): every expansion
+ * inlined and unrolled, with a check on each access, made one file take clang more than
+ * 8 minutes and 5 GB (docs/HARDENING.md). The arithmetic is the same either way; only
+ * where it runs from changes. */
+#if defined(__clang__) && defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+#define ATTN_KERNEL_OUT_OF_LINE
+#endif
+#endif
+#if defined(__clang__) && defined(ATTN_SANITIZED)  /* UBSan alone has no feature test */
+#define ATTN_KERNEL_OUT_OF_LINE
+#endif
+#ifdef ATTN_KERNEL_OUT_OF_LINE
+#define ATTN_KERNEL_INLINE static __attribute__((noinline))
+#else
+#define ATTN_KERNEL_INLINE static inline __attribute__((always_inline))
+#endif
+
 /* Blocks of at most this many query rows (decoding) take a kernel's decode entry, 4 rows a
  * call, on their clean tiles (whether or not the weights are asked for: O must not
  * change when they are); the weights' sweep recomputes those tiles' logits with the

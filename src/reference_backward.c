@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "backward.h"
 
 /* ---- one row of probabilities ------------------------------------------------------- */
@@ -259,7 +260,7 @@ attn_status attn_reference_backward(const attn_bwd_params *bp, void *ws) {
 static double *alloc_mats(const attn_params *p) {
     const int64_t n = group_doubles(p, false);
     if (n < 0 || (uint64_t)n > SIZE_MAX / sizeof(double)) return NULL;
-    return malloc(n > 0 ? (size_t)n * sizeof(double) : 1);
+    return attn_malloc(n > 0 ? (size_t)n * sizeof(double) : 1);
 }
 
 attn_status attn_ref64_forward(const attn_params *p, const double *q, const double *k,
@@ -274,7 +275,7 @@ attn_status attn_ref64_forward(const attn_params *p, const double *q, const doub
                               v + g0 * Lk * p->Dv, o + h0 * Lq * p->Dv,
                               lse ? lse + h0 * Lq : NULL, P);
         }
-    free(P);
+    attn_free(P);
     return ATTN_OK;
 }
 
@@ -291,6 +292,6 @@ attn_status attn_ref64_backward(const attn_params *p, const double *q, const dou
                                d_o + h0 * Lq * Dv, dq + h0 * Lq * Dk, dk + g0 * Lk * Dk,
                                dv + g0 * Lk * Dv, mats, magnitudes);
         }
-    free(mats);
+    attn_free(mats);
     return ATTN_OK;
 }

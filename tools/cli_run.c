@@ -23,6 +23,7 @@
 #include "attn.h"
 #include "cli.h"
 #include "cli_files.h"
+#include "cli_run.h"
 #include "cliopt.h"
 #include "run_args.h"
 #include "half.h"
@@ -184,6 +185,13 @@ static int options_from_args(const run_args *a, attn_options *opt) {
         opt->threads = (int32_t)n;
     }
     return 0;
+}
+
+int cli_run_parse(int argc, char **argv, run_args *a, attn_options *opt) {
+    *a = (run_args){0};
+    *opt = (attn_options){0};
+    const int rc = parse_args(argc, argv, a);
+    return rc ? rc : options_from_args(a, opt);
 }
 
 /* ---- inputs ------------------------------------------------------------------------- */

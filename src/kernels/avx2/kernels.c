@@ -21,7 +21,7 @@
 #include "kernels.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
-#define INLINE static inline __attribute__((always_inline))
+#define INLINE ATTN_KERNEL_INLINE
 
 /* exp(x): n = round(x log2 e), r = x - n ln 2 (Cody-Waite, two steps), e^r by its
  * degree-7 Taylor polynomial, 2^n built in the exponent bits. The kernels call it only

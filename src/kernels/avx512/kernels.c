@@ -19,7 +19,7 @@
 #include "kernels.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
-#define INLINE static inline __attribute__((always_inline))
+#define INLINE ATTN_KERNEL_INLINE
 
 /* S^T for RV zmm of rows (16 RV rows) and KC keys starting at key c0. */
 INLINE void qk_tile(int RV, int KC, int64_t dk, const float *qt, int64_t ldq, const float *k,

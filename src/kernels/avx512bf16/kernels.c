@@ -19,7 +19,7 @@
 #include "kernels.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
-#define INLINE static inline __attribute__((always_inline))
+#define INLINE ATTN_KERNEL_INLINE
 
 static inline uint32_t load_u32(const uint16_t *p) {  // two bf16, unaligned
     uint32_t x;
