@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "additive.h"
 #include "additive_proj.h"
 #include "blas.h"
@@ -309,7 +310,7 @@ attn_status attn_luong_general_forward(const attn_tensor *q, const attn_tensor *
         return attn_fail(ATTN_ERR_OVERFLOW, "q: [B, H, Lq, max(Dq, Dk)] overflows int64");
     if (!w && Dq > 0 && Dk > 0) return attn_fail(ATTN_ERR_NULL, "w: NULL");
     /* qp [B, H, Lq, Dk] = q W, then plain attention on (qp, k, v): qp_i · k_j = q_i W k_jᵀ */
-    float *qp = malloc((size_t)(n > 0 ? 2 * n : 1) * sizeof(float)), *gather = qp + n;
+    float *qp = attn_malloc((size_t)(n > 0 ? 2 * n : 1) * sizeof(float)), *gather = qp + n;
     if (!qp) return attn_fail(ATTN_ERR_NOMEM, "luong general: could not allocate q W");
     attn_status st = ATTN_OK;
     for (int64_t bh = 0; st == ATTN_OK && bh < B * H; bh++) {
@@ -325,6 +326,6 @@ attn_status attn_luong_general_forward(const attn_tensor *q, const attn_tensor *
         if (!o2.has_scale) o2.has_scale = true, o2.scale = 1.0f;  /* Luong: no 1/√d */
         st = attn_forward(&qt, k, v, o, &o2);
     }
-    free(qp);
+    attn_free(qp);
     return st;
 }

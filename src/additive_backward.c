@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "additive.h"
 #include "additive_proj.h"
 #include "blas.h"
@@ -198,6 +199,12 @@ attn_status attn_additive_fused_backward(const attn_additive_params *p,
     bm.tmp = bm.Dr + B * Lq;
     attn_proj_vt(&pr, p);
     attn_status st = ATTN_OK;
+    /* the sums of d bias and d ṽ over the batches, allocated before any output is written */
+    double *acc = attn_calloc((size_t)(2 * A + 1), sizeof(double));
+    if (!acc) {
+        attn_proj_free(&pr);
+        return attn_fail(ATTN_ERR_NOMEM, "additive backward: out of memory");
+    }
 #pragma omp parallel num_threads(m->threads)
     {
         const int th = attn_thread_num();
@@ -228,8 +235,6 @@ attn_status attn_additive_fused_backward(const attn_additive_params *p,
         for (int64_t r = 0; r < B * Lq; r++)
             if (st == ATTN_OK) rows_item(p, g, &pr, &bm, &w, r / Lq, r % Lq);
     }
-    double *acc = calloc((size_t)(2 * A + 1), sizeof(double));  /* dbias, dṽ */
-    if (!acc && st == ATTN_OK) st = attn_fail(ATTN_ERR_NOMEM, "additive backward: out of memory");
     /* the weights' gradients sum over the batches in order: one thread (the products
      * through the BLAS's own threads) */
     for (int64_t b = 0; st == ATTN_OK && b < B; b++) st = through_weights(p, g, &pr, &bm, b, acc);
@@ -244,7 +249,7 @@ attn_status attn_additive_fused_backward(const attn_additive_params *p,
         for (int64_t a = 0; gr->d_bias && a < A; a++) gr->d_bias[a] = (float)acc[a];
         attn_additive_v_grad(p, acc + A, gr->d_v, gr->d_g);
     }
-    free(acc);
+    attn_free(acc);
     attn_proj_free(&pr);
     return st;
 }

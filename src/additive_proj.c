@@ -7,9 +7,11 @@
  *                   where the BLAS runs single-threaded: no second thread pool spinning
  *                   beside theirs.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "additive_proj.h"
 #include "blas.h"
 
@@ -39,11 +41,12 @@ attn_status attn_proj_init(attn_additive_proj *pr, const attn_additive_params *p
     }
     if (total > (int64_t)(SIZE_MAX / sizeof(float)) - 16)
         return attn_fail(ATTN_ERR_OVERFLOW, "additive attention: workspace size overflows");
-    pr->mem = aligned_alloc(64, ((size_t)total * sizeof(float) + 63) / 64 * 64 + 64);
+    pr->mem = attn_malloc((size_t)total * sizeof(float) + 64);
     if (!pr->mem)
         return attn_fail(ATTN_ERR_NOMEM, "additive attention: could not allocate %lld floats",
                          (long long)total);
-    float *base = pr->mem;
+    /* the blocks 64-byte aligned from the first whole line of the allocation */
+    float *base = (float *)(((uintptr_t)pr->mem + 63) & ~(uintptr_t)63);
     pr->qp = base + off[0];
     pr->kpt = base + off[1];
     pr->vt = base + off[2];
@@ -54,7 +57,7 @@ attn_status attn_proj_init(attn_additive_proj *pr, const attn_additive_params *p
 }
 
 void attn_proj_free(attn_additive_proj *pr) {
-    free(pr->mem);
+    attn_free(pr->mem);
     pr->mem = NULL;
 }
 

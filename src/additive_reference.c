@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "additive.h"
 
 typedef struct ref_ws {
@@ -26,7 +27,7 @@ typedef struct ref_ws {
 } ref_ws;
 
 static double *dalloc(int64_t n, bool *ok) {
-    double *p = calloc((size_t)(n > 0 ? n : 1), sizeof(double));
+    double *p = attn_calloc((size_t)(n > 0 ? n : 1), sizeof(double));
     if (!p) *ok = false;
     return p;
 }
@@ -46,8 +47,8 @@ static bool ws_alloc(const attn_additive_params *p, ref_ws *w) {
 }
 
 static void ws_free(ref_ws *w) {
-    free(w->qp); free(w->kp); free(w->vt); free(w->e); free(w->pr);
-    free(w->dqp); free(w->dkp); free(w->dvt); free(w->dval); free(w->acc);
+    attn_free(w->qp); attn_free(w->kp); attn_free(w->vt); attn_free(w->e); attn_free(w->pr);
+    attn_free(w->dqp); attn_free(w->dkp); attn_free(w->dvt); attn_free(w->dval); attn_free(w->acc);
 }
 
 static double at(const float *x, const int64_t s[4], int64_t b, int64_t r, int64_t d) {
@@ -197,7 +198,7 @@ attn_status attn_additive_reference_backward(const attn_additive_params *p,
     bool ok = ws_alloc(p, &w);
     double *gw = dalloc(p->Dq * A, &ok), *gu = dalloc(m->Dk * A, &ok), *gb = dalloc(A, &ok);
     if (!ok) {
-        ws_free(&w); free(gw); free(gu); free(gb);
+        ws_free(&w); attn_free(gw); attn_free(gu); attn_free(gb);
         return attn_fail(ATTN_ERR_NOMEM, "additive reference: out of memory");
     }
     for (int64_t b = 0; b < m->B; b++) {
@@ -221,6 +222,6 @@ attn_status attn_additive_reference_backward(const attn_additive_params *p,
     for (int64_t c = 0; gr->d_w_key && c < m->Dk * A; c++) gr->d_w_key[c] = (float)gu[c];
     for (int64_t a = 0; gr->d_bias && a < A; a++) gr->d_bias[a] = (float)gb[a];
     attn_additive_v_grad(p, w.dvt, gr->d_v, gr->d_g);
-    ws_free(&w); free(gw); free(gu); free(gb);
+    ws_free(&w); attn_free(gw); attn_free(gu); attn_free(gb);
     return ATTN_OK;
 }

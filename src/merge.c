@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "half.h"
 #include "merge.h"
 
@@ -102,7 +103,7 @@ attn_status attn_merge(int64_t n, const attn_tensor *o_parts, const attn_tensor 
     const size_t x_s_bytes = ((size_t)n * sizeof(int64_t) + 63) & ~(size_t)63;
     if (per > (SIZE_MAX - x_s_bytes - 16) / (size_t)nt)
         return attn_fail(ATTN_ERR_OVERFLOW, "merge scratch overflows size_t");
-    char *scratch = malloc(x_s_bytes + (size_t)nt * per + 16);
+    char *scratch = attn_malloc(x_s_bytes + (size_t)nt * per + 16);
     if (!scratch) return attn_fail(ATTN_ERR_NOMEM, "merge scratch: could not allocate");
     int64_t *x_s = (int64_t *)scratch;
     for (int64_t c = 0; c < n; c++) x_s[c] = o_parts[c].stride[3];
@@ -133,6 +134,6 @@ attn_status attn_merge(int64_t n, const attn_tensor *o_parts, const attn_tensor 
                     empty ? -INFINITY : m + logf(l);
         }
     }
-    free(scratch);
+    attn_free(scratch);
     return ATTN_OK;
 }

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "half.h"
 #include "mha.h"
 
@@ -451,7 +452,7 @@ attn_status mha_two_pass(mha_body body, const void *ctx, const attn_options *opt
     TRY(attn_workspace_acquire(opt, w.used, &ws, &owned));
     mha_ws run = {.base = ws};
     attn_status st = body(ctx, opt, &run);
-    free(owned);
+    attn_free(owned);
     return st;
 }
 

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "half.h"
 #include "kernels.h"
 
@@ -182,7 +183,7 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
     const int64_t rows = geom.bq, keys = geom.bk_max;
     const size_t per_thread = wg_scratch_floats(p.Dk, rows, keys) * sizeof(float) +
                               2 * (size_t)rows * sizeof(int64_t) + (size_t)C * sizeof(double);
-    char *ws = malloc(per_thread * (size_t)p.threads);
+    char *ws = attn_malloc(per_thread * (size_t)p.threads);
     if (!ws) return attn_fail(ATTN_ERR_NOMEM, "grid: could not allocate %zu bytes of scratch",
                               per_thread * (size_t)p.threads);
     float *g_out = grid->data;
@@ -217,6 +218,6 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
             for (int64_t c = 0; c < C; c++) g_bhr[c * grid->stride[3]] = (float)w.cells[c];
         }
     }
-    free(ws);
+    attn_free(ws);
     return ATTN_OK;
 }

@@ -8,8 +8,11 @@
  *
  * The calls: forward on both paths (with lse and weights, with a mask), forward with
  * float16 and bfloat16 tensors, backward on both paths, backward with float16 tensors
- * (which runs a forward of its own inside). A new call that allocates gets a line in
- * CASES.
+ * (which runs a forward of its own inside); and the library's other calls: attn_merge,
+ * attn_weights_grid, additive attention forward and backward, the multi-head layer's
+ * forward. A new attention call that allocates gets a line in CASES, another call a
+ * test_*_call of its own. (Memory the BLAS allocates inside its own calls is not the
+ * library's and is not injected.)
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -156,6 +159,51 @@ static void poison(const out_span *s, int n) {
     for (int i = 0; i < n; i++) memset(s[i].p, POISON, s[i].bytes);
 }
 
+/* The call run(ctx), whose outputs are s[0..ns): once to count its allocations, then
+ * once per allocation with that one failing (ATTN_ERR_NOMEM, nothing written, no later
+ * allocation tried), then once more with memory again. */
+static void fail_each(const char *name, attn_status (*run)(void *), void *ctx, const out_span *s,
+                      int ns) {
+    attn_fault_arm(0);
+    poison(s, ns);
+    attn_status st = run(ctx);
+    const int64_t n_alloc = attn_fault_count();
+    CHECK(st == ATTN_OK, "%s: clean call: status %d (%s)", name, (int)st, attn_last_error());
+    CHECK(n_alloc >= 1, "%s: no allocation counted: the call allocates its workspace",
+          name);
+    CHECK(!untouched(s, ns), "%s: clean call wrote nothing", name);
+
+    for (int64_t n = 1; n <= n_alloc; n++) {
+        poison(s, ns);
+        attn_fault_arm(n);
+        st = run(ctx);
+        const int64_t tried = attn_fault_count();
+        attn_fault_arm(0);
+        CHECK(st == ATTN_ERR_NOMEM, "%s: allocation %lld of %lld failed: status %d, expected "
+              "ATTN_ERR_NOMEM", name, (long long)n, (long long)n_alloc, (int)st);
+        CHECK(untouched(s, ns), "%s: allocation %lld of %lld failed, yet an output was "
+              "written", name, (long long)n, (long long)n_alloc);
+        CHECK(tried == n, "%s: allocation %lld failed, yet the call went on to %lld", name,
+              (long long)n, (long long)tried);
+        g_points++;
+    }
+    /* and the next call, with memory again, succeeds */
+    poison(s, ns);
+    st = run(ctx);
+    CHECK(st == ATTN_OK && !untouched(s, ns), "%s: the call after the failures: status %d",
+          name, (int)st);
+    printf("  %-44s %lld allocation point(s) failed\n", name, (long long)n_alloc);
+}
+
+typedef struct case_ctx {
+    const call_case *cc;
+    call_bufs *c;
+} case_ctx;
+static attn_status run_case_ctx(void *x) {
+    const case_ctx *k = x;
+    return run_case(k->cc, k->c);
+}
+
 static void test_case(const call_case *cc) {
     call_bufs c;
     bufs_init(&c, cc->in_dt, cc->out_dt);
@@ -175,44 +223,140 @@ static void test_case(const call_case *cc) {
               cc->name, attn_last_error());
     }
 
-    attn_fault_arm(0);
-    poison(s, ns);
-    attn_status st = run_case(cc, &c);
-    const int64_t n_alloc = attn_fault_count();
-    CHECK(st == ATTN_OK, "%s: clean call: status %d (%s)", cc->name, (int)st, attn_last_error());
-    CHECK(n_alloc >= 1, "%s: no allocation counted: the call allocates its workspace",
-          cc->name);
-    CHECK(!untouched(s, ns), "%s: clean call wrote nothing", cc->name);
-
-    for (int64_t n = 1; n <= n_alloc; n++) {
-        poison(s, ns);
-        attn_fault_arm(n);
-        st = run_case(cc, &c);
-        const int64_t tried = attn_fault_count();
-        attn_fault_arm(0);
-        CHECK(st == ATTN_ERR_NOMEM, "%s: allocation %lld of %lld failed: status %d, expected "
-              "ATTN_ERR_NOMEM", cc->name, (long long)n, (long long)n_alloc, (int)st);
-        CHECK(untouched(s, ns), "%s: allocation %lld of %lld failed, yet an output was "
-              "written", cc->name, (long long)n, (long long)n_alloc);
-        CHECK(tried == n, "%s: allocation %lld failed, yet the call went on to %lld", cc->name,
-              (long long)n, (long long)tried);
-        g_points++;
-    }
-    /* and the next call, with memory again, succeeds */
-    poison(s, ns);
-    st = run_case(cc, &c);
-    CHECK(st == ATTN_OK && !untouched(s, ns), "%s: the call after the failures: status %d",
-          cc->name, (int)st);
-    printf("  %-44s %lld allocation point(s) failed\n", cc->name, (long long)n_alloc);
+    fail_each(cc->name, run_case_ctx, &(case_ctx){cc, &c}, s, ns);
     bufs_free(&c);
+}
+
+/* ---- the other calls of the library: the merge, the weights' grid, additive attention
+ * and the multi-head layer, each on small dense float32 tensors ------------------------ */
+
+static float *fill32(int64_t n, uint32_t seed) { return filled(ATTN_F32, n, seed); }
+
+static attn_tensor t4(float *p, int64_t a, int64_t b, int64_t c, int64_t d) {
+    return attn_tensor_4d(p, ATTN_F32, a, b, c, d);
+}
+
+typedef struct merge_ctx {
+    attn_tensor o_parts[3], lse_parts[3], o, lse;
+} merge_ctx;
+static attn_status run_merge(void *x) {
+    merge_ctx *m = x;
+    return attn_merge(3, m->o_parts, m->lse_parts, &m->o, &m->lse, 2);
+}
+static void test_merge_call(void) {
+    enum { B = 2, H = 2, L = 5, D = 8 };
+    merge_ctx m;
+    float *buf[8];
+    for (int c = 0; c < 3; c++) {
+        buf[2 * c] = fill32(B * H * L * D, 20 + c), buf[2 * c + 1] = fill32(B * H * L, 30 + c);
+        m.o_parts[c] = t4(buf[2 * c], B, H, L, D), m.lse_parts[c] = t4(buf[2 * c + 1], B, H, L, 1);
+    }
+    buf[6] = fill32(B * H * L * D, 40), buf[7] = fill32(B * H * L, 41);
+    m.o = t4(buf[6], B, H, L, D), m.lse = t4(buf[7], B, H, L, 1);
+    const out_span s[2] = {{buf[6], B * H * L * D * 4}, {buf[7], B * H * L * 4}};
+    fail_each("attn_merge (3 partials)", run_merge, &m, s, 2);
+    for (int i = 0; i < 8; i++) free(buf[i]);
+}
+
+typedef struct grid_ctx {
+    attn_tensor q, k, lse, grid;
+    attn_options opt;
+} grid_ctx;
+static attn_status run_grid(void *x) {
+    grid_ctx *g = x;
+    return attn_weights_grid(&g->q, &g->k, &g->lse, &g->grid, ATTN_REDUCE_SUM, &g->opt);
+}
+static void test_grid_call(void) {
+    enum { B = 1, H = 2, LQ = 9, LK = 13, D = 8, R = 3, C = 4 };
+    float *q = fill32(B * H * LQ * D, 50), *k = fill32(B * H * LK * D, 51);
+    float *v = fill32(B * H * LK * D, 52), *o = fill32(B * H * LQ * D, 53);
+    float *lse = fill32(B * H * LQ, 54), *grid = fill32(B * H * R * C, 55);
+    grid_ctx g = {t4(q, B, H, LQ, D), t4(k, B, H, LK, D), t4(lse, B, H, LQ, 1),
+                  t4(grid, B, H, R, C), {.causal = true, .threads = 2}};
+    attn_tensor tv = t4(v, B, H, LK, D), to = t4(o, B, H, LQ, D);
+    attn_options fo = {.causal = true, .lse = &g.lse};
+    CHECK(attn_forward(&g.q, &g.k, &tv, &to, &fo) == ATTN_OK, "weights grid: the forward before");
+    const out_span s[1] = {{grid, B * H * R * C * 4}};
+    fail_each("attn_weights_grid (fused)", run_grid, &g, s, 1);
+    free(q), free(k), free(v), free(o), free(lse), free(grid);
+}
+
+typedef struct additive_ctx {
+    attn_tensor q, k, v, o, lse, d_o, dq, dk, dv;
+    attn_additive_weights w;
+    attn_additive_grads g;
+    attn_options opt;
+    bool backward;
+} additive_ctx;
+static attn_status run_additive(void *x) {
+    additive_ctx *a = x;
+    if (!a->backward) return attn_additive_forward(&a->q, &a->k, &a->v, &a->w, &a->o, &a->opt);
+    attn_options bo = a->opt;
+    bo.lse = NULL;
+    return attn_additive_backward(&a->q, &a->k, &a->v, &a->w, &a->o, &a->d_o, &a->lse, &a->dq,
+                                  &a->dk, &a->dv, &a->g, &bo);
+}
+static void test_additive_calls(void) {
+    enum { B = 2, LQ = 7, LK = 11, DQ = 6, DK = 5, DV = 4, A = 8 };
+    float *q = fill32(B * LQ * DQ, 60), *k = fill32(B * LK * DK, 61), *v = fill32(B * LK * DV, 62);
+    float *o = fill32(B * LQ * DV, 63), *lse = fill32(B * LQ, 64), *d_o = fill32(B * LQ * DV, 65);
+    float *dq = fill32(B * LQ * DQ, 66), *dk = fill32(B * LK * DK, 67), *dv = fill32(B * LK * DV, 68);
+    float *W = fill32(DQ * A, 69), *U = fill32(DK * A, 70), *va = fill32(A, 71), *ba = fill32(A, 72);
+    float *dW = fill32(DQ * A, 73), *dU = fill32(DK * A, 74), *dva = fill32(A, 75), *dba = fill32(A, 76);
+    additive_ctx a = {t4(q, B, 1, LQ, DQ), t4(k, B, 1, LK, DK), t4(v, B, 1, LK, DV),
+                      t4(o, B, 1, LQ, DV), t4(lse, B, 1, LQ, 1), t4(d_o, B, 1, LQ, DV),
+                      t4(dq, B, 1, LQ, DQ), t4(dk, B, 1, LK, DK), t4(dv, B, 1, LK, DV),
+                      {A, W, U, va, ba, false, 0.0f}, {dW, dU, dva, dba, NULL},
+                      {.causal = true, .threads = 2}, false};
+    a.opt.lse = &a.lse;
+    const out_span fs[2] = {{o, B * LQ * DV * 4}, {lse, B * LQ * 4}};
+    fail_each("attn_additive_forward (fused, lse)", run_additive, &a, fs, 2);
+    CHECK(run_additive(&a) == ATTN_OK, "additive: the forward before the backward");
+    a.backward = true;
+    const out_span bs[7] = {{dq, B * LQ * DQ * 4}, {dk, B * LK * DK * 4}, {dv, B * LK * DV * 4},
+                            {dW, DQ * A * 4},      {dU, DK * A * 4},      {dva, A * 4},
+                            {dba, A * 4}};
+    fail_each("attn_additive_backward (fused)", run_additive, &a, bs, 7);
+    float *all[] = {q, k, v, o, lse, d_o, dq, dk, dv, W, U, va, ba, dW, dU, dva, dba};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+}
+
+typedef struct mha_ctx {
+    attn_mha m;
+    attn_tensor x, y, wt[4], bt[4];
+    attn_options opt;
+} mha_ctx;
+static attn_status run_mha(void *p) {
+    mha_ctx *c = p;
+    return attn_mha_forward(&c->m, &c->x, NULL, &c->y, NULL, false, &c->opt);
+}
+static void test_mha_call(void) {
+    enum { B = 2, L = 5, E = 16, HQ = 4, HKV = 2, D = 4 };
+    const int64_t out[4] = {HQ * D, HKV * D, HKV * D, E}, in[4] = {E, E, E, HQ * D};
+    float *x = fill32(B * L * E, 80), *y = fill32(B * L * E, 81), *w[4], *b[4];
+    mha_ctx c = {.x = t4(x, B, L, E, 1), .y = t4(y, B, L, E, 1), .opt = {.causal = true, .threads = 2}};
+    for (int i = 0; i < 4; i++) {
+        w[i] = fill32(in[i] * out[i], 82 + i), b[i] = fill32(out[i], 90 + i);
+        c.wt[i] = t4(w[i], in[i], out[i], 1, 1), c.bt[i] = t4(b[i], out[i], 1, 1, 1);
+    }
+    c.m = (attn_mha){HQ, HKV, &c.wt[0], &c.wt[1], &c.wt[2], &c.wt[3],
+                     &c.bt[0], &c.bt[1], &c.bt[2], &c.bt[3], {0}};
+    const out_span s[1] = {{y, B * L * E * 4}};
+    fail_each("attn_mha_forward (self, causal, GQA)", run_mha, &c, s, 1);
+    free(x), free(y);
+    for (int i = 0; i < 4; i++) free(w[i]), free(b[i]);
 }
 #endif
 
 int main(void) {
 #ifdef ATTN_FAULT_INJECTION
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) test_case(&CASES[i]);
+    test_merge_call();
+    test_grid_call();
+    test_additive_calls();
+    test_mha_call();
     printf("test_nomem: %lld allocation points failed over %zu calls\n", (long long)g_points,
-           sizeof CASES / sizeof CASES[0]);
+           sizeof CASES / sizeof CASES[0] + 5);
 #else
     (void)CASES;
     (void)run_case;
