@@ -10,7 +10,7 @@
  * float16 and bfloat16 tensors, backward on both paths, backward with float16 tensors
  * (which runs a forward of its own inside); and the library's other calls: attn_merge,
  * attn_weights_grid, additive attention forward and backward, the multi-head layer's
- * forward. A new attention call that allocates gets a line in CASES, another call a
+ * forward, backward and decoding step. A new attention call that allocates gets a line in CASES, another call a
  * test_*_call of its own. (Memory the BLAS allocates inside its own calls is not the
  * library's and is not injected.)
  */
@@ -323,12 +323,20 @@ static void test_additive_calls(void) {
 
 typedef struct mha_ctx {
     attn_mha m;
-    attn_tensor x, y, wt[4], bt[4];
+    attn_tensor x, y, wt[4], bt[4], dy, dx, dw[4], db[4];
+    attn_mha_grads g;
+    attn_kv_cache cache;
+    int64_t len0[2];
     attn_options opt;
+    int which;  /* 0 forward, 1 backward, 2 a decoding step */
 } mha_ctx;
 static attn_status run_mha(void *p) {
     mha_ctx *c = p;
-    return attn_mha_forward(&c->m, &c->x, NULL, &c->y, NULL, false, &c->opt);
+    if (c->which == 0) return attn_mha_forward(&c->m, &c->x, NULL, &c->y, NULL, false, &c->opt);
+    if (c->which == 1) return attn_mha_backward(&c->m, &c->x, NULL, &c->dy, &c->g, &c->opt);
+    memcpy(c->cache.len, c->len0, sizeof c->len0);  /* each step from the same cache state */
+    attn_options o = {.threads = 2};
+    return attn_mha_decode(&c->m, &c->x, &c->cache, &c->y, &o);
 }
 static void test_mha_call(void) {
     enum { B = 2, L = 5, E = 16, HQ = 4, HKV = 2, D = 4 };
@@ -343,8 +351,36 @@ static void test_mha_call(void) {
                      &c.bt[0], &c.bt[1], &c.bt[2], &c.bt[3], {0}};
     const out_span s[1] = {{y, B * L * E * 4}};
     fail_each("attn_mha_forward (self, causal, GQA)", run_mha, &c, s, 1);
-    free(x), free(y);
-    for (int i = 0; i < 4; i++) free(w[i]), free(b[i]);
+
+    /* the backward: dx and every weight's and bias's gradient */
+    float *dy = fill32(B * L * E, 100), *dx = fill32(B * L * E, 101), *dw[4], *db[4];
+    out_span bs[9] = {{dx, B * L * E * 4}};
+    c.dy = t4(dy, B, L, E, 1), c.dx = t4(dx, B, L, E, 1);
+    for (int i = 0; i < 4; i++) {
+        dw[i] = fill32(in[i] * out[i], 102 + i), db[i] = fill32(out[i], 110 + i);
+        c.dw[i] = t4(dw[i], in[i], out[i], 1, 1), c.db[i] = t4(db[i], out[i], 1, 1, 1);
+        bs[1 + i] = (out_span){dw[i], (size_t)(in[i] * out[i]) * 4};
+        bs[5 + i] = (out_span){db[i], (size_t)out[i] * 4};
+    }
+    c.g = (attn_mha_grads){&c.dx, NULL, &c.dw[0], &c.dw[1], &c.dw[2], &c.dw[3],
+                           &c.db[0], &c.db[1], &c.db[2], &c.db[3]};
+    c.which = 1;
+    fail_each("attn_mha_backward (self, causal, GQA)", run_mha, &c, bs, 9);
+
+    /* a decoding step of 2 new tokens into a cache of 8 rows holding 3: y, the cache's
+     * rows and its lengths must stay as they were when it fails */
+    enum { LMAX = 8, NEW = 2 };
+    float *ck = fill32(B * HKV * LMAX * D, 120), *cv = fill32(B * HKV * LMAX * D, 121);
+    float *xn = fill32(B * NEW * E, 122), *yn = fill32(B * NEW * E, 123);
+    int64_t len[2] = {3, 3};
+    c.len0[0] = c.len0[1] = 3;
+    c.cache = (attn_kv_cache){ATTN_CACHE_CONTIGUOUS, t4(ck, B, HKV, LMAX, D), t4(cv, B, HKV, LMAX, D), len};
+    c.x = t4(xn, B, NEW, E, 1), c.y = t4(yn, B, NEW, E, 1);
+    c.which = 2;
+    const out_span ds[3] = {{yn, B * NEW * E * 4}, {ck, B * HKV * LMAX * D * 4}, {cv, B * HKV * LMAX * D * 4}};
+    fail_each("attn_mha_decode (contiguous cache)", run_mha, &c, ds, 3);
+    free(x), free(y), free(dy), free(dx), free(ck), free(cv), free(xn), free(yn);
+    for (int i = 0; i < 4; i++) free(w[i]), free(b[i]), free(dw[i]), free(db[i]);
 }
 #endif
 
@@ -356,7 +392,7 @@ int main(void) {
     test_additive_calls();
     test_mha_call();
     printf("test_nomem: %lld allocation points failed over %zu calls\n", (long long)g_points,
-           sizeof CASES / sizeof CASES[0] + 5);
+           sizeof CASES / sizeof CASES[0] + 7);
 #else
     (void)CASES;
     (void)run_case;
