@@ -68,6 +68,13 @@ check "pitfall 6: transposed K read in place" "$(has "$out" "max |O - O_transpos
 
 out=$("$ATTN" demo --section compare)
 check "seed 002: the dot-product row" "$(has "$out" "scaled dot-product  row 0 weights")"
+# the three rows' weights, each a distribution (printed to 2 decimals: within 0.021 of 1)
+check "seed 002: dot-product, additive and multi-head weights each sum to 1" "$(python3 -c '
+import re, sys
+t = sys.stdin.read()
+rows = [re.search(name + r" +row 0 weights \[([0-9., ]+)\]", t) for name in ("dot-product", "Bahdanau.", "multi-head")]
+ok = all(m and abs(sum(map(float, m.group(1).split(","))) - 1) <= 0.021 for m in rows)
+sys.exit(0 if ok else 1)' <<<"$out"; echo $?)"
 
 out=$("$ATTN" bench --head-dims --tokens 48 --png "$T/hd.png")
 check "bench --head-dims: 21 head dimensions, 8 to 256" "$([ "$(grep -cE '^ +[0-9]+ +[0-9.]+ +[0-9.]+' <<<"$out")" = 21 ] &&

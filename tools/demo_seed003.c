@@ -20,6 +20,7 @@
 #include "blas.h"
 #include "demo.h"
 #include "half.h"
+#include "rng.h"
 
 static double demo_now(void) {
     struct timespec t;
@@ -383,18 +384,50 @@ int demo_pitfalls(void) {
 /* ---- seed 002: dot-product, additive, multi-head --------------------------------------- */
 
 int demo_compare(void) {
-    enum { T = DEMO_T, D = DEMO_D };
+    enum { T = DEMO_T, D = DEMO_D, A = 8, H = 2 };
     float q[T][D], k[T][D], v[T][D], o[T][D], w[T][T];
     demo_seed003_input(q, k, v);
     attn_tensor tw = attn_tensor_4d(w, ATTN_F32, 1, 1, T, T);
     attn_options opt = {.weights = &tw};
     if (demo_attend(&q[0][0], &k[0][0], &v[0][0], &o[0][0], T, T, D, D, &opt)) return 1;
     printf("\nSeed 002: three attentions on section 4's input (4 tokens, D = 8, no mask):\n"
-           "  scaled dot-product  row 0 weights [%.2f, %.2f, %.2f, %.2f], O[0][0] = %.4f\n"
-           "  additive (Bahdanau) not in this build yet: the additive-attention module is being\n"
-           "                      built on another branch; this row will show its weights\n"
-           "  multi-head          not in this build yet: the multi-head module (projections\n"
-           "                      through the BLAS, W^O) is being built on another branch\n",
+           "  scaled dot-product  row 0 weights [%.2f, %.2f, %.2f, %.2f], O[0][0] = %.4f\n",
            w[0][0], w[0][1], w[0][2], w[0][3], o[0][0]);
+
+    /* the random weights below from a stream of their own: the same numbers whichever
+     * sections ran before */
+    rng_t rs = {0x5eed0002};
+    /* additive: e_ij = v . tanh(q_i W + k_j U), with W, U, v drawn once (A = 8 units) */
+    float W[D][A], U[D][A], va[A], oa[T][D], wa[T][T];
+    for (int r = 0; r < D; r++)
+        for (int c = 0; c < A; c++) W[r][c] = (float)rng_gauss(&rs) / 3.0f, U[r][c] = (float)rng_gauss(&rs) / 3.0f;
+    for (int c = 0; c < A; c++) va[c] = (float)rng_gauss(&rs);
+    const attn_additive_weights aw = {A, &W[0][0], &U[0][0], va, NULL, false, 0.0f};
+    attn_tensor tq = attn_tensor_4d(q, ATTN_F32, 1, 1, T, D), tk = attn_tensor_4d(k, ATTN_F32, 1, 1, T, D);
+    attn_tensor tv = attn_tensor_4d(v, ATTN_F32, 1, 1, T, D), to = attn_tensor_4d(oa, ATTN_F32, 1, 1, T, D);
+    attn_tensor twa = attn_tensor_4d(wa, ATTN_F32, 1, 1, T, T);
+    attn_status st = attn_additive_forward(&tq, &tk, &tv, &aw, &to, &(attn_options){.weights = &twa});
+    if (st != ATTN_OK) return fprintf(stderr, "attn: demo: additive: %s\n", attn_last_error()), 1;
+    printf("  additive (Bahdanau) row 0 weights [%.2f, %.2f, %.2f, %.2f], O[0][0] = %.4f\n"
+           "                      (v . tanh(q W + k U), %d units, random W, U, v)\n",
+           wa[0][0], wa[0][1], wa[0][2], wa[0][3], oa[0][0], A);
+
+    /* multi-head self-attention on the rows of q: W_Q, W_K, W_V, W_O drawn once, 2 heads
+     * of 4; the weights averaged over the heads */
+    float wm[4][D][D], y[T][D], wh[T][T];
+    attn_tensor wt[4];
+    for (int m = 0; m < 4; m++) {
+        for (int r = 0; r < D; r++)
+            for (int c = 0; c < D; c++) wm[m][r][c] = (float)rng_gauss(&rs) / sqrtf(D);
+        wt[m] = attn_tensor_4d(&wm[m][0][0], ATTN_F32, D, D, 1, 1);
+    }
+    const attn_mha mha = {H, H, &wt[0], &wt[1], &wt[2], &wt[3], NULL, NULL, NULL, NULL, {0}};
+    attn_tensor tx = attn_tensor_4d(q, ATTN_F32, 1, T, D, 1), ty = attn_tensor_4d(y, ATTN_F32, 1, T, D, 1);
+    attn_tensor twh = attn_tensor_4d(wh, ATTN_F32, 1, 1, T, T);
+    st = attn_mha_forward(&mha, &tx, NULL, &ty, &twh, true, &(attn_options){0});
+    if (st != ATTN_OK) return fprintf(stderr, "attn: demo: multi-head: %s\n", attn_last_error()), 1;
+    printf("  multi-head          row 0 weights [%.2f, %.2f, %.2f, %.2f] (mean of %d heads),\n"
+           "                      y[0][0] = %.4f (self-attention on Q's rows, W_Q W_K W_V W_O random)\n",
+           wh[0][0], wh[0][1], wh[0][2], wh[0][3], H, y[0][0]);
     return 0;
 }
