@@ -16,7 +16,6 @@
  * A row is computed by one thread in a fixed order: bit-identical for any thread count.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,12 +25,6 @@
 #include "blas.h"
 #include "kernels.h"
 
-#define TRY(expr)                               \
-    do {                                        \
-        attn_status st_ = (expr);               \
-        if (st_ != ATTN_OK) return st_;         \
-    } while (0)
-
 /* ---- kernels ------------------------------------------------------------------------- */
 
 const attn_additive_kernels *attn_additive_kernels_named(const char *name) {
@@ -39,15 +32,10 @@ const attn_additive_kernels *attn_additive_kernels_named(const char *name) {
     return k ? k->additive : NULL;
 }
 
-/* Chosen once: the dot-product path's choice is made once per process too, and asking
- * the CPU again (cpuid) on every call would cost more than a small call's work. */
-static const attn_additive_kernels *g_chosen;
-static pthread_once_t g_chosen_once = PTHREAD_ONCE_INIT;
-static void choose_once(void) { g_chosen = attn_additive_kernels_named(attn_kernel_name()); }
-
+/* The additive table of the kernel the dot-product path chose (probed once, in dispatch.c) */
 const attn_additive_kernels *attn_additive_select(void) {
-    pthread_once(&g_chosen_once, choose_once);
-    return g_chosen;
+    const attn_kernels *k = attn_select_kernels(NULL);
+    return k ? k->additive : NULL;
 }
 
 attn_status attn_additive_tanh(int64_t n, const float *x, float *y) {

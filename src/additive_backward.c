@@ -23,12 +23,6 @@
 #include "additive_proj.h"
 #include "blas.h"
 
-#define TRY(expr)                               \
-    do {                                        \
-        attn_status st_ = (expr);               \
-        if (st_ != ATTN_OK) return st_;         \
-    } while (0)
-
 typedef struct bwd_mem {
     float *dqp;    /* (B, Lq, A)                      */
     float *dkpt;   /* (B, A, Lk)                      */

@@ -170,12 +170,6 @@ static attn_status check_broadcast(const attn_tensor *t, const char *name,
     return ATTN_OK;
 }
 
-#define TRY(expr)                               \
-    do {                                        \
-        attn_status st_ = (expr);               \
-        if (st_ != ATTN_OK) return st_;         \
-    } while (0)
-
 /* The one place that fills attn_params. need_data = false for the workspace query,
  * which may be asked before any buffer exists. */
 attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_tensor *k,

@@ -21,6 +21,14 @@
 
 #define ATTN_PRIVATE __attribute__((visibility("hidden")))
 
+/* Return the status of expr from the calling function when it is not ATTN_OK: the
+ * library's argument checks, written once. */
+#define TRY(expr)                               \
+    do {                                        \
+        attn_status st_ = (expr);               \
+        if (st_ != ATTN_OK) return st_;         \
+    } while (0)
+
 /* Bytes of one element of dtype t (0 outside the list), from the dtype list: inline, so
  * that a kernel's compile-time dtype folds it to a constant. */
 static inline int64_t attn_elem_bytes(attn_dtype t) {

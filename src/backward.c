@@ -38,12 +38,6 @@
  * attn_params_init (api.c) checks q, k, v, o and the options exactly as the forward call
  * does; what follows checks the tensors only the backward has. */
 
-#define TRY(expr)                               \
-    do {                                        \
-        attn_status st_ = (expr);               \
-        if (st_ != ATTN_OK) return st_;         \
-    } while (0)
-
 /* d_o, lse and the gradients: sound (attn_check_tensor), of the expected shape. */
 static attn_status check_extra(const attn_tensor *t, const char *name, const int64_t want[4],
                              const char *const what[4], bool need_data) {

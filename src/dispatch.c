@@ -100,12 +100,7 @@ const char *attn_kernel_name(void) {
     return k ? k->name : "none";
 }
 
-bool attn_kernel_supported(const char *name) {
-    if (!name) return false;
-    for (int i = 0; i < N_KERNELS; i++)
-        if (strcmp(name, g_list[i].table->name) == 0) return cpu_can_run(&g_list[i]);
-    return false;
-}
+bool attn_kernel_supported(const char *name) { return attn_kernels_named(name) != NULL; }
 
 const attn_kernels *attn_kernels_named(const char *name) {
     if (!name) return NULL;

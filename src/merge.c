@@ -55,7 +55,6 @@ static attn_status same_shape(const attn_tensor *t, const char *name, int64_t c,
     return ATTN_OK;
 }
 
-#define TRY(expr) do { attn_status st_ = (expr); if (st_ != ATTN_OK) return st_; } while (0)
 
 static attn_status check_merge(int64_t n, const attn_tensor *o_parts,
                                const attn_tensor *lse_parts, const attn_tensor *o,

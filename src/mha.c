@@ -18,12 +18,6 @@
 #include "half.h"
 #include "mha.h"
 
-#define TRY(expr)                               \
-    do {                                        \
-        attn_status st_ = (expr);               \
-        if (st_ != ATTN_OK) return st_;         \
-    } while (0)
-
 /* ---- workspace ---------------------------------------------------------------------- */
 
 void *mha_take(mha_ws *w, int64_t nfloats) {

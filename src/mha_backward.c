@@ -22,12 +22,6 @@
 
 #include "mha.h"
 
-#define TRY(expr)                               \
-    do {                                        \
-        attn_status st_ = (expr);               \
-        if (st_ != ATTN_OK) return st_;         \
-    } while (0)
-
 /* A gradient: float32, of the shape of what it differentiates, no element twice. */
 static attn_status check_grad(const attn_tensor *t, const char *name, const int64_t want[4],
                               int dims, bool need_data) {

@@ -13,12 +13,6 @@
 #include "half.h"
 #include "mha.h"
 
-#define TRY(expr)                               \
-    do {                                        \
-        attn_status st_ = (expr);               \
-        if (st_ != ATTN_OK) return st_;         \
-    } while (0)
-
 static attn_status check_cache(const mha_plan *pl, const attn_kv_cache *c, bool need_data) {
     if (!c) return attn_fail(ATTN_ERR_NULL, "cache: NULL");
     if (c->kind != ATTN_CACHE_CONTIGUOUS)
