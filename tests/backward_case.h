@@ -18,35 +18,12 @@
 #include "backward.h"
 #include "check.h"
 #include "rng.h"
+#include "oracle.h"
 #include "views.h"
 
 
 /* ---- small tools ---------------------------------------------------------------------- */
 
-
-static inline void *xcalloc(int64_t n, size_t size) {
-    void *p = calloc((size_t)(n > 0 ? n : 1), size);
-    if (!p) {
-        fprintf(stderr, "test_backward: out of memory\n");
-        exit(2);
-    }
-    return p;
-}
-
-#define SENTINEL_BITS 0x7fa5a5a5u
-static inline void fill_sentinel(float *p, int64_t n) {
-    const uint32_t s = SENTINEL_BITS;
-    for (int64_t i = 0; i < n; i++) memcpy(p + i, &s, 4);
-}
-static inline int64_t count_written(const float *p, int64_t n) {
-    int64_t c = 0;
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, p + i, 4);
-        c += u != SENTINEL_BITS;
-    }
-    return c;
-}
 
 /* ‖got - ref‖ / ‖ref‖ (or ‖got - ref‖ when ref = 0) */
 static inline double rel_frob(const double *got, const double *ref, int64_t n) {

@@ -7,7 +7,9 @@
  *     differences of its float64 forward (attn_ref64_forward), on small shapes with every
  *     feature: scale, softcap, bool mask, bias with -inf, causal under both alignments
  *     with Lq < Lk and Lq > Lk, windows, kv_len (0 included), ALiBi, GQA, Dk != Dv.
- *     Relative Frobenius error under 1e-6 per gradient.
+ *     Relative Frobenius error under 1e-6 per gradient. The float64 forward differenced
+ *     is itself the tests' oracle's (oracle.h) to 1e-12, so the two cannot share a
+ *     misreading of the contract.
  *  2. The fused path (float32) against the reference's float64 gradients over a matrix of
  *     sizes (L up to 300 around the tiles), head widths, GQA 1/2/4, every mask alone and
  *     combined, windows, kv_len, ALiBi, softcap, the [B, L, H, D] layout and K/V views of
@@ -24,6 +26,7 @@
 /* worst errors seen, reported at the end */
 static double g_fd_worst[3], g_fused_worst[3], g_fused_maxerr_rel[3], g_mag_worst[3], g_cancel_worst[3];
 static int g_cancel_cases;
+static double g_ref64_worst;  // attn_ref64_forward against the oracle
 
 /* ---- 1. the reference against finite differences ----------------------------------- */
 
@@ -56,6 +59,54 @@ static int fd_accepts(const double *got, const double *fd, int64_t n, double *er
     return *err < 1e-6;
 }
 
+/* max |a - b| / (1 + max |b|) over n values, 0 where both are the same infinity; NaN
+ * anywhere else is an error of +inf */
+static double max_rel(const double *a, const double *b, int64_t n) {
+    double err = 0, mag = 0;
+    for (int64_t e = 0; e < n; e++) {
+        if (a[e] == b[e]) continue;
+        const double d = fabs(a[e] - b[e]);
+        err = d == d && d > err ? d : d == d ? err : INFINITY;
+        if (isfinite(b[e]) && fabs(b[e]) > mag) mag = fabs(b[e]);
+    }
+    return err / (1.0 + mag);
+}
+
+/* The finite differences below difference attn_ref64_forward, the library's own float64
+ * forward: it must be the contract too. Its O and LSE against the tests' oracle
+ * (oracle.h, written from the contract without the library's code) on the same float
+ * values: both are float64 sums of the same terms, so they agree to rounding (1e-12). */
+static void ref64_against_oracle(const bcase *c, const attn_params *p, const attn_options *opt,
+                                 double *const x[3], const char *desc) {
+    const int64_t nq = c->B * c->Hq * c->Lq * c->Dk, nk = c->B * c->Hkv * c->Lk * c->Dk;
+    const int64_t nv = c->B * c->Hkv * c->Lk * c->Dv, no = c->B * c->Hq * c->Lq * c->Dv;
+    const int64_t nl = c->B * c->Hq * c->Lq, n[3] = {nq, nk, nv};
+    float *f[3];
+    for (int a = 0; a < 3; a++) {
+        f[a] = xcalloc(n[a], sizeof(float));
+        for (int64_t e = 0; e < n[a]; e++) f[a][e] = (float)x[a][e];
+    }
+    attn_tensor tq = attn_tensor_4d(f[0], ATTN_F32, c->B, c->Hq, c->Lq, c->Dk);
+    attn_tensor tk = attn_tensor_4d(f[1], ATTN_F32, c->B, c->Hkv, c->Lk, c->Dk);
+    attn_tensor tv = attn_tensor_4d(f[2], ATTN_F32, c->B, c->Hkv, c->Lk, c->Dv);
+    double *o = xcalloc(no, sizeof(double)), *lse = xcalloc(nl, sizeof(double));
+    double *oo = xcalloc(no, sizeof(double)), *olse = xcalloc(nl, sizeof(double));
+    CHECK(attn_ref64_forward(p, x[0], x[1], x[2], o, lse) == ATTN_OK, "ref64 forward [%s]", desc);
+    /* the library keeps its scale in float32 (1/sqrt(Dk) rounded), the oracle's default is
+     * the double 1/sqrt(Dk): handed the library's float, the two agree to 1e-16 instead of
+     * 1e-9, and a wrong mask or logit rule stands out */
+    attn_options same = *opt;
+    same.has_scale = true;
+    same.scale = p->scale;
+    oracle_forward(&tq, &tk, &tv, &same, oo, olse, NULL);
+    const double eo = max_rel(o, oo, no), el = max_rel(lse, olse, nl);
+    CHECK(eo <= 1e-12 && el <= 1e-12, "ref64 forward vs the oracle: O %.3g, LSE %.3g [%s]", eo, el, desc);
+    if (eo > g_ref64_worst) g_ref64_worst = eo;
+    if (el > g_ref64_worst) g_ref64_worst = el;
+    for (int a = 0; a < 3; a++) free(f[a]);
+    free(o), free(lse), free(oo), free(olse);
+}
+
 static void fd_case(const bcase *c) {
     char desc[512];
     describe(c, desc, sizeof desc);
@@ -86,9 +137,11 @@ static void fd_case(const bcase *c) {
         x[a] = xcalloc(n[a], sizeof(double));
         grad[a] = xcalloc(n[a], sizeof(double));
         fd[a] = xcalloc(n[a], sizeof(double));
-        for (int64_t e = 0; e < n[a]; e++) x[a][e] = amp * rng_sym(&r);
+        /* float values, so that the tests' own oracle (float32 inputs) sees the same ones */
+        for (int64_t e = 0; e < n[a]; e++) x[a][e] = (float)(amp * rng_sym(&r));
     }
     for (int64_t e = 0; e < no; e++) d_o[e] = rng_sym(&r);
+    ref64_against_oracle(c, &p, &opt, x, desc);
 
     st = attn_ref64_backward(&p, x[0], x[1], x[2], d_o, grad[0], grad[1], grad[2], false);
     CHECK(st == ATTN_OK, "fd: backward status %d [%s]", (int)st, desc);
@@ -402,8 +455,9 @@ static void planted_errors(void) {
 
 int main(void) {
     finite_differences();
-    printf("backward: reference vs finite differences, worst relative error: dq %.2g, dk %.2g, dv %.2g\n",
-           g_fd_worst[0], g_fd_worst[1], g_fd_worst[2]);
+    printf("backward: reference vs finite differences, worst relative error: dq %.2g, dk %.2g, dv %.2g; "
+           "its float64 forward vs the tests' oracle: %.2g\n",
+           g_fd_worst[0], g_fd_worst[1], g_fd_worst[2], g_ref64_worst);
     sizes();
     gqa();
     features();
