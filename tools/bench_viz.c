@@ -7,7 +7,9 @@
  *
  * Method:
  *   - Q, K, V ~ N(0, 1) (rng.h), O [L, 64], the LSE [L] and the grid [P, P] allocated
- *     and touched first; the peak resident set before the calls is read then, and the
+ *     (O, the LSE and the grid are first touched by the calls: the compiler may turn
+ *     malloc + memset into calloc); the peak resident set is read once Q, K, V are
+ *     filled, and the
  *     process's peak after them (VmHWM of /proc/self/status, getrusage's ru_maxrss where
  *     /proc is absent) is checked against --bound-mib (default 200 MiB): the whole
  *     process, inputs included, far below the L x L float32 matrix a materialized
@@ -197,8 +199,8 @@ int bench_viz(int argc, char **argv) {
            fl, fh, reps, reps > 1 ? "s" : "");
     printf("  attn_weights_grid (sum)   median %9.3f s  (min %.3f, max %.3f)\n", gm, gl, gh);
     printf("  picture total             median %9.3f s\n", fm + gm);
-    printf("  peak resident set %.1f MiB (%.1f MiB at the start, %.1f MiB with Q, K, V, O, LSE and "
-           "the grid: %.1f MiB of them)\n", peak_mib, start_mib, inputs_mib,
+    printf("  peak resident set %.1f MiB (%.1f MiB at the start, %.1f MiB once Q, K, V were "
+           "filled; Q, K, V, O, LSE and the grid: %.1f MiB)\n", peak_mib, start_mib, inputs_mib,
            ((double)L * D * 4 * 4 + (double)L * 4 + (double)(R * C) * 4) / 1048576.0);
     printf("  bound: peak <= %ld MiB: %s   (the materialized L x L float32 weights: %.3g GB)\n",
            bound, bound_ok ? "within" : "EXCEEDED", dense_gb);
