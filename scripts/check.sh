@@ -74,6 +74,8 @@ run_all() {
     [ -n "$label" ] || run_suite "test_install.sh" bash tests/test_install.sh "$b"
     # the bench's logic on its tiny sweep (timings are not checked; too slow under ASan)
     [ -n "$label" ] || run_suite "test_bench.sh" bash tests/test_bench.sh "$b/attn"
+    # the 100K-token picture's benchmark at its quick 4096 tokens (peak memory bounded)
+    [ -n "$label" ] || run_suite "test_bench_viz.sh" bash tests/test_bench_viz.sh "$b/attn"
 }
 
 make -s -j"$jobs" all tests || { echo "0 passed, 1 failed"; exit 1; }

@@ -25,5 +25,7 @@ int bench_machine_peak(int threads, bool quick, double *fp32_gflops, double *rea
 int cli_viz(int argc, char **argv);     /* attn viz     (tools/cli_viz.c)   */
 /* attn bench --head-dims ... (tools/bench_headdim.c): speed against the head dimension */
 int bench_head_dims(int argc, char **argv);
+/* attn bench --viz ... (tools/bench_viz.c): time and peak memory of the 100K-token picture */
+int bench_viz(int argc, char **argv);
 
 #endif /* ATTN_CLI_H */

@@ -78,6 +78,8 @@ static const char BENCH_USAGE[] =
     "  --quick               a tiny sweep and short machine measurements (for tests)\n"
     "  --head-dims [--png FILE] [--tokens L]   (alone) the fused forward's speed against the\n"
     "                        head dimension, 8 to 256, as a table and a plot\n"
+    "  --viz [--quick] [--tokens L] ...   (alone) the time and peak memory of attn viz's\n"
+    "                        picture of L = 100000 causal tokens (attn bench --viz --help)\n"
     "  --shapes PATTERNS     only the cases whose name matches one of the comma-separated\n"
     "                        shell patterns, e.g. 'fwd-L2048-*,decode-*' (see --list)\n"
     "  --list                print the names of the cases of the sweep and exit\n"
@@ -1398,6 +1400,8 @@ int cli_bench(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--additive") == 0) return bench_additive(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "masks") == 0) return cli_bench_masks(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "--head-dims") == 0) return bench_head_dims(argc - 1, argv + 1);
+    /* the 100K-token picture's cost (tools/bench_viz.c) */
+    if (argc > 1 && strcmp(argv[1], "--viz") == 0) return bench_viz(argc - 1, argv + 1);
     bench_args a = {0};
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;

@@ -450,3 +450,8 @@ __all__ += ["additive_attention", "additive_attention_grad"]
 from .mha import multi_head_attention, multi_head_attention_grad  # noqa: E402
 
 __all__ += ["multi_head_attention", "multi_head_attention_grad"]
+
+# ---- attention weights from a call's LSE, in blocks (python/attn/_grid.py) ---------------
+from ._grid import weights_grid  # noqa: E402
+
+__all__ += ["weights_grid"]
