@@ -214,6 +214,10 @@ struct attn_kernels {
 
     /* The same ISA's micro-kernels of additive attention (additive.h), in its folder. */
     const struct attn_additive_kernels *additive;
+
+    /* Optional (NULL: attn_dequant_q8_0_blocks, the portable one): dst = the 32 n values
+     * of n contiguous q8_0 blocks (attn.h), d * qs[i], exact in float32. */
+    void (*dequant_q8_0)(int64_t n, const uint8_t *src, float *dst);
 };
 typedef struct attn_kernels attn_kernels;
 

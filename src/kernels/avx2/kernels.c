@@ -259,6 +259,20 @@ static void to_f32_avx2(attn_dtype dt, int64_t n, const uint16_t *src, float *ds
         dst[i] = dt == ATTN_BF16 ? attn_bf16_to_f32(src[i]) : attn_f16_to_f32(src[i]);
 }
 
+/* q8_0 blocks to float32: the scale by F16C (exact), each 8 int8 widened to int32 and
+ * converted (exact), one multiply (exact: an 11-bit by 8-bit product). */
+static void dequant_q8_0_avx2(int64_t n, const uint8_t *src, float *dst) {
+    for (int64_t c = 0; c < n; c++) {
+        const uint8_t *b = src + c * ATTN_Q8_0_BYTES;
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8)));
+        for (int i = 0; i < 4; i++) {
+            const __m128i q8 = _mm_loadl_epi64((const __m128i *)(b + 2 + 8 * i));
+            const __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
+            _mm256_storeu_ps(dst + c * ATTN_Q8_0_BLOCK + 8 * i, _mm256_mul_ps(d, x));
+        }
+    }
+}
+
 /* ---- decoding: the whole step of one clean tile for at most 4 query rows ------------------
  * The AVX-512 step (avx512/kernels.c) at half the width: Q·Kᵀ by the dot-product form, 2
  * keys x 4 rows a call of dec_qk4 reduced by one hadd tree, the logits in a compact
@@ -522,5 +536,6 @@ const attn_kernels attn_kernels_avx2 = {
     .decode_qk = decode_qk_avx2,
     .exp = exp_array_avx2,
     .additive = &attn_additive_kernels_avx2,
+    .dequant_q8_0 = dequant_q8_0_avx2,
 };
 #endif
