@@ -48,9 +48,9 @@ void attn_dequant_q8_0_blocks(int64_t n, const uint8_t *src, float *dst) {
 /* The scale of a block of 32 float32 values at stride 1: d = amax / 127 (float32). */
 static float block_scale(const float *x) {
     float amax = 0.0f;
-    for (int i = 0; i < ATTN_Q8_0_BLOCK; i++) {
+    for (int i = 0; i < ATTN_Q8_0_BLOCK && !isnan(amax); i++) {
         const float a = fabsf(x[i]);
-        if (!(a <= amax)) amax = a;  // NaN is kept: the check before refuses it
+        if (isnan(a) || a > amax) amax = a;  // NaN is kept: the caller refuses it
     }
     return amax / 127.0f;
 }
