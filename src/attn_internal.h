@@ -64,6 +64,14 @@ static inline int64_t attn_row_bytes(attn_dtype t, int64_t n) {
  * size > 1), and its byte offsets within int64 (q8_0.c). */
 ATTN_PRIVATE attn_status attn_check_q8_0_layout(const attn_tensor *t, const char *name);
 
+/* The quantization of one row of n float32 values (stride xs, n a multiple of 32) into
+ * n / 32 contiguous q8_0 blocks at dst, as attn_quantize_q8_0 does it; for appends into
+ * a cache (q8_0.c). attn_q8_0_row_check first: the index of the first block it refuses
+ * (a NaN or infinity, or a scale beyond float16), -1 when none, so that a refused append
+ * writes nothing. */
+ATTN_PRIVATE int64_t attn_q8_0_row_check(const float *x, int64_t xs, int64_t n);
+ATTN_PRIVATE void attn_q8_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst);
+
 /* The portable dequantization of n q8_0 blocks into 32 n floats (q8_0.c); the kernels'
  * dequant_q8_0 entry where they have none. */
 ATTN_PRIVATE void attn_dequant_q8_0_blocks(int64_t n, const uint8_t *src, float *dst);

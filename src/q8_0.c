@@ -95,49 +95,51 @@ static uint8_t *q8_row(const attn_tensor *t, int64_t i0, int64_t i1, int64_t i2)
                                                      i1 * t->stride[1] + i2 * t->stride[2]);
 }
 
+int64_t attn_q8_0_row_check(const float *x, int64_t xs, int64_t n) {
+    float buf[ATTN_Q8_0_BLOCK];
+    for (int64_t c = 0; c < n / ATTN_Q8_0_BLOCK; c++) {
+        for (int i = 0; i < ATTN_Q8_0_BLOCK; i++) buf[i] = x[(c * ATTN_Q8_0_BLOCK + i) * xs];
+        const float d = block_scale(buf);
+        if (!isfinite(d) || isinf(attn_f16_to_f32(attn_f32_to_f16(d)))) return c;
+    }
+    return -1;
+}
+
+void attn_q8_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst) {
+    float buf[ATTN_Q8_0_BLOCK];
+    for (int64_t c = 0; c < n / ATTN_Q8_0_BLOCK; c++) {
+        const float *xb = x + c * ATTN_Q8_0_BLOCK * xs;
+        if (xs != 1) {
+            for (int i = 0; i < ATTN_Q8_0_BLOCK; i++) buf[i] = xb[i * xs];
+            xb = buf;
+        }
+        quantize_block(xb, dst + c * ATTN_Q8_0_BYTES);
+    }
+}
+
 attn_status attn_quantize_q8_0(const attn_tensor *src, const attn_tensor *dst) {
     if (!src || !dst) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", src ? "dst" : "src");
     TRY(check_pair(src, "src", dst, "dst", dst, "dst"));
     if (is_empty(src)) return ok();
-    const int64_t n0 = src->shape[0], n1 = src->shape[1], n2 = src->shape[2];
-    const int64_t D = src->shape[3], nb = D / ATTN_Q8_0_BLOCK;
-    float buf[ATTN_Q8_0_BLOCK];
+    const int64_t n1 = src->shape[1], n2 = src->shape[2], D = src->shape[3];
+    const int64_t rows = src->shape[0] * n1 * n2;
+    const float *x0 = src->data;
     /* first every block's scale checked: a refused call writes nothing */
-    for (int64_t i0 = 0; i0 < n0; i0++)
-        for (int64_t i1 = 0; i1 < n1; i1++)
-            for (int64_t i2 = 0; i2 < n2; i2++)
-                for (int64_t c = 0; c < nb; c++) {
-                    const float *x = (const float *)src->data + i0 * src->stride[0] +
-                                     i1 * src->stride[1] + i2 * src->stride[2] +
-                                     c * ATTN_Q8_0_BLOCK * src->stride[3];
-                    for (int i = 0; i < ATTN_Q8_0_BLOCK; i++) buf[i] = x[i * src->stride[3]];
-                    const float d = block_scale(buf);
-                    if (!isfinite(d))
-                        return attn_fail(ATTN_ERR_VALUE, "src: a NaN or infinite value in "
-                                         "block %lld of row (%lld, %lld, %lld)", (long long)c,
-                                         (long long)i0, (long long)i1, (long long)i2);
-                    if (isinf(attn_f16_to_f32(attn_f32_to_f16(d))))
-                        return attn_fail(ATTN_ERR_VALUE, "src: block %lld of row (%lld, %lld, "
-                                         "%lld) has amax %g: its scale amax / 127 is beyond "
-                                         "float16's range", (long long)c, (long long)i0,
-                                         (long long)i1, (long long)i2, (double)d * 127.0);
-                }
-    const int64_t rows = n0 * n1 * n2;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t i0 = r / (n1 * n2), i1 = r / n2 % n1, i2 = r % n2;
+        const int64_t c = attn_q8_0_row_check(x0 + i0 * src->stride[0] + i1 * src->stride[1] +
+                                                  i2 * src->stride[2], src->stride[3], D);
+        if (c >= 0)
+            return attn_fail(ATTN_ERR_VALUE, "src: block %lld of row (%lld, %lld, %lld) holds a "
+                             "NaN or infinity, or an amax whose scale amax / 127 is beyond "
+                             "float16's range (amax > 65504 * 127)", (long long)c,
+                             (long long)i0, (long long)i1, (long long)i2);
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t i0 = r / (n1 * n2), i1 = r / n2 % n1, i2 = r % n2;
-        float row_buf[ATTN_Q8_0_BLOCK];
-        uint8_t *out = q8_row(dst, i0, i1, i2);
-        const float *x = (const float *)src->data + i0 * src->stride[0] + i1 * src->stride[1] +
-                         i2 * src->stride[2];
-        for (int64_t c = 0; c < nb; c++) {
-            const float *xb = x + c * ATTN_Q8_0_BLOCK * src->stride[3];
-            if (src->stride[3] != 1) {
-                for (int i = 0; i < ATTN_Q8_0_BLOCK; i++) row_buf[i] = xb[i * src->stride[3]];
-                xb = row_buf;
-            }
-            quantize_block(xb, out + c * ATTN_Q8_0_BYTES);
-        }
+        attn_q8_0_quantize_row(x0 + i0 * src->stride[0] + i1 * src->stride[1] + i2 * src->stride[2],
+                               src->stride[3], D, q8_row(dst, i0, i1, i2));
     }
     return ok();
 }
