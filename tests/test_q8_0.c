@@ -335,6 +335,24 @@ static void test_forward(void) {
         CHECK(attn_forward(&tq16, &tk8, &tk8, &to16, NULL) == ATTN_OK, "bf16 q: %s", attn_last_error());
         CHECK(attn_forward(&tq32, &tk8, &tk8, &to32, NULL) == ATTN_OK, "f32 q: %s", attn_last_error());
         CHECK(memcmp(o16, o32, sizeof o16) == 0, "bfloat16 queries: not the float32 queries' answer bit for bit");
+
+        /* attn_weights_grid reads a q8_0 K too: its grid against the float64 one over the
+         * dequantized keys */
+        float lse[2], grid[2 * 7];
+        double gref[2 * 7];
+        float kd[L * D];
+        attn_tensor tkd = attn_tensor_4d(kd, ATTN_F32, 1, 1, L, D), tl = attn_tensor_4d(lse, ATTN_F32, 1, 1, 2, 1);
+        attn_tensor tg = attn_tensor_4d(grid, ATTN_F32, 1, 1, 2, 7);
+        CHECK(attn_dequantize_q8_0(&tk8, &tkd) == ATTN_OK, "grid: %s", attn_last_error());
+        attn_options lo = {.lse = &tl, .path = ATTN_PATH_REFERENCE};
+        CHECK(attn_forward(&tq32, &tkd, &tkd, &to32, &lo) == ATTN_OK, "grid lse: %s", attn_last_error());
+        attn_options go = {.path = ATTN_PATH_REFERENCE};
+        CHECK(attn_weights_grid(&tq32, &tkd, &tl, &tg, ATTN_REDUCE_SUM, &go) == ATTN_OK, "grid ref: %s", attn_last_error());
+        for (int i = 0; i < 14; i++) gref[i] = grid[i];
+        go.path = ATTN_PATH_FUSED;
+        CHECK(attn_weights_grid(&tq32, &tk8, &tl, &tg, ATTN_REDUCE_SUM, &go) == ATTN_OK, "grid q8_0: %s", attn_last_error());
+        tol_result tr;
+        CHECK(within_f32_tol(grid, gref, 14, &tr), "weights grid over q8_0 K: max err %.3g rel %.3g", tr.max_err, tr.rel_err);
         free(kf), free(qf), free(k8);
     }
 }
