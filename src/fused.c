@@ -398,10 +398,10 @@ static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t 
  * group) takes several calls on each clean tile, the tile then in the cache for all but
  * the first. */
 static bool takes_decode(const attn_params *p, const attn_kernels *kern, int64_t n) {
-    /* q8_0 takes the tile path: kv_block dequantizes a tile's rows (docs/KERNELS.md) */
+    /* q8_0 where the kernel's step reads it; else the tile path (kv_block dequantizes) */
     return kern->decode && kern->decode_qk && n <= ATTN_DECODE_MAX_ROWS &&
-           p->kv_dt != ATTN_Q8_0 && !attn_has_elementwise(p) && p->k_s[3] == 1 &&
-           p->v_s[3] == 1;
+           (p->kv_dt != ATTN_Q8_0 || kern->decode_q8_0) && !attn_has_elementwise(p) &&
+           p->k_s[3] == 1 && p->v_s[3] == 1;
 }
 
 /* The online softmax over keys [ja, jb) of a block, into w->m, w->l, w->acc. */
