@@ -77,8 +77,8 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
     const int64_t bq = geom->bq;
     plan->bq = bq, plan->row_pad = geom->row_pad;
     int64_t bk = geom->bk_max;
-    const int64_t kv_bytes = attn_elem_bytes(p->kv_dt);
-    while (bk > geom->bk_min && bk * (dk + dv) * kv_bytes > 64 * 1024) bk /= 2;
+    const int64_t kv_row_bytes = attn_row_bytes(p->kv_dt, dk + dv);  // q8_0: 34 bytes / 32
+    while (bk > geom->bk_min && bk * kv_row_bytes > 64 * 1024) bk /= 2;
     plan->bk = bk;
 
     const int64_t group = p->group, lq = p->Lq > 0 ? p->Lq : 1;
@@ -323,6 +323,14 @@ static const float *kv_block(const attn_kernels *kern, attn_dtype dt, const void
                              int64_t j0, int64_t nk, float *buf, int64_t *ld) {
     const int64_t x = b * st[0] + g * st[1] + j0 * st[2];
     *ld = width;
+    if (dt == ATTN_Q8_0) {  // stride 1 along the row and rows on block starts (api.c)
+        void (*deq)(int64_t, const uint8_t *, float *) =
+            kern->dequant_q8_0 ? kern->dequant_q8_0 : attn_dequant_q8_0_blocks;
+        for (int64_t c = 0; c < nk; c++)
+            deq(width / ATTN_Q8_0_BLOCK,
+                (const uint8_t *)base + attn_row_byte_offset(dt, x + c * st[2]), buf + c * width);
+        return buf;
+    }
     if (st[3] == 1) {
         if (dt == ATTN_F32) {
             *ld = st[2];
@@ -368,16 +376,20 @@ enum { PREFETCH_TILES = 2 };
  * decoding entries take. */
 static const char *kv_row(const attn_params *p, const fused_block *blk, const void *base,
                           const int64_t st[4], int64_t j) {
-    const int64_t ek = attn_elem_bytes(p->kv_dt);
-    return (const char *)base + (blk->b * st[0] + blk->g * st[1] + j * st[2]) * ek;
+    return (const char *)base +
+           attn_row_byte_offset(p->kv_dt, blk->b * st[0] + blk->g * st[1] + j * st[2]);
 }
 
 static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
+    /* a row's bytes from its first: q8_0 rows are contiguous blocks (stride 1) */
+    const bool q8 = p->kv_dt == ATTN_Q8_0;
     const int64_t ek = attn_elem_bytes(p->kv_dt);
+    const int64_t kb = q8 ? attn_row_bytes(p->kv_dt, p->Dk) : p->Dk * p->k_s[3] * ek;
+    const int64_t vb = q8 ? attn_row_bytes(p->kv_dt, p->Dv) : p->Dv * p->v_s[3] * ek;
     for (int64_t c = j0; c < j0 + nk; c++) {
         const char *k = kv_row(p, blk, p->k, p->k_s, c), *v = kv_row(p, blk, p->v, p->v_s, c);
-        for (int64_t x = 0; x < p->Dk * p->k_s[3] * ek; x += 64) __builtin_prefetch(k + x, 0, 1);
-        for (int64_t x = 0; x < p->Dv * p->v_s[3] * ek; x += 64) __builtin_prefetch(v + x, 0, 1);
+        for (int64_t x = 0; x < kb; x += 64) __builtin_prefetch(k + x, 0, 1);
+        for (int64_t x = 0; x < vb; x += 64) __builtin_prefetch(v + x, 0, 1);
     }
 }
 
@@ -386,8 +398,10 @@ static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t 
  * group) takes several calls on each clean tile, the tile then in the cache for all but
  * the first. */
 static bool takes_decode(const attn_params *p, const attn_kernels *kern, int64_t n) {
+    /* q8_0 where the kernel's step reads it; else the tile path (kv_block dequantizes) */
     return kern->decode && kern->decode_qk && n <= ATTN_DECODE_MAX_ROWS &&
-           !attn_has_elementwise(p) && p->k_s[3] == 1 && p->v_s[3] == 1;
+           (p->kv_dt != ATTN_Q8_0 || kern->decode_q8_0) && !attn_has_elementwise(p) &&
+           p->k_s[3] == 1 && p->v_s[3] == 1;
 }
 
 /* The online softmax over keys [ja, jb) of a block, into w->m, w->l, w->acc. */
