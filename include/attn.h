@@ -166,6 +166,21 @@ typedef struct attn_options {
      * comes from attn_forward_workspace_size() for the same arguments. */
     void *workspace;
     size_t workspace_bytes;
+
+    /* attention sinks (fields added after the rest): a learned logit per query head, an
+     * extra term in each row's softmax denominator that contributes no value,
+     *     o_i = sum_j exp(s_ij) v_j / (sum_j exp(s_ij) + exp(sink_h)),
+     *     lse_i = ln(sum_j exp(s_ij) + exp(sink_h)).
+     * ATTN_F32, shape {Hq, 1, 1, 1}, any strides; NULL = none. sink 0 is the off-by-one
+     * softmax (PyTorch's add_zero_attn); -inf is no sink for that head; NaN or +inf make
+     * every row of the head NaN (the sink is an unmasked logit). A fully masked row gives
+     * o_i = 0 and lse_i = sink_h. The weights output then sums to less than 1. */
+    const attn_tensor *sinks;
+    /* attn_backward's output, float32 {Hq, 1, 1, 1}: d sink_h = -sum over b and i of
+     * exp(sink_h - lse_bhi) * rowsum(dO ∘ O)_bhi, summed in a fixed order (bit-identical
+     * for any thread count); written, not added to. NULL = not wanted. Requires sinks;
+     * must be NULL in every other call (ATTN_ERR_VALUE). */
+    const attn_tensor *d_sinks;
 } attn_options;
 
 /* ---- calls -------------------------------------------------------------------------- */
