@@ -212,7 +212,9 @@ ATTN_API attn_status attn_forward_workspace_size(const attn_tensor *q, const att
  *   dk   [B, Hkv, Lk, Dk]  written: summed over the query heads of each group
  *   dv   [B, Hkv, Lk, Dv]  written: summed likewise
  * Fully masked rows contribute 0 to every gradient. Deterministic: bit-identical for any
- * thread count. On error nothing is written. */
+ * thread count. On error nothing is written.
+ * With opt->sinks (as in the forward, whose lse includes them) the formulas are unchanged,
+ * P = exp(s - lse); opt->d_sinks [Hq] (optional) gets the sinks' gradient. */
 ATTN_API attn_status attn_backward(const attn_tensor *q, const attn_tensor *k,
                                    const attn_tensor *v, const attn_tensor *o,
                                    const attn_tensor *d_o, const attn_tensor *lse,

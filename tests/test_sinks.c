@@ -18,7 +18,8 @@
  *  3. The backward (fused and reference, float32 and a bfloat16 call) against central
  *     finite differences of the oracle for dQ, dK, dV and d_sinks; d_sinks bit-identical
  *     for 1 and 2 threads.
- *  4. Misuse refused with its status and nothing written.
+ *  4. Misuse refused with its status and nothing written; the multi-head module passes
+ *     the sinks to its heads (its averaged-weights path slices them per head).
  *  5. Each tolerance check rejects a planted error.
  * What it is not: a test of the rest of attn_forward (test_forward.c, test_edge.c).
  */
@@ -30,6 +31,7 @@
 
 #include "attn.h"
 #include "half.h"
+#include "mha_ref.h"
 #include "oracle.h"
 
 /* ---- a case and its oracle ----------------------------------------------------------- */
@@ -682,6 +684,72 @@ static void test_misuse(void) {
     free(o), free(lse), free(d_o), free(g), free(ds);
 }
 
+/* The multi-head module: y and the weights with sinks are the same whether the weights
+ * are per head, averaged (one call per head, the sinks sliced) or not asked for; the
+ * sinks change y; its backward takes sinks but refuses d_sinks. */
+static void test_mha(void) {
+    const mcase c = {.B = 2, .Lq = 7, .Lk = 7, .E = 16, .Ekv = 16, .Hq = 4, .Hkv = 2, .Dk = 4,
+                     .Dv = 4, .self = true, .bias = true, .seed = 70};
+    mlayer l;
+    mlayer_build(&l, &c);
+    float sinks[4] = {0.5f, 0.0f, -INFINITY, 2.0f};
+    attn_tensor ts = attn_tensor_4d(sinks, ATTN_F32, 4, 1, 1, 1);
+    attn_options opt = {.causal = true, .sinks = &ts};
+    const int64_t ny = c.B * c.Lq * c.E, nw = c.B * c.Hq * c.Lq * c.Lk, nm = c.B * c.Lq * c.Lk;
+    float *y[4], *w = xcalloc(nw, 4), *wa = xcalloc(nm, 4);
+    attn_tensor tw = attn_tensor_4d(w, ATTN_F32, c.B, c.Hq, c.Lq, c.Lk);
+    attn_tensor twa = attn_tensor_4d(wa, ATTN_F32, c.B, 1, c.Lq, c.Lk);
+    for (int x = 0; x < 4; x++) {
+        attn_options o = opt;
+        if (x == 3) o.sinks = NULL;
+        const attn_status st = attn_mha_forward(&l.m, &l.txq, NULL, &l.ty, x == 1 ? &tw : x == 2 ? &twa : NULL,
+                                                x == 2, &o);
+        CHECK(st == ATTN_OK, "mha with sinks (%d): %s", x, attn_last_error());
+        y[x] = xcalloc(ny, 4);
+        for (int64_t b = 0; b < c.B; b++)
+            for (int64_t i = 0; i < c.Lq; i++)
+                for (int64_t e = 0; e < c.E; e++)
+                    y[x][(b * c.Lq + i) * c.E + e] = attn_load(
+                        l.ty.dtype, l.ty.data, b * l.ty.stride[0] + i * l.ty.stride[1] + e * l.ty.stride[2]);
+    }
+    double *y0 = xcalloc(ny, sizeof(double)), *mean = xcalloc(nm, sizeof(double));
+    for (int64_t e = 0; e < ny; e++) y0[e] = y[0][e];
+    for (int64_t b = 0; b < c.B; b++)
+        for (int64_t h = 0; h < c.Hq; h++)
+            for (int64_t e = 0; e < c.Lq * c.Lk; e++)
+                mean[b * c.Lq * c.Lk + e] += w[(b * c.Hq + h) * c.Lq * c.Lk + e] / (double)c.Hq;
+    CHECK(within_f32_tol(y[1], y0, ny, NULL) && within_f32_tol(y[2], y0, ny, NULL),
+          "mha: y with sinks depends on the weights asked for");
+    CHECK(within_f32_tol(wa, mean, nm, NULL), "mha: averaged weights with sinks are not the heads' mean");
+    CHECK(!within_f32_tol(y[3], y0, ny, NULL), "mha: the sinks do not change y");
+    double worst = 0.0;  // row sums below 1 where the head has a sink: the last row of batch 0, head 3
+    for (int64_t i = 0; i < c.Lq; i++) {
+        double sum = 0.0;
+        for (int64_t j = 0; j < c.Lk; j++) sum += w[(3 * c.Lq + i) * c.Lk + j];
+        worst = fmax(worst, sum);
+    }
+    CHECK(worst < 1.0 - 1e-3, "mha: weights of a head with sink 2 sum to %.6f", worst);
+    /* the backward: sinks are constants there; d_sinks is refused */
+    const int64_t ng = c.E * c.Hq * c.Dk;
+    float *g = xcalloc(ng, 4), *dy = xcalloc(ny, 4);
+    for (int64_t e = 0; e < ny; e++) dy[e] = 0.25f;
+    attn_tensor tdy = attn_tensor_4d(dy, ATTN_F32, c.B, c.Lq, c.E, 1);
+    attn_tensor tg = attn_tensor_4d(g, ATTN_F32, c.E, c.Hq * c.Dk, 1, 1);
+    attn_mha_grads grads = {.dw_q = &tg};
+    CHECK(attn_mha_backward(&l.m, &l.txq, NULL, &tdy, &grads, &opt) == ATTN_OK, "mha backward with sinks: %s",
+          attn_last_error());
+    float ds[4];
+    attn_tensor tds = attn_tensor_4d(ds, ATTN_F32, 4, 1, 1, 1);
+    opt.d_sinks = &tds;
+    fill_sentinel(g, ng);
+    CHECK(attn_mha_backward(&l.m, &l.txq, NULL, &tdy, &grads, &opt) == ATTN_ERR_VALUE &&
+              count_written(g, ng) == 0,
+          "mha backward: d_sinks not refused, or a gradient written");
+    for (int x = 0; x < 4; x++) free(y[x]);
+    free(w), free(wa), free(y0), free(mean), free(g), free(dy);
+    mlayer_free(&l);
+}
+
 /* ---- 5: the checks reject planted errors ------------------------------------------ */
 
 static void test_planted(void) {
@@ -727,6 +795,7 @@ int main(void) {
            g_worst_grad[3]);
     test_threads();
     test_misuse();
+    test_mha();
     test_planted();
     return check_summary("test_sinks");
 }
