@@ -563,6 +563,39 @@ static void test_threads(void) {
     for (int x = 0; x < 3; x++) free(ds[x]);
 }
 
+/* Empty sizes: Lk = 0 makes every row fully masked (O = 0, LSE = sink); d_sinks is then
+ * 0, as it is with Lq = 0 or B = 0 (no row). */
+static void test_empty(void) {
+    static const int64_t shapes[3][2] = {{2, 0}, {0, 5}, {2, 5}};  // (Lq, Lk) with B = 0 last
+    float sinks[3] = {0.75f, -1.0f, -INFINITY}, q[64] = {0}, k[64] = {0}, o[64], lse[8], d_o[64] = {0};
+    float dq[64], dk[64], dv[64], ds[3];
+    for (int x = 0; x < 3; x++) {
+        const int64_t B = x == 2 ? 0 : 1, Lq = shapes[x][0], Lk = shapes[x][1];
+        attn_tensor tq = attn_tensor_4d(q, ATTN_F32, B, 3, Lq, 4), tk = attn_tensor_4d(k, ATTN_F32, B, 3, Lk, 4);
+        attn_tensor to = attn_tensor_4d(o, ATTN_F32, B, 3, Lq, 4), tl = attn_tensor_4d(lse, ATTN_F32, B, 3, Lq, 1);
+        attn_tensor tdo = attn_tensor_4d(d_o, ATTN_F32, B, 3, Lq, 4);
+        attn_tensor tdq = attn_tensor_4d(dq, ATTN_F32, B, 3, Lq, 4), tdk = attn_tensor_4d(dk, ATTN_F32, B, 3, Lk, 4);
+        attn_tensor tdv = attn_tensor_4d(dv, ATTN_F32, B, 3, Lk, 4);
+        attn_tensor ts = attn_tensor_4d(sinks, ATTN_F32, 3, 1, 1, 1), tds = attn_tensor_4d(ds, ATTN_F32, 3, 1, 1, 1);
+        for (int path = 0; path < 2; path++) {
+            attn_options opt = {.sinks = &ts, .lse = &tl, .path = path ? ATTN_PATH_REFERENCE : ATTN_PATH_FUSED};
+            fill_sentinel(o, 64), fill_sentinel(lse, 8), fill_sentinel(ds, 3);
+            CHECK(attn_forward(&tq, &tk, &tk, &to, &opt) == ATTN_OK, "empty %d: forward %s", x, attn_last_error());
+            int ok = 1;
+            for (int64_t r = 0; r < B * 3 * Lq; r++) {
+                ok &= lse[r] == sinks[r / Lq] || (sinks[r / Lq] == -INFINITY && lse[r] == -INFINITY);
+                for (int z = 0; z < 4; z++) ok &= o[r * 4 + z] == 0.0f;
+            }
+            CHECK(ok, "empty %d [%s]: fully masked rows are not O = 0, LSE = sink", x, path_name(opt.path));
+            opt.lse = NULL, opt.d_sinks = &tds;
+            CHECK(attn_backward(&tq, &tk, &tk, &to, &tdo, &tl, &tdq, &tdk, &tdv, &opt) == ATTN_OK,
+                  "empty %d: backward %s", x, attn_last_error());
+            CHECK(ds[0] == 0.0f && ds[1] == 0.0f && ds[2] == 0.0f, "empty %d [%s]: d_sinks %g %g %g", x,
+                  path_name(opt.path), ds[0], ds[1], ds[2]);
+        }
+    }
+}
+
 /* ---- 4: misuse ----------------------------------------------------------------------- */
 
 static void test_misuse(void) {
@@ -794,6 +827,7 @@ int main(void) {
            "dk %.3g, dv %.3g, d_sinks %.3g\n", g_worst_grad[0], g_worst_grad[1], g_worst_grad[2],
            g_worst_grad[3]);
     test_threads();
+    test_empty();
     test_misuse();
     test_mha();
     test_planted();
