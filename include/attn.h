@@ -179,6 +179,21 @@ typedef struct attn_options {
      * comes from attn_forward_workspace_size() for the same arguments. */
     void *workspace;
     size_t workspace_bytes;
+
+    /* attention sinks (fields added after the rest): a learned logit per query head, an
+     * extra term in each row's softmax denominator that contributes no value,
+     *     o_i = sum_j exp(s_ij) v_j / (sum_j exp(s_ij) + exp(sink_h)),
+     *     lse_i = ln(sum_j exp(s_ij) + exp(sink_h)).
+     * ATTN_F32, shape {Hq, 1, 1, 1}, any strides; NULL = none. sink 0 is the off-by-one
+     * softmax (PyTorch's add_zero_attn); -inf is no sink for that head; NaN or +inf make
+     * every row of the head NaN (the sink is an unmasked logit). A fully masked row gives
+     * o_i = 0 and lse_i = sink_h. The weights output then sums to less than 1. */
+    const attn_tensor *sinks;
+    /* attn_backward's output, float32 {Hq, 1, 1, 1}: d sink_h = -sum over b and i of
+     * exp(sink_h - lse_bhi) * rowsum(dO ∘ O)_bhi, summed in a fixed order (bit-identical
+     * for any thread count); written, not added to. NULL = not wanted. Requires sinks;
+     * must be NULL in every other call (ATTN_ERR_VALUE). */
+    const attn_tensor *d_sinks;
 } attn_options;
 
 /* ---- calls -------------------------------------------------------------------------- */
@@ -212,7 +227,9 @@ ATTN_API attn_status attn_forward_workspace_size(const attn_tensor *q, const att
  *   dk   [B, Hkv, Lk, Dk]  written: summed over the query heads of each group
  *   dv   [B, Hkv, Lk, Dv]  written: summed likewise
  * Fully masked rows contribute 0 to every gradient. Deterministic: bit-identical for any
- * thread count. On error nothing is written. */
+ * thread count. On error nothing is written.
+ * With opt->sinks (as in the forward, whose lse includes them) the formulas are unchanged,
+ * P = exp(s - lse); opt->d_sinks [Hq] (optional) gets the sinks' gradient. */
 ATTN_API attn_status attn_backward(const attn_tensor *q, const attn_tensor *k,
                                    const attn_tensor *v, const attn_tensor *o,
                                    const attn_tensor *d_o, const attn_tensor *lse,

@@ -120,9 +120,10 @@ attn_status attn_additive_params_init(attn_additive_params *p, const attn_tensor
     if (!need_data) q_as_k.data = NULL;
     else if (!q_as_k.data) q_as_k.data = (void *)k->data;  /* q is empty: checked above */
     TRY(attn_params_init(&p->m, &q_as_k, k, val, o, opt, need_data));
-    if (opt && (opt->has_scale || opt->softcap != 0.0f || opt->bias || opt->alibi_slopes))
+    if (opt && (opt->has_scale || opt->softcap != 0.0f || opt->bias || opt->alibi_slopes ||
+                opt->sinks))
         return attn_fail(ATTN_ERR_UNSUPPORTED, "additive attention: options.has_scale, "
-                         "softcap, bias and alibi_slopes are not supported");
+                         "softcap, bias, alibi_slopes and sinks are not supported");
     if (opt && opt->workspace)
         return attn_fail(ATTN_ERR_UNSUPPORTED, "additive attention: options.workspace is not "
                          "supported (the call allocates its own)");

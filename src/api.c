@@ -305,6 +305,22 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
         p->alibi = attn_view_data(t, &p->alibi_s, 1);
     }
 
+    if (opt->sinks) {
+        const attn_tensor *t = opt->sinks;
+        TRY(attn_check_tensor(t, "sinks", ATTN_F32, need_data));
+        if (t->shape[0] != p->Hq || t->shape[1] != 1 || t->shape[2] != 1 || t->shape[3] != 1)
+            return attn_fail(ATTN_ERR_SHAPE, "sinks: shape [%lld, %lld, %lld, %lld], "
+                        "expected [Hq = %lld, 1, 1, 1]", (long long)t->shape[0],
+                        (long long)t->shape[1], (long long)t->shape[2],
+                        (long long)t->shape[3], (long long)p->Hq);
+        p->sinks = attn_view_data(t, &p->sinks_s, 1);
+    }
+    /* the sinks' gradient is attn_backward's alone: it checks it and calls this filler
+     * without it */
+    if (opt->d_sinks)
+        return attn_fail(ATTN_ERR_VALUE, "options.d_sinks must be NULL here (it is an output "
+                         "of attn_backward only)");
+
     /* optional outputs */
     if (opt->lse) {
         const attn_tensor *t = opt->lse;

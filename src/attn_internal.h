@@ -111,7 +111,16 @@ typedef struct attn_params {
     attn_path path;                /* resolved: never AUTO                           */
     const struct attn_kernels *kernels;  /* the fused path's micro-kernels          */
     int threads;                   /* resolved: >= 1                                 */
+
+    /* attention sinks: one extra logit per query head in each row's denominator, no
+     * value (attn_options.sinks); NULL = none */
+    const float *sinks;   int64_t sinks_s;                               /* (Hq)      */
 } attn_params;
+
+/* The sink logit of query head h: -inf (no sink) when the call has none. */
+static inline float attn_sink(const attn_params *p, int64_t h) {
+    return p->sinks ? p->sinks[h * p->sinks_s] : -INFINITY;
+}
 
 /* The key length of batch b: kv_len[b], or Lk. */
 static inline int64_t attn_key_len(const attn_params *p, int64_t b) {

@@ -63,7 +63,10 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
         return attn_fail(ATTN_ERR_VALUE, "options.%s must be NULL in attn_backward (the "
                          "forward's LSE is the lse argument)", opt->lse ? "lse" : "weights");
     attn_params *p = &bp->fwd;
-    TRY(attn_params_init(p, q, k, v, o, opt, need_data));
+    /* the forward's checks, without d_sinks (the forward's filler refuses it) */
+    attn_options fo = opt ? *opt : (attn_options){0};
+    fo.d_sinks = NULL;
+    TRY(attn_params_init(p, q, k, v, o, &fo, need_data));
     if (p->kv_dt == ATTN_Q8_0)  // a forward-only cache dtype: no gradient path reads it
         return attn_fail(ATTN_ERR_DTYPE, "k, v: q8_0 is a forward-only KV cache dtype; the "
                          "backward takes float32, float16 or bfloat16");
@@ -81,6 +84,20 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
     TRY(attn_check_output_strides(dq, "dq", 4));
     TRY(attn_check_output_strides(dk, "dk", 4));
     TRY(attn_check_output_strides(dv, "dv", 4));
+    if (opt && opt->d_sinks) {
+        const attn_tensor *t = opt->d_sinks;
+        if (!opt->sinks)
+            return attn_fail(ATTN_ERR_VALUE, "options.d_sinks is given without options.sinks "
+                             "(there is no sink to differentiate)");
+        TRY(attn_check_tensor(t, "d_sinks", ATTN_F32, need_data));
+        if (t->shape[0] != p->Hq || t->shape[1] != 1 || t->shape[2] != 1 || t->shape[3] != 1)
+            return attn_fail(ATTN_ERR_SHAPE, "d_sinks: shape [%lld, %lld, %lld, %lld], "
+                             "expected [Hq = %lld, 1, 1, 1]", (long long)t->shape[0],
+                             (long long)t->shape[1], (long long)t->shape[2],
+                             (long long)t->shape[3], (long long)p->Hq);
+        TRY(attn_check_output_strides(t, "d_sinks", 1));
+        bp->d_sinks = (float *)attn_view_data(t, &bp->d_sinks_s, 1);
+    }
 
     bp->d_o = attn_view_data(d_o, bp->do_s, 4);
     bp->lse = attn_view_data(lse, bp->lse_s, 3);
@@ -185,6 +202,7 @@ static attn_status backward_half(const attn_tensor *const t[H_N], const attn_ten
         attn_options f = o;
         f.workspace = NULL;
         f.workspace_bytes = 0;
+        f.d_sinks = NULL;  // the backward's output
         f.lse = &dense[H_N];
         st = attn_forward(&dense[H_Q], &dense[H_K], &dense[H_V], &dense[H_O], &f);
         lse_used = &dense[H_N];
@@ -428,6 +446,28 @@ static void row_dots(const attn_bwd_params *bp, float *D, int64_t r0, int64_t nr
             acc += (double)o_i[d * p->o_s[3]] * (double)do_i[d * bp->do_s[3]];
         D[r] = (float)acc;
     }
+}
+
+/* forward: lse_i = ln(Σ_j exp(s_ij) + exp(sink_h)), o_i = Σ_j exp(s_ij - lse_i) v_j; the
+ * sink is a logit whose value is 0, so its dP is 0 and its dS is P_sink (0 - D_i):
+ *     d sink_h = -Σ_{b, i} exp(sink_h - lse_bhi) D_bhi,
+ * in float64, over b then i in order (one thread per head: the same sum for any thread
+ * count). A row whose sink weight is 0 (sink -inf, or an LSE of -inf) adds nothing. */
+static float sink_grad(const attn_bwd_params *bp, const float *D, int64_t h) {
+    const attn_params *p = &bp->fwd;
+    const double sink = attn_sink(p, h);
+    double acc = 0.0;
+    if (sink == -INFINITY) return 0.0f;
+    for (int64_t b = 0; b < p->B; b++) {
+        const float *lse_bh = bp->lse + b * bp->lse_s[0] + h * bp->lse_s[1];
+        const float *D_bh = D + (b * p->Hq + h) * p->Lq;
+        for (int64_t i = 0; i < p->Lq; i++) {
+            const double lse = lse_bh[i * bp->lse_s[2]];
+            const double w = lse == -INFINITY ? 0.0 : exp(sink - lse);
+            if (w != 0.0) acc += w * (double)D_bh[i];
+        }
+    }
+    return (float)-acc;
 }
 
 /* The key block j0 .. j0+nk-1 of head (b, g), in the layouts the tiles read (bwd_scratch);
@@ -732,6 +772,10 @@ attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
         for (int64_t rc = 0; rc < row_chunks; rc++)
             row_dots(bp, D, rc * 256, rows - rc * 256 < 256 ? rows - rc * 256 : 256);
         /* implicit barrier: every D_i is ready */
+        if (bp->d_sinks) {
+#pragma omp for schedule(static)
+            for (int64_t h = 0; h < p->Hq; h++) bp->d_sinks[h * bp->d_sinks_s] = sink_grad(bp, D, h);
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t u = 0; u < plan.items; u++) item_backward(bp, &plan, &w, D, part, u);
         /* dq = the chunks' partials summed in chunk order (in place: done) */

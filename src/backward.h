@@ -22,11 +22,14 @@ typedef struct attn_bwd_params {
     float *dq;         int64_t dq_s[4];    /* (B, Hq,  Lq, Dk)  written             */
     float *dk;         int64_t dk_s[4];    /* (B, Hkv, Lk, Dk)  written             */
     float *dv;         int64_t dv_s[4];    /* (B, Hkv, Lk, Dv)  written             */
+    /* the sinks' gradient (options.d_sinks), written when not NULL; fwd.sinks is set */
+    float *d_sinks;    int64_t d_sinks_s;  /* (Hq)                                  */
 } attn_bwd_params;
 
 /* The backward's rule of overlap.c: dq, dk, dv (t[5..7] of t = {q, k, v, o, d_o, dq, dk,
- * dv}) and the first ws_need bytes of opt->workspace share no byte with an input (the
- * first five, lse, the masks) or each other; ATTN_ERR_STRIDE otherwise. */
+ * dv}), opt->d_sinks and the first ws_need bytes of opt->workspace share no byte with an
+ * input (the first five, lse, the masks, the sinks) or each other; ATTN_ERR_STRIDE
+ * otherwise. */
 ATTN_PRIVATE attn_status attn_check_backward_aliasing(const attn_tensor *const t[8],
                                                       const attn_tensor *lse,
                                                       const attn_options *opt, size_t ws_need);

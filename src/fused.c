@@ -560,6 +560,13 @@ static void merge_partials(const attn_params *p, const fused_plan *plan, const f
     }
 }
 
+/* The sinks of the block's rows folded into their final (m, l, acc) (merge.h), before
+ * the store and the weights read them: both then see the denominator with the sink. */
+static void fold_sinks(const attn_params *p, const fused_block *blk, const fused_scratch *w) {
+    for (int64_t r = 0; r < blk->n; r++)
+        attn_merge_sink(&w->m[r], &w->l[r], w->acc + r * p->Dv, p->Dv, attn_sink(p, w->h[r]));
+}
+
 attn_status attn_fused_forward(const attn_params *p, void *ws) {
     fused_plan plan;
     size_t partials;
@@ -589,6 +596,7 @@ attn_status attn_fused_forward(const attn_params *p, void *ws) {
             const fused_block blk = item_rows(p, &plan, &w, u / plan.split);
             if (plan.split == 1) {
                 block_sweep(p, kern, &plan, &w, &blk, blk.jmin, blk.jmax);
+                if (p->sinks) fold_sinks(p, &blk, &w);
                 block_store(p, &blk, w.m, w.l, w.acc, w.h, w.i);
                 if (p->weights) block_weights(p, kern, &plan, &w, &blk);
                 continue;
@@ -609,6 +617,7 @@ attn_status attn_fused_forward(const attn_params *p, void *ws) {
             for (int64_t t = 0; t < plan.items; t++) {
                 const fused_block blk = item_rows(p, &plan, &w, t);
                 merge_partials(p, &plan, &blk, part + (size_t)(t * plan.split) * plan.partial_floats, &w);
+                if (p->sinks) fold_sinks(p, &blk, &w);
                 block_store(p, &blk, w.m, w.l, w.acc, w.h, w.i);
             }
         }

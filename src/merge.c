@@ -44,6 +44,21 @@ float attn_merge_row(int64_t n, const float *a, int64_t a_s, const float *mass, 
     return m;
 }
 
+void attn_merge_sink(float *m, float *l, float *acc, int64_t dv, float sink) {
+    if (sink == -INFINITY) return;  // empty: no sink
+    const float m0 = *m;
+    const float M = isnan(m0) || isnan(sink) ? NAN : m0 > sink ? m0 : sink;
+    /* the row's own state; a fully masked row's (m = -inf) is empty, as in the merge:
+     * neither its mass nor its vector is read */
+    const float alpha = m0 == -INFINITY ? 0.0f : expf(m0 - M);
+    *l = (m0 == -INFINITY ? 0.0f : *l * alpha) + expf(sink - M);
+    if (m0 == -INFINITY)
+        memset(acc, 0, (size_t)dv * sizeof(float));
+    else if (alpha != 1.0f)
+        for (int64_t d = 0; d < dv; d++) acc[d] *= alpha;
+    *m = M;
+}
+
 /* ---- the public merge --------------------------------------------------------------- */
 
 static attn_status same_shape(const attn_tensor *t, const char *name, int64_t c,

@@ -23,4 +23,12 @@ ATTN_PRIVATE float attn_merge_row(int64_t n, const float *a, int64_t a_s, const 
                                   int64_t mass_s, const float *const *x, const int64_t *x_s,
                                   int64_t dv, float *acc, float *l_out);
 
+/* One more state folded into a row's (m, l, acc): an attention sink, the state of one
+ * logit `sink` of mass 1 and vector 0, by the rules above:
+ *   M = max(m, sink),  l = l exp(m - M) + exp(sink - M),  acc[d] *= exp(m - M),  m = M.
+ * sink = -inf is empty (nothing changes); a fully masked row (m = -inf) becomes
+ * (sink, 1, 0), so that its O is 0 and its LSE is the sink; a NaN on either side makes
+ * the row NaN, and sink = +inf gives exp(inf - inf) = NaN. acc: (Dv) float32. */
+ATTN_PRIVATE void attn_merge_sink(float *m, float *l, float *acc, int64_t dv, float sink);
+
 #endif /* ATTN_MERGE_H */

@@ -351,13 +351,17 @@ attn_status mha_attend(const attn_tensor *q, const attn_tensor *k, const attn_te
         attn_tensor kh = head_slice(k, 1, h / group, sizeof(float));
         attn_tensor vh = head_slice(v, 1, h / group, sizeof(float));
         attn_tensor wh = attn_tensor_4d(one, ATTN_F32, B, 1, Lq, Lk);
-        attn_tensor mh, bh, sh, lh;
+        attn_tensor mh, bh, sh, kh_sink, lh;
         attn_options oph = opt;
         if (opt.mask) { mh = head_slice(opt.mask, 1, h, 1); oph.mask = &mh; }
         if (opt.bias) { bh = head_slice(opt.bias, 1, h, sizeof(float)); oph.bias = &bh; }
         if (opt.alibi_slopes) {
             sh = head_slice(opt.alibi_slopes, 0, h, sizeof(float));
             oph.alibi_slopes = &sh;
+        }
+        if (opt.sinks) {
+            kh_sink = head_slice(opt.sinks, 0, h, sizeof(float));
+            oph.sinks = &kh_sink;
         }
         if (lse) { lh = head_slice(lse, 1, h, sizeof(float)); oph.lse = &lh; }
         oph.weights = &wh;

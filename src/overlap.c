@@ -148,7 +148,7 @@ bool attn_views_overlap(const attn_tensor *a, const attn_tensor *b) {
 
 /* Each output (the workspace last: the ws_need bytes of it the call uses, which it writes
  * too) against every input and every output before it. */
-enum { MAX_VIEWS = 14 };
+enum { MAX_VIEWS = 16 };
 static attn_status check_outputs(const attn_tensor *const *in, const char *const *in_names,
                                  int n_in, const attn_tensor *const *out,
                                  const char *const *out_names, int n_out,
@@ -182,22 +182,24 @@ attn_status attn_check_forward_aliasing(const attn_tensor *q, const attn_tensor 
                                         const attn_tensor *v, const attn_tensor *o,
                                         const attn_options *opt, size_t ws_need) {
     static const char *const in_names[] = {"q", "k", "v", "mask", "bias", "kv_len",
-                                           "alibi_slopes"};
+                                           "alibi_slopes", "sinks"};
     static const char *const out_names[] = {"o", "lse", "weights"};
     const attn_tensor *in[] = {q, k, v, opt ? opt->mask : NULL, opt ? opt->bias : NULL,
-                               opt ? opt->kv_len : NULL, opt ? opt->alibi_slopes : NULL};
+                               opt ? opt->kv_len : NULL, opt ? opt->alibi_slopes : NULL,
+                               opt ? opt->sinks : NULL};
     const attn_tensor *out[] = {o, opt ? opt->lse : NULL, opt ? opt->weights : NULL};
-    return check_outputs(in, in_names, 7, out, out_names, 3, opt, ws_need);
+    return check_outputs(in, in_names, 8, out, out_names, 3, opt, ws_need);
 }
 
 attn_status attn_check_backward_aliasing(const attn_tensor *const t[8], const attn_tensor *lse,
                                          const attn_options *opt, size_t ws_need) {
     static const char *const in_names[] = {"q", "k", "v", "o", "d_o", "lse", "mask", "bias",
-                                           "kv_len", "alibi_slopes"};
-    static const char *const out_names[] = {"dq", "dk", "dv"};
+                                           "kv_len", "alibi_slopes", "sinks"};
+    static const char *const out_names[] = {"dq", "dk", "dv", "d_sinks"};
     const attn_tensor *in[] = {t[0], t[1], t[2], t[3], t[4], lse,
                                opt ? opt->mask : NULL, opt ? opt->bias : NULL,
-                               opt ? opt->kv_len : NULL, opt ? opt->alibi_slopes : NULL};
-    const attn_tensor *out[] = {t[5], t[6], t[7]};
-    return check_outputs(in, in_names, 10, out, out_names, 3, opt, ws_need);
+                               opt ? opt->kv_len : NULL, opt ? opt->alibi_slopes : NULL,
+                               opt ? opt->sinks : NULL};
+    const attn_tensor *out[] = {t[5], t[6], t[7], opt ? opt->d_sinks : NULL};
+    return check_outputs(in, in_names, 11, out, out_names, 4, opt, ws_need);
 }

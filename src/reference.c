@@ -81,8 +81,13 @@ attn_status attn_reference_forward(const attn_params *p, void *ws) {
                                  : -INFINITY;
                     if (isnan(s_i[j]) || s_i[j] > m) m = s_i[j];  // NaN sticks: a NaN logit poisons its row
                 }
-                /* m = -inf: every key is masked. Subtracting it would give -inf - -inf =
-                 * NaN; the row's answer is decided instead: O = 0, LSE = -inf, P = 0. */
+                /* the sink: one more logit in the denominator, with no value; the max
+                 * is taken over it too (a NaN sink poisons the row like a NaN logit) */
+                const double sink = attn_sink(p, h);
+                if (isnan(sink) || (!isnan(m) && sink > m)) m = sink;
+                /* m = -inf: every key is masked (and there is no sink). Subtracting it
+                 * would give -inf - -inf = NaN; the row's answer is decided instead:
+                 * O = 0, LSE = -inf, P = 0. */
                 const bool masked_row = m == -INFINITY;
                 double l = 0.0;
                 if (!masked_row) {
@@ -90,6 +95,7 @@ attn_status attn_reference_forward(const attn_params *p, void *ws) {
                         s_i[j] = exp(s_i[j] - m);
                         l += s_i[j];
                     }
+                    if (sink != -INFINITY) l += exp(sink - m);
                 } else {
                     for (int64_t j = 0; j < p->Lk; j++) s_i[j] = 0.0;
                 }

@@ -36,7 +36,8 @@
  *     P_ij = exp(s_ij - m_i) / l_i
  *   q_i (Dk)   k (Lk, Dk)   P_i, cap_i (Lk) */
 static double ref_row(const attn_params *p, int64_t b, int64_t h, int64_t i,
-                      const double *q_i, const double *k, double *P_i, double *cap_i) {
+                      const double *q_i, const double *k, double *P_i, double *cap_i,
+                      double *p_sink) {
     const int64_t lk_b = attn_key_len(p, b), Dk = p->Dk;
     int64_t lo, hi;
     attn_row_range(p, lk_b, i, &lo, &hi);
@@ -55,7 +56,11 @@ static double ref_row(const attn_params *p, int64_t b, int64_t h, int64_t i,
         P_i[j] = s;
         if (isnan(s) || s > m) m = s;  // NaN sticks, as in the forward
     }
-    if (m == -INFINITY) {  // fully masked: P = 0, LSE = -inf, no gradient
+    /* the sink, one more logit of the denominator with no value (reference.c) */
+    const double sink = attn_sink(p, h);
+    if (isnan(sink) || (!isnan(m) && sink > m)) m = sink;
+    if (p_sink) *p_sink = 0.0;
+    if (m == -INFINITY) {  // fully masked, no sink: P = 0, LSE = -inf, no gradient
         for (int64_t j = 0; j < p->Lk; j++) P_i[j] = 0.0;
         return -INFINITY;
     }
@@ -64,7 +69,10 @@ static double ref_row(const attn_params *p, int64_t b, int64_t h, int64_t i,
         P_i[j] = exp(P_i[j] - m);  // exp(-inf - m) = 0 for masked keys
         l += P_i[j];
     }
+    const double e_sink = sink == -INFINITY ? 0.0 : exp(sink - m);
+    l += e_sink;
     for (int64_t j = 0; j < p->Lk; j++) P_i[j] /= l;
+    if (p_sink) *p_sink = e_sink / l;  // the sink's probability, exp(sink - lse)
     return m + log(l);
 }
 
@@ -86,7 +94,7 @@ static void ref_group_forward(const attn_params *p, int64_t b, int64_t g, const 
 #pragma omp parallel for schedule(static) num_threads(p->threads)
         for (int64_t i = 0; i < Lq; i++) {
             double *P_i = P + i * Lk;
-            const double l = ref_row(p, b, h, i, q + (hh * Lq + i) * Dk, k, P_i, NULL);
+            const double l = ref_row(p, b, h, i, q + (hh * Lq + i) * Dk, k, P_i, NULL, NULL);
             if (lse) lse[hh * Lq + i] = l;
             double *o_i = o + (hh * Lq + i) * Dv;
             for (int64_t d = 0; d < Dv; d++) o_i[d] = 0.0;
@@ -99,12 +107,14 @@ static void ref_group_forward(const attn_params *p, int64_t b, int64_t g, const 
 }
 
 /* The gradients of the same heads. dq is written; dk and dv are written with the sum
- * over the group's query heads.
+ * over the group's query heads; with d_sink (Hq, else NULL) each head's sink gradient over
+ * this batch's rows is added to d_sink[h], the rows in order (sink_rows: Lq scratch).
  *   q, dq (group, Lq, Dk)  k, dk (Lk, Dk)  v, dv (Lk, Dv)  d_o (group, Lq, Dv)
  *   mats: ref_mats(p) scratch matrices of (Lq, Lk) */
 static void ref_group_backward(const attn_params *p, int64_t b, int64_t g, const double *q,
                                const double *k, const double *v, const double *d_o,
-                               double *dq, double *dk, double *dv, double *mats, bool mag) {
+                               double *dq, double *dk, double *dv, double *mats, bool mag,
+                               double *sink_rows, double *d_sink) {
     const int64_t Lq = p->Lq, Lk = p->Lk, Dk = p->Dk, Dv = p->Dv;
     double *P = mats, *dS = mats + Lq * Lk;
     double *cap = p->softcap > 0.0f ? mats + 2 * Lq * Lk : NULL;
@@ -122,7 +132,8 @@ static void ref_group_backward(const attn_params *p, int64_t b, int64_t g, const
         for (int64_t i = 0; i < Lq; i++) {
             double *P_i = P + i * Lk, *dS_i = dS + i * Lk, *cap_i = cap ? cap + i * Lk : NULL;
             const double *do_i = do_h + i * Dv;
-            ref_row(p, b, h, i, q_h + i * Dk, k, P_i, cap_i);
+            double p_sink;
+            ref_row(p, b, h, i, q_h + i * Dk, k, P_i, cap_i, &p_sink);
 
             /* forward: o_i = Σ_j P_ij v_j, so dP_ij = dO_i · v_j; and
              * D_i = Σ_j P_ij dP_ij (= dO_i · o_i with the float64 o_i) */
@@ -135,6 +146,9 @@ static void ref_group_backward(const attn_params *p, int64_t b, int64_t g, const
                 dS_i[j] = dp;
                 D_i += P_i[j] * dp;
             }
+            /* forward: the sink is a logit of the denominator with value 0, so its dP is 0
+             * and d sink = P_sink (0 - D_i) */
+            if (sink_rows) sink_rows[i] = p_sink == 0.0 ? 0.0 : -p_sink * D_i;
             /* forward: P_ij = exp(s_ij - m_i) / l_i, whose Jacobian is
              * dP_ij/ds_il = P_ij (δ_jl - P_il), so dS_ij = P_ij (dP_ij - D_i);
              * forward: s = softcap * tanh(raw / softcap), ds/draw = 1 - tanh²;
@@ -154,6 +168,9 @@ static void ref_group_backward(const attn_params *p, int64_t b, int64_t g, const
                 for (int64_t d = 0; d < Dk; d++) dq_i[d] += dS_i[j] * (mag ? fabs(k[j * Dk + d]) : k[j * Dk + d]);
             }
         }
+
+        if (d_sink)
+            for (int64_t i = 0; i < Lq; i++) d_sink[h] += sink_rows[i];
 
         /* keys: dK_j += Σ_i dS_ij q_i, dV_j += Σ_i P_ij dO_i, this head after the last */
 #pragma omp parallel for schedule(static) num_threads(p->threads)
@@ -196,9 +213,17 @@ static int64_t group_doubles(const attn_params *p, bool dense_io) {
 
 /* ---- the public path ------------------------------------------------------------------ */
 
+/* after the group's scratch, with d_sinks: the rows' sink terms (Lq) and the heads'
+ * sums (Hq) */
+static int64_t sink_doubles(const attn_bwd_params *bp) {
+    return bp->d_sinks ? bp->fwd.Lq + bp->fwd.Hq : 0;
+}
+
 size_t attn_reference_backward_workspace(const attn_bwd_params *bp) {
-    const int64_t n = group_doubles(&bp->fwd, true);
-    if (n < 0 || (uint64_t)n > SIZE_MAX / sizeof(double)) return (size_t)-1;
+    int64_t n = group_doubles(&bp->fwd, true);
+    if (n < 0 || __builtin_add_overflow(n, sink_doubles(bp), &n) ||
+        (uint64_t)n > SIZE_MAX / sizeof(double))
+        return (size_t)-1;
     return (size_t)n * sizeof(double);
 }
 
@@ -225,6 +250,9 @@ attn_status attn_reference_backward(const attn_bwd_params *bp, void *ws) {
     double *dk = k + Lk * Dk;                  // (Lk, Dk)
     double *v = dk + Lk * Dk;                  // (Lk, Dv)
     double *dv = v + Lk * Dv;                  // (Lk, Dv)
+    double *sink_rows = bp->d_sinks ? dv + Lk * Dv : NULL;  // (Lq)
+    double *d_sink = bp->d_sinks ? sink_rows + Lq : NULL;   // (Hq)
+    for (int64_t h = 0; d_sink && h < p->Hq; h++) d_sink[h] = 0.0;
 
     for (int64_t b = 0; b < p->B; b++)
         for (int64_t g = 0; g < p->Hkv; g++) {
@@ -240,7 +268,7 @@ attn_status attn_reference_backward(const attn_bwd_params *bp, void *ws) {
             gather((const float *)p->k + b * p->k_s[0] + g * p->k_s[1], p->k_s[2], p->k_s[3], Lk, Dk, k);
             gather((const float *)p->v + b * p->v_s[0] + g * p->v_s[1], p->v_s[2], p->v_s[3], Lk, Dv, v);
 
-            ref_group_backward(p, b, g, q, k, v, d_o, dq, dk, dv, mats, false);
+            ref_group_backward(p, b, g, q, k, v, d_o, dq, dk, dv, mats, false, sink_rows, d_sink);
 
             for (int64_t hh = 0; hh < G; hh++) {
                 const int64_t h = g * G + hh;
@@ -252,6 +280,7 @@ attn_status attn_reference_backward(const attn_bwd_params *bp, void *ws) {
             scatter(dv, Lk, Dv, bp->dv + b * bp->dv_s[0] + g * bp->dv_s[1], bp->dv_s[2],
                     bp->dv_s[3]);
         }
+    for (int64_t h = 0; d_sink && h < p->Hq; h++) bp->d_sinks[h * bp->d_sinks_s] = (float)d_sink[h];
     return ATTN_OK;
 }
 
@@ -290,7 +319,7 @@ attn_status attn_ref64_backward(const attn_params *p, const double *q, const dou
             const int64_t h0 = b * p->Hq + g * G, g0 = b * p->Hkv + g;
             ref_group_backward(p, b, g, q + h0 * Lq * Dk, k + g0 * Lk * Dk, v + g0 * Lk * Dv,
                                d_o + h0 * Lq * Dv, dq + h0 * Lq * Dk, dk + g0 * Lk * Dk,
-                               dv + g0 * Lk * Dv, mats, magnitudes);
+                               dv + g0 * Lk * Dv, mats, magnitudes, NULL, NULL);
         }
     attn_free(mats);
     return ATTN_OK;

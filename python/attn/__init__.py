@@ -118,14 +118,15 @@ def _to_query_kind(x: Any, query: Any) -> Any:
 
 def _forward(query: Any, key: Any, value: Any, attn_mask: Any, alibi_slopes: Any,
              kv_len: Any, options: tuple, want_lse: bool, want_weights: bool,
-             tensor_type: Optional[type], alloc: Any = None) -> Tuple[Any, Any, Any]:
+             tensor_type: Optional[type], alloc: Any = None, sinks: Any = None
+             ) -> Tuple[Any, Any, Any]:
     """_attn.forward on inputs already read as plain arrays/tensors; options is the tuple
     (is_causal, scale, enable_gqa, align, window, softcap, path, precision, threads) of
     the C arguments, as the backward takes them too. alloc: _allocator's by default."""
     causal, scale, gqa, align, window, softcap, path, level, threads = options
     return _attn.forward(query, key, value, attn_mask, causal, scale, gqa, align, window,
                          softcap, alibi_slopes, kv_len, want_lse, want_weights, path, level,
-                         threads, alloc or _allocator(query, tensor_type))
+                         threads, alloc or _allocator(query, tensor_type), sinks)
 
 
 # ---- autograd (PyTorch) ---------------------------------------------------------------------
@@ -137,7 +138,7 @@ def _requires_grad(x: Any, tensor_type: type) -> bool:
 
 
 def _wants_autograd(query: Any, key: Any, value: Any, attn_mask: Any, alibi_slopes: Any,
-                    tensor_type: type) -> bool:
+                    tensor_type: type, sinks: Any = None) -> bool:
     """Whether the call goes through the autograd Function: grad mode on and query, key or
     value a torch tensor that requires grad. A mask or slopes that require grad are refused
     there and then (the library has no gradient for them: silently leaving it out would
@@ -150,9 +151,9 @@ def _wants_autograd(query: Any, key: Any, value: Any, attn_mask: Any, alibi_slop
             raise NotImplementedError(
                 "%s requires grad, but attn computes no gradient for it (only for query, key "
                 "and value); pass %s.detach() if it is meant to be a constant" % (name, name))
-    wants = [_requires_grad(x, tensor_type) for x in (query, key, value)]
+    wants = [_requires_grad(x, tensor_type) for x in (query, key, value, sinks)]
     if any(wants) and not isinstance(query, tensor_type):
-        which = ("key", "value")[wants.index(True, 1) - 1] if not wants[0] else "query"
+        which = ("key", "value", "sinks")[wants.index(True, 1) - 1] if not wants[0] else "query"
         raise TypeError("query: a %s, but %s requires grad: the output follows the query's "
                         "kind, so pass query as a torch tensor too (torch.from_numpy shares "
                         "its memory) for autograd" % (type(query).__name__, which))
@@ -179,10 +180,14 @@ def _sdpa_function() -> Any:
 
         @staticmethod
         def forward(ctx, query, key, value, attn_mask, alibi_slopes, kv_len, options,
-                    want_weights):
+                    want_weights, sinks=None):
             tt = torch.Tensor
             q, k, v, mask, slopes, lens = (_plain(x, tt) for x in (
                 query, key, value, attn_mask, alibi_slopes, kv_len))
+            # the sinks (may require grad: their gradient is the backward's d_sinks), read
+            # in float32 (a 16-bit one widened)
+            ctx.sinks_dtype = getattr(sinks, "dtype", None)
+            sinks = None if sinks is None else _widen(_plain(sinks, tt), tt)
             alloc = None
             half = q.dtype in (torch.float16, torch.bfloat16)
             if half:
@@ -196,8 +201,8 @@ def _sdpa_function() -> Any:
                     return torch.empty(shape, dtype=torch.float32 if which == "output"
                                        else getattr(torch, dtype))
             out, lse, weights = _forward(q, k, v, mask, slopes, lens, options, True,
-                                         want_weights, tt, alloc)
-            inputs = (q, k, v, mask, slopes, lens)
+                                         want_weights, tt, alloc, sinks)
+            inputs = (q, k, v, mask, slopes, lens, sinks)
             # tensors through save_for_backward (in-place changes before backward are then
             # caught by PyTorch); anything else (a NumPy mask, a list of lengths) on ctx
             ctx.save_for_backward(*(x if isinstance(x, tt) else None for x in inputs),
@@ -216,9 +221,9 @@ def _sdpa_function() -> Any:
         def backward(ctx, grad_out, *unused):
             tt = torch.Tensor
             saved = [_plain(x, tt) for x in ctx.saved_tensors]  # the library reads them
-            q, k, v, mask, slopes, lens = (s if o is None else o
-                                           for s, o in zip(saved[:6], ctx.others))
-            out, lse = saved[6:]
+            q, k, v, mask, slopes, lens, sinks = (s if o is None else o
+                                                  for s, o in zip(saved[:7], ctx.others))
+            out, lse = saved[7:]
             grad_out = _plain(grad_out, tt)
             # each gradient in its input's dtype (float32, float16 or bfloat16): the library
             # computes in float32 and rounds once to it, so .grad needs no cast (a float32
@@ -228,10 +233,14 @@ def _sdpa_function() -> Any:
                      for need, x, dtype in zip(ctx.needs_input_grad[:3], (q, k, v),
                                                ctx.dtypes)]
             causal, scale, gqa, align, window, softcap, path, level, threads = ctx.options
+            d_sinks = (torch.empty(sinks.shape, dtype=torch.float32)
+                       if sinks is not None and ctx.needs_input_grad[8] else None)
             _attn.backward(q, k, v, out, grad_out, lse, grads[0], grads[1], grads[2],
                            mask, causal, scale, gqa, align, window, softcap, slopes, lens,
-                           path, level, threads)
-            return tuple(grads) + (None,) * 5
+                           path, level, threads, sinks, d_sinks)
+            if d_sinks is not None and d_sinks.dtype != ctx.sinks_dtype:
+                d_sinks = d_sinks.to(ctx.sinks_dtype)
+            return tuple(grads) + (None,) * 5 + (d_sinks,)
 
     _FUNCTION = ScaledDotProductAttention
     return _FUNCTION
@@ -246,7 +255,7 @@ def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any 
                                  kv_len: Any = ..., return_lse: Literal[False] = ...,
                                  return_weights: Literal[False] = ...,
                                  precision: Precision = ..., threads: int = ...,
-                                 path: Path = ...) -> T: ...
+                                 path: Path = ..., sinks: Any = ...) -> T: ...
 @overload
 def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any = ...,
                                  dropout_p: float = ..., is_causal: bool = ...,
@@ -256,7 +265,7 @@ def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any 
                                  kv_len: Any = ..., return_lse: Literal[True],
                                  return_weights: Literal[False] = ...,
                                  precision: Precision = ..., threads: int = ...,
-                                 path: Path = ...) -> Tuple[T, T]: ...
+                                 path: Path = ..., sinks: Any = ...) -> Tuple[T, T]: ...
 @overload
 def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any = ...,
                                  dropout_p: float = ..., is_causal: bool = ...,
@@ -266,7 +275,7 @@ def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any 
                                  kv_len: Any = ..., return_lse: Literal[False] = ...,
                                  return_weights: Literal[True],
                                  precision: Precision = ..., threads: int = ...,
-                                 path: Path = ...) -> Tuple[T, T]: ...
+                                 path: Path = ..., sinks: Any = ...) -> Tuple[T, T]: ...
 @overload
 def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any = ...,
                                  dropout_p: float = ..., is_causal: bool = ...,
@@ -276,7 +285,7 @@ def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any 
                                  kv_len: Any = ..., return_lse: Literal[True],
                                  return_weights: Literal[True],
                                  precision: Precision = ..., threads: int = ...,
-                                 path: Path = ...) -> Tuple[T, T, T]: ...
+                                 path: Path = ..., sinks: Any = ...) -> Tuple[T, T, T]: ...
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -284,7 +293,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  align="top-left", window=None, softcap=0.0,
                                  alibi_slopes=None, kv_len=None, return_lse=False,
                                  return_weights=False, precision="default", threads=0,
-                                 path="auto"):
+                                 path="auto", sinks=None):
     """Exact attention: softmax(scale * query @ key^T + attn_mask) @ value, computed by libattn.
 
     The signature and meaning of torch.nn.functional.scaled_dot_product_attention, on the
@@ -335,6 +344,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         threads: OpenMP threads, 0 = the default. Results are bit-identical for any count.
         path: "auto", "fused" (streaming FlashAttention-2, memory independent of S) or
             "reference" (float64 oracle).
+        sinks: (H,) one attention-sink logit per query head (gpt-oss; float32, a 16-bit one
+            widened, or a list): an extra term exp(sink) in each row's softmax denominator
+            with no value, so the weights sum to less than 1; 0 is the off-by-one softmax
+            (add_zero_attn), -inf no sink. A fully masked row gives 0 and LSE = sink.
+            A torch tensor that requires grad gets its gradient (summed over the batch and
+            rows) through the autograd Function.
 
     Returns:
         The output (..., L, Dv), of the query's kind and dtype: NumPy in, NumPy out;
@@ -407,11 +422,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     softcap = _options.number("softcap", softcap)
     alibi_slopes = _options.sequence("alibi_slopes", alibi_slopes, "float")
     kv_len = _options.sequence("kv_len", kv_len, "int")
+    sinks = _options.sequence("sinks", sinks, "float")
 
     tt = _torch_tensor_type()
     options = (is_causal, scale, enable_gqa, _ALIGN[align], window, softcap, _PATH[path],
                level, threads)
-    if tt is not None and _wants_autograd(query, key, value, attn_mask, alibi_slopes, tt):
+    if tt is not None and _wants_autograd(query, key, value, attn_mask, alibi_slopes, tt, sinks):
         if attn_mask is not None:
             attn_mask = _widen(attn_mask, tt)
         if alibi_slopes is not None:
@@ -419,7 +435,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if kv_len is not None:
             kv_len = _vector(kv_len, np.int64)
         outs = _sdpa_function().apply(query, key, value, attn_mask, alibi_slopes, kv_len,
-                                      options, bool(return_weights))
+                                      options, bool(return_weights), sinks)
         if not return_lse and not return_weights:
             return outs[0]
         return (outs[0],) + ((outs[1],) if return_lse else ()) + tuple(outs[2:])
@@ -431,9 +447,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         alibi_slopes = _widen(_plain(_vector(alibi_slopes, np.float32), tt), tt)
     if kv_len is not None:
         kv_len = _plain(_vector(kv_len, np.int64), tt)
+    if sinks is not None:
+        sinks = _widen(_plain(sinks, tt), tt)
 
     out, lse, weights = _forward(query, key, value, attn_mask, alibi_slopes, kv_len, options,
-                                 bool(return_lse), bool(return_weights), tt)
+                                 bool(return_lse), bool(return_weights), tt, sinks=sinks)
 
     out = _to_query_kind(out, query)
     if not return_lse and not return_weights:

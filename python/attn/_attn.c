@@ -479,12 +479,13 @@ typedef struct arg_name {
 
 static const arg_name g_forward_names[] = {
     {"q", "query"}, {"k", "key"}, {"v", "value"}, {"o", "output"},
-    {"lse", "the lse output"}, {"weights", "the weights output"}, {NULL, NULL},
+    {"lse", "the lse output"}, {"weights", "the weights output"}, {"sinks", "sinks"},
+    {NULL, NULL},
 };
 static const arg_name g_backward_names[] = {
     {"q", "query"}, {"k", "key"}, {"v", "value"}, {"o", "out"}, {"d_o", "grad_out"},
     {"lse", "lse"}, {"dq", "grad_query"}, {"dk", "grad_key"}, {"dv", "grad_value"},
-    {NULL, NULL},
+    {"sinks", "sinks"}, {"d_sinks", "grad_sinks"}, {NULL, NULL},
 };
 static const arg_name g_option_names[] = {
     {"mask", "attn_mask"}, {"bias", "attn_mask"}, {"kv_len", "kv_len"},
@@ -634,7 +635,7 @@ static int parse_options(attn_options *opt, PyObject *oscale, double softcap, in
     return 0;
 }
 
-enum { IN_Q, IN_K, IN_V, IN_MASK, IN_ALIBI, IN_KVLEN, IN_N };
+enum { IN_Q, IN_K, IN_V, IN_MASK, IN_ALIBI, IN_KVLEN, IN_SINKS, IN_N };
 
 /* query, key, value and the masks of a call, imported and broadcast to the library's
  * [B, H, L, D] views, with the options pointing at them. Lives where it was made (opt
@@ -645,6 +646,7 @@ typedef struct call_inputs {
     attn_options opt;
     int64_t B, H, Hkv, Lq, Lk, Dv;
     int out_rank;  // the rank of the output: the largest of query's, key's, value's
+    attn_tensor sinks;  // the attention sinks [H], when given (set_sinks)
 } call_inputs;
 
 static void inputs_release(call_inputs *c) {
@@ -793,6 +795,20 @@ static int resolve_inputs(call_inputs *c, PyObject *oq, PyObject *ok, PyObject *
     return 0;
 }
 
+/* The attention sinks [H] (one logit per query head), or None: a vector on dimension 0,
+ * as the slopes. After resolve_inputs. */
+static int set_sinks(call_inputs *c, PyObject *osinks) {
+    if (osinks == Py_None) return 0;
+    imported *sk = &c->t[IN_SINKS];
+    if (import_tensor(osinks, "sinks", false, sk) ||
+        check_rank(sk, 1, 1, "1 (one sink logit per query head)"))
+        return -1;
+    c->sinks = (attn_tensor){sk->data, sk->dtype, {sk->shape[0], 1, 1, 1},
+                             {sk->stride[0], 0, 0, 0}};
+    c->opt.sinks = &c->sinks;
+    return 0;
+}
+
 /* ================================================================================
  * forward
  * ================================================================================ */
@@ -835,27 +851,29 @@ static attn_tensor lse_view(const imported *t) {
 PyDoc_STRVAR(forward_doc,
 "forward(query, key, value, attn_mask, is_causal, scale, enable_gqa, align, window,\n"
 "        softcap, alibi_slopes, kv_len, return_lse, return_weights, path, precision,\n"
-"        threads, alloc)\n"
+"        threads, alloc, sinks=None)\n"
 "--\n\n"
 "Private: the call behind attn.scaled_dot_product_attention. align, path and precision\n"
 "are the attn_align / attn_path / attn_precision integers, window is None or (left,\n"
 "right), scale None or a float, alloc(shape, which, dtype) returns a fresh writable\n"
 "tensor for which in ('output', 'lse', 'weights') and dtype in ('float32', 'float16',\n"
 "'bfloat16') (the output may be float32 instead of a 16-bit dtype it cannot make).\n"
+"sinks: None or the attention sinks, (H,) float32, one logit per query head.\n"
 "Returns (output, lse or None, weights or None).");
 
 static PyObject *py_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"query", "key", "value", "attn_mask", "is_causal", "scale",
                              "enable_gqa", "align", "window", "softcap", "alibi_slopes",
                              "kv_len", "return_lse", "return_weights", "path", "precision",
-                             "threads", "alloc", NULL};
+                             "threads", "alloc", "sinks", NULL};
     PyObject *oq, *ok, *ov, *omask, *oscale, *owindow, *oalibi, *okvlen, *alloc;
+    PyObject *osinks = Py_None;
     int causal, gqa, align, want_lse, want_w, path, precision, threads;
     double softcap;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOpOpiOdOOppiiiO:forward", kwlist, &oq,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOpOpiOdOOppiiiO|O:forward", kwlist, &oq,
                                      &ok, &ov, &omask, &causal, &oscale, &gqa, &align,
                                      &owindow, &softcap, &oalibi, &okvlen, &want_lse, &want_w,
-                                     &path, &precision, &threads, &alloc))
+                                     &path, &precision, &threads, &alloc, &osinks))
         return NULL;
 
     call_inputs c;
@@ -870,7 +888,9 @@ static PyObject *py_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     PyObject *outs[3] = {NULL, NULL, NULL};
     PyObject *result = NULL;
 
-    if (resolve_inputs(&c, oq, ok, ov, omask, oalibi, okvlen, gqa, false) != 0) goto done;
+    if (resolve_inputs(&c, oq, ok, ov, omask, oalibi, okvlen, gqa, false) != 0 ||
+        set_sinks(&c, osinks) != 0)
+        goto done;
     const int64_t B = c.B, H = c.H, Lq = c.Lq, Lk = c.Lk, Dv = c.Dv;
     const int out_rank = c.out_rank;
 
@@ -1045,7 +1065,7 @@ static void grad_release(grad_slot *g) {
 PyDoc_STRVAR(backward_doc,
 "backward(query, key, value, out, grad_out, lse, grad_query, grad_key, grad_value,\n"
 "         attn_mask, is_causal, scale, enable_gqa, align, window, softcap, alibi_slopes,\n"
-"         kv_len, path, precision, threads)\n"
+"         kv_len, path, precision, threads, sinks=None, grad_sinks=None)\n"
 "--\n\n"
 "Private: the gradients of forward() (attn_backward), behind the autograd of\n"
 "attn.scaled_dot_product_attention. query ... threads are exactly the forward call's\n"
@@ -1056,21 +1076,25 @@ PyDoc_STRVAR(backward_doc,
 "over the query heads of a group too). query, key/value (alike), out, grad_out and each\n"
 "gradient may be float32, float16 or bfloat16: the library computes in float32 and\n"
 "rounds each gradient once to its own dtype. No gradient for the masks, the bias or the\n"
-"slopes. The GIL is released. Returns None; on error nothing is written.");
+"slopes. sinks: the forward's (H,) float32 or None; grad_sinks: None or a writable\n"
+"(H,) float32 tensor that gets the sinks' gradient (summed over the batch and rows).\n"
+"The GIL is released. Returns None; on error nothing is written.");
 
 static PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"query", "key", "value", "out", "grad_out", "lse", "grad_query",
                              "grad_key", "grad_value", "attn_mask", "is_causal", "scale",
                              "enable_gqa", "align", "window", "softcap", "alibi_slopes",
-                             "kv_len", "path", "precision", "threads", NULL};
+                             "kv_len", "path", "precision", "threads", "sinks", "grad_sinks",
+                             NULL};
     PyObject *oq, *ok, *ov, *oo, *odo, *olse, *odq, *odk, *odv, *omask, *oscale, *owindow,
-        *oalibi, *okvlen;
+        *oalibi, *okvlen, *osinks = Py_None, *odsinks = Py_None;
     int causal, gqa, align, path, precision, threads;
     double softcap;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOpOpiOdOOiii:backward", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOpOpiOdOOiii|OO:backward", kwlist,
                                      &oq, &ok, &ov, &oo, &odo, &olse, &odq, &odk, &odv, &omask,
                                      &causal, &oscale, &gqa, &align, &owindow, &softcap,
-                                     &oalibi, &okvlen, &path, &precision, &threads))
+                                     &oalibi, &okvlen, &path, &precision, &threads, &osinks,
+                                     &odsinks))
         return NULL;
 
     call_inputs c;
@@ -1079,14 +1103,26 @@ static PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
                       threads) != 0)
         return NULL;
 
-    enum { OUT, DOUT, LSE, N_T };
+    enum { OUT, DOUT, LSE, DSINKS, N_T };
     imported t[N_T];
     memset(t, 0, sizeof t);
     grad_slot g[3];
     memset(g, 0, sizeof g);
     PyObject *result = NULL;
 
-    if (resolve_inputs(&c, oq, ok, ov, omask, oalibi, okvlen, gqa, true) != 0) goto done;
+    if (resolve_inputs(&c, oq, ok, ov, omask, oalibi, okvlen, gqa, true) != 0 ||
+        set_sinks(&c, osinks) != 0)
+        goto done;
+    /* the sinks' gradient [H], float32, written in place */
+    attn_tensor d_sinks;
+    if (odsinks != Py_None) {
+        if (import_tensor(odsinks, "grad_sinks", true, &t[DSINKS]) ||
+            check_rank(&t[DSINKS], 1, 1, "1 (one per query head)"))
+            goto done;
+        d_sinks = (attn_tensor){t[DSINKS].data, t[DSINKS].dtype, {t[DSINKS].shape[0], 1, 1, 1},
+                                {t[DSINKS].stride[0], 0, 0, 0}};
+        c.opt.d_sinks = &d_sinks;
+    }
     if (import_tensor(oo, "out", false, &t[OUT]) ||
         import_tensor(odo, "grad_out", false, &t[DOUT]) ||
         import_tensor(olse, "lse", false, &t[LSE]))

@@ -376,7 +376,7 @@ def test_signature_is_pytorchs():
     assert [p.default for p in params[3:8]] == [None, 0.0, False, None, False]
     assert all(p.kind is p.KEYWORD_ONLY for p in params[8:])
     assert names[8:] == ["align", "window", "softcap", "alibi_slopes", "kv_len", "return_lse",
-                         "return_weights", "precision", "threads", "path"]
+                         "return_weights", "precision", "threads", "path", "sinks"]
 
 
 def test_help_shows_the_docstrings():
