@@ -28,6 +28,8 @@ class _Tensor(ctypes.Structure):
 
 
 class _Options(ctypes.Structure):
+    """attn_options of include/attn.h, field for field (tests/python/test_additive.py holds
+    its size to the C struct's, _attn.OPTIONS_SIZE)."""
     _fields_ = [("has_scale", ctypes.c_bool), ("scale", ctypes.c_float),
                 ("softcap", ctypes.c_float), ("causal", ctypes.c_bool),
                 ("align", ctypes.c_int), ("has_window", ctypes.c_bool),
@@ -37,7 +39,8 @@ class _Options(ctypes.Structure):
                 ("lse", ctypes.c_void_p), ("weights", ctypes.c_void_p),
                 ("path", ctypes.c_int), ("precision", ctypes.c_int),
                 ("threads", ctypes.c_int32), ("workspace", ctypes.c_void_p),
-                ("workspace_bytes", ctypes.c_size_t)]
+                ("workspace_bytes", ctypes.c_size_t), ("sinks", ctypes.c_void_p),
+                ("d_sinks", ctypes.c_void_p)]
 
 
 class _Weights(ctypes.Structure):

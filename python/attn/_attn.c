@@ -1228,4 +1228,13 @@ static struct PyModuleDef module = {
     -1, methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__attn(void) { return PyModule_Create(&module); }
+/* OPTIONS_SIZE: sizeof(attn_options), for the ctypes mirror of the struct (_additive.py),
+ * which a test holds to it so that a field added in attn.h cannot be read past its end */
+PyMODINIT_FUNC PyInit__attn(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "OPTIONS_SIZE", (long)sizeof(attn_options)) != 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

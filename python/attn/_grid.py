@@ -27,13 +27,6 @@ _ALIGN = {"top-left": 0, "bottom-right": 1}
 _PATH = {"auto": 0, "fused": 1, "reference": 2}
 
 
-class _OptionsRoom(ctypes.Structure):
-    """attn_options with zeroed room after it: fields a later attn.h appends at the end
-    of the struct (their zero is their default, as for `attn_options opt = {0}`) read
-    as 0 instead of past the end of the Python object."""
-    _fields_ = [("opt", _Options), ("_room", ctypes.c_char * 512)]
-
-
 _lib = ctypes.CDLL(_attn.__file__)
 _lib.attn_weights_grid.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p]
 _lib.attn_weights_grid.restype = ctypes.c_int
@@ -106,8 +99,7 @@ def weights_grid(query: Any, key: Any, lse: Any, rows: Optional[int] = None,
     C = min(S, 256) if cols is None else int(cols)
     grid = np.empty(q.shape[:2] + (max(R, 0), max(C, 0)), dtype=np.float32)
 
-    ro = _OptionsRoom()
-    o = ro.opt
+    o = _Options()
     if scale is not None:
         o.has_scale, o.scale = True, float(scale)
     o.softcap = float(softcap)
@@ -135,7 +127,7 @@ def weights_grid(query: Any, key: Any, lse: Any, rows: Optional[int] = None,
     tq, tk = _dense_tensor(q, _F32), _dense_tensor(k, _F32)
     tl, tg = _dense_tensor(lse4, _F32), _dense_tensor(grid, _F32)
     st = _lib.attn_weights_grid(ctypes.addressof(tq), ctypes.addressof(tk), ctypes.addressof(tl),
-                                ctypes.addressof(tg), _REDUCE[reduce], ctypes.addressof(ro))
+                                ctypes.addressof(tg), _REDUCE[reduce], ctypes.addressof(o))
     _check(st, "weights_grid")
     del keep
     if share and reduce == "sum" and R > 0:

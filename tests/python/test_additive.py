@@ -4,6 +4,7 @@ implementation written as its users write it (broadcast W s + U h, tanh, @ v, so
 differences of that implementation; each tolerance check failing on a planted error; and
 an optional comparison with PyTorch (skipped, with the reason, where it is not installed).
 """
+import ctypes
 import math
 
 import numpy as np
@@ -65,6 +66,14 @@ def make(seed, B, Lq, Lk, Dq, Dk, Dv, A):
 
 SHAPES = [(1, 1, 1, 1, 1, 1, 1), (2, 5, 7, 3, 4, 6, 8), (3, 17, 65, 8, 5, 9, 33),
           (2, 9, 130, 16, 16, 16, 128), (1, 64, 64, 32, 24, 16, 64)]
+
+
+def test_options_mirror_is_the_c_struct():
+    """The ctypes attn_options (every ctypes call: additive attention, the weights grid) is
+    exactly as long as include/attn.h's: a field added there and not here would be read
+    past the end of the Python object."""
+    from attn import _additive, _attn
+    assert ctypes.sizeof(_additive._Options) == _attn.OPTIONS_SIZE
 
 
 @pytest.mark.parametrize("shape", SHAPES)
