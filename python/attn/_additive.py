@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from typing import Any, Optional, Tuple
+from typing import Any, Tuple
 
 import numpy as np
 
