@@ -48,10 +48,14 @@ typedef struct attn_ring_stats {
  *   q [B, Hq, Lq_r, Dk]   k [B, Hkv, Lk_r, Dk]   v [B, Hkv, Lk_r, Dv]   o [B, Hq, Lq_r, Dv]
  * where Lq_r and Lk_r are this process's row counts from attn_ring_slice (zigzag when
  * opt->causal) of the global Lq and Lk, the sums of every process's local lengths.
- * Options: as attn_forward's, except that mask, bias, ALiBi, a window and weights are
- * refused (ATTN_ERR_UNSUPPORTED); causal needs Lq = Lk (top-left; bottom-right is the
- * same then, and refused with kv_len); kv_len holds the global key lengths [B], the same
- * on every process; opt->lse, when given, is this process's slice [B, Hq, Lq_r].
+ * Options: as attn_forward's, except that mask, bias, ALiBi and weights are refused
+ * (ATTN_ERR_UNSUPPORTED: a mask would have to be cut into the ring's blocks); causal
+ * needs Lq = Lk (top-left; bottom-right is the same then, and refused with kv_len); a
+ * window works with either alignment (refused bottom-right with kv_len, whose diagonal
+ * is per batch), and the pieces of a step outside every row's window are not computed,
+ * nor, in the forward, sent to a process none of whose later holders needs them;
+ * kv_len holds the global key lengths [B], the same on every process; opt->lse, when
+ * given, is this process's slice [B, Hq, Lq_r].
  * stats may be NULL. */
 ATTN_API attn_status attn_ring_forward(const attn_tensor *q, const attn_tensor *k,
                                        const attn_tensor *v, const attn_tensor *o,
