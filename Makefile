@@ -139,7 +139,7 @@ MPICC ?= $(shell command -v mpicc 2>/dev/null)
 ifneq ($(MPICC),)
 MPI_SRC = $(wildcard src/mpi/*.c)
 MPI_OBJ = $(patsubst src/mpi/%.c,$(BUILD)/obj/mpi/%.o,$(MPI_SRC))
-all: $(BUILD)/libattn_mpi.a
+all: $(BUILD)/libattn_mpi.a $(BUILD)/attn-ring
 tests: $(BUILD)/tests/mpi/test_ring $(if $(wildcard tools/mpi/ring_bench.c),$(BUILD)/ring_bench)
 
 $(BUILD)/obj/mpi/%.o: src/mpi/%.c include/attn.h include/attn_mpi.h $(wildcard src/mpi/*.h src/*.h)
@@ -152,6 +152,13 @@ $(BUILD)/libattn_mpi.a: $(MPI_OBJ)
 $(BUILD)/tests/mpi/test_ring: tests/mpi/test_ring.c $(wildcard tests/*.h tools/*.h) $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS_BASE) -Isrc -Itests -Itools -o $@ $< $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a $(LDLIBS)
+
+# attn-ring: what `attn ring` execs (tools/cli_ring_exec.c), with attn run's parser and
+# file rules; attn itself stays free of MPI
+RING_TOOL_OBJ = $(BUILD)/obj/tools/cli_run.o $(BUILD)/obj/tools/cli_files.o \
+                $(BUILD)/obj/tools/cliopt.o $(BUILD)/obj/tools/npy.o
+$(BUILD)/attn-ring: tools/mpi/attn_ring.c $(RING_TOOL_OBJ) $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a
+	$(MPICC) $(CFLAGS_BASE) -Isrc -Itools -o $@ $< $(RING_TOOL_OBJ) $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a $(LDLIBS)
 
 $(BUILD)/ring_bench: tools/mpi/ring_bench.c $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a
 	$(MPICC) $(CFLAGS_BASE) -o $@ $< $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a $(LDLIBS)
