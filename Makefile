@@ -165,6 +165,10 @@ RING_TOOL_OBJ = $(BUILD)/obj/tools/cli_run.o $(BUILD)/obj/tools/cli_files.o \
 $(BUILD)/attn-ring: tools/mpi/attn_ring.c $(RING_TOOL_OBJ) $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a
 	$(MPICC) $(CFLAGS_BASE) -Isrc -Itools -o $@ $< $(RING_TOOL_OBJ) $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a $(LDLIBS)
 
+# the study of the softcap gradient tolerance (docs/RING.md); libattn only, on demand
+$(BUILD)/ring_softcap_study: tools/mpi/ring_softcap_study.c $(BUILD)/libattn.a
+	$(CC) $(CFLAGS_BASE) -Isrc -Itools -o $@ $< $(BUILD)/libattn.a $(LDLIBS)
+
 $(BUILD)/ring_bench: tools/mpi/ring_bench.c $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a
 	$(MPICC) $(CFLAGS_BASE) -o $@ $< $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a $(LDLIBS)
 

@@ -65,10 +65,15 @@ static void to_double(const float *f, int64_t n, double *d) {
 /* got (dense, n floats) within the float32 tolerance of ref (dense floats), plant added.
  * For a gradient (alt not NULL: one process's fused call's own result) whose relative
  * Frobenius error misses the contract's 1e-6, the max-error bound must still hold and the
- * relative error be at most 3 times alt's: the ring sums each key's dK, dV as P partial
- * sums in ring order where one process sums in one pass, and with large logits (softcap
- * 20, scale 0.7) a dV = Pᵀ dO of terms of both signs reached 1.03e-6 and 1.17e-6
- * (P = 3, 4) against one process's 3.8e-7 and 4.2e-7 on the same data. */
+ * relative error be at most 3 times alt's. Seen with large logits (softcap 20, scale
+ * 0.7): dV on the last process's keys at 1.03e-6 and 1.17e-6 (P = 3, 4) against one
+ * process's 3.8e-7 and 4.2e-7 on the same rows. Not the ring's order of summation (the
+ * same partials summed in float64 give the same error) nor a lost term (that would be
+ * ~1e-1): one plain attn_backward of all those rows against those keys alone has the
+ * same error (8.6e-7 on AVX2; 4.3e-7 with ATTN_ISA=generic, like the whole call), i.e.
+ * the AVX2 kernel's float32 error depends on where keys fall in its blocks, and the
+ * exponents s - lse of up to ~40 turn an ulp of s into ~1e-6 of a weight. The study
+ * and its figures: docs/RING.md, "The softcap gradient tolerance". */
 static int close_f32_alt(const float *got, const float *ref, const float *alt, int64_t n,
                          float plant, const char *what, const char *name) {
     float *g = xcalloc(n > 0 ? n : 1, sizeof(float));
