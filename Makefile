@@ -153,8 +153,10 @@ $(BUILD)/tests/mpi/test_ring: tests/mpi/test_ring.c $(wildcard tests/*.h tools/*
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS_BASE) -Isrc -Itests -Itools -o $@ $< $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a $(LDLIBS)
 
-# the shared library, for python/attn/ring.py (ctypes): libattn.so found beside it
+# the shared library, for python/attn/ring.py (ctypes): libattn.so found beside it by
+# its soname (the link libattn.so.0 made here, as make install makes it)
 $(BUILD)/libattn_mpi.so: $(MPI_OBJ) $(BUILD)/libattn.so
+	ln -sf libattn.so $(BUILD)/libattn.so.0
 	$(MPICC) -shared $(OPENMP) $(SAN) -Wl,-soname,libattn_mpi.so.0 -o $@ $(MPI_OBJ) \
 	    -L$(BUILD) -lattn -Wl,-rpath,'$$ORIGIN' $(LDLIBS)
 
