@@ -9,8 +9,8 @@
 # (relative Frobenius error <= 1e-6 and max error <= 1e-5 (1 + max |ref|); a bfloat16 O
 # within one bfloat16 unit), and `attn run`'s own fused O checked the same way: uneven
 # lengths with GQA, causal zigzag on an odd length, a window with kv_len, softcap and a
-# scale, a bottom-right window with Lq < Lk, --dtype bf16. The comparison is shown
-# rejecting a planted error of 1e-4 in one element. Refusals (P = 2): --mask (usage, 2),
+# scale, a bottom-right window with Lq < Lk, --dtype bf16, and --reference (causal,
+# P = 3). The comparison is shown rejecting a planted error of 1e-4 in one element. Refusals (P = 2): --mask (usage, 2),
 # causal with Lq != Lk (library, 1), a missing input (1), an output naming an input (2),
 # each with no output file left behind. Skips, with the reason, where mpirun, attn-ring
 # or NumPy is missing.
@@ -104,6 +104,11 @@ python3 make.py br 1 2 2 9 31 8
 case_ br f32 --window 3,1 --align bottom-right
 python3 make.py bf 1 2 1 26 26 16
 case_ bf bf16 --causal --dtype bf16
+
+# --reference: every block on the float64 path
+rm -f causal_rr.npy
+$M -n 3 "$ATTN" ring --q causal_q.npy --k causal_k.npy --v causal_v.npy --out causal_rr.npy --causal --reference >out.txt 2>&1 &&
+    python3 cmp.py causal_rr.npy causal_ref.npy && ok || bad "--reference P=3: $(head -2 out.txt)"
 
 # refusals: the exit status, a message, and no output left
 refuse() {

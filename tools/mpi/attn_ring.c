@@ -7,8 +7,8 @@
  *          [--kv-len LENS.npy] [--dtype f32|f16|bf16] [--precision ...] [--threads N]
  *
  * The options are `attn run`'s, parsed by its own parser (cli_run_parse); --mask,
- * --alibi, --weights and --reference are refused (usage): the ring takes no mask and
- * its backward-compatible pieces run on the fused path. Process 0 checks the paths by
+ * --alibi and --weights are refused (usage): the ring takes no mask, and the weights
+ * [B, Hq, Lq, Lk] are what a ring exists not to hold. Process 0 checks the paths by
  * `attn run`'s file rules before anything is read; every process reads only its own
  * rows of Q, K and V (npy_read_rows: contiguous, or zigzag with --causal), the ring
  * computes, and process 0 gathers O (and the LSE) and writes the files `attn run` would,
@@ -37,9 +37,10 @@ static const char USAGE[] =
     "  zigzag split) and process 0 writes O (and --lse) as attn run would.\n"
     "\n"
     "  Options as attn run's: --causal, --align, --scale, --softcap, --window, --kv-len,\n"
-    "  --lse, --threads (per process), --dtype, --precision. Not taken: --mask, --alibi,\n"
-    "  --weights, --reference. --causal needs Lq = Lk. Exit status: 0 done, 1 bad data or\n"
-    "  library error, 2 usage error; the same on every process.\n";
+    "  --lse, --threads (per process), --dtype, --precision, --reference (each block on\n"
+    "  the float64 path). Not taken: --mask, --alibi, --weights. --causal needs Lq = Lk.\n"
+    "  Exit status: 0 done, 1 bad data or library error, 2 usage error; the same on every\n"
+    "  process.\n";
 
 /* A message on stderr when `print`; returns code. */
 static int say(bool print, int code, const char *fmt, ...) {
@@ -144,8 +145,7 @@ static int run(int argc, char **argv) {
     attn_options opt;
     int rc = cli_run_parse(argc, argv, &a, &opt);  // prints its own usage errors (every process)
     if (rc) return rc;
-    const char *refused = a.mask ? "--mask" : a.alibi ? "--alibi" : a.weights ? "--weights"
-                          : a.reference ? "--reference" : NULL;
+    const char *refused = a.mask ? "--mask" : a.alibi ? "--alibi" : a.weights ? "--weights" : NULL;
     if (refused)
         return say(g_rank == 0, 2, "%s is not taken by the ring (see 'attn ring --help')", refused);
 
