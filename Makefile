@@ -139,7 +139,7 @@ MPICC ?= $(shell command -v mpicc 2>/dev/null)
 ifneq ($(MPICC),)
 MPI_SRC = $(wildcard src/mpi/*.c)
 MPI_OBJ = $(patsubst src/mpi/%.c,$(BUILD)/obj/mpi/%.o,$(MPI_SRC))
-all: $(BUILD)/libattn_mpi.a
+all: $(BUILD)/libattn_mpi.a $(BUILD)/libattn_mpi.so $(BUILD)/attn-ring
 tests: $(BUILD)/tests/mpi/test_ring $(if $(wildcard tools/mpi/ring_bench.c),$(BUILD)/ring_bench)
 
 $(BUILD)/obj/mpi/%.o: src/mpi/%.c include/attn.h include/attn_mpi.h $(wildcard src/mpi/*.h src/*.h)
@@ -153,6 +153,24 @@ $(BUILD)/tests/mpi/test_ring: tests/mpi/test_ring.c $(wildcard tests/*.h tools/*
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS_BASE) -Isrc -Itests -Itools -o $@ $< $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a $(LDLIBS)
 
+# the shared library, for python/attn/ring.py (ctypes): libattn.so found beside it by
+# its soname (the link libattn.so.0 made here, as make install makes it)
+$(BUILD)/libattn_mpi.so: $(MPI_OBJ) $(BUILD)/libattn.so
+	ln -sf libattn.so $(BUILD)/libattn.so.0
+	$(MPICC) -shared $(OPENMP) $(SAN) -Wl,-soname,libattn_mpi.so.0 -o $@ $(MPI_OBJ) \
+	    -L$(BUILD) -lattn -Wl,-rpath,'$$ORIGIN' $(LDLIBS)
+
+# attn-ring: what `attn ring` execs (tools/cli_ring_exec.c), with attn run's parser and
+# file rules; attn itself stays free of MPI
+RING_TOOL_OBJ = $(BUILD)/obj/tools/cli_run.o $(BUILD)/obj/tools/cli_files.o \
+                $(BUILD)/obj/tools/cliopt.o $(BUILD)/obj/tools/npy.o
+$(BUILD)/attn-ring: tools/mpi/attn_ring.c $(RING_TOOL_OBJ) $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a
+	$(MPICC) $(CFLAGS_BASE) -Isrc -Itools -o $@ $< $(RING_TOOL_OBJ) $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a $(LDLIBS)
+
+# the study of the softcap gradient tolerance (docs/RING.md); libattn only, on demand
+$(BUILD)/ring_softcap_study: tools/mpi/ring_softcap_study.c $(BUILD)/libattn.a
+	$(CC) $(CFLAGS_BASE) -Isrc -Itools -o $@ $< $(BUILD)/libattn.a $(LDLIBS)
+
 $(BUILD)/ring_bench: tools/mpi/ring_bench.c $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a
 	$(MPICC) $(CFLAGS_BASE) -o $@ $< $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a $(LDLIBS)
 
@@ -160,12 +178,14 @@ $(BUILD)/ring_bench: tools/mpi/ring_bench.c $(BUILD)/libattn_mpi.a $(BUILD)/liba
 .PHONY: install-mpi uninstall-mpi
 install: install-mpi
 uninstall: uninstall-mpi
-install-mpi: $(BUILD)/libattn_mpi.a
-	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib
+install-mpi: $(BUILD)/libattn_mpi.a $(BUILD)/attn-ring
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin
 	install -m 644 include/attn_mpi.h $(DESTDIR)$(PREFIX)/include/attn_mpi.h
 	install -m 644 $(BUILD)/libattn_mpi.a $(DESTDIR)$(PREFIX)/lib/libattn_mpi.a
+	install -m 755 $(BUILD)/attn-ring $(DESTDIR)$(PREFIX)/bin/attn-ring
 uninstall-mpi:
-	rm -f $(DESTDIR)$(PREFIX)/include/attn_mpi.h $(DESTDIR)$(PREFIX)/lib/libattn_mpi.a
+	rm -f $(DESTDIR)$(PREFIX)/include/attn_mpi.h $(DESTDIR)$(PREFIX)/lib/libattn_mpi.a \
+	      $(DESTDIR)$(PREFIX)/bin/attn-ring
 endif
 
 # ---- fuzzing: libFuzzer harnesses fuzz/fuzz_*.c (clang only) -------------------------

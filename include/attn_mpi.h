@@ -48,10 +48,14 @@ typedef struct attn_ring_stats {
  *   q [B, Hq, Lq_r, Dk]   k [B, Hkv, Lk_r, Dk]   v [B, Hkv, Lk_r, Dv]   o [B, Hq, Lq_r, Dv]
  * where Lq_r and Lk_r are this process's row counts from attn_ring_slice (zigzag when
  * opt->causal) of the global Lq and Lk, the sums of every process's local lengths.
- * Options: as attn_forward's, except that mask, bias, ALiBi, a window and weights are
- * refused (ATTN_ERR_UNSUPPORTED); causal needs Lq = Lk (top-left; bottom-right is the
- * same then, and refused with kv_len); kv_len holds the global key lengths [B], the same
- * on every process; opt->lse, when given, is this process's slice [B, Hq, Lq_r].
+ * Options: as attn_forward's, except that mask, bias, ALiBi and weights are refused
+ * (ATTN_ERR_UNSUPPORTED: a mask would have to be cut into the ring's blocks); causal
+ * needs Lq = Lk (top-left; bottom-right is the same then, and refused with kv_len); a
+ * window works with either alignment (refused bottom-right with kv_len, whose diagonal
+ * is per batch), and the pieces of a step outside every row's window are not computed,
+ * nor, in the forward, sent to a process none of whose later holders needs them;
+ * kv_len holds the global key lengths [B], the same on every process; opt->lse, when
+ * given, is this process's slice [B, Hq, Lq_r].
  * stats may be NULL. */
 ATTN_API attn_status attn_ring_forward(const attn_tensor *q, const attn_tensor *k,
                                        const attn_tensor *v, const attn_tensor *o,
@@ -70,6 +74,20 @@ ATTN_API attn_status attn_ring_backward(const attn_tensor *q, const attn_tensor 
                                         const attn_tensor *dq, const attn_tensor *dk,
                                         const attn_tensor *dv, const attn_options *opt,
                                         MPI_Comm comm, attn_ring_stats *stats);
+
+/* attn_ring_forward on dense C-order arrays, for bindings (python/attn/ring.py): q, k, v
+ * of dtype (ATTN_F32, ATTN_F16 or ATTN_BF16), o float32 [B, Hq, lq, Dv], lse float32
+ * [B, Hq, lq] or NULL, kv_len int64 [B] or NULL, the options as attn_options' fields of
+ * the same names, and the communicator as its Fortran handle (MPI_Comm_c2f; mpi4py's
+ * Comm.py2f()). */
+ATTN_API attn_status attn_ring_forward_flat(const void *q, const void *k, const void *v, void *o,
+                                            float *lse, int32_t dtype, int64_t B, int64_t Hq,
+                                            int64_t Hkv, int64_t lq, int64_t lk, int64_t Dk,
+                                            int64_t Dv, int32_t causal, int32_t align,
+                                            int32_t has_scale, float scale, float softcap,
+                                            int32_t has_window, int64_t window_left,
+                                            int64_t window_right, const int64_t *kv_len,
+                                            int32_t threads, int32_t comm_f);
 
 /* The detail of the latest failed ring call on this thread ("" after a success); the
  * detail of a failure inside libattn is attn_last_error()'s. */

@@ -100,6 +100,12 @@ if [ -x build/tests/mpi/test_ring ] && command -v mpirun >/dev/null 2>&1; then
             OMPI_MCA_btl_vader_single_copy_mechanism=none mpirun $mpi_flags -n "$np" \
             build/tests/mpi/test_ring
     done
+    # attn ring (build/attn-ring) on 1..4 processes against attn run
+    run_suite "test_ring_cli.sh" env OMPI_MCA_btl_vader_single_copy_mechanism=none \
+        bash tests/test_ring_cli.sh build/attn
+    # the Python binding through mpi4py (skips with the reason where mpi4py is absent)
+    run_suite "test_ring.py (mpirun -n 2)" env OMP_NUM_THREADS=1 \
+        OMPI_MCA_btl_vader_single_copy_mechanism=none bash tests/python/run_ring.sh 2
 else
     echo "== test_ring: skipped, no mpicc or mpirun (scripts/deps.sh installs Open MPI)"
 fi

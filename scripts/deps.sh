@@ -47,6 +47,13 @@ if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; th
         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libopenmpi-dev openmpi-bin; } ||
         echo "deps: Open MPI did not install; make check will skip the ring's suite"
 fi
+# mpi4py (optional), for attn.ring's Python binding and tests/python/test_ring.py:
+# built from source against Open MPI's mpicc; skipped, not failed, where it will not build
+if command -v mpicc >/dev/null 2>&1 && ! python3 -c 'import mpi4py' >/dev/null 2>&1; then
+    echo "deps: installing mpi4py (optional)"
+    python3 -m pip install -q mpi4py ||
+        echo "deps: mpi4py did not install; the Python ring test will be skipped"
+fi
 
 # The Python package is built without isolation (no network at test time), so its build
 # tools are installed here with its test dependencies.

@@ -15,6 +15,7 @@ static const char USAGE[] =
     "usage: attn <command> [options]\n"
     "\n"
     "  run       attention over .npy files (attn run --help for its options)\n"
+    "  ring      attention over .npy files on the processes of mpirun (attn ring --help)\n"
     "  demo      a short demonstration of the library\n"
     "  bench     this machine's peak, then the library's speed (attn bench --help)\n"
     "  bench-mha the multi-head module's speed: BERT-base layer, Llama decoding step\n"
@@ -43,6 +44,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "train") == 0) return cli_train(argc - 1, argv + 1);
     if (strcmp(cmd, "seq2seq") == 0) return cli_seq2seq(argc - 1, argv + 1);
     if (strcmp(cmd, "viz") == 0) return cli_viz(argc - 1, argv + 1);
+    if (strcmp(cmd, "ring") == 0) return cli_ring(argc - 1, argv + 1);
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         fputs(USAGE, stdout);
         return 0;

@@ -24,6 +24,7 @@ int demo_mha(void);  /* attn demo's multi-head examples (tools/demo_mha.c) */
  * measurements with quick. Returns non-zero (after a message) when out of memory. */
 int bench_machine_peak(int threads, bool quick, double *fp32_gflops, double *read_gbs);
 int cli_viz(int argc, char **argv);     /* attn viz     (tools/cli_viz.c)   */
+int cli_ring(int argc, char **argv);    /* attn ring    (tools/cli_ring_exec.c: execs attn-ring) */
 /* attn bench --head-dims ... (tools/bench_headdim.c): speed against the head dimension */
 int bench_head_dims(int argc, char **argv);
 /* attn bench --viz ... (tools/bench_viz.c): time and peak memory of the 100K-token picture */

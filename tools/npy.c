@@ -251,7 +251,9 @@ static int read_all(FILE *f, void *buf, size_t n) {
     return 0;
 }
 
-static int read_file(FILE *f, npy_array *a, char *err, size_t errlen) {
+/* The header and every check of the file's size, leaving f at the first data byte and
+ * a->data NULL. */
+static int read_meta(FILE *f, npy_array *a, char *err, size_t errlen) {
     struct stat st;
     if (fstat(fileno(f), &st) != 0) return fail(err, errlen, "cannot stat: %s", strerror(errno));
     if (!S_ISREG(st.st_mode)) return fail(err, errlen, "not a regular file");
@@ -300,8 +302,13 @@ static int read_file(FILE *f, npy_array *a, char *err, size_t errlen) {
         return fail(err, errlen, "trailing bytes: header says %lld bytes of data, file has %lld",
                     (long long)bytes, (long long)have);
     if ((uint64_t)bytes > SIZE_MAX - 1) return fail(err, errlen, "data too large for this machine");
-
     a->count = count;
+    return 0;
+}
+
+static int read_file(FILE *f, npy_array *a, char *err, size_t errlen) {
+    if (read_meta(f, a, err, errlen)) return -1;
+    const int64_t bytes = a->count * (int64_t)npy_dtype_size(a->dtype);
     a->data = malloc(bytes ? (size_t)bytes : 1);  /* never NULL, even when empty */
     if (!a->data) return fail(err, errlen, "out of memory (%lld bytes of data)", (long long)bytes);
     if (read_all(f, a->data, (size_t)bytes))
@@ -310,8 +317,9 @@ static int read_file(FILE *f, npy_array *a, char *err, size_t errlen) {
     return 0;
 }
 
-int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
-    memset(out, 0, sizeof *out);
+/* path opened for reading, checked to be a regular file first (*f NULL on failure) */
+static int open_npy(const char *path, FILE **fp, char *err, size_t errlen) {
+    *fp = NULL;
     if (!host_is_little_endian()) return fail(err, errlen, "only little-endian hosts are supported");
     /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer; the
      * file is then checked to be regular (read_file) before any read, and reads of a
@@ -332,8 +340,65 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
         close(fd);
         return fail(err, errlen, "cannot open: %s", strerror(errno));
     }
+    *fp = f;
+    return 0;
+}
+
+int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    FILE *f;
+    if (open_npy(path, &f, err, errlen)) return -1;
     npy_array a = {0};
     int rc = read_file(f, &a, err, errlen);
+    fclose(f);
+    if (rc) {
+        npy_free(&a);
+        return -1;
+    }
+    *out = a;
+    return 0;
+}
+
+int npy_read_rows(const char *path, int axis, int nr, const int64_t *first, const int64_t *count,
+                  npy_array *out, int64_t *axis_len, char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    FILE *f;
+    if (open_npy(path, &f, err, errlen)) return -1;
+    npy_array a = {0};
+    int rc = read_meta(f, &a, err, errlen);
+    const long data_at = rc ? 0 : ftell(f);
+    if (!rc && (axis < 0 || axis >= a.ndim))
+        rc = fail(err, errlen, "has rank %d, no axis %d to take rows of", a.ndim, axis);
+    const int64_t extent = rc ? 0 : a.shape[axis];
+    if (axis_len) *axis_len = extent;
+    int64_t outer = 1, inner = 1, rows = 0;
+    for (int r = 0; !rc && r < nr; r++) {
+        if (first[r] < 0 || count[r] < 0 || first[r] > extent - count[r])
+            rc = fail(err, errlen, "rows [%lld, %lld) of axis %d are outside its %lld",
+                      (long long)first[r], (long long)(first[r] + count[r]), axis,
+                      (long long)extent);
+        rows += count[r];
+    }
+    const size_t es = npy_dtype_size(a.dtype);
+    if (!rc) {
+        for (int d = 0; d < axis; d++) outer *= a.shape[d];
+        for (int d = axis + 1; d < a.ndim; d++) inner *= a.shape[d];
+        a.count = outer * rows * inner;  // no overflow: at most the file's count
+        a.shape[axis] = rows;
+        if (!(a.data = malloc(a.count > 0 ? (size_t)a.count * es : 1)))
+            rc = fail(err, errlen, "out of memory (%lld elements)", (long long)a.count);
+    }
+    char *at = a.data;
+    for (int64_t o = 0; !rc && o < outer; o++)
+        for (int r = 0; !rc && r < nr; r++) {
+            if (count[r] == 0 || inner == 0) continue;
+            const int64_t off = ((o * extent + first[r]) * inner) * (int64_t)es;
+            const size_t n = (size_t)(count[r] * inner) * es;
+            if (fseeko(f, (off_t)data_at + (off_t)off, SEEK_SET) || read_all(f, at, n))
+                rc = fail(err, errlen, "cannot read the data: %s",
+                          ferror(f) ? strerror(errno) : "file shrank while reading");
+            at += n;
+        }
     fclose(f);
     if (rc) {
         npy_free(&a);

@@ -41,6 +41,14 @@ int npy_write(const char *path, attn_dtype dtype, int ndim, const int64_t *shape
 int npy_write_fd(int fd, attn_dtype dtype, int ndim, const int64_t *shape, const void *data,
                  char *err, size_t errlen);
 
+/* Like npy_read, with every check of the whole file, but reading only the rows
+ * [first[r], first[r] + count[r]) (r = 0 .. nr-1, in this order) along axis `axis`, for
+ * every index of the axes before it (seeking to each): out has shape[axis] = the sum of
+ * the counts; *axis_len (when not NULL) gets the file's own length along axis (nr = 0
+ * reads only that). For a process of `attn ring`, which holds its slices of the sequence. */
+int npy_read_rows(const char *path, int axis, int nr, const int64_t *first, const int64_t *count,
+                  npy_array *out, int64_t *axis_len, char *err, size_t errlen);
+
 void npy_free(npy_array *a);
 
 /* bytes per element of a dtype npy handles, 0 for others */

@@ -116,29 +116,89 @@ void ring_pack(const ring_call *rc, const attn_tensor *k, const attn_tensor *v, 
     }
 }
 
-int ring_pieces(const ring_call *rc, int s, ring_piece out[3]) {
+bool ring_clip(const ring_call *rc, int64_t qf, int64_t qn, int64_t kf, int64_t kn,
+               ring_piece *out) {
+    if (qn <= 0 || kn <= 0) return false;
+    /* key - query = d + j - i for local row i and key j: the call's band is j - i in
+     * [a, b], clamped to what the rectangle holds (-(qn - 1) .. kn - 1) */
+    const int64_t d = kf - qf, lo_all = -(qn - 1), hi_all = kn - 1;
+    int64_t a = rc->has_lo ? rc->lo - d : lo_all, b = rc->has_hi ? rc->hi - d : hi_all;
+    if (a < lo_all) a = lo_all;
+    if (b > hi_all) b = hi_all;
+    if (a > b) return false;  // above the diagonal, or outside every row's window
+    int64_t q0 = 0, k0 = 0;
+    if (a > 0) {  // no row sees keys j < a: they are dropped, and the band starts at 0
+        k0 = a, kn -= a, b -= a, a = 0;
+    } else if (b < 0) {  // rows i < -b see no key: dropped, the band ends at 0
+        q0 = -b, qn += b, a -= b, b = 0;
+    }
+    if (kn > qn + b) kn = qn + b;  // keys beyond the last row's reach
+    if (qn > kn - a) qn = kn - a;  // rows whose band starts beyond the last key
+    *out = (ring_piece){.q0 = q0, .qn = qn, .k0 = k0, .kn = kn};
+    const bool left_all = a <= -(qn - 1), right_all = b >= kn - 1;
+    if (left_all && right_all) return true;  // the whole rectangle: no mask
+    if (left_all && b == 0) {  // the top-left causal triangle
+        out->causal = true;
+        return true;
+    }
+    out->has_window = true;
+    out->left = left_all ? -1 : -a;
+    out->right = right_all ? -1 : b;
+    return true;
+}
+
+static bool whole(const ring_piece *p) { return !p->causal && !p->has_window; }
+
+int ring_pieces(const ring_call *rc, int s, ring_piece out[RING_MAX_PIECES]) {
     const int src = (rc->r + s) % rc->P;
-    if (!rc->causal) {
-        out[0] = (ring_piece){0, rc->lq_r, 0, false};
-        return 1;
+    int n = 0;
+    for (int c = 0; c < rc->chunks; c++) {
+        int64_t kf, kn, local = 0;
+        ring_key_chunk(rc, src, c, &kf, &kn);
+        for (int cq = 0; cq < rc->chunks; cq++) {
+            int64_t qf, qn;
+            ring_piece p;
+            ring_query_chunk(rc, rc->r, cq, &qf, &qn);
+            if (ring_clip(rc, qf, qn, kf, kn, &p)) {
+                p.q0 += local;
+                p.c = c;
+                ring_piece *last = n > 0 ? &out[n - 1] : NULL;
+                if (last && last->c == c && whole(last) && whole(&p) && last->k0 == p.k0 &&
+                    last->kn == p.kn && last->q0 + last->qn == p.q0)
+                    last->qn += p.qn;
+                else
+                    out[n++] = p;
+            }
+            local += qn;
+        }
     }
-    int64_t f, ne, nl;
-    ring_query_chunk(rc, rc->r, 0, &f, &ne);
-    ring_query_chunk(rc, rc->r, 1, &f, &nl);
-    if (src == rc->r) {  // the diagonal: early on early and late on late are causal
-        out[0] = (ring_piece){0, ne, 0, true};
-        out[1] = (ring_piece){ne, nl, 0, false};
-        out[2] = (ring_piece){ne, nl, 1, true};
-        return 3;
+    return n;
+}
+
+/* Whether process h needs chunk c of src's block. */
+static bool chunk_needed(const ring_call *rc, int h, int src, int c) {
+    int64_t kf, kn;
+    ring_key_chunk(rc, src, c, &kf, &kn);
+    for (int cq = 0; cq < rc->chunks; cq++) {
+        int64_t qf, qn;
+        ring_piece p;
+        ring_query_chunk(rc, h, cq, &qf, &qn);
+        if (ring_clip(rc, qf, qn, kf, kn, &p)) return true;
     }
-    if (src < rc->r) {  // both query chunks see src's early chunk whole, its late one not
-        out[0] = (ring_piece){0, ne + nl, 0, false};
-        return 1;
+    return false;
+}
+
+int ring_chunks_needed_from(const ring_call *rc, int src, int s) {
+    int need = 0;
+    for (int t = s; t < rc->P && need < rc->chunks; t++) {
+        const int h = (src - t % rc->P + rc->P) % rc->P;  // the block's holder at step t
+        for (int c = rc->chunks - 1; c >= need; c--)
+            if (chunk_needed(rc, h, src, c)) {
+                need = c + 1;
+                break;
+            }
     }
-    /* src > r: only the late query chunk sees src's keys, both chunks whole */
-    out[0] = (ring_piece){ne, nl, 0, false};
-    out[1] = (ring_piece){ne, nl, 1, false};
-    return 2;
+    return need;
 }
 
 attn_tensor ring_rows(const attn_tensor *t, int64_t first, int64_t n) {
@@ -148,13 +208,15 @@ attn_tensor ring_rows(const attn_tensor *t, int64_t first, int64_t n) {
     return x;
 }
 
-const attn_tensor *ring_kv_len(const ring_call *rc, int src, int c, int64_t *buf, attn_tensor *t) {
+const attn_tensor *ring_kv_len(const ring_call *rc, int src, const ring_piece *pc,
+                               int64_t *buf, attn_tensor *t) {
     if (!rc->kv_len) return NULL;
     int64_t first, n;
-    ring_key_chunk(rc, src, c, &first, &n);
+    ring_key_chunk(rc, src, pc->c, &first, &n);
+    first += pc->k0;
     for (int64_t b = 0; b < rc->B; b++) {
         const int64_t x = rc->kv_len[b] - first;
-        buf[b] = x < 0 ? 0 : x > n ? n : x;
+        buf[b] = x < 0 ? 0 : x > pc->kn ? pc->kn : x;
     }
     *t = (attn_tensor){buf, ATTN_I64, {rc->B, 1, 1, 1}, {1, 1, 1, 1}};
     return t;
@@ -178,6 +240,16 @@ void ring_wait(MPI_Request *req, int n, attn_ring_stats *st) {
         st->wait_s += w;
         if (w > st->max_wait_s) st->max_wait_s = w;
     }
+}
+
+size_t ring_prefix_bytes(const ring_call *rc, int src, size_t es, int n) {
+    size_t b = 0;
+    for (int c = 0; c < n && c < rc->chunks; c++) {
+        int64_t f, cnt;
+        ring_key_chunk(rc, src, c, &f, &cnt);
+        b += ring_chunk_bytes(rc, cnt, es);
+    }
+    return b;
 }
 
 size_t ring_block_bytes(const ring_call *rc, int src, size_t es, bool late) {
@@ -229,11 +301,14 @@ static attn_status check_local(const attn_tensor *q, const attn_tensor *k, const
                                const attn_tensor *o, const attn_options *opt,
                                const attn_tensor *const *bwd) {
     const bool backward = bwd != NULL;
-    if (opt && (opt->mask || opt->bias || opt->alibi_slopes || opt->has_window || opt->weights ||
-                opt->sinks || opt->d_sinks))
+    /* a mask or bias [.., Lq, Lk] would have to be cut into the ring's blocks on every
+     * process (each holds only its rows of it): refused, as are ALiBi and the weights; and
+     * sinks, which each partial result would count again */
+    if (opt && (opt->mask || opt->bias || opt->alibi_slopes || opt->weights || opt->sinks ||
+                opt->d_sinks))
         return ring_fail(ATTN_ERR_UNSUPPORTED, "the ring takes no %s",
                          opt->mask ? "mask" : opt->bias ? "bias" : opt->alibi_slopes ? "ALiBi"
-                         : opt->has_window ? "window" : opt->weights ? "weights" : "sinks");
+                         : opt->weights ? "weights" : "sinks");
     if (backward && opt && opt->lse)
         return ring_fail(ATTN_ERR_VALUE, "options.lse must be NULL in attn_ring_backward");
     /* the reference backward recomputes each row's softmax over the keys it is given, so
@@ -345,7 +420,23 @@ attn_status ring_begin(ring_call *rc, const attn_tensor *q, const attn_tensor *k
             rc->kv_len[b] = x;
         }
     }
+    /* the band key - query in [lo, hi] on the call's diagonal: i (top-left) or
+     * i + Lk - Lq (bottom-right; per batch with kv_len, which is not ring-split) */
+    const bool win = opt && opt->has_window;
+    if (st == ATTN_OK && win && t && opt->align == ATTN_ALIGN_BOTTOM_RIGHT)
+        st = ring_fail(ATTN_ERR_UNSUPPORTED, "a window aligned bottom-right with kv_len is not "
+                       "ring-split");
+    const int64_t shift = opt && opt->align == ATTN_ALIGN_BOTTOM_RIGHT ? rc->Lk - rc->Lq : 0;
+    const int64_t reach = rc->Lq + rc->Lk;  // a window side beyond it is unbounded
+    if (rc->causal) rc->has_hi = true, rc->hi = shift;
+    if (win && opt->window_left >= 0 && opt->window_left <= reach)
+        rc->has_lo = true, rc->lo = shift - opt->window_left;
+    if (win && opt->window_right >= 0 && opt->window_right <= reach &&
+        (!rc->has_hi || shift + opt->window_right < rc->hi))
+        rc->has_hi = true, rc->hi = shift + opt->window_right;
     rc->opt = opt ? *opt : (attn_options){0};
+    rc->opt.has_window = false;
+    rc->opt.window_left = rc->opt.window_right = 0;
     rc->opt.kv_len = NULL;
     rc->opt.lse = NULL;
     rc->opt.causal = false;
@@ -370,22 +461,22 @@ static attn_status forward_step(const ring_call *rc, int s, void *block, const a
                                 const attn_tensor *part, const attn_tensor *part_lse,
                                 MPI_Request *req, int nreq) {
     const int src = (rc->r + s) % rc->P;
-    ring_piece pc[3];
+    ring_piece pc[RING_MAX_PIECES];
     const int n = ring_pieces(rc, s, pc);
     for (int x = 0; x < n; x++) {
-        attn_tensor k, v, len_t;
+        attn_tensor kc, vc, len_t;
         int64_t len[64], *lenp = rc->B <= 64 ? len : malloc((size_t)rc->B * sizeof(int64_t));
         if (!lenp) return ring_fail(ATTN_ERR_NOMEM, "ring: out of memory");
-        ring_chunk_views(rc, block, src, pc[x].c, rc->kv_dt, &k, &v);
-        if (pc[x].qn == 0 || k.shape[2] == 0) {  // nothing: the partial would be empty
-            if (lenp != len) free(lenp);
-            continue;
-        }
+        ring_chunk_views(rc, block, src, pc[x].c, rc->kv_dt, &kc, &vc);
+        const attn_tensor k = ring_rows(&kc, pc[x].k0, pc[x].kn), v = ring_rows(&vc, pc[x].k0, pc[x].kn);
         attn_tensor qx = ring_rows(q, pc[x].q0, pc[x].qn), ox = ring_rows(part, pc[x].q0, pc[x].qn);
         attn_tensor lx = ring_rows(part_lse, pc[x].q0, pc[x].qn);
         attn_options po = rc->opt;
         po.causal = pc[x].causal;
-        po.kv_len = ring_kv_len(rc, src, pc[x].c, lenp, &len_t);
+        po.has_window = pc[x].has_window;
+        po.window_left = pc[x].left;
+        po.window_right = pc[x].right;
+        po.kv_len = ring_kv_len(rc, src, &pc[x], lenp, &len_t);
         po.lse = &lx;
         attn_status st = attn_forward(&qx, &k, &v, &ox, &po);
         if (st == ATTN_OK) {
@@ -441,10 +532,11 @@ attn_status attn_ring_forward(const attn_tensor *q, const attn_tensor *k, const 
         int nreq = 0;
         if (s + 1 < rc.P) {  // the block moves on while it is attended
             const int next = (rc.r + s + 1) % rc.P, cur = (rc.r + s) % rc.P;
-            ring_irecv(&rc, blk[(s + 1) % 2], ring_block_bytes(&rc, next, rc.kv_es, ring_needs_late(&rc, rc.r, s + 1)),
-                       from, RING_TAG_KV, &req[nreq++]);
-            ring_isend(&rc, blk[s % 2], ring_block_bytes(&rc, cur, rc.kv_es, ring_needs_late(&rc, to, s + 1)),
-                       to, RING_TAG_KV, &req[nreq++], stats);
+            /* only the chunks some later holder needs (a prefix; none: no message) */
+            const size_t in = ring_prefix_bytes(&rc, next, rc.kv_es, ring_chunks_needed_from(&rc, next, s + 1));
+            const size_t out = ring_prefix_bytes(&rc, cur, rc.kv_es, ring_chunks_needed_from(&rc, cur, s + 1));
+            if (in) ring_irecv(&rc, blk[(s + 1) % 2], in, from, RING_TAG_KV, &req[nreq++]);
+            if (out) ring_isend(&rc, blk[s % 2], out, to, RING_TAG_KV, &req[nreq++], stats);
         }
         const double c0 = MPI_Wtime();
         if (st == ATTN_OK) st = forward_step(&rc, s, blk[s % 2], q, &acc, &acc_lse, &part, &part_lse, req, nreq);

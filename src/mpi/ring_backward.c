@@ -42,7 +42,7 @@ typedef struct bwd_io {
 static attn_status backward_step(const ring_call *rc, int s, void *block, const bwd_io *io,
                                  MPI_Request *req, int nreq) {
     const int src = (rc->r + s) % rc->P;
-    ring_piece pc[3];
+    ring_piece pc[RING_MAX_PIECES];
     const int n = ring_pieces(rc, s, pc);
     for (int c = 0; c < rc->chunks; c++) {
         attn_tensor mk, mv;
@@ -50,30 +50,33 @@ static attn_status backward_step(const ring_call *rc, int s, void *block, const 
         memset(mk.data, 0, ring_chunk_bytes(rc, mk.shape[2], 4));
     }
     for (int x = 0; x < n; x++) {
-        attn_tensor k, v, mk, mv, tk, tv, len_t;
+        attn_tensor kc, vc, mk, mv, tk, tv, len_t;
         int64_t len[64], *lenp = rc->B <= 64 ? len : malloc((size_t)rc->B * sizeof(int64_t));
         if (!lenp) return ring_fail(ATTN_ERR_NOMEM, "ring: out of memory");
-        ring_chunk_views(rc, block, src, pc[x].c, rc->kv_dt, &k, &v);
-        if (pc[x].qn == 0 || k.shape[2] == 0) {
-            if (lenp != len) free(lenp);
-            continue;
-        }
+        ring_chunk_views(rc, block, src, pc[x].c, rc->kv_dt, &kc, &vc);
+        const int64_t nc = kc.shape[2], k0 = pc[x].k0, kn = pc[x].kn;
+        const attn_tensor k = ring_rows(&kc, k0, kn), v = ring_rows(&vc, k0, kn);
         ring_chunk_views(rc, io->mine, src, pc[x].c, ATTN_F32, &mk, &mv);
-        tk = attn_tensor_4d(io->tmp, ATTN_F32, rc->B, rc->Hkv, k.shape[2], rc->Dk);
+        /* the piece's dK, dV: rows [k0, k0 + kn) of a whole chunk's float32 scratch */
+        tk = attn_tensor_4d(io->tmp, ATTN_F32, rc->B, rc->Hkv, nc, rc->Dk);
         tv = attn_tensor_4d((char *)io->tmp + ((char *)mv.data - (char *)mk.data), ATTN_F32, rc->B,
-                            rc->Hkv, k.shape[2], rc->Dv);
+                            rc->Hkv, nc, rc->Dv);
+        const attn_tensor tkx = ring_rows(&tk, k0, kn), tvx = ring_rows(&tv, k0, kn);
         attn_tensor qx = ring_rows(io->q, pc[x].q0, pc[x].qn), ox = ring_rows(io->o, pc[x].q0, pc[x].qn);
         attn_tensor dox = ring_rows(io->d_o, pc[x].q0, pc[x].qn), lx = ring_rows(io->lse, pc[x].q0, pc[x].qn);
         attn_tensor dqx = ring_rows(io->dq_part, pc[x].q0, pc[x].qn);
         attn_options po = rc->opt;
         po.causal = pc[x].causal;
-        po.kv_len = ring_kv_len(rc, src, pc[x].c, lenp, &len_t);
-        attn_status st = attn_backward(&qx, &k, &v, &ox, &dox, &lx, &dqx, &tk, &tv, &po);
+        po.has_window = pc[x].has_window;
+        po.window_left = pc[x].left;
+        po.window_right = pc[x].right;
+        po.kv_len = ring_kv_len(rc, src, &pc[x], lenp, &len_t);
+        attn_status st = attn_backward(&qx, &k, &v, &ox, &dox, &lx, &dqx, &tkx, &tvx, &po);
         if (lenp != len) free(lenp);
         if (st != ATTN_OK) return ring_fail(st, "step %d: %s", s, attn_last_error());
         add_rows(io->dq_acc, io->dq_part->data, rc->B * rc->Hq, rc->lq_r, rc->Dk, pc[x].q0, pc[x].qn);
-        add_into(mk.data, tk.data, rc->B * rc->Hkv * k.shape[2] * rc->Dk);
-        add_into(mv.data, tv.data, rc->B * rc->Hkv * k.shape[2] * rc->Dv);
+        add_rows(mk.data, tk.data, rc->B * rc->Hkv, nc, rc->Dk, k0, kn);
+        add_rows(mv.data, tv.data, rc->B * rc->Hkv, nc, rc->Dv, k0, kn);
         ring_progress(req, nreq);
     }
     return ATTN_OK;

@@ -30,6 +30,8 @@ typedef struct ring_case {
     attn_dtype dt, o_dt;
     int kvlen;  // 0 none; 1: {Lk / 3, 0, ...}: late processes' keys and batch 1 masked
     float softcap, scale;
+    int64_t win_l, win_r;  // a window when either is not -2 (-1 = unbounded)
+    bool bottom_right;
 } ring_case;
 
 static size_t es(attn_dtype t) { return t == ATTN_F32 ? 4 : 2; }
@@ -63,10 +65,15 @@ static void to_double(const float *f, int64_t n, double *d) {
 /* got (dense, n floats) within the float32 tolerance of ref (dense floats), plant added.
  * For a gradient (alt not NULL: one process's fused call's own result) whose relative
  * Frobenius error misses the contract's 1e-6, the max-error bound must still hold and the
- * relative error be at most 3 times alt's: the ring sums each key's dK, dV as P partial
- * sums in ring order where one process sums in one pass, and with large logits (softcap
- * 20, scale 0.7) a dV = Pᵀ dO of terms of both signs reached 1.03e-6 and 1.17e-6
- * (P = 3, 4) against one process's 3.8e-7 and 4.2e-7 on the same data. */
+ * relative error be at most 3 times alt's. Seen with large logits (softcap 20, scale
+ * 0.7): dV on the last process's keys at 1.03e-6 and 1.17e-6 (P = 3, 4) against one
+ * process's 3.8e-7 and 4.2e-7 on the same rows. Not the ring's order of summation (the
+ * same partials summed in float64 give the same error) nor a lost term (that would be
+ * ~1e-1): one plain attn_backward of all those rows against those keys alone has the
+ * same error (8.6e-7 on AVX2; 4.3e-7 with ATTN_ISA=generic, like the whole call), i.e.
+ * the AVX2 kernel's float32 error depends on where keys fall in its blocks, and the
+ * exponents s - lse of up to ~40 turn an ulp of s into ~1e-6 of a weight. The study
+ * and its figures: docs/RING.md, "The softcap gradient tolerance". */
 static int close_f32_alt(const float *got, const float *ref, const float *alt, int64_t n,
                          float plant, const char *what, const char *name) {
     float *g = xcalloc(n > 0 ? n : 1, sizeof(float));
@@ -112,7 +119,10 @@ static int run_case(const ring_case *c, float plant) {
     attn_tensor kvt = {kvl, ATTN_I64, {B, 1, 1, 1}, {1, 1, 1, 1}};
     attn_options opt = {.causal = c->causal, .kv_len = c->kvlen ? &kvt : NULL,
                         .softcap = c->softcap, .has_scale = c->scale != 0.0f, .scale = c->scale,
-                        .threads = 1};
+                        .threads = 1,
+                        .has_window = c->win_l != -2 || c->win_r != -2,
+                        .window_left = c->win_l, .window_right = c->win_r,
+                        .align = c->bottom_right ? ATTN_ALIGN_BOTTOM_RIGHT : ATTN_ALIGN_TOP_LEFT};
 
     /* the single call on the whole sequence, float64 reference path */
     float *go = xcalloc(B * Hq * Lq * Dv, 4), *gl = xcalloc(B * Hq * Lq, 4);
@@ -226,9 +236,17 @@ static void test_refused(void) {
     float buf[4 * 8] = {0};
     const int64_t L = g_size;  // one row a process (contiguous)
     attn_tensor q = t4(buf, ATTN_F32, 1, 1, 1, 4), k = q, v = q, o = t4(buf + 8, ATTN_F32, 1, 1, 1, 4);
-    attn_options opt = {.has_window = true, .window_left = 1, .window_right = 0};
+    bool mb[8] = {0};
+    attn_tensor m = t4(mb, ATTN_BOOL, 1, 1, 1, 1);
+    attn_options opt = {.mask = &m};
     CHECK(attn_ring_forward(&q, &k, &v, &o, &opt, MPI_COMM_WORLD, NULL) == ATTN_ERR_UNSUPPORTED,
-          "a window is refused");
+          "a mask is refused");
+    int64_t kvl = 1;
+    attn_tensor kvt = t4(&kvl, ATTN_I64, 1, 1, 1, 1);
+    attn_options br = {.has_window = true, .window_left = 1, .window_right = 0, .kv_len = &kvt,
+                       .align = ATTN_ALIGN_BOTTOM_RIGHT};
+    CHECK(attn_ring_forward(&q, &k, &v, &o, &br, MPI_COMM_WORLD, NULL) == ATTN_ERR_UNSUPPORTED,
+          "a bottom-right window with kv_len is refused");
     /* process 0 alone passes a wrong length: every process returns SHAPE */
     attn_tensor q2 = t4(buf, ATTN_F32, 1, 1, g_rank == 0 ? 2 : 1, 4);
     attn_tensor o2 = t4(buf + 16, ATTN_F32, 1, 1, g_rank == 0 ? 2 : 1, 4);
@@ -273,6 +291,23 @@ static void test_bytes_sent(void) {
     CHECK(all == want, "causal forward sent %lld bytes in all, expected %lld", (long long)all,
           (long long)want);
     CHECK(st.steps == g_size && st.total_s >= st.compute_s, "stats: %d steps", st.steps);
+
+    /* a window (0, 3) on the contiguous split (10 rows a process at P = 4): the keys of
+     * process src >= 1 are needed by src and by src - 1's last 3 rows only, so each such
+     * block makes one hop and process 0's none */
+    attn_ring_slice(L, g_size, g_rank, false, f, n);
+    q.shape[2] = k.shape[2] = v.shape[2] = o.shape[2] = n[0];
+    for (int t = 0; t < 4; t++) q.stride[t] = k.stride[t] = v.stride[t] = o.stride[t] = t == 3 ? 1 : t == 2 ? D : n[0] * D;
+    attn_options w = {.has_window = true, .window_left = 0, .window_right = 3};
+    CHECK(attn_ring_forward(&q, &k, &v, &o, &w, MPI_COMM_WORLD, &st) == ATTN_OK, "window bytes case");
+    MPI_Allreduce(&st.bytes_sent, &all, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    want = 0;
+    for (int src = 1; src < g_size; src++) {
+        attn_ring_slice(L, g_size, src, false, f, n);
+        want += 2 * ((n[0] * D * 4 + 63) / 64 * 64);
+    }
+    CHECK(all == want, "window (0, 3) forward sent %lld bytes in all, expected %lld",
+          (long long)all, (long long)want);
     free(buf);
 }
 
@@ -281,15 +316,23 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
     const ring_case cases[] = {
-        {"plain uneven", 2, 4, 2, 7, 13, 8, 5, false, ATTN_F32, ATTN_F32, 0, 0, 0},
-        {"fewer rows than processes, kv_len", 2, 2, 1, 3, 11, 16, 16, false, ATTN_F32, ATTN_F32, 1, 0, 0},
-        {"causal zigzag", 1, 2, 1, 19, 19, 16, 16, true, ATTN_F32, ATTN_F32, 0, 0, 0},
-        {"causal GQA kv_len", 2, 4, 2, 24, 24, 8, 12, true, ATTN_F32, ATTN_F32, 1, 0, 0},
-        {"causal bfloat16 inputs", 1, 2, 2, 17, 17, 32, 32, true, ATTN_BF16, ATTN_F32, 0, 0, 0},
-        {"float16 inputs", 1, 3, 1, 9, 10, 8, 8, false, ATTN_F16, ATTN_F32, 0, 0, 0},
-        {"causal bfloat16 output", 1, 2, 1, 21, 21, 16, 16, true, ATTN_F32, ATTN_BF16, 0, 0, 0},
-        {"causal softcap and scale", 1, 2, 1, 30, 30, 16, 16, true, ATTN_F32, ATTN_F32, 0, 20.0f, 0.7f},
-        {"long causal", 1, 2, 1, 200, 200, 32, 32, true, ATTN_F32, ATTN_F32, 0, 0, 0},
+        {"plain uneven", 2, 4, 2, 7, 13, 8, 5, false, ATTN_F32, ATTN_F32, 0, 0, 0, -2, -2, false},
+        {"fewer rows than processes, kv_len", 2, 2, 1, 3, 11, 16, 16, false, ATTN_F32, ATTN_F32, 1, 0, 0, -2, -2, false},
+        {"causal zigzag", 1, 2, 1, 19, 19, 16, 16, true, ATTN_F32, ATTN_F32, 0, 0, 0, -2, -2, false},
+        {"causal GQA kv_len", 2, 4, 2, 24, 24, 8, 12, true, ATTN_F32, ATTN_F32, 1, 0, 0, -2, -2, false},
+        {"causal bfloat16 inputs", 1, 2, 2, 17, 17, 32, 32, true, ATTN_BF16, ATTN_F32, 0, 0, 0, -2, -2, false},
+        {"float16 inputs", 1, 3, 1, 9, 10, 8, 8, false, ATTN_F16, ATTN_F32, 0, 0, 0, -2, -2, false},
+        {"causal bfloat16 output", 1, 2, 1, 21, 21, 16, 16, true, ATTN_F32, ATTN_BF16, 0, 0, 0, -2, -2, false},
+        {"causal softcap and scale", 1, 2, 1, 30, 30, 16, 16, true, ATTN_F32, ATTN_F32, 0, 20.0f, 0.7f, -2, -2, false},
+        {"long causal", 1, 2, 1, 200, 200, 32, 32, true, ATTN_F32, ATTN_F32, 0, 0, 0, -2, -2, false},
+        {"window (3, 2)", 1, 2, 1, 23, 23, 8, 8, false, ATTN_F32, ATTN_F32, 0, 0, 0, 3, 2, false},
+        {"causal sliding window 5, GQA, kv_len", 2, 4, 2, 40, 40, 8, 8, true, ATTN_F32, ATTN_F32, 1, 0, 0, 5, -1, false},
+        {"window (0, 4): keys ahead", 1, 2, 1, 31, 31, 8, 8, false, ATTN_F32, ATTN_F32, 0, 0, 0, 0, 4, false},
+        {"window (0, 0): the diagonal", 1, 1, 1, 13, 13, 8, 8, false, ATTN_F32, ATTN_F32, 0, 0, 0, 0, 0, false},
+        {"bottom-right window (2, 1), Lq < Lk", 1, 2, 2, 9, 20, 8, 8, false, ATTN_F32, ATTN_F32, 0, 0, 0, 2, 1, true},
+        {"bottom-right window (1, 0), Lq > Lk: rows see nothing", 1, 2, 1, 20, 9, 8, 8, false, ATTN_F32, ATTN_F32, 0, 0, 0, 1, 0, true},
+        {"window (-1, 6) with kv_len", 2, 2, 1, 17, 25, 8, 8, false, ATTN_F32, ATTN_F32, 1, 0, 0, -1, 6, false},
+        {"causal window (7, 3) bfloat16", 1, 2, 1, 33, 33, 16, 16, true, ATTN_BF16, ATTN_F32, 0, 0, 0, 7, 3, false},
     };
     for (size_t x = 0; x < sizeof cases / sizeof cases[0]; x++) {
         const int bad = run_case(&cases[x], 0.0f);
