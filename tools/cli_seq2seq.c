@@ -444,7 +444,7 @@ static const char USAGE[] =
     "  and writes the learned alignment (mean attention weights, output step x encoder\n"
     "  position) as a PNG heatmap: reversal is the anti-diagonal.\n"
     "\n"
-    "  --steps N      training steps (default 1000; --quick 150)\n"
+    "  --steps N      training steps (default 1500; --quick 150)\n"
     "  --len T        sequence length (default 10)\n"
     "  --batch B      sequences a step (default 64)\n"
     "  --hidden H     GRU width (default 64); --units A: attention units (default 32)\n"
@@ -484,7 +484,7 @@ int cli_seq2seq(int argc, char **argv) {
     int steps, seed, threads;
     dims d = {0};
     if ((rc = int_opt(threads_s, 1, 1, 512, "--threads", &threads)) ||
-        (rc = int_opt(steps_s, quick ? 150 : 1000, 1, 1000000, "--steps", &steps)) ||
+        (rc = int_opt(steps_s, quick ? 150 : 1500, 1, 1000000, "--steps", &steps)) ||
         (rc = int_opt(len_s, 10, 2, 64, "--len", &d.T)) ||
         (rc = int_opt(batch_s, 64, 1, 4096, "--batch", &d.B)) ||
         (rc = int_opt(hidden_s, 64, 1, 1024, "--hidden", &d.H)) ||
