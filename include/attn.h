@@ -73,7 +73,8 @@ typedef enum attn_status {
     X(ATTN_BF16, "bfloat16", 2) /* bfloat16 (the top half of a float32), as uint16_t  */ \
     X(ATTN_BOOL, "bool", 1)     /* one byte, 0 = false, anything else = true          */ \
     X(ATTN_I32, "int32", 4)     /* int32_t                                            */ \
-    X(ATTN_I64, "int64", 8)     /* int64_t                                            */
+    X(ATTN_I64, "int64", 8)     /* int64_t                                            */ \
+    X(ATTN_F64, "float64", 8)   /* double: q, k, v, o all float64 (docs/CONTRACT.md)   */
 
 typedef enum attn_dtype {
 #define ATTN_X_ENUM(e, name, bytes) e,
@@ -175,7 +176,9 @@ typedef struct attn_options {
  * Hq must be a multiple of Hkv (query head h reads key/value head h / (Hq / Hkv)).
  * dtypes: q, k, v and o each ATTN_F32, ATTN_F16 or ATTN_BF16, with k and v alike (a
  * 16-bit KV cache under float32 queries works); accumulation is float32 throughout and
- * o is rounded to its dtype once, at the end.
+ * o is rounded to its dtype once, at the end. Or q, k, v and o all ATTN_F64 (no mixing):
+ * accumulated in float64 on a fused path of its own (opt->lse then float32 or float64,
+ * weights float32; CONTRACT.md "float64").
  * Any size may be 0. On error nothing is written to o, lse or weights. */
 ATTN_API attn_status attn_forward(const attn_tensor *q, const attn_tensor *k,
                                   const attn_tensor *v, const attn_tensor *o,
