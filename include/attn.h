@@ -167,6 +167,12 @@ typedef struct attn_options {
      * comes from attn_forward_workspace_size() for the same arguments. */
     void *workspace;
     size_t workspace_bytes;
+
+    /* float64 calls only (q, k, v, o ATTN_F64; ignored otherwise): the scale in float64,
+     * used when has_scale is true and it is not 0 (then `scale` is not read). Without
+     * has_scale a float64 call's default is 1/sqrt(Dk) computed in float64, not rounded
+     * to float32. Added for float64 (CONTRACT.md "float64"). */
+    double scale_f64;
 } attn_options;
 
 /* ---- calls -------------------------------------------------------------------------- */

@@ -244,6 +244,17 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
          * logits are 0, not inf * 0. */
         p->scale = p->Dk > 0 ? (float)(1.0 / sqrt((double)p->Dk)) : 1.0f;
     }
+    p->scale64 = (double)p->scale;
+    if (f64) {
+        if (opt->has_scale && opt->scale_f64 != 0.0) {
+            if (!isfinite(opt->scale_f64))
+                return attn_fail(ATTN_ERR_VALUE, "options.scale_f64 is %g, expected a finite "
+                                 "number", opt->scale_f64);
+            p->scale64 = opt->scale_f64;
+        } else if (!opt->has_scale) {
+            p->scale64 = p->Dk > 0 ? 1.0 / sqrt((double)p->Dk) : 1.0;
+        }
+    }
     if (!(opt->softcap >= 0.0f) || isinf(opt->softcap))
         return attn_fail(ATTN_ERR_VALUE, "options.softcap is %g, expected 0 (off) or a finite "
                     "positive number", (double)opt->softcap);

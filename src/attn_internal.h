@@ -79,6 +79,9 @@ typedef struct attn_params {
     /* float64 calls only (q_dt = kv_dt = o_dt = ATTN_F64): an opt->lse of dtype float64
      * is held here (strides in lse_s) and lse is NULL; a float32 one stays in lse. */
     double *lse64;
+    /* the scale the float64 arithmetic uses: (double)scale, except in a float64 call,
+     * where it is options.scale_f64 (when given) or 1/sqrt(Dk) in float64 */
+    double scale64;
 } attn_params;
 
 /* The key length of batch b: kv_len[b], or Lk. */

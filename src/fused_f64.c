@@ -99,7 +99,7 @@ static void tile_logits(const attn_params *p, const double *q_r, const double *k
         const double *kt_d = kt + d * BK;
         for (int64_t c = 0; c < nk; c++) s_r[c] += qd * kt_d[c];
     }
-    const double scale = (double)p->scale;
+    const double scale = p->scale64;
     const bool elementwise = attn_has_elementwise(p);
     for (int64_t c = 0; c < nk; c++) {
         const int64_t j = j0 + c;

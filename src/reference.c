@@ -50,7 +50,7 @@ static double ref_logit(const attn_params *p, int64_t q_bhi, int64_t k_bgj, int6
     for (int64_t d = 0; d < p->Dk; d++)
         dot += attn_load_f64(p->q_dt, p->q, q_bhi + d * p->q_s[3]) *
                attn_load_f64(p->kv_dt, p->k, k_bgj + d * p->k_s[3]);
-    return attn_ref_finish(p, (double)p->scale * dot, b, h, i, j, d_i, NULL);
+    return attn_ref_finish(p, p->scale64 * dot, b, h, i, j, d_i, NULL);
 }
 
 attn_status attn_reference_forward(const attn_params *p, void *ws) {

@@ -51,7 +51,7 @@ static double ref_row(const attn_params *p, int64_t b, int64_t h, int64_t i,
         const double *k_j = k + j * Dk;
         double dot = 0.0;
         for (int64_t d = 0; d < Dk; d++) dot += q_i[d] * k_j[d];
-        const double s = attn_ref_finish(p, (double)p->scale * dot, b, h, i, j, d_i,
+        const double s = attn_ref_finish(p, p->scale64 * dot, b, h, i, j, d_i,
                                          cap_i ? &cap_i[j] : NULL);
         P_i[j] = s;
         if (isnan(s) || s > m) m = s;  // NaN sticks, as in the forward
@@ -109,7 +109,7 @@ static void ref_group_backward(const attn_params *p, int64_t b, int64_t g, const
     const int64_t Lq = p->Lq, Lk = p->Lk, Dk = p->Dk, Dv = p->Dv;
     double *P = mats, *dS = mats + Lq * Lk;
     double *cap = p->softcap > 0.0f ? mats + 2 * Lq * Lk : NULL;
-    const double scale = (double)p->scale;
+    const double scale = p->scale64;
     memset(dk, 0, (size_t)(Lk * Dk) * sizeof(double));
     memset(dv, 0, (size_t)(Lk * Dv) * sizeof(double));
 

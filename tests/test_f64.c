@@ -100,7 +100,8 @@ static void case_make(fcase *c, shape s, unsigned opts, uint64_t seed) {
     attn_options o = {0};
     if (opts & OPT_SCALE) {
         o.has_scale = true;
-        o.scale = -0.3f;
+        o.scale = 7.0f;  // not read: scale_f64 is given
+        o.scale_f64 = -0.3;
     }
     if (opts & OPT_SOFTCAP) o.softcap = 5.0f;
     o.causal = (opts & OPT_CAUSAL) != 0;
@@ -159,8 +160,10 @@ static bool oracle_logits(const fcase *c, int64_t b, int64_t h, int64_t i, ld *s
     const int64_t g = h / (S.Hq / S.Hkv);
     const int64_t lk_b = c->kv_len ? c->kv_len[b] : S.Lk;
     const int64_t d_i = o->align == ATTN_ALIGN_BOTTOM_RIGHT ? i + lk_b - S.Lq : i;
-    const ld scale = o->has_scale ? (ld)o->scale
-                     : S.Dk > 0  ? (ld)(float)(1.0 / sqrt((double)S.Dk))
+    /* float64: the scale in float64 (options.scale_f64), the default 1/sqrt(Dk) not
+     * rounded to float32 (here exact in long double) */
+    const ld scale = o->has_scale ? (ld)(o->scale_f64 != 0 ? o->scale_f64 : (double)o->scale)
+                     : S.Dk > 0  ? 1 / sqrtl((ld)S.Dk)
                                  : 1;  // the contract's default for Dk = 0
     bool any = false;
     for (int64_t j = 0; j < S.Lk; j++) {
@@ -387,8 +390,10 @@ static void oracle_backward(const fcase *c, const double *d_o, ld *dq, ld *dk, l
                             ld *mk, ld *mv, ld *smax_g) {
     const shape S = c->s;
     const attn_options *o = &c->opt;
-    const ld scale = o->has_scale ? (ld)o->scale
-                     : S.Dk > 0  ? (ld)(float)(1.0 / sqrt((double)S.Dk))
+    /* float64: the scale in float64 (options.scale_f64), the default 1/sqrt(Dk) not
+     * rounded to float32 (here exact in long double) */
+    const ld scale = o->has_scale ? (ld)(o->scale_f64 != 0 ? o->scale_f64 : (double)o->scale)
+                     : S.Dk > 0  ? 1 / sqrtl((ld)S.Dk)
                                  : 1;  // the contract's default for Dk = 0
     ld *s = xcalloc(S.Lk, sizeof(ld)), *p = xcalloc(S.Lk, sizeof(ld));
     ld *ds = xcalloc(S.Lk, sizeof(ld)), *dsm = xcalloc(S.Lk, sizeof(ld));
