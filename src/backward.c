@@ -71,12 +71,14 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
     TRY(attn_params_init(p, q, k, v, o, opt, need_data));
     const bool f64 = p->q_dt == ATTN_F64;
     if (!f64)
-        for (int x = 0; x < 4; x++)
-            if ((const attn_tensor *[]){d_o, dq, dk, dv}[x] &&
-                (const attn_tensor *[]){d_o, dq, dk, dv}[x]->dtype == ATTN_F64)
-                return attn_fail(ATTN_ERR_DTYPE, "d_o, dq, dk, dv: float64 needs q, k, v, o, "
-                                 "d_o and the gradients all float64 (q is %s)",
+        for (int x = 0; x < 4; x++) {
+            const attn_tensor *t = (const attn_tensor *[]){d_o, dq, dk, dv}[x];
+            if (t && t->dtype == ATTN_F64)
+                return attn_fail(ATTN_ERR_DTYPE, "%s: dtype float64 under %s q: float64 needs "
+                                 "q, k, v, o, d_o and the gradients all float64",
+                                 (const char *[]){"d_o", "dq", "dk", "dv"}[x],
                                  attn_dtype_name(p->q_dt));
+        }
 
     static const char *const q_dims[4] = {"B", "Hq", "Lq", "Dv"};
     static const char *const l_dims[4] = {"B", "Hq", "Lq", "1"};
