@@ -86,7 +86,8 @@ typedef enum attn_status {
     X(ATTN_BOOL, "bool", 1)     /* one byte, 0 = false, anything else = true          */ \
     X(ATTN_I32, "int32", 4)     /* int32_t                                            */ \
     X(ATTN_I64, "int64", 8)     /* int64_t                                            */ \
-    X(ATTN_Q8_0, "q8_0", 34)    /* blocks of 32: float16 scale + 32 int8 (see above)  */
+    X(ATTN_Q8_0, "q8_0", 34)    /* blocks of 32: float16 scale + 32 int8 (see above)  */ \
+    X(ATTN_F64, "float64", 8)   /* double: q, k, v, o all float64 (docs/CONTRACT.md)   */
 
 typedef enum attn_dtype {
 #define ATTN_X_ENUM(e, name, bytes) e,
@@ -194,6 +195,12 @@ typedef struct attn_options {
      * for any thread count); written, not added to. NULL = not wanted. Requires sinks;
      * must be NULL in every other call (ATTN_ERR_VALUE). */
     const attn_tensor *d_sinks;
+
+    /* float64 calls only (q, k, v, o ATTN_F64; ignored otherwise): the scale in float64,
+     * used when has_scale is true and it is not 0 (then `scale` is not read). Without
+     * has_scale a float64 call's default is 1/sqrt(Dk) computed in float64, not rounded
+     * to float32. Added for float64 (CONTRACT.md "float64"). */
+    double scale_f64;
 } attn_options;
 
 /* ---- calls -------------------------------------------------------------------------- */
@@ -205,7 +212,9 @@ typedef struct attn_options {
  * 16-bit KV cache under float32 queries works); accumulation is float32 throughout and
  * o is rounded to its dtype once, at the end. k and v may also be ATTN_Q8_0 (both): the
  * result is attention over their dequantized values (queries of any of the three float
- * dtypes are widened to float32, never quantized).
+ * dtypes are widened to float32, never quantized). Or q, k, v and o all ATTN_F64 (no mixing):
+ * accumulated in float64 on a fused path of its own (opt->lse then float32 or float64,
+ * weights float32; CONTRACT.md "float64").
  * Any size may be 0. On error nothing is written to o, lse or weights. */
 ATTN_API attn_status attn_forward(const attn_tensor *q, const attn_tensor *k,
                                   const attn_tensor *v, const attn_tensor *o,

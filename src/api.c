@@ -185,16 +185,29 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
     const attn_options *opt = opt_in ? opt_in : &defaults;
     *p = (attn_params){0};
 
+    /* float64 (CONTRACT "float64"): q, k, v and o all float64, never mixed with the other
+     * floating types (a float64 call accumulates in float64 on a path of its own) */
+    const bool f64 = q && q->dtype == ATTN_F64;
+    if (!f64) {
+        const attn_tensor *const qkvo[4] = {q, k, v, o};
+        static const char *const names[4] = {"q", "k", "v", "o"};
+        for (int x = 1; x < 4; x++)
+            if (qkvo[x] && qkvo[x]->dtype == ATTN_F64 && q)
+                return attn_fail(ATTN_ERR_DTYPE, "%s: dtype is float64 but q is %s: float64 "
+                                 "needs q, k, v and o all float64", names[x],
+                                 attn_dtype_name(q->dtype));
+    }
     /* ATTN_DTYPE_COUNT here: any of float32, float16, bfloat16; k and v may instead both
-     * be q8_0 (the only inputs that may) */
-    TRY(attn_check_tensor(q, "q", ATTN_DTYPE_COUNT, need_data));
-    TRY(attn_check_tensor(k, "k", k && k->dtype == ATTN_Q8_0 ? ATTN_Q8_0 : ATTN_DTYPE_COUNT,
+     * be q8_0 (the only inputs that may), under queries of those three */
+    const attn_dtype want = f64 ? ATTN_F64 : ATTN_DTYPE_COUNT;
+    TRY(attn_check_tensor(q, "q", want, need_data));
+    TRY(attn_check_tensor(k, "k", !f64 && k && k->dtype == ATTN_Q8_0 ? ATTN_Q8_0 : want,
                           need_data));
     if (v && v->dtype != k->dtype)
         return attn_fail(ATTN_ERR_DTYPE, "v: dtype is %s, expected %s like k (k and v must "
                          "have one dtype)", attn_dtype_name(v->dtype), attn_dtype_name(k->dtype));
     TRY(attn_check_tensor(v, "v", k->dtype, need_data));
-    TRY(attn_check_tensor(o, "o", ATTN_DTYPE_COUNT, need_data));
+    TRY(attn_check_tensor(o, "o", want, need_data));
     p->q_dt = q->dtype;
     p->kv_dt = k->dtype;
     p->o_dt = o->dtype;
@@ -238,6 +251,17 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
         /* An empty dot product (Dk = 0) is 0; its default scale is taken as 1 so that the
          * logits are 0, not inf * 0. */
         p->scale = p->Dk > 0 ? (float)(1.0 / sqrt((double)p->Dk)) : 1.0f;
+    }
+    p->scale64 = (double)p->scale;
+    if (f64) {
+        if (opt->has_scale && opt->scale_f64 != 0.0) {
+            if (!isfinite(opt->scale_f64))
+                return attn_fail(ATTN_ERR_VALUE, "options.scale_f64 is %g, expected a finite "
+                                 "number", opt->scale_f64);
+            p->scale64 = opt->scale_f64;
+        } else if (!opt->has_scale) {
+            p->scale64 = p->Dk > 0 ? 1.0 / sqrt((double)p->Dk) : 1.0;
+        }
     }
     if (!(opt->softcap >= 0.0f) || isinf(opt->softcap))
         return attn_fail(ATTN_ERR_VALUE, "options.softcap is %g, expected 0 (off) or a finite "
@@ -324,13 +348,18 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
     /* optional outputs */
     if (opt->lse) {
         const attn_tensor *t = opt->lse;
-        TRY(attn_check_tensor(t, "lse", ATTN_F32, need_data));
+        /* float64 calls may also take a float64 LSE */
+        const bool lse64 = f64 && t->dtype == ATTN_F64;
+        TRY(attn_check_tensor(t, "lse", lse64 ? ATTN_F64 : ATTN_F32, need_data));
         TRY(expect_dim(t, "lse", 0, p->B, "B"));
         TRY(expect_dim(t, "lse", 1, p->Hq, "Hq"));
         TRY(expect_dim(t, "lse", 2, p->Lq, "Lq"));
         TRY(expect_dim(t, "lse", 3, 1, "1"));
         TRY(attn_check_output_strides(t, "lse", 3));
-        p->lse = (float *)attn_view_data(t, p->lse_s, 3);
+        if (lse64)
+            p->lse64 = (double *)attn_view_data(t, p->lse_s, 3);
+        else
+            p->lse = (float *)attn_view_data(t, p->lse_s, 3);
     }
     if (opt->weights) {
         const attn_tensor *t = opt->weights;
@@ -352,6 +381,7 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
     case ATTN_PATH_FUSED: {
         const char *why = NULL;
         p->path = ATTN_PATH_FUSED;
+        if (f64) break;  // fused_f64.c is portable C: no micro-kernels
         p->kernels = attn_select_kernels(&why);
         if (!p->kernels) return attn_fail(ATTN_ERR_UNSUPPORTED, "%s", why);
         break;
@@ -377,8 +407,8 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
 }
 
 static size_t workspace_bytes(const attn_params *p) {
-    return p->path == ATTN_PATH_REFERENCE ? attn_reference_workspace(p)
-                                          : attn_fused_workspace(p);
+    if (p->path == ATTN_PATH_REFERENCE) return attn_reference_workspace(p);
+    return p->q_dt == ATTN_F64 ? attn_fused_f64_workspace(p) : attn_fused_workspace(p);
 }
 
 attn_status attn_workspace_acquire(const attn_options *opt, size_t need, void **ws,
@@ -427,6 +457,7 @@ attn_status attn_forward(const attn_tensor *q, const attn_tensor *k, const attn_
     void *ws, *owned;
     TRY(attn_workspace_acquire(opt, need, &ws, &owned));
     attn_status st = p.path == ATTN_PATH_REFERENCE ? attn_reference_forward(&p, ws)
+                     : p.q_dt == ATTN_F64          ? attn_fused_f64_forward(&p, ws)
                                                    : attn_fused_forward(&p, ws);
     attn_free(owned);
     return st;

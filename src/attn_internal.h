@@ -115,6 +115,13 @@ typedef struct attn_params {
     /* attention sinks: one extra logit per query head in each row's denominator, no
      * value (attn_options.sinks); NULL = none */
     const float *sinks;   int64_t sinks_s;                               /* (Hq)      */
+
+    /* float64 calls only (q_dt = kv_dt = o_dt = ATTN_F64): an opt->lse of dtype float64
+     * is held here (strides in lse_s) and lse is NULL; a float32 one stays in lse. */
+    double *lse64;
+    /* the scale the float64 arithmetic uses: (double)scale, except in a float64 call,
+     * where it is options.scale_f64 (when given) or 1/sqrt(Dk) in float64 */
+    double scale64;
 } attn_params;
 
 /* The sink logit of query head h: -inf (no sink) when the call has none. */
@@ -232,6 +239,9 @@ ATTN_PRIVATE attn_status attn_fail(attn_status status, const char *fmt, ...)
  * return the bytes the path needs, (size_t)-1 on overflow. */
 ATTN_PRIVATE size_t attn_fused_workspace(const attn_params *p);
 ATTN_PRIVATE attn_status attn_fused_forward(const attn_params *p, void *ws);
+/* The float64 fused path (fused_f64.c): q, k, v, o all ATTN_F64. */
+ATTN_PRIVATE size_t attn_fused_f64_workspace(const attn_params *p);
+ATTN_PRIVATE attn_status attn_fused_f64_forward(const attn_params *p, void *ws);
 ATTN_PRIVATE size_t attn_reference_workspace(const attn_params *p);
 ATTN_PRIVATE attn_status attn_reference_forward(const attn_params *p, void *ws);
 /* The float64 reference's logit from raw = scale * (q_i · k_j), in the CONTRACT's order:

@@ -40,8 +40,13 @@
 
 /* d_o, lse and the gradients: sound (attn_check_tensor), of the expected shape. */
 static attn_status check_extra(const attn_tensor *t, const char *name, const int64_t want[4],
-                             const char *const what[4], bool need_data) {
-    TRY(attn_check_tensor(t, name, strcmp(name, "lse") ? ATTN_DTYPE_COUNT : ATTN_F32, need_data));
+                             const char *const what[4], bool f64, bool need_data) {
+    /* a float64 call (q float64): d_o and the gradients float64, the LSE float32 or
+     * float64 (CONTRACT "float64") */
+    const bool is_lse = strcmp(name, "lse") == 0;
+    const attn_dtype dt = is_lse ? (f64 && t && t->dtype == ATTN_F64 ? ATTN_F64 : ATTN_F32)
+                                 : (f64 ? ATTN_F64 : ATTN_DTYPE_COUNT);
+    TRY(attn_check_tensor(t, name, dt, need_data));
     for (int d = 0; d < 4; d++)
         if (t->shape[d] != want[d])
             return attn_fail(ATTN_ERR_SHAPE, "%s: shape[%d] (%s) is %lld, expected %lld", name,
@@ -70,17 +75,27 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
     if (p->kv_dt == ATTN_Q8_0)  // a forward-only cache dtype: no gradient path reads it
         return attn_fail(ATTN_ERR_DTYPE, "k, v: q8_0 is a forward-only KV cache dtype; the "
                          "backward takes float32, float16 or bfloat16");
+    const bool f64 = p->q_dt == ATTN_F64;
+    if (!f64)
+        for (int x = 0; x < 4; x++) {
+            const attn_tensor *t = (const attn_tensor *[]){d_o, dq, dk, dv}[x];
+            if (t && t->dtype == ATTN_F64)
+                return attn_fail(ATTN_ERR_DTYPE, "%s: dtype float64 under %s q: float64 needs "
+                                 "q, k, v, o, d_o and the gradients all float64",
+                                 (const char *[]){"d_o", "dq", "dk", "dv"}[x],
+                                 attn_dtype_name(p->q_dt));
+        }
 
     static const char *const q_dims[4] = {"B", "Hq", "Lq", "Dv"};
     static const char *const l_dims[4] = {"B", "Hq", "Lq", "1"};
     static const char *const dq_dims[4] = {"B", "Hq", "Lq", "Dk"};
     static const char *const dk_dims[4] = {"B", "Hkv", "Lk", "Dk"};
     static const char *const dv_dims[4] = {"B", "Hkv", "Lk", "Dv"};
-    TRY(check_extra(d_o, "d_o", (const int64_t[4]){p->B, p->Hq, p->Lq, p->Dv}, q_dims, need_data));
-    TRY(check_extra(lse, "lse", (const int64_t[4]){p->B, p->Hq, p->Lq, 1}, l_dims, need_data));
-    TRY(check_extra(dq, "dq", (const int64_t[4]){p->B, p->Hq, p->Lq, p->Dk}, dq_dims, need_data));
-    TRY(check_extra(dk, "dk", (const int64_t[4]){p->B, p->Hkv, p->Lk, p->Dk}, dk_dims, need_data));
-    TRY(check_extra(dv, "dv", (const int64_t[4]){p->B, p->Hkv, p->Lk, p->Dv}, dv_dims, need_data));
+    TRY(check_extra(d_o, "d_o", (const int64_t[4]){p->B, p->Hq, p->Lq, p->Dv}, q_dims, f64, need_data));
+    TRY(check_extra(lse, "lse", (const int64_t[4]){p->B, p->Hq, p->Lq, 1}, l_dims, f64, need_data));
+    TRY(check_extra(dq, "dq", (const int64_t[4]){p->B, p->Hq, p->Lq, p->Dk}, dq_dims, f64, need_data));
+    TRY(check_extra(dk, "dk", (const int64_t[4]){p->B, p->Hkv, p->Lk, p->Dk}, dk_dims, f64, need_data));
+    TRY(check_extra(dv, "dv", (const int64_t[4]){p->B, p->Hkv, p->Lk, p->Dv}, dv_dims, f64, need_data));
     TRY(attn_check_output_strides(dq, "dq", 4));
     TRY(attn_check_output_strides(dk, "dk", 4));
     TRY(attn_check_output_strides(dv, "dv", 4));
@@ -107,9 +122,16 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
     return ATTN_OK;
 }
 
+/* The path a backward call takes: the fused one for float32 unless the reference is
+ * asked for; float64 always takes the reference, which is float64 throughout (CONTRACT
+ * "float64": its memory is Lq x Lk doubles). */
+static bool bwd_reference(const attn_bwd_params *bp) {
+    return bp->fwd.path == ATTN_PATH_REFERENCE || bp->fwd.q_dt == ATTN_F64;
+}
+
 static size_t bwd_workspace(const attn_bwd_params *bp) {
-    return bp->fwd.path == ATTN_PATH_REFERENCE ? attn_reference_backward_workspace(bp)
-                                               : attn_fused_backward_workspace(bp);
+    return bwd_reference(bp) ? attn_reference_backward_workspace(bp)
+                             : attn_fused_backward_workspace(bp);
 }
 
 /* ---- 16-bit tensors ---------------------------------------------------------------------
@@ -254,7 +276,6 @@ attn_status attn_backward(const attn_tensor *q, const attn_tensor *k, const attn
     for (int i = 0; i < H_N; i++)
         if (is_half(t[i])) return backward_half(t, lse, opt);
     TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, true));
-    const attn_params *p = &bp.fwd;
     const size_t need = bwd_workspace(&bp);
     TRY(attn_check_backward_aliasing(t, lse, opt, need == (size_t)-1 ? 0 : need));
     attn_fail(ATTN_OK, "%s", "");
@@ -262,8 +283,8 @@ attn_status attn_backward(const attn_tensor *q, const attn_tensor *k, const attn
      * dk, dv are written as 0; with Lk = 0 every row is fully masked and dq is 0. */
     void *ws, *owned;
     TRY(attn_workspace_acquire(opt, need, &ws, &owned));
-    const attn_status st = p->path == ATTN_PATH_REFERENCE ? attn_reference_backward(&bp, ws)
-                                                          : attn_fused_backward(&bp, ws);
+    const attn_status st = bwd_reference(&bp) ? attn_reference_backward(&bp, ws)
+                                              : attn_fused_backward(&bp, ws);
     attn_free(owned);
     return st;
 }

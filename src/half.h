@@ -82,4 +82,20 @@ static inline void attn_store(attn_dtype dt, void *base, int64_t idx, float x) {
     }
 }
 
+/* The float64 paths' access (fused_f64.c, reference.c): element idx as double, exact
+ * for every floating dtype (float64 itself, or a float32/16-bit value widened); and x
+ * stored to dt: as it is for float64, else rounded to float32 first and then to dt, as
+ * attn_store does (the reference's rounding of its float64 results, unchanged). */
+static inline double attn_load_f64(attn_dtype dt, const void *base, int64_t idx) {
+    if (dt == ATTN_F64) return ((const double *)base)[idx];
+    return (double)attn_load(dt, base, idx);
+}
+
+static inline void attn_store_f64(attn_dtype dt, void *base, int64_t idx, double x) {
+    if (dt == ATTN_F64)
+        ((double *)base)[idx] = x;
+    else
+        attn_store(dt, base, idx, (float)x);
+}
+
 #endif /* ATTN_HALF_H */

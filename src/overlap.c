@@ -39,7 +39,7 @@ static int64_t elem_bytes(attn_dtype t) {
     switch (t) {
     case ATTN_F16: case ATTN_BF16: return 2;
     case ATTN_BOOL: return 1;
-    case ATTN_I64: return 8;
+    case ATTN_I64: case ATTN_F64: return 8;
     default: return 4;
     }
 }

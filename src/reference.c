@@ -48,9 +48,9 @@ static double ref_logit(const attn_params *p, int64_t q_bhi, int64_t k_bgj, int6
                         int64_t h, int64_t i, int64_t j, int64_t d_i) {
     double dot = 0.0;
     for (int64_t d = 0; d < p->Dk; d++)
-        dot += (double)attn_load(p->q_dt, p->q, q_bhi + d * p->q_s[3]) *
-               (double)attn_load(p->kv_dt, p->k, k_bgj + d * p->k_s[3]);
-    return attn_ref_finish(p, (double)p->scale * dot, b, h, i, j, d_i, NULL);
+        dot += attn_load_f64(p->q_dt, p->q, q_bhi + d * p->q_s[3]) *
+               attn_load_f64(p->kv_dt, p->k, k_bgj + d * p->k_s[3]);
+    return attn_ref_finish(p, p->scale64 * dot, b, h, i, j, d_i, NULL);
 }
 
 attn_status attn_reference_forward(const attn_params *p, void *ws) {
@@ -107,17 +107,22 @@ attn_status attn_reference_forward(const attn_params *p, void *ws) {
                      * never multiplied, so NaN stored there cannot leak */
                     for (int64_t j = lo; j < hi; j++)
                         if (s_i[j] != 0.0)
-                            acc += s_i[j] * (double)attn_load(p->kv_dt, p->v,
-                                                              v_bg + j * p->v_s[2] + d * p->v_s[3]);
+                            acc += s_i[j] * attn_load_f64(p->kv_dt, p->v,
+                                                          v_bg + j * p->v_s[2] + d * p->v_s[3]);
                     /* float64 -> float32 -> the output dtype: both steps round to nearest
                      * even; the double rounding can differ from a direct one by at most
-                     * one ulp of the 16-bit type, only on exact ties */
-                    attn_store(p->o_dt, p->o, o_bhi + d * p->o_s[3],
-                               masked_row ? 0.0f : (float)(acc / l));
+                     * one ulp of the 16-bit type, only on exact ties. A float64 o takes
+                     * acc / l as it is. */
+                    attn_store_f64(p->o_dt, p->o, o_bhi + d * p->o_s[3],
+                                   masked_row ? 0.0 : acc / l);
                 }
-                if (p->lse) {
+                if (p->lse || p->lse64) {
                     double lse = masked_row ? -INFINITY : m + log(l);
-                    p->lse[b * p->lse_s[0] + h * p->lse_s[1] + i * p->lse_s[2]] = (float)lse;
+                    const int64_t at = b * p->lse_s[0] + h * p->lse_s[1] + i * p->lse_s[2];
+                    if (p->lse64)
+                        p->lse64[at] = lse;
+                    else
+                        p->lse[at] = (float)lse;
                 }
                 if (p->weights) {
                     float *w = p->weights + b * p->w_s[0] + h * p->w_s[1] + i * p->w_s[2];

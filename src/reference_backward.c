@@ -21,6 +21,7 @@
 
 #include "alloc.h"
 #include "backward.h"
+#include "half.h"
 
 /* ---- one row of probabilities ------------------------------------------------------- */
 
@@ -51,7 +52,7 @@ static double ref_row(const attn_params *p, int64_t b, int64_t h, int64_t i,
         const double *k_j = k + j * Dk;
         double dot = 0.0;
         for (int64_t d = 0; d < Dk; d++) dot += q_i[d] * k_j[d];
-        const double s = attn_ref_finish(p, (double)p->scale * dot, b, h, i, j, d_i,
+        const double s = attn_ref_finish(p, p->scale64 * dot, b, h, i, j, d_i,
                                          cap_i ? &cap_i[j] : NULL);
         P_i[j] = s;
         if (isnan(s) || s > m) m = s;  // NaN sticks, as in the forward
@@ -118,7 +119,7 @@ static void ref_group_backward(const attn_params *p, int64_t b, int64_t g, const
     const int64_t Lq = p->Lq, Lk = p->Lk, Dk = p->Dk, Dv = p->Dv;
     double *P = mats, *dS = mats + Lq * Lk;
     double *cap = p->softcap > 0.0f ? mats + 2 * Lq * Lk : NULL;
-    const double scale = (double)p->scale;
+    const double scale = p->scale64;
     memset(dk, 0, (size_t)(Lk * Dk) * sizeof(double));
     memset(dv, 0, (size_t)(Lk * Dv) * sizeof(double));
 
@@ -227,16 +228,19 @@ size_t attn_reference_backward_workspace(const attn_bwd_params *bp) {
     return (size_t)n * sizeof(double);
 }
 
-/* the float rows of a strided view into dense doubles, and back */
-static void gather(const float *x, int64_t s_row, int64_t s_col, int64_t rows, int64_t cols,
-                   double *out) {
+/* the rows of a strided view of dtype dt (float32, or float64 in a float64 call) into
+ * dense doubles, and back (rounded to float32 once, or stored as they are) */
+static void gather(attn_dtype dt, const void *x, int64_t at, int64_t s_row, int64_t s_col,
+                   int64_t rows, int64_t cols, double *out) {
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) out[r * cols + c] = x[r * s_row + c * s_col];
+        for (int64_t c = 0; c < cols; c++)
+            out[r * cols + c] = attn_load_f64(dt, x, at + r * s_row + c * s_col);
 }
-static void scatter(const double *in, int64_t rows, int64_t cols, float *x, int64_t s_row,
-                    int64_t s_col) {
+static void scatter(const double *in, int64_t rows, int64_t cols, attn_dtype dt, void *x,
+                    int64_t at, int64_t s_row, int64_t s_col) {
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) x[r * s_row + c * s_col] = (float)in[r * cols + c];
+        for (int64_t c = 0; c < cols; c++)
+            attn_store_f64(dt, x, at + r * s_row + c * s_col, in[r * cols + c]);
 }
 
 attn_status attn_reference_backward(const attn_bwd_params *bp, void *ws) {
@@ -253,31 +257,34 @@ attn_status attn_reference_backward(const attn_bwd_params *bp, void *ws) {
     double *sink_rows = bp->d_sinks ? dv + Lk * Dv : NULL;  // (Lq)
     double *d_sink = bp->d_sinks ? sink_rows + Lq : NULL;   // (Hq)
     for (int64_t h = 0; d_sink && h < p->Hq; h++) d_sink[h] = 0.0;
+    /* d_o and the gradients: float32, or float64 in a float64 call (then the pointers of
+     * bp hold doubles); q, k, v are read in their own dtype */
+    const attn_dtype gdt = p->q_dt == ATTN_F64 ? ATTN_F64 : ATTN_F32;
 
     for (int64_t b = 0; b < p->B; b++)
         for (int64_t g = 0; g < p->Hkv; g++) {
             for (int64_t hh = 0; hh < G; hh++) {
                 const int64_t h = g * G + hh;
-                gather((const float *)p->q + b * p->q_s[0] + h * p->q_s[1], p->q_s[2], p->q_s[3], Lq, Dk,
-                       q + hh * Lq * Dk);
-                gather(bp->d_o + b * bp->do_s[0] + h * bp->do_s[1], bp->do_s[2], bp->do_s[3],
-                       Lq, Dv, d_o + hh * Lq * Dv);
+                gather(p->q_dt, p->q, b * p->q_s[0] + h * p->q_s[1], p->q_s[2], p->q_s[3], Lq,
+                       Dk, q + hh * Lq * Dk);
+                gather(gdt, bp->d_o, b * bp->do_s[0] + h * bp->do_s[1], bp->do_s[2],
+                       bp->do_s[3], Lq, Dv, d_o + hh * Lq * Dv);
             }
             /* all Lk rows, the structurally masked ones included: ref_row never reads
              * them, and a NaN copied here goes nowhere */
-            gather((const float *)p->k + b * p->k_s[0] + g * p->k_s[1], p->k_s[2], p->k_s[3], Lk, Dk, k);
-            gather((const float *)p->v + b * p->v_s[0] + g * p->v_s[1], p->v_s[2], p->v_s[3], Lk, Dv, v);
+            gather(p->kv_dt, p->k, b * p->k_s[0] + g * p->k_s[1], p->k_s[2], p->k_s[3], Lk, Dk, k);
+            gather(p->kv_dt, p->v, b * p->v_s[0] + g * p->v_s[1], p->v_s[2], p->v_s[3], Lk, Dv, v);
 
             ref_group_backward(p, b, g, q, k, v, d_o, dq, dk, dv, mats, false, sink_rows, d_sink);
 
             for (int64_t hh = 0; hh < G; hh++) {
                 const int64_t h = g * G + hh;
-                scatter(dq + hh * Lq * Dk, Lq, Dk, bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1],
-                        bp->dq_s[2], bp->dq_s[3]);
+                scatter(dq + hh * Lq * Dk, Lq, Dk, gdt, bp->dq,
+                        b * bp->dq_s[0] + h * bp->dq_s[1], bp->dq_s[2], bp->dq_s[3]);
             }
-            scatter(dk, Lk, Dk, bp->dk + b * bp->dk_s[0] + g * bp->dk_s[1], bp->dk_s[2],
+            scatter(dk, Lk, Dk, gdt, bp->dk, b * bp->dk_s[0] + g * bp->dk_s[1], bp->dk_s[2],
                     bp->dk_s[3]);
-            scatter(dv, Lk, Dv, bp->dv + b * bp->dv_s[0] + g * bp->dv_s[1], bp->dv_s[2],
+            scatter(dv, Lk, Dv, gdt, bp->dv, b * bp->dv_s[0] + g * bp->dv_s[1], bp->dv_s[2],
                     bp->dv_s[3]);
         }
     for (int64_t h = 0; d_sink && h < p->Hq; h++) bp->d_sinks[h * bp->d_sinks_s] = (float)d_sink[h];

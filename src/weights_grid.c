@@ -151,6 +151,9 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
                          "ATTN_REDUCE_MAX", (int)reduce);
     /* the forward's checks, with K standing in for V (no value is read) and an output
      * described but never written; the LSE is checked as the forward's LSE output */
+    if (q && q->dtype == ATTN_F64)
+        return attn_fail(ATTN_ERR_DTYPE, "q: dtype is float64, which attn_weights_grid does "
+                         "not take (float32, float16 or bfloat16)");
     attn_options opt = *base;
     opt.lse = lse;
     const attn_tensor o = attn_tensor_4d(q->data, ATTN_F32, q->shape[0], q->shape[1],

@@ -654,7 +654,8 @@ static void strings(void) {
     /* the dtype table: every dtype its name and size, an unknown one neither */
     static const struct { attn_dtype t; const char *name; size_t bytes; } dts[] = {
         {ATTN_F32, "float32", 4}, {ATTN_F16, "float16", 2}, {ATTN_BF16, "bfloat16", 2},
-        {ATTN_BOOL, "bool", 1},   {ATTN_I32, "int32", 4},   {ATTN_I64, "int64", 8}};
+        {ATTN_BOOL, "bool", 1},   {ATTN_I32, "int32", 4},   {ATTN_I64, "int64", 8},
+        {ATTN_F64, "float64", 8}};
     for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++)
         CHECK(strcmp(attn_dtype_name(dts[i].t), dts[i].name) == 0 && attn_dtype_size(dts[i].t) == dts[i].bytes,
               "dtype %d: name \"%s\", %zu bytes; want \"%s\", %zu", (int)dts[i].t,

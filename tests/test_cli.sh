@@ -245,14 +245,47 @@ fresh
 "$ATTN" run "${IN[@]}" --out out/o.npy --dtype f16 && descr_is out/o.npy '<f2' && ok || bad "--dtype f16 writes float16"
 fresh
 "$ATTN" run "${IN[@]}" --out out/o.npy --dtype bf16 && descr_is out/o.npy '<f4' && ok || bad "--dtype bf16 writes float32"
-expect_fail "--dtype f64" 2 "--dtype: expected f32, f16 or bf16" run "${IN[@]}" --out out/o.npy --dtype f64
+# float64: '<f8' Q, K, V (or --dtype f64) give '<f8' O and LSE, float32 weights, equal to the
+# Python float64 reference to 1e-13 (the library's float64 error is a few eps64)
+near64() {  # near64 O.npy LSE.npy P.npy PYTHON-DICT
+    python3 - "$@" <<'PY'
+import math, sys
+sys.path.insert(0, '.')
+import npyh
+kw = eval(sys.argv[4], {'inf': math.inf})
+O, P, L = npyh.attention(**kw)
+for path, want, descr, tol in ((sys.argv[1], O, '<f8', 1e-13), (sys.argv[2], L, '<f8', 1e-13),
+                               (sys.argv[3], P, '<f4', 1e-6)):
+    h, got = npyh.read(path)
+    if h['descr'] != descr or len(got) != len(want):
+        sys.exit('%s: %s with %d values, expected %s with %d' % (path, h['descr'], len(got), descr, len(want)))
+    for i, (g, w) in enumerate(zip(got, want)):
+        if not (g == w or abs(g - w) <= tol * (1 + abs(w))):
+            sys.exit('%s[%d] = %r, expected %r' % (path, i, g, w))
+PY
+}
+npy q8.npy '<f8' 1,1,2,2 2,0,0,3
+npy k8.npy '<f8' 1,1,2,2 1,0,0,1
+npy v8.npy '<f8' 1,1,2,2 10,0,0,10
+for extra in "" "--reference" "--causal"; do
+    fresh
+    ref="{$BASE}"; [ "$extra" = "--causal" ] && ref="{$BASE, 'causal': True}"
+    if "$ATTN" run --q q8.npy --k k8.npy --v v8.npy --out out/o.npy --lse out/l.npy --weights out/p.npy $extra 2>err.txt &&
+        msg=$(near64 out/o.npy out/l.npy out/p.npy "$ref" 2>&1); then ok
+    else bad "float64 run $extra: $(cat err.txt) ${msg:-}"; fi
+done
+fresh
+if "$ATTN" run "${IN[@]}" --out out/o.npy --lse out/l.npy --weights out/p.npy --dtype f64 2>err.txt &&
+    msg=$(near64 out/o.npy out/l.npy out/p.npy "{$BASE}" 2>&1); then ok
+else bad "--dtype f64: $(cat err.txt) ${msg:-}"; fi
+expect_fail "--dtype f8" 2 "--dtype: expected f32, f16, bf16 or f64" run "${IN[@]}" --out out/o.npy --dtype f8
 expect_fail "--precision high" 2 "--precision: expected default or fast" run "${IN[@]}" --out out/o.npy --precision high
 
 # ---- refusals of data (exit 1) ----------------------------------------------------------
 npy qf.npy '<f4' 1,1,2,2 2,0,0,3 fortran=1
 expect_fail "Fortran order" 1 "qf.npy: fortran_order" run --q qf.npy --k k.npy --v v.npy --out out/o.npy
-npy k8.npy '<f8' 1,1,2,2 1,0,0,1
-expect_fail "float64 keys" 1 "k8.npy: dtype '<f8' (float64)" run --q q.npy --k k8.npy --v v.npy --out out/o.npy
+expect_fail "float64 keys under float32 q" 1 "k8.npy: dtype float64 but q.npy is float32" run --q q.npy --k k8.npy --v v.npy --out out/o.npy
+expect_fail "float32 values under float64 q" 1 "v.npy: dtype float32 but q8.npy is float64" run --q q8.npy --k k8.npy --v v.npy --out out/o.npy
 npy v16.npy '<f2' 1,1,2,2 10,0,0,10
 expect_fail "float16 values under float32 keys" 1 "v16.npy: dtype float16, expected float32 like k.npy" run --q q.npy --k k.npy --v v16.npy --out out/o.npy
 npy qi.npy '<i4' 1,1,2,2 2,0,0,3

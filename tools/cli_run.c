@@ -49,12 +49,13 @@ static const char RUN_USAGE[] =
     "  --weights P.npy         also write the attention weights [B, Hq, Lq, Lk] float32\n"
     "  --threads N             threads (0 = all, the default)\n"
     "  --reference             use the float64 reference path\n"
-    "  --dtype f32|f16|bf16    convert Q, K, V to this type before the call; O is computed\n"
+    "  --dtype f32|f16|bf16|f64  convert Q, K, V to this type before the call; O is computed\n"
     "                          in it (bf16 O is written as float32, which holds it exactly)\n"
     "  --precision default|fast  fast: P rounded to bfloat16 for P V (bf16 V only)\n"
     "\n"
     "  Without --dtype each input keeps its .npy type: float32 Q over a float16 K/V cache\n"
-    "  works; O is float16 when Q, K and V all are, else float32.\n"
+    "  works; O is float16 when Q, K and V all are, else float32. float64 ('<f8') Q, K and V\n"
+    "  go together (no mixing) and give float64 O and LSE (weights stay float32).\n"
     "\n"
     "  Options take their value as the next argument or after '='. Exit status: 0 done,\n"
     "  1 bad data or library error, 2 usage error. Outputs are written only on success.\n";
@@ -176,8 +177,8 @@ static int options_from_args(const run_args *a, attn_options *opt) {
         else return say(EXIT_USAGE, "--precision: expected default or fast, got '%s'", a->precision);
     }
     if (a->dtype && strcmp(a->dtype, "f32") != 0 && strcmp(a->dtype, "f16") != 0 &&
-        strcmp(a->dtype, "bf16") != 0)
-        return say(EXIT_USAGE, "--dtype: expected f32, f16 or bf16, got '%s'", a->dtype);
+        strcmp(a->dtype, "bf16") != 0 && strcmp(a->dtype, "f64") != 0)
+        return say(EXIT_USAGE, "--dtype: expected f32, f16, bf16 or f64, got '%s'", a->dtype);
     if (a->threads) {
         int64_t n;
         if (!parse_i64(a->threads, a->threads + strlen(a->threads), &n) || n < 0 || n > INT32_MAX)
@@ -211,11 +212,11 @@ static int load(const char *path, npy_array *a) {
     return 0;
 }
 
-/* Q, K or V: float32 or float16, rank 4. */
+/* Q, K or V: float32, float16 or float64, rank 4. */
 static int check_qkv(const char *path, const npy_array *a) {
     char s[200];
-    if (a->dtype != ATTN_F32 && a->dtype != ATTN_F16)
-        return say(EXIT_DATA, "%s: dtype %s, expected float32 or float16", path,
+    if (a->dtype != ATTN_F32 && a->dtype != ATTN_F16 && a->dtype != ATTN_F64)
+        return say(EXIT_DATA, "%s: dtype %s, expected float32, float16 or float64", path,
                    attn_dtype_name(a->dtype));
     if (a->ndim != 4)
         return say(EXIT_DATA, "%s: shape %s has rank %d, expected rank 4 [B, H, L, D]", path,
@@ -253,10 +254,11 @@ typedef struct out_file {
     int64_t shape[4];
     int64_t count;
     attn_dtype dtype;  // what the library writes: float32, float16 or bfloat16
-    float *data;       // room for count float32 values, whatever dtype
+    float *data;       // room for count float32 values, whatever dtype (float64 ones for float64)
 } out_file;
 
-static int alloc_out(out_file *f, const char *path, int ndim, const int64_t *shape) {
+/* room for count values of elem bytes (4, or 8 for a float64 output) */
+static int alloc_out(out_file *f, const char *path, int ndim, const int64_t *shape, size_t elem) {
     int64_t n = 1, extent = 1;  // extent: the sizes other than 0, as NumPy multiplies them
     f->path = path;
     f->ndim = ndim;
@@ -268,7 +270,7 @@ static int alloc_out(out_file *f, const char *path, int ndim, const int64_t *sha
         if (shape[d] != 0) extent *= shape[d];
     }
     f->count = n;
-    if ((uint64_t)n > SIZE_MAX / sizeof(float) - 1 || !(f->data = calloc((size_t)n + 1, sizeof(float))))
+    if ((uint64_t)n > SIZE_MAX / elem - 1 || !(f->data = calloc((size_t)n + 1, elem)))
         return say(EXIT_DATA, "%s: out of memory (%lld floats)", path, (long long)n);
     return 0;
 }
@@ -311,7 +313,8 @@ static int convert_to(const char *path, npy_array *a, attn_dtype dtype) {
     if (a->dtype == dtype) return 0;
     void *buf = malloc((size_t)(a->count > 0 ? a->count : 1) * attn_dtype_size(dtype));
     if (!buf) return say(EXIT_DATA, "%s: out of memory converting to %s", path, attn_dtype_name(dtype));
-    for (int64_t e = 0; e < a->count; e++) attn_store(dtype, buf, e, attn_load(a->dtype, a->data, e));
+    for (int64_t e = 0; e < a->count; e++)
+        attn_store_f64(dtype, buf, e, attn_load_f64(a->dtype, a->data, e));
     free(a->data);
     a->data = buf;
     a->dtype = dtype;
@@ -356,15 +359,25 @@ int run_load_inputs(const run_args *a, run_inputs *in) {
     if (a->dtype) {
         const attn_dtype want = strcmp(a->dtype, "f16") == 0    ? ATTN_F16
                                 : strcmp(a->dtype, "bf16") == 0 ? ATTN_BF16
+                                : strcmp(a->dtype, "f64") == 0  ? ATTN_F64
                                                                 : ATTN_F32;
         if ((rc = convert_to(a->q, q, want)) || (rc = convert_to(a->k, k, want)) ||
             (rc = convert_to(a->v, v, want)))
             return rc;
         in->o_dtype = want;
+    } else if ((q->dtype == ATTN_F64) != (k->dtype == ATTN_F64) ||
+               (q->dtype == ATTN_F64) != (v->dtype == ATTN_F64)) {
+        const bool q64 = q->dtype == ATTN_F64;
+        const bool k_odd = (k->dtype == ATTN_F64) != q64;
+        const npy_array *odd = k_odd ? k : v;
+        return say(EXIT_DATA, "%s: dtype %s but %s is %s: float64 needs Q, K and V all "
+                   "float64 (or use --dtype)", k_odd ? a->k : a->v, attn_dtype_name(odd->dtype),
+                   a->q, attn_dtype_name(q->dtype));
     } else if (k->dtype != v->dtype) {
         return say(EXIT_DATA, "%s: dtype %s, expected %s like %s (K and V share one dtype; "
                    "or use --dtype)", a->v, attn_dtype_name(v->dtype), attn_dtype_name(k->dtype), a->k);
     }
+    if (q->dtype == ATTN_F64) in->o_dtype = ATTN_F64;
     in->tq = attn_tensor_4d(q->data, q->dtype, B, Hq, Lq, Dk);
     in->tk = attn_tensor_4d(k->data, k->dtype, B, Hkv, Lk, Dk);
     in->tv = attn_tensor_4d(v->data, v->dtype, B, Hkv, Lk, Dv);
@@ -469,16 +482,21 @@ int cli_run(int argc, char **argv) {
     const int64_t B = in.B, Hq = in.Hq, Lq = in.Lq, Lk = in.Lk, Dv = in.Dv;
 
     /* outputs: O [B, Hq, Lq, Dv], LSE [B, Hq, Lq], P [B, Hq, Lq, Lk] */
-    if ((rc = alloc_out(&outs[nouts++], a.out, 4, (int64_t[]){B, Hq, Lq, Dv}))) goto done;
+    /* a float64 call writes O and LSE in float64 */
+    const bool f64 = in.o_dtype == ATTN_F64;
+    const size_t o_elem = f64 ? sizeof(double) : sizeof(float);
+    if ((rc = alloc_out(&outs[nouts++], a.out, 4, (int64_t[]){B, Hq, Lq, Dv}, o_elem))) goto done;
     outs[0].dtype = in.o_dtype;
     to = out_tensor(&outs[0], 4);
     if (a.lse) {
-        if ((rc = alloc_out(&outs[nouts++], a.lse, 3, (int64_t[]){B, Hq, Lq}))) goto done;
+        if ((rc = alloc_out(&outs[nouts++], a.lse, 3, (int64_t[]){B, Hq, Lq}, o_elem))) goto done;
+        if (f64) outs[nouts - 1].dtype = ATTN_F64;
         tlse = out_tensor(&outs[nouts - 1], 3);  /* [B, Hq, Lq, 1] */
         opt->lse = &tlse;
     }
     if (a.weights) {
-        if ((rc = alloc_out(&outs[nouts++], a.weights, 4, (int64_t[]){B, Hq, Lq, Lk}))) goto done;
+        if ((rc = alloc_out(&outs[nouts++], a.weights, 4, (int64_t[]){B, Hq, Lq, Lk}, sizeof(float))))
+            goto done;
         tw = out_tensor(&outs[nouts - 1], 4);
         opt->weights = &tw;
     }

@@ -55,6 +55,7 @@ size_t npy_dtype_size(attn_dtype dtype) {
     case ATTN_BOOL: return 1;
     case ATTN_I32: return 4;
     case ATTN_I64: return 8;
+    case ATTN_F64: return 8;
     default: return 0;
     }
 }
@@ -161,6 +162,7 @@ static int parse_descr(const char *descr, attn_dtype *dtype, char *err, size_t e
     attn_dtype t = ATTN_DTYPE_COUNT;
     if (*d == '\0') {
         if (kind == 'f' && size == 4) t = ATTN_F32;
+        else if (kind == 'f' && size == 8) t = ATTN_F64;
         else if (kind == 'f' && size == 2) t = ATTN_F16;
         else if (kind == 'b' && size == 1) t = ATTN_BOOL;
         else if (kind == 'i' && size == 4) t = ATTN_I32;
@@ -429,7 +431,7 @@ static int make_header(attn_dtype dtype, int ndim, const int64_t *shape, const v
     if (!host_is_little_endian()) return fail(err, errlen, "only little-endian hosts are supported");
     const char *descr = dtype == ATTN_F32 ? "<f4" : dtype == ATTN_F16 ? "<f2"
                       : dtype == ATTN_BOOL ? "|b1" : dtype == ATTN_I32 ? "<i4"
-                      : dtype == ATTN_I64 ? "<i8" : NULL;
+                      : dtype == ATTN_I64 ? "<i8" : dtype == ATTN_F64 ? "<f8" : NULL;
     if (!descr) return fail(err, errlen, "cannot write dtype %d", (int)dtype);
     if (ndim < 0 || ndim > NPY_MAX_DIMS)
         return fail(err, errlen, "cannot write rank %d (0 to %d supported)", ndim, NPY_MAX_DIMS);

@@ -21,7 +21,7 @@
 #define NPY_MAX_DIMS 8
 
 typedef struct npy_array {
-    attn_dtype dtype;              /* ATTN_F32, ATTN_F16, ATTN_BOOL, ATTN_I32, ATTN_I64 */
+    attn_dtype dtype;              /* ATTN_F32, ATTN_F16, ATTN_BOOL, ATTN_I32, ATTN_I64, ATTN_F64 */
     int ndim;
     int64_t shape[NPY_MAX_DIMS];
     int64_t count;                 /* product of shape                                */

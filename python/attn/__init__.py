@@ -65,13 +65,15 @@ def _vector(x: Any, dtype: Any) -> Any:
 
 
 def _widen(x: Any, tensor_type: Optional[type]) -> Any:
-    """A float16 or bfloat16 attn_mask or alibi_slopes as a float32 copy (exact): the
-    library reads those two in float32. Anything else is returned as it is."""
+    """A float16, bfloat16 or float64 attn_mask or alibi_slopes as a float32 copy: the
+    library reads those two in float32 (exact for the 16-bit types; a float64 mask, as a
+    float64 model passes it, is rounded to float32 once, -inf and 0 exactly, and then
+    added in float64 by a float64 call). Anything else is returned as it is."""
     if tensor_type is not None and isinstance(x, tensor_type):
         torch = sys.modules["torch"]
-        return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        return x.float() if x.dtype in (torch.float16, torch.bfloat16, torch.float64) else x
     name = getattr(getattr(x, "dtype", None), "name", None)  # NumPy, ml_dtypes, JAX
-    if name in ("float16", "bfloat16") and hasattr(x, "astype"):
+    if name in ("float16", "bfloat16", "float64") and hasattr(x, "astype"):
         return x.astype(np.float32)
     return x
 
@@ -97,7 +99,7 @@ def _allocator(query: Any, tensor_type: Optional[type]):
     if tensor_type is not None and isinstance(query, tensor_type):
         torch = sys.modules["torch"]
         dtypes = {"float32": torch.float32, "float16": torch.float16,
-                  "bfloat16": torch.bfloat16}
+                  "bfloat16": torch.bfloat16, "float64": torch.float64}
 
         def alloc(shape, which, dtype):
             return torch.empty(shape, dtype=dtypes[dtype])

@@ -40,7 +40,7 @@ class _Options(ctypes.Structure):
                 ("path", ctypes.c_int), ("precision", ctypes.c_int),
                 ("threads", ctypes.c_int32), ("workspace", ctypes.c_void_p),
                 ("workspace_bytes", ctypes.c_size_t), ("sinks", ctypes.c_void_p),
-                ("d_sinks", ctypes.c_void_p)]
+                ("d_sinks", ctypes.c_void_p), ("scale_f64", ctypes.c_double)]
 
 
 class _Weights(ctypes.Structure):

@@ -135,8 +135,8 @@ static void imported_release(imported *t) {
 
 static void unsupported_dtype(const imported *t, const char *what) {
     PyErr_Format(PyExc_TypeError,
-                 "%s: dtype %s is not supported (attn reads float32, float16 or bfloat16 "
-                 "query, key and value, bool or float attention masks and int32/int64 key "
+                 "%s: dtype %s is not supported (attn reads float32, float16, bfloat16 or "
+                 "float64 query, key and value, bool or float attention masks and int32/int64 key "
                  "lengths)",
                  t->arg, what);
 }
@@ -161,6 +161,7 @@ static int buffer_dtype(imported *t, const char *fmt, Py_ssize_t itemsize, bool 
     const char *known = NULL;
     switch (c) {
     case 'f': t->dtype = ATTN_F32; known = itemsize == 4 ? "" : NULL; break;
+    case 'd': t->dtype = ATTN_F64; known = itemsize == 8 ? "" : NULL; break;
     case 'e': t->dtype = ATTN_F16; known = itemsize == 2 ? "" : NULL; break;
     case 'H':
         if (raw_bf16 && itemsize == 2) { t->dtype = ATTN_BF16; known = ""; }
@@ -326,6 +327,7 @@ static int import_dlpack(PyObject *obj, imported *t) {
     bool known = dt.lanes == 1;
     if (known) {
         if (dt.code == DL_FLOAT && dt.bits == 32) t->dtype = ATTN_F32;
+        else if (dt.code == DL_FLOAT && dt.bits == 64) t->dtype = ATTN_F64;
         else if (dt.code == DL_FLOAT && dt.bits == 16) t->dtype = ATTN_F16;
         else if (dt.code == DL_BFLOAT && dt.bits == 16) t->dtype = ATTN_BF16;
         else if (dt.code == DL_BOOL && dt.bits == 8) t->dtype = ATTN_BOOL;
@@ -618,6 +620,7 @@ static int parse_options(attn_options *opt, PyObject *oscale, double softcap, in
         if (s == -1.0 && PyErr_Occurred()) return -1;
         opt->has_scale = true;
         opt->scale = (float)s;
+        opt->scale_f64 = s;  // read by float64 calls only: their scale is not rounded
     }
     opt->softcap = (float)softcap;
     opt->causal = causal;
@@ -897,7 +900,9 @@ static PyObject *py_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     /* Outputs: first described without memory, so that the library checks every argument
      * before anything is allocated; then allocated by the caller and imported. */
     attn_tensor o = attn_tensor_4d(NULL, c.q.dtype, B, H, Lq, Dv);
-    attn_tensor lse = attn_tensor_4d(NULL, ATTN_F32, B, H, Lq, 1);
+    /* a float64 call's LSE is float64 (the backward of a float64 model reads it) */
+    const attn_dtype lse_dt = c.q.dtype == ATTN_F64 ? ATTN_F64 : ATTN_F32;
+    attn_tensor lse = attn_tensor_4d(NULL, lse_dt, B, H, Lq, 1);
     attn_tensor w = attn_tensor_4d(NULL, ATTN_F32, B, H, Lq, Lk);
     if (want_lse) c.opt.lse = &lse;
     if (want_w) c.opt.weights = &w;
@@ -914,7 +919,7 @@ static PyObject *py_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     if (!outs[0]) goto done;
     o = to_4d(&t[OUT]);
     if (want_lse) {
-        outs[1] = alloc_output(alloc, o_dims, out_rank - 1, "lse", ATTN_F32, &t[LSE]);
+        outs[1] = alloc_output(alloc, o_dims, out_rank - 1, "lse", lse_dt, &t[LSE]);
         if (!outs[1]) goto done;
         lse = lse_view(&t[LSE]);
     }
@@ -959,7 +964,8 @@ typedef struct grad_slot {
     bool given;
     attn_tensor call;  // what the library writes
     attn_tensor dest;  // the caller's 4-D view, summed into from call when temp is set
-    float *temp;       // owned scratch, NULL when the library writes the caller's memory
+    void *temp;        // owned scratch (float32, or float64 for a float64 input), NULL
+                       // when the library writes the caller's memory
     bool reduce[2];    // batch, heads
 } grad_slot;
 
@@ -992,9 +998,9 @@ static int grad_setup(grad_slot *g, PyObject *obj, const char *arg, const import
             return 0;
         }
         if (g->imp.dtype != ATTN_F32 && g->imp.dtype != ATTN_F16 &&
-            g->imp.dtype != ATTN_BF16) {
-            PyErr_Format(PyExc_TypeError, "%s: dtype %s, expected float32, float16 or "
-                         "bfloat16", arg, attn_dtype_name(g->imp.dtype));
+            g->imp.dtype != ATTN_BF16 && g->imp.dtype != ATTN_F64) {
+            PyErr_Format(PyExc_TypeError, "%s: dtype %s, expected float32, float16, "
+                         "bfloat16 or float64", arg, attn_dtype_name(g->imp.dtype));
             return -1;
         }
         for (int d = 0; d < 4; d++)
@@ -1011,13 +1017,15 @@ static int grad_setup(grad_slot *g, PyObject *obj, const char *arg, const import
             PyErr_Format(PyExc_ValueError, "%s: the broadcast gradient's size overflows", arg);
             return -1;
         }
-    g->temp = malloc((size_t)(count > 0 ? count : 1) * sizeof(float));
+    const attn_dtype tdt = x->dtype == ATTN_F64 ? ATTN_F64 : ATTN_F32;
+    const size_t tsz = tdt == ATTN_F64 ? sizeof(double) : sizeof(float);
+    g->temp = malloc((size_t)(count > 0 ? count : 1) * tsz);
     if (!g->temp) {
         PyErr_Format(PyExc_MemoryError, "%s: could not allocate %lld bytes for the broadcast "
-                     "gradient", arg, (long long)count * 4);
+                     "gradient", arg, (long long)count * (long long)tsz);
         return -1;
     }
-    g->call = attn_tensor_4d(g->temp, ATTN_F32, shape[0], shape[1], shape[2], shape[3]);
+    g->call = attn_tensor_4d(g->temp, tdt, shape[0], shape[1], shape[2], shape[3]);
     return 0;
 }
 
@@ -1027,6 +1035,10 @@ static int grad_setup(grad_slot *g, PyObject *obj, const char *arg, const import
  * more bits than either 16-bit type, so the library's float32 -> 16-bit rounding of that
  * is the correct rounding of x itself, with no double rounding. */
 static void store_rounded(attn_dtype dt, void *base, int64_t idx, double x) {
+    if (dt == ATTN_F64) {  // a float64 gradient: the float64 sum as it is
+        ((double *)base)[idx] = x;
+        return;
+    }
     float f = (float)x;
     if (dt != ATTN_F32 && isfinite(f) && (double)f != x && !(attn_f32_bits(f) & 1u))
         f = nextafterf(f, x > (double)f ? INFINITY : -INFINITY);
@@ -1039,6 +1051,7 @@ static void store_rounded(attn_dtype dt, void *base, int64_t idx, double x) {
 static void grad_reduce(const grad_slot *g) {
     const attn_tensor *c = &g->call, *d = &g->dest;
     const float *src = c->data;
+    const double *src64 = c->data;  // when the scratch is float64
     const int64_t B = c->shape[0], H = c->shape[1], L = c->shape[2], D = c->shape[3];
     for (int64_t b2 = 0; b2 < d->shape[0]; b2++)
         for (int64_t h2 = 0; h2 < d->shape[1]; h2++) {
@@ -1049,7 +1062,8 @@ static void grad_reduce(const grad_slot *g) {
                     double s = 0.0;
                     for (int64_t b = b_lo; b < b_hi; b++)
                         for (int64_t h = h_lo; h < h_hi; h++)
-                            s += src[((b * H + h) * L + i) * D + e];
+                            s += c->dtype == ATTN_F64 ? src64[((b * H + h) * L + i) * D + e]
+                                                      : src[((b * H + h) * L + i) * D + e];
                     store_rounded(d->dtype, d->data, b2 * d->stride[0] + h2 * d->stride[1] +
                                   i * d->stride[2] + e * d->stride[3], s);
                 }

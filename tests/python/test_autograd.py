@@ -297,7 +297,7 @@ def test_raw_backward_errors(rng):
         (dict(lse=lse.astype(np.float16)), TypeError, "lse: dtype"),          # float32 only
         (dict(key=k.astype(np.float16)), TypeError, "value: dtype"),    # key, value alike
         (dict(key=k[0, 0], value=v[0, 0], grad_key=np.zeros((7, 4), bool)), TypeError,
-         "grad_key: dtype bool, expected float32, float16 or bfloat16"),     # summed here
+         "grad_key: dtype bool, expected float32, float16, bfloat16 or float64"),     # summed here
         (dict(grad_value=np.broadcast_to(np.zeros_like(v), v.shape)), ValueError,
          "grad_value: the array is read-only"),
         (dict(grad_out="x"), TypeError, "grad_out: expected a NumPy array"),

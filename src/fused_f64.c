@@ -1,0 +1,236 @@
+/*
+ * fused_f64.c — the fused forward pass for float64 q, k, v and o: FlashAttention-2's
+ *               streaming algorithm in portable C, accumulated in float64 throughout.
+ *
+ * A work item is a block of up to BQ query rows of one (batch, query head). The block
+ * walks the union of its rows' structural key ranges (key length, causal band, window)
+ * in tiles of BK keys. Per tile it copies K transposed and V into dense scratch, forms
+ * each row's logits in float64 — the dot product summed over d in order 0 .. Dk-1, times
+ * the scale, then attn_ref_finish (softcap, bias, ALiBi, bool mask): the reference's own
+ * logit, bit for bit — and updates the row's running max m, running sum l and
+ * unnormalized accumulator, rescaled by exp(m_old - m_new) when the max grows. A row is
+ * finished with one division. Keys outside a row's range are -inf and never multiply V;
+ * a probability of exactly 0 never multiplies V either, so a masked key's NaN cannot
+ * leak (as in reference.c). A NaN logit poisons its row, a fully masked row gives O = 0
+ * and LSE = -inf, as the contract says.
+ *
+ * Extra memory: the workspace alone, BQ·Dk + BK·(Dk + Dv) + BQ·BK + BQ·Dv + 2·BQ doubles
+ * per thread: independent of Lk. Each row is computed by one thread in a fixed order, so
+ * results are bit-identical for any thread count. The weights, when asked for, are a
+ * second sweep over the same tiles with the final (m, l).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "attn_internal.h"
+#include "half.h"
+
+enum { BQ = 16, BK = 64 };
+
+/* Doubles of one thread's slice, and its layout. */
+typedef struct f64_plan {
+    int64_t q_blocks, items;
+    int64_t off_q, off_kt, off_v, off_s, off_acc, off_m, off_l, per_thread;
+} f64_plan;
+
+static bool make_plan(const attn_params *p, f64_plan *pl) {
+    *pl = (f64_plan){0};
+    pl->q_blocks = (p->Lq + BQ - 1) / BQ;
+    if (__builtin_mul_overflow(p->B * p->Hq, pl->q_blocks, &pl->items)) return false;
+    int64_t n = 0, t;
+#define CARVE(off, count)                                                              \
+    do {                                                                               \
+        pl->off = n;                                                                   \
+        if (__builtin_mul_overflow((int64_t)1, (count), &t) ||                         \
+            __builtin_add_overflow(n, (t + 7) & ~(int64_t)7, &n))                      \
+            return false;                                                              \
+    } while (0)
+    int64_t qd, kd, vd, ad;
+    if (__builtin_mul_overflow((int64_t)BQ, p->Dk, &qd) ||
+        __builtin_mul_overflow((int64_t)BK, p->Dk, &kd) ||
+        __builtin_mul_overflow((int64_t)BK, p->Dv, &vd) ||
+        __builtin_mul_overflow((int64_t)BQ, p->Dv, &ad) || qd > INT64_MAX / 16 ||
+        kd > INT64_MAX / 16 || vd > INT64_MAX / 16 || ad > INT64_MAX / 16)
+        return false;
+    CARVE(off_q, qd);
+    CARVE(off_kt, kd);
+    CARVE(off_v, vd);
+    CARVE(off_s, (int64_t)BQ * BK);
+    CARVE(off_acc, ad);
+    CARVE(off_m, (int64_t)BQ);
+    CARVE(off_l, (int64_t)BQ);
+#undef CARVE
+    pl->per_thread = n;
+    return true;
+}
+
+size_t attn_fused_f64_workspace(const attn_params *p) {
+    f64_plan pl;
+    if (!make_plan(p, &pl)) return (size_t)-1;
+    int64_t total;
+    if (__builtin_mul_overflow(pl.per_thread, (int64_t)p->threads, &total) ||
+        (uint64_t)total > SIZE_MAX / sizeof(double))
+        return (size_t)-1;
+    return (size_t)total * sizeof(double);
+}
+
+/* The tile's keys j0 .. j0+nk-1 of key/value head (b, g): K transposed, kt[d * BK + c],
+ * and V, v[c * Dv + d], as dense doubles. */
+static void load_tile(const attn_params *p, int64_t k_bg, int64_t v_bg, int64_t j0, int64_t nk,
+                      double *kt, double *v) {
+    const double *K = p->k, *V = p->v;
+    for (int64_t c = 0; c < nk; c++) {
+        const double *k_j = K + k_bg + (j0 + c) * p->k_s[2];
+        for (int64_t d = 0; d < p->Dk; d++) kt[d * BK + c] = k_j[d * p->k_s[3]];
+        const double *v_j = V + v_bg + (j0 + c) * p->v_s[2];
+        for (int64_t d = 0; d < p->Dv; d++) v[c * p->Dv + d] = v_j[d * p->v_s[3]];
+    }
+}
+
+/* Row r's final logits over the tile into s_r (nk of them): -inf outside [lo, hi). The
+ * dot product accumulates over d in order, as reference.c's ref_logit, vectorized across
+ * the tile's keys (each key's sum keeps its own order: no reassociation). */
+static void tile_logits(const attn_params *p, const double *q_r, const double *kt,
+                        int64_t j0, int64_t nk, int64_t lo, int64_t hi, int64_t b, int64_t h,
+                        int64_t i, int64_t d_i, double *s_r) {
+    for (int64_t c = 0; c < nk; c++) s_r[c] = 0.0;
+    for (int64_t d = 0; d < p->Dk; d++) {
+        const double qd = q_r[d];
+        const double *kt_d = kt + d * BK;
+        for (int64_t c = 0; c < nk; c++) s_r[c] += qd * kt_d[c];
+    }
+    const double scale = p->scale64;
+    const bool elementwise = attn_has_elementwise(p);
+    for (int64_t c = 0; c < nk; c++) {
+        const int64_t j = j0 + c;
+        if (j < lo || j >= hi) {
+            s_r[c] = -INFINITY;
+            continue;
+        }
+        const double raw = scale * s_r[c];
+        s_r[c] = elementwise ? attn_ref_finish(p, raw, b, h, i, j, d_i, NULL) : raw;
+    }
+}
+
+static void item_forward(const attn_params *p, const f64_plan *pl, double *w, int64_t item) {
+    const int64_t bh = item / pl->q_blocks, qb = item % pl->q_blocks;
+    const int64_t b = bh / p->Hq, h = bh % p->Hq, g = h / p->group;
+    const int64_t i0 = qb * BQ, nq = p->Lq - i0 < BQ ? p->Lq - i0 : BQ;
+    const int64_t lk_b = attn_key_len(p, b), Dk = p->Dk, Dv = p->Dv;
+    double *q = w + pl->off_q, *kt = w + pl->off_kt, *v = w + pl->off_v, *s = w + pl->off_s;
+    double *acc = w + pl->off_acc, *m = w + pl->off_m, *l = w + pl->off_l;
+    int64_t lo[BQ], hi[BQ], dg[BQ];
+
+    const double *Q = p->q;
+    const int64_t q_bh = b * p->q_s[0] + h * p->q_s[1];
+    const int64_t k_bg = b * p->k_s[0] + g * p->k_s[1], v_bg = b * p->v_s[0] + g * p->v_s[1];
+    int64_t blo = lk_b, bhi = 0;  // the union of the rows' ranges
+    for (int64_t r = 0; r < nq; r++) {
+        const int64_t i = i0 + r;
+        attn_row_range(p, lk_b, i, &lo[r], &hi[r]);
+        dg[r] = attn_diagonal(p, lk_b, i);
+        if (lo[r] < hi[r]) {
+            if (lo[r] < blo) blo = lo[r];
+            if (hi[r] > bhi) bhi = hi[r];
+        }
+        for (int64_t d = 0; d < Dk; d++) q[r * Dk + d] = Q[q_bh + i * p->q_s[2] + d * p->q_s[3]];
+        for (int64_t d = 0; d < Dv; d++) acc[r * Dv + d] = 0.0;
+        m[r] = -INFINITY;
+        l[r] = 0.0;
+    }
+
+    for (int64_t j0 = blo; j0 < bhi; j0 += BK) {
+        const int64_t nk = bhi - j0 < BK ? bhi - j0 : BK;
+        load_tile(p, k_bg, v_bg, j0, nk, kt, v);
+        for (int64_t r = 0; r < nq; r++) {
+            if (lo[r] >= hi[r] || hi[r] <= j0 || lo[r] >= j0 + nk) continue;  // no key here
+            double *s_r = s + r * BK, *acc_r = acc + r * Dv;
+            tile_logits(p, q + r * Dk, kt, j0, nk, lo[r], hi[r], b, h, i0 + r, dg[r], s_r);
+            double mt = -INFINITY;
+            for (int64_t c = 0; c < nk; c++)
+                if (isnan(s_r[c]) || s_r[c] > mt) mt = s_r[c];  // NaN sticks
+            if (mt == -INFINITY) continue;                         // every key masked
+            const double m_old = m[r];
+            const double m_new = isnan(m_old) || isnan(mt) ? NAN : (mt > m_old ? mt : m_old);
+            if (!(m_new == m_old)) {  // the max grew (or turned NaN): rescale
+                const double alpha = m_old == -INFINITY ? 0.0 : exp(m_old - m_new);
+                l[r] *= alpha;
+                for (int64_t d = 0; d < Dv; d++) acc_r[d] *= alpha;
+                m[r] = m_new;
+            }
+            for (int64_t c = 0; c < nk; c++) {
+                const double e = exp(s_r[c] - m_new);  // exp(-inf - m) = 0 for masked keys
+                l[r] += e;
+                /* a weight of exactly 0 contributes nothing: a masked key's V is never
+                 * multiplied */
+                if (e != 0.0) {
+                    const double *v_c = v + c * Dv;
+                    for (int64_t d = 0; d < Dv; d++) acc_r[d] += e * v_c[d];
+                }
+            }
+        }
+    }
+
+    /* the head's sink (CONTRACT "Attention sinks"): one more term of the denominator with
+     * no value, folded into each row's final (m, l, acc) as merge.c's attn_merge_sink does
+     * in float32; a fully masked row then has m = sink, l = 1, acc = 0 */
+    const double sink = attn_sink(p, h);
+    for (int64_t r = 0; sink != -INFINITY && r < nq; r++) {
+        const double m0 = m[r];
+        const double M = isnan(m0) || isnan(sink) ? NAN : m0 > sink ? m0 : sink;
+        const double alpha = m0 == -INFINITY ? 0.0 : exp(m0 - M);
+        l[r] = l[r] * alpha + exp(sink - M);
+        for (int64_t d = 0; d < Dv; d++) acc[r * Dv + d] *= alpha;
+        m[r] = M;
+    }
+
+    double *O = p->o;
+    for (int64_t r = 0; r < nq; r++) {
+        const int64_t i = i0 + r;
+        const bool masked_row = m[r] == -INFINITY;
+        const int64_t o_bhi = b * p->o_s[0] + h * p->o_s[1] + i * p->o_s[2];
+        for (int64_t d = 0; d < Dv; d++)
+            O[o_bhi + d * p->o_s[3]] = masked_row ? 0.0 : acc[r * Dv + d] / l[r];
+        if (p->lse || p->lse64) {
+            const double lse = masked_row ? -INFINITY : m[r] + log(l[r]);
+            const int64_t at = b * p->lse_s[0] + h * p->lse_s[1] + i * p->lse_s[2];
+            if (p->lse64)
+                p->lse64[at] = lse;
+            else
+                p->lse[at] = (float)lse;
+        }
+    }
+
+    /* the weights: every key of every row written, 0 outside its range and for a fully
+     * masked row; inside, exp(s - m) / l with the final m and l (reference.c's formula) */
+    if (!p->weights) return;
+    for (int64_t r = 0; r < nq; r++) {
+        float *w_r = p->weights + b * p->w_s[0] + h * p->w_s[1] + (i0 + r) * p->w_s[2];
+        for (int64_t j = 0; j < p->Lk; j++) w_r[j * p->w_s[3]] = 0.0f;
+    }
+    for (int64_t j0 = blo; j0 < bhi; j0 += BK) {
+        const int64_t nk = bhi - j0 < BK ? bhi - j0 : BK;
+        load_tile(p, k_bg, v_bg, j0, nk, kt, v);
+        for (int64_t r = 0; r < nq; r++) {
+            if (m[r] == -INFINITY || lo[r] >= hi[r] || hi[r] <= j0 || lo[r] >= j0 + nk) continue;
+            double *s_r = s + r * BK;
+            tile_logits(p, q + r * Dk, kt, j0, nk, lo[r], hi[r], b, h, i0 + r, dg[r], s_r);
+            float *w_r = p->weights + b * p->w_s[0] + h * p->w_s[1] + (i0 + r) * p->w_s[2];
+            for (int64_t c = 0; c < nk; c++)
+                w_r[(j0 + c) * p->w_s[3]] = (float)(exp(s_r[c] - m[r]) / l[r]);
+        }
+    }
+}
+
+attn_status attn_fused_f64_forward(const attn_params *p, void *ws) {
+    f64_plan pl;
+    if (!make_plan(p, &pl)) return attn_fail(ATTN_ERR_OVERFLOW, "float64 fused plan overflows");
+    double *base = ws;
+#pragma omp parallel num_threads(p->threads)
+    {
+        double *w = base + (int64_t)attn_thread_num() * pl.per_thread;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < pl.items; t++) item_forward(p, &pl, w, t);
+    }
+    return ATTN_OK;
+}
