@@ -75,6 +75,15 @@ typedef struct attn_params {
     attn_path path;                /* resolved: never AUTO                           */
     const struct attn_kernels *kernels;  /* the fused path's micro-kernels          */
     int threads;                   /* resolved: >= 1                                 */
+
+    /* dropout (philox.h): off when !dropout. drop_threshold = round(p 2^32) (keep a
+     * word u iff u >= it), drop_scale = 1 / (1 - p) in float (0 when p = 1),
+     * drop_scale64 the same in double for the reference */
+    bool dropout;
+    float dropout_p;
+    uint64_t drop_seed, drop_offset, drop_threshold;
+    float drop_scale;
+    double drop_scale64;
 } attn_params;
 
 /* The key length of batch b: kv_len[b], or Lk. */

@@ -31,6 +31,7 @@
 #include "kernels.h"
 #include "merge.h"
 #include "mask_summary.h"
+#include "philox.h"
 
 
 /* Tile sizes, from the kernel's geometry (kernels/list.h): bq query rows share each key
@@ -387,7 +388,25 @@ static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t 
  * the first. */
 static bool takes_decode(const attn_params *p, const attn_kernels *kern, int64_t n) {
     return kern->decode && kern->decode_qk && n <= ATTN_DECODE_MAX_ROWS &&
-           !attn_has_elementwise(p) && p->k_s[3] == 1 && p->v_s[3] == 1;
+           !attn_has_elementwise(p) && !p->dropout && p->k_s[3] == 1 && p->v_s[3] == 1;
+}
+
+/* Dropout on the tile's probabilities (S^T layout, keys j0..j0+nk-1, rows r < n): a kept
+ * one times 1 / (1 - p), a dropped one 0 (philox.h, one Philox call per four keys of a
+ * row). After the softmax step, which has summed the undropped P into l; before P·V. */
+static void tile_dropout(const attn_params *p, const fused_scratch *w, const fused_block *blk,
+                         int64_t j0, int64_t nk) {
+    float f[ATTN_BK_LIMIT];
+    for (int64_t r = 0; r < blk->n; r++) {
+        const uint64_t row = attn_dropout_row((uint64_t)blk->b, (uint64_t)w->h[r],
+                                              (uint64_t)w->i[r], (uint64_t)p->Hq, (uint64_t)p->Lq);
+        attn_dropout_factors(p->drop_seed, p->drop_offset, p->drop_threshold, p->drop_scale, row,
+                             (uint64_t)p->Lk, (uint64_t)j0, (uint64_t)nk, f, 1);
+        for (int64_t c = 0; c < nk; c++) {
+            float *x = &w->s[c * w->ld + r];
+            *x = f[c] != 0.0f ? *x * f[c] : 0.0f;
+        }
+    }
 }
 
 /* The online softmax over keys [ja, jb) of a block, into w->m, w->l, w->acc. */
@@ -453,7 +472,7 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
         if (n <= 4 && pj < jb) prefetch_tile(p, blk, pj, jb - pj < plan->bk ? jb - pj : plan->bk);
         tile_logits(pt, kern, w, blk, j0, nk, boundary);
-        if (fast && clean && kern->pv_bf16 && p->v_s[3] == 1) {
+        if (fast && clean && kern->pv_bf16 && p->v_s[3] == 1 && !p->dropout) {
             const uint16_t *v = (const uint16_t *)p->v + blk->b * p->v_s[0] +
                                 blk->g * p->v_s[1] + j0 * p->v_s[2];
             const float *probs = w->s;
@@ -467,13 +486,15 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
             continue;
         }
         kern->softmax(npad, nk, w->s, w->ld, w->m, w->l, w->alpha);
+        if (p->dropout) tile_dropout(p, w, blk, j0, nk);
         if (fast)  // the same rounding where the bf16 kernel does not apply
             for (int64_t c = 0; c < nk; c++)
                 for (int64_t r = 0; r < n; r++)
                     w->s[c * w->ld + r] = attn_bf16_to_f32(attn_f32_to_bf16(w->s[c * w->ld + r]));
         int64_t ldv;
         const float *v = kv_block(kern, p->kv_dt, p->v, p->v_s, dv, blk->b, blk->g, j0, nk, w->v, &ldv);
-        kern->pv(n, npad, nk, dv, w->s, w->ld, v, ldv, w->alpha, w->acc, dv, !clean);
+        /* a dropped weight is 0, like a masked one: it must not multiply its V either */
+        kern->pv(n, npad, nk, dv, w->s, w->ld, v, ldv, w->alpha, w->acc, dv, !clean || p->dropout);
     }
 }
 
@@ -529,6 +550,19 @@ static void block_weights(const attn_params *p, const attn_kernels *kern,
             float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2];
             for (int64_t c = 0; c < nk; c++)
                 w_bhi[(j0 + c) * p->w_s[3]] = expf(w->s[c * w->ld + r] - w->m[r]) / w->l[r];
+            if (p->dropout) {  // the weights that multiplied V: dropped 0, kept scaled
+                float f[ATTN_BK_LIMIT];
+                const uint64_t row = attn_dropout_row((uint64_t)blk->b, (uint64_t)w->h[r],
+                                                      (uint64_t)w->i[r], (uint64_t)p->Hq,
+                                                      (uint64_t)p->Lq);
+                attn_dropout_factors(p->drop_seed, p->drop_offset, p->drop_threshold,
+                                     p->drop_scale, row, (uint64_t)p->Lk, (uint64_t)j0,
+                                     (uint64_t)nk, f, 1);
+                for (int64_t c = 0; c < nk; c++) {
+                    float *x = &w_bhi[(j0 + c) * p->w_s[3]];
+                    *x = f[c] != 0.0f ? *x * f[c] : 0.0f;
+                }
+            }
         }
     }
 }
