@@ -120,12 +120,31 @@ def _forward(query: Any, key: Any, value: Any, attn_mask: Any, alibi_slopes: Any
              kv_len: Any, options: tuple, want_lse: bool, want_weights: bool,
              tensor_type: Optional[type], alloc: Any = None) -> Tuple[Any, Any, Any]:
     """_attn.forward on inputs already read as plain arrays/tensors; options is the tuple
-    (is_causal, scale, enable_gqa, align, window, softcap, path, precision, threads) of
-    the C arguments, as the backward takes them too. alloc: _allocator's by default."""
-    causal, scale, gqa, align, window, softcap, path, level, threads = options
+    (is_causal, scale, enable_gqa, align, window, softcap, path, precision, threads,
+    dropout_p, dropout_seed, dropout_offset) of the C arguments, as the backward takes
+    them too. alloc: _allocator's by default."""
+    causal, scale, gqa, align, window, softcap, path, level, threads, p, seed, offset = options
     return _attn.forward(query, key, value, attn_mask, causal, scale, gqa, align, window,
                          softcap, alibi_slopes, kv_len, want_lse, want_weights, path, level,
-                         threads, alloc or _allocator(query, tensor_type))
+                         threads, alloc or _allocator(query, tensor_type), dropout_p=p,
+                         dropout_seed=seed, dropout_offset=offset)
+
+
+_UINT64 = (1 << 64) - 1
+
+
+def _dropout_seed(seed: Any, query: Any, tensor_type: Optional[type]) -> int:
+    """The seed of a call with dropout: the caller's (an int; taken modulo 2^64, so a
+    negative one works as well), or one drawn from the query's framework's own global
+    generator so that its seeding function makes the call reproducible:
+    torch.manual_seed for a PyTorch query (64 random bits from torch's default CPU
+    generator), numpy.random.seed otherwise (NumPy's global RandomState)."""
+    if seed is not None:
+        return _options.integer("seed", seed, (-(1 << 63), _UINT64)) & _UINT64
+    if tensor_type is not None and isinstance(query, tensor_type):
+        torch = sys.modules["torch"]
+        return int(torch.randint(-(1 << 63), (1 << 63) - 1, (), dtype=torch.int64)) & _UINT64
+    return int(np.random.randint(0, 1 << 64, dtype=np.uint64))
 
 
 # ---- autograd (PyTorch) ---------------------------------------------------------------------
@@ -227,10 +246,13 @@ def _sdpa_function() -> Any:
                      if need and isinstance(x, tt) else None
                      for need, x, dtype in zip(ctx.needs_input_grad[:3], (q, k, v),
                                                ctx.dtypes)]
-            causal, scale, gqa, align, window, softcap, path, level, threads = ctx.options
+            (causal, scale, gqa, align, window, softcap, path, level, threads, p, seed,
+             offset) = ctx.options
+            # the forward's dropout options: the same seed regenerates the same mask
             _attn.backward(q, k, v, out, grad_out, lse, grads[0], grads[1], grads[2],
                            mask, causal, scale, gqa, align, window, softcap, slopes, lens,
-                           path, level, threads)
+                           path, level, threads, dropout_p=p, dropout_seed=seed,
+                           dropout_offset=offset)
             return tuple(grads) + (None,) * 5
 
     _FUNCTION = ScaledDotProductAttention
@@ -246,7 +268,7 @@ def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any 
                                  kv_len: Any = ..., return_lse: Literal[False] = ...,
                                  return_weights: Literal[False] = ...,
                                  precision: Precision = ..., threads: int = ...,
-                                 path: Path = ...) -> T: ...
+                                 path: Path = ..., seed: Optional[int] = ...) -> T: ...
 @overload
 def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any = ...,
                                  dropout_p: float = ..., is_causal: bool = ...,
@@ -256,7 +278,7 @@ def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any 
                                  kv_len: Any = ..., return_lse: Literal[True],
                                  return_weights: Literal[False] = ...,
                                  precision: Precision = ..., threads: int = ...,
-                                 path: Path = ...) -> Tuple[T, T]: ...
+                                 path: Path = ..., seed: Optional[int] = ...) -> Tuple[T, T]: ...
 @overload
 def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any = ...,
                                  dropout_p: float = ..., is_causal: bool = ...,
@@ -266,7 +288,7 @@ def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any 
                                  kv_len: Any = ..., return_lse: Literal[False] = ...,
                                  return_weights: Literal[True],
                                  precision: Precision = ..., threads: int = ...,
-                                 path: Path = ...) -> Tuple[T, T]: ...
+                                 path: Path = ..., seed: Optional[int] = ...) -> Tuple[T, T]: ...
 @overload
 def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any = ...,
                                  dropout_p: float = ..., is_causal: bool = ...,
@@ -276,7 +298,7 @@ def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any 
                                  kv_len: Any = ..., return_lse: Literal[True],
                                  return_weights: Literal[True],
                                  precision: Precision = ..., threads: int = ...,
-                                 path: Path = ...) -> Tuple[T, T, T]: ...
+                                 path: Path = ..., seed: Optional[int] = ...) -> Tuple[T, T, T]: ...
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -284,7 +306,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  align="top-left", window=None, softcap=0.0,
                                  alibi_slopes=None, kv_len=None, return_lse=False,
                                  return_weights=False, precision="default", threads=0,
-                                 path="auto"):
+                                 path="auto", seed=None):
     """Exact attention: softmax(scale * query @ key^T + attn_mask) @ value, computed by libattn.
 
     The signature and meaning of torch.nn.functional.scaled_dot_product_attention, on the
@@ -305,7 +327,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         attn_mask: None, a bool mask (True = attend) or a float mask added to the logits
             (-inf allowed), broadcast to (B, H, L, S) right-aligned as in PyTorch. float32
             is read in place; a float16 or bfloat16 mask is widened to a float32 copy.
-        dropout_p: must be 0.0 — anything else raises NotImplementedError (no dropout yet).
+        dropout_p: the probability 0 <= p <= 1 of dropping each attention weight (0 = no
+            dropout), as PyTorch: the kept weights are scaled by 1 / (1 - p) before
+            @ value (p = 1 gives an output of 0). Unlike PyTorch the library applies it
+            whether or not the caller is "training": pass 0.0 for inference. The mask is
+            a function of (seed, b, h, i, j) (docs/CONTRACT.md, "Dropout"): the same on
+            every path, kernel, thread count and machine; the backward regenerates it.
         is_causal: keep key j for query i when j <= i (top-left, PyTorch's is_causal; see
             align for the KV-cache alignment).
         scale: the factor applied to query @ key^T; None = 1/sqrt(D) (1 when D = 0).
@@ -324,7 +351,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         kv_len: (B,) int32/int64 (or a list): keys j >= kv_len[b] of batch b are masked.
         return_lse: also return the natural log-sum-exp of each row's logits, (..., L),
             float32 (-inf for a fully masked row).
-        return_weights: also return the attention weights, (..., L, S), float32.
+        return_weights: also return the attention weights, (..., L, S), float32. With
+            dropout: the weights that multiplied value, dropped ones 0 and kept ones
+            scaled by 1 / (1 - p) (as torch.nn.MultiheadAttention's need_weights).
         precision: "default": float32 accumulation, the probabilities kept in float32 for
             P @ value; "fast": the same, except that with a bfloat16 value P is rounded to
             bfloat16 for P @ value (on the CPU's bfloat16 dot products where it has them,
@@ -335,6 +364,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         threads: OpenMP threads, 0 = the default. Results are bit-identical for any count.
         path: "auto", "fused" (streaming FlashAttention-2, memory independent of S) or
             "reference" (float64 oracle).
+        seed: the dropout mask's seed, an int (modulo 2^64). None (the default) draws
+            one per call: from torch's default generator for a PyTorch query (so
+            torch.manual_seed makes the call reproducible), from NumPy's global
+            RandomState otherwise (numpy.random.seed). Unused when dropout_p = 0.
 
     Returns:
         The output (..., L, Dv), of the query's kind and dtype: NumPy in, NumPy out;
@@ -376,14 +409,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         ValueError: a wrong shape, rank, stride or option value, or a tensor on a GPU. The
             message names the argument; exceptions raised from the library's status carry
             it in their `status` attribute (e.g. "ATTN_ERR_SHAPE").
-        NotImplementedError: dropout_p != 0; under autograd, a mask or slopes that require
-            grad.
+        NotImplementedError: under autograd, a mask or slopes that require grad.
 
     The GIL is released while the library computes (forward and backward).
     """
-    if dropout_p != 0.0:
-        raise NotImplementedError(
-            "dropout_p=%r: attn has no dropout yet; pass dropout_p=0.0 (inference)" % (dropout_p,))
+    dropout_p = _options.number("dropout_p", dropout_p)
+    if not 0.0 <= dropout_p <= 1.0:  # checked here in double: the library's float could round to 1
+        raise ValueError("dropout_p=%r: expected 0 <= dropout_p <= 1 (0 = off)" % (dropout_p,))
     if align not in _ALIGN:
         raise ValueError("align=%r: expected 'top-left' or 'bottom-right'" % (align,))
     if path not in _PATH:
@@ -409,8 +441,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     kv_len = _options.sequence("kv_len", kv_len, "int")
 
     tt = _torch_tensor_type()
+    seed = _dropout_seed(seed, query, tt) if dropout_p > 0.0 else 0
     options = (is_causal, scale, enable_gqa, _ALIGN[align], window, softcap, _PATH[path],
-               level, threads)
+               level, threads, dropout_p, seed, 0)
     if tt is not None and _wants_autograd(query, key, value, attn_mask, alibi_slopes, tt):
         if attn_mask is not None:
             attn_mask = _widen(attn_mask, tt)
