@@ -20,6 +20,8 @@
  *  5. The backward (fused) against the float64 reference's gradients with the same mask,
  *     and that reference against central finite differences of its own forward (the mask
  *     is fixed for a fixed seed and offset, so the forward is smooth in Q, K, V).
+ *     16-bit (bfloat16) inputs, DEFAULT and FAST precision, forward and backward, within
+ *     1e-2 of the float64 reference on the same values (another offset's mask is not).
  *  6. Bit-identical results (O, weights, dQ, dK, dV) for 1, 2 and 3 threads.
  *  7. Misuse: p < 0, p > 1, NaN, inf: ATTN_ERR_VALUE and nothing written; additive
  *     attention with dropout: ATTN_ERR_UNSUPPORTED.
@@ -33,6 +35,7 @@
 #include "attn.h"
 #include "backward.h"
 #include "check.h"
+#include "half.h"
 #include "philox.h"
 #include "rng.h"
 
@@ -626,6 +629,82 @@ static void backward(void) {
            g_bwd_worst_rel[2], g_fd_worst[0], g_fd_worst[1], g_fd_worst[2]);
 }
 
+/* 16-bit inputs: bfloat16 K and V (DEFAULT and FAST precision) and a bfloat16 query, the
+ * forward and the backward (the 16-bit backward runs the float32 one on copies, with the
+ * forward's options) against the float64 reference on the same 16-bit values, with the
+ * same mask. Tolerance: the float32 contract for the DEFAULT forward (float32 output of
+ * exactly widened inputs), and 1e-2 relative Frobenius for all (bfloat16 has 8 bits: FAST
+ * rounds P to it, the gradients are rounded to it; measured 1.4e-3 and 1.7e-3), which the
+ * next offset's mask exceeds (measured 0.68 to 0.79). */
+static void half_inputs(void) {
+    const dcase c = {1, 4, 2, 40, 150, 32, 32, .causal = 1, .p = 0.3f, .seed = 21, .offset = 2};
+    dcall t;
+    dcall_build(&t, &c);
+    /* the float32 values rounded to bfloat16, so that the reference sees the same inputs */
+    float *xs[] = {t.q, t.k, t.v, t.d_o};
+    const int64_t ns[] = {n_of(&t.tq), n_of(&t.tk), n_of(&t.tv), n_of(&t.tdo)};
+    uint16_t *h[4];
+    for (int a = 0; a < 4; a++) {
+        h[a] = xcalloc(ns[a], sizeof(uint16_t));
+        for (int64_t e = 0; e < ns[a]; e++) {
+            h[a][e] = attn_f32_to_bf16(xs[a][e]);
+            xs[a][e] = attn_bf16_to_f32(h[a][e]);
+        }
+    }
+    const int64_t no = n_of(&t.to);
+    double *o = xcalloc(no, sizeof(double)), *o2 = xcalloc(no, sizeof(double));
+    dcall_ref64(&t, 0, o, NULL, NULL, false);
+    dcall_ref64(&t, 1, o2, NULL, NULL, false);
+    attn_tensor hq = t.tq, hk = t.tk, hv = t.tv, hdo = t.tdo, hdq = t.tdq, hdk = t.tdk, hdv = t.tdv;
+    hq.dtype = hk.dtype = hv.dtype = hdo.dtype = hdq.dtype = hdk.dtype = hdv.dtype = ATTN_BF16;
+    hq.data = h[0], hk.data = h[1], hv.data = h[2], hdo.data = h[3];
+    uint16_t *hg[3] = {xcalloc(ns[0], 2), xcalloc(ns[1], 2), xcalloc(ns[2], 2)};
+    hdq.data = hg[0], hdk.data = hg[1], hdv.data = hg[2];
+    for (int prec = 0; prec < 2; prec++)
+        for (int qhalf = 0; qhalf < 2; qhalf++) {
+            attn_options o_ = t.opt;
+            o_.precision = prec ? ATTN_PRECISION_FAST : ATTN_PRECISION_DEFAULT;
+            o_.lse = &t.tlse;
+            attn_status st = attn_forward(qhalf ? &hq : &t.tq, &hk, &hv, &t.to, &o_);
+            CHECK(st == ATTN_OK, "16-bit forward: %s", attn_last_error());
+            double *od = to_double(t.o, no);
+            const double err = rel_frob(od, o, no), err2 = rel_frob(od, o2, no);
+            tol_result r;
+            if (!prec)  // float32 P·V on exactly widened inputs: the float32 contract
+                CHECK(within_f32_tol(t.o, o, no, &r), "16-bit forward (default, bf16 q %d): "
+                      "rel %.3g max %.3g", qhalf, r.rel_err, r.max_err);
+            CHECK(err < 1e-2 && err2 >= 1e-2, "16-bit forward (precision %d, bf16 q %d): error "
+                  "%.3g, against another mask %.3g", prec, qhalf, err, err2);
+            printf("16-bit forward (precision %s, %s query): error %.3g (another mask: %.3g)\n",
+                   prec ? "fast" : "default", qhalf ? "bfloat16" : "float32", err, err2);
+            free(od);
+        }
+    /* the backward, every tensor bfloat16 (O recomputed in float32 by the library) */
+    double *g[3], *g2[3];
+    for (int a = 0; a < 3; a++) g[a] = xcalloc(ns[a], sizeof(double)), g2[a] = xcalloc(ns[a], sizeof(double));
+    dcall_ref64(&t, 0, NULL, NULL, g, false);
+    dcall_ref64(&t, 1, NULL, NULL, g2, false);
+    attn_tensor ho = t.to;
+    ho.dtype = ATTN_BF16;
+    uint16_t *oh = xcalloc(no, 2);
+    for (int64_t e = 0; e < no; e++) oh[e] = attn_f32_to_bf16(t.o[e]);
+    ho.data = oh;
+    attn_status st = attn_backward(&hq, &hk, &hv, &ho, &hdo, &t.tlse, &hdq, &hdk, &hdv, &t.opt);
+    CHECK(st == ATTN_OK, "16-bit backward: %s", attn_last_error());
+    for (int a = 0; a < 3; a++) {
+        double *gd = xcalloc(ns[a], sizeof(double));
+        for (int64_t e = 0; e < ns[a]; e++) gd[e] = attn_bf16_to_f32(hg[a][e]);
+        const double err = rel_frob(gd, g[a], ns[a]), err2 = rel_frob(gd, g2[a], ns[a]);
+        CHECK(err < 1e-2 && err2 >= 1e-2, "16-bit backward %s: error %.3g, against another "
+              "mask %.3g", k_grad[a], err, err2);
+        printf("16-bit backward %s: error %.3g (another mask: %.3g)\n", k_grad[a], err, err2);
+        free(gd), free(g[a]), free(g2[a]), free(hg[a]);
+    }
+    for (int a = 0; a < 4; a++) free(h[a]);
+    free(oh), free(o), free(o2);
+    dcall_free(&t);
+}
+
 /* ---- 6. threads --------------------------------------------------------------------------- */
 
 static void threads(void) {
@@ -706,6 +785,7 @@ int main(void) {
     layout();
     forward();
     backward();
+    half_inputs();
     threads();
     misuse();
     return check_summary("test_dropout");
