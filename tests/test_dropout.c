@@ -777,6 +777,23 @@ static void misuse(void) {
     opt.dropout_p = 0.0f;
     st = attn_additive_forward(&tq, &tk, &tv, &w, &to, &opt);
     CHECK(st == ATTN_OK, "additive without dropout: %d (%s)", (int)st, attn_last_error());
+
+    /* neither has the multi-head module (it calls the attention head by head for averaged
+     * weights), nor the forward or backward of its layer: refused, not ignored */
+    float eye[4] = {1, 0, 0, 1}, x[4] = {1, 2, 3, 4}, y[4] = {0}, dy[4] = {1, 1, 1, 1}, dx[4];
+    attn_tensor tw = attn_tensor_4d(eye, ATTN_F32, 2, 2, 1, 1);
+    attn_tensor tx = attn_tensor_4d(x, ATTN_F32, 1, 2, 2, 1), ty = attn_tensor_4d(y, ATTN_F32, 1, 2, 2, 1);
+    attn_tensor tdy = attn_tensor_4d(dy, ATTN_F32, 1, 2, 2, 1), tdx = attn_tensor_4d(dx, ATTN_F32, 1, 2, 2, 1);
+    attn_mha m = {.Hq = 1, .w_q = &tw, .w_k = &tw, .w_v = &tw, .w_o = &tw};
+    attn_mha_grads g = {.dx_q = &tdx};
+    opt.dropout_p = 0.1f;
+    st = attn_mha_forward(&m, &tx, NULL, &ty, NULL, false, &opt);
+    CHECK(st == ATTN_ERR_UNSUPPORTED, "mha forward with dropout: %d (%s)", (int)st, attn_last_error());
+    st = attn_mha_backward(&m, &tx, NULL, &tdy, &g, &opt);
+    CHECK(st == ATTN_ERR_UNSUPPORTED, "mha backward with dropout: %d (%s)", (int)st, attn_last_error());
+    opt.dropout_p = 0.0f;
+    st = attn_mha_forward(&m, &tx, NULL, &ty, NULL, false, &opt);
+    CHECK(st == ATTN_OK || st == ATTN_ERR_UNSUPPORTED, "mha forward: %d (%s)", (int)st, attn_last_error());
 }
 
 int main(void) {

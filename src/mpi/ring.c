@@ -229,10 +229,13 @@ static attn_status check_local(const attn_tensor *q, const attn_tensor *k, const
                                const attn_tensor *o, const attn_options *opt,
                                const attn_tensor *const *bwd) {
     const bool backward = bwd != NULL;
-    if (opt && (opt->mask || opt->bias || opt->alibi_slopes || opt->has_window || opt->weights))
+    /* dropout: each piece's keys would draw the mask of their own (j, Lk), not the
+     * whole call's */
+    if (opt && (opt->mask || opt->bias || opt->alibi_slopes || opt->has_window || opt->weights ||
+                opt->dropout_p != 0.0f))
         return ring_fail(ATTN_ERR_UNSUPPORTED, "the ring takes no %s",
                          opt->mask ? "mask" : opt->bias ? "bias" : opt->alibi_slopes ? "ALiBi"
-                         : opt->has_window ? "window" : "weights");
+                         : opt->has_window ? "window" : opt->weights ? "weights" : "dropout");
     if (backward && opt && opt->lse)
         return ring_fail(ATTN_ERR_VALUE, "options.lse must be NULL in attn_ring_backward");
     /* the reference backward recomputes each row's softmax over the keys it is given, so
