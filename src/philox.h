@@ -102,18 +102,30 @@ static inline bool attn_dropout_kept(uint64_t seed, uint64_t offset, uint64_t th
 }
 
 /* The factors of keys j0 .. j0+nk-1 of row r: f[c * fs] = keep ? scale : 0, one Philox
- * call per group of four keys (the first and last may be partial). */
+ * call per group of four keys (the first and last may be partial). The groups' calls are
+ * independent: they run side by side, up to 64 at a time, as one simd loop. */
 static inline void attn_dropout_factors(uint64_t seed, uint64_t offset, uint64_t threshold,
                                         float scale, uint64_t r, uint64_t Lk, uint64_t j0,
                                         uint64_t nk, float *f, int64_t fs) {
-    const uint64_t base = r * ((Lk + 3) / 4);
-    uint64_t c = 0;
-    while (c < nk) {
-        const uint64_t j = j0 + c, lane0 = j % 4;
-        uint32_t u[4];
-        attn_dropout_group(seed, offset, base + j / 4, u);
-        for (uint64_t lane = lane0; lane < 4 && c < nk; lane++, c++)
-            f[(int64_t)c * fs] = attn_dropout_keeps(u[lane], threshold) ? scale : 0.0f;
+    enum { CHUNK = 64 };
+    const uint64_t base = r * ((Lk + 3) / 4), g_end = (j0 + nk + 3) / 4;
+    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    uint32_t u[4][CHUNK];
+    for (uint64_t g0 = j0 / 4; g0 < g_end; g0 += CHUNK) {
+        const uint64_t ng = g_end - g0 < CHUNK ? g_end - g0 : CHUNK;
+#pragma omp simd
+        for (uint64_t t = 0; t < ng; t++) {
+            const uint64_t n = base + g0 + t;
+            const uint32_t ctr[4] = {(uint32_t)n, (uint32_t)(n >> 32), (uint32_t)offset,
+                                     (uint32_t)(offset >> 32)};
+            uint32_t out[4];
+            attn_philox4x32(ctr, key, out);
+            u[0][t] = out[0], u[1][t] = out[1], u[2][t] = out[2], u[3][t] = out[3];
+        }
+        const uint64_t ja = g0 * 4 > j0 ? g0 * 4 : j0, jb = (g0 + ng) * 4 < j0 + nk ? (g0 + ng) * 4 : j0 + nk;
+        for (uint64_t j = ja; j < jb; j++)
+            f[(int64_t)(j - j0) * fs] =
+                attn_dropout_keeps(u[j % 4][j / 4 - g0], threshold) ? scale : 0.0f;
     }
 }
 

@@ -373,6 +373,24 @@ static void layout(void) {
         CHECK(wrong == 0 && dropped > 0, "layout (%s): %lld weights disagree with "
               "attn_dropout_kept (%lld dropped)", path ? "reference" : "fused", (long long)wrong,
               (long long)dropped);
+        /* a dropped weight never multiplies its V: NaN in V row 5 reaches exactly the rows
+         * that keep key 5 */
+        for (int64_t b = 0; b < c.B; b++)
+            for (int64_t d = 0; d < c.Dv; d++) t.v[(b * c.Hkv * c.Lk + 5) * c.Dv + d] = NAN;
+        st = dcall_forward(&t, path ? ATTN_PATH_REFERENCE : ATTN_PATH_FUSED, 0, false);
+        int64_t leaks = 0, kept_rows = 0;
+        for (int64_t b = 0; b < c.B; b++)
+            for (int64_t h = 0; h < c.Hq; h++)
+                for (int64_t i = 0; i < c.Lq; i++) {
+                    const bool k = attn_dropout_kept(c.seed, c.offset, thr,
+                                                     attn_dropout_row(b, h, i, c.Hq, c.Lq), c.Lk, 5);
+                    const float o0 = t.o[((b * c.Hq + h) * c.Lq + i) * c.Dv];
+                    leaks += k != (isnan(o0) != 0);
+                    kept_rows += k;
+                }
+        CHECK(st == ATTN_OK && leaks == 0 && kept_rows > 0, "layout (%s): NaN of a dropped "
+              "key's V: %lld rows wrong (%lld keep it)", path ? "reference" : "fused",
+              (long long)leaks, (long long)kept_rows);
         dcall_free(&t);
     }
 }

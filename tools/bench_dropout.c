@@ -11,7 +11,9 @@
  *     the contract's float32 tolerance (tools/tolerance.h); --plant-error perturbs the
  *     fused O first, and the check must fail;
  *   - one warm-up call, then --reps timed calls (default 5) per row; the median wall time
- *     is reported, and the dropout rows' ratio to the p = 0 rows of the same run.
+ *     and the median CPU time of the process (all threads: the fairer figure on a machine
+ *     shared with other work) are reported, and the dropout rows' ratios to the p = 0
+ *     rows of the same run.
  * What it is not: a test (no time limit anywhere), or a comparison with PyTorch.
  */
 #include <stdbool.h>
@@ -29,6 +31,12 @@
 static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static double cpu_s(void) {  /* the process's CPU time, all threads */
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
@@ -132,7 +140,8 @@ int bench_dropout(int argc, char **argv) {
         fprintf(stderr, "bench --dropout: out of memory\n");
         return 1;
     }
-    double *t = malloc((size_t)reps * sizeof(double)), med[2][2];
+    double *t = malloc((size_t)reps * sizeof(double)), *tc = malloc((size_t)reps * sizeof(double));
+    double med[2][2], medc[2][2];
     printf("kernel %s, B 1, H 8, L %lld, D 64, float32, threads %d (0 = default), median of %d\n",
            attn_kernel_name(), (long long)L, threads, reps);
     for (int dir = 0; dir < 2; dir++)
@@ -141,18 +150,22 @@ int bench_dropout(int argc, char **argv) {
             fwd(&c, &o);  // warm-up (and the backward's O, LSE)
             if (dir) bwd(&c, &o);
             for (int r = 0; r < reps; r++) {
-                const double t0 = now_s();
+                const double t0 = now_s(), c0 = cpu_s();
                 if (dir) bwd(&c, &o);
                 else fwd(&c, &o);
                 t[r] = now_s() - t0;
+                tc[r] = cpu_s() - c0;
             }
             qsort(t, (size_t)reps, sizeof(double), cmp_d);
+            qsort(tc, (size_t)reps, sizeof(double), cmp_d);
             med[dir][d] = t[reps / 2];
-            printf("%-8s p = %.1f   %8.2f ms%s", dir ? "backward" : "forward", d ? 0.1 : 0.0,
-                   1e3 * med[dir][d], d ? "" : "\n");
-            if (d) printf("   (%.2fx p = 0)\n", med[dir][1] / med[dir][0]);
+            medc[dir][d] = tc[reps / 2];
+            printf("%-8s p = %.1f   %8.2f ms wall  %8.2f ms CPU%s", dir ? "backward" : "forward",
+                   d ? 0.1 : 0.0, 1e3 * med[dir][d], 1e3 * medc[dir][d], d ? "" : "\n");
+            if (d) printf("   (%.2fx p = 0 wall, %.2fx CPU)\n", med[dir][1] / med[dir][0],
+                          medc[dir][1] / medc[dir][0]);
         }
-    free(t);
+    free(t), free(tc);
     release(&c);
     return 0;
 }
