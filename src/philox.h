@@ -45,11 +45,9 @@ static inline void attn_philox4x32_r(int rounds, const uint32_t ctr[4], const ui
                                      uint32_t out[4]) {
     uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
     uint32_t k0 = key[0], k1 = key[1];
+    /* unrolled, so that a loop of independent calls (a simd loop) has no inner loop */
+#pragma GCC unroll 16
     for (int r = 0; r < rounds; r++) {
-        if (r > 0) {
-            k0 += ATTN_PHILOX_W0;
-            k1 += ATTN_PHILOX_W1;
-        }
         const uint64_t p0 = (uint64_t)ATTN_PHILOX_M0 * c0, p1 = (uint64_t)ATTN_PHILOX_M1 * c2;
         const uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
         const uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
@@ -57,6 +55,8 @@ static inline void attn_philox4x32_r(int rounds, const uint32_t ctr[4], const ui
         c1 = lo1;
         c2 = hi0 ^ c3 ^ k1;
         c3 = lo0;
+        k0 += ATTN_PHILOX_W0;  // the key of the next round
+        k1 += ATTN_PHILOX_W1;
     }
     out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
 }
