@@ -123,11 +123,18 @@ def _forward(query: Any, key: Any, value: Any, attn_mask: Any, alibi_slopes: Any
     (is_causal, scale, enable_gqa, align, window, softcap, path, precision, threads,
     dropout_p, dropout_seed, dropout_offset) of the C arguments, as the backward takes
     them too. alloc: _allocator's by default."""
-    causal, scale, gqa, align, window, softcap, path, level, threads, p, seed, offset = options
+    causal, scale, gqa, align, window, softcap, path, level, threads = options[:9]
     return _attn.forward(query, key, value, attn_mask, causal, scale, gqa, align, window,
                          softcap, alibi_slopes, kv_len, want_lse, want_weights, path, level,
-                         threads, alloc or _allocator(query, tensor_type), dropout_p=p,
-                         dropout_seed=seed, dropout_offset=offset)
+                         threads, alloc or _allocator(query, tensor_type),
+                         **_dropout_kwargs(options))
+
+
+def _dropout_kwargs(options: tuple) -> dict:
+    """The extension's keyword-only dropout arguments of an options tuple: none when
+    dropout is off (the calls then have the arguments they had before dropout existed)."""
+    p, seed, offset = options[9:]
+    return dict(dropout_p=p, dropout_seed=seed, dropout_offset=offset) if p > 0.0 else {}
 
 
 _UINT64 = (1 << 64) - 1
@@ -246,13 +253,11 @@ def _sdpa_function() -> Any:
                      if need and isinstance(x, tt) else None
                      for need, x, dtype in zip(ctx.needs_input_grad[:3], (q, k, v),
                                                ctx.dtypes)]
-            (causal, scale, gqa, align, window, softcap, path, level, threads, p, seed,
-             offset) = ctx.options
+            causal, scale, gqa, align, window, softcap, path, level, threads = ctx.options[:9]
             # the forward's dropout options: the same seed regenerates the same mask
             _attn.backward(q, k, v, out, grad_out, lse, grads[0], grads[1], grads[2],
                            mask, causal, scale, gqa, align, window, softcap, slopes, lens,
-                           path, level, threads, dropout_p=p, dropout_seed=seed,
-                           dropout_offset=offset)
+                           path, level, threads, **_dropout_kwargs(ctx.options))
             return tuple(grads) + (None,) * 5
 
     _FUNCTION = ScaledDotProductAttention
