@@ -201,6 +201,18 @@ typedef struct attn_options {
      * has_scale a float64 call's default is 1/sqrt(Dk) computed in float64, not rounded
      * to float32. Added for float64 (CONTRACT.md "float64"). */
     double scale_f64;
+    /* dropout on the attention weights, as PyTorch's dropout_p: 0 = off, 0 <= p <= 1
+     * (p = 1 drops every weight: O = 0). Each weight P_ij is kept with probability 1 - p
+     * and then scaled by 1 / (1 - p), dropped ones are 0, before P·V; the softmax's sum
+     * and the LSE are those of the undropped P, and the weights output is the dropped and
+     * scaled P that multiplied V. Which weights are kept is a pure function of (seed,
+     * offset, b, h, i, j) through Philox4x32-10 (docs/CONTRACT.md, "Dropout"): the same
+     * for every path, kernel, thread count and machine, so attn_backward with the same
+     * options regenerates it. A caller drawing several masks from one seed gives each a
+     * different offset. */
+    float dropout_p;
+    uint64_t dropout_seed;
+    uint64_t dropout_offset;
 } attn_options;
 
 /* ---- calls -------------------------------------------------------------------------- */

@@ -124,6 +124,9 @@ attn_status attn_additive_params_init(attn_additive_params *p, const attn_tensor
                 opt->sinks))
         return attn_fail(ATTN_ERR_UNSUPPORTED, "additive attention: options.has_scale, "
                          "softcap, bias, alibi_slopes and sinks are not supported");
+    if (p->m.dropout)
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "additive attention: options.dropout_p = %g is "
+                         "not supported (dropout is the dot-product calls')", (double)opt->dropout_p);
     if (opt && opt->workspace)
         return attn_fail(ATTN_ERR_UNSUPPORTED, "additive attention: options.workspace is not "
                          "supported (the call allocates its own)");

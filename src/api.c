@@ -17,6 +17,7 @@
 
 #include "alloc.h"
 #include "kernels.h"
+#include "philox.h"
 
 /* ---- status strings and the per-thread error detail ------------------------------ */
 
@@ -374,6 +375,23 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
         return attn_fail(ATTN_ERR_VALUE, "options.precision is %d, expected an "
                          "attn_precision value", (int)opt->precision);
     p->precision = opt->precision;
+
+    /* dropout (philox.h) */
+    if (!(opt->dropout_p >= 0.0f && opt->dropout_p <= 1.0f))
+        return attn_fail(ATTN_ERR_VALUE, "options.dropout_p is %g, expected 0 <= dropout_p <= 1 "
+                         "(0 = off)", (double)opt->dropout_p);
+    if (opt->dropout_p > 0.0f && p->q_dt == ATTN_F64)  // fused_f64.c draws no mask
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "options.dropout_p = %g: float64 calls have no "
+                         "dropout (float32, float16 and bfloat16 do)", (double)opt->dropout_p);
+    if (opt->dropout_p > 0.0f) {
+        p->dropout = true;
+        p->dropout_p = opt->dropout_p;
+        p->drop_seed = opt->dropout_seed;
+        p->drop_offset = opt->dropout_offset;
+        p->drop_threshold = attn_dropout_threshold(opt->dropout_p);
+        p->drop_scale64 = opt->dropout_p < 1.0f ? 1.0 / (1.0 - (double)opt->dropout_p) : 0.0;
+        p->drop_scale = (float)p->drop_scale64;
+    }
 
     /* path and threads */
     switch (opt->path) {

@@ -122,6 +122,14 @@ typedef struct attn_params {
     /* the scale the float64 arithmetic uses: (double)scale, except in a float64 call,
      * where it is options.scale_f64 (when given) or 1/sqrt(Dk) in float64 */
     double scale64;
+    /* dropout (philox.h): off when !dropout. drop_threshold = round(p 2^32) (keep a
+     * word u iff u >= it), drop_scale = 1 / (1 - p) in float (0 when p = 1),
+     * drop_scale64 the same in double for the reference */
+    bool dropout;
+    float dropout_p;
+    uint64_t drop_seed, drop_offset, drop_threshold;
+    float drop_scale;
+    double drop_scale64;
 } attn_params;
 
 /* The sink logit of query head h: -inf (no sink) when the call has none. */

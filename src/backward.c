@@ -32,6 +32,7 @@
 #include "half.h"
 #include "kernels.h"
 #include "mask_summary.h"
+#include "philox.h"
 
 
 /* ---- argument checks ------------------------------------------------------------------
@@ -325,7 +326,7 @@ typedef struct bwd_plan {
     size_t total;
     size_t off_kd, off_kt, off_kp, off_ktd, off_vd, off_vt, off_q, off_do, off_s, off_dp,
         off_cap, off_dst, off_dqt, off_dk, off_dv, off_lse, off_D, off_ones, off_lo, off_hi,
-        off_qr, off_fin;
+        off_qr, off_fin, off_z, off_pd;
     size_t off_sum;         // the mask summary (mask_summary.h), after the partials
     /* the summary and the params without mask and bias, for the tiles they leave open;
      * both NULL without mask or bias (set by attn_fused_backward) */
@@ -389,6 +390,8 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     CARVE(off_hi, plan->bq * sizeof(int64_t));
     CARVE(off_qr, (size_t)plan->q_blocks * 2 * sizeof(int64_t));
     CARVE(off_fin, (size_t)(p->group * plan->q_blocks) * 2);  // finite-rows flags, below
+    CARVE(off_z, p->dropout ? tile : 0);              // dropout factors Z (bq, bk)
+    CARVE(off_pd, p->dropout ? tile : 0);             // P ∘ Z          (bq, bk)
 #undef CARVE
     plan->thread_bytes = at;
 
@@ -435,6 +438,7 @@ typedef struct bwd_scratch {
     uint8_t *fin;               // (group, q_blocks, 2) per query block of each head of the
                                 // item: whether its dO rows, its Q rows hold no NaN or Inf
                                 // (0 not known yet, 1 yes, 2 no)
+    float *z, *pd;              // (bq, bk) with dropout: the factors Z (1/(1-p) or 0), P ∘ Z
 } bwd_scratch;
 
 static bwd_scratch carve(const bwd_plan *plan, char *slice) {
@@ -447,7 +451,7 @@ static bwd_scratch carve(const bwd_plan *plan, char *slice) {
         .dqt = AT(off_dqt, float), .dk = AT(off_dk, float),   .dv = AT(off_dv, float),
         .lse = AT(off_lse, float), .D = AT(off_D, float),     .ones = AT(off_ones, float),
         .lo = AT(off_lo, int64_t), .hi = AT(off_hi, int64_t), .qr = AT(off_qr, int64_t),
-        .fin = AT(off_fin, uint8_t),
+        .fin = AT(off_fin, uint8_t), .z = AT(off_z, float), .pd = AT(off_pd, float),
     };
 #undef AT
     for (int r = 0; r < (plan->bq > plan->bk ? plan->bq : plan->bk); r++) w.ones[r] = 1.0f;
@@ -622,18 +626,45 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
         kern->exp(nkpad, s_r, s_r);
     }
 
-    /* forward: o_i = Σ_j P_ij v_j, so dV_j += Σ_i P_ij dO_i. A zero P must not multiply a
-     * NaN or Inf of dO (a fully masked row's dO is not read): pv skips zeros, at a cost
-     * (a test per row and key, ~10% of the backward), only when dO's rows are not all
-     * finite; otherwise 0 · dO adds an exact 0. Likewise Q below for dK. */
+    /* dropout (philox.h): Z_ij = 1 / (1 - p) where the forward kept weight (i, j), 0 where
+     * it dropped it, regenerated from the same counters; 0 on the padding columns. The
+     * forward's P·V used P ∘ Z. */
+    const bool dropout = p->dropout;
+    if (dropout)
+        for (int64_t r = 0; r < n; r++) {
+            float *z_r = w->z + r * ld, *pd_r = w->pd + r * ld;
+            const float *P_r = w->s + r * ld;
+            const uint64_t row = attn_dropout_row((uint64_t)t->b, (uint64_t)t->h,
+                                                  (uint64_t)(t->i0 + r), (uint64_t)p->Hq,
+                                                  (uint64_t)p->Lq);
+            attn_dropout_factors(p->drop_seed, p->drop_offset, p->drop_threshold, p->drop_scale,
+                                 row, (uint64_t)p->Lk, (uint64_t)t->j0, (uint64_t)nk, z_r, 1);
+            for (int64_t c = nk; c < nkpad; c++) z_r[c] = 0.0f;
+            for (int64_t c = 0; c < nkpad; c++) pd_r[c] = z_r[c] == 0.0f ? 0.0f : P_r[c] * z_r[c];
+        }
+
+    /* forward: o_i = Σ_j P_ij Z_ij v_j (Z = 1 without dropout), so
+     * dV_j += Σ_i P_ij Z_ij dO_i. A zero weight must not multiply a NaN or Inf of dO (a
+     * fully masked row's dO is not read): pv skips zeros, at a cost (a test per row and
+     * key, ~10% of the backward), only when dO's rows are not all finite; otherwise
+     * 0 · dO adds an exact 0. Likewise Q below for dK. */
     if (!fin[0]) fin[0] = rows_finite(d_o, ldo, n, dv) ? 1 : 2;
     if (!fin[1]) fin[1] = rows_finite(q, ldq, n, dk) ? 1 : 2;
-    kern->pv(nk, nkpad, n, dv, w->s, ld, d_o, ldo, w->ones, w->dv, dv, fin[0] == 2);
+    kern->pv(nk, nkpad, n, dv, dropout ? w->pd : w->s, ld, d_o, ldo, w->ones, w->dv, dv, fin[0] == 2);
 
-    /* dP_ij = dO_i · v_j: dP = dO Vᵀ, with qk's roles swapped as for S */
+    /* dP_ij = Z_ij (dO_i · v_j): dO Vᵀ, with qk's roles swapped as for S, then times Z
+     * (below, where dS is formed; a dropped key's dP is 0 whatever its V holds) */
     kern->qk(nk, nkpad, n, dv, w->vd, w->vt, ld, d_o, ldo, 1.0f, w->dp, ld);
+    if (dropout)
+        for (int64_t r = 0; r < n; r++) {
+            float *dp_r = w->dp + r * ld;
+            const float *z_r = w->z + r * ld;
+            for (int64_t c = 0; c < nkpad; c++) dp_r[c] = z_r[c] == 0.0f ? 0.0f : dp_r[c] * z_r[c];
+        }
 
-    /* softmax: dS_ij = P_ij (dP_ij - D_i); then through the softcap (x cap_ij) and the
+    /* softmax: dS_ij = P_ij (dP_ij - D_i), with the undropped P (the softmax's output;
+     * D_i = dO_i · O_i = Σ_j P_ij dP_ij holds with dropout too, since O_i = Σ_j P_ij Z_ij v_j);
+     * then through the softcap (x cap_ij) and the
      * scale (forward: s = scale q_i · k_j). P = 0 (masked) gives dS = 0 exactly, whatever
      * dP holds: a masked key's V may be NaN. */
     for (int64_t r = 0; r < n; r++) {

@@ -31,6 +31,7 @@
 #include "kernels.h"
 #include "merge.h"
 #include "mask_summary.h"
+#include "philox.h"
 
 
 /* Tile sizes, from the kernel's geometry (kernels/list.h): bq query rows share each key
@@ -401,7 +402,63 @@ static bool takes_decode(const attn_params *p, const attn_kernels *kern, int64_t
     /* q8_0 where the kernel's step reads it; else the tile path (kv_block dequantizes) */
     return kern->decode && kern->decode_qk && n <= ATTN_DECODE_MAX_ROWS &&
            (p->kv_dt != ATTN_Q8_0 || kern->decode_q8_0) && !attn_has_elementwise(p) &&
-           p->k_s[3] == 1 && p->v_s[3] == 1;
+           !p->dropout && p->k_s[3] == 1 && p->v_s[3] == 1;
+}
+
+/* Dropout on the tile's probabilities (S^T layout, keys j0..j0+nk-1, rows r < n): a kept
+ * one times 1 / (1 - p), a dropped one 0 (philox.h, one Philox call per four keys of a
+ * row). After the softmax step, which has summed the undropped P into l; before P·V.
+ * Group by group of four keys, the rows innermost: each (row, group) is an independent
+ * Philox call, and the rows' calls run side by side as one simd loop (the 32 x 32 -> 64
+ * bit products vectorize), then the row's probabilities of a key, contiguous in S^T, are
+ * masked. */
+enum { DROP_ROWS = 64 };
+static void tile_dropout(const attn_params *p, const fused_scratch *w, const fused_block *blk,
+                         int64_t j0, int64_t nk) {
+    const uint64_t per_row = ((uint64_t)p->Lk + 3) / 4, thr = p->drop_threshold;
+    const uint32_t k0 = (uint32_t)p->drop_seed, k1 = (uint32_t)(p->drop_seed >> 32);
+    const uint32_t off0 = (uint32_t)p->drop_offset, off1 = (uint32_t)(p->drop_offset >> 32);
+    const float scale = p->drop_scale;
+    const int64_t ld = w->ld;
+    uint64_t base[DROP_ROWS];
+    uint32_t u[4][DROP_ROWS];
+    for (int64_t r0 = 0; r0 < blk->n; r0 += DROP_ROWS) {
+        const int64_t nr = blk->n - r0 < DROP_ROWS ? blk->n - r0 : DROP_ROWS;
+        for (int64_t r = 0; r < nr; r++)
+            base[r] = attn_dropout_row((uint64_t)blk->b, (uint64_t)w->h[r0 + r],
+                                       (uint64_t)w->i[r0 + r], (uint64_t)p->Hq,
+                                       (uint64_t)p->Lq) * per_row;
+        for (int64_t g = j0 / 4; g * 4 < j0 + nk; g++) {
+#pragma omp simd
+            for (int64_t r = 0; r < nr; r++) {
+                const uint64_t grp = base[r] + (uint64_t)g;
+                const uint32_t ctr[4] = {(uint32_t)grp, (uint32_t)(grp >> 32), off0, off1};
+                const uint32_t key[2] = {k0, k1};
+                uint32_t out[4];
+                attn_philox4x32(ctr, key, out);
+                u[0][r] = out[0], u[1][r] = out[1], u[2][r] = out[2], u[3][r] = out[3];
+            }
+            for (int lane = 0; lane < 4; lane++) {
+                const int64_t c = g * 4 + lane - j0;
+                if (c < 0 || c >= nk) continue;
+                float *s_c = w->s + c * ld + r0;
+                for (int64_t r = 0; r < nr; r++)
+                    s_c[r] = (uint64_t)u[lane][r] >= thr && scale != 0.0f ? s_c[r] * scale : 0.0f;
+            }
+        }
+    }
+}
+
+/* true when the nk rows of width `width` (stride ld) hold no NaN or Inf: a sum of x * 0
+ * is 0 exactly then, NaN otherwise */
+static bool rows_finite(const float *x, int64_t ld, int64_t nk, int64_t width) {
+    float z = 0.0f;
+    for (int64_t c = 0; c < nk; c++) {
+        const float *x_c = x + c * ld;
+#pragma omp simd reduction(+ : z)
+        for (int64_t d = 0; d < width; d++) z += x_c[d] * 0.0f;
+    }
+    return z == 0.0f;
 }
 
 /* The online softmax over keys [ja, jb) of a block, into w->m, w->l, w->acc. */
@@ -467,7 +524,7 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
         if (n <= 4 && pj < jb) prefetch_tile(p, blk, pj, jb - pj < plan->bk ? jb - pj : plan->bk);
         tile_logits(pt, kern, w, blk, j0, nk, boundary);
-        if (fast && clean && kern->pv_bf16 && p->v_s[3] == 1) {
+        if (fast && clean && kern->pv_bf16 && p->v_s[3] == 1 && !p->dropout) {
             const uint16_t *v = (const uint16_t *)p->v + blk->b * p->v_s[0] +
                                 blk->g * p->v_s[1] + j0 * p->v_s[2];
             const float *probs = w->s;
@@ -481,13 +538,18 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
             continue;
         }
         kern->softmax(npad, nk, w->s, w->ld, w->m, w->l, w->alpha);
+        if (p->dropout) tile_dropout(p, w, blk, j0, nk);
         if (fast)  // the same rounding where the bf16 kernel does not apply
             for (int64_t c = 0; c < nk; c++)
                 for (int64_t r = 0; r < n; r++)
                     w->s[c * w->ld + r] = attn_bf16_to_f32(attn_f32_to_bf16(w->s[c * w->ld + r]));
         int64_t ldv;
         const float *v = kv_block(kern, p->kv_dt, p->v, p->v_s, dv, blk->b, blk->g, j0, nk, w->v, &ldv);
-        kern->pv(n, npad, nk, dv, w->s, w->ld, v, ldv, w->alpha, w->acc, dv, !clean);
+        /* a dropped weight is 0, like a masked one: it must not multiply its V either,
+         * which matters only where the value block holds a NaN or Inf (0 · v = 0 exactly
+         * otherwise), so a clean tile tests the block first (nk·Dv, beside pv's n·nk·Dv) */
+        const bool skip = !clean || (p->dropout && !rows_finite(v, ldv, nk, dv));
+        kern->pv(n, npad, nk, dv, w->s, w->ld, v, ldv, w->alpha, w->acc, dv, skip);
     }
 }
 
@@ -543,6 +605,19 @@ static void block_weights(const attn_params *p, const attn_kernels *kern,
             float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2];
             for (int64_t c = 0; c < nk; c++)
                 w_bhi[(j0 + c) * p->w_s[3]] = expf(w->s[c * w->ld + r] - w->m[r]) / w->l[r];
+            if (p->dropout) {  // the weights that multiplied V: dropped 0, kept scaled
+                float f[ATTN_BK_LIMIT];
+                const uint64_t row = attn_dropout_row((uint64_t)blk->b, (uint64_t)w->h[r],
+                                                      (uint64_t)w->i[r], (uint64_t)p->Hq,
+                                                      (uint64_t)p->Lq);
+                attn_dropout_factors(p->drop_seed, p->drop_offset, p->drop_threshold,
+                                     p->drop_scale, row, (uint64_t)p->Lk, (uint64_t)j0,
+                                     (uint64_t)nk, f, 1);
+                for (int64_t c = 0; c < nk; c++) {
+                    float *x = &w_bhi[(j0 + c) * p->w_s[3]];
+                    *x = f[c] != 0.0f ? *x * f[c] : 0.0f;
+                }
+            }
         }
     }
 }

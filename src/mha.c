@@ -315,6 +315,11 @@ attn_status mha_attend(const attn_tensor *q, const attn_tensor *k, const attn_te
     if (opt.lse || opt.weights)
         return attn_fail(ATTN_ERR_VALUE, "options.%s must be NULL for the module (its weights "
                          "are an argument)", opt.lse ? "lse" : "weights");
+    /* the module calls the attention head by head when it averages the weights, where
+     * dropout's (b, h) rows would not be the heads' own: not offered until it is */
+    if (opt.dropout_p != 0.0f)
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "options.dropout_p = %g: the multi-head "
+                         "module has no dropout", (double)opt.dropout_p);
     opt.workspace = NULL;
     opt.workspace_bytes = 0;
     opt.lse = lse;

@@ -230,6 +230,9 @@ attn_status attn_mha_backward(const attn_mha *m, const attn_tensor *x_q, const a
                               const attn_tensor *dy, const attn_mha_grads *g,
                               const attn_options *opt) {
     bwd_ctx b = {.dy = dy, .g = g};
+    if (opt && opt->dropout_p != 0.0f)  // as the forward (mha.c, mha_attend)
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "options.dropout_p = %g: the multi-head module "
+                         "has no dropout", (double)opt->dropout_p);
     TRY(mha_plan_init(&b.pl, m, x_q, x_kv, NULL, true));
     TRY(check_grads(&b.pl, dy, g, x_kv == NULL, true));
     return mha_two_pass(backward_body, &b, opt, NULL);

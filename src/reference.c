@@ -14,6 +14,7 @@
 
 #include "attn_internal.h"
 #include "half.h"
+#include "philox.h"
 
 size_t attn_reference_workspace(const attn_params *p) {
     int64_t n;
@@ -99,6 +100,18 @@ attn_status attn_reference_forward(const attn_params *p, void *ws) {
                 } else {
                     for (int64_t j = 0; j < p->Lk; j++) s_i[j] = 0.0;
                 }
+                /* dropout: after l (the softmax's sum is the undropped one, and so is the
+                 * LSE), each kept weight times 1 / (1 - p), each dropped one 0 — then,
+                 * like a masked key, its V is never multiplied */
+                if (p->dropout) {
+                    const uint64_t r = attn_dropout_row((uint64_t)b, (uint64_t)h, (uint64_t)i,
+                                                        (uint64_t)p->Hq, (uint64_t)p->Lq);
+                    for (int64_t j = lo; j < hi; j++)
+                        s_i[j] = attn_dropout_kept(p->drop_seed, p->drop_offset, p->drop_threshold,
+                                                   r, (uint64_t)p->Lk, (uint64_t)j) && p->drop_scale64 != 0.0
+                                     ? s_i[j] * p->drop_scale64
+                                     : 0.0;
+                }
 
                 const int64_t o_bhi = b * p->o_s[0] + h * p->o_s[1] + i * p->o_s[2];
                 for (int64_t d = 0; d < p->Dv; d++) {
@@ -124,7 +137,7 @@ attn_status attn_reference_forward(const attn_params *p, void *ws) {
                     else
                         p->lse[at] = (float)lse;
                 }
-                if (p->weights) {
+                if (p->weights) {  // with dropout: the dropped and scaled weights
                     float *w = p->weights + b * p->w_s[0] + h * p->w_s[1] + i * p->w_s[2];
                     for (int64_t j = 0; j < p->Lk; j++)
                         w[j * p->w_s[3]] = masked_row ? 0.0f : (float)(s_i[j] / l);

@@ -22,6 +22,7 @@
 #include "alloc.h"
 #include "backward.h"
 #include "half.h"
+#include "philox.h"
 
 /* ---- one row of probabilities ------------------------------------------------------- */
 
@@ -79,9 +80,24 @@ static double ref_row(const attn_params *p, int64_t b, int64_t h, int64_t i,
 
 /* ---- one key/value group ------------------------------------------------------------ */
 
-/* Scratch of one group: P and dS (Lq, Lk) each, and the softcap factors (Lq, Lk) when
- * softcap > 0. */
-static int64_t ref_mats(const attn_params *p) { return p->softcap > 0.0f ? 3 : 2; }
+/* Scratch of one group: P and dS (Lq, Lk) each, the softcap factors (Lq, Lk) when
+ * softcap > 0, the dropout factors Z (Lq, Lk) with dropout. */
+static int64_t ref_mats(const attn_params *p) {
+    return 2 + (p->softcap > 0.0f ? 1 : 0) + (p->dropout ? 1 : 0);
+}
+
+/* Row i of head h (batch b): Z_i[j] = 1 / (1 - p) where dropout keeps weight (i, j), 0
+ * where it drops it (philox.h); all 1 without dropout. */
+static void ref_dropout_row(const attn_params *p, int64_t b, int64_t h, int64_t i, double *Z_i) {
+    const uint64_t r = attn_dropout_row((uint64_t)b, (uint64_t)h, (uint64_t)i, (uint64_t)p->Hq,
+                                        (uint64_t)p->Lq);
+    for (int64_t j = 0; j < p->Lk; j++)
+        Z_i[j] = !p->dropout ? 1.0
+                 : attn_dropout_kept(p->drop_seed, p->drop_offset, p->drop_threshold, r,
+                                     (uint64_t)p->Lk, (uint64_t)j)
+                     ? p->drop_scale64
+                     : 0.0;
+}
 
 /* The forward of the query heads h = g*group .. of key/value head g, batch b.
  *   q (group, Lq, Dk)  k (Lk, Dk)  v (Lk, Dv)  o (group, Lq, Dv)  lse (group, Lq) or NULL
@@ -90,6 +106,7 @@ static void ref_group_forward(const attn_params *p, int64_t b, int64_t g, const 
                               const double *k, const double *v, double *o, double *lse,
                               double *P) {
     const int64_t Lq = p->Lq, Lk = p->Lk, Dk = p->Dk, Dv = p->Dv;
+    double *Z = P + (ref_mats(p) - 1) * Lq * Lk;  // the dropout factors, with dropout
     for (int64_t hh = 0; hh < p->group; hh++) {
         const int64_t h = g * p->group + hh;
 #pragma omp parallel for schedule(static) num_threads(p->threads)
@@ -97,10 +114,15 @@ static void ref_group_forward(const attn_params *p, int64_t b, int64_t g, const 
             double *P_i = P + i * Lk;
             const double l = ref_row(p, b, h, i, q + (hh * Lq + i) * Dk, k, P_i, NULL, NULL);
             if (lse) lse[hh * Lq + i] = l;
+            /* dropout: o_i = Σ_j P_ij Z_ij v_j, the LSE the undropped one */
+            if (p->dropout) {
+                ref_dropout_row(p, b, h, i, Z + i * Lk);
+                for (int64_t j = 0; j < Lk; j++) P_i[j] *= Z[i * Lk + j];
+            }
             double *o_i = o + (hh * Lq + i) * Dv;
             for (int64_t d = 0; d < Dv; d++) o_i[d] = 0.0;
             for (int64_t j = 0; j < Lk; j++) {
-                if (P_i[j] == 0.0) continue;  // a masked key's V is never multiplied
+                if (P_i[j] == 0.0) continue;  // a masked (or dropped) key's V is never multiplied
                 for (int64_t d = 0; d < Dv; d++) o_i[d] += P_i[j] * v[j * Dv + d];
             }
         }
@@ -119,6 +141,7 @@ static void ref_group_backward(const attn_params *p, int64_t b, int64_t g, const
     const int64_t Lq = p->Lq, Lk = p->Lk, Dk = p->Dk, Dv = p->Dv;
     double *P = mats, *dS = mats + Lq * Lk;
     double *cap = p->softcap > 0.0f ? mats + 2 * Lq * Lk : NULL;
+    double *Z = p->dropout ? mats + (ref_mats(p) - 1) * Lq * Lk : NULL;  // dropout factors
     const double scale = p->scale64;
     memset(dk, 0, (size_t)(Lk * Dk) * sizeof(double));
     memset(dv, 0, (size_t)(Lk * Dv) * sizeof(double));
@@ -135,15 +158,21 @@ static void ref_group_backward(const attn_params *p, int64_t b, int64_t g, const
             const double *do_i = do_h + i * Dv;
             double p_sink;
             ref_row(p, b, h, i, q_h + i * Dk, k, P_i, cap_i, &p_sink);
+            double *Z_i = Z ? Z + i * Lk : NULL;
+            if (Z_i) ref_dropout_row(p, b, h, i, Z_i);
 
-            /* forward: o_i = Σ_j P_ij v_j, so dP_ij = dO_i · v_j; and
-             * D_i = Σ_j P_ij dP_ij (= dO_i · o_i with the float64 o_i) */
+            /* forward: o_i = Σ_j P_ij Z_ij v_j (Z = 1 without dropout; with it, Z_ij is
+             * 1 / (1 - p) where the weight is kept and 0 where dropped), so
+             * dP_ij = Z_ij (dO_i · v_j); and D_i = Σ_j P_ij dP_ij (= dO_i · o_i with the
+             * float64 o_i). A dropped key's v_j is not read, as a masked one's. */
             double D_i = 0.0;
             for (int64_t j = 0; j < Lk; j++) {
                 dS_i[j] = 0.0;
                 if (P_i[j] == 0.0) continue;  // masked: v_j is not read
+                if (Z_i && Z_i[j] == 0.0) continue;  // dropped: dP_ij = 0
                 double dp = 0.0;
                 for (int64_t d = 0; d < Dv; d++) dp += do_i[d] * v[j * Dv + d];
+                if (Z_i) dp *= Z_i[j];
                 dS_i[j] = dp;
                 D_i += P_i[j] * dp;
             }
@@ -178,7 +207,8 @@ static void ref_group_backward(const attn_params *p, int64_t b, int64_t g, const
         for (int64_t j = 0; j < Lk; j++) {
             double *dk_j = dk + j * Dk, *dv_j = dv + j * Dv;
             for (int64_t i = 0; i < Lq; i++) {
-                const double P_ij = P[i * Lk + j], dS_ij = dS[i * Lk + j];
+                /* forward: o_i = Σ_j P_ij Z_ij v_j, so dV_j += Σ_i P_ij Z_ij dO_i */
+                const double P_ij = P[i * Lk + j] * (Z ? Z[i * Lk + j] : 1.0), dS_ij = dS[i * Lk + j];
                 if (P_ij != 0.0)
                     for (int64_t d = 0; d < Dv; d++)
                         dv_j[d] += P_ij * (mag ? fabs(do_h[i * Dv + d]) : do_h[i * Dv + d]);

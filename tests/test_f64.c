@@ -623,6 +623,10 @@ static void misuse(void) {
     CHECK(written == 0, "a refused float64 call wrote o");
     CHECK(strstr(attn_last_error(), "float64") != NULL, "the detail names float64: '%s'",
           attn_last_error());
+    attn_options od = {.dropout_p = 0.25f};  // the float64 path draws no dropout mask
+    CHECK(attn_forward(&tq, &tk, &tv, &to, &od) == ATTN_ERR_UNSUPPORTED, "float64 with dropout");
+    for (int e = 0; e < 16; e++) written += o[e] != 42.0;
+    CHECK(written == 0, "a float64 call with dropout wrote o");
     /* the weights are float32 only; a float64 LSE under float32 q is refused */
     double wd[16];
     attn_tensor tw = attn_tensor_4d(wd, ATTN_F64, 1, 1, 4, 4);

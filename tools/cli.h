@@ -17,6 +17,7 @@ int cli_train(int argc, char **argv);   /* attn train   (tools/cli_train.c) */
 int cli_seq2seq(int argc, char **argv);  /* attn seq2seq (tools/cli_seq2seq.c) */
 int bench_additive(int argc, char **argv); /* attn bench --additive (tools/bench_additive.c) */
 int bench_q8(int argc, char **argv);       /* attn bench --q8 (tools/bench_q8.c) */
+int bench_dropout(int argc, char **argv);  /* attn bench --dropout (tools/bench_dropout.c) */
 int cli_bench_mha(int argc, char **argv);  /* attn bench-mha (tools/bench_mha.c) */
 int demo_mha(void);  /* attn demo's multi-head examples (tools/demo_mha.c) */
 /* This machine's fp32 FMA peak (GFLOP/s, the best ISA) and read bandwidth (GB/s) on

@@ -123,12 +123,38 @@ def _forward(query: Any, key: Any, value: Any, attn_mask: Any, alibi_slopes: Any
              tensor_type: Optional[type], alloc: Any = None, sinks: Any = None
              ) -> Tuple[Any, Any, Any]:
     """_attn.forward on inputs already read as plain arrays/tensors; options is the tuple
-    (is_causal, scale, enable_gqa, align, window, softcap, path, precision, threads) of
-    the C arguments, as the backward takes them too. alloc: _allocator's by default."""
-    causal, scale, gqa, align, window, softcap, path, level, threads = options
+    (is_causal, scale, enable_gqa, align, window, softcap, path, precision, threads,
+    dropout_p, dropout_seed, dropout_offset) of the C arguments, as the backward takes
+    them too. alloc: _allocator's by default."""
+    causal, scale, gqa, align, window, softcap, path, level, threads = options[:9]
     return _attn.forward(query, key, value, attn_mask, causal, scale, gqa, align, window,
                          softcap, alibi_slopes, kv_len, want_lse, want_weights, path, level,
-                         threads, alloc or _allocator(query, tensor_type), sinks)
+                         threads, alloc or _allocator(query, tensor_type), sinks,
+                         **_dropout_kwargs(options))
+
+
+def _dropout_kwargs(options: tuple) -> dict:
+    """The extension's keyword-only dropout arguments of an options tuple: none when
+    dropout is off (the calls then have the arguments they had before dropout existed)."""
+    p, seed, offset = options[9:]
+    return dict(dropout_p=p, dropout_seed=seed, dropout_offset=offset) if p > 0.0 else {}
+
+
+_UINT64 = (1 << 64) - 1
+
+
+def _dropout_seed(seed: Any, query: Any, tensor_type: Optional[type]) -> int:
+    """The seed of a call with dropout: the caller's (an int; taken modulo 2^64, so a
+    negative one works as well), or one drawn from the query's framework's own global
+    generator so that its seeding function makes the call reproducible:
+    torch.manual_seed for a PyTorch query (64 random bits from torch's default CPU
+    generator), numpy.random.seed otherwise (NumPy's global RandomState)."""
+    if seed is not None:
+        return _options.integer("seed", seed, (-(1 << 63), _UINT64)) & _UINT64
+    if tensor_type is not None and isinstance(query, tensor_type):
+        torch = sys.modules["torch"]
+        return int(torch.randint(-(1 << 63), (1 << 63) - 1, (), dtype=torch.int64)) & _UINT64
+    return int(np.random.randint(0, 1 << 64, dtype=np.uint64))
 
 
 # ---- autograd (PyTorch) ---------------------------------------------------------------------
@@ -234,12 +260,13 @@ def _sdpa_function() -> Any:
                      if need and isinstance(x, tt) else None
                      for need, x, dtype in zip(ctx.needs_input_grad[:3], (q, k, v),
                                                ctx.dtypes)]
-            causal, scale, gqa, align, window, softcap, path, level, threads = ctx.options
+            causal, scale, gqa, align, window, softcap, path, level, threads = ctx.options[:9]
             d_sinks = (torch.empty(sinks.shape, dtype=torch.float32)
                        if sinks is not None and ctx.needs_input_grad[8] else None)
+            # the forward's dropout options: the same seed regenerates the same mask
             _attn.backward(q, k, v, out, grad_out, lse, grads[0], grads[1], grads[2],
                            mask, causal, scale, gqa, align, window, softcap, slopes, lens,
-                           path, level, threads, sinks, d_sinks)
+                           path, level, threads, sinks, d_sinks, **_dropout_kwargs(ctx.options))
             if d_sinks is not None and d_sinks.dtype != ctx.sinks_dtype:
                 d_sinks = d_sinks.to(ctx.sinks_dtype)
             return tuple(grads) + (None,) * 5 + (d_sinks,)
@@ -257,7 +284,8 @@ def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any 
                                  kv_len: Any = ..., return_lse: Literal[False] = ...,
                                  return_weights: Literal[False] = ...,
                                  precision: Precision = ..., threads: int = ...,
-                                 path: Path = ..., sinks: Any = ...) -> T: ...
+                                 path: Path = ..., sinks: Any = ...,
+                                 seed: Optional[int] = ...) -> T: ...
 @overload
 def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any = ...,
                                  dropout_p: float = ..., is_causal: bool = ...,
@@ -267,7 +295,8 @@ def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any 
                                  kv_len: Any = ..., return_lse: Literal[True],
                                  return_weights: Literal[False] = ...,
                                  precision: Precision = ..., threads: int = ...,
-                                 path: Path = ..., sinks: Any = ...) -> Tuple[T, T]: ...
+                                 path: Path = ..., sinks: Any = ...,
+                                 seed: Optional[int] = ...) -> Tuple[T, T]: ...
 @overload
 def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any = ...,
                                  dropout_p: float = ..., is_causal: bool = ...,
@@ -277,7 +306,8 @@ def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any 
                                  kv_len: Any = ..., return_lse: Literal[False] = ...,
                                  return_weights: Literal[True],
                                  precision: Precision = ..., threads: int = ...,
-                                 path: Path = ..., sinks: Any = ...) -> Tuple[T, T]: ...
+                                 path: Path = ..., sinks: Any = ...,
+                                 seed: Optional[int] = ...) -> Tuple[T, T]: ...
 @overload
 def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any = ...,
                                  dropout_p: float = ..., is_causal: bool = ...,
@@ -287,7 +317,8 @@ def scaled_dot_product_attention(query: T, key: Any, value: Any, attn_mask: Any 
                                  kv_len: Any = ..., return_lse: Literal[True],
                                  return_weights: Literal[True],
                                  precision: Precision = ..., threads: int = ...,
-                                 path: Path = ..., sinks: Any = ...) -> Tuple[T, T, T]: ...
+                                 path: Path = ..., sinks: Any = ...,
+                                 seed: Optional[int] = ...) -> Tuple[T, T, T]: ...
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -295,7 +326,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  align="top-left", window=None, softcap=0.0,
                                  alibi_slopes=None, kv_len=None, return_lse=False,
                                  return_weights=False, precision="default", threads=0,
-                                 path="auto", sinks=None):
+                                 path="auto", sinks=None, seed=None):
     """Exact attention: softmax(scale * query @ key^T + attn_mask) @ value, computed by libattn.
 
     The signature and meaning of torch.nn.functional.scaled_dot_product_attention, on the
@@ -316,7 +347,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         attn_mask: None, a bool mask (True = attend) or a float mask added to the logits
             (-inf allowed), broadcast to (B, H, L, S) right-aligned as in PyTorch. float32
             is read in place; a float16 or bfloat16 mask is widened to a float32 copy.
-        dropout_p: must be 0.0 — anything else raises NotImplementedError (no dropout yet).
+        dropout_p: the probability 0 <= p <= 1 of dropping each attention weight (0 = no
+            dropout), as PyTorch: the kept weights are scaled by 1 / (1 - p) before
+            @ value (p = 1 gives an output of 0). Unlike PyTorch the library applies it
+            whether or not the caller is "training": pass 0.0 for inference. The mask is
+            a function of (seed, b, h, i, j) (docs/CONTRACT.md, "Dropout"): the same on
+            every path, kernel, thread count and machine; the backward regenerates it.
         is_causal: keep key j for query i when j <= i (top-left, PyTorch's is_causal; see
             align for the KV-cache alignment).
         scale: the factor applied to query @ key^T; None = 1/sqrt(D) (1 when D = 0).
@@ -335,7 +371,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         kv_len: (B,) int32/int64 (or a list): keys j >= kv_len[b] of batch b are masked.
         return_lse: also return the natural log-sum-exp of each row's logits, (..., L),
             float32 (-inf for a fully masked row).
-        return_weights: also return the attention weights, (..., L, S), float32.
+        return_weights: also return the attention weights, (..., L, S), float32. With
+            dropout: the weights that multiplied value, dropped ones 0 and kept ones
+            scaled by 1 / (1 - p) (as torch.nn.MultiheadAttention's need_weights).
         precision: "default": float32 accumulation, the probabilities kept in float32 for
             P @ value; "fast": the same, except that with a bfloat16 value P is rounded to
             bfloat16 for P @ value (on the CPU's bfloat16 dot products where it has them,
@@ -352,6 +390,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             (add_zero_attn), -inf no sink. A fully masked row gives 0 and LSE = sink.
             A torch tensor that requires grad gets its gradient (summed over the batch and
             rows) through the autograd Function.
+        seed: the dropout mask's seed, an int (modulo 2^64). None (the default) draws
+            one per call: from torch's default generator for a PyTorch query (so
+            torch.manual_seed makes the call reproducible), from NumPy's global
+            RandomState otherwise (numpy.random.seed). Unused when dropout_p = 0.
 
     Returns:
         The output (..., L, Dv), of the query's kind and dtype: NumPy in, NumPy out;
@@ -393,14 +435,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         ValueError: a wrong shape, rank, stride or option value, or a tensor on a GPU. The
             message names the argument; exceptions raised from the library's status carry
             it in their `status` attribute (e.g. "ATTN_ERR_SHAPE").
-        NotImplementedError: dropout_p != 0; under autograd, a mask or slopes that require
-            grad.
+        NotImplementedError: under autograd, a mask or slopes that require grad.
 
     The GIL is released while the library computes (forward and backward).
     """
-    if dropout_p != 0.0:
-        raise NotImplementedError(
-            "dropout_p=%r: attn has no dropout yet; pass dropout_p=0.0 (inference)" % (dropout_p,))
+    dropout_p = _options.number("dropout_p", dropout_p)
+    if not 0.0 <= dropout_p <= 1.0:  # checked here in double: the library's float could round to 1
+        raise ValueError("dropout_p=%r: expected 0 <= dropout_p <= 1 (0 = off)" % (dropout_p,))
     if align not in _ALIGN:
         raise ValueError("align=%r: expected 'top-left' or 'bottom-right'" % (align,))
     if path not in _PATH:
@@ -427,8 +468,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     sinks = _options.sequence("sinks", sinks, "float")
 
     tt = _torch_tensor_type()
+    seed = _dropout_seed(seed, query, tt) if dropout_p > 0.0 else 0
     options = (is_causal, scale, enable_gqa, _ALIGN[align], window, softcap, _PATH[path],
-               level, threads)
+               level, threads, dropout_p, seed, 0)
     if tt is not None and _wants_autograd(query, key, value, attn_mask, alibi_slopes, tt, sinks):
         if attn_mask is not None:
             attn_mask = _widen(attn_mask, tt)

@@ -40,7 +40,10 @@ class _Options(ctypes.Structure):
                 ("path", ctypes.c_int), ("precision", ctypes.c_int),
                 ("threads", ctypes.c_int32), ("workspace", ctypes.c_void_p),
                 ("workspace_bytes", ctypes.c_size_t), ("sinks", ctypes.c_void_p),
-                ("d_sinks", ctypes.c_void_p), ("scale_f64", ctypes.c_double)]
+                ("d_sinks", ctypes.c_void_p), ("scale_f64", ctypes.c_double),
+                # attn_options' dropout fields (0: off; additive attention refuses dropout)
+                ("dropout_p", ctypes.c_float), ("dropout_seed", ctypes.c_uint64),
+                ("dropout_offset", ctypes.c_uint64)]
 
 
 class _Weights(ctypes.Structure):

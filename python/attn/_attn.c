@@ -495,7 +495,7 @@ static const arg_name g_option_names[] = {
     {"options.scale", "scale"}, {"options.softcap", "softcap"},
     {"options.window", "window"}, {"options.threads", "threads"},
     {"options.align", "align"}, {"options.path", "path"},
-    {"options.precision", "precision"}, {NULL, NULL},
+    {"options.precision", "precision"}, {"options.dropout_p", "dropout_p"}, {NULL, NULL},
 };
 
 /* The detail after its leading name, with the library's one-letter tensor names that it
@@ -636,6 +636,15 @@ static int parse_options(attn_options *opt, PyObject *oscale, double softcap, in
     opt->precision = (attn_precision)precision;
     opt->threads = threads;
     return 0;
+}
+
+/* The dropout options (keyword-only, 0 = off): the library checks dropout_p's range. A
+ * NaN or out-of-range double stays such as a float (the library refuses it). */
+static void parse_dropout(attn_options *opt, double p, unsigned long long seed,
+                          unsigned long long offset) {
+    opt->dropout_p = (float)p;
+    opt->dropout_seed = seed;
+    opt->dropout_offset = offset;
 }
 
 enum { IN_Q, IN_K, IN_V, IN_MASK, IN_ALIBI, IN_KVLEN, IN_SINKS, IN_N };
@@ -854,7 +863,7 @@ static attn_tensor lse_view(const imported *t) {
 PyDoc_STRVAR(forward_doc,
 "forward(query, key, value, attn_mask, is_causal, scale, enable_gqa, align, window,\n"
 "        softcap, alibi_slopes, kv_len, return_lse, return_weights, path, precision,\n"
-"        threads, alloc, sinks=None)\n"
+"        threads, alloc, sinks=None, *, dropout_p=0.0, dropout_seed=0, dropout_offset=0)\n"
 "--\n\n"
 "Private: the call behind attn.scaled_dot_product_attention. align, path and precision\n"
 "are the attn_align / attn_path / attn_precision integers, window is None or (left,\n"
@@ -868,15 +877,18 @@ static PyObject *py_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"query", "key", "value", "attn_mask", "is_causal", "scale",
                              "enable_gqa", "align", "window", "softcap", "alibi_slopes",
                              "kv_len", "return_lse", "return_weights", "path", "precision",
-                             "threads", "alloc", "sinks", NULL};
+                             "threads", "alloc", "sinks", "dropout_p", "dropout_seed",
+                             "dropout_offset", NULL};
     PyObject *oq, *ok, *ov, *omask, *oscale, *owindow, *oalibi, *okvlen, *alloc;
     PyObject *osinks = Py_None;
     int causal, gqa, align, want_lse, want_w, path, precision, threads;
-    double softcap;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOpOpiOdOOppiiiO|O:forward", kwlist, &oq,
-                                     &ok, &ov, &omask, &causal, &oscale, &gqa, &align,
+    double softcap, dropout_p = 0.0;
+    unsigned long long dropout_seed = 0, dropout_offset = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOpOpiOdOOppiiiO|O$dKK:forward", kwlist,
+                                     &oq, &ok, &ov, &omask, &causal, &oscale, &gqa, &align,
                                      &owindow, &softcap, &oalibi, &okvlen, &want_lse, &want_w,
-                                     &path, &precision, &threads, &alloc, &osinks))
+                                     &path, &precision, &threads, &alloc, &osinks, &dropout_p,
+                                     &dropout_seed, &dropout_offset))
         return NULL;
 
     call_inputs c;
@@ -884,6 +896,7 @@ static PyObject *py_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
     if (parse_options(&c.opt, oscale, softcap, causal, align, owindow, path, precision,
                       threads) != 0)
         return NULL;
+    parse_dropout(&c.opt, dropout_p, dropout_seed, dropout_offset);
 
     enum { OUT, LSE, WEIGHTS, N_T };
     imported t[N_T];
@@ -1079,7 +1092,8 @@ static void grad_release(grad_slot *g) {
 PyDoc_STRVAR(backward_doc,
 "backward(query, key, value, out, grad_out, lse, grad_query, grad_key, grad_value,\n"
 "         attn_mask, is_causal, scale, enable_gqa, align, window, softcap, alibi_slopes,\n"
-"         kv_len, path, precision, threads, sinks=None, grad_sinks=None)\n"
+"         kv_len, path, precision, threads, sinks=None, grad_sinks=None, *,\n"
+"         dropout_p=0.0, dropout_seed=0, dropout_offset=0)\n"
 "--\n\n"
 "Private: the gradients of forward() (attn_backward), behind the autograd of\n"
 "attn.scaled_dot_product_attention. query ... threads are exactly the forward call's\n"
@@ -1099,16 +1113,17 @@ static PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
                              "grad_key", "grad_value", "attn_mask", "is_causal", "scale",
                              "enable_gqa", "align", "window", "softcap", "alibi_slopes",
                              "kv_len", "path", "precision", "threads", "sinks", "grad_sinks",
-                             NULL};
+                             "dropout_p", "dropout_seed", "dropout_offset", NULL};
     PyObject *oq, *ok, *ov, *oo, *odo, *olse, *odq, *odk, *odv, *omask, *oscale, *owindow,
         *oalibi, *okvlen, *osinks = Py_None, *odsinks = Py_None;
     int causal, gqa, align, path, precision, threads;
-    double softcap;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOpOpiOdOOiii|OO:backward", kwlist,
-                                     &oq, &ok, &ov, &oo, &odo, &olse, &odq, &odk, &odv, &omask,
-                                     &causal, &oscale, &gqa, &align, &owindow, &softcap,
+    double softcap, dropout_p = 0.0;
+    unsigned long long dropout_seed = 0, dropout_offset = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOpOpiOdOOiii|OO$dKK:backward",
+                                     kwlist, &oq, &ok, &ov, &oo, &odo, &olse, &odq, &odk, &odv,
+                                     &omask, &causal, &oscale, &gqa, &align, &owindow, &softcap,
                                      &oalibi, &okvlen, &path, &precision, &threads, &osinks,
-                                     &odsinks))
+                                     &odsinks, &dropout_p, &dropout_seed, &dropout_offset))
         return NULL;
 
     call_inputs c;
@@ -1116,6 +1131,7 @@ static PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
     if (parse_options(&c.opt, oscale, softcap, causal, align, owindow, path, precision,
                       threads) != 0)
         return NULL;
+    parse_dropout(&c.opt, dropout_p, dropout_seed, dropout_offset);
 
     enum { OUT, DOUT, LSE, DSINKS, N_T };
     imported t[N_T];

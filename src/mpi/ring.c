@@ -302,13 +302,14 @@ static attn_status check_local(const attn_tensor *q, const attn_tensor *k, const
                                const attn_tensor *const *bwd) {
     const bool backward = bwd != NULL;
     /* a mask or bias [.., Lq, Lk] would have to be cut into the ring's blocks on every
-     * process (each holds only its rows of it): refused, as are ALiBi and the weights; and
-     * sinks, which each partial result would count again */
+     * process (each holds only its rows of it): refused, as are ALiBi and the weights;
+     * sinks, which each partial result would count again; and dropout, whose pieces would
+     * draw the mask of their own (j, Lk), not the whole call's */
     if (opt && (opt->mask || opt->bias || opt->alibi_slopes || opt->weights || opt->sinks ||
-                opt->d_sinks))
+                opt->d_sinks || opt->dropout_p != 0.0f))
         return ring_fail(ATTN_ERR_UNSUPPORTED, "the ring takes no %s",
                          opt->mask ? "mask" : opt->bias ? "bias" : opt->alibi_slopes ? "ALiBi"
-                         : opt->weights ? "weights" : "sinks");
+                         : opt->weights ? "weights" : opt->dropout_p != 0.0f ? "dropout" : "sinks");
     if (backward && opt && opt->lse)
         return ring_fail(ATTN_ERR_VALUE, "options.lse must be NULL in attn_ring_backward");
     /* the reference backward recomputes each row's softmax over the keys it is given, so

@@ -310,7 +310,9 @@ def call(rng, **over):
     (dict(precision="float64", path="fused"), ValueError, r"^precision='float64'", None),
     (dict(precision="fast", path="reference"), ValueError, r"^precision='fast' runs on the fused",
      None),
-    (dict(dropout_p=0.1), NotImplementedError, r"^dropout_p=0.1", None),
+    (dict(dropout_p=1.5), ValueError, r"^dropout_p=1.5", None),
+    (dict(dropout_p="0.1"), TypeError, r"^dropout_p=", None),
+    (dict(dropout_p=0.1, seed=1.5), TypeError, r"^seed=1.5", None),
 ])
 def test_errors_name_the_argument(rng, over, exc, pattern, status):
     with pytest.raises(exc, match=pattern) as info:
@@ -378,7 +380,7 @@ def test_signature_is_pytorchs():
     assert [p.default for p in params[3:8]] == [None, 0.0, False, None, False]
     assert all(p.kind is p.KEYWORD_ONLY for p in params[8:])
     assert names[8:] == ["align", "window", "softcap", "alibi_slopes", "kv_len", "return_lse",
-                         "return_weights", "precision", "threads", "path", "sinks"]
+                         "return_weights", "precision", "threads", "path", "sinks", "seed"]
 
 
 def test_help_shows_the_docstrings():

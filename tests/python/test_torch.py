@@ -173,8 +173,8 @@ def test_errors_match_torchs_refusals():
         sdpa(q, k, k)
     with pytest.raises(RuntimeError):
         F.scaled_dot_product_attention(q, k, k)
-    with pytest.raises(NotImplementedError):
-        sdpa(q, q, q, dropout_p=0.5)
+    with pytest.raises(ValueError, match="^dropout_p="):  # PyTorch: RuntimeError for p > 1
+        sdpa(q, q, q, dropout_p=1.5)
 
 
 def test_cuda_tensor_refused():
