@@ -59,7 +59,7 @@ typedef struct fused_plan {
     size_t thread_bytes;      // one thread's slice, a multiple of 64 bytes
     size_t partial_floats;    // one (item, chunk)'s saved m, l and acc
     size_t off_q, off_qt, off_k, off_v, off_s, off_acc, off_m, off_l, off_alpha;
-    size_t off_lo, off_hi, off_h, off_i, off_qp, off_pairs;
+    size_t off_lo, off_hi, off_h, off_i, off_qp, off_pairs, off_gk, off_gv;
     /* the call's bool mask and bias, summarized once (mask_summary.h), and the params
      * without them, for the tiles they leave open; both NULL without mask or bias */
     const attn_mask_summary *sum;
@@ -127,6 +127,10 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
         CARVE(off_qp, (size_t)((dk + 1) / 2 * bq) * sizeof(uint32_t));
     if (p->kv_dt == ATTN_BF16 && p->precision == ATTN_PRECISION_FAST)
         CARVE(off_pairs, (size_t)((bk / 2 + 1) * (bq + (dv + 15) / 16 * 16)) * sizeof(uint32_t));
+    if (p->block_table) {  // a paged cache: the rows of a tile that crosses pages, gathered
+        CARVE(off_gk, (size_t)(bk * dk * kv_bytes));
+        CARVE(off_gv, (size_t)(bk * dv * kv_bytes));
+    }
 #undef CARVE
     plan->thread_bytes = at;
     return true;
@@ -170,6 +174,7 @@ typedef struct fused_scratch {
     int64_t *h, *i;        // (bq) each row's query head and row index
     uint32_t *qp;          // (ceil(Dk/2), bq) bf16 query pairs, for qk_bf16
     uint32_t *pairs;       // the packed P and V pairs of pv_bf16
+    char *gk, *gv;         // (bk, Dk), (bk, Dv) in the cache's dtype: a paged tile's rows
 } fused_scratch;
 
 static fused_scratch carve(const fused_plan *plan, char *slice) {
@@ -190,6 +195,8 @@ static fused_scratch carve(const fused_plan *plan, char *slice) {
         .i = (int64_t *)(slice + plan->off_i),
         .qp = (uint32_t *)(slice + plan->off_qp),
         .pairs = (uint32_t *)(slice + plan->off_pairs),
+        .gk = slice + plan->off_gk,
+        .gv = slice + plan->off_gv,
     };
     return w;
 }
@@ -314,27 +321,60 @@ static void finish_tile(const attn_params *p, const fused_scratch *w, const fuse
     }
 }
 
-/* The key (or value) rows j0 .. j0+nk-1 of head (b, g) as float32: a pointer into the
- * caller's tensor when it is float32 with last stride 1, else converted into buf (the
- * kernel's vector conversion for 16-bit rows with last stride 1). *ld gets the row
- * stride. */
-static const float *kv_block(const attn_kernels *kern, attn_dtype dt, const void *base,
-                             const int64_t st[4], int64_t width, int64_t b, int64_t g,
-                             int64_t j0, int64_t nk, float *buf, int64_t *ld) {
-    const int64_t x = b * st[0] + g * st[1] + j0 * st[2];
+/* A tile's key or value rows in the cache's own dtype: row c at data + c * ld elements,
+ * element d of a row at + d * es. */
+typedef struct kv_tile {
+    const char *data;
+    int64_t ld, es;
+} kv_tile;
+
+/* Rows j0 .. j0+nk-1 (nk >= 1) of the block's head (b, g) in K or V (base, strides st,
+ * rows of `width` elements): in place when they lie at one stride (a contiguous cache,
+ * or a tile within one page: the pages' own memory, no copy), else gathered page by page
+ * into gbuf as nk dense rows. The values are the same either way, so a paged call
+ * computes what the contiguous one does on the same tiles, bit for bit. */
+static kv_tile kv_rows(const attn_params *p, const fused_block *blk, const void *base,
+                       const int64_t st[4], int64_t width, int64_t j0, int64_t nk, char *gbuf) {
+    const int64_t ek = attn_elem_bytes(p->kv_dt);
+    if (attn_kv_one_run(p, j0, nk))
+        return (kv_tile){(const char *)base + attn_kv_offset(p, st, blk->b, blk->g, j0) * ek,
+                         st[2], st[3]};
+    for (int64_t c = 0; c < nk;) {
+        const int64_t j = j0 + c;
+        int64_t run = p->page_size - j % p->page_size;  // rows left in j's page
+        if (run > nk - c) run = nk - c;
+        const char *src = (const char *)base + attn_kv_offset(p, st, blk->b, blk->g, j) * ek;
+        for (int64_t r = 0; r < run; r++, c++) {
+            char *dst = gbuf + c * width * ek;
+            const char *row = src + r * st[2] * ek;
+            if (st[3] == 1) {
+                memcpy(dst, row, (size_t)(width * ek));
+            } else {
+                for (int64_t d = 0; d < width; d++) memcpy(dst + d * ek, row + d * st[3] * ek, (size_t)ek);
+            }
+        }
+    }
+    return (kv_tile){gbuf, width, 1};
+}
+
+/* The conversion of a block of nk rows (t, as kv_rows gives them) to float32: t itself
+ * when it is float32 with unit element stride, else converted into buf (the kernel's
+ * vector conversion for 16-bit rows with unit element stride). *ld gets the row stride. */
+static const float *kv_block(const attn_kernels *kern, attn_dtype dt, kv_tile t, int64_t width,
+                             int64_t nk, float *buf, int64_t *ld) {
     *ld = width;
-    if (st[3] == 1) {
+    if (t.es == 1) {
         if (dt == ATTN_F32) {
-            *ld = st[2];
-            return (const float *)base + x;
+            *ld = t.ld;
+            return (const float *)t.data;
         }
         for (int64_t c = 0; c < nk; c++)
-            kern->to_f32(dt, width, (const uint16_t *)base + x + c * st[2], buf + c * width);
+            kern->to_f32(dt, width, (const uint16_t *)t.data + c * t.ld, buf + c * width);
         return buf;
     }
     for (int64_t c = 0; c < nk; c++)
         for (int64_t d = 0; d < width; d++)
-            buf[c * width + d] = attn_load(dt, base, x + c * st[2] + d * st[3]);
+            buf[c * width + d] = attn_load(dt, t.data, c * t.ld + d * t.es);
     return buf;
 }
 
@@ -342,14 +382,13 @@ static const float *kv_block(const attn_kernels *kern, attn_dtype dt, const void
 static void tile_logits(const attn_params *p, const attn_kernels *kern, const fused_scratch *w,
                         const fused_block *blk, int64_t j0, int64_t nk, bool boundary) {
     const int64_t dk = p->Dk;
+    const kv_tile kt = kv_rows(p, blk, p->k, p->k_s, dk, j0, nk, w->gk);
     if (blk->qk_bf16) {
-        const uint16_t *k = (const uint16_t *)p->k + blk->b * p->k_s[0] + blk->g * p->k_s[1] +
-                            j0 * p->k_s[2];
-        kern->qk_bf16(blk->npad, nk, dk, w->qp, w->ld, k, p->k_s[2], p->scale, w->s, w->ld);
+        kern->qk_bf16(blk->npad, nk, dk, w->qp, w->ld, (const uint16_t *)kt.data, kt.ld,
+                      p->scale, w->s, w->ld);
     } else {
         int64_t ldk;
-        const float *k = kv_block(kern, p->kv_dt, p->k, p->k_s, dk, blk->b, blk->g, j0, nk,
-                                  w->k, &ldk);
+        const float *k = kv_block(kern, p->kv_dt, kt, dk, nk, w->k, &ldk);
         kern->qk(blk->n, blk->npad, nk, dk, w->q, w->qt, w->ld, k, ldk, p->scale, w->s, w->ld);
     }
     if (boundary || attn_has_elementwise(p)) finish_tile(p, w, blk, nk, w->ld, j0, boundary);
@@ -369,7 +408,7 @@ enum { PREFETCH_TILES = 2 };
 static const char *kv_row(const attn_params *p, const fused_block *blk, const void *base,
                           const int64_t st[4], int64_t j) {
     const int64_t ek = attn_elem_bytes(p->kv_dt);
-    return (const char *)base + (blk->b * st[0] + blk->g * st[1] + j * st[2]) * ek;
+    return (const char *)base + attn_kv_offset(p, st, blk->b, blk->g, j) * ek;
 }
 
 static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
@@ -441,21 +480,29 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         if (decode && clean) {
             /* the first call on the tile prefetches its V and the next tile's K, when there
              * is one (no pointer past the tensor otherwise) */
-            const int64_t j1 = j0 + nk, next_nk = j1 < jb ? (jb - j1 < plan->bk ? jb - j1 : plan->bk) : 0;
+            const int64_t j1 = j0 + nk;
+            int64_t next_nk = j1 < jb ? (jb - j1 < plan->bk ? jb - j1 : plan->bk) : 0;
+            /* a paged next tile across pages: its rows asked for one by one here instead */
+            if (next_nk > 0 && !attn_kv_one_run(p, j1, next_nk)) {
+                prefetch_tile(p, blk, j1, next_nk);
+                next_nk = 0;
+            }
             const char *next_k = next_nk > 0 ? kv_row(p, blk, p->k, p->k_s, j1) : NULL;
+            const kv_tile kt = kv_rows(p, blk, p->k, p->k_s, dk, j0, nk, w->gk);
+            const kv_tile vt = kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, w->gv);
             for (int64_t r0 = 0; r0 < n; r0 += 4)
                 kern->decode(n - r0 < 4 ? n - r0 : 4, nk, dk, dv, w->q + r0 * dk, p->kv_dt, fast,
-                             kv_row(p, blk, p->k, p->k_s, j0), p->k_s[2], kv_row(p, blk, p->v, p->v_s, j0),
-                             p->v_s[2], p->scale, w->s, w->m + r0, w->l + r0, w->alpha + r0,
-                             w->acc + r0 * dv, r0 == 0, next_k, next_nk);
+                             kt.data, kt.ld, vt.data, vt.ld, p->scale, w->s, w->m + r0,
+                             w->l + r0, w->alpha + r0, w->acc + r0 * dv, r0 == 0, next_k,
+                             next_nk);
             continue;
         }
         const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
         if (n <= 4 && pj < jb) prefetch_tile(p, blk, pj, jb - pj < plan->bk ? jb - pj : plan->bk);
         tile_logits(pt, kern, w, blk, j0, nk, boundary);
         if (fast && clean && kern->pv_bf16 && p->v_s[3] == 1) {
-            const uint16_t *v = (const uint16_t *)p->v + blk->b * p->v_s[0] +
-                                blk->g * p->v_s[1] + j0 * p->v_s[2];
+            const kv_tile vt = kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, w->gv);
+            const uint16_t *v = (const uint16_t *)vt.data;
             const float *probs = w->s;
             if (kern->softmax_pairs) {  // P rounded to pairs as it is computed
                 kern->softmax_pairs(npad, nk, w->s, w->ld, w->m, w->l, w->alpha, w->pairs, npad);
@@ -463,7 +510,7 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
             } else {
                 kern->softmax(npad, nk, w->s, w->ld, w->m, w->l, w->alpha);
             }
-            kern->pv_bf16(n, npad, nk, dv, probs, w->ld, v, p->v_s[2], w->alpha, w->acc, dv, w->pairs);
+            kern->pv_bf16(n, npad, nk, dv, probs, w->ld, v, vt.ld, w->alpha, w->acc, dv, w->pairs);
             continue;
         }
         kern->softmax(npad, nk, w->s, w->ld, w->m, w->l, w->alpha);
@@ -472,7 +519,8 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
                 for (int64_t r = 0; r < n; r++)
                     w->s[c * w->ld + r] = attn_bf16_to_f32(attn_f32_to_bf16(w->s[c * w->ld + r]));
         int64_t ldv;
-        const float *v = kv_block(kern, p->kv_dt, p->v, p->v_s, dv, blk->b, blk->g, j0, nk, w->v, &ldv);
+        const float *v = kv_block(kern, p->kv_dt, kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, w->gv),
+                                  dv, nk, w->v, &ldv);
         kern->pv(n, npad, nk, dv, w->s, w->ld, v, ldv, w->alpha, w->acc, dv, !clean);
     }
 }
@@ -514,10 +562,11 @@ static void block_weights(const attn_params *p, const attn_kernels *kern,
         if (decode && !boundary && !pt->mask && !pt->bias) {
             /* a tile the decoding step took: its own logits, so that the maxima agree */
             float cs[4 * (ATTN_BK_LIMIT + 4)];
+            const kv_tile kt = kv_rows(p, blk, p->k, p->k_s, p->Dk, j0, nk, w->gk);
             for (int64_t r0 = 0; r0 < blk->n; r0 += 4) {
                 const int64_t rows = blk->n - r0 < 4 ? blk->n - r0 : 4;
-                kern->decode_qk(rows, nk, p->Dk, w->q + r0 * p->Dk, p->kv_dt,
-                                kv_row(p, blk, p->k, p->k_s, j0), p->k_s[2], p->scale, cs);
+                kern->decode_qk(rows, nk, p->Dk, w->q + r0 * p->Dk, p->kv_dt, kt.data, kt.ld,
+                                p->scale, cs);
                 for (int64_t c = 0; c < nk; c++)
                     for (int64_t r = 0; r < rows; r++) w->s[c * w->ld + r0 + r] = cs[4 * c + r];
             }

@@ -178,12 +178,13 @@ attn_status attn_check_forward_aliasing(const attn_tensor *q, const attn_tensor 
                                         const attn_tensor *v, const attn_tensor *o,
                                         const attn_options *opt, size_t ws_need) {
     static const char *const in_names[] = {"q", "k", "v", "mask", "bias", "kv_len",
-                                           "alibi_slopes"};
+                                           "alibi_slopes", "block_table"};
     static const char *const out_names[] = {"o", "lse", "weights"};
     const attn_tensor *in[] = {q, k, v, opt ? opt->mask : NULL, opt ? opt->bias : NULL,
-                               opt ? opt->kv_len : NULL, opt ? opt->alibi_slopes : NULL};
+                               opt ? opt->kv_len : NULL, opt ? opt->alibi_slopes : NULL,
+                               opt ? opt->block_table : NULL};
     const attn_tensor *out[] = {o, opt ? opt->lse : NULL, opt ? opt->weights : NULL};
-    return check_outputs(in, in_names, 7, out, out_names, 3, opt, ws_need);
+    return check_outputs(in, in_names, 8, out, out_names, 3, opt, ws_need);
 }
 
 attn_status attn_check_backward_aliasing(const attn_tensor *const t[8], const attn_tensor *lse,
