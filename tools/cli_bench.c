@@ -1397,6 +1397,8 @@ static void print_table(FILE *f, const machine *m, const bench_case *c, int n, c
 int cli_bench(int argc, char **argv) {
     /* additive attention's rows have their own file (tools/bench_additive.c) */
     if (argc > 1 && strcmp(argv[1], "--additive") == 0) return bench_additive(argc - 1, argv + 1);
+    /* the paged cache's decoding rows: tools/bench_paged.c */
+    if (argc > 1 && strcmp(argv[1], "--paged") == 0) return bench_paged(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "masks") == 0) return cli_bench_masks(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "--head-dims") == 0) return bench_head_dims(argc - 1, argv + 1);
     bench_args a = {0};

@@ -37,7 +37,10 @@ class _Options(ctypes.Structure):
                 ("lse", ctypes.c_void_p), ("weights", ctypes.c_void_p),
                 ("path", ctypes.c_int), ("precision", ctypes.c_int),
                 ("threads", ctypes.c_int32), ("workspace", ctypes.c_void_p),
-                ("workspace_bytes", ctypes.c_size_t)]
+                ("workspace_bytes", ctypes.c_size_t),
+                # attn_options' fields added at its end: every one must be here, or the
+                # C call reads past this structure
+                ("block_table", ctypes.c_void_p)]
 
 
 class _Weights(ctypes.Structure):
