@@ -344,6 +344,11 @@ static kv_tile kv_rows(const attn_params *p, const fused_block *blk, const void 
         int64_t run = p->page_size - j % p->page_size;  // rows left in j's page
         if (run > nk - c) run = nk - c;
         const char *src = (const char *)base + attn_kv_offset(p, st, blk->b, blk->g, j) * ek;
+        if (st[3] == 1 && st[2] == width) {  // the run's rows are one block: one copy
+            memcpy(gbuf + c * width * ek, src, (size_t)(run * width * ek));
+            c += run;
+            continue;
+        }
         for (int64_t r = 0; r < run; r++, c++) {
             char *dst = gbuf + c * width * ek;
             const char *row = src + r * st[2] * ek;
@@ -420,6 +425,14 @@ static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t 
     }
 }
 
+/* Of the nk >= 1 keys from j, how many lie at one stride from row j: all of them in a
+ * contiguous cache, those up to the end of j's page in a paged one. */
+static int64_t kv_segment(const attn_params *p, int64_t j, int64_t nk) {
+    if (!p->block_table) return nk;
+    const int64_t run = p->page_size - j % p->page_size;
+    return run < nk ? run : nk;
+}
+
 /* A block of a few rows (decoding) on a kernel that has the one-pass decoding step: up to
  * 4 rows a call, so a block of up to ATTN_DECODE_MAX_ROWS rows (the query heads of a GQA
  * group) takes several calls on each clean tile, the tile then in the cache for all but
@@ -478,23 +491,29 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         /* a bool mask or a bias can mask any key: their tiles skip zero weights */
         const bool clean = !boundary && !pt->mask && !pt->bias;
         if (decode && clean) {
-            /* the first call on the tile prefetches its V and the next tile's K, when there
-             * is one (no pointer past the tensor otherwise) */
-            const int64_t j1 = j0 + nk;
-            int64_t next_nk = j1 < jb ? (jb - j1 < plan->bk ? jb - j1 : plan->bk) : 0;
-            /* a paged next tile across pages: its rows asked for one by one here instead */
-            if (next_nk > 0 && !attn_kv_one_run(p, j1, next_nk)) {
-                prefetch_tile(p, blk, j1, next_nk);
-                next_nk = 0;
+            /* the tile in segments of rows at one stride: the whole tile in a contiguous
+             * cache or within a page, else page by page, each read in place (a copy of
+             * the rows cost more than the extra online-softmax steps: docs/KERNELS.md).
+             * The first call on a segment prefetches its V and the next segment's K, when
+             * there is one (no pointer past the tensor otherwise). */
+            if (p->block_table && p->page_size < plan->bk) {
+                /* small pages: the hardware prefetcher loses the stream at each page, so
+                 * the rows of the tile PREFETCH_TILES ahead are asked for here too */
+                const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
+                if (pj < jb) prefetch_tile(p, blk, pj, jb - pj < plan->bk ? jb - pj : plan->bk);
             }
-            const char *next_k = next_nk > 0 ? kv_row(p, blk, p->k, p->k_s, j1) : NULL;
-            const kv_tile kt = kv_rows(p, blk, p->k, p->k_s, dk, j0, nk, w->gk);
-            const kv_tile vt = kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, w->gv);
-            for (int64_t r0 = 0; r0 < n; r0 += 4)
-                kern->decode(n - r0 < 4 ? n - r0 : 4, nk, dk, dv, w->q + r0 * dk, p->kv_dt, fast,
-                             kt.data, kt.ld, vt.data, vt.ld, p->scale, w->s, w->m + r0,
-                             w->l + r0, w->alpha + r0, w->acc + r0 * dv, r0 == 0, next_k,
-                             next_nk);
+            for (int64_t s0 = j0, seg; s0 < j0 + nk; s0 += seg) {
+                seg = kv_segment(p, s0, j0 + nk - s0);
+                const int64_t j1 = s0 + seg;
+                const int64_t next_nk = j1 < jb ? kv_segment(p, j1, jb - j1 < plan->bk ? jb - j1 : plan->bk) : 0;
+                const char *next_k = next_nk > 0 ? kv_row(p, blk, p->k, p->k_s, j1) : NULL;
+                const char *k = kv_row(p, blk, p->k, p->k_s, s0), *v = kv_row(p, blk, p->v, p->v_s, s0);
+                for (int64_t r0 = 0; r0 < n; r0 += 4)
+                    kern->decode(n - r0 < 4 ? n - r0 : 4, seg, dk, dv, w->q + r0 * dk, p->kv_dt,
+                                 fast, k, p->k_s[2], v, p->v_s[2], p->scale, w->s, w->m + r0,
+                                 w->l + r0, w->alpha + r0, w->acc + r0 * dv, r0 == 0, next_k,
+                                 next_nk);
+            }
             continue;
         }
         const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
@@ -562,13 +581,17 @@ static void block_weights(const attn_params *p, const attn_kernels *kern,
         if (decode && !boundary && !pt->mask && !pt->bias) {
             /* a tile the decoding step took: its own logits, so that the maxima agree */
             float cs[4 * (ATTN_BK_LIMIT + 4)];
-            const kv_tile kt = kv_rows(p, blk, p->k, p->k_s, p->Dk, j0, nk, w->gk);
-            for (int64_t r0 = 0; r0 < blk->n; r0 += 4) {
-                const int64_t rows = blk->n - r0 < 4 ? blk->n - r0 : 4;
-                kern->decode_qk(rows, nk, p->Dk, w->q + r0 * p->Dk, p->kv_dt, kt.data, kt.ld,
-                                p->scale, cs);
-                for (int64_t c = 0; c < nk; c++)
-                    for (int64_t r = 0; r < rows; r++) w->s[c * w->ld + r0 + r] = cs[4 * c + r];
+            for (int64_t s0 = j0, seg; s0 < j0 + nk; s0 += seg) {  // block_sweep's segments
+                seg = kv_segment(p, s0, j0 + nk - s0);
+                const char *k = kv_row(p, blk, p->k, p->k_s, s0);
+                for (int64_t r0 = 0; r0 < blk->n; r0 += 4) {
+                    const int64_t rows = blk->n - r0 < 4 ? blk->n - r0 : 4;
+                    kern->decode_qk(rows, seg, p->Dk, w->q + r0 * p->Dk, p->kv_dt, k, p->k_s[2],
+                                    p->scale, cs);
+                    for (int64_t c = 0; c < seg; c++)
+                        for (int64_t r = 0; r < rows; r++)
+                            w->s[(s0 - j0 + c) * w->ld + r0 + r] = cs[4 * c + r];
+                }
             }
         } else {
             tile_logits(pt, kern, w, blk, j0, nk, boundary);

@@ -8,8 +8,9 @@
  * slot no valid key occupies (the tail of the last page, spare pages) and -1 or INT32_MAX
  * in every table entry past the valid pages: reading any of them poisons the answer or
  * faults. Checks:
- * - fused over pages = fused over the contiguous cache, bit for bit (the tiles are the
- *   same: the plan depends on the shapes alone), O, LSE and weights;
+ * - fused over pages = fused over the contiguous cache, bit for bit, O, LSE and weights,
+ *   wherever the tiles are the same (every case but a decoding step on a tile that
+ *   crosses pages, which is read segment by segment: those meet the reference instead);
  * - the float64 reference over pages = the reference over the contiguous cache, bit for
  *   bit, and the fused path within the contract's float32 tolerance of it;
  * - page sizes 1, 3, 16, 64, 256, lengths ending on, before and after a page boundary,
@@ -200,9 +201,17 @@ static void one_case(int64_t B, int64_t Hkv, int64_t D, int64_t ps, int64_t max_
     const size_t no = (size_t)(B * Hq * Lq * D) * sizeof(float);
     const size_t nl = (size_t)(B * Hq * Lq) * sizeof(float);
     const size_t nw = (size_t)(B * Hq * Lq * Lk) * sizeof(float);
-    CHECK(memcmp(fp.o, fc.o, no) == 0, "%s: fused O paged != contiguous (bits)", tag);
-    CHECK(!f->lse || memcmp(fp.lse, fc.lse, nl) == 0, "%s: fused LSE paged != contiguous", tag);
-    CHECK(!f->weights || memcmp(fp.w, fc.w, nw) == 0, "%s: fused weights paged != contiguous", tag);
+    /* The tiles are the same (so are the bits) unless a decoding-shaped block (at most 16
+     * rows, no softcap, ALiBi, mask or bias: the kernels' decode step) meets a tile that
+     * crosses pages: it is read page by page, segment by segment, in place. With page
+     * sizes that are multiples of the largest tile (128 keys) no tile crosses a page. */
+    const int64_t group = Hq / Hkv, rows = Lq >= 64 ? 64 : Lq * (group < 64 / Lq ? group : 64 / Lq);
+    const bool decode_step = rows <= 16 && !f->softcap && !f->alibi && !f->mask && !f->bias;
+    if (!decode_step || ps % 128 == 0) {
+        CHECK(memcmp(fp.o, fc.o, no) == 0, "%s: fused O paged != contiguous (bits)", tag);
+        CHECK(!f->lse || memcmp(fp.lse, fc.lse, nl) == 0, "%s: fused LSE paged != contiguous", tag);
+        CHECK(!f->weights || memcmp(fp.w, fc.w, nw) == 0, "%s: fused weights paged != contiguous", tag);
+    }
     CHECK(memcmp(rp.o, rc.o, no) == 0, "%s: reference O paged != contiguous (bits)", tag);
     CHECK(!f->lse || memcmp(rp.lse, rc.lse, nl) == 0, "%s: reference LSE paged != contiguous", tag);
     CHECK(!f->weights || memcmp(rp.w, rc.w, nw) == 0, "%s: reference weights paged != contiguous", tag);
@@ -463,11 +472,16 @@ static void append_case(int64_t ps, attn_dtype dt, bool nhd, bool by_slot, int64
     outs rc = run(&c, &f, q, false, ATTN_PATH_REFERENCE, NULL, NULL, NULL);
     CHECK(fp.st == ATTN_OK && fc.st == ATTN_OK && rc.st == ATTN_OK, "%s: attend: %s", tag,
           attn_last_error());
-    CHECK(memcmp(fp.o, fc.o, (size_t)(B * Hq * n * D) * sizeof(float)) == 0,
-          "%s: attend after append != attend over the concatenated cache", tag);
     double *ref = malloc((size_t)(B * Hq * n * D) * sizeof(double));
-    for (int64_t x = 0; x < B * Hq * n * D; x++) ref[x] = rc.o[x];
     tol_result tr;
+    /* Lq = 5 rows x group 2 = 10 rows: a decoding step; bit for bit where no tile
+     * crosses a page */
+    if (ps % 128 == 0)
+        CHECK(memcmp(fp.o, fc.o, (size_t)(B * Hq * n * D) * sizeof(float)) == 0,
+              "%s: attend after append != attend over the concatenated cache", tag);
+    for (int64_t x = 0; x < B * Hq * n * D; x++) ref[x] = rc.o[x];
+    CHECK(within_f32_tol(fc.o, ref, B * Hq * n * D, &tr), "%s: contiguous off the reference",
+          tag);
     CHECK(within_f32_tol(fp.o, ref, B * Hq * n * D, &tr), "%s: off the reference by %g", tag,
           tr.max_err);
     free(ref), free(q), free(kn), free(vn), free(slots);
