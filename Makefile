@@ -93,7 +93,7 @@ $(BUILD)/attn: $(TOOL_OBJ) $(BUILD)/libattn.a
 	$(CC) $(OPENMP) $(SAN) -o $@ $(TOOL_OBJ) $(BUILD)/libattn.a $(LDLIBS) -lpng
 
 # Test programs may use the npy reader and the naive attention of the tools.
-TEST_TOOL_OBJ = $(BUILD)/obj/tools/npy.o $(BUILD)/obj/tools/naive.o
+TEST_TOOL_OBJ = $(BUILD)/obj/tools/npy.o $(BUILD)/obj/tools/naive.o $(BUILD)/obj/tools/json.o
 $(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libattn.a $(TEST_TOOL_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -Isrc -Itools -o $@ $< $(TEST_TOOL_OBJ) $(BUILD)/libattn.a $(LDLIBS)

@@ -64,16 +64,29 @@ typedef enum attn_status {
  * A strided view of at most four dimensions. stride[] is in elements (not bytes), any
  * int64 value: [B, L, H, D] storage is [B, H, L, D] with permuted strides, a key/value
  * cache view is a larger tensor's strides with a smaller shape, and stride 0 broadcasts.
- * Use attn_tensor_4d() for a dense C-order tensor. */
+ * Use attn_tensor_4d() for a dense C-order tensor.
+ *
+ * The block dtype ATTN_Q8_0 (llama.cpp's q8_0, byte for byte): runs of 32 consecutive
+ * elements along the last dimension form a block of 34 bytes, a float16 scale d
+ * (little-endian) then 32 int8 qs, element value d * qs[i]. Its strides still count
+ * elements, logical ones: element offset e lies in block floor(e / 32) (at byte
+ * 34 floor(e / 32) from data) at position e mod 32. So a q8_0 tensor needs shape[3] a
+ * multiple of 32, stride[3] = 1 and stride[0..2] multiples of 32 (each row of D starts a
+ * block); attn_tensor_4d() gives a dense one. A llama.cpp (ggml) view with byte strides
+ * nb maps on as stride = nb / 34 * 32. attn_dtype_size(ATTN_Q8_0) is the bytes of one
+ * block (34), attn_dtype_block(ATTN_Q8_0) its elements (32); a q8_0 tensor of n elements
+ * is n / 32 * 34 bytes. Only attn_forward's k and v (and the conversions below) take it. */
 /* One list gives the enum, the names (attn_dtype_name) and the element sizes
- * (attn_dtype_size): X(enumerator, name, bytes). New dtypes go at the end. */
+ * (attn_dtype_size): X(enumerator, name, bytes); for a block dtype, the bytes of one
+ * block. New dtypes go at the end. */
 #define ATTN_DTYPE_LIST(X)                                                               \
     X(ATTN_F32, "float32", 4)   /* float                                              */ \
     X(ATTN_F16, "float16", 2)   /* IEEE binary16, stored as uint16_t                  */ \
     X(ATTN_BF16, "bfloat16", 2) /* bfloat16 (the top half of a float32), as uint16_t  */ \
     X(ATTN_BOOL, "bool", 1)     /* one byte, 0 = false, anything else = true          */ \
     X(ATTN_I32, "int32", 4)     /* int32_t                                            */ \
-    X(ATTN_I64, "int64", 8)     /* int64_t                                            */
+    X(ATTN_I64, "int64", 8)     /* int64_t                                            */ \
+    X(ATTN_Q8_0, "q8_0", 34)    /* blocks of 32: float16 scale + 32 int8 (see above)  */
 
 typedef enum attn_dtype {
 #define ATTN_X_ENUM(e, name, bytes) e,
@@ -187,7 +200,9 @@ typedef struct attn_options {
  * Hq must be a multiple of Hkv (query head h reads key/value head h / (Hq / Hkv)).
  * dtypes: q, k, v and o each ATTN_F32, ATTN_F16 or ATTN_BF16, with k and v alike (a
  * 16-bit KV cache under float32 queries works); accumulation is float32 throughout and
- * o is rounded to its dtype once, at the end.
+ * o is rounded to its dtype once, at the end. k and v may also be ATTN_Q8_0 (both): the
+ * result is attention over their dequantized values (queries of any of the three float
+ * dtypes are widened to float32, never quantized).
  * Any size may be 0. On error nothing is written to o, lse or weights. */
 ATTN_API attn_status attn_forward(const attn_tensor *q, const attn_tensor *k,
                                   const attn_tensor *v, const attn_tensor *o,
@@ -243,7 +258,8 @@ ATTN_API attn_status attn_backward_workspace_size(const attn_tensor *q, const at
  * kv_len (ATTN_I32 or ATTN_I64 [B]) is read, never advanced: the caller adds n. Refused,
  * with nothing written: a slot or table entry outside the pool (negative included), a
  * position beyond the table's pages or the cache, a page size of 0, two tokens aimed at
- * one row, a cache overlapping an input or the other cache. */
+ * one row, a cache overlapping an input or the other cache. A q8_0 cache: not yet
+ * (ATTN_ERR_UNSUPPORTED). */
 ATTN_API attn_status attn_kv_append(const attn_tensor *k_new, const attn_tensor *v_new,
                                     const attn_tensor *k_cache, const attn_tensor *v_cache,
                                     const attn_tensor *slot_mapping,
@@ -254,6 +270,26 @@ ATTN_API attn_status attn_kv_append(const attn_tensor *k_new, const attn_tensor 
  * list; and the bytes of one element, 0 outside the list. */
 ATTN_API const char *attn_dtype_name(attn_dtype dtype);
 ATTN_API size_t attn_dtype_size(attn_dtype dtype);
+/* The elements of one unit of attn_dtype_size: 32 for ATTN_Q8_0, 1 for the other dtypes,
+ * 0 outside the list. */
+ATTN_API int64_t attn_dtype_block(attn_dtype dtype);
+
+/* ---- the q8_0 cache dtype ------------------------------------------------------------
+ * Quantize a float32 tensor into q8_0 blocks, once (at append), as llama.cpp's reference
+ * quantize_row_q8_0 does: per block of 32, amax = max |x|, d = amax / 127 (float32),
+ * qs[i] = roundf(x[i] * (1 / d)) (nearest, ties away from zero; computed with the float32
+ * d, not its float16 rounding), the stored scale float16(d) rounded to nearest even;
+ * an all-zero block has d = 0 and qs = 0.
+ *   src [d0, d1, d2, D]  ATTN_F32, any strides
+ *   dst [d0, d1, d2, D]  ATTN_Q8_0 (layout rules above), the same shape; shares no byte
+ *                        with src
+ * ATTN_ERR_VALUE for a NaN or infinite input, or a block whose scale is beyond
+ * float16's range (amax > 65504 * 127): nothing written then, nor on any other error. */
+ATTN_API attn_status attn_quantize_q8_0(const attn_tensor *src, const attn_tensor *dst);
+
+/* The values a q8_0 tensor holds, d * qs[i] (exact in float32), into dst.
+ *   src  ATTN_Q8_0     dst  ATTN_F32, the same shape, any strides, sharing no byte */
+ATTN_API attn_status attn_dequantize_q8_0(const attn_tensor *src, const attn_tensor *dst);
 
 /* The (O, LSE) of attention over the union of the keys of n partial results of the same
  * rows (each, say, attn_forward with an lse output over its own range of keys):

@@ -66,6 +66,11 @@ const char *attn_dtype_name(attn_dtype t) {
 
 size_t attn_dtype_size(attn_dtype t) { return (size_t)attn_elem_bytes(t); }
 
+int64_t attn_dtype_block(attn_dtype t) {
+    if ((unsigned)t >= (unsigned)ATTN_DTYPE_COUNT) return 0;
+    return t == ATTN_Q8_0 ? ATTN_Q8_0_BLOCK : 1;
+}
+
 /* A tensor's basic soundness: present, the expected dtype, sizes >= 0, element count
  * and extreme offsets representable in int64, data present when non-empty. */
 attn_status attn_check_tensor(const attn_tensor *t, const char *name, attn_dtype want,
@@ -100,6 +105,7 @@ attn_status attn_check_tensor(const attn_tensor *t, const char *name, attn_dtype
     if (need_data && count > 0 && !t->data)
         return attn_fail(ATTN_ERR_NULL, "%s: data is NULL for %lld elements", name,
                     (long long)count);
+    if (t->dtype == ATTN_Q8_0) return attn_check_q8_0_layout(t, name);  // want was q8_0
     return ATTN_OK;
 }
 
@@ -179,9 +185,11 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
     const attn_options *opt = opt_in ? opt_in : &defaults;
     *p = (attn_params){0};
 
-    /* ATTN_DTYPE_COUNT here: any of float32, float16, bfloat16 */
+    /* ATTN_DTYPE_COUNT here: any of float32, float16, bfloat16; k and v may instead both
+     * be q8_0 (the only inputs that may) */
     TRY(attn_check_tensor(q, "q", ATTN_DTYPE_COUNT, need_data));
-    TRY(attn_check_tensor(k, "k", ATTN_DTYPE_COUNT, need_data));
+    TRY(attn_check_tensor(k, "k", k && k->dtype == ATTN_Q8_0 ? ATTN_Q8_0 : ATTN_DTYPE_COUNT,
+                          need_data));
     if (v && v->dtype != k->dtype)
         return attn_fail(ATTN_ERR_DTYPE, "v: dtype is %s, expected %s like k (k and v must "
                          "have one dtype)", attn_dtype_name(v->dtype), attn_dtype_name(k->dtype));

@@ -40,6 +40,42 @@ static inline int64_t attn_elem_bytes(attn_dtype t) {
     }
 }
 
+/* q8_0 (attn.h): 32 elements a block of 34 bytes, the float16 scale first. Element
+ * offset e (any sign) is position e mod 32 of block floor(e / 32). */
+enum { ATTN_Q8_0_BLOCK = 32, ATTN_Q8_0_BYTES = 34 };
+static inline int64_t attn_q8_0_block_of(int64_t e) {
+    const int64_t q = e / ATTN_Q8_0_BLOCK;
+    return e % ATTN_Q8_0_BLOCK < 0 ? q - 1 : q;
+}
+
+/* The byte offset from a tensor's data of the row that starts at element offset e (for
+ * q8_0, e is a multiple of 32: the block's first byte, its scale). */
+static inline int64_t attn_row_byte_offset(attn_dtype t, int64_t e) {
+    return t == ATTN_Q8_0 ? attn_q8_0_block_of(e) * ATTN_Q8_0_BYTES : e * attn_elem_bytes(t);
+}
+
+/* The bytes of a row of n elements at unit stride (q8_0: n a multiple of 32). */
+static inline int64_t attn_row_bytes(attn_dtype t, int64_t n) {
+    return t == ATTN_Q8_0 ? n / ATTN_Q8_0_BLOCK * ATTN_Q8_0_BYTES : n * attn_elem_bytes(t);
+}
+
+/* q8_0's layout rules (attn.h) on a tensor attn_check_tensor has accepted otherwise:
+ * shape[3] a multiple of 32, stride[3] = 1, stride[0..2] multiples of 32 (on dims of
+ * size > 1), and its byte offsets within int64 (q8_0.c). */
+ATTN_PRIVATE attn_status attn_check_q8_0_layout(const attn_tensor *t, const char *name);
+
+/* The quantization of one row of n float32 values (stride xs, n a multiple of 32) into
+ * n / 32 contiguous q8_0 blocks at dst, as attn_quantize_q8_0 does it; for appends into
+ * a cache (q8_0.c). attn_q8_0_row_check first: the index of the first block it refuses
+ * (a NaN or infinity, or a scale beyond float16), -1 when none, so that a refused append
+ * writes nothing. */
+ATTN_PRIVATE int64_t attn_q8_0_row_check(const float *x, int64_t xs, int64_t n);
+ATTN_PRIVATE void attn_q8_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst);
+
+/* The portable dequantization of n q8_0 blocks into 32 n floats (q8_0.c); the kernels'
+ * dequant_q8_0 entry where they have none. */
+ATTN_PRIVATE void attn_dequant_q8_0_blocks(int64_t n, const uint8_t *src, float *dst);
+
 /* options.threads above this are taken as this */
 #define ATTN_MAX_THREADS 512
 

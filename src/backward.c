@@ -67,6 +67,9 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
                          "forward's LSE is the lse argument)", opt->lse ? "lse" : "weights");
     attn_params *p = &bp->fwd;
     TRY(attn_params_init(p, q, k, v, o, opt, need_data));
+    if (p->kv_dt == ATTN_Q8_0)  // a forward-only cache dtype: no gradient path reads it
+        return attn_fail(ATTN_ERR_DTYPE, "k, v: q8_0 is a forward-only KV cache dtype; the "
+                         "backward takes float32, float16 or bfloat16");
 
     static const char *const q_dims[4] = {"B", "Hq", "Lq", "Dv"};
     static const char *const l_dims[4] = {"B", "Hq", "Lq", "1"};

@@ -77,8 +77,8 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
     const int64_t bq = geom->bq;
     plan->bq = bq, plan->row_pad = geom->row_pad;
     int64_t bk = geom->bk_max;
-    const int64_t kv_bytes = attn_elem_bytes(p->kv_dt);
-    while (bk > geom->bk_min && bk * (dk + dv) * kv_bytes > 64 * 1024) bk /= 2;
+    const int64_t kv_row_bytes = attn_row_bytes(p->kv_dt, dk + dv);  // q8_0: 34 bytes / 32
+    while (bk > geom->bk_min && bk * kv_row_bytes > 64 * 1024) bk /= 2;
     plan->bk = bk;
 
     const int64_t group = p->group, lq = p->Lq > 0 ? p->Lq : 1;
@@ -128,8 +128,8 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
     if (p->kv_dt == ATTN_BF16 && p->precision == ATTN_PRECISION_FAST)
         CARVE(off_pairs, (size_t)((bk / 2 + 1) * (bq + (dv + 15) / 16 * 16)) * sizeof(uint32_t));
     if (p->block_table) {  // a paged cache: the rows of a tile that crosses pages, gathered
-        CARVE(off_gk, (size_t)(bk * dk * kv_bytes));
-        CARVE(off_gv, (size_t)(bk * dv * kv_bytes));
+        CARVE(off_gk, (size_t)(bk * attn_row_bytes(p->kv_dt, dk)));
+        CARVE(off_gv, (size_t)(bk * attn_row_bytes(p->kv_dt, dv)));
     }
 #undef CARVE
     plan->thread_bytes = at;
@@ -335,25 +335,27 @@ typedef struct kv_tile {
  * computes what the contiguous one does on the same tiles, bit for bit. */
 static kv_tile kv_rows(const attn_params *p, const fused_block *blk, const void *base,
                        const int64_t st[4], int64_t width, int64_t j0, int64_t nk, char *gbuf) {
-    const int64_t ek = attn_elem_bytes(p->kv_dt);
+    const attn_dtype dt = p->kv_dt;
+    const int64_t ek = attn_elem_bytes(dt), rb = attn_row_bytes(dt, width);  // q8_0: blocks
     if (attn_kv_one_run(p, j0, nk))
-        return (kv_tile){(const char *)base + attn_kv_offset(p, st, blk->b, blk->g, j0) * ek,
+        return (kv_tile){(const char *)base +
+                             attn_row_byte_offset(dt, attn_kv_offset(p, st, blk->b, blk->g, j0)),
                          st[2], st[3]};
     for (int64_t c = 0; c < nk;) {
         const int64_t j = j0 + c;
         int64_t run = p->page_size - j % p->page_size;  // rows left in j's page
         if (run > nk - c) run = nk - c;
-        const char *src = (const char *)base + attn_kv_offset(p, st, blk->b, blk->g, j) * ek;
+        const int64_t at = attn_kv_offset(p, st, blk->b, blk->g, j);
         if (st[3] == 1 && st[2] == width) {  // the run's rows are one block: one copy
-            memcpy(gbuf + c * width * ek, src, (size_t)(run * width * ek));
+            memcpy(gbuf + c * rb, (const char *)base + attn_row_byte_offset(dt, at), (size_t)(run * rb));
             c += run;
             continue;
         }
         for (int64_t r = 0; r < run; r++, c++) {
-            char *dst = gbuf + c * width * ek;
-            const char *row = src + r * st[2] * ek;
+            char *dst = gbuf + c * rb;
+            const char *row = (const char *)base + attn_row_byte_offset(dt, at + r * st[2]);
             if (st[3] == 1) {
-                memcpy(dst, row, (size_t)(width * ek));
+                memcpy(dst, row, (size_t)rb);
             } else {
                 for (int64_t d = 0; d < width; d++) memcpy(dst + d * ek, row + d * st[3] * ek, (size_t)ek);
             }
@@ -368,6 +370,14 @@ static kv_tile kv_rows(const attn_params *p, const fused_block *blk, const void 
 static const float *kv_block(const attn_kernels *kern, attn_dtype dt, kv_tile t, int64_t width,
                              int64_t nk, float *buf, int64_t *ld) {
     *ld = width;
+    if (dt == ATTN_Q8_0) {  // unit stride along the row, rows on block starts (api.c)
+        void (*deq)(int64_t, const uint8_t *, float *) =
+            kern->dequant_q8_0 ? kern->dequant_q8_0 : attn_dequant_q8_0_blocks;
+        for (int64_t c = 0; c < nk; c++)
+            deq(width / ATTN_Q8_0_BLOCK, (const uint8_t *)t.data + attn_row_byte_offset(dt, c * t.ld),
+                buf + c * width);
+        return buf;
+    }
     if (t.es == 1) {
         if (dt == ATTN_F32) {
             *ld = t.ld;
@@ -412,16 +422,19 @@ enum { PREFETCH_TILES = 2 };
  * decoding entries take. */
 static const char *kv_row(const attn_params *p, const fused_block *blk, const void *base,
                           const int64_t st[4], int64_t j) {
-    const int64_t ek = attn_elem_bytes(p->kv_dt);
-    return (const char *)base + attn_kv_offset(p, st, blk->b, blk->g, j) * ek;
+    return (const char *)base + attn_row_byte_offset(p->kv_dt, attn_kv_offset(p, st, blk->b, blk->g, j));
 }
 
 static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
+    /* a row's bytes from its first: q8_0 rows are contiguous blocks (stride 1) */
+    const bool q8 = p->kv_dt == ATTN_Q8_0;
     const int64_t ek = attn_elem_bytes(p->kv_dt);
+    const int64_t kb = q8 ? attn_row_bytes(p->kv_dt, p->Dk) : p->Dk * p->k_s[3] * ek;
+    const int64_t vb = q8 ? attn_row_bytes(p->kv_dt, p->Dv) : p->Dv * p->v_s[3] * ek;
     for (int64_t c = j0; c < j0 + nk; c++) {
         const char *k = kv_row(p, blk, p->k, p->k_s, c), *v = kv_row(p, blk, p->v, p->v_s, c);
-        for (int64_t x = 0; x < p->Dk * p->k_s[3] * ek; x += 64) __builtin_prefetch(k + x, 0, 1);
-        for (int64_t x = 0; x < p->Dv * p->v_s[3] * ek; x += 64) __builtin_prefetch(v + x, 0, 1);
+        for (int64_t x = 0; x < kb; x += 64) __builtin_prefetch(k + x, 0, 1);
+        for (int64_t x = 0; x < vb; x += 64) __builtin_prefetch(v + x, 0, 1);
     }
 }
 
@@ -438,8 +451,10 @@ static int64_t kv_segment(const attn_params *p, int64_t j, int64_t nk) {
  * group) takes several calls on each clean tile, the tile then in the cache for all but
  * the first. */
 static bool takes_decode(const attn_params *p, const attn_kernels *kern, int64_t n) {
+    /* q8_0 where the kernel's step reads it; else the tile path (kv_block dequantizes) */
     return kern->decode && kern->decode_qk && n <= ATTN_DECODE_MAX_ROWS &&
-           !attn_has_elementwise(p) && p->k_s[3] == 1 && p->v_s[3] == 1;
+           (p->kv_dt != ATTN_Q8_0 || kern->decode_q8_0) && !attn_has_elementwise(p) &&
+           p->k_s[3] == 1 && p->v_s[3] == 1;
 }
 
 /* The online softmax over keys [ja, jb) of a block, into w->m, w->l, w->acc. */

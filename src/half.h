@@ -64,6 +64,11 @@ static inline float attn_load(attn_dtype dt, const void *base, int64_t idx) {
     case ATTN_F32: return ((const float *)base)[idx];
     case ATTN_F16: return attn_f16_to_f32(((const uint16_t *)base)[idx]);
     case ATTN_BF16: return attn_bf16_to_f32(((const uint16_t *)base)[idx]);
+    case ATTN_Q8_0: {  // d * qs: an 11-bit by 8-bit product, exact in float32
+        const int64_t blk = idx / 32 - (idx % 32 < 0), pos = idx - blk * 32;
+        const uint8_t *b = (const uint8_t *)base + blk * 34;
+        return attn_f16_to_f32((uint16_t)(b[0] | b[1] << 8)) * (float)(int8_t)b[2 + pos];
+    }
     default: return NAN;
     }
 }

@@ -188,8 +188,9 @@ struct attn_kernels {
      * masked, by structure or element) for n <= 4 query rows, as softmax, pv and qk
      * together would do it, for decoding-shaped blocks:
      *   q (n, dk) float32 rows, row stride dk
-     *   k (nk, dk), v (nk, dv) of dtype dt (F32, F16 or BF16), row strides ldk, ldv in
-     *      elements, unit stride along the row; read once, converted in registers
+     *   k (nk, dk), v (nk, dv) of dtype dt (F32, F16 or BF16; Q8_0 where decode_q8_0),
+     *      row strides ldk, ldv in elements, unit stride along the row; read once,
+     *      converted in registers
      *   round_p: the FAST precision's rounding of P to bfloat16 (nearest, ties to even)
      *      for P·V; l still sums the float32 p, as softmax does
      *   s scratch of 4 * round_up(nk, 4) floats; m, l, alpha (4) as in softmax (entries
@@ -214,6 +215,13 @@ struct attn_kernels {
 
     /* The same ISA's micro-kernels of additive attention (additive.h), in its folder. */
     const struct attn_additive_kernels *additive;
+
+    /* Optional (NULL: attn_dequant_q8_0_blocks, the portable one): dst = the 32 n values
+     * of n contiguous q8_0 blocks (attn.h), d * qs[i], exact in float32. */
+    void (*dequant_q8_0)(int64_t n, const uint8_t *src, float *dst);
+    /* Whether decode and decode_qk also take dt = ATTN_Q8_0 (k and v pointing at a row's
+     * first block, ldk and ldv in elements, multiples of 32; dk and dv multiples of 32). */
+    bool decode_q8_0;
 };
 typedef struct attn_kernels attn_kernels;
 

@@ -112,6 +112,9 @@ attn_status attn_kv_append(const attn_tensor *k_new, const attn_tensor *v_new,
                            const attn_tensor *kv_len) {
     TRY(attn_check_tensor(k_new, "k_new", ATTN_F32, true));
     TRY(attn_check_tensor(v_new, "v_new", ATTN_F32, true));
+    if (k_cache && k_cache->dtype == ATTN_Q8_0)  // its quantizing append: not written yet
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "k_cache: attn_kv_append does not write q8_0 "
+                         "caches yet (attn_quantize_q8_0 quantizes rows)");
     TRY(attn_check_tensor(k_cache, "k_cache", ATTN_DTYPE_COUNT, true));
     if (v_cache && v_cache->dtype != k_cache->dtype)
         return attn_fail(ATTN_ERR_DTYPE, "v_cache: dtype is %s, expected %s like k_cache",

@@ -49,11 +49,15 @@ static bool make_span(const attn_tensor *t, span_view *v) {
     if (!t || !t->data) return false;
     for (int d = 0; d < 4; d++)
         if (t->shape[d] <= 0) return false;
-    const int64_t es = elem_bytes(t->dtype);
+    /* q8_0 (attn.h; its layout checked before): a row of D elements is D / 32 blocks of
+     * 34 contiguous bytes, one "element" here, and the other strides, multiples of 32
+     * elements, are 34 bytes each 32 */
+    const bool q8 = t->dtype == ATTN_Q8_0;
+    const int64_t es = q8 ? t->shape[3] / 32 * 34 : elem_bytes(t->dtype);
     *v = (span_view){.base = (wide)(uintptr_t)t->data, .span = es};
-    for (int d = 0; d < 4; d++) {
+    for (int d = 0; d < (q8 ? 3 : 4); d++) {
         if (t->shape[d] == 1 || t->stride[d] == 0) continue;
-        wide s = (wide)t->stride[d] * es;
+        wide s = q8 ? (wide)(t->stride[d] / 32) * 34 : (wide)t->stride[d] * es;
         if (s < 0) {
             v->base += s * (t->shape[d] - 1);
             s = -s;

@@ -245,5 +245,13 @@ expect "bench --additive --plant-error fails its check" 1 "$ATTN" bench --additi
     --plant-error
 expect "bench --additive --reps 0" 2 "$ATTN" bench --additive --reps 0
 
+# ---- the q8_0 cache's decoding rows (tools/bench_q8.c) ---------------------------------------
+expect "bench --q8 --quick" 0 "$ATTN" bench --q8 --quick --reps 1
+if grep -q "q8_0 .*uniform data: fused vs float64 .* ok" out.txt && grep -q "^  q8_0 .*bfloat16's speed" out.txt; then
+    ok "bench --q8 prints its checks and rows"
+else bad "bench --q8 output"; sed 's/^/    /' out.txt | tail -8; fi
+expect "bench --q8 --plant-error fails its check" 1 "$ATTN" bench --q8 --quick --reps 1 --plant-error
+expect "bench --q8 --reps 0" 2 "$ATTN" bench --q8 --reps 0
+
 echo "bench: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_demo.sh — `attn demo`'s sections against the numbers the seeds print or imply:
-#                seed 003 §4's lower-triangular rows, §5's difference at the "1e-6 level",
+#                seed 000's example 3.2 and exercises 3.1-3.5, seed 003 §4's lower-triangular rows, §5's difference at the "1e-6 level",
 #                exercise 1's row sums of 1, exercise 4's identical heads, exercise 5's
 #                measurement at small sizes (the suite never runs 100K tokens), the six
 #                pitfalls of §7, seed 002's rows; and --section's refusals.
@@ -24,6 +24,28 @@ has() { grep -qF -- "$2" <<<"$1"; echo $?; }
 # a number after a fixed text, compared with awk: num TEXT OUTPUT
 num() { grep -oE -- "$1 *-?[0-9.e+-]+" <<<"$2" | head -n 1 | sed -E "s/.*$1 *//"; }
 lt() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "" && a + 0 < b + 0) }'; echo $?; }
+
+# seed 000, chapter 3: the digits the chapter prints (example 3.2; answers 5, 0.8808, 8,
+# 16) and exercise 3.5's shift invariance: the weights of s and s + 1000 identical, equal
+# to the softmax of (0, -1, -2) (computed here in float64), the LSE moved by c, and the
+# naive exp(1000) overflowing
+out=$("$ATTN" demo --section seed000)
+check "example 3.2: weights and output" "$(grep -qF "a1 = 0.804   a2 = 0.196" <<<"$out" && grep -qF "a1 v1 + a2 v2 = (8.04, 1.96)" <<<"$out"; echo $?)"
+check "exercise 3.1: 5" "$(has "$out" "3.1  query (0, 0): first component of the output = 5")"
+check "exercise 3.2: 0.8808" "$(has "$out" "a1 = 0.8808")"
+check "exercise 3.3: 8" "$(has "$out" "d_k = 64: 8.0 ")"
+check "exercise 3.4: 16" "$(has "$out" "at 4096 tokens = 16")"
+check "exercise 3.5: the weights of s and s + c, softmax(0, -1, -2), the LSE moved by c" "$(python3 -c '
+import math, re, sys
+t = sys.stdin.read()
+a = re.search(r"weights of s +\[([0-9., ]+)\] +LSE ([0-9.]+)", t)
+b = re.search(r"weights of s \+ c \[([0-9., ]+)\] +LSE ([0-9.]+) \(moved by 1000\)", t)
+z = sum(math.exp(-j) for j in range(3))
+want = ["%.4f" % (math.exp(-j) / z) for j in range(3)]
+ok = a and b and a.group(1).split(", ") == want == b.group(1).split(", ")
+ok = ok and abs(float(a.group(2)) - math.log(z)) <= 1e-4 and abs(float(b.group(2)) - 1000 - math.log(z)) <= 1e-3
+sys.exit(0 if ok else 1)' <<<"$out"; echo $?)"
+check "exercise 3.5: identical weights, naive exp(1000) overflows" "$(has "$out" "max |difference| = 0; naive exp(1000) = inf in float32, inf in float64")"
 
 out=$("$ATTN" demo --section causal --png "$T/c.png")
 check "section 4: row 0 sees only itself" "$(has "$out" "row 0: [1.00, 0.00, 0.00, 0.00]")"

@@ -204,6 +204,7 @@ static void test_accuracy_case(const acase *c) {
     const int64_t nv = c->B * c->Hkv * c->Lk * c->Dv, no = c->B * c->Hq * c->Lq * c->Dv;
     float *q32 = malloc(nq * sizeof(float)), *k32 = malloc(nk * sizeof(float));
     float *v32 = malloc(nv * sizeof(float)), *naive = malloc(no * sizeof(float));
+    float *naive32 = malloc(no * sizeof(float));
     double *ref = malloc(no * sizeof(double));
     uint8_t *mask = malloc((size_t)(c->Lq * c->Lk)), *keep = malloc((size_t)(c->Lq * c->Lk));
     void *qx = malloc(nq * 4), *kx = malloc(nk * 4), *vx = malloc(nv * 4), *ox = malloc(no * 4);
@@ -228,11 +229,21 @@ static void test_accuracy_case(const acase *c) {
         oracle(c, q32, k32, v32, keep, scale, ref);
         naive_attention(kv, c->B, c->Hq, c->Hkv, c->Lq, c->Lk, c->Dk, c->Dv, q32, k32, v32, keep,
                         scale, naive);
-        double max_ref;
         double naive_err = 0;
         for (int64_t i = 0; i < no; i++)
             if (!(fabs(naive[i] - ref[i]) <= naive_err)) naive_err = fabs(naive[i] - ref[i]);
-        (void)max_ref;
+        /* the yardstick itself: computed in float32 (no rounding added) it is the oracle to
+         * the float32 tolerance, so a wrong mask or scale in naive.c cannot pass as slack */
+        {
+            naive_attention(ATTN_F32, c->B, c->Hq, c->Hkv, c->Lq, c->Lk, c->Dk, c->Dv, q32, k32,
+                            v32, keep, scale, naive32);
+            double e32 = 0, m32 = 0;
+            for (int64_t i = 0; i < no; i++) {
+                if (!(fabs(naive32[i] - ref[i]) <= e32)) e32 = fabs(naive32[i] - ref[i]);
+                if (fabs(ref[i]) > m32) m32 = fabs(ref[i]);
+            }
+            CHECK(e32 <= 1e-5 * (1 + m32), "naive.c in float32 vs the oracle: max error %.3g", e32);
+        }
 
         const attn_dtype qts[] = {kv, ATTN_F32};
         const attn_dtype ots[] = {kv, ATTN_F32};
@@ -275,7 +286,7 @@ static void test_accuracy_case(const acase *c) {
                               (long long)c->window_left, err, naive_err, (int)st);
                     }
     }
-    free(q32), free(k32), free(v32), free(naive), free(ref), free(mask), free(keep);
+    free(q32), free(k32), free(v32), free(naive), free(naive32), free(ref), free(mask), free(keep);
     free(qx), free(kx), free(vx), free(ox);
 }
 

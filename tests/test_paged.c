@@ -512,7 +512,7 @@ static void append_contiguous(attn_dtype dt) {
                 /* the rounding of the float32 value to the cache's dtype */
                 float rk = want_k;
                 if (fresh) {
-                    char tmp[4];
+                    char tmp[64] = {0};
                     attn_store(dt, tmp, 0, kn[(b * n + j - len[b]) * D + d]);
                     rk = attn_load(dt, tmp, 0);
                 }

@@ -213,6 +213,38 @@ print('ok' if not bad else '; '.join(bad))
     [ "$out" = ok ] && ok || bad "blocks $red against the direct weights: $out"
 done
 
+# ---- the log colour scale: each cell at log(v / vmin) / log(vmax / vmin) of the same
+# anchors, 0 and values below vmin white, masked grey; the bar's ends and its legend ------
+cat >> vizh.py <<'EOF'
+
+def colour_log(v, vmin, vmax):
+    """heat_colour_log of heatmap.h: the anchors at t = log(v / vmin) / log(vmax / vmin)."""
+    return colour(0.0 if not v > vmin else float(np.log(v / vmin) / np.log(vmax / vmin)))
+EOF
+for vmin in 1e-4 auto; do
+    if "$ATTN" viz --q lq.npy --k lk.npy --v lv.npy --mask lb.npy --causal --pixels 23 --reduce max \
+        --colour-scale log --vmin $vmin --vmax 0.5 --png log$vmin.png --grid log$vmin.npy 2>err; then ok; else bad "log scale: $(cat err)"; fi
+    out=$(py "
+g = np.load('log$vmin.npy')[0, 0]
+fin = np.isfinite(g)
+vmin = 1e-4 if '$vmin' != 'auto' else max(g[fin & (g > 0)].min(), 0.5e-6)
+img = png_read.read('log$vmin.png')
+bx = panels(img)
+col = cells(img, bx[0], 23, 23)
+wrong = sum(col[r][c] != (MASKED if g[r, c] == -np.inf else colour_log(float(g[r, c]), vmin, 0.5))
+            for r in range(23) for c in range(23))
+# the same cells on the linear scale would differ: the log scale is really drawn
+lin = sum(col[r][c] != (MASKED if g[r, c] == -np.inf else colour(float(g[r, c]), 0.5))
+          for r in range(23) for c in range(23))
+x0, y0, x1, y1 = bx[-1]
+ends = tuple(int(c) for c in img[y0, (x0 + x1) // 2]), tuple(int(c) for c in img[y1, (x0 + x1) // 2])
+ink = int(np.all(img[y1 + 30:y1 + 48, x0:x0 + 60] == 0, axis=2).sum() > 20)   # 'log scale'
+print('ok' if not wrong and lin > 50 and ends == ((16, 32, 80), (255, 255, 255)) and ink else
+      'wrong %d, linear-different %d, bar ends %s, legend ink %d' % (wrong, lin, ends, ink))
+")
+    [ "$out" = ok ] && ok || bad "log scale, --vmin $vmin: $out"
+done
+
 # ---- a float mask of only 0s and 1s: a warning on stderr, the call still made --------------
 py "np.save('m01.npy', np.tril(np.ones((4, 4), np.float32)))"
 if "$ATTN" viz --q q.npy --k k.npy --v v.npy --mask m01.npy --png w.png 2>err && [ -e w.png ] &&
@@ -238,6 +270,9 @@ expect 2 "--head out of range" --q q.npy --k k.npy --v v.npy --png x.png --head 
 expect 2 "--pixels 0" --q q.npy --k k.npy --v v.npy --png x.png --pixels 0
 expect 2 "--vmax -1" --q q.npy --k k.npy --v v.npy --png x.png --vmax -1
 expect 2 "an attn run option that viz does not take" --q q.npy --k k.npy --v v.npy --png x.png --out o.npy
+expect 2 "--colour-scale cubic" --q q.npy --k k.npy --v v.npy --png x.png --colour-scale cubic
+expect 2 "--vmin without the log scale" --q q.npy --k k.npy --v v.npy --png x.png --vmin 0.1
+expect 2 "--vmin above vmax" --q q.npy --k k.npy --v v.npy --png x.png --colour-scale log --vmin 2
 printf 'a\nb\n' > short.txt
 expect 1 "tokens of the wrong count" --q q.npy --k k.npy --v v.npy --png x.png --tokens short.txt
 expect 1 "a mask of the wrong shape" --q q.npy --k k.npy --v v.npy --png x.png --mask lb.npy

@@ -17,6 +17,7 @@ int cli_train(int argc, char **argv);   /* attn train   (tools/cli_train.c) */
 int cli_seq2seq(int argc, char **argv);  /* attn seq2seq (tools/cli_seq2seq.c) */
 int bench_additive(int argc, char **argv); /* attn bench --additive (tools/bench_additive.c) */
 int bench_paged(int argc, char **argv);    /* attn bench --paged (tools/bench_paged.c) */
+int bench_q8(int argc, char **argv);       /* attn bench --q8 (tools/bench_q8.c) */
 int cli_bench_mha(int argc, char **argv);  /* attn bench-mha (tools/bench_mha.c) */
 int demo_mha(void);  /* attn demo's multi-head examples (tools/demo_mha.c) */
 /* This machine's fp32 FMA peak (GFLOP/s, the best ISA) and read bandwidth (GB/s) on
@@ -26,5 +27,7 @@ int bench_machine_peak(int threads, bool quick, double *fp32_gflops, double *rea
 int cli_viz(int argc, char **argv);     /* attn viz     (tools/cli_viz.c)   */
 /* attn bench --head-dims ... (tools/bench_headdim.c): speed against the head dimension */
 int bench_head_dims(int argc, char **argv);
+/* attn bench --viz ... (tools/bench_viz.c): time and peak memory of the 100K-token picture */
+int bench_viz(int argc, char **argv);
 
 #endif /* ATTN_CLI_H */

@@ -52,6 +52,7 @@
 #include "attn.h"
 #include "cli.h"
 #include "cliopt.h"
+#include "json.h"
 #include "half.h"
 #include "naive.h"
 #include "rng.h"
@@ -77,6 +78,8 @@ static const char BENCH_USAGE[] =
     "  --quick               a tiny sweep and short machine measurements (for tests)\n"
     "  --head-dims [--png FILE] [--tokens L]   (alone) the fused forward's speed against the\n"
     "                        head dimension, 8 to 256, as a table and a plot\n"
+    "  --viz [--quick] [--tokens L] ...   (alone) the time and peak memory of attn viz's\n"
+    "                        picture of L = 100000 causal tokens (attn bench --viz --help)\n"
     "  --shapes PATTERNS     only the cases whose name matches one of the comma-separated\n"
     "                        shell patterns, e.g. 'fwd-L2048-*,decode-*' (see --list)\n"
     "  --list                print the names of the cases of the sweep and exit\n"
@@ -1004,32 +1007,26 @@ typedef struct torch_proc {
     char info[200];
 } torch_proc;
 
-/* The value of "key" in a flat JSON object line written by bench_torch.py: a number into
- * *num, or a string (no escapes beyond \" and \\) into str. */
-static bool json_find(const char *line, const char *key, double *num, char *str, size_t n) {
-    char pat[80];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    const char *p = strstr(line, pat);
-    if (!p) return false;
-    p += strlen(pat);
-    while (*p == ' ') p++;
-    if (str && *p == '"') {
-        size_t at = 0;
-        for (p++; *p && *p != '"'; p++) {
-            if (*p == '\\' && p[1]) p++;
-            if (at + 1 < n) str[at++] = *p;
-        }
-        str[at] = 0;
-        return true;
+/* One answer line of bench_torch.py, a JSON object; NULL (with the reason in err) when the
+ * line is not one. */
+static jnode *torch_answer(const char *line, char *err, size_t n) {
+    size_t len = strlen(line);
+    while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) len--;
+    jnode *j = json_parse(line, len, err, n);
+    if (j && j->type != J_OBJ) {
+        snprintf(err, n, "not a JSON object");
+        json_free(j);
+        j = NULL;
     }
-    if (num) {
-        char *end;
-        double v = strtod(p, &end);
-        if (end == p) return false;
-        *num = v;
-        return true;
-    }
-    return false;
+    return j;
+}
+
+/* A string member of an answer copied into out (n bytes, truncated); false if absent. */
+static bool answer_str(const jnode *j, const char *key, char *out, size_t n) {
+    const char *s = jget_str(j, key);
+    if (!s) return false;
+    snprintf(out, n, "%s", s);
+    return true;
 }
 
 static bool file_exists(const char *path) {
@@ -1087,12 +1084,17 @@ static int torch_start(torch_proc *tp, const char *python, const char *script, i
         return say(EXIT_FAIL, "%s %s: no answer (is torch installed? try 'attn bench "
                    "--setup-torch')", python, script);
     char err[256];
-    if (json_find(line, "error", NULL, err, sizeof err))
-        return say(EXIT_FAIL, "%s: %s", script, err);
-    if (!json_find(line, "torch", NULL, tp->version, sizeof tp->version))
-        return say(EXIT_FAIL, "%s: unexpected answer: %.200s", script, line);
-    json_find(line, "info", NULL, tp->info, sizeof tp->info);
-    return 0;
+    jnode *j = torch_answer(line, err, sizeof err);
+    if (!j) return say(EXIT_FAIL, "%s: unexpected answer (%s): %.200s", script, err, line);
+    int rc = 0;
+    if (answer_str(j, "error", err, sizeof err))
+        rc = say(EXIT_FAIL, "%s: %s", script, err);
+    else if (!answer_str(j, "torch", tp->version, sizeof tp->version))
+        rc = say(EXIT_FAIL, "%s: unexpected answer: %.200s", script, line);
+    else
+        answer_str(j, "info", tp->info, sizeof tp->info);
+    json_free(j);
+    return rc;
 }
 
 static void torch_case(torch_proc *tp, bench_case *c, int threads, int warmup, int reps) {
@@ -1113,27 +1115,26 @@ static void torch_case(torch_proc *tp, bench_case *c, int threads, int warmup, i
         snprintf(c->torch_error, sizeof c->torch_error, "the torch process ended");
         return;
     }
+    char err[160];
+    jnode *j = torch_answer(line, err, sizeof err);
+    if (!j) {
+        snprintf(c->torch_error, sizeof c->torch_error, "unexpected answer (%s)", err);
+        return;
+    }
     double v;
-    if (json_find(line, "error", NULL, c->torch_error, sizeof c->torch_error)) return;
-    if (!json_find(line, "median_s", &v, NULL, 0)) {
+    const jnode *times = jget(j, "times");
+    if (answer_str(j, "error", c->torch_error, sizeof c->torch_error)) {
+        /* the PyTorch side could not run the case: its reason is the row's */
+    } else if (!jget_num(j, "median_s", &v)) {
         snprintf(c->torch_error, sizeof c->torch_error, "unexpected answer");
-        return;
-    }
-    /* the times of the calls, pooled with those of the other rounds */
-    const char *p = strstr(line, "\"times\":");
-    p = p ? strchr(p, '[') : NULL;
-    if (!p) {
+    } else if (!times || times->type != J_ARR) {
         snprintf(c->torch_error, sizeof c->torch_error, "no times in the answer");
-        return;
+    } else {
+        /* the times of the calls, pooled with those of the other rounds */
+        for (const jnode *t = times->child; t && c->ntts < POOL; t = t->next)
+            if (t->type == J_NUM) c->tts[c->ntts++] = t->num;
     }
-    for (p++; c->ntts < POOL;) {
-        char *end;
-        v = strtod(p, &end);
-        if (end == p) break;
-        c->tts[c->ntts++] = v;
-        p = end;
-        while (*p == ',' || *p == ' ') p++;
-    }
+    json_free(j);
 }
 
 static void torch_stop(torch_proc *tp) {
@@ -1399,8 +1400,12 @@ int cli_bench(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--additive") == 0) return bench_additive(argc - 1, argv + 1);
     /* the paged cache's decoding rows: tools/bench_paged.c */
     if (argc > 1 && strcmp(argv[1], "--paged") == 0) return bench_paged(argc - 1, argv + 1);
+    /* the q8_0 cache's decoding rows: tools/bench_q8.c */
+    if (argc > 1 && strcmp(argv[1], "--q8") == 0) return bench_q8(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "masks") == 0) return cli_bench_masks(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "--head-dims") == 0) return bench_head_dims(argc - 1, argv + 1);
+    /* the 100K-token picture's cost (tools/bench_viz.c) */
+    if (argc > 1 && strcmp(argv[1], "--viz") == 0) return bench_viz(argc - 1, argv + 1);
     bench_args a = {0};
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;

@@ -3,7 +3,7 @@
  *              the library on built-in data.
  *
  * Seed 000 (chapter 3, "Anatomy: attention"): example 3.2 step by step, then exercises
- * 3.1 to 3.4. Seed 003 §4: a causal self-attention of 4 tokens. The printed digits are
+ * 3.1 to 3.5. Seed 003 §4: a causal self-attention of 4 tokens. The printed digits are
  * the ones the chapters print. Not a test: tests/test_cli.sh checks its output.
  */
 #include <math.h>
@@ -49,6 +49,40 @@ float demo_normal(void) { return (float)rng_gauss(&g_rng); }
 
 /* Exercise 3.3's sample: N33 pairs of D33 normals, two uniforms each */
 enum { N33 = 100000, D33 = 64 };
+
+/* 3.5: softmax(s + c) = softmax(s). The scores are a bias on a zero query (Dk = 1, so
+ * every logit is its bias), the same row at c = 0 and c = 1000: the library's weights
+ * must agree, its LSE move by c, and exp(1000) computed naively overflows (float32 and
+ * float64 alike) where the library subtracts the row's maximum, e^0 = 1, first. */
+static int demo_exercise_3_5(void) {
+    enum { N = 3 };
+    const float base[N] = {0.0f, -1.0f, -2.0f}, shift = 1000.0f;
+    float zq = 0.0f, zk[N] = {0}, v[N] = {1, 2, 3}, o[2], lse[2], w[2][N], bias[2][N];
+    for (int c = 0; c < 2; c++) {
+        for (int j = 0; j < N; j++) bias[c][j] = base[j] + (c ? shift : 0.0f);
+        attn_tensor tb = attn_tensor_4d(bias[c], ATTN_F32, 1, 1, 1, N);
+        attn_tensor tw = attn_tensor_4d(w[c], ATTN_F32, 1, 1, 1, N);
+        attn_tensor tl = attn_tensor_4d(&lse[c], ATTN_F32, 1, 1, 1, 1);
+        attn_options opt = {.bias = &tb, .weights = &tw, .lse = &tl};
+        if (demo_attend(&zq, zk, v, &o[c], 1, N, 1, 1, &opt)) return 1;
+    }
+    float diff = 0.0f;
+    for (int j = 0; j < N; j++) diff = fmaxf(diff, fabsf(w[1][j] - w[0][j]));
+    /* the naive softmax of the shifted row: exp before any subtraction */
+    volatile float big = bias[1][0];
+    volatile double bigd = bias[1][0];
+    const float naive_f = expf(big);
+    const double naive_d = exp(bigd);
+    printf("  3.5  softmax(s + c) = softmax(s): scores s = (0, -1, -2), c = 1000:\n"
+           "         weights of s     [%.4f, %.4f, %.4f]   LSE %.4f\n"
+           "         weights of s + c [%.4f, %.4f, %.4f]   LSE %.4f (moved by %.0f)\n"
+           "         max |difference| = %g; naive exp(1000) = %g in float32, %g in float64\n"
+           "         (e^1000 overflows: the library subtracts each row's running maximum, so\n"
+           "         its largest exponential is e^0 = 1, and a -inf logit gives e^-inf = 0)\n\n",
+           w[0][0], w[0][1], w[0][2], lse[0], w[1][0], w[1][1], w[1][2], lse[1],
+           (double)(lse[1] - lse[0]), diff, naive_f, naive_d);
+    return 0;
+}
 
 static int demo_example_3_2(void) {
     float k[4] = {1, 0, 0, 1};   /* k1 = (1, 0), k2 = (0, 1)   */
@@ -119,9 +153,9 @@ static int demo_example_3_2(void) {
             return 1;
         }
     }
-    printf("  3.4  score-matrix elements at 16384 tokens / at 4096 tokens = %g\n\n",
+    printf("  3.4  score-matrix elements at 16384 tokens / at 4096 tokens = %g\n",
            (double)bytes[1] / (double)bytes[0]);
-    return 0;
+    return demo_exercise_3_5();
 }
 
 /* Seed 003 §4: x (4 tokens, D = 8), Q = x Wq, K = x Wk, V = x Wv, causal attention.
@@ -191,7 +225,7 @@ static const char DEMO_USAGE[] =
     "usage: attn demo [--section NAME] [--png FILE] [--tokens N,N...]\n"
     "\n"
     "  Without --section: seed 000's example and exercises, and seed 003's causal example.\n"
-    "  --section seed000    seed 000, example 3.2 and exercises 3.1-3.4\n"
+    "  --section seed000    seed 000, example 3.2 and exercises 3.1-3.5\n"
     "            causal     seed 003 section 4 (--png FILE also draws it)\n"
     "            sdpa       seed 003 section 5: fused against the float64 reference\n"
     "            ex1        seed 003 exercise 1: B = 2, T = 8, D = 16, shapes and row sums\n"

@@ -31,7 +31,7 @@
 #include "cli.h"
 #include "cliopt.h"
 #include "linear.h"
-#include "canvas.h"
+#include "heatmap.h"
 #include "rng.h"
 
 #define REAL float
@@ -404,26 +404,34 @@ static void adam(float *p, const float *g, float *m, float *v, int64_t n, float 
     }
 }
 
-/* The mean alignment (T outputs x T inputs) as a heatmap: white 0 to dark blue 1, one
- * square per (output step, encoder position), output steps top to bottom. */
+/* The mean alignment (T outputs x T inputs) as heatmap.h's picture: white 0 to dark blue
+ * 1 with its colour bar, output steps top to bottom, each cell's weight printed, the
+ * axes labelled (rows "out t", keys "in s"). */
 static int write_alignment(const char *path, const double *al, int T) {
-    const int cell = 32, pad = 8, W = T * cell + 2 * pad, H = W;
-    canvas cv;
-    if (canvas_new(&cv, W, H, 0xFFFFFF)) return -1;
-    for (int y = 0; y < T; y++)
-        for (int x = 0; x < T; x++) {
-            double a = al[y * T + x];
-            a = a < 0 ? 0 : a > 1 ? 1 : a;
-            const uint32_t r = (uint32_t)(255 - a * (255 - 16)), gr = (uint32_t)(255 - a * (255 - 48));
-            const uint32_t bl = (uint32_t)(255 - a * (255 - 128));
-            const int x0 = pad + x * cell, y0 = pad + y * cell;
-            canvas_rect(&cv, x0, y0, x0 + cell - 1, y0 + cell - 1, 0xC8C8C8);  /* the grid line */
-            canvas_rect(&cv, x0 + 1, y0 + 1, x0 + cell - 1, y0 + cell - 1, r << 16 | gr << 8 | bl);
-        }
+    float *cells = malloc((size_t)T * (size_t)T * sizeof(float));
+    char (*names)[16] = malloc((size_t)2 * (size_t)T * sizeof *names);
+    const char **labels = malloc((size_t)2 * (size_t)T * sizeof *labels);
+    if (!cells || !names || !labels) {
+        free(cells), free(names), free(labels);
+        fprintf(stderr, "attn seq2seq: out of memory for the picture\n");
+        return -1;
+    }
+    for (int x = 0; x < T * T; x++) cells[x] = (float)al[x];
+    for (int t = 0; t < T; t++) {
+        snprintf(names[t], sizeof names[t], "out %d", t);
+        snprintf(names[T + t], sizeof names[T + t], "in %d", t);
+        labels[t] = names[t], labels[T + t] = names[T + t];
+    }
+    const heat_panel panel = {cells, NULL};
+    const heat_spec spec = {.title = "additive attention (attn seq2seq): mean alignment, output "
+                                     "step x encoder position",
+                            .panels = &panel, .n_panels = 1, .rows = T, .cols = T, .vmax = 1.0,
+                            .scale_label = "weight", .row_labels = labels,
+                            .col_labels = labels + T, .numbers = 1};
     char err[256];
-    const int rc = canvas_write_png(&cv, path, err, sizeof err);
+    const int rc = heat_png(path, &spec, err, sizeof err);
     if (rc) fprintf(stderr, "attn seq2seq: %s\n", err);
-    canvas_free(&cv);
+    free(cells), free(names), free(labels);
     return rc;
 }
 

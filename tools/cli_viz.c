@@ -43,6 +43,14 @@ static const char VIZ_USAGE[] =
     "  --vmax X|auto         the top of the colour scale (default 1 for single weights,\n"
     "                        auto = the largest value drawn, for blocks)\n"
     "  --grid G.npy          also write the grid drawn [B, Hq, R, C] float32 (-inf masked)\n"
+    "  --colour-scale linear|log   (or --color-scale) the colour of a value: linear from 0\n"
+    "                        to vmax (default), or by log10 from --vmin to vmax, for the\n"
+    "                        faint weights of long rows; the legend's ticks are then the\n"
+    "                        powers of 10 and it says \"log scale\". Values at or below\n"
+    "                        vmin (weight 0 too) are white, masked cells grey either way.\n"
+    "                        (--scale is the softmax's, as in attn run.)\n"
+    "  --vmin X|auto         the log scale's bottom, 0 < X < vmax (default auto: the\n"
+    "                        smallest positive value drawn, at least vmax * 1e-6)\n"
     "\n"
     "  Inputs and every other option as for 'attn run' (attn run --help): --mask,\n"
     "  --causal, --align, --scale, --softcap, --window, --kv-len, --alibi, --threads,\n"
@@ -51,6 +59,7 @@ static const char VIZ_USAGE[] =
 
 typedef struct viz_args {
     const char *png, *head, *batch, *tokens, *pixels, *reduce, *vmax, *grid;
+    const char *colour_scale, *vmin;
 } viz_args;
 
 /* A whole-string integer in [lo, hi]. */
@@ -98,15 +107,17 @@ int cli_viz(int argc, char **argv) {
     if (run_help(argc, argv, VIZ_USAGE)) return 0;
     run_args a = {0};
     viz_args z = {0};
-    cli_opt opts[RUN_INPUT_OPTS + 8];
+    cli_opt opts[RUN_INPUT_OPTS + 11];
     int n = run_input_opts(&a, opts);
-    const cli_opt own[8] = {
+    const cli_opt own[11] = {
         {"--png", &z.png, NULL},       {"--head", &z.head, NULL},     {"--batch", &z.batch, NULL},
         {"--tokens", &z.tokens, NULL}, {"--pixels", &z.pixels, NULL}, {"--reduce", &z.reduce, NULL},
         {"--vmax", &z.vmax, NULL},     {"--grid", &z.grid, NULL},
+        {"--colour-scale", &z.colour_scale, NULL}, {"--color-scale", &z.colour_scale, NULL},
+        {"--vmin", &z.vmin, NULL},
     };
     memcpy(opts + n, own, sizeof own);
-    n += 8;
+    n += 11;
     int rc = cli_scan(argc, argv, opts, n, "viz: ", "viz");
     if (rc || (rc = run_require_inputs(&a, "viz"))) return rc;
     if (!z.png) return run_say(EXIT_USAGE, "viz: missing required option --png (see 'attn viz --help')");
@@ -120,6 +131,22 @@ int cli_viz(int argc, char **argv) {
         else if (strcmp(z.reduce, "sum") != 0)
             return run_say(EXIT_USAGE, "--reduce: expected sum or max, got '%s'", z.reduce);
     }
+    int log_scale = 0;
+    if (z.colour_scale) {
+        if (strcmp(z.colour_scale, "log") == 0) log_scale = 1;
+        else if (strcmp(z.colour_scale, "linear") != 0)
+            return run_say(EXIT_USAGE, "--colour-scale: expected linear or log, got '%s'",
+                           z.colour_scale);
+    }
+    double vmin = 0;  // 0 = auto
+    if (z.vmin && strcmp(z.vmin, "auto") != 0) {
+        char *end;
+        vmin = strtod(z.vmin, &end);
+        if (!*z.vmin || *end || !(vmin > 0) || !isfinite(vmin))
+            return run_say(EXIT_USAGE, "--vmin: expected a number > 0 or auto, got '%s'", z.vmin);
+    }
+    if (z.vmin && !log_scale)
+        return run_say(EXIT_USAGE, "--vmin: only with --colour-scale log");
     double vmax = 0;  // 0 = auto
     if (z.vmax && strcmp(z.vmax, "auto") != 0) {
         char *end;
@@ -203,6 +230,20 @@ int cli_viz(int argc, char **argv) {
         }
     }
     if (vmax == 0) vmax = single ? 1.0 : top > 0 ? top : 1.0;
+    if (log_scale && vmin == 0) {  // auto: the smallest positive value drawn, >= vmax * 1e-6
+        double low = vmax;
+        for (int64_t h = 0; h < Hq; h++) {
+            const float *g = grid + (batch * Hq + h) * R * C;
+            for (int64_t x = 0; (head < 0 || h == head) && x < R * C; x++)
+                if (isfinite(g[x]) && g[x] > 0 && g[x] < low) low = g[x];
+        }
+        vmin = low > vmax * 1e-6 ? low : vmax * 1e-6;
+        if (!(vmin < vmax)) vmin = vmax * 1e-3;  // one value drawn: a scale of 3 decades below it
+    }
+    if (log_scale && !(vmin < vmax)) {
+        rc = run_say(EXIT_USAGE, "--vmin %g: expected below the scale's top %g", vmin, vmax);
+        goto done;
+    }
     int np = 0;
     for (int64_t h = 0; h < Hq; h++) {
         if (head >= 0 && h != head) continue;
@@ -235,7 +276,7 @@ int cli_viz(int argc, char **argv) {
         .scale_label = reduce == ATTN_REDUCE_MAX || single ? "weight" : "share",
         .row_labels = (const char *const *)row_tokens,
         .col_labels = single ? (const char *const *)tokens : NULL,
-        .numbers = single,
+        .numbers = single, .log = log_scale, .vmin = vmin,
     };
     char err[256];
     if (heat_png(z.png, &spec, err, sizeof err)) rc = run_say(EXIT_DATA, "%s", err);

@@ -19,10 +19,8 @@ enum { PANEL_PX = 420, LABEL_MAX = 12, GAP = 24, BAR_W = 22 };
 /* white, light blue, mid blue, dark blue at 0, 1/3, 2/3 and 1 of the scale */
 static const uint32_t ANCHORS[4] = {0xFFFFFF, 0xA8C8F0, 0x3870C8, 0x102050};
 
-uint32_t heat_colour(double v, double vmax) {
-    if (isnan(v)) return HEAT_NAN;
-    if (v == -INFINITY) return HEAT_MASKED;
-    double t = vmax > 0 ? v / vmax : 0;
+/* The colour at t in [0, 1] of the scale (t clamped). */
+static uint32_t colour_at(double t) {
     t = t < 0 ? 0 : t > 1 ? 1 : t;
     const int seg = t >= 1 ? 2 : (int)(t * 3);
     const double f = t * 3 - seg;
@@ -32,6 +30,34 @@ uint32_t heat_colour(double v, double vmax) {
         rgb |= (uint32_t)lround(a + (b - a) * f) << sh;
     }
     return rgb;
+}
+
+uint32_t heat_colour(double v, double vmax) {
+    if (isnan(v)) return HEAT_NAN;
+    if (v == -INFINITY) return HEAT_MASKED;
+    return colour_at(vmax > 0 ? v / vmax : 0);
+}
+
+uint32_t heat_colour_log(double v, double vmin, double vmax) {
+    if (isnan(v)) return HEAT_NAN;
+    if (v == -INFINITY) return HEAT_MASKED;
+    if (!(v > vmin) || !(vmax > vmin) || !(vmin > 0)) return colour_at(0);
+    return colour_at(log(v / vmin) / log(vmax / vmin));
+}
+
+/* A value's colour on the spec's scale, and its place t in [0, 1] on it. */
+static uint32_t spec_colour(const heat_spec *sp, double v) {
+    return sp->log ? heat_colour_log(v, sp->vmin, sp->vmax) : heat_colour(v, sp->vmax);
+}
+
+static double spec_t(const heat_spec *sp, double v) {
+    if (!sp->log) return v / sp->vmax;
+    return v > sp->vmin ? log(v / sp->vmin) / log(sp->vmax / sp->vmin) : 0;
+}
+
+/* The value at t of the spec's scale (the colour bar's pixel rows and ticks). */
+static double spec_value(const heat_spec *sp, double t) {
+    return sp->log ? sp->vmin * pow(sp->vmax / sp->vmin, t) : sp->vmax * t;
 }
 
 int heat_cell_pixels(int64_t rows, int64_t cols) {
@@ -84,13 +110,13 @@ int heat_png(const char *path, const heat_spec *sp, char *err, size_t errlen) {
         for (int64_t r = 0; r < sp->rows; r++)
             for (int64_t k = 0; k < sp->cols; k++)
                 canvas_rect(&c, x0 + (int)k * cp, y0 + (int)r * cp, x0 + (int)(k + 1) * cp - 1,
-                            y0 + (int)(r + 1) * cp - 1, heat_colour(cells[r * sp->cols + k], sp->vmax));
+                            y0 + (int)(r + 1) * cp - 1, spec_colour(sp, cells[r * sp->cols + k]));
         for (int64_t r = 0; sp->numbers && cp >= 40 && r < sp->rows; r++)
             for (int64_t k = 0; k < sp->cols; k++) {
                 const float v = cells[r * sp->cols + k];
                 if (!isfinite(v)) continue;
                 snprintf(buf, sizeof buf, "%.2f", v);
-                const int dark = v > 0.5 * sp->vmax;  // white on the darker half of the scale
+                const int dark = spec_t(sp, v) > 0.5;  // white on the darker half of the scale
                 canvas_text(&c, x0 + (int)k * cp + (cp - canvas_text_width(buf, 1)) / 2,
                             y0 + (int)r * cp + (cp - 7) / 2, buf, dark ? 0xFFFFFF : 0x000000, 1, 0);
             }
@@ -111,21 +137,35 @@ int heat_png(const char *path, const heat_spec *sp, char *err, size_t errlen) {
             canvas_text(&c, x0 + (int)k * cp + (cp - 7 * fs) / 2, y0 - 4, lab, 0x000000, fs, 1);
         }
     }
-    /* the colour bar: vmax at the top, 0 at the bottom, numbers at 0, 1/2 and 1 */
+    /* the colour bar: vmax at the top, 0 (or the log scale's vmin) at the bottom; numbers
+     * at 0, 1/2 and 1 of a linear scale, at every power of 10 of a log one (with vmin and
+     * vmax when fewer than two powers fall inside) */
     const int by0 = top + th + lh, by1 = by0 + bar_h - 1;
     for (int y = by0; y <= by1; y++)
         canvas_rect(&c, bar_x, y, bar_x + BAR_W - 1, y,
-                    heat_colour(sp->vmax * (double)(by1 - y) / (double)(by1 - by0), sp->vmax));
+                    spec_colour(sp, spec_value(sp, (double)(by1 - y) / (double)(by1 - by0))));
     canvas_rect(&c, bar_x - 1, by0 - 1, bar_x + BAR_W, by0 - 1, 0x606060);
     canvas_rect(&c, bar_x - 1, by1 + 1, bar_x + BAR_W, by1 + 1, 0x606060);
     canvas_rect(&c, bar_x - 1, by0 - 1, bar_x - 1, by1 + 1, 0x606060);
     canvas_rect(&c, bar_x + BAR_W, by0 - 1, bar_x + BAR_W, by1 + 1, 0x606060);
-    for (int t = 0; t <= 2; t++) {
-        const int y = by1 - (by1 - by0) * t / 2;
+    double ticks[16];
+    int nt = 0;
+    if (sp->log) {
+        const double e0 = ceil(log10(sp->vmin) - 1e-9), e1 = floor(log10(sp->vmax) + 1e-9);
+        const double step = e1 - e0 + 1 > 8 ? ceil((e1 - e0 + 1) / 8) : 1;
+        for (double e = e0; e <= e1 && nt < 14; e += step) ticks[nt++] = pow(10, e);
+        if (nt < 2) ticks[nt++] = sp->vmin, ticks[nt++] = sp->vmax;
+    } else {
+        for (int t = 0; t <= 2; t++) ticks[nt++] = sp->vmax * t / 2;
+    }
+    for (int t = 0; t < nt; t++) {
+        const int y = by1 - (int)lround((by1 - by0) * spec_t(sp, ticks[t]));
         canvas_rect(&c, bar_x + BAR_W, y, bar_x + BAR_W + 4, y, 0x000000);
-        snprintf(buf, sizeof buf, "%.3g", sp->vmax * t / 2);
+        snprintf(buf, sizeof buf, sp->log ? "%.0e" : "%.3g", ticks[t]);
+        if (sp->log && ticks[t] != pow(10, round(log10(ticks[t])))) snprintf(buf, sizeof buf, "%.2g", ticks[t]);
         canvas_text(&c, bar_x + BAR_W + 8, y - 3, buf, 0x000000, 1, 0);
     }
+    if (sp->log) canvas_text(&c, bar_x, by1 + 34, "log scale", 0x000000, 1, 0);
     if (sp->scale_label) canvas_text(&c, bar_x, by0 - 14, sp->scale_label, 0x000000, 1, 0);
     const int my = by1 + 16;
     canvas_rect(&c, bar_x, my, bar_x + BAR_W - 1, my + 13, HEAT_MASKED);

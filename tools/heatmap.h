@@ -1,7 +1,7 @@
 /*
  * heatmap.h — attention weights as a PNG: one panel, or a grid of labelled panels (one
  *             per head), each a rows x cols matrix of cells coloured on one scale from
- *             white (0) to dark blue (vmax), masked cells in their own grey, a colour bar
+ *             white (0) to dark blue (vmax) — linear, or logarithmic from vmin —, masked cells in their own grey, a colour bar
  *             with its numbers and a "masked" swatch, token labels on the axes.
  *
  * What it is not: the computation of the weights (attn_weights_grid) or a general plot.
@@ -34,11 +34,19 @@ typedef struct heat_spec {
     const char *const *col_labels;     /* cols strings (keys), or NULL                 */
     int numbers;                       /* print each value in its cell ("0.31") where a
                                           cell is at least 40 pixels                   */
+    /* added for the log colour scale (heat_colour_log); 0 = linear, as before          */
+    int log;                           /* colour by log10(v) between vmin and vmax     */
+    double vmin;                       /* the log scale's bottom (0 < vmin < vmax): at
+                                          and below it (weight 0 too) white            */
 } heat_spec;
 
 /* The colour of value v on the scale [0, vmax]: white at 0 through light and mid blue to
  * dark blue at vmax, linear between four anchors; HEAT_MASKED for -inf, HEAT_NAN for NaN. */
 uint32_t heat_colour(double v, double vmax);
+
+/* The log scale's colour: the same four anchors, at t = log(v / vmin) / log(vmax / vmin)
+ * clamped to [0, 1] (v <= vmin, 0 included, is white); -inf and NaN as heat_colour. */
+uint32_t heat_colour_log(double v, double vmin, double vmax);
 
 /* Pixels a cell takes: as large as keeps a panel within about 420 pixels, 1 at least. */
 int heat_cell_pixels(int64_t rows, int64_t cols);

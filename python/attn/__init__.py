@@ -454,3 +454,8 @@ __all__ += ["attention_with_kvcache"]
 from .mha import multi_head_attention, multi_head_attention_grad  # noqa: E402
 
 __all__ += ["multi_head_attention", "multi_head_attention_grad"]
+
+# ---- attention weights from a call's LSE, in blocks (python/attn/_grid.py) ---------------
+from ._grid import weights_grid  # noqa: E402
+
+__all__ += ["weights_grid"]

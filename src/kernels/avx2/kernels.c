@@ -259,6 +259,20 @@ static void to_f32_avx2(attn_dtype dt, int64_t n, const uint16_t *src, float *ds
         dst[i] = dt == ATTN_BF16 ? attn_bf16_to_f32(src[i]) : attn_f16_to_f32(src[i]);
 }
 
+/* q8_0 blocks to float32: the scale by F16C (exact), each 8 int8 widened to int32 and
+ * converted (exact), one multiply (exact: an 11-bit by 8-bit product). */
+static void dequant_q8_0_avx2(int64_t n, const uint8_t *src, float *dst) {
+    for (int64_t c = 0; c < n; c++) {
+        const uint8_t *b = src + c * ATTN_Q8_0_BYTES;
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8)));
+        for (int i = 0; i < 4; i++) {
+            const __m128i q8 = _mm_loadl_epi64((const __m128i *)(b + 2 + 8 * i));
+            const __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
+            _mm256_storeu_ps(dst + c * ATTN_Q8_0_BLOCK + 8 * i, _mm256_mul_ps(d, x));
+        }
+    }
+}
+
 /* ---- decoding: the whole step of one clean tile for at most 4 query rows ------------------
  * The AVX-512 step (avx512/kernels.c) at half the width: Q·Kᵀ by the dot-product form, 2
  * keys x 4 rows a call of dec_qk4 reduced by one hadd tree, the logits in a compact
@@ -275,6 +289,12 @@ INLINE __m256 load_row(int DT, const void *row, int64_t d, int64_t n) {
         return _mm256_loadu_ps(x);
     }
     if (DT == ATTN_F32) return _mm256_loadu_ps((const float *)row + d);
+    if (DT == ATTN_Q8_0) {  // 8 of the 32 int8 of block d / 32 (d a multiple of 8), times d
+        const uint8_t *b = (const uint8_t *)row + d / ATTN_Q8_0_BLOCK * ATTN_Q8_0_BYTES;
+        const __m128i q8 = _mm_loadl_epi64((const __m128i *)(b + 2 + d % ATTN_Q8_0_BLOCK));
+        return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8))),
+                             _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)));
+    }
     const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + d));
     if (DT == ATTN_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     return _mm256_cvtph_ps(h);
@@ -487,8 +507,14 @@ static void decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const flo
                         float *acc, bool prefetch, const void *next_k, int64_t next_nk) {
     const int64_t es = attn_elem_bytes(dt);
     const char *kb = (const char *)k, *vb = (const char *)v;
-    const int64_t ldkb = ldk * es, ldvb = ldv * es;
-    const attn_decode_pf pf = attn_decode_pf_make(prefetch, v, ldv, nk, dv, next_k, ldk, next_nk, dk, es);
+    const int64_t ldkb = attn_row_byte_offset(dt, ldk), ldvb = attn_row_byte_offset(dt, ldv);
+    attn_decode_pf pf = attn_decode_pf_make(prefetch, v, ldv, nk, dv, next_k, ldk, next_nk, dk, es);
+    if (dt == ATTN_Q8_0) {  // rows of blocks: strides and lines in bytes of blocks
+        pf.ldv = ldvb, pf.ldk = ldkb;
+        pf.lines_v = (attn_row_bytes(dt, dv) + 63) / 64, pf.lines_k = (attn_row_bytes(dt, dk) + 63) / 64;
+        DECODE_AVX2(ATTN_Q8_0);
+        return;
+    }
     ATTN_KV_DTYPE_SWITCH(dt, DECODE_AVX2);
 }
 
@@ -497,7 +523,7 @@ static void decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, at
                            const void *k, int64_t ldk, float scale, float *s) {
     const attn_decode_pf none = {0};
     const char *kb = (const char *)k;
-    const int64_t ldkb = ldk * (attn_elem_bytes(dt));
+    const int64_t ldkb = attn_row_byte_offset(dt, ldk);
     __m256 mx, nan;
 #define LOGITS(DT)                                                                              \
     switch (n) {                                                                                \
@@ -505,6 +531,10 @@ static void decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, at
     case 2: dec_logits(DT, 2, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;          \
     case 3: dec_logits(DT, 3, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;          \
     default: dec_logits(DT, 4, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;         \
+    }
+    if (dt == ATTN_Q8_0) {
+        LOGITS(ATTN_Q8_0);
+        return;
     }
     ATTN_KV_DTYPE_SWITCH(dt, LOGITS);
 #undef LOGITS
@@ -522,5 +552,7 @@ const attn_kernels attn_kernels_avx2 = {
     .decode_qk = decode_qk_avx2,
     .exp = exp_array_avx2,
     .additive = &attn_additive_kernels_avx2,
+    .dequant_q8_0 = dequant_q8_0_avx2,
+    .decode_q8_0 = true,
 };
 #endif

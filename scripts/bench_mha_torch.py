@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""bench_mha_torch.py — attn.nn.MultiheadAttention beside torch.nn.MultiheadAttention, in one
+process, on the layer the multi-head issue names: BERT-base self-attention (B = 8, L = 512,
+E = 768, 12 heads, float32, batch_first).
+
+What it is: the two modules with the same weights (attn's loads PyTorch's state_dict), checked
+first (outputs and, for the training row, gradients within the float32 tolerance: max error
+<= 1e-4 (1 + max|y|)), then timed interleaved — one call of each in turn, so that a noisy
+machine slows both alike — on three rows:
+  forward          eval, torch.no_grad(), need_weights=False (PyTorch's fast path)
+  forward+weights  eval, no_grad, need_weights=True (weights averaged over heads)
+  train step       train mode, forward + backward of y.sum() (gradients reset between calls)
+Medians of `--reps` calls after `--warmup`, the ratio torch/attn (> 1: attn faster), and the
+thread count (torch.set_num_threads and OMP_NUM_THREADS alike).
+
+What it is not: the C module's own timing (`attn bench-mha` times attn_mha_forward without
+Python; this one includes attn.nn's conversions between tensors and arrays, as a PyTorch user
+pays them).
+
+Usage: python scripts/bench_mha_torch.py [--threads 2] [--reps 15] [--warmup 3] [--json PATH]
+(PyTorch needed: `attn bench --setup-torch` makes .venv-bench/ with it.)
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--B", type=int, default=8)
+    ap.add_argument("--L", type=int, default=512)
+    ap.add_argument("--E", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--json", default=None, help="also write the rows as JSON here")
+    a = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
+    try:
+        import torch
+    except ImportError:
+        print("bench_mha_torch: PyTorch is not installed (attn bench --setup-torch)")
+        return 2
+    import attn
+    import attn.nn
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    ref = torch.nn.MultiheadAttention(a.E, a.heads, batch_first=True)
+    ours = attn.nn.MultiheadAttention(a.E, a.heads, batch_first=True)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(a.B, a.L, a.E)
+
+    def fwd(m, weights):
+        m.eval()
+        with torch.no_grad():
+            return m(x, x, x, need_weights=weights)
+
+    def train(m, xx):
+        m.train()
+        m.zero_grad(set_to_none=True)
+        y, _ = m(xx, xx, xx, need_weights=False)
+        y.sum().backward()
+        return y
+
+    # the answers first
+    def close(got, want, what):
+        err = (got - want).abs().max().item()
+        tol = 1e-4 * (1 + want.abs().max().item())
+        if not err <= tol:
+            raise SystemExit("bench_mha_torch: %s differs: max error %.3g > %.3g" % (what, err, tol))
+        return err
+
+    errs = {}
+    yr, _ = fwd(ref, False)
+    yo, _ = fwd(ours, False)
+    errs["forward"] = close(yo, yr, "forward")
+    yr, wr = fwd(ref, True)
+    yo, wo = fwd(ours, True)
+    errs["weights"] = close(wo, wr, "averaged weights")
+    xr, xo = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    train(ref, xr)
+    train(ours, xo)
+    errs["dx"] = close(xo.grad, xr.grad, "dX")
+    for (n, pr), (_, po) in zip(ref.named_parameters(), ours.named_parameters()):
+        errs["d" + n] = close(po.grad, pr.grad, "d" + n)
+
+    rows = [("forward", lambda m: fwd(m, False)), ("forward+weights", lambda m: fwd(m, True)),
+            ("train step", lambda m: train(m, x.clone().requires_grad_(True)))]
+    out = []
+    for name, call in rows:
+        times = {"torch": [], "attn": []}
+        for rep in range(a.warmup + a.reps):
+            for who, m in (("torch", ref), ("attn", ours)):
+                t0 = time.perf_counter()
+                call(m)
+                dt = time.perf_counter() - t0
+                if rep >= a.warmup:
+                    times[who].append(dt)
+        mt, ma = statistics.median(times["torch"]), statistics.median(times["attn"])
+        out.append({"row": name, "torch_ms": 1e3 * mt, "attn_ms": 1e3 * ma, "torch_over_attn": mt / ma,
+                    "reps": a.reps})
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    print("bench_mha_torch: B=%d L=%d E=%d heads=%d float32, %d threads, torch %s, CPU: %s"
+          % (a.B, a.L, a.E, a.heads, a.threads, torch.__version__, cpu))
+    print("checked first: max |attn - torch| %s" % ", ".join("%s %.2g" % kv for kv in errs.items()
+                                                            if kv[0] in ("forward", "weights", "dx")))
+    print("%-16s %10s %10s %8s" % ("row", "torch ms", "attn ms", "torch/attn"))
+    for r in out:
+        print("%-16s %10.1f %10.1f %8.2fx" % (r["row"], r["torch_ms"], r["attn_ms"], r["torch_over_attn"]))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"cpu": cpu, "torch": torch.__version__, "threads": a.threads, "rows": out,
+                       "max_errors": errs}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+/*
+ * bench_q8.c — `attn bench --q8`: decoding over float32, bfloat16 and q8_0 KV caches.
+ *
+ * Method (docs/KERNELS.md quotes it):
+ *   - the case is decoding, Lq = 1, Lk = 16384, Hq = 32, Hkv = 8, D = 128, B = 1, float32
+ *     queries and output (--quick: Lk = 2048); K and V drawn uniform in [-1, 1), the
+ *     bfloat16 cache their rounding, the q8_0 cache attn_quantize_q8_0 of them;
+ *   - first each cache's fused answer is checked against ATTN_PATH_REFERENCE over the
+ *     same cache (the contract's float32 tolerance, tools/tolerance.h); --plant-error
+ *     moves one output first and must fail; then the quantization error is printed: O of
+ *     the bfloat16 and q8_0 caches against O of the float32 cache (relative Frobenius and
+ *     max |diff|), on uniform and on normal data;
+ *   - each timed call is followed by one parallel read of a buffer of 2 x the float32
+ *     cache that no call touches, so the next call finds none of its cache in the caches,
+ *     and that read is timed: the read bandwidth beside the row (its median);
+ *   - two warm-up calls, then --reps timed calls (default 21), the median reported; the
+ *     effective rate is the cache's bytes / time (bytes per element: 4, 2, 34 / 32).
+ * What it is not: a test (no time limit anywhere), or the llama.cpp comparison.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "attn.h"
+#include "cliopt.h"
+#include "tolerance.h"
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *t, int n) {
+    qsort(t, (size_t)n, sizeof *t, cmp_d);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+static uint64_t g_seed;
+static double unif(void) {
+    g_seed = g_seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(g_seed >> 11) * 0x1.0p-53;
+}
+static void fill(float *p, int64_t n, uint64_t seed, bool normal) {
+    g_seed = seed;
+    for (int64_t i = 0; i < n; i++) {
+        if (!normal) {
+            p[i] = (float)(2.0 * unif() - 1.0);
+        } else {  // Box-Muller
+            const double u = unif() + 0x1p-54, v = unif();
+            p[i] = (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+        }
+    }
+}
+
+static uint16_t to_bf16(float f) {  // nearest even; the inputs are finite
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
+typedef struct cache {
+    attn_dtype dt;
+    const char *name;
+    double bytes_per_elem;
+    void *k, *v;
+    attn_tensor tk, tv;
+} cache;
+
+static volatile double g_sink;
+static double read_pass(const float *buf, int64_t n, int threads) {
+    const double t0 = now_s();
+    double total = 0;
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : total)
+    for (int64_t i = 0; i < n; i += 16) {
+        float s = 0;
+        for (int j = 0; j < 16; j++) s += buf[i + j];
+        total += s;
+    }
+    g_sink += total;
+    return 4.0 * (double)n / (now_s() - t0) * 1e-9;
+}
+
+static double err_rel(const float *a, const float *b, int64_t n, double *mx) {
+    double num = 0, den = 0;
+    *mx = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+        if (fabs(d) > *mx) *mx = fabs(d);
+    }
+    return sqrt(num / den);
+}
+
+static const char USAGE[] =
+    "usage: attn bench --q8 [--quick] [--threads N] [--reps N] [--plant-error]\n"
+    "\n"
+    "  Decoding (Lq = 1, Lk = 16384, Hq = 32, Hkv = 8, D = 128, B = 1) over float32,\n"
+    "  bfloat16 and q8_0 KV caches: each checked against the float64 path, the q8_0 and\n"
+    "  bfloat16 errors against the float32 cache printed, then medians timed beside the\n"
+    "  read bandwidth.\n";
+
+int bench_q8(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return fputs(USAGE, stdout), 0;
+    const char *threads_s = NULL, *reps_s = NULL;
+    bool quick = false, plant = false;
+    const cli_opt opts[] = {{"--quick", NULL, &quick}, {"--plant-error", NULL, &plant},
+                            {"--threads", &threads_s, NULL}, {"--reps", &reps_s, NULL}};
+    int rc = cli_scan(argc, argv, opts, 4, "bench --q8: ", "bench");
+    if (rc) return rc;
+    const int threads = threads_s ? atoi(threads_s) : 0, reps = reps_s ? atoi(reps_s) : (quick ? 5 : 21);
+    if (threads < 0 || threads > 512 || reps < 1 || reps > 200)
+        return fprintf(stderr, "attn: bench --q8: --threads 0..512, --reps 1..200\n"), 2;
+    const int nt = threads > 0 ? threads : omp_get_max_threads();
+    const int64_t B = 1, Hq = 32, Hkv = 8, Lq = 1, Lk = quick ? 2048 : 16384, D = 128;
+    const int64_t nkv = B * Hkv * Lk * D, nq = B * Hq * Lq * D;
+    printf("q8_0 cache, decoding: B=%lld Hq=%lld Hkv=%lld Lq=%lld Lk=%lld D=%lld, float32 q and o, "
+           "%d threads, kernel %s\n", (long long)B, (long long)Hq, (long long)Hkv, (long long)Lq,
+           (long long)Lk, (long long)D, nt, attn_kernel_name());
+
+    float *kf = malloc((size_t)nkv * 4), *vf = malloc((size_t)nkv * 4), *q = malloc((size_t)nq * 4);
+    float *o = malloc((size_t)nq * 4), *o_ref = malloc((size_t)nq * 4), *o_f32 = malloc((size_t)nq * 4);
+    uint16_t *kb = malloc((size_t)nkv * 2), *vb = malloc((size_t)nkv * 2);
+    uint8_t *k8 = malloc((size_t)(nkv / 32 * 34)), *v8 = malloc((size_t)(nkv / 32 * 34));
+    if (!kf || !vf || !q || !o || !o_ref || !o_f32 || !kb || !vb || !k8 || !v8)
+        return fprintf(stderr, "attn: bench --q8: out of memory\n"), 1;
+    cache c[3] = {
+        {ATTN_F32, "float32", 4.0, kf, vf, {0}, {0}},
+        {ATTN_BF16, "bfloat16", 2.0, kb, vb, {0}, {0}},
+        {ATTN_Q8_0, "q8_0", 34.0 / 32.0, k8, v8, {0}, {0}},
+    };
+    for (int i = 0; i < 3; i++) {
+        c[i].tk = attn_tensor_4d(c[i].k, c[i].dt, B, Hkv, Lk, D);
+        c[i].tv = attn_tensor_4d(c[i].v, c[i].dt, B, Hkv, Lk, D);
+    }
+    const attn_tensor tq = attn_tensor_4d(q, ATTN_F32, B, Hq, Lq, D), to = attn_tensor_4d(o, ATTN_F32, B, Hq, Lq, D);
+    const attn_tensor tkf = c[0].tk, tvf = c[0].tv;
+    int failed = 0;
+
+    /* the quantization error, on two distributions; the uniform one is then timed */
+    for (int dist = 1; dist >= 0; dist--) {
+        fill(kf, nkv, 11 + dist, dist), fill(vf, nkv, 12 + dist, dist), fill(q, nq, 13 + dist, dist);
+        for (int64_t i = 0; i < nkv; i++) kb[i] = to_bf16(kf[i]), vb[i] = to_bf16(vf[i]);
+        const double tq0 = now_s();
+        if (attn_quantize_q8_0(&tkf, &c[2].tk) != ATTN_OK || attn_quantize_q8_0(&tvf, &c[2].tv) != ATTN_OK)
+            return fprintf(stderr, "attn: bench --q8: quantize: %s\n", attn_last_error()), 1;
+        const double tquant = now_s() - tq0;
+        attn_options opt = {.threads = threads};
+        for (int i = 0; i < 3; i++) {
+            opt.path = ATTN_PATH_FUSED;
+            attn_status st = attn_forward(&tq, &c[i].tk, &c[i].tv, &to, &opt);
+            attn_tensor tr = to;
+            tr.data = o_ref;
+            opt.path = ATTN_PATH_REFERENCE;
+            if (st == ATTN_OK) st = attn_forward(&tq, &c[i].tk, &c[i].tv, &tr, &opt);
+            if (st != ATTN_OK) return fprintf(stderr, "attn: bench --q8: %s\n", attn_last_error()), 1;
+            if (plant && i == 2) o[nq / 3] += 1e-3f * (1.0f + fabsf(o[nq / 3]));
+            tol_acc a = tol_start();
+            for (int64_t e = 0; e < nq; e++) tol_add(&a, e, o[e], o_ref[e]);
+            tol_result r;
+            const bool ok = tol_pass(&a, &r);
+            failed += !ok;
+            if (i == 0) memcpy(o_f32, o, (size_t)nq * 4);
+            double mx = 0, rel = i == 0 ? 0 : err_rel(o, o_f32, nq, &mx);
+            printf("  %-8s %s data: fused vs float64 over the same cache: rel %.2e max %.2e %s",
+                   c[i].name, dist ? "normal " : "uniform", r.rel_err, r.max_err, ok ? "ok" : "FAILED");
+            if (i > 0) printf("; O vs the float32 cache's: rel %.2e max %.2e", rel, mx);
+            if (i == 2) printf("; quantized in %.1f ms", tquant * 1e3);
+            printf("\n");
+        }
+    }
+    if (failed) {
+        printf("check FAILED: nothing timed\n");
+        return 1;
+    }
+
+    const int64_t nflush = 2 * nkv * 2 / 16 * 16;  // floats: 2 x the float32 K and V
+    float *flush = malloc((size_t)nflush * 4);
+    if (!flush) return fprintf(stderr, "attn: bench --q8: out of memory\n"), 1;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < nflush; i++) flush[i] = 1e-3f * (float)(i & 7);
+    double *t = malloc(sizeof(double) * (size_t)reps), *bw = malloc(sizeof(double) * (size_t)reps);
+    printf("  %-8s %10s %9s %9s %11s %11s %9s %10s\n", "cache", "bytes/el", "KV MiB", "median ms",
+           "cache GB/s", "read GB/s", "of read", "Mkeys/s");
+    double ms_bf16 = 0;
+    for (int i = 0; i < 3; i++) {
+        attn_options opt = {.threads = threads};
+        for (int w = 0; w < 2; w++) attn_forward(&tq, &c[i].tk, &c[i].tv, &to, &opt);
+        read_pass(flush, nflush, nt);
+        for (int r = 0; r < reps; r++) {
+            const double t0 = now_s();
+            attn_forward(&tq, &c[i].tk, &c[i].tv, &to, &opt);
+            t[r] = now_s() - t0;
+            bw[r] = read_pass(flush, nflush, nt);
+        }
+        const double med = median(t, reps), bwm = median(bw, reps);
+        const double bytes = c[i].bytes_per_elem * 2.0 * (double)nkv;
+        if (i == 1) ms_bf16 = med;
+        printf("  %-8s %10.4f %9.1f %9.3f %11.2f %11.2f %8.1f%% %10.1f", c[i].name, c[i].bytes_per_elem,
+               bytes / 1048576, med * 1e3, bytes / med * 1e-9, bwm, 100 * bytes / med * 1e-9 / bwm,
+               (double)(B * Hkv * Lk) / med * 1e-6);
+        if (i == 2) printf("   (%.2fx bfloat16's speed)", ms_bf16 / med);
+        printf("\n");
+    }
+    free(t), free(bw), free(flush);
+    free(kf), free(vf), free(q), free(o), free(o_ref), free(o_f32), free(kb), free(vb), free(k8), free(v8);
+    return 0;
+}
