@@ -18,7 +18,9 @@
  *   softcap, ALiBi, bias, Lq = 1 and prefill chunks, the split-KV decoding path;
  * - append (by slot, by position through the table, contiguous) then attend = attend
  *   over the concatenated cache, and the appended rows equal the float32 rows rounded;
- * - every misuse refused with its status and nothing written.
+ * - every misuse refused with its status and nothing written;
+ * - a q8_0 pool (NaN scales in the unused slots) against the contiguous q8_0 cache and
+ *   the reference over pages.
  * The kernel is chosen by ATTN_ISA, as for the other per-kernel suites.
  */
 #include <math.h>
@@ -612,6 +614,70 @@ static void test_append_misuse(void) {
     cache_free(&c);
 }
 
+/* ---- a q8_0 pool: the same addressing, rows of whole blocks -------------------------- */
+
+static void q8_case(int64_t ps, int64_t Lq, bool softcap) {
+    const int64_t B = 2, Hkv = 2, Hq = 4, D = 64, rb = D / 32 * 34;
+    const int64_t pages = (260 + ps - 1) / ps, Lk = pages * ps;
+    const int64_t lens[2] = {Lk - (ps > 1), Lk / 2 + 1};
+    const int64_t n = B * Hkv * Lk * D;
+    float *k32 = malloc((size_t)n * sizeof(float)), *v32 = malloc((size_t)n * sizeof(float));
+    for (int64_t x = 0; x < n; x++) k32[x] = 2.0f * frand(), v32[x] = frand();
+    const size_t cbytes = (size_t)B * (size_t)Hkv * (size_t)Lk * (size_t)rb;
+    uint8_t *kc = malloc(cbytes), *vc = malloc(cbytes);
+    attn_tensor f32k = attn_tensor_4d(k32, ATTN_F32, B, Hkv, Lk, D), f32v = attn_tensor_4d(v32, ATTN_F32, B, Hkv, Lk, D);
+    attn_tensor tk = attn_tensor_4d(kc, ATTN_Q8_0, B, Hkv, Lk, D), tv = attn_tensor_4d(vc, ATTN_Q8_0, B, Hkv, Lk, D);
+    CHECK(attn_quantize_q8_0(&f32k, &tk) == ATTN_OK && attn_quantize_q8_0(&f32v, &tv) == ATTN_OK,
+          "q8_0: quantize: %s", attn_last_error());
+    const int64_t np = B * pages + 2;
+    const size_t pool = (size_t)np * (size_t)Hkv * (size_t)ps * (size_t)rb;
+    uint8_t *kp = malloc(pool), *vp = malloc(pool);
+    memset(kp, 0xff, pool);  // scale 0xffff: a float16 NaN
+    memset(vp, 0xff, pool);
+    int32_t *bt = malloc((size_t)(B * pages) * sizeof(int32_t)), len[2] = {(int32_t)lens[0], (int32_t)lens[1]};
+    int64_t next = 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t pg = 0; pg < pages; pg++)
+            bt[b * pages + pg] = pg < (lens[b] + ps - 1) / ps ? (int32_t)(np - 1 - next++) : -1;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = 0; j < lens[b]; j++)
+            for (int64_t g = 0; g < Hkv; g++) {
+                const int64_t x = ((b * Hkv + g) * Lk + j) * rb;
+                const int64_t y = ((bt[b * pages + j / ps] * Hkv + g) * ps + j % ps) * rb;
+                memcpy(kp + y, kc + x, (size_t)rb), memcpy(vp + y, vc + x, (size_t)rb);
+            }
+    attn_tensor tkp = attn_tensor_4d(kp, ATTN_Q8_0, np, Hkv, ps, D), tvp = attn_tensor_4d(vp, ATTN_Q8_0, np, Hkv, ps, D);
+    attn_tensor tbt = attn_tensor_4d(bt, ATTN_I32, B, pages, 1, 1), tl = attn_tensor_4d(len, ATTN_I32, B, 1, 1, 1);
+    float *q = malloc((size_t)(B * Hq * Lq * D) * sizeof(float));
+    for (int64_t x = 0; x < B * Hq * Lq * D; x++) q[x] = frand();
+    attn_tensor tq = attn_tensor_4d(q, ATTN_F32, B, Hq, Lq, D);
+    float *o[3];
+    attn_status st[3];
+    for (int r = 0; r < 3; r++) {
+        o[r] = calloc((size_t)(B * Hq * Lq * D), sizeof(float));
+        attn_tensor to = attn_tensor_4d(o[r], ATTN_F32, B, Hq, Lq, D);
+        attn_options opt = {.causal = true, .align = ATTN_ALIGN_BOTTOM_RIGHT, .kv_len = &tl,
+                            .softcap = softcap ? 3.0f : 0.0f,
+                            .block_table = r == 1 ? NULL : &tbt,
+                            .path = r == 2 ? ATTN_PATH_REFERENCE : ATTN_PATH_FUSED};
+        st[r] = attn_forward(&tq, r == 1 ? &tk : &tkp, r == 1 ? &tv : &tvp, &to, &opt);
+    }
+    CHECK(st[0] == ATTN_OK && st[1] == ATTN_OK && st[2] == ATTN_OK, "q8_0 page %lld: %d %d %d (%s)",
+          (long long)ps, st[0], st[1], st[2], attn_last_error());
+    const bool same_tiles = softcap || ps % 128 == 0;
+    if (same_tiles)
+        CHECK(memcmp(o[0], o[1], (size_t)(B * Hq * Lq * D) * sizeof(float)) == 0,
+              "q8_0 page %lld, Lq %lld: paged != contiguous (bits)", (long long)ps, (long long)Lq);
+    double *ref = malloc((size_t)(B * Hq * Lq * D) * sizeof(double));
+    for (int64_t x = 0; x < B * Hq * Lq * D; x++) ref[x] = o[2][x];
+    tol_result tr;
+    CHECK(within_f32_tol(o[0], ref, B * Hq * Lq * D, &tr),
+          "q8_0 page %lld, Lq %lld: off the reference over pages by %g", (long long)ps,
+          (long long)Lq, tr.max_err);
+    free(ref), free(q), free(bt), free(kp), free(vp), free(kc), free(vc), free(k32), free(v32);
+    for (int r = 0; r < 3; r++) free(o[r]);
+}
+
 int main(void) {
     printf("test_paged: kernel %s\n", attn_kernel_name());
     test_pages();
@@ -625,5 +691,9 @@ int main(void) {
         }
     for (int d = 0; d < 3; d++) append_contiguous(dts[d]);
     test_append_misuse();
+    for (int s = 0; s < 5; s++) {
+        q8_case(sizes[s], 1, false);
+        q8_case(sizes[s], 6, true);
+    }
     return check_summary("test_paged");
 }
