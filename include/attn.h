@@ -213,6 +213,17 @@ typedef struct attn_options {
     float dropout_p;
     uint64_t dropout_seed;
     uint64_t dropout_offset;
+    /* A paged key/value cache (added for issue #15; NULL = k and v are [B, Hkv, Lk, D]).
+     * ATTN_I32 [B, max_pages] (shape {B, max_pages, 1, 1}, any strides). k and v are then
+     * page pools, k [num_pages, Hkv, page_size, Dk] and v [num_pages, Hkv, page_size, Dv]
+     * (FlashAttention's [num_pages, page_size, Hkv, D] through strides), and the keys of
+     * sequence b are Lk = max_pages * page_size rows: row j is row j % page_size of pool
+     * page block_table[b][j / page_size]. kv_len gives the valid keys (default: all Lk);
+     * only the entries of the pages that hold valid keys, p < ceil(kv_len[b] /
+     * page_size), are read, and each must lie in [0, num_pages). Forward and the
+     * reference only: attn_backward, attn_weights_grid, the additive and multi-head
+     * modules refuse it (ATTN_ERR_UNSUPPORTED). docs/CONTRACT.md, "A paged KV cache". */
+    const attn_tensor *block_table;
 } attn_options;
 
 /* ---- calls -------------------------------------------------------------------------- */
@@ -265,6 +276,32 @@ ATTN_API attn_status attn_backward_workspace_size(const attn_tensor *q, const at
                                                   const attn_tensor *dq, const attn_tensor *dk,
                                                   const attn_tensor *dv,
                                                   const attn_options *opt, size_t *bytes);
+
+/* Writes the K and V rows of new tokens into a key/value cache the caller owns, converting
+ * float32 to the cache's dtype (rounding to nearest even), as vLLM's reshape_and_cache and
+ * FlashAttention's in-place k, v arguments do:
+ *   k_new [B, Hkv, n, Dk]  v_new [B, Hkv, n, Dv]  float32, any strides (FlashAttention's
+ *                          [B, n, Hkv, D] through strides)
+ *   k_cache, v_cache       the cache, float32, float16 or bfloat16 (alike): written
+ * Where token t of batch b goes, by the first of these that is given:
+ *   slot_mapping  ATTN_I32 or ATTN_I64 [B, n] (shape {B, n, 1, 1}): slot s = page *
+ *                 page_size + offset in the page pools k_cache [num_pages, Hkv,
+ *                 page_size, Dk], v_cache [num_pages, Hkv, page_size, Dv]; s = -1 is a
+ *                 padding token and is not written (vLLM's convention)
+ *   block_table   ATTN_I32 [B, max_pages] as attn_options.block_table, with kv_len
+ *                 (required): position kv_len[b] + t, through the table, in the pools
+ *   neither       the contiguous cache k_cache [B, Hkv, Lmax, Dk]: row kv_len[b] + t
+ *                 (kv_len required)
+ * kv_len (ATTN_I32 or ATTN_I64 [B]) is read, never advanced: the caller adds n. Refused,
+ * with nothing written: a slot or table entry outside the pool (negative included), a
+ * position beyond the table's pages or the cache, a page size of 0, two tokens aimed at
+ * one row, a cache overlapping an input or the other cache. A q8_0 cache: not yet
+ * (ATTN_ERR_UNSUPPORTED). */
+ATTN_API attn_status attn_kv_append(const attn_tensor *k_new, const attn_tensor *v_new,
+                                    const attn_tensor *k_cache, const attn_tensor *v_cache,
+                                    const attn_tensor *slot_mapping,
+                                    const attn_tensor *block_table,
+                                    const attn_tensor *kv_len);
 
 /* The name of a dtype ("float32", "bfloat16", ...), "unknown" for a value outside the
  * list; and the bytes of one element, 0 outside the list. */

@@ -119,6 +119,9 @@ attn_status attn_additive_params_init(attn_additive_params *p, const attn_tensor
     for (int d = 0; d < 3; d++) q_as_k.stride[d] = 0;
     if (!need_data) q_as_k.data = NULL;
     else if (!q_as_k.data) q_as_k.data = (void *)k->data;  /* q is empty: checked above */
+    if (opt && opt->block_table)
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "additive attention: options.block_table (a "
+                         "paged cache) is not supported");
     TRY(attn_params_init(&p->m, &q_as_k, k, val, o, opt, need_data));
     if (opt && (opt->has_scale || opt->softcap != 0.0f || opt->bias || opt->alibi_slopes ||
                 opt->sinks))

@@ -221,11 +221,34 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
     p->Lk = k->shape[2];
     p->Dv = v->shape[3];
 
-    TRY(expect_dim(k, "k", 0, p->B, "B, as q"));
+    if (opt->block_table && p->q_dt == ATTN_F64)  // fused_f64.c reads contiguous K and V
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "block_table: float64 calls take a contiguous "
+                         "cache (the paged one is float32, float16, bfloat16 or q8_0)");
+    if (opt->block_table) {  // page pools: [num_pages, Hkv, page_size, D]
+        const attn_tensor *t = opt->block_table;
+        TRY(attn_check_tensor(t, "block_table", ATTN_I32, need_data));
+        if (t->shape[0] != p->B || t->shape[2] != 1 || t->shape[3] != 1)
+            return attn_fail(ATTN_ERR_SHAPE, "block_table: shape [%lld, %lld, %lld, %lld], "
+                             "expected [B = %lld, max_pages, 1, 1]", (long long)t->shape[0],
+                             (long long)t->shape[1], (long long)t->shape[2],
+                             (long long)t->shape[3], (long long)p->B);
+        p->num_pages = k->shape[0];
+        p->page_size = k->shape[2];
+        if (p->page_size == 0)
+            return attn_fail(ATTN_ERR_VALUE, "k: page size (shape[2]) is 0, expected >= 1 "
+                             "with a block table");
+        if (!mul_ok(t->shape[1], p->page_size, &p->Lk))
+            return attn_fail(ATTN_ERR_OVERFLOW, "block_table: max_pages * page_size overflows");
+        TRY(expect_dim(v, "v", 0, p->num_pages, "num_pages, as k"));
+        TRY(expect_dim(v, "v", 2, p->page_size, "page_size, as k"));
+        p->block_table = attn_view_data(t, p->bt_s, 2);
+    } else {
+        TRY(expect_dim(k, "k", 0, p->B, "B, as q"));
+        TRY(expect_dim(v, "v", 0, p->B, "B, as q"));
+        TRY(expect_dim(v, "v", 2, p->Lk, "Lk, as k"));
+    }
     TRY(expect_dim(k, "k", 3, p->Dk, "Dk, as q"));
-    TRY(expect_dim(v, "v", 0, p->B, "B, as q"));
     TRY(expect_dim(v, "v", 1, p->Hkv, "Hkv, as k"));
-    TRY(expect_dim(v, "v", 2, p->Lk, "Lk, as k"));
     TRY(expect_dim(o, "o", 0, p->B, "B, as q"));
     TRY(expect_dim(o, "o", 1, p->Hq, "Hq, as q"));
     TRY(expect_dim(o, "o", 2, p->Lq, "Lq, as q"));
@@ -317,6 +340,19 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
             if (len < 0 || len > p->Lk)
                 return attn_fail(ATTN_ERR_VALUE, "kv_len[%lld] = %lld, expected 0 <= kv_len <= "
                             "Lk = %lld", (long long)b, (long long)len, (long long)p->Lk);
+        }
+    }
+    /* the table entries of the pages that hold valid keys, and no other: an entry past
+     * them (-1, garbage) is never read */
+    for (int64_t b = 0; need_data && p->block_table && b < p->B; b++) {
+        const int64_t pages = (attn_key_len(p, b) + p->page_size - 1) / p->page_size;
+        for (int64_t pg = 0; pg < pages; pg++) {
+            const int64_t e = p->block_table[b * p->bt_s[0] + pg * p->bt_s[1]];
+            if (e < 0 || e >= p->num_pages)
+                return attn_fail(ATTN_ERR_VALUE, "block_table[%lld][%lld] = %lld, expected a "
+                                 "page of the pool, 0 <= entry < num_pages = %lld",
+                                 (long long)b, (long long)pg, (long long)e,
+                                 (long long)p->num_pages);
         }
     }
     if (opt->alibi_slopes) {

@@ -130,11 +130,34 @@ typedef struct attn_params {
     uint64_t drop_seed, drop_offset, drop_threshold;
     float drop_scale;
     double drop_scale64;
+    /* a paged cache (opt->block_table), NULL when k and v are contiguous: k_s, v_s are
+     * then the pools' strides (page, Hkv, row in page, D) and row j of batch b is row
+     * j % page_size of page block_table[b * bt_s[0] + (j / page_size) * bt_s[1]];
+     * every entry a valid key reaches is in [0, num_pages) (checked by api.c) */
+    const int32_t *block_table;  int64_t bt_s[2];
+    int64_t page_size, num_pages;
 } attn_params;
 
 /* The sink logit of query head h: -inf (no sink) when the call has none. */
 static inline float attn_sink(const attn_params *p, int64_t h) {
     return p->sinks ? p->sinks[h * p->sinks_s] : -INFINITY;
+}
+
+/* The one place that decides where key/value row j of (b, g) lives: its offset in
+ * elements in a tensor of strides st (k_s or v_s), contiguous or through the pages. A
+ * cache dtype whose rows are not whole elements changes this and the conversion of a
+ * block of rows (fused.c kv_block), nothing else. */
+static inline int64_t attn_kv_offset(const attn_params *p, const int64_t st[4], int64_t b,
+                                     int64_t g, int64_t j) {
+    if (!p->block_table) return b * st[0] + g * st[1] + j * st[2];
+    const int64_t page = p->block_table[b * p->bt_s[0] + (j / p->page_size) * p->bt_s[1]];
+    return page * st[0] + g * st[1] + (j % p->page_size) * st[2];
+}
+
+/* Whether rows j0 .. j0+nk-1 lie at one stride st[2] apart from row j0 (nk >= 1): always
+ * in a contiguous cache, within one page in a paged one. */
+static inline bool attn_kv_one_run(const attn_params *p, int64_t j0, int64_t nk) {
+    return !p->block_table || j0 / p->page_size == (j0 + nk - 1) / p->page_size;
 }
 
 /* The key length of batch b: kv_len[b], or Lk. */

@@ -65,6 +65,9 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
                                    const attn_tensor *dk, const attn_tensor *dv,
                                    const attn_options *opt, bool need_data) {
     *bp = (attn_bwd_params){0};
+    if (opt && opt->block_table)  // paged caches: forward only (CONTRACT, "A paged KV cache")
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "attn_backward: options.block_table (a paged "
+                         "cache) is forward only");
     if (opt && (opt->lse || opt->weights))
         return attn_fail(ATTN_ERR_VALUE, "options.%s must be NULL in attn_backward (the "
                          "forward's LSE is the lse argument)", opt->lse ? "lse" : "weights");

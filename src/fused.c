@@ -60,7 +60,7 @@ typedef struct fused_plan {
     size_t thread_bytes;      // one thread's slice, a multiple of 64 bytes
     size_t partial_floats;    // one (item, chunk)'s saved m, l and acc
     size_t off_q, off_qt, off_k, off_v, off_s, off_acc, off_m, off_l, off_alpha;
-    size_t off_lo, off_hi, off_h, off_i, off_qp, off_pairs;
+    size_t off_lo, off_hi, off_h, off_i, off_qp, off_pairs, off_gk, off_gv;
     /* the call's bool mask and bias, summarized once (mask_summary.h), and the params
      * without them, for the tiles they leave open; both NULL without mask or bias */
     const attn_mask_summary *sum;
@@ -128,6 +128,10 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
         CARVE(off_qp, (size_t)((dk + 1) / 2 * bq) * sizeof(uint32_t));
     if (p->kv_dt == ATTN_BF16 && p->precision == ATTN_PRECISION_FAST)
         CARVE(off_pairs, (size_t)((bk / 2 + 1) * (bq + (dv + 15) / 16 * 16)) * sizeof(uint32_t));
+    if (p->block_table) {  // a paged cache: the rows of a tile that crosses pages, gathered
+        CARVE(off_gk, (size_t)(bk * attn_row_bytes(p->kv_dt, dk)));
+        CARVE(off_gv, (size_t)(bk * attn_row_bytes(p->kv_dt, dv)));
+    }
 #undef CARVE
     plan->thread_bytes = at;
     return true;
@@ -171,6 +175,7 @@ typedef struct fused_scratch {
     int64_t *h, *i;        // (bq) each row's query head and row index
     uint32_t *qp;          // (ceil(Dk/2), bq) bf16 query pairs, for qk_bf16
     uint32_t *pairs;       // the packed P and V pairs of pv_bf16
+    char *gk, *gv;         // (bk, Dk), (bk, Dv) in the cache's dtype: a paged tile's rows
 } fused_scratch;
 
 static fused_scratch carve(const fused_plan *plan, char *slice) {
@@ -191,6 +196,8 @@ static fused_scratch carve(const fused_plan *plan, char *slice) {
         .i = (int64_t *)(slice + plan->off_i),
         .qp = (uint32_t *)(slice + plan->off_qp),
         .pairs = (uint32_t *)(slice + plan->off_pairs),
+        .gk = slice + plan->off_gk,
+        .gv = slice + plan->off_gv,
     };
     return w;
 }
@@ -315,35 +322,75 @@ static void finish_tile(const attn_params *p, const fused_scratch *w, const fuse
     }
 }
 
-/* The key (or value) rows j0 .. j0+nk-1 of head (b, g) as float32: a pointer into the
- * caller's tensor when it is float32 with last stride 1, else converted into buf (the
- * kernel's vector conversion for 16-bit rows with last stride 1). *ld gets the row
- * stride. */
-static const float *kv_block(const attn_kernels *kern, attn_dtype dt, const void *base,
-                             const int64_t st[4], int64_t width, int64_t b, int64_t g,
-                             int64_t j0, int64_t nk, float *buf, int64_t *ld) {
-    const int64_t x = b * st[0] + g * st[1] + j0 * st[2];
+/* A tile's key or value rows in the cache's own dtype: row c at data + c * ld elements,
+ * element d of a row at + d * es. */
+typedef struct kv_tile {
+    const char *data;
+    int64_t ld, es;
+} kv_tile;
+
+/* Rows j0 .. j0+nk-1 (nk >= 1) of the block's head (b, g) in K or V (base, strides st,
+ * rows of `width` elements): in place when they lie at one stride (a contiguous cache,
+ * or a tile within one page: the pages' own memory, no copy), else gathered page by page
+ * into gbuf as nk dense rows. The values are the same either way, so a paged call
+ * computes what the contiguous one does on the same tiles, bit for bit. */
+static kv_tile kv_rows(const attn_params *p, const fused_block *blk, const void *base,
+                       const int64_t st[4], int64_t width, int64_t j0, int64_t nk, char *gbuf) {
+    const attn_dtype dt = p->kv_dt;
+    const int64_t ek = attn_elem_bytes(dt), rb = attn_row_bytes(dt, width);  // q8_0: blocks
+    if (attn_kv_one_run(p, j0, nk))
+        return (kv_tile){(const char *)base +
+                             attn_row_byte_offset(dt, attn_kv_offset(p, st, blk->b, blk->g, j0)),
+                         st[2], st[3]};
+    for (int64_t c = 0; c < nk;) {
+        const int64_t j = j0 + c;
+        int64_t run = p->page_size - j % p->page_size;  // rows left in j's page
+        if (run > nk - c) run = nk - c;
+        const int64_t at = attn_kv_offset(p, st, blk->b, blk->g, j);
+        if (st[3] == 1 && st[2] == width) {  // the run's rows are one block: one copy
+            memcpy(gbuf + c * rb, (const char *)base + attn_row_byte_offset(dt, at), (size_t)(run * rb));
+            c += run;
+            continue;
+        }
+        for (int64_t r = 0; r < run; r++, c++) {
+            char *dst = gbuf + c * rb;
+            const char *row = (const char *)base + attn_row_byte_offset(dt, at + r * st[2]);
+            if (st[3] == 1) {
+                memcpy(dst, row, (size_t)rb);
+            } else {
+                for (int64_t d = 0; d < width; d++) memcpy(dst + d * ek, row + d * st[3] * ek, (size_t)ek);
+            }
+        }
+    }
+    return (kv_tile){gbuf, width, 1};
+}
+
+/* The conversion of a block of nk rows (t, as kv_rows gives them) to float32: t itself
+ * when it is float32 with unit element stride, else converted into buf (the kernel's
+ * vector conversion for 16-bit rows with unit element stride). *ld gets the row stride. */
+static const float *kv_block(const attn_kernels *kern, attn_dtype dt, kv_tile t, int64_t width,
+                             int64_t nk, float *buf, int64_t *ld) {
     *ld = width;
-    if (dt == ATTN_Q8_0) {  // stride 1 along the row and rows on block starts (api.c)
+    if (dt == ATTN_Q8_0) {  // unit stride along the row, rows on block starts (api.c)
         void (*deq)(int64_t, const uint8_t *, float *) =
             kern->dequant_q8_0 ? kern->dequant_q8_0 : attn_dequant_q8_0_blocks;
         for (int64_t c = 0; c < nk; c++)
-            deq(width / ATTN_Q8_0_BLOCK,
-                (const uint8_t *)base + attn_row_byte_offset(dt, x + c * st[2]), buf + c * width);
+            deq(width / ATTN_Q8_0_BLOCK, (const uint8_t *)t.data + attn_row_byte_offset(dt, c * t.ld),
+                buf + c * width);
         return buf;
     }
-    if (st[3] == 1) {
+    if (t.es == 1) {
         if (dt == ATTN_F32) {
-            *ld = st[2];
-            return (const float *)base + x;
+            *ld = t.ld;
+            return (const float *)t.data;
         }
         for (int64_t c = 0; c < nk; c++)
-            kern->to_f32(dt, width, (const uint16_t *)base + x + c * st[2], buf + c * width);
+            kern->to_f32(dt, width, (const uint16_t *)t.data + c * t.ld, buf + c * width);
         return buf;
     }
     for (int64_t c = 0; c < nk; c++)
         for (int64_t d = 0; d < width; d++)
-            buf[c * width + d] = attn_load(dt, base, x + c * st[2] + d * st[3]);
+            buf[c * width + d] = attn_load(dt, t.data, c * t.ld + d * t.es);
     return buf;
 }
 
@@ -351,14 +398,13 @@ static const float *kv_block(const attn_kernels *kern, attn_dtype dt, const void
 static void tile_logits(const attn_params *p, const attn_kernels *kern, const fused_scratch *w,
                         const fused_block *blk, int64_t j0, int64_t nk, bool boundary) {
     const int64_t dk = p->Dk;
+    const kv_tile kt = kv_rows(p, blk, p->k, p->k_s, dk, j0, nk, w->gk);
     if (blk->qk_bf16) {
-        const uint16_t *k = (const uint16_t *)p->k + blk->b * p->k_s[0] + blk->g * p->k_s[1] +
-                            j0 * p->k_s[2];
-        kern->qk_bf16(blk->npad, nk, dk, w->qp, w->ld, k, p->k_s[2], p->scale, w->s, w->ld);
+        kern->qk_bf16(blk->npad, nk, dk, w->qp, w->ld, (const uint16_t *)kt.data, kt.ld,
+                      p->scale, w->s, w->ld);
     } else {
         int64_t ldk;
-        const float *k = kv_block(kern, p->kv_dt, p->k, p->k_s, dk, blk->b, blk->g, j0, nk,
-                                  w->k, &ldk);
+        const float *k = kv_block(kern, p->kv_dt, kt, dk, nk, w->k, &ldk);
         kern->qk(blk->n, blk->npad, nk, dk, w->q, w->qt, w->ld, k, ldk, p->scale, w->s, w->ld);
     }
     if (boundary || attn_has_elementwise(p)) finish_tile(p, w, blk, nk, w->ld, j0, boundary);
@@ -377,8 +423,7 @@ enum { PREFETCH_TILES = 2 };
  * decoding entries take. */
 static const char *kv_row(const attn_params *p, const fused_block *blk, const void *base,
                           const int64_t st[4], int64_t j) {
-    return (const char *)base +
-           attn_row_byte_offset(p->kv_dt, blk->b * st[0] + blk->g * st[1] + j * st[2]);
+    return (const char *)base + attn_row_byte_offset(p->kv_dt, attn_kv_offset(p, st, blk->b, blk->g, j));
 }
 
 static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
@@ -392,6 +437,14 @@ static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t 
         for (int64_t x = 0; x < kb; x += 64) __builtin_prefetch(k + x, 0, 1);
         for (int64_t x = 0; x < vb; x += 64) __builtin_prefetch(v + x, 0, 1);
     }
+}
+
+/* Of the nk >= 1 keys from j, how many lie at one stride from row j: all of them in a
+ * contiguous cache, those up to the end of j's page in a paged one. */
+static int64_t kv_segment(const attn_params *p, int64_t j, int64_t nk) {
+    if (!p->block_table) return nk;
+    const int64_t run = p->page_size - j % p->page_size;
+    return run < nk ? run : nk;
 }
 
 /* A block of a few rows (decoding) on a kernel that has the one-pass decoding step: up to
@@ -510,23 +563,38 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         /* a bool mask or a bias can mask any key: their tiles skip zero weights */
         const bool clean = !boundary && !pt->mask && !pt->bias;
         if (decode && clean) {
-            /* the first call on the tile prefetches its V and the next tile's K, when there
-             * is one (no pointer past the tensor otherwise) */
-            const int64_t j1 = j0 + nk, next_nk = j1 < jb ? (jb - j1 < plan->bk ? jb - j1 : plan->bk) : 0;
-            const char *next_k = next_nk > 0 ? kv_row(p, blk, p->k, p->k_s, j1) : NULL;
-            for (int64_t r0 = 0; r0 < n; r0 += 4)
-                kern->decode(n - r0 < 4 ? n - r0 : 4, nk, dk, dv, w->q + r0 * dk, p->kv_dt, fast,
-                             kv_row(p, blk, p->k, p->k_s, j0), p->k_s[2], kv_row(p, blk, p->v, p->v_s, j0),
-                             p->v_s[2], p->scale, w->s, w->m + r0, w->l + r0, w->alpha + r0,
-                             w->acc + r0 * dv, r0 == 0, next_k, next_nk);
+            /* the tile in segments of rows at one stride: the whole tile in a contiguous
+             * cache or within a page, else page by page, each read in place (a copy of
+             * the rows cost more than the extra online-softmax steps: attn bench --paged,
+             * float32 page 16 0.68 -> 0.72 of contiguous, bfloat16 0.51 -> 0.64, CPU time).
+             * The first call on a segment prefetches its V and the next segment's K, when
+             * there is one (no pointer past the tensor otherwise). */
+            if (p->block_table && p->page_size < plan->bk) {
+                /* small pages: the hardware prefetcher loses the stream at each page, so
+                 * the rows of the tile PREFETCH_TILES ahead are asked for here too */
+                const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
+                if (pj < jb) prefetch_tile(p, blk, pj, jb - pj < plan->bk ? jb - pj : plan->bk);
+            }
+            for (int64_t s0 = j0, seg; s0 < j0 + nk; s0 += seg) {
+                seg = kv_segment(p, s0, j0 + nk - s0);
+                const int64_t j1 = s0 + seg;
+                const int64_t next_nk = j1 < jb ? kv_segment(p, j1, jb - j1 < plan->bk ? jb - j1 : plan->bk) : 0;
+                const char *next_k = next_nk > 0 ? kv_row(p, blk, p->k, p->k_s, j1) : NULL;
+                const char *k = kv_row(p, blk, p->k, p->k_s, s0), *v = kv_row(p, blk, p->v, p->v_s, s0);
+                for (int64_t r0 = 0; r0 < n; r0 += 4)
+                    kern->decode(n - r0 < 4 ? n - r0 : 4, seg, dk, dv, w->q + r0 * dk, p->kv_dt,
+                                 fast, k, p->k_s[2], v, p->v_s[2], p->scale, w->s, w->m + r0,
+                                 w->l + r0, w->alpha + r0, w->acc + r0 * dv, r0 == 0, next_k,
+                                 next_nk);
+            }
             continue;
         }
         const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
         if (n <= 4 && pj < jb) prefetch_tile(p, blk, pj, jb - pj < plan->bk ? jb - pj : plan->bk);
         tile_logits(pt, kern, w, blk, j0, nk, boundary);
         if (fast && clean && kern->pv_bf16 && p->v_s[3] == 1 && !p->dropout) {
-            const uint16_t *v = (const uint16_t *)p->v + blk->b * p->v_s[0] +
-                                blk->g * p->v_s[1] + j0 * p->v_s[2];
+            const kv_tile vt = kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, w->gv);
+            const uint16_t *v = (const uint16_t *)vt.data;
             const float *probs = w->s;
             if (kern->softmax_pairs) {  // P rounded to pairs as it is computed
                 kern->softmax_pairs(npad, nk, w->s, w->ld, w->m, w->l, w->alpha, w->pairs, npad);
@@ -534,7 +602,7 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
             } else {
                 kern->softmax(npad, nk, w->s, w->ld, w->m, w->l, w->alpha);
             }
-            kern->pv_bf16(n, npad, nk, dv, probs, w->ld, v, p->v_s[2], w->alpha, w->acc, dv, w->pairs);
+            kern->pv_bf16(n, npad, nk, dv, probs, w->ld, v, vt.ld, w->alpha, w->acc, dv, w->pairs);
             continue;
         }
         kern->softmax(npad, nk, w->s, w->ld, w->m, w->l, w->alpha);
@@ -544,7 +612,8 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
                 for (int64_t r = 0; r < n; r++)
                     w->s[c * w->ld + r] = attn_bf16_to_f32(attn_f32_to_bf16(w->s[c * w->ld + r]));
         int64_t ldv;
-        const float *v = kv_block(kern, p->kv_dt, p->v, p->v_s, dv, blk->b, blk->g, j0, nk, w->v, &ldv);
+        const float *v = kv_block(kern, p->kv_dt, kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, w->gv),
+                                  dv, nk, w->v, &ldv);
         /* a dropped weight is 0, like a masked one: it must not multiply its V either,
          * which matters only where the value block holds a NaN or Inf (0 · v = 0 exactly
          * otherwise), so a clean tile tests the block first (nk·Dv, beside pv's n·nk·Dv) */
@@ -590,12 +659,17 @@ static void block_weights(const attn_params *p, const attn_kernels *kern,
         if (decode && !boundary && !pt->mask && !pt->bias) {
             /* a tile the decoding step took: its own logits, so that the maxima agree */
             float cs[4 * (ATTN_BK_LIMIT + 4)];
-            for (int64_t r0 = 0; r0 < blk->n; r0 += 4) {
-                const int64_t rows = blk->n - r0 < 4 ? blk->n - r0 : 4;
-                kern->decode_qk(rows, nk, p->Dk, w->q + r0 * p->Dk, p->kv_dt,
-                                kv_row(p, blk, p->k, p->k_s, j0), p->k_s[2], p->scale, cs);
-                for (int64_t c = 0; c < nk; c++)
-                    for (int64_t r = 0; r < rows; r++) w->s[c * w->ld + r0 + r] = cs[4 * c + r];
+            for (int64_t s0 = j0, seg; s0 < j0 + nk; s0 += seg) {  // block_sweep's segments
+                seg = kv_segment(p, s0, j0 + nk - s0);
+                const char *k = kv_row(p, blk, p->k, p->k_s, s0);
+                for (int64_t r0 = 0; r0 < blk->n; r0 += 4) {
+                    const int64_t rows = blk->n - r0 < 4 ? blk->n - r0 : 4;
+                    kern->decode_qk(rows, seg, p->Dk, w->q + r0 * p->Dk, p->kv_dt, k, p->k_s[2],
+                                    p->scale, cs);
+                    for (int64_t c = 0; c < seg; c++)
+                        for (int64_t r = 0; r < rows; r++)
+                            w->s[(s0 - j0 + c) * w->ld + r0 + r] = cs[4 * c + r];
+                }
             }
         } else {
             tile_logits(pt, kern, w, blk, j0, nk, boundary);

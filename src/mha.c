@@ -312,6 +312,9 @@ attn_status mha_attend(const attn_tensor *q, const attn_tensor *k, const attn_te
                        bool average, const attn_options *opt_in, mha_ws *w) {
     static const attn_options defaults = {0};
     attn_options opt = opt_in ? *opt_in : defaults;
+    if (opt.block_table)  // the module's K and V are its own, never paged
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "multi-head layer: options.block_table is not "
+                         "supported");
     if (opt.lse || opt.weights)
         return attn_fail(ATTN_ERR_VALUE, "options.%s must be NULL for the module (its weights "
                          "are an argument)", opt.lse ? "lse" : "weights");

@@ -178,17 +178,20 @@ static attn_status check_outputs(const attn_tensor *const *in, const char *const
     return ATTN_OK;
 }
 
+/* the entries of an array (the inputs and outputs below, each with its name) */
+#define COUNT(a) ((int)(sizeof(a) / sizeof *(a)))
+
 attn_status attn_check_forward_aliasing(const attn_tensor *q, const attn_tensor *k,
                                         const attn_tensor *v, const attn_tensor *o,
                                         const attn_options *opt, size_t ws_need) {
     static const char *const in_names[] = {"q", "k", "v", "mask", "bias", "kv_len",
-                                           "alibi_slopes", "sinks"};
+                                           "alibi_slopes", "sinks", "block_table"};
     static const char *const out_names[] = {"o", "lse", "weights"};
     const attn_tensor *in[] = {q, k, v, opt ? opt->mask : NULL, opt ? opt->bias : NULL,
                                opt ? opt->kv_len : NULL, opt ? opt->alibi_slopes : NULL,
-                               opt ? opt->sinks : NULL};
+                               opt ? opt->sinks : NULL, opt ? opt->block_table : NULL};
     const attn_tensor *out[] = {o, opt ? opt->lse : NULL, opt ? opt->weights : NULL};
-    return check_outputs(in, in_names, 8, out, out_names, 3, opt, ws_need);
+    return check_outputs(in, in_names, COUNT(in), out, out_names, COUNT(out), opt, ws_need);
 }
 
 attn_status attn_check_backward_aliasing(const attn_tensor *const t[8], const attn_tensor *lse,
@@ -201,5 +204,5 @@ attn_status attn_check_backward_aliasing(const attn_tensor *const t[8], const at
                                opt ? opt->kv_len : NULL, opt ? opt->alibi_slopes : NULL,
                                opt ? opt->sinks : NULL};
     const attn_tensor *out[] = {t[5], t[6], t[7], opt ? opt->d_sinks : NULL};
-    return check_outputs(in, in_names, 11, out, out_names, 4, opt, ws_need);
+    return check_outputs(in, in_names, COUNT(in), out, out_names, COUNT(out), opt, ws_need);
 }

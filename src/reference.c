@@ -60,11 +60,10 @@ attn_status attn_reference_forward(const attn_params *p, void *ws) {
         const int64_t lk_b = attn_key_len(p, b);
         for (int64_t h = 0; h < p->Hq; h++) {
             const int64_t g = h / p->group;
-            /* offsets, in elements, of the (b, h) and (b, g) slices; every input is read
-             * through attn_load, whatever its dtype, and upcast to float64 */
+            /* offsets, in elements, of the (b, h) slice and of each key/value row (through
+             * the pages of a paged cache: attn_kv_offset); every input is read through
+             * attn_load, whatever its dtype, and upcast to float64 */
             const int64_t q_bh = b * p->q_s[0] + h * p->q_s[1];
-            const int64_t k_bg = b * p->k_s[0] + g * p->k_s[1];
-            const int64_t v_bg = b * p->v_s[0] + g * p->v_s[1];
 
 #pragma omp parallel for schedule(static) num_threads(p->threads)
             for (int64_t i = 0; i < p->Lq; i++) {
@@ -77,7 +76,7 @@ attn_status attn_reference_forward(const attn_params *p, void *ws) {
                 double m = -INFINITY;
                 for (int64_t j = 0; j < p->Lk; j++) {
                     s_i[j] = (j >= lo && j < hi)
-                                 ? ref_logit(p, q_bh + i * p->q_s[2], k_bg + j * p->k_s[2],
+                                 ? ref_logit(p, q_bh + i * p->q_s[2], attn_kv_offset(p, p->k_s, b, g, j),
                                              b, h, i, j, d_i)
                                  : -INFINITY;
                     if (isnan(s_i[j]) || s_i[j] > m) m = s_i[j];  // NaN sticks: a NaN logit poisons its row
@@ -121,7 +120,8 @@ attn_status attn_reference_forward(const attn_params *p, void *ws) {
                     for (int64_t j = lo; j < hi; j++)
                         if (s_i[j] != 0.0)
                             acc += s_i[j] * attn_load_f64(p->kv_dt, p->v,
-                                                          v_bg + j * p->v_s[2] + d * p->v_s[3]);
+                                                          attn_kv_offset(p, p->v_s, b, g, j) +
+                                                              d * p->v_s[3]);
                     /* float64 -> float32 -> the output dtype: both steps round to nearest
                      * even; the double rounding can differ from a direct one by at most
                      * one ulp of the 16-bit type, only on exact ties. A float64 o takes

@@ -141,6 +141,9 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
                               attn_reduce reduce, const attn_options *opt_in) {
     static const attn_options defaults = {0};
     const attn_options *base = opt_in ? opt_in : &defaults;
+    if (base->block_table)  // paged caches: forward only (CONTRACT, "A paged KV cache")
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "attn_weights_grid: options.block_table (a "
+                         "paged cache) is not supported");
     if (base->lse || base->weights)
         return attn_fail(ATTN_ERR_VALUE, "options.lse and options.weights must be NULL (the "
                          "LSE is an input here, the grid the output)");

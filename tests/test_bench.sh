@@ -253,5 +253,14 @@ else bad "bench --q8 output"; sed 's/^/    /' out.txt | tail -8; fi
 expect "bench --q8 --plant-error fails its check" 1 "$ATTN" bench --q8 --quick --reps 1 --plant-error
 expect "bench --q8 --reps 0" 2 "$ATTN" bench --q8 --reps 0
 
+# ---- the paged cache's decoding rows (tools/bench_paged.c) -----------------------------------
+expect "bench --paged --quick" 0 "$ATTN" bench --paged --quick --reps 1
+if grep -q "decode B=1 Lk=4096 float32  paged 16 .*paged/contig" out.txt &&
+    grep -q "decode B=1 Lk=4096 bfloat16 paged 256 .*paged/contig" out.txt; then
+    ok "bench --paged prints its rows"
+else bad "bench --paged output"; sed 's/^/    /' out.txt | tail -8; fi
+expect "bench --paged --plant-error fails its check" 1 "$ATTN" bench --paged --quick --reps 1 --plant-error
+expect "bench --paged --reps 0" 2 "$ATTN" bench --paged --reps 0
+
 echo "bench: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -625,6 +625,10 @@ static void misuse(void) {
           attn_last_error());
     attn_options od = {.dropout_p = 0.25f};  // the float64 path draws no dropout mask
     CHECK(attn_forward(&tq, &tk, &tv, &to, &od) == ATTN_ERR_UNSUPPORTED, "float64 with dropout");
+    int32_t table[1] = {0};
+    attn_tensor tbt = attn_tensor_4d(table, ATTN_I32, 1, 1, 1, 1);
+    attn_options ob = {.block_table = &tbt};  // nor does it read pages
+    CHECK(attn_forward(&tq, &tk, &tv, &to, &ob) == ATTN_ERR_UNSUPPORTED, "float64 over pages");
     for (int e = 0; e < 16; e++) written += o[e] != 42.0;
     CHECK(written == 0, "a float64 call with dropout wrote o");
     /* the weights are float32 only; a float64 LSE under float32 q is refused */

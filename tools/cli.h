@@ -16,6 +16,7 @@ int cli_dtypes(int argc, char **argv);  /* attn dtypes  (tools/cli_dtypes.c) */
 int cli_train(int argc, char **argv);   /* attn train   (tools/cli_train.c) */
 int cli_seq2seq(int argc, char **argv);  /* attn seq2seq (tools/cli_seq2seq.c) */
 int bench_additive(int argc, char **argv); /* attn bench --additive (tools/bench_additive.c) */
+int bench_paged(int argc, char **argv);    /* attn bench --paged (tools/bench_paged.c) */
 int bench_q8(int argc, char **argv);       /* attn bench --q8 (tools/bench_q8.c) */
 int bench_dropout(int argc, char **argv);  /* attn bench --dropout (tools/bench_dropout.c) */
 int cli_bench_mha(int argc, char **argv);  /* attn bench-mha (tools/bench_mha.c) */

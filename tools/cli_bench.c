@@ -1398,6 +1398,8 @@ static void print_table(FILE *f, const machine *m, const bench_case *c, int n, c
 int cli_bench(int argc, char **argv) {
     /* additive attention's rows have their own file (tools/bench_additive.c) */
     if (argc > 1 && strcmp(argv[1], "--additive") == 0) return bench_additive(argc - 1, argv + 1);
+    /* the paged cache's decoding rows: tools/bench_paged.c */
+    if (argc > 1 && strcmp(argv[1], "--paged") == 0) return bench_paged(argc - 1, argv + 1);
     /* the q8_0 cache's decoding rows: tools/bench_q8.c */
     if (argc > 1 && strcmp(argv[1], "--q8") == 0) return bench_q8(argc - 1, argv + 1);
     /* dropout's cost: tools/bench_dropout.c */

@@ -508,6 +508,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 from ._additive import additive_attention, additive_attention_grad  # noqa: E402,F401
 __all__ += ["additive_attention", "additive_attention_grad"]
 
+# decoding against a contiguous or paged KV cache (python/attn/_kvcache.py)
+from ._kvcache import attention_with_kvcache  # noqa: E402
+__all__ += ["attention_with_kvcache"]
+
 # ---- the multi-head attention layer (python/attn/mha.py; attn.nn for PyTorch) -----------
 from .mha import multi_head_attention, multi_head_attention_grad  # noqa: E402
 

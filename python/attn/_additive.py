@@ -43,7 +43,10 @@ class _Options(ctypes.Structure):
                 ("d_sinks", ctypes.c_void_p), ("scale_f64", ctypes.c_double),
                 # attn_options' dropout fields (0: off; additive attention refuses dropout)
                 ("dropout_p", ctypes.c_float), ("dropout_seed", ctypes.c_uint64),
-                ("dropout_offset", ctypes.c_uint64)]
+                ("dropout_offset", ctypes.c_uint64),
+                # every field attn.h appends must be here too, or the C call reads past this
+                # structure (test_additive holds the size to the C struct's)
+                ("block_table", ctypes.c_void_p)]
 
 
 class _Weights(ctypes.Structure):

@@ -1,0 +1,207 @@
+"""_kvcache.py — attn.attention_with_kvcache: decoding against a key/value cache, contiguous
+or paged (attn_options.block_table, attn_kv_append; docs/CONTRACT.md "A paged KV cache"),
+with FlashAttention's flash_attn_with_kvcache argument names and layouts.
+
+It calls the C library through ctypes on the extension module's own shared object (as
+_additive.py does), so the extension's C code is untouched. The caches, q and the
+output are read and written in place through their strides (NumPy arrays and, where the
+caller has imported PyTorch, CPU torch tensors); only the new rows k, v are converted
+to float32 when they are not already (attn_kv_append reads float32). What it is not: a
+cache manager — the caller owns the pages, the block table and the lengths, and
+cache_seqlens is read, never advanced (FlashAttention's convention).
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from ._additive import _Options, _Tensor, _check, _lib
+
+_F32, _F16, _BF16, _BOOL, _I32, _I64 = 0, 1, 2, 3, 4, 5
+_P = ctypes.c_void_p
+_lib.attn_forward.argtypes = [_P] * 5
+_lib.attn_forward.restype = ctypes.c_int
+_lib.attn_kv_append.argtypes = [_P] * 7
+_lib.attn_kv_append.restype = ctypes.c_int
+
+_NP_DT = {"float32": _F32, "float16": _F16, "bfloat16": _BF16, "int32": _I32, "int64": _I64}
+
+
+def _torch():
+    return sys.modules.get("torch")  # never imported here: only if the caller has it
+
+
+def _is_torch(x: Any) -> bool:
+    t = _torch()
+    return t is not None and isinstance(x, t.Tensor)
+
+
+class _View:
+    """A NumPy array or CPU torch tensor as (address, attn dtype, shape, element strides),
+    without a copy; holds a reference for the call's duration."""
+
+    def __init__(self, x: Any, name: str, writable: bool = False):
+        self.obj = x
+        if _is_torch(x):
+            if x.device.type != "cpu":
+                raise ValueError("%s: a CPU tensor is expected, got device %s" % (name, x.device))
+            dt = str(x.dtype).replace("torch.", "")
+            self.addr, self.shape, self.strides = x.data_ptr(), tuple(x.shape), tuple(x.stride())
+        else:
+            if not isinstance(x, np.ndarray):
+                raise TypeError("%s: a NumPy array or torch tensor is expected, got %s"
+                                % (name, type(x).__name__))
+            if writable and not x.flags.writeable:
+                raise ValueError("%s: the array is read-only and is written in place" % name)
+            dt = x.dtype.name
+            isz = x.dtype.itemsize
+            if any(s % isz for s in x.strides):
+                raise ValueError("%s: strides %s are not whole elements" % (name, x.strides))
+            self.addr = x.ctypes.data
+            self.shape, self.strides = x.shape, tuple(s // isz for s in x.strides)
+        if dt not in _NP_DT:
+            raise TypeError("%s: dtype %s is not supported (float32, float16, bfloat16; int32 "
+                            "or int64 for indices)" % (name, dt))
+        self.dtype = _NP_DT[dt]
+
+    def tensor(self, shape4, strides4) -> _Tensor:
+        return _Tensor(self.addr if all(shape4) else None, self.dtype,
+                       (ctypes.c_int64 * 4)(*shape4), (ctypes.c_int64 * 4)(*strides4))
+
+    def bshd(self, name: str) -> _Tensor:
+        """[B, L, H, D] read as attn's [B, H, L, D] through strides."""
+        if len(self.shape) != 4:
+            raise ValueError("%s: expected 4 dimensions [B, L, H, D], got shape %s"
+                             % (name, self.shape))
+        s, st = self.shape, self.strides
+        return self.tensor((s[0], s[2], s[1], s[3]), (st[0], st[2], st[1], st[3]))
+
+
+def _index(x: Any, name: str, ndim: int) -> Tuple[_View, Any]:
+    """An int32 / int64 index array (copied to int32 when it is another integer type)."""
+    if not _is_torch(x):
+        x = np.asarray(x)
+        if x.dtype.kind in "iu" and x.dtype.name not in ("int32", "int64"):
+            x = x.astype(np.int32)
+    v = _View(x, name)
+    if v.dtype not in (_I32, _I64) or len(v.shape) != ndim:
+        raise ValueError("%s: an int32 array of %d dimension(s) is expected" % (name, ndim))
+    return v, x
+
+
+def _f32_rows(x: Any, name: str) -> _View:
+    """New K or V rows [B, n, Hkv, D] as float32 (a copy only when they are not)."""
+    if _is_torch(x):
+        if x.dtype != _torch().float32:
+            x = x.float()
+    elif not (isinstance(x, np.ndarray) and x.dtype == np.float32):
+        x = np.asarray(x, dtype=np.float32)
+    return _View(x, name)
+
+
+def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v: Any = None,
+                           cache_seqlens: Any = None, block_table: Any = None,
+                           softmax_scale: Optional[float] = None, causal: bool = False,
+                           window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           alibi_slopes: Any = None, return_softmax_lse: bool = False):
+    """out = attention of q over the cache, FlashAttention's flash_attn_with_kvcache.
+
+    q            [B, Lq, Hq, D]  float32, float16 or bfloat16
+    k_cache      [B, Lk, Hkv, D], or with block_table the page pool
+                 [num_pages, page_size, Hkv, D] (any strides: a [num_pages, Hkv,
+                 page_size, D] pool passed as its transpose(1, 2) view works too)
+    v_cache      the same for V
+    k, v         optional new rows [B, n, Hkv, D]: written in place into the cache at
+                 positions cache_seqlens[b] .. + n - 1 (through block_table when given),
+                 converted to the cache's dtype; then attended to with the others
+    cache_seqlens int32 [B] (or an int): the tokens already in the cache; None = all Lk
+                 (no k, v)
+    block_table  int32 [B, max_pages]: page p of sequence b is pool page block_table[b, p]
+    causal       bottom-right causal (query row i sees keys up to Lk_b - Lq + i)
+    window_size  (left, right), -1 = unbounded; alibi_slopes float32 [Hq]
+    Returns out [B, Lq, Hq, D] (q's dtype), and with return_softmax_lse also the
+    natural-log LSE [B, Hq, Lq] float32. NumPy in, NumPy out; torch in, torch out.
+    """
+    qv = _View(q, "q")
+    kc, vc = _View(k_cache, "k_cache", True), _View(v_cache, "v_cache", True)
+    if len(qv.shape) != 4:
+        raise ValueError("q: expected [B, Lq, Hq, D], got shape %s" % (qv.shape,))
+    B, Lq, Hq, D = qv.shape
+    tk, tv = kc.bshd("k_cache"), vc.bshd("v_cache")  # (B | num_pages, Hkv, Lk | page_size, D)
+    keep = [qv, kc, vc]
+    tbt = None
+    if block_table is not None:
+        bv, bx = _index(block_table, "block_table", 2)
+        keep += [bv, bx]
+        tbt = bv.tensor((bv.shape[0], bv.shape[1], 1, 1), (bv.strides[0], bv.strides[1], 0, 0))
+    Lk = tk.shape[2] * (tbt.shape[1] if tbt is not None else 1)
+    n = 0
+    tlen = None
+    if cache_seqlens is not None:
+        if isinstance(cache_seqlens, (int, np.integer)):
+            cache_seqlens = np.full((B,), int(cache_seqlens), np.int32)
+        lv, lx = _index(cache_seqlens, "cache_seqlens", 1)
+        keep += [lv, lx]
+        tlen = lv.tensor((lv.shape[0], 1, 1, 1), (lv.strides[0], 0, 0, 0))
+    if (k is None) != (v is None):
+        raise ValueError("k and v: give both or neither")
+    if k is not None:
+        if tlen is None:
+            raise ValueError("k, v: cache_seqlens is required to append")
+        kn, vn = _f32_rows(k, "k"), _f32_rows(v, "v")
+        keep += [kn, vn]
+        tkn, tvn = kn.bshd("k"), vn.bshd("v")
+        n = tkn.shape[2]
+        _check(_lib.attn_kv_append(ctypes.byref(tkn), ctypes.byref(tvn), ctypes.byref(tk),
+                                   ctypes.byref(tv), None,
+                                   ctypes.byref(tbt) if tbt is not None else None,
+                                   ctypes.byref(tlen)), "attention_with_kvcache (append)")
+    opt = _Options()
+    if tlen is not None:
+        lens = (np.asarray(lx.cpu().numpy() if _is_torch(lx) else lx, np.int64).reshape(-1) + n)
+        keep.append(lens)
+        tl2 = _Tensor(lens.ctypes.data if lens.size else None, _I64,
+                      (ctypes.c_int64 * 4)(lens.shape[0], 1, 1, 1), (ctypes.c_int64 * 4)(1, 0, 0, 0))
+        keep.append(tl2)
+        opt.kv_len = ctypes.addressof(tl2)
+    if tbt is not None:
+        opt.block_table = ctypes.addressof(tbt)
+    if softmax_scale is not None:
+        opt.has_scale, opt.scale = True, float(softmax_scale)
+    opt.causal = bool(causal)
+    opt.align = 1  # bottom-right: what a cache needs (FlashAttention's convention)
+    left, right = (int(window_size[0]), int(window_size[1]))
+    if left != -1 or right != -1:
+        opt.has_window, opt.window_left, opt.window_right = True, left, right
+    opt.softcap = float(softcap)
+    if alibi_slopes is not None:
+        a = np.ascontiguousarray(
+            alibi_slopes.detach().float().cpu().numpy() if _is_torch(alibi_slopes) else alibi_slopes,
+            np.float32)
+        if a.shape != (Hq,):
+            raise ValueError("alibi_slopes: expected shape (%d,), got %s" % (Hq, a.shape))
+        keep.append(a)
+        ta = _Tensor(a.ctypes.data, _F32, (ctypes.c_int64 * 4)(Hq, 1, 1, 1), (ctypes.c_int64 * 4)(1, 0, 0, 0))
+        keep.append(ta)
+        opt.alibi_slopes = ctypes.addressof(ta)
+    Dv = tv.shape[3]
+    if _is_torch(q):
+        torch = _torch()
+        out = torch.empty((B, Lq, Hq, Dv), dtype=q.dtype)
+        lse = torch.empty((B, Hq, Lq), dtype=torch.float32)
+    else:
+        out = np.empty((B, Lq, Hq, Dv), q.dtype)
+        lse = np.empty((B, Hq, Lq), np.float32)
+    ov, lsv = _View(out, "out", True), _View(lse, "lse", True)
+    to = ov.bshd("out")
+    tls = lsv.tensor((B, Hq, Lq, 1), (lsv.strides[0], lsv.strides[1], lsv.strides[2], 1))
+    if return_softmax_lse:
+        opt.lse = ctypes.addressof(tls)
+    tq = qv.bshd("q")
+    _check(_lib.attn_forward(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
+                             ctypes.byref(to), ctypes.byref(opt)), "attention_with_kvcache")
+    del keep
+    return (out, lse) if return_softmax_lse else out

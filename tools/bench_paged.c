@@ -1,0 +1,307 @@
+/*
+ * bench_paged.c — `attn bench --paged`: decoding over a paged key/value cache against the
+ *                 same cache contiguous (issue #15's speed rows).
+ *
+ * Method:
+ *   - the shape is a decoding step, Lq = 1, Lk = 16384, Hq = 32, Hkv = 8, D = 128, with
+ *     B = 1 and B = 8 (--quick: Lk = 4096, B = 1 only), float32 queries, a float32 or
+ *     bfloat16 cache; the pools are [num_pages, Hkv, page_size, D] (--nhd: FlashAttention's
+ *     [num_pages, page_size, Hkv, D]) with the pages of each sequence in a shuffled order,
+ *     page sizes 16, 64 and 256;
+ *   - each paged answer is checked first: within the contract's float32 tolerance of the
+ *     float64 reference, and bit for bit the contiguous answer where the tiles are the
+ *     same (page sizes multiples of 128); --plant-error turns one key of the pool towards
+ *     the query and must fail;
+ *   - one warm-up call each, then --reps rounds (default 15); a round times the contiguous
+ *     call and each paged call in turn, and after each call a plain read of a buffer of
+ *     the size of K and V (capped at 1 GiB) that no call touches (AVX2 loads): memory
+ *     bandwidth on a shared machine drifts, interleaved timings do not;
+ *   - reported: medians; GB/s = bytes of K and V / time; %read = that over the median read
+ *     bandwidth timed beside the row; paged/contig = the contiguous median time over the
+ *     paged one (1 = paging costs nothing); cpu = the process's CPU time a call (all
+ *     threads), and its ratio likewise: on a machine shared with other work the wall
+ *     times include time the threads waited for a core, the CPU times do not.
+ * What it is not: a test (no time limit anywhere).
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "attn.h"
+#include "cliopt.h"
+#include "tolerance.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static double cpu_s(void) {  // the process's CPU time, all threads
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *t, int n) {
+    qsort(t, (size_t)n, sizeof *t, cmp_d);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+static volatile double g_sink;
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static double read_avx2(const float *p, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
+        a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
+        a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
+        a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
+    }
+    float s[8];
+    _mm256_storeu_ps(s, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+}
+#endif
+
+static double read_plain(const float *p, int64_t n) {
+    double s0 = 0, s1 = 0;
+    for (int64_t i = 0; i + 1 < n; i += 2) s0 += p[i], s1 += p[i + 1];
+    return s0 + s1;
+}
+
+/* GB/s of one parallel pass over buf (n floats, a multiple of 64 per thread) */
+static double read_pass(const float *buf, int64_t n, int threads, bool avx2) {
+    const double t0 = now_s();
+#pragma omp parallel num_threads(threads)
+    {
+        const int me = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int64_t chunk = n / 64 / nt * 64, lo = me * chunk, hi = me == nt - 1 ? n : lo + chunk;
+        #if defined(__x86_64__)
+        const double s = avx2 ? read_avx2(buf + lo, hi - lo) : read_plain(buf + lo, hi - lo);
+#else
+        const double s = read_plain(buf + lo, hi - lo);
+        (void)avx2;
+#endif
+#pragma omp atomic
+        g_sink += s;
+    }
+    return 4.0 * (double)n / (now_s() - t0) * 1e-9;
+}
+
+enum { N_PAGES = 3, MAX_REPS = 64 };
+static const int64_t PAGE_SIZES[N_PAGES] = {16, 64, 256};
+
+typedef struct layout {
+    void *k, *v;                 // contiguous [B, Hkv, Lk, D], or the pools
+    int32_t *bt;                 // [B, max_pages], NULL for contiguous
+    attn_tensor tk, tv, tbt;
+    int64_t ps;
+} layout;
+
+static uint64_t g_rng = 0x243f6a8885a308d3ull;
+static uint64_t rnd(void) {
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return g_rng;
+}
+
+/* The pools of page size ps holding the rows of the contiguous cache c, pages shuffled. */
+static bool make_paged(const layout *c, int64_t B, int64_t Hkv, int64_t Lk, int64_t D,
+                       size_t es, attn_dtype dt, int64_t ps, bool nhd, layout *p) {
+    const int64_t mp = Lk / ps, np = B * mp;
+    *p = (layout){.ps = ps};
+    p->k = aligned_alloc(64, (size_t)(np * Hkv * ps * D) * es);
+    p->v = aligned_alloc(64, (size_t)(np * Hkv * ps * D) * es);
+    p->bt = malloc((size_t)np * sizeof(int32_t));
+    if (!p->k || !p->v || !p->bt) return false;
+    for (int64_t a = 0; a < np; a++) p->bt[a] = (int32_t)a;
+    for (int64_t a = np - 1; a > 0; a--) {
+        const int64_t z = (int64_t)(rnd() % (uint64_t)(a + 1));
+        const int32_t t = p->bt[a]; p->bt[a] = p->bt[z]; p->bt[z] = t;
+    }
+    const int64_t sp = nhd ? ps * Hkv * D : Hkv * ps * D, sg = nhd ? D : ps * D, so = nhd ? Hkv * D : D;
+#pragma omp parallel for schedule(static)
+    for (int64_t bp = 0; bp < np; bp++) {
+        const int64_t b = bp / mp, pg = bp % mp, page = p->bt[bp];
+        for (int64_t g = 0; g < Hkv; g++)
+            for (int64_t o = 0; o < ps; o++) {
+                const int64_t x = ((b * Hkv + g) * Lk + pg * ps + o) * D, y = page * sp + g * sg + o * so;
+                memcpy((char *)p->k + y * es, (const char *)c->k + x * es, (size_t)D * es);
+                memcpy((char *)p->v + y * es, (const char *)c->v + x * es, (size_t)D * es);
+            }
+    }
+    p->tk = (attn_tensor){p->k, dt, {np, Hkv, ps, D}, {sp, sg, so, 1}};
+    p->tv = (attn_tensor){p->v, dt, {np, Hkv, ps, D}, {sp, sg, so, 1}};
+    p->tbt = attn_tensor_4d(p->bt, ATTN_I32, B, mp, 1, 1);
+    return true;
+}
+
+static void free_layout(layout *l) { free(l->k), free(l->v), free(l->bt); }
+
+static attn_status call(const layout *l, const attn_tensor *q, const attn_tensor *o, int threads) {
+    attn_options opt = {.threads = threads, .block_table = l->bt ? &l->tbt : NULL};
+    return attn_forward(q, &l->tk, &l->tv, o, &opt);
+}
+
+/* One shape: B, cache dtype. Returns 0 on success, 1 when a check failed. */
+static int run_shape(int64_t B, int64_t Lk, attn_dtype dt, int reps, int threads, bool nhd,
+                     bool plant, bool avx2) {
+    const int64_t Hq = 32, Hkv = 8, D = 128;
+    const size_t es = attn_dtype_size(dt);
+    const int nt = threads > 0 ? threads : omp_get_max_threads();
+    layout c = {0};
+    c.k = aligned_alloc(64, (size_t)(B * Hkv * Lk * D) * es);
+    c.v = aligned_alloc(64, (size_t)(B * Hkv * Lk * D) * es);
+    float *q = malloc((size_t)(B * Hq * D) * sizeof(float));
+    float *o0 = malloc((size_t)(B * Hq * D) * sizeof(float)), *o1 = malloc((size_t)(B * Hq * D) * sizeof(float));
+    const double kv_bytes = 2.0 * (double)(B * Hkv * Lk * D) * (double)es;
+    int64_t nbuf = (int64_t)(kv_bytes < 1073741824.0 ? kv_bytes : 1073741824.0) / 4 / (64 * nt) * (64 * nt);
+    float *rbuf = aligned_alloc(64, (size_t)nbuf * sizeof(float));
+    if (!c.k || !c.v || !q || !o0 || !o1 || !rbuf) return fprintf(stderr, "attn: bench --paged: out of memory\n"), 1;
+    const int64_t n = B * Hkv * Lk * D;
+#pragma omp parallel for schedule(static)
+    for (int64_t x = 0; x < n; x++) {
+        const float kx = (float)((x * 2654435761u) % 1000) * 2e-3f - 1.0f;
+        const float vx = (float)((x * 40503u + 17) % 1000) * 1e-3f - 0.5f;
+        if (dt == ATTN_F32) {
+            ((float *)c.k)[x] = kx, ((float *)c.v)[x] = vx;
+        } else {  // bfloat16: the top half of the float32 (these values are exact there)
+            uint32_t u, w;
+            memcpy(&u, &kx, 4), memcpy(&w, &vx, 4);
+            ((uint16_t *)c.k)[x] = (uint16_t)(u >> 16), ((uint16_t *)c.v)[x] = (uint16_t)(w >> 16);
+        }
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t x = 0; x < nbuf; x++) rbuf[x] = 1e-3f * (float)(x & 7);
+    for (int64_t x = 0; x < B * Hq * D; x++) q[x] = (float)((x * 7919) % 200) * 1e-2f - 1.0f;
+    c.tk = attn_tensor_4d(c.k, dt, B, Hkv, Lk, D);
+    c.tv = attn_tensor_4d(c.v, dt, B, Hkv, Lk, D);
+    const attn_tensor tq = attn_tensor_4d(q, ATTN_F32, B, Hq, 1, D);
+    const attn_tensor to0 = attn_tensor_4d(o0, ATTN_F32, B, Hq, 1, D), to1 = attn_tensor_4d(o1, ATTN_F32, B, Hq, 1, D);
+    layout pg[N_PAGES];
+    for (int s = 0; s < N_PAGES; s++)
+        if (!make_paged(&c, B, Hkv, Lk, D, es, dt, PAGE_SIZES[s], nhd, &pg[s]))
+            return fprintf(stderr, "attn: bench --paged: out of memory for the pools\n"), 1;
+    /* the check: each paged answer within the contract's float32 tolerance of the float64
+     * reference, and bit for bit the contiguous answer where the tiles are the same (page
+     * sizes that are multiples of the 128-key tile; smaller pages are read segment by
+     * segment, which rounds differently) */
+    int bad = 0;
+    float *oref = malloc((size_t)(B * Hq * D) * sizeof(float));
+    const attn_tensor tref = attn_tensor_4d(oref, ATTN_F32, B, Hq, 1, D);
+    attn_options ropt = {.threads = threads, .path = ATTN_PATH_REFERENCE};
+    if (!oref || attn_forward(&tq, &c.tk, &c.tv, &tref, &ropt) != ATTN_OK ||
+        call(&c, &tq, &to0, threads) != ATTN_OK)
+        return fprintf(stderr, "attn: %s\n", attn_last_error()), 1;
+    for (int s = 0; s < N_PAGES; s++) {
+        if (plant && s == 0) {  // key 0 of batch 0, head 0 turned towards the query
+            const int64_t at = pg[s].bt[0] * pg[s].tk.stride[0];
+            for (int64_t d = 0; d < D; d++) {
+                if (dt == ATTN_F32) {
+                    ((float *)pg[s].k)[at + d] += 4.0f * q[d];
+                } else {
+                    const float x = 4.0f * q[d];
+                    uint32_t u;
+                    memcpy(&u, &x, 4);
+                    ((uint16_t *)pg[s].k)[at + d] = (uint16_t)(u >> 16);
+                }
+            }
+        }
+        if (call(&pg[s], &tq, &to1, threads) != ATTN_OK) return fprintf(stderr, "attn: %s\n", attn_last_error()), 1;
+        tol_acc acc = tol_start();
+        for (int64_t x = 0; x < B * Hq * D; x++) tol_add(&acc, x, o1[x], oref[x]);
+        tol_result tr;
+        const bool near = tol_pass(&acc, &tr) != 0;
+        const bool same = PAGE_SIZES[s] % 128 != 0 || memcmp(o0, o1, (size_t)(B * Hq * D) * sizeof(float)) == 0;
+        if (!near || !same) {
+            printf("check FAILED: page %lld, B=%lld %s: %s (max err %.3g, rel %.3g)\n",
+                   (long long)PAGE_SIZES[s], (long long)B, attn_dtype_name(dt),
+                   !near ? "off the reference" : "not the contiguous answer bit for bit",
+                   tr.max_err, tr.rel_err);
+            bad = 1;
+        }
+    }
+    free(oref);
+    if (bad) goto done;
+    /* interleaved rounds */
+    double t[N_PAGES + 1][MAX_REPS], bw[N_PAGES + 1][MAX_REPS], u[N_PAGES + 1][MAX_REPS];
+    for (int r = -1; r < reps; r++)
+        for (int s = 0; s <= N_PAGES; s++) {
+            const layout *l = s == 0 ? &c : &pg[s - 1];
+            const double t0 = now_s(), u0 = cpu_s();
+            call(l, &tq, &to1, threads);
+            const double dt_s = now_s() - t0, du = cpu_s() - u0;
+            const double g = read_pass(rbuf, nbuf, nt, avx2);
+            if (r >= 0) t[s][r] = dt_s, bw[s][r] = g, u[s][r] = du;
+        }
+    const double tc = median(t[0], reps), uc = median(u[0], reps);
+    for (int s = 0; s <= N_PAGES; s++) {
+        const double tm = median(t[s], reps), rb = median(bw[s], reps), gbs = kv_bytes / tm * 1e-9;
+        const double um = median(u[s], reps);
+        char name[32];
+        if (s == 0) snprintf(name, sizeof name, "contiguous");
+        else snprintf(name, sizeof name, "paged %lld", (long long)PAGE_SIZES[s - 1]);
+        printf("decode B=%lld Lk=%lld %-8s %-11s %8.3f ms %7.1f GB/s  read %6.1f GB/s  %5.1f%% read  "
+               "paged/contig %.3f  cpu %8.3f ms  cpu paged/contig %.3f\n", (long long)B,
+               (long long)Lk, attn_dtype_name(dt), name, tm * 1e3, gbs, rb, 100.0 * gbs / rb,
+               tc / tm, um * 1e3, uc / um);
+    }
+done:
+    for (int s = 0; s < N_PAGES; s++) free_layout(&pg[s]);
+    free_layout(&c);
+    free(q), free(o0), free(o1), free(rbuf);
+    return bad;
+}
+
+static const char USAGE[] =
+    "usage: attn bench --paged [--quick] [--threads N] [--reps N] [--nhd] [--b1] [--plant-error]\n"
+    "\n"
+    "  Decoding (Lq = 1, Lk = 16384, Hq = 32, Hkv = 8, D = 128, B = 1 and 8) over a paged\n"
+    "  cache of page sizes 16, 64, 256 against the contiguous cache, float32 and bfloat16;\n"
+    "  medians of interleaved rounds, the read bandwidth timed beside each row.\n"
+    "  --nhd: pools [num_pages, page_size, Hkv, D]; --b1: B = 1 only.\n";
+
+int bench_paged(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return fputs(USAGE, stdout), 0;
+    const char *threads_s = NULL, *reps_s = NULL;
+    bool quick = false, plant = false, nhd = false, b1 = false;
+    const cli_opt opts[] = {{"--quick", NULL, &quick}, {"--plant-error", NULL, &plant},
+                            {"--nhd", NULL, &nhd}, {"--b1", NULL, &b1},
+                            {"--threads", &threads_s, NULL}, {"--reps", &reps_s, NULL}};
+    int rc = cli_scan(argc, argv, opts, 6, "bench --paged: ", "bench");
+    if (rc) return rc;
+    const int threads = threads_s ? atoi(threads_s) : 0, reps = reps_s ? atoi(reps_s) : (quick ? 3 : 15);
+    if (threads < 0 || threads > 512 || reps < 1 || reps > MAX_REPS)
+        return fprintf(stderr, "attn: bench --paged: --threads 0..512, --reps 1..%d\n", MAX_REPS), 2;
+    #if defined(__x86_64__)
+    const bool avx2 = __builtin_cpu_supports("avx2");
+#else
+    const bool avx2 = false;
+#endif
+    printf("paged decoding: Lq=1 Hq=32 Hkv=8 D=128, float32 queries, %s pools, %d threads, "
+           "kernel %s, %d rounds\n", nhd ? "[pages, page_size, Hkv, D]" : "[pages, Hkv, page_size, D]",
+           threads > 0 ? threads : omp_get_max_threads(), attn_kernel_name(), reps);
+    const int64_t Lk = quick ? 4096 : 16384;
+    int bad = 0;
+    for (int bi = 0; bi < (quick || b1 ? 1 : 2); bi++)
+        for (int d = 0; d < 2; d++)
+            bad |= run_shape(bi ? 8 : 1, Lk, d ? ATTN_BF16 : ATTN_F32, reps, threads, nhd, plant, avx2);
+    return bad;
+}
