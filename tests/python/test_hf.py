@@ -7,8 +7,11 @@ left padding), Mistral (sliding window shorter than the sequence), Qwen2 (GQA, 4
 over 2 key/value heads), Gemma 2 (logit softcap and sliding-window layers; eager only, as
 transformers' SDPA refuses softcap). Checked: logits (forward), every parameter's gradient
 of a loss on the logits, the attention weights with output_attentions=True against eager's,
-a torch.compile(fullgraph=True) model equal to the uncompiled one, torch.export keeping
-the op, misuse raising what SDPA raises, dropout and sinks refused.
+greedy generation through the KV cache (Llama; Mistral and Gemma 2 past their sliding
+window) giving the same tokens and step logits, a torch.compile(fullgraph=True) model
+(backend aot_eager: the whole graph through AOTAutograd and the op's fake implementation)
+equal to the uncompiled one, torch.export keeping the op, misuse raising what SDPA
+raises, dropout and sinks refused.
 
 Padded rows: a query row whose keys are all masked (a left-padded position under a causal
 mask) is 0 in attn and in PyTorch's SDPA, and a uniform average in eager (which adds
@@ -264,3 +267,21 @@ def test_registered():
     assert transformers.AttentionInterface._global_mapping["attn"] is hf.attention_forward
     assert "attn" in transformers.AttentionMaskInterface._global_mapping
     assert op.sdpa is not None
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma2"])
+def test_generate_with_cache(arch):
+    """Greedy decoding through the KV cache (one query row over a growing cache, the
+    sliding-window cache of Mistral and Gemma 2 past its window): the same tokens and the
+    same step logits as sdpa / eager."""
+    ids, mask = batch(arch, True)
+    ref_impl = REFS[arch][-1]
+    outs = {}
+    for impl in ["attn", ref_impl]:
+        with torch.no_grad():
+            outs[impl] = build(arch, impl).generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    assert torch.equal(outs["attn"].sequences, outs[ref_impl].sequences)
+    for a, r in zip(outs["attn"].logits, outs[ref_impl].logits):
+        close(a, r, LOGIT_TOL, "%s step logits" % arch)
