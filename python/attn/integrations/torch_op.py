@@ -11,6 +11,7 @@ Two operators are defined with torch.library.custom_op:
   forward (attn_forward through the extension), query/key/value 4-D ``(B, H, L, D)`` CPU
   tensors (float32, float16 or bfloat16; key/value ``(B, Hkv, S, D)``, Hkv dividing H under
   enable_gqa), attn_mask bool (True = attend) or float, broadcast to ``(B, H, L, S)``.
+  ``out`` is a ``(B, H, L, Dv)`` view of ``(B, L, H, Dv)`` memory (transformers' layout),
   ``lse`` is ``(B, H, L)`` float32, ``weights`` ``(B, H, L, S)`` float32 when asked and an
   empty ``(0,)`` tensor otherwise. The window is ``(window_left, window_right)`` around the
   top-left diagonal, -1 meaning unbounded (both -1: no window).
@@ -88,6 +89,17 @@ def _out_shape(query: Tensor, key: Tensor, value: Tensor, enable_gqa: bool):
     return B, H, query.shape[2], key.shape[2], value.shape[3]
 
 
+def _alloc(shape, which, dtype):
+    """The extension's allocator: the output (B, H, L, Dv) is a transposed view of a
+    (B, L, H, Dv) tensor, the layout transformers wants next (attn_output.transpose(1, 2)
+    is then contiguous without a copy, as after PyTorch's CPU flash kernel)."""
+    dt = getattr(torch, dtype)
+    if which == "output" and len(shape) == 4:
+        B, H, L, D = shape
+        return torch.empty((B, L, H, D), dtype=dt).transpose(1, 2)
+    return torch.empty(shape, dtype=dt)
+
+
 @torch.library.custom_op("attn::sdpa", mutates_args=(), device_types="cpu")
 def _sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
           is_causal: bool, scale: Optional[float], enable_gqa: bool, window_left: int,
@@ -99,7 +111,7 @@ def _sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor]
     try:
         out, lse, weights = attn._forward(query.detach(), key.detach(), value.detach(),
                                           _mask(attn_mask), None, None, options, True,
-                                          bool(return_weights), torch.Tensor)
+                                          bool(return_weights), torch.Tensor, _alloc)
     except (ValueError, TypeError) as e:
         _reraise(e)
     if weights is None:
@@ -112,7 +124,7 @@ def _sdpa_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, windo
                window_right, softcap, return_weights):
     _check_rank(query, key, value)
     B, H, L, S, Dv = _out_shape(query, key, value, enable_gqa)
-    out = query.new_empty((B, H, L, Dv))
+    out = query.new_empty((B, L, H, Dv)).transpose(1, 2)  # as _alloc
     lse = query.new_empty((B, H, L), dtype=torch.float32)
     weights = query.new_empty((B, H, L, S) if return_weights else (0,), dtype=torch.float32)
     return out, lse, weights
