@@ -11,8 +11,10 @@ Rows:
            attn, sdpa, eager.
 
 Method: torch.set_num_threads(--threads) (attn's op uses torch.get_num_threads() too),
-torch.no_grad(), --warmup untimed calls then --reps timed calls, the median (and min/max)
-reported in milliseconds. The same weights for every backend of a row.
+torch.no_grad(), --warmup untimed calls of each backend, then --reps rounds that each time
+one call of every backend of the row in turn (interleaved: the machine is shared, and a
+change of its load then reaches every backend alike); the median (and min/max) reported
+in milliseconds. The same weights for every backend of a row.
 
 Usage: python scripts/bench_hf.py [--threads 2] [--reps 7] [--warmup 2] [--rows minilm,llama]
        (with the package importable: PYTHONPATH=<site of a built attn>)
@@ -23,15 +25,20 @@ import sys
 import time
 
 
-def timeit(fn, warmup, reps):
-    for _ in range(warmup):
-        fn()
-    times = []
+def timeit_interleaved(fns, warmup, reps):
+    """{name: (median, min, max)}: warm-up calls of each, then reps rounds, each round
+    timing one call of every backend in turn, so a change of the machine's load during the
+    run reaches every backend alike (the machine is shared)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in fns}
     for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), min(times), max(times)
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    return {n: (statistics.median(t), min(t), max(t)) for n, t in times.items()}
 
 
 def minilm_rows(torch, transformers, args):
@@ -44,13 +51,15 @@ def minilm_rows(torch, transformers, args):
     lens = batch["attention_mask"].sum(1)
     info = "24 sentences, %d-%d tokens, padded to %d" % (lens.min(), lens.max(),
                                                          batch["input_ids"].shape[1])
+    fns = {}
     for impl, attns in [("attn", False), ("sdpa", False), ("eager", False), ("attn", True),
                         ("eager", True)]:
         model = transformers.AutoModel.from_pretrained(path, attn_implementation=impl).eval()
-        with torch.no_grad():
-            yield ("minilm", impl + (" +attentions" if attns else ""), info,
-                   timeit(lambda: model(**batch, output_attentions=attns), args.warmup,
-                          args.reps))
+        fns[impl + (" +attentions" if attns else "")] = (
+            lambda model=model, attns=attns: model(**batch, output_attentions=attns))
+    with torch.no_grad():
+        for name, t in timeit_interleaved(fns, args.warmup, args.reps).items():
+            yield "minilm", name, info, t
 
 
 def llama_rows(torch, transformers, args):
@@ -60,13 +69,14 @@ def llama_rows(torch, transformers, args):
                                    max_position_embeddings=4096)
     ids = torch.randint(0, 1000, (1, args.llama_len), generator=torch.Generator().manual_seed(0))
     info = "B=1 L=%d, 4 layers, 8 heads / 2 kv heads of 64" % args.llama_len
+    fns = {}
     for impl in ["attn", "sdpa", "eager"]:
         torch.manual_seed(0)
         model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation=impl).eval()
-        with torch.no_grad():
-            yield ("llama", impl, info,
-                   timeit(lambda: model(input_ids=ids, use_cache=False), args.warmup,
-                          args.reps))
+        fns[impl] = lambda model=model: model(input_ids=ids, use_cache=False)
+    with torch.no_grad():
+        for name, t in timeit_interleaved(fns, args.warmup, args.reps).items():
+            yield "llama", name, info, t
 
 
 def main():
