@@ -1,0 +1,117 @@
+"""attn.integrations.transformers — attn as a Hugging Face transformers attention backend.
+
+    import attn.integrations.transformers              # registers "attn"
+    model = AutoModel.from_pretrained(name, attn_implementation="attn")
+
+Importing the module registers the attention function ``attention_forward`` under the name
+"attn" with ``transformers.AttentionInterface``, and transformers' SDPA mask builder
+(``masking_utils.sdpa_mask``: a 4-D bool mask, True = attend, or None where ``is_causal``
+says it all) under the same name with ``transformers.AttentionMaskInterface`` — without
+that second registration transformers builds no mask at all for a backend it does not
+know, and padded batches would attend to their padding. ``register(name)`` does both again
+(under another name too).
+
+Every attention layer then runs through ``torch.ops.attn.sdpa`` (attn.integrations.torch_op:
+the library's fused forward and backward as a custom op, so torch.compile and torch.export
+keep it). What transformers passes is taken as its SDPA backend takes it:
+
+- ``attention_mask``: 4-D bool (True = attend) or float (added to the logits), broadcast
+  over heads; None with ``is_causal`` (the module's, or the keyword) for a causal layer.
+- ``scaling``; GQA through the library's own grouped heads (no ``repeat_kv``: K and V are
+  read once per group, not copied per query head).
+- ``sliding_window`` (Mistral, Gemma 2): the mask transformers builds carries the window;
+  where it built none (a causal layer whose window covers every key), the window is passed
+  to the library as ``(sliding_window - 1, 0)``, which is what that mask would have been.
+- ``softcap`` (Gemma 2's ``attn_logit_softcapping``): ``softcap * tanh(logits / softcap)``
+  before the mask, as its eager path.
+- ``position_bias`` (added to the mask as SDPA's backend does).
+- Attention weights when the model is asked for them (``output_attentions=True``): the
+  library writes them from its LSE in the same pass (no second softmax, no eager path).
+  They are float32 from the library, cast to the query's dtype, and not differentiable.
+
+Not yet: dropout while training (``dropout > 0``) and attention sinks (gpt-oss's
+``s_aux``) raise NotImplementedError. TODO: pass them as ``dropout_p`` and ``sinks=`` once
+attn.scaled_dot_product_attention takes them (being added in parallel).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import torch_op
+
+__all__ = ["attention_forward", "register", "NAME"]
+
+NAME = "attn"
+
+
+def _want_weights(kwargs) -> bool:
+    """Whether the model asked for the attention weights: output_attentions in the call's
+    keywords, or transformers' output collector (v5's capture_outputs hooks) recording
+    "attentions" for this forward."""
+    if kwargs.get("output_attentions"):
+        return True
+    if torch.compiler.is_compiling():
+        return False
+    try:
+        from transformers.utils.output_capturing import _active_collector  # noqa: PLC0415
+        collected = _active_collector.get()
+    except (ImportError, LookupError, AttributeError):
+        return False
+    return isinstance(collected, dict) and "attentions" in collected
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                      value: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                      dropout: float = 0.0, scaling: Optional[float] = None,
+                      is_causal: Optional[bool] = None,
+                      position_bias: Optional[torch.Tensor] = None,
+                      **kwargs) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """transformers' attention-function signature: query ``(B, H, L, D)``, key and value
+    ``(B, Hkv, S, D)``; returns ``(attn_output (B, L, H, Dv), attn_weights or None)``."""
+    if dropout and dropout > 0.0:
+        # TODO(dropout): pass dropout_p=dropout once attn's SDPA takes dropout_p != 0
+        raise NotImplementedError(
+            "attn backend: dropout=%r while training; attn has no attention dropout yet "
+            "(model.eval(), or set the config's attention dropout to 0)" % (dropout,))
+    if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
+        # TODO(sinks): pass sinks= once attn's SDPA takes attention sinks
+        raise NotImplementedError("attn backend: attention sinks (s_aux) are not supported yet")
+
+    L, S = query.shape[2], key.shape[2]
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    # SDPA's rule (transformers/integrations/sdpa_attention.py): the causal flag only where
+    # no mask was built and more than one query row; top-left, as SDPA
+    is_causal = bool(L > 1 and attention_mask is None and is_causal)
+    if position_bias is not None:
+        from transformers.integrations.sdpa_attention import (  # noqa: PLC0415
+            create_position_bias_mask)
+        attention_mask = create_position_bias_mask(position_bias, attention_mask, is_causal,
+                                                   query, key)
+        is_causal = False
+
+    window = (-1, -1)
+    sliding = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
+    if sliding and is_causal and L == S:
+        window = (int(sliding) - 1, 0)  # keep j > i - sliding_window, as sdpa_mask's
+
+    softcap = kwargs.get("softcap")
+    want = _want_weights(kwargs)
+    out, _, weights = torch.ops.attn.sdpa(
+        query, key, value, attention_mask, is_causal,
+        None if scaling is None else float(scaling), query.shape[1] != key.shape[1],
+        window[0], window[1], float(softcap) if softcap else 0.0, want)
+    out = out.transpose(1, 2).contiguous()
+    return out, (weights.to(query.dtype) if want else None)
+
+
+def register(name: str = NAME) -> None:
+    """Register attention_forward (and transformers' SDPA mask builder) under name."""
+    from transformers import AttentionInterface, AttentionMaskInterface  # noqa: PLC0415
+    from transformers.masking_utils import sdpa_mask  # noqa: PLC0415
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
+
+
+register()
