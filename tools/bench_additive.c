@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "attn.h"
+#include "bench_clock.h"
 #include "cliopt.h"
 
 typedef struct add_case {
@@ -38,23 +39,6 @@ typedef struct add_case {
     attn_additive_weights w;
     attn_additive_grads g;
 } add_case;
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static double cpu_s(void) {  /* the process's CPU time, all threads */
-    struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static float *filled(int64_t n, uint64_t seed, double scale) {
     float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
@@ -165,8 +149,8 @@ static void time_calls(add_case *c, int threads, int reps, bool backward, double
         t[r] = now_s() - t0;
         u[r] = cpu_s() - u0;
     }
-    qsort(t, (size_t)reps, sizeof t[0], cmp_d);
-    qsort(u, (size_t)reps, sizeof u[0], cmp_d);
+    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    qsort(u, (size_t)reps, sizeof u[0], cmp_double);
     *wall = t[reps / 2];
     *cpu = u[reps / 2];
 }

@@ -24,26 +24,10 @@
 #include <time.h>
 
 #include "attn.h"
+#include "bench_clock.h"
 #include "cli.h"
 #include "rng.h"
 #include "tolerance.h"
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static double cpu_s(void) {  /* the process's CPU time, all threads */
-    struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 typedef struct dcase {
     int64_t H, L, D;
@@ -156,8 +140,8 @@ int bench_dropout(int argc, char **argv) {
                 t[r] = now_s() - t0;
                 tc[r] = cpu_s() - c0;
             }
-            qsort(t, (size_t)reps, sizeof(double), cmp_d);
-            qsort(tc, (size_t)reps, sizeof(double), cmp_d);
+            qsort(t, (size_t)reps, sizeof(double), cmp_double);
+            qsort(tc, (size_t)reps, sizeof(double), cmp_double);
             med[dir][d] = t[reps / 2];
             medc[dir][d] = tc[reps / 2];
             printf("%-8s p = %.1f   %8.2f ms wall  %8.2f ms CPU%s", dir ? "backward" : "forward",

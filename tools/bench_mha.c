@@ -28,16 +28,11 @@
 #include <time.h>
 
 #include "attn.h"
+#include "bench_clock.h"
 #include "cli.h"
 #include "blas.h"
 #include "cli.h"
 #include "half.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static float *randf(int64_t n, float scale, uint64_t seed) {
     float *p = malloc((size_t)n * sizeof(float));
@@ -101,9 +96,9 @@ static double time_median(timed_fn what, void *ctx, int reps, attn_status *st) {
     if (reps > 64) reps = 64;
     *st = what(ctx);
     for (int r = 0; r < reps && *st == ATTN_OK; r++) {
-        double t0 = now();
+        double t0 = now_s();
         *st = what(ctx);
-        t[r] = now() - t0;
+        t[r] = now_s() - t0;
     }
     for (int a = 1; a < reps; a++)
         for (int b = a; b > 0 && t[b] < t[b - 1]; b--) {

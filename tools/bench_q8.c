@@ -27,46 +27,16 @@
 #include <time.h>
 
 #include "attn.h"
+#include "bench_clock.h"
 #include "cliopt.h"
+#include "half.h"
+#include "rng.h"
 #include "tolerance.h"
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *t, int n) {
-    qsort(t, (size_t)n, sizeof *t, cmp_d);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
-
-static uint64_t g_seed;
-static double unif(void) {
-    g_seed = g_seed * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (double)(g_seed >> 11) * 0x1.0p-53;
-}
+/* uniform in [-1, 1) or standard normal values from seed (rng.h) */
 static void fill(float *p, int64_t n, uint64_t seed, bool normal) {
-    g_seed = seed;
-    for (int64_t i = 0; i < n; i++) {
-        if (!normal) {
-            p[i] = (float)(2.0 * unif() - 1.0);
-        } else {  // Box-Muller
-            const double u = unif() + 0x1p-54, v = unif();
-            p[i] = (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-        }
-    }
-}
-
-static uint16_t to_bf16(float f) {  // nearest even; the inputs are finite
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+    rng_t r = {seed};
+    for (int64_t i = 0; i < n; i++) p[i] = (float)(normal ? rng_normal(&r) : rng_sym(&r));
 }
 
 typedef struct cache {
@@ -152,7 +122,7 @@ int bench_q8(int argc, char **argv) {
     /* the quantization error, on two distributions; the uniform one is then timed */
     for (int dist = 1; dist >= 0; dist--) {
         fill(kf, nkv, 11 + dist, dist), fill(vf, nkv, 12 + dist, dist), fill(q, nq, 13 + dist, dist);
-        for (int64_t i = 0; i < nkv; i++) kb[i] = to_bf16(kf[i]), vb[i] = to_bf16(vf[i]);
+        for (int64_t i = 0; i < nkv; i++) kb[i] = attn_f32_to_bf16(kf[i]), vb[i] = attn_f32_to_bf16(vf[i]);
         const double tq0 = now_s();
         if (attn_quantize_q8_0(&tkf, &c[2].tk) != ATTN_OK || attn_quantize_q8_0(&tvf, &c[2].tv) != ATTN_OK)
             return fprintf(stderr, "attn: bench --q8: quantize: %s\n", attn_last_error()), 1;

@@ -50,6 +50,7 @@
 #include <unistd.h>
 
 #include "attn.h"
+#include "bench_clock.h"
 #include "cli.h"
 #include "cliopt.h"
 #include "json.h"
@@ -120,22 +121,6 @@ static int say(int code, const char *fmt, ...) {
     fputc('\n', stderr);
     va_end(ap);
     return code;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *t, int n) {
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
 /* ---- options ------------------------------------------------------------------------ */

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "attn.h"
+#include "bench_clock.h"
 #include "cli.h"
 
 typedef struct mb_shape {
@@ -37,11 +38,6 @@ static uint64_t mb_rng(uint64_t *s) {  // splitmix64
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
-}
-
-static int cmp_d(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 /* q, k, v in [B, L, H, D] storage as [B, H, L, D] views */
@@ -70,7 +66,7 @@ static bool time_calls(const mb_shape *s, const attn_options *const opts[], int 
             if (r >= 0) t[x][r] = (omp_get_wtime() - t0) * 1e3;
         }
     for (int x = 0; x < n; x++) {
-        qsort(t[x], (size_t)reps, sizeof t[x][0], cmp_d);
+        qsort(t[x], (size_t)reps, sizeof t[x][0], cmp_double);
         out[x] = (mb_time){t[x][reps / 2], t[x][0], t[x][reps - 1]};
     }
     return true;
