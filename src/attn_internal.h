@@ -215,6 +215,19 @@ static inline float attn_finish_logit(const attn_params *p, float s, int64_t b, 
     return s;
 }
 
+/* True when the n rows of width `width` (stride ld) hold no NaN or Inf: a sum of x * 0 is
+ * 0 exactly then, NaN otherwise. Where a weight of 0 (masked or dropped) must not multiply
+ * its row, a tile that passes may still take the kernels' plain product. */
+static inline bool attn_rows_finite(const float *x, int64_t ld, int64_t n, int64_t width) {
+    float z = 0.0f;
+    for (int64_t r = 0; r < n; r++) {
+        const float *x_r = x + r * ld;
+#pragma omp simd reduction(+ : z)
+        for (int64_t d = 0; d < width; d++) z += x_r[d] * 0.0f;
+    }
+    return z == 0.0f;
+}
+
 /* True when the call has per-element terms beyond scale·dot. */
 static inline bool attn_has_elementwise(const attn_params *p) {
     return p->softcap > 0.0f || p->bias || p->alibi || p->mask;

@@ -545,18 +545,6 @@ static const float *query_rows(const float *base, const int64_t st[4], int64_t w
     return buf;
 }
 
-/* true when the n rows of width `width` (stride ld) hold no NaN or Inf: a sum of x * 0
- * is 0 exactly then, NaN otherwise */
-static bool rows_finite(const float *x, int64_t ld, int64_t n, int64_t width) {
-    float z = 0.0f;
-    for (int64_t r = 0; r < n; r++) {
-        const float *x_r = x + r * ld;
-#pragma omp simd reduction(+ : z)
-        for (int64_t d = 0; d < width; d++) z += x_r[d] * 0.0f;
-    }
-    return z == 0.0f;
-}
-
 /* ---- the fused path: one tile ----------------------------------------------------------
  * Query rows i0 .. i0+n-1 of head h against the packed key block j0 .. j0+nk-1 (batch b):
  * adds the tile's dV and dK to w->dv, w->dk and its dQ to dq_acc (rows i0.., stride ldacc). */
@@ -651,8 +639,8 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
      * fully masked row's dO is not read): pv skips zeros, at a cost (a test per row and
      * key, ~10% of the backward), only when dO's rows are not all finite; otherwise
      * 0 · dO adds an exact 0. Likewise Q below for dK. */
-    if (!fin[0]) fin[0] = rows_finite(d_o, ldo, n, dv) ? 1 : 2;
-    if (!fin[1]) fin[1] = rows_finite(q, ldq, n, dk) ? 1 : 2;
+    if (!fin[0]) fin[0] = attn_rows_finite(d_o, ldo, n, dv) ? 1 : 2;
+    if (!fin[1]) fin[1] = attn_rows_finite(q, ldq, n, dk) ? 1 : 2;
     kern->pv(nk, nkpad, n, dv, dropout ? w->pd : w->s, ld, d_o, ldo, w->ones, w->dv, dv, fin[0] == 2);
 
     /* dP_ij = Z_ij (dO_i · v_j): dO Vᵀ, with qk's roles swapped as for S, then times Z

@@ -502,18 +502,6 @@ static void tile_dropout(const attn_params *p, const fused_scratch *w, const fus
     }
 }
 
-/* true when the nk rows of width `width` (stride ld) hold no NaN or Inf: a sum of x * 0
- * is 0 exactly then, NaN otherwise */
-static bool rows_finite(const float *x, int64_t ld, int64_t nk, int64_t width) {
-    float z = 0.0f;
-    for (int64_t c = 0; c < nk; c++) {
-        const float *x_c = x + c * ld;
-#pragma omp simd reduction(+ : z)
-        for (int64_t d = 0; d < width; d++) z += x_c[d] * 0.0f;
-    }
-    return z == 0.0f;
-}
-
 /* The online softmax over keys [ja, jb) of a block, into w->m, w->l, w->acc. */
 static void block_sweep(const attn_params *p, const attn_kernels *kern, const fused_plan *plan,
                         const fused_scratch *w, const fused_block *blk, int64_t ja,
@@ -617,7 +605,7 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         /* a dropped weight is 0, like a masked one: it must not multiply its V either,
          * which matters only where the value block holds a NaN or Inf (0 · v = 0 exactly
          * otherwise), so a clean tile tests the block first (nk·Dv, beside pv's n·nk·Dv) */
-        const bool skip = !clean || (p->dropout && !rows_finite(v, ldv, nk, dv));
+        const bool skip = !clean || (p->dropout && !attn_rows_finite(v, ldv, nk, dv));
         kern->pv(n, npad, nk, dv, w->s, w->ld, v, ldv, w->alpha, w->acc, dv, skip);
     }
 }
