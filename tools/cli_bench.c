@@ -51,6 +51,7 @@
 
 #include "attn.h"
 #include "bench_clock.h"
+#include "bench_machine.h"
 #include "cli.h"
 #include "cliopt.h"
 #include "json.h"
@@ -735,9 +736,6 @@ enum { MAX_REPS = 1000, ADAPTIVE_REPS = 50, POOL = 4096 };
 /* warmup untimed calls, then at least reps timed ones (more for short calls: until about
  * ADAPTIVE_SECONDS are timed, at most ADAPTIVE_REPS), cycling through the input sets;
  * their times go to t[0..*nt), at most cap of them. */
-/* The read loop of the bandwidth measurement (the widest loads), once it ran. */
-static const bench_loops *g_read_loops;
-static double read_pass(const bench_loops *l, const float *buf, int64_t n, int threads);
 
 /* A decoding row's bandwidth is measured beside it: after each timed call, one parallel
  * read of a buffer of the size of K and V that no call touches (so that the next call
@@ -746,7 +744,7 @@ static double read_pass(const bench_loops *l, const float *buf, int64_t n, int t
  * not. */
 static float *bw_buffer(const bench_case *c, int threads, int64_t *n) {
     *n = (int64_t)(c->kv_bytes / 4) / (64 * threads) * (64 * threads);
-    if (!g_read_loops || !c->decode || *n <= 0) return NULL;
+    if (!machine_read_loops() || !c->decode || *n <= 0) return NULL;
     float *buf = aligned_alloc(64, (size_t)*n * sizeof(float));
     if (!buf) return NULL;
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -776,7 +774,7 @@ static int time_path(bench_case *c, const case_buffers *cb, int threads, attn_pa
             return -1;
         }
         spent += t[n++];
-        if (bw_buf && c->nbws < POOL) c->bws[c->nbws++] = read_pass(g_read_loops, bw_buf, bw_n, threads);
+        if (bw_buf && c->nbws < POOL) c->bws[c->nbws++] = machine_read_pass(machine_read_loops(), bw_buf, bw_n, threads);
         if (adaptive && n == reps && spent < ADAPTIVE_SECONDS) {
             int more = (int)ceil(ADAPTIVE_SECONDS / (spent / n));
             want = more > ADAPTIVE_REPS ? ADAPTIVE_REPS : more;
@@ -792,195 +790,6 @@ static int time_path(bench_case *c, const case_buffers *cb, int threads, attn_pa
 /* median, min and max of t[0..n) (t is sorted) */
 static void summarize(double *t, int n, double *med, double *lo, double *hi) {
     *med = median(t, n), *lo = t[0], *hi = t[n - 1];
-}
-
-/* ---- the machine -------------------------------------------------------------------- */
-
-typedef struct isa_peak { const char *isa, *what; double gflops_1, gflops_n; } isa_peak;
-
-typedef struct machine {
-    char cpu[128];
-    int procs, threads;
-    bool measured;
-    isa_peak peaks[4];        /* fp32 FMA, one per ISA                          */
-    int npeaks;
-    isa_peak others[2];       /* other instructions (vdpbf16ps), reported apart */
-    int nothers;
-    const char *peak_isa;     /* the best */
-    double peak_1, peak_n;    /* GFLOP/s, 1 thread and `threads` threads */
-    const char *bw_isa;
-    double bw_1, bw_n;        /* GB/s (1e9 bytes) */
-    double bw_mib;            /* the buffer streamed */
-    double load_start[3], load_end[3];  /* /proc/loadavg: other work shares the cores */
-    double others_pct;        /* % of all CPU time used by other processes during the run */
-} machine;
-
-/* Busy and total CPU seconds of the whole machine so far (/proc/stat), and this process's
- * own (with its waited-for children, the PyTorch side): their difference over the run is
- * what other processes took from the cores the timings ran on. */
-typedef struct cpu_sample { double busy, total, own; } cpu_sample;
-
-static cpu_sample cpu_now(void) {
-    cpu_sample c = {NAN, NAN, NAN};
-    unsigned long long v[8] = {0};
-    FILE *f = fopen("/proc/stat", "r");
-    if (f) {
-        if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
-                   &v[4], &v[5], &v[6], &v[7]) == 8) {
-            const double tick = (double)sysconf(_SC_CLK_TCK);
-            c.busy = (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / tick;
-            c.total = c.busy + (double)(v[3] + v[4]) / tick;
-        }
-        fclose(f);
-    }
-    struct rusage self, kids;
-    if (getrusage(RUSAGE_SELF, &self) == 0 && getrusage(RUSAGE_CHILDREN, &kids) == 0)
-        c.own = (double)(self.ru_utime.tv_sec + self.ru_stime.tv_sec + kids.ru_utime.tv_sec +
-                         kids.ru_stime.tv_sec) +
-                1e-6 * (double)(self.ru_utime.tv_usec + self.ru_stime.tv_usec +
-                                kids.ru_utime.tv_usec + kids.ru_stime.tv_usec);
-    return c;
-}
-
-static double others_pct(cpu_sample a, cpu_sample b) {
-    const double total = b.total - a.total, others = (b.busy - a.busy) - (b.own - a.own);
-    if (!(total > 0)) return NAN;
-    return others < 0 ? 0 : 100 * others / total;
-}
-
-static void loadavg(double l[3]) {
-    l[0] = l[1] = l[2] = NAN;
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (!f) return;
-    if (fscanf(f, "%lf %lf %lf", &l[0], &l[1], &l[2]) != 3) l[0] = l[1] = l[2] = NAN;
-    fclose(f);
-}
-
-/* every kernel's peak loops (kernels/list.h), best first */
-static const bench_loops *const LOOPS[] = {
-#define X_LOOPS(name, ...) &attn_peak_##name,
-    ATTN_KERNEL_LIST(X_LOOPS)
-#undef X_LOOPS
-};
-enum { N_LOOPS = sizeof LOOPS / sizeof LOOPS[0] };
-
-static volatile double g_sink;
-
-/* GFLOP/s of `loops` on `threads` threads: iterations sized for about `seconds` a trial,
- * the best of `trials` (a peak is the best the core does, not its median). */
-static double fma_gflops(const bench_loops *l, int threads, double seconds, int trials) {
-    int64_t iters = 1 << 16;
-    for (;;) {  /* calibrate on one thread */
-        double t0 = now_s();
-        g_sink += l->fma(iters, 1.0f);
-        double dt = now_s() - t0;
-        if (dt > 0.02 * seconds || iters > ((int64_t)1 << 40)) {
-            iters = (int64_t)((double)iters * seconds / (dt > 1e-9 ? dt : 1e-9)) + 1;
-            break;
-        }
-        iters *= 4;
-    }
-    double best = 0;
-    for (int t = 0; t < trials; t++) {
-        double t0 = now_s();
-#pragma omp parallel num_threads(threads)
-        {
-            double s = l->fma(iters, 1.0f + (float)omp_get_thread_num());
-#pragma omp atomic
-            g_sink += s;
-        }
-        double dt = now_s() - t0;
-        double g = (double)iters * (double)l->flops_per_iter * threads / dt * 1e-9;
-        if (g > best) best = g;
-    }
-    return best;
-}
-
-/* GB/s of one parallel pass over buf (n floats), each thread its own contiguous part
- * (the same parts that first touched it). */
-static double read_pass(const bench_loops *l, const float *buf, int64_t n, int threads) {
-    double t0 = now_s();
-#pragma omp parallel num_threads(threads)
-    {
-        const int me = omp_get_thread_num(), nt = omp_get_num_threads();
-        const int64_t chunk = n / 64 / nt * 64;
-        const int64_t lo = me * chunk, hi = me == nt - 1 ? n : lo + chunk;
-        double s = l->read(buf + lo, hi - lo);
-#pragma omp atomic
-        g_sink += s;
-    }
-    return 4.0 * (double)n / (now_s() - t0) * 1e-9;
-}
-
-/* the best of `trials` passes after one untimed */
-static double read_gbs(const bench_loops *l, const float *buf, int64_t n, int threads, int trials) {
-    double best = 0;
-    for (int t = 0; t <= trials; t++) {
-        double g = read_pass(l, buf, n, threads);
-        if (t > 0 && g > best) best = g;
-    }
-    return best;
-}
-
-static void cpu_model(char *out, size_t n) {
-    snprintf(out, n, "unknown");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "model name", 10) != 0) continue;
-        const char *colon = strchr(line, ':');
-        if (!colon) continue;
-        colon++;
-        while (*colon == ' ' || *colon == '\t') colon++;
-        snprintf(out, n, "%s", colon);
-        out[strcspn(out, "\n")] = 0;
-        break;
-    }
-    fclose(f);
-}
-
-static int measure_machine(machine *m, bool quick, bool quiet) {
-    const double seconds = quick ? 0.005 : 0.1;
-    const int trials = quick ? 2 : 5;
-    for (int i = 0; i < N_LOOPS; i++) {
-        const bench_loops *l = LOOPS[i];
-        if (!attn_kernel_supported(l->isa)) continue;
-        if (!quiet) fprintf(stderr, "attn bench: %s peak, %s ...\n", l->what, l->isa);
-        const bool fp32 = strcmp(l->what, "fp32 FMA") == 0;
-        isa_peak *p = fp32 ? &m->peaks[m->npeaks++] : &m->others[m->nothers++];
-        p->isa = l->isa, p->what = l->what;
-        p->gflops_1 = fma_gflops(l, 1, seconds, trials);
-        p->gflops_n = m->threads > 1 ? fma_gflops(l, m->threads, seconds, trials) : p->gflops_1;
-        if (!fp32) continue;
-        if (p->gflops_n > m->peak_n) {
-            m->peak_isa = p->isa, m->peak_1 = p->gflops_1, m->peak_n = p->gflops_n;
-        }
-        if (!m->bw_isa) m->bw_isa = l->isa;  /* the widest loads this CPU has */
-    }
-    /* Bandwidth: a buffer far larger than the caches (1 GiB; 64 MiB with --quick),
-     * first touched by the same threads and parts that read it. */
-    const bench_loops *bl = NULL;
-    for (int i = 0; i < N_LOOPS; i++)
-        if (strcmp(LOOPS[i]->isa, m->bw_isa) == 0) bl = LOOPS[i];
-    m->bw_mib = quick ? 64 : 1024;
-    const int64_t n = (int64_t)(m->bw_mib * 1024 * 1024 / 4);
-    float *buf = aligned_alloc(64, (size_t)n * sizeof(float));
-    if (!buf) return say(EXIT_FAIL, "out of memory for the %g MiB bandwidth buffer", m->bw_mib);
-    if (!quiet) fprintf(stderr, "attn bench: read bandwidth, %g MiB, %s loads ...\n", m->bw_mib, bl->isa);
-#pragma omp parallel num_threads(m->threads)
-    {
-        const int me = omp_get_thread_num(), nt = omp_get_num_threads();
-        const int64_t chunk = n / 64 / nt * 64;
-        const int64_t lo = me * chunk, hi = me == nt - 1 ? n : lo + chunk;
-        for (int64_t i = lo; i < hi; i++) buf[i] = 1e-3f * (float)(i & 7);
-    }
-    m->bw_1 = read_gbs(bl, buf, n, 1, quick ? 2 : 5);
-    m->bw_n = m->threads > 1 ? read_gbs(bl, buf, n, m->threads, quick ? 2 : 5) : m->bw_1;
-    free(buf);
-    g_read_loops = bl;
-    m->measured = true;
-    return 0;
 }
 
 /* ---- the PyTorch side: a child process, one JSON line per case each way ----------------- */
@@ -1427,11 +1236,11 @@ int cli_bench(int argc, char **argv) {
         return say(EXIT_FAIL, "no kernel can run (ATTN_ISA=%s?)", getenv("ATTN_ISA"));
 
     machine m = {0};
-    cpu_model(m.cpu, sizeof m.cpu);
+    machine_cpu_model(m.cpu, sizeof m.cpu);
     m.procs = omp_get_num_procs();
     m.threads = a.threads ? a.threads : omp_get_max_threads();
-    loadavg(m.load_start);
-    const cpu_sample cpu_start = cpu_now();
+    machine_loadavg(m.load_start);
+    const cpu_sample cpu_start = machine_cpu_now();
 
     torch_proc tp = {0};
     bool torch = a.vs != NULL;
@@ -1453,10 +1262,7 @@ int cli_bench(int argc, char **argv) {
         if (!a.quiet) fprintf(stderr, "attn bench: torch %s (%s)\n", tp.version, tp.info);
     }
 
-    if (!a.no_machine && measure_machine(&m, a.quick, a.quiet)) return torch_stop(&tp), EXIT_FAIL;
-    for (int i = 0; i < N_LOOPS && !g_read_loops; i++)  /* --no-machine: the same widest loads */
-        if (attn_kernel_supported(LOOPS[i]->isa) && strcmp(LOOPS[i]->what, "fp32 FMA") == 0)
-            g_read_loops = LOOPS[i];
+    if (!a.no_machine && machine_measure(&m, a.quick, a.quiet)) return torch_stop(&tp), EXIT_FAIL;
     if (!a.quiet && m.measured)
         fprintf(stderr, "attn bench: peak %.1f GFLOP/s (%s, %d threads), %.1f on 1; read %.1f GB/s "
                 "(%d threads), %.1f on 1\n", m.peak_n, m.peak_isa, m.threads, m.peak_1, m.bw_n,
@@ -1564,8 +1370,8 @@ int cli_bench(int argc, char **argv) {
             if (strcmp(cases[j].name, cases[i].base) == 0 && cases[i].t_med > 0 && cases[j].t_med > 0)
                 cases[i].base_ratio = cases[j].t_med / cases[i].t_med;
     if (torch) torch_stop(&tp);
-    loadavg(m.load_end);
-    m.others_pct = others_pct(cpu_start, cpu_now());
+    machine_loadavg(m.load_end);
+    m.others_pct = machine_others_pct(cpu_start, machine_cpu_now());
 
     if (a.json) {
         write_json(stdout, &m, cases, n, &a, torch ? &tp : NULL);
@@ -1581,14 +1387,4 @@ int cli_bench(int argc, char **argv) {
     fflush(stdout);
     for (int i = 0; i < n; i++) free(cases[i].ts), free(cases[i].tts), free(cases[i].bws);
     return failed ? EXIT_FAIL : 0;
-}
-
-/* ---- the machine for the other bench files (cli.h) -------------------------------- */
-
-int bench_machine_peak(int threads, bool quick, double *fp32_gflops, double *read_gbs) {
-    machine m = {.threads = threads};
-    if (measure_machine(&m, quick, true)) return 1;
-    *fp32_gflops = m.peak_n;
-    *read_gbs = m.bw_n;
-    return 0;
 }
