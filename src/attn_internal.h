@@ -233,7 +233,7 @@ static inline bool attn_has_elementwise(const attn_params *p) {
     return p->softcap > 0.0f || p->bias || p->alibi || p->mask;
 }
 
-/* The one place that fills attn_params from the public arguments (api.c). need_data =
+/* The one place that fills attn_params from the public arguments (params.c). need_data =
  * false for workspace queries, which may come before any buffer exists. On failure the
  * detail is in attn_last_error(). */
 ATTN_PRIVATE attn_status attn_params_init(attn_params *p, const attn_tensor *q,
