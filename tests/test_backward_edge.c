@@ -287,5 +287,5 @@ int main(void) {
     poisoned_keys();
     determinism();
     misuse();
-    return check_summary("backward edge");
+    return check_summary("backward_edge");
 }
