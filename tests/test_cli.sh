@@ -546,7 +546,6 @@ for c in plain causal; do
 done
 # a prefill-shaped call (8 query rows of one head, no decoding split): bit for bit
 npy pq8.npy '<f4' 2,1,8,4 $(python3 -c "print(','.join(str(((i * 7) % 11 - 5) / 4) for i in range(64)))")
-npy pk8.npy '<f4' 2,1,9,4 $(python3 -c "print(','.join('1' for i in range(72)))")
 rm -rf out outc && mkdir out outc
 if "$ATTN" run --q pq8.npy --k pk.npy --v pv.npy --block-table bt.npy --kv-len plen.npy --causal \
         --align bottom-right --out out/o.npy 2>err.txt &&
