@@ -7,9 +7,9 @@
  * offset) and checks it — inside the pool, no two tokens on one row, and for a q8_0 cache
  * every row it will quantize finite with a scale float16 holds — and the second writes.
  * A refused call has written nothing. A q8_0 row is quantized by the one routine
- * attn_quantize_q8_0 uses (q8_0.c), so the bytes are the same. What it is not: an allocator (the caller
- * owns the pages and decides which are free) or a length counter (kv_len is read, never
- * advanced).
+ * attn_quantize_q8_0 uses (q8_0.c), so the bytes are the same. What it is not: an
+ * allocator (the caller owns the pages and decides which are free) or a length counter
+ * (kv_len is read, never advanced).
  */
 #include <stdlib.h>
 #include <string.h>

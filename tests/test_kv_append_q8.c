@@ -67,7 +67,8 @@ typedef struct geom {
 static int64_t cache_row(const geom *c, int64_t D, int64_t b, int64_t g, int64_t j) {
     if (c->ps == 0) return ((b * HKV + g) * c->Lmax + j) * row_bytes(D);
     const int64_t page = c->bt[b * c->pages + j / c->ps], off = j % c->ps;
-    return (c->nhd ? (page * c->ps + off) * HKV + g : (page * HKV + g) * c->ps + off) * row_bytes(D);
+    const int64_t row = c->nhd ? (page * c->ps + off) * HKV + g : (page * HKV + g) * c->ps + off;
+    return row * row_bytes(D);
 }
 
 static attn_tensor cache_tensor(const geom *c, uint8_t *data, int64_t D) {
@@ -87,7 +88,8 @@ static void side_make(side *s, const geom *c, int64_t D) {
      * kernel's float32 logits past the contract's tolerance, rel 1.7e-6: the fused
      * path's rounding, bit for bit the same over the contiguous oracle; not this test's
      * subject.) */
-    const int64_t first = c->lens[0] * D, last = ((B * HKV - 1) * c->Lmax + c->lens[B - 1] + c->n - 1) * D;
+    const int64_t first = c->lens[0] * D;
+    const int64_t last = ((B * HKV - 1) * c->Lmax + c->lens[B - 1] + c->n - 1) * D;
     for (int64_t d = 0; d < 32; d++) s->x[first + d] = 0.0f;
     s->x[last + 5] = D == DK ? -12.0f : -4.0f;
     s->oracle = malloc((size_t)(nx / 32 * 34));
@@ -101,8 +103,8 @@ static void side_make(side *s, const geom *c, int64_t D) {
         for (int64_t g = 0; g < HKV; g++)
             for (int64_t t = 0; t < c->n; t++)
                 for (int64_t d = 0; d < D; d++)
-                    s->nx[b * s->tnew.stride[0] + g * s->tnew.stride[1] + t * s->tnew.stride[2] + d] =
-                        s->x[((b * HKV + g) * c->Lmax + c->lens[b] + t) * D + d];
+                    s->nx[b * s->tnew.stride[0] + g * s->tnew.stride[1] + t * s->tnew.stride[2] +
+                          d] = s->x[((b * HKV + g) * c->Lmax + c->lens[b] + t) * D + d];
     s->bytes = (size_t)(c->ps ? c->num_pages * HKV * c->ps : B * HKV * c->Lmax) * (size_t)rb;
     s->cache = malloc(s->bytes), s->expect = malloc(s->bytes);
     memset(s->cache, 0xff, s->bytes), memset(s->expect, 0xff, s->bytes);
@@ -218,7 +220,8 @@ static void one_case(int64_t ps, int64_t n, int how, bool nhd, bool bnhd) {
     for (int64_t e = 0; e < no; e++) ref[e] = o_ro[e];
     tol_result tr;
     CHECK(within_f32_tol(o_fc, ref, no, &tr),
-          "%s: fused after the append off the reference over the quantized rows: max err %g, rel %g (worst %lld)",
+          "%s: fused after the append off the reference over the quantized rows: max err %g, "
+          "rel %g (worst %lld)",
           tag, tr.max_err, tr.rel_err, (long long)tr.worst);
     free(ref), free(q), free(o_rc), free(o_ro), free(o_fc), free(o_fo), free(slots);
     side_free(&k), side_free(&v);

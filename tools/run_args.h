@@ -33,7 +33,7 @@ typedef struct run_inputs {
     attn_tensor tq, tk, tv, tmask, tkvl, talibi;
     attn_options opt;
     attn_dtype o_dtype;  /* O's dtype by attn run's rule */
-    int64_t B, Hq, Lq, Dk, Hkv, Lk, Dv;  /* Lk: the logical keys (max_pages * page_size when paged) */
+    int64_t B, Hq, Lq, Dk, Hkv, Lk, Dv;  /* Lk: max_pages * page_size when paged */
     /* a paged cache (--block-table): the table, int32 [B, max_pages] */
     npy_array bt;
     attn_tensor tbt;
