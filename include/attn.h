@@ -282,7 +282,9 @@ ATTN_API attn_status attn_backward_workspace_size(const attn_tensor *q, const at
  * FlashAttention's in-place k, v arguments do:
  *   k_new [B, Hkv, n, Dk]  v_new [B, Hkv, n, Dv]  float32, any strides (FlashAttention's
  *                          [B, n, Hkv, D] through strides)
- *   k_cache, v_cache       the cache, float32, float16 or bfloat16 (alike): written
+ *   k_cache, v_cache       the cache, float32, float16, bfloat16 or q8_0 (alike): written;
+ *                          a q8_0 cache's rows are quantized as attn_quantize_q8_0 does,
+ *                          the same bytes
  * Where token t of batch b goes, by the first of these that is given:
  *   slot_mapping  ATTN_I32 or ATTN_I64 [B, n] (shape {B, n, 1, 1}): slot s = page *
  *                 page_size + offset in the page pools k_cache [num_pages, Hkv,
@@ -295,8 +297,9 @@ ATTN_API attn_status attn_backward_workspace_size(const attn_tensor *q, const at
  * kv_len (ATTN_I32 or ATTN_I64 [B]) is read, never advanced: the caller adds n. Refused,
  * with nothing written: a slot or table entry outside the pool (negative included), a
  * position beyond the table's pages or the cache, a page size of 0, two tokens aimed at
- * one row, a cache overlapping an input or the other cache. A q8_0 cache: not yet
- * (ATTN_ERR_UNSUPPORTED). */
+ * one row, a cache overlapping an input or the other cache; for a q8_0 cache, a row to be
+ * written holding a NaN or infinity or a block whose scale float16 cannot hold (as
+ * attn_quantize_q8_0 refuses, ATTN_ERR_VALUE). */
 ATTN_API attn_status attn_kv_append(const attn_tensor *k_new, const attn_tensor *v_new,
                                     const attn_tensor *k_cache, const attn_tensor *v_cache,
                                     const attn_tensor *slot_mapping,

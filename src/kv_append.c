@@ -4,10 +4,12 @@
  *               cache's dtype.
  *
  * Two passes: the first finds every token's destination row (a slot, page * page_size +
- * offset) and checks it — inside the pool, no two tokens on one row — and the second
- * writes. A refused call has written nothing. What it is not: an allocator (the caller
- * owns the pages and decides which are free) or a length counter (kv_len is read, never
- * advanced).
+ * offset) and checks it — inside the pool, no two tokens on one row, and for a q8_0 cache
+ * every row it will quantize finite with a scale float16 holds — and the second writes.
+ * A refused call has written nothing. A q8_0 row is quantized by the one routine
+ * attn_quantize_q8_0 uses (q8_0.c), so the bytes are the same. What it is not: an
+ * allocator (the caller owns the pages and decides which are free) or a length counter
+ * (kv_len is read, never advanced).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -17,12 +19,44 @@
 #include "half.h"
 
 /* The one conversion of a row into the cache: width float32 values (stride ss) into the
- * cache's dtype at element `at` of base (stride ds), each rounded to nearest even. A
- * cache dtype of blocks (not whole elements) changes this and the row's address
- * (attn_kv_offset's rule: page, head, row in page), nothing else. */
+ * cache's dtype at element `at` of base (stride ds), each rounded to nearest even; or,
+ * for q8_0, quantized into the width / 32 blocks that start at element `at` (ds is 1,
+ * attn_check_q8_0_layout) — checked before by attn_q8_0_row_check. */
 static void store_row(attn_dtype dt, void *base, int64_t at, int64_t ds, const float *src,
                       int64_t ss, int64_t width) {
+    if (dt == ATTN_Q8_0) {
+        attn_q8_0_quantize_row(src, ss, width, (uint8_t *)base + attn_row_byte_offset(dt, at));
+        return;
+    }
     for (int64_t d = 0; d < width; d++) attn_store(dt, base, at + d * ds, src[d * ss]);
+}
+
+/* A q8_0 cache: every row the call will write quantizable (finite, its scales within
+ * float16), before any is written. Padding tokens (slot -1) are not written, so not read. */
+static attn_status check_q8_rows(const attn_tensor *k_new, const attn_tensor *v_new,
+                                 const int64_t *slot) {
+    const int64_t B = k_new->shape[0], Hkv = k_new->shape[1], n = k_new->shape[2];
+    for (int c = 0; c < 2; c++) {
+        const attn_tensor *x = c ? v_new : k_new;
+        const float *x0 = x->data;
+        const int64_t *xs = x->stride;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < n; t++) {
+                if (slot[b * n + t] < 0) continue;
+                for (int64_t g = 0; g < Hkv; g++) {
+                    const int64_t blk = attn_q8_0_row_check(x0 + b * xs[0] + g * xs[1] + t * xs[2],
+                                                            xs[3], x->shape[3]);
+                    if (blk >= 0)
+                        return attn_fail(ATTN_ERR_VALUE, "%s: block %lld of row (%lld, %lld, "
+                                         "%lld) holds a NaN or infinity, or an amax whose scale "
+                                         "amax / 127 is beyond float16's range (the q8_0 cache "
+                                         "cannot hold it)", c ? "v_new" : "k_new",
+                                         (long long)blk, (long long)b, (long long)g,
+                                         (long long)t);
+                }
+            }
+    }
+    return ATTN_OK;
 }
 
 static int64_t load_index(const void *data, attn_dtype dt, int64_t at) {
@@ -112,10 +146,10 @@ attn_status attn_kv_append(const attn_tensor *k_new, const attn_tensor *v_new,
                            const attn_tensor *kv_len) {
     TRY(attn_check_tensor(k_new, "k_new", ATTN_F32, true));
     TRY(attn_check_tensor(v_new, "v_new", ATTN_F32, true));
-    if (k_cache && k_cache->dtype == ATTN_Q8_0)  // its quantizing append: not written yet
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "k_cache: attn_kv_append does not write q8_0 "
-                         "caches yet (attn_quantize_q8_0 quantizes rows)");
-    TRY(attn_check_tensor(k_cache, "k_cache", ATTN_DTYPE_COUNT, true));
+    /* the cache: float32, float16 or bfloat16 (ATTN_DTYPE_COUNT), or q8_0 with its layout */
+    TRY(attn_check_tensor(k_cache, "k_cache",
+                          k_cache && k_cache->dtype == ATTN_Q8_0 ? ATTN_Q8_0 : ATTN_DTYPE_COUNT,
+                          true));
     if (v_cache && v_cache->dtype != k_cache->dtype)
         return attn_fail(ATTN_ERR_DTYPE, "v_cache: dtype is %s, expected %s like k_cache",
                          attn_dtype_name(v_cache->dtype), attn_dtype_name(k_cache->dtype));
@@ -186,6 +220,7 @@ attn_status attn_kv_append(const attn_tensor *k_new, const attn_tensor *v_new,
                 st = attn_fail(ATTN_ERR_VALUE, "two new tokens are aimed at one cache row "
                                "(slot %lld)", (long long)sorted[a]);
     }
+    if (st == ATTN_OK && k_cache->dtype == ATTN_Q8_0) st = check_q8_rows(k_new, v_new, slot);
     if (st != ATTN_OK || Hkv == 0) {
         attn_free(slot);
         return st;

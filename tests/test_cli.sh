@@ -441,6 +441,140 @@ npy k_one.npy '<f4' 0,1,1,4 ""
 refused 1 "overflows" "q of [0, 2^40, 2^40, 4]" run --q q_huge.npy --k k_one.npy --v k_one.npy --out out/o.npy
 if [ -z "$(ls -A out)" ]; then ok; else bad "huge empty q left: $(ls -A out)"; fi
 
+# ---- a paged cache: --block-table ------------------------------------------------------
+# Page pools K [num_pages, Hkv, page_size, Dk], V [.., Dv] and a table int32 [B, max_pages]
+# (paged.py, from npyh.py's writer; no NumPy), the pages in a shuffled order, NaN in every
+# slot no valid key occupies (spare pages, the tail of the last page) and -1 in the table
+# past the pages in use. The same keys gathered into a contiguous K, V [B, Hkv, Lk, D]: the
+# paged run must write what the contiguous run writes (O, LSE, weights), and O as the
+# pure-Python reference says.
+cat > paged.py <<'EOF'
+import math, random, struct, sys
+import npyh
+
+B, HKV, HQ, DK, DV, PS, MAXP, NP = 2, 1, 2, 4, 3, 3, 3, 7
+LENS = [8, 4]                     # b 0 ends inside its third page, b 1 on a boundary + 1
+TABLE = [[5, 0, 3], [6, 2, -1]]   # pages 1 and 4 spare
+LK = MAXP * PS
+
+def flat(x):
+    return [v for r in x for v in (flat(r) if isinstance(r, list) else [r])]
+
+def make():
+    rnd = random.Random(15)
+    nan = float('nan')
+    pool = {c: [[[[nan] * D for _ in range(PS)] for _ in range(HKV)] for _ in range(NP)]
+            for c, D in (('k', DK), ('v', DV))}
+    cont = {c: [[[[0.0] * D for _ in range(LK)] for _ in range(HKV)] for _ in range(B)]
+            for c, D in (('k', DK), ('v', DV))}
+    for b in range(B):
+        for j in range(LENS[b]):
+            for g in range(HKV):
+                for c, D in (('k', DK), ('v', DV)):
+                    row = [round(rnd.uniform(-2, 2), 3) for _ in range(D)]
+                    pool[c][TABLE[b][j // PS]][g][j % PS] = row
+                    cont[c][b][g][j] = row
+    q = [[[[round(rnd.uniform(-1, 1), 3) for _ in range(DK)] for _ in range(2)] for _ in range(HQ)]
+         for _ in range(B)]
+    npyh.write('pq.npy', '<f4', [B, HQ, 2, DK], flat(q))
+    npyh.write('pk.npy', '<f4', [NP, HKV, PS, DK], flat(pool['k']))
+    npyh.write('pv.npy', '<f4', [NP, HKV, PS, DV], flat(pool['v']))
+    npyh.write('ck.npy', '<f4', [B, HKV, LK, DK], flat(cont['k']))
+    npyh.write('cv.npy', '<f4', [B, HKV, LK, DV], flat(cont['v']))
+    npyh.write('bt.npy', '<i4', [B, MAXP], flat(TABLE))
+    npyh.write('plen.npy', '<i4', [B], LENS)
+    # misuse: an entry of a valid page past the pool, a float table, a table for B = 3,
+    # V pools of another page count, K pools of page size 0
+    npyh.write('bt_big.npy', '<i4', [B, MAXP], [5, NP, 3, 6, 2, -1])
+    npyh.write('bt_f.npy', '<f4', [B, MAXP], flat(TABLE))
+    npyh.write('bt_b3.npy', '<i4', [3, MAXP], flat(TABLE) + [0, 0, 0])
+    npyh.write('pv6.npy', '<f4', [NP - 1, HKV, PS, DV], [0.5] * ((NP - 1) * HKV * PS * DV))
+    npyh.write('pk0.npy', '<f4', [NP, HKV, 0, DK], [])
+    npyh.write('pv0.npy', '<f4', [NP, HKV, 0, DV], [])
+    npyh.write('plen10.npy', '<i4', [B], [10, 4])
+
+def check(path, causal):
+    """O of the paged run against the pure-Python reference over the gathered keys."""
+    _, q = npyh.read('pq.npy')
+    _, k = npyh.read('ck.npy')
+    _, v = npyh.read('cv.npy')
+    want = []
+    for b in range(B):
+        for h in range(HQ):
+            g = h // (HQ // HKV)
+            qs = [q[((b * HQ + h) * 2 + i) * DK:][:DK] for i in range(2)]
+            ks = [k[((b * HKV + g) * LK + j) * DK:][:DK] for j in range(LK)]
+            vs = [v[((b * HKV + g) * LK + j) * DV:][:DV] for j in range(LK)]
+            want += npyh.attention(qs, ks, vs, kvlen=LENS[b], causal=causal, align='bottom-right')[0]
+    npyh.near(path, [B, HQ, 2, DV], want, 1e-5)
+
+if __name__ == '__main__':
+    if sys.argv[1] == 'make':
+        make()
+    else:
+        check(sys.argv[2], sys.argv[1] == 'causal')
+EOF
+python3 paged.py make || { echo "test_cli.sh: paged.py make failed"; exit 1; }
+PIN=(--q pq.npy --k pk.npy --v pv.npy --block-table bt.npy --kv-len plen.npy)
+CIN=(--q pq.npy --k ck.npy --v cv.npy --kv-len plen.npy)
+# paged_same NAME ARGS...: the paged and the contiguous run (ARGS added to both) write the
+# same bytes: O, LSE and weights
+paged_same() {
+    local name=$1
+    shift
+    rm -rf out outc && mkdir out outc
+    if ! "$ATTN" run "${PIN[@]}" "$@" --out out/o.npy --lse out/l.npy --weights out/p.npy 2>err.txt ||
+        [ -s err.txt ]; then bad "$name: paged run: $(head -c 300 err.txt)"; return; fi
+    if ! "$ATTN" run "${CIN[@]}" "$@" --out outc/o.npy --lse outc/l.npy --weights outc/p.npy 2>err.txt; then
+        bad "$name: contiguous run: $(head -c 300 err.txt)"; return; fi
+    local f
+    for f in o l p; do
+        if cmp -s "out/$f.npy" "outc/$f.npy"; then ok; else bad "$name: $f.npy paged != contiguous (bytes)"; fi
+    done
+}
+paged_same "--block-table --reference" --reference
+paged_same "--block-table --reference --causal bottom-right" --reference --causal --align bottom-right
+# the fused path: a decoding-shaped block (4 query rows) on tiles that cross pages, read
+# page by page in place: the reference's tolerance, not bits (docs/CONTRACT.md)
+for c in plain causal; do
+    fresh
+    extra=()
+    [ $c = causal ] && extra=(--causal --align bottom-right)
+    if "$ATTN" run "${PIN[@]}" "${extra[@]}" --out out/o.npy 2>err.txt && [ ! -s err.txt ] &&
+        msg=$(python3 paged.py $c out/o.npy 2>&1); then ok
+    else bad "--block-table fused ($c): $(head -c 300 err.txt) ${msg:-}"; fi
+done
+# a prefill-shaped call (8 query rows of one head, no decoding split): bit for bit
+npy pq8.npy '<f4' 2,1,8,4 $(python3 -c "print(','.join(str(((i * 7) % 11 - 5) / 4) for i in range(64)))")
+rm -rf out outc && mkdir out outc
+if "$ATTN" run --q pq8.npy --k pk.npy --v pv.npy --block-table bt.npy --kv-len plen.npy --causal \
+        --align bottom-right --out out/o.npy 2>err.txt &&
+    "$ATTN" run --q pq8.npy --k ck.npy --v cv.npy --kv-len plen.npy --causal --align bottom-right \
+        --out outc/o.npy 2>>err.txt && cmp -s out/o.npy outc/o.npy; then ok
+else bad "--block-table, Hq = Hkv, Lq = 8: paged != contiguous: $(head -c 300 err.txt)"; fi
+# misuse: one line naming the file, exit 1 (2 for a file named twice), no output
+expect_fail "--block-table entry past the pool" 1 "bt_big.npy: element [0][1] is 7" \
+    run --q pq.npy --k pk.npy --v pv.npy --block-table bt_big.npy --kv-len plen.npy --out out/o.npy
+expect_fail "--block-table -1 read without --kv-len" 1 "bt.npy: element [1][2] is -1" \
+    run --q pq.npy --k pk.npy --v pv.npy --block-table bt.npy --out out/o.npy
+expect_fail "--block-table float32" 1 "bt_f.npy: dtype float32, expected int32" \
+    run --q pq.npy --k pk.npy --v pv.npy --block-table bt_f.npy --kv-len plen.npy --out out/o.npy
+expect_fail "--block-table for B = 3" 1 "bt_b3.npy: shape [3,3], expected [B, max_pages] with B = 2" \
+    run --q pq.npy --k pk.npy --v pv.npy --block-table bt_b3.npy --kv-len plen.npy --out out/o.npy
+expect_fail "--block-table, V of 6 pages" 1 "pv6.npy: shape [6,1,3,3] does not match pk.npy [7,1,3,4] in dimension 0 (num_pages)" \
+    run --q pq.npy --k pk.npy --v pv6.npy --block-table bt.npy --kv-len plen.npy --out out/o.npy
+expect_fail "--block-table, page size 0" 1 "pk0.npy: shape [7,1,0,4]: a page size (dimension 2) of 0" \
+    run --q pq.npy --k pk0.npy --v pv0.npy --block-table bt.npy --kv-len plen.npy --out out/o.npy
+expect_fail "--block-table, --kv-len past max_pages * page_size" 1 "plen10.npy: element 0 is 10, expected 0 <= length <= Lk = 9" \
+    run --q pq.npy --k pk.npy --v pv.npy --block-table bt.npy --kv-len plen10.npy --out out/o.npy
+expect_fail "--block-table, --dtype f64 (the float64 path takes no pages)" 1 "block" \
+    run "${PIN[@]}" --dtype f64 --out out/o.npy
+expect_fail "--block-table also --out" 2 "bt.npy" run "${PIN[@]}" --out bt.npy
+expect_fail "--block-table missing file" 1 "absent_bt.npy" \
+    run --q pq.npy --k pk.npy --v pv.npy --block-table absent_bt.npy --out out/o.npy
+if python3 -c "import npyh; h, d = npyh.read('bt.npy'); assert d == [5, 0, 3, 6, 2, -1]"; then ok
+else bad "--block-table also --out: bt.npy changed"; fi
+
 # ---- help and version ------------------------------------------------------------------
 if "$ATTN" --version >stdout.txt 2>err.txt && grep -qE '^attn [0-9]+\.[0-9]+\.[0-9]+ \(kernel [a-z0-9]+; this CPU runs:( [a-z0-9]+)+\)$' stdout.txt; then ok
 else bad "--version: $(cat stdout.txt err.txt)"; fi

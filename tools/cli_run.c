@@ -44,6 +44,10 @@ static const char RUN_USAGE[] =
     "  --softcap C             C * tanh(s / C) before the mask (0 = off)\n"
     "  --window LEFT,RIGHT     keep d_i - LEFT <= j <= d_i + RIGHT; -1 = unbounded\n"
     "  --kv-len LENS.npy       int32 or int64 [B]: keys j >= LENS[b] are masked\n"
+    "  --block-table BT.npy    int32 [B, max_pages]: a paged cache; K, V are then the page\n"
+    "                          pools [num_pages, Hkv, page_size, D], and key j of batch b is\n"
+    "                          row j % page_size of page BT[b][j / page_size]\n"
+    "                          (Lk = max_pages * page_size; pages past --kv-len are not read)\n"
     "  --alibi SLOPES.npy      float32 [Hq]: bias -slope[h] * |d_i - j|\n"
     "  --lse LSE.npy           also write the log-sum-exp [B, Hq, Lq] float32\n"
     "  --weights P.npy         also write the attention weights [B, Hq, Lq, Lk] float32\n"
@@ -98,8 +102,9 @@ int run_require_inputs(const run_args *a, const char *cmd) {
 }
 
 static int parse_args(int argc, char **argv, run_args *a) {
-    cli_opt opts[RUN_INPUT_OPTS + 3];
+    cli_opt opts[RUN_INPUT_OPTS + 4];
     int n = run_input_opts(a, opts);
+    opts[n++] = (cli_opt){"--block-table", &a->block_table, NULL};
     opts[n++] = (cli_opt){"--out", &a->out, NULL};
     opts[n++] = (cli_opt){"--lse", &a->lse, NULL};
     opts[n++] = (cli_opt){"--weights", &a->weights, NULL};
@@ -114,11 +119,12 @@ static int parse_args(int argc, char **argv, run_args *a) {
  * inputs into in[], the outputs (--out first) into out[]. */
 static int check_files(const run_args *a, cli_path *in, cli_path *out, int *n_out) {
     const char *ins[][2] = {{"--q", a->q},       {"--k", a->k},           {"--v", a->v},
-                            {"--mask", a->mask}, {"--kv-len", a->kv_len}, {"--alibi", a->alibi}};
+                            {"--mask", a->mask}, {"--kv-len", a->kv_len}, {"--alibi", a->alibi},
+                            {"--block-table", a->block_table}};
     const char *outs[][2] = {{"--out", a->out}, {"--lse", a->lse}, {"--weights", a->weights}};
     int n_in = 0;
     *n_out = 0;
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < 7; i++)
         if (ins[i][1]) in[n_in++] = (cli_path){.opt = ins[i][0], .path = ins[i][1]};
     for (int i = 0; i < 3; i++)
         if (outs[i][1]) out[(*n_out)++] = (cli_path){.opt = outs[i][0], .path = outs[i][1]};
@@ -321,6 +327,58 @@ static int convert_to(const char *path, npy_array *a, attn_dtype dtype) {
     return 0;
 }
 
+/* ---- a paged cache (--block-table) ----------------------------------------------------- */
+
+/* The table: int32 [B, max_pages] (B of Q), K's page size not 0; *Lk = max_pages *
+ * page_size, the logical keys. in->bt owns the data opt->block_table points into. */
+static int load_block_table(const run_args *a, run_inputs *in, int64_t *Lk) {
+    npy_array *bt = &in->bt;
+    char s1[200], s2[200];
+    int rc;
+    if ((rc = load(a->block_table, bt))) return rc;
+    if (bt->dtype != ATTN_I32)
+        return say(EXIT_DATA, "%s: dtype %s, expected int32", a->block_table,
+                   attn_dtype_name(bt->dtype));
+    if (bt->ndim != 2 || bt->shape[0] != in->B)
+        return say(EXIT_DATA, "%s: shape %s, expected [B, max_pages] with B = %lld (%s is %s)",
+                   a->block_table, shape_str(s1, sizeof s1, bt->ndim, bt->shape),
+                   (long long)in->B, a->q, shape_str(s2, sizeof s2, 4, in->q.shape));
+    const int64_t page_size = in->k.shape[2];
+    if (page_size == 0)
+        return say(EXIT_DATA, "%s: shape %s: a page size (dimension 2) of 0 with %s",
+                   a->k, shape_str(s1, sizeof s1, 4, in->k.shape), a->block_table);
+    if (bt->shape[1] > INT64_MAX / page_size)
+        return say(EXIT_DATA, "%s: max_pages * page_size overflows 64 bits", a->block_table);
+    *Lk = in->Lk = bt->shape[1] * page_size;
+    in->tbt = attn_tensor_4d(bt->data, ATTN_I32, in->B, bt->shape[1], 1, 1);
+    in->opt.block_table = &in->tbt;
+    return 0;
+}
+
+/* Every entry of a page that holds valid keys (the first ceil(kv_len[b] / page_size), all
+ * max_pages without --kv-len) names a page of the pools; the others are never read. */
+static int check_block_table(const run_args *a, const run_inputs *in) {
+    const npy_array *bt = &in->bt, *kvl = &in->kvl;
+    const int64_t num_pages = in->k.shape[0], page_size = in->k.shape[2];
+    const int64_t max_pages = bt->shape[1];
+    for (int64_t b = 0; b < in->B; b++) {
+        int64_t len = in->Lk;
+        if (a->kv_len)
+            len = kvl->dtype == ATTN_I32 ? ((const int32_t *)kvl->data)[b]
+                                         : ((const int64_t *)kvl->data)[b];
+        const int64_t used = len / page_size + (len % page_size != 0);
+        for (int64_t p = 0; p < used && p < max_pages; p++) {
+            const int32_t e = ((const int32_t *)bt->data)[b * max_pages + p];
+            if (e < 0 || e >= num_pages)
+                return say(EXIT_DATA, "%s: element [%lld][%lld] is %d, expected a page 0 <= page "
+                           "< num_pages = %lld (%s's dimension 0)%s", a->block_table,
+                           (long long)b, (long long)p, (int)e, (long long)num_pages, a->k,
+                           a->kv_len ? "" : "; without --kv-len every page is read");
+        }
+    }
+    return 0;
+}
+
 /* ---- the inputs of a call, shared with `attn viz` ------------------------------------ */
 
 void run_inputs_free(run_inputs *in) {
@@ -330,6 +388,7 @@ void run_inputs_free(run_inputs *in) {
     npy_free(&in->mask);
     npy_free(&in->kvl);
     npy_free(&in->alibi);
+    npy_free(&in->bt);
 }
 
 int run_load_inputs(const run_args *a, run_inputs *in) {
@@ -341,14 +400,20 @@ int run_load_inputs(const run_args *a, run_inputs *in) {
     if ((rc = load(a->q, q)) || (rc = check_qkv(a->q, q)) || (rc = load(a->k, k)) ||
         (rc = check_qkv(a->k, k)) || (rc = load(a->v, v)) || (rc = check_qkv(a->v, v)))
         return rc;
-    /* q [B, Hq, Lq, Dk]   k [B, Hkv, Lk, Dk]   v [B, Hkv, Lk, Dv] */
+    /* q [B, Hq, Lq, Dk]   k [B, Hkv, Lk, Dk]   v [B, Hkv, Lk, Dv], or paged
+     * k [num_pages, Hkv, page_size, Dk]   v [num_pages, Hkv, page_size, Dv] */
+    const bool paged = a->block_table != NULL;
     const int64_t B = in->B = q->shape[0], Hq = in->Hq = q->shape[1], Lq = in->Lq = q->shape[2];
     const int64_t Dk = in->Dk = q->shape[3];
-    const int64_t Hkv = in->Hkv = k->shape[1], Lk = in->Lk = k->shape[2], Dv = in->Dv = v->shape[3];
-    if ((rc = same_dim(a->k, k, a->q, q, 0, "B")) || (rc = same_dim(a->k, k, a->q, q, 3, "Dk")) ||
-        (rc = same_dim(a->v, v, a->k, k, 0, "B")) || (rc = same_dim(a->v, v, a->k, k, 1, "Hkv")) ||
-        (rc = same_dim(a->v, v, a->k, k, 2, "Lk")))
+    const int64_t Hkv = in->Hkv = k->shape[1], Dv = in->Dv = v->shape[3];
+    int64_t Lk = in->Lk = k->shape[2];
+    if ((!paged && (rc = same_dim(a->k, k, a->q, q, 0, "B"))) ||
+        (rc = same_dim(a->k, k, a->q, q, 3, "Dk")) ||
+        (rc = same_dim(a->v, v, a->k, k, 0, paged ? "num_pages" : "B")) ||
+        (rc = same_dim(a->v, v, a->k, k, 1, "Hkv")) ||
+        (rc = same_dim(a->v, v, a->k, k, 2, paged ? "page_size" : "Lk")))
         return rc;
+    if (paged && (rc = load_block_table(a, in, &Lk))) return rc;
     if (Hkv == 0 ? Hq != 0 : Hq % Hkv != 0)
         return say(EXIT_DATA, "%s: its %lld heads do not divide the %lld query heads of %s", a->k,
                    (long long)Hkv, (long long)Hq, a->q);
@@ -379,8 +444,9 @@ int run_load_inputs(const run_args *a, run_inputs *in) {
     }
     if (q->dtype == ATTN_F64) in->o_dtype = ATTN_F64;
     in->tq = attn_tensor_4d(q->data, q->dtype, B, Hq, Lq, Dk);
-    in->tk = attn_tensor_4d(k->data, k->dtype, B, Hkv, Lk, Dk);
-    in->tv = attn_tensor_4d(v->data, v->dtype, B, Hkv, Lk, Dv);
+    /* the pools as they are in the files (paged), or the contiguous cache */
+    in->tk = attn_tensor_4d(k->data, k->dtype, k->shape[0], Hkv, k->shape[2], Dk);
+    in->tv = attn_tensor_4d(v->data, v->dtype, v->shape[0], Hkv, v->shape[2], Dv);
 
     if (a->mask) {
         /* right-aligned to [B, Hq, Lq, Lk]; a size-1 dimension broadcasts through stride 0 */
@@ -434,6 +500,7 @@ int run_load_inputs(const run_args *a, run_inputs *in) {
         in->tkvl = attn_tensor_4d(kvl->data, kvl->dtype, B, 1, 1, 1);
         opt->kv_len = &in->tkvl;
     }
+    if (paged && (rc = check_block_table(a, in))) return rc;
     if (a->alibi) {
         if ((rc = load(a->alibi, &in->alibi)) ||
             (rc = check_vector(a->alibi, &in->alibi, ATTN_F32, ATTN_F32, "float32", Hq, "Hq")))
@@ -464,7 +531,7 @@ bool run_help(int argc, char **argv, const char *usage) {
 int cli_run(int argc, char **argv) {
     if (run_help(argc, argv, RUN_USAGE)) return 0;
     run_args a = {0};
-    cli_path in_paths[6], out_paths[3];
+    cli_path in_paths[7], out_paths[3];
     int n_paths = 0;
     int rc = parse_args(argc, argv, &a);
     if (!rc) rc = check_files(&a, in_paths, out_paths, &n_paths);

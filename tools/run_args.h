@@ -22,6 +22,8 @@ typedef struct run_args {
     const char *q, *k, *v, *out, *mask, *kv_len, *alibi, *lse, *weights;
     const char *align, *scale, *softcap, *window, *threads, *dtype, *precision;
     bool causal, reference;
+    /* --block-table (attn run only; issue #15): K and V are then page pools */
+    const char *block_table;
 } run_args;
 
 /* The inputs of one call, loaded: the arrays own the data the tensors point into, and
@@ -31,7 +33,10 @@ typedef struct run_inputs {
     attn_tensor tq, tk, tv, tmask, tkvl, talibi;
     attn_options opt;
     attn_dtype o_dtype;  /* O's dtype by attn run's rule */
-    int64_t B, Hq, Lq, Dk, Hkv, Lk, Dv;
+    int64_t B, Hq, Lq, Dk, Hkv, Lk, Dv;  /* Lk: max_pages * page_size when paged */
+    /* a paged cache (--block-table): the table, int32 [B, max_pages] */
+    npy_array bt;
+    attn_tensor tbt;
 } run_inputs;
 
 enum { RUN_INPUT_OPTS = 15 };

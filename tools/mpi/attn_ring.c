@@ -7,8 +7,8 @@
  *          [--kv-len LENS.npy] [--dtype f32|f16|bf16] [--precision ...] [--threads N]
  *
  * The options are `attn run`'s, parsed by its own parser (cli_run_parse); --mask,
- * --alibi and --weights are refused (usage): the ring takes no mask, and the weights
- * [B, Hq, Lq, Lk] are what a ring exists not to hold. Process 0 checks the paths by
+ * --alibi, --weights and --block-table are refused (usage): the ring takes no mask and no
+ * paged cache, and the weights [B, Hq, Lq, Lk] are what a ring exists not to hold. Process 0 checks the paths by
  * `attn run`'s file rules before anything is read; every process reads only its own
  * rows of Q, K and V (npy_read_rows: contiguous, or zigzag with --causal), the ring
  * computes, and process 0 gathers O (and the LSE) and writes the files `attn run` would,
@@ -38,7 +38,8 @@ static const char USAGE[] =
     "\n"
     "  Options as attn run's: --causal, --align, --scale, --softcap, --window, --kv-len,\n"
     "  --lse, --threads (per process), --dtype, --precision, --reference (each block on\n"
-    "  the float64 path). Not taken: --mask, --alibi, --weights. --causal needs Lq = Lk.\n"
+    "  the float64 path). Not taken: --mask, --alibi, --weights, --block-table. --causal\n"
+    "  needs Lq = Lk.\n"
     "  Exit status: 0 done, 1 bad data or library error, 2 usage error; the same on every\n"
     "  process.\n";
 
@@ -145,7 +146,8 @@ static int run(int argc, char **argv) {
     attn_options opt;
     int rc = cli_run_parse(argc, argv, &a, &opt);  // prints its own usage errors (every process)
     if (rc) return rc;
-    const char *refused = a.mask ? "--mask" : a.alibi ? "--alibi" : a.weights ? "--weights" : NULL;
+    const char *refused = a.mask ? "--mask" : a.alibi ? "--alibi" : a.weights ? "--weights"
+                          : a.block_table ? "--block-table" : NULL;  // a paged cache: not split
     if (refused)
         return say(g_rank == 0, 2, "%s is not taken by the ring (see 'attn ring --help')", refused);
 
