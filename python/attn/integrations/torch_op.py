@@ -7,17 +7,24 @@
 Two operators are defined with torch.library.custom_op:
 
 - ``attn::sdpa(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_left,
-  window_right, softcap, return_weights) -> (out, lse, weights)``: the library's fused
+  window_right, softcap, return_weights, dropout_p=0.0, seed=0, sinks=None) -> (out, lse,
+  weights)``: the library's fused
   forward (attn_forward through the extension), query/key/value 4-D ``(B, H, L, D)`` CPU
   tensors (float32, float16 or bfloat16; key/value ``(B, Hkv, S, D)``, Hkv dividing H under
   enable_gqa), attn_mask bool (True = attend) or float, broadcast to ``(B, H, L, S)``.
   ``out`` is a ``(B, H, L, Dv)`` view of ``(B, L, H, Dv)`` memory (transformers' layout),
   ``lse`` is ``(B, H, L)`` float32, ``weights`` ``(B, H, L, S)`` float32 when asked and an
   empty ``(0,)`` tensor otherwise. The window is ``(window_left, window_right)`` around the
-  top-left diagonal, -1 meaning unbounded (both -1: no window).
-- ``attn::sdpa_backward(grad_out, query, key, value, out, lse, attn_mask, ...) -> (dq, dk,
-  dv)``: the library's backward (attn_backward), registered as the forward's gradient with
-  torch.library.register_autograd.
+  top-left diagonal, -1 meaning unbounded (both -1: no window). dropout_p > 0 drops
+  attention weights (kept ones scaled by 1 / (1 - p)) with the library's mask of ``seed``
+  (a signed int64, read as the library's unsigned 64 bits: docs/CONTRACT.md, "Dropout");
+  the op does not draw it (an op of the graph must be a function of its arguments): the
+  callers draw it from torch's default generator (draw_seed). ``sinks``: None or ``(H,)``,
+  one attention-sink logit per query head (float32; a 16-bit one widened), differentiable.
+- ``attn::sdpa_backward(grad_out, query, key, value, out, lse, attn_mask, ..., dropout_p,
+  seed, sinks) -> (dq, dk, dv, d_sinks)``: the library's backward (attn_backward; the
+  same seed regenerates the forward's mask), registered as the forward's gradient with
+  torch.library.register_autograd; d_sinks has the sinks' dtype, ``(0,)`` without sinks.
 
 Both have fake (meta) implementations that give the output shapes and dtypes without
 computing, so torch.compile(fullgraph=True) traces through a model that calls them (no
@@ -32,8 +39,7 @@ AttnShapeError or AttnDtypeError here, subclasses of RuntimeError and of the Val
 TypeError that attn itself raises, with the library's message and ``status``.
 
 What it is not: the weights and LSE are not differentiable (their gradients are not
-propagated: use them for inspection), there is no dropout (a helper adds ``dropout_p``)
-and no double backward.
+propagated: use them for inspection), and there is no double backward.
 """
 from __future__ import annotations
 
