@@ -22,7 +22,9 @@ dropout and sinks samples; torch.compile(fullgraph=True) of a call with dropout 
 Tolerances: the backend's as test_hf.py (logits 2e-6 * (1 + max |ref|), gradients 5e-5 of
 each parameter's own size + 1% of the model's largest); the op's 1e-5 * (1 + max |ref|).
 test_planted_* shows each comparison rejecting a reference that drops the sinks or uses
-another dropout seed, and the statistical check rejecting a kept fraction computed for p/2.
+another dropout seed (and, at the op, one that does not rescale by 1 / (1 - p)), the
+gpt-oss comparison rejecting a backend that ignores s_aux, and the statistical check
+rejecting a kept fraction computed for p / 2.
 Skipped, with the reason, where PyTorch or transformers is absent (the op tests need only
 PyTorch).
 """
@@ -117,6 +119,22 @@ def test_op_against_torch_with_the_same_mask():
     for a, b in zip(torch.autograd.grad(ours, (q, k, v, sinks), g),
                     torch.autograd.grad(lib, (q, k, v, sinks), g)):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("planted", ["other-seed", "no-sinks", "no-rescale"])
+def test_planted_op(planted):
+    """The op comparison rejects a reference with another seed's mask, without the sinks,
+    or without the 1 / (1 - p) rescaling."""
+    q, k, v, sinks, causal = op_inputs()
+    seed = 12345 + (planted == "other-seed")
+    _, w = op.sdpa(q, k, v, causal, enable_gqa=True, dropout_p=P, seed=seed, sinks=sinks,
+                   return_weights=True)
+    ours = op.sdpa(q, k, v, causal, enable_gqa=True, dropout_p=P, seed=12345, sinks=sinks)
+    mask = torch.zeros(9, 11).masked_fill(~causal, float("-inf"))
+    ref = reference(q, k, v, mask, 0.25, None if planted == "no-sinks" else sinks, w != 0,
+                    0.0 if planted == "no-rescale" else P)
+    with pytest.raises(AssertionError):
+        close(ours, ref, OP_TOL, "planted " + planted)
 
 
 def test_op_seed_from_torch_generator():
@@ -394,3 +412,21 @@ def test_compiled_model_train():
     with torch.no_grad():
         again = compiled(input_ids=ids, attention_mask=mask).logits  # a new seed
     assert not torch.equal(again, comp_out)
+
+
+def test_export_keeps_op_with_sinks():
+    """torch.export of the gpt-oss model keeps attn::sdpa (the sinks parameter an input of
+    each call) and computes what the model computes."""
+    import attn.integrations.transformers  # noqa: F401
+    ids, mask = batch()
+    model = build("attn")
+    ep = torch.export.export(model, (), {"input_ids": ids, "attention_mask": mask,
+                                         "use_cache": False})
+    calls = [n for n in ep.graph.nodes
+             if n.op == "call_function" and "attn.sdpa" in str(n.target)]
+    assert len(calls) == 2 and all(len(n.args) == 14 and n.args[13] is not None
+                                   for n in calls), [n.args for n in calls]
+    with torch.no_grad():
+        ours = ep.module()(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        ref = model(input_ids=ids, attention_mask=mask).logits
+    close(ours, ref, 1e-6, "exported")
