@@ -11,7 +11,8 @@ greedy generation through the KV cache (Llama; Mistral and Gemma 2 past their sl
 window) giving the same tokens and step logits, a torch.compile(fullgraph=True) model
 (backend aot_eager: the whole graph through AOTAutograd and the op's fake implementation)
 equal to the uncompiled one, torch.export keeping the op, misuse raising what SDPA
-raises, dropout and sinks refused.
+raises, dropout and sinks passed to the library (test_hf_dropout_sinks.py: gpt-oss's sinks
+and dropout in train mode).
 
 Padded rows: a query row whose keys are all masked (a left-padded position under a causal
 mask) is 0 in attn and in PyTorch's SDPA, and a uniform average in eager (which adds
@@ -248,19 +249,18 @@ def test_misuse_matches_sdpa_types():
         assert isinstance(ours.value, type(theirs.value)), (name, ours.value, theirs.value)
 
 
-def test_dropout_and_sinks_refused():
+def test_dropout_and_sinks_passed():
+    """dropout (training) and s_aux (gpt-oss's sinks) reach the library: the backend's
+    output is attn.scaled_dot_product_attention's with the seed drawn from torch's
+    generator (test_hf_dropout_sinks.py checks the models)."""
+    import attn
     q = torch.randn(1, 2, 4, 8)
-    with pytest.raises(NotImplementedError, match="dropout"):
-        hf.attention_forward(_Module(), q, q, q, None, dropout=0.1)
-    with pytest.raises(NotImplementedError, match="sinks"):
-        hf.attention_forward(_Module(), q, q, q, None, s_aux=torch.zeros(2))
-    model = build("bert", "attn").train()
-    model.config.attention_probs_dropout_prob = 0.1
-    for layer in model.encoder.layer:
-        layer.attention.self.dropout.p = 0.1
-    ids, mask = batch("bert", True)
-    with pytest.raises(NotImplementedError):
-        model(input_ids=ids, attention_mask=mask)
+    sinks = torch.tensor([0.5, -1.0])
+    torch.manual_seed(4)
+    out, _ = hf.attention_forward(_Module(), q, q, q, None, dropout=0.25, s_aux=sinks)
+    torch.manual_seed(4)
+    ref = attn.scaled_dot_product_attention(q, q, q, None, 0.25, is_causal=True, sinks=sinks)
+    assert torch.equal(out, ref.transpose(1, 2))
 
 
 def test_registered():

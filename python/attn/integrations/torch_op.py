@@ -7,17 +7,24 @@
 Two operators are defined with torch.library.custom_op:
 
 - ``attn::sdpa(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_left,
-  window_right, softcap, return_weights) -> (out, lse, weights)``: the library's fused
+  window_right, softcap, return_weights, dropout_p=0.0, seed=0, sinks=None) -> (out, lse,
+  weights)``: the library's fused
   forward (attn_forward through the extension), query/key/value 4-D ``(B, H, L, D)`` CPU
   tensors (float32, float16 or bfloat16; key/value ``(B, Hkv, S, D)``, Hkv dividing H under
   enable_gqa), attn_mask bool (True = attend) or float, broadcast to ``(B, H, L, S)``.
   ``out`` is a ``(B, H, L, Dv)`` view of ``(B, L, H, Dv)`` memory (transformers' layout),
   ``lse`` is ``(B, H, L)`` float32, ``weights`` ``(B, H, L, S)`` float32 when asked and an
   empty ``(0,)`` tensor otherwise. The window is ``(window_left, window_right)`` around the
-  top-left diagonal, -1 meaning unbounded (both -1: no window).
-- ``attn::sdpa_backward(grad_out, query, key, value, out, lse, attn_mask, ...) -> (dq, dk,
-  dv)``: the library's backward (attn_backward), registered as the forward's gradient with
-  torch.library.register_autograd.
+  top-left diagonal, -1 meaning unbounded (both -1: no window). dropout_p > 0 drops
+  attention weights (kept ones scaled by 1 / (1 - p)) with the library's mask of ``seed``
+  (a signed int64, read as the library's unsigned 64 bits: docs/CONTRACT.md, "Dropout");
+  the op does not draw it (an op of the graph must be a function of its arguments): the
+  callers draw it from torch's default generator (draw_seed). ``sinks``: None or ``(H,)``,
+  one attention-sink logit per query head (float32; a 16-bit one widened), differentiable.
+- ``attn::sdpa_backward(grad_out, query, key, value, out, lse, attn_mask, ..., dropout_p,
+  seed, sinks) -> (dq, dk, dv, d_sinks)``: the library's backward (attn_backward; the
+  same seed regenerates the forward's mask), registered as the forward's gradient with
+  torch.library.register_autograd; d_sinks has the sinks' dtype, ``(0,)`` without sinks.
 
 Both have fake (meta) implementations that give the output shapes and dtypes without
 computing, so torch.compile(fullgraph=True) traces through a model that calls them (no
@@ -32,8 +39,7 @@ AttnShapeError or AttnDtypeError here, subclasses of RuntimeError and of the Val
 TypeError that attn itself raises, with the library's message and ``status``.
 
 What it is not: the weights and LSE are not differentiable (their gradients are not
-propagated: use them for inspection), there is no dropout (a helper adds ``dropout_p``)
-and no double backward.
+propagated: use them for inspection), and there is no double backward.
 """
 from __future__ import annotations
 
@@ -45,7 +51,7 @@ from torch import Tensor
 import attn
 from attn import _attn
 
-__all__ = ["sdpa", "AttnShapeError", "AttnDtypeError"]
+__all__ = ["sdpa", "draw_seed", "AttnShapeError", "AttnDtypeError"]
 
 
 class AttnShapeError(RuntimeError, ValueError):
@@ -100,18 +106,45 @@ def _alloc(shape, which, dtype):
     return torch.empty(shape, dtype=dt)
 
 
+_UINT64 = (1 << 64) - 1
+
+
+def _options(is_causal, scale, enable_gqa, window_left, window_right, softcap, dropout_p,
+             seed):
+    """attn._forward's options tuple (is_causal, scale, enable_gqa, align, window, softcap,
+    path, precision, threads, dropout_p, dropout_seed, dropout_offset): top-left, path
+    "auto", precision "default", torch's thread count; the op's signed int64 seed read as
+    the library's unsigned 64 bits."""
+    return (bool(is_causal), scale, bool(enable_gqa), 0, _window(window_left, window_right),
+            float(softcap), 0, 0, torch.get_num_threads(), float(dropout_p),
+            int(seed) & _UINT64, 0)
+
+
+def _sinks(sinks: Optional[Tensor]) -> Optional[Tensor]:
+    """The sinks as the library reads them: float32 [H] (a 16-bit or float64 one widened
+    or rounded to a float32 copy)."""
+    if sinks is None:
+        return None
+    sinks = sinks.detach()
+    return sinks if sinks.dtype == torch.float32 else sinks.float()
+
+
 @torch.library.custom_op("attn::sdpa", mutates_args=(), device_types="cpu")
 def _sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
           is_causal: bool, scale: Optional[float], enable_gqa: bool, window_left: int,
-          window_right: int, softcap: float,
-          return_weights: bool) -> Tuple[Tensor, Tensor, Tensor]:
+          window_right: int, softcap: float, return_weights: bool, dropout_p: float = 0.0,
+          seed: int = 0, sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     _check_rank(query, key, value)
-    options = (bool(is_causal), scale, bool(enable_gqa), 0, _window(window_left, window_right),
-               float(softcap), 0, 0, torch.get_num_threads())
+    if not 0.0 <= dropout_p <= 1.0:  # in double: the library's float could round to 1
+        raise AttnShapeError("dropout_p=%r: expected 0 <= dropout_p <= 1 (0 = off)"
+                             % (dropout_p,))
+    options = _options(is_causal, scale, enable_gqa, window_left, window_right, softcap,
+                       dropout_p, seed)
     try:
         out, lse, weights = attn._forward(query.detach(), key.detach(), value.detach(),
                                           _mask(attn_mask), None, None, options, True,
-                                          bool(return_weights), torch.Tensor, _alloc)
+                                          bool(return_weights), torch.Tensor, _alloc,
+                                          _sinks(sinks))
     except (ValueError, TypeError) as e:
         _reraise(e)
     if weights is None:
@@ -121,7 +154,7 @@ def _sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor]
 
 @_sdpa.register_fake
 def _sdpa_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_left,
-               window_right, softcap, return_weights):
+               window_right, softcap, return_weights, dropout_p=0.0, seed=0, sinks=None):
     _check_rank(query, key, value)
     B, H, L, S, Dv = _out_shape(query, key, value, enable_gqa)
     out = query.new_empty((B, L, H, Dv)).transpose(1, 2)  # as _alloc
@@ -134,54 +167,92 @@ def _sdpa_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, windo
 def _sdpa_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor, out: Tensor,
                    lse: Tensor, attn_mask: Optional[Tensor], is_causal: bool,
                    scale: Optional[float], enable_gqa: bool, window_left: int,
-                   window_right: int, softcap: float) -> Tuple[Tensor, Tensor, Tensor]:
+                   window_right: int, softcap: float, dropout_p: float = 0.0, seed: int = 0,
+                   sinks: Optional[Tensor] = None
+                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, d_sinks): d_sinks in the sinks' dtype and shape, (0,) float32 without
+    sinks. The forward's dropout_p and seed regenerate its mask."""
     dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype) for x in (query, key, value))
+    options = _options(is_causal, scale, enable_gqa, window_left, window_right, softcap,
+                       dropout_p, seed)
+    causal, scale, gqa, align, window, softcap, path, level, threads = options[:9]
+    read = _sinks(sinks)
+    d_sinks = None if read is None else torch.empty(read.shape, dtype=torch.float32)
     try:
         _attn.backward(query.detach(), key.detach(), value.detach(), out.detach(),
                        grad_out.detach(), lse.detach(), dq, dk, dv, _mask(attn_mask),
-                       bool(is_causal), scale, bool(enable_gqa), 0,
-                       _window(window_left, window_right), float(softcap), None, None, 0, 0,
-                       torch.get_num_threads())
+                       causal, scale, gqa, align, window, softcap, None, None, path, level,
+                       threads, read, d_sinks, **attn._dropout_kwargs(options))
     except (ValueError, TypeError) as e:
         _reraise(e)
-    return dq, dk, dv
+    if d_sinks is None:
+        d_sinks = torch.empty((0,), dtype=torch.float32)
+    elif d_sinks.dtype != sinks.dtype:
+        d_sinks = d_sinks.to(sinks.dtype)
+    return dq, dk, dv, d_sinks
 
 
 @_sdpa_backward.register_fake
 def _sdpa_backward_fake(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale,
-                        enable_gqa, window_left, window_right, softcap):
-    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+                        enable_gqa, window_left, window_right, softcap, dropout_p=0.0, seed=0,
+                        sinks=None):
+    d_sinks = (torch.empty_like(sinks) if sinks is not None
+               else query.new_empty((0,), dtype=torch.float32))
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), d_sinks
 
 
 def _setup_context(ctx, inputs, output):
     query, key, value, attn_mask = inputs[:4]
     out, lse, _ = output
-    ctx.save_for_backward(query, key, value, out, lse, attn_mask)
-    ctx.options = tuple(inputs[4:10])  # is_causal .. softcap (not return_weights)
+    sinks = inputs[13] if len(inputs) > 13 else None
+    ctx.save_for_backward(query, key, value, out, lse, attn_mask, sinks)
+    # is_causal .. softcap, then dropout_p and seed (not return_weights)
+    ctx.options = tuple(inputs[4:10]) + tuple(inputs[11:13])
 
 
 def _backward(ctx, grad_out, grad_lse, grad_weights):
-    query, key, value, out, lse, attn_mask = ctx.saved_tensors
-    dq, dk, dv = torch.ops.attn.sdpa_backward(grad_out, query, key, value, out, lse,
-                                              attn_mask, *ctx.options)
+    query, key, value, out, lse, attn_mask, sinks = ctx.saved_tensors
+    dq, dk, dv, d_sinks = torch.ops.attn.sdpa_backward(grad_out, query, key, value, out, lse,
+                                                       attn_mask, *ctx.options, sinks)
     need = ctx.needs_input_grad
     return ((dq if need[0] else None), (dk if need[1] else None),
-            (dv if need[2] else None)) + (None,) * 8
+            (dv if need[2] else None)) + (None,) * 10 + (
+            (d_sinks if sinks is not None and need[13] else None),)
 
 
 torch.library.register_autograd("attn::sdpa", _backward, setup_context=_setup_context)
 
 
+def draw_seed(seed: Optional[int] = None) -> int:
+    """The op's dropout seed, a signed int64 (the library reads its 64 bits unsigned):
+    the caller's int (modulo 2^64, as attn.scaled_dot_product_attention takes it), or,
+    for None, 64 random bits from torch's default CPU generator (torch.manual_seed makes
+    the call reproducible), as attn.scaled_dot_product_attention draws them."""
+    if seed is None:
+        return int(torch.randint(-(1 << 63), (1 << 63) - 1, (), dtype=torch.int64))
+    seed = int(seed) & _UINT64
+    return seed - (1 << 64) if seed >= 1 << 63 else seed
+
+
 def sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
          is_causal: bool = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
          window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
-         return_weights: bool = False):
+         return_weights: bool = False, dropout_p: float = 0.0, seed: Optional[int] = None,
+         sinks: Optional[Tensor] = None):
     """torch.ops.attn.sdpa with SDPA's argument names: the output ``(B, H, L, Dv)``, or
-    ``(output, weights)`` with return_weights (weights float32, not differentiable).
-    Differentiable in query, key and value; traceable by torch.compile and torch.export."""
+    ``(output, weights)`` with return_weights (weights float32, not differentiable; with
+    dropout the weights that multiplied value: dropped 0, kept scaled by 1 / (1 - p)).
+    dropout_p is applied whenever it is > 0 (as torch.nn.functional's SDPA: pass 0.0 for
+    inference), its mask from seed (None: drawn from torch's default generator, see
+    draw_seed); sinks: None or one logit per query head, ``(H,)``, as
+    attn.scaled_dot_product_attention's. Differentiable in query, key, value and sinks;
+    traceable by torch.compile and torch.export."""
     left, right = (-1, -1) if window is None else window
+    dropout_p = float(dropout_p)
+    seed = draw_seed(seed) if dropout_p > 0.0 else 0
     out, _, weights = torch.ops.attn.sdpa(query, key, value, attn_mask, bool(is_causal),
                                           None if scale is None else float(scale),
                                           bool(enable_gqa), int(left), int(right),
-                                          float(softcap), bool(return_weights))
+                                          float(softcap), bool(return_weights), dropout_p,
+                                          seed, sinks)
     return (out, weights) if return_weights else out

@@ -29,9 +29,17 @@ keep it). What transformers passes is taken as its SDPA backend takes it:
   library writes them from its LSE in the same pass (no second softmax, no eager path).
   They are float32 from the library, cast to the query's dtype, and not differentiable.
 
-Not yet: dropout while training (``dropout > 0``) and attention sinks (gpt-oss's
-``s_aux``) raise NotImplementedError. TODO: pass them as ``dropout_p`` and ``sinks=`` once
-attn.scaled_dot_product_attention takes them (being added in parallel).
+- ``dropout`` (what transformers passes while the module is training: the config's
+  attention dropout; 0.0 in eval mode) as the library's dropout on the attention weights
+  (docs/CONTRACT.md, "Dropout"), kept weights scaled by 1 / (1 - p) as SDPA and eager. The
+  mask's seed is drawn from torch's default CPU generator per call (torch.manual_seed
+  makes a training step reproducible) and passed to the op as an int; the mask is the
+  library's Philox one, not torch's: the same statistics, not the same draws as eager or
+  SDPA. With output_attentions the weights returned are the dropped ones (eager's too).
+- ``s_aux`` (gpt-oss's learned attention sinks, one logit per query head) as the
+  library's ``sinks``: an extra term exp(sink) in each row's softmax denominator, which
+  is gpt-oss's eager formula (the sink appended as a logit column, dropped after the
+  softmax) and its flex path's LSE renormalisation. Their gradient reaches the parameter.
 """
 from __future__ import annotations
 
@@ -70,14 +78,15 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       **kwargs) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """transformers' attention-function signature: query ``(B, H, L, D)``, key and value
     ``(B, Hkv, S, D)``; returns ``(attn_output (B, L, H, Dv), attn_weights or None)``."""
-    if dropout and dropout > 0.0:
-        # TODO(dropout): pass dropout_p=dropout once attn's SDPA takes dropout_p != 0
-        raise NotImplementedError(
-            "attn backend: dropout=%r while training; attn has no attention dropout yet "
-            "(model.eval(), or set the config's attention dropout to 0)" % (dropout,))
-    if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
-        # TODO(sinks): pass sinks= once attn's SDPA takes attention sinks
-        raise NotImplementedError("attn backend: attention sinks (s_aux) are not supported yet")
+    # transformers passes dropout = 0.0 unless the module is training (its attention_dropout
+    # then): as its SDPA backend passes it on as dropout_p, the mask drawn here from a seed
+    # of torch's default generator (torch.manual_seed makes a training step reproducible)
+    dropout = float(dropout or 0.0)
+    seed = torch_op.draw_seed() if dropout > 0.0 else 0
+    # gpt-oss's learned sinks (s_aux, one logit per query head): an extra logit column in
+    # the softmax that is dropped afterwards (its eager path), i.e. exp(sink) added to each
+    # row's denominator; their gradient flows through the op
+    sinks = kwargs.get("s_aux")
 
     L, S = query.shape[2], key.shape[2]
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
@@ -101,7 +110,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     out, _, weights = torch.ops.attn.sdpa(
         query, key, value, attention_mask, is_causal,
         None if scaling is None else float(scaling), query.shape[1] != key.shape[1],
-        window[0], window[1], float(softcap) if softcap else 0.0, want)
+        window[0], window[1], float(softcap) if softcap else 0.0, want, dropout, seed, sinks)
     out = out.transpose(1, 2).contiguous()
     return out, (weights.to(query.dtype) if want else None)
 
