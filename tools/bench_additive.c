@@ -200,17 +200,11 @@ static const char USAGE[] =
     "  (pairs x A per second) beside a tight loop of the same vectorized tanh.\n";
 
 int bench_additive(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return fputs(USAGE, stdout), 0;
-    const char *threads_s = NULL, *reps_s = NULL;
-    bool quick = false, plant = false;
-    const cli_opt opts[] = {{"--quick", NULL, &quick}, {"--plant-error", NULL, &plant},
-                            {"--threads", &threads_s, NULL}, {"--reps", &reps_s, NULL}};
-    int rc = cli_scan(argc, argv, opts, 4, "bench --additive: ", "bench");
-    if (rc) return rc;
-    const int threads = threads_s ? atoi(threads_s) : 0, reps = reps_s ? atoi(reps_s) : (quick ? 3 : 5);
-    if (threads < 0 || threads > 512 || reps < 1 || reps > 64)
-        return fprintf(stderr, "attn: bench --additive: --threads 0..512, --reps 1..64\n"), 2;
+    bench_part_args pa;
+    const int rc = bench_part_scan(argc, argv, "--additive", USAGE, 3, 5, 64, &pa);
+    if (rc >= 0) return rc;
+    const bool quick = pa.quick, plant = pa.plant;
+    const int threads = pa.threads, reps = pa.reps;
     const int64_t B = quick ? 2 : 8, L = quick ? 128 : 512, D = 128, A = 128;
     const int nt = threads > 0 ? threads : omp_get_max_threads();
     printf("additive attention: B=%lld Lq=Lk=%lld Dq=Dk=Dv=%lld A=%lld float32, %d threads, "

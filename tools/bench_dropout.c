@@ -25,6 +25,7 @@
 
 #include "attn.h"
 #include "bench_clock.h"
+#include "cliopt.h"
 #include "cli.h"
 #include "rng.h"
 #include "tolerance.h"
@@ -96,21 +97,19 @@ static bool check_answer(int threads, bool plant) {
     return ok;
 }
 
+static const char USAGE[] =
+    "usage: attn bench --dropout [--quick] [--threads N] [--reps N] [--plant-error]\n"
+    "\n"
+    "  The cost of dropout: the forward and the backward at p = 0 and p = 0.1 (B 1, H 8,\n"
+    "  L 1024, D 64, float32; --quick L 256), after checking the fused answer against the\n"
+    "  reference with the same mask; medians of wall and CPU time.\n";
+
 int bench_dropout(int argc, char **argv) {
-    int reps = 5, threads = 0;
-    bool quick = false, plant = false;
-    for (int a = 1; a < argc; a++) {
-        if (!strcmp(argv[a], "--reps") && a + 1 < argc) reps = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--threads") && a + 1 < argc) threads = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--quick")) quick = true;
-        else if (!strcmp(argv[a], "--plant-error")) plant = true;
-        else {
-            fprintf(stderr, "attn bench --dropout [--reps N] [--threads N] [--quick] "
-                    "[--plant-error]\n");
-            return 2;
-        }
-    }
-    if (reps < 1) reps = 1;
+    bench_part_args pa;
+    const int rc = bench_part_scan(argc, argv, "--dropout", USAGE, 5, 5, 200, &pa);
+    if (rc >= 0) return rc;
+    const bool quick = pa.quick, plant = pa.plant;
+    const int threads = pa.threads, reps = pa.reps;
     if (!check_answer(threads, plant)) {
         fprintf(stderr, "bench --dropout: the fused answer differs from the reference's "
                 "(with the same mask)%s\n", plant ? " (planted error: as it should)" : "");

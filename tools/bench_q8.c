@@ -82,17 +82,11 @@ static const char USAGE[] =
     "  read bandwidth.\n";
 
 int bench_q8(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return fputs(USAGE, stdout), 0;
-    const char *threads_s = NULL, *reps_s = NULL;
-    bool quick = false, plant = false;
-    const cli_opt opts[] = {{"--quick", NULL, &quick}, {"--plant-error", NULL, &plant},
-                            {"--threads", &threads_s, NULL}, {"--reps", &reps_s, NULL}};
-    int rc = cli_scan(argc, argv, opts, 4, "bench --q8: ", "bench");
-    if (rc) return rc;
-    const int threads = threads_s ? atoi(threads_s) : 0, reps = reps_s ? atoi(reps_s) : (quick ? 5 : 21);
-    if (threads < 0 || threads > 512 || reps < 1 || reps > 200)
-        return fprintf(stderr, "attn: bench --q8: --threads 0..512, --reps 1..200\n"), 2;
+    bench_part_args pa;
+    const int rc = bench_part_scan(argc, argv, "--q8", USAGE, 5, 21, 200, &pa);
+    if (rc >= 0) return rc;
+    const bool quick = pa.quick, plant = pa.plant;
+    const int threads = pa.threads, reps = pa.reps;
     const int nt = threads > 0 ? threads : omp_get_max_threads();
     const int64_t B = 1, Hq = 32, Hkv = 8, Lq = 1, Lk = quick ? 2048 : 16384, D = 128;
     const int64_t nkv = B * Hkv * Lk * D, nq = B * Hq * Lq * D;

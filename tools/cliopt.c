@@ -4,6 +4,7 @@
 #include "cliopt.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int cli_scan(int argc, char **argv, const cli_opt *opts, int nopts, const char *prefix,
@@ -46,4 +47,26 @@ int cli_scan(int argc, char **argv, const cli_opt *opts, int nopts, const char *
         *opts[o].value = value;
     }
     return 0;
+}
+
+int bench_part_scan(int argc, char **argv, const char *part, const char *usage, int reps_quick,
+                    int reps_full, int reps_max, bench_part_args *a) {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+            return fputs(usage, stdout), 0;
+    const char *threads_s = NULL, *reps_s = NULL;
+    *a = (bench_part_args){0};
+    const cli_opt opts[] = {{"--quick", NULL, &a->quick}, {"--plant-error", NULL, &a->plant},
+                            {"--threads", &threads_s, NULL}, {"--reps", &reps_s, NULL}};
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "bench %s: ", part);
+    const int rc = cli_scan(argc, argv, opts, 4, prefix, "bench");
+    if (rc) return rc;
+    a->threads = threads_s ? atoi(threads_s) : 0;
+    a->reps = reps_s ? atoi(reps_s) : a->quick ? reps_quick : reps_full;
+    if (a->threads < 0 || a->threads > 512 || a->reps < 1 || a->reps > reps_max) {
+        fprintf(stderr, "attn: bench %s: --threads 0..512, --reps 1..%d\n", part, reps_max);
+        return 2;
+    }
+    return -1;
 }

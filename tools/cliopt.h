@@ -24,4 +24,15 @@ typedef struct cli_opt {
 int cli_scan(int argc, char **argv, const cli_opt *opts, int nopts, const char *prefix,
              const char *cmd);
 
+/* The options every `attn bench --<part>` program takes: --quick, --plant-error,
+ * --threads N (0..512, 0 = OpenMP's default) and --reps N (1..reps_max; default
+ * reps_quick with --quick, else reps_full). --help prints usage. Returns -1 to go on, or
+ * the exit status (0 after --help, 2 on a usage error, told on stderr). */
+typedef struct bench_part_args {
+    bool quick, plant;
+    int threads, reps;
+} bench_part_args;
+int bench_part_scan(int argc, char **argv, const char *part, const char *usage, int reps_quick,
+                    int reps_full, int reps_max, bench_part_args *a);
+
 #endif /* ATTN_CLIOPT_H */
