@@ -86,7 +86,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         REQUIRE(opt.align == ATTN_ALIGN_TOP_LEFT || opt.align == ATTN_ALIGN_BOTTOM_RIGHT);
         REQUIRE(opt.precision == ATTN_PRECISION_DEFAULT || opt.precision == ATTN_PRECISION_FAST);
         REQUIRE(!a.dtype || !strcmp(a.dtype, "f32") || !strcmp(a.dtype, "f16") ||
-                !strcmp(a.dtype, "bf16"));
+                !strcmp(a.dtype, "bf16") || !strcmp(a.dtype, "f64"));
         REQUIRE(!opt.mask && !opt.bias && !opt.kv_len && !opt.alibi_slopes && !opt.lse &&
                 !opt.weights && !opt.workspace);
     }
