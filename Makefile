@@ -51,8 +51,20 @@ LDLIBS      = $(BLAS_LIBS) -lm -lpthread
 
 LIB_SRC   = $(wildcard src/*.c) $(wildcard src/kernels/*/*.c)
 LIB_OBJ   = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC))
-TOOL_SRC  = $(wildcard tools/*.c)
-TOOL_OBJ  = $(patsubst tools/%.c,$(BUILD)/obj/tools/%.o,$(TOOL_SRC))
+# Everything outside the library that links into the attn command, one folder per room
+# (README.md, "Layout"): the command itself (tools/attn), what it shares with the tests and
+# the bench (tools/common), the benchmark (bench) and the example applications
+# (examples/<name>). Sources are picked up by folder, so a file moved or added in one of
+# these folders needs no line here; a .c left at tools/ (a branch made before the rooms)
+# still builds until it is moved. The headers of all of them are on the include path.
+APP_DIRS  = tools/attn tools/common bench $(patsubst %/,%,$(sort $(dir $(wildcard examples/*/*.c))))
+APP_INC   = $(addprefix -I,$(APP_DIRS)) -Itools
+APP_HDR   = $(foreach d,$(APP_DIRS) tools,$(wildcard $(d)/*.h))
+TOOL_SRC  = $(foreach d,$(APP_DIRS),$(wildcard $(d)/*.c)) $(wildcard tools/*.c)
+TOOL_OBJ  = $(patsubst %.c,$(BUILD)/obj/app/%.o,$(TOOL_SRC))
+# the test suites' shared code: oracle, tolerances, views, the cases of several suites
+TEST_INC  = -Itests/support
+TEST_HDR  = $(wildcard tests/support/*.h)
 TEST_SRC  = $(wildcard tests/test_*.c)
 TEST_BIN  = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
@@ -85,21 +97,22 @@ $(BUILD)/libattn.so: $(LIB_OBJ)
 $(BUILD)/libattn.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/obj/tools/%.o: tools/%.c include/attn.h $(wildcard tools/*.h src/kernels/*.h)
+$(BUILD)/obj/app/%.o: %.c include/attn.h $(APP_HDR) $(wildcard src/kernels/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) -Itools -Isrc -c $< -o $@
+	$(CC) $(CFLAGS_BASE) $(APP_INC) -Isrc -c $< -o $@
 
 $(BUILD)/attn: $(TOOL_OBJ) $(BUILD)/libattn.a
 	$(CC) $(OPENMP) $(SAN) -o $@ $(TOOL_OBJ) $(BUILD)/libattn.a $(LDLIBS) -lpng
 
-# Test programs may use the npy reader and the naive attention of the tools.
-TEST_TOOL_OBJ = $(BUILD)/obj/tools/npy.o $(BUILD)/obj/tools/naive.o $(BUILD)/obj/tools/json.o
-$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libattn.a $(TEST_TOOL_OBJ)
+# Test programs may use the npy reader, the naive attention and the JSON reader.
+TEST_TOOL_OBJ = $(BUILD)/obj/app/tools/attn/npy.o $(BUILD)/obj/app/tools/common/naive.o \
+                $(BUILD)/obj/app/tools/common/json.o
+$(BUILD)/tests/%: tests/%.c $(TEST_HDR) $(APP_HDR) $(BUILD)/libattn.a $(TEST_TOOL_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) -Isrc -Itools -o $@ $< $(TEST_TOOL_OBJ) $(BUILD)/libattn.a $(LDLIBS)
+	$(CC) $(CFLAGS_BASE) -Isrc $(TEST_INC) $(APP_INC) -o $@ $< $(TEST_TOOL_OBJ) $(BUILD)/libattn.a $(LDLIBS)
 
 # test_model compiles the training model's sources in directly
-$(BUILD)/tests/test_model: tools/model.c tools/model.h tools/model_ops.h
+$(BUILD)/tests/test_model: examples/train/model.c
 
 tests: $(TEST_BIN) $(BUILD)/attn
 
@@ -149,9 +162,9 @@ $(BUILD)/obj/mpi/%.o: src/mpi/%.c include/attn.h include/attn_mpi.h $(wildcard s
 $(BUILD)/libattn_mpi.a: $(MPI_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/tests/mpi/test_ring: tests/mpi/test_ring.c $(wildcard tests/*.h tools/*.h) $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a
+$(BUILD)/tests/mpi/test_ring: tests/mpi/test_ring.c $(TEST_HDR) $(APP_HDR) $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a
 	@mkdir -p $(dir $@)
-	$(MPICC) $(CFLAGS_BASE) -Isrc -Itests -Itools -o $@ $< $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a $(LDLIBS)
+	$(MPICC) $(CFLAGS_BASE) -Isrc $(TEST_INC) $(APP_INC) -o $@ $< $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a $(LDLIBS)
 
 # the shared library, for python/attn/ring.py (ctypes): libattn.so found beside it by
 # its soname (the link libattn.so.0 made here, as make install makes it)
@@ -160,16 +173,15 @@ $(BUILD)/libattn_mpi.so: $(MPI_OBJ) $(BUILD)/libattn.so
 	$(MPICC) -shared $(OPENMP) $(SAN) -Wl,-soname,libattn_mpi.so.0 -o $@ $(MPI_OBJ) \
 	    -L$(BUILD) -lattn -Wl,-rpath,'$$ORIGIN' $(LDLIBS)
 
-# attn-ring: what `attn ring` execs (tools/cli_ring_exec.c), with attn run's parser and
-# file rules; attn itself stays free of MPI
-RING_TOOL_OBJ = $(BUILD)/obj/tools/cli_run.o $(BUILD)/obj/tools/cli_files.o \
-                $(BUILD)/obj/tools/cliopt.o $(BUILD)/obj/tools/npy.o
+# attn-ring: what `attn ring` execs (tools/attn/cli_ring_exec.c), with attn run's parser
+# and file rules; attn itself stays free of MPI
+RING_TOOL_OBJ = $(patsubst %,$(BUILD)/obj/app/tools/attn/%.o,cli_run cli_files cliopt npy)
 $(BUILD)/attn-ring: tools/mpi/attn_ring.c $(RING_TOOL_OBJ) $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a
-	$(MPICC) $(CFLAGS_BASE) -Isrc -Itools -o $@ $< $(RING_TOOL_OBJ) $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a $(LDLIBS)
+	$(MPICC) $(CFLAGS_BASE) -Isrc $(APP_INC) -o $@ $< $(RING_TOOL_OBJ) $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a $(LDLIBS)
 
 # the study of the softcap gradient tolerance (docs/RING.md); libattn only, on demand
 $(BUILD)/ring_softcap_study: tools/mpi/ring_softcap_study.c $(BUILD)/libattn.a
-	$(CC) $(CFLAGS_BASE) -Isrc -Itools -o $@ $< $(BUILD)/libattn.a $(LDLIBS)
+	$(CC) $(CFLAGS_BASE) -Isrc $(APP_INC) -o $@ $< $(BUILD)/libattn.a $(LDLIBS)
 
 $(BUILD)/ring_bench: tools/mpi/ring_bench.c $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a
 	$(MPICC) $(CFLAGS_BASE) -o $@ $< $(BUILD)/libattn_mpi.a $(BUILD)/libattn.a $(LDLIBS)
@@ -198,8 +210,7 @@ FUZZ_BUILD ?= build-fuzz
 FUZZ_SAN    = -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
               -fno-omit-frame-pointer
 FUZZ_BIN    = $(patsubst fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard fuzz/fuzz_*.c))
-FUZZ_TOOL_OBJ = $(BUILD)/obj/tools/npy.o $(BUILD)/obj/tools/cliopt.o $(BUILD)/obj/tools/cli_run.o \
-                $(BUILD)/obj/tools/cli_files.o
+FUZZ_TOOL_OBJ = $(patsubst %,$(BUILD)/obj/app/tools/attn/%.o,npy cliopt cli_run cli_files)
 
 .PHONY: fuzz fuzz-build fuzz-bins
 fuzz-build:
@@ -209,7 +220,7 @@ fuzz-bins: $(FUZZ_BIN)
 
 $(BUILD)/fuzz/%: fuzz/%.c $(BUILD)/libattn.a $(FUZZ_TOOL_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) -fsanitize=fuzzer -Isrc -Itools -o $@ $< $(FUZZ_TOOL_OBJ) \
+	$(CC) $(CFLAGS_BASE) -fsanitize=fuzzer -Isrc $(APP_INC) -o $@ $< $(FUZZ_TOOL_OBJ) \
 	    $(BUILD)/libattn.a $(LDLIBS)
 
 fuzz: fuzz-build

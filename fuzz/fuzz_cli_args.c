@@ -1,6 +1,6 @@
 /*
  * fuzz_cli_args.c — libFuzzer harness of the option parsing of `attn run`
- * (cli_run_parse in tools/cli_run.c, over cli_scan in tools/cliopt.c).
+ * (cli_run_parse in tools/attn/cli_run.c, over cli_scan in tools/attn/cliopt.c).
  *
  * The input is split at its NUL bytes into arguments (at most 64) after "run". The parser
  * must return 0 or the usage status 2, never read past an argument, and on success give

@@ -1,5 +1,5 @@
 /*
- * fuzz_npy.c — libFuzzer harness of the .npy reader (tools/npy.c).
+ * fuzz_npy.c — libFuzzer harness of the .npy reader (tools/attn/npy.c).
  *
  * Each input is written to a file and read with npy_read. A refused file must leave the
  * array empty and give a one-line reason; an accepted one must be self-consistent (count

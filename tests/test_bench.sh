@@ -236,7 +236,7 @@ expect "--vs torch: a side that does not answer the hello" 1 "$ATTN" bench --qui
 expect "--vs torch without the venv" 2 "$ATTN" bench --quick --vs torch --python /nonexistent/python \
     --torch-script /nonexistent/script.py
 
-# ---- additive attention's rows (tools/bench_additive.c) ------------------------------------
+# ---- additive attention's rows (bench/bench_additive.c) ------------------------------------
 expect "bench --additive --quick" 0 "$ATTN" bench --additive --quick --reps 1
 if grep -q "check O .* ok" out.txt && grep -q "forward (fused)" out.txt &&
     grep -q "tight tanh loop" out.txt; then ok "bench --additive prints its checks and rows"
@@ -245,7 +245,7 @@ expect "bench --additive --plant-error fails its check" 1 "$ATTN" bench --additi
     --plant-error
 expect "bench --additive --reps 0" 2 "$ATTN" bench --additive --reps 0
 
-# ---- the q8_0 cache's decoding rows (tools/bench_q8.c) ---------------------------------------
+# ---- the q8_0 cache's decoding rows (bench/bench_q8.c) ---------------------------------------
 expect "bench --q8 --quick" 0 "$ATTN" bench --q8 --quick --reps 1
 if grep -q "q8_0 .*uniform data: fused vs float64 .* ok" out.txt && grep -q "^  q8_0 .*bfloat16's speed" out.txt; then
     ok "bench --q8 prints its checks and rows"
@@ -253,7 +253,7 @@ else bad "bench --q8 output"; sed 's/^/    /' out.txt | tail -8; fi
 expect "bench --q8 --plant-error fails its check" 1 "$ATTN" bench --q8 --quick --reps 1 --plant-error
 expect "bench --q8 --reps 0" 2 "$ATTN" bench --q8 --reps 0
 
-# ---- the paged cache's decoding rows (tools/bench_paged.c) -----------------------------------
+# ---- the paged cache's decoding rows (bench/bench_paged.c) -----------------------------------
 expect "bench --paged --quick" 0 "$ATTN" bench --paged --quick --reps 1
 if grep -q "decode B=1 Lk=4096 float32  paged 16 .*paged/contig" out.txt &&
     grep -q "decode B=1 Lk=4096 bfloat16 paged 256 .*paged/contig" out.txt; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_bench_viz.sh — `attn bench --viz` (tools/bench_viz.c), the 100K-token picture's
+# test_bench_viz.sh — `attn bench --viz` (bench/bench_viz.c), the 100K-token picture's
 #                     benchmark, at --quick's 4096 tokens: that it runs, checks its grid
 #                     (and fails on a planted LSE error), reports its peak memory against
 #                     the bound (and fails when the bound is below it), refuses bad options.

@@ -9,7 +9,7 @@
  *    each 16-bit combination (float16 / bfloat16 K and V under float16, bfloat16 or
  *    float32 queries, 16-bit or float32 outputs, both precision levels, both paths) has
  *    a max error against the float64 oracle at most twice that of a naive
- *    implementation computing in the same 16-bit type (tools/naive.c: every
+ *    implementation computing in the same 16-bit type (tools/common/naive.c: every
  *    intermediate rounded to the type, as PyTorch's math path does).
  * 3. The contract's edge cases in 16 bits: fully masked rows exactly 0, NaN stays NaN,
  *    float16 output overflow becomes inf.

@@ -1,6 +1,6 @@
 /*
- * test_model.c — the hand-written layers of `attn train` (tools/model_ops.h) and the
- *                model that composes them with the library's parts (tools/model.c).
+ * test_model.c — the hand-written layers of `attn train` (examples/train/model_ops.h) and the
+ *                model that composes them with the library's parts (examples/train/model.c).
  *
  * What it covers:
  *  1. Each layer's backward against central finite differences of its forward, in
@@ -15,7 +15,7 @@
  *  3. Training is bit-identical on 1 and 2 threads; the model learns a periodic text.
  *  4. Both comparisons reject a planted error.
  * What it is not: a test of the attention gradients (test_backward.c) or of the command
- * (tools/cli_train.c). The model is compiled into this program from tools/model.c.
+ * (examples/train/cli_train.c). The model is compiled into this program from examples/train/model.c.
  */
 #include <math.h>
 #include <stdint.h>
@@ -27,7 +27,7 @@
 #include <omp.h>
 #endif
 
-#include "../tools/model.c"
+#include "model.c" /* examples/train/model.c, on the include path */
 #include "check.h"
 
 #define REAL double

@@ -1,5 +1,5 @@
 /*
- * test_npy.c — unit tests of the .npy reader and writer (tools/npy.c).
+ * test_npy.c — unit tests of the .npy reader and writer (tools/attn/npy.c).
  *
  * What it covers: round-trips of every dtype at rank 0 to 4 and with a zero-length
  * dimension, the byte layout of what is written (version, 64-byte alignment, '\n'),

@@ -1,5 +1,5 @@
 /*
- * test_npy_rows.c — npy_read_rows (tools/npy.c), how each process of `attn ring` reads
+ * test_npy_rows.c — npy_read_rows (tools/attn/npy.c), how each process of `attn ring` reads
  *                   only its rows of a .npy file: the rows of two ranges along an axis
  *                   for every index of the axes before it, against the whole file read
  *                   by npy_read; the file's length along the axis alone (nr = 0); empty

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_ring_cli.sh — `attn ring` (tools/cli_ring_exec.c → tools/mpi/attn_ring.c) under
+# test_ring_cli.sh — `attn ring` (tools/attn/cli_ring_exec.c → tools/mpi/attn_ring.c) under
 #                    mpirun with 1 to 4 processes, against `attn run` on the same files.
 #
 # Usage: bash tests/test_ring_cli.sh [path/to/attn]      (default build/attn)

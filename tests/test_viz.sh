@@ -36,7 +36,7 @@ import numpy as np
 import png_read
 
 MASKED, FRAME = (180, 180, 180), (96, 96, 96)
-ANCHORS = [0xFFFFFF, 0xA8C8F0, 0x3870C8, 0x102050]   # tools/heatmap.c's colour scale
+ANCHORS = [0xFFFFFF, 0xA8C8F0, 0x3870C8, 0x102050]   # tools/attn/heatmap.c's colour scale
 
 def colour(v, vmax=1.0):
     """heat_colour of heatmap.h, as documented: linear between four anchors."""

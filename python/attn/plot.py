@@ -111,7 +111,7 @@ def heatmap(weights: Any, tokens: Optional[Sequence[str]] = None, *, ax: Any = N
     if ax is None:
         n = 16 if blocks else max(S, 4)
         _, ax = plt.subplots(figsize=(1.2 + 0.45 * min(n, 16), 1.0 + 0.45 * min(max(L, 4), 16)))
-    # white, light, mid and dark blue: the scale of tools/heatmap.c
+    # white, light, mid and dark blue: the scale of tools/attn/heatmap.c
     cmap = LinearSegmentedColormap.from_list(
         "attn", ["#FFFFFF", "#A8C8F0", "#3870C8", "#102050"]).with_extremes(bad="#B4B4B4")
     shown = np.ma.masked_invalid(w)

@@ -1,5 +1,5 @@
 /*
- * peak.h — the machine-measuring loops of `attn bench` (tools/cli_bench.c): a
+ * peak.h — the machine-measuring loops of `attn bench` (bench/cli_bench.c): a
  *          register-resident loop of independent float32 FMAs (the FMA peak) and a
  *          streaming read of a large buffer (the read bandwidth), one set per ISA.
  *

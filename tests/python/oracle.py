@@ -180,7 +180,7 @@ def round_to(x, dtype):
 def naive(q, k, v, dtype, mask=None, causal=False, scale=None, gqa=False, align="top-left",
           window=None, softcap=0.0, alibi=None, kv_len=None):
     """The output (float64, values of dtype) of attention computed naively in dtype, as
-    PyTorch's math path does in a 16-bit type (and tools/naive.c): Q·Kᵀ accumulated in
+    PyTorch's math path does in a 16-bit type (and tools/common/naive.c): Q·Kᵀ accumulated in
     float32 and rounded to dtype, scaled and rounded again (softcap, bias: each rounded),
     the softmax in float32 rounded to dtype, P·V accumulated in float32 rounded to dtype.
     A fully masked row gives 0. The yardstick of the half-precision rule."""

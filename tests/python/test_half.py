@@ -2,7 +2,7 @@
 arrays (and ml_dtypes' bfloat16 where it is installed) against the float64 oracle under
 the half-precision rule of the contract — the error at most twice that of a naive
 implementation computing in the same 16-bit type (oracle.naive, as PyTorch's math path
-and tools/naive.c do) — over shapes, masks, GQA and strided views; a float32 query over a
+and tools/common/naive.c do) — over shapes, masks, GQA and strided views; a float32 query over a
 16-bit K/V cache (the float32 tolerance: every product is exact); the dtype of the
 results; mixed key/value dtypes refused; the precision levels ("fast" is "default" bit for
 bit unless value is bfloat16); the contract's edge cases in 16 bits; and the tolerance

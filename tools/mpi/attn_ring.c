@@ -1,5 +1,5 @@
 /*
- * attn_ring.c — attn-ring, what `attn ring` runs (tools/cli_ring_exec.c execs it): `attn
+ * attn_ring.c — attn-ring, what `attn ring` runs (tools/attn/cli_ring_exec.c execs it): `attn
  *               run` over the processes of an MPI communicator with libattn_mpi's ring.
  *
  *   mpirun -n P attn ring --q Q.npy --k K.npy --v V.npy --out O.npy [--lse LSE.npy]

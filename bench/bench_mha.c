@@ -1,7 +1,7 @@
 /*
  * bench_mha.c — `attn bench-mha`: the multi-head module's speed on the layers the module
  *               exists for, beside the machine's fp32 FMA peak and read bandwidth
- *               (measured as `attn bench` does, tools/cli_bench.c).
+ *               (measured as `attn bench` does, bench/cli_bench.c).
  *
  * Rows: BERT-base self-attention (B = 8, L = 512, E = 768, 12 heads, float32): forward,
  * forward with the averaged weights, forward + backward; the forward's parts timed alone

@@ -4,7 +4,7 @@
  *
  * A template, not an ordinary header: there is no include guard on purpose. Define
  * REAL (float or double) and OP(name) (the name of each function, e.g. name##_f), then
- * include it; tools/model.c instantiates it for float (the model), tests/test_model.c
+ * include it; examples/train/model.c instantiates it for float (the model), tests/test_model.c
  * for double (central finite differences need double). Math through <tgmath.h>, so that
  * tanh, exp, log and sqrt follow REAL.
  *

@@ -1,7 +1,7 @@
 /*
  * tolerance.h — the contract's float32 tolerance (docs/CONTRACT.md), written once for the
- *               test suites (tests/check.h: within_f32_tol) and the bench's answer check
- *               (tools/cli_bench.c):
+ *               test suites (tests/support/check.h: within_f32_tol) and the bench's answer check
+ *               (bench/cli_bench.c):
  *
  *   ||got - ref||_F / ||ref||_F <= 1e-6   and   max |got - ref| <= 1e-5 * (1 + max |ref|)
  *

@@ -1,13 +1,14 @@
 /*
  * cli_train.c — `attn train`: trains the small character-level transformer of
- *               tools/model.c on this project's own source text, with the causal mask and
+ *               model.c on this project's own source text, with the causal mask and
  *               with the seed's reversed mask, and compares them (seed 003, exercise 3).
  *
- * It reads the text at run time (src/, include/ and tools/ of the source tree, found from
- * the executable's location or the current directory; or --data), prints the unigram
- * entropy of the characters, trains one model per mask on the same batches, prints the
- * losses as it goes (a progress line on stderr), then both curves side by side, a sample
- * generated one character at a time by each model, and writes the curves as a PNG.
+ * It reads the text at run time (src/, include/, tools/attn/, tools/common/, bench/ and
+ * the examples' folders of the source tree, found from the executable's location or the
+ * current directory; or --data), prints the unigram entropy of the characters, trains one
+ * model per mask on the same batches, prints the losses as it goes (a progress line on
+ * stderr), then both curves side by side, a sample generated one character at a time by
+ * each model, and writes the curves as a PNG.
  * What it is not: a general trainer (one architecture; sizes are options) or a test (the
  * model's gradients are checked by tests/test_model.c).
  */
@@ -47,7 +48,7 @@ static const char USAGE[] =
     "  --mask causal|reversed  train that model only (default: both, compared)\n"
     "  --compare               both (the default)\n"
     "  --data PATH[,PATH...]   text files, or directories whose *.c, *.h, *.md, *.txt files are\n"
-    "                          read (default: src, include and tools of this source tree)\n"
+    "                          read (default: the sources of this tree, src to examples)\n"
     "  --steps N               optimizer steps per model (default 300)\n"
     "  --batch B --ctx T       sequences per step and their length (default 16, 128)\n"
     "  --d-model C --heads H --layers L   the model (default 128, 4, 2)\n"
@@ -207,13 +208,16 @@ static int load_text(const train_opts *o, text *t) {
                         "next to the executable or in the current directory; give --data\n");
         return -1;
     }
-    static const char *const dirs[] = {"src", "include", "tools"};
-    for (int k = 0; k < 3; k++) {
+    /* the library and the programs outside it (README.md's "Layout"), each folder's own
+     * files in name order */
+    static const char *const dirs[] = {"src",   "include",        "tools/attn",      "tools/common",
+                                       "bench", "examples/train", "examples/seq2seq"};
+    for (int k = 0; k < (int)(sizeof dirs / sizeof dirs[0]); k++) {
         char p[PATH_MAX + 16];
         snprintf(p, sizeof p, "%s/%s", root, dirs[k]);
         if (append_path(t, p) != 0) return -1;
     }
-    snprintf(t->what, sizeof t->what, "the project's src/, include/ and tools/");
+    snprintf(t->what, sizeof t->what, "the project's src/, include/, tools/, bench/ and examples/");
     return 0;
 }
 

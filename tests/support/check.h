@@ -1,7 +1,7 @@
 /*
  * check.h — the test suites' small framework: counted checks, a closing
  *           "<suite>: N passed, N failed" line, and the contract's float32 tolerance
- *           on a float64 reference (the rule itself is tools/tolerance.h).
+ *           on a float64 reference (the rule itself is tools/common/tolerance.h).
  * Header-only; each test program includes it once.
  */
 #ifndef ATTN_TEST_CHECK_H
@@ -41,7 +41,7 @@ static inline int check_summary(const char *suite) {
     return g_fail != 0;
 }
 
-/* The contract's float32 tolerance (tools/tolerance.h) against a float64 reference:
+/* The contract's float32 tolerance (tools/common/tolerance.h) against a float64 reference:
  * 1 when within it; fills *r (when not NULL) for messages. */
 static inline int within_f32_tol(const float *got, const double *ref, int64_t n, tol_result *r) {
     tol_acc a = tol_start();

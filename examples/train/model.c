@@ -2,7 +2,7 @@
  * model.c — `attn train`'s transformer (model.h): parameters, activations, the forward
  *           and backward passes of the whole network, AdamW.
  *
- * The embeddings, layer norms, GELU and cross-entropy are tools/model_ops.h,
+ * The embeddings, layer norms, GELU and cross-entropy are examples/train/model_ops.h,
  * instantiated here for float; every matrix product is the library's BLAS door
  * (attn_gemm_f32, src/blas.h). Each block's attention layer is the library's multi-head
  * module (attn_mha_forward / attn_mha_backward): W_Q, W_K and W_V are the three column
@@ -10,7 +10,7 @@
  * gradients written the same way into the packed gradient. The module keeps nothing
  * between calls: its backward recomputes the block's projections and attention from ln1.
  * What it is not: a general framework (one architecture, float32, sizes fixed at
- * creation) or the sampler and the training loop (tools/cli_train.c).
+ * creation) or the sampler and the training loop (examples/train/cli_train.c).
  */
 #include <math.h>
 #include <stdio.h>

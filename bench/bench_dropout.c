@@ -8,7 +8,7 @@
  *     LSE) and backward;
  *   - the answer is checked first on a smaller case (B = 1, H = 2, L = 160, D = 32, causal,
  *     p = 0.1): the fused O and dQ, dK, dV against the reference path with the same mask,
- *     the contract's float32 tolerance (tools/tolerance.h); --plant-error perturbs the
+ *     the contract's float32 tolerance (tools/common/tolerance.h); --plant-error perturbs the
  *     fused O first, and the check must fail;
  *   - one warm-up call, then --reps timed calls (default 5) per row; the median wall time
  *     and the median CPU time of the process (all threads: the fairer figure on a machine

@@ -16,7 +16,7 @@
  *     one second has been timed, at most 50); the median is reported, min and max too;
  *   - 16-bit rows (bfloat16/float16 Q and/or K, V) are checked against the float64
  *     reference of the same 16-bit inputs by the half-precision rule of the contract: max
- *     error at most twice that of a naive same-precision implementation (tools/naive.c) on
+ *     error at most twice that of a naive same-precision implementation (tools/common/naive.c) on
  *     the checked part; each reports its speed over the float32 row of the same shape;
  *   - bwd-* rows time attn_backward alone (O and LSE made once by the forward) and check
  *     dQ, dK, dV against the reference backward at the contract's tolerance, on all rows
@@ -546,7 +546,7 @@ static int prepare_backward(bench_case *c, case_buffers *cb, int threads) {
     return 0;
 }
 
-/* The contract's float32 tolerance (tools/tolerance.h) on n values against ref; the
+/* The contract's float32 tolerance (tools/common/tolerance.h) on n values against ref; the
  * worst so far is kept in c (a non-finite mismatch counts as an infinite error). */
 static bool within_f32(bench_case *c, const float *got, const float *ref, int64_t n) {
     tol_acc acc = tol_start();
@@ -654,7 +654,7 @@ static int check_case(bench_case *c, case_buffers *cb, int threads, bool plant,
     }
     /* 16-bit: the half-precision rule of the contract (tests/test_half.c): max error
      * against float64 at most twice that of a naive implementation computing in the same
-     * 16-bit type (tools/naive.c, the KV type), on the same inputs and the same part,
+     * 16-bit type (tools/common/naive.c, the KV type), on the same inputs and the same part,
      * plus float32 noise (2^-23 (1 + max|ref|)) for where the naive one happens to be exact */
     const int64_t nq = p.b * p.hq * p.rows * c->Dk;
     float *q32 = malloc((size_t)(nq + n_ref) * sizeof(float) + 64);
@@ -967,17 +967,17 @@ static void print_table(FILE *f, const machine *m, const bench_case *c, int n, c
 /* ---- main --------------------------------------------------------------------------- */
 
 int cli_bench(int argc, char **argv) {
-    /* additive attention's rows have their own file (tools/bench_additive.c) */
+    /* additive attention's rows have their own file (bench/bench_additive.c) */
     if (argc > 1 && strcmp(argv[1], "--additive") == 0) return bench_additive(argc - 1, argv + 1);
-    /* the paged cache's decoding rows: tools/bench_paged.c */
+    /* the paged cache's decoding rows: bench/bench_paged.c */
     if (argc > 1 && strcmp(argv[1], "--paged") == 0) return bench_paged(argc - 1, argv + 1);
-    /* the q8_0 cache's decoding rows: tools/bench_q8.c */
+    /* the q8_0 cache's decoding rows: bench/bench_q8.c */
     if (argc > 1 && strcmp(argv[1], "--q8") == 0) return bench_q8(argc - 1, argv + 1);
-    /* dropout's cost: tools/bench_dropout.c */
+    /* dropout's cost: bench/bench_dropout.c */
     if (argc > 1 && strcmp(argv[1], "--dropout") == 0) return bench_dropout(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "masks") == 0) return cli_bench_masks(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "--head-dims") == 0) return bench_head_dims(argc - 1, argv + 1);
-    /* the 100K-token picture's cost (tools/bench_viz.c) */
+    /* the 100K-token picture's cost (bench/bench_viz.c) */
     if (argc > 1 && strcmp(argv[1], "--viz") == 0) return bench_viz(argc - 1, argv + 1);
     bench_args a = {0};
     int rc = parse_args(argc, argv, &a);

@@ -6,7 +6,7 @@
  *     queries and output (--quick: Lk = 2048); K and V drawn uniform in [-1, 1), the
  *     bfloat16 cache their rounding, the q8_0 cache attn_quantize_q8_0 of them;
  *   - first each cache's fused answer is checked against ATTN_PATH_REFERENCE over the
- *     same cache (the contract's float32 tolerance, tools/tolerance.h); --plant-error
+ *     same cache (the contract's float32 tolerance, tools/common/tolerance.h); --plant-error
  *     moves one output first and must fail; then the quantization error is printed: O of
  *     the bfloat16 and q8_0 caches against O of the float32 cache (relative Frobenius and
  *     max |diff|), on uniform and on normal data;

@@ -1,5 +1,5 @@
 /*
- * cli_run.h — the options of `attn run` (tools/cli_run.c), parsed apart from the run, so
+ * cli_run.h — the options of `attn run` (tools/attn/cli_run.c), parsed apart from the run, so
  *             that a test or a fuzzer can call the parser without reading any file. The
  *             options themselves (run_args) are run_args.h's, shared with `attn viz`.
  */

@@ -37,7 +37,7 @@ int npy_write(const char *path, attn_dtype dtype, int ndim, const int64_t *shape
               const void *data, char *err, size_t errlen);
 
 /* The same file written to fd, which is closed in every case; nothing is renamed. For a
- * caller that places and renames its own temporary files (tools/cli_files.c). */
+ * caller that places and renames its own temporary files (tools/attn/cli_files.c). */
 int npy_write_fd(int fd, attn_dtype dtype, int ndim, const int64_t *shape, const void *data,
                  char *err, size_t errlen);
 

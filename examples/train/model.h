@@ -6,7 +6,7 @@
  *           cross-entropy, AdamW.
  *
  * What it is not: a framework. One model, float32, its products through the library's
- * BLAS, its other layers' forward and backward written by hand (tools/model_ops.h),
+ * BLAS, its other layers' forward and backward written by hand (examples/train/model_ops.h),
  * its activations allocated once for `batch`
  * sequences of `ctx` tokens. Deterministic: the same seed and data give the same bits on
  * any thread count (every loop and the library are).

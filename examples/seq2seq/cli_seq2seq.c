@@ -16,7 +16,7 @@
  *             s_t = GRU_dec([emb_dec[y_{t-1}]; c_t], s_{t-1})   (y_0 = START; teacher forcing)
  *             logits_t = [s_t; c_t] Wo + bo,  loss = mean cross-entropy
  * attention is attn_additive_forward / attn_additive_backward (one call per decoder step,
- * Lq = 1); the dense layers and the cross-entropy are tools/model_ops.h's (instantiated
+ * Lq = 1); the dense layers and the cross-entropy are examples/train/model_ops.h's (instantiated
  * here for float). What it is not: a general RNN library, or fast.
  */
 #include <math.h>

@@ -1,6 +1,6 @@
 /*
  * bench_peer.c — the PyTorch peer of `attn bench --vs torch` (bench_peer.h): the child
- *                process, its JSON Lines protocol (read through tools/json.c) and the
+ *                process, its JSON Lines protocol (read through tools/common/json.c) and the
  *                --setup-torch venv.
  */
 #include "bench_peer.h"

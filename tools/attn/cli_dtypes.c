@@ -4,7 +4,7 @@
  * "Compare the one-line SDPA and the hand-written attention in fp32, fp16 and bf16:
  * which dtype differs most?" One set of random inputs is rounded to each type and run
  * through the fused path (both precision levels) and through a naive implementation
- * computing in that same type (tools/naive.c); each result's error against the float64
+ * computing in that same type (tools/common/naive.c); each result's error against the float64
  * reference of the float32 inputs is printed, then the fused-vs-naive difference per
  * type, then which type drifts most and why, from the measured numbers.
  */

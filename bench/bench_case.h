@@ -1,5 +1,5 @@
 /*
- * bench_case.h — one case of `attn bench`'s sweep (tools/cli_bench.c): its shape, mask,
+ * bench_case.h — one case of `attn bench`'s sweep (bench/cli_bench.c): its shape, mask,
  *                dtypes and direction, and what the run found (the check, the pooled
  *                times of both sides). Shared with the PyTorch peer (bench_peer.c).
  */
