@@ -172,29 +172,31 @@ static attn_tensor bytes_view(void *p, size_t n) {
     return (attn_tensor){p, ATTN_BOOL, {(int64_t)n, 1, 1, 1}, {1, 1, 1, 1}};
 }
 
-/* o and lse overlap no input, each other or the workspace (the sub-calls check the
- * inputs against the workspace, and their outputs are the workspace's own). */
+/* o, lse and a caller's workspace overlap no input and no other of the three (the
+ * sub-calls check their own arguments again; the copy of q is written before the prefix
+ * call's check, so the workspace is checked here). */
 static attn_status check_aliasing(const attn_tensor *q, const attn_cascade_kv *prefix,
                                   const attn_cascade_kv *suffix, const attn_tensor *o,
                                   const attn_options *opt, const attn_tensor *ws) {
-    const attn_tensor *in[10] = {q, opt->sinks, ws};
-    int n = 3;
+    const attn_tensor *in[10] = {q, opt->sinks};
+    int n = 2;
     const attn_cascade_kv *parts[2] = {present(prefix) ? prefix : NULL, present(suffix) ? suffix : NULL};
     for (int p = 0; p < 2; p++)
         if (parts[p]) {
             in[n++] = parts[p]->k, in[n++] = parts[p]->v;
             in[n++] = parts[p]->block_table, in[n++] = parts[p]->kv_len;
         }
-    const attn_tensor *out[2] = {o, opt->lse};
-    for (int a = 0; a < 2; a++) {
+    const attn_tensor *out[3] = {o, opt->lse, ws};
+    static const char *const names[3] = {"o", "options.lse", "options.workspace"};
+    for (int a = 0; a < 3; a++) {
         if (!out[a]) continue;
         for (int b = 0; b < n; b++)
             if (in[b] && attn_views_overlap(out[a], in[b]))
-                return attn_fail(ATTN_ERR_STRIDE, "cascade: %s overlaps an input or the workspace",
-                                 a ? "options.lse" : "o");
+                return attn_fail(ATTN_ERR_STRIDE, "cascade: %s overlaps an input", names[a]);
+        for (int b = a + 1; b < 3; b++)
+            if (out[b] && attn_views_overlap(out[a], out[b]))
+                return attn_fail(ATTN_ERR_STRIDE, "cascade: %s overlaps %s", names[a], names[b]);
     }
-    if (opt->lse && attn_views_overlap(o, opt->lse))
-        return attn_fail(ATTN_ERR_STRIDE, "cascade: o overlaps options.lse");
     return ATTN_OK;
 }
 

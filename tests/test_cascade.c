@@ -443,6 +443,10 @@ static void workspace_and_errors(void) {
     fill_sentinel(o, t.no);
     CHECK(attn_cascade_forward(&t.tq, &t.pre.kv, &t.suf.kv, &to, &bad) == ATTN_ERR_STRIDE &&
           count_written(o, t.no) == 0, "lse overlapping o: %s", attn_last_error());
+    /* a caller's workspace over the suffixes' keys */
+    bad = opt, bad.workspace = t.suf.k, bad.workspace_bytes = need;
+    REFUSED(ATTN_ERR_STRIDE, attn_cascade_forward(&t.tq, &t.pre.kv, &t.suf.kv, &to, &bad),
+            "workspace overlapping an input");
     attn_tensor t64 = t.tq;
     t64.dtype = ATTN_F64;
     REFUSED(ATTN_ERR_DTYPE, attn_cascade_forward(&t64, &t.pre.kv, &t.suf.kv, &to, &opt), "float64 q");
