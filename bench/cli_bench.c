@@ -973,6 +973,8 @@ int cli_bench(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--paged") == 0) return bench_paged(argc - 1, argv + 1);
     /* the q8_0 cache's decoding rows: bench/bench_q8.c */
     if (argc > 1 && strcmp(argv[1], "--q8") == 0) return bench_q8(argc - 1, argv + 1);
+    /* shared-prefix (cascade) decoding rows: bench/bench_cascade.c */
+    if (argc > 1 && strcmp(argv[1], "--cascade") == 0) return bench_cascade(argc - 1, argv + 1);
     /* dropout's cost: bench/bench_dropout.c */
     if (argc > 1 && strcmp(argv[1], "--dropout") == 0) return bench_dropout(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "masks") == 0) return cli_bench_masks(argc - 1, argv + 1);

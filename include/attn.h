@@ -344,6 +344,42 @@ ATTN_API attn_status attn_dequantize_q8_0(const attn_tensor *src, const attn_ten
 ATTN_API attn_status attn_merge(int64_t n, const attn_tensor *o_parts,
                                 const attn_tensor *lse_parts, const attn_tensor *o,
                                 const attn_tensor *lse, int32_t threads);
+
+/* Shared-prefix (cascade) attention: B sequences whose keys are one prefix they all share
+ * followed by each one's own suffix. The result is attn_forward of each sequence over
+ * its concatenated keys [prefix; suffix_b], computed as one call over the prefix with
+ * every sequence's queries as rows of one batch (each prefix key read once for all B),
+ * one batched call over the suffixes, and attn_merge (docs/CONTRACT.md, "Shared-prefix
+ * (cascade) attention"). A part is its keys and values, contiguous or page pools:
+ *   k, v          prefix: [1, Hkv, P, Dk], [1, Hkv, P, Dv]; suffixes: [B, Hkv, S, ·];
+ *                 or page pools [num_pages, Hkv, page_size, ·] with block_table
+ *   block_table   NULL, or ATTN_I32 as attn_options.block_table: {1, max_pages} for the
+ *                 prefix, {B, max_pages} for the suffixes
+ *   kv_len        NULL (all keys), or the valid keys as attn_options.kv_len: {1} for
+ *                 the prefix, {B} for the suffixes
+ * A NULL part (or one with k and v NULL) has no keys. Each part's k and v may have their
+ * own dtype (float32, float16, bfloat16 or q8_0, k and v alike). */
+typedef struct attn_cascade_kv {
+    const attn_tensor *k, *v;
+    const attn_tensor *block_table;
+    const attn_tensor *kv_len;
+} attn_cascade_kv;
+
+/*   q [B, Hq, Lq, Dk]   o [B, Hq, Lq, Dv]   float32, float16 or bfloat16, any strides
+ * opt: scale, softcap, sinks (folded once per row), lse [B, Hq, Lq] (float32), causal
+ * (bottom-right only, each suffix then holding S_b >= Lq - 1 keys so that every row sees
+ * the whole prefix), path, precision, threads, workspace (attn_cascade_forward_workspace_
+ * size). Refused: mask, bias, alibi_slopes, a window, weights, dropout (UNSUPPORTED);
+ * opt->kv_len, opt->block_table (VALUE: each part has its own). On error nothing is
+ * written to o or lse. */
+ATTN_API attn_status attn_cascade_forward(const attn_tensor *q, const attn_cascade_kv *prefix,
+                                          const attn_cascade_kv *suffix, const attn_tensor *o,
+                                          const attn_options *opt);
+ATTN_API attn_status attn_cascade_forward_workspace_size(const attn_tensor *q,
+                                                         const attn_cascade_kv *prefix,
+                                                         const attn_cascade_kv *suffix,
+                                                         const attn_tensor *o,
+                                                         const attn_options *opt, size_t *bytes);
 /* ---- attention weights from the LSE, in blocks --------------------------------------
  * The weights p_ij = exp(s_ij - lse_i) of a forward call, recomputed from its LSE in one
  * pass over K and reduced over blocks: cell (r, c) of grid covers rows i with

@@ -262,5 +262,14 @@ else bad "bench --paged output"; sed 's/^/    /' out.txt | tail -8; fi
 expect "bench --paged --plant-error fails its check" 1 "$ATTN" bench --paged --quick --reps 1 --plant-error
 expect "bench --paged --reps 0" 2 "$ATTN" bench --paged --reps 0
 
+# ---- shared-prefix (cascade) decoding rows (bench/bench_cascade.c) -----------------------------
+expect "bench --cascade --quick" 0 "$ATTN" bench --cascade --quick --reps 1
+if [ "$(grep -c "check against the float64 path: per-seq ok .* paged ok .* cascade ok .* cascade-paged ok" out.txt)" -eq 2 ] &&
+    [ "$(grep -c "^  cascade .*x$" out.txt)" -eq 2 ] && grep -q "speedup <= .*flop/byte" out.txt; then
+    ok "bench --cascade prints its checks, rows and bound for both caches"
+else bad "bench --cascade output"; sed 's/^/    /' out.txt | tail -8; fi
+expect "bench --cascade --plant-error fails its check" 1 "$ATTN" bench --cascade --quick --reps 1 --plant-error
+expect "bench --cascade --reps 0" 2 "$ATTN" bench --cascade --reps 0
+
 echo "bench: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

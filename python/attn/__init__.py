@@ -512,6 +512,10 @@ __all__ += ["additive_attention", "additive_attention_grad"]
 from ._kvcache import attention_with_kvcache  # noqa: E402
 __all__ += ["attention_with_kvcache"]
 
+# merging partial results by their LSE, and shared-prefix decoding (python/attn/_merge.py)
+from ._merge import cascade_attention, merge_attention_states  # noqa: E402
+__all__ += ["merge_attention_states", "cascade_attention"]
+
 # ---- the multi-head attention layer (python/attn/mha.py; attn.nn for PyTorch) -----------
 from .mha import multi_head_attention, multi_head_attention_grad  # noqa: E402
 
