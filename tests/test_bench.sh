@@ -278,11 +278,11 @@ for line in sys.stdin:
         for k in ("o", "dq", "dk", "dv", "dW", "dU", "dvv", "db"):  # attn's answers handed back
             for to in ("torch_", "ref_"):  # as its answers and as the float64 ones
                 shutil.copy(os.path.join(d, "attn_%s.f32" % k), os.path.join(d, to + k + ".f32"))
-        if wrong:  # one value of one file (torch_<name> or ref_<name>) moved by 1e-3 (1 + max)
+        if wrong:  # one value of one file (torch_<name> or ref_<name>) moved by 1e-2 (1 + max)
             raw = bytearray(open(os.path.join(d, wrong + ".f32"), "rb").read())
             top = max(abs(y) for y in struct.unpack("<%df" % (len(raw) // 4), raw))
             x = struct.unpack_from("<f", raw, 4 * 5)[0]
-            struct.pack_into("<f", raw, 4 * 5, x + 1e-3 * (1 + top))
+            struct.pack_into("<f", raw, 4 * 5, x + 1e-2 * (1 + top))
             open(os.path.join(d, wrong + ".f32"), "wb").write(raw)
         print(json.dumps({"ok": 1, "peak_forward_bytes": 3 * 1048576, "peak_train_bytes": -1}), flush=True)
     else:  # a fixed time per call: the ratio must be the bench's arithmetic on it

@@ -115,7 +115,9 @@ static attn_status bwd(add_case *c, attn_path path, int threads) {
                                   &c->tdq, &c->tdk, &c->tdv, &c->g, &opt);
 }
 
-static bool within(const char *what, const float *got, const float *ref, int64_t n) {
+/* The additive tolerance of docs/CONTRACT.md, times `loose` (1 for attn's answers). */
+static bool within_x(const char *what, const float *got, const float *ref, int64_t n,
+                     double loose) {
     double num = 0, den = 0, mx = 0, mref = 0;
     for (int64_t i = 0; i < n; i++) {
         const double d = fabs((double)got[i] - ref[i]);
@@ -125,9 +127,13 @@ static bool within(const char *what, const float *got, const float *ref, int64_t
         if (fabs(ref[i]) > mref) mref = fabs(ref[i]);
     }
     const double rel = sqrt(num / (den > 0 ? den : 1));
-    const bool ok = rel <= 1e-5 && mx <= 1e-4 * (1 + mref);
+    const bool ok = rel <= 1e-5 * loose && mx <= 1e-4 * loose * (1 + mref);
     printf("  check %-9s relative %.2e  max %.2e  %s\n", what, rel, mx, ok ? "ok" : "FAILED");
     return ok;
+}
+
+static bool within(const char *what, const float *got, const float *ref, int64_t n) {
+    return within_x(what, got, ref, n, 1);
 }
 
 /* Batch 0 of the case against the float64 path: O, then every gradient. */
@@ -362,17 +368,24 @@ static int vs_torch(add_case *c, torch_proc *tp, int threads, int nt, int reps, 
         json_free(j);
     }
     /* attn's answers and PyTorch's, every batch and the weights' gradients summed over
-     * them, against the float64 evaluation of the PyTorch side, at the additive tolerance */
+     * them, against the float64 evaluation of the PyTorch side: attn's at the additive
+     * tolerance, PyTorch's at 10 times it (the check is that it computes the same
+     * function; its float32 sum of d_v over the B Lq Lk pairs is off by 2.3e-5 relative
+     * at the issue's shape, where attn's partial sums give 1.5e-6) */
     for (int i = 0; ok && i < 8; i++) {
         float *t = read_answer(dir, "torch_", names[i], sizes[i]);
         float *r = t ? read_answer(dir, "ref_", names[i], sizes[i]) : NULL;
         if (r) {
-            if (plant && i == 0) t[17] += 1e-3f * (1.0f + fabsf(t[17]));
+            if (plant && i == 0) {  /* twice PyTorch's max tolerance */
+                float top = 0.0f;
+                for (int64_t e = 0; e < sizes[i]; e++) top = fmaxf(top, fabsf(r[e]));
+                t[17] += 2e-3f * (1.0f + top);
+            }
             char what[32];
             snprintf(what, sizeof what, "%-3s attn", names[i]);
             ok &= within(what, mine[i], r, sizes[i]);
             snprintf(what, sizeof what, "%-3s torch", names[i]);
-            ok &= within(what, t, r, sizes[i]);
+            ok &= within_x(what, t, r, sizes[i], 10);
         } else {
             ok = false;
         }
