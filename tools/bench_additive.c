@@ -28,6 +28,7 @@
  *     Both sides get the key lengths (all Lk) in this mode.
  * What it is not: a test (no time limit anywhere).
  */
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <omp.h>
@@ -240,9 +241,12 @@ static long status_kib(const char *field) {
  * it, in bytes (the method of scripts/bench_additive_torch.py); -1 if /proc cannot tell. */
 static double peak_of(void (*fn)(add_case *, int), add_case *c, int threads) {
     const long rss = status_kib("VmRSS");
-    FILE *f = fopen("/proc/self/clear_refs", "w");
-    const bool reset = f && fputs("5", f) >= 0 && fclose(f) == 0;
-    if (f && !reset) f = NULL;
+    FILE *f = fopen("/proc/self/clear_refs", "w");  /* "5" resets VmHWM (Linux >= 4.0) */
+    bool reset = false;
+    if (f) {
+        reset = fputs("5", f) >= 0;
+        reset = fclose(f) == 0 && reset;
+    }
     fn(c, threads);
     const long hwm = status_kib("VmHWM");
     if (!reset || rss < 0 || hwm < 0) return -1;
@@ -320,6 +324,25 @@ static double torch_time(torch_proc *tp, const char *what) {
     return s;
 }
 
+/* The files the two sides wrote into dir, then dir itself. */
+static void remove_folder(const char *dir, const char *const names[8]) {
+    static const char *const inputs[] = {"q.f32", "k.f32", "v.f32", "W.f32", "U.f32",
+                                         "vv.f32", "b.f32", "d_o.f32", "key_len.i64"};
+    static const char *const prefixes[] = {"attn_", "torch_", "ref_"};
+    char path[PATH_MAX + 64];
+    for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, inputs[i]);
+        unlink(path);
+    }
+    for (int p = 0; p < 3; p++)
+        for (int i = 0; i < 8; i++) {
+            snprintf(path, sizeof path, "%s/%s%s.f32", dir, prefixes[p], names[i]);
+            unlink(path);
+        }
+    if (rmdir(dir) != 0)
+        fprintf(stderr, "attn: bench --additive: could not remove %s: %s\n", dir, strerror(errno));
+}
+
 typedef struct torch_args {
     const char *vs, *python, *script;
     bool plant;   /* --plant-torch-error */
@@ -331,7 +354,9 @@ typedef struct torch_args {
 static int vs_torch(add_case *c, torch_proc *tp, int threads, int nt, int reps, bool plant,
                     double attn_peak_f, double attn_peak_t) {
     const int64_t B = c->B, L = c->L, D = c->D, A = c->A, n = B * L * D, nw = D * A;
-    char dir[] = "/tmp/attn_bench_additive.XXXXXX";
+    char dir[PATH_MAX];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/attn_bench_additive.XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(dir)) return fprintf(stderr, "attn: bench --additive: mkdtemp failed\n"), 1;
     const size_t f4 = sizeof(float);
     bool ok = write_raw(dir, "q.f32", c->q, (size_t)n * f4) &&
@@ -392,9 +417,7 @@ static int vs_torch(add_case *c, torch_proc *tp, int threads, int nt, int reps, 
         free(t);
         free(r);
     }
-    char rm[PATH_MAX + 64];
-    snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
-    if (system(rm) != 0) fprintf(stderr, "attn: bench --additive: could not remove %s\n", dir);
+    remove_folder(dir, names);
     if (!ok) return printf("check FAILED: PyTorch's answer is not attn's: nothing timed\n"), 1;
 
     /* one attn call, one PyTorch call, in turn, after a warm-up of each */
