@@ -205,8 +205,8 @@ static void fold_tile(const attn_additive_params *p, row_state *s, int64_t b, in
         if (pj == 0.0f) continue;  /* masked or underflowed: its V row is not read */
         ps += pj;
         const float *v_j = p->val + b * p->val_s[0] + (j0 + j) * p->val_s[2];
-        if (p->val_s[3] == 1)  /* the common layout, as a loop the compiler vectorizes */
-            for (int64_t d = 0; d < Dv; d++) s->tmp[d] += pj * v_j[d];
+        if (p->val_s[3] == 1)  /* the common layout: the ISA's kernel */
+            p->kern->axpy(Dv, pj, v_j, s->tmp);
         else
             for (int64_t d = 0; d < Dv; d++) s->tmp[d] += pj * v_j[d * p->val_s[3]];
     }

@@ -47,7 +47,9 @@ typedef struct attn_additive_params {
  *                      dkpt[a*lddk + j] += u[a][j]        (dkpt may be NULL)
  *                      dvt[a] += sum_j de[j] * t[a][j]    (dvt may be NULL)
  *                      (the sums over j in a fixed lane order, see additive_kernel.h)
- *   dot(n, x, y)       sum_d x[d] y[d] of unit-stride vectors, in the same lane order    */
+ *   dot(n, x, y)       sum_d x[d] y[d] of unit-stride vectors, in the same lane order
+ *   axpy(n, a, x, y)   y[d] += a * x[d] for d < n, unit stride, each d on its own (a
+ *                      fused multiply-add where the ISA has one): P V and dV's rows     */
 typedef struct attn_additive_kernels {
     const char *name;
     void (*tanh)(int64_t n, const float *x, float *y);
@@ -56,6 +58,7 @@ typedef struct attn_additive_kernels {
     void (*grad)(int64_t nk, int64_t A, const float *t, const float *de, const float *vt,
                  float *dqp, float *dkpt, int64_t lddk, float *dvt);
     float (*dot)(int64_t n, const float *x, const float *y);
+    void (*axpy)(int64_t n, float a, const float *x, float *y);
 } attn_additive_kernels;
 
 ATTN_PRIVATE extern const attn_additive_kernels attn_additive_kernels_generic;

@@ -103,8 +103,8 @@ static void keys_item(const attn_additive_params *p, const attn_additive_bwd *g,
         for (int64_t j = 0; j < hi - lo; j++) {
             if (w->pr[j] == 0.0f) continue;
             float *dv_j = dval_tile + (lo - t0 + j) * Dv;
-            if (g->d_o_s[3] == 1)  /* the common layout, as a loop the compiler vectorizes */
-                for (int64_t d = 0; d < Dv; d++) dv_j[d] += w->pr[j] * do_i[d];
+            if (g->d_o_s[3] == 1)  /* the common layout: the ISA's kernel */
+                p->kern->axpy(Dv, w->pr[j], do_i, dv_j);
             else
                 for (int64_t d = 0; d < Dv; d++) dv_j[d] += w->pr[j] * do_i[d * g->d_o_s[3]];
         }

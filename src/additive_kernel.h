@@ -154,10 +154,17 @@ static float ADD_NAME(add_dot)(int64_t n, const float *x, const float *y) {
     return s;
 }
 
+/* y[d] += a x[d]: the rows of P V (forward) and of dV (backward), vectorized over d (the
+ * restrict lets the compiler do it without an overlap test) */
+static void ADD_NAME(add_axpy)(int64_t n, float a, const float *x, float *restrict y) {
+    for (int64_t d = 0; d < n; d++) y[d] = ADD_FMA(a, x[d], y[d]);
+}
+
 const attn_additive_kernels ADD_NAME(attn_additive_kernels) = {
     .name = ADD_STR(ADD_SUFFIX),
     .tanh = ADD_NAME(add_tanh),
     .score = ADD_NAME(add_score),
     .grad = ADD_NAME(add_grad),
     .dot = ADD_NAME(add_dot),
+    .axpy = ADD_NAME(add_axpy),
 };

@@ -244,6 +244,73 @@ else bad "bench --additive output"; sed 's/^/    /' out.txt | tail -8; fi
 expect "bench --additive --plant-error fails its check" 1 "$ATTN" bench --additive --quick --reps 1 \
     --plant-error
 expect "bench --additive --reps 0" 2 "$ATTN" bench --additive --reps 0
+# --vs torch: the option parses; without torch it fails cleanly, nothing timed; the protocol
+# and the check of PyTorch's answers through a stand-in that hands attn's own answers back
+expect "bench --additive --help" 0 "$ATTN" bench --additive --help
+grep -q -- '--vs torch' out.txt && ok "  --help names --vs torch" || bad "  --help: no --vs torch"
+expect "bench --additive --vs tf" 2 "$ATTN" bench --additive --quick --vs tf
+expect "bench --additive --python without --vs torch" 2 "$ATTN" bench --additive --quick --python python3
+expect "bench --additive --vs torch: no such script" 2 "$ATTN" bench --additive --quick --vs torch \
+    --python python3 --torch-script /nonexistent/script.py
+if python3 -c 'import torch' 2>/dev/null; then
+    echo "ok - (skipped: this python3 has torch, the no-torch failure cannot be seen with it)"
+else
+    expect "bench --additive --vs torch with a python without torch: exit 1" 1 "$ATTN" bench \
+        --additive --quick --reps 1 --vs torch --python python3
+    if grep -q "cannot import torch" err.txt && ! grep -q "check O" out.txt; then
+        ok "  told why on stderr, before anything ran"
+    else bad "  no reason, or it went on"; sed 's/^/    /' err.txt out.txt | tail -5; fi
+fi
+cat > fake_additive.py <<'EOF'
+import json, os, shutil, struct, sys
+hello = json.loads(sys.stdin.readline())
+print(json.dumps({"torch": "0.0-fake", "info": "threads %d" % hello["threads"]}), flush=True)
+wrong = os.environ.get("FAKE_WRONG", "")
+for line in sys.stdin:
+    c = json.loads(line)
+    if "load" in c:
+        d = c["load"]
+        assert c["Lq"] == c["Lk"] and c["threads"] == hello["threads"], c
+        assert os.path.getsize(os.path.join(d, "q.f32")) == 4 * c["B"] * c["Lq"] * c["Dq"], c
+        assert os.path.getsize(os.path.join(d, "W.f32")) == 4 * c["Dq"] * c["A"], c
+        lens = struct.unpack("<%dq" % c["B"], open(os.path.join(d, "key_len.i64"), "rb").read())
+        assert all(x == c["Lk"] for x in lens), lens
+        for k in ("o", "dq", "dk", "dv", "dW", "dU", "dvv", "db"):  # attn's answers handed back
+            for to in ("torch_", "ref_"):  # as its answers and as the float64 ones
+                shutil.copy(os.path.join(d, "attn_%s.f32" % k), os.path.join(d, to + k + ".f32"))
+        if wrong:  # one value of one file (torch_<name> or ref_<name>) moved by 1e-2 (1 + max)
+            raw = bytearray(open(os.path.join(d, wrong + ".f32"), "rb").read())
+            top = max(abs(y) for y in struct.unpack("<%df" % (len(raw) // 4), raw))
+            x = struct.unpack_from("<f", raw, 4 * 5)[0]
+            struct.pack_into("<f", raw, 4 * 5, x + 1e-2 * (1 + top))
+            open(os.path.join(d, wrong + ".f32"), "wb").write(raw)
+        print(json.dumps({"ok": 1, "peak_forward_bytes": 3 * 1048576, "peak_train_bytes": -1}), flush=True)
+    else:  # a fixed time per call: the ratio must be the bench's arithmetic on it
+        print(json.dumps({"s": 0.5 if c["time"] == "forward" else 2.0}), flush=True)
+EOF
+expect "bench --additive --vs torch through a stand-in" 0 "$ATTN" bench --additive --quick --reps 3 \
+    --vs torch --python python3 --torch-script fake_additive.py
+pycheck "  PyTorch's answers checked, rows interleaved, the ratio and the peaks printed" '
+import re
+t = open("out.txt").read()
+for k in ("o", "dq", "dk", "dv", "dW", "dU", "dvv", "db"):
+    assert re.search(r"check %-3s torch +relative .* ok" % k, t), k
+assert "vs PyTorch 0.0-fake (threads " in t and "median of 3" in t, t
+f = re.search(r"^  forward +([0-9.]+) +500\.00 +([0-9.]+)x +([0-9.]+) +3\.0$", t, re.M)
+b = re.search(r"^  forward\+backward +([0-9.]+) +2000\.00 +([0-9.]+)x +([0-9.]+) +n/a$", t, re.M)
+assert f and b, t
+for m, s in ((f, 500.0), (b, 2000.0)):
+    assert abs(float(m.group(2)) - s / float(m.group(1))) <= 0.01 * float(m.group(2)) + 0.01, m.group(0)
+'
+for w in torch_o torch_dk torch_dW torch_db torch_dvv ref_o ref_dU; do
+    expect "bench --additive --vs torch: a stand-in wrong in $w fails the check" 1 env FAKE_WRONG=$w \
+        "$ATTN" bench --additive --quick --reps 1 --vs torch --python python3 --torch-script fake_additive.py
+    side=${w%%_*}; side=${side/ref/attn}; name=${w#*_}   # a wrong float64 answer fails attn's check
+    grep -Eq "check $name +$side .*FAILED" out.txt && ! grep -q "vs PyTorch" out.txt &&
+        ok "  $name $side FAILED, nothing timed" || { bad "  $w not refused"; tail -5 out.txt; }
+done
+expect "bench --additive --vs torch --plant-torch-error fails the check" 1 "$ATTN" bench --additive \
+    --quick --reps 1 --vs torch --python python3 --torch-script fake_additive.py --plant-torch-error
 
 # ---- the q8_0 cache's decoding rows (bench/bench_q8.c) ---------------------------------------
 expect "bench --q8 --quick" 0 "$ATTN" bench --q8 --quick --reps 1
