@@ -35,7 +35,7 @@ static attn_status check_pages(const mha_plan *pl, const attn_kv_cache *c, bool 
         return attn_fail(ATTN_ERR_SHAPE, "cache: k pool [%lld pages, .., %lld rows, ..] and v "
                          "pool [%lld, .., %lld, ..] differ", (long long)np, (long long)ps,
                          (long long)c->v.shape[0], (long long)c->v.shape[2]);
-    if (ps == 0) return attn_fail(ATTN_ERR_SHAPE, "cache: a page size of 0");
+    if (ps == 0) return attn_fail(ATTN_ERR_VALUE, "cache: a page size of 0");  // as attn_forward
     if (__builtin_mul_overflow(t->shape[1], ps, Lmax))
         return attn_fail(ATTN_ERR_OVERFLOW, "cache: max_pages * page_size overflows");
     for (int64_t b = 0; need_data && b < pl->B; b++) {

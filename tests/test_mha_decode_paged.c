@@ -18,7 +18,7 @@
  *  4. Misuse, each with its status and nothing written (y, pools, len): no table, a
  *     table for a contiguous cache, opt->block_table given, an entry outside the pool, a
  *     page written by two sequences, too many tokens for max_pages * page_size, k and v
- *     pools of different page sizes.
+ *     pools of different page sizes, a page size of 0.
  *  5. The tolerance check rejects a planted error (page 0 of the two sequences swapped in
  *     the table after the first step, so each later step reads the other's first keys).
  */
@@ -265,7 +265,10 @@ static void test_misuse(void) {
     p.table[p.max_pages] = (int32_t)(p.num_pages - 1);
     p.c.v.shape[2] = 3;
     expect_refused(&l, &p, 1, NULL, ATTN_ERR_SHAPE, "v pool of another page size");
-    p.c.v.shape[2] = 4;
+    p.c.v.shape[2] = 0;
+    p.c.k.shape[2] = 0;
+    expect_refused(&l, &p, 1, NULL, ATTN_ERR_VALUE, "a page size of 0");
+    p.c.k.shape[2] = p.c.v.shape[2] = 4;
     p.c.kind = ATTN_CACHE_CONTIGUOUS;
     expect_refused(&l, &p, 1, NULL, ATTN_ERR_VALUE, "a table for a contiguous cache");
     p.c.kind = ATTN_CACHE_PAGED;
