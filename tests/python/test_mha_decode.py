@@ -163,3 +163,37 @@ def test_nn_decode_matches_causal_forward(rng, batch_first):
     causal = torch.triu(torch.ones(L, L, dtype=torch.bool), 1)
     yt, _ = ref(xt, xt, xt, attn_mask=causal, need_weights=False)
     np.testing.assert_allclose(y.numpy(), yt.detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_nn_decode_zero_attn_and_paged_torch_cache(rng):
+    """add_zero_attn decodes as a sink of 0; a paged cache of torch bfloat16 pools."""
+    torch = _torch()
+    import attn.nn
+    E, H, B, L = 16, 2, 2, 10
+    torch.manual_seed(4)
+    ref = torch.nn.MultiheadAttention(E, H, add_zero_attn=True, batch_first=True)
+    mine = attn.nn.MultiheadAttention(E, H, add_zero_attn=True, batch_first=True)
+    mine.load_state_dict(ref.state_dict())
+    x = torch.from_numpy(randn(rng, B, L, E))
+    causal = torch.triu(torch.ones(L, L, dtype=torch.bool), 1)
+    want, _ = ref(x, x, x, attn_mask=causal, need_weights=False)
+    cache = mine.new_cache(batch=B, max_len=L)
+    ys, t0 = [], 0
+    for n in STEPS:
+        ys.append(mine.decode(x[:, t0:t0 + n], cache))
+        t0 += n
+    np.testing.assert_allclose(torch.cat(ys, 1).numpy(), want.detach().numpy(),
+                               rtol=1e-5, atol=1e-5)
+    # bfloat16 pools [num_pages, page_size, H, D] with a shuffled table
+    page, max_pages = 4, 3
+    table = torch.randperm(B * max_pages, dtype=torch.int32).reshape(B, max_pages)
+    pools = [torch.zeros(B * max_pages, page, H, E // H, dtype=torch.bfloat16) for _ in "kv"]
+    paged = attn.KVCache(pools[0], pools[1], block_table=table)
+    ys, t0 = [], 0
+    for n in STEPS:
+        ys.append(mine.decode(x[:, t0:t0 + n], paged))
+        t0 += n
+    got = torch.cat(ys, 1).numpy()
+    err = np.linalg.norm(got - want.detach().numpy()) / np.linalg.norm(want.detach().numpy())
+    assert err <= 3e-3, err  # K and V rounded once to bfloat16 (test_mha_decode.c's bound)
+    assert pools[0].abs().sum() > 0 and list(paged.len) == [L, L]
