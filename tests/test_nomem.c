@@ -374,7 +374,7 @@ static void test_mha_call(void) {
     float *xn = fill32(B * NEW * E, 122), *yn = fill32(B * NEW * E, 123);
     int64_t len[2] = {3, 3};
     c.len0[0] = c.len0[1] = 3;
-    c.cache = (attn_kv_cache){ATTN_CACHE_CONTIGUOUS, t4(ck, B, HKV, LMAX, D), t4(cv, B, HKV, LMAX, D), len};
+    c.cache = (attn_kv_cache){ATTN_CACHE_CONTIGUOUS, t4(ck, B, HKV, LMAX, D), t4(cv, B, HKV, LMAX, D), len, NULL};
     c.x = t4(xn, B, NEW, E, 1), c.y = t4(yn, B, NEW, E, 1);
     c.which = 2;
     const out_span ds[3] = {{yn, B * NEW * E * 4}, {ck, B * HKV * LMAX * D * 4}, {cv, B * HKV * LMAX * D * 4}};
