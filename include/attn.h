@@ -562,16 +562,31 @@ ATTN_API attn_status attn_mha_backward(const attn_mha *m, const attn_tensor *x_q
                                        const attn_mha_grads *g, const attn_options *opt);
 
 /* A key/value cache the caller owns, appended to by attn_mha_decode. kind says how the
- * storage is laid out; today one kind: contiguous tensors (a paged kind will add its
- * block table beside k and v).
- *   k [B, Hkv, Lmax, Dk]   v [B, Hkv, Lmax, Dv]   float32, float16 or bfloat16 (alike)
+ * storage is laid out:
+ *   ATTN_CACHE_CONTIGUOUS  k [B, Hkv, Lmax, Dk]   v [B, Hkv, Lmax, Dv]
+ *   ATTN_CACHE_PAGED       page pools k [num_pages, Hkv, page_size, Dk] and
+ *                          v [num_pages, Hkv, page_size, Dv] (vLLM's / FlashAttention's
+ *                          [num_pages, page_size, Hkv, D] through strides) with
+ *                          block_table ATTN_I32 [B, max_pages] (as attn_options.block_table):
+ *                          position t of sequence b is row t % page_size of pool page
+ *                          block_table[b][t / page_size]; Lmax = max_pages * page_size
+ *   k, v                   float32, float16, bfloat16 or q8_0 (alike), any strides
  *   len [B]                tokens held per batch, read and advanced by each step */
-typedef enum attn_cache_kind { ATTN_CACHE_CONTIGUOUS = 0 } attn_cache_kind;
+typedef enum attn_cache_kind {
+    ATTN_CACHE_CONTIGUOUS = 0,
+    ATTN_CACHE_PAGED,  /* added for issue #16: k, v page pools and block_table */
+} attn_cache_kind;
 
 typedef struct attn_kv_cache {
     attn_cache_kind kind;
     attn_tensor k, v;
     int64_t *len;
+    /* ATTN_CACHE_PAGED only (added after the rest; must be NULL for a contiguous cache):
+     * ATTN_I32 [B, max_pages] (shape {B, max_pages, 1, 1}, any strides). The entries of
+     * the pages a step writes or reads, p < ceil((len[b] + n) / page_size), must lie in
+     * [0, num_pages); the caller owns the pages (two sequences may share a page, but a
+     * step that writes one row twice is refused, ATTN_ERR_VALUE, as attn_kv_append). */
+    const attn_tensor *block_table;
 } attn_kv_cache;
 
 /* One decoding step of a self-attention layer: projects x [B, n, E] (n new tokens per
@@ -579,7 +594,10 @@ typedef struct attn_kv_cache {
  * rows len[b] .. len[b] + n - 1 of the cache, attends to rows [0, len[b] + n) with
  * bottom-right causal alignment, writes y [B, n, E] and adds n to len[b]. opt as in
  * attn_mha_forward, except that causal, align and kv_len are the step's own (opt's must
- * be unset). ATTN_ERR_VALUE when len[b] + n > Lmax. On error nothing is written. */
+ * be unset; opt->block_table too: a paged cache's table is the cache's own). The new
+ * rows are stored as attn_kv_append stores them (rounded to nearest even, or quantized
+ * to q8_0). ATTN_ERR_VALUE when len[b] + n > Lmax, or a page entry the step needs is
+ * outside the pool. On error nothing is written. */
 ATTN_API attn_status attn_mha_decode(const attn_mha *m, const attn_tensor *x,
                                      const attn_kv_cache *cache, const attn_tensor *y,
                                      const attn_options *opt);

@@ -4,54 +4,122 @@
  *                into the caller's cache, the attention over the cache with bottom-right
  *                causal alignment, the output projection.
  *
- * What it is not: the owner of the cache (the caller allocates it and its lengths; the
- * step appends), or a paged cache (attn_kv_cache.kind names the layout; contiguous is
- * the one there is). The attention reads the cache in place through its strides, of any
- * cache dtype, with kv_len = len + n per batch: row i of batch b sees keys
- * [0, len[b] + i], exactly what one causal call over the whole sequence gives it.
+ * What it is not: the owner of the cache (the caller allocates it, its pages and its
+ * lengths; the step appends). The cache is contiguous [B, Hkv, Lmax, D] or paged (page
+ * pools and a block table, attn_kv_cache.kind); either way the new rows are written by
+ * attn_kv_append (float32 rounded to the cache's dtype, or quantized to q8_0) and the
+ * attention reads the cache in place through its strides (and the table), with kv_len =
+ * len + n per batch: row i of batch b sees keys [0, len[b] + i], exactly what one causal
+ * call over the whole sequence gives it.
  */
 #include "half.h"
 #include "mha.h"
 
+/* A paged cache's pools and table against the plan: pools [num_pages, Hkv, page_size, D]
+ * (k and v alike in pages), table I32 [B, max_pages]; and when need_data, every entry of
+ * the pages the step touches, p < ceil((len[b] + n) / page_size), inside the pool (the
+ * attention would refuse one only after the append had written). *Lmax is the table's
+ * rows. */
+static attn_status check_pages(const mha_plan *pl, const attn_kv_cache *c, bool need_data,
+                               int64_t *Lmax) {
+    const attn_tensor *t = c->block_table;
+    if (!t) return attn_fail(ATTN_ERR_NULL, "cache.block_table: NULL for a paged cache");
+    TRY(attn_check_tensor(t, "cache.block_table", ATTN_I32, need_data));
+    if (t->shape[0] != pl->B || t->shape[2] != 1 || t->shape[3] != 1)
+        return attn_fail(ATTN_ERR_SHAPE, "cache.block_table: shape [%lld, %lld, %lld, %lld], "
+                         "expected [B = %lld, max_pages, 1, 1]", (long long)t->shape[0],
+                         (long long)t->shape[1], (long long)t->shape[2], (long long)t->shape[3],
+                         (long long)pl->B);
+    const int64_t np = c->k.shape[0], ps = c->k.shape[2];
+    if (c->v.shape[0] != np || c->v.shape[2] != ps)
+        return attn_fail(ATTN_ERR_SHAPE, "cache: k pool [%lld pages, .., %lld rows, ..] and v "
+                         "pool [%lld, .., %lld, ..] differ", (long long)np, (long long)ps,
+                         (long long)c->v.shape[0], (long long)c->v.shape[2]);
+    if (ps == 0) return attn_fail(ATTN_ERR_VALUE, "cache: a page size of 0");  // as attn_forward
+    if (__builtin_mul_overflow(t->shape[1], ps, Lmax))
+        return attn_fail(ATTN_ERR_OVERFLOW, "cache: max_pages * page_size overflows");
+    for (int64_t b = 0; need_data && b < pl->B; b++) {
+        const int64_t len = c->len[b];
+        if (len < 0 || len > *Lmax - pl->Lq) continue;  /* check_cache's own message */
+        const int64_t pages = (len + pl->Lq + ps - 1) / ps;
+        for (int64_t p = 0; p < pages; p++) {
+            const int64_t e = ((const int32_t *)t->data)[b * t->stride[0] + p * t->stride[1]];
+            if (e < 0 || e >= np)
+                return attn_fail(ATTN_ERR_VALUE, "cache.block_table[%lld][%lld] = %lld, "
+                                 "expected a page of the pool, [0, %lld)", (long long)b,
+                                 (long long)p, (long long)e, (long long)np);
+        }
+    }
+    return ATTN_OK;
+}
+
 static attn_status check_cache(const mha_plan *pl, const attn_kv_cache *c, bool need_data) {
     if (!c) return attn_fail(ATTN_ERR_NULL, "cache: NULL");
-    if (c->kind != ATTN_CACHE_CONTIGUOUS)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "cache.kind is %d: only ATTN_CACHE_CONTIGUOUS "
-                         "is implemented", (int)c->kind);
-    TRY(attn_check_tensor(&c->k, "cache.k", ATTN_DTYPE_COUNT, need_data));
+    if (c->kind != ATTN_CACHE_CONTIGUOUS && c->kind != ATTN_CACHE_PAGED)
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "cache.kind is %d: expected ATTN_CACHE_CONTIGUOUS "
+                         "or ATTN_CACHE_PAGED", (int)c->kind);
+    const bool paged = c->kind == ATTN_CACHE_PAGED;
+    if (!paged && c->block_table)
+        return attn_fail(ATTN_ERR_VALUE, "cache.block_table: given for a contiguous cache "
+                         "(kind ATTN_CACHE_PAGED takes one)");
+    TRY(attn_check_tensor(&c->k, "cache.k", c->k.dtype == ATTN_Q8_0 ? ATTN_Q8_0 : ATTN_DTYPE_COUNT,
+                          need_data));
     TRY(attn_check_tensor(&c->v, "cache.v", c->k.dtype, need_data));
-    const int64_t Lmax = c->k.shape[2];
-    const int64_t wk[4] = {pl->B, pl->Hkv, Lmax, pl->Dk}, wv[4] = {pl->B, pl->Hkv, Lmax, pl->Dv};
+    if (c->k.dtype == ATTN_Q8_0) {
+        TRY(attn_check_q8_0_layout(&c->k, "cache.k"));
+        TRY(attn_check_q8_0_layout(&c->v, "cache.v"));
+    }
+    if (!c->len) return attn_fail(ATTN_ERR_NULL, "cache.len: NULL");
+    /* rows per sequence: Lmax, or the table's max_pages * page_size */
+    int64_t Lmax = c->k.shape[2];
+    const int64_t n0 = paged ? c->k.shape[0] : pl->B;
+    const int64_t wk[4] = {n0, pl->Hkv, c->k.shape[2], pl->Dk};
+    const int64_t wv[4] = {n0, pl->Hkv, c->k.shape[2], pl->Dv};
     for (int d = 0; d < 4; d++)
         if (c->k.shape[d] != wk[d] || c->v.shape[d] != wv[d])
             return attn_fail(ATTN_ERR_SHAPE, "cache: k [%lld, %lld, %lld, %lld] and v [.., %lld], "
-                             "expected [B = %lld, Hkv = %lld, Lmax, Dk = %lld] and Dv = %lld",
+                             "expected [%s, Hkv = %lld, %s, Dk = %lld] and Dv = %lld",
                              (long long)c->k.shape[0], (long long)c->k.shape[1],
                              (long long)c->k.shape[2], (long long)c->k.shape[3],
-                             (long long)c->v.shape[3], (long long)pl->B, (long long)pl->Hkv,
+                             (long long)c->v.shape[3], paged ? "num_pages" : "B",
+                             (long long)pl->Hkv, paged ? "page_size" : "Lmax",
                              (long long)pl->Dk, (long long)pl->Dv);
+    if (!paged && c->k.shape[0] != pl->B)
+        return attn_fail(ATTN_ERR_SHAPE, "cache: k has %lld sequences, expected B = %lld",
+                         (long long)c->k.shape[0], (long long)pl->B);
+    if (paged) TRY(check_pages(pl, c, false, &Lmax));
     TRY(attn_check_output_strides(&c->k, "cache.k", 4));
     TRY(attn_check_output_strides(&c->v, "cache.v", 4));
-    if (!c->len) return attn_fail(ATTN_ERR_NULL, "cache.len: NULL");
     for (int64_t b = 0; need_data && b < pl->B; b++)
         if (c->len[b] < 0 || c->len[b] > Lmax - pl->Lq)
             return attn_fail(ATTN_ERR_VALUE, "cache.len[%lld] = %lld: %lld new tokens do not "
                              "fit Lmax = %lld", (long long)b, (long long)c->len[b],
                              (long long)pl->Lq, (long long)Lmax);
+    if (paged && need_data) TRY(check_pages(pl, c, true, &Lmax));
     return ATTN_OK;
 }
 
-/* rows [B, n, H, D] of the new tokens into cache rows len[b] + i of t [B, H, Lmax, D] */
-static void append(const attn_tensor *t, const float *rows, const int64_t *len, int64_t B,
-                   int64_t n, int64_t H, int64_t D) {
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t h = 0; h < H; h++)
-                for (int64_t d = 0; d < D; d++)
-                    attn_store(t->dtype, t->data,
-                               b * t->stride[0] + h * t->stride[1] + (len[b] + i) * t->stride[2] +
-                                   d * t->stride[3],
-                               rows[((b * n + i) * H + h) * D + d]);
+/* The heads' attention over a paged cache: attn_forward on the pools with the cache's
+ * table (mha_attend refuses a table, which in the module's other calls would be the
+ * caller's; here it is the cache's own). No weights output in a step. */
+static attn_status attend_paged(const attn_tensor *q, const attn_kv_cache *c,
+                                const attn_tensor *o, const attn_options *opt_in, mha_ws *w) {
+    attn_options opt = *opt_in;
+    if (opt.lse || opt.weights)
+        return attn_fail(ATTN_ERR_VALUE, "options.%s must be NULL for the module",
+                         opt.lse ? "lse" : "weights");
+    if (opt.dropout_p != 0.0f)  /* as mha_attend */
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "options.dropout_p = %g: the multi-head "
+                         "module has no dropout", (double)opt.dropout_p);
+    opt.block_table = c->block_table;
+    opt.workspace = NULL;
+    opt.workspace_bytes = 0;
+    size_t need;
+    TRY(attn_forward_workspace_size(q, &c->k, &c->v, o, &opt, &need));
+    opt.workspace = mha_take(w, (int64_t)((need + 3) / 4));
+    opt.workspace_bytes = need;
+    if (w->count_only) return ATTN_OK;
+    return attn_forward(q, &c->k, &c->v, o, &opt);
 }
 
 static attn_status decode_ws(const mha_plan *pl, const attn_kv_cache *c, const attn_tensor *y,
@@ -61,6 +129,10 @@ static attn_status decode_ws(const mha_plan *pl, const attn_kv_cache *c, const a
     if (opt.causal || opt.align != ATTN_ALIGN_TOP_LEFT || opt.kv_len)
         return attn_fail(ATTN_ERR_VALUE, "options.causal, align and kv_len are the decoding "
                          "step's own: leave them unset");
+    if (opt.block_table)
+        return attn_fail(ATTN_ERR_VALUE, "options.block_table: a paged cache's table is "
+                         "cache.block_table (kind ATTN_CACHE_PAGED)");
+    const bool paged = c->kind == ATTN_CACHE_PAGED;
     mha_qkv s;
     mha_qkv_layout(pl, w, &s);
     mha_target yt = mha_rows_target(y, w);
@@ -72,15 +144,21 @@ static attn_status decode_ws(const mha_plan *pl, const attn_kv_cache *c, const a
     attn_tensor q = mha_heads_view(s.q, pl->B, pl->Lq, pl->Hq, pl->Dk);
     attn_tensor o = mha_heads_view(s.o, pl->B, pl->Lq, pl->Hq, pl->Dv);
     if (w->count_only) {
-        TRY(mha_attend(&q, &c->k, &c->v, &o, NULL, NULL, false, &opt, w));
+        if (paged) TRY(attend_paged(&q, c, &o, &opt, w));
+        else TRY(mha_attend(&q, &c->k, &c->v, &o, NULL, NULL, false, &opt, w));
         if (w->overflow) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
         return ATTN_OK;
     }
     for (int64_t b = 0; b < pl->B; b++) kv_len[b] = c->len[b] + pl->Lq;
     mha_qkv_project(pl, &s, c->len);
-    append(&c->k, s.k, c->len, pl->B, pl->Lq, pl->Hkv, pl->Dk);
-    append(&c->v, s.v, c->len, pl->B, pl->Lq, pl->Hkv, pl->Dv);
-    TRY(mha_attend(&q, &c->k, &c->v, &o, NULL, NULL, false, &opt, w));
+    /* the new rows [B, n, Hkv, D] of the workspace into the cache at positions len[b] + i
+     * (through the table when paged); attn_kv_append checks everything before it writes */
+    attn_tensor kn = mha_heads_view(s.k, pl->B, pl->Lq, pl->Hkv, pl->Dk);
+    attn_tensor vn = mha_heads_view(s.v, pl->B, pl->Lq, pl->Hkv, pl->Dv);
+    attn_tensor tpos = {c->len, ATTN_I64, {pl->B, 1, 1, 1}, {1, 1, 1, 1}};
+    TRY(attn_kv_append(&kn, &vn, &c->k, &c->v, NULL, paged ? c->block_table : NULL, &tpos));
+    if (paged) TRY(attend_paged(&q, c, &o, &opt, w));
+    else TRY(mha_attend(&q, &c->k, &c->v, &o, NULL, NULL, false, &opt, w));
     mha_out_project(pl, &s, y, &yt);
     for (int64_t b = 0; b < pl->B; b++) c->len[b] += pl->Lq;
     return ATTN_OK;

@@ -171,7 +171,7 @@ static void test_misuse(void) {
     d.c.k.shape[1] = 4;
     expect_refused(&l, &d, 1, NULL, ATTN_ERR_SHAPE, "cache heads");
     d.c.k.shape[1] = 2;
-    d.c.kind = (attn_cache_kind)1;
+    d.c.kind = (attn_cache_kind)2;
     expect_refused(&l, &d, 1, NULL, ATTN_ERR_UNSUPPORTED, "unknown cache kind");
     d.c.kind = ATTN_CACHE_CONTIGUOUS;
     d.c.len = NULL;

@@ -525,3 +525,8 @@ __all__ += ["multi_head_attention", "multi_head_attention_grad"]
 from ._grid import weights_grid  # noqa: E402
 
 __all__ += ["weights_grid"]
+
+# ---- the multi-head layer's cached decoding step (python/attn/_decode.py) ---------------
+from ._decode import KVCache, mha_decode  # noqa: E402
+
+__all__ += ["KVCache", "mha_decode"]

@@ -5,10 +5,15 @@ state_dict loads into this one and back), forward signature and results, compute
 library's multi-head module (attn_mha_forward, attn_mha_backward through a
 torch.autograd.Function) in float32 on the CPU.
 
-What it is not, today (each raises NotImplementedError rather than computing something
-else): dropout > 0 while training, add_bias_kv, add_zero_attn, a key that is not the
-value (the library projects K and V from one input), tensors on another device.
-Differences: a row whose keys are all masked gives 0, where PyTorch gives NaN.
+Dropout while training, add_bias_kv, add_zero_attn and a key that is not the value
+(kdim != vdim) take a composed path (python/attn/_nn_extra.py): PyTorch's F.linear
+projections around the library's attention (attn.scaled_dot_product_attention, its
+dropout and sinks, with autograd). decode() is the layer's cached decoding step
+(attn.mha_decode) on the module's weights.
+
+What it is not (each raises NotImplementedError rather than computing something else):
+tensors on another device. Differences: a row whose keys are all masked gives 0, where
+PyTorch gives NaN; dropout's mask is the library's (Philox), not PyTorch's.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
+from . import _nn_extra
 from .mha import multi_head_attention, multi_head_attention_grad
 
 __all__ = ["MultiheadAttention"]
@@ -92,16 +98,10 @@ class MultiheadAttention(torch.nn.Module):
                              % (embed_dim, num_heads))
         if embed_dim % num_heads != 0:
             raise ValueError("embed_dim must be divisible by num_heads")
-        if add_bias_kv or add_zero_attn:
-            raise NotImplementedError("attn.nn.MultiheadAttention: add_bias_kv and "
-                                      "add_zero_attn are not implemented")
         factory = {"device": device, "dtype": dtype}
         self.embed_dim = embed_dim
         self.kdim = kdim if kdim is not None else embed_dim
         self.vdim = vdim if vdim is not None else embed_dim
-        if self.kdim != self.vdim:
-            raise NotImplementedError("attn.nn.MultiheadAttention: kdim != vdim (keys and "
-                                      "values are projected from one input)")
         self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
         self.num_heads = num_heads
         self.dropout = dropout
@@ -123,8 +123,12 @@ class MultiheadAttention(torch.nn.Module):
         else:
             self.register_parameter("in_proj_bias", None)
         self.out_proj = torch.nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
-        self.bias_k = self.bias_v = None
-        self.add_zero_attn = False
+        if add_bias_kv:  # learned K and V rows appended to every sequence (_nn_extra.py)
+            self.bias_k = P(torch.empty((1, 1, embed_dim), **factory))
+            self.bias_v = P(torch.empty((1, 1, embed_dim), **factory))
+        else:
+            self.bias_k = self.bias_v = None
+        self.add_zero_attn = add_zero_attn
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:
@@ -137,6 +141,9 @@ class MultiheadAttention(torch.nn.Module):
         if self.in_proj_bias is not None:
             torch.nn.init.constant_(self.in_proj_bias, 0.0)
             torch.nn.init.constant_(self.out_proj.bias, 0.0)
+        if self.bias_k is not None:
+            torch.nn.init.xavier_normal_(self.bias_k)
+            torch.nn.init.xavier_normal_(self.bias_v)
 
     def _weights(self):
         E = self.embed_dim
@@ -154,12 +161,10 @@ class MultiheadAttention(torch.nn.Module):
                 attn_mask: Optional[torch.Tensor] = None,
                 average_attn_weights: bool = True,
                 is_causal: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        if self.dropout > 0.0 and self.training:
-            raise NotImplementedError("attn.nn.MultiheadAttention: dropout while training")
-        if key is not value and not (key.shape == value.shape and key.data_ptr() ==
-                                     value.data_ptr() and key.stride() == value.stride()):
-            raise NotImplementedError("attn.nn.MultiheadAttention: key and value must be "
-                                      "the same tensor (K and V come from one input)")
+        if _nn_extra.needs_composed(self, key, value):  # dropout, bias_kv, zero attn, k != v
+            return _nn_extra.forward(self, query, key, value, key_padding_mask,
+                                     bool(need_weights), attn_mask,
+                                     bool(average_attn_weights), bool(is_causal))
         unbatched = query.dim() == 2
         self_attn = query is key
         if unbatched:
@@ -181,3 +186,17 @@ class MultiheadAttention(torch.nn.Module):
         if unbatched:
             y, weights = y.squeeze(1), weights.squeeze(0)
         return y, weights
+
+    def new_cache(self, batch: int, max_len: int, dtype=None):
+        """A zeroed contiguous attn.KVCache for decode(): torch tensors [batch, max_len,
+        num_heads, head_dim] of dtype (float32 by default; float16 or bfloat16 work)."""
+        return _nn_extra.new_cache(self, batch, max_len, dtype)
+
+    def decode(self, x: torch.Tensor, cache) -> torch.Tensor:
+        """One cached decoding step of this (self-attention) layer: x holds the n new
+        tokens of each sequence ([B, n, E] when batch_first, else [n, B, E]; or [n, E]),
+        projected, appended to cache (an attn.KVCache, contiguous or paged) at positions
+        cache.len[b] + i, attended with causal alignment over every cached row, projected
+        out; cache.len advances by n. A loop of steps gives forward(x, x, x) with a
+        causal attn_mask over the whole sequence. float32 result, no gradient."""
+        return _nn_extra.decode(self, x, cache)
