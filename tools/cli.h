@@ -19,6 +19,7 @@ int bench_additive(int argc, char **argv); /* attn bench --additive (tools/bench
 int bench_paged(int argc, char **argv);    /* attn bench --paged (tools/bench_paged.c) */
 int bench_q8(int argc, char **argv);       /* attn bench --q8 (tools/bench_q8.c) */
 int bench_dropout(int argc, char **argv);  /* attn bench --dropout (tools/bench_dropout.c) */
+int bench_models(int argc, char **argv);   /* attn bench --models (tools/bench_models.c) */
 int cli_bench_mha(int argc, char **argv);  /* attn bench-mha (tools/bench_mha.c) */
 int demo_mha(void);  /* attn demo's multi-head examples (tools/demo_mha.c) */
 /* This machine's fp32 FMA peak (GFLOP/s, the best ISA) and read bandwidth (GB/s) on
