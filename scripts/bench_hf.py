@@ -16,8 +16,10 @@ one call of every backend of the row in turn (interleaved: the machine is shared
 change of its load then reaches every backend alike); the median (and min/max) reported
 in milliseconds. The same weights for every backend of a row.
 
-Check: before timing, one forward of each backend of a row is compared with the eager
-backend's (float32 throughout): relative Frobenius difference of the model's output
+Check: each model must run the backend it was built with (config._attn_implementation,
+which the layers read at every call: each Llama gets a config of its own, or all three would
+run the last one set); before timing, one forward of each backend of a row is compared with
+the eager backend's (float32 throughout): relative Frobenius difference of the model's output
 (MiniLM's last hidden state, Llama's logits) at most 1e-4, else the row is not timed.
 
 Usage: python scripts/bench_hf.py [--threads 2] [--reps 7] [--warmup 2] [--rows minilm,llama]
@@ -34,6 +36,7 @@ With no transformers every row is skipped with that reason (exit status 0).
 must then fail).
 """
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -106,6 +109,8 @@ def minilm_rows(torch, transformers, args):
     for impl, attns in [("attn", False), ("sdpa", False), ("eager", False), ("attn", True),
                         ("eager", True)]:
         model = transformers.AutoModel.from_pretrained(path, attn_implementation=impl).eval()
+        if model.config._attn_implementation != impl:
+            raise CheckFailed("the %s model runs %r" % (impl, model.config._attn_implementation))
         fns[impl + (" +attentions" if attns else "")] = (
             lambda model=model, attns=attns: model(**batch, output_attentions=attns))
     yield from timed_rows(torch, "minilm", info, fns, lambda r: r.last_hidden_state, args)
@@ -118,11 +123,17 @@ def llama_rows(torch, transformers, args):
                                    max_position_embeddings=max(4096, args.llama_len))
     ids = torch.randint(0, 1000, (1, args.llama_len), generator=torch.Generator().manual_seed(0))
     info = "B=1 L=%d, 4 layers, 8 heads / 2 kv heads of 64" % args.llama_len
-    fns = {}
+    fns, models = {}, {}
     for impl in ["attn", "sdpa", "eager"]:
         torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation=impl).eval()
-        fns[impl] = lambda model=model: model(input_ids=ids, use_cache=False)
+        # a config of its own for each model: the layers read config._attn_implementation
+        # at every call, so models sharing one config all run the last backend set
+        models[impl] = transformers.LlamaForCausalLM._from_config(
+            copy.deepcopy(cfg), attn_implementation=impl).eval()
+        fns[impl] = lambda model=models[impl]: model(input_ids=ids, use_cache=False)
+    for impl, model in models.items():
+        if model.config._attn_implementation != impl:
+            raise CheckFailed("the %s model runs %r" % (impl, model.config._attn_implementation))
     yield from timed_rows(torch, "llama", info, fns, lambda r: r.logits, args)
 
 
