@@ -32,6 +32,7 @@ What it is not: a check (the bench reads the outputs back and compares them with
 nor a timing of anything but the SDPA call: the inputs are loaded before the clock starts.
 """
 import json
+import os
 import sys
 import time
 
@@ -91,19 +92,12 @@ class Side:
 
 
 def main():
-    hello = sys.stdin.readline()
-    try:
-        import numpy as np
-        import torch
-    except Exception as e:  # the bench prints this line and stops
-        say({"error": "cannot import torch and numpy with %s: %s" % (sys.executable, e)})
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_torch import handshake  # the hello of scripts/bench_torch.py
+    torch = handshake(also=("numpy",))
+    if torch is None:
         return 1
-    threads = json.loads(hello).get("threads", 0) if hello.strip() else 0
-    if threads:
-        torch.set_num_threads(threads)
-    info = "threads %d, %s" % (torch.get_num_threads(),
-                               "mkldnn" if torch.backends.mkldnn.is_available() else "no mkldnn")
-    say({"torch": torch.__version__, "info": info})
+    import numpy as np
     side = Side(torch, np)
     ops = {"load": side.load, "check": side.check, "round": side.round, "free": side.free}
     with torch.inference_mode():
