@@ -32,6 +32,7 @@
 #include "cli.h"
 #include "cliopt.h"
 #include "json.h"
+#include "json_out.h"
 
 static const char MODELS_USAGE[] =
     "usage: attn bench --models [--vs torch] [--python PATH] [--attn-site DIR]\n"
@@ -87,17 +88,6 @@ static bool int_arg(const char *s, long lo, long hi, int *out) {
     if (!*s || *end || errno || v < lo || v > hi) return false;
     *out = (int)v;
     return true;
-}
-
-static void json_str(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; *s; s++) {
-        const unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-    fputc('"', f);
 }
 
 static void copy_str(const jnode *j, const char *key, char *out, size_t n) {
@@ -287,7 +277,7 @@ int bench_models(int argc, char **argv) {
         char cpu[128];
         machine_cpu_model(cpu, sizeof cpu);
         fprintf(f, "{\"bench\": \"models\", \"cpu\": ");
-        json_str(f, cpu);
+        json_out_str(f, cpu);
         fprintf(f, ", \"threads\": %d, \"reps\": %d, \"warmup\": %d, \"llama_len\": %d", threads,
                 reps, warmup, len);
         fprintf(f, ", \"load_start\": [%.2f, %.2f, %.2f], \"load_end\": [%.2f, %.2f, %.2f]",
@@ -295,25 +285,25 @@ int bench_models(int argc, char **argv) {
         fprintf(f, ", \"peer\": %s", hjson[0] ? hjson : "null");
         if (fatal[0]) {
             fprintf(f, ", \"fatal\": ");
-            json_str(f, fatal);
+            json_out_str(f, fatal);
         }
         fprintf(f, ", \"rows\": [");
         for (int i = 0; i < n; i++) {
             const model_row *r = &rows[i];
             fprintf(f, "%s\n  {\"row\": ", i ? "," : "");
-            json_str(f, r->row);
+            json_out_str(f, r->row);
             if (r->kind == 0) {
                 fprintf(f, ", \"impl\": ");
-                json_str(f, r->impl);
+                json_out_str(f, r->impl);
                 fprintf(f, ", \"info\": ");
-                json_str(f, r->info);
+                json_out_str(f, r->info);
                 fprintf(f, ", \"median_ms\": %.6g, \"min_ms\": %.6g, \"max_ms\": %.6g, "
                         "\"check_rel\": %.6g", r->med, r->lo, r->hi, r->rel);
                 const double ratio = attn_ratio(rows, n, r);
                 if (ratio > 0) fprintf(f, ", \"attn_over_this\": %.6g", ratio);
             } else {
                 fprintf(f, ", \"%s\": ", r->kind == 1 ? "skip" : "error");
-                json_str(f, r->note);
+                json_out_str(f, r->note);
             }
             fprintf(f, "}");
         }

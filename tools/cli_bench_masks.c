@@ -39,6 +39,7 @@
 #include "bench_peer.h"
 #include "cli.h"
 #include "cliopt.h"
+#include "json_out.h"
 
 static const char MASKS_USAGE[] =
     "usage: attn bench masks [--threads N] [--reps N] [--quick] [--plant-error]\n"
@@ -188,17 +189,6 @@ static bool check_last_rows(const mb_shape *s, const uint8_t *m, const float *ou
     return ok;
 }
 
-static void json_str(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; *s; s++) {
-        const unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-    fputc('"', f);
-}
-
 static void json_time(FILE *f, const char *key, mb_time t) {
     fprintf(f, ", \"%s_median_ms\": %.6g, \"%s_min_ms\": %.6g, \"%s_max_ms\": %.6g", key, t.med,
             key, t.lo, key, t.hi);
@@ -235,11 +225,11 @@ static int write_json(const mb_ctx *c, const char *path, const double load0[3],
     char cpu[128];
     machine_cpu_model(cpu, sizeof cpu);
     fprintf(f, "{\"bench\": \"masks\", \"version\": ");
-    json_str(f, attn_version());
+    json_out_str(f, attn_version());
     fprintf(f, ", \"kernel\": ");
-    json_str(f, attn_kernel_name());
+    json_out_str(f, attn_kernel_name());
     fprintf(f, ", \"cpu\": ");
-    json_str(f, cpu);
+    json_out_str(f, cpu);
     fprintf(f, ", \"threads\": %d, \"reps\": %d, \"plant_error\": %s", c->threads, c->reps,
             c->plant ? "true" : "false");
     fprintf(f, ", \"load_start\": [%.2f, %.2f, %.2f], \"load_end\": [%.2f, %.2f, %.2f]", load0[0],
@@ -247,12 +237,12 @@ static int write_json(const mb_ctx *c, const char *path, const double load0[3],
     fprintf(f, ", \"torch\": ");
     if (c->torch) {
         fprintf(f, "{\"version\": ");
-        json_str(f, c->peer.tp.version);
+        json_out_str(f, c->peer.tp.version);
         fprintf(f, ", \"info\": ");
-        json_str(f, c->peer.tp.info);
+        json_out_str(f, c->peer.tp.info);
         fprintf(f, ", \"rel_tol\": %g, \"abs_tol\": %g, \"omp_wait_policy\": ", TORCH_REL,
                 TORCH_ABS);
-        json_str(f, getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "");
+        json_out_str(f, getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "");
         fprintf(f, "}");
     } else {
         fprintf(f, "null");
@@ -261,9 +251,9 @@ static int write_json(const mb_ctx *c, const char *path, const double load0[3],
     for (int i = 0; i < c->nrec; i++) {
         const mb_record *r = &c->rec[i];
         fprintf(f, "%s\n  {\"group\": ", i ? "," : "");
-        json_str(f, r->group);
+        json_out_str(f, r->group);
         fprintf(f, ", \"what\": ");
-        json_str(f, r->what);
+        json_out_str(f, r->what);
         fprintf(f, ", \"B\": %lld, \"H\": %lld, \"L\": %lld, \"D\": %lld", (long long)r->B,
                 (long long)r->H, (long long)r->L, (long long)r->D);
         if (r->t.med >= 0) json_time(f, "attn", r->t);
@@ -280,7 +270,7 @@ static int write_json(const mb_ctx *c, const char *path, const double load0[3],
         }
         if (r->torch_note[0]) {
             fprintf(f, ", \"torch_note\": ");
-            json_str(f, r->torch_note);
+            json_out_str(f, r->torch_note);
         }
         fprintf(f, "}");
     }
