@@ -83,6 +83,10 @@ static const char BENCH_USAGE[] =
     "                        head dimension, 8 to 256, as a table and a plot\n"
     "  --viz [--quick] [--tokens L] ...   (alone) the time and peak memory of attn viz's\n"
     "                        picture of L = 100000 causal tokens (attn bench --viz --help)\n"
+    "  --models [--vs torch] ...   (alone) whole-model forwards through transformers, attn's\n"
+    "                        backend beside sdpa and eager (attn bench --models --help)\n"
+    "  masks [--vs torch] ...       (alone, no dashes) padding masks beside kv_len, and\n"
+    "                        beside PyTorch's SDPA (attn bench masks --help)\n"
     "  --shapes PATTERNS     only the cases whose name matches one of the comma-separated\n"
     "                        shell patterns, e.g. 'fwd-L2048-*,decode-*' (see --list)\n"
     "  --list                print the names of the cases of the sweep and exit\n"
@@ -978,6 +982,8 @@ int cli_bench(int argc, char **argv) {
     /* dropout's cost: bench/bench_dropout.c */
     if (argc > 1 && strcmp(argv[1], "--dropout") == 0) return bench_dropout(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "masks") == 0) return cli_bench_masks(argc - 1, argv + 1);
+    /* whole models through transformers, beside PyTorch's backends: bench/bench_models.c */
+    if (argc > 1 && strcmp(argv[1], "--models") == 0) return bench_models(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "--head-dims") == 0) return bench_head_dims(argc - 1, argv + 1);
     /* the 100K-token picture's cost (bench/bench_viz.c) */
     if (argc > 1 && strcmp(argv[1], "--viz") == 0) return bench_viz(argc - 1, argv + 1);

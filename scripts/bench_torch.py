@@ -143,20 +143,34 @@ def run_backward(torch, F, c, sets, kw):
     return measure(c, call, rot)
 
 
-def main():
+def handshake(also=()):
+    """Reads the bench's hello, imports torch (and the modules named in also), sets the
+    thread count and answers with torch's version; torch, or None after answering with
+    the reason (the bench prints it and stops). scripts/bench_torch_masks.py uses it too."""
     hello = sys.stdin.readline()
     try:
+        import importlib
         import torch
-        import torch.nn.functional as F
-    except Exception as e:  # the bench prints this line and stops
-        say({"error": "cannot import torch with %s: %s" % (sys.executable, e)})
-        return 1
+        for name in also:
+            importlib.import_module(name)
+    except Exception as e:
+        say({"error": "cannot import torch%s with %s: %s"
+             % ("".join(" and " + n for n in also), sys.executable, e)})
+        return None
     threads = json.loads(hello).get("threads", 0) if hello.strip() else 0
     if threads:
         torch.set_num_threads(threads)
     info = "threads %d, %s" % (torch.get_num_threads(),
                                "mkldnn" if torch.backends.mkldnn.is_available() else "no mkldnn")
     say({"torch": torch.__version__, "info": info})
+    return torch
+
+
+def main():
+    torch = handshake()
+    if torch is None:
+        return 1
+    import torch.nn.functional as F
     for line in sys.stdin:
         if not line.strip():
             continue

@@ -5,7 +5,10 @@
 #                 backward rows too), counts FLOPs
 #                 by the stated formula, prints a parseable table and JSON, filters shapes,
 #                 refuses bad options, and speaks its protocol with the PyTorch side (here
-#                 a stand-in script: the real PyTorch is large and stays out of the suite).
+#                 a stand-in script: the real PyTorch is large and stays out of the suite);
+#                 `attn bench masks` (its checks, --plant-error, the PyTorch side through a
+#                 NumPy stand-in, a clean failure without torch) and `attn bench --models`
+#                 (without torch, without transformers, a stand-in's rows).
 #
 # Usage: bash tests/test_bench.sh [path/to/attn]      (default build/attn)
 #
@@ -337,6 +340,173 @@ if [ "$(grep -c "check against the float64 path: per-seq ok .* paged ok .* casca
 else bad "bench --cascade output"; sed 's/^/    /' out.txt | tail -8; fi
 expect "bench --cascade --plant-error fails its check" 1 "$ATTN" bench --cascade --quick --reps 1 --plant-error
 expect "bench --cascade --reps 0" 2 "$ATTN" bench --cascade --reps 0
+# ---- attn bench masks (bench/cli_bench_masks.c) ----------------------------------------------
+expect "bench masks --quick --json-out" 0 "$ATTN" bench masks --quick --reps 1 --json-out masks.json
+pycheck "masks: five groups (padding, causal+padding, random), every row checked, ratios to the base" '
+import json
+d = json.load(open("masks.json"))
+assert d["bench"] == "masks" and d["torch"] is None and d["threads"] == 2 and d["reps"] == 1, d
+groups = {}
+for r in d["rows"]:
+    groups.setdefault(r["group"], []).append(r)
+assert len(groups) == 5 and sum(g.endswith(" causal") for g in groups) == 2, list(groups)
+for g, rs in groups.items():
+    for r in rs:
+        assert "torch_check" not in r and r["attn_min_ms"] <= r["attn_median_ms"] <= r["attn_max_ms"], r
+    if rs[0]["what"].startswith("random"):
+        assert len(rs) == 1 and rs[0]["check"] == "pass" and rs[0]["rel"] <= 1e-6, rs
+        continue
+    assert len(rs) == 5 and rs[0]["check"] == "base", rs
+    assert rs[0]["what"] == ("kv_len+causal" if g.endswith(" causal") else "kv_len"), rs[0]
+    for r in rs[1:]:
+        assert r["check"] == "pass" and r["rel"] <= 1e-6, r
+        assert abs(r["ratio_vs_base"] - r["attn_median_ms"] / rs[0]["attn_median_ms"]) <= 1e-3 * r["ratio_vs_base"], r
+'
+expect "bench masks --plant-error fails every checked row" 1 "$ATTN" bench masks --quick --reps 1 --plant-error
+n=$(grep -c ' FAILED ' out.txt)
+if [ "$n" -eq 17 ] && ! grep -q ' pass ' out.txt; then ok "  17 rows FAILED (16 against their base, 1 against the reference)"; else
+    bad "  expected 17 FAILED rows and no pass, got $n"; sed 's/^/    /' out.txt | head -25; fi
+for args in "--bogus" "--reps 0" "--threads x" "--vs onnx" "--python python3" "--torch-script x.py" "stray"; do
+    # shellcheck disable=SC2086
+    expect "bench masks usage error: $args" 2 "$ATTN" bench masks --quick $args
+    if [ "$(wc -l <err.txt)" -eq 1 ] && [ ! -s out.txt ]; then ok "  one line on stderr: $(cat err.txt)"; else
+        bad "  expected one line on stderr and nothing on stdout"; cat err.txt out.txt; fi
+done
+expect "bench masks --help" 0 "$ATTN" bench masks --help
+grep -q -- '--vs torch' out.txt && ok "  names --vs torch" || bad "  bench masks --help"
+
+# A Python that cannot import torch (no site-packages, no PYTHON* variables), whatever is
+# installed here: the PyTorch sides must say so and stop with exit status 1.
+printf '#!/bin/sh\nexec python3 -S -E "$@"\n' > nopy && chmod +x nopy
+expect "bench masks --vs torch, a Python without torch" 1 "$ATTN" bench masks --quick --reps 1 --vs torch --python ./nopy
+if grep -q "cannot import torch" err.txt && [ ! -s out.txt ]; then ok "  says so: $(head -1 err.txt)"; else
+    bad "  no clear message"; cat err.txt out.txt; fi
+
+# The PyTorch side's protocol with a stand-in that computes SDPA in float64 NumPy from the
+# files the bench writes (the real PyTorch stays out of the suite), and answers fixed times.
+if python3 -c "import numpy" 2>/dev/null; then
+    cat > fake_torch_masks.py <<'PY'
+import json, os, sys
+import numpy as np
+hello = json.loads(sys.stdin.readline())
+print(json.dumps({"torch": "0.0-numpy", "info": "threads %d" % hello["threads"]}), flush=True)
+wrong = os.environ.get("FAKE_MASKS_WRONG") == "1"   # a side that forgets the masks
+st = {}
+def sdpa(i):
+    q, k, v = st["qkv"]
+    m, causal = st["var"][i]
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])
+    if m is not None and not wrong:
+        s = np.where(m, s, -np.inf) if m.dtype == bool else s + m
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return ((e / e.sum(-1, keepdims=True)) @ v).astype(np.float32)
+for line in sys.stdin:
+    m = json.loads(line)
+    if m["op"] == "load":   # [B, L, H, D] files, seen as (B, H, L, D)
+        st["qkv"] = [np.load(m[x]).astype(np.float64).transpose(0, 2, 1, 3) for x in "qkv"]
+        st["var"] = [(None if x["mask"] is None else np.load(x["mask"]), x["causal"]) for x in m["variants"]]
+        assert all(not (x["mask"] and x["causal"]) for x in m["variants"]), m
+        ans = {"ok": True}
+    elif m["op"] == "check":
+        for i, p in enumerate(m["out"]):
+            np.save(p, sdpa(i))
+        ans = {"ok": True}
+    elif m["op"] == "round":   # variant i takes i + 1 ms
+        ans = {"times": [1e-3 * (i + 1) for i in range(len(st["var"]))]}
+    else:
+        st.clear()
+        ans = {"ok": True}
+    print(json.dumps(ans), flush=True)
+PY
+    expect "bench masks --vs torch through a NumPy stand-in" 0 "$ATTN" bench masks --quick --reps 2 --vs torch \
+        --python python3 --torch-script fake_torch_masks.py --json-out masks_torch.json
+    pycheck "masks vs torch: the stand-in's outputs pass the check, its times reach each row; kv_len rows have none" '
+import json
+d = json.load(open("masks_torch.json"))
+assert d["torch"]["version"] == "0.0-numpy" and d["torch"]["omp_wait_policy"], d["torch"]
+groups = {}
+for r in d["rows"]:
+    groups.setdefault(r["group"], []).append(r)
+timed = 0
+for g, rs in groups.items():
+    sent = 0
+    for r in rs:
+        if r["what"].startswith("kv_len"):
+            assert r["torch_note"] == "SDPA has no key lengths" and "torch_check" not in r, r
+        elif "1,L]+causal" in r["what"]:
+            assert "refuses is_causal" in r["torch_note"] and "torch_check" not in r, r
+        else:
+            assert r["torch_check"] == "pass" and r["torch_rel"] <= 1e-5, r
+            sent += 1   # the i-th variant sent to the side took i ms
+            assert r["torch_median_ms"] == r["torch_min_ms"] == r["torch_max_ms"] == sent, r
+            assert abs(r["attn_over_torch"] - r["attn_median_ms"] / sent) <= 1e-3 * r["attn_over_torch"], r
+            timed += 1
+assert timed == 13, timed   # 2 shapes x (4 padding masks + 2 causal ones) + the random mask
+'
+    expect "bench masks --vs torch: a side that forgets the masks fails the check" 1 env FAKE_MASKS_WRONG=1 \
+        "$ATTN" bench masks --quick --reps 1 --vs torch --python python3 --torch-script fake_torch_masks.py
+    n=$(grep -c 'torch FAILED' out.txt)
+    if [ "$n" -eq 13 ]; then ok "  13 torch rows FAILED"; else bad "  expected 13 torch FAILED rows, got $n"; sed 's/^/    /' out.txt | head -25; fi
+    expect "bench masks --vs torch --plant-error fails attn's checks and the side's" 1 "$ATTN" bench masks \
+        --quick --reps 1 --vs torch --python python3 --torch-script fake_torch_masks.py --plant-error
+    n=$(grep -c 'torch FAILED' out.txt)
+    if [ "$n" -eq 13 ]; then ok "  13 torch rows FAILED"; else bad "  expected 13 torch FAILED rows, got $n"; sed 's/^/    /' out.txt | head -25; fi
+else
+    echo "skip - bench masks --vs torch through a NumPy stand-in: no numpy in python3"
+fi
+
+# ---- attn bench --models (bench/bench_models.c, scripts/bench_hf.py) ---------------------------
+expect "bench --models, a Python without torch" 1 "$ATTN" bench --models --vs torch --python ./nopy
+if grep -q "cannot import torch" err.txt; then ok "  says so: $(grep 'cannot import' err.txt)"; else
+    bad "  no clear message"; cat err.txt out.txt; fi
+# torch importable (a stub, through --attn-site) but no transformers: every row is skipped
+# with the reason, and the run goes on (exit 0)
+mkdir -p stub/torch && echo '__version__ = "0.0-stub"' > stub/torch/__init__.py
+printf '#!/bin/sh\nexec python3 -S "$@"\n' > sitepy && chmod +x sitepy
+expect "bench --models without transformers" 0 "$ATTN" bench --models --python ./sitepy --attn-site stub --json-out models0.json
+if [ "$(grep -c 'skipped: transformers is not installed' out.txt)" -eq 2 ]; then ok "  both rows skipped, with the reason"; else
+    bad "  expected two skipped rows"; cat out.txt err.txt; fi
+pycheck "models JSON: the skips" '
+import json
+d = json.load(open("models0.json"))
+assert d["bench"] == "models" and [r["row"] for r in d["rows"]] == ["llama", "minilm"], d
+assert all("transformers is not installed" in r["skip"] for r in d["rows"]), d
+'
+for args in "--bogus" "--rows gpt" "--vs onnx" "--reps 0" "--attn-site /nonexistent"; do
+    # shellcheck disable=SC2086
+    expect "bench --models usage error: $args" 2 "$ATTN" bench --models --python python3 $args
+    if [ "$(wc -l <err.txt)" -eq 1 ] && [ ! -s out.txt ]; then ok "  one line on stderr: $(cat err.txt)"; else
+        bad "  expected one line on stderr and nothing on stdout"; cat err.txt out.txt; fi
+done
+cat > fake_hf.py <<'PY'
+import json, sys
+args = sys.argv[1:]
+assert "--json" in args and args[args.index("--threads") + 1] == "2", args
+print(json.dumps({"header": {"torch": "0.0", "transformers": "0.0", "attn": "0.0", "attn_file": "x",
+                             "kernel": "k", "threads": 2, "reps": 5}}))
+for impl, ms in [("attn", 100.0), ("sdpa", 125.0), ("eager", 400.0)]:
+    print(json.dumps({"row": "llama", "impl": impl, "info": "B=1 L=2048", "median_ms": ms,
+                      "min_ms": ms - 1, "max_ms": ms + 1, "check_rel": 1e-7}))
+if "--plant-error" in args:
+    print(json.dumps({"row": "minilm", "error": "output differs from eager's"}))
+    sys.exit(1)
+print(json.dumps({"row": "minilm", "skip": "the model package is not installed"}))
+PY
+expect "bench --models through a stand-in" 0 "$ATTN" bench --models --python python3 --hf-script fake_hf.py --json-out models.json
+pycheck "models: rows, attn/this ratios, the skip" '
+import json
+d = json.load(open("models.json"))
+rows = d["rows"]
+assert [r.get("impl") for r in rows] == ["attn", "sdpa", "eager", None], rows
+assert rows[0]["attn_over_this"] == 1 and abs(rows[1]["attn_over_this"] - 0.8) < 1e-9 and abs(rows[2]["attn_over_this"] - 0.25) < 1e-9, rows
+assert rows[3]["skip"] == "the model package is not installed" and d["peer"]["header"]["torch"] == "0.0", d
+table = open("out.txt").read()
+assert "llama   sdpa" in table and "0.80" in table and "minilm  skipped" in table, table
+'
+expect "bench --models: a failed row fails the run" 1 "$ATTN" bench --models --python python3 --hf-script fake_hf.py --plant-error
+grep -q "minilm  FAILED: output differs" out.txt && ok "  and is shown" || { bad "  no FAILED row"; cat out.txt; }
 
 echo "bench: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

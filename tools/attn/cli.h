@@ -19,6 +19,7 @@ int bench_additive(int argc, char **argv); /* attn bench --additive (bench/bench
 int bench_paged(int argc, char **argv);    /* attn bench --paged (bench/bench_paged.c) */
 int bench_q8(int argc, char **argv);       /* attn bench --q8 (bench/bench_q8.c) */
 int bench_dropout(int argc, char **argv);  /* attn bench --dropout (bench/bench_dropout.c) */
+int bench_models(int argc, char **argv);   /* attn bench --models (bench/bench_models.c) */
 int bench_cascade(int argc, char **argv);  /* attn bench --cascade (bench/bench_cascade.c) */
 int cli_bench_mha(int argc, char **argv);  /* attn bench-mha (bench/bench_mha.c) */
 int demo_mha(void);  /* attn demo's multi-head examples (tools/attn/demo_mha.c) */
