@@ -15,6 +15,7 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "half.h"
 #include "additive.h"
@@ -166,71 +167,118 @@ static void softmax_avx2(int64_t npad, int64_t nk, float *s, int64_t lds, float 
     }
 }
 
-/* RR rows x DC ymm of value columns; the last ymm under the lane mask `tail`. */
-INLINE void pv_tile(int RR, int DC, bool SKIP, int64_t nk, const float *p, int64_t lds,
-                    const float *v, int64_t ldv, const float *alpha, float *acc, int64_t ldo,
-                    __m256i tail) {
+/* RR rows x 2 ymm (16 value columns) of P V, from the packed panel vp (nk rows of 16
+ * floats); the columns of acc past `cols` (< 16 in the last pass) are not written. SKIP:
+ * a p of exactly 0 does not multiply its value row (by a blend, no branch; pv_avx2 takes
+ * it only for a value block that holds a NaN or an Inf). */
+INLINE void pv_tile(int RR, bool SKIP, bool MASKED, int64_t nk, const float *p, int64_t lds,
+                    const float *vp, const float *alpha, float *acc, int64_t ldo,
+                    __m256i tail0, __m256i tail1) {
     __m256 t[4][2];
-    UNROLL for (int i = 0; i < RR; i++)
-        UNROLL for (int j = 0; j < DC; j++) t[i][j] = _mm256_setzero_ps();
+    UNROLL for (int i = 0; i < RR; i++) t[i][0] = t[i][1] = _mm256_setzero_ps();
     for (int64_t c = 0; c < nk; c++) {
-        __m256 vv[2];
-        UNROLL for (int j = 0; j < DC; j++)
-            vv[j] = j == DC - 1 ? _mm256_maskload_ps(v + c * ldv + 8 * j, tail)
-                                : _mm256_loadu_ps(v + c * ldv + 8 * j);
+        const __m256 v0 = _mm256_load_ps(vp + 16 * c), v1 = _mm256_load_ps(vp + 16 * c + 8);
         UNROLL for (int i = 0; i < RR; i++) {
-            const float p_ic = p[c * lds + i];
-            if (SKIP && p_ic == 0.0f) continue;  // masked: V is not multiplied
-            const __m256 pb = _mm256_set1_ps(p_ic);
-            UNROLL for (int j = 0; j < DC; j++) t[i][j] = _mm256_fmadd_ps(pb, vv[j], t[i][j]);
+            const __m256 pb = _mm256_broadcast_ss(p + c * lds + i);
+            if (SKIP) {  // masked (p = 0): the row's sums keep their value
+                const __m256 live = _mm256_cmp_ps(pb, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+                t[i][0] = _mm256_blendv_ps(t[i][0], _mm256_fmadd_ps(pb, v0, t[i][0]), live);
+                t[i][1] = _mm256_blendv_ps(t[i][1], _mm256_fmadd_ps(pb, v1, t[i][1]), live);
+            } else {
+                t[i][0] = _mm256_fmadd_ps(pb, v0, t[i][0]);
+                t[i][1] = _mm256_fmadd_ps(pb, v1, t[i][1]);
+            }
         }
     }
     UNROLL for (int i = 0; i < RR; i++) {
         const __m256 a = _mm256_set1_ps(alpha[i]);
-        UNROLL for (int j = 0; j < DC; j++) {
-            float *o = acc + i * ldo + 8 * j;
-            if (j == DC - 1)
-                _mm256_maskstore_ps(o, tail, _mm256_fmadd_ps(_mm256_maskload_ps(o, tail), a, t[i][j]));
-            else
-                _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(o), a, t[i][j]));
+        float *o = acc + i * ldo;
+        if (MASKED) {
+            _mm256_maskstore_ps(o, tail0, _mm256_fmadd_ps(_mm256_maskload_ps(o, tail0), a, t[i][0]));
+            _mm256_maskstore_ps(o + 8, tail1, _mm256_fmadd_ps(_mm256_maskload_ps(o + 8, tail1), a, t[i][1]));
+        } else {
+            _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(o), a, t[i][0]));
+            _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_loadu_ps(o + 8), a, t[i][1]));
         }
     }
 }
 
-#define PV_COLS(DC)                                                                         \
-    static void pv_cols##DC(int64_t n, int64_t nk, const float *p, int64_t lds,           \
-                            const float *v, int64_t ldv, const float *alpha, float *acc,   \
-                            int64_t ldo, __m256i tail, bool skip) {                        \
+/* One pass of 16 value columns for all n rows: 4 rows a tile, the rows left over one at
+ * a time. */
+#define PV_PASS(NAME, SKIP, MASKED)                                                          \
+    static void NAME(int64_t n, int64_t nk, const float *p, int64_t lds, const float *vp,   \
+                     const float *alpha, float *acc, int64_t ldo, __m256i tail0,            \
+                     __m256i tail1) {                                                       \
         int64_t r = 0;                                                                      \
-        if (skip) {                                                                         \
-            for (; r + 4 <= n; r += 4)                                                      \
-                pv_tile(4, DC, true, nk, p + r, lds, v, ldv, alpha + r, acc + r * ldo, ldo, tail); \
-            for (; r < n; r++)                                                              \
-                pv_tile(1, DC, true, nk, p + r, lds, v, ldv, alpha + r, acc + r * ldo, ldo, tail); \
-        } else {                                                                            \
-            for (; r + 4 <= n; r += 4)                                                      \
-                pv_tile(4, DC, false, nk, p + r, lds, v, ldv, alpha + r, acc + r * ldo, ldo, tail); \
-            for (; r < n; r++)                                                              \
-                pv_tile(1, DC, false, nk, p + r, lds, v, ldv, alpha + r, acc + r * ldo, ldo, tail); \
-        }                                                                                   \
+        for (; r + 4 <= n; r += 4)                                                          \
+            pv_tile(4, SKIP, MASKED, nk, p + r, lds, vp, alpha + r, acc + r * ldo, ldo, tail0, tail1); \
+        for (; r < n; r++)                                                                  \
+            pv_tile(1, SKIP, MASKED, nk, p + r, lds, vp, alpha + r, acc + r * ldo, ldo, tail0, tail1); \
     }
-PV_COLS(1)
-PV_COLS(2)
+PV_PASS(pv_pass, false, false)
+PV_PASS(pv_pass_m, false, true)
+PV_PASS(pv_pass_skip, true, false)
+PV_PASS(pv_pass_skip_m, true, true)
 
+/* Whether the nk x dv block v holds only finite values (no NaN, no Inf). */
+static bool rows_finite(const float *v, int64_t ldv, int64_t nk, int64_t dv) {
+    const __m256i expo = _mm256_set1_epi32(0x7f800000);
+    __m256i bad = _mm256_setzero_si256();
+    uint32_t bad_s = 0;
+    for (int64_t c = 0; c < nk; c++) {
+        const float *row = v + c * ldv;
+        int64_t d = 0;
+        for (; d + 8 <= dv; d += 8) {
+            const __m256i x = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(row + d)), expo);
+            bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(x, expo));
+        }
+        for (; d < dv; d++) {
+            uint32_t u;
+            memcpy(&u, row + d, sizeof u);
+            bad_s |= (u & 0x7f800000u) == 0x7f800000u;
+        }
+    }
+    return !bad_s && _mm256_testz_si256(bad, bad);
+}
+
+/* P V in passes of 16 value columns, 4 rows x 2 ymm a register tile. Each pass first
+ * copies its columns of the nk value rows into a contiguous panel (64 bytes a key): the
+ * value rows of a caller's [.., L, D] tensor lie a power of two apart (256 bytes for
+ * D = 64, 512 for D = 128), so the rows of one pass share a few L1 sets and evict each
+ * other (and the logits' lines) on every sweep of the rows; the panel streams instead
+ * (docs/KERNELS.md: 55 -> 90 GFLOP/s a core on a tile). The last pass of a Dv that is not
+ * a multiple of 16 is zero-padded in the panel and stored under a lane mask.
+ * skip_zeros matters only where the value block holds a NaN or an Inf (0 * v = 0 exactly
+ * otherwise, and adding a zero changes no sum), so a masked tile checks the block first
+ * (nk * dv loads, beside the n * nk * dv FMAs) and takes the blend only where it must:
+ * no per-probability branch, which a random bool mask mispredicts half the time. */
 static void pv_avx2(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p,
                     int64_t lds, const float *v, int64_t ldv, const float *alpha, float *acc,
                     int64_t ldo, bool skip_zeros) {
     (void)npad;
+    _Alignas(32) float panel[ATTN_BK_LIMIT * 16];
+    const bool skip = skip_zeros && !rows_finite(v, ldv, nk, dv);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int64_t d0 = 0; d0 < dv; d0 += 16) {
         const int64_t nd = dv - d0 < 16 ? dv - d0 : 16;
-        const int dc = nd > 8 ? 2 : 1;
-        const int rem = (int)(nd - 8 * (dc - 1));
-        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(rem), lane);
-        if (dc == 2)
-            pv_cols2(n, nk, p, lds, v + d0, ldv, alpha, acc + d0, ldo, tail, skip_zeros);
-        else
-            pv_cols1(n, nk, p, lds, v + d0, ldv, alpha, acc + d0, ldo, tail, skip_zeros);
+        const __m256i tail0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nd), lane);
+        const __m256i tail1 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nd - 8), lane);
+        const float *vc = v + d0;
+        if (nd == 16) {
+            for (int64_t c = 0; c < nk; c++) {
+                _mm256_store_ps(panel + 16 * c, _mm256_loadu_ps(vc + c * ldv));
+                _mm256_store_ps(panel + 16 * c + 8, _mm256_loadu_ps(vc + c * ldv + 8));
+            }
+            if (skip) pv_pass_skip(n, nk, p, lds, panel, alpha, acc + d0, ldo, tail0, tail1);
+            else pv_pass(n, nk, p, lds, panel, alpha, acc + d0, ldo, tail0, tail1);
+        } else {
+            for (int64_t c = 0; c < nk; c++) {
+                _mm256_store_ps(panel + 16 * c, _mm256_maskload_ps(vc + c * ldv, tail0));
+                _mm256_store_ps(panel + 16 * c + 8, _mm256_maskload_ps(vc + c * ldv + 8, tail1));
+            }
+            if (skip) pv_pass_skip_m(n, nk, p, lds, panel, alpha, acc + d0, ldo, tail0, tail1);
+            else pv_pass_m(n, nk, p, lds, panel, alpha, acc + d0, ldo, tail0, tail1);
+        }
     }
 }
 
