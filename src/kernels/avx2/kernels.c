@@ -282,6 +282,42 @@ static void pv_avx2(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float
     }
 }
 
+/* The bool mask on an S^T tile (kernels.h: mask_bool) without a branch or a gather: for
+ * 8 rows x 8 keys, eight 8-byte loads (one per row) transposed by three rounds of byte,
+ * word and dword unpacks into 8 bytes per key (the 8 rows), each widened to a lane mask
+ * that blends -inf into the key's 8 logits. Keys past a multiple of 8 and rows past a
+ * multiple of 8 take the portable loop. */
+static void mask_bool_avx2(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm, float *s,
+                           int64_t lds) {
+    const int64_t n8 = n / 8 * 8, nk8 = nk / 8 * 8;
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+    const __m256i zero = _mm256_setzero_si256();
+    for (int64_t r = 0; r < n8; r += 8) {
+        const uint8_t *mr = m + r * ldm;
+        for (int64_t c = 0; c < nk8; c += 8) {
+            __m128i x[8];
+            UNROLL for (int i = 0; i < 8; i++) x[i] = _mm_loadl_epi64((const __m128i *)(mr + i * ldm + c));
+            // a[j]: keys 0..7 of rows 2j, 2j+1 interleaved
+            const __m128i a0 = _mm_unpacklo_epi8(x[0], x[1]), a1 = _mm_unpacklo_epi8(x[2], x[3]);
+            const __m128i a2 = _mm_unpacklo_epi8(x[4], x[5]), a3 = _mm_unpacklo_epi8(x[6], x[7]);
+            // rows 0..3 (b0: keys 0..3, b1: keys 4..7), rows 4..7 (b2, b3)
+            const __m128i b0 = _mm_unpacklo_epi16(a0, a1), b1 = _mm_unpackhi_epi16(a0, a1);
+            const __m128i b2 = _mm_unpacklo_epi16(a2, a3), b3 = _mm_unpackhi_epi16(a2, a3);
+            // two keys each, 8 rows a key
+            const __m128i k[4] = {_mm_unpacklo_epi32(b0, b2), _mm_unpackhi_epi32(b0, b2),
+                                  _mm_unpacklo_epi32(b1, b3), _mm_unpackhi_epi32(b1, b3)};
+            UNROLL for (int t = 0; t < 8; t++) {
+                const __m128i bytes = t % 2 ? _mm_srli_si128(k[t / 2], 8) : k[t / 2];
+                const __m256i masked = _mm256_cmpeq_epi32(_mm256_cvtepu8_epi32(bytes), zero);
+                float *x_t = s + (c + t) * lds + r;
+                _mm256_storeu_ps(x_t, _mm256_blendv_ps(_mm256_loadu_ps(x_t), neg_inf, _mm256_castsi256_ps(masked)));
+            }
+        }
+        if (nk8 < nk) attn_mask_bool_generic(8, nk - nk8, mr + nk8, ldm, s + nk8 * lds + r, lds);
+    }
+    if (n8 < n) attn_mask_bool_generic(n - n8, nk, m + n8 * ldm, ldm, s + n8, lds);
+}
+
 static void exp_array_avx2(int64_t n, const float *x, float *y) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp_avx2(_mm256_loadu_ps(x + i)));
@@ -594,7 +630,7 @@ const attn_kernels attn_kernels_avx2 = {
     .qk = qk_avx2,
     .softmax = softmax_avx2,
     .pv = pv_avx2,
-    .mask_bool = attn_mask_bool_generic,
+    .mask_bool = mask_bool_avx2,
     .to_f32 = to_f32_avx2,
     .decode = decode_avx2,
     .decode_qk = decode_qk_avx2,
