@@ -30,14 +30,19 @@
  * normal number, and below -87.33 the result is flushed to 0 (the exact value is below
  * 2^-126 there: at most 1.2e-38 absolute error, nothing next to a softmax sum >= 1).
  * max(lo, x) returns x when x is NaN, so NaN stays NaN; -inf gives exactly 0.
+ * The rounding to an integer is the shifter's: t = x log2 e + (1.5 * 2^23 + 127) in one
+ * FMA leaves n + 127 in t's low mantissa bits (|n| < 2^22), so n = t - that constant
+ * exactly and t's bits shifted left by 23 are 2^n: three operations where a round, a
+ * conversion, an add and a shift were five (the exp is most of the softmax's work).
  * Measured against float64 exp on [-87.33, 0]: see tests/test_kernels.c. */
 INLINE __m256 exp_avx2(__m256 x) {
     const __m256 lo = _mm256_set1_ps(-87.33654f);
     const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
     x = _mm256_max_ps(lo, x);
     x = _mm256_min_ps(_mm256_set1_ps(88.0f), x);
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 shifter = _mm256_set1_ps(12582912.0f + 127.0f);  // 1.5 * 2^23 + 127
+    const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), shifter);
+    const __m256 n = _mm256_sub_ps(t, shifter);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606820309417e-06f), r);
     __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
@@ -48,8 +53,8 @@ INLINE __m256 exp_avx2(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    /* 2^n for n in [-126, 127]: (n + 127) << 23 read as float bits */
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    /* 2^n for n in [-126, 127]: (n + 127) << 23, from t's bits */
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(t), 23);
     return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
@@ -135,36 +140,63 @@ static void qk_avx2(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float
         int64_t c = 0;
         for (; c + 6 <= nk; c += 6)
             qk_tile(2, 6, dk, qt + r, ldq, k + c * ldk, ldk, vs, s + c * lds + r, lds);
-        for (; c < nk; c++)
-            qk_tile(2, 1, dk, qt + r, ldq, k + c * ldk, ldk, vs, s + c * lds + r, lds);
+        /* the last nk % 6 keys in one tile (a key-at-a-time tail has 2 accumulators, a
+         * quarter of what hides the FMA latency: 2 of bk = 128 keys took 6% of the time) */
+        float *sc = s + c * lds + r;
+        const float *kc = k + c * ldk;
+        switch (nk - c) {
+        case 5: qk_tile(2, 5, dk, qt + r, ldq, kc, ldk, vs, sc, lds); break;
+        case 4: qk_tile(2, 4, dk, qt + r, ldq, kc, ldk, vs, sc, lds); break;
+        case 3: qk_tile(2, 3, dk, qt + r, ldq, kc, ldk, vs, sc, lds); break;
+        case 2: qk_tile(2, 2, dk, qt + r, ldq, kc, ldk, vs, sc, lds); break;
+        case 1: qk_tile(2, 1, dk, qt + r, ldq, kc, ldk, vs, sc, lds); break;
+        default: break;
+        }
+    }
+}
+
+/* RV ymm of rows (8 each) of the online-softmax step, side by side: two passes over the
+ * keys (the max, then the exps and their sum), each with RV independent chains so that
+ * the exps of the rows overlap. */
+INLINE void softmax_rows(int RV, int64_t nk, float *s, int64_t lds, float *m, float *l,
+                         float *alpha) {
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
+    __m256 m_old[2], mx[2], nan[2], shift[2], sum[2];
+    UNROLL for (int a = 0; a < RV; a++) {
+        m_old[a] = mx[a] = _mm256_loadu_ps(m + 8 * a);
+        nan[a] = _mm256_cmp_ps(m_old[a], m_old[a], _CMP_UNORD_Q);
+    }
+    for (int64_t c = 0; c < nk; c++)
+        UNROLL for (int a = 0; a < RV; a++) {
+            const __m256 x = _mm256_loadu_ps(s + c * lds + 8 * a);
+            mx[a] = _mm256_max_ps(mx[a], x);
+            nan[a] = _mm256_or_ps(nan[a], _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+        }
+    UNROLL for (int a = 0; a < RV; a++) {
+        mx[a] = _mm256_blendv_ps(mx[a], _mm256_set1_ps(NAN), nan[a]);  // a NaN logit poisons its row
+        shift[a] = _mm256_blendv_ps(mx[a], zero, _mm256_cmp_ps(mx[a], neg_inf, _CMP_EQ_OQ));
+        sum[a] = zero;
+    }
+    for (int64_t c = 0; c < nk; c++)
+        UNROLL for (int a = 0; a < RV; a++) {
+            float *x = s + c * lds + 8 * a;
+            const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x), shift[a]));
+            _mm256_storeu_ps(x, e);
+            sum[a] = _mm256_add_ps(sum[a], e);
+        }
+    UNROLL for (int a = 0; a < RV; a++) {
+        const __m256 al = exp_avx2(_mm256_sub_ps(m_old[a], shift[a]));
+        _mm256_storeu_ps(alpha + 8 * a, al);
+        _mm256_storeu_ps(l + 8 * a, _mm256_fmadd_ps(_mm256_loadu_ps(l + 8 * a), al, sum[a]));
+        _mm256_storeu_ps(m + 8 * a, mx[a]);
     }
 }
 
 static void softmax_avx2(int64_t npad, int64_t nk, float *s, int64_t lds, float *m, float *l,
                          float *alpha) {
-    const __m256 neg_inf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
-    for (int64_t r = 0; r < npad; r += 8) {
-        const __m256 m_old = _mm256_loadu_ps(m + r);
-        __m256 mx = m_old;
-        __m256 nan = _mm256_cmp_ps(m_old, m_old, _CMP_UNORD_Q);
-        for (int64_t c = 0; c < nk; c++) {
-            const __m256 x = _mm256_loadu_ps(s + c * lds + r);
-            mx = _mm256_max_ps(mx, x);
-            nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-        }
-        mx = _mm256_blendv_ps(mx, _mm256_set1_ps(NAN), nan);  // a NaN logit poisons its row
-        const __m256 shift = _mm256_blendv_ps(mx, zero, _mm256_cmp_ps(mx, neg_inf, _CMP_EQ_OQ));
-        __m256 sum = zero;
-        for (int64_t c = 0; c < nk; c++) {
-            const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + c * lds + r), shift));
-            _mm256_storeu_ps(s + c * lds + r, e);
-            sum = _mm256_add_ps(sum, e);
-        }
-        const __m256 a = exp_avx2(_mm256_sub_ps(m_old, shift));
-        _mm256_storeu_ps(alpha + r, a);
-        _mm256_storeu_ps(l + r, _mm256_fmadd_ps(_mm256_loadu_ps(l + r), a, sum));
-        _mm256_storeu_ps(m + r, mx);
-    }
+    int64_t r = 0;
+    for (; r + 16 <= npad; r += 16) softmax_rows(2, nk, s + r, lds, m + r, l + r, alpha + r);
+    for (; r < npad; r += 8) softmax_rows(1, nk, s + r, lds, m + r, l + r, alpha + r);
 }
 
 /* RR rows x 2 ymm (16 value columns) of P V, from the packed panel vp (nk rows of 16
