@@ -15,6 +15,7 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "half.h"
 #include "additive.h"
@@ -29,14 +30,19 @@
  * normal number, and below -87.33 the result is flushed to 0 (the exact value is below
  * 2^-126 there: at most 1.2e-38 absolute error, nothing next to a softmax sum >= 1).
  * max(lo, x) returns x when x is NaN, so NaN stays NaN; -inf gives exactly 0.
+ * The rounding to an integer is the shifter's: t = x log2 e + (1.5 * 2^23 + 127) in one
+ * FMA leaves n + 127 in t's low mantissa bits (|n| < 2^22), so n = t - that constant
+ * exactly and t's bits shifted left by 23 are 2^n: three operations where a round, a
+ * conversion, an add and a shift were five (the exp is most of the softmax's work).
  * Measured against float64 exp on [-87.33, 0]: see tests/test_kernels.c. */
 INLINE __m256 exp_avx2(__m256 x) {
     const __m256 lo = _mm256_set1_ps(-87.33654f);
     const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
     x = _mm256_max_ps(lo, x);
     x = _mm256_min_ps(_mm256_set1_ps(88.0f), x);
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 shifter = _mm256_set1_ps(12582912.0f + 127.0f);  // 1.5 * 2^23 + 127
+    const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), shifter);
+    const __m256 n = _mm256_sub_ps(t, shifter);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606820309417e-06f), r);
     __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
@@ -47,8 +53,8 @@ INLINE __m256 exp_avx2(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    /* 2^n for n in [-126, 127]: (n + 127) << 23 read as float bits */
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    /* 2^n for n in [-126, 127]: (n + 127) << 23, from t's bits */
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(t), 23);
     return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
@@ -134,104 +140,214 @@ static void qk_avx2(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float
         int64_t c = 0;
         for (; c + 6 <= nk; c += 6)
             qk_tile(2, 6, dk, qt + r, ldq, k + c * ldk, ldk, vs, s + c * lds + r, lds);
-        for (; c < nk; c++)
-            qk_tile(2, 1, dk, qt + r, ldq, k + c * ldk, ldk, vs, s + c * lds + r, lds);
+        /* the last nk % 6 keys in one tile (a key-at-a-time tail has 2 accumulators, a
+         * quarter of what hides the FMA latency: 2 of bk = 128 keys took 6% of the time) */
+        float *sc = s + c * lds + r;
+        const float *kc = k + c * ldk;
+        switch (nk - c) {
+        case 5: qk_tile(2, 5, dk, qt + r, ldq, kc, ldk, vs, sc, lds); break;
+        case 4: qk_tile(2, 4, dk, qt + r, ldq, kc, ldk, vs, sc, lds); break;
+        case 3: qk_tile(2, 3, dk, qt + r, ldq, kc, ldk, vs, sc, lds); break;
+        case 2: qk_tile(2, 2, dk, qt + r, ldq, kc, ldk, vs, sc, lds); break;
+        case 1: qk_tile(2, 1, dk, qt + r, ldq, kc, ldk, vs, sc, lds); break;
+        default: break;
+        }
+    }
+}
+
+/* RV ymm of rows (8 each) of the online-softmax step, side by side: two passes over the
+ * keys (the max, then the exps and their sum), each with RV independent chains so that
+ * the exps of the rows overlap. */
+INLINE void softmax_rows(int RV, int64_t nk, float *s, int64_t lds, float *m, float *l,
+                         float *alpha) {
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
+    __m256 m_old[2], mx[2], nan[2], shift[2], sum[2];
+    UNROLL for (int a = 0; a < RV; a++) {
+        m_old[a] = mx[a] = _mm256_loadu_ps(m + 8 * a);
+        nan[a] = _mm256_cmp_ps(m_old[a], m_old[a], _CMP_UNORD_Q);
+    }
+    for (int64_t c = 0; c < nk; c++)
+        UNROLL for (int a = 0; a < RV; a++) {
+            const __m256 x = _mm256_loadu_ps(s + c * lds + 8 * a);
+            mx[a] = _mm256_max_ps(mx[a], x);
+            nan[a] = _mm256_or_ps(nan[a], _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+        }
+    UNROLL for (int a = 0; a < RV; a++) {
+        mx[a] = _mm256_blendv_ps(mx[a], _mm256_set1_ps(NAN), nan[a]);  // a NaN logit poisons its row
+        shift[a] = _mm256_blendv_ps(mx[a], zero, _mm256_cmp_ps(mx[a], neg_inf, _CMP_EQ_OQ));
+        sum[a] = zero;
+    }
+    for (int64_t c = 0; c < nk; c++)
+        UNROLL for (int a = 0; a < RV; a++) {
+            float *x = s + c * lds + 8 * a;
+            const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x), shift[a]));
+            _mm256_storeu_ps(x, e);
+            sum[a] = _mm256_add_ps(sum[a], e);
+        }
+    UNROLL for (int a = 0; a < RV; a++) {
+        const __m256 al = exp_avx2(_mm256_sub_ps(m_old[a], shift[a]));
+        _mm256_storeu_ps(alpha + 8 * a, al);
+        _mm256_storeu_ps(l + 8 * a, _mm256_fmadd_ps(_mm256_loadu_ps(l + 8 * a), al, sum[a]));
+        _mm256_storeu_ps(m + 8 * a, mx[a]);
     }
 }
 
 static void softmax_avx2(int64_t npad, int64_t nk, float *s, int64_t lds, float *m, float *l,
                          float *alpha) {
-    const __m256 neg_inf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
-    for (int64_t r = 0; r < npad; r += 8) {
-        const __m256 m_old = _mm256_loadu_ps(m + r);
-        __m256 mx = m_old;
-        __m256 nan = _mm256_cmp_ps(m_old, m_old, _CMP_UNORD_Q);
-        for (int64_t c = 0; c < nk; c++) {
-            const __m256 x = _mm256_loadu_ps(s + c * lds + r);
-            mx = _mm256_max_ps(mx, x);
-            nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-        }
-        mx = _mm256_blendv_ps(mx, _mm256_set1_ps(NAN), nan);  // a NaN logit poisons its row
-        const __m256 shift = _mm256_blendv_ps(mx, zero, _mm256_cmp_ps(mx, neg_inf, _CMP_EQ_OQ));
-        __m256 sum = zero;
-        for (int64_t c = 0; c < nk; c++) {
-            const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + c * lds + r), shift));
-            _mm256_storeu_ps(s + c * lds + r, e);
-            sum = _mm256_add_ps(sum, e);
-        }
-        const __m256 a = exp_avx2(_mm256_sub_ps(m_old, shift));
-        _mm256_storeu_ps(alpha + r, a);
-        _mm256_storeu_ps(l + r, _mm256_fmadd_ps(_mm256_loadu_ps(l + r), a, sum));
-        _mm256_storeu_ps(m + r, mx);
-    }
+    int64_t r = 0;
+    for (; r + 16 <= npad; r += 16) softmax_rows(2, nk, s + r, lds, m + r, l + r, alpha + r);
+    for (; r < npad; r += 8) softmax_rows(1, nk, s + r, lds, m + r, l + r, alpha + r);
 }
 
-/* RR rows x DC ymm of value columns; the last ymm under the lane mask `tail`. */
-INLINE void pv_tile(int RR, int DC, bool SKIP, int64_t nk, const float *p, int64_t lds,
-                    const float *v, int64_t ldv, const float *alpha, float *acc, int64_t ldo,
-                    __m256i tail) {
+/* RR rows x 2 ymm (16 value columns) of P V, from the packed panel vp (nk rows of 16
+ * floats); the columns of acc past `cols` (< 16 in the last pass) are not written. SKIP:
+ * a p of exactly 0 does not multiply its value row (by a blend, no branch; pv_avx2 takes
+ * it only for a value block that holds a NaN or an Inf). */
+INLINE void pv_tile(int RR, bool SKIP, bool MASKED, int64_t nk, const float *p, int64_t lds,
+                    const float *vp, const float *alpha, float *acc, int64_t ldo,
+                    __m256i tail0, __m256i tail1) {
     __m256 t[4][2];
-    UNROLL for (int i = 0; i < RR; i++)
-        UNROLL for (int j = 0; j < DC; j++) t[i][j] = _mm256_setzero_ps();
+    UNROLL for (int i = 0; i < RR; i++) t[i][0] = t[i][1] = _mm256_setzero_ps();
     for (int64_t c = 0; c < nk; c++) {
-        __m256 vv[2];
-        UNROLL for (int j = 0; j < DC; j++)
-            vv[j] = j == DC - 1 ? _mm256_maskload_ps(v + c * ldv + 8 * j, tail)
-                                : _mm256_loadu_ps(v + c * ldv + 8 * j);
+        const __m256 v0 = _mm256_load_ps(vp + 16 * c), v1 = _mm256_load_ps(vp + 16 * c + 8);
         UNROLL for (int i = 0; i < RR; i++) {
-            const float p_ic = p[c * lds + i];
-            if (SKIP && p_ic == 0.0f) continue;  // masked: V is not multiplied
-            const __m256 pb = _mm256_set1_ps(p_ic);
-            UNROLL for (int j = 0; j < DC; j++) t[i][j] = _mm256_fmadd_ps(pb, vv[j], t[i][j]);
+            const __m256 pb = _mm256_broadcast_ss(p + c * lds + i);
+            if (SKIP) {  // masked (p = 0): the row's sums keep their value
+                const __m256 live = _mm256_cmp_ps(pb, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+                t[i][0] = _mm256_blendv_ps(t[i][0], _mm256_fmadd_ps(pb, v0, t[i][0]), live);
+                t[i][1] = _mm256_blendv_ps(t[i][1], _mm256_fmadd_ps(pb, v1, t[i][1]), live);
+            } else {
+                t[i][0] = _mm256_fmadd_ps(pb, v0, t[i][0]);
+                t[i][1] = _mm256_fmadd_ps(pb, v1, t[i][1]);
+            }
         }
     }
     UNROLL for (int i = 0; i < RR; i++) {
         const __m256 a = _mm256_set1_ps(alpha[i]);
-        UNROLL for (int j = 0; j < DC; j++) {
-            float *o = acc + i * ldo + 8 * j;
-            if (j == DC - 1)
-                _mm256_maskstore_ps(o, tail, _mm256_fmadd_ps(_mm256_maskload_ps(o, tail), a, t[i][j]));
-            else
-                _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(o), a, t[i][j]));
+        float *o = acc + i * ldo;
+        if (MASKED) {
+            _mm256_maskstore_ps(o, tail0, _mm256_fmadd_ps(_mm256_maskload_ps(o, tail0), a, t[i][0]));
+            _mm256_maskstore_ps(o + 8, tail1, _mm256_fmadd_ps(_mm256_maskload_ps(o + 8, tail1), a, t[i][1]));
+        } else {
+            _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(o), a, t[i][0]));
+            _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_loadu_ps(o + 8), a, t[i][1]));
         }
     }
 }
 
-#define PV_COLS(DC)                                                                         \
-    static void pv_cols##DC(int64_t n, int64_t nk, const float *p, int64_t lds,           \
-                            const float *v, int64_t ldv, const float *alpha, float *acc,   \
-                            int64_t ldo, __m256i tail, bool skip) {                        \
+/* One pass of 16 value columns for all n rows: 4 rows a tile, the rows left over one at
+ * a time. */
+#define PV_PASS(NAME, SKIP, MASKED)                                                          \
+    static void NAME(int64_t n, int64_t nk, const float *p, int64_t lds, const float *vp,   \
+                     const float *alpha, float *acc, int64_t ldo, __m256i tail0,            \
+                     __m256i tail1) {                                                       \
         int64_t r = 0;                                                                      \
-        if (skip) {                                                                         \
-            for (; r + 4 <= n; r += 4)                                                      \
-                pv_tile(4, DC, true, nk, p + r, lds, v, ldv, alpha + r, acc + r * ldo, ldo, tail); \
-            for (; r < n; r++)                                                              \
-                pv_tile(1, DC, true, nk, p + r, lds, v, ldv, alpha + r, acc + r * ldo, ldo, tail); \
-        } else {                                                                            \
-            for (; r + 4 <= n; r += 4)                                                      \
-                pv_tile(4, DC, false, nk, p + r, lds, v, ldv, alpha + r, acc + r * ldo, ldo, tail); \
-            for (; r < n; r++)                                                              \
-                pv_tile(1, DC, false, nk, p + r, lds, v, ldv, alpha + r, acc + r * ldo, ldo, tail); \
-        }                                                                                   \
+        for (; r + 4 <= n; r += 4)                                                          \
+            pv_tile(4, SKIP, MASKED, nk, p + r, lds, vp, alpha + r, acc + r * ldo, ldo, tail0, tail1); \
+        for (; r < n; r++)                                                                  \
+            pv_tile(1, SKIP, MASKED, nk, p + r, lds, vp, alpha + r, acc + r * ldo, ldo, tail0, tail1); \
     }
-PV_COLS(1)
-PV_COLS(2)
+PV_PASS(pv_pass, false, false)
+PV_PASS(pv_pass_m, false, true)
+PV_PASS(pv_pass_skip, true, false)
+PV_PASS(pv_pass_skip_m, true, true)
 
+/* Whether the nk x dv block v holds only finite values (no NaN, no Inf). */
+static bool rows_finite(const float *v, int64_t ldv, int64_t nk, int64_t dv) {
+    const __m256i expo = _mm256_set1_epi32(0x7f800000);
+    __m256i bad = _mm256_setzero_si256();
+    uint32_t bad_s = 0;
+    for (int64_t c = 0; c < nk; c++) {
+        const float *row = v + c * ldv;
+        int64_t d = 0;
+        for (; d + 8 <= dv; d += 8) {
+            const __m256i x = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(row + d)), expo);
+            bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(x, expo));
+        }
+        for (; d < dv; d++) {
+            uint32_t u;
+            memcpy(&u, row + d, sizeof u);
+            bad_s |= (u & 0x7f800000u) == 0x7f800000u;
+        }
+    }
+    return !bad_s && _mm256_testz_si256(bad, bad);
+}
+
+/* P V in passes of 16 value columns, 4 rows x 2 ymm a register tile. Each pass first
+ * copies its columns of the nk value rows into a contiguous panel (64 bytes a key): the
+ * value rows of a caller's [.., L, D] tensor lie a power of two apart (256 bytes for
+ * D = 64, 512 for D = 128), so the rows of one pass share a few L1 sets and evict each
+ * other (and the logits' lines) on every sweep of the rows; the panel streams instead
+ * (docs/KERNELS.md: 55 -> 90 GFLOP/s a core on a tile). The last pass of a Dv that is not
+ * a multiple of 16 is zero-padded in the panel and stored under a lane mask.
+ * skip_zeros matters only where the value block holds a NaN or an Inf (0 * v = 0 exactly
+ * otherwise, and adding a zero changes no sum), so a masked tile checks the block first
+ * (nk * dv loads, beside the n * nk * dv FMAs) and takes the blend only where it must:
+ * no per-probability branch, which a random bool mask mispredicts half the time. */
 static void pv_avx2(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p,
                     int64_t lds, const float *v, int64_t ldv, const float *alpha, float *acc,
                     int64_t ldo, bool skip_zeros) {
     (void)npad;
+    _Alignas(32) float panel[ATTN_BK_LIMIT * 16];
+    const bool skip = skip_zeros && !rows_finite(v, ldv, nk, dv);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int64_t d0 = 0; d0 < dv; d0 += 16) {
         const int64_t nd = dv - d0 < 16 ? dv - d0 : 16;
-        const int dc = nd > 8 ? 2 : 1;
-        const int rem = (int)(nd - 8 * (dc - 1));
-        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(rem), lane);
-        if (dc == 2)
-            pv_cols2(n, nk, p, lds, v + d0, ldv, alpha, acc + d0, ldo, tail, skip_zeros);
-        else
-            pv_cols1(n, nk, p, lds, v + d0, ldv, alpha, acc + d0, ldo, tail, skip_zeros);
+        const __m256i tail0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nd), lane);
+        const __m256i tail1 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nd - 8), lane);
+        const float *vc = v + d0;
+        if (nd == 16) {
+            for (int64_t c = 0; c < nk; c++) {
+                _mm256_store_ps(panel + 16 * c, _mm256_loadu_ps(vc + c * ldv));
+                _mm256_store_ps(panel + 16 * c + 8, _mm256_loadu_ps(vc + c * ldv + 8));
+            }
+            if (skip) pv_pass_skip(n, nk, p, lds, panel, alpha, acc + d0, ldo, tail0, tail1);
+            else pv_pass(n, nk, p, lds, panel, alpha, acc + d0, ldo, tail0, tail1);
+        } else {
+            for (int64_t c = 0; c < nk; c++) {
+                _mm256_store_ps(panel + 16 * c, _mm256_maskload_ps(vc + c * ldv, tail0));
+                _mm256_store_ps(panel + 16 * c + 8, _mm256_maskload_ps(vc + c * ldv + 8, tail1));
+            }
+            if (skip) pv_pass_skip_m(n, nk, p, lds, panel, alpha, acc + d0, ldo, tail0, tail1);
+            else pv_pass_m(n, nk, p, lds, panel, alpha, acc + d0, ldo, tail0, tail1);
+        }
     }
+}
+
+/* The bool mask on an S^T tile (kernels.h: mask_bool) without a branch or a gather: for
+ * 8 rows x 8 keys, eight 8-byte loads (one per row) transposed by three rounds of byte,
+ * word and dword unpacks into 8 bytes per key (the 8 rows), each widened to a lane mask
+ * that blends -inf into the key's 8 logits. Keys past a multiple of 8 and rows past a
+ * multiple of 8 take the portable loop. */
+static void mask_bool_avx2(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm, float *s,
+                           int64_t lds) {
+    const int64_t n8 = n / 8 * 8, nk8 = nk / 8 * 8;
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+    const __m256i zero = _mm256_setzero_si256();
+    for (int64_t r = 0; r < n8; r += 8) {
+        const uint8_t *mr = m + r * ldm;
+        for (int64_t c = 0; c < nk8; c += 8) {
+            __m128i x[8];
+            UNROLL for (int i = 0; i < 8; i++) x[i] = _mm_loadl_epi64((const __m128i *)(mr + i * ldm + c));
+            // a[j]: keys 0..7 of rows 2j, 2j+1 interleaved
+            const __m128i a0 = _mm_unpacklo_epi8(x[0], x[1]), a1 = _mm_unpacklo_epi8(x[2], x[3]);
+            const __m128i a2 = _mm_unpacklo_epi8(x[4], x[5]), a3 = _mm_unpacklo_epi8(x[6], x[7]);
+            // rows 0..3 (b0: keys 0..3, b1: keys 4..7), rows 4..7 (b2, b3)
+            const __m128i b0 = _mm_unpacklo_epi16(a0, a1), b1 = _mm_unpackhi_epi16(a0, a1);
+            const __m128i b2 = _mm_unpacklo_epi16(a2, a3), b3 = _mm_unpackhi_epi16(a2, a3);
+            // two keys each, 8 rows a key
+            const __m128i k[4] = {_mm_unpacklo_epi32(b0, b2), _mm_unpackhi_epi32(b0, b2),
+                                  _mm_unpacklo_epi32(b1, b3), _mm_unpackhi_epi32(b1, b3)};
+            UNROLL for (int t = 0; t < 8; t++) {
+                const __m128i bytes = t % 2 ? _mm_srli_si128(k[t / 2], 8) : k[t / 2];
+                const __m256i masked = _mm256_cmpeq_epi32(_mm256_cvtepu8_epi32(bytes), zero);
+                float *x_t = s + (c + t) * lds + r;
+                _mm256_storeu_ps(x_t, _mm256_blendv_ps(_mm256_loadu_ps(x_t), neg_inf, _mm256_castsi256_ps(masked)));
+            }
+        }
+        if (nk8 < nk) attn_mask_bool_generic(8, nk - nk8, mr + nk8, ldm, s + nk8 * lds + r, lds);
+    }
+    if (n8 < n) attn_mask_bool_generic(n - n8, nk, m + n8 * ldm, ldm, s + n8, lds);
 }
 
 static void exp_array_avx2(int64_t n, const float *x, float *y) {
@@ -546,7 +662,7 @@ const attn_kernels attn_kernels_avx2 = {
     .qk = qk_avx2,
     .softmax = softmax_avx2,
     .pv = pv_avx2,
-    .mask_bool = attn_mask_bool_generic,
+    .mask_bool = mask_bool_avx2,
     .to_f32 = to_f32_avx2,
     .decode = decode_avx2,
     .decode_qk = decode_qk_avx2,
