@@ -58,15 +58,6 @@ static void backward_case(const dcase *c) {
     dcall_free(&t);
 }
 
-/* L = Σ dO ∘ O of the float64 forward */
-static double fd_loss(const attn_params *p, const double *q, const double *k, const double *v,
-                      const double *d_o, double *o, int64_t no) {
-    attn_ref64_forward(p, q, k, v, o, NULL);
-    double l = 0;
-    for (int64_t e = 0; e < no; e++) l += d_o[e] * o[e];
-    return l;
-}
-
 static void fd_case(const dcase *c) {
     char desc[400];
     describe(c, desc, sizeof desc);
@@ -90,15 +81,7 @@ static void fd_case(const dcase *c) {
     attn_ref64_backward(&p, x[0], x[1], x[2], d_o, g[0], g[1], g[2], false);
     attn_ref64_backward(&p_other, x[0], x[1], x[2], d_o, g_other[0], g_other[1], g_other[2], false);
     for (int a = 0; a < 3; a++) {
-        for (int64_t e = 0; e < n[a]; e++) {
-            const double x0 = x[a][e], h = 1e-5;
-            x[a][e] = x0 + h;
-            const double lp = fd_loss(&p, x[0], x[1], x[2], d_o, o, no);
-            x[a][e] = x0 - h;
-            const double lm = fd_loss(&p, x[0], x[1], x[2], d_o, o, no);
-            x[a][e] = x0;
-            fd[a][e] = (lp - lm) / (2 * h);
-        }
+        fd_grad(&p, x[0], x[1], x[2], d_o, o, no, x[a], n[a], fd[a]);  // fd64.h
         const double err = rel_frob(g[a], fd[a], n[a]);
         CHECK(err < 1e-6, "fd: %s relative error %.3g >= 1e-6 [%s]", k_grad[a], err, desc);
         if (err > g_fd_worst[a]) g_fd_worst[a] = err;

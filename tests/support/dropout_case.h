@@ -20,6 +20,7 @@
 #include "attn.h"
 #include "backward.h"
 #include "check.h"
+#include "fd64.h"
 #include "rng.h"
 
 typedef struct dcase {
@@ -146,13 +147,4 @@ static inline void describe(const dcase *c, char *s, size_t n) {
 }
 
 
-/* ‖got - ref‖ / ‖ref‖ (or ‖got - ref‖ when ref = 0) */
-static inline double rel_frob(const double *got, const double *ref, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += (got[i] - ref[i]) * (got[i] - ref[i]);
-        den += ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 #endif /* ATTN_TEST_DROPOUT_CASE_H */
