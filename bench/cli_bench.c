@@ -114,15 +114,8 @@ static const char BENCH_USAGE[] =
     "\n"
     "  Exit status: 0 every case passed its check, 1 a check or a call failed, 2 usage.\n";
 
-static int say(int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("attn: bench: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return code;
-}
+/* a message "attn: bench: ..." on stderr; returns code */
+#define say(code, ...) cli_say(code, "bench: ", __VA_ARGS__)
 
 /* ---- options ------------------------------------------------------------------------ */
 

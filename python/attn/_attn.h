@@ -96,6 +96,11 @@ typedef struct call_inputs {
     attn_tensor sinks;  // the attention sinks [H], when given (set_sinks)
 } call_inputs;
 
+/* Zeroes *c and fills c->opt from the arguments forward() and backward() share (the
+ * options of parse_options, then the dropout's); -1 with an exception set. */
+int call_options(call_inputs *c, PyObject *oscale, double softcap, int causal, int align,
+                 PyObject *owindow, int path, int precision, int threads, double dropout_p,
+                 unsigned long long dropout_seed, unsigned long long dropout_offset);
 void inputs_release(call_inputs *c);
 int resolve_inputs(call_inputs *c, PyObject *oq, PyObject *ok, PyObject *ov, PyObject *omask,
                    PyObject *oalibi, PyObject *okvlen, int gqa, bool one_group);

@@ -181,11 +181,9 @@ PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
         return NULL;
 
     call_inputs c;
-    memset(&c, 0, sizeof c);
-    if (parse_options(&c.opt, oscale, softcap, causal, align, owindow, path, precision,
-                      threads) != 0)
+    if (call_options(&c, oscale, softcap, causal, align, owindow, path, precision, threads,
+                     dropout_p, dropout_seed, dropout_offset) != 0)
         return NULL;
-    parse_dropout(&c.opt, dropout_p, dropout_seed, dropout_offset);
 
     enum { OUT, DOUT, LSE, DSINKS, N_T };
     imported t[N_T];
