@@ -114,9 +114,12 @@ def main():
         sys.exit("setup.py: PER_FILE_FLAGS names missing files: %s" % ", ".join(missing))
     ext = Extension(
         "attn._attn",
-        sources=["python/attn/_attn.c", "python/attn/_mha.c"] + library_sources(),
+        # the extension's files, one part each (python/attn/_attn.h lists what each owns)
+        sources=["python/attn/_attn.c", "python/attn/_attn_import.c",
+                 "python/attn/_attn_inputs.c", "python/attn/_attn_forward.c",
+                 "python/attn/_attn_backward.c", "python/attn/_mha.c"] + library_sources(),
         include_dirs=["include", "src"],
-        depends=["include/attn.h"] + sorted(
+        depends=["include/attn.h", "python/attn/_attn.h"] + sorted(
             os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "src", "*.h"))
             + glob.glob(os.path.join(HERE, "src", "kernels", "*.h"))
             + glob.glob(os.path.join(HERE, "src", "kernels", "*", "*.h"))),

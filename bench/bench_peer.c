@@ -16,19 +16,11 @@
 #include <unistd.h>
 
 #include "bench_clock.h"
+#include "cliopt.h"
 #include "json.h"
 
 /* An error of the PyTorch side on stderr, as the bench's own ("attn: bench: ..."): 1. */
-static int peer_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int peer_fail(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("attn: bench: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return 1;
-}
+#define peer_fail(...) cli_say(1, "bench: ", __VA_ARGS__)
 
 
 

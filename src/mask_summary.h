@@ -7,8 +7,8 @@
  * [B, 1, 1, Lk] mask has B rows, not B x Hq x Lq), the hull of its kept keys and whether
  * the hull is all open; and, per block of ATTN_SUM_ROWS rows and granule of
  * ATTN_SUM_KEYS keys, whether the cells are all open, all masked, or mixed. What it does
- * not own: the tiles themselves (fused.c, backward.c decide what to skip and which path a
- * tile takes), or the meaning of a logit (attn_finish_logit).
+ * not own: the tiles themselves (fused.c, backward_fused.c decide what to skip and which
+ * path a tile takes), or the meaning of a logit (attn_finish_logit).
  *
  * An entry is "open" when it changes nothing (a true mask byte, a bias of exactly +-0),
  * "masked" when its key's logit is -inf whatever Q and K hold (a false byte, a bias of

@@ -30,28 +30,7 @@ static double g_ref64_worst;  // attn_ref64_forward against the oracle
 
 /* ---- 1. the reference against finite differences ----------------------------------- */
 
-/* L = Σ dO ∘ O of the float64 forward */
-static double fd_loss(const attn_params *p, const double *q, const double *k, const double *v,
-                      const double *d_o, double *o, int64_t no) {
-    attn_ref64_forward(p, q, k, v, o, NULL);
-    double l = 0;
-    for (int64_t e = 0; e < no; e++) l += d_o[e] * o[e];
-    return l;
-}
-
-/* central differences of fd_loss with respect to x[0..n) */
-static void fd_grad(const attn_params *p, double *q, double *k, double *v, const double *d_o,
-                    double *o, int64_t no, double *x, int64_t n, double *g) {
-    for (int64_t e = 0; e < n; e++) {
-        const double x0 = x[e], h = 1e-5;
-        x[e] = x0 + h;
-        const double lp = fd_loss(p, q, k, v, d_o, o, no);
-        x[e] = x0 - h;
-        const double lm = fd_loss(p, q, k, v, d_o, o, no);
-        x[e] = x0;
-        g[e] = (lp - lm) / (2 * h);
-    }
-}
+/* fd_loss and fd_grad: tests/support/fd64.h */
 
 /* the FD comparison: relative Frobenius error under 1e-6 */
 static int fd_accepts(const double *got, const double *fd, int64_t n, double *err) {

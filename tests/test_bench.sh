@@ -15,22 +15,14 @@
 # What it is not: a benchmark. No time is asserted anywhere: on a shared 2-core machine
 # any time limit would be a flaky test. Needs python3 only (json from the standard library).
 
-set -u
-ATTN=${1:-build/attn}
-case $ATTN in /*) ;; *) ATTN=$PWD/$ATTN ;; esac
+. "$(dirname "$0")/lib.sh"
+suite bench
+attn_arg "${1:-}"
+OK_VERBOSE=1   # each check's line, passed or not
 if [ ! -x "$ATTN" ] || ! command -v python3 >/dev/null; then
-    echo "test_bench.sh: needs an executable attn ($ATTN) and python3"
-    echo "bench: 0 passed, 1 failed"
-    exit 1
+    cannot_run "needs an executable attn ($ATTN) and python3"
 fi
-T=$(mktemp -d "${TMPDIR:-/tmp}/test_bench.XXXXXX") || exit 1
-trap 'rm -rf "$T"' EXIT
-cd "$T" || exit 1
-
-pass=0
-fail=0
-ok() { echo "ok - $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL - $1"; fail=$((fail + 1)); }
+tmp_dir cd
 # expect NAME CODE COMMAND...: the command exits with CODE
 expect() {
     local name=$1 code=$2
@@ -508,5 +500,4 @@ assert "llama   sdpa" in table and "0.80" in table and "minilm  skipped" in tabl
 expect "bench --models: a failed row fails the run" 1 "$ATTN" bench --models --python python3 --hf-script fake_hf.py --plant-error
 grep -q "minilm  FAILED: output differs" out.txt && ok "  and is shown" || { bad "  no FAILED row"; cat out.txt; }
 
-echo "bench: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

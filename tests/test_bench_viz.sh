@@ -8,17 +8,11 @@
 # What it is not: the measurement itself (100000 tokens take minutes: docs/TEXTBOOK.md has
 # the run) or a time limit (none: the machine is shared).
 
-set -u
-ATTN=${1:-build/attn}
-case $ATTN in /*) ;; *) ATTN=$PWD/$ATTN ;; esac
-[ -x "$ATTN" ] || { echo "test_bench_viz.sh: no executable $ATTN"; echo "bench_viz: 0 passed, 1 failed"; exit 1; }
-T=$(mktemp -d "${TMPDIR:-/tmp}/test_bench_viz.XXXXXX") || exit 1
-trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-check() {  # check WHAT CONDITION-STATUS
-    if [ "$2" = 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $1"; fi
-}
+. "$(dirname "$0")/lib.sh"
+suite bench_viz
+attn_arg "${1:-}"
+[ -x "$ATTN" ] || cannot_run "no executable $ATTN"
+tmp_dir
 
 "$ATTN" bench --viz --quick --threads 2 >"$T/out" 2>"$T/err"
 rc=$?
@@ -58,5 +52,4 @@ done
 "$ATTN" bench --viz --help >"$T/out"
 check "--help" "$(grep -qF -- "--bound-mib" "$T/out"; echo $?)"
 
-echo "bench_viz: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -11,17 +11,13 @@
 # of the library (tests/test_forward.c). Needs python3 only, not NumPy: the .npy files are
 # made and read with the struct module.
 
-set -u
-ATTN=${1:-build/attn}
-case $ATTN in /*) ;; *) ATTN=$PWD/$ATTN ;; esac
+. "$(dirname "$0")/lib.sh"
+suite cli
+attn_arg "${1:-}"
 if [ ! -x "$ATTN" ] || ! command -v python3 >/dev/null; then
-    echo "test_cli.sh: needs an executable attn ($ATTN) and python3"
-    echo "cli: 0 passed, 1 failed"
-    exit 1
+    cannot_run "needs an executable attn ($ATTN) and python3"
 fi
-T=$(mktemp -d "${TMPDIR:-/tmp}/test_cli.XXXXXX") || exit 1
-trap 'rm -rf "$T"' EXIT
-cd "$T" || exit 1
+tmp_dir cd
 
 # ---- npyh.py: write, read and compute what .npy files should hold ----------------------
 cat > npyh.py <<'EOF'
@@ -110,9 +106,6 @@ if __name__ == '__main__':
         near(args[0], [int(x) for x in args[1].split(',')], [float(x) for x in args[2].split(',') if x], float(args[3]))
 EOF
 
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 npy() { python3 npyh.py w "$@" || { echo "test_cli.sh: cannot write $1"; exit 1; }; }
 fresh() { rm -rf out && mkdir out; }
 
@@ -599,5 +592,4 @@ if "$ATTN" seq2seq --steps 20 --len 6 --out s2s.png >stdout.txt 2>err.txt &&
 else bad "attn seq2seq --steps 20: $(tail -3 stdout.txt err.txt)"; fi
 expect_fail "seq2seq --len 1" 2 "--len" seq2seq --len 1
 
-echo "cli: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

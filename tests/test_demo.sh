@@ -9,17 +9,11 @@
 # What it is not: a test of the library's numerics (test_forward.c) — the numbers here are
 # what a reader of the seeds checks by eye, parsed from the printed text.
 
-set -u
-ATTN=${1:-build/attn}
-case $ATTN in /*) ;; *) ATTN=$PWD/$ATTN ;; esac
-[ -x "$ATTN" ] || { echo "test_demo.sh: no executable $ATTN"; echo "demo: 0 passed, 1 failed"; exit 1; }
-T=$(mktemp -d "${TMPDIR:-/tmp}/test_demo.XXXXXX") || exit 1
-trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-check() {  # check WHAT CONDITION-STATUS
-    if [ "$2" = 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $1"; fi
-}
+. "$(dirname "$0")/lib.sh"
+suite demo
+attn_arg "${1:-}"
+[ -x "$ATTN" ] || cannot_run "no executable $ATTN"
+tmp_dir
 has() { grep -qF -- "$2" <<<"$1"; echo $?; }
 # a number after a fixed text, compared with awk: num TEXT OUTPUT
 num() { grep -oE -- "$1 *-?[0-9.e+-]+" <<<"$2" | head -n 1 | sed -E "s/.*$1 *//"; }
@@ -109,5 +103,4 @@ check "unknown section: exit 2" "$([ $? = 2 ] && [ "$(wc -l <"$T/err")" = 1 ]; e
 "$ATTN" demo --section ex5 --tokens 0 >/dev/null 2>"$T/err"
 check "--tokens 0: exit 2" "$([ $? = 2 ]; echo $?)"
 
-echo "demo: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

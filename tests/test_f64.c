@@ -48,15 +48,6 @@
 
 typedef long double ld;
 
-static void *xcalloc(int64_t n, size_t size) {
-    void *p = calloc((size_t)(n > 0 ? n : 1), size);
-    if (!p) {
-        fprintf(stderr, "out of memory\n");
-        exit(2);
-    }
-    return p;
-}
-
 /* ---- a case --------------------------------------------------------------------------- */
 
 typedef struct shape {

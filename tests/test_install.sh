@@ -4,15 +4,11 @@
 # the installed `attn demo`. Checks what a user who follows the README gets.
 #
 # Usage: bash tests/test_install.sh [BUILD_DIR]   (from the repo root; default build)
-set -u
+. "$(dirname "$0")/lib.sh"
+suite install
 build=${1:-build}
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+tmp_dir
+tmp=$T
 prefix=$tmp/prefix
 
 if make -s BUILD="$build" install PREFIX="$prefix" >"$tmp/install.log" 2>&1; then ok; else
@@ -44,5 +40,4 @@ for want in "a1 = 0.804   a2 = 0.196" "= (8.04, 1.96)" "output = 5" "a1 = 0.8808
     if grep -qF -- "$want" <<<"$demo"; then ok; else bad "attn demo lacks '$want'"; fi
 done
 
-echo "install: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -30,6 +30,7 @@
 
 #include "attn.h"
 #include "check.h"
+#include "pages.h"
 
 static uint64_t g_rng = 0x2545f4914f6cdd1dull;
 static double urand(void) {  // [0, 1)
@@ -133,12 +134,7 @@ static void geom_make(geom *c, int64_t ps, int64_t n, bool nhd, bool bnhd) {
     c->num_pages = B * c->pages + 3;
     c->bt = malloc((size_t)(B * c->pages) * sizeof(int32_t));
     /* the pool's pages in a shuffled order; entries past the pages in use are -1 */
-    int32_t *perm = malloc((size_t)c->num_pages * sizeof(int32_t));
-    for (int64_t a = 0; a < c->num_pages; a++) perm[a] = (int32_t)a;
-    for (int64_t a = c->num_pages - 1; a > 0; a--) {
-        const int64_t z = (int64_t)(urand() * (double)(a + 1));
-        const int32_t t = perm[a]; perm[a] = perm[z]; perm[z] = t;
-    }
+    int32_t *perm = shuffled_pages(c->num_pages, urand);  // pages.h
     int64_t next = 0;
     for (int64_t b = 0; b < B; b++)
         for (int64_t pg = 0; pg < c->pages; pg++)

@@ -31,6 +31,7 @@
 
 #include "attn.h"
 #include "check.h"
+#include "pages.h"
 #include "half.h"
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
@@ -102,12 +103,7 @@ static void cache_make(cache *c, int64_t B, int64_t Hkv, int64_t D, int64_t ps,
     }
     for (int64_t x = 0; x < np; x++) attn_store(dt, c->kp, x, NAN), attn_store(dt, c->vp, x, NAN);
     /* the pages in a shuffled order */
-    int32_t *perm = malloc((size_t)c->num_pages * sizeof(int32_t));
-    for (int64_t a = 0; a < c->num_pages; a++) perm[a] = (int32_t)a;
-    for (int64_t a = c->num_pages - 1; a > 0; a--) {
-        const int64_t z = (int64_t)(urand() * (double)(a + 1));
-        const int32_t t = perm[a]; perm[a] = perm[z]; perm[z] = t;
-    }
+    int32_t *perm = shuffled_pages(c->num_pages, urand);  // pages.h
     int64_t next = 0;
     for (int64_t b = 0; b < B; b++) {
         const int64_t used = (lens[b] + ps - 1) / ps;

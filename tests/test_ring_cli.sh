@@ -15,23 +15,18 @@
 # each with no output file left behind. Skips, with the reason, where mpirun, attn-ring
 # or NumPy is missing.
 
-set -u
-ATTN=${1:-build/attn}
-case $ATTN in /*) ;; *) ATTN=$PWD/$ATTN ;; esac
+. "$(dirname "$0")/lib.sh"
+suite ring_cli
+attn_arg "${1:-}"
 skip() { echo "test_ring_cli.sh: skipped: $1"; echo "ring_cli: 0 passed, 0 failed (skipped)"; exit 0; }
 command -v mpirun >/dev/null 2>&1 || skip "no mpirun (scripts/deps.sh installs Open MPI)"
 [ -x "$(dirname "$ATTN")/attn-ring" ] || skip "no $(dirname "$ATTN")/attn-ring (built where mpicc exists)"
 python3 -c 'import numpy' 2>/dev/null || skip "python3 has no NumPy"
-T=$(mktemp -d "${TMPDIR:-/tmp}/test_ring_cli.XXXXXX") || exit 1
-trap 'rm -rf "$T"' EXIT
-cd "$T" || exit 1
+tmp_dir cd
 
 M="mpirun --oversubscribe --bind-to none --mca btl self,vader"
 [ "$(id -u)" -ne 0 ] || M="$M --allow-run-as-root"
 export OMP_NUM_THREADS=1
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
 cat > cmp.py <<'EOF'
 import sys
@@ -133,5 +128,4 @@ ATTN_RING=$T/none "$ATTN" ring $F --out r_out.npy 2>out.txt
 rc=$?
 [ $rc -eq 2 ] && grep -q "built without MPI" out.txt && [ ! -e r_out.npy ] && ok || bad "without attn-ring: exit $rc"
 
-echo "ring_cli: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

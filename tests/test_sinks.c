@@ -15,13 +15,13 @@
  *     of -inf is bit for bit the call without sinks; NaN and +inf sinks make their head's
  *     rows NaN and no other; the weights sum to 1 - exp(sink - lse); attn_weights_grid
  *     from the sink LSE gives those sums.
- *  3. The backward (fused and reference, float32 and a bfloat16 call) against central
- *     finite differences of the oracle for dQ, dK, dV and d_sinks; d_sinks bit-identical
- *     for 1 and 2 threads.
+ *  3. The backward: test_sinks_backward.c.
  *  4. Misuse refused with its status and nothing written; the multi-head module passes
  *     the sinks to its heads (its averaged-weights path slices them per head).
- *  5. Each tolerance check rejects a planted error.
- * What it is not: a test of the rest of attn_forward (test_forward.c, test_edge.c).
+ *  5. Each tolerance check of the forward rejects a planted error.
+ * The case and the oracle are tests/support/sinks_case.h, shared with
+ * test_sinks_backward.c. What it is not: a test of the rest of attn_forward
+ * (test_forward.c, test_edge.c).
  */
 #include <math.h>
 #include <stdint.h>
@@ -33,214 +33,14 @@
 #include "half.h"
 #include "mha_ref.h"
 #include "oracle.h"
+#include "sinks_case.h"
 
-/* ---- a case and its oracle ----------------------------------------------------------- */
-
-typedef struct sk_case {
-    int64_t B, Hq, Hkv, Lq, Lk, Dk, Dv;
-    bool causal;
-    attn_align align;
-    const int64_t *kv_len;  // (B) or NULL
-    int mask;               // 0 none, 1 bool mask (row 1 of each head fully false), 2 -inf bias
-    bool blhd;              // q, k, v, o stored [B, L, H, D]
-    attn_dtype dt, o_dt;    // q, k, v's and o's
-    double sink_lo, sink_hi;
-    uint64_t seed;
-} sk_case;
-
-/* The case's data: float copies the library reads (dtype dt where 16-bit) and the same
- * values in double (the 16-bit rounding included) that the oracle reads. */
-typedef struct sk_data {
-    sk_case c;
-    int64_t nq, nk, nv, no, nl;
-    double *q, *k, *v, *sinks;  // dense [B, H, L, D], (Hq)
-    void *bq, *bk, *bv;         // the library's, in c.dt, in c's layout
-    float *fsinks;
-    uint8_t *mask;              // [B, Hq, Lq, Lk] or NULL
-    float *bias;                // [B, 1, Lq, Lk] or NULL
-    attn_tensor tq, tk, tv, tmask, tbias, tkvl, tsinks;
-    attn_options opt;
-} sk_data;
-
-static attn_tensor layout_view(void *data, attn_dtype dt, int64_t B, int64_t H, int64_t L,
-                               int64_t D, bool blhd) {
-    if (!blhd) return attn_tensor_4d(data, dt, B, H, L, D);
-    return (attn_tensor){data, dt, {B, H, L, D}, {L * H * D, D, H * D, 1}};
-}
-
-static void put(attn_dtype dt, void *base, int64_t idx, double x, double *back) {
-    attn_store(dt, base, idx, (float)x);
-    *back = attn_load(dt, base, idx);
-}
-
-/* (d is filled in place: its options point into it) */
-static void sk_make(sk_case c, sk_data *dp) {
-    sk_data d = {.c = c};
-    rng_t r = {c.seed};
-    d.nq = c.B * c.Hq * c.Lq * c.Dk, d.nk = c.B * c.Hkv * c.Lk * c.Dk;
-    d.nv = c.B * c.Hkv * c.Lk * c.Dv, d.no = c.B * c.Hq * c.Lq * c.Dv, d.nl = c.B * c.Hq * c.Lq;
-    d.q = xcalloc(d.nq, sizeof(double)), d.k = xcalloc(d.nk, sizeof(double));
-    d.v = xcalloc(d.nv, sizeof(double)), d.sinks = xcalloc(c.Hq, sizeof(double));
-    const size_t e = attn_dtype_size(c.dt);
-    d.bq = xcalloc(d.nq, e), d.bk = xcalloc(d.nk, e), d.bv = xcalloc(d.nv, e);
-    d.tq = layout_view(d.bq, c.dt, c.B, c.Hq, c.Lq, c.Dk, c.blhd);
-    d.tk = layout_view(d.bk, c.dt, c.B, c.Hkv, c.Lk, c.Dk, c.blhd);
-    d.tv = layout_view(d.bv, c.dt, c.B, c.Hkv, c.Lk, c.Dv, c.blhd);
-    const attn_tensor *lib[3] = {&d.tq, &d.tk, &d.tv};
-    double *dense[3] = {d.q, d.k, d.v};
-    for (int x = 0; x < 3; x++) {
-        const attn_tensor *t = lib[x];
-        for (int64_t a = 0; a < t->shape[0]; a++)
-            for (int64_t h = 0; h < t->shape[1]; h++)
-                for (int64_t i = 0; i < t->shape[2]; i++)
-                    for (int64_t z = 0; z < t->shape[3]; z++)
-                        put(c.dt, t->data,
-                            a * t->stride[0] + h * t->stride[1] + i * t->stride[2] + z * t->stride[3],
-                            rng_sym(&r),
-                            &dense[x][((a * t->shape[1] + h) * t->shape[2] + i) * t->shape[3] + z]);
-    }
-    d.fsinks = xcalloc(c.Hq, sizeof(float));
-    for (int64_t h = 0; h < c.Hq; h++) {
-        d.fsinks[h] = (float)rng_range(&r, c.sink_lo, c.sink_hi);
-        if (h == 1) d.fsinks[h] = 0.0f;           // the off-by-one softmax
-        if (h == 2) d.fsinks[h] = -INFINITY;      // no sink for this head
-        d.sinks[h] = d.fsinks[h];
-    }
-    d.tsinks = attn_tensor_4d(d.fsinks, ATTN_F32, c.Hq, 1, 1, 1);
-    d.opt = (attn_options){.causal = c.causal, .align = c.align, .sinks = &d.tsinks};
-    if (c.kv_len) {
-        d.tkvl = attn_tensor_4d((void *)c.kv_len, ATTN_I64, c.B, 1, 1, 1);
-        d.opt.kv_len = &d.tkvl;
-    }
-    if (c.mask == 1) {
-        d.mask = xcalloc(c.B * c.Hq * c.Lq * c.Lk, 1);
-        for (int64_t x = 0; x < c.B * c.Hq * c.Lq * c.Lk; x++)
-            d.mask[x] = rng_unif(&r) < 0.7 && (x / c.Lk) % c.Lq != 1;
-        d.tmask = attn_tensor_4d(d.mask, ATTN_BOOL, c.B, c.Hq, c.Lq, c.Lk);
-        d.opt.mask = &d.tmask;
-    } else if (c.mask == 2) {
-        d.bias = xcalloc(c.B * c.Lq * c.Lk, sizeof(float));
-        for (int64_t x = 0; x < c.B * c.Lq * c.Lk; x++)
-            d.bias[x] = rng_unif(&r) < 0.2 ? -INFINITY : (float)rng_sym(&r);
-        d.tbias = attn_tensor_4d(d.bias, ATTN_F32, c.B, 1, c.Lq, c.Lk);
-        d.opt.bias = &d.tbias;
-    }
-    *dp = d;
-    dp->tq.data = d.bq, dp->tk.data = d.bk, dp->tv.data = d.bv;
-    dp->opt.sinks = &dp->tsinks;
-    if (c.kv_len) dp->opt.kv_len = &dp->tkvl;
-    if (c.mask == 1) dp->opt.mask = &dp->tmask;
-    if (c.mask == 2) dp->opt.bias = &dp->tbias;
-}
-
-static void sk_free(sk_data *d) {
-    free(d->q), free(d->k), free(d->v), free(d->sinks), free(d->bq), free(d->bk), free(d->bv);
-    free(d->fsinks), free(d->mask), free(d->bias);
-}
-
-/* The oracle: for each row, its kept logits s_j (masks as docs/CONTRACT.md), the sink
- * appended as s_n with a value row of zeros, and the softmax over all n + 1:
- *   m = max(s_0..s_n), l = Σ exp(s - m), o = Σ_j exp(s_j - m) / l · v_j (+ p_n · 0),
- *   lse = m + ln l; every logit -inf (no key, no sink): o = 0, lse = -inf, w = 0.
- *   o [B, Hq, Lq, Dv], lse [B, Hq, Lq], w [B, Hq, Lq, Lk] dense; lse and w may be NULL. */
-static void sink_oracle(const sk_data *d, const double *q, const double *k, const double *v,
-                        const double *sinks, double *o, double *lse, double *w) {
-    const sk_case *c = &d->c;
-    const int64_t Lk = c->Lk, G = c->Hq / c->Hkv;
-    const double scale = 1.0 / sqrt((double)c->Dk);
-    double *s = xcalloc(Lk + 1, sizeof(double)), *val0 = xcalloc(c->Dv, sizeof(double));
-    int64_t *key = xcalloc(Lk + 1, sizeof(int64_t));
-    for (int64_t b = 0; b < c->B; b++) {
-        const int64_t lkb = oracle_lkb(&d->opt, b, Lk);
-        for (int64_t h = 0; h < c->Hq; h++)
-            for (int64_t i = 0; i < c->Lq; i++) {
-                const int64_t row = (b * c->Hq + h) * c->Lq + i, di = oracle_diag(&d->opt, i, lkb, c->Lq);
-                int64_t n = 0;
-                for (int64_t j = 0; j < Lk; j++) {
-                    if (!oracle_structural_keep(&d->opt, lkb, di, j)) continue;
-                    if (d->mask && !d->mask[row * Lk + j]) continue;
-                    double x = 0.0;
-                    for (int64_t z = 0; z < c->Dk; z++)
-                        x += q[row * c->Dk + z] * k[((b * c->Hkv + h / G) * Lk + j) * c->Dk + z];
-                    x *= scale;
-                    if (d->bias) {
-                        const double bx = d->bias[(b * c->Lq + i) * Lk + j];
-                        if (bx == -INFINITY) continue;
-                        x += bx;
-                    }
-                    s[n] = x, key[n++] = j;
-                }
-                s[n] = sinks[h], key[n] = -1;  // the sink: one more logit, value row 0
-                double m = -INFINITY;
-                bool nan = false;
-                for (int64_t t = 0; t <= n; t++) {
-                    nan |= isnan(s[t]);
-                    if (s[t] > m) m = s[t];
-                }
-                if (nan) m = NAN;
-                double *o_r = o + row * c->Dv;
-                for (int64_t z = 0; z < c->Dv; z++) o_r[z] = 0.0;
-                if (w)
-                    for (int64_t j = 0; j < Lk; j++) w[row * Lk + j] = 0.0;
-                if (m == -INFINITY) {
-                    if (lse) lse[row] = -INFINITY;
-                    continue;
-                }
-                double l = 0.0;
-                for (int64_t t = 0; t <= n; t++) l += exp(s[t] - m);
-                for (int64_t t = 0; t <= n; t++) {
-                    const double p = exp(s[t] - m) / l;
-                    const double *v_t = key[t] < 0 ? val0
-                                                   : v + ((b * c->Hkv + h / G) * Lk + key[t]) * c->Dv;
-                    for (int64_t z = 0; z < c->Dv; z++) o_r[z] += p * v_t[z];
-                    if (w && key[t] >= 0) w[row * Lk + key[t]] = p;
-                }
-                if (lse) lse[row] = m + log(l);
-            }
-    }
-    free(s), free(val0), free(key);
-}
-
-/* element [b, h, i, z] of a library output view, as double */
-static double at(const attn_tensor *t, int64_t b, int64_t h, int64_t i, int64_t z) {
-    return attn_load(t->dtype, t->data,
-                     b * t->stride[0] + h * t->stride[1] + i * t->stride[2] + z * t->stride[3]);
-}
-
-/* a library output view gathered dense [d0, d1, d2, d3] into float */
-static void gather(const attn_tensor *t, float *out) {
-    int64_t x = 0;
-    for (int64_t a = 0; a < t->shape[0]; a++)
-        for (int64_t b = 0; b < t->shape[1]; b++)
-            for (int64_t c = 0; c < t->shape[2]; c++)
-                for (int64_t z = 0; z < t->shape[3]; z++) out[x++] = (float)at(t, a, b, c, z);
-}
-
-/* The 16-bit output's bound: |o - ref| <= eps |ref| + 1e-5 (1 + max|ref|), eps two
- * half-ulps of the type (2^-8 bfloat16, 2^-11 float16): the correctly rounded value is
- * within one half-ulp, and a float32 result a hair off the tie may round the other way. */
-static int within_half(const float *got, const double *ref, int64_t n, attn_dtype dt, double *worst) {
-    const double eps = dt == ATTN_BF16 ? 0x1p-8 : 0x1p-11;
-    double mref = 0.0;
-    for (int64_t x = 0; x < n; x++) mref = fmax(mref, fabs(ref[x]));
-    *worst = 0.0;
-    int ok = 1;
-    for (int64_t x = 0; x < n; x++) {
-        const double e = fabs(got[x] - ref[x]), bound = eps * fabs(ref[x]) + 1e-5 * (1.0 + mref);
-        if (!(e <= bound)) ok = 0;
-        if (e / bound > *worst) *worst = e / bound;
-    }
-    return ok;
-}
-
-/* the largest relative Frobenius errors seen (printed at the end), and the fully masked
- * rows found (the exact checks must have met some) */
-static double g_worst_o, g_worst_grad[4];
+/* the largest relative Frobenius error of O seen (printed at the end), and the fully
+ * masked rows found (the exact checks must have met some) */
+static double g_worst_o;
 static int64_t g_masked_rows;
 
 /* ---- 1, 2: the forward ------------------------------------------------------------------ */
-
-static const char *path_name(attn_path p) { return p == ATTN_PATH_REFERENCE ? "reference" : "fused"; }
 
 /* One case on one path against the oracle, with the exact promises; plant adds to one
  * element of O before the comparison (0: none). Returns whether O was within tolerance. */
@@ -408,192 +208,6 @@ static void test_grid(void) {
     CHECK(worst <= 1e-5, "grid: row sums off 1 - exp(sink - lse) by %.3g", worst);
     sk_free(&d);
     free(o), free(lse), free(g);
-}
-
-/* ---- 3: the backward ------------------------------------------------------------------ */
-
-/* loss = Σ G ∘ O of the oracle; central differences in every input, step 1e-5 */
-static double loss(const sk_data *d, const double *q, const double *k, const double *v,
-                   const double *s, const double *G, double *o) {
-    sink_oracle(d, q, k, v, s, o, NULL, NULL);
-    double L = 0.0;
-    for (int64_t x = 0; x < d->no; x++) L += G[x] * o[x];
-    return L;
-}
-
-static void fd_grad(const sk_data *d, const double *G, double *x, int64_t n, double *grad) {
-    double *o = xcalloc(d->no, sizeof(double));
-    for (int64_t e = 0; e < n; e++) {
-        const double x0 = x[e], h = 1e-5;
-        x[e] = x0 + h;
-        const double lp = loss(d, d->q, d->k, d->v, d->sinks, G, o);
-        x[e] = x0 - h;
-        const double lm = loss(d, d->q, d->k, d->v, d->sinks, G, o);
-        x[e] = x0;
-        grad[e] = (lp - lm) / (2 * h);
-    }
-    free(o);
-}
-
-/* The gradients' tolerance against finite differences: the contract's float32 rule
- * (within_f32_tol); the finite differences' own error (step 1e-5, float64) is ~1e-10. */
-static int grad_ok(const float *got, const double *ref, int64_t n, tol_result *r) {
-    return within_f32_tol(got, ref, n, r);
-}
-
-/* One backward case against finite differences on the given path; plant (index 0..3 of
- * dq, dk, dv, d_sinks, or -1) perturbs one element before the check. Returns the number
- * of gradients within tolerance. */
-static int backward_case(sk_case c, attn_path path, int plant, const char *what) {
-    sk_data d;
-    sk_make(c, &d);
-    rng_t r = {c.seed * 7 + 1};
-    double *G = xcalloc(d.no, sizeof(double));
-    float *fo = xcalloc(d.no, 4), *fdo = xcalloc(d.no, 4), *lse = xcalloc(d.nl, 4);
-    for (int64_t x = 0; x < d.no; x++) fdo[x] = (float)rng_sym(&r), G[x] = fdo[x];
-    attn_tensor to = attn_tensor_4d(fo, ATTN_F32, c.B, c.Hq, c.Lq, c.Dv);
-    attn_tensor tdo = attn_tensor_4d(fdo, ATTN_F32, c.B, c.Hq, c.Lq, c.Dv);
-    attn_tensor tl = attn_tensor_4d(lse, ATTN_F32, c.B, c.Hq, c.Lq, 1);
-    attn_options opt = d.opt;
-    opt.path = path;
-    opt.lse = &tl;
-    CHECK(attn_forward(&d.tq, &d.tk, &d.tv, &to, &opt) == ATTN_OK, "%s: forward", what);
-    opt.lse = NULL;
-
-    const int64_t n[4] = {d.nq, d.nk, d.nv, c.Hq};
-    void *gb[3];
-    attn_tensor tg[3];
-    const int64_t sh[3][4] = {{c.B, c.Hq, c.Lq, c.Dk}, {c.B, c.Hkv, c.Lk, c.Dk}, {c.B, c.Hkv, c.Lk, c.Dv}};
-    for (int a = 0; a < 3; a++) {
-        gb[a] = xcalloc(n[a], attn_dtype_size(c.dt));
-        tg[a] = attn_tensor_4d(gb[a], c.dt, sh[a][0], sh[a][1], sh[a][2], sh[a][3]);
-    }
-    float *dsink = xcalloc(c.Hq, 4);
-    attn_tensor tds = attn_tensor_4d(dsink, ATTN_F32, c.Hq, 1, 1, 1);
-    opt.d_sinks = &tds;
-    const attn_status st = attn_backward(&d.tq, &d.tk, &d.tv, &to, &tdo, &tl, &tg[0], &tg[1], &tg[2], &opt);
-    CHECK(st == ATTN_OK, "%s [%s]: backward status %s (%s)", what, path_name(path),
-          attn_status_string(st), attn_last_error());
-
-    double *fd[4];
-    double *xs[4] = {d.q, d.k, d.v, d.sinks};
-    int good = 0;
-    static const char *const names[4] = {"dq", "dk", "dv", "d_sinks"};
-    for (int a = 0; a < 4; a++) {
-        fd[a] = xcalloc(n[a], sizeof(double));
-        fd_grad(&d, G, xs[a], n[a], fd[a]);
-        float *got = xcalloc(n[a], 4);
-        if (a < 3) gather(&tg[a], got);
-        else memcpy(got, dsink, (size_t)c.Hq * 4);
-        double sum2 = 0.0;
-        for (int64_t e = 0; e < n[a]; e++) sum2 += fd[a][e] * fd[a][e];
-        if (plant == a) got[n[a] / 2] += (float)(1e-5 * sqrt(sum2));
-        tol_result tr;
-        int ok;
-        if (c.dt == ATTN_F32 || a == 3) {
-            ok = grad_ok(got, fd[a], n[a], &tr);
-        } else {  // a 16-bit gradient: rounded once to its type
-            double worst;
-            ok = within_half(got, fd[a], n[a], c.dt, &worst);
-            tr = (tol_result){.rel_err = worst};
-        }
-        good += ok;
-        if (plant < 0 && (c.dt == ATTN_F32 || a == 3)) g_worst_grad[a] = fmax(g_worst_grad[a], tr.rel_err);
-        if (plant < 0)
-            CHECK(ok, "%s [%s]: %s against finite differences: rel %.3g max %.3g (max ref %.3g)",
-                  what, path_name(path), names[a], tr.rel_err, tr.max_err, tr.max_ref);
-        free(got);
-    }
-    if (plant < 0) CHECK(dsink[2] == 0.0f, "%s: the head without a sink has d_sinks %g", what, dsink[2]);
-    for (int a = 0; a < 4; a++) free(fd[a]);
-    for (int a = 0; a < 3; a++) free(gb[a]);
-    sk_free(&d);
-    free(G), free(fo), free(fdo), free(lse), free(dsink);
-    return good;
-}
-
-static void test_backward(void) {
-    static const int64_t kvl[2] = {11, 0};
-    const sk_case cases[] = {
-        {2, 4, 2, 9, 13, 8, 6, false, 0, NULL, 0, false, ATTN_F32, ATTN_F32, -1, 2, 40},
-        {2, 4, 2, 9, 13, 8, 6, true, ATTN_ALIGN_BOTTOM_RIGHT, kvl, 0, false, ATTN_F32, ATTN_F32, -1, 2, 41},
-        {2, 4, 4, 11, 17, 8, 8, false, 0, NULL, 1, false, ATTN_F32, ATTN_F32, -2, 1, 42},
-        {1, 4, 1, 7, 70, 8, 8, true, ATTN_ALIGN_TOP_LEFT, NULL, 2, true, ATTN_F32, ATTN_F32, 0, 3, 43},
-        {2, 4, 2, 9, 13, 8, 6, false, 0, NULL, 0, false, ATTN_BF16, ATTN_F32, -1, 2, 44},
-    };
-    for (size_t x = 0; x < sizeof cases / sizeof cases[0]; x++) {
-        char what[64];
-        snprintf(what, sizeof what, "backward case %zu", x);
-        backward_case(cases[x], ATTN_PATH_FUSED, -1, what);
-        backward_case(cases[x], ATTN_PATH_REFERENCE, -1, what);
-    }
-}
-
-/* d_sinks bit-identical for 1 and 2 threads (and on a repeat) on a case of many rows */
-static void test_threads(void) {
-    sk_case c = {3, 4, 2, 300, 200, 32, 32, true, ATTN_ALIGN_BOTTOM_RIGHT, NULL, 0, false, ATTN_F32, ATTN_F32, -1, 3, 50};
-    sk_data d;
-    sk_make(c, &d);
-    float *o = xcalloc(d.no, 4), *d_o = xcalloc(d.no, 4), *lse = xcalloc(d.nl, 4);
-    float *dq = xcalloc(d.nq, 4), *dk = xcalloc(d.nk, 4), *dv = xcalloc(d.nv, 4), *ds[3];
-    rng_t r = {99};
-    for (int64_t x = 0; x < d.no; x++) d_o[x] = (float)rng_sym(&r);
-    attn_tensor to = attn_tensor_4d(o, ATTN_F32, c.B, c.Hq, c.Lq, c.Dv);
-    attn_tensor tdo = attn_tensor_4d(d_o, ATTN_F32, c.B, c.Hq, c.Lq, c.Dv);
-    attn_tensor tl = attn_tensor_4d(lse, ATTN_F32, c.B, c.Hq, c.Lq, 1);
-    attn_tensor tdq = attn_tensor_4d(dq, ATTN_F32, c.B, c.Hq, c.Lq, c.Dk);
-    attn_tensor tdk = attn_tensor_4d(dk, ATTN_F32, c.B, c.Hkv, c.Lk, c.Dk);
-    attn_tensor tdv = attn_tensor_4d(dv, ATTN_F32, c.B, c.Hkv, c.Lk, c.Dv);
-    attn_options opt = d.opt;
-    opt.lse = &tl;
-    CHECK(attn_forward(&d.tq, &d.tk, &d.tv, &to, &opt) == ATTN_OK, "threads: forward");
-    opt.lse = NULL;
-    const int threads[3] = {1, 2, 2};
-    for (int x = 0; x < 3; x++) {
-        ds[x] = xcalloc(c.Hq, 4);
-        attn_tensor tds = attn_tensor_4d(ds[x], ATTN_F32, c.Hq, 1, 1, 1);
-        opt.d_sinks = &tds, opt.threads = threads[x];
-        CHECK(attn_backward(&d.tq, &d.tk, &d.tv, &to, &tdo, &tl, &tdq, &tdk, &tdv, &opt) == ATTN_OK,
-              "threads: backward");
-    }
-    CHECK(!memcmp(ds[0], ds[1], (size_t)c.Hq * 4) && !memcmp(ds[1], ds[2], (size_t)c.Hq * 4),
-          "d_sinks differ across thread counts: %a %a %a", ds[0][0], ds[1][0], ds[2][0]);
-    sk_free(&d);
-    free(o), free(d_o), free(lse), free(dq), free(dk), free(dv);
-    for (int x = 0; x < 3; x++) free(ds[x]);
-}
-
-/* Empty sizes: Lk = 0 makes every row fully masked (O = 0, LSE = sink); d_sinks is then
- * 0, as it is with Lq = 0 or B = 0 (no row). */
-static void test_empty(void) {
-    static const int64_t shapes[3][2] = {{2, 0}, {0, 5}, {2, 5}};  // (Lq, Lk) with B = 0 last
-    float sinks[3] = {0.75f, -1.0f, -INFINITY}, q[64] = {0}, k[64] = {0}, o[64], lse[8], d_o[64] = {0};
-    float dq[64], dk[64], dv[64], ds[3];
-    for (int x = 0; x < 3; x++) {
-        const int64_t B = x == 2 ? 0 : 1, Lq = shapes[x][0], Lk = shapes[x][1];
-        attn_tensor tq = attn_tensor_4d(q, ATTN_F32, B, 3, Lq, 4), tk = attn_tensor_4d(k, ATTN_F32, B, 3, Lk, 4);
-        attn_tensor to = attn_tensor_4d(o, ATTN_F32, B, 3, Lq, 4), tl = attn_tensor_4d(lse, ATTN_F32, B, 3, Lq, 1);
-        attn_tensor tdo = attn_tensor_4d(d_o, ATTN_F32, B, 3, Lq, 4);
-        attn_tensor tdq = attn_tensor_4d(dq, ATTN_F32, B, 3, Lq, 4), tdk = attn_tensor_4d(dk, ATTN_F32, B, 3, Lk, 4);
-        attn_tensor tdv = attn_tensor_4d(dv, ATTN_F32, B, 3, Lk, 4);
-        attn_tensor ts = attn_tensor_4d(sinks, ATTN_F32, 3, 1, 1, 1), tds = attn_tensor_4d(ds, ATTN_F32, 3, 1, 1, 1);
-        for (int path = 0; path < 2; path++) {
-            attn_options opt = {.sinks = &ts, .lse = &tl, .path = path ? ATTN_PATH_REFERENCE : ATTN_PATH_FUSED};
-            fill_sentinel(o, 64), fill_sentinel(lse, 8), fill_sentinel(ds, 3);
-            CHECK(attn_forward(&tq, &tk, &tk, &to, &opt) == ATTN_OK, "empty %d: forward %s", x, attn_last_error());
-            int ok = 1;
-            for (int64_t r = 0; r < B * 3 * Lq; r++) {
-                ok &= lse[r] == sinks[r / Lq] || (sinks[r / Lq] == -INFINITY && lse[r] == -INFINITY);
-                for (int z = 0; z < 4; z++) ok &= o[r * 4 + z] == 0.0f;
-            }
-            CHECK(ok, "empty %d [%s]: fully masked rows are not O = 0, LSE = sink", x, path_name(opt.path));
-            opt.lse = NULL, opt.d_sinks = &tds;
-            CHECK(attn_backward(&tq, &tk, &tk, &to, &tdo, &tl, &tdq, &tdk, &tdv, &opt) == ATTN_OK,
-                  "empty %d: backward %s", x, attn_last_error());
-            CHECK(ds[0] == 0.0f && ds[1] == 0.0f && ds[2] == 0.0f, "empty %d [%s]: d_sinks %g %g %g", x,
-                  path_name(opt.path), ds[0], ds[1], ds[2]);
-        }
-    }
 }
 
 /* ---- 4: misuse ----------------------------------------------------------------------- */
@@ -812,10 +426,6 @@ static void test_planted(void) {
         sk_free(&d);
         free(o), free(ro);
     }
-    const sk_case b = {2, 4, 2, 9, 13, 8, 6, false, 0, NULL, 0, false, ATTN_F32, ATTN_F32, -1, 2, 40};
-    for (int a = 0; a < 4; a++)
-        CHECK(backward_case(b, ATTN_PATH_FUSED, a, "planted") == 3,
-              "planted: gradient %d one element off by 1e-5 of its norm is accepted", a);
 }
 
 int main(void) {
@@ -826,12 +436,6 @@ int main(void) {
            "rows exact\n", g_worst_o, (long long)g_masked_rows);
     test_special_sinks();
     test_grid();
-    test_backward();
-    printf("test_sinks: gradients against finite differences, worst relative error: dq %.3g, "
-           "dk %.3g, dv %.3g, d_sinks %.3g\n", g_worst_grad[0], g_worst_grad[1], g_worst_grad[2],
-           g_worst_grad[3]);
-    test_threads();
-    test_empty();
     test_misuse();
     test_mha();
     test_planted();

@@ -11,22 +11,14 @@
 # max) against the weights computed directly in float64 by NumPy; and the refusals (exit
 # status 2 for usage, 1 for data, no picture left). Needs python3 with NumPy.
 
-set -u
-ATTN=${1:-build/attn}
-case $ATTN in /*) ;; *) ATTN=$PWD/$ATTN ;; esac
+. "$(dirname "$0")/lib.sh"
+suite viz
+attn_arg "${1:-}"
 HERE=$(cd "$(dirname "$0")" && pwd)
 if [ ! -x "$ATTN" ] || ! python3 -c "import numpy" 2>/dev/null; then
-    echo "test_viz.sh: needs an executable attn ($ATTN) and python3 with NumPy"
-    echo "viz: 0 passed, 1 failed"
-    exit 1
+    cannot_run "needs an executable attn ($ATTN) and python3 with NumPy"
 fi
-T=$(mktemp -d "${TMPDIR:-/tmp}/test_viz.XXXXXX") || exit 1
-trap 'rm -rf "$T"' EXIT
-cd "$T" || exit 1
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+tmp_dir cd
 
 # ---- vizh.py: inputs, the direct weights, and reading the picture back -----------------
 cat > vizh.py <<EOF
@@ -277,5 +269,4 @@ printf 'a\nb\n' > short.txt
 expect 1 "tokens of the wrong count" --q q.npy --k k.npy --v v.npy --png x.png --tokens short.txt
 expect 1 "a mask of the wrong shape" --q q.npy --k k.npy --v v.npy --png x.png --mask lb.npy
 
-echo "viz: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

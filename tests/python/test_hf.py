@@ -37,9 +37,8 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 import attn.integrations.transformers as hf  # noqa: E402  (registers "attn")
 import attn.integrations.torch_op as op  # noqa: E402
+from hf_models import LOGIT_TOL, close, close_grads  # noqa: E402
 
-LOGIT_TOL = 2e-6
-GRAD_TOL = 5e-5
 B, L = 3, 21
 LENGTHS = [21, 13, 6]  # real tokens per row: padding in rows 1 and 2
 
@@ -98,25 +97,6 @@ def batch(arch, padded=True):
 
 def logits_of(out):
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
-
-
-def close(ours, ref, tol, what):
-    err = (ours - ref).abs().max().item()
-    bound = tol * (1.0 + ref.abs().max().item())
-    assert err <= bound, "%s: max |attn - ref| = %.3g > %.3g" % (what, err, bound)
-    return err
-
-
-def close_grads(ours, ref, what):
-    """Each parameter's gradient within GRAD_TOL of its own size, plus 1% of the largest
-    gradient of the model (a key bias's gradient is exactly 0 in exact arithmetic: both
-    sides hold rounding noise there)."""
-    top = max(g.abs().max().item() for g in ref.values())
-    assert ours.keys() == ref.keys() and ref
-    for name, g in ref.items():
-        err = (ours[name] - g).abs().max().item()
-        bound = GRAD_TOL * (g.abs().max().item() + 0.01 * top)
-        assert err <= bound, "%s %s: max |attn - ref| = %.3g > %.3g" % (what, name, err, bound)
 
 
 def valid(mask):

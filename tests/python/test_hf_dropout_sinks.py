@@ -38,27 +38,10 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed: the dropo
 
 import attn  # noqa: E402
 import attn.integrations.torch_op as op  # noqa: E402
+from hf_models import LOGIT_TOL, close, close_grads  # noqa: E402
 
 OP_TOL = 1e-5
-LOGIT_TOL = 2e-6
-GRAD_TOL = 5e-5
 P = 0.3
-
-
-def close(ours, ref, tol, what):
-    err = (ours - ref).abs().max().item()
-    bound = tol * (1.0 + ref.abs().max().item())
-    assert err <= bound, "%s: max |attn - ref| = %.3g > %.3g" % (what, err, bound)
-    return err
-
-
-def close_grads(ours, ref, what):
-    top = max(g.abs().max().item() for g in ref.values())
-    assert ours.keys() == ref.keys() and ref
-    for name, g in ref.items():
-        err = (ours[name] - g).abs().max().item()
-        bound = GRAD_TOL * (g.abs().max().item() + 0.01 * top)
-        assert err <= bound, "%s %s: max |attn - ref| = %.3g > %.3g" % (what, name, err, bound)
 
 
 def randn(*shape, seed=0, scale=1.0, grad=True):

@@ -17,6 +17,7 @@
 #include "attn.h"
 #include "backward.h"
 #include "check.h"
+#include "fd64.h"
 #include "rng.h"
 #include "oracle.h"
 #include "views.h"
@@ -24,16 +25,6 @@
 
 /* ---- small tools ---------------------------------------------------------------------- */
 
-
-/* ‖got - ref‖ / ‖ref‖ (or ‖got - ref‖ when ref = 0) */
-static inline double rel_frob(const double *got, const double *ref, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += (got[i] - ref[i]) * (got[i] - ref[i]);
-        den += ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 
 /* The backward's float32 tolerance, per gradient (docs/TRAINING.md, "Precision"):
  * the contract's (within_f32_tol: relative Frobenius error <= 1e-6, max error

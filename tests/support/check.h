@@ -1,7 +1,7 @@
 /*
  * check.h — the test suites' small framework: counted checks, a closing
- *           "<suite>: N passed, N failed" line, and the contract's float32 tolerance
- *           on a float64 reference (the rule itself is tools/common/tolerance.h).
+ *           "<suite>: N passed, N failed" line, the contract's float32 tolerance on a
+ *           float64 reference (the rule itself is tools/common/tolerance.h), and xcalloc.
  * Header-only; each test program includes it once.
  */
 #ifndef ATTN_TEST_CHECK_H
@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "tolerance.h"
 
@@ -47,6 +48,16 @@ static inline int within_f32_tol(const float *got, const double *ref, int64_t n,
     tol_acc a = tol_start();
     for (int64_t i = 0; i < n; i++) tol_add(&a, i, got[i], ref[i]);
     return tol_pass(&a, r);
+}
+
+/* calloc of n (at least 1) elements, or the suite exits 2 when out of memory */
+static inline void *xcalloc(int64_t n, size_t size) {
+    void *p = calloc((size_t)(n > 0 ? n : 1), size);
+    if (!p) {
+        fprintf(stderr, "test: out of memory\n");
+        exit(2);
+    }
+    return p;
 }
 
 #endif /* ATTN_TEST_CHECK_H */

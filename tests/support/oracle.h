@@ -65,15 +65,6 @@ static inline int64_t count_written(const void *p, int64_t n) {
     return c;
 }
 
-static inline void *xcalloc(int64_t n, size_t size) {
-    void *p = calloc((size_t)(n > 0 ? n : 1), size);
-    if (!p) {
-        fprintf(stderr, "test: out of memory\n");
-        exit(2);
-    }
-    return p;
-}
-
 /* ---- the oracle -------------------------------------------------------------------- */
 
 /* Is key j of (batch b, query row i) kept by the structural masks (key length, causal,

@@ -67,9 +67,7 @@ static const char RUN_USAGE[] =
 int run_say(int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fputs("attn: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    code = cli_vsay(code, "", fmt, ap);
     va_end(ap);
     return code;
 }

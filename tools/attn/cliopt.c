@@ -7,6 +7,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+int cli_vsay(int code, const char *who, const char *fmt, va_list ap) {
+    fprintf(stderr, "attn: %s", who);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    return code;
+}
+
+int cli_say(int code, const char *who, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    code = cli_vsay(code, who, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
 int cli_scan(int argc, char **argv, const cli_opt *opts, int nopts, const char *prefix,
              const char *cmd) {
     for (int i = 1; i < argc; i++) {

@@ -8,6 +8,7 @@
 #ifndef ATTN_CLIOPT_H
 #define ATTN_CLIOPT_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 
 /* One option: a value option sets *value, a flag option sets *flag (exactly one of the
@@ -17,6 +18,11 @@ typedef struct cli_opt {
     const char **value;
     bool *flag;
 } cli_opt;
+
+/* One line on stderr, "attn: <who><message>" (who: "bench: ", "ring: ", or ""), and
+ * returns code: the error messages of every subcommand and of attn-ring. */
+int cli_say(int code, const char *who, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int cli_vsay(int code, const char *who, const char *fmt, va_list ap);
 
 /* Scans argv[1..argc-1]. Returns 0, or 2 (a usage error) after printing one line,
  * "attn: <prefix>..." on stderr, naming the argument or option. `cmd` names the

@@ -24,6 +24,7 @@
 #include "attn_mpi.h"
 #include "cli_files.h"
 #include "cli_run.h"
+#include "cliopt.h"
 #include "half.h"
 #include "npy.h"
 
@@ -43,18 +44,8 @@ static const char USAGE[] =
     "  Exit status: 0 done, 1 bad data or library error, 2 usage error; the same on every\n"
     "  process.\n";
 
-/* A message on stderr when `print`; returns code. */
-static int say(bool print, int code, const char *fmt, ...) {
-    if (print) {
-        va_list ap;
-        va_start(ap, fmt);
-        fputs("attn: ring: ", stderr);
-        vfprintf(stderr, fmt, ap);
-        fputc('\n', stderr);
-        va_end(ap);
-    }
-    return code;
-}
+/* A message "attn: ring: ..." on stderr when `print`; returns code. */
+#define say(print, code, ...) ((print) ? cli_say(code, "ring: ", __VA_ARGS__) : (code))
 
 /* The worst exit status of every process (usage 2 over data 1 over 0). */
 static int agree(int rc) {

@@ -1,0 +1,119 @@
+/*
+ * _attn.h — what the files of the CPython extension attn._attn share: a tensor imported
+ *           from Python without a copy (`imported`: buffer protocol or DLPack), the
+ *           library's errors raised as Python exceptions, and the inputs of a forward or
+ *           backward call (`call_inputs`: query, key, value and the masks, broadcast to the
+ *           library's [B, H, L, D] views, with the options).
+ *
+ * The files, each owning one part (setup.py lists them):
+ *   _attn.c           the module: its method table, init, and the small helpers for tests
+ *   _attn_import.c    DLPack's structures and the import of one tensor
+ *   _attn_inputs.c    the library's errors as exceptions; a call's inputs and options
+ *   _attn_forward.c   forward(): attn_forward, the outputs from the caller's allocator
+ *   _attn_backward.c  backward(): attn_backward, the broadcast gradients summed back
+ *   _mha.c            _mha(): the multi-head module (its own imports; not this header)
+ * What it is not: the public function (python/attn/__init__.py owns the signature, the
+ * defaults and the docstring) or anything the library exports.
+ */
+#ifndef ATTN_PY_ATTN_H
+#define ATTN_PY_ATTN_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "attn.h"
+
+/* DLPack's managed tensor (its fields: _attn_import.c) */
+typedef struct dl_managed_tensor dl_managed_tensor;
+
+/* ================================================================================
+ * One imported tensor: a read (or write) view of someone else's memory.
+ * ================================================================================ */
+
+enum { MAX_DIMS = 8 };
+
+typedef struct imported {
+    const char *arg;            /* the Python argument's name, used in every message   */
+    const char *via;            /* "buffer" or "dlpack"                                */
+    Py_buffer view;             /* buffer protocol: released by imported_release        */
+    bool has_view;
+    PyObject *capsule;          /* DLPack: the capsule, renamed "used_dltensor"         */
+    dl_managed_tensor *managed; /* DLPack: ours to delete once the call is done         */
+    void *data;                 /* element [0, ..., 0]                                  */
+    attn_dtype dtype;
+    int ndim;
+    int64_t shape[MAX_DIMS];
+    int64_t stride[MAX_DIMS];   /* in elements                                          */
+} imported;
+
+/* Reads obj as a tensor without copying it: the buffer protocol for NumPy arrays (and
+ * anything else that exports a strided buffer), DLPack for the rest. On failure a Python
+ * exception naming arg is set and everything taken so far is released. */
+int import_tensor(PyObject *obj, const char *arg, bool writable, imported *t);
+/* Gives back what import_tensor took (nothing on a zeroed or released one). */
+void imported_release(imported *t);
+/* DLPack capsules consumed so far and deleters called (they must match; for the tests) */
+extern long long g_dlpack_taken, g_dlpack_released;
+
+/* ================================================================================
+ * Errors and the inputs of a call (_attn_inputs.c)
+ * ================================================================================ */
+
+/* The library's argument names and the Python ones, per call (NULL-terminated). */
+typedef struct arg_name {
+    const char *c, *py;
+} arg_name;
+
+extern const arg_name g_forward_names[], g_backward_names[];
+/* Raises the exception of a failed library call; returns NULL. */
+PyObject *raise_status(attn_status st, const arg_name *names, const char *call);
+
+/* The 4-D view of a rank-r (r <= 4) tensor: leading dimensions of size 1, stride 0. */
+attn_tensor to_4d(const imported *t);
+/* The library's LSE view {B, H, Lq, 1} of a Python LSE tensor (..., Lq). */
+attn_tensor lse_view(const imported *t);
+int check_rank(const imported *t, int lo, int hi, const char *expect);
+PyObject *shape_tuple(const int64_t *dims, int n);
+int parse_options(attn_options *opt, PyObject *oscale, double softcap, int causal, int align,
+                  PyObject *owindow, int path, int precision, int threads);
+void parse_dropout(attn_options *opt, double p, unsigned long long seed,
+                   unsigned long long offset);
+
+enum { IN_Q, IN_K, IN_V, IN_MASK, IN_ALIBI, IN_KVLEN, IN_SINKS, IN_N };
+
+/* query, key, value and the masks of a call, imported and broadcast to the library's
+ * [B, H, L, D] views, with the options pointing at them. Lives where it was made (opt
+ * points into it); zero it before resolve_inputs and release it with inputs_release. */
+typedef struct call_inputs {
+    imported t[IN_N];
+    attn_tensor q, k, v, mask, kvlen, alibi;
+    attn_options opt;
+    int64_t B, H, Hkv, Lq, Lk, Dv;
+    int out_rank;  // the rank of the output: the largest of query's, key's, value's
+    attn_tensor sinks;  // the attention sinks [H], when given (set_sinks)
+} call_inputs;
+
+/* Zeroes *c and fills c->opt from the arguments forward() and backward() share (the
+ * options of parse_options, then the dropout's); -1 with an exception set. */
+int call_options(call_inputs *c, PyObject *oscale, double softcap, int causal, int align,
+                 PyObject *owindow, int path, int precision, int threads, double dropout_p,
+                 unsigned long long dropout_seed, unsigned long long dropout_offset);
+void inputs_release(call_inputs *c);
+int resolve_inputs(call_inputs *c, PyObject *oq, PyObject *ok, PyObject *ov, PyObject *omask,
+                   PyObject *oalibi, PyObject *okvlen, int gqa, bool one_group);
+int set_sinks(call_inputs *c, PyObject *osinks);
+
+/* ================================================================================
+ * The bindings, for the module's method table (_attn.c)
+ * ================================================================================ */
+
+PyObject *py_forward(PyObject *self, PyObject *args, PyObject *kwargs);   // _attn_forward.c
+extern const char py_forward_doc[];
+PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kwargs);  // _attn_backward.c
+extern const char py_backward_doc[];
+PyObject *attn_py_mha(PyObject *self, PyObject *args, PyObject *kw);      // _mha.c
+
+#endif /* ATTN_PY_ATTN_H */

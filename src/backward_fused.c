@@ -1,0 +1,576 @@
+/*
+ * backward_fused.c — the backward pass's fused path, FlashAttention-2's backward on the
+ *                     CPU (attn_fused_backward, called by attn_backward in backward.c
+ *                     once the arguments are checked).
+ *
+ * The fused path recomputes the probabilities tile by tile from Q, K and the forward's
+ * LSE, P = exp(s - lse), and never forms the Lq x Lk matrix. The arithmetic on a tile is
+ * the forward's micro-kernels (kernels.h): qk gives Sᵀ = scale K Qᵀ and dPᵀ = V dOᵀ; pv
+ * gives dV += Pᵀ dO, dK += dSᵀ Q and dQ += dS K once P and dS are laid out as it expects.
+ * What it is not: the argument checks, the 16-bit copies (backward.c) or the float64
+ * reference (reference_backward.c).
+ *
+ * Work and determinism. A work item is (batch b, key/value head g, key chunk c): it owns
+ * the dK and dV rows of its keys, summed over the group's query heads in a fixed order,
+ * so they need no combining. dQ gathers contributions from every key; item (b, g, c)
+ * adds its own into a partial dQ of its chunk (C of them, C fixed by the shapes alone:
+ * 1 when B * Hkv gives enough items, at most 8), and a last pass sums the C partials in
+ * chunk order into dq. Every float is therefore produced by one thread in an order fixed
+ * by the shapes: bit-identical for any thread count and on repeated runs.
+ *
+ * Extra memory (the workspace): per thread a few tiles and packed blocks (about 200 KiB
+ * at D = 64) and a table of Lq / 64 query blocks; D_i = dO_i · O_i for every row
+ * (B * Hq * Lq floats); the C dQ partials (C * B * Hq * Lq * Dk floats). None of it grows
+ * with Lq x Lk.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backward.h"
+#include "kernels.h"
+#include "mask_summary.h"
+#include "philox.h"
+
+/* ---- the fused path: the plan ---------------------------------------------------------
+ *
+ * Layout. A tile is bq query rows i against bk keys j. Unlike the forward, the tile is
+ * kept in its natural layout, S (rows, keys), which the qk kernel gives when its roles are
+ * swapped (the keys play its "rows", packed transposed once per key block, and the query
+ * rows play its "keys", read in place). Then P and dS have the layout pv reads for
+ * dV += Pᵀ dO and dK += dSᵀ Q, and dQ += dS K is a qk call again (dS as its "keys", K as
+ * its packed "rows"): no tile is ever transposed. qk has no rule for zero terms, so the
+ * dQ product goes through it only when the key block is finite (then a zero dS times
+ * K is an exact zero, the same as skipping it); a block holding NaN or Inf — a masked
+ * key's garbage — takes pv on dSᵀ instead, which never multiplies a zero dS. */
+
+/* bq query rows and bk keys per tile (the kernel's geometry, kernels/list.h); bk shrinks
+ * from the kernel's bk_max (not below its bk_min) so that the key block's
+ * copies and gradients stay near 256 KiB. C key chunks per (b, g), fixed by the shapes:
+ * enough items for the threads when B * Hkv is small, never more than CHUNKS_MAX copies
+ * of dQ, nor more copies than fit in PARTIALS_MAX bytes (beyond the first). With C = 1
+ * and a dq whose last stride is 1, dQ is summed in place in dq and needs no copy. */
+enum { TARGET_ITEMS = 16, CHUNKS_MAX = 8 };
+#define PARTIALS_MAX ((int64_t)256 << 20)
+
+typedef struct bwd_plan {
+    int64_t bq, row_pad;    // the kernel's (kernels/list.h): query rows per tile, row padding
+    int64_t bk;             // keys per block, a multiple of row_pad: also the tiles' row stride
+    int64_t dkpad;          // Dk rounded up to row_pad
+    int64_t k_blocks;       // ceil(Lk / bk)
+    int64_t chunks;         // C
+    int64_t chunk_blocks;   // key blocks per chunk
+    int64_t q_blocks;       // ceil(Lq / bq)
+    int64_t items;          // B * Hkv * C
+    size_t thread_bytes;    // one thread's slice, a multiple of 64
+    bool in_place;          // dQ summed in dq itself (C = 1, dq's last stride 1)
+    size_t off_d, off_part; // D (B, Hq, Lq) and the partials (C, B, Hq, Lq, Dk), after the slices
+    size_t total;
+    size_t off_kd, off_kt, off_kp, off_ktd, off_vd, off_vt, off_q, off_do, off_s, off_dp,
+        off_cap, off_dst, off_dqt, off_dk, off_dv, off_lse, off_D, off_ones, off_lo, off_hi,
+        off_qr, off_fin, off_z, off_pd;
+    size_t off_sum;         // the mask summary (mask_summary.h), after the partials
+    /* the summary and the params without mask and bias, for the tiles they leave open;
+     * both NULL without mask or bias (set by attn_fused_backward) */
+    const attn_mask_summary *sum;
+    const attn_params *open;
+} bwd_plan;
+
+static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
+/* n rounded up to the kernel's row padding */
+static int64_t pad_rows(const bwd_plan *plan, int64_t n) {
+    return (n + plan->row_pad - 1) / plan->row_pad * plan->row_pad;
+}
+
+static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
+    const attn_params *p = &bp->fwd;
+    const int64_t dk = p->Dk, dv = p->Dv;
+    *plan = (bwd_plan){0};
+    if (dk > (int64_t)1 << 32 || dv > (int64_t)1 << 32 || p->Lq > (int64_t)1 << 48) return false;
+    const attn_kernel_geom *geom = &p->kernels->geom;
+    plan->bq = geom->bq, plan->row_pad = geom->row_pad;
+    int64_t bk = geom->bk_max;
+    while (bk > geom->bk_min && bk * (dk + dv) * 4 * (int64_t)sizeof(float) > 256 * 1024) bk /= 2;
+    plan->bk = bk;
+    plan->dkpad = pad_rows(plan, dk);
+    plan->k_blocks = (p->Lk + bk - 1) / bk;
+    plan->q_blocks = (p->Lq + plan->bq - 1) / plan->bq;
+    const int64_t heads = p->B * p->Hkv;  // fits: the tensors' counts were checked
+    int64_t c = heads > 0 ? (TARGET_ITEMS + heads - 1) / heads : 1, dq_bytes;
+    if (c > CHUNKS_MAX) c = CHUNKS_MAX;
+    if (__builtin_mul_overflow(p->B * p->Hq * p->Lq, dk * (int64_t)sizeof(float), &dq_bytes))
+        return false;
+    if (dq_bytes > 0 && c > 1 + PARTIALS_MAX / dq_bytes) c = 1 + PARTIALS_MAX / dq_bytes;
+    if (c > plan->k_blocks) c = plan->k_blocks > 0 ? plan->k_blocks : 1;
+    plan->chunk_blocks = plan->k_blocks > 0 ? (plan->k_blocks + c - 1) / c : 0;
+    plan->chunks = plan->chunk_blocks > 0 ? (plan->k_blocks + plan->chunk_blocks - 1) / plan->chunk_blocks : 1;
+    if (__builtin_mul_overflow(heads, plan->chunks, &plan->items)) return false;
+    plan->in_place = plan->chunks == 1 && bp->dq_s[3] == 1;
+
+    const size_t f = sizeof(float), tile = (size_t)(plan->bq * bk) * f;
+    size_t at = 0;
+#define CARVE(field, nbytes) (plan->field = at, at += round64(nbytes))
+    CARVE(off_kd, (size_t)(bk * dk) * f);             // K block (nk, Dk)
+    CARVE(off_kt, (size_t)(dk * bk) * f);             // Kᵀ (Dk, bk), zero columns past nk
+    CARVE(off_kp, (size_t)(bk * plan->dkpad) * f);    // K (nk, dkpad), zero columns past Dk
+    CARVE(off_ktd, (size_t)(dk * bk) * f);            // Kᵀ (Dk, nk) dense
+    CARVE(off_vd, (size_t)(bk * dv) * f);             // V block (nk, Dv)
+    CARVE(off_vt, (size_t)(dv * bk) * f);             // Vᵀ (Dv, bk), zero columns past nk
+    CARVE(off_q, (size_t)(plan->bq * dk) * f);        // query rows, when they must be packed
+    CARVE(off_do, (size_t)(plan->bq * dv) * f);       // their dO, likewise
+    CARVE(off_s, tile);                               // S, then P      (bq, bk)
+    CARVE(off_dp, tile);                              // dP, then dS    (bq, bk)
+    CARVE(off_cap, p->softcap > 0.0f ? tile : 0);     // 1 - tanh²      (bq, bk)
+    CARVE(off_dst, tile);                             // dSᵀ            (bk, bq), non-finite K only
+    CARVE(off_dqt, (size_t)(plan->bq * plan->dkpad) * f);  // the tile's dS K (bq, dkpad)
+    CARVE(off_dk, (size_t)(bk * dk) * f);             // the block's dK (nk, Dk)
+    CARVE(off_dv, (size_t)(bk * dv) * f);             // the block's dV (nk, Dv)
+    CARVE(off_lse, plan->bq * f);
+    CARVE(off_D, plan->bq * f);
+    CARVE(off_ones, (plan->bq > plan->bk ? plan->bq : plan->bk) * f);
+    CARVE(off_lo, plan->bq * sizeof(int64_t));
+    CARVE(off_hi, plan->bq * sizeof(int64_t));
+    CARVE(off_qr, (size_t)plan->q_blocks * 2 * sizeof(int64_t));
+    CARVE(off_fin, (size_t)(p->group * plan->q_blocks) * 2);  // finite-rows flags, below
+    CARVE(off_z, p->dropout ? tile : 0);              // dropout factors Z (bq, bk)
+    CARVE(off_pd, p->dropout ? tile : 0);             // P ∘ Z          (bq, bk)
+#undef CARVE
+    plan->thread_bytes = at;
+
+    /* after the threads' slices: D, then the dQ partials */
+    int64_t rows, part;
+    if (__builtin_mul_overflow(p->B * p->Hq, p->Lq, &rows)) return false;
+    if (__builtin_mul_overflow(rows, dk, &part) || __builtin_mul_overflow(part, plan->chunks, &part))
+        return false;
+    if (plan->in_place) part = 0;
+    if ((uint64_t)rows > SIZE_MAX / 8 || (uint64_t)part > SIZE_MAX / 8) return false;
+    if ((size_t)p->threads > (SIZE_MAX / 4) / plan->thread_bytes) return false;
+    size_t total = (size_t)p->threads * plan->thread_bytes;
+    plan->off_d = total;
+    if (__builtin_add_overflow(total, round64((size_t)rows * sizeof(float)), &total)) return false;
+    plan->off_part = total;
+    if (__builtin_add_overflow(total, round64((size_t)part * sizeof(float)), &total)) return false;
+    plan->off_sum = total;
+    const size_t sum_bytes = attn_mask_summary_bytes(p);
+    if (sum_bytes == (size_t)-1 || __builtin_add_overflow(total, sum_bytes, &total)) return false;
+    if (__builtin_add_overflow(total, (size_t)64, &total)) return false;  // to align
+    plan->total = total;
+    return true;
+}
+
+size_t attn_fused_backward_workspace(const attn_bwd_params *bp) {
+    bwd_plan plan;
+    return make_plan(bp, &plan) ? plan.total : (size_t)-1;
+}
+
+/* ---- the fused path: one thread's scratch ------------------------------------------- */
+
+typedef struct bwd_scratch {
+    float *kd, *kt, *kp, *ktd;  // the key block: (nk, Dk), (Dk, bk), (nk, dkpad), (Dk, nk)
+    float *vd, *vt;             // the value block: (nk, Dv), (Dv, bk)
+    float *q, *d_o;             // (bq, Dk), (bq, Dv) query rows and dO, when packed
+    float *s, *dp, *cap;        // (bq, bk) S then P; dP then dS (scaled); softcap factors
+    float *dst;                 // (bk, bq) dSᵀ, for a key block that is not finite
+    float *dqt;                 // (bq, dkpad) the tile's dS K
+    float *dk, *dv;             // (bk, Dk), (bk, Dv) the key block's gradients
+    float *lse, *D;             // (bq) per row: the LSE (+inf for rows without gradient), D_i
+    float *ones;                // 1.0f: pv's alpha, so that acc = acc * 1 + the tile's sum
+    int64_t *lo, *hi;           // (bq) each row's structural key range
+    int64_t *qr;                // (q_blocks, 2) per query block: jmin, jmax of its rows' ranges
+    uint8_t *fin;               // (group, q_blocks, 2) per query block of each head of the
+                                // item: whether its dO rows, its Q rows hold no NaN or Inf
+                                // (0 not known yet, 1 yes, 2 no)
+    float *z, *pd;              // (bq, bk) with dropout: the factors Z (1/(1-p) or 0), P ∘ Z
+} bwd_scratch;
+
+static bwd_scratch carve(const bwd_plan *plan, char *slice) {
+#define AT(field, type) (type *)(slice + plan->field)
+    bwd_scratch w = {
+        .kd = AT(off_kd, float),   .kt = AT(off_kt, float),   .kp = AT(off_kp, float),
+        .ktd = AT(off_ktd, float), .vd = AT(off_vd, float),   .vt = AT(off_vt, float),
+        .q = AT(off_q, float),     .d_o = AT(off_do, float),  .s = AT(off_s, float),
+        .dp = AT(off_dp, float),   .cap = AT(off_cap, float), .dst = AT(off_dst, float),
+        .dqt = AT(off_dqt, float), .dk = AT(off_dk, float),   .dv = AT(off_dv, float),
+        .lse = AT(off_lse, float), .D = AT(off_D, float),     .ones = AT(off_ones, float),
+        .lo = AT(off_lo, int64_t), .hi = AT(off_hi, int64_t), .qr = AT(off_qr, int64_t),
+        .fin = AT(off_fin, uint8_t), .z = AT(off_z, float), .pd = AT(off_pd, float),
+    };
+#undef AT
+    for (int r = 0; r < (plan->bq > plan->bk ? plan->bq : plan->bk); r++) w.ones[r] = 1.0f;
+    return w;
+}
+
+/* D_i = dO_i · O_i for every row, in float64 then rounded: the row sum of P ∘ dP that
+ * the softmax's gradient subtracts (Σ_j P_ij dP_ij = dO_i · Σ_j P_ij v_j = dO_i · O_i). */
+static void row_dots(const attn_bwd_params *bp, float *D, int64_t r0, int64_t nr) {
+    const attn_params *p = &bp->fwd;
+    for (int64_t r = r0; r < r0 + nr; r++) {
+        const int64_t i = r % p->Lq, bh = r / p->Lq, h = bh % p->Hq, b = bh / p->Hq;
+        const float *o_i = (const float *)p->o + b * p->o_s[0] + h * p->o_s[1] + i * p->o_s[2];
+        const float *do_i = bp->d_o + b * bp->do_s[0] + h * bp->do_s[1] + i * bp->do_s[2];
+        double acc = 0.0;
+        for (int64_t d = 0; d < p->Dv; d++)
+            acc += (double)o_i[d * p->o_s[3]] * (double)do_i[d * bp->do_s[3]];
+        D[r] = (float)acc;
+    }
+}
+
+/* forward: lse_i = ln(Σ_j exp(s_ij) + exp(sink_h)), o_i = Σ_j exp(s_ij - lse_i) v_j; the
+ * sink is a logit whose value is 0, so its dP is 0 and its dS is P_sink (0 - D_i):
+ *     d sink_h = -Σ_{b, i} exp(sink_h - lse_bhi) D_bhi,
+ * in float64, over b then i in order (one thread per head: the same sum for any thread
+ * count). A row whose sink weight is 0 (sink -inf, or an LSE of -inf) adds nothing. */
+static float sink_grad(const attn_bwd_params *bp, const float *D, int64_t h) {
+    const attn_params *p = &bp->fwd;
+    const double sink = attn_sink(p, h);
+    double acc = 0.0;
+    if (sink == -INFINITY) return 0.0f;
+    for (int64_t b = 0; b < p->B; b++) {
+        const float *lse_bh = bp->lse + b * bp->lse_s[0] + h * bp->lse_s[1];
+        const float *D_bh = D + (b * p->Hq + h) * p->Lq;
+        for (int64_t i = 0; i < p->Lq; i++) {
+            const double lse = lse_bh[i * bp->lse_s[2]];
+            const double w = lse == -INFINITY ? 0.0 : exp(sink - lse);
+            if (w != 0.0) acc += w * (double)D_bh[i];
+        }
+    }
+    return (float)-acc;
+}
+
+/* The key block j0 .. j0+nk-1 of head (b, g), in the layouts the tiles read (bwd_scratch);
+ * returns whether every K value of it is finite. Done once per key block, for all the
+ * query rows of the group's heads. */
+static bool pack_key_block(const attn_params *p, const bwd_plan *plan, const bwd_scratch *w,
+                           int64_t b, int64_t g, int64_t j0, int64_t nk) {
+    const int64_t dk = p->Dk, dv = p->Dv, bk = plan->bk, dkpad = plan->dkpad, nkpad = pad_rows(plan, nk);
+    const float *k = (const float *)p->k + b * p->k_s[0] + g * p->k_s[1] + j0 * p->k_s[2];
+    const float *v = (const float *)p->v + b * p->v_s[0] + g * p->v_s[1] + j0 * p->v_s[2];
+    bool finite = true;
+    for (int64_t c = 0; c < nk; c++) {
+        for (int64_t d = 0; d < dk; d++) {
+            const float x = k[c * p->k_s[2] + d * p->k_s[3]];
+            finite &= isfinite(x) != 0;
+            w->kd[c * dk + d] = x;
+            w->kp[c * dkpad + d] = x;
+            w->kt[d * bk + c] = x;
+            w->ktd[d * nk + c] = x;
+        }
+        for (int64_t d = dk; d < dkpad; d++) w->kp[c * dkpad + d] = 0.0f;
+        for (int64_t d = 0; d < dv; d++) {
+            const float x = v[c * p->v_s[2] + d * p->v_s[3]];
+            w->vd[c * dv + d] = x;
+            w->vt[d * bk + c] = x;
+        }
+    }
+    for (int64_t d = 0; d < dk; d++)
+        for (int64_t c = nk; c < nkpad; c++) w->kt[d * bk + c] = 0.0f;
+    for (int64_t d = 0; d < dv; d++)
+        for (int64_t c = nk; c < nkpad; c++) w->vt[d * bk + c] = 0.0f;
+    return finite;
+}
+
+/* rows i0 .. i0+n-1 of (b, h) of a [.., .., L, width] view: the caller's memory when its
+ * last stride is 1, else a packed copy in buf; *ld gets the row stride */
+static const float *query_rows(const float *base, const int64_t st[4], int64_t width, int64_t b,
+                               int64_t h, int64_t i0, int64_t n, float *buf, int64_t *ld) {
+    const float *x = base + b * st[0] + h * st[1] + i0 * st[2];
+    if (st[3] == 1) {
+        *ld = st[2];
+        return x;
+    }
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t d = 0; d < width; d++) buf[r * width + d] = x[r * st[2] + d * st[3]];
+    *ld = width;
+    return buf;
+}
+
+/* ---- the fused path: one tile ----------------------------------------------------------
+ * Query rows i0 .. i0+n-1 of head h against the packed key block j0 .. j0+nk-1 (batch b):
+ * adds the tile's dV and dK to w->dv, w->dk and its dQ to dq_acc (rows i0.., stride ldacc). */
+typedef struct bwd_tile {
+    int64_t b, h, lk_b, i0, n, j0, nk;
+    bool finite;  // every K value of the key block is finite
+} bwd_tile;
+
+static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const bwd_scratch *w,
+                          const bwd_tile *t, const float *D_bh, float *dq_acc, int64_t ldacc,
+                          uint8_t fin[2], bool open_tile) {
+    const attn_params *p = &bp->fwd;
+    const attn_kernels *kern = p->kernels;
+    const int64_t dk = p->Dk, dv = p->Dv, n = t->n, nk = t->nk, ld = plan->bk;
+    const int64_t nkpad = pad_rows(plan, nk), dkpad = plan->dkpad;
+
+    int64_t ldq, ldo;
+    const float *q = query_rows((const float *)p->q, p->q_s, dk, t->b, t->h, t->i0, n, w->q, &ldq);
+    const float *d_o = query_rows(bp->d_o, bp->do_s, dv, t->b, t->h, t->i0, n, w->d_o, &ldo);
+    const float *lse_bh = bp->lse + t->b * bp->lse_s[0] + t->h * bp->lse_s[1];
+    bool dense = true;
+    for (int64_t r = 0; r < n; r++) {
+        const float l = lse_bh[(t->i0 + r) * bp->lse_s[2]];
+        /* a fully masked row (LSE -inf) contributes nothing: P = exp(s - inf) = 0 rather
+         * than exp(-inf - -inf) = NaN */
+        w->lse[r] = l == -INFINITY ? INFINITY : l;
+        w->D[r] = D_bh[t->i0 + r];
+        attn_row_range(p, t->lk_b, t->i0 + r, &w->lo[r], &w->hi[r]);
+        /* keys outside the hull of the row's mask and bias are masked by structure */
+        if (plan->sum)
+            dense &= attn_mask_summary_row(p, plan->sum, t->b, t->h, t->i0 + r, &w->lo[r], &w->hi[r]);
+    }
+    /* the logits' params: without mask and bias where they leave the tile open (its cells,
+     * or every row's whole range) */
+    const attn_params *pt = plan->sum && (open_tile || dense) ? plan->open : p;
+    const bool elementwise = attn_has_elementwise(pt), softcap = p->softcap > 0.0f;
+
+    /* forward (tile_logits): s = scale q_i · k_j, S = scale Q Kᵀ here in (rows, keys) */
+    kern->qk(nk, nkpad, n, dk, w->kd, w->kt, ld, q, ldq, p->scale, w->s, ld);
+
+    for (int64_t r = 0; r < n; r++) {
+        float *s_r = w->s + r * ld, *cap_r = w->cap + r * ld;
+        /* the row's structural range within the block; keys outside it (and the padding
+         * columns) are -inf, whatever K held there */
+        int64_t a = w->lo[r] - t->j0, e = w->hi[r] - t->j0;
+        a = a < 0 ? 0 : a > nk ? nk : a;
+        e = e < a ? a : e > nk ? nk : e;
+        for (int64_t c = 0; c < a; c++) s_r[c] = -INFINITY;
+        for (int64_t c = e; c < nkpad; c++) s_r[c] = -INFINITY;
+        if (elementwise) {
+            const int64_t i = t->i0 + r, d_i = attn_diagonal(p, t->lk_b, i);
+            for (int64_t c = a; c < e; c++) {
+                if (softcap) {  // forward: s = softcap * tanh(s / softcap); ds/draw = 1 - tanh²
+                    const float th = tanhf(s_r[c] / p->softcap);
+                    cap_r[c] = 1.0f - th * th;
+                }
+                s_r[c] = attn_finish_logit(pt, s_r[c], t->b, t->h, i, t->j0 + c, d_i);
+            }
+        }
+        /* forward: P_ij = exp(s_ij - m_i) / l_i = exp(s_ij - lse_i). A recomputed logit may
+         * exceed the float32 LSE by an ulp (the forward may have summed it in another
+         * order): the argument is clamped at 0 (NaN kept, as NaN > 0 is false) so that
+         * the kernel's exp is asked only for x <= 0. */
+        const float l = w->lse[r];
+#pragma omp simd
+        for (int64_t c = 0; c < nkpad; c++) {
+            const float x = s_r[c] - l;
+            s_r[c] = x > 0.0f ? 0.0f : x;
+        }
+        kern->exp(nkpad, s_r, s_r);
+    }
+
+    /* dropout (philox.h): Z_ij = 1 / (1 - p) where the forward kept weight (i, j), 0 where
+     * it dropped it, regenerated from the same counters; 0 on the padding columns. The
+     * forward's P·V used P ∘ Z. */
+    const bool dropout = p->dropout;
+    if (dropout)
+        for (int64_t r = 0; r < n; r++) {
+            float *z_r = w->z + r * ld, *pd_r = w->pd + r * ld;
+            const float *P_r = w->s + r * ld;
+            const uint64_t row = attn_dropout_row((uint64_t)t->b, (uint64_t)t->h,
+                                                  (uint64_t)(t->i0 + r), (uint64_t)p->Hq,
+                                                  (uint64_t)p->Lq);
+            attn_dropout_factors(p->drop_seed, p->drop_offset, p->drop_threshold, p->drop_scale,
+                                 row, (uint64_t)p->Lk, (uint64_t)t->j0, (uint64_t)nk, z_r, 1);
+            for (int64_t c = nk; c < nkpad; c++) z_r[c] = 0.0f;
+            for (int64_t c = 0; c < nkpad; c++) pd_r[c] = z_r[c] == 0.0f ? 0.0f : P_r[c] * z_r[c];
+        }
+
+    /* forward: o_i = Σ_j P_ij Z_ij v_j (Z = 1 without dropout), so
+     * dV_j += Σ_i P_ij Z_ij dO_i. A zero weight must not multiply a NaN or Inf of dO (a
+     * fully masked row's dO is not read): pv skips zeros, at a cost (a test per row and
+     * key, ~10% of the backward), only when dO's rows are not all finite; otherwise
+     * 0 · dO adds an exact 0. Likewise Q below for dK. */
+    if (!fin[0]) fin[0] = attn_rows_finite(d_o, ldo, n, dv) ? 1 : 2;
+    if (!fin[1]) fin[1] = attn_rows_finite(q, ldq, n, dk) ? 1 : 2;
+    kern->pv(nk, nkpad, n, dv, dropout ? w->pd : w->s, ld, d_o, ldo, w->ones, w->dv, dv, fin[0] == 2);
+
+    /* dP_ij = Z_ij (dO_i · v_j): dO Vᵀ, with qk's roles swapped as for S, then times Z
+     * (below, where dS is formed; a dropped key's dP is 0 whatever its V holds) */
+    kern->qk(nk, nkpad, n, dv, w->vd, w->vt, ld, d_o, ldo, 1.0f, w->dp, ld);
+    if (dropout)
+        for (int64_t r = 0; r < n; r++) {
+            float *dp_r = w->dp + r * ld;
+            const float *z_r = w->z + r * ld;
+            for (int64_t c = 0; c < nkpad; c++) dp_r[c] = z_r[c] == 0.0f ? 0.0f : dp_r[c] * z_r[c];
+        }
+
+    /* softmax: dS_ij = P_ij (dP_ij - D_i), with the undropped P (the softmax's output;
+     * D_i = dO_i · O_i = Σ_j P_ij dP_ij holds with dropout too, since O_i = Σ_j P_ij Z_ij v_j);
+     * then through the softcap (x cap_ij) and the
+     * scale (forward: s = scale q_i · k_j). P = 0 (masked) gives dS = 0 exactly, whatever
+     * dP holds: a masked key's V may be NaN. */
+    for (int64_t r = 0; r < n; r++) {
+        const float *P_r = w->s + r * ld, *cap_r = w->cap + r * ld;
+        float *dS_r = w->dp + r * ld;
+        const float D_r = w->D[r], scale = p->scale;
+        if (softcap) {
+            for (int64_t c = 0; c < nkpad; c++) {
+                const float ds = P_r[c] == 0.0f ? 0.0f : P_r[c] * (dS_r[c] - D_r) * cap_r[c];
+                dS_r[c] = ds * scale;
+            }
+        } else {
+#pragma omp simd
+            for (int64_t c = 0; c < nkpad; c++) {
+                const float ds = P_r[c] == 0.0f ? 0.0f : P_r[c] * (dS_r[c] - D_r);
+                dS_r[c] = ds * scale;
+            }
+        }
+    }
+
+    /* forward: s = scale q_i · k_j, so dK_j += Σ_i dS_ij q_i (a zero dS never multiplies
+     * a non-finite q) */
+    kern->pv(nk, nkpad, n, dk, w->dp, ld, q, ldq, w->ones, w->dk, dk, fin[1] == 2);
+
+    /* ... and dQ_i += Σ_j dS_ij k_j, summed over the tile before it is added */
+    if (dk == 0) return;
+    if (t->finite) {
+        /* qk with dS as its "keys" and K as its packed "rows": (dS K) in (rows, dkpad) */
+        kern->qk(dk, dkpad, n, nk, w->ktd, w->kp, dkpad, w->dp, ld, 1.0f, w->dqt, dkpad);
+        for (int64_t r = 0; r < n; r++) {
+            float *acc = dq_acc + r * ldacc;
+            const float *x = w->dqt + r * dkpad;
+#pragma omp simd
+            for (int64_t d = 0; d < dk; d++) acc[d] += x[d];
+        }
+    } else {
+        /* a NaN or Inf in K: pv on dSᵀ, which skips the zero dS of masked keys */
+        const int64_t npad = pad_rows(plan, n);
+        for (int64_t c = 0; c < nk; c++) {
+            for (int64_t r = 0; r < n; r++) w->dst[c * plan->bq + r] = w->dp[r * ld + c];
+            for (int64_t r = n; r < npad; r++) w->dst[c * plan->bq + r] = 0.0f;
+        }
+        kern->pv(n, npad, nk, dk, w->dst, plan->bq, w->kd, dk, w->ones, dq_acc, ldacc, true);
+    }
+}
+
+/* ---- the fused path: the items ------------------------------------------------------- */
+
+/* Item u = (b, g, c): the keys of chunk c of head (b, g), against every query row of the
+ * group's heads that reads them. */
+static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const bwd_scratch *w,
+                          const float *D, float *part, int64_t u) {
+    const attn_params *p = &bp->fwd;
+    const int64_t c = u % plan->chunks, bg = u / plan->chunks;
+    const int64_t b = bg / p->Hkv, g = bg % p->Hkv, G = p->group;
+    const int64_t Lq = p->Lq, Dk = p->Dk, Dv = p->Dv, bk = plan->bk;
+    const int64_t lk_b = attn_key_len(p, b);
+
+    /* this chunk's dQ of the group's heads, from 0: in dq itself, or the chunk's partial
+     * (G, Lq, Dk) */
+    float *part_c = NULL;
+    if (plan->in_place) {
+        for (int64_t h = g * G; h < (g + 1) * G; h++)
+            for (int64_t i = 0; i < Lq; i++)
+                memset(bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1] + i * bp->dq_s[2], 0,
+                       (size_t)Dk * sizeof(float));
+    } else {
+        part_c = part + ((c * p->B + b) * p->Hq + g * G) * Lq * Dk;
+        memset(part_c, 0, (size_t)(G * Lq * Dk) * sizeof(float));
+    }
+
+    /* each query block's union of key ranges, [jmin, jmax) (empty: jmin = jmax = 0) */
+    for (int64_t qb = 0; qb < plan->q_blocks; qb++) {
+        int64_t jmin = INT64_MAX, jmax = 0;
+        for (int64_t i = qb * plan->bq; i < (qb + 1) * plan->bq && i < Lq; i++)
+            for (int64_t hh = 0; hh < (plan->sum ? G : 1); hh++) {  // the mask's hulls per head
+                int64_t lo, hi;
+                attn_row_range(p, lk_b, i, &lo, &hi);
+                if (plan->sum) attn_mask_summary_row(p, plan->sum, b, g * G + hh, i, &lo, &hi);
+                if (lo >= hi) continue;
+                if (lo < jmin) jmin = lo;
+                if (hi > jmax) jmax = hi;
+            }
+        w->qr[2 * qb] = jmin == INT64_MAX ? 0 : jmin;
+        w->qr[2 * qb + 1] = jmax;
+    }
+    memset(w->fin, 0, (size_t)(G * plan->q_blocks) * 2);  // found out once, at first use
+
+    const int64_t kb_end = (c + 1) * plan->chunk_blocks < plan->k_blocks
+                               ? (c + 1) * plan->chunk_blocks
+                               : plan->k_blocks;
+    for (int64_t kb = c * plan->chunk_blocks; kb < kb_end; kb++) {
+        bwd_tile t = {.b = b, .lk_b = lk_b, .j0 = kb * bk};
+        t.nk = p->Lk - t.j0 < bk ? p->Lk - t.j0 : bk;
+        memset(w->dk, 0, (size_t)(t.nk * Dk) * sizeof(float));
+        memset(w->dv, 0, (size_t)(t.nk * Dv) * sizeof(float));
+        bool packed = false;
+        for (int64_t hh = 0; hh < G; hh++) {
+            t.h = g * G + hh;
+            for (int64_t qb = 0; qb < plan->q_blocks; qb++) {
+                if (w->qr[2 * qb + 1] <= t.j0 || w->qr[2 * qb] >= t.j0 + t.nk) continue;
+                /* a tile the mask or bias masks whole adds nothing; an open one needs neither */
+                const attn_tile_class cls = plan->sum ? attn_mask_summary_tile(p, plan->sum, b, t.h, 1, qb,
+                                                                               t.j0, t.nk)
+                                                      : ATTN_TILE_MIXED;
+                if (cls == ATTN_TILE_MASKED) continue;
+                if (!packed) {  // only a block some row reads is packed
+                    t.finite = pack_key_block(p, plan, w, b, g, t.j0, t.nk);
+                    packed = true;
+                }
+                t.i0 = qb * plan->bq;
+                t.n = Lq - t.i0 < plan->bq ? Lq - t.i0 : plan->bq;
+                uint8_t *fin = w->fin + 2 * (hh * plan->q_blocks + qb);
+                if (plan->in_place)
+                    tile_backward(bp, plan, w, &t, D + (b * p->Hq + t.h) * Lq,
+                                  bp->dq + b * bp->dq_s[0] + t.h * bp->dq_s[1] + t.i0 * bp->dq_s[2],
+                                  bp->dq_s[2], fin, cls == ATTN_TILE_OPEN);
+                else
+                    tile_backward(bp, plan, w, &t, D + (b * p->Hq + t.h) * Lq,
+                                  part_c + (hh * Lq + t.i0) * Dk, Dk, fin, cls == ATTN_TILE_OPEN);
+            }
+        }
+        float *dk_b = bp->dk + b * bp->dk_s[0] + g * bp->dk_s[1] + t.j0 * bp->dk_s[2];
+        float *dv_b = bp->dv + b * bp->dv_s[0] + g * bp->dv_s[1] + t.j0 * bp->dv_s[2];
+        for (int64_t r = 0; r < t.nk; r++) {
+            for (int64_t d = 0; d < Dk; d++) dk_b[r * bp->dk_s[2] + d * bp->dk_s[3]] = w->dk[r * Dk + d];
+            for (int64_t d = 0; d < Dv; d++) dv_b[r * bp->dv_s[2] + d * bp->dv_s[3]] = w->dv[r * Dv + d];
+        }
+    }
+}
+
+attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
+    const attn_params *p = &bp->fwd;
+    bwd_plan plan;
+    make_plan(bp, &plan);  // cannot fail: the workspace query succeeded with the same bp
+    char *base = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
+    float *D = (float *)(base + plan.off_d);
+    float *part = (float *)(base + plan.off_part);
+    attn_mask_summary sum;
+    attn_params open;
+    if (p->mask || p->bias) {
+        attn_mask_summary_init(p, base + plan.off_sum, &sum);
+        open = *p;
+        open.mask = NULL;
+        open.bias = NULL;
+        plan.sum = &sum;
+        plan.open = &open;
+    }
+    const int64_t rows = p->B * p->Hq * p->Lq, Dk = p->Dk;
+    const int64_t row_chunks = (rows + 255) / 256;
+
+#pragma omp parallel num_threads(p->threads)
+    {
+        const int tid = attn_thread_num();
+        const bwd_scratch w = carve(&plan, base + (size_t)tid * plan.thread_bytes);
+#pragma omp for schedule(static)
+        for (int64_t rc = 0; rc < row_chunks; rc++)
+            row_dots(bp, D, rc * 256, rows - rc * 256 < 256 ? rows - rc * 256 : 256);
+        /* implicit barrier: every D_i is ready */
+        if (bp->d_sinks) {
+#pragma omp for schedule(static)
+            for (int64_t h = 0; h < p->Hq; h++) bp->d_sinks[h * bp->d_sinks_s] = sink_grad(bp, D, h);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t u = 0; u < plan.items; u++) item_backward(bp, &plan, &w, D, part, u);
+        /* dq = the chunks' partials summed in chunk order (in place: done) */
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < (plan.in_place ? 0 : rows); r++) {
+            const int64_t i = r % p->Lq, bh = r / p->Lq, h = bh % p->Hq, b = bh / p->Hq;
+            float *dq_i = bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1] + i * bp->dq_s[2];
+            for (int64_t d = 0; d < Dk; d++) {
+                float acc = part[r * Dk + d];
+                for (int64_t c = 1; c < plan.chunks; c++) acc += part[(c * rows + r) * Dk + d];
+                dq_i[d * bp->dq_s[3]] = acc;
+            }
+        }
+    }
+    return ATTN_OK;
+}
