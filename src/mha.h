@@ -128,13 +128,13 @@ typedef struct mha_qkv {
 } mha_qkv;
 ATTN_PRIVATE void mha_qkv_layout(const mha_plan *pl, mha_ws *w, mha_qkv *s);
 
-/* The kept activations (attn_mha_forward_save's buffer, its 64-byte aligned start keep;
+/* The kept activations (attn_mha_forward_save's buffer from its first byte, keep;
  * NULL: only sized): a header of the shapes, then Q, K, V, O as mha_qkv's and the LSE
  * [B, Hq, Lq]. Returns the bytes from keep; each pointer (lse too) may be NULL. */
 ATTN_PRIVATE size_t mha_keep_layout(const mha_plan *pl, char *keep, mha_qkv *s, float **lse);
 /* the header's first word once a forward completed (mha_saved.c) */
 #define MHA_KEEP_MAGIC 0x6d68615f6b656570ll
-/* saved (any alignment, saved_bytes long) as pl->keep: big enough for pl's layer, and
+/* saved (float-aligned, saved_bytes long) as pl->keep: big enough for pl's layer, and
  * when written, holding a completed forward's header for the same shapes (mha_saved.c) */
 ATTN_PRIVATE attn_status mha_keep_check(mha_plan *pl, const void *saved, size_t saved_bytes,
                                         bool written);

@@ -4,9 +4,10 @@
  *               attn_mha_saved_size; attn_mha_backward_saved (mha_backward.c) reads them
  *               instead of running the forward again.
  *
- * The buffer's layout (mha_keep_layout, mha.c), from its first 64-byte aligned byte: a
- * header of int64 {magic, B, Lq, Lk, Hq, Hkv, Dk, Dv}, then Q and K (after RoPE), V and
- * O as [B, L, H, D] float32, then the LSE [B, Hq, Lq]. The magic is written last, once
+ * The buffer's layout (mha_keep_layout, mha.c), from its first byte (so that a copy of
+ * it anywhere reads the same; float alignment is all it needs): a 64-byte header of
+ * int64 {magic, B, Lq, Lk, Hq, Hkv, Dk, Dv}, then Q and K (after RoPE), V and O as
+ * [B, L, H, D] float32, then the LSE [B, Hq, Lq], each piece a multiple of 64 bytes. The magic is written last, once
  * the forward succeeded, and cleared first: a buffer of a failed call is refused.
  *
  * What it is not: a second forward (the same mha_forward_ws, its projections and
@@ -19,11 +20,6 @@
 
 #include "mha.h"
 
-#define KEEP_SLACK 64  /* room to align a buffer of any alignment to 64 bytes */
-
-static char *keep_base(const void *saved) {
-    return (char *)(((uintptr_t)saved + 63) & ~(uintptr_t)63);
-}
 
 static void keep_header(const mha_plan *pl, int64_t h[8]) {
     const int64_t v[8] = {MHA_KEEP_MAGIC, pl->B, pl->Lq, pl->Lk, pl->Hq, pl->Hkv, pl->Dk, pl->Dv};
@@ -32,13 +28,14 @@ static void keep_header(const mha_plan *pl, int64_t h[8]) {
 
 attn_status mha_keep_check(mha_plan *pl, const void *saved, size_t saved_bytes, bool written) {
     const size_t need = mha_keep_layout(pl, NULL, NULL, NULL);
-    if (need == SIZE_MAX || need > SIZE_MAX - KEEP_SLACK)
-        return attn_fail(ATTN_ERR_OVERFLOW, "saved: its size overflows size_t");
+    if (need == SIZE_MAX) return attn_fail(ATTN_ERR_OVERFLOW, "saved: its size overflows size_t");
     if (!saved) return attn_fail(ATTN_ERR_NULL, "saved: NULL buffer");
-    if (saved_bytes < need + KEEP_SLACK)
+    if ((uintptr_t)saved % sizeof(float) != 0)
+        return attn_fail(ATTN_ERR_VALUE, "saved: %p is not aligned to a float (4 bytes)", saved);
+    if (saved_bytes < need)
         return attn_fail(ATTN_ERR_WORKSPACE, "saved: %zu bytes, this layer needs %zu "
-                         "(attn_mha_saved_size)", saved_bytes, need + KEEP_SLACK);
-    pl->keep = keep_base(saved);
+                         "(attn_mha_saved_size)", saved_bytes, need);
+    pl->keep = (char *)saved;
     if (written) {
         int64_t want[8], got[8];
         keep_header(pl, want);
@@ -65,9 +62,8 @@ attn_status attn_mha_saved_size(const attn_mha *m, const attn_tensor *x_q,
     mha_plan pl;
     TRY(mha_plan_init(&pl, m, x_q, x_kv, NULL, false));
     const size_t need = mha_keep_layout(&pl, NULL, NULL, NULL);
-    if (need == SIZE_MAX || need > SIZE_MAX - KEEP_SLACK)
-        return attn_fail(ATTN_ERR_OVERFLOW, "saved: its size overflows size_t");
-    *bytes = need + KEEP_SLACK;
+    if (need == SIZE_MAX) return attn_fail(ATTN_ERR_OVERFLOW, "saved: its size overflows size_t");
+    *bytes = need;
     return ATTN_OK;
 }
 
@@ -107,7 +103,7 @@ attn_status attn_mha_forward_save_workspace_size(const attn_mha *m, const attn_t
     if (!bytes) return attn_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
     save_ctx f = {.y = y, .weights = weights, .average = average_weights};
     TRY(mha_plan_init(&f.pl, m, x_q, x_kv, y, false));
-    static char sizing[64];  /* only counted: a non-NULL keep that nothing reads */
-    f.pl.keep = sizing;
+    static float sizing[16];  /* only counted: a non-NULL keep that nothing reads */
+    f.pl.keep = (char *)sizing;
     return mha_two_pass(save_body, &f, opt, bytes);
 }

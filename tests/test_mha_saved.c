@@ -10,13 +10,14 @@
  *     by the same measure), for self- and cross-attention, GQA, Dk != Dv, RoPE both
  *     ways, masks (causal both ways, kv_len, a key padding mask), PyTorch's packed
  *     layout, padded x, bfloat16 x and weights, the averaged and the per-head weights
- *     asked for in the forward; each over a saved buffer of odd alignment, each call
- *     once more over a caller's workspace of exactly the queried size.
+ *     asked for in the forward; each over a saved buffer only float-aligned, read once
+ *     more from a copy elsewhere, each call once more over a caller's workspace of
+ *     exactly the queried size.
  *  2. The backward reads what was saved: one bit changed in the saved Q changes dW_Q
  *     (a backward that recomputed would not see it) — the planted error of item 1's
  *     bit-for-bit comparison.
  *  3. Misuse: a buffer one byte short, a workspace one byte short (ATTN_ERR_WORKSPACE,
- *     nothing written), NULL, a buffer no forward filled or one of another layer's
+ *     nothing written), NULL, a buffer not aligned to a float, a buffer no forward filled or one of another layer's
  *     shapes (ATTN_ERR_VALUE, nothing written), a failed forward's buffer refused.
  */
 #include "mha_ref.h"
@@ -127,7 +128,7 @@ static int run_case(const mcase *c, const attn_options *opt, int weights, const 
     st = attn_mha_backward(&l.m, &l.txq, xkv, &dy, &g0.g, opt);
     CHECK(st == ATTN_OK, "%s: backward %s", what, attn_last_error());
 
-    /* the saved pair, the buffer at an odd offset (any alignment is taken) */
+    /* the saved pair, the buffer 4 bytes past malloc's alignment (a float's is enough) */
     size_t sb = 0;
     st = attn_mha_saved_size(&l.m, &l.txq, xkv, &sb);
     CHECK(st == ATTN_OK && sb > 0, "%s: saved size %s", what, attn_last_error());
@@ -143,7 +144,7 @@ static int run_case(const mcase *c, const attn_options *opt, int weights, const 
         CHECK(memcmp(w0, w1, (size_t)nw * 4) == 0, "%s: weights of forward_save differ", what);
     }
     if (plant) {  /* the saved Q's first element, one mantissa bit; Q sits after 64 bytes */
-        float *q = (float *)(((uintptr_t)saved + 63) & ~(uintptr_t)63) + 16;
+        float *q = (float *)saved + 16;
         uint32_t u;
         memcpy(&u, q, 4);
         u ^= 1u << 12;
@@ -155,6 +156,19 @@ static int run_case(const mcase *c, const attn_options *opt, int weights, const 
     bad += !same;
     if (!plant) CHECK(same, "%s: the saved backward's gradients differ", what);
 
+    /* the buffer copied elsewhere reads the same */
+    if (!plant) {
+        char *copy = xcalloc((int64_t)sb + 64, 1);
+        memcpy(copy + 8, saved, sb);
+        grads g3;
+        grads_build(&g3, &l);
+        st = attn_mha_backward_saved(&l.m, &l.txq, xkv, &dy, &g3.g, opt, copy + 8, sb);
+        CHECK(st == ATTN_OK && grads_same(&g0, &g3), "%s: backward_saved from a copy: %s", what,
+              attn_last_error());
+        bad += !grads_same(&g0, &g3);
+        grads_free(&g3);
+        free(copy);
+    }
     /* once more over caller workspaces of the queried sizes */
     if (!plant) {
         size_t wf = 0, wb = 0;
@@ -251,6 +265,10 @@ static void test_misuse(void) {
     CHECK(st == ATTN_ERR_NULL && !count_written(l.sy, ny), "saved NULL: %d", st);
     st = attn_mha_forward_save(&l.m, &l.txq, &l.txkv, NULL, NULL, false, NULL, saved, sb);
     CHECK(st == ATTN_ERR_NULL, "y NULL: %d", st);
+    char *odd = xcalloc((int64_t)sb + 8, 1);
+    st = attn_mha_forward_save(&l.m, &l.txq, &l.txkv, &l.ty, NULL, false, NULL, odd + 1, sb);
+    CHECK(st == ATTN_ERR_VALUE && !count_written(l.sy, ny), "saved not float-aligned: %d", st);
+    free(odd);
 
     attn_tensor dy;
     float *dyb = draw_dy(&c, &dy);
