@@ -257,7 +257,7 @@ static int bench_bert(int64_t B, int64_t L, int64_t E, int64_t H, int reps, doub
 }
 
 /* --vs torch: scripts/bench_mha_torch.py as a child, its report on our stdout */
-static int run_torch_side(const char *python, int threads, int reps) {
+static int run_torch_side(const char *python, int threads, int reps, bool quick) {
     char root[4096], script[4200], venv_py[4200], th[16], rp[16];
     source_root(root, sizeof root);
     snprintf(script, sizeof script, "%s/scripts/bench_mha_torch.py", root);
@@ -265,12 +265,15 @@ static int run_torch_side(const char *python, int threads, int reps) {
     if (!python) python = file_exists(venv_py) ? venv_py : "python3";
     snprintf(th, sizeof th, "%d", threads);
     snprintf(rp, sizeof rp, "%d", reps);
-    printf("PyTorch beside attn.nn (%s %s --threads %s --reps %s):\n", python, script, th, rp);
+    printf("PyTorch beside attn.nn (%s %s --threads %s --reps %s%s):\n", python, script, th, rp,
+           quick ? " and --quick's layer" : "");
     fflush(stdout), fflush(stderr);
     pid_t pid = fork();
     if (pid < 0) return 1;
     if (pid == 0) {
-        char *argv[] = {(char *)python, script, "--threads", th, "--reps", rp, NULL};
+        char *argv[] = {(char *)python, script, "--threads", th, "--reps", rp, "--warmup", "1",
+                        "--B", "2", "--L", "64", "--E", "64", "--heads", "4", NULL};
+        if (!quick) argv[6] = NULL;  /* the layer, the script's defaults */
         execvp(argv[0], argv);
         fprintf(stderr, "attn bench-mha: cannot run %s\n", python);
         _exit(127);
@@ -362,9 +365,9 @@ int cli_bench_mha(int argc, char **argv) {
     printf("attn bench-mha: %d threads, kernel %s, BLAS %s\n", threads, attn_kernel_name(),
            attn_blas_name());
     if (check_answer(quick ? 64 : 768, quick ? 4 : 12)) return 1;
-    if (quick)
-        return bench_bert(2, 64, 64, 4, reps, peak) || bench_decode(256, 8, 2, 32, 128, reps, bw);
-    if (bench_bert(8, 512, 768, 12, reps, peak) || bench_decode(4096, 32, 8, 128, 4096, reps, bw))
+    if (quick ? bench_bert(2, 64, 64, 4, reps, peak) || bench_decode(256, 8, 2, 32, 128, reps, bw)
+              : bench_bert(8, 512, 768, 12, reps, peak) ||
+                    bench_decode(4096, 32, 8, 128, 4096, reps, bw))
         return 1;
-    return vs_torch ? run_torch_side(python, threads, reps) : 0;
+    return vs_torch ? run_torch_side(python, threads, reps, quick) : 0;
 }
