@@ -18,7 +18,9 @@
  *     bit-for-bit comparison.
  *  3. Misuse: a buffer one byte short, a workspace one byte short (ATTN_ERR_WORKSPACE,
  *     nothing written), NULL, a buffer not aligned to a float, a buffer no forward filled or one of another layer's
- *     shapes (ATTN_ERR_VALUE, nothing written), a failed forward's buffer refused.
+ *     shapes (ATTN_ERR_VALUE, nothing written), a failed forward's buffer refused; in
+ *     the fault-injection build each allocation failed in turn (ATTN_ERR_NOMEM,
+ *     nothing written).
  */
 #include "mha_ref.h"
 
@@ -310,7 +312,56 @@ static void test_misuse(void) {
     mlayer_free(&l);
 }
 
+#ifdef ATTN_FAULT_INJECTION
+#include "alloc.h"
+/* each allocation of the saved pair failed in turn (the sanitizer build of
+ * scripts/check.sh): ATTN_ERR_NOMEM, y and the gradients not written, nothing leaked */
+static void test_nomem(void) {
+    mcase c = small_case(500);
+    mlayer l;
+    mlayer_build(&l, &c);
+    const int64_t ny = y_elems(&l);
+    size_t sb = 0;
+    CHECK(attn_mha_saved_size(&l.m, &l.txq, &l.txkv, &sb) == ATTN_OK, "size");
+    char *saved = xcalloc((int64_t)sb, 1);
+    attn_tensor dy;
+    float *dyb = draw_dy(&c, &dy);
+    grads g;
+    grads_build(&g, &l);
+    int points = 0;
+    for (int64_t n = 1; n < 100; n++) {
+        fill_sentinel(l.sy, ny);
+        attn_fault_arm(n);
+        attn_status st = attn_mha_forward_save(&l.m, &l.txq, &l.txkv, &l.ty, NULL, false, NULL,
+                                               saved, sb);
+        attn_fault_arm(0);
+        if (st == ATTN_OK) break;
+        points++;
+        CHECK(st == ATTN_ERR_NOMEM && !count_written(l.sy, ny), "forward_save, allocation %lld "
+              "failed: %d", (long long)n, st);
+    }
+    CHECK(attn_mha_forward_save(&l.m, &l.txq, &l.txkv, &l.ty, NULL, false, NULL, saved, sb) ==
+          ATTN_OK, "forward_save");
+    for (int64_t n = 1; n < 100; n++) {
+        attn_fault_arm(n);
+        attn_status st = attn_mha_backward_saved(&l.m, &l.txq, &l.txkv, &dy, &g.g, NULL, saved, sb);
+        attn_fault_arm(0);
+        if (st == ATTN_OK) break;
+        points++;
+        CHECK(st == ATTN_ERR_NOMEM && grads_untouched(&g), "backward_saved, allocation %lld "
+              "failed: %d", (long long)n, st);
+    }
+    CHECK(points >= 2, "only %d allocation points failed", points);
+    grads_free(&g);
+    free(dyb); free(saved);
+    mlayer_free(&l);
+}
+#endif
+
 int main(void) {
+#ifdef ATTN_FAULT_INJECTION
+    test_nomem();
+#endif
     test_same_bits();
     test_misuse();
     /* planted: one bit of the saved Q must change the gradients (the backward reads the
