@@ -527,8 +527,8 @@ ATTN_API attn_status attn_mha_backward(const attn_mha *m, const attn_tensor *x_q
 
 /* Training without the recomputation. attn_mha_forward_save is attn_mha_forward that
  * also keeps Q, K, V (after RoPE), O and the LSE in saved, a caller's buffer of
- * attn_mha_saved_size bytes (aligned to a float; y required; it may be copied). attn_mha_backward_saved is
- * attn_mha_backward reading them instead of running the forward again: same arguments
+ * attn_mha_saved_size bytes (aligned to a float; y required; it may be copied).
+ * attn_mha_backward_saved is attn_mha_backward reading them instead of running the forward again: same arguments
  * (x_q, x_kv, the weights and opt as the forward's) plus that buffer, unchanged since;
  * same gradients (bit for bit when the forward's weights were NULL). A saved buffer of
  * another layer's shapes, or of a forward that failed, is refused (ATTN_ERR_VALUE); what

@@ -6,8 +6,8 @@
  * What it is not: a store of activations between calls (attn_mha_backward recomputes
  * the forward's Q, K, V, O and LSE, one extra forward; attn_mha_backward_saved reads
  * them from the caller's buffer that attn_mha_forward_save filled, mha_saved.c), or an
- * accumulator (every gradient asked for is overwritten). Determinism: each GEMM's sums run in the BLAS's fixed order for
- * any thread count; the bias sums are one column per thread in row order; attn_backward
+ * accumulator (every gradient asked for is overwritten). Determinism: each GEMM's sums
+ * run in the BLAS's fixed order for any thread count; the bias sums are one column per thread in row order; attn_backward
  * is bit-identical for any thread count.
  *
  * With M = B·L rows, G = dLoss/dy [B·Lq, E], the forward's lines and their gradients:
@@ -129,7 +129,8 @@ static void bias_grad(const attn_tensor *db, const float *g, int64_t M, int64_t 
             const float *row = g + r * N + c0;
             for (int64_t c = 0; c < nc; c++) s[c] += row[c];
         }
-        for (int64_t c = 0; c < nc; c++) ((float *)db->data)[(c0 + c) * db->stride[0]] = (float)s[c];
+        for (int64_t c = 0; c < nc; c++)
+            ((float *)db->data)[(c0 + c) * db->stride[0]] = (float)s[c];
     }
 }
 

@@ -7,8 +7,9 @@
  * The buffer's layout (mha_keep_layout, mha.c), from its first byte (so that a copy of
  * it anywhere reads the same; float alignment is all it needs): a 64-byte header of
  * int64 {magic, B, Lq, Lk, Hq, Hkv, Dk, Dv}, then Q and K (after RoPE), V and O as
- * [B, L, H, D] float32, then the LSE [B, Hq, Lq], each piece a multiple of 64 bytes. The magic is written last, once
- * the forward succeeded, and cleared first: a buffer of a failed call is refused.
+ * [B, L, H, D] float32, then the LSE [B, Hq, Lq], each piece a multiple of 64 bytes.
+ * The magic is written last, once the forward succeeded, and cleared first: a buffer of
+ * a failed call is refused.
  *
  * What it is not: a second forward (the same mha_forward_ws, its projections and
  * attention carved from the buffer instead of the workspace) or a check of what the

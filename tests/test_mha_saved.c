@@ -17,8 +17,9 @@
  *     (a backward that recomputed would not see it) — the planted error of item 1's
  *     bit-for-bit comparison.
  *  3. Misuse: a buffer one byte short, a workspace one byte short (ATTN_ERR_WORKSPACE,
- *     nothing written), NULL, a buffer not aligned to a float, a buffer no forward filled or one of another layer's
- *     shapes (ATTN_ERR_VALUE, nothing written), a failed forward's buffer refused; in
+ *     nothing written), NULL, a buffer not aligned to a float, a buffer no forward
+ *     filled or one of another layer's shapes (ATTN_ERR_VALUE, nothing written), a
+ *     failed forward's buffer refused; in
  *     the fault-injection build each allocation failed in turn (ATTN_ERR_NOMEM,
  *     nothing written).
  */

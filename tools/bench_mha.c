@@ -136,7 +136,8 @@ static attn_status run_forward(void *ctx) {
 static attn_status run_train_recompute(void *ctx) {
     fwd_arg *a = ctx;
     attn_status st = run_forward(ctx);
-    if (st == ATTN_OK) st = attn_mha_backward(&a->l->m, &a->l->tx, NULL, &a->l->tdy, &a->l->grads, a->opt);
+    if (st == ATTN_OK)
+        st = attn_mha_backward(&a->l->m, &a->l->tx, NULL, &a->l->tdy, &a->l->grads, a->opt);
     return st;
 }
 /* forward + backward, the forward's activations kept */
@@ -210,9 +211,14 @@ static int bench_bert(int64_t B, int64_t L, int64_t E, int64_t H, int reps, doub
     a.saved = st == ATTN_OK ? malloc(a.saved_bytes) : NULL;
     /* one caller's workspace for every call: the largest of the queries */
     size_t need[3] = {0, 0, 0};
-    if (st == ATTN_OK) st = attn_mha_forward_workspace_size(&l.m, &l.tx, NULL, &l.ty, &tw, true, NULL, &need[0]);
-    if (st == ATTN_OK) st = attn_mha_backward_workspace_size(&l.m, &l.tx, NULL, &l.tdy, &l.grads, NULL, NULL, 0, &need[1]);
-    if (st == ATTN_OK) st = attn_mha_forward_save_workspace_size(&l.m, &l.tx, NULL, &l.ty, NULL, false, NULL, &need[2]);
+    if (st == ATTN_OK)
+        st = attn_mha_forward_workspace_size(&l.m, &l.tx, NULL, &l.ty, &tw, true, NULL, &need[0]);
+    if (st == ATTN_OK)
+        st = attn_mha_backward_workspace_size(&l.m, &l.tx, NULL, &l.tdy, &l.grads, NULL, NULL, 0,
+                                              &need[1]);
+    if (st == ATTN_OK)
+        st = attn_mha_forward_save_workspace_size(&l.m, &l.tx, NULL, &l.ty, NULL, false, NULL,
+                                                  &need[2]);
     size_t ws_bytes = need[0] > need[1] ? need[0] : need[1];
     ws_bytes = ws_bytes > need[2] ? ws_bytes : need[2];
     attn_options own = {.workspace = st == ATTN_OK ? malloc(ws_bytes) : NULL, .workspace_bytes = ws_bytes};

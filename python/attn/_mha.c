@@ -199,7 +199,10 @@ PyObject *attn_py_mha(PyObject *self, PyObject *args, PyObject *kw) {
         if (!kept) { bufs_release(&b); return NULL; }
         saved = PyByteArray_AS_STRING(kept);
     } else if (grad && saved_obj != Py_None) {
-        if (PyObject_GetBuffer(saved_obj, &sv, PyBUF_SIMPLE) != 0) { bufs_release(&b); return NULL; }
+        if (PyObject_GetBuffer(saved_obj, &sv, PyBUF_SIMPLE) != 0) {
+            bufs_release(&b);
+            return NULL;
+        }
         saved = sv.buf;
         saved_bytes = (size_t)sv.len;
     }
