@@ -14,9 +14,18 @@
  * dominate the many short parallel calls of a step (measured on the project's shared
  * machine: the decoding step 1.8 s spinning, 34 ms with OMP_WAIT_POLICY=passive); run it
  * with OMP_WAIT_POLICY=passive there.
+ * The training rows: attn_mha_forward_save + attn_mha_backward_saved (the forward's
+ * activations kept, what attn.nn runs) and attn_mha_forward + attn_mha_backward (the
+ * forward recomputed inside the backward); "caller's workspace" rows pass one buffer of
+ * the queried size (opt.workspace) instead of the module's malloc per call, whose fresh
+ * pages the kernel faults in and zeroes on first touch (as attn.nn's extension keeps
+ * one block between calls).
+ * --vs torch runs scripts/bench_mha_torch.py (attn.nn.MultiheadAttention beside
+ * torch.nn.MultiheadAttention, interleaved in one process) afterwards as a child, with
+ * --python PATH, else .venv-bench/bin/python when `attn bench --setup-torch` made it,
+ * else python3; the attn package must be importable there (PYTHONPATH).
  * What it is not: a test (it checks one answer first, fused against the float64
- * reference attention, and fails on a mismatch) or a PyTorch comparison (see
- * scripts/bench_torch.py for that side of `attn bench`).
+ * reference attention, and fails on a mismatch).
  */
 #include <math.h>
 #include <omp.h>
@@ -27,9 +36,12 @@
 #include <string.h>
 #include <time.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "attn.h"
 #include "bench_clock.h"
-#include "cli.h"
+#include "bench_peer.h"
 #include "blas.h"
 #include "cli.h"
 #include "half.h"
@@ -110,18 +122,32 @@ static double time_median(timed_fn what, void *ctx, int reps, attn_status *st) {
 typedef struct fwd_arg {
     blayer *l;
     const attn_tensor *weights;
-    bool backward;
+    const attn_options *opt;  /* NULL, or a caller's workspace */
+    void *saved;              /* attn_mha_saved_size bytes */
+    size_t saved_bytes;
     float *qkv, *o;  /* the parts: (B·L, 3E), (B·L, E) */
 } fwd_arg;
 
 static attn_status run_forward(void *ctx) {
     fwd_arg *a = ctx;
-    return attn_mha_forward(&a->l->m, &a->l->tx, NULL, &a->l->ty, a->weights, true, NULL);
+    return attn_mha_forward(&a->l->m, &a->l->tx, NULL, &a->l->ty, a->weights, true, a->opt);
 }
-static attn_status run_train(void *ctx) {
+/* forward + backward, the forward recomputed in the backward */
+static attn_status run_train_recompute(void *ctx) {
     fwd_arg *a = ctx;
     attn_status st = run_forward(ctx);
-    if (st == ATTN_OK) st = attn_mha_backward(&a->l->m, &a->l->tx, NULL, &a->l->tdy, &a->l->grads, NULL);
+    if (st == ATTN_OK)
+        st = attn_mha_backward(&a->l->m, &a->l->tx, NULL, &a->l->tdy, &a->l->grads, a->opt);
+    return st;
+}
+/* forward + backward, the forward's activations kept */
+static attn_status run_train(void *ctx) {
+    fwd_arg *a = ctx;
+    attn_status st = attn_mha_forward_save(&a->l->m, &a->l->tx, NULL, &a->l->ty, NULL, false,
+                                           a->opt, a->saved, a->saved_bytes);
+    if (st == ATTN_OK)
+        st = attn_mha_backward_saved(&a->l->m, &a->l->tx, NULL, &a->l->tdy, &a->l->grads,
+                                     a->opt, a->saved, a->saved_bytes);
     return st;
 }
 /* the forward's four projections alone, as the module runs them */
@@ -181,28 +207,90 @@ static int bench_bert(int64_t B, int64_t L, int64_t E, int64_t H, int reps, doub
     if (!wts || !qkv || !o) return 1;
     attn_tensor tw = attn_tensor_4d(wts, ATTN_F32, B, 1, L, L);
     fwd_arg a = {.l = &l, .qkv = qkv, .o = o};
-    attn_status st;
+    attn_status st = attn_mha_saved_size(&l.m, &l.tx, NULL, &a.saved_bytes);
+    a.saved = st == ATTN_OK ? malloc(a.saved_bytes) : NULL;
+    /* one caller's workspace for every call: the largest of the queries */
+    size_t need[3] = {0, 0, 0};
+    if (st == ATTN_OK)
+        st = attn_mha_forward_workspace_size(&l.m, &l.tx, NULL, &l.ty, &tw, true, NULL, &need[0]);
+    if (st == ATTN_OK)
+        st = attn_mha_backward_workspace_size(&l.m, &l.tx, NULL, &l.tdy, &l.grads, NULL, NULL, 0,
+                                              &need[1]);
+    if (st == ATTN_OK)
+        st = attn_mha_forward_save_workspace_size(&l.m, &l.tx, NULL, &l.ty, NULL, false, NULL,
+                                                  &need[2]);
+    size_t ws_bytes = need[0] > need[1] ? need[0] : need[1];
+    ws_bytes = ws_bytes > need[2] ? ws_bytes : need[2];
+    attn_options own = {.workspace = st == ATTN_OK ? malloc(ws_bytes) : NULL, .workspace_bytes = ws_bytes};
+    if (st != ATTN_OK || !a.saved || !own.workspace) {
+        fprintf(stderr, "attn bench-mha: setup: %s\n", st != ATTN_OK ? attn_last_error() : "out of memory");
+        return 1;
+    }
+    memset(own.workspace, 0, ws_bytes);  /* its pages faulted in once, here */
     const double t_fwd = time_median(run_forward, &a, reps, &st);
+    a.opt = &own;
+    const double t_fwd_ws = st == ATTN_OK ? time_median(run_forward, &a, reps, &st) : NAN;
+    a.opt = NULL;
     a.weights = &tw;
-    const double t_w = time_median(run_forward, &a, reps, &st);
+    const double t_w = st == ATTN_OK ? time_median(run_forward, &a, reps, &st) : NAN;
     a.weights = NULL;
-    const double t_gemm = time_median(run_gemms, &a, reps, &st);
-    const double t_att = time_median(run_attention, &a, reps, &st);
-    const double t_train = time_median(run_train, &a, reps, &st);
+    const double t_gemm = st == ATTN_OK ? time_median(run_gemms, &a, reps, &st) : NAN;
+    const double t_att = st == ATTN_OK ? time_median(run_attention, &a, reps, &st) : NAN;
+    const double t_train = st == ATTN_OK ? time_median(run_train, &a, reps, &st) : NAN;
+    a.opt = &own;
+    const double t_train_ws = st == ATTN_OK ? time_median(run_train, &a, reps, &st) : NAN;
+    a.opt = NULL;
+    const double t_train_re = st == ATTN_OK ? time_median(run_train_recompute, &a, reps, &st) : NAN;
     const double gemm_gf = 2.0 * (double)(B * L) * (double)E * (double)E * 4.0;
     printf("BERT-base self-attention B=%lld L=%lld E=%lld heads=%lld float32 (median of %d):\n",
            (long long)B, (long long)L, (long long)E, (long long)H, reps);
     printf("  forward                 %9.2f ms\n", t_fwd * 1e3);
+    printf("  forward, caller's workspace %5.2f ms\n", t_fwd_ws * 1e3);
     printf("  forward + weights (avg) %9.2f ms\n", t_w * 1e3);
-    printf("  forward + backward      %9.2f ms\n", t_train * 1e3);
+    printf("  forward + backward      %9.2f ms (activations kept: forward_save + backward_saved)\n",
+           t_train * 1e3);
+    printf("  the same, caller's workspace %4.2f ms\n", t_train_ws * 1e3);
+    printf("  forward + backward      %9.2f ms (recomputed: forward + backward)\n", t_train_re * 1e3);
     printf("  forward's parts: projections (4 GEMMs) %.2f ms = %.1f%%, attention %.2f ms = "
            "%.1f%%, the rest %.1f%%\n", t_gemm * 1e3, 100 * t_gemm / t_fwd, t_att * 1e3,
            100 * t_att / t_fwd, 100 * (t_fwd - t_gemm - t_att) / t_fwd);
     printf("  GEMM %.1f GFLOP/s = %.0f%% of the fp32 FMA peak %.1f GFLOP/s\n",
            gemm_gf / t_gemm * 1e-9, 100 * gemm_gf / t_gemm * 1e-9 / peak, peak);
-    free(wts), free(qkv), free(o);
+    if (st != ATTN_OK) fprintf(stderr, "attn bench-mha: %s\n", attn_last_error());
+    free(wts), free(qkv), free(o), free(a.saved), free(own.workspace);
     blayer_free(&l);
     return st != ATTN_OK;
+}
+
+/* --vs torch: scripts/bench_mha_torch.py as a child, its report on our stdout */
+static int run_torch_side(const char *python, int threads, int reps, bool quick) {
+    char root[4096], script[4200], venv_py[4200], th[16], rp[16];
+    source_root(root, sizeof root);
+    snprintf(script, sizeof script, "%s/scripts/bench_mha_torch.py", root);
+    snprintf(venv_py, sizeof venv_py, "%s/.venv-bench/bin/python", root);
+    if (!python) python = file_exists(venv_py) ? venv_py : "python3";
+    snprintf(th, sizeof th, "%d", threads);
+    snprintf(rp, sizeof rp, "%d", reps);
+    printf("PyTorch beside attn.nn (%s %s --threads %s --reps %s%s):\n", python, script, th, rp,
+           quick ? " and --quick's layer" : "");
+    fflush(stdout), fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) return 1;
+    if (pid == 0) {
+        char *argv[] = {(char *)python, script, "--threads", th, "--reps", rp, "--warmup", "1",
+                        "--B", "2", "--L", "64", "--E", "64", "--heads", "4", NULL};
+        if (!quick) argv[6] = NULL;  /* the layer, the script's defaults */
+        execvp(argv[0], argv);
+        fprintf(stderr, "attn bench-mha: cannot run %s\n", python);
+        _exit(127);
+    }
+    int st;
+    if (waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "attn bench-mha: the PyTorch side failed (PyTorch and the attn "
+                "package importable by %s? attn bench --setup-torch, PYTHONPATH)\n", python);
+        return 1;
+    }
+    return 0;
 }
 
 typedef struct dec_arg {
@@ -257,14 +345,19 @@ static int bench_decode(int64_t E, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
 }
 
 int cli_bench_mha(int argc, char **argv) {
-    bool quick = false;
+    bool quick = false, vs_torch = false;
+    const char *python = NULL;
     int threads = omp_get_max_threads(), reps = 5;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = true, reps = 2;
         else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = atoi(argv[++i]);
         else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--vs") == 0 && i + 1 < argc && strcmp(argv[i + 1], "torch") == 0)
+            vs_torch = true, i++;
+        else if (strcmp(argv[i], "--python") == 0 && i + 1 < argc) python = argv[++i];
         else {
-            fprintf(stderr, "usage: attn bench-mha [--quick] [--threads N] [--reps N]\n");
+            fprintf(stderr, "usage: attn bench-mha [--quick] [--threads N] [--reps N] "
+                    "[--vs torch [--python PATH]]\n");
             return 2;
         }
     }
@@ -278,7 +371,9 @@ int cli_bench_mha(int argc, char **argv) {
     printf("attn bench-mha: %d threads, kernel %s, BLAS %s\n", threads, attn_kernel_name(),
            attn_blas_name());
     if (check_answer(quick ? 64 : 768, quick ? 4 : 12)) return 1;
-    if (quick)
-        return bench_bert(2, 64, 64, 4, reps, peak) || bench_decode(256, 8, 2, 32, 128, reps, bw);
-    return bench_bert(8, 512, 768, 12, reps, peak) || bench_decode(4096, 32, 8, 128, 4096, reps, bw);
+    if (quick ? bench_bert(2, 64, 64, 4, reps, peak) || bench_decode(256, 8, 2, 32, 128, reps, bw)
+              : bench_bert(8, 512, 768, 12, reps, peak) ||
+                    bench_decode(4096, 32, 8, 128, 4096, reps, bw))
+        return 1;
+    return vs_torch ? run_torch_side(python, threads, reps, quick) : 0;
 }

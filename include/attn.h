@@ -561,6 +561,34 @@ ATTN_API attn_status attn_mha_backward(const attn_mha *m, const attn_tensor *x_q
                                        const attn_tensor *x_kv, const attn_tensor *dy,
                                        const attn_mha_grads *g, const attn_options *opt);
 
+/* Training without the recomputation. attn_mha_forward_save is attn_mha_forward that
+ * also keeps Q, K, V (after RoPE), O and the LSE in saved, a caller's buffer of
+ * attn_mha_saved_size bytes (aligned to a float; y required; it may be copied).
+ * attn_mha_backward_saved is attn_mha_backward reading them instead of running the forward again: same arguments
+ * (x_q, x_kv, the weights and opt as the forward's) plus that buffer, unchanged since;
+ * same gradients (bit for bit when the forward's weights were NULL). A saved buffer of
+ * another layer's shapes, or of a forward that failed, is refused (ATTN_ERR_VALUE); what
+ * it holds is not otherwise checked. opt->workspace, if given, is each call's whole
+ * scratch, sized by the two queries (saved NULL: attn_mha_backward's). */
+ATTN_API attn_status attn_mha_saved_size(const attn_mha *m, const attn_tensor *x_q,
+                                         const attn_tensor *x_kv, size_t *bytes);
+ATTN_API attn_status attn_mha_forward_save(const attn_mha *m, const attn_tensor *x_q,
+                                           const attn_tensor *x_kv, const attn_tensor *y,
+                                           const attn_tensor *weights, bool average_weights,
+                                           const attn_options *opt, void *saved,
+                                           size_t saved_bytes);
+ATTN_API attn_status attn_mha_forward_save_workspace_size(
+    const attn_mha *m, const attn_tensor *x_q, const attn_tensor *x_kv, const attn_tensor *y,
+    const attn_tensor *weights, bool average_weights, const attn_options *opt, size_t *bytes);
+ATTN_API attn_status attn_mha_backward_saved(const attn_mha *m, const attn_tensor *x_q,
+                                             const attn_tensor *x_kv, const attn_tensor *dy,
+                                             const attn_mha_grads *g, const attn_options *opt,
+                                             const void *saved, size_t saved_bytes);
+ATTN_API attn_status attn_mha_backward_workspace_size(
+    const attn_mha *m, const attn_tensor *x_q, const attn_tensor *x_kv, const attn_tensor *dy,
+    const attn_mha_grads *g, const attn_options *opt, const void *saved, size_t saved_bytes,
+    size_t *bytes);
+
 /* A key/value cache the caller owns, appended to by attn_mha_decode. kind says how the
  * storage is laid out:
  *   ATTN_CACHE_CONTIGUOUS  k [B, Hkv, Lmax, Dk]   v [B, Hkv, Lmax, Dv]

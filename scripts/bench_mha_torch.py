@@ -18,7 +18,12 @@ Python; this one includes attn.nn's conversions between tensors and arrays, as a
 pays them).
 
 Usage: python scripts/bench_mha_torch.py [--threads 2] [--reps 15] [--warmup 3] [--json PATH]
+                                        [--also PACKAGE]
 (PyTorch needed: `attn bench --setup-torch` makes .venv-bench/ with it.)
+--also PACKAGE times PACKAGE.nn.MultiheadAttention as a third module in the same
+interleaving (checked the same way): another build of attn copied under another name, for
+before/after figures in one run, e.g. `cp -r /tmp/site-old/attn /tmp/both/attnbase` beside
+the new `attn` in /tmp/both, then `PYTHONPATH=/tmp/both python ... --also attnbase`.
 """
 import argparse
 import json
@@ -38,6 +43,7 @@ def main():
     ap.add_argument("--E", type=int, default=768)
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
+    ap.add_argument("--also", default=None, help="a third module: PACKAGE.nn.MultiheadAttention")
     a = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
     try:
@@ -53,6 +59,13 @@ def main():
     ref = torch.nn.MultiheadAttention(a.E, a.heads, batch_first=True)
     ours = attn.nn.MultiheadAttention(a.E, a.heads, batch_first=True)
     ours.load_state_dict(ref.state_dict())
+    mods = [("torch", ref), ("attn", ours)]
+    if a.also:
+        import importlib
+        other = importlib.import_module(a.also + ".nn").MultiheadAttention(a.E, a.heads,
+                                                                           batch_first=True)
+        other.load_state_dict(ref.state_dict())
+        mods.append((a.also, other))
     x = torch.randn(a.B, a.L, a.E)
 
     def fwd(m, weights):
@@ -76,34 +89,43 @@ def main():
         return err
 
     errs = {}
-    yr, _ = fwd(ref, False)
-    yo, _ = fwd(ours, False)
-    errs["forward"] = close(yo, yr, "forward")
-    yr, wr = fwd(ref, True)
-    yo, wo = fwd(ours, True)
-    errs["weights"] = close(wo, wr, "averaged weights")
-    xr, xo = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    train(ref, xr)
-    train(ours, xo)
-    errs["dx"] = close(xo.grad, xr.grad, "dX")
-    for (n, pr), (_, po) in zip(ref.named_parameters(), ours.named_parameters()):
-        errs["d" + n] = close(po.grad, pr.grad, "d" + n)
+    for who, m in mods[1:]:
+        tag = "" if who == "attn" else who + " "
+        yr, _ = fwd(ref, False)
+        yo, _ = fwd(m, False)
+        errs[tag + "forward"] = close(yo, yr, tag + "forward")
+        yr, wr = fwd(ref, True)
+        yo, wo = fwd(m, True)
+        errs[tag + "weights"] = close(wo, wr, tag + "averaged weights")
+        xr, xo = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        train(ref, xr)
+        train(m, xo)
+        errs[tag + "dx"] = close(xo.grad, xr.grad, tag + "dX")
+        for (n, pr), (_, po) in zip(ref.named_parameters(), m.named_parameters()):
+            errs[tag + "d" + n] = close(po.grad, pr.grad, tag + "d" + n)
 
     rows = [("forward", lambda m: fwd(m, False)), ("forward+weights", lambda m: fwd(m, True)),
             ("train step", lambda m: train(m, x.clone().requires_grad_(True)))]
     out = []
+    load = [open("/proc/loadavg").read().split()[0]] if os.path.exists("/proc/loadavg") else []
     for name, call in rows:
-        times = {"torch": [], "attn": []}
+        times = {who: [] for who, _ in mods}
         for rep in range(a.warmup + a.reps):
-            for who, m in (("torch", ref), ("attn", ours)):
+            for who, m in mods:
                 t0 = time.perf_counter()
                 call(m)
                 dt = time.perf_counter() - t0
                 if rep >= a.warmup:
                     times[who].append(dt)
         mt, ma = statistics.median(times["torch"]), statistics.median(times["attn"])
-        out.append({"row": name, "torch_ms": 1e3 * mt, "attn_ms": 1e3 * ma, "torch_over_attn": mt / ma,
-                    "reps": a.reps})
+        row = {"row": name, "torch_ms": 1e3 * mt, "attn_ms": 1e3 * ma, "torch_over_attn": mt / ma,
+               "reps": a.reps}
+        if a.also:
+            mo = statistics.median(times[a.also])
+            row.update({"also_ms": 1e3 * mo, "torch_over_also": mt / mo})
+        out.append(row)
+    if load:
+        load.append(open("/proc/loadavg").read().split()[0])
     cpu = "unknown"
     try:
         with open("/proc/cpuinfo") as f:
@@ -112,11 +134,16 @@ def main():
         pass
     print("bench_mha_torch: B=%d L=%d E=%d heads=%d float32, %d threads, torch %s, CPU: %s"
           % (a.B, a.L, a.E, a.heads, a.threads, torch.__version__, cpu))
-    print("checked first: max |attn - torch| %s" % ", ".join("%s %.2g" % kv for kv in errs.items()
-                                                            if kv[0] in ("forward", "weights", "dx")))
-    print("%-16s %10s %10s %8s" % ("row", "torch ms", "attn ms", "torch/attn"))
+    print("checked first: max |attn - torch| %s" % ", ".join(
+        "%s %.2g" % kv for kv in errs.items() if kv[0].split(" ")[-1] in ("forward", "weights", "dx")))
+    if load:
+        print("load average (1 min) before %s, after %s" % tuple(load))
+    also = " %10s %8s" % (a.also + " ms", "torch/" + a.also) if a.also else ""
+    print("%-16s %10s %10s %8s%s" % ("row", "torch ms", "attn ms", "torch/attn", also))
     for r in out:
-        print("%-16s %10.1f %10.1f %8.2fx" % (r["row"], r["torch_ms"], r["attn_ms"], r["torch_over_attn"]))
+        also = " %10.1f %8.2fx" % (r["also_ms"], r["torch_over_also"]) if a.also else ""
+        print("%-16s %10.1f %10.1f %8.2fx%s" % (r["row"], r["torch_ms"], r["attn_ms"],
+                                                r["torch_over_attn"], also))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"cpu": cpu, "torch": torch.__version__, "threads": a.threads, "rows": out,

@@ -271,10 +271,15 @@ void mha_project(float *out, int64_t ldc, int64_t M, mha_op a, mha_op w,
                  const attn_tensor *bias) {
     const int64_t N = w.out;
     if (M == 0 || N == 0) return;
-    if (bias)
+    if (bias && bias->dtype == ATTN_F32 && (bias->stride[0] == 1 || N == 1)) {
+        /* the common case: row 0 copied from the bias, the others from row 0 */
+        memcpy(out, bias->data, (size_t)N * sizeof(float));
+        for (int64_t r = 1; r < M; r++) memcpy(out + r * ldc, out, (size_t)N * sizeof(float));
+    } else if (bias) {
         for (int64_t r = 0; r < M; r++)
             for (int64_t c = 0; c < N; c++)
                 out[r * ldc + c] = attn_load(bias->dtype, bias->data, c * bias->stride[0]);
+    }
     mha_gemm_w(false, M, a.p, a.ld, &w, bias ? 1.0f : 0.0f, out, ldc);
 }
 
@@ -401,10 +406,27 @@ void mha_qkv_layout(const mha_plan *pl, mha_ws *w, mha_qkv *s) {
     s->xq = mha_rows_op(pl->xq, w);
     s->xkv = pl->xkv == pl->xq ? s->xq : mha_rows_op(pl->xkv, w);
     for (int n = 0; n < MHA_N; n++) s->w[n] = mha_weight_op(pl->w[n], w);
+    if (pl->keep) {  /* attn_mha_forward_save / attn_mha_backward_saved: the caller's */
+        (void)mha_keep_layout(pl, w->count_only ? NULL : pl->keep, s, NULL);
+        return;
+    }
     s->q = mha_take(w, pl->B * pl->Lq * pl->Hq * pl->Dk);
     s->k = mha_take(w, pl->B * pl->Lk * pl->Hkv * pl->Dk);
     s->v = mha_take(w, pl->B * pl->Lk * pl->Hkv * pl->Dv);
     s->o = mha_take(w, pl->B * pl->Lq * pl->Hq * pl->Dv);
+}
+
+size_t mha_keep_layout(const mha_plan *pl, char *keep, mha_qkv *s, float **lse) {
+    mha_ws k = {.base = keep, .count_only = keep == NULL};
+    (void)mha_take(&k, 16);  /* the header: int64 magic, B, Lq, Lk, Hq, Hkv, Dk, Dv */
+    float *q = mha_take(&k, pl->B * pl->Lq * pl->Hq * pl->Dk);
+    float *kk = mha_take(&k, pl->B * pl->Lk * pl->Hkv * pl->Dk);
+    float *v = mha_take(&k, pl->B * pl->Lk * pl->Hkv * pl->Dv);
+    float *o = mha_take(&k, pl->B * pl->Lq * pl->Hq * pl->Dv);
+    float *l = mha_take(&k, pl->B * pl->Hq * pl->Lq);
+    if (s) s->q = q, s->k = kk, s->v = v, s->o = o;
+    if (lse) *lse = l;
+    return k.overflow ? SIZE_MAX : k.used;
 }
 
 void mha_qkv_project(const mha_plan *pl, const mha_qkv *s, const int64_t *pos0) {
@@ -422,7 +444,9 @@ attn_status mha_forward_ws(const mha_plan *pl, const attn_tensor *y,
                            const attn_tensor *weights, bool average, const attn_options *opt,
                            mha_ws *w, mha_qkv *s, float **lse_out) {
     mha_qkv_layout(pl, w, s);
-    float *lse = lse_out ? mha_take(w, pl->B * pl->Hq * pl->Lq) : NULL;
+    float *lse = NULL;
+    if (pl->keep) (void)mha_keep_layout(pl, w->count_only ? NULL : pl->keep, NULL, &lse);
+    else if (lse_out) lse = mha_take(w, pl->B * pl->Hq * pl->Lq);
     mha_target yt = {0};
     if (y) yt = mha_rows_target(y, w);
     if (!w->count_only) mha_qkv_project(pl, s, NULL);
@@ -431,7 +455,7 @@ attn_status mha_forward_ws(const mha_plan *pl, const attn_tensor *y,
     attn_tensor v = mha_heads_view(s->v, pl->B, pl->Lk, pl->Hkv, pl->Dv);
     attn_tensor o = mha_heads_view(s->o, pl->B, pl->Lq, pl->Hq, pl->Dv);
     attn_tensor lt = attn_tensor_4d(lse, ATTN_F32, pl->B, pl->Hq, pl->Lq, 1);
-    TRY(mha_attend(&q, &k, &v, &o, lse_out ? &lt : NULL, weights, average, opt, w));
+    TRY(mha_attend(&q, &k, &v, &o, lse_out || pl->keep ? &lt : NULL, weights, average, opt, w));
     if (w->overflow) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
     if (lse_out) *lse_out = lse;
     if (w->count_only || !y) return ATTN_OK;

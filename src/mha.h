@@ -62,6 +62,9 @@ typedef struct mha_plan {
     int64_t rdim;                            /* rotated width, even, <= Dk        */
     double base;
     int64_t offset;
+    /* set by the callers that keep the activations (mha_saved.c): Q, K, V, O and the LSE
+     * are carved from keep (mha_keep_layout) instead of the workspace; NULL otherwise */
+    char *keep;
 } mha_plan;
 
 /* Checks m, x_q, x_kv (NULL = x_q) and y (NULL: not checked): shapes, dtypes, strides,
@@ -124,6 +127,17 @@ typedef struct mha_qkv {
     float *q, *k, *v, *o;  /* (B, Lq, Hq, Dk) (B, Lk, Hkv, Dk) (B, Lk, Hkv, Dv) (B, Lq, Hq, Dv) */
 } mha_qkv;
 ATTN_PRIVATE void mha_qkv_layout(const mha_plan *pl, mha_ws *w, mha_qkv *s);
+
+/* The kept activations (attn_mha_forward_save's buffer from its first byte, keep;
+ * NULL: only sized): a header of the shapes, then Q, K, V, O as mha_qkv's and the LSE
+ * [B, Hq, Lq]. Returns the bytes from keep; each pointer (lse too) may be NULL. */
+ATTN_PRIVATE size_t mha_keep_layout(const mha_plan *pl, char *keep, mha_qkv *s, float **lse);
+/* the header's first word once a forward completed (mha_saved.c) */
+#define MHA_KEEP_MAGIC 0x6d68615f6b656570ll
+/* saved (float-aligned, saved_bytes long) as pl->keep: big enough for pl's layer, and
+ * when written, holding a completed forward's header for the same shapes (mha_saved.c) */
+ATTN_PRIVATE attn_status mha_keep_check(mha_plan *pl, const void *saved, size_t saved_bytes,
+                                        bool written);
 /* Q, K, V projected and rotated (row i of batch b at position offset + pos0[b] + i) */
 ATTN_PRIVATE void mha_qkv_project(const mha_plan *pl, const mha_qkv *s, const int64_t *pos0);
 /* y = O W_O + b_O through target yt (mha_rows_target of y) */

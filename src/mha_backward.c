@@ -3,10 +3,11 @@
  *                  recomputed (mha.c), then each line of it differentiated, the heads'
  *                  part through attn_backward and every product through attn_gemm_f32.
  *
- * What it is not: a store of activations between calls (the forward's Q, K, V, O and
- * LSE are recomputed here, one extra forward), or an accumulator (every gradient asked
- * for is overwritten). Determinism: each GEMM's sums run in the BLAS's fixed order for
- * any thread count; the bias sums are one column per thread in row order; attn_backward
+ * What it is not: a store of activations between calls (attn_mha_backward recomputes
+ * the forward's Q, K, V, O and LSE, one extra forward; attn_mha_backward_saved reads
+ * them from the caller's buffer that attn_mha_forward_save filled, mha_saved.c), or an
+ * accumulator (every gradient asked for is overwritten). Determinism: each GEMM's sums
+ * run in the BLAS's fixed order for any thread count; the bias sums are one column per thread in row order; attn_backward
  * is bit-identical for any thread count.
  *
  * With M = B·L rows, G = dLoss/dy [B·Lq, E], the forward's lines and their gradients:
@@ -113,14 +114,23 @@ static void wgrad_run(const wgrad *r, mha_op a, const float *g, int64_t M) {
             ((float *)dw->data)[i * dw->stride[0] + o * dw->stride[1]] = r->scratch[i * out + o];
 }
 
-/* db[c] = Σ_r g[r, c] in row order, in double */
+/* db[c] = Σ_r g[r, c] in row order, in double: a thread takes BIAS_COLS columns and
+ * walks the rows, each column's sum the same sequence of additions as one column alone
+ * (the bits do not depend on the blocking or the thread count) */
+#define BIAS_COLS 64
 static void bias_grad(const attn_tensor *db, const float *g, int64_t M, int64_t N) {
     if (!db) return;
+    const int64_t nblk = (N + BIAS_COLS - 1) / BIAS_COLS;
 #pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < N; c++) {
-        double s = 0;
-        for (int64_t r = 0; r < M; r++) s += g[r * N + c];
-        ((float *)db->data)[c * db->stride[0]] = (float)s;
+    for (int64_t blk = 0; blk < nblk; blk++) {
+        const int64_t c0 = blk * BIAS_COLS, nc = N - c0 < BIAS_COLS ? N - c0 : BIAS_COLS;
+        double s[BIAS_COLS] = {0};
+        for (int64_t r = 0; r < M; r++) {
+            const float *row = g + r * N + c0;
+            for (int64_t c = 0; c < nc; c++) s[c] += row[c];
+        }
+        for (int64_t c = 0; c < nc; c++)
+            ((float *)db->data)[(c0 + c) * db->stride[0]] = (float)s[c];
     }
 }
 
@@ -149,7 +159,12 @@ static attn_status backward_ws(const mha_plan *pl, const attn_tensor *dy,
     const bool self = pl->self;
     mha_qkv s;
     float *lse;
-    TRY(mha_forward_ws(pl, NULL, NULL, false, opt, w, &s, &lse));
+    if (pl->keep) {  /* attn_mha_backward_saved: the forward's own, not recomputed */
+        mha_qkv_layout(pl, w, &s);
+        (void)mha_keep_layout(pl, w->count_only ? NULL : pl->keep, NULL, &lse);
+    } else {
+        TRY(mha_forward_ws(pl, NULL, NULL, false, opt, w, &s, &lse));
+    }
     const mha_op gy = mha_rows_op(dy, w);
     float *gdense = gy.ld != (pl->E > 1 ? pl->E : 1) ? mha_take(w, mq * pl->E) : NULL;
     float *d_o = mha_take(w, mq * Hq * pl->Dv);   /* (B, Lq, Hq, Dv) */
@@ -226,14 +241,41 @@ static attn_status backward_body(const void *ctx, const attn_options *opt, mha_w
     return backward_ws(&b->pl, b->dy, b->g, opt, w);
 }
 
-attn_status attn_mha_backward(const attn_mha *m, const attn_tensor *x_q, const attn_tensor *x_kv,
-                              const attn_tensor *dy, const attn_mha_grads *g,
-                              const attn_options *opt) {
+/* attn_mha_backward and its variants: saved NULL recomputes the forward; bytes not NULL
+ * is the workspace query */
+static attn_status backward_call(const attn_mha *m, const attn_tensor *x_q,
+                                 const attn_tensor *x_kv, const attn_tensor *dy,
+                                 const attn_mha_grads *g, const attn_options *opt,
+                                 const void *saved, size_t saved_bytes, size_t *bytes) {
     bwd_ctx b = {.dy = dy, .g = g};
     if (opt && opt->dropout_p != 0.0f)  // as the forward (mha.c, mha_attend)
         return attn_fail(ATTN_ERR_UNSUPPORTED, "options.dropout_p = %g: the multi-head module "
                          "has no dropout", (double)opt->dropout_p);
-    TRY(mha_plan_init(&b.pl, m, x_q, x_kv, NULL, true));
-    TRY(check_grads(&b.pl, dy, g, x_kv == NULL, true));
-    return mha_two_pass(backward_body, &b, opt, NULL);
+    TRY(mha_plan_init(&b.pl, m, x_q, x_kv, NULL, bytes == NULL));
+    TRY(check_grads(&b.pl, dy, g, x_kv == NULL, bytes == NULL));
+    if (saved) TRY(mha_keep_check(&b.pl, saved, saved_bytes, bytes == NULL));
+    return mha_two_pass(backward_body, &b, opt, bytes);
+}
+
+attn_status attn_mha_backward(const attn_mha *m, const attn_tensor *x_q, const attn_tensor *x_kv,
+                              const attn_tensor *dy, const attn_mha_grads *g,
+                              const attn_options *opt) {
+    return backward_call(m, x_q, x_kv, dy, g, opt, NULL, 0, NULL);
+}
+
+attn_status attn_mha_backward_saved(const attn_mha *m, const attn_tensor *x_q,
+                                    const attn_tensor *x_kv, const attn_tensor *dy,
+                                    const attn_mha_grads *g, const attn_options *opt,
+                                    const void *saved, size_t saved_bytes) {
+    if (!saved) return attn_fail(ATTN_ERR_NULL, "saved: NULL buffer");
+    return backward_call(m, x_q, x_kv, dy, g, opt, saved, saved_bytes, NULL);
+}
+
+attn_status attn_mha_backward_workspace_size(const attn_mha *m, const attn_tensor *x_q,
+                                             const attn_tensor *x_kv, const attn_tensor *dy,
+                                             const attn_mha_grads *g, const attn_options *opt,
+                                             const void *saved, size_t saved_bytes,
+                                             size_t *bytes) {
+    if (!bytes) return attn_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
+    return backward_call(m, x_q, x_kv, dy, g, opt, saved, saved_bytes, bytes);
 }

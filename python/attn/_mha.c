@@ -21,6 +21,47 @@
 
 #include "attn.h"
 
+/* The module's scratch, kept between calls: the extension's one cached block (taken
+ * and put back with the GIL held, so two threads never share it; a call that finds it
+ * taken allocates its own). A fresh block of the layer's tens of megabytes costs the
+ * kernel's page faults and zeroing on first touch (measured: a fifth of BERT-base's
+ * forward, docs/BENCHMARKS.md); a kept one does not. Blocks over WS_KEEP_MAX are freed
+ * after the call instead of kept. */
+#define WS_KEEP_MAX ((size_t)1 << 30)
+static void *g_ws;
+static size_t g_ws_bytes;
+
+/* A block of need bytes for one call (NULL when need is 0; *fail set when the
+ * allocation failed) */
+static void *ws_take(size_t need, size_t *got, int *fail) {
+    *got = 0;
+    *fail = 0;
+    if (need == 0) return NULL;
+    if (g_ws && g_ws_bytes >= need) {
+        void *p = g_ws;
+        *got = g_ws_bytes;
+        g_ws = NULL;
+        g_ws_bytes = 0;
+        return p;
+    }
+    void *p = malloc(need);
+    if (!p) { *fail = 1; return NULL; }
+    *got = need;
+    return p;
+}
+
+/* the block back: kept when it is the larger one and not too large, else freed */
+static void ws_give(void *p, size_t bytes) {
+    if (!p) return;
+    if (bytes <= WS_KEEP_MAX && bytes > g_ws_bytes) {
+        free(g_ws);
+        g_ws = p;
+        g_ws_bytes = bytes;
+    } else {
+        free(p);
+    }
+}
+
 /* The buffers of one call, released together. */
 #define MHA_MAX_BUFS 24
 typedef struct bufs {
@@ -94,22 +135,23 @@ PyObject *attn_py_mha(PyObject *self, PyObject *args, PyObject *kw) {
         "weights", "dy", "dx_q", "dx_kv", "dw_q", "dw_k", "dw_v", "dw_o", "db_q", "db_k",
         "db_v", "db_o", "mask", "bias", "kv_len", "heads", "kv_heads", "torch_layout",
         "grad", "average", "causal", "bottom_right", "scale", "rope", "rotary_dim",
-        "rope_base", "rope_offset", "threads", NULL};
+        "rope_base", "rope_offset", "threads", "keep", "saved", NULL};
     PyObject *o[T_N];
     for (int i = 0; i < T_N; i++) o[i] = Py_None;
     long long heads = 0, kv_heads = 0, rotary_dim = 0, rope_offset = 0;
     int torch_layout = 0, grad = 0, average = 0, causal = 0, bottom_right = 0, rope = 0,
         threads = 0;
-    PyObject *scale = Py_None;
+    PyObject *scale = Py_None, *saved_obj = Py_None;
     double rope_base = 0;
+    int keep = 0;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|OOOOOOOOOOOOOOOOOOOOOOOOOOLLpppppOiLdLi", kwlist, &o[T_XQ], &o[T_XKV],
+            args, kw, "|OOOOOOOOOOOOOOOOOOOOOOOOOOLLpppppOiLdLipO", kwlist, &o[T_XQ], &o[T_XKV],
             &o[T_WQ], &o[T_WK], &o[T_WV], &o[T_WO], &o[T_BQ], &o[T_BK], &o[T_BV], &o[T_BO],
             &o[T_Y], &o[T_W], &o[T_DY], &o[T_DXQ], &o[T_DXKV], &o[T_DWQ], &o[T_DWK],
             &o[T_DWV], &o[T_DWO], &o[T_DBQ], &o[T_DBK], &o[T_DBV], &o[T_DBO], &o[T_MASK],
             &o[T_BIAS], &o[T_KVLEN], &heads, &kv_heads, &torch_layout, &grad, &average,
             &causal, &bottom_right, &scale, &rope, &rotary_dim, &rope_base, &rope_offset,
-            &threads))
+            &threads, &keep, &saved_obj))
         return NULL;
     bufs b = {.n = 0};
     attn_tensor st[T_N];
@@ -143,12 +185,61 @@ PyObject *attn_py_mha(PyObject *self, PyObject *args, PyObject *kw) {
                               .dw_k = t[T_DWK], .dw_v = t[T_DWV], .dw_o = t[T_DWO],
                               .db_q = t[T_DBQ], .db_k = t[T_DBK], .db_v = t[T_DBV],
                               .db_o = t[T_DBO]};
+    /* keep (forward): the activations kept for the backward, returned as a new
+     * bytearray; saved (grad): such a bytearray, read instead of recomputing */
+    PyObject *kept = NULL;
+    Py_buffer sv = {0};
+    void *saved = NULL;
+    size_t saved_bytes = 0, need = 0;
     attn_status status;
-    Py_BEGIN_ALLOW_THREADS
-    status = grad ? attn_mha_backward(&m, t[T_XQ], t[T_XKV], t[T_DY], &g, &opt)
-                  : attn_mha_forward(&m, t[T_XQ], t[T_XKV], t[T_Y], t[T_W], average != 0, &opt);
-    Py_END_ALLOW_THREADS
+    if (keep && !grad) {
+        status = attn_mha_saved_size(&m, t[T_XQ], t[T_XKV], &saved_bytes);
+        if (status != ATTN_OK) { bufs_release(&b); return raise_mha(status); }
+        kept = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)saved_bytes);
+        if (!kept) { bufs_release(&b); return NULL; }
+        saved = PyByteArray_AS_STRING(kept);
+    } else if (grad && saved_obj != Py_None) {
+        if (PyObject_GetBuffer(saved_obj, &sv, PyBUF_SIMPLE) != 0) {
+            bufs_release(&b);
+            return NULL;
+        }
+        saved = sv.buf;
+        saved_bytes = (size_t)sv.len;
+    }
+    /* the call's whole scratch from the kept block */
+    status = grad ? attn_mha_backward_workspace_size(&m, t[T_XQ], t[T_XKV], t[T_DY], &g, &opt,
+                                                     saved, saved_bytes, &need)
+           : saved ? attn_mha_forward_save_workspace_size(&m, t[T_XQ], t[T_XKV], t[T_Y], t[T_W],
+                                                          average != 0, &opt, &need)
+                   : attn_mha_forward_workspace_size(&m, t[T_XQ], t[T_XKV], t[T_Y], t[T_W],
+                                                     average != 0, &opt, &need);
+    size_t got = 0;
+    int fail = 0;
+    void *ws = status == ATTN_OK ? ws_take(need, &got, &fail) : NULL;
+    if (fail) status = ATTN_ERR_NOMEM;  /* ws NULL: the call's own malloc says so */
+    opt.workspace = ws;
+    opt.workspace_bytes = got;
+    if (status == ATTN_OK || status == ATTN_ERR_NOMEM) {
+        Py_BEGIN_ALLOW_THREADS
+        if (grad && saved)
+            status = attn_mha_backward_saved(&m, t[T_XQ], t[T_XKV], t[T_DY], &g, &opt, saved,
+                                             saved_bytes);
+        else if (grad)
+            status = attn_mha_backward(&m, t[T_XQ], t[T_XKV], t[T_DY], &g, &opt);
+        else if (saved)
+            status = attn_mha_forward_save(&m, t[T_XQ], t[T_XKV], t[T_Y], t[T_W], average != 0,
+                                           &opt, saved, saved_bytes);
+        else
+            status = attn_mha_forward(&m, t[T_XQ], t[T_XKV], t[T_Y], t[T_W], average != 0, &opt);
+        Py_END_ALLOW_THREADS
+    }
+    ws_give(ws, got);
+    if (sv.obj) PyBuffer_Release(&sv);
     bufs_release(&b);
-    if (status != ATTN_OK) return raise_mha(status);
+    if (status != ATTN_OK) {
+        Py_XDECREF(kept);
+        return raise_mha(status);
+    }
+    if (kept) return kept;
     Py_RETURN_NONE;
 }

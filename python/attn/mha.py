@@ -72,7 +72,7 @@ def _call(x_q: Any, x_kv: Any, num_heads: int, w: Tuple[Any, Any, Any, Any],
           b: Tuple[Any, Any, Any, Any], num_kv_heads: Optional[int], weight_layout: str,
           key_padding_mask: Any, attn_mask: Any, is_causal: bool, kv_len: Any,
           rope: Optional[str], rotary_dim: int, rope_base: float, rope_offset: int,
-          scale: Optional[float], threads: int, **outputs: Any) -> None:
+          scale: Optional[float], threads: int, **outputs: Any) -> Any:
     if weight_layout not in ("in_out", "out_in"):
         raise ValueError("weight_layout: %r, expected 'in_out' or 'out_in'" % (weight_layout,))
     if rope not in _ROPE:
@@ -85,7 +85,7 @@ def _call(x_q: Any, x_kv: Any, num_heads: int, w: Tuple[Any, Any, Any, Any],
     Lk = xkv.shape[1] if xkv is not None else Lq
     mask, bias = _masks(B, num_heads, Lq, Lk, key_padding_mask, attn_mask)
     lens = None if kv_len is None else np.ascontiguousarray(kv_len, dtype=np.int64)
-    _attn._mha(
+    return _attn._mha(
         x_q=xq, x_kv=xkv, w_q=_f32(w[0]), w_k=_f32(w[1]), w_v=_f32(w[2]), w_o=_f32(w[3]),
         b_q=_f32(b[0]), b_k=_f32(b[1]), b_v=_f32(b[2]), b_o=_f32(b[3]),
         mask=mask, bias=bias, kv_len=lens, heads=int(num_heads),
@@ -104,9 +104,13 @@ def multi_head_attention(x_q: Any, x_kv: Any = None, *, num_heads: int, w_q: Any
                          need_weights: bool = False, average_attn_weights: bool = True,
                          rope: Optional[str] = None, rotary_dim: int = 0,
                          rope_base: float = 10000.0, rope_offset: int = 0,
-                         scale: Optional[float] = None, threads: int = 0) -> Any:
+                         scale: Optional[float] = None, threads: int = 0,
+                         save: bool = False) -> Any:
     """The layer y [B, Lq, E] (float32); with need_weights, (y, weights): [B, Lq, Lk]
-    averaged over heads, or [B, H, Lq, Lk] when average_attn_weights is False.
+    averaged over heads, or [B, H, Lq, Lk] when average_attn_weights is False. With
+    save, (that, saved): saved an opaque bytearray of the activations (Q, K, V, O, the
+    LSE: attn_mha_forward_save) that multi_head_attention_grad(saved=...) reads instead
+    of recomputing the forward; its gradients are the same.
 
     num_kv_heads (GQA) defaults to num_heads; W_Q has num_heads·Dk outputs, W_V
     num_kv_heads·Dv. rope: None, "half" (GPT-NeoX, Llama) or "interleaved" (GPT-J) on Q
@@ -123,13 +127,12 @@ def multi_head_attention(x_q: Any, x_kv: Any = None, *, num_heads: int, w_q: Any
     if need_weights:
         weights = np.empty((B, 1 if average_attn_weights else num_heads, Lq, Lk),
                            dtype=np.float32)
-    _call(x_q, x_kv, num_heads, (w_q, w_k, w_v, w_o), (b_q, b_k, b_v, b_o), num_kv_heads,
-          weight_layout, key_padding_mask, attn_mask, is_causal, kv_len, rope, rotary_dim,
-          rope_base, rope_offset, scale, threads, y=y, weights=weights,
-          average=bool(average_attn_weights))
-    if not need_weights:
-        return y
-    return y, (weights[:, 0] if average_attn_weights else weights)
+    saved = _call(x_q, x_kv, num_heads, (w_q, w_k, w_v, w_o), (b_q, b_k, b_v, b_o),
+                  num_kv_heads, weight_layout, key_padding_mask, attn_mask, is_causal, kv_len,
+                  rope, rotary_dim, rope_base, rope_offset, scale, threads, y=y,
+                  weights=weights, average=bool(average_attn_weights), keep=bool(save))
+    res = y if not need_weights else (y, weights[:, 0] if average_attn_weights else weights)
+    return (res, saved) if save else res
 
 
 def multi_head_attention_grad(dy: Any, x_q: Any, x_kv: Any = None, *, num_heads: int,
@@ -142,12 +145,14 @@ def multi_head_attention_grad(dy: Any, x_q: Any, x_kv: Any = None, *, num_heads:
                               rotary_dim: int = 0, rope_base: float = 10000.0,
                               rope_offset: int = 0, scale: Optional[float] = None,
                               threads: int = 0, dw_q: Any = None, dw_k: Any = None,
-                              dw_v: Any = None) -> dict:
+                              dw_v: Any = None, saved: Any = None) -> dict:
     """The gradients of multi_head_attention (same arguments) for dy = dLoss/dy: a dict
     with dx_q, dx_kv (absent in self-attention: dx_q holds both paths), dw_q, dw_k,
     dw_v, dw_o (in the weights' own layout) and db_q ... db_o when the biases are given.
     dw_q, dw_k, dw_v may be given as writable float32 arrays (views of one packed
-    gradient, say) to be written in place."""
+    gradient, say) to be written in place. saved: what multi_head_attention(save=True)
+    returned for these arguments (the forward is then not recomputed); a saved of
+    another layer's shapes raises ValueError."""
     w = (w_q, w_k, w_v, w_o)
     b = (b_q, b_k, b_v, b_o)
     names = ("q", "k", "v", "o")
@@ -162,5 +167,5 @@ def multi_head_attention_grad(dy: Any, x_q: Any, x_kv: Any = None, *, num_heads:
             out["db_" + n] = np.empty(np.shape(bt), dtype=np.float32)
     _call(x_q, x_kv, num_heads, w, b, num_kv_heads, weight_layout, key_padding_mask,
           attn_mask, is_causal, kv_len, rope, rotary_dim, rope_base, rope_offset, scale,
-          threads, dy=_f32(dy), grad=True, **out)
+          threads, dy=_f32(dy), grad=True, saved=saved, **out)
     return out

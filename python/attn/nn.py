@@ -53,10 +53,14 @@ class _MhaFunction(torch.autograd.Function):
         arrays = [_np(t) for t in (x_q, x_kv, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o)]
         ctx.opts = opts
         ctx.save_for_backward(x_q, x_kv, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o)
+        # a backward to come keeps the forward's activations rather than recomputing them
+        save = any(ctx.needs_input_grad)
         res = multi_head_attention(
             arrays[0], arrays[1], w_q=arrays[2], w_k=arrays[3], w_v=arrays[4],
             w_o=arrays[5], b_q=arrays[6], b_k=arrays[7], b_v=arrays[8], b_o=arrays[9],
-            weight_layout="out_in", **opts)
+            weight_layout="out_in", save=save, **opts)
+        if save:
+            res, ctx.attn_saved = res
         y, weights = res if opts["need_weights"] else (res, np.zeros(0, np.float32))
         weights = torch.from_numpy(np.ascontiguousarray(weights)).to(x_q.dtype)
         ctx.mark_non_differentiable(weights)
@@ -71,7 +75,8 @@ class _MhaFunction(torch.autograd.Function):
         g = multi_head_attention_grad(
             _np(dy.contiguous()), arrays[0], arrays[1], w_q=arrays[2], w_k=arrays[3],
             w_v=arrays[4], w_o=arrays[5], b_q=arrays[6], b_k=arrays[7], b_v=arrays[8],
-            b_o=arrays[9], weight_layout="out_in", **opts)
+            b_o=arrays[9], weight_layout="out_in", saved=getattr(ctx, "attn_saved", None),
+            **opts)
 
         def back(name, like):
             if like is None or name not in g:
