@@ -61,6 +61,7 @@ typedef struct fused_plan {
     size_t partial_floats;    // one (item, chunk)'s saved m, l and acc
     size_t off_q, off_qt, off_k, off_v, off_s, off_acc, off_m, off_l, off_alpha;
     size_t off_lo, off_hi, off_h, off_i, off_qp, off_pairs, off_gk, off_gv;
+    size_t off_mt;            // with weights: each tile's running max of each row
     /* the call's bool mask and bias, summarized once (mask_summary.h), and the params
      * without them, for the tiles they leave open; both NULL without mask or bias */
     const attn_mask_summary *sum;
@@ -128,6 +129,11 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
         CARVE(off_qp, (size_t)((dk + 1) / 2 * bq) * sizeof(uint32_t));
     if (p->kv_dt == ATTN_BF16 && p->precision == ATTN_PRECISION_FAST)
         CARVE(off_pairs, (size_t)((bk / 2 + 1) * (bq + (dv + 15) / 16 * 16)) * sizeof(uint32_t));
+    if (p->weights) {  // the running max after each key tile, (ceil(Lk / bk), bq)
+        const int64_t tiles = (p->Lk + bk - 1) / bk;
+        if ((uint64_t)tiles > SIZE_MAX / 64 / (size_t)(bq * (int64_t)sizeof(float))) return false;
+        CARVE(off_mt, (size_t)(tiles * bq) * sizeof(float));
+    }
     if (p->block_table) {  // a paged cache: the rows of a tile that crosses pages, gathered
         CARVE(off_gk, (size_t)(bk * attn_row_bytes(p->kv_dt, dk)));
         CARVE(off_gv, (size_t)(bk * attn_row_bytes(p->kv_dt, dv)));
@@ -176,6 +182,7 @@ typedef struct fused_scratch {
     uint32_t *qp;          // (ceil(Dk/2), bq) bf16 query pairs, for qk_bf16
     uint32_t *pairs;       // the packed P and V pairs of pv_bf16
     char *gk, *gv;         // (bk, Dk), (bk, Dv) in the cache's dtype: a paged tile's rows
+    float *mt;             // (tiles, bq) with weights: m after each tile of the sweep
 } fused_scratch;
 
 static fused_scratch carve(const fused_plan *plan, char *slice) {
@@ -198,6 +205,7 @@ static fused_scratch carve(const fused_plan *plan, char *slice) {
         .pairs = (uint32_t *)(slice + plan->off_pairs),
         .gk = slice + plan->off_gk,
         .gv = slice + plan->off_gv,
+        .mt = (float *)(slice + plan->off_mt),
     };
     return w;
 }
@@ -502,6 +510,37 @@ static void tile_dropout(const attn_params *p, const fused_scratch *w, const fus
     }
 }
 
+/* The weights' first half, in the sweep: the tile's P as it multiplies V (exp(s - m_t)
+ * with the rows' running max m_t after this tile, dropout's factors applied), stored into
+ * the weights' rows, and m_t kept in w->mt for block_weights, which scales each row's
+ * tile by exp(m_t - m) / l once the final m and l are known. P is read where the
+ * softmax step left it: no second Q·Kᵀ and no second exp per weight. */
+static void tile_weights(const attn_params *p, const fused_plan *plan, const fused_scratch *w,
+                         const fused_block *blk, int64_t j0, int64_t nk) {
+    const int64_t ld = w->ld, st = p->w_s[3];
+    float *mt = w->mt + (j0 - blk->jmin) / plan->bk * ld;
+    float *w_b = p->weights + blk->b * p->w_s[0] + j0 * st;
+    int64_t r = 0;
+    for (; r < blk->n; r++) mt[r] = w->m[r];
+    if (st == 1)  // 4 rows at a time: a key's 4 rows are one contiguous load
+        for (r = 0; r + 4 <= blk->n; r += 4) {
+            float *o[4];
+            for (int x = 0; x < 4; x++) o[x] = w_b + w->h[r + x] * p->w_s[1] + w->i[r + x] * p->w_s[2];
+            const float *e = w->s + r;
+            for (int64_t c = 0; c < nk; c++) {
+                o[0][c] = e[c * ld], o[1][c] = e[c * ld + 1];
+                o[2][c] = e[c * ld + 2], o[3][c] = e[c * ld + 3];
+            }
+        }
+    else
+        r = 0;
+    for (; r < blk->n; r++) {
+        float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2];
+        const float *e = w->s + r;
+        for (int64_t c = 0; c < nk; c++) w_bhi[c * st] = e[c * ld];
+    }
+}
+
 /* The online softmax over keys [ja, jb) of a block, into w->m, w->l, w->acc. */
 static void block_sweep(const attn_params *p, const attn_kernels *kern, const fused_plan *plan,
                         const fused_scratch *w, const fused_block *blk, int64_t ja,
@@ -584,7 +623,10 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
             const kv_tile vt = kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, w->gv);
             const uint16_t *v = (const uint16_t *)vt.data;
             const float *probs = w->s;
-            if (kern->softmax_pairs) {  // P rounded to pairs as it is computed
+            if (p->weights) {  // P kept in s for the weights: the same O (kernels.h)
+                kern->softmax(npad, nk, w->s, w->ld, w->m, w->l, w->alpha);
+                tile_weights(p, plan, w, blk, j0, nk);
+            } else if (kern->softmax_pairs) {  // P rounded to pairs as it is computed
                 kern->softmax_pairs(npad, nk, w->s, w->ld, w->m, w->l, w->alpha, w->pairs, npad);
                 probs = NULL;
             } else {
@@ -595,6 +637,7 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         }
         kern->softmax(npad, nk, w->s, w->ld, w->m, w->l, w->alpha);
         if (p->dropout) tile_dropout(p, w, blk, j0, nk);
+        if (p->weights) tile_weights(p, plan, w, blk, j0, nk);
         if (fast)  // the same rounding where the bf16 kernel does not apply
             for (int64_t c = 0; c < nk; c++)
                 for (int64_t r = 0; r < n; r++)
@@ -627,59 +670,93 @@ static void block_store(const attn_params *p, const fused_block *blk, const floa
     }
 }
 
-/* The weights, for those who ask: a second sweep recomputes each tile's logits and
- * writes exp(s - m) / l with the row's final m and l. Keys outside every row's range
- * are 0 without being read. */
+/* Weights w[j * st] = 0 for keys j0 .. j1-1 of one row. */
+static void zero_keys(float *w, int64_t st, int64_t j0, int64_t j1) {
+    if (j1 <= j0) return;
+    if (st == 1) {
+        memset(w + j0, 0, (size_t)(j1 - j0) * sizeof(float));
+        return;
+    }
+    for (int64_t j = j0; j < j1; j++) w[j * st] = 0.0f;
+}
+
+/* The weights' second half, after the sweep and the sinks (block_sweep's tile_weights
+ * wrote most of them), each weight written or scaled once:
+ * - rows with nothing to read (m = -inf), keys outside the block's range [jmin, jmax) and
+ *   the tiles the mask summary skips are zeroed;
+ * - a tile the sweep took on the tile path holds exp(s - m_t) (times dropout's factors):
+ *   each row's keys are scaled by exp(m_t - m) / l, the kernel's exp over the rows;
+ * - a tile the decoding step took (its P stays in the step) is recomputed: its logits by
+ *   the step's own Q·Kᵀ (decode_qk, bit for bit the sweep's, so none exceeds m), then
+ *   exp(s - m) / l on the tile's S^T, the kernel's exp over a key's rows.
+ * The weights' rows are written contiguously where their last stride is 1. A row whose
+ * max is NaN is NaN over its tiles (exp(x - NaN)), as O is. */
 static void block_weights(const attn_params *p, const attn_kernels *kern,
                           const fused_plan *plan, const fused_scratch *w,
                           const fused_block *blk) {
+    const int64_t n = blk->n, ld = w->ld, lk = p->Lk, st = p->w_s[3];
     float *w_b = p->weights + blk->b * p->w_s[0];
-    for (int64_t r = 0; r < blk->n; r++) {
+    const float *m = w->m;
+    float *inv_l = w->alpha;  // the sweep's scratch, free now: 1 / l of each row
+    for (int64_t r = 0; r < n; r++) {
         float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2];
-        for (int64_t j = 0; j < p->Lk; j++) w_bhi[j * p->w_s[3]] = 0.0f;
+        inv_l[r] = 1.0f / w->l[r];
+        if (m[r] == -INFINITY) {  // a fully masked row (or none of its keys in range)
+            zero_keys(w_bhi, st, 0, lk);
+            continue;
+        }
+        zero_keys(w_bhi, st, 0, blk->jmin < lk ? blk->jmin : lk);
+        zero_keys(w_bhi, st, blk->jmax > blk->jmin ? blk->jmax : 0, lk);
     }
-    const bool decode = takes_decode(plan->open ? plan->open : p, kern, blk->n);
+    const bool decode = takes_decode(plan->open ? plan->open : p, kern, n);
     for (int64_t j0 = blk->jmin; j0 < blk->jmax; j0 += plan->bk) {
         const int64_t nk = blk->jmax - j0 < plan->bk ? blk->jmax - j0 : plan->bk;
         const attn_params *pt = tile_params(p, plan, blk, j0, nk);
-        if (!pt) continue;  // every weight of the tile is 0, written above
-        const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
-        if (decode && !boundary && !pt->mask && !pt->bias) {
-            /* a tile the decoding step took: its own logits, so that the maxima agree */
-            float cs[4 * (ATTN_BK_LIMIT + 4)];
-            for (int64_t s0 = j0, seg; s0 < j0 + nk; s0 += seg) {  // block_sweep's segments
-                seg = kv_segment(p, s0, j0 + nk - s0);
-                const char *k = kv_row(p, blk, p->k, p->k_s, s0);
-                for (int64_t r0 = 0; r0 < blk->n; r0 += 4) {
-                    const int64_t rows = blk->n - r0 < 4 ? blk->n - r0 : 4;
-                    kern->decode_qk(rows, seg, p->Dk, w->q + r0 * p->Dk, p->kv_dt, k, p->k_s[2],
-                                    p->scale, cs);
-                    for (int64_t c = 0; c < seg; c++)
-                        for (int64_t r = 0; r < rows; r++)
-                            w->s[(s0 - j0 + c) * w->ld + r0 + r] = cs[4 * c + r];
-                }
-            }
-        } else {
-            tile_logits(pt, kern, w, blk, j0, nk, boundary);
+        if (!pt) {  // every weight of the tile is 0
+            for (int64_t r = 0; r < n; r++)
+                if (m[r] != -INFINITY)
+                    zero_keys(w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2], st, j0, j0 + nk);
+            continue;
         }
-        for (int64_t r = 0; r < blk->n; r++) {
-            if (w->m[r] == -INFINITY) continue;
-            float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2];
-            for (int64_t c = 0; c < nk; c++)
-                w_bhi[(j0 + c) * p->w_s[3]] = expf(w->s[c * w->ld + r] - w->m[r]) / w->l[r];
-            if (p->dropout) {  // the weights that multiplied V: dropped 0, kept scaled
-                float f[ATTN_BK_LIMIT];
-                const uint64_t row = attn_dropout_row((uint64_t)blk->b, (uint64_t)w->h[r],
-                                                      (uint64_t)w->i[r], (uint64_t)p->Hq,
-                                                      (uint64_t)p->Lq);
-                attn_dropout_factors(p->drop_seed, p->drop_offset, p->drop_threshold,
-                                     p->drop_scale, row, (uint64_t)p->Lk, (uint64_t)j0,
-                                     (uint64_t)nk, f, 1);
-                for (int64_t c = 0; c < nk; c++) {
-                    float *x = &w_bhi[(j0 + c) * p->w_s[3]];
-                    *x = f[c] != 0.0f ? *x * f[c] : 0.0f;
-                }
+        const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
+        if (!(decode && !boundary && !pt->mask && !pt->bias)) {
+            /* the sweep's P of this tile: row r times exp(m_t - m) / l */
+            float *x = w->mt + (j0 - blk->jmin) / plan->bk * ld;
+            for (int64_t r = 0; r < n; r++) x[r] = m[r] == -INFINITY ? 0.0f : x[r] - m[r];
+            kern->exp(n, x, x);
+            for (int64_t r = 0; r < n; r++) {
+                if (m[r] == -INFINITY) continue;
+                float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2] + j0 * st;
+                const float a = x[r] * inv_l[r];
+                if (st == 1)
+#pragma omp simd
+                    for (int64_t c = 0; c < nk; c++) w_bhi[c] *= a;
+                else
+                    for (int64_t c = 0; c < nk; c++) w_bhi[c * st] *= a;
             }
+            continue;
+        }
+        /* a tile the decoding step took: its own logits, in block_sweep's segments */
+        for (int64_t s0 = j0, seg; s0 < j0 + nk; s0 += seg) {
+            seg = kv_segment(p, s0, j0 + nk - s0);
+            const char *k = kv_row(p, blk, p->k, p->k_s, s0);
+            for (int64_t r0 = 0; r0 < n; r0 += 4)
+                kern->decode_qk(n - r0 < 4 ? n - r0 : 4, seg, p->Dk, w->q + r0 * p->Dk,
+                                p->kv_dt, k, p->k_s[2], p->scale, w->s + (s0 - j0) * ld + r0, ld);
+        }
+        /* x = s - m, a key's rows contiguous, and the kernel's exp over them in place (a
+         * row with m = -inf is skipped below; 0 keeps its lanes finite) */
+        for (int64_t c = 0; c < nk; c++) {
+            float *s_c = w->s + c * ld;
+#pragma omp simd
+            for (int64_t r = 0; r < n; r++) s_c[r] -= m[r] == -INFINITY ? 0.0f : m[r];
+            kern->exp(n, s_c, s_c);
+        }
+        for (int64_t r = 0; r < n; r++) {
+            if (m[r] == -INFINITY) continue;
+            float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2] + j0 * st;
+            const float *e = w->s + r, a = inv_l[r];
+            for (int64_t c = 0; c < nk; c++) w_bhi[c * st] = e[c * ld] * a;
         }
     }
 }

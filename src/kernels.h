@@ -107,6 +107,14 @@ static inline void attn_qk_dot_block(attn_qk_rows_fn *const rows[5], int64_t n, 
         for (int64_t r = n; r < npad; r++) s[c * lds + r] = 0.0f;
 }
 
+/* decode_qk's store: a decoding step's compact logits cs[4c + r] (its scratch layout)
+ * into the tile's S^T layout s[c * lds + r], rows r < n, keys c < nk. */
+static inline void attn_decode_qk_store(int64_t n, int64_t nk, const float *cs, float *s,
+                                        int64_t lds) {
+    for (int64_t c = 0; c < nk; c++)
+        for (int64_t r = 0; r < n; r++) s[c * lds + r] = cs[4 * c + r];
+}
+
 /* A kernel's tile geometry (its line of kernels/list.h): the framework pads a block's
  * query rows to row_pad, makes blocks of at most bq rows, and key blocks of bk_min to
  * bk_max keys. */
@@ -203,11 +211,12 @@ struct attn_kernels {
                    int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
                    float *acc, bool prefetch, const void *next_k, int64_t next_nk);
 
-    /* With decode: the logits decode computes for the same arguments, bit for bit, in its
-     * scratch layout: s[4c + r] = scale q_r · k_c for keys c < nk and rows r < n (other
-     * lanes unspecified); s holds 4 * round_up(nk, 4) floats. */
+    /* With decode: the logits decode computes for the same arguments, bit for bit, in the
+     * tile's layout S^T (as qk writes them): s[c * lds + r] = scale q_r · k_c for keys
+     * c < nk <= ATTN_BK_LIMIT and rows r < n, lds >= n; nothing else of s is written. The
+     * step's own compact lanes stay inside the kernel (attn_decode_qk_store). */
     void (*decode_qk)(int64_t n, int64_t nk, int64_t dk, const float *q, attn_dtype dt,
-                      const void *k, int64_t ldk, float scale, float *s);
+                      const void *k, int64_t ldk, float scale, float *s, int64_t lds);
 
     /* y = exp(x) elementwise with the kernel's own exp (the one softmax uses), for x <= 0
      * (and NaN, -inf). For the tests of its error bound. */
@@ -263,7 +272,7 @@ ATTN_PRIVATE void attn_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t 
                                      const void *next_k, int64_t next_nk);
 ATTN_PRIVATE void attn_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q,
                                         attn_dtype dt, const void *k, int64_t ldk, float scale,
-                                        float *s);
+                                        float *s, int64_t lds);
 ATTN_PRIVATE void attn_exp_array_avx512(int64_t n, const float *x, float *y);
 ATTN_PRIVATE void attn_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst);
 ATTN_PRIVATE void attn_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,

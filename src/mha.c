@@ -363,7 +363,8 @@ attn_status mha_attend(const attn_tensor *q, const attn_tensor *k, const attn_te
         attn_tensor qh = head_slice(q, 1, h, sizeof(float)), oh = head_slice(o, 1, h, sizeof(float));
         attn_tensor kh = head_slice(k, 1, h / group, sizeof(float));
         attn_tensor vh = head_slice(v, 1, h / group, sizeof(float));
-        attn_tensor wh = attn_tensor_4d(one, ATTN_F32, B, 1, Lq, Lk);
+        /* head 0 writes into acc itself, the others into one */
+        attn_tensor wh = attn_tensor_4d(h == 0 ? acc : one, ATTN_F32, B, 1, Lq, Lk);
         attn_tensor mh, bh, sh, kh_sink, lh;
         attn_options oph = opt;
         if (opt.mask) { mh = head_slice(opt.mask, 1, h, 1); oph.mask = &mh; }
@@ -387,16 +388,25 @@ attn_status mha_attend(const attn_tensor *q, const attn_tensor *k, const attn_te
         oph.workspace_bytes = need;
         TRY(attn_forward(&qh, &kh, &vh, &oh, &oph));
         const int64_t n = B * Lq * Lk;
-        if (h == 0) memcpy(acc, one, (size_t)n * sizeof(float));
-        else
+        if (h > 0 && h < Hq - 1)  // the last head is added in the scaling pass below
+#pragma omp simd
             for (int64_t e = 0; e < n; e++) acc[e] += one[e];
     }
+    /* the mean: (acc + the last head's) / Hq, in the same order of additions, in one pass */
     const float inv = 1.0f / (float)Hq;
+    const float *last = Hq > 1 ? one : NULL;
     for (int64_t b = 0; b < B; b++)
-        for (int64_t i = 0; i < Lq; i++)
-            for (int64_t j = 0; j < Lk; j++)
-                ((float *)weights->data)[b * weights->stride[0] + i * weights->stride[2] +
-                                         j * weights->stride[3]] = acc[(b * Lq + i) * Lk + j] * inv;
+        for (int64_t i = 0; i < Lq; i++) {
+            float *w_bi = (float *)weights->data + b * weights->stride[0] + i * weights->stride[2];
+            const float *a_bi = acc + (b * Lq + i) * Lk, *l_bi = last ? last + (b * Lq + i) * Lk : NULL;
+            const int64_t sj = weights->stride[3];
+            if (l_bi)
+#pragma omp simd
+                for (int64_t j = 0; j < Lk; j++) w_bi[j * sj] = (a_bi[j] + l_bi[j]) * inv;
+            else
+#pragma omp simd
+                for (int64_t j = 0; j < Lk; j++) w_bi[j * sj] = a_bi[j] * inv;
+        }
     return ATTN_OK;
 }
 

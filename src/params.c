@@ -15,6 +15,13 @@
 #include "kernels.h"
 #include "philox.h"
 
+/* A size query (need_data false) may pass tensors without data. What a call asks for
+ * must still shape its plan and workspace (weights, a block table, a mask or bias to
+ * summarize), so a given tensor's pointer is never NULL in the params: without data it
+ * is this placeholder, which nothing reads or writes (a size query touches no data). */
+static _Alignas(64) char size_query_placeholder[64];
+static void *given(const void *data) { return data ? (void *)data : size_query_placeholder; }
+
 static bool mul_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_mul_overflow(a, b, r); }
 
 static attn_status expect_dim(const attn_tensor *t, const char *name, int d, int64_t want,
@@ -109,7 +116,7 @@ static attn_status fill_tensors(attn_params *p, const attn_tensor *q, const attn
             return attn_fail(ATTN_ERR_OVERFLOW, "block_table: max_pages * page_size overflows");
         TRY(expect_dim(v, "v", 0, p->num_pages, "num_pages, as k"));
         TRY(expect_dim(v, "v", 2, p->page_size, "page_size, as k"));
-        p->block_table = attn_view_data(t, p->bt_s, 2);
+        p->block_table = given(attn_view_data(t, p->bt_s, 2));
     } else {
         TRY(expect_dim(k, "k", 0, p->B, "B, as q"));
         TRY(expect_dim(v, "v", 0, p->B, "B, as q"));
@@ -192,6 +199,7 @@ static attn_status fill_masks(attn_params *p, const attn_options *opt, bool need
         int64_t unused[4];
         p->mask = attn_view_data(opt->mask, unused, 4);
         if (p->mask != opt->mask->data) memset(p->mask_s, 0, sizeof p->mask_s);
+        p->mask = given(p->mask);
     }
     if (opt->bias) {
         TRY(attn_check_tensor(opt->bias, "bias", ATTN_F32, need_data));
@@ -199,6 +207,7 @@ static attn_status fill_masks(attn_params *p, const attn_options *opt, bool need
         int64_t unused[4];
         p->bias = attn_view_data(opt->bias, unused, 4);
         if ((const void *)p->bias != opt->bias->data) memset(p->bias_s, 0, sizeof p->bias_s);
+        p->bias = given(p->bias);
     }
     if (opt->kv_len) {
         const attn_tensor *t = opt->kv_len;
@@ -272,7 +281,7 @@ static attn_status fill_outputs(attn_params *p, const attn_options *opt, bool ne
         for (int d = 0; d < 4; d++)
             TRY(expect_dim(t, "weights", d, full[d], (const char *[]){"B", "Hq", "Lq", "Lk"}[d]));
         TRY(attn_check_output_strides(t, "weights", 4));
-        p->weights = (float *)attn_view_data(t, p->w_s, 4);
+        p->weights = given(attn_view_data(t, p->w_s, 4));
     }
     return ATTN_OK;
 }

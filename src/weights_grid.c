@@ -97,14 +97,26 @@ static void wg_rows_fused(const attn_params *p, const wg_scratch *w, const float
             const float lse = lse_bh[i * lse_si];
             const int64_t ca = w->lo[r] > j0 ? w->lo[r] : j0;
             const int64_t cb = w->hi[r] < j0 + nk ? w->hi[r] : j0 + nk;
-            /* keys outside [lo, hi) are masked by structure and leave their cells alone */
-            int64_t cell = ca < cb ? wg_cell(ca, C, p->Lk) : 0, next = wg_first(cell + 1, C, p->Lk);
+            if (ca >= cb) continue;
+            /* the row's final logits, contiguous, then exp(s - lse) by the kernel's vector
+             * exp (x <= 0 there; a lane above 0, from an LSE that is not the forward's,
+             * takes expf, outside the kernel's range) */
+            float sv[ATTN_BK_LIMIT], e[ATTN_BK_LIMIT];
             for (int64_t j = ca; j < cb; j++) {
                 float s = w->s[(j - j0) * w->rows + r];
                 if (elementwise) s = attn_finish_logit(p, s, b, h, i, j, d_i);
+                sv[j - ca] = s;
+                e[j - ca] = s - lse;
+            }
+            kern->exp(cb - ca, e, e);
+            for (int64_t c = 0; c < cb - ca; c++)
+                if (sv[c] - lse > 0.0f) e[c] = expf(sv[c] - lse);
+            /* keys outside [lo, hi) are masked by structure and leave their cells alone */
+            int64_t cell = wg_cell(ca, C, p->Lk), next = wg_first(cell + 1, C, p->Lk);
+            for (int64_t j = ca; j < cb; j++) {
                 while (j >= next) next = wg_first(++cell + 1, C, p->Lk);
-                if (s == -INFINITY) continue;
-                wg_fold(&w->cells[cell], (double)expf(s - lse), reduce);
+                if (sv[j - ca] == -INFINITY) continue;
+                wg_fold(&w->cells[cell], (double)e[j - ca], reduce);
             }
         }
     }

@@ -223,11 +223,15 @@ static void test_decode(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk
         for (int64_t d = 0; d < dv; d++) acc0[r * dv + d] = acc[r * dv + d] = fresh ? 0.0f : sym();
     }
     const float scale = 0.37f;
+    bool state_ok_qk = true;
     k->decode(n, nk, dk, dv, q, dt, round_p, kk, ldk, v, ldv, scale, s, m, l, alpha, acc,
               prefetch, prefetch ? kk + nk * ldk * es : NULL, prefetch ? nk : 0);
     /* decode_qk: the step's logits alone, checked against float64 dot products below */
-    float *sq = malloc((size_t)(4 * (nk + 3)) * sizeof(float));
-    k->decode_qk(n, nk, dk, q, dt, kk, ldk, scale, sq);
+    const int64_t lds = n + 3;  // the tile's S^T layout, wider than the rows: the lanes
+    float *sq = malloc((size_t)(lds * nk) * sizeof(float));  // past n must stay untouched
+    for (int64_t i = 0; i < lds * nk; i++) sq[i] = 12345.0f;
+    k->decode_qk(n, nk, dk, q, dt, kk, ldk, scale, sq, lds);
+    for (int64_t i = 0; i < lds * nk; i++) state_ok_qk &= i % lds < n || sq[i] == 12345.0f;
     double worst = 0, worst_qk = 0;
     bool state_ok = true;
     for (int64_t r = 0; r < n; r++) {
@@ -239,7 +243,7 @@ static void test_decode(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk
             mx = isnan(sl[c]) || isnan(mx) ? NAN : fmax(mx, sl[c]);
             double mag = 0;
             for (int64_t d = 0; d < dk; d++) mag += fabs((double)q[r * dk + d] * kd[c * ldk + d]);
-            const double e = fabs(sq[4 * c + r] - sl[c]) / (scale * mag > 0 ? scale * mag : 1);
+            const double e = fabs(sq[c * lds + r] - sl[c]) / (scale * mag > 0 ? scale * mag : 1);
             if (!isnan(sl[c]) && !(e <= worst_qk)) worst_qk = e;
         }
         if (nan_key >= 0) {
@@ -276,7 +280,7 @@ static void test_decode(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk
             if (!(rel <= worst)) worst = rel;
         }
     }
-    const bool pass = worst <= 4e-6 && worst_qk <= 4e-6 && state_ok;
+    const bool pass = worst <= 4e-6 && worst_qk <= 4e-6 && state_ok && state_ok_qk;
     CHECK(plant ? !pass : pass,
           "%s decode%s n=%lld nk=%lld dk=%lld dv=%lld %s%s prefetch %d nan_key %lld: acc rel "
           "err %.3g, decode_qk rel err %.3g, m/l/alpha (and rounded p) ok %d", k->name,

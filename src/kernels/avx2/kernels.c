@@ -636,8 +636,9 @@ static void decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const flo
 
 /* decode_avx2's logits alone (kernels.h: decode_qk), for the weights' sweep */
 static void decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, attn_dtype dt,
-                           const void *k, int64_t ldk, float scale, float *s) {
+                           const void *k, int64_t ldk, float scale, float *st, int64_t lds) {
     const attn_decode_pf none = {0};
+    float s[4 * (ATTN_BK_LIMIT + 4)];  // the step's compact lanes, then into st
     const char *kb = (const char *)k;
     const int64_t ldkb = attn_row_byte_offset(dt, ldk);
     __m256 mx, nan;
@@ -648,12 +649,10 @@ static void decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, at
     case 3: dec_logits(DT, 3, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;          \
     default: dec_logits(DT, 4, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;         \
     }
-    if (dt == ATTN_Q8_0) {
-        LOGITS(ATTN_Q8_0);
-        return;
-    }
-    ATTN_KV_DTYPE_SWITCH(dt, LOGITS);
+    if (dt == ATTN_Q8_0) LOGITS(ATTN_Q8_0)
+    else ATTN_KV_DTYPE_SWITCH(dt, LOGITS);
 #undef LOGITS
+    attn_decode_qk_store(n, nk, s, st, lds);
 }
 
 const attn_kernels attn_kernels_avx2 = {

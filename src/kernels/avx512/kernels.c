@@ -569,8 +569,9 @@ void attn_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const flo
 
 /* decode's logits alone (kernels.h: decode_qk), for the weights' sweep */
 void attn_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q, attn_dtype dt,
-                           const void *k, int64_t ldk, float scale, float *s) {
+                           const void *k, int64_t ldk, float scale, float *st, int64_t lds) {
     const attn_decode_pf none = {0};
+    float s[4 * (ATTN_BK_LIMIT + 4)];  // the step's compact lanes, then into st
     const char *kb = (const char *)k;
     const int64_t ldkb = ldk * (attn_elem_bytes(dt));
     __m512 mx;
@@ -584,6 +585,7 @@ void attn_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q, at
     }
     ATTN_KV_DTYPE_SWITCH(dt, LOGITS);
 #undef LOGITS
+    attn_decode_qk_store(n, nk, s, st, lds);
 }
 
 void attn_exp_array_avx512(int64_t n, const float *x, float *y) {
