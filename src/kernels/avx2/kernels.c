@@ -20,6 +20,7 @@
 #include "half.h"
 #include "additive.h"
 #include "kernels.h"
+#include "philox.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
 #define INLINE ATTN_KERNEL_INLINE
@@ -656,6 +657,12 @@ static void decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, at
 #undef LOGITS
 }
 
+/* dropout's Philox words (kernels.h): philox.h's simd loop at this ISA's width */
+static void dropout_avx2(int64_t n, const uint64_t *grp, uint64_t seed, uint64_t offset,
+                          uint32_t *u, int64_t ldu) {
+    attn_dropout_words(n, grp, seed, offset, u, ldu);
+}
+
 const attn_kernels attn_kernels_avx2 = {
     .name = "avx2",
     .geom = ATTN_GEOM(avx2),
@@ -670,5 +677,6 @@ const attn_kernels attn_kernels_avx2 = {
     .additive = &attn_additive_kernels_avx2,
     .dequant_q8_0 = dequant_q8_0_avx2,
     .decode_q8_0 = true,
+    .dropout = dropout_avx2,
 };
 #endif
