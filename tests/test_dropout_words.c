@@ -72,9 +72,10 @@ static void check_factors(const char *name, attn_dropout_words_fn words) {
         const uint64_t seed = next64(), offset = next64();
         const uint64_t Lk = 1 + (uint64_t)(trial % 13) + (trial % 3 == 0 ? 300 : 0);
         const uint64_t r = trial % 4 == 0 ? next64() >> 8 : (uint64_t)trial;
-        const float p = (float)(trial % 10) / 10.0f;
+        const float p = (float)(trial % 11) / 10.0f;  // 0 .. 1: p = 1 keeps nothing (t = 2^32)
         const uint64_t thr = attn_dropout_threshold(p);
-        const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+        /* p = 1 with a nonzero scale: the threshold 2^32 alone must drop every key */
+        const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 2.0f;
         const uint64_t j0 = next64() % Lk, nk = 1 + next64() % (Lk - j0);
         float f[320];
         attn_dropout_factors_k(words, seed, offset, thr, scale, r, Lk, j0, nk, f, 1);
