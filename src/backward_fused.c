@@ -367,8 +367,9 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
             const uint64_t row = attn_dropout_row((uint64_t)t->b, (uint64_t)t->h,
                                                   (uint64_t)(t->i0 + r), (uint64_t)p->Hq,
                                                   (uint64_t)p->Lq);
-            attn_dropout_factors(p->drop_seed, p->drop_offset, p->drop_threshold, p->drop_scale,
-                                 row, (uint64_t)p->Lk, (uint64_t)t->j0, (uint64_t)nk, z_r, 1);
+            attn_dropout_factors_k(kern->dropout, p->drop_seed, p->drop_offset,
+                                   p->drop_threshold, p->drop_scale, row, (uint64_t)p->Lk,
+                                   (uint64_t)t->j0, (uint64_t)nk, z_r, 1);
             for (int64_t c = nk; c < nkpad; c++) z_r[c] = 0.0f;
             for (int64_t c = 0; c < nkpad; c++) pd_r[c] = z_r[c] == 0.0f ? 0.0f : P_r[c] * z_r[c];
         }

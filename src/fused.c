@@ -470,18 +470,16 @@ static bool takes_decode(const attn_params *p, const attn_kernels *kern, int64_t
  * one times 1 / (1 - p), a dropped one 0 (philox.h, one Philox call per four keys of a
  * row). After the softmax step, which has summed the undropped P into l; before P·V.
  * Group by group of four keys, the rows innermost: each (row, group) is an independent
- * Philox call, and the rows' calls run side by side as one simd loop (the 32 x 32 -> 64
- * bit products vectorize), then the row's probabilities of a key, contiguous in S^T, are
- * masked. */
+ * Philox call, and the rows' calls run side by side in the kernel's `dropout` (philox.h's
+ * simd loop compiled at the ISA's width; bit for bit the scalar one), then the row's
+ * probabilities of a key, contiguous in S^T, are masked. */
 enum { DROP_ROWS = 64 };
-static void tile_dropout(const attn_params *p, const fused_scratch *w, const fused_block *blk,
-                         int64_t j0, int64_t nk) {
+static void tile_dropout(const attn_params *p, const attn_kernels *kern, const fused_scratch *w,
+                         const fused_block *blk, int64_t j0, int64_t nk) {
     const uint64_t per_row = ((uint64_t)p->Lk + 3) / 4, thr = p->drop_threshold;
-    const uint32_t k0 = (uint32_t)p->drop_seed, k1 = (uint32_t)(p->drop_seed >> 32);
-    const uint32_t off0 = (uint32_t)p->drop_offset, off1 = (uint32_t)(p->drop_offset >> 32);
     const float scale = p->drop_scale;
     const int64_t ld = w->ld;
-    uint64_t base[DROP_ROWS];
+    uint64_t base[DROP_ROWS], grp[DROP_ROWS];
     uint32_t u[4][DROP_ROWS];
     for (int64_t r0 = 0; r0 < blk->n; r0 += DROP_ROWS) {
         const int64_t nr = blk->n - r0 < DROP_ROWS ? blk->n - r0 : DROP_ROWS;
@@ -490,15 +488,9 @@ static void tile_dropout(const attn_params *p, const fused_scratch *w, const fus
                                        (uint64_t)w->i[r0 + r], (uint64_t)p->Hq,
                                        (uint64_t)p->Lq) * per_row;
         for (int64_t g = j0 / 4; g * 4 < j0 + nk; g++) {
-#pragma omp simd
-            for (int64_t r = 0; r < nr; r++) {
-                const uint64_t grp = base[r] + (uint64_t)g;
-                const uint32_t ctr[4] = {(uint32_t)grp, (uint32_t)(grp >> 32), off0, off1};
-                const uint32_t key[2] = {k0, k1};
-                uint32_t out[4];
-                attn_philox4x32(ctr, key, out);
-                u[0][r] = out[0], u[1][r] = out[1], u[2][r] = out[2], u[3][r] = out[3];
-            }
+            for (int64_t r = 0; r < nr; r++) grp[r] = base[r] + (uint64_t)g;
+            if (kern->dropout) kern->dropout(nr, grp, p->drop_seed, p->drop_offset, u[0], DROP_ROWS);
+            else attn_dropout_words(nr, grp, p->drop_seed, p->drop_offset, u[0], DROP_ROWS);
             for (int lane = 0; lane < 4; lane++) {
                 const int64_t c = g * 4 + lane - j0;
                 if (c < 0 || c >= nk) continue;
@@ -636,7 +628,7 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
             continue;
         }
         kern->softmax(npad, nk, w->s, w->ld, w->m, w->l, w->alpha);
-        if (p->dropout) tile_dropout(p, w, blk, j0, nk);
+        if (p->dropout) tile_dropout(p, kern, w, blk, j0, nk);
         if (p->weights) tile_weights(p, plan, w, blk, j0, nk);
         if (fast)  // the same rounding where the bf16 kernel does not apply
             for (int64_t c = 0; c < nk; c++)

@@ -231,6 +231,13 @@ struct attn_kernels {
     /* Whether decode and decode_qk also take dt = ATTN_Q8_0 (k and v pointing at a row's
      * first block, ldk and ldv in elements, multiples of 32; dk and dv multiples of 32). */
     bool decode_q8_0;
+
+    /* Optional (NULL: the portable attn_dropout_words of philox.h): dropout's Philox words
+     * of n groups, grp (n) the group indices, word w of group t into u[w * ldu + t]; bit
+     * for bit philox.h's scalar attn_dropout_group on every kernel. Each ISA's table
+     * compiles philox.h's simd loop with its own flags. */
+    void (*dropout)(int64_t n, const uint64_t *grp, uint64_t seed, uint64_t offset,
+                    uint32_t *u, int64_t ldu);
 };
 typedef struct attn_kernels attn_kernels;
 

@@ -129,4 +129,66 @@ static inline void attn_dropout_factors(uint64_t seed, uint64_t offset, uint64_t
     }
 }
 
+/* The words of n Philox groups at once: for t < n, group grp[t] under (seed, offset) as
+ * attn_dropout_group, its word w into u[w * ldu + t]. One simd loop over the groups (the
+ * 32 x 32 -> 64 bit products are vpmuludq lanes): each ISA's kernel table compiles it with
+ * its own flags (kernels.h, `dropout`), so that it runs at the ISA's width; bit for bit
+ * attn_dropout_group, which tests/test_dropout_words.c checks. */
+static inline void attn_dropout_words(int64_t n, const uint64_t *grp, uint64_t seed,
+                                      uint64_t offset, uint32_t *u, int64_t ldu) {
+    const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    const uint32_t o0 = (uint32_t)offset, o1 = (uint32_t)(offset >> 32);
+    uint32_t *u0 = u, *u1 = u + ldu, *u2 = u + 2 * ldu, *u3 = u + 3 * ldu;
+#pragma omp simd
+    for (int64_t t = 0; t < n; t++) {
+        uint32_t c0 = (uint32_t)grp[t], c1 = (uint32_t)(grp[t] >> 32), c2 = o0, c3 = o1;
+        uint32_t a = k0, b = k1;
+#pragma GCC unroll 16
+        for (int r = 0; r < 10; r++) {
+            const uint64_t p0 = (uint64_t)ATTN_PHILOX_M0 * c0, p1 = (uint64_t)ATTN_PHILOX_M1 * c2;
+            c0 = (uint32_t)(p1 >> 32) ^ c1 ^ a;
+            c1 = (uint32_t)p1;
+            c2 = (uint32_t)(p0 >> 32) ^ c3 ^ b;
+            c3 = (uint32_t)p0;
+            a += ATTN_PHILOX_W0;
+            b += ATTN_PHILOX_W1;
+        }
+        u0[t] = c0, u1[t] = c1, u2[t] = c2, u3[t] = c3;
+    }
+}
+
+/* The type of a kernel table's `dropout` entry (kernels.h): attn_dropout_words. */
+typedef void (*attn_dropout_words_fn)(int64_t n, const uint64_t *grp, uint64_t seed,
+                                      uint64_t offset, uint32_t *u, int64_t ldu);
+
+/* attn_dropout_factors with the words from `words` (a kernel's `dropout`; NULL: the
+ * portable attn_dropout_words): the same factors, bit for bit. */
+static inline void attn_dropout_factors_k(attn_dropout_words_fn words, uint64_t seed,
+                                          uint64_t offset, uint64_t threshold, float scale,
+                                          uint64_t r, uint64_t Lk, uint64_t j0, uint64_t nk,
+                                          float *f, int64_t fs) {
+    enum { CHUNK = 64 };
+    const uint64_t base = r * ((Lk + 3) / 4), g_end = (j0 + nk + 3) / 4;
+    const bool none = threshold > UINT32_MAX;
+    const uint32_t t32 = (uint32_t)threshold;
+    uint64_t grp[CHUNK];
+    uint32_t u[4 * CHUNK];
+    float kf[4 * CHUNK];
+    for (uint64_t g0 = j0 / 4; g0 < g_end; g0 += CHUNK) {
+        const uint64_t ng = g_end - g0 < CHUNK ? g_end - g0 : CHUNK;
+        for (uint64_t t = 0; t < ng; t++) grp[t] = base + g0 + t;
+        if (words) words((int64_t)ng, grp, seed, offset, u, CHUNK);
+        else attn_dropout_words((int64_t)ng, grp, seed, offset, u, CHUNK);
+        /* the keep test word by word (a simd compare: t < 2^32 is a 32-bit one, t = 2^32
+         * keeps nothing), then the factors in key order */
+        for (int w = 0; w < 4; w++)
+#pragma omp simd
+            for (uint64_t t = 0; t < ng; t++)
+                kf[w * CHUNK + t] = !none && u[w * CHUNK + t] >= t32 ? scale : 0.0f;
+        const uint64_t ja = g0 * 4 > j0 ? g0 * 4 : j0,
+                       jb = (g0 + ng) * 4 < j0 + nk ? (g0 + ng) * 4 : j0 + nk;
+        for (uint64_t j = ja; j < jb; j++) f[(int64_t)(j - j0) * fs] = kf[(j % 4) * CHUNK + (j / 4 - g0)];
+    }
+}
+
 #endif /* ATTN_PHILOX_H */

@@ -20,6 +20,7 @@
 #include "half.h"
 #include "additive.h"
 #include "kernels.h"
+#include "philox.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
 #define INLINE ATTN_KERNEL_INLINE
@@ -655,6 +656,51 @@ static void decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, at
     attn_decode_qk_store(n, nk, s, st, lds);
 }
 
+/* hi and lo 32-bit halves of the eight products m * x (unsigned 32 x 32 -> 64): the even
+ * lanes by one vpmuludq, the odd ones by a second on x shifted down */
+static inline void mulhilo_avx2(__m256i m, __m256i x, __m256i *hi, __m256i *lo) {
+    const __m256i pe = _mm256_mul_epu32(m, x), po = _mm256_mul_epu32(m, _mm256_srli_epi64(x, 32));
+    *hi = _mm256_blend_epi32(_mm256_srli_epi64(pe, 32), po, 0xAA);
+    *lo = _mm256_blend_epi32(pe, _mm256_slli_epi64(po, 32), 0xAA);
+}
+
+/* dropout's Philox words (kernels.h): eight groups per vector, Philox4x32-10 as philox.h's
+ * scalar rounds, lane by lane; the tail (n mod 8) by philox.h's portable loop */
+static void dropout_avx2(int64_t n, const uint64_t *grp, uint64_t seed, uint64_t offset,
+                         uint32_t *u, int64_t ldu) {
+    const __m256i m0 = _mm256_set1_epi32((int)ATTN_PHILOX_M0), m1 = _mm256_set1_epi32((int)ATTN_PHILOX_M1);
+    const __m256i o0 = _mm256_set1_epi32((int)(uint32_t)offset),
+                  o1 = _mm256_set1_epi32((int)(uint32_t)(offset >> 32));
+    const __m256i lo_idx = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    __m256i ka[10], kb[10];
+    for (int r = 0; r < 10; r++) {
+        ka[r] = _mm256_set1_epi32((int)((uint32_t)seed + (uint32_t)r * ATTN_PHILOX_W0));
+        kb[r] = _mm256_set1_epi32((int)((uint32_t)(seed >> 32) + (uint32_t)r * ATTN_PHILOX_W1));
+    }
+    int64_t t = 0;
+    for (; t + 8 <= n; t += 8) {
+        /* the counters' low and high words, deinterleaved from four + four 64-bit indices */
+        const __m256i g0 = _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)(grp + t)), lo_idx);
+        const __m256i g1 = _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)(grp + t + 4)), lo_idx);
+        __m256i c0 = _mm256_permute2x128_si256(g0, g1, 0x20), c1 = _mm256_permute2x128_si256(g0, g1, 0x31);
+        __m256i c2 = o0, c3 = o1;
+        for (int r = 0; r < 10; r++) {
+            __m256i hi0, lo0, hi1, lo1;
+            mulhilo_avx2(m0, c0, &hi0, &lo0);
+            mulhilo_avx2(m1, c2, &hi1, &lo1);
+            c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), ka[r]);
+            c1 = lo1;
+            c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), kb[r]);
+            c3 = lo0;
+        }
+        _mm256_storeu_si256((__m256i *)(u + t), c0);
+        _mm256_storeu_si256((__m256i *)(u + ldu + t), c1);
+        _mm256_storeu_si256((__m256i *)(u + 2 * ldu + t), c2);
+        _mm256_storeu_si256((__m256i *)(u + 3 * ldu + t), c3);
+    }
+    if (t < n) attn_dropout_words(n - t, grp + t, seed, offset, u + t, ldu);
+}
+
 const attn_kernels attn_kernels_avx2 = {
     .name = "avx2",
     .geom = ATTN_GEOM(avx2),
@@ -669,5 +715,6 @@ const attn_kernels attn_kernels_avx2 = {
     .additive = &attn_additive_kernels_avx2,
     .dequant_q8_0 = dequant_q8_0_avx2,
     .decode_q8_0 = true,
+    .dropout = dropout_avx2,
 };
 #endif

@@ -17,6 +17,7 @@
 #include "softmax.h"
 #include "additive.h"
 #include "kernels.h"
+#include "philox.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
 #define INLINE ATTN_KERNEL_INLINE
@@ -635,6 +636,12 @@ void attn_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *ds
     }
 }
 
+/* dropout's Philox words (kernels.h): philox.h's simd loop at this ISA's width */
+static void dropout_avx512(int64_t n, const uint64_t *grp, uint64_t seed, uint64_t offset,
+                          uint32_t *u, int64_t ldu) {
+    attn_dropout_words(n, grp, seed, offset, u, ldu);
+}
+
 const attn_kernels attn_kernels_avx512 = {
     .name = "avx512",
     .geom = ATTN_GEOM(avx512),
@@ -647,5 +654,6 @@ const attn_kernels attn_kernels_avx512 = {
     .decode_qk = attn_decode_qk_avx512,
     .exp = attn_exp_array_avx512,
     .additive = &attn_additive_kernels_avx512,
+    .dropout = dropout_avx512,
 };
 #endif

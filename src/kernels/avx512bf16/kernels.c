@@ -17,6 +17,7 @@
 #include "kernels/avx512/softmax.h"
 #include "additive.h"
 #include "kernels.h"
+#include "philox.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
 #define INLINE ATTN_KERNEL_INLINE
@@ -207,6 +208,12 @@ static void softmax_pairs_avx512(int64_t npad, int64_t nk, const float *s, int64
     }
 }
 
+/* dropout's Philox words (kernels.h): philox.h's simd loop at this ISA's width */
+static void dropout_avx512bf16(int64_t n, const uint64_t *grp, uint64_t seed, uint64_t offset,
+                          uint32_t *u, int64_t ldu) {
+    attn_dropout_words(n, grp, seed, offset, u, ldu);
+}
+
 const attn_kernels attn_kernels_avx512bf16 = {
     .name = "avx512bf16",
     .geom = ATTN_GEOM(avx512bf16),
@@ -222,5 +229,6 @@ const attn_kernels attn_kernels_avx512bf16 = {
     .decode_qk = attn_decode_qk_avx512,
     .exp = attn_exp_array_avx512,
     .additive = &attn_additive_kernels_avx512,
+    .dropout = dropout_avx512bf16,
 };
 #endif

@@ -12,6 +12,7 @@
 #include "half.h"
 #include "additive.h"
 #include "kernels.h"
+#include "philox.h"
 
 static void qk_generic(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
                        const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale, float *s, int64_t lds) {
@@ -103,6 +104,12 @@ static void to_f32_generic(attn_dtype dt, int64_t n, const uint16_t *src, float 
         for (int64_t i = 0; i < n; i++) dst[i] = attn_f16_to_f32(src[i]);
 }
 
+/* dropout's Philox words (kernels.h): philox.h's simd loop at this ISA's width */
+static void dropout_generic(int64_t n, const uint64_t *grp, uint64_t seed, uint64_t offset,
+                          uint32_t *u, int64_t ldu) {
+    attn_dropout_words(n, grp, seed, offset, u, ldu);
+}
+
 const attn_kernels attn_kernels_generic = {
     .name = "generic",
     .geom = ATTN_GEOM(generic),
@@ -113,4 +120,5 @@ const attn_kernels attn_kernels_generic = {
     .to_f32 = to_f32_generic,
     .exp = exp_array_generic,
     .additive = &attn_additive_kernels_generic,
+    .dropout = dropout_generic,
 };
