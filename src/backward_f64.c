@@ -20,24 +20,31 @@
  *
  * Every float64 output element is produced by one thread in an order fixed by the
  * shapes: bit-identical for any thread count. Extra memory: per thread the tiles,
- * BQ·(Dk + Dv) + BK·(2 Dk + 2 Dv) + 3·BQ·BK doubles; and two doubles per query row
- * (LSE, D): independent of Lk, never Lq x Lk.
+ * BQ·(Dk + Dv) + BK·(2 Dk + 2 Dv) + 3·BQ·BK doubles; two doubles per query row (LSE, D);
+ * the mask summary with a mask or bias: independent of Lk but for that summary (1/1024
+ * of the mask), never Lq x Lk.
  *
- * What it is not: the argument checks (backward.c) or tile skipping by mask structure
- * (the float32 path's mask_summary.c): keys are skipped by structure only (key length,
- * causal band, window).
+ * Masks by their structure (mask_summary.h, summarized once per call as the float32 path
+ * does): each row's key range is narrowed to the hulls of its mask's and bias's kept keys,
+ * and a tile whose cells the mask or bias masks whole is skipped. The summary's bytes
+ * come after the rows' LSE and D in the workspace. The logits of the tiles left are the
+ * per-logit ones (no clean path for open tiles yet).
+ *
+ * What it is not: the argument checks (backward.c).
  */
 #include <math.h>
 #include <string.h>
 
 #include "backward.h"
+#include "mask_summary.h"
 
 enum { BQ = 16, BK = 64 };
 
 typedef struct f64b_plan {
     int64_t q_blocks, k_blocks, row_items, key_items, rows;
     int64_t off_q, off_do, off_k, off_v, off_p, off_ds, off_cap, off_acc, per_thread;
-    int64_t off_lse, off_D, total;  // after the threads' slices
+    int64_t off_lse, off_D, off_sum, total;  // after the threads' slices (off_sum: the
+                                             // mask summary, 64-aligned in the call)
 } f64b_plan;
 
 static bool make_plan(const attn_bwd_params *bp, f64b_plan *pl) {
@@ -69,6 +76,11 @@ static bool make_plan(const attn_bwd_params *bp, f64b_plan *pl) {
     if (__builtin_add_overflow(t, (pl->rows + 7) & ~(int64_t)7, &t)) return false;
     pl->off_D = t;
     if (__builtin_add_overflow(t, (pl->rows + 7) & ~(int64_t)7, &t)) return false;
+    pl->off_sum = t;
+    const size_t sum_bytes = attn_mask_summary_bytes(p);
+    if (sum_bytes == (size_t)-1 || sum_bytes / 8 > (size_t)INT64_MAX / 2 ||
+        __builtin_add_overflow(t, (int64_t)(sum_bytes / 8) + 8, &t))  // + 8: to align
+        return false;
     if ((uint64_t)t > SIZE_MAX / sizeof(double)) return false;
     pl->total = t;
     return true;
@@ -87,10 +99,11 @@ typedef struct f64b_scratch {
     double *P, *dS;      // (BQ, BK) P, dS (scaled)
     double *cap;         // (BQ, BK) softcap factors
     double *acc;         // dQ (BQ, Dk), or dK (BK, Dk) then dV (BK, Dv)
+    const attn_mask_summary *sum;  // the call's mask and bias summary, NULL: neither
 } f64b_scratch;
 
-static f64b_scratch carve(const f64b_plan *pl, double *w) {
-    return (f64b_scratch){.q = w + pl->off_q, .d_o = w + pl->off_do, .k = w + pl->off_k,
+static f64b_scratch carve(const f64b_plan *pl, double *w, const attn_mask_summary *sum) {
+    return (f64b_scratch){.sum = sum, .q = w + pl->off_q, .d_o = w + pl->off_do, .k = w + pl->off_k,
                           .v = w + pl->off_v, .P = w + pl->off_p,
                           .dS = w + pl->off_ds, .cap = w + pl->off_cap, .acc = w + pl->off_acc};
 }
@@ -134,15 +147,32 @@ static double logit(const attn_params *p, const f64b_scratch *w, int64_t r, int6
     return attn_has_elementwise(p) ? attn_ref_finish(p, raw, b, h, i, j, d_i, cap) : raw;
 }
 
-/* The union [*blo, *bhi) of the structural key ranges of rows i0 .. i0+nq-1 (empty:
- * blo >= bhi). */
-static void block_range(const attn_params *p, int64_t lk_b, int64_t i0, int64_t nq,
-                        int64_t *blo, int64_t *bhi) {
+/* Row i's key range: its structure (key length, causal band, window) narrowed to the
+ * hulls of the mask's and the bias's kept keys (mask_summary.h); keys outside it are
+ * -inf whatever Q and K hold. */
+static void row_range(const attn_params *p, const f64b_scratch *w, int64_t lk_b, int64_t b,
+                      int64_t h, int64_t i, int64_t *lo, int64_t *hi) {
+    attn_row_range(p, lk_b, i, lo, hi);
+    if (w->sum) attn_mask_summary_row(p, w->sum, b, h, i, lo, hi);
+}
+
+/* Whether the mask or the bias masks every cell of the tile (rows i0 .., keys j0 ..
+ * j0+nk-1 of head h, batch b): its logits are all -inf and it adds nothing. The summary's
+ * blocks are ATTN_SUM_ROWS rows, a multiple of BQ: the block holding i0 covers the tile. */
+static bool tile_masked(const attn_params *p, const f64b_scratch *w, int64_t b, int64_t h,
+                        int64_t i0, int64_t j0, int64_t nk) {
+    return w->sum && attn_mask_summary_tile(p, w->sum, b, h, 1, i0 / ATTN_SUM_ROWS, j0, nk) ==
+                         ATTN_TILE_MASKED;
+}
+
+/* The union [*blo, *bhi) of the key ranges of rows i0 .. i0+nq-1 (empty: blo >= bhi). */
+static void block_range(const attn_params *p, const f64b_scratch *w, int64_t b, int64_t h,
+                        int64_t lk_b, int64_t i0, int64_t nq, int64_t *blo, int64_t *bhi) {
     *blo = INT64_MAX;
     *bhi = 0;
     for (int64_t r = 0; r < nq; r++) {
         int64_t lo, hi;
-        attn_row_range(p, lk_b, i0 + r, &lo, &hi);
+        row_range(p, w, lk_b, b, h, i0 + r, &lo, &hi);
         if (lo >= hi) continue;
         if (lo < *blo) *blo = lo;
         if (hi > *bhi) *bhi = hi;
@@ -158,15 +188,16 @@ static void rows_stats(const attn_bwd_params *bp, const f64b_scratch *w, int64_t
     int64_t lo[BQ], hi[BQ], dg[BQ];
     load_rows(bp, w, b, h, i0, nq);
     for (int64_t r = 0; r < nq; r++) {
-        attn_row_range(p, lk_b, i0 + r, &lo[r], &hi[r]);
+        row_range(p, w, lk_b, b, h, i0 + r, &lo[r], &hi[r]);
         dg[r] = attn_diagonal(p, lk_b, i0 + r);
         m[r] = -INFINITY;
         l[r] = 0.0;
     }
     int64_t blo, bhi;
-    block_range(p, lk_b, i0, nq, &blo, &bhi);
+    block_range(p, w, b, h, lk_b, i0, nq, &blo, &bhi);
     for (int64_t j0 = blo; j0 < bhi; j0 += BK) {
         const int64_t nk = bhi - j0 < BK ? bhi - j0 : BK;
+        if (tile_masked(p, w, b, h, i0, j0, nk)) continue;
         load_keys(p, w, b, g, j0, nk);
         for (int64_t r = 0; r < nq; r++) {
             double *s = w->P + r * BK, mt = -INFINITY, cap;
@@ -214,7 +245,7 @@ static void tile_grads(const attn_bwd_params *bp, const f64b_scratch *w, int64_t
     for (int64_t r = 0; r < nq; r++) {
         const int64_t i = i0 + r, d_i = attn_diagonal(p, lk_b, i);
         int64_t lo, hi;
-        attn_row_range(p, lk_b, i, &lo, &hi);
+        row_range(p, w, lk_b, b, h, i, &lo, &hi);
         double *P = w->P + r * BK, *dS = w->dS + r * BK;
         const double l = lse[r];
         for (int64_t c = 0; c < nk; c++) {
@@ -246,9 +277,10 @@ static void rows_dq(const attn_bwd_params *bp, const f64b_scratch *w, int64_t b,
     load_rows(bp, w, b, h, i0, nq);
     for (int64_t e = 0; e < nq * Dk; e++) w->acc[e] = 0.0;
     int64_t blo, bhi;
-    block_range(p, lk_b, i0, nq, &blo, &bhi);
+    block_range(p, w, b, h, lk_b, i0, nq, &blo, &bhi);
     for (int64_t j0 = blo; j0 < bhi; j0 += BK) {
         const int64_t nk = bhi - j0 < BK ? bhi - j0 : BK;
+        if (tile_masked(p, w, b, h, i0, j0, nk)) continue;
         load_keys(p, w, b, g, j0, nk);
         tile_grads(bp, w, b, h, i0, nq, j0, nk, lse, D);
         /* forward: raw_ij = scale q_i · k_j, so dQ_i += Σ_j dS_ij k_j */
@@ -282,8 +314,9 @@ static void keys_dkdv(const attn_bwd_params *bp, const f64b_plan *pl, const f64b
         for (int64_t qb = 0; qb < pl->q_blocks; qb++) {
             const int64_t i0 = qb * BQ, nq = p->Lq - i0 < BQ ? p->Lq - i0 : BQ;
             int64_t blo, bhi;
-            block_range(p, lk_b, i0, nq, &blo, &bhi);
+            block_range(p, w, b, h, lk_b, i0, nq, &blo, &bhi);
             if (blo >= bhi || bhi <= j0 || blo >= j0 + nk) continue;  // no key of this block
+            if (tile_masked(p, w, b, h, i0, j0, nk)) continue;
             if (!loaded) {
                 load_keys(p, w, b, g, j0, nk);
                 loaded = true;
@@ -320,11 +353,16 @@ attn_status attn_fused_f64_backward(const attn_bwd_params *bp, void *ws) {
     f64b_plan pl;
     if (!make_plan(bp, &pl)) return attn_fail(ATTN_ERR_OVERFLOW, "float64 backward plan overflows");
     double *base = ws, *LSE = base + pl.off_lse, *D = base + pl.off_D;
+    attn_mask_summary sum;
+    if (p->mask || p->bias)
+        attn_mask_summary_init(p, (void *)(((uintptr_t)(base + pl.off_sum) + 63) & ~(uintptr_t)63),
+                               &sum);
+    const attn_mask_summary *sp = p->mask || p->bias ? &sum : NULL;
     /* keys no query row reads (beyond kv_len, outside every band) get dK = dV = 0: the
      * key sweep writes every key it owns, so nothing is left unwritten */
 #pragma omp parallel num_threads(p->threads)
     {
-        const f64b_scratch w = carve(&pl, base + (int64_t)attn_thread_num() * pl.per_thread);
+        const f64b_scratch w = carve(&pl, base + (int64_t)attn_thread_num() * pl.per_thread, sp);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < pl.row_items; t++) {
             const int64_t bh = t / pl.q_blocks, qb = t % pl.q_blocks;

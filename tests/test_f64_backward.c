@@ -19,7 +19,9 @@
  *  3. Bit-identical dq, dk, dv, d_sinks for 1, 2 and 3 threads.
  *  4. NaN where nothing may read it: K, V rows past kv_len or masked for every row, dO of
  *     fully masked rows, a NaN bias where the bool mask masks; the masks the issue calls
- *     adversarial: key padding except one entry, causal except one entry.
+ *     adversarial: key padding except one entry, causal except one entry; a mask that
+ *     says what kv_len or causal says gives their bits (the mask summary's skipped and
+ *     narrowed tiles are exactly the structure's).
  *  5. Workspace independent of Lk; dropout refused (ATTN_ERR_UNSUPPORTED).
  *  6. Each tolerance check rejects a planted error.
  */
@@ -378,6 +380,35 @@ static void adversarial_masks(void) {
     }
 }
 
+/* A bool mask that says what the structure says gives the same bits as the structure:
+ * key padding as a mask vs kv_len, a causal mask vs causal (the summarized mask's tiles
+ * skipped or narrowed exactly where the structure's are). */
+static void mask_as_structure(void) {
+    const shape s = {2, 2, 1, 70, 200, 8, 8};
+    for (int kind = 0; kind < 2; kind++) {
+        bcase a, m;
+        case_make(&a, s, kind == 0 ? O_KVLEN : O_CAUSAL, 123);
+        case_make(&m, s, O_MASK, 123);  // the same q, k, v, dO (same seed, same draws first)
+        for (int64_t b = 0; b < s.B; b++)
+            for (int64_t h = 0; h < s.Hq; h++)
+                for (int64_t i = 0; i < s.Lq; i++)
+                    for (int64_t j = 0; j < s.Lk; j++)
+                        m.mask[((b * s.Hq + h) * s.Lq + i) * s.Lk + j] =
+                            kind == 0 ? j < a.kv_len[b] : j <= i;
+        attn_options fo = m.opt;
+        fo.lse = &m.tl;
+        CHECK(attn_forward(&m.tq, &m.tk, &m.tv, &m.to, &fo) == ATTN_OK, "mask forward");
+        CHECK(!memcmp(a.o, m.o, (size_t)a.no * 8), "mask-as-structure %d: O differs", kind);
+        grads ga = run_bwd(&a, ATTN_PATH_AUTO, 2), gm = run_bwd(&m, ATTN_PATH_AUTO, 3);
+        CHECK(ga.st == ATTN_OK && gm.st == ATTN_OK, "mask-as-structure %d", kind);
+        CHECK(!memcmp(ga.dq, gm.dq, (size_t)a.nq * 8) && !memcmp(ga.dk, gm.dk, (size_t)a.nk * 8) &&
+                  !memcmp(ga.dv, gm.dv, (size_t)a.nv * 8),
+              "mask-as-structure %d: gradients differ from the structure's", kind);
+        grads_free(&ga); grads_free(&gm);
+        case_free(&a); case_free(&m);
+    }
+}
+
 /* ---- 5: memory, refusals ------------------------------------------------------------- */
 
 static void memory_and_refusals(void) {
@@ -443,6 +474,7 @@ int main(void) {
     finite_differences(O_SOFTCAP | O_CAUSAL | O_BR | O_MASK | O_BIAS | O_KVLEN | O_ALIBI | O_SINKS, 0);
     nan_unread();
     adversarial_masks();
+    mask_as_structure();
     memory_and_refusals();
     planted();
     return check_summary("test_f64_backward");
