@@ -1,7 +1,8 @@
 /*
  * backward.c — the backward pass's entry points: attn_backward and its workspace query,
  *               the argument checks beyond the forward's, the choice of path (the float64
- *               reference, reference_backward.c, or the fused one, backward_fused.c), and
+ *               reference, reference_backward.c, the fused one, backward_fused.c, or the
+ *               fused float64 one, backward_f64.c), and
  *               16-bit tensors, which take the float32 path on float32 copies
  *               (backward_half, below).
  *
@@ -107,16 +108,17 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
     return ATTN_OK;
 }
 
-/* The path a backward call takes: the fused one for float32 unless the reference is
- * asked for; float64 always takes the reference, which is float64 throughout (CONTRACT
- * "float64": its memory is Lq x Lk doubles). */
+/* The path a backward call takes: the reference when it is asked for, else the fused
+ * one of the call's dtype (float64: backward_f64.c, float64 throughout, memory
+ * independent of Lk; CONTRACT "float64"). */
 static bool bwd_reference(const attn_bwd_params *bp) {
-    return bp->fwd.path == ATTN_PATH_REFERENCE || bp->fwd.q_dt == ATTN_F64;
+    return bp->fwd.path == ATTN_PATH_REFERENCE;
 }
 
 static size_t bwd_workspace(const attn_bwd_params *bp) {
-    return bwd_reference(bp) ? attn_reference_backward_workspace(bp)
-                             : attn_fused_backward_workspace(bp);
+    return bwd_reference(bp)             ? attn_reference_backward_workspace(bp)
+           : bp->fwd.q_dt == ATTN_F64 ? attn_fused_f64_backward_workspace(bp)
+                                          : attn_fused_backward_workspace(bp);
 }
 
 /* ---- 16-bit tensors ---------------------------------------------------------------------
@@ -268,8 +270,9 @@ attn_status attn_backward(const attn_tensor *q, const attn_tensor *k, const attn
      * dk, dv are written as 0; with Lk = 0 every row is fully masked and dq is 0. */
     void *ws, *owned;
     TRY(attn_workspace_acquire(opt, need, &ws, &owned));
-    const attn_status st = bwd_reference(&bp) ? attn_reference_backward(&bp, ws)
-                                              : attn_fused_backward(&bp, ws);
+    const attn_status st = bwd_reference(&bp)          ? attn_reference_backward(&bp, ws)
+                           : bp.fwd.q_dt == ATTN_F64 ? attn_fused_f64_backward(&bp, ws)
+                                                     : attn_fused_backward(&bp, ws);
     attn_free(owned);
     return st;
 }

@@ -38,6 +38,9 @@ ATTN_PRIVATE attn_status attn_check_backward_aliasing(const attn_tensor *const t
  * which returns (size_t)-1 when the size overflows). */
 ATTN_PRIVATE size_t attn_fused_backward_workspace(const attn_bwd_params *bp);
 ATTN_PRIVATE attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws);
+/* float64 q, k, v, o, d_o and gradients (backward_f64.c): the pointers of bp hold doubles */
+ATTN_PRIVATE size_t attn_fused_f64_backward_workspace(const attn_bwd_params *bp);
+ATTN_PRIVATE attn_status attn_fused_f64_backward(const attn_bwd_params *bp, void *ws);
 ATTN_PRIVATE size_t attn_reference_backward_workspace(const attn_bwd_params *bp);
 ATTN_PRIVATE attn_status attn_reference_backward(const attn_bwd_params *bp, void *ws);
 

@@ -20,8 +20,8 @@
  *     float32 weights within one float32 ulp; a float32 LSE equal to the float64 one
  *     rounded.
  *  3. Bit-identical O, LSE and weights for 1, 2 and 3 threads.
- *  4. The backward (float64 through the reference backward) against a long double
- *     backward, per element relative to the gradient's magnitude (the same sums over
+ *  4. The backward (float64: the fused float64 backward, backward_f64.c) against a
+ *     long double backward, per element relative to the gradient's magnitude (the same sums over
  *     absolute values), TOL_G * eps64 * (1 + max |s|).
  *  5. NaN in structurally masked K/V rows reaches nothing; fully masked rows give O = 0,
  *     LSE = -inf, weights 0, gradients 0; the workspace does not grow with Lk.

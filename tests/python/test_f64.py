@@ -163,3 +163,44 @@ def test_f64_torch_broadcast_grad():
     k = torch.randn(1, 2, 6, 4, generator=g, dtype=torch.float64, requires_grad=True)
     v = torch.randn(1, 2, 6, 4, generator=g, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, b, c: sdpa(a, b, c), (q, k, v))
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(is_causal=True, softcap=3.0),
+                                  dict(window=(20, 5), sinks=True), dict(mask=True)])
+def test_f64_torch_fused_backward(opts):
+    """Autograd in float64 on the default path runs the fused float64 backward
+    (src/backward_f64.c): over several 16 x 64 tiles (Lq 40, Lk 150, GQA), with softcap,
+    window, sinks (their gradient too) or a bool mask, it agrees with the float64
+    reference backward (path="reference") within F64_TOL, and passes gradcheck on a
+    small shape."""
+    torch, F = _torch()
+    g = torch.Generator().manual_seed(11)
+    opts = dict(opts)
+    B, H, Hkv, L, S, D = 2, 4, 2, 40, 150, 8
+
+    def inputs(L, S):
+        q = torch.randn(B, H, L, D, generator=g, dtype=torch.float64, requires_grad=True)
+        k = torch.randn(B, Hkv, S, D, generator=g, dtype=torch.float64, requires_grad=True)
+        v = torch.randn(B, Hkv, S, D, generator=g, dtype=torch.float64, requires_grad=True)
+        extra = {}
+        if opts.get("sinks"):
+            extra["sinks"] = torch.randn(H, generator=g, dtype=torch.float32, requires_grad=True)
+        if opts.get("mask"):
+            extra["attn_mask"] = torch.rand(B, H, L, S, generator=g) < 0.7
+        return (q, k, v), extra
+
+    kw = {k: v for k, v in opts.items() if k not in ("sinks", "mask")}
+    (q, k, v), extra = inputs(L, S)
+    leaves = (q, k, v) + ((extra["sinks"],) if "sinks" in extra else ())
+    go = torch.randn(B, H, L, D, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad(sdpa(q, k, v, enable_gqa=True, **kw, **extra), leaves, go)
+    ref = torch.autograd.grad(sdpa(q, k, v, enable_gqa=True, path="reference", **kw, **extra),
+                              leaves, go)
+    for a, b in zip(got, ref):
+        assert a.dtype == b.dtype
+        tol = F64_TOL if a.dtype == torch.float64 else 1e-6  # d_sinks is float32
+        assert (a - b).abs().max().item() <= tol * (1 + b.abs().max().item())
+    (q, k, v), extra = inputs(5, 70)
+    extra.pop("sinks", None)
+    assert torch.autograd.gradcheck(lambda a, b, c: sdpa(a, b, c, enable_gqa=True, **kw, **extra),
+                                    (q, k, v))

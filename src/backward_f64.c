@@ -1,0 +1,403 @@
+/*
+ * backward_f64.c — the fused backward pass for float64 q, k, v, o, d_o and gradients
+ *                  (attn_fused_f64_backward, called by attn_backward in backward.c once
+ *                  the arguments are checked): portable C, float64 throughout, never the
+ *                  Lq x Lk matrix.
+ *
+ * Three sweeps, each over tiles of BQ query rows against BK keys, recomputing the tile's
+ * logits from Q and K exactly as the forward (fused_f64.c) does — the dot product summed
+ * over d in order, times the scale, then attn_ref_finish:
+ *   1. rows (b, h, query block): the row's LSE in float64, an online max and sum over its
+ *      structural key range plus the sink, and D_i = dO_i · O_i; both kept per row. The
+ *      lse argument is not read (a float32 one would cost float64 accuracy).
+ *   2. rows again: P = exp(s - lse), dP = dO Vᵀ, dS = P (dP - D) (x softcap's
+ *      1 - tanh², x scale), dQ_i += Σ_j dS_ij k_j, summed over the key tiles in order.
+ *   3. keys (b, g, key block): the same tiles for every query head of the group and every
+ *      query block in order, dV_j += Σ_i P_ij dO_i, dK_j += Σ_i dS_ij q_i.
+ * d_sinks (float32, as the forward's sinks): per head -Σ_{b,i} exp(sink - lse_bhi) D_bhi in
+ * float64, b then i in order. A weight or dS of exactly 0 never multiplies anything, so a
+ * masked key's NaN (in K, V, dO or Q of a masked row) cannot leak.
+ *
+ * Every float64 output element is produced by one thread in an order fixed by the
+ * shapes: bit-identical for any thread count. Extra memory: per thread the tiles,
+ * BQ·(Dk + Dv) + BK·(2 Dk + 2 Dv) + 3·BQ·BK doubles; two doubles per query row (LSE, D);
+ * the mask summary with a mask or bias: independent of Lk but for that summary (1/1024
+ * of the mask), never Lq x Lk.
+ *
+ * Masks by their structure (mask_summary.h, summarized once per call as the float32 path
+ * does): each row's key range is narrowed to the hulls of its mask's and bias's kept keys,
+ * and a tile whose cells the mask or bias masks whole is skipped. The summary's bytes
+ * come after the rows' LSE and D in the workspace. The logits of the tiles left are the
+ * per-logit ones (no clean path for open tiles yet).
+ *
+ * What it is not: the argument checks (backward.c).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "backward.h"
+#include "mask_summary.h"
+
+enum { BQ = 16, BK = 64 };
+
+typedef struct f64b_plan {
+    int64_t q_blocks, k_blocks, row_items, key_items, rows;
+    int64_t off_q, off_do, off_k, off_v, off_p, off_ds, off_cap, off_acc, per_thread;
+    int64_t off_lse, off_D, off_sum, total;  // after the threads' slices (off_sum: the
+                                             // mask summary, 64-aligned in the call)
+} f64b_plan;
+
+static bool make_plan(const attn_bwd_params *bp, f64b_plan *pl) {
+    const attn_params *p = &bp->fwd;
+    *pl = (f64b_plan){0};
+    if (p->Dk > (int64_t)1 << 40 || p->Dv > (int64_t)1 << 40) return false;
+    pl->q_blocks = (p->Lq + BQ - 1) / BQ;
+    pl->k_blocks = (p->Lk + BK - 1) / BK;
+    if (__builtin_mul_overflow(p->B * p->Hq, pl->q_blocks, &pl->row_items) ||
+        __builtin_mul_overflow(p->B * p->Hkv, pl->k_blocks, &pl->key_items) ||
+        __builtin_mul_overflow(p->B * p->Hq, p->Lq, &pl->rows))
+        return false;
+    const int64_t Dk = p->Dk, Dv = p->Dv;
+    int64_t n = 0;
+#define CARVE(off, count) (pl->off = n, n += ((count) + 7) & ~(int64_t)7)
+    CARVE(off_q, BQ * Dk);
+    CARVE(off_do, BQ * Dv);
+    CARVE(off_k, BK * Dk);
+    CARVE(off_v, BK * Dv);
+    CARVE(off_p, BQ * BK);
+    CARVE(off_ds, BQ * BK);
+    CARVE(off_cap, BQ * BK);
+    CARVE(off_acc, BK * (Dk + Dv) > BQ * (Dk + Dv) ? BK * (Dk + Dv) : BQ * (Dk + Dv));
+#undef CARVE
+    pl->per_thread = n;
+    int64_t t;
+    if (__builtin_mul_overflow(n, (int64_t)p->threads, &t)) return false;
+    pl->off_lse = t;
+    if (__builtin_add_overflow(t, (pl->rows + 7) & ~(int64_t)7, &t)) return false;
+    pl->off_D = t;
+    if (__builtin_add_overflow(t, (pl->rows + 7) & ~(int64_t)7, &t)) return false;
+    pl->off_sum = t;
+    const size_t sum_bytes = attn_mask_summary_bytes(p);
+    if (sum_bytes == (size_t)-1 || sum_bytes / 8 > (size_t)INT64_MAX / 2 ||
+        __builtin_add_overflow(t, (int64_t)(sum_bytes / 8) + 8, &t))  // + 8: to align
+        return false;
+    if ((uint64_t)t > SIZE_MAX / sizeof(double)) return false;
+    pl->total = t;
+    return true;
+}
+
+size_t attn_fused_f64_backward_workspace(const attn_bwd_params *bp) {
+    f64b_plan pl;
+    if (!make_plan(bp, &pl)) return (size_t)-1;
+    return (size_t)pl.total * sizeof(double);
+}
+
+/* One thread's scratch. */
+typedef struct f64b_scratch {
+    double *q, *d_o;     // (BQ, Dk), (BQ, Dv) the tile's query rows and their dO
+    double *k, *v;       // (BK, Dk), (BK, Dv) the tile's keys
+    double *P, *dS;      // (BQ, BK) P, dS (scaled)
+    double *cap;         // (BQ, BK) softcap factors
+    double *acc;         // dQ (BQ, Dk), or dK (BK, Dk) then dV (BK, Dv)
+    const attn_mask_summary *sum;  // the call's mask and bias summary, NULL: neither
+} f64b_scratch;
+
+static f64b_scratch carve(const f64b_plan *pl, double *w, const attn_mask_summary *sum) {
+    return (f64b_scratch){.sum = sum, .q = w + pl->off_q, .d_o = w + pl->off_do, .k = w + pl->off_k,
+                          .v = w + pl->off_v, .P = w + pl->off_p,
+                          .dS = w + pl->off_ds, .cap = w + pl->off_cap, .acc = w + pl->off_acc};
+}
+
+/* Query rows i0 .. i0+nq-1 of head (b, h), and their dO, into w (dense). */
+static void load_rows(const attn_bwd_params *bp, const f64b_scratch *w, int64_t b, int64_t h,
+                      int64_t i0, int64_t nq) {
+    const attn_params *p = &bp->fwd;
+    const double *Q = p->q, *dO = (const double *)bp->d_o;
+    for (int64_t r = 0; r < nq; r++) {
+        const int64_t i = i0 + r;
+        const double *q_i = Q + b * p->q_s[0] + h * p->q_s[1] + i * p->q_s[2];
+        const double *do_i = dO + b * bp->do_s[0] + h * bp->do_s[1] + i * bp->do_s[2];
+        for (int64_t d = 0; d < p->Dk; d++) w->q[r * p->Dk + d] = q_i[d * p->q_s[3]];
+        for (int64_t d = 0; d < p->Dv; d++) w->d_o[r * p->Dv + d] = do_i[d * bp->do_s[3]];
+    }
+}
+
+/* Keys j0 .. j0+nk-1 of head (b, g) into w (dense rows). */
+static void load_keys(const attn_params *p, const f64b_scratch *w, int64_t b, int64_t g,
+                      int64_t j0, int64_t nk) {
+    const double *K = p->k, *V = p->v;
+    for (int64_t c = 0; c < nk; c++) {
+        const int64_t j = j0 + c;
+        const double *k_j = K + b * p->k_s[0] + g * p->k_s[1] + j * p->k_s[2];
+        const double *v_j = V + b * p->v_s[0] + g * p->v_s[1] + j * p->v_s[2];
+        for (int64_t d = 0; d < p->Dk; d++) w->k[c * p->Dk + d] = k_j[d * p->k_s[3]];
+        for (int64_t d = 0; d < p->Dv; d++) w->v[c * p->Dv + d] = v_j[d * p->v_s[3]];
+    }
+}
+
+/* Row r's logit against tile key c (key j = j0 + c inside the row's range): the forward's
+ * (fused_f64.c tile_logits) bit for bit; *cap its softcap factor. */
+static double logit(const attn_params *p, const f64b_scratch *w, int64_t r, int64_t c,
+                    int64_t b, int64_t h, int64_t i, int64_t j, int64_t d_i, double *cap) {
+    const double *q_r = w->q + r * p->Dk, *k_c = w->k + c * p->Dk;
+    double dot = 0.0;
+    for (int64_t d = 0; d < p->Dk; d++) dot += q_r[d] * k_c[d];
+    const double raw = p->scale64 * dot;
+    *cap = 1.0;
+    return attn_has_elementwise(p) ? attn_ref_finish(p, raw, b, h, i, j, d_i, cap) : raw;
+}
+
+/* Row i's key range: its structure (key length, causal band, window) narrowed to the
+ * hulls of the mask's and the bias's kept keys (mask_summary.h); keys outside it are
+ * -inf whatever Q and K hold. */
+static void row_range(const attn_params *p, const f64b_scratch *w, int64_t lk_b, int64_t b,
+                      int64_t h, int64_t i, int64_t *lo, int64_t *hi) {
+    attn_row_range(p, lk_b, i, lo, hi);
+    if (w->sum) attn_mask_summary_row(p, w->sum, b, h, i, lo, hi);
+}
+
+/* Whether the mask or the bias masks every cell of the tile (rows i0 .., keys j0 ..
+ * j0+nk-1 of head h, batch b): its logits are all -inf and it adds nothing. The summary's
+ * blocks are ATTN_SUM_ROWS rows, a multiple of BQ: the block holding i0 covers the tile. */
+static bool tile_masked(const attn_params *p, const f64b_scratch *w, int64_t b, int64_t h,
+                        int64_t i0, int64_t j0, int64_t nk) {
+    return w->sum && attn_mask_summary_tile(p, w->sum, b, h, 1, i0 / ATTN_SUM_ROWS, j0, nk) ==
+                         ATTN_TILE_MASKED;
+}
+
+/* The union [*blo, *bhi) of the key ranges of rows i0 .. i0+nq-1 (empty: blo >= bhi). */
+static void block_range(const attn_params *p, const f64b_scratch *w, int64_t b, int64_t h,
+                        int64_t lk_b, int64_t i0, int64_t nq, int64_t *blo, int64_t *bhi) {
+    *blo = INT64_MAX;
+    *bhi = 0;
+    for (int64_t r = 0; r < nq; r++) {
+        int64_t lo, hi;
+        row_range(p, w, lk_b, b, h, i0 + r, &lo, &hi);
+        if (lo >= hi) continue;
+        if (lo < *blo) *blo = lo;
+        if (hi > *bhi) *bhi = hi;
+    }
+}
+
+/* Sweep 1: the LSE and D of rows i0 .. of head (b, h). */
+static void rows_stats(const attn_bwd_params *bp, const f64b_scratch *w, int64_t b, int64_t h,
+                       int64_t i0, int64_t nq, double *lse, double *D) {
+    const attn_params *p = &bp->fwd;
+    const int64_t g = h / p->group, lk_b = attn_key_len(p, b);
+    double m[BQ], l[BQ];
+    int64_t lo[BQ], hi[BQ], dg[BQ];
+    load_rows(bp, w, b, h, i0, nq);
+    for (int64_t r = 0; r < nq; r++) {
+        row_range(p, w, lk_b, b, h, i0 + r, &lo[r], &hi[r]);
+        dg[r] = attn_diagonal(p, lk_b, i0 + r);
+        m[r] = -INFINITY;
+        l[r] = 0.0;
+    }
+    int64_t blo, bhi;
+    block_range(p, w, b, h, lk_b, i0, nq, &blo, &bhi);
+    for (int64_t j0 = blo; j0 < bhi; j0 += BK) {
+        const int64_t nk = bhi - j0 < BK ? bhi - j0 : BK;
+        if (tile_masked(p, w, b, h, i0, j0, nk)) continue;
+        load_keys(p, w, b, g, j0, nk);
+        for (int64_t r = 0; r < nq; r++) {
+            double *s = w->P + r * BK, mt = -INFINITY, cap;
+            for (int64_t c = 0; c < nk; c++) {
+                const int64_t j = j0 + c;
+                s[c] = j < lo[r] || j >= hi[r] ? -INFINITY
+                                               : logit(p, w, r, c, b, h, i0 + r, j, dg[r], &cap);
+                if (isnan(s[c]) || s[c] > mt) mt = s[c];  // NaN sticks
+            }
+            if (mt == -INFINITY) continue;
+            const double m_old = m[r];
+            const double m_new = isnan(m_old) || isnan(mt) ? NAN : (mt > m_old ? mt : m_old);
+            if (!(m_new == m_old)) {
+                l[r] *= m_old == -INFINITY ? 0.0 : exp(m_old - m_new);
+                m[r] = m_new;
+            }
+            for (int64_t c = 0; c < nk; c++) l[r] += exp(s[c] - m_new);
+        }
+    }
+    const double sink = attn_sink(p, h);
+    const double *O = p->o;
+    for (int64_t r = 0; r < nq; r++) {
+        if (sink != -INFINITY) {  // one more term of the denominator (fused_f64.c)
+            const double m0 = m[r];
+            const double M = isnan(m0) || isnan(sink) ? NAN : m0 > sink ? m0 : sink;
+            l[r] = l[r] * (m0 == -INFINITY ? 0.0 : exp(m0 - M)) + exp(sink - M);
+            m[r] = M;
+        }
+        lse[r] = m[r] == -INFINITY ? -INFINITY : m[r] + log(l[r]);
+        /* D_i = dO_i · O_i = Σ_j P_ij dP_ij (O_i = Σ_j P_ij v_j) */
+        const double *o_i = O + b * p->o_s[0] + h * p->o_s[1] + (i0 + r) * p->o_s[2];
+        double acc = 0.0;
+        for (int64_t d = 0; d < p->Dv; d++) acc += w->d_o[r * p->Dv + d] * o_i[d * p->o_s[3]];
+        D[r] = lse[r] == -INFINITY ? 0.0 : acc;  // a fully masked row's O is 0, dO unread
+    }
+}
+
+/* The tile of loaded rows (i0.., nq) of head (b, h) against loaded keys (j0.., nk):
+ * w->P and w->dS for every (r, c < nk); a masked cell 0. */
+static void tile_grads(const attn_bwd_params *bp, const f64b_scratch *w, int64_t b, int64_t h,
+                       int64_t i0, int64_t nq, int64_t j0, int64_t nk, const double *lse,
+                       const double *D) {
+    const attn_params *p = &bp->fwd;
+    const int64_t lk_b = attn_key_len(p, b), Dv = p->Dv;
+    for (int64_t r = 0; r < nq; r++) {
+        const int64_t i = i0 + r, d_i = attn_diagonal(p, lk_b, i);
+        int64_t lo, hi;
+        row_range(p, w, lk_b, b, h, i, &lo, &hi);
+        double *P = w->P + r * BK, *dS = w->dS + r * BK;
+        const double l = lse[r];
+        for (int64_t c = 0; c < nk; c++) {
+            const int64_t j = j0 + c;
+            P[c] = dS[c] = 0.0;
+            if (l == -INFINITY || j < lo || j >= hi) continue;  // no gradient through here
+            double cap;
+            const double s = logit(p, w, r, c, b, h, i, j, d_i, &cap);
+            /* forward: P_ij = exp(s_ij - lse_i) */
+            const double pij = exp(s - l);
+            if (pij == 0.0) continue;  // masked (s = -inf): v_j is not read
+            P[c] = pij;
+            /* forward: o_i = Σ_j P_ij v_j, so dP_ij = dO_i · v_j (dropout: refused for
+             * float64 by attn_params_init, as in the forward) */
+            double dp = 0.0;
+            const double *do_r = w->d_o + r * Dv, *v_c = w->v + c * Dv;
+            for (int64_t d = 0; d < Dv; d++) dp += do_r[d] * v_c[d];
+            /* softmax: dS = P (dP - D); softcap: x (1 - tanh²); raw = scale q · k */
+            dS[c] = p->scale64 * (pij * (dp - D[r]) * cap);
+        }
+    }
+}
+
+/* Sweep 2: dQ of rows i0 .. of head (b, h), written to dq. */
+static void rows_dq(const attn_bwd_params *bp, const f64b_scratch *w, int64_t b, int64_t h,
+                    int64_t i0, int64_t nq, const double *lse, const double *D) {
+    const attn_params *p = &bp->fwd;
+    const int64_t g = h / p->group, lk_b = attn_key_len(p, b), Dk = p->Dk;
+    load_rows(bp, w, b, h, i0, nq);
+    for (int64_t e = 0; e < nq * Dk; e++) w->acc[e] = 0.0;
+    int64_t blo, bhi;
+    block_range(p, w, b, h, lk_b, i0, nq, &blo, &bhi);
+    for (int64_t j0 = blo; j0 < bhi; j0 += BK) {
+        const int64_t nk = bhi - j0 < BK ? bhi - j0 : BK;
+        if (tile_masked(p, w, b, h, i0, j0, nk)) continue;
+        load_keys(p, w, b, g, j0, nk);
+        tile_grads(bp, w, b, h, i0, nq, j0, nk, lse, D);
+        /* forward: raw_ij = scale q_i · k_j, so dQ_i += Σ_j dS_ij k_j */
+        for (int64_t r = 0; r < nq; r++)
+            for (int64_t c = 0; c < nk; c++) {
+                const double ds = w->dS[r * BK + c];
+                if (ds == 0.0) continue;
+                const double *k_c = w->k + c * Dk;
+                double *a = w->acc + r * Dk;
+                for (int64_t d = 0; d < Dk; d++) a[d] += ds * k_c[d];
+            }
+    }
+    double *dq = (double *)bp->dq;
+    for (int64_t r = 0; r < nq; r++) {
+        double *dq_i = dq + b * bp->dq_s[0] + h * bp->dq_s[1] + (i0 + r) * bp->dq_s[2];
+        for (int64_t d = 0; d < Dk; d++) dq_i[d * bp->dq_s[3]] = w->acc[r * Dk + d];
+    }
+}
+
+/* Sweep 3: dK and dV of keys j0 .. of head (b, g), written to dk and dv. */
+static void keys_dkdv(const attn_bwd_params *bp, const f64b_plan *pl, const f64b_scratch *w,
+                      int64_t b, int64_t g, int64_t j0, const double *LSE, const double *Dall) {
+    const attn_params *p = &bp->fwd;
+    const int64_t nk = p->Lk - j0 < BK ? p->Lk - j0 : BK, Dk = p->Dk, Dv = p->Dv;
+    const int64_t lk_b = attn_key_len(p, b);
+    double *dK = w->acc, *dV = w->acc + nk * Dk;
+    for (int64_t e = 0; e < nk * (Dk + Dv); e++) w->acc[e] = 0.0;
+    bool loaded = false;
+    for (int64_t hh = 0; hh < p->group; hh++) {
+        const int64_t h = g * p->group + hh;
+        for (int64_t qb = 0; qb < pl->q_blocks; qb++) {
+            const int64_t i0 = qb * BQ, nq = p->Lq - i0 < BQ ? p->Lq - i0 : BQ;
+            int64_t blo, bhi;
+            block_range(p, w, b, h, lk_b, i0, nq, &blo, &bhi);
+            if (blo >= bhi || bhi <= j0 || blo >= j0 + nk) continue;  // no key of this block
+            if (tile_masked(p, w, b, h, i0, j0, nk)) continue;
+            if (!loaded) {
+                load_keys(p, w, b, g, j0, nk);
+                loaded = true;
+            }
+            load_rows(bp, w, b, h, i0, nq);
+            const int64_t row0 = (b * p->Hq + h) * p->Lq + i0;
+            tile_grads(bp, w, b, h, i0, nq, j0, nk, LSE + row0, Dall + row0);
+            for (int64_t c = 0; c < nk; c++)
+                for (int64_t r = 0; r < nq; r++) {
+                    /* dV_j += Σ_i P_ij dO_i;  dK_j += Σ_i dS_ij q_i */
+                    const double pz = w->P[r * BK + c], ds = w->dS[r * BK + c];
+                    if (pz != 0.0) {
+                        const double *do_r = w->d_o + r * Dv;
+                        for (int64_t d = 0; d < Dv; d++) dV[c * Dv + d] += pz * do_r[d];
+                    }
+                    if (ds != 0.0) {
+                        const double *q_r = w->q + r * Dk;
+                        for (int64_t d = 0; d < Dk; d++) dK[c * Dk + d] += ds * q_r[d];
+                    }
+                }
+        }
+    }
+    double *dk = (double *)bp->dk, *dv = (double *)bp->dv;
+    for (int64_t c = 0; c < nk; c++) {
+        double *dk_j = dk + b * bp->dk_s[0] + g * bp->dk_s[1] + (j0 + c) * bp->dk_s[2];
+        double *dv_j = dv + b * bp->dv_s[0] + g * bp->dv_s[1] + (j0 + c) * bp->dv_s[2];
+        for (int64_t d = 0; d < Dk; d++) dk_j[d * bp->dk_s[3]] = dK[c * Dk + d];
+        for (int64_t d = 0; d < Dv; d++) dv_j[d * bp->dv_s[3]] = dV[c * Dv + d];
+    }
+}
+
+attn_status attn_fused_f64_backward(const attn_bwd_params *bp, void *ws) {
+    const attn_params *p = &bp->fwd;
+    f64b_plan pl;
+    if (!make_plan(bp, &pl)) return attn_fail(ATTN_ERR_OVERFLOW, "float64 backward plan overflows");
+    double *base = ws, *LSE = base + pl.off_lse, *D = base + pl.off_D;
+    attn_mask_summary sum;
+    if (p->mask || p->bias)
+        attn_mask_summary_init(p, (void *)(((uintptr_t)(base + pl.off_sum) + 63) & ~(uintptr_t)63),
+                               &sum);
+    const attn_mask_summary *sp = p->mask || p->bias ? &sum : NULL;
+    /* keys no query row reads (beyond kv_len, outside every band) get dK = dV = 0: the
+     * key sweep writes every key it owns, so nothing is left unwritten */
+#pragma omp parallel num_threads(p->threads)
+    {
+        const f64b_scratch w = carve(&pl, base + (int64_t)attn_thread_num() * pl.per_thread, sp);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < pl.row_items; t++) {
+            const int64_t bh = t / pl.q_blocks, qb = t % pl.q_blocks;
+            const int64_t i0 = qb * BQ, nq = p->Lq - i0 < BQ ? p->Lq - i0 : BQ;
+            rows_stats(bp, &w, bh / p->Hq, bh % p->Hq, i0, nq, LSE + bh * p->Lq + i0,
+                       D + bh * p->Lq + i0);
+        }
+        /* implicit barrier: every LSE and D is ready */
+        if (bp->d_sinks) {
+#pragma omp for schedule(static)
+            for (int64_t h = 0; h < p->Hq; h++) {
+                /* d sink_h = -Σ_{b,i} exp(sink_h - lse_bhi) D_bhi (its dP is 0) */
+                const double sink = attn_sink(p, h);
+                double acc = 0.0;
+                for (int64_t b = 0; sink != -INFINITY && b < p->B; b++)
+                    for (int64_t i = 0; i < p->Lq; i++) {
+                        const int64_t r = (b * p->Hq + h) * p->Lq + i;
+                        const double wgt = LSE[r] == -INFINITY ? 0.0 : exp(sink - LSE[r]);
+                        if (wgt != 0.0) acc += wgt * D[r];
+                    }
+                bp->d_sinks[h * bp->d_sinks_s] = (float)-acc;
+            }
+        }
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int64_t t = 0; t < pl.row_items; t++) {
+            const int64_t bh = t / pl.q_blocks, qb = t % pl.q_blocks;
+            const int64_t i0 = qb * BQ, nq = p->Lq - i0 < BQ ? p->Lq - i0 : BQ;
+            rows_dq(bp, &w, bh / p->Hq, bh % p->Hq, i0, nq, LSE + bh * p->Lq + i0,
+                    D + bh * p->Lq + i0);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < pl.key_items; t++) {
+            const int64_t bg = t / pl.k_blocks, kb = t % pl.k_blocks;
+            keys_dkdv(bp, &pl, &w, bg / p->Hkv, bg % p->Hkv, kb * BK, LSE, D);
+        }
+    }
+    return ATTN_OK;
+}
