@@ -24,17 +24,7 @@
 #define GRAD_REL 2e-6
 #define GRAD_MAX 2e-5
 
-/* The module's gradients as float32 tensors over one arena, gathered as [in, out]. */
-enum { G_XQ = 0, G_XKV, G_W, G_B = G_W + 4, G_N = G_B + 4 };
-
-typedef struct grads {
-    float *buf[G_N];
-    int64_t n[G_N];
-    attn_tensor t[G_N];
-    attn_mha_grads g;
-} grads;
-
-static void grads_build(grads *gr, const mlayer *l) {
+static void grads_build(mgrads *gr, const mlayer *l) {
     const mcase *c = &l->c;
     memset(gr, 0, sizeof *gr);
     gr->t[G_XQ] = mrows_tensor(NULL, ATTN_F32, c->B, c->Lq, c->E, c->layout, &gr->n[G_XQ]);
@@ -68,12 +58,12 @@ static void grads_build(grads *gr, const mlayer *l) {
     }
 }
 
-static void grads_free(grads *gr) {
+static void grads_free(mgrads *gr) {
     for (int n = 0; n < G_N; n++) free(gr->buf[n]);
 }
 
 /* gradient n of the module as a dense float array in the order of the double copy */
-static float *grads_gather(const grads *gr, const mlayer *l, int n, int64_t *count) {
+static float *grads_gather(const mgrads *gr, const mlayer *l, int n, int64_t *count) {
     const attn_tensor *t = &gr->t[n];
     const mcase *c = &l->c;
     int64_t d0 = t->shape[0], d1 = t->shape[1], d2 = n < G_W ? t->shape[2] : 1;
@@ -153,7 +143,7 @@ static int run_grad_case(const mcase *c, const attn_options *opt, const char *wh
                          unsigned skip) {
     mlayer l;
     mlayer_build(&l, c);
-    grads gr;
+    mgrads gr;
     grads_build(&gr, &l);
     const int64_t ny = c->B * c->Lq * c->E;
     double *G = xcalloc(ny, sizeof(double));
@@ -268,7 +258,7 @@ static void test_determinism(void) {
     c.rope.kind = ATTN_ROPE_HALF;
     mlayer l;
     mlayer_build(&l, &c);
-    grads gr[2];
+    mgrads gr[2];
     float *dyb = xcalloc(c.B * c.Lq * c.E, sizeof(float));
     rng_t r = {3};
     for (int64_t e = 0; e < c.B * c.Lq * c.E; e++) dyb[e] = (float)rng_range(&r, -1, 1);
@@ -290,7 +280,7 @@ static void test_determinism(void) {
     mlayer_free(&l);
 }
 
-static int all_untouched(const grads *gr) {
+static int all_untouched(const mgrads *gr) {
     for (int n = 0; n < G_N; n++)
         if (gr->buf[n] && count_written(gr->buf[n], gr->n[n])) return 0;
     return 1;
@@ -300,7 +290,7 @@ static void test_misuse(void) {
     mcase c = small_case(300);
     mlayer l;
     mlayer_build(&l, &c);
-    grads gr;
+    mgrads gr;
     grads_build(&gr, &l);
     float dyb[2 * 4 * 6] = {0};
     attn_tensor dy = attn_tensor_4d(dyb, ATTN_F32, 2, 4, 6, 1);
@@ -308,7 +298,7 @@ static void test_misuse(void) {
     cs.self = true; cs.Lk = c.Lq; cs.Ekv = c.E; cs.Dv = c.Dk;
     mlayer ls;
     mlayer_build(&ls, &cs);
-    grads gs;
+    mgrads gs;
     grads_build(&gs, &ls);
     gs.g.dx_kv = &gs.t[G_XQ];
     attn_status st = attn_mha_backward(&ls.m, &ls.txq, NULL, &dy, &gs.g, NULL);

@@ -40,14 +40,6 @@ static void dcache_build(dcache *d, const mcase *c, int64_t Lmax, attn_dtype dt)
 
 static void dcache_free(dcache *d) { free(d->k); free(d->v); }
 
-/* rows [t0, t0 + n) of a [B, L, C] tensor */
-static attn_tensor rows_slice(const attn_tensor *t, int64_t t0, int64_t n) {
-    attn_tensor s = *t;
-    s.data = (char *)t->data + (size_t)(t0 * t->stride[1]) * (t->dtype == ATTN_F32 ? 4 : 2);
-    s.shape[1] = n;
-    return s;
-}
-
 /* The steps of `sizes` (summing to Lq) into l's y; the relative Frobenius error of y
  * against the float64 causal layer is returned (and the status in *st). plant: the
  * rotary offset moved by one after the first step (a planted position error). */

@@ -88,13 +88,6 @@ static void ccache_build(pcache *p, const mcase *c, int64_t Lmax, attn_dtype dt)
                            .len = p->len};
 }
 
-static attn_tensor rows_slice(const attn_tensor *t, int64_t t0, int64_t n) {
-    attn_tensor s = *t;
-    s.data = (char *)t->data + (size_t)(t0 * t->stride[1]) * (t->dtype == ATTN_F32 ? 4 : 2);
-    s.shape[1] = n;
-    return s;
-}
-
 /* The steps into l's y; returns the relative Frobenius error of y against the float64
  * causal layer, and *f32_ok whether it passes the contract's float32 tolerance. plant:
  * page 0 of sequences 0 and 1 swapped in the table after the first step (each then reads

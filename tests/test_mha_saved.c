@@ -25,16 +25,7 @@
  */
 #include "mha_ref.h"
 
-enum { G_XQ = 0, G_XKV, G_W, G_B = G_W + 4, G_N = G_B + 4 };
-
-typedef struct grads {
-    float *buf[G_N];
-    int64_t n[G_N];
-    attn_tensor t[G_N];
-    attn_mha_grads g;
-} grads;
-
-static void grads_build(grads *gr, const mlayer *l) {
+static void grads_build(mgrads *gr, const mlayer *l) {
     const mcase *c = &l->c;
     memset(gr, 0, sizeof *gr);
     gr->t[G_XQ] = attn_tensor_4d(NULL, ATTN_F32, c->B, c->Lq, c->E, 1);
@@ -61,17 +52,17 @@ static void grads_build(grads *gr, const mlayer *l) {
     }
 }
 
-static void grads_free(grads *gr) {
+static void grads_free(mgrads *gr) {
     for (int n = 0; n < G_N; n++) free(gr->buf[n]);
 }
 
-static int grads_same(const grads *a, const grads *b) {
+static int grads_same(const mgrads *a, const mgrads *b) {
     for (int n = 0; n < G_N; n++)
         if (memcmp(a->buf[n], b->buf[n], (size_t)(a->n[n] + 1) * sizeof(float)) != 0) return 0;
     return 1;
 }
 
-static int grads_untouched(const grads *gr) {
+static int grads_untouched(const mgrads *gr) {
     for (int n = 0; n < G_N; n++)
         if (count_written(gr->buf[n], gr->n[n] + 1)) return 0;
     return 1;
@@ -125,7 +116,7 @@ static int run_case(const mcase *c, const attn_options *opt, int weights, const 
     memcpy(y0, l.sy, (size_t)ny * 4);
     attn_tensor dy;
     float *dyb = draw_dy(c, &dy);
-    grads g0, g1;
+    mgrads g0, g1;
     grads_build(&g0, &l);
     grads_build(&g1, &l);
     st = attn_mha_backward(&l.m, &l.txq, xkv, &dy, &g0.g, opt);
@@ -163,7 +154,7 @@ static int run_case(const mcase *c, const attn_options *opt, int weights, const 
     if (!plant) {
         char *copy = xcalloc((int64_t)sb + 64, 1);
         memcpy(copy + 8, saved, sb);
-        grads g3;
+        mgrads g3;
         grads_build(&g3, &l);
         st = attn_mha_backward_saved(&l.m, &l.txq, xkv, &dy, &g3.g, opt, copy + 8, sb);
         CHECK(st == ATTN_OK && grads_same(&g0, &g3), "%s: backward_saved from a copy: %s", what,
@@ -182,7 +173,7 @@ static int run_case(const mcase *c, const attn_options *opt, int weights, const 
               "%s: workspace queries %s", what, attn_last_error());
         attn_options o = opt ? *opt : (attn_options){0};
         o.workspace = xcalloc((int64_t)(wf > wb ? wf : wb) + 1, 1);
-        grads g2;
+        mgrads g2;
         grads_build(&g2, &l);
         fill_sentinel(l.sy, ny);
         o.workspace_bytes = wf;
@@ -275,7 +266,7 @@ static void test_misuse(void) {
 
     attn_tensor dy;
     float *dyb = draw_dy(&c, &dy);
-    grads g;
+    mgrads g;
     grads_build(&g, &l);
     /* a buffer no forward filled */
     st = attn_mha_backward_saved(&l.m, &l.txq, &l.txkv, &dy, &g.g, NULL, saved, sb);
@@ -327,7 +318,7 @@ static void test_nomem(void) {
     char *saved = xcalloc((int64_t)sb, 1);
     attn_tensor dy;
     float *dyb = draw_dy(&c, &dy);
-    grads g;
+    mgrads g;
     grads_build(&g, &l);
     int points = 0;
     for (int64_t n = 1; n < 100; n++) {

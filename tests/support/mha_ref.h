@@ -240,4 +240,23 @@ static inline attn_status mref_forward(const mlayer *l, const double *xq, const 
     return st;
 }
 
+/* rows [t0, t0 + n) of a [B, L, C] tensor (float32 or a 16-bit type): the decoding
+ * suites' steps */
+static inline attn_tensor rows_slice(const attn_tensor *t, int64_t t0, int64_t n) {
+    attn_tensor s = *t;
+    s.data = (char *)t->data + (size_t)(t0 * t->stride[1]) * (t->dtype == ATTN_F32 ? 4 : 2);
+    s.shape[1] = n;
+    return s;
+}
+
+/* The module's gradients as float32 tensors over one arena, gathered as [in, out]. */
+enum { G_XQ = 0, G_XKV, G_W, G_B = G_W + 4, G_N = G_B + 4 };
+
+typedef struct mgrads {
+    float *buf[G_N];
+    int64_t n[G_N];
+    attn_tensor t[G_N];
+    attn_mha_grads g;
+} mgrads;
+
 #endif /* ATTN_TEST_MHA_REF_H */
