@@ -3,7 +3,7 @@
  *                   prompt prefix, per sequence against attn_cascade_forward.
  *
  * Method (docs/BENCHMARKS.md quotes it):
- *   - the shape is issue #15's: B = 32 sequences, a shared prefix of P = 8192 keys, a
+ *   - the shape is the serving one: B = 32 sequences, a shared prefix of P = 8192 keys, a
  *     suffix of S = 256 keys each, decoding (Lq = 1), Hq = 32, Hkv = 8, D = 128, float32
  *     queries and output, a bfloat16 and a float32 cache (--quick: B = 4, P = 1024, S = 64);
  *   - four ways to the same answer:

@@ -1,6 +1,6 @@
 /*
  * bench_paged.c — `attn bench --paged`: decoding over a paged key/value cache against the
- *                 same cache contiguous (issue #15's speed rows).
+ *                 same cache contiguous (the paged-decoding speed rows).
  *
  * Method:
  *   - the shape is a decoding step, Lq = 1, Lk = 16384, Hq = 32, Hkv = 8, D = 128, with

@@ -89,7 +89,7 @@ int make_sweep(bench_case *c, bool quick) {
         add_case(c, &n, "decode-Lk16384-D128", 1, 32, 8, 1, 16384, 128, MASK_NONE, 0, 0, true);
         /* a GQA group of 8 query heads a key/value head (16 rows a tile) */
         add_case(c, &n, "decode-Lk16384-D128-g8", 1, 64, 8, 1, 16384, 128, MASK_NONE, 0, 0, true);
-        /* issue 5: 16-bit forward and a 16-bit KV cache */
+        /* the 16-bit forward and a 16-bit KV cache */
         add_case(c, &n, "fwd-L4096-D128-bf16", 1, 16, 16, 4096, 4096, 128, MASK_NONE, 0, 0, false);
         set_dtype(c, n, ATTN_BF16, ATTN_BF16, ATTN_PRECISION_DEFAULT, "fwd-L4096-D128");
         add_case(c, &n, "fwd-L4096-D128-bf16-fast", 1, 16, 16, 4096, 4096, 128, MASK_NONE, 0, 0, false);
@@ -104,7 +104,7 @@ int make_sweep(bench_case *c, bool quick) {
         set_dtype(c, n, ATTN_BF16, ATTN_BF16, ATTN_PRECISION_DEFAULT, "decode-Lk16384-D128");
         add_case(c, &n, "decode-Lk16384-D128-bf16-fast", 1, 32, 8, 1, 16384, 128, MASK_NONE, 0, 0, true);
         set_dtype(c, n, ATTN_BF16, ATTN_BF16, ATTN_PRECISION_FAST, "decode-Lk16384-D128");
-        /* issue 6: the backward, float32 */
+        /* the backward, float32 */
         for (int di = 0; di < 2; di++)
             for (int causal = 0; causal < 2; causal++) {
                 snprintf(name, sizeof name, "bwd-L2048-D%lld%s", (long long)Ds[di],
@@ -135,7 +135,7 @@ void count_work(bench_case *c) {
     if (c->mask == MASK_CAUSAL) pairs *= 0.5;
     if (c->mask == MASK_WINDOW) pairs = (double)band_pairs(c);
     c->flop = 2.0 * (double)(c->Dk + c->Dv) * (double)c->B * (double)c->Hq * pairs;
-    if (c->bwd) c->flop *= 2.5;  /* FlashAttention's convention (issue 6) */
+    if (c->bwd) c->flop *= 2.5;  /* FlashAttention's convention */
     c->kv_bytes = (double)attn_dtype_size(c->kvdt) * (double)c->B * (double)c->Hkv * (double)c->Lk * (double)(c->Dk + c->Dv);
 }
 

@@ -213,7 +213,7 @@ typedef struct attn_options {
     float dropout_p;
     uint64_t dropout_seed;
     uint64_t dropout_offset;
-    /* A paged key/value cache (added for issue #15; NULL = k and v are [B, Hkv, Lk, D]).
+    /* A paged key/value cache (NULL = k and v are [B, Hkv, Lk, D]).
      * ATTN_I32 [B, max_pages] (shape {B, max_pages, 1, 1}, any strides). k and v are then
      * page pools, k [num_pages, Hkv, page_size, Dk] and v [num_pages, Hkv, page_size, Dv]
      * (FlashAttention's [num_pages, page_size, Hkv, D] through strides), and the keys of
@@ -602,7 +602,7 @@ ATTN_API attn_status attn_mha_backward_workspace_size(
  *   len [B]                tokens held per batch, read and advanced by each step */
 typedef enum attn_cache_kind {
     ATTN_CACHE_CONTIGUOUS = 0,
-    ATTN_CACHE_PAGED,  /* added for issue #16: k, v page pools and block_table */
+    ATTN_CACHE_PAGED,  /* k, v page pools and block_table */
 } attn_cache_kind;
 
 typedef struct attn_kv_cache {

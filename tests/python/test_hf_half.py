@@ -1,4 +1,4 @@
-"""test_hf_half.py — 16-bit models through the Hugging Face backend (issue 19): tiny
+"""test_hf_half.py — 16-bit models through the Hugging Face backend: tiny
 randomly initialised Llama, Qwen2 (GQA) and BERT (test_hf.py's configs with a wider
 initializer_range, 0.15, so that attention is peaked and the scores matter; padded
 batches) cast to bfloat16 and float16 with model.to(dtype), run with

@@ -22,7 +22,7 @@ typedef struct run_args {
     const char *q, *k, *v, *out, *mask, *kv_len, *alibi, *lse, *weights;
     const char *align, *scale, *softcap, *window, *threads, *dtype, *precision;
     bool causal, reference;
-    /* --block-table (attn run only; issue #15): K and V are then page pools */
+    /* --block-table (attn run only): K and V are then page pools */
     const char *block_table;
 } run_args;
 
