@@ -49,17 +49,7 @@ static void grads_build(mgrads *gr, const mlayer *l) {
         gr->t[G_W + 1].data = gr->buf[G_W] + l->in[0] * l->out[0];
         gr->t[G_W + 2].data = gr->buf[G_W] + l->in[0] * (l->out[0] + l->out[1]);
     }
-    gr->g = (attn_mha_grads){.dx_q = &gr->t[G_XQ], .dx_kv = c->self ? NULL : &gr->t[G_XKV],
-                             .dw_q = &gr->t[G_W], .dw_k = &gr->t[G_W + 1],
-                             .dw_v = &gr->t[G_W + 2], .dw_o = &gr->t[G_W + 3]};
-    if (c->bias) {
-        gr->g.db_q = &gr->t[G_B]; gr->g.db_k = &gr->t[G_B + 1];
-        gr->g.db_v = &gr->t[G_B + 2]; gr->g.db_o = &gr->t[G_B + 3];
-    }
-}
-
-static void grads_free(mgrads *gr) {
-    for (int n = 0; n < G_N; n++) free(gr->buf[n]);
+    mgrads_bind(gr, c);
 }
 
 /* gradient n of the module as a dense float array in the order of the double copy */
@@ -191,7 +181,7 @@ static int run_grad_case(const mcase *c, const attn_options *opt, const char *wh
     for (int n = 0; n < G_N; n++)
         if (!(n == G_XKV && c->self)) free(f.p[n]);
     free(f.y); free(G); free(sdy);
-    grads_free(&gr);
+    mgrads_free(&gr);
     mlayer_free(&l);
     return failed;
 }
@@ -275,7 +265,7 @@ static void test_determinism(void) {
     for (int n = 0; n < G_N; n++)
         CHECK(memcmp(gr[0].buf[n], gr[1].buf[n], (size_t)gr[0].n[n] * sizeof(float)) == 0,
               "determinism: %s differs between 1 and 2 threads", g_names[n]);
-    for (int t = 0; t < 2; t++) grads_free(&gr[t]);
+    for (int t = 0; t < 2; t++) mgrads_free(&gr[t]);
     free(dyb);
     mlayer_free(&l);
 }
@@ -303,7 +293,7 @@ static void test_misuse(void) {
     gs.g.dx_kv = &gs.t[G_XQ];
     attn_status st = attn_mha_backward(&ls.m, &ls.txq, NULL, &dy, &gs.g, NULL);
     CHECK(st == ATTN_ERR_VALUE && all_untouched(&gs), "dx_kv in self-attention: %d", st);
-    grads_free(&gs);
+    mgrads_free(&gs);
     mlayer_free(&ls);
     gr.t[G_W + 1].shape[1] += 1;
     st = attn_mha_backward(&l.m, &l.txq, &l.txkv, &dy, &gr.g, NULL);
@@ -321,7 +311,7 @@ static void test_misuse(void) {
     attn_tensor kv_len = {lens, ATTN_I64, {2, 1, 1, 1}, {1, 1, 1, 1}};
     st = attn_mha_backward(&l.m, &l.txq, &l.txkv, &dy, &gr.g, &(attn_options){.kv_len = &kv_len});
     CHECK(st == ATTN_ERR_VALUE && all_untouched(&gr), "kv_len > Lk: %d", st);
-    grads_free(&gr);
+    mgrads_free(&gr);
     mlayer_free(&l);
 }
 

@@ -94,7 +94,6 @@ static void ccache_build(pcache *p, const mcase *c, int64_t Lmax, attn_dtype dt)
  * the other's first keys: a finite, wrong answer). */
 static double run_steps(mlayer *l, pcache *p, const int64_t *sizes, int nsteps,
                         attn_status *st, bool plant, int *f32_ok) {
-    const mcase *c = &l->c;
     int64_t t0 = 0;
     *st = ATTN_OK;
     for (int s = 0; s < nsteps && *st == ATTN_OK; s++) {
@@ -107,23 +106,10 @@ static double run_steps(mlayer *l, pcache *p, const int64_t *sizes, int nsteps,
             p->table[p->max_pages] = t;
         }
     }
-    const int64_t ny = c->B * c->Lq * c->E;
-    double *ref = xcalloc(ny, sizeof(double)), num = 0, den = 0;
-    mref_forward(l, l->xq, l->xq, l->w, l->b, &(attn_options){.causal = true}, ref, NULL);
-    float *got = xcalloc(ny, sizeof(float));
-    for (int64_t b = 0; b < c->B; b++)
-        for (int64_t i = 0; i < c->Lq; i++)
-            for (int64_t e = 0; e < c->E; e++) {
-                const int64_t at = (b * c->Lq + i) * c->E + e;
-                got[at] = (float)mlayer_y(l, b, i, e);
-                num += (got[at] - ref[at]) * (got[at] - ref[at]);
-                den += ref[at] * ref[at];
-            }
     tol_result r;
-    *f32_ok = within_f32_tol(got, ref, ny, &r);
-    free(ref);
-    free(got);
-    return sqrt(num / den);
+    double frob;
+    *f32_ok = mlayer_vs_causal(l, &r, &frob);
+    return frob;
 }
 
 static mcase dec_case(uint64_t seed, attn_rope_kind rope, int64_t D) {

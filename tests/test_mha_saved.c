@@ -43,17 +43,7 @@ static void grads_build(mgrads *gr, const mlayer *l) {
         fill_sentinel(gr->buf[n], gr->n[n] + 1);
         gr->t[n].data = gr->buf[n];
     }
-    gr->g = (attn_mha_grads){.dx_q = &gr->t[G_XQ], .dx_kv = c->self ? NULL : &gr->t[G_XKV],
-                             .dw_q = &gr->t[G_W], .dw_k = &gr->t[G_W + 1],
-                             .dw_v = &gr->t[G_W + 2], .dw_o = &gr->t[G_W + 3]};
-    if (c->bias) {
-        gr->g.db_q = &gr->t[G_B]; gr->g.db_k = &gr->t[G_B + 1];
-        gr->g.db_v = &gr->t[G_B + 2]; gr->g.db_o = &gr->t[G_B + 3];
-    }
-}
-
-static void grads_free(mgrads *gr) {
-    for (int n = 0; n < G_N; n++) free(gr->buf[n]);
+    mgrads_bind(gr, c);
 }
 
 static int grads_same(const mgrads *a, const mgrads *b) {
@@ -160,7 +150,7 @@ static int run_case(const mcase *c, const attn_options *opt, int weights, const 
         CHECK(st == ATTN_OK && grads_same(&g0, &g3), "%s: backward_saved from a copy: %s", what,
               attn_last_error());
         bad += !grads_same(&g0, &g3);
-        grads_free(&g3);
+        mgrads_free(&g3);
         free(copy);
     }
     /* once more over caller workspaces of the queried sizes */
@@ -185,11 +175,11 @@ static int run_case(const mcase *c, const attn_options *opt, int weights, const 
         CHECK(st == ATTN_OK && grads_same(&g0, &g2),
               "%s: backward_saved over a caller's workspace: %s", what, attn_last_error());
         bad += !grads_same(&g0, &g2);
-        grads_free(&g2);
+        mgrads_free(&g2);
         free(o.workspace);
     }
-    grads_free(&g0);
-    grads_free(&g1);
+    mgrads_free(&g0);
+    mgrads_free(&g1);
     free(raw); free(y0); free(dyb); free(w0); free(w1);
     mlayer_free(&l);
     return bad;
@@ -299,7 +289,7 @@ static void test_misuse(void) {
     CHECK(st == ATTN_ERR_VALUE, "failing forward_save: %d", st);
     st = attn_mha_backward_saved(&l.m, &l.txq, &l.txkv, &dy, &g.g, NULL, saved, sb);
     CHECK(st == ATTN_ERR_VALUE && grads_untouched(&g), "a failed forward's buffer: %d", st);
-    grads_free(&g);
+    mgrads_free(&g);
     free(ws); free(dyb); free(saved);
     mlayer_free(&l);
 }
@@ -344,7 +334,7 @@ static void test_nomem(void) {
               "failed: %d", (long long)n, st);
     }
     CHECK(points >= 2, "only %d allocation points failed", points);
-    grads_free(&g);
+    mgrads_free(&g);
     free(dyb); free(saved);
     mlayer_free(&l);
 }

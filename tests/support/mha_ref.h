@@ -259,4 +259,44 @@ typedef struct mgrads {
     attn_mha_grads g;
 } mgrads;
 
+/* gr->g pointing at gr->t: dx_kv only for cross-attention, the biases' gradients only
+ * for a layer with biases */
+static inline void mgrads_bind(mgrads *gr, const mcase *c) {
+    gr->g = (attn_mha_grads){.dx_q = &gr->t[G_XQ], .dx_kv = c->self ? NULL : &gr->t[G_XKV],
+                             .dw_q = &gr->t[G_W], .dw_k = &gr->t[G_W + 1],
+                             .dw_v = &gr->t[G_W + 2], .dw_o = &gr->t[G_W + 3]};
+    if (c->bias) {
+        gr->g.db_q = &gr->t[G_B]; gr->g.db_k = &gr->t[G_B + 1];
+        gr->g.db_v = &gr->t[G_B + 2]; gr->g.db_o = &gr->t[G_B + 3];
+    }
+}
+
+static inline void mgrads_free(mgrads *gr) {
+    for (int n = 0; n < G_N; n++) free(gr->buf[n]);
+}
+
+/* l's y against the float64 causal layer over the same inputs (the decoding suites: a
+ * loop of steps must be one causal call): 1 when within the float32 tolerance (*r
+ * filled), and *frob the relative Frobenius error */
+static inline int mlayer_vs_causal(const mlayer *l, tol_result *r, double *frob) {
+    const mcase *c = &l->c;
+    const int64_t ny = c->B * c->Lq * c->E;
+    double *ref = xcalloc(ny, sizeof(double)), num = 0, den = 0;
+    mref_forward(l, l->xq, l->xq, l->w, l->b, &(attn_options){.causal = true}, ref, NULL);
+    float *got = xcalloc(ny, sizeof(float));
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t i = 0; i < c->Lq; i++)
+            for (int64_t e = 0; e < c->E; e++) {
+                const int64_t at = (b * c->Lq + i) * c->E + e;
+                got[at] = (float)mlayer_y(l, b, i, e);
+                num += (got[at] - ref[at]) * (got[at] - ref[at]);
+                den += ref[at] * ref[at];
+            }
+    const int ok = within_f32_tol(got, ref, ny, r);
+    free(ref);
+    free(got);
+    *frob = sqrt(num / den);
+    return ok;
+}
+
 #endif /* ATTN_TEST_MHA_REF_H */
