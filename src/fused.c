@@ -3,7 +3,8 @@
  *
  * The framework half of the fused path: it splits the work into items of query rows,
  * hands them to OpenMP threads, applies every mask, and finishes each row with one
- * division. The arithmetic on a tile is the micro-kernels' (kernels.h).
+ * division. The arithmetic on a tile is the micro-kernels' (kernels.h); the weights output
+ * is fused_weights.c's, and what both files share is fused_plan.h.
  *
  * Per block of query rows the rows keep a running max m, a running sum l and an
  * unnormalized accumulator; each key block rescales them by exp(m_old - m_new). Extra
@@ -32,41 +33,7 @@
 #include "merge.h"
 #include "mask_summary.h"
 #include "philox.h"
-
-
-/* Tile sizes, from the kernel's geometry (kernels/list.h): bq query rows share each key
- * block; bk keys per block, chosen so that a key and a value block together, in their own
- * dtype, stay near 64 KiB (a Zen 4 core has 32 KiB of L1d and 1 MiB of L2), within the
- * kernel's [bk_min, bk_max]. Key splitting for decoding-shaped
- * calls (Lq <= SPLIT_MAX_LQ): chunks of SPLIT_LONG_KEYS keys or more, since every chunk
- * starts its K and V streams cold (chunks of 1024 keys moved 5-10% fewer bytes a second
- * than chunks of 4096: docs/KERNELS.md); shorter, down to SPLIT_MIN_KEYS, only where the
- * call would otherwise have fewer than SPLIT_UNITS pieces of work; at most SPLIT_MAX. */
-enum {
-    SPLIT_MAX_LQ = 16, SPLIT_MAX = 16, SPLIT_MIN_KEYS = 1024, SPLIT_LONG_KEYS = 4096,
-    SPLIT_UNITS = 16,
-};
-
-/* How a call is cut into work: fixed by the shapes alone, never by the thread count. */
-typedef struct fused_plan {
-    int64_t bq, row_pad;      // the kernel's: rows per block, their padding
-    int64_t bk;
-    int64_t heads_per_block;  // query heads stacked in one block (1 when Lq >= bq)
-    int64_t head_chunks;      // blocks per key/value head along the query heads
-    int64_t q_blocks;         // blocks along Lq
-    int64_t items;            // B * Hkv * head_chunks * q_blocks
-    int64_t split;            // key chunks per item (1 = no split)
-    int64_t split_keys;       // keys per chunk, a multiple of bk
-    size_t thread_bytes;      // one thread's slice, a multiple of 64 bytes
-    size_t partial_floats;    // one (item, chunk)'s saved m, l and acc
-    size_t off_q, off_qt, off_k, off_v, off_s, off_acc, off_m, off_l, off_alpha;
-    size_t off_lo, off_hi, off_h, off_i, off_qp, off_pairs, off_gk, off_gv;
-    size_t off_mt;            // with weights: each tile's running max of each row
-    /* the call's bool mask and bias, summarized once (mask_summary.h), and the params
-     * without them, for the tiles they leave open; both NULL without mask or bias */
-    const attn_mask_summary *sum;
-    const attn_params *open;
-} fused_plan;
+#include "fused_plan.h"
 
 static size_t round64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 
@@ -167,24 +134,6 @@ size_t attn_fused_workspace(const attn_params *p) {
     return (size_t)p->threads * plan.thread_bytes + partials + 64;  // + 64: to align
 }
 
-/* One thread's scratch, carved from its slice of the workspace. */
-typedef struct fused_scratch {
-    int64_t ld;    // bq: the row stride of qt, s and qp (the plan's rows per block)
-    float *q;      // (bq, Dk)   the query rows, row-major
-    float *qt;     // (Dk, bq)   the same, transposed, padding rows zero
-    float *k;      // (bk, Dk)   the key block, when K must be packed
-    float *v;      // (bk, Dv)   the value block, when V must be packed
-    float *s;      // (bk, bq)   logits, then probabilities, transposed
-    float *acc;    // (bq, Dv)   unnormalized output
-    float *m, *l, *alpha;  // (bq)
-    int64_t *lo, *hi;      // (bq) each row's structural key range
-    int64_t *h, *i;        // (bq) each row's query head and row index
-    uint32_t *qp;          // (ceil(Dk/2), bq) bf16 query pairs, for qk_bf16
-    uint32_t *pairs;       // the packed P and V pairs of pv_bf16
-    char *gk, *gv;         // (bk, Dk), (bk, Dv) in the cache's dtype: a paged tile's rows
-    float *mt;             // (tiles, bq) with weights: m after each tile of the sweep
-} fused_scratch;
-
 static fused_scratch carve(const fused_plan *plan, char *slice) {
     fused_scratch w = {
         .ld = plan->bq,
@@ -209,17 +158,6 @@ static fused_scratch carve(const fused_plan *plan, char *slice) {
     };
     return w;
 }
-
-/* One block of query rows: batch b, key/value head g, rows r = 0..n-1 with query head
- * w->h[r] and row index w->i[r]; its key range and which keys need no structural mask. */
-typedef struct fused_block {
-    int64_t b, g, n, npad, lk_b;
-    int64_t h0, nh, qb;      // query heads h0 .. h0+nh-1, query block qb
-    bool dense;              // every row's mask and bias open on its whole range
-    int64_t jmin, jmax;      // union of the rows' ranges
-    int64_t lo_max, hi_min;  // [lo_max, hi_min): keys every row may read
-    bool qk_bf16;            // Q·Kᵀ on the kernel's bf16 dot products
-} fused_block;
 
 /* Item t: which rows, filled into w->h / w->i. Items run over (b, g, head chunk, query
  * block), the query blocks from the last: with top-left causal masks the last blocks
@@ -268,8 +206,8 @@ static fused_block item_rows(const attn_params *p, const fused_plan *plan,
  * the bias is mixed in the tile, p without them where they leave it open (a block whose
  * rows are all dense, or a tile of open cells), NULL where they mask every key of every
  * row (the tile is skipped: it would add exp(-inf) = 0 to each row). */
-static const attn_params *tile_params(const attn_params *p, const fused_plan *plan,
-                                      const fused_block *blk, int64_t j0, int64_t nk) {
+const attn_params *fused_tile_params(const attn_params *p, const fused_plan *plan,
+                                     const fused_block *blk, int64_t j0, int64_t nk) {
     if (!plan->sum) return p;
     if (blk->dense) return plan->open;
     switch (attn_mask_summary_tile(p, plan->sum, blk->b, blk->h0, blk->nh, blk->qb, j0, nk)) {
@@ -429,8 +367,8 @@ enum { PREFETCH_TILES = 2 };
 
 /* Row j of the block's key/value head in K or V (base, strides st), as the bytes the
  * decoding entries take. */
-static const char *kv_row(const attn_params *p, const fused_block *blk, const void *base,
-                          const int64_t st[4], int64_t j) {
+const char *fused_kv_row(const attn_params *p, const fused_block *blk, const void *base,
+                         const int64_t st[4], int64_t j) {
     return (const char *)base + attn_row_byte_offset(p->kv_dt, attn_kv_offset(p, st, blk->b, blk->g, j));
 }
 
@@ -441,7 +379,7 @@ static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t 
     const int64_t kb = q8 ? attn_row_bytes(p->kv_dt, p->Dk) : p->Dk * p->k_s[3] * ek;
     const int64_t vb = q8 ? attn_row_bytes(p->kv_dt, p->Dv) : p->Dv * p->v_s[3] * ek;
     for (int64_t c = j0; c < j0 + nk; c++) {
-        const char *k = kv_row(p, blk, p->k, p->k_s, c), *v = kv_row(p, blk, p->v, p->v_s, c);
+        const char *k = fused_kv_row(p, blk, p->k, p->k_s, c), *v = fused_kv_row(p, blk, p->v, p->v_s, c);
         for (int64_t x = 0; x < kb; x += 64) __builtin_prefetch(k + x, 0, 1);
         for (int64_t x = 0; x < vb; x += 64) __builtin_prefetch(v + x, 0, 1);
     }
@@ -449,7 +387,7 @@ static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t 
 
 /* Of the nk >= 1 keys from j, how many lie at one stride from row j: all of them in a
  * contiguous cache, those up to the end of j's page in a paged one. */
-static int64_t kv_segment(const attn_params *p, int64_t j, int64_t nk) {
+int64_t fused_kv_segment(const attn_params *p, int64_t j, int64_t nk) {
     if (!p->block_table) return nk;
     const int64_t run = p->page_size - j % p->page_size;
     return run < nk ? run : nk;
@@ -459,7 +397,7 @@ static int64_t kv_segment(const attn_params *p, int64_t j, int64_t nk) {
  * 4 rows a call, so a block of up to ATTN_DECODE_MAX_ROWS rows (the query heads of a GQA
  * group) takes several calls on each clean tile, the tile then in the cache for all but
  * the first. */
-static bool takes_decode(const attn_params *p, const attn_kernels *kern, int64_t n) {
+bool fused_takes_decode(const attn_params *p, const attn_kernels *kern, int64_t n) {
     /* q8_0 where the kernel's step reads it; else the tile path (kv_block dequantizes) */
     return kern->decode && kern->decode_qk && n <= ATTN_DECODE_MAX_ROWS &&
            (p->kv_dt != ATTN_Q8_0 || kern->decode_q8_0) && !attn_has_elementwise(p) &&
@@ -502,43 +440,12 @@ static void tile_dropout(const attn_params *p, const attn_kernels *kern, const f
     }
 }
 
-/* The weights' first half, in the sweep: the tile's P as it multiplies V (exp(s - m_t)
- * with the rows' running max m_t after this tile, dropout's factors applied), stored into
- * the weights' rows, and m_t kept in w->mt for block_weights, which scales each row's
- * tile by exp(m_t - m) / l once the final m and l are known. P is read where the
- * softmax step left it: no second Q·Kᵀ and no second exp per weight. */
-static void tile_weights(const attn_params *p, const fused_plan *plan, const fused_scratch *w,
-                         const fused_block *blk, int64_t j0, int64_t nk) {
-    const int64_t ld = w->ld, st = p->w_s[3];
-    float *mt = w->mt + (j0 - blk->jmin) / plan->bk * ld;
-    float *w_b = p->weights + blk->b * p->w_s[0] + j0 * st;
-    int64_t r = 0;
-    for (; r < blk->n; r++) mt[r] = w->m[r];
-    if (st == 1)  // 4 rows at a time: a key's 4 rows are one contiguous load
-        for (r = 0; r + 4 <= blk->n; r += 4) {
-            float *o[4];
-            for (int x = 0; x < 4; x++) o[x] = w_b + w->h[r + x] * p->w_s[1] + w->i[r + x] * p->w_s[2];
-            const float *e = w->s + r;
-            for (int64_t c = 0; c < nk; c++) {
-                o[0][c] = e[c * ld], o[1][c] = e[c * ld + 1];
-                o[2][c] = e[c * ld + 2], o[3][c] = e[c * ld + 3];
-            }
-        }
-    else
-        r = 0;
-    for (; r < blk->n; r++) {
-        float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2];
-        const float *e = w->s + r;
-        for (int64_t c = 0; c < nk; c++) w_bhi[c * st] = e[c * ld];
-    }
-}
-
 /* The online softmax over keys [ja, jb) of a block, into w->m, w->l, w->acc. */
 static void block_sweep(const attn_params *p, const attn_kernels *kern, const fused_plan *plan,
                         const fused_scratch *w, const fused_block *blk, int64_t ja,
                         int64_t jb) {
     const int64_t dk = p->Dk, dv = p->Dv, n = blk->n, npad = blk->npad;
-    const bool decode = takes_decode(plan->open ? plan->open : p, kern, n);
+    const bool decode = fused_takes_decode(plan->open ? plan->open : p, kern, n);
     if (blk->qk_bf16) {
         /* only the bf16 pairs (2t, 2t+1) of each row are read: with unit stride along Dk
          * they are the row's own 32-bit words (element 2t in the low half) */
@@ -576,7 +483,7 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
     const bool fast = p->precision == ATTN_PRECISION_FAST && p->kv_dt == ATTN_BF16;
     for (int64_t j0 = ja; j0 < jb; j0 += plan->bk) {
         const int64_t nk = jb - j0 < plan->bk ? jb - j0 : plan->bk;
-        const attn_params *pt = tile_params(p, plan, blk, j0, nk);
+        const attn_params *pt = fused_tile_params(p, plan, blk, j0, nk);
         if (!pt) continue;
         const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
         /* a bool mask or a bias can mask any key: their tiles skip zero weights */
@@ -595,11 +502,11 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
                 if (pj < jb) prefetch_tile(p, blk, pj, jb - pj < plan->bk ? jb - pj : plan->bk);
             }
             for (int64_t s0 = j0, seg; s0 < j0 + nk; s0 += seg) {
-                seg = kv_segment(p, s0, j0 + nk - s0);
+                seg = fused_kv_segment(p, s0, j0 + nk - s0);
                 const int64_t j1 = s0 + seg;
-                const int64_t next_nk = j1 < jb ? kv_segment(p, j1, jb - j1 < plan->bk ? jb - j1 : plan->bk) : 0;
-                const char *next_k = next_nk > 0 ? kv_row(p, blk, p->k, p->k_s, j1) : NULL;
-                const char *k = kv_row(p, blk, p->k, p->k_s, s0), *v = kv_row(p, blk, p->v, p->v_s, s0);
+                const int64_t next_nk = j1 < jb ? fused_kv_segment(p, j1, jb - j1 < plan->bk ? jb - j1 : plan->bk) : 0;
+                const char *next_k = next_nk > 0 ? fused_kv_row(p, blk, p->k, p->k_s, j1) : NULL;
+                const char *k = fused_kv_row(p, blk, p->k, p->k_s, s0), *v = fused_kv_row(p, blk, p->v, p->v_s, s0);
                 for (int64_t r0 = 0; r0 < n; r0 += 4)
                     kern->decode(n - r0 < 4 ? n - r0 : 4, seg, dk, dv, w->q + r0 * dk, p->kv_dt,
                                  fast, k, p->k_s[2], v, p->v_s[2], p->scale, w->s, w->m + r0,
@@ -617,7 +524,7 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
             const float *probs = w->s;
             if (p->weights) {  // P kept in s for the weights: the same O (kernels.h)
                 kern->softmax(npad, nk, w->s, w->ld, w->m, w->l, w->alpha);
-                tile_weights(p, plan, w, blk, j0, nk);
+                fused_tile_weights(p, plan, w, blk, j0, nk);
             } else if (kern->softmax_pairs) {  // P rounded to pairs as it is computed
                 kern->softmax_pairs(npad, nk, w->s, w->ld, w->m, w->l, w->alpha, w->pairs, npad);
                 probs = NULL;
@@ -629,7 +536,7 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         }
         kern->softmax(npad, nk, w->s, w->ld, w->m, w->l, w->alpha);
         if (p->dropout) tile_dropout(p, kern, w, blk, j0, nk);
-        if (p->weights) tile_weights(p, plan, w, blk, j0, nk);
+        if (p->weights) fused_tile_weights(p, plan, w, blk, j0, nk);
         if (fast)  // the same rounding where the bf16 kernel does not apply
             for (int64_t c = 0; c < nk; c++)
                 for (int64_t r = 0; r < n; r++)
@@ -659,97 +566,6 @@ static void block_store(const attn_params *p, const fused_block *blk, const floa
         if (p->lse)
             p->lse[blk->b * p->lse_s[0] + h[r] * p->lse_s[1] + i[r] * p->lse_s[2]] =
                 masked_row ? -INFINITY : m[r] + logf(l[r]);
-    }
-}
-
-/* Weights w[j * st] = 0 for keys j0 .. j1-1 of one row. */
-static void zero_keys(float *w, int64_t st, int64_t j0, int64_t j1) {
-    if (j1 <= j0) return;
-    if (st == 1) {
-        memset(w + j0, 0, (size_t)(j1 - j0) * sizeof(float));
-        return;
-    }
-    for (int64_t j = j0; j < j1; j++) w[j * st] = 0.0f;
-}
-
-/* The weights' second half, after the sweep and the sinks (block_sweep's tile_weights
- * wrote most of them), each weight written or scaled once:
- * - rows with nothing to read (m = -inf), keys outside the block's range [jmin, jmax) and
- *   the tiles the mask summary skips are zeroed;
- * - a tile the sweep took on the tile path holds exp(s - m_t) (times dropout's factors):
- *   each row's keys are scaled by exp(m_t - m) / l, the kernel's exp over the rows;
- * - a tile the decoding step took (its P stays in the step) is recomputed: its logits by
- *   the step's own Q·Kᵀ (decode_qk, bit for bit the sweep's, so none exceeds m), then
- *   exp(s - m) / l on the tile's S^T, the kernel's exp over a key's rows.
- * The weights' rows are written contiguously where their last stride is 1. A row whose
- * max is NaN is NaN over its tiles (exp(x - NaN)), as O is. */
-static void block_weights(const attn_params *p, const attn_kernels *kern,
-                          const fused_plan *plan, const fused_scratch *w,
-                          const fused_block *blk) {
-    const int64_t n = blk->n, ld = w->ld, lk = p->Lk, st = p->w_s[3];
-    float *w_b = p->weights + blk->b * p->w_s[0];
-    const float *m = w->m;
-    float *inv_l = w->alpha;  // the sweep's scratch, free now: 1 / l of each row
-    for (int64_t r = 0; r < n; r++) {
-        float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2];
-        inv_l[r] = 1.0f / w->l[r];
-        if (m[r] == -INFINITY) {  // a fully masked row (or none of its keys in range)
-            zero_keys(w_bhi, st, 0, lk);
-            continue;
-        }
-        zero_keys(w_bhi, st, 0, blk->jmin < lk ? blk->jmin : lk);
-        zero_keys(w_bhi, st, blk->jmax > blk->jmin ? blk->jmax : 0, lk);
-    }
-    const bool decode = takes_decode(plan->open ? plan->open : p, kern, n);
-    for (int64_t j0 = blk->jmin; j0 < blk->jmax; j0 += plan->bk) {
-        const int64_t nk = blk->jmax - j0 < plan->bk ? blk->jmax - j0 : plan->bk;
-        const attn_params *pt = tile_params(p, plan, blk, j0, nk);
-        if (!pt) {  // every weight of the tile is 0
-            for (int64_t r = 0; r < n; r++)
-                if (m[r] != -INFINITY)
-                    zero_keys(w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2], st, j0, j0 + nk);
-            continue;
-        }
-        const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
-        if (!(decode && !boundary && !pt->mask && !pt->bias)) {
-            /* the sweep's P of this tile: row r times exp(m_t - m) / l */
-            float *x = w->mt + (j0 - blk->jmin) / plan->bk * ld;
-            for (int64_t r = 0; r < n; r++) x[r] = m[r] == -INFINITY ? 0.0f : x[r] - m[r];
-            kern->exp(n, x, x);
-            for (int64_t r = 0; r < n; r++) {
-                if (m[r] == -INFINITY) continue;
-                float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2] + j0 * st;
-                const float a = x[r] * inv_l[r];
-                if (st == 1)
-#pragma omp simd
-                    for (int64_t c = 0; c < nk; c++) w_bhi[c] *= a;
-                else
-                    for (int64_t c = 0; c < nk; c++) w_bhi[c * st] *= a;
-            }
-            continue;
-        }
-        /* a tile the decoding step took: its own logits, in block_sweep's segments */
-        for (int64_t s0 = j0, seg; s0 < j0 + nk; s0 += seg) {
-            seg = kv_segment(p, s0, j0 + nk - s0);
-            const char *k = kv_row(p, blk, p->k, p->k_s, s0);
-            for (int64_t r0 = 0; r0 < n; r0 += 4)
-                kern->decode_qk(n - r0 < 4 ? n - r0 : 4, seg, p->Dk, w->q + r0 * p->Dk,
-                                p->kv_dt, k, p->k_s[2], p->scale, w->s + (s0 - j0) * ld + r0, ld);
-        }
-        /* x = s - m, a key's rows contiguous, and the kernel's exp over them in place (a
-         * row with m = -inf is skipped below; 0 keeps its lanes finite) */
-        for (int64_t c = 0; c < nk; c++) {
-            float *s_c = w->s + c * ld;
-#pragma omp simd
-            for (int64_t r = 0; r < n; r++) s_c[r] -= m[r] == -INFINITY ? 0.0f : m[r];
-            kern->exp(n, s_c, s_c);
-        }
-        for (int64_t r = 0; r < n; r++) {
-            if (m[r] == -INFINITY) continue;
-            float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2] + j0 * st;
-            const float *e = w->s + r, a = inv_l[r];
-            for (int64_t c = 0; c < nk; c++) w_bhi[c * st] = e[c * ld] * a;
-        }
     }
 }
 
@@ -804,7 +620,7 @@ attn_status attn_fused_forward(const attn_params *p, void *ws) {
                 block_sweep(p, kern, &plan, &w, &blk, blk.jmin, blk.jmax);
                 if (p->sinks) fold_sinks(p, &blk, &w);
                 block_store(p, &blk, w.m, w.l, w.acc, w.h, w.i);
-                if (p->weights) block_weights(p, kern, &plan, &w, &blk);
+                if (p->weights) fused_block_weights(p, kern, &plan, &w, &blk);
                 continue;
             }
             /* one chunk of a split item: its keys within the block's range */
