@@ -325,6 +325,16 @@ static attn_status check_local(const attn_tensor *q, const attn_tensor *k, const
                                                              bwd[3], bwd[4], &lo, &bytes)
                               : attn_forward_workspace_size(q, k, v, o, &lo, &bytes);
     if (st != ATTN_OK) return ring_fail(st, "%s", attn_last_error());
+    /* the ring slices, packs and sends rows of 16- and 32-bit elements; a float64 or
+     * q8_0 tensor (whose rows are blocks), valid for attn_forward, is refused before
+     * anything is sliced */
+    const attn_tensor *const tens[] = {q, k, v, o};
+    const char *const names[] = {"q", "k", "v", "o"};
+    for (int x = 0; x < 4; x++)
+        if (tens[x] && tens[x]->dtype != ATTN_F32 && tens[x]->dtype != ATTN_F16 &&
+            tens[x]->dtype != ATTN_BF16)
+            return ring_fail(ATTN_ERR_UNSUPPORTED, "the ring takes float32, float16 and bfloat16 "
+                             "tensors (%s is %s)", names[x], attn_dtype_name(tens[x]->dtype));
     return ATTN_OK;
 }
 

@@ -145,6 +145,6 @@ RING_PRIVATE void ring_wait(MPI_Request *req, int n, attn_ring_stats *st);
 
 static inline size_t ring_pad64(size_t x) { return (x + 63) & ~(size_t)63; }
 
-static inline size_t ring_dtype_bytes(attn_dtype t) { return t == ATTN_F32 ? 4 : 2; }
+static inline size_t ring_dtype_bytes(attn_dtype t) { return attn_dtype_size(t); }  // 2 or 4: check_local
 
 #endif /* ATTN_RING_INTERNAL_H */

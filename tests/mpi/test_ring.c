@@ -34,7 +34,7 @@ typedef struct ring_case {
     bool bottom_right;
 } ring_case;
 
-static size_t es(attn_dtype t) { return t == ATTN_F32 ? 4 : 2; }
+static size_t es(attn_dtype t) { return attn_dtype_size(t); }
 
 /* n values into a buffer of dtype t (the float32 values rounded once) */
 static void *fill(rng_t *r, int64_t n, attn_dtype t) {
@@ -260,6 +260,13 @@ static void test_refused(void) {
     if (g_rank == 0) q3.dtype = ATTN_I32;
     CHECK(attn_ring_forward(&q3, &k, &v, &o, &plain, MPI_COMM_WORLD, NULL) == ATTN_ERR_DTYPE,
           "one process's bad dtype reaches every process");
+    /* float64 is a dtype of attn_forward, not of the ring: refused, O untouched */
+    double d64[4 * 8];
+    for (int x = 0; x < 32; x++) d64[x] = 0.25 * x;
+    attn_tensor q6 = t4(d64, ATTN_F64, 1, 1, 1, 4), o6 = t4(d64 + 8, ATTN_F64, 1, 1, 1, 4);
+    CHECK(attn_ring_forward(&q6, &q6, &q6, &o6, &plain, MPI_COMM_WORLD, NULL) == ATTN_ERR_UNSUPPORTED &&
+              d64[8] == 2.0 && d64[11] == 2.75,
+          "float64 tensors are refused, nothing written");
     int64_t f[2], n[2];
     CHECK(attn_ring_slice(10, 3, 3, false, f, n) == ATTN_ERR_VALUE, "rank outside the ring");
     CHECK(attn_ring_slice(10, 3, 1, true, f, n) == ATTN_OK && f[0] == 1 && n[0] == 2 && f[1] == 6 &&

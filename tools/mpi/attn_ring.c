@@ -211,7 +211,7 @@ static int run(int argc, char **argv) {
     if ((rc = agree(rc))) goto done;
 
     const int64_t lq = nq[0] + nq[1], lk = nk[0] + nk[1];
-    const size_t o_es = o_dt == ATTN_F32 ? 4 : 2;
+    const size_t o_es = attn_dtype_size(o_dt);
     o = calloc((size_t)(B * Hq * lq * Dv) + 1, o_es);
     lse = calloc((size_t)(B * Hq * lq) + 1, sizeof(float));
     if (!o || !lse) rc = say(true, 1, "out of memory");
