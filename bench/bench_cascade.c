@@ -268,7 +268,7 @@ int bench_cascade(int argc, char **argv) {
     int failed = 0;
     for (int d = 0; d < 2 && !failed; d++) {
         setup s = {.B = pa.quick ? 4 : 32, .P = pa.quick ? 1024 : 8192, .S = pa.quick ? 64 : 256,
-                   .Hq = 32, .Hkv = 8, .D = 128, .dt = dts[d], .es = dts[d] == ATTN_F32 ? 4 : 2};
+                   .Hq = 32, .Hkv = 8, .D = 128, .dt = dts[d], .es = attn_dtype_size(dts[d])};
         printf("B=%lld P=%lld S=%lld Lq=1 Hq=%lld Hkv=%lld D=%lld, %s cache, float32 q and o\n", (long long)s.B,
                (long long)s.P, (long long)s.S, (long long)s.Hq, (long long)s.Hkv, (long long)s.D,
                attn_dtype_name(s.dt));

@@ -29,6 +29,7 @@
 
 #include "attn.h"
 #include "half.h"
+#include "rng.h"
 
 #define REQUIRE(cond, ...)                                                 \
     do {                                                                   \
@@ -57,13 +58,8 @@ static unsigned byte(reader *r) {
 /* 0 .. n-1 */
 static int64_t pick(reader *r, int64_t n) { return (int64_t)(byte(r) % (unsigned)n); }
 
-static uint64_t g_rng;
-static double unif(void) {  // splitmix64, [0, 1)
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
-}
+static rng_t g_rng;  // seeded from the fuzzer's bytes
+static double unif(void) { return rng_unif(&g_rng); }
 
 /* ---- buffers: a tensor view over its own allocation ------------------------------ */
 
@@ -261,8 +257,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     reader r = {data, size};
     call c;
     memset(&c, 0, sizeof c);
-    g_rng = 0;
-    for (size_t i = 0; i < size; i++) g_rng = g_rng * 131 + data[i];
+    g_rng.s = 0;
+    for (size_t i = 0; i < size; i++) g_rng.s = g_rng.s * 131 + data[i];
 
     /* sizes: each dimension small; one of them may be 0 */
     const int64_t B = pick(&r, 3), Hkv = pick(&r, 3) + (pick(&r, 8) != 0), G = pick(&r, 3) + 1;

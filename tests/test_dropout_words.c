@@ -19,14 +19,10 @@
 #include "check.h"
 #include "kernels.h"
 #include "philox.h"
+#include "rng.h"
 
-static uint64_t g_state = 0x243F6A8885A308D3ull;
-static uint64_t next64(void) {  // splitmix64
-    uint64_t z = (g_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+static rng_t g_state = {0x243F6A8885A308D3ull};
+static uint64_t next64(void) { return rng_next(&g_state); }
 
 enum { MAXN = 67, LDU = 80 };
 
