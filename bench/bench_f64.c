@@ -15,7 +15,9 @@
  *     and must fail;
  *   - one warm-up call of each row, then --reps rounds (default 7), each timing every
  *     row once in turn (the rows interleaved, so a load that changes over the run reaches
- *     every row alike); the median of each row reported, with GFLOP/s from
+ *     every row alike); the median of each row reported, its wall time and the CPU time
+ *     of the process over all threads (the fairer figure on a machine other processes
+ *     share), with GFLOP/s (of the wall time) from
  *     4 Lq Lk D Hq (forward) and 10 Lq Lk D Hq (backward: five products) whatever the
  *     masks skip.
  * What it is not: a test (no time limit anywhere), or a comparison with PyTorch.
@@ -165,25 +167,29 @@ int bench_f64(int argc, char **argv) {
     /* the backward rows read O and LSE of the unmasked forward (the timing does not
      * depend on their values) */
     forward_for(&c, NULL);
-    double *t = malloc(sizeof(double) * (size_t)(pa.reps * ROWS));
+    double *t = malloc(sizeof(double) * (size_t)(2 * pa.reps * ROWS)), *tc = t + pa.reps * ROWS;
     if (!t) return fprintf(stderr, "attn: bench --f64: out of memory\n"), 1;
     for (int row = 0; row < ROWS; row++) run_row(&c, row, ATTN_PATH_AUTO);
     for (int rep = 0; rep < pa.reps; rep++)
         for (int row = 0; row < ROWS; row++) {
-            const double t0 = now_s();
+            const double t0 = now_s(), c0 = cpu_s();
             run_row(&c, row, ATTN_PATH_AUTO);
             t[row * pa.reps + rep] = now_s() - t0;
+            tc[row * pa.reps + rep] = cpu_s() - c0;
         }
     const double flop = (double)(c.B * c.H) * (double)c.L * (double)c.L * (double)c.D;
-    double med[ROWS];
-    printf("  %-32s %10s %9s %s\n", "row", "median ms", "GFLOP/s", "");
+    double med[ROWS], cpu[ROWS];
+    printf("  %-32s %10s %9s %9s\n", "row", "median ms", "CPU ms", "GFLOP/s");
     for (int row = 0; row < ROWS; row++) {
         med[row] = median(t + row * pa.reps, pa.reps);
+        cpu[row] = median(tc + row * pa.reps, pa.reps);
         const double f = (row < ROW_BWD ? 4.0 : 10.0) * flop;
-        printf("  %-32s %10.2f %9.2f", ROW_NAME[row], med[row] * 1e3, f / med[row] * 1e-9);
-        if (row == ROW_FWD_PAD || row == ROW_FWD_RAND) printf("   (%.2fx no mask's time)", med[row] / med[ROW_FWD]);
-        if (row == ROW_BWD_REF) printf("   (reference / fused: %.2fx)", med[ROW_BWD_REF] / med[ROW_BWD]);
-        if (row == ROW_BWD_PAD_REF) printf("   (reference / fused: %.2fx)", med[ROW_BWD_PAD_REF] / med[ROW_BWD_PAD]);
+        printf("  %-32s %10.2f %9.2f %9.2f", ROW_NAME[row], med[row] * 1e3, cpu[row] * 1e3,
+               f / med[row] * 1e-9);
+        if (row == ROW_FWD_PAD || row == ROW_FWD_RAND)
+            printf("   (time / no mask's: wall %.2fx, CPU %.2fx)", med[row] / med[ROW_FWD], cpu[row] / cpu[ROW_FWD]);
+        if (row == ROW_BWD_REF || row == ROW_BWD_PAD_REF)
+            printf("   (reference / fused: wall %.2fx, CPU %.2fx)", med[row] / med[row - 1], cpu[row] / cpu[row - 1]);
         printf("\n");
     }
     free(t), free(buf), free(g12), free(c.pad), free(c.rand_mask);

@@ -43,6 +43,7 @@
 #include <string.h>
 
 #include "backward.h"
+#include "gemm_f64.h"
 #include "mask_summary.h"
 
 enum { BQ = 16, BK = 64 };
@@ -152,22 +153,12 @@ static void load_keys(const attn_params *p, const f64b_scratch *w, int64_t b, in
 }
 
 /* out[r * BK + c] = Σ_d a[r * n + d] · bt[d * BK + c] for rows r < nq and keys c < nk,
- * each sum over d in order 0 .. n-1 (as the reference's dot products: the same bits),
- * vectorized across the keys.
+ * each sum over d in order 0 .. n-1 (as the reference's dot products: the same bits;
+ * gemm_f64.h).
  *   a (nq, n)  bt (n, BK)  out (nq, BK) */
 static void tile_product(const double *a, int64_t n, const double *bt, int64_t nq, int64_t nk,
                          double *out) {
-    for (int64_t r = 0; r < nq; r++) {
-        double *o = out + r * BK;
-        const double *a_r = a + r * n;
-#pragma omp simd
-        for (int64_t c = 0; c < nk; c++) o[c] = 0.0;
-        for (int64_t d = 0; d < n; d++) {
-            const double x = a_r[d], *bt_d = bt + d * BK;
-#pragma omp simd
-            for (int64_t c = 0; c < nk; c++) o[c] += x * bt_d[c];
-        }
-    }
+    attn_gemm_f64(nq, nk, n, a, n, 1, bt, BK, out, BK, false, false);
 }
 
 /* Row i's logits over the tile's keys j0 + c, c_lo <= c < c_hi (inside the row's range),
@@ -353,16 +344,9 @@ static void rows_dq(const attn_bwd_params *bp, const f64b_scratch *w, int64_t b,
         if (cls == ATTN_TILE_MASKED) continue;
         load_keys(p, w, b, g, j0, nk);
         tile_grads(bp, w, b, h, i0, nq, j0, nk, cls, lse, D);
-        /* forward: raw_ij = scale q_i · k_j, so dQ_i += Σ_j dS_ij k_j */
-        for (int64_t r = 0; r < nq; r++)
-            for (int64_t c = 0; c < nk; c++) {
-                const double ds = w->dS[r * BK + c];
-                if (ds == 0.0) continue;  // a masked key's K is not read
-                const double *k_c = w->k + c * Dk;
-                double *a = w->acc + r * Dk;
-#pragma omp simd
-                for (int64_t d = 0; d < Dk; d++) a[d] += ds * k_c[d];
-            }
+        /* forward: raw_ij = scale q_i · k_j, so dQ_i += Σ_j dS_ij k_j, the keys in order; a
+         * dS of 0 adds +0 (skip_zero): a masked key's K is not multiplied */
+        attn_gemm_f64(nq, Dk, nk, w->dS, BK, 1, w->k, Dk, w->acc, Dk, true, true);
     }
     double *dq = (double *)bp->dq;
     for (int64_t r = 0; r < nq; r++) {
@@ -396,23 +380,11 @@ static void keys_dkdv(const attn_bwd_params *bp, const f64b_plan *pl, const f64b
             load_rows(bp, w, b, h, i0, nq);
             const int64_t row0 = (b * p->Hq + h) * p->Lq + i0;
             tile_grads(bp, w, b, h, i0, nq, j0, nk, cls, LSE + row0, Dall + row0);
-            for (int64_t c = 0; c < nk; c++)
-                for (int64_t r = 0; r < nq; r++) {
-                    /* dV_j += Σ_i P_ij dO_i;  dK_j += Σ_i dS_ij q_i */
-                    const double pz = w->P[r * BK + c], ds = w->dS[r * BK + c];
-                    if (pz != 0.0) {
-                        const double *do_r = w->d_o + r * Dv;
-                        double *dv_c = dV + c * Dv;
-#pragma omp simd
-                        for (int64_t d = 0; d < Dv; d++) dv_c[d] += pz * do_r[d];
-                    }
-                    if (ds != 0.0) {
-                        const double *q_r = w->q + r * Dk;
-                        double *dk_c = dK + c * Dk;
-#pragma omp simd
-                        for (int64_t d = 0; d < Dk; d++) dk_c[d] += ds * q_r[d];
-                    }
-                }
+            /* dV_j += Σ_i P_ij dO_i;  dK_j += Σ_i dS_ij q_i: the tile's rows in order, Pᵀ
+             * and dSᵀ read in place (A[c][r] at r BK + c); a weight of 0 adds +0, so a
+             * fully masked row's dO and Q are not multiplied */
+            attn_gemm_f64(nk, Dv, nq, w->P, 1, BK, w->d_o, Dv, dV, Dv, true, true);
+            attn_gemm_f64(nk, Dk, nq, w->dS, 1, BK, w->q, Dk, dK, Dk, true, true);
         }
     }
     double *dk = (double *)bp->dk, *dv = (double *)bp->dv;

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "attn_internal.h"
+#include "gemm_f64.h"
 #include "half.h"
 #include "mask_summary.h"
 
@@ -107,20 +108,17 @@ static void load_tile(const attn_params *p, int64_t k_bg, int64_t v_bg, int64_t 
     }
 }
 
-/* Row r's final logits over the tile into s_r (nk of them): -inf outside [lo, hi). The
- * dot product accumulates over d in order, as reference.c's ref_logit, vectorized across
- * the tile's keys (each key's sum keeps its own order: no reassociation). */
-static void tile_logits(const attn_params *p, const double *q_r, const double *kt,
-                        int64_t j0, int64_t nk, int64_t lo, int64_t hi, int64_t b, int64_t h,
-                        int64_t i, int64_t d_i, double *s_r) {
-#pragma omp simd
-    for (int64_t c = 0; c < nk; c++) s_r[c] = 0.0;
-    for (int64_t d = 0; d < p->Dk; d++) {
-        const double qd = q_r[d];
-        const double *kt_d = kt + d * BK;
-#pragma omp simd
-        for (int64_t c = 0; c < nk; c++) s_r[c] += qd * kt_d[c];
-    }
+/* The dot products q_r · k_c of the tile's nq rows and nk keys into s (row r at s + r BK),
+ * each over d in order as reference.c's ref_logit (gemm_f64.h: blocking changes no bit). */
+static void tile_dots(const attn_params *p, const double *q, const double *kt, int64_t nq,
+                      int64_t nk, double *s) {
+    attn_gemm_f64(nq, nk, p->Dk, q, p->Dk, 1, kt, BK, s, BK, false, false);
+}
+
+/* Row r's final logits over the tile from its dot products s_r (in place, nk of them):
+ * -inf outside [lo, hi), else scale * dot then attn_ref_finish: reference.c's logit. */
+static void tile_logits(const attn_params *p, int64_t j0, int64_t nk, int64_t lo, int64_t hi,
+                        int64_t b, int64_t h, int64_t i, int64_t d_i, double *s_r) {
     const double scale = p->scale64;
     const bool elementwise = attn_has_elementwise(p);
     if (!elementwise && lo <= j0 && j0 + nk <= hi) {  // every key in range, nothing to add
@@ -189,15 +187,21 @@ static void item_forward(const f64_call *x, const f64_plan *pl, double *w, int64
         const attn_tile_class cls = tile_class(x, b, h, i0, j0, nk);
         if (cls == ATTN_TILE_MASKED) continue;  // every key of every row masked: adds 0
         load_tile(p, k_bg, v_bg, j0, nk, kt, v);
+        tile_dots(p, q, kt, nq, nk, s);
         for (int64_t r = 0; r < nq; r++) {
-            if (lo[r] >= hi[r] || hi[r] <= j0 || lo[r] >= j0 + nk) continue;  // no key here
             double *s_r = s + r * BK, *acc_r = acc + r * Dv;
-            tile_logits(row_params(x, dense[r], cls), q + r * Dk, kt, j0, nk, lo[r], hi[r], b, h,
-                        i0 + r, dg[r], s_r);
+            if (lo[r] >= hi[r] || hi[r] <= j0 || lo[r] >= j0 + nk) {  // no key here
+                for (int64_t c = 0; c < nk; c++) s_r[c] = 0.0;  // weights of 0 for the product
+                continue;
+            }
+            tile_logits(row_params(x, dense[r], cls), j0, nk, lo[r], hi[r], b, h, i0 + r, dg[r], s_r);
             double mt = -INFINITY;
             for (int64_t c = 0; c < nk; c++)
                 if (isnan(s_r[c]) || s_r[c] > mt) mt = s_r[c];  // NaN sticks
-            if (mt == -INFINITY) continue;                         // every key masked
+            if (mt == -INFINITY) {  // every key masked
+                for (int64_t c = 0; c < nk; c++) s_r[c] = 0.0;
+                continue;
+            }
             const double m_old = m[r];
             const double m_new = isnan(m_old) || isnan(mt) ? NAN : (mt > m_old ? mt : m_old);
             if (!(m_new == m_old)) {  // the max grew (or turned NaN): rescale
@@ -209,15 +213,12 @@ static void item_forward(const f64_call *x, const f64_plan *pl, double *w, int64
             for (int64_t c = 0; c < nk; c++) {
                 const double e = exp(s_r[c] - m_new);  // exp(-inf - m) = 0 for masked keys
                 l[r] += e;
-                /* a weight of exactly 0 contributes nothing: a masked key's V is never
-                 * multiplied */
-                if (e != 0.0) {
-                    const double *v_c = v + c * Dv;
-#pragma omp simd
-                    for (int64_t d = 0; d < Dv; d++) acc_r[d] += e * v_c[d];
-                }
+                s_r[c] = e;
             }
         }
+        /* acc_r += Σ_c e_rc v_c, over the keys in order; a weight of exactly 0 adds +0
+         * (skip_zero): a masked key's V is never multiplied */
+        attn_gemm_f64(nq, Dv, nk, s, BK, 1, v, Dv, acc, Dv, true, true);
     }
 
     /* the head's sink (CONTRACT "Attention sinks"): one more term of the denominator with
@@ -262,11 +263,11 @@ static void item_forward(const f64_call *x, const f64_plan *pl, double *w, int64
         const attn_tile_class cls = tile_class(x, b, h, i0, j0, nk);
         if (cls == ATTN_TILE_MASKED) continue;  // its weights are the 0 written above
         load_tile(p, k_bg, v_bg, j0, nk, kt, v);
+        tile_dots(p, q, kt, nq, nk, s);
         for (int64_t r = 0; r < nq; r++) {
             if (m[r] == -INFINITY || lo[r] >= hi[r] || hi[r] <= j0 || lo[r] >= j0 + nk) continue;
             double *s_r = s + r * BK;
-            tile_logits(row_params(x, dense[r], cls), q + r * Dk, kt, j0, nk, lo[r], hi[r], b, h,
-                        i0 + r, dg[r], s_r);
+            tile_logits(row_params(x, dense[r], cls), j0, nk, lo[r], hi[r], b, h, i0 + r, dg[r], s_r);
             float *w_r = p->weights + b * p->w_s[0] + h * p->w_s[1] + (i0 + r) * p->w_s[2];
             for (int64_t c = 0; c < nk; c++)
                 w_r[(j0 + c) * p->w_s[3]] = (float)(exp(s_r[c] - m[r]) / l[r]);
