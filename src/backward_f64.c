@@ -355,9 +355,11 @@ static void rows_dq(const attn_bwd_params *bp, const f64b_scratch *w, int64_t b,
     }
 }
 
-/* Sweep 3: dK and dV of keys j0 .. of head (b, g), written to dk and dv. */
+/* Sweep 3: dK and dV of keys j0 .. of head (b, g), written to dk and dv; with_dq: also
+ * each tile's dQ terms added to dq in place (unit stride along Dk), for group_grads. */
 static void keys_dkdv(const attn_bwd_params *bp, const f64b_plan *pl, const f64b_scratch *w,
-                      int64_t b, int64_t g, int64_t j0, const double *LSE, const double *Dall) {
+                      int64_t b, int64_t g, int64_t j0, const double *LSE, const double *Dall,
+                      bool with_dq) {
     const attn_params *p = &bp->fwd;
     const int64_t nk = p->Lk - j0 < BK ? p->Lk - j0 : BK, Dk = p->Dk, Dv = p->Dv;
     const int64_t lk_b = attn_key_len(p, b);
@@ -385,6 +387,11 @@ static void keys_dkdv(const attn_bwd_params *bp, const f64b_plan *pl, const f64b
              * fully masked row's dO and Q are not multiplied */
             attn_gemm_f64(nk, Dv, nq, w->P, 1, BK, w->d_o, Dv, dV, Dv, true, true);
             attn_gemm_f64(nk, Dk, nq, w->dS, 1, BK, w->q, Dk, dK, Dk, true, true);
+            /* dQ_i += Σ_j dS_ij k_j, as rows_dq adds them: this block's keys in order */
+            if (with_dq)
+                attn_gemm_f64(nq, Dk, nk, w->dS, BK, 1, w->k, Dk,
+                              (double *)bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1] + i0 * bp->dq_s[2],
+                              bp->dq_s[2], true, true);
         }
     }
     double *dk = (double *)bp->dk, *dv = (double *)bp->dv;
@@ -394,6 +401,23 @@ static void keys_dkdv(const attn_bwd_params *bp, const f64b_plan *pl, const f64b
         for (int64_t d = 0; d < Dk; d++) dk_j[d * bp->dk_s[3]] = dK[c * Dk + d];
         for (int64_t d = 0; d < Dv; d++) dv_j[d * bp->dv_s[3]] = dV[c * Dv + d];
     }
+}
+
+/* Sweeps 2 and 3 in one, for the whole of head (b, g): dq of its query heads zeroed, then
+ * the key blocks in order, each adding its dQ terms beside its dK and dV (5 products per
+ * tile, not 3 + 4). Each dQ element gets the terms of rows_dq in the same order (the keys
+ * in order, the +0 of a skipped or masked key changing no bit of a sum that starts at
+ * +0), so the bits are those of the two sweeps. */
+static void group_grads(const attn_bwd_params *bp, const f64b_plan *pl, const f64b_scratch *w,
+                        int64_t b, int64_t g, const double *LSE, const double *Dall) {
+    const attn_params *p = &bp->fwd;
+    double *dq = (double *)bp->dq;
+    for (int64_t hh = 0; hh < p->group; hh++)
+        for (int64_t i = 0; i < p->Lq; i++) {
+            double *dq_i = dq + b * bp->dq_s[0] + (g * p->group + hh) * bp->dq_s[1] + i * bp->dq_s[2];
+            for (int64_t d = 0; d < p->Dk; d++) dq_i[d] = 0.0;
+        }
+    for (int64_t kb = 0; kb < pl->k_blocks; kb++) keys_dkdv(bp, pl, w, b, g, kb * BK, LSE, Dall, true);
 }
 
 attn_status attn_fused_f64_backward(const attn_bwd_params *bp, void *ws) {
@@ -412,7 +436,10 @@ attn_status attn_fused_f64_backward(const attn_bwd_params *bp, void *ws) {
     }
     const attn_mask_summary *sp = p->mask || p->bias ? &sum : NULL;
     /* keys no query row reads (beyond kv_len, outside every band) get dK = dV = 0: the
-     * key sweep writes every key it owns, so nothing is left unwritten */
+     * key sweep writes every key it owns, so nothing is left unwritten. With as many
+     * (b, g) heads as threads, and dq of unit stride along Dk, one item per head does
+     * sweeps 2 and 3 together (group_grads): the same bits, fewer products */
+    const bool whole = bp->dq_s[3] == 1 && p->B * p->Hkv >= p->threads;
 #pragma omp parallel num_threads(p->threads)
     {
         const f64b_scratch w =
@@ -440,17 +467,23 @@ attn_status attn_fused_f64_backward(const attn_bwd_params *bp, void *ws) {
                 bp->d_sinks[h * bp->d_sinks_s] = (float)-acc;
             }
         }
-#pragma omp for schedule(dynamic, 1) nowait
-        for (int64_t t = 0; t < pl.row_items; t++) {
-            const int64_t bh = t / pl.q_blocks, qb = t % pl.q_blocks;
-            const int64_t i0 = qb * BQ, nq = p->Lq - i0 < BQ ? p->Lq - i0 : BQ;
-            rows_dq(bp, &w, bh / p->Hq, bh % p->Hq, i0, nq, LSE + bh * p->Lq + i0,
-                    D + bh * p->Lq + i0);
-        }
+        if (whole) {
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < pl.key_items; t++) {
-            const int64_t bg = t / pl.k_blocks, kb = t % pl.k_blocks;
-            keys_dkdv(bp, &pl, &w, bg / p->Hkv, bg % p->Hkv, kb * BK, LSE, D);
+            for (int64_t t = 0; t < p->B * p->Hkv; t++)
+                group_grads(bp, &pl, &w, t / p->Hkv, t % p->Hkv, LSE, D);
+        } else {
+#pragma omp for schedule(dynamic, 1) nowait
+            for (int64_t t = 0; t < pl.row_items; t++) {
+                const int64_t bh = t / pl.q_blocks, qb = t % pl.q_blocks;
+                const int64_t i0 = qb * BQ, nq = p->Lq - i0 < BQ ? p->Lq - i0 : BQ;
+                rows_dq(bp, &w, bh / p->Hq, bh % p->Hq, i0, nq, LSE + bh * p->Lq + i0,
+                        D + bh * p->Lq + i0);
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < pl.key_items; t++) {
+                const int64_t bg = t / pl.k_blocks, kb = t % pl.k_blocks;
+                keys_dkdv(bp, &pl, &w, bg / p->Hkv, bg % p->Hkv, kb * BK, LSE, D, false);
+            }
         }
     }
     return ATTN_OK;
