@@ -176,6 +176,16 @@ static void finish_row(const attn_params *pr, double *s, double *cap, int64_t c_
         }
         return;
     }
+    if (pr->mask && !pr->bias && !pr->alibi && !(pr->softcap > 0.0f)) {
+        /* a bool mask alone: attn_ref_finish keeps the logit or makes it -inf, here by
+         * the byte read in line */
+        const uint8_t *m_i = pr->mask + b * pr->mask_s[0] + h * pr->mask_s[1] + i * pr->mask_s[2];
+        for (int64_t c = c_lo; c < c_hi; c++) {
+            s[c] = m_i[(j0 + c) * pr->mask_s[3]] ? scale * s[c] : -INFINITY;
+            cap[c] = 1.0;
+        }
+        return;
+    }
     for (int64_t c = c_lo; c < c_hi; c++) {
         double cp = 1.0;
         s[c] = attn_ref_finish(pr, scale * s[c], b, h, i, j0 + c, d_i, &cp);

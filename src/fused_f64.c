@@ -126,6 +126,16 @@ static void tile_logits(const attn_params *p, int64_t j0, int64_t nk, int64_t lo
         for (int64_t c = 0; c < nk; c++) s_r[c] *= scale;
         return;
     }
+    if (p->mask && !p->bias && !p->alibi && !(p->softcap > 0.0f)) {
+        /* a bool mask alone: attn_ref_finish keeps the logit or makes it -inf, here by
+         * the byte read in line */
+        const uint8_t *m_i = p->mask + b * p->mask_s[0] + h * p->mask_s[1] + i * p->mask_s[2];
+        for (int64_t c = 0; c < nk; c++) {
+            const int64_t j = j0 + c;
+            s_r[c] = j < lo || j >= hi || !m_i[j * p->mask_s[3]] ? -INFINITY : scale * s_r[c];
+        }
+        return;
+    }
     for (int64_t c = 0; c < nk; c++) {
         const int64_t j = j0 + c;
         if (j < lo || j >= hi) {
