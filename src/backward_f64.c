@@ -14,15 +14,19 @@
  *      1 - tanh², x scale), dQ_i += Σ_j dS_ij k_j, summed over the key tiles in order.
  *   3. keys (b, g, key block): the same tiles for every query head of the group and every
  *      query block in order, dV_j += Σ_i P_ij dO_i, dK_j += Σ_i dS_ij q_i.
+ * With as many (b, g) heads as threads (and dq of unit stride along Dk), 2 and 3 are one
+ * sweep, an item per head (group_grads): each tile adds its dQ terms in place beside its
+ * dK and dV, in the order sweep 2 adds them, so the bits are the same.
  * d_sinks (float32, as the forward's sinks): per head -Σ_{b,i} exp(sink - lse_bhi) D_bhi in
  * float64, b then i in order. A weight or dS of exactly 0 never multiplies anything, so a
- * masked key's NaN (in K, V, dO or Q of a masked row) cannot leak.
+ * masked key's NaN (in K, V, dO or Q of a masked row) cannot leak (the products' zero
+ * skip, gemm_f64.h).
  *
- * The products are tile products in portable C that the compiler vectorizes (omp simd):
- * the logits S = Q Kᵀ and dP = dO Vᵀ across the tile's keys from K and V transposed into
- * the scratch, each element's sum still over d in order 0 .. D-1 (the forward's and the
- * reference's order, so the same bits); dQ += dS K, dK += dSᵀ Q and dV += Pᵀ dO as
- * vectorized rows along d, in the order of the keys (dQ) and of the rows (dK, dV).
+ * The products are attn_gemm_f64's (gemm_f64.h), blocked in registers, each element's sum
+ * in order: the logits S = Q Kᵀ and dP = dO Vᵀ from K and V transposed into the scratch,
+ * over d in order 0 .. D-1 (the forward's and the reference's order, so the same bits);
+ * dQ += dS K in the order of the keys, dK += dSᵀ Q and dV += Pᵀ dO in the order of the
+ * rows (Pᵀ and dSᵀ read in place through their strides).
  *
  * Every float64 output element is produced by one thread in an order fixed by the
  * shapes: bit-identical for any thread count. Extra memory: per thread the tiles,

@@ -5,10 +5,11 @@
  * A work item is a block of up to BQ query rows of one (batch, query head). The block
  * walks the union of its rows' structural key ranges (key length, causal band, window)
  * in tiles of BK keys. Per tile it copies K transposed and V into dense scratch, forms
- * each row's logits in float64 — the dot product summed over d in order 0 .. Dk-1, times
- * the scale, then attn_ref_finish (softcap, bias, ALiBi, bool mask): the reference's own
- * logit, bit for bit — and updates the row's running max m, running sum l and
- * unnormalized accumulator, rescaled by exp(m_old - m_new) when the max grows. A row is
+ * the rows' logits in float64 — the dot products of the tile as one product (gemm_f64.h:
+ * blocked, each summed over d in order 0 .. Dk-1), times the scale, then attn_ref_finish
+ * (softcap, bias, ALiBi, bool mask): the reference's own logit, bit for bit — and updates
+ * each row's running max m, running sum l and unnormalized accumulator, rescaled by
+ * exp(m_old - m_new) when the max grows, the tile's P·V added as one product. A row is
  * finished with one division. Keys outside a row's range are -inf and never multiply V;
  * a probability of exactly 0 never multiplies V either, so a masked key's NaN cannot
  * leak (as in reference.c). A NaN logit poisons its row, a fully masked row gives O = 0
