@@ -214,6 +214,8 @@ int cli_bench(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--paged") == 0) return bench_paged(argc - 1, argv + 1);
     /* the q8_0 cache's decoding rows: bench/bench_q8.c */
     if (argc > 1 && strcmp(argv[1], "--q8") == 0) return bench_q8(argc - 1, argv + 1);
+    /* the float64 path's masked forward and its backward: bench/bench_f64.c */
+    if (argc > 1 && strcmp(argv[1], "--f64") == 0) return bench_f64(argc - 1, argv + 1);
     /* shared-prefix (cascade) decoding rows: bench/bench_cascade.c */
     if (argc > 1 && strcmp(argv[1], "--cascade") == 0) return bench_cascade(argc - 1, argv + 1);
     /* dropout's cost: bench/bench_dropout.c */

@@ -14,21 +14,32 @@
  *      1 - tanh², x scale), dQ_i += Σ_j dS_ij k_j, summed over the key tiles in order.
  *   3. keys (b, g, key block): the same tiles for every query head of the group and every
  *      query block in order, dV_j += Σ_i P_ij dO_i, dK_j += Σ_i dS_ij q_i.
+ * With as many (b, g) heads as threads (and dq of unit stride along Dk), 2 and 3 are one
+ * sweep, an item per head (group_grads): each tile adds its dQ terms in place beside its
+ * dK and dV, in the order sweep 2 adds them, so the bits are the same.
  * d_sinks (float32, as the forward's sinks): per head -Σ_{b,i} exp(sink - lse_bhi) D_bhi in
  * float64, b then i in order. A weight or dS of exactly 0 never multiplies anything, so a
- * masked key's NaN (in K, V, dO or Q of a masked row) cannot leak.
+ * masked key's NaN (in K, V, dO or Q of a masked row) cannot leak (the products' zero
+ * skip, gemm_f64.h).
+ *
+ * The products are attn_gemm_f64's (gemm_f64.h), blocked in registers, each element's sum
+ * in order: the logits S = Q Kᵀ and dP = dO Vᵀ from K and V transposed into the scratch,
+ * over d in order 0 .. D-1 (the forward's and the reference's order, so the same bits);
+ * dQ += dS K in the order of the keys, dK += dSᵀ Q and dV += Pᵀ dO in the order of the
+ * rows (Pᵀ and dSᵀ read in place through their strides).
  *
  * Every float64 output element is produced by one thread in an order fixed by the
  * shapes: bit-identical for any thread count. Extra memory: per thread the tiles,
- * BQ·(Dk + Dv) + BK·(2 Dk + 2 Dv) + 3·BQ·BK doubles; two doubles per query row (LSE, D);
+ * BQ·(Dk + Dv) + BK·(3 Dk + 2 Dv) + 3·BQ·BK doubles; two doubles per query row (LSE, D);
  * the mask summary with a mask or bias: independent of Lk but for that summary (1/1024
  * of the mask), never Lq x Lk.
  *
  * Masks by their structure (mask_summary.h, summarized once per call as the float32 path
  * does): each row's key range is narrowed to the hulls of its mask's and bias's kept keys,
  * and a tile whose cells the mask or bias masks whole is skipped. The summary's bytes
- * come after the rows' LSE and D in the workspace. The logits of the tiles left are the
- * per-logit ones (no clean path for open tiles yet).
+ * come after the rows' LSE and D in the workspace. A row whose hull is all open, and a
+ * tile whose cells are all open, take the logits without the mask and the bias (an open
+ * cell changes nothing); the tiles left mixed take them per logit.
  *
  * What it is not: the argument checks (backward.c).
  */
@@ -36,13 +47,14 @@
 #include <string.h>
 
 #include "backward.h"
+#include "gemm_f64.h"
 #include "mask_summary.h"
 
 enum { BQ = 16, BK = 64 };
 
 typedef struct f64b_plan {
     int64_t q_blocks, k_blocks, row_items, key_items, rows;
-    int64_t off_q, off_do, off_k, off_v, off_p, off_ds, off_cap, off_acc, per_thread;
+    int64_t off_q, off_do, off_k, off_kt, off_vt, off_p, off_ds, off_cap, off_acc, per_thread;
     int64_t off_lse, off_D, off_sum, total;  // after the threads' slices (off_sum: the
                                              // mask summary, 64-aligned in the call)
 } f64b_plan;
@@ -63,7 +75,8 @@ static bool make_plan(const attn_bwd_params *bp, f64b_plan *pl) {
     CARVE(off_q, BQ * Dk);
     CARVE(off_do, BQ * Dv);
     CARVE(off_k, BK * Dk);
-    CARVE(off_v, BK * Dv);
+    CARVE(off_kt, BK * Dk);
+    CARVE(off_vt, BK * Dv);
     CARVE(off_p, BQ * BK);
     CARVE(off_ds, BQ * BK);
     CARVE(off_cap, BQ * BK);
@@ -95,17 +108,21 @@ size_t attn_fused_f64_backward_workspace(const attn_bwd_params *bp) {
 /* One thread's scratch. */
 typedef struct f64b_scratch {
     double *q, *d_o;     // (BQ, Dk), (BQ, Dv) the tile's query rows and their dO
-    double *k, *v;       // (BK, Dk), (BK, Dv) the tile's keys
-    double *P, *dS;      // (BQ, BK) P, dS (scaled)
+    double *k;           // (BK, Dk) the tile's keys
+    double *kt, *vt;     // (Dk, BK), (Dv, BK) the tile's keys and values transposed
+    double *P, *dS;      // (BQ, BK) logits then P; dP then dS (scaled)
     double *cap;         // (BQ, BK) softcap factors
     double *acc;         // dQ (BQ, Dk), or dK (BK, Dk) then dV (BK, Dv)
     const attn_mask_summary *sum;  // the call's mask and bias summary, NULL: neither
+    const attn_params *open;       // the params without mask and bias (with sum)
 } f64b_scratch;
 
-static f64b_scratch carve(const f64b_plan *pl, double *w, const attn_mask_summary *sum) {
-    return (f64b_scratch){.sum = sum, .q = w + pl->off_q, .d_o = w + pl->off_do, .k = w + pl->off_k,
-                          .v = w + pl->off_v, .P = w + pl->off_p,
-                          .dS = w + pl->off_ds, .cap = w + pl->off_cap, .acc = w + pl->off_acc};
+static f64b_scratch carve(const f64b_plan *pl, double *w, const attn_mask_summary *sum,
+                          const attn_params *open) {
+    return (f64b_scratch){.sum = sum, .open = open, .q = w + pl->off_q, .d_o = w + pl->off_do,
+                          .k = w + pl->off_k, .kt = w + pl->off_kt, .vt = w + pl->off_vt,
+                          .P = w + pl->off_p, .dS = w + pl->off_ds, .cap = w + pl->off_cap,
+                          .acc = w + pl->off_acc};
 }
 
 /* Query rows i0 .. i0+nq-1 of head (b, h), and their dO, into w (dense). */
@@ -122,7 +139,7 @@ static void load_rows(const attn_bwd_params *bp, const f64b_scratch *w, int64_t 
     }
 }
 
-/* Keys j0 .. j0+nk-1 of head (b, g) into w (dense rows). */
+/* Keys j0 .. j0+nk-1 of head (b, g) into w: K as rows and transposed, V transposed. */
 static void load_keys(const attn_params *p, const f64b_scratch *w, int64_t b, int64_t g,
                       int64_t j0, int64_t nk) {
     const double *K = p->k, *V = p->v;
@@ -130,39 +147,86 @@ static void load_keys(const attn_params *p, const f64b_scratch *w, int64_t b, in
         const int64_t j = j0 + c;
         const double *k_j = K + b * p->k_s[0] + g * p->k_s[1] + j * p->k_s[2];
         const double *v_j = V + b * p->v_s[0] + g * p->v_s[1] + j * p->v_s[2];
-        for (int64_t d = 0; d < p->Dk; d++) w->k[c * p->Dk + d] = k_j[d * p->k_s[3]];
-        for (int64_t d = 0; d < p->Dv; d++) w->v[c * p->Dv + d] = v_j[d * p->v_s[3]];
+        for (int64_t d = 0; d < p->Dk; d++) {
+            const double x = k_j[d * p->k_s[3]];
+            w->k[c * p->Dk + d] = x;
+            w->kt[d * BK + c] = x;
+        }
+        for (int64_t d = 0; d < p->Dv; d++) w->vt[d * BK + c] = v_j[d * p->v_s[3]];
     }
 }
 
-/* Row r's logit against tile key c (key j = j0 + c inside the row's range): the forward's
- * (fused_f64.c tile_logits) bit for bit; *cap its softcap factor. */
-static double logit(const attn_params *p, const f64b_scratch *w, int64_t r, int64_t c,
-                    int64_t b, int64_t h, int64_t i, int64_t j, int64_t d_i, double *cap) {
-    const double *q_r = w->q + r * p->Dk, *k_c = w->k + c * p->Dk;
-    double dot = 0.0;
-    for (int64_t d = 0; d < p->Dk; d++) dot += q_r[d] * k_c[d];
-    const double raw = p->scale64 * dot;
-    *cap = 1.0;
-    return attn_has_elementwise(p) ? attn_ref_finish(p, raw, b, h, i, j, d_i, cap) : raw;
+/* out[r * BK + c] = Σ_d a[r * n + d] · bt[d * BK + c] for rows r < nq and keys c < nk,
+ * each sum over d in order 0 .. n-1 (as the reference's dot products: the same bits;
+ * gemm_f64.h).
+ *   a (nq, n)  bt (n, BK)  out (nq, BK) */
+static void tile_product(const double *a, int64_t n, const double *bt, int64_t nq, int64_t nk,
+                         double *out) {
+    attn_gemm_f64(nq, nk, n, a, n, 1, bt, BK, out, BK, false, false);
+}
+
+/* Row i's logits over the tile's keys j0 + c, c_lo <= c < c_hi (inside the row's range),
+ * from their dot products s (in place): scale * dot then attn_ref_finish under pr (the
+ * forward's, fused_f64.c tile_logits, bit for bit); cap the softcap factors. The cells
+ * outside are left as they are. */
+static void finish_row(const attn_params *pr, double *s, double *cap, int64_t c_lo,
+                       int64_t c_hi, int64_t j0, int64_t b, int64_t h, int64_t i, int64_t d_i) {
+    const double scale = pr->scale64;
+    if (!attn_has_elementwise(pr)) {
+#pragma omp simd
+        for (int64_t c = c_lo; c < c_hi; c++) {
+            s[c] *= scale;
+            cap[c] = 1.0;
+        }
+        return;
+    }
+    if (pr->mask && !pr->bias && !pr->alibi && !(pr->softcap > 0.0f)) {
+        /* a bool mask alone: attn_ref_finish keeps the logit or makes it -inf, here by
+         * the byte read in line */
+        const uint8_t *m_i = pr->mask + b * pr->mask_s[0] + h * pr->mask_s[1] + i * pr->mask_s[2];
+        for (int64_t c = c_lo; c < c_hi; c++) {
+            s[c] = m_i[(j0 + c) * pr->mask_s[3]] ? scale * s[c] : -INFINITY;
+            cap[c] = 1.0;
+        }
+        return;
+    }
+    for (int64_t c = c_lo; c < c_hi; c++) {
+        double cp = 1.0;
+        s[c] = attn_ref_finish(pr, scale * s[c], b, h, i, j0 + c, d_i, &cp);
+        cap[c] = cp;
+    }
+}
+
+/* [*c_lo, *c_hi): the tile's keys (j0 .., nk) inside [lo, hi), empty when none are */
+static void tile_span(int64_t lo, int64_t hi, int64_t j0, int64_t nk, int64_t *c_lo,
+                      int64_t *c_hi) {
+    *c_lo = lo - j0 < 0 ? 0 : lo - j0 > nk ? nk : lo - j0;
+    *c_hi = hi - j0 < *c_lo ? *c_lo : hi - j0 > nk ? nk : hi - j0;
 }
 
 /* Row i's key range: its structure (key length, causal band, window) narrowed to the
  * hulls of the mask's and the bias's kept keys (mask_summary.h); keys outside it are
- * -inf whatever Q and K hold. */
-static void row_range(const attn_params *p, const f64b_scratch *w, int64_t lk_b, int64_t b,
+ * -inf whatever Q and K hold. Returns whether the row's keys left are all open. */
+static bool row_range(const attn_params *p, const f64b_scratch *w, int64_t lk_b, int64_t b,
                       int64_t h, int64_t i, int64_t *lo, int64_t *hi) {
     attn_row_range(p, lk_b, i, lo, hi);
-    if (w->sum) attn_mask_summary_row(p, w->sum, b, h, i, lo, hi);
+    return w->sum && attn_mask_summary_row(p, w->sum, b, h, i, lo, hi);
 }
 
-/* Whether the mask or the bias masks every cell of the tile (rows i0 .., keys j0 ..
- * j0+nk-1 of head h, batch b): its logits are all -inf and it adds nothing. The summary's
- * blocks are ATTN_SUM_ROWS rows, a multiple of BQ: the block holding i0 covers the tile. */
-static bool tile_masked(const attn_params *p, const f64b_scratch *w, int64_t b, int64_t h,
-                        int64_t i0, int64_t j0, int64_t nk) {
-    return w->sum && attn_mask_summary_tile(p, w->sum, b, h, 1, i0 / ATTN_SUM_ROWS, j0, nk) ==
-                         ATTN_TILE_MASKED;
+/* The class of the tile (rows i0 .., keys j0 .. j0+nk-1 of head h, batch b) as far as the
+ * mask and the bias go; MIXED without either. The summary's blocks are ATTN_SUM_ROWS
+ * rows, a multiple of BQ: the block holding i0 covers the tile. */
+static attn_tile_class tile_class(const attn_params *p, const f64b_scratch *w, int64_t b,
+                                  int64_t h, int64_t i0, int64_t j0, int64_t nk) {
+    return w->sum ? attn_mask_summary_tile(p, w->sum, b, h, 1, i0 / ATTN_SUM_ROWS, j0, nk)
+                  : ATTN_TILE_MIXED;
+}
+
+/* The params a row's logits over a tile take: without mask and bias where they leave the
+ * row or the tile open, else p. */
+static const attn_params *row_params(const attn_params *p, const f64b_scratch *w, bool dense,
+                                     attn_tile_class cls) {
+    return w->sum && (dense || cls == ATTN_TILE_OPEN) ? w->open : p;
 }
 
 /* The union [*blo, *bhi) of the key ranges of rows i0 .. i0+nq-1 (empty: blo >= bhi). */
@@ -186,9 +250,10 @@ static void rows_stats(const attn_bwd_params *bp, const f64b_scratch *w, int64_t
     const int64_t g = h / p->group, lk_b = attn_key_len(p, b);
     double m[BQ], l[BQ];
     int64_t lo[BQ], hi[BQ], dg[BQ];
+    bool dense[BQ];
     load_rows(bp, w, b, h, i0, nq);
     for (int64_t r = 0; r < nq; r++) {
-        row_range(p, w, lk_b, b, h, i0 + r, &lo[r], &hi[r]);
+        dense[r] = row_range(p, w, lk_b, b, h, i0 + r, &lo[r], &hi[r]);
         dg[r] = attn_diagonal(p, lk_b, i0 + r);
         m[r] = -INFINITY;
         l[r] = 0.0;
@@ -197,16 +262,21 @@ static void rows_stats(const attn_bwd_params *bp, const f64b_scratch *w, int64_t
     block_range(p, w, b, h, lk_b, i0, nq, &blo, &bhi);
     for (int64_t j0 = blo; j0 < bhi; j0 += BK) {
         const int64_t nk = bhi - j0 < BK ? bhi - j0 : BK;
-        if (tile_masked(p, w, b, h, i0, j0, nk)) continue;
+        const attn_tile_class cls = tile_class(p, w, b, h, i0, j0, nk);
+        if (cls == ATTN_TILE_MASKED) continue;
         load_keys(p, w, b, g, j0, nk);
+        tile_product(w->q, p->Dk, w->kt, nq, nk, w->P);
         for (int64_t r = 0; r < nq; r++) {
-            double *s = w->P + r * BK, mt = -INFINITY, cap;
-            for (int64_t c = 0; c < nk; c++) {
-                const int64_t j = j0 + c;
-                s[c] = j < lo[r] || j >= hi[r] ? -INFINITY
-                                               : logit(p, w, r, c, b, h, i0 + r, j, dg[r], &cap);
+            double *s = w->P + r * BK, mt = -INFINITY;
+            int64_t c_lo, c_hi;
+            tile_span(lo[r], hi[r], j0, nk, &c_lo, &c_hi);
+            if (c_lo == c_hi) continue;  // no key of the row here
+            for (int64_t c = 0; c < c_lo; c++) s[c] = -INFINITY;  // outside the row's range
+            for (int64_t c = c_hi; c < nk; c++) s[c] = -INFINITY;
+            finish_row(row_params(p, w, dense[r], cls), s, w->cap + r * BK, c_lo, c_hi, j0, b, h,
+                       i0 + r, dg[r]);
+            for (int64_t c = 0; c < nk; c++)
                 if (isnan(s[c]) || s[c] > mt) mt = s[c];  // NaN sticks
-            }
             if (mt == -INFINITY) continue;
             const double m_old = m[r];
             const double m_new = isnan(m_old) || isnan(mt) ? NAN : (mt > m_old ? mt : m_old);
@@ -238,33 +308,37 @@ static void rows_stats(const attn_bwd_params *bp, const f64b_scratch *w, int64_t
 /* The tile of loaded rows (i0.., nq) of head (b, h) against loaded keys (j0.., nk):
  * w->P and w->dS for every (r, c < nk); a masked cell 0. */
 static void tile_grads(const attn_bwd_params *bp, const f64b_scratch *w, int64_t b, int64_t h,
-                       int64_t i0, int64_t nq, int64_t j0, int64_t nk, const double *lse,
-                       const double *D) {
+                       int64_t i0, int64_t nq, int64_t j0, int64_t nk, attn_tile_class cls,
+                       const double *lse, const double *D) {
     const attn_params *p = &bp->fwd;
-    const int64_t lk_b = attn_key_len(p, b), Dv = p->Dv;
+    const int64_t lk_b = attn_key_len(p, b);
+    /* raw_ij = q_i · k_j, and (forward: o_i = Σ_j P_ij v_j) dP_ij = dO_i · v_j, for every
+     * cell; a cell of a masked key is overwritten below without being read (dropout:
+     * refused for float64 by attn_params_init, as in the forward) */
+    tile_product(w->q, p->Dk, w->kt, nq, nk, w->P);
+    tile_product(w->d_o, p->Dv, w->vt, nq, nk, w->dS);
     for (int64_t r = 0; r < nq; r++) {
         const int64_t i = i0 + r, d_i = attn_diagonal(p, lk_b, i);
-        int64_t lo, hi;
-        row_range(p, w, lk_b, b, h, i, &lo, &hi);
-        double *P = w->P + r * BK, *dS = w->dS + r * BK;
+        int64_t lo, hi, c_lo, c_hi;
+        const bool dense = row_range(p, w, lk_b, b, h, i, &lo, &hi);
+        double *P = w->P + r * BK, *dS = w->dS + r * BK, *cap = w->cap + r * BK;
         const double l = lse[r];
-        for (int64_t c = 0; c < nk; c++) {
-            const int64_t j = j0 + c;
-            P[c] = dS[c] = 0.0;
-            if (l == -INFINITY || j < lo || j >= hi) continue;  // no gradient through here
-            double cap;
-            const double s = logit(p, w, r, c, b, h, i, j, d_i, &cap);
+        tile_span(lo, hi, j0, nk, &c_lo, &c_hi);
+        if (l == -INFINITY) c_hi = c_lo;  // a fully masked row: no gradient through it
+        for (int64_t c = 0; c < c_lo; c++) P[c] = dS[c] = 0.0;
+        for (int64_t c = c_hi; c < nk; c++) P[c] = dS[c] = 0.0;
+        if (c_lo == c_hi) continue;
+        finish_row(row_params(p, w, dense, cls), P, cap, c_lo, c_hi, j0, b, h, i, d_i);
+        for (int64_t c = c_lo; c < c_hi; c++) {
             /* forward: P_ij = exp(s_ij - lse_i) */
-            const double pij = exp(s - l);
-            if (pij == 0.0) continue;  // masked (s = -inf): v_j is not read
+            const double pij = exp(P[c] - l);
+            if (pij == 0.0) {  // masked (s = -inf): its dP (v_j) is not used
+                P[c] = dS[c] = 0.0;
+                continue;
+            }
             P[c] = pij;
-            /* forward: o_i = Σ_j P_ij v_j, so dP_ij = dO_i · v_j (dropout: refused for
-             * float64 by attn_params_init, as in the forward) */
-            double dp = 0.0;
-            const double *do_r = w->d_o + r * Dv, *v_c = w->v + c * Dv;
-            for (int64_t d = 0; d < Dv; d++) dp += do_r[d] * v_c[d];
             /* softmax: dS = P (dP - D); softcap: x (1 - tanh²); raw = scale q · k */
-            dS[c] = p->scale64 * (pij * (dp - D[r]) * cap);
+            dS[c] = p->scale64 * (pij * (dS[c] - D[r]) * cap[c]);
         }
     }
 }
@@ -280,18 +354,13 @@ static void rows_dq(const attn_bwd_params *bp, const f64b_scratch *w, int64_t b,
     block_range(p, w, b, h, lk_b, i0, nq, &blo, &bhi);
     for (int64_t j0 = blo; j0 < bhi; j0 += BK) {
         const int64_t nk = bhi - j0 < BK ? bhi - j0 : BK;
-        if (tile_masked(p, w, b, h, i0, j0, nk)) continue;
+        const attn_tile_class cls = tile_class(p, w, b, h, i0, j0, nk);
+        if (cls == ATTN_TILE_MASKED) continue;
         load_keys(p, w, b, g, j0, nk);
-        tile_grads(bp, w, b, h, i0, nq, j0, nk, lse, D);
-        /* forward: raw_ij = scale q_i · k_j, so dQ_i += Σ_j dS_ij k_j */
-        for (int64_t r = 0; r < nq; r++)
-            for (int64_t c = 0; c < nk; c++) {
-                const double ds = w->dS[r * BK + c];
-                if (ds == 0.0) continue;
-                const double *k_c = w->k + c * Dk;
-                double *a = w->acc + r * Dk;
-                for (int64_t d = 0; d < Dk; d++) a[d] += ds * k_c[d];
-            }
+        tile_grads(bp, w, b, h, i0, nq, j0, nk, cls, lse, D);
+        /* forward: raw_ij = scale q_i · k_j, so dQ_i += Σ_j dS_ij k_j, the keys in order; a
+         * dS of 0 adds +0 (skip_zero): a masked key's K is not multiplied */
+        attn_gemm_f64(nq, Dk, nk, w->dS, BK, 1, w->k, Dk, w->acc, Dk, true, true);
     }
     double *dq = (double *)bp->dq;
     for (int64_t r = 0; r < nq; r++) {
@@ -300,9 +369,11 @@ static void rows_dq(const attn_bwd_params *bp, const f64b_scratch *w, int64_t b,
     }
 }
 
-/* Sweep 3: dK and dV of keys j0 .. of head (b, g), written to dk and dv. */
+/* Sweep 3: dK and dV of keys j0 .. of head (b, g), written to dk and dv; with_dq: also
+ * each tile's dQ terms added to dq in place (unit stride along Dk), for group_grads. */
 static void keys_dkdv(const attn_bwd_params *bp, const f64b_plan *pl, const f64b_scratch *w,
-                      int64_t b, int64_t g, int64_t j0, const double *LSE, const double *Dall) {
+                      int64_t b, int64_t g, int64_t j0, const double *LSE, const double *Dall,
+                      bool with_dq) {
     const attn_params *p = &bp->fwd;
     const int64_t nk = p->Lk - j0 < BK ? p->Lk - j0 : BK, Dk = p->Dk, Dv = p->Dv;
     const int64_t lk_b = attn_key_len(p, b);
@@ -316,27 +387,25 @@ static void keys_dkdv(const attn_bwd_params *bp, const f64b_plan *pl, const f64b
             int64_t blo, bhi;
             block_range(p, w, b, h, lk_b, i0, nq, &blo, &bhi);
             if (blo >= bhi || bhi <= j0 || blo >= j0 + nk) continue;  // no key of this block
-            if (tile_masked(p, w, b, h, i0, j0, nk)) continue;
+            const attn_tile_class cls = tile_class(p, w, b, h, i0, j0, nk);
+            if (cls == ATTN_TILE_MASKED) continue;
             if (!loaded) {
                 load_keys(p, w, b, g, j0, nk);
                 loaded = true;
             }
             load_rows(bp, w, b, h, i0, nq);
             const int64_t row0 = (b * p->Hq + h) * p->Lq + i0;
-            tile_grads(bp, w, b, h, i0, nq, j0, nk, LSE + row0, Dall + row0);
-            for (int64_t c = 0; c < nk; c++)
-                for (int64_t r = 0; r < nq; r++) {
-                    /* dV_j += Σ_i P_ij dO_i;  dK_j += Σ_i dS_ij q_i */
-                    const double pz = w->P[r * BK + c], ds = w->dS[r * BK + c];
-                    if (pz != 0.0) {
-                        const double *do_r = w->d_o + r * Dv;
-                        for (int64_t d = 0; d < Dv; d++) dV[c * Dv + d] += pz * do_r[d];
-                    }
-                    if (ds != 0.0) {
-                        const double *q_r = w->q + r * Dk;
-                        for (int64_t d = 0; d < Dk; d++) dK[c * Dk + d] += ds * q_r[d];
-                    }
-                }
+            tile_grads(bp, w, b, h, i0, nq, j0, nk, cls, LSE + row0, Dall + row0);
+            /* dV_j += Σ_i P_ij dO_i;  dK_j += Σ_i dS_ij q_i: the tile's rows in order, Pᵀ
+             * and dSᵀ read in place (A[c][r] at r BK + c); a weight of 0 adds +0, so a
+             * fully masked row's dO and Q are not multiplied */
+            attn_gemm_f64(nk, Dv, nq, w->P, 1, BK, w->d_o, Dv, dV, Dv, true, true);
+            attn_gemm_f64(nk, Dk, nq, w->dS, 1, BK, w->q, Dk, dK, Dk, true, true);
+            /* dQ_i += Σ_j dS_ij k_j, as rows_dq adds them: this block's keys in order */
+            if (with_dq)
+                attn_gemm_f64(nq, Dk, nk, w->dS, BK, 1, w->k, Dk,
+                              (double *)bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1] + i0 * bp->dq_s[2],
+                              bp->dq_s[2], true, true);
         }
     }
     double *dk = (double *)bp->dk, *dv = (double *)bp->dv;
@@ -348,21 +417,47 @@ static void keys_dkdv(const attn_bwd_params *bp, const f64b_plan *pl, const f64b
     }
 }
 
+/* Sweeps 2 and 3 in one, for the whole of head (b, g): dq of its query heads zeroed, then
+ * the key blocks in order, each adding its dQ terms beside its dK and dV (5 products per
+ * tile, not 3 + 4). Each dQ element gets the terms of rows_dq in the same order (the keys
+ * in order, the +0 of a skipped or masked key changing no bit of a sum that starts at
+ * +0), so the bits are those of the two sweeps. */
+static void group_grads(const attn_bwd_params *bp, const f64b_plan *pl, const f64b_scratch *w,
+                        int64_t b, int64_t g, const double *LSE, const double *Dall) {
+    const attn_params *p = &bp->fwd;
+    double *dq = (double *)bp->dq;
+    for (int64_t hh = 0; hh < p->group; hh++)
+        for (int64_t i = 0; i < p->Lq; i++) {
+            double *dq_i = dq + b * bp->dq_s[0] + (g * p->group + hh) * bp->dq_s[1] + i * bp->dq_s[2];
+            for (int64_t d = 0; d < p->Dk; d++) dq_i[d] = 0.0;
+        }
+    for (int64_t kb = 0; kb < pl->k_blocks; kb++) keys_dkdv(bp, pl, w, b, g, kb * BK, LSE, Dall, true);
+}
+
 attn_status attn_fused_f64_backward(const attn_bwd_params *bp, void *ws) {
     const attn_params *p = &bp->fwd;
     f64b_plan pl;
     if (!make_plan(bp, &pl)) return attn_fail(ATTN_ERR_OVERFLOW, "float64 backward plan overflows");
     double *base = ws, *LSE = base + pl.off_lse, *D = base + pl.off_D;
     attn_mask_summary sum;
-    if (p->mask || p->bias)
+    attn_params open;
+    if (p->mask || p->bias) {
         attn_mask_summary_init(p, (void *)(((uintptr_t)(base + pl.off_sum) + 63) & ~(uintptr_t)63),
                                &sum);
+        open = *p;
+        open.mask = NULL;
+        open.bias = NULL;
+    }
     const attn_mask_summary *sp = p->mask || p->bias ? &sum : NULL;
     /* keys no query row reads (beyond kv_len, outside every band) get dK = dV = 0: the
-     * key sweep writes every key it owns, so nothing is left unwritten */
+     * key sweep writes every key it owns, so nothing is left unwritten. With as many
+     * (b, g) heads as threads, and dq of unit stride along Dk, one item per head does
+     * sweeps 2 and 3 together (group_grads): the same bits, fewer products */
+    const bool whole = bp->dq_s[3] == 1 && p->B * p->Hkv >= p->threads;
 #pragma omp parallel num_threads(p->threads)
     {
-        const f64b_scratch w = carve(&pl, base + (int64_t)attn_thread_num() * pl.per_thread, sp);
+        const f64b_scratch w =
+            carve(&pl, base + (int64_t)attn_thread_num() * pl.per_thread, sp, sp ? &open : NULL);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < pl.row_items; t++) {
             const int64_t bh = t / pl.q_blocks, qb = t % pl.q_blocks;
@@ -386,17 +481,23 @@ attn_status attn_fused_f64_backward(const attn_bwd_params *bp, void *ws) {
                 bp->d_sinks[h * bp->d_sinks_s] = (float)-acc;
             }
         }
-#pragma omp for schedule(dynamic, 1) nowait
-        for (int64_t t = 0; t < pl.row_items; t++) {
-            const int64_t bh = t / pl.q_blocks, qb = t % pl.q_blocks;
-            const int64_t i0 = qb * BQ, nq = p->Lq - i0 < BQ ? p->Lq - i0 : BQ;
-            rows_dq(bp, &w, bh / p->Hq, bh % p->Hq, i0, nq, LSE + bh * p->Lq + i0,
-                    D + bh * p->Lq + i0);
-        }
+        if (whole) {
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < pl.key_items; t++) {
-            const int64_t bg = t / pl.k_blocks, kb = t % pl.k_blocks;
-            keys_dkdv(bp, &pl, &w, bg / p->Hkv, bg % p->Hkv, kb * BK, LSE, D);
+            for (int64_t t = 0; t < p->B * p->Hkv; t++)
+                group_grads(bp, &pl, &w, t / p->Hkv, t % p->Hkv, LSE, D);
+        } else {
+#pragma omp for schedule(dynamic, 1) nowait
+            for (int64_t t = 0; t < pl.row_items; t++) {
+                const int64_t bh = t / pl.q_blocks, qb = t % pl.q_blocks;
+                const int64_t i0 = qb * BQ, nq = p->Lq - i0 < BQ ? p->Lq - i0 : BQ;
+                rows_dq(bp, &w, bh / p->Hq, bh % p->Hq, i0, nq, LSE + bh * p->Lq + i0,
+                        D + bh * p->Lq + i0);
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < pl.key_items; t++) {
+                const int64_t bg = t / pl.k_blocks, kb = t % pl.k_blocks;
+                keys_dkdv(bp, &pl, &w, bg / p->Hkv, bg % p->Hkv, kb * BK, LSE, D, false);
+            }
         }
     }
     return ATTN_OK;

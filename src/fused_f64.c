@@ -5,25 +5,36 @@
  * A work item is a block of up to BQ query rows of one (batch, query head). The block
  * walks the union of its rows' structural key ranges (key length, causal band, window)
  * in tiles of BK keys. Per tile it copies K transposed and V into dense scratch, forms
- * each row's logits in float64 — the dot product summed over d in order 0 .. Dk-1, times
- * the scale, then attn_ref_finish (softcap, bias, ALiBi, bool mask): the reference's own
- * logit, bit for bit — and updates the row's running max m, running sum l and
- * unnormalized accumulator, rescaled by exp(m_old - m_new) when the max grows. A row is
+ * the rows' logits in float64 — the dot products of the tile as one product (gemm_f64.h:
+ * blocked, each summed over d in order 0 .. Dk-1), times the scale, then attn_ref_finish
+ * (softcap, bias, ALiBi, bool mask): the reference's own logit, bit for bit — and updates
+ * each row's running max m, running sum l and unnormalized accumulator, rescaled by
+ * exp(m_old - m_new) when the max grows, the tile's P·V added as one product. A row is
  * finished with one division. Keys outside a row's range are -inf and never multiply V;
  * a probability of exactly 0 never multiplies V either, so a masked key's NaN cannot
  * leak (as in reference.c). A NaN logit poisons its row, a fully masked row gives O = 0
  * and LSE = -inf, as the contract says.
  *
- * Extra memory: the workspace alone, BQ·Dk + BK·(Dk + Dv) + BQ·BK + BQ·Dv + 2·BQ doubles
- * per thread: independent of Lk. Each row is computed by one thread in a fixed order, so
- * results are bit-identical for any thread count. The weights, when asked for, are a
- * second sweep over the same tiles with the final (m, l).
+ * Masks by their structure (mask_summary.h, summarized once per call as the float32 path
+ * does): each row's key range is narrowed to the hulls of its mask's and bias's kept keys;
+ * a tile the mask or the bias masks whole for the rows' summary block is skipped (it would
+ * add exp(-inf) = 0); a row whose hull is all open, and a tile whose cells are all open,
+ * take the logits without the mask and the bias (no per-logit test: an open cell changes
+ * nothing). A kept key is never skipped, so the answer is the per-logit one.
+ *
+ * Extra memory: the workspace, BQ·Dk + BK·(Dk + Dv) + BQ·BK + BQ·Dv + 2·BQ doubles per
+ * thread, and with a mask or bias its summary (1/1024 of the mask): independent of Lk but
+ * for that summary. Each row is computed by one thread in a fixed order, so results are
+ * bit-identical for any thread count. The weights, when asked for, are a second sweep
+ * over the same tiles with the final (m, l).
  */
 #include <math.h>
 #include <string.h>
 
 #include "attn_internal.h"
+#include "gemm_f64.h"
 #include "half.h"
+#include "mask_summary.h"
 
 enum { BQ = 16, BK = 64 };
 
@@ -31,7 +42,15 @@ enum { BQ = 16, BK = 64 };
 typedef struct f64_plan {
     int64_t q_blocks, items;
     int64_t off_q, off_kt, off_v, off_s, off_acc, off_m, off_l, per_thread;
+    int64_t total;  // doubles of the call: the threads' slices, then the mask summary
 } f64_plan;
+
+/* What every work item reads: the params, the mask summary (NULL without mask and bias)
+ * and the params without mask and bias for the rows and tiles they leave open. */
+typedef struct f64_call {
+    const attn_params *p, *open;
+    const attn_mask_summary *sum;
+} f64_call;
 
 static bool make_plan(const attn_params *p, f64_plan *pl) {
     *pl = (f64_plan){0};
@@ -61,17 +80,20 @@ static bool make_plan(const attn_params *p, f64_plan *pl) {
     CARVE(off_l, (int64_t)BQ);
 #undef CARVE
     pl->per_thread = n;
+    const size_t sum_bytes = attn_mask_summary_bytes(p);
+    if (__builtin_mul_overflow(pl->per_thread, (int64_t)p->threads, &t) ||
+        sum_bytes == (size_t)-1 || sum_bytes / 8 > (size_t)INT64_MAX / 2 ||
+        __builtin_add_overflow(t, (int64_t)(sum_bytes / 8) + (sum_bytes ? 8 : 0), &t) ||  // + 8: to align
+        (uint64_t)t > SIZE_MAX / sizeof(double))
+        return false;
+    pl->total = t;
     return true;
 }
 
 size_t attn_fused_f64_workspace(const attn_params *p) {
     f64_plan pl;
     if (!make_plan(p, &pl)) return (size_t)-1;
-    int64_t total;
-    if (__builtin_mul_overflow(pl.per_thread, (int64_t)p->threads, &total) ||
-        (uint64_t)total > SIZE_MAX / sizeof(double))
-        return (size_t)-1;
-    return (size_t)total * sizeof(double);
+    return (size_t)pl.total * sizeof(double);
 }
 
 /* The tile's keys j0 .. j0+nk-1 of key/value head (b, g): K transposed, kt[d * BK + c],
@@ -87,20 +109,34 @@ static void load_tile(const attn_params *p, int64_t k_bg, int64_t v_bg, int64_t 
     }
 }
 
-/* Row r's final logits over the tile into s_r (nk of them): -inf outside [lo, hi). The
- * dot product accumulates over d in order, as reference.c's ref_logit, vectorized across
- * the tile's keys (each key's sum keeps its own order: no reassociation). */
-static void tile_logits(const attn_params *p, const double *q_r, const double *kt,
-                        int64_t j0, int64_t nk, int64_t lo, int64_t hi, int64_t b, int64_t h,
-                        int64_t i, int64_t d_i, double *s_r) {
-    for (int64_t c = 0; c < nk; c++) s_r[c] = 0.0;
-    for (int64_t d = 0; d < p->Dk; d++) {
-        const double qd = q_r[d];
-        const double *kt_d = kt + d * BK;
-        for (int64_t c = 0; c < nk; c++) s_r[c] += qd * kt_d[c];
-    }
+/* The dot products q_r · k_c of the tile's nq rows and nk keys into s (row r at s + r BK),
+ * each over d in order as reference.c's ref_logit (gemm_f64.h: blocking changes no bit). */
+static void tile_dots(const attn_params *p, const double *q, const double *kt, int64_t nq,
+                      int64_t nk, double *s) {
+    attn_gemm_f64(nq, nk, p->Dk, q, p->Dk, 1, kt, BK, s, BK, false, false);
+}
+
+/* Row r's final logits over the tile from its dot products s_r (in place, nk of them):
+ * -inf outside [lo, hi), else scale * dot then attn_ref_finish: reference.c's logit. */
+static void tile_logits(const attn_params *p, int64_t j0, int64_t nk, int64_t lo, int64_t hi,
+                        int64_t b, int64_t h, int64_t i, int64_t d_i, double *s_r) {
     const double scale = p->scale64;
     const bool elementwise = attn_has_elementwise(p);
+    if (!elementwise && lo <= j0 && j0 + nk <= hi) {  // every key in range, nothing to add
+#pragma omp simd
+        for (int64_t c = 0; c < nk; c++) s_r[c] *= scale;
+        return;
+    }
+    if (p->mask && !p->bias && !p->alibi && !(p->softcap > 0.0f)) {
+        /* a bool mask alone: attn_ref_finish keeps the logit or makes it -inf, here by
+         * the byte read in line */
+        const uint8_t *m_i = p->mask + b * p->mask_s[0] + h * p->mask_s[1] + i * p->mask_s[2];
+        for (int64_t c = 0; c < nk; c++) {
+            const int64_t j = j0 + c;
+            s_r[c] = j < lo || j >= hi || !m_i[j * p->mask_s[3]] ? -INFINITY : scale * s_r[c];
+        }
+        return;
+    }
     for (int64_t c = 0; c < nk; c++) {
         const int64_t j = j0 + c;
         if (j < lo || j >= hi) {
@@ -112,7 +148,22 @@ static void tile_logits(const attn_params *p, const double *q_r, const double *k
     }
 }
 
-static void item_forward(const attn_params *p, const f64_plan *pl, double *w, int64_t item) {
+/* The params row r of the tile computes with: p where the mask or bias is mixed in the
+ * tile, the open params where they leave the row or the tile open. */
+static const attn_params *row_params(const f64_call *x, bool dense, attn_tile_class cls) {
+    return x->sum && (dense || cls == ATTN_TILE_OPEN) ? x->open : x->p;
+}
+
+/* The tile's class for the block of rows from i0 (BQ divides ATTN_SUM_ROWS: one summary
+ * block holds the tile's rows); MIXED without a summary. */
+static attn_tile_class tile_class(const f64_call *x, int64_t b, int64_t h, int64_t i0,
+                                  int64_t j0, int64_t nk) {
+    return x->sum ? attn_mask_summary_tile(x->p, x->sum, b, h, 1, i0 / ATTN_SUM_ROWS, j0, nk)
+                  : ATTN_TILE_MIXED;
+}
+
+static void item_forward(const f64_call *x, const f64_plan *pl, double *w, int64_t item) {
+    const attn_params *p = x->p;
     const int64_t bh = item / pl->q_blocks, qb = item % pl->q_blocks;
     const int64_t b = bh / p->Hq, h = bh % p->Hq, g = h / p->group;
     const int64_t i0 = qb * BQ, nq = p->Lq - i0 < BQ ? p->Lq - i0 : BQ;
@@ -120,6 +171,7 @@ static void item_forward(const attn_params *p, const f64_plan *pl, double *w, in
     double *q = w + pl->off_q, *kt = w + pl->off_kt, *v = w + pl->off_v, *s = w + pl->off_s;
     double *acc = w + pl->off_acc, *m = w + pl->off_m, *l = w + pl->off_l;
     int64_t lo[BQ], hi[BQ], dg[BQ];
+    bool dense[BQ];  // the row's kept keys, after the summary's hulls, are all open
 
     const double *Q = p->q;
     const int64_t q_bh = b * p->q_s[0] + h * p->q_s[1];
@@ -128,6 +180,8 @@ static void item_forward(const attn_params *p, const f64_plan *pl, double *w, in
     for (int64_t r = 0; r < nq; r++) {
         const int64_t i = i0 + r;
         attn_row_range(p, lk_b, i, &lo[r], &hi[r]);
+        /* keys outside the hulls of the row's mask and bias are masked: by structure now */
+        dense[r] = x->sum && attn_mask_summary_row(p, x->sum, b, h, i, &lo[r], &hi[r]);
         dg[r] = attn_diagonal(p, lk_b, i);
         if (lo[r] < hi[r]) {
             if (lo[r] < blo) blo = lo[r];
@@ -141,15 +195,24 @@ static void item_forward(const attn_params *p, const f64_plan *pl, double *w, in
 
     for (int64_t j0 = blo; j0 < bhi; j0 += BK) {
         const int64_t nk = bhi - j0 < BK ? bhi - j0 : BK;
+        const attn_tile_class cls = tile_class(x, b, h, i0, j0, nk);
+        if (cls == ATTN_TILE_MASKED) continue;  // every key of every row masked: adds 0
         load_tile(p, k_bg, v_bg, j0, nk, kt, v);
+        tile_dots(p, q, kt, nq, nk, s);
         for (int64_t r = 0; r < nq; r++) {
-            if (lo[r] >= hi[r] || hi[r] <= j0 || lo[r] >= j0 + nk) continue;  // no key here
             double *s_r = s + r * BK, *acc_r = acc + r * Dv;
-            tile_logits(p, q + r * Dk, kt, j0, nk, lo[r], hi[r], b, h, i0 + r, dg[r], s_r);
+            if (lo[r] >= hi[r] || hi[r] <= j0 || lo[r] >= j0 + nk) {  // no key here
+                for (int64_t c = 0; c < nk; c++) s_r[c] = 0.0;  // weights of 0 for the product
+                continue;
+            }
+            tile_logits(row_params(x, dense[r], cls), j0, nk, lo[r], hi[r], b, h, i0 + r, dg[r], s_r);
             double mt = -INFINITY;
             for (int64_t c = 0; c < nk; c++)
                 if (isnan(s_r[c]) || s_r[c] > mt) mt = s_r[c];  // NaN sticks
-            if (mt == -INFINITY) continue;                         // every key masked
+            if (mt == -INFINITY) {  // every key masked
+                for (int64_t c = 0; c < nk; c++) s_r[c] = 0.0;
+                continue;
+            }
             const double m_old = m[r];
             const double m_new = isnan(m_old) || isnan(mt) ? NAN : (mt > m_old ? mt : m_old);
             if (!(m_new == m_old)) {  // the max grew (or turned NaN): rescale
@@ -161,14 +224,12 @@ static void item_forward(const attn_params *p, const f64_plan *pl, double *w, in
             for (int64_t c = 0; c < nk; c++) {
                 const double e = exp(s_r[c] - m_new);  // exp(-inf - m) = 0 for masked keys
                 l[r] += e;
-                /* a weight of exactly 0 contributes nothing: a masked key's V is never
-                 * multiplied */
-                if (e != 0.0) {
-                    const double *v_c = v + c * Dv;
-                    for (int64_t d = 0; d < Dv; d++) acc_r[d] += e * v_c[d];
-                }
+                s_r[c] = e;
             }
         }
+        /* acc_r += Σ_c e_rc v_c, over the keys in order; a weight of exactly 0 adds +0
+         * (skip_zero): a masked key's V is never multiplied */
+        attn_gemm_f64(nq, Dv, nk, s, BK, 1, v, Dv, acc, Dv, true, true);
     }
 
     /* the head's sink (CONTRACT "Attention sinks"): one more term of the denominator with
@@ -210,11 +271,14 @@ static void item_forward(const attn_params *p, const f64_plan *pl, double *w, in
     }
     for (int64_t j0 = blo; j0 < bhi; j0 += BK) {
         const int64_t nk = bhi - j0 < BK ? bhi - j0 : BK;
+        const attn_tile_class cls = tile_class(x, b, h, i0, j0, nk);
+        if (cls == ATTN_TILE_MASKED) continue;  // its weights are the 0 written above
         load_tile(p, k_bg, v_bg, j0, nk, kt, v);
+        tile_dots(p, q, kt, nq, nk, s);
         for (int64_t r = 0; r < nq; r++) {
             if (m[r] == -INFINITY || lo[r] >= hi[r] || hi[r] <= j0 || lo[r] >= j0 + nk) continue;
             double *s_r = s + r * BK;
-            tile_logits(p, q + r * Dk, kt, j0, nk, lo[r], hi[r], b, h, i0 + r, dg[r], s_r);
+            tile_logits(row_params(x, dense[r], cls), j0, nk, lo[r], hi[r], b, h, i0 + r, dg[r], s_r);
             float *w_r = p->weights + b * p->w_s[0] + h * p->w_s[1] + (i0 + r) * p->w_s[2];
             for (int64_t c = 0; c < nk; c++)
                 w_r[(j0 + c) * p->w_s[3]] = (float)(exp(s_r[c] - m[r]) / l[r]);
@@ -226,11 +290,23 @@ attn_status attn_fused_f64_forward(const attn_params *p, void *ws) {
     f64_plan pl;
     if (!make_plan(p, &pl)) return attn_fail(ATTN_ERR_OVERFLOW, "float64 fused plan overflows");
     double *base = ws;
+    attn_mask_summary sum;
+    attn_params open;
+    f64_call x = {.p = p};
+    if (p->mask || p->bias) {
+        void *at = (void *)(((uintptr_t)(base + pl.per_thread * p->threads) + 63) & ~(uintptr_t)63);
+        attn_mask_summary_init(p, at, &sum);
+        open = *p;
+        open.mask = NULL;
+        open.bias = NULL;
+        x.sum = &sum;
+        x.open = &open;
+    }
 #pragma omp parallel num_threads(p->threads)
     {
         double *w = base + (int64_t)attn_thread_num() * pl.per_thread;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < pl.items; t++) item_forward(p, &pl, w, t);
+        for (int64_t t = 0; t < pl.items; t++) item_forward(&x, &pl, w, t);
     }
     return ATTN_OK;
 }

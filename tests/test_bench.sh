@@ -315,6 +315,14 @@ else bad "bench --q8 output"; sed 's/^/    /' out.txt | tail -8; fi
 expect "bench --q8 --plant-error fails its check" 1 "$ATTN" bench --q8 --quick --reps 1 --plant-error
 expect "bench --q8 --reps 0" 2 "$ATTN" bench --q8 --reps 0
 
+# ---- the float64 rows (bench/bench_f64.c) ---------------------------------------------------
+expect "bench --f64 --quick" 0 "$ATTN" bench --f64 --quick --reps 1
+if [ "$(grep -c "fused vs reference: .* ok$" out.txt)" = 5 ] && grep -q "^  backward reference, no mask .*reference / fused" out.txt; then
+    ok "bench --f64 prints its checks and rows"
+else bad "bench --f64 output"; sed 's/^/    /' out.txt | tail -8; fi
+expect "bench --f64 --plant-error fails its check" 1 "$ATTN" bench --f64 --quick --reps 1 --plant-error
+expect "bench --f64 --reps 0" 2 "$ATTN" bench --f64 --reps 0
+
 # ---- the paged cache's decoding rows (bench/bench_paged.c) -----------------------------------
 expect "bench --paged --quick" 0 "$ATTN" bench --paged --quick --reps 1
 if grep -q "decode B=1 Lk=4096 float32  paged 16 .*paged/contig" out.txt &&

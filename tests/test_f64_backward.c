@@ -19,7 +19,8 @@
  *  3. Bit-identical dq, dk, dv, d_sinks for 1, 2 and 3 threads.
  *  4. NaN where nothing may read it: K, V rows past kv_len or masked for every row, dO of
  *     fully masked rows, a NaN bias where the bool mask masks; the masks the issue calls
- *     adversarial: key padding except one entry, causal except one entry; a mask that
+ *     adversarial: key padding except one entry, causal except one entry; NaN in K, V,
+ *     Q and dO inside the computed tiles where the mask keeps it out; a mask that
  *     says what kv_len or causal says gives their bits (the mask summary's skipped and
  *     narrowed tiles are exactly the structure's).
  *  5. Workspace independent of Lk; dropout refused (ATTN_ERR_UNSUPPORTED).
@@ -380,6 +381,44 @@ static void adversarial_masks(void) {
     }
 }
 
+/* NaN inside the tiles the backward computes, where nothing may multiply it: K and V rows
+ * of keys every row masks but that share a tile with kept keys, and Q and dO of a row the
+ * mask masks whole among rows it keeps. Through 1 thread (one item per (b, g) head) and
+ * 2 (the row and key sweeps), against the reference, NaN-free, O = 0 for the row. */
+static void nan_in_tiles(void) {
+    const shape s = {1, 2, 1, 40, 150, 8, 8};
+    bcase c;
+    case_make(&c, s, O_MASK, 606);
+    for (int64_t h = 0; h < s.Hq; h++)
+        for (int64_t i = 0; i < s.Lq; i++)
+            for (int64_t j = 0; j < s.Lk; j++)
+                c.mask[(h * s.Lq + i) * s.Lk + j] =
+                    !(h == 0 && i == 5) && (j < 100 || (h == 1 && i == 33 && j == 149));
+    for (int64_t j = 100; j < 149; j++)
+        for (int64_t d = 0; d < s.Dk; d++) c.k[j * s.Dk + d] = c.v[j * s.Dv + d] = NAN;
+    for (int64_t d = 0; d < s.Dk; d++) c.q[5 * s.Dk + d] = c.d_o[5 * s.Dv + d] = NAN;
+    attn_options fo = c.opt;
+    fo.lse = &c.tl;
+    CHECK(attn_forward(&c.tq, &c.tk, &c.tv, &c.to, &fo) == ATTN_OK, "nan_in_tiles forward");
+    CHECK(c.lse[5] == -INFINITY && c.o[5 * s.Dv] == 0.0 && all_finite(c.o, c.no),
+          "nan_in_tiles: the masked row's O is not 0, or NaN reached O");
+    grads r = run_bwd(&c, ATTN_PATH_REFERENCE, 1);
+    const double smax = smax_of(&c);
+    for (int t = 1; t <= 2; t++) {
+        grads f = run_bwd(&c, ATTN_PATH_AUTO, t);
+        CHECK(f.st == ATTN_OK && r.st == ATTN_OK, "nan_in_tiles %d: %s", t, attn_last_error());
+        CHECK(all_finite(f.dq, c.nq) && all_finite(f.dk, c.nk) && all_finite(f.dv, c.nv),
+              "nan_in_tiles, %d threads: NaN reached a gradient", t);
+        CHECK(within(f.dq, r.dq, c.nq, smax, TOL_REF, &g_worst) &&
+                  within(f.dk, r.dk, c.nk, smax, TOL_REF, &g_worst) &&
+                  within(f.dv, r.dv, c.nv, smax, TOL_REF, &g_worst),
+              "nan_in_tiles, %d threads vs reference", t);
+        grads_free(&f);
+    }
+    grads_free(&r);
+    case_free(&c);
+}
+
 /* A bool mask that says what the structure says gives the same bits as the structure:
  * key padding as a mask vs kv_len, a causal mask vs causal (the summarized mask's tiles
  * skipped or narrowed exactly where the structure's are). */
@@ -474,6 +513,7 @@ int main(void) {
     finite_differences(O_SOFTCAP | O_CAUSAL | O_BR | O_MASK | O_BIAS | O_KVLEN | O_ALIBI | O_SINKS, 0);
     nan_unread();
     adversarial_masks();
+    nan_in_tiles();
     mask_as_structure();
     memory_and_refusals();
     planted();

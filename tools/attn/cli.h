@@ -18,6 +18,7 @@ int cli_seq2seq(int argc, char **argv);  /* attn seq2seq (examples/seq2seq/cli_s
 int bench_additive(int argc, char **argv); /* attn bench --additive (bench/bench_additive.c) */
 int bench_paged(int argc, char **argv);    /* attn bench --paged (bench/bench_paged.c) */
 int bench_q8(int argc, char **argv);       /* attn bench --q8 (bench/bench_q8.c) */
+int bench_f64(int argc, char **argv);      /* attn bench --f64 (bench/bench_f64.c) */
 int bench_dropout(int argc, char **argv);  /* attn bench --dropout (bench/bench_dropout.c) */
 int bench_models(int argc, char **argv);   /* attn bench --models (bench/bench_models.c) */
 int bench_cascade(int argc, char **argv);  /* attn bench --cascade (bench/bench_cascade.c) */
