@@ -51,11 +51,17 @@
  * of dQ, nor more copies than fit in PARTIALS_MAX bytes (beyond the first). With C = 1
  * and a dq whose last stride is 1, dQ is summed in place in dq and needs no copy. */
 enum { TARGET_ITEMS = 16, CHUNKS_MAX = 8 };
+/* The tiles' rows (S, P, dP, dS: bq rows of bk keys) lie bk + TILE_SKEW floats apart, not
+ * a power of two: the products read a tile down its columns (dV += Pᵀ dO, dK += dSᵀ Q
+ * broadcast P and dS along a column of keys), and rows 512 bytes apart (bk = 128) would
+ * all fall into 8 of the L1's 64 sets. */
+enum { TILE_SKEW = 16 };
 #define PARTIALS_MAX ((int64_t)256 << 20)
 
 typedef struct bwd_plan {
     int64_t bq, row_pad;    // the kernel's (kernels/list.h): query rows per tile, row padding
-    int64_t bk;             // keys per block, a multiple of row_pad: also the tiles' row stride
+    int64_t bk;             // keys per block, a multiple of row_pad: Kᵀ's and Vᵀ's row stride
+    int64_t ld;             // the tiles' row stride, bk + TILE_SKEW
     int64_t k_blocks;       // ceil(Lk / bk)
     int64_t chunks;         // C
     int64_t chunk_blocks;   // key blocks per chunk
@@ -104,7 +110,8 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     if (__builtin_mul_overflow(heads, plan->chunks, &plan->items)) return false;
     plan->in_place = plan->chunks == 1 && bp->dq_s[3] == 1;
 
-    const size_t f = sizeof(float), tile = (size_t)(plan->bq * bk) * f;
+    plan->ld = bk + TILE_SKEW;
+    const size_t f = sizeof(float), tile = (size_t)(plan->bq * plan->ld) * f;
     size_t at = 0;
 #define CARVE(field, nbytes) (plan->field = at, at += round64(nbytes))
     CARVE(off_kd, (size_t)(bk * dk) * f);             // K block (nk, Dk)
@@ -113,9 +120,9 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     CARVE(off_vt, (size_t)(dv * bk) * f);             // Vᵀ (Dv, bk), zero columns past nk
     CARVE(off_q, (size_t)(plan->bq * dk) * f);        // query rows, when they must be packed
     CARVE(off_do, (size_t)(plan->bq * dv) * f);       // their dO, likewise
-    CARVE(off_s, tile);                               // S, then P      (bq, bk)
-    CARVE(off_dp, tile);                              // dP, then dS    (bq, bk)
-    CARVE(off_cap, p->softcap > 0.0f ? tile : 0);     // 1 - tanh²      (bq, bk)
+    CARVE(off_s, tile);                               // S, then P      (bq, ld)
+    CARVE(off_dp, tile);                              // dP, then dS    (bq, ld)
+    CARVE(off_cap, p->softcap > 0.0f ? tile : 0);     // 1 - tanh²      (bq, ld)
     CARVE(off_dk, (size_t)(bk * dk) * f);             // the block's dK (nk, Dk)
     CARVE(off_dv, (size_t)(bk * dv) * f);             // the block's dV (nk, Dv)
     CARVE(off_lse, plan->bq * f);
@@ -124,8 +131,8 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     CARVE(off_hi, plan->bq * sizeof(int64_t));
     CARVE(off_qr, (size_t)plan->q_blocks * 2 * sizeof(int64_t));
     CARVE(off_fin, (size_t)(p->group * plan->q_blocks) * 2);  // finite-rows flags, below
-    CARVE(off_z, p->dropout ? tile : 0);              // dropout factors Z (bq, bk)
-    CARVE(off_pd, p->dropout ? tile : 0);             // P ∘ Z          (bq, bk)
+    CARVE(off_z, p->dropout ? tile : 0);              // dropout factors Z (bq, ld)
+    CARVE(off_pd, p->dropout ? tile : 0);             // P ∘ Z          (bq, ld)
 #undef CARVE
     plan->thread_bytes = at;
 
@@ -161,7 +168,7 @@ typedef struct bwd_scratch {
     float *kd, *kt;             // the key block: (nk, Dk), (Dk, bk)
     float *vd, *vt;             // the value block: (nk, Dv), (Dv, bk)
     float *q, *d_o;             // (bq, Dk), (bq, Dv) query rows and dO, when packed
-    float *s, *dp, *cap;        // (bq, bk) S then P; dP then dS (scaled); softcap factors
+    float *s, *dp, *cap;        // (bq, ld) S then P; dP then dS (scaled); softcap factors
     float *dk, *dv;             // (bk, Dk), (bk, Dv) the key block's gradients
     float *lse, *D;             // (bq) per row: the LSE (+inf for rows without gradient), D_i
     int64_t *lo, *hi;           // (bq) each row's structural key range
@@ -169,7 +176,7 @@ typedef struct bwd_scratch {
     uint8_t *fin;               // (group, q_blocks, 2) per query block of each head of the
                                 // item: whether its dO rows, its Q rows hold no NaN or Inf
                                 // (0 not known yet, 1 yes, 2 no)
-    float *z, *pd;              // (bq, bk) with dropout: the factors Z (1/(1-p) or 0), P ∘ Z
+    float *z, *pd;              // (bq, ld) with dropout: the factors Z (1/(1-p) or 0), P ∘ Z
 } bwd_scratch;
 
 static bwd_scratch carve(const bwd_plan *plan, char *slice) {
@@ -268,6 +275,19 @@ static const float *query_rows(const float *base, const int64_t st[4], int64_t w
     return buf;
 }
 
+/* x where w != 0 (or NaN), else +0, by the bits: w = 0 (a masked or dropped weight) gives
+ * 0 whatever x holds (0 times a NaN of dP). A select of values already computed, which
+ * the compiler vectorizes under the default -ftrapping-math; the conditional product
+ * `w == 0 ? 0 : w * x` it computes under a branch, one element at a time (that form of the
+ * dS loop was 9% of the backward). */
+static inline float unless_zero(float w, float x) {
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    b &= 0u - (uint32_t)(w != 0.0f);
+    memcpy(&x, &b, sizeof b);
+    return x;
+}
+
 /* ---- the fused path: one tile ----------------------------------------------------------
  * Query rows i0 .. i0+n-1 of head h against the packed key block j0 .. j0+nk-1 (batch b):
  * adds the tile's dV and dK to w->dv, w->dk and its dQ to dq_acc (rows i0.., stride ldacc). */
@@ -281,7 +301,7 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                           uint8_t fin[2], bool open_tile) {
     const attn_params *p = &bp->fwd;
     const attn_kernels *kern = p->kernels;
-    const int64_t dk = p->Dk, dv = p->Dv, n = t->n, nk = t->nk, ld = plan->bk;
+    const int64_t dk = p->Dk, dv = p->Dv, n = t->n, nk = t->nk, ld = plan->ld, bk = plan->bk;
     const int64_t nkpad = pad_rows(plan, nk);
 
     int64_t ldq, ldo;
@@ -306,7 +326,7 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
     const bool elementwise = attn_has_elementwise(pt), softcap = p->softcap > 0.0f;
 
     /* forward (tile_logits): s = scale q_i · k_j, S = scale Q Kᵀ here in (rows, keys) */
-    kern->qk(nk, nkpad, n, dk, w->kd, w->kt, ld, q, ldq, p->scale, w->s, ld);
+    kern->qk(nk, nkpad, n, dk, w->kd, w->kt, bk, q, ldq, p->scale, w->s, ld);
 
     for (int64_t r = 0; r < n; r++) {
         float *s_r = w->s + r * ld, *cap_r = w->cap + r * ld;
@@ -355,12 +375,13 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                                    p->drop_threshold, p->drop_scale, row, (uint64_t)p->Lk,
                                    (uint64_t)t->j0, (uint64_t)nk, z_r, 1);
             for (int64_t c = nk; c < nkpad; c++) z_r[c] = 0.0f;
-            for (int64_t c = 0; c < nkpad; c++) pd_r[c] = z_r[c] == 0.0f ? 0.0f : P_r[c] * z_r[c];
+#pragma omp simd
+            for (int64_t c = 0; c < nkpad; c++) pd_r[c] = unless_zero(z_r[c], P_r[c] * z_r[c]);
         }
 
     /* forward: o_i = Σ_j P_ij Z_ij v_j (Z = 1 without dropout), so
      * dV_j += Σ_i P_ij Z_ij dO_i. A zero weight must not multiply a NaN or Inf of dO (a
-     * fully masked row's dO is not read): pv skips zeros, at a cost (a test per row and
+     * fully masked row's dO is not read): gemm skips zeros, at a cost (a test per row and
      * key), only when dO's rows are not all finite; otherwise 0 · dO adds an exact 0.
      * Likewise Q below for dK. */
     if (!fin[0]) fin[0] = attn_rows_finite(d_o, ldo, n, dv) ? 1 : 2;
@@ -369,34 +390,32 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
 
     /* dP_ij = Z_ij (dO_i · v_j): dO Vᵀ, with qk's roles swapped as for S, then times Z
      * (below, where dS is formed; a dropped key's dP is 0 whatever its V holds) */
-    kern->qk(nk, nkpad, n, dv, w->vd, w->vt, ld, d_o, ldo, 1.0f, w->dp, ld);
+    kern->qk(nk, nkpad, n, dv, w->vd, w->vt, bk, d_o, ldo, 1.0f, w->dp, ld);
     if (dropout)
         for (int64_t r = 0; r < n; r++) {
             float *dp_r = w->dp + r * ld;
             const float *z_r = w->z + r * ld;
-            for (int64_t c = 0; c < nkpad; c++) dp_r[c] = z_r[c] == 0.0f ? 0.0f : dp_r[c] * z_r[c];
+#pragma omp simd
+            for (int64_t c = 0; c < nkpad; c++) dp_r[c] = unless_zero(z_r[c], dp_r[c] * z_r[c]);
         }
 
     /* softmax: dS_ij = P_ij (dP_ij - D_i), with the undropped P (the softmax's output;
      * D_i = dO_i · O_i = Σ_j P_ij dP_ij holds with dropout too, since O_i = Σ_j P_ij Z_ij v_j);
      * then through the softcap (x cap_ij) and the
      * scale (forward: s = scale q_i · k_j). P = 0 (masked) gives dS = 0 exactly, whatever
-     * dP holds: a masked key's V may be NaN. */
+     * dP holds: a masked key's V may be NaN (unless_zero). */
     for (int64_t r = 0; r < n; r++) {
         const float *P_r = w->s + r * ld, *cap_r = w->cap + r * ld;
         float *dS_r = w->dp + r * ld;
         const float D_r = w->D[r], scale = p->scale;
         if (softcap) {
-            for (int64_t c = 0; c < nkpad; c++) {
-                const float ds = P_r[c] == 0.0f ? 0.0f : P_r[c] * (dS_r[c] - D_r) * cap_r[c];
-                dS_r[c] = ds * scale;
-            }
+#pragma omp simd
+            for (int64_t c = 0; c < nkpad; c++)
+                dS_r[c] = unless_zero(P_r[c], P_r[c] * (dS_r[c] - D_r) * cap_r[c] * scale);
         } else {
 #pragma omp simd
-            for (int64_t c = 0; c < nkpad; c++) {
-                const float ds = P_r[c] == 0.0f ? 0.0f : P_r[c] * (dS_r[c] - D_r);
-                dS_r[c] = ds * scale;
-            }
+            for (int64_t c = 0; c < nkpad; c++)
+                dS_r[c] = unless_zero(P_r[c], P_r[c] * (dS_r[c] - D_r) * scale);
         }
     }
 
