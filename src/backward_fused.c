@@ -19,7 +19,7 @@
  * chunk order into dq. Every float is therefore produced by one thread in an order fixed
  * by the shapes: bit-identical for any thread count and on repeated runs.
  *
- * Extra memory (the workspace): per thread a few tiles and packed blocks (about 200 KiB
+ * Extra memory (the workspace): per thread a few tiles and packed blocks (about 300 KiB
  * at D = 64) and a table of Lq / 64 query blocks; D_i = dO_i · O_i for every row
  * (B * Hq * Lq floats); the C dQ partials (C * B * Hq * Lq * Dk floats). None of it grows
  * with Lq x Lk.
@@ -51,17 +51,18 @@
  * of dQ, nor more copies than fit in PARTIALS_MAX bytes (beyond the first). With C = 1
  * and a dq whose last stride is 1, dQ is summed in place in dq and needs no copy. */
 enum { TARGET_ITEMS = 16, CHUNKS_MAX = 8 };
-/* The tiles' rows (S, P, dP, dS: bq rows of bk keys) lie bk + TILE_SKEW floats apart, not
- * a power of two: the products read a tile down its columns (dV += Pᵀ dO, dK += dSᵀ Q
- * broadcast P and dS along a column of keys), and rows 512 bytes apart (bk = 128) would
- * all fall into 8 of the L1's 64 sets. */
+/* The rows of the tiles (S, P, dP, dS: bq rows of bk keys) and of the packed Kᵀ and Vᵀ
+ * (Dk, Dv rows of bk keys) lie bk + TILE_SKEW floats apart, not a power of two: the
+ * kernels read them down their columns (gemm broadcasts P and dS along a column of keys
+ * for dV and dK, qk loads a row of Kᵀ a step for each Dk), and rows 512 bytes apart
+ * (bk = 128) would all fall into 8 of the L1's 64 sets. */
 enum { TILE_SKEW = 16 };
 #define PARTIALS_MAX ((int64_t)256 << 20)
 
 typedef struct bwd_plan {
     int64_t bq, row_pad;    // the kernel's (kernels/list.h): query rows per tile, row padding
-    int64_t bk;             // keys per block, a multiple of row_pad: Kᵀ's and Vᵀ's row stride
-    int64_t ld;             // the tiles' row stride, bk + TILE_SKEW
+    int64_t bk;             // keys per block, a multiple of row_pad
+    int64_t ld;             // the row stride of the tiles, Kᵀ and Vᵀ: bk + TILE_SKEW
     int64_t k_blocks;       // ceil(Lk / bk)
     int64_t chunks;         // C
     int64_t chunk_blocks;   // key blocks per chunk
@@ -115,9 +116,9 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     size_t at = 0;
 #define CARVE(field, nbytes) (plan->field = at, at += round64(nbytes))
     CARVE(off_kd, (size_t)(bk * dk) * f);             // K block (nk, Dk)
-    CARVE(off_kt, (size_t)(dk * bk) * f);             // Kᵀ (Dk, bk), zero columns past nk
+    CARVE(off_kt, (size_t)(dk * plan->ld) * f);       // Kᵀ (Dk, ld), zero columns past nk
     CARVE(off_vd, (size_t)(bk * dv) * f);             // V block (nk, Dv)
-    CARVE(off_vt, (size_t)(dv * bk) * f);             // Vᵀ (Dv, bk), zero columns past nk
+    CARVE(off_vt, (size_t)(dv * plan->ld) * f);       // Vᵀ (Dv, ld), zero columns past nk
     CARVE(off_q, (size_t)(plan->bq * dk) * f);        // query rows, when they must be packed
     CARVE(off_do, (size_t)(plan->bq * dv) * f);       // their dO, likewise
     CARVE(off_s, tile);                               // S, then P      (bq, ld)
@@ -165,8 +166,8 @@ size_t attn_fused_backward_workspace(const attn_bwd_params *bp) {
 /* ---- the fused path: one thread's scratch ------------------------------------------- */
 
 typedef struct bwd_scratch {
-    float *kd, *kt;             // the key block: (nk, Dk), (Dk, bk)
-    float *vd, *vt;             // the value block: (nk, Dv), (Dv, bk)
+    float *kd, *kt;             // the key block: (nk, Dk), (Dk, ld)
+    float *vd, *vt;             // the value block: (nk, Dv), (Dv, ld)
     float *q, *d_o;             // (bq, Dk), (bq, Dv) query rows and dO, when packed
     float *s, *dp, *cap;        // (bq, ld) S then P; dP then dS (scaled); softcap factors
     float *dk, *dv;             // (bk, Dk), (bk, Dv) the key block's gradients
@@ -236,7 +237,7 @@ static float sink_grad(const attn_bwd_params *bp, const float *D, int64_t h) {
  * query rows of the group's heads. */
 static bool pack_key_block(const attn_params *p, const bwd_plan *plan, const bwd_scratch *w,
                            int64_t b, int64_t g, int64_t j0, int64_t nk) {
-    const int64_t dk = p->Dk, dv = p->Dv, bk = plan->bk, nkpad = pad_rows(plan, nk);
+    const int64_t dk = p->Dk, dv = p->Dv, ld = plan->ld, nkpad = pad_rows(plan, nk);
     const float *k = (const float *)p->k + b * p->k_s[0] + g * p->k_s[1] + j0 * p->k_s[2];
     const float *v = (const float *)p->v + b * p->v_s[0] + g * p->v_s[1] + j0 * p->v_s[2];
     bool finite = true;
@@ -245,18 +246,18 @@ static bool pack_key_block(const attn_params *p, const bwd_plan *plan, const bwd
             const float x = k[c * p->k_s[2] + d * p->k_s[3]];
             finite &= isfinite(x) != 0;
             w->kd[c * dk + d] = x;
-            w->kt[d * bk + c] = x;
+            w->kt[d * ld + c] = x;
         }
         for (int64_t d = 0; d < dv; d++) {
             const float x = v[c * p->v_s[2] + d * p->v_s[3]];
             w->vd[c * dv + d] = x;
-            w->vt[d * bk + c] = x;
+            w->vt[d * ld + c] = x;
         }
     }
     for (int64_t d = 0; d < dk; d++)
-        for (int64_t c = nk; c < nkpad; c++) w->kt[d * bk + c] = 0.0f;
+        for (int64_t c = nk; c < nkpad; c++) w->kt[d * ld + c] = 0.0f;
     for (int64_t d = 0; d < dv; d++)
-        for (int64_t c = nk; c < nkpad; c++) w->vt[d * bk + c] = 0.0f;
+        for (int64_t c = nk; c < nkpad; c++) w->vt[d * ld + c] = 0.0f;
     return finite;
 }
 
@@ -301,7 +302,7 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                           uint8_t fin[2], bool open_tile) {
     const attn_params *p = &bp->fwd;
     const attn_kernels *kern = p->kernels;
-    const int64_t dk = p->Dk, dv = p->Dv, n = t->n, nk = t->nk, ld = plan->ld, bk = plan->bk;
+    const int64_t dk = p->Dk, dv = p->Dv, n = t->n, nk = t->nk, ld = plan->ld;
     const int64_t nkpad = pad_rows(plan, nk);
 
     int64_t ldq, ldo;
@@ -326,7 +327,7 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
     const bool elementwise = attn_has_elementwise(pt), softcap = p->softcap > 0.0f;
 
     /* forward (tile_logits): s = scale q_i · k_j, S = scale Q Kᵀ here in (rows, keys) */
-    kern->qk(nk, nkpad, n, dk, w->kd, w->kt, bk, q, ldq, p->scale, w->s, ld);
+    kern->qk(nk, nkpad, n, dk, w->kd, w->kt, ld, q, ldq, p->scale, w->s, ld);
 
     for (int64_t r = 0; r < n; r++) {
         float *s_r = w->s + r * ld, *cap_r = w->cap + r * ld;
@@ -390,7 +391,7 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
 
     /* dP_ij = Z_ij (dO_i · v_j): dO Vᵀ, with qk's roles swapped as for S, then times Z
      * (below, where dS is formed; a dropped key's dP is 0 whatever its V holds) */
-    kern->qk(nk, nkpad, n, dv, w->vd, w->vt, bk, d_o, ldo, 1.0f, w->dp, ld);
+    kern->qk(nk, nkpad, n, dv, w->vd, w->vt, ld, d_o, ldo, 1.0f, w->dp, ld);
     if (dropout)
         for (int64_t r = 0; r < n; r++) {
             float *dp_r = w->dp + r * ld;
