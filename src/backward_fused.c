@@ -5,8 +5,9 @@
  *
  * The fused path recomputes the probabilities tile by tile from Q, K and the forward's
  * LSE, P = exp(s - lse), and never forms the Lq x Lk matrix. The arithmetic on a tile is
- * the forward's micro-kernels (kernels.h): qk gives Sᵀ = scale K Qᵀ and dPᵀ = V dOᵀ; pv
- * gives dV += Pᵀ dO, dK += dSᵀ Q and dQ += dS K once P and dS are laid out as it expects.
+ * the micro-kernels of the table (kernels.h): qk gives S = scale Q Kᵀ and dP = dO Vᵀ with
+ * its roles swapped; gemm, the plain matrix product, gives dV += Pᵀ dO, dK += dSᵀ Q and
+ * dQ += dS K.
  * What it is not: the argument checks, the 16-bit copies (backward.c) or the float64
  * reference (reference_backward.c).
  *
@@ -18,7 +19,7 @@
  * chunk order into dq. Every float is therefore produced by one thread in an order fixed
  * by the shapes: bit-identical for any thread count and on repeated runs.
  *
- * Extra memory (the workspace): per thread a few tiles and packed blocks (about 200 KiB
+ * Extra memory (the workspace): per thread a few tiles and packed blocks (about 300 KiB
  * at D = 64) and a table of Lq / 64 query blocks; D_i = dO_i · O_i for every row
  * (B * Hq * Lq floats); the C dQ partials (C * B * Hq * Lq * Dk floats). None of it grows
  * with Lq x Lk.
@@ -37,12 +38,11 @@
  * Layout. A tile is bq query rows i against bk keys j. Unlike the forward, the tile is
  * kept in its natural layout, S (rows, keys), which the qk kernel gives when its roles are
  * swapped (the keys play its "rows", packed transposed once per key block, and the query
- * rows play its "keys", read in place). Then P and dS have the layout pv reads for
- * dV += Pᵀ dO and dK += dSᵀ Q, and dQ += dS K is a qk call again (dS as its "keys", K as
- * its packed "rows"): no tile is ever transposed. qk has no rule for zero terms, so the
- * dQ product goes through it only when the key block is finite (then a zero dS times
- * K is an exact zero, the same as skipping it); a block holding NaN or Inf — a masked
- * key's garbage — takes pv on dSᵀ instead, which never multiplies a zero dS. */
+ * rows play its "keys", read in place). The three products are gemm calls on the tiles
+ * as they lie: dV += Pᵀ dO and dK += dSᵀ Q read P and dS transposed (trans_a), dQ += dS K
+ * reads them as they are; no tile is ever transposed. A zero P or dS (a masked key, a
+ * fully masked row) must not multiply a NaN or Inf of dO, Q or K: gemm's skip_zeros
+ * is asked for whenever those rows are not known to be finite. */
 
 /* bq query rows and bk keys per tile (the kernel's geometry, kernels/list.h); bk shrinks
  * from the kernel's bk_max (not below its bk_min) so that the key block's
@@ -51,12 +51,18 @@
  * of dQ, nor more copies than fit in PARTIALS_MAX bytes (beyond the first). With C = 1
  * and a dq whose last stride is 1, dQ is summed in place in dq and needs no copy. */
 enum { TARGET_ITEMS = 16, CHUNKS_MAX = 8 };
+/* The rows of the tiles (S, P, dP, dS: bq rows of bk keys) and of the packed Kᵀ and Vᵀ
+ * (Dk, Dv rows of bk keys) lie bk + TILE_SKEW floats apart, not a power of two: the
+ * kernels read them down their columns (gemm broadcasts P and dS along a column of keys
+ * for dV and dK, qk loads a row of Kᵀ a step for each Dk), and rows 512 bytes apart
+ * (bk = 128) would all fall into 8 of the L1's 64 sets. */
+enum { TILE_SKEW = 16 };
 #define PARTIALS_MAX ((int64_t)256 << 20)
 
 typedef struct bwd_plan {
     int64_t bq, row_pad;    // the kernel's (kernels/list.h): query rows per tile, row padding
-    int64_t bk;             // keys per block, a multiple of row_pad: also the tiles' row stride
-    int64_t dkpad;          // Dk rounded up to row_pad
+    int64_t bk;             // keys per block, a multiple of row_pad
+    int64_t ld;             // the row stride of the tiles, Kᵀ and Vᵀ: bk + TILE_SKEW
     int64_t k_blocks;       // ceil(Lk / bk)
     int64_t chunks;         // C
     int64_t chunk_blocks;   // key blocks per chunk
@@ -66,9 +72,8 @@ typedef struct bwd_plan {
     bool in_place;          // dQ summed in dq itself (C = 1, dq's last stride 1)
     size_t off_d, off_part; // D (B, Hq, Lq) and the partials (C, B, Hq, Lq, Dk), after the slices
     size_t total;
-    size_t off_kd, off_kt, off_kp, off_ktd, off_vd, off_vt, off_q, off_do, off_s, off_dp,
-        off_cap, off_dst, off_dqt, off_dk, off_dv, off_lse, off_D, off_ones, off_lo, off_hi,
-        off_qr, off_fin, off_z, off_pd;
+    size_t off_kd, off_kt, off_vd, off_vt, off_q, off_do, off_s, off_dp, off_cap, off_dk,
+        off_dv, off_lse, off_D, off_lo, off_hi, off_qr, off_fin, off_z, off_pd;
     size_t off_sum;         // the mask summary (mask_summary.h), after the partials
     /* the summary and the params without mask and bias, for the tiles they leave open;
      * both NULL without mask or bias (set by attn_fused_backward) */
@@ -92,7 +97,6 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     int64_t bk = geom->bk_max;
     while (bk > geom->bk_min && bk * (dk + dv) * 4 * (int64_t)sizeof(float) > 256 * 1024) bk /= 2;
     plan->bk = bk;
-    plan->dkpad = pad_rows(plan, dk);
     plan->k_blocks = (p->Lk + bk - 1) / bk;
     plan->q_blocks = (p->Lq + plan->bq - 1) / plan->bq;
     const int64_t heads = p->B * p->Hkv;  // fits: the tensors' counts were checked
@@ -107,33 +111,29 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     if (__builtin_mul_overflow(heads, plan->chunks, &plan->items)) return false;
     plan->in_place = plan->chunks == 1 && bp->dq_s[3] == 1;
 
-    const size_t f = sizeof(float), tile = (size_t)(plan->bq * bk) * f;
+    plan->ld = bk + TILE_SKEW;
+    const size_t f = sizeof(float), tile = (size_t)(plan->bq * plan->ld) * f;
     size_t at = 0;
 #define CARVE(field, nbytes) (plan->field = at, at += round64(nbytes))
     CARVE(off_kd, (size_t)(bk * dk) * f);             // K block (nk, Dk)
-    CARVE(off_kt, (size_t)(dk * bk) * f);             // Kᵀ (Dk, bk), zero columns past nk
-    CARVE(off_kp, (size_t)(bk * plan->dkpad) * f);    // K (nk, dkpad), zero columns past Dk
-    CARVE(off_ktd, (size_t)(dk * bk) * f);            // Kᵀ (Dk, nk) dense
+    CARVE(off_kt, (size_t)(dk * plan->ld) * f);       // Kᵀ (Dk, ld), zero columns past nk
     CARVE(off_vd, (size_t)(bk * dv) * f);             // V block (nk, Dv)
-    CARVE(off_vt, (size_t)(dv * bk) * f);             // Vᵀ (Dv, bk), zero columns past nk
+    CARVE(off_vt, (size_t)(dv * plan->ld) * f);       // Vᵀ (Dv, ld), zero columns past nk
     CARVE(off_q, (size_t)(plan->bq * dk) * f);        // query rows, when they must be packed
     CARVE(off_do, (size_t)(plan->bq * dv) * f);       // their dO, likewise
-    CARVE(off_s, tile);                               // S, then P      (bq, bk)
-    CARVE(off_dp, tile);                              // dP, then dS    (bq, bk)
-    CARVE(off_cap, p->softcap > 0.0f ? tile : 0);     // 1 - tanh²      (bq, bk)
-    CARVE(off_dst, tile);                             // dSᵀ            (bk, bq), non-finite K only
-    CARVE(off_dqt, (size_t)(plan->bq * plan->dkpad) * f);  // the tile's dS K (bq, dkpad)
+    CARVE(off_s, tile);                               // S, then P      (bq, ld)
+    CARVE(off_dp, tile);                              // dP, then dS    (bq, ld)
+    CARVE(off_cap, p->softcap > 0.0f ? tile : 0);     // 1 - tanh²      (bq, ld)
     CARVE(off_dk, (size_t)(bk * dk) * f);             // the block's dK (nk, Dk)
     CARVE(off_dv, (size_t)(bk * dv) * f);             // the block's dV (nk, Dv)
     CARVE(off_lse, plan->bq * f);
     CARVE(off_D, plan->bq * f);
-    CARVE(off_ones, (plan->bq > plan->bk ? plan->bq : plan->bk) * f);
     CARVE(off_lo, plan->bq * sizeof(int64_t));
     CARVE(off_hi, plan->bq * sizeof(int64_t));
     CARVE(off_qr, (size_t)plan->q_blocks * 2 * sizeof(int64_t));
     CARVE(off_fin, (size_t)(p->group * plan->q_blocks) * 2);  // finite-rows flags, below
-    CARVE(off_z, p->dropout ? tile : 0);              // dropout factors Z (bq, bk)
-    CARVE(off_pd, p->dropout ? tile : 0);             // P ∘ Z          (bq, bk)
+    CARVE(off_z, p->dropout ? tile : 0);              // dropout factors Z (bq, ld)
+    CARVE(off_pd, p->dropout ? tile : 0);             // P ∘ Z          (bq, ld)
 #undef CARVE
     plan->thread_bytes = at;
 
@@ -166,37 +166,32 @@ size_t attn_fused_backward_workspace(const attn_bwd_params *bp) {
 /* ---- the fused path: one thread's scratch ------------------------------------------- */
 
 typedef struct bwd_scratch {
-    float *kd, *kt, *kp, *ktd;  // the key block: (nk, Dk), (Dk, bk), (nk, dkpad), (Dk, nk)
-    float *vd, *vt;             // the value block: (nk, Dv), (Dv, bk)
+    float *kd, *kt;             // the key block: (nk, Dk), (Dk, ld)
+    float *vd, *vt;             // the value block: (nk, Dv), (Dv, ld)
     float *q, *d_o;             // (bq, Dk), (bq, Dv) query rows and dO, when packed
-    float *s, *dp, *cap;        // (bq, bk) S then P; dP then dS (scaled); softcap factors
-    float *dst;                 // (bk, bq) dSᵀ, for a key block that is not finite
-    float *dqt;                 // (bq, dkpad) the tile's dS K
+    float *s, *dp, *cap;        // (bq, ld) S then P; dP then dS (scaled); softcap factors
     float *dk, *dv;             // (bk, Dk), (bk, Dv) the key block's gradients
     float *lse, *D;             // (bq) per row: the LSE (+inf for rows without gradient), D_i
-    float *ones;                // 1.0f: pv's alpha, so that acc = acc * 1 + the tile's sum
     int64_t *lo, *hi;           // (bq) each row's structural key range
     int64_t *qr;                // (q_blocks, 2) per query block: jmin, jmax of its rows' ranges
     uint8_t *fin;               // (group, q_blocks, 2) per query block of each head of the
                                 // item: whether its dO rows, its Q rows hold no NaN or Inf
                                 // (0 not known yet, 1 yes, 2 no)
-    float *z, *pd;              // (bq, bk) with dropout: the factors Z (1/(1-p) or 0), P ∘ Z
+    float *z, *pd;              // (bq, ld) with dropout: the factors Z (1/(1-p) or 0), P ∘ Z
 } bwd_scratch;
 
 static bwd_scratch carve(const bwd_plan *plan, char *slice) {
 #define AT(field, type) (type *)(slice + plan->field)
     bwd_scratch w = {
-        .kd = AT(off_kd, float),   .kt = AT(off_kt, float),   .kp = AT(off_kp, float),
-        .ktd = AT(off_ktd, float), .vd = AT(off_vd, float),   .vt = AT(off_vt, float),
-        .q = AT(off_q, float),     .d_o = AT(off_do, float),  .s = AT(off_s, float),
-        .dp = AT(off_dp, float),   .cap = AT(off_cap, float), .dst = AT(off_dst, float),
-        .dqt = AT(off_dqt, float), .dk = AT(off_dk, float),   .dv = AT(off_dv, float),
-        .lse = AT(off_lse, float), .D = AT(off_D, float),     .ones = AT(off_ones, float),
-        .lo = AT(off_lo, int64_t), .hi = AT(off_hi, int64_t), .qr = AT(off_qr, int64_t),
+        .kd = AT(off_kd, float),   .kt = AT(off_kt, float),   .vd = AT(off_vd, float),
+        .vt = AT(off_vt, float),   .q = AT(off_q, float),     .d_o = AT(off_do, float),
+        .s = AT(off_s, float),     .dp = AT(off_dp, float),   .cap = AT(off_cap, float),
+        .dk = AT(off_dk, float),   .dv = AT(off_dv, float),   .lse = AT(off_lse, float),
+        .D = AT(off_D, float),     .lo = AT(off_lo, int64_t), .hi = AT(off_hi, int64_t),
+        .qr = AT(off_qr, int64_t),
         .fin = AT(off_fin, uint8_t), .z = AT(off_z, float), .pd = AT(off_pd, float),
     };
 #undef AT
-    for (int r = 0; r < (plan->bq > plan->bk ? plan->bq : plan->bk); r++) w.ones[r] = 1.0f;
     return w;
 }
 
@@ -242,7 +237,7 @@ static float sink_grad(const attn_bwd_params *bp, const float *D, int64_t h) {
  * query rows of the group's heads. */
 static bool pack_key_block(const attn_params *p, const bwd_plan *plan, const bwd_scratch *w,
                            int64_t b, int64_t g, int64_t j0, int64_t nk) {
-    const int64_t dk = p->Dk, dv = p->Dv, bk = plan->bk, dkpad = plan->dkpad, nkpad = pad_rows(plan, nk);
+    const int64_t dk = p->Dk, dv = p->Dv, ld = plan->ld, nkpad = pad_rows(plan, nk);
     const float *k = (const float *)p->k + b * p->k_s[0] + g * p->k_s[1] + j0 * p->k_s[2];
     const float *v = (const float *)p->v + b * p->v_s[0] + g * p->v_s[1] + j0 * p->v_s[2];
     bool finite = true;
@@ -251,21 +246,18 @@ static bool pack_key_block(const attn_params *p, const bwd_plan *plan, const bwd
             const float x = k[c * p->k_s[2] + d * p->k_s[3]];
             finite &= isfinite(x) != 0;
             w->kd[c * dk + d] = x;
-            w->kp[c * dkpad + d] = x;
-            w->kt[d * bk + c] = x;
-            w->ktd[d * nk + c] = x;
+            w->kt[d * ld + c] = x;
         }
-        for (int64_t d = dk; d < dkpad; d++) w->kp[c * dkpad + d] = 0.0f;
         for (int64_t d = 0; d < dv; d++) {
             const float x = v[c * p->v_s[2] + d * p->v_s[3]];
             w->vd[c * dv + d] = x;
-            w->vt[d * bk + c] = x;
+            w->vt[d * ld + c] = x;
         }
     }
     for (int64_t d = 0; d < dk; d++)
-        for (int64_t c = nk; c < nkpad; c++) w->kt[d * bk + c] = 0.0f;
+        for (int64_t c = nk; c < nkpad; c++) w->kt[d * ld + c] = 0.0f;
     for (int64_t d = 0; d < dv; d++)
-        for (int64_t c = nk; c < nkpad; c++) w->vt[d * bk + c] = 0.0f;
+        for (int64_t c = nk; c < nkpad; c++) w->vt[d * ld + c] = 0.0f;
     return finite;
 }
 
@@ -284,6 +276,19 @@ static const float *query_rows(const float *base, const int64_t st[4], int64_t w
     return buf;
 }
 
+/* x where w != 0 (or NaN), else +0, by the bits: w = 0 (a masked or dropped weight) gives
+ * 0 whatever x holds (0 times a NaN of dP). A select of values already computed, which
+ * the compiler vectorizes under the default -ftrapping-math; the conditional product
+ * `w == 0 ? 0 : w * x` it computes under a branch, one element at a time (that form of the
+ * dS loop was 9% of the backward). */
+static inline float unless_zero(float w, float x) {
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    b &= 0u - (uint32_t)(w != 0.0f);
+    memcpy(&x, &b, sizeof b);
+    return x;
+}
+
 /* ---- the fused path: one tile ----------------------------------------------------------
  * Query rows i0 .. i0+n-1 of head h against the packed key block j0 .. j0+nk-1 (batch b):
  * adds the tile's dV and dK to w->dv, w->dk and its dQ to dq_acc (rows i0.., stride ldacc). */
@@ -297,8 +302,8 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                           uint8_t fin[2], bool open_tile) {
     const attn_params *p = &bp->fwd;
     const attn_kernels *kern = p->kernels;
-    const int64_t dk = p->Dk, dv = p->Dv, n = t->n, nk = t->nk, ld = plan->bk;
-    const int64_t nkpad = pad_rows(plan, nk), dkpad = plan->dkpad;
+    const int64_t dk = p->Dk, dv = p->Dv, n = t->n, nk = t->nk, ld = plan->ld;
+    const int64_t nkpad = pad_rows(plan, nk);
 
     int64_t ldq, ldo;
     const float *q = query_rows((const float *)p->q, p->q_s, dk, t->b, t->h, t->i0, n, w->q, &ldq);
@@ -371,17 +376,18 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                                    p->drop_threshold, p->drop_scale, row, (uint64_t)p->Lk,
                                    (uint64_t)t->j0, (uint64_t)nk, z_r, 1);
             for (int64_t c = nk; c < nkpad; c++) z_r[c] = 0.0f;
-            for (int64_t c = 0; c < nkpad; c++) pd_r[c] = z_r[c] == 0.0f ? 0.0f : P_r[c] * z_r[c];
+#pragma omp simd
+            for (int64_t c = 0; c < nkpad; c++) pd_r[c] = unless_zero(z_r[c], P_r[c] * z_r[c]);
         }
 
     /* forward: o_i = Σ_j P_ij Z_ij v_j (Z = 1 without dropout), so
      * dV_j += Σ_i P_ij Z_ij dO_i. A zero weight must not multiply a NaN or Inf of dO (a
-     * fully masked row's dO is not read): pv skips zeros, at a cost (a test per row and
-     * key, ~10% of the backward), only when dO's rows are not all finite; otherwise
-     * 0 · dO adds an exact 0. Likewise Q below for dK. */
+     * fully masked row's dO is not read): gemm skips zeros, at a cost (a test per row and
+     * key), only when dO's rows are not all finite; otherwise 0 · dO adds an exact 0.
+     * Likewise Q below for dK. */
     if (!fin[0]) fin[0] = attn_rows_finite(d_o, ldo, n, dv) ? 1 : 2;
     if (!fin[1]) fin[1] = attn_rows_finite(q, ldq, n, dk) ? 1 : 2;
-    kern->pv(nk, nkpad, n, dv, dropout ? w->pd : w->s, ld, d_o, ldo, w->ones, w->dv, dv, fin[0] == 2);
+    kern->gemm(true, nk, dv, n, dropout ? w->pd : w->s, ld, d_o, ldo, w->dv, dv, fin[0] == 2);
 
     /* dP_ij = Z_ij (dO_i · v_j): dO Vᵀ, with qk's roles swapped as for S, then times Z
      * (below, where dS is formed; a dropped key's dP is 0 whatever its V holds) */
@@ -390,56 +396,37 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
         for (int64_t r = 0; r < n; r++) {
             float *dp_r = w->dp + r * ld;
             const float *z_r = w->z + r * ld;
-            for (int64_t c = 0; c < nkpad; c++) dp_r[c] = z_r[c] == 0.0f ? 0.0f : dp_r[c] * z_r[c];
+#pragma omp simd
+            for (int64_t c = 0; c < nkpad; c++) dp_r[c] = unless_zero(z_r[c], dp_r[c] * z_r[c]);
         }
 
     /* softmax: dS_ij = P_ij (dP_ij - D_i), with the undropped P (the softmax's output;
      * D_i = dO_i · O_i = Σ_j P_ij dP_ij holds with dropout too, since O_i = Σ_j P_ij Z_ij v_j);
      * then through the softcap (x cap_ij) and the
      * scale (forward: s = scale q_i · k_j). P = 0 (masked) gives dS = 0 exactly, whatever
-     * dP holds: a masked key's V may be NaN. */
+     * dP holds: a masked key's V may be NaN (unless_zero). */
     for (int64_t r = 0; r < n; r++) {
         const float *P_r = w->s + r * ld, *cap_r = w->cap + r * ld;
         float *dS_r = w->dp + r * ld;
         const float D_r = w->D[r], scale = p->scale;
         if (softcap) {
-            for (int64_t c = 0; c < nkpad; c++) {
-                const float ds = P_r[c] == 0.0f ? 0.0f : P_r[c] * (dS_r[c] - D_r) * cap_r[c];
-                dS_r[c] = ds * scale;
-            }
+#pragma omp simd
+            for (int64_t c = 0; c < nkpad; c++)
+                dS_r[c] = unless_zero(P_r[c], P_r[c] * (dS_r[c] - D_r) * cap_r[c] * scale);
         } else {
 #pragma omp simd
-            for (int64_t c = 0; c < nkpad; c++) {
-                const float ds = P_r[c] == 0.0f ? 0.0f : P_r[c] * (dS_r[c] - D_r);
-                dS_r[c] = ds * scale;
-            }
+            for (int64_t c = 0; c < nkpad; c++)
+                dS_r[c] = unless_zero(P_r[c], P_r[c] * (dS_r[c] - D_r) * scale);
         }
     }
 
     /* forward: s = scale q_i · k_j, so dK_j += Σ_i dS_ij q_i (a zero dS never multiplies
      * a non-finite q) */
-    kern->pv(nk, nkpad, n, dk, w->dp, ld, q, ldq, w->ones, w->dk, dk, fin[1] == 2);
+    kern->gemm(true, nk, dk, n, w->dp, ld, q, ldq, w->dk, dk, fin[1] == 2);
 
-    /* ... and dQ_i += Σ_j dS_ij k_j, summed over the tile before it is added */
-    if (dk == 0) return;
-    if (t->finite) {
-        /* qk with dS as its "keys" and K as its packed "rows": (dS K) in (rows, dkpad) */
-        kern->qk(dk, dkpad, n, nk, w->ktd, w->kp, dkpad, w->dp, ld, 1.0f, w->dqt, dkpad);
-        for (int64_t r = 0; r < n; r++) {
-            float *acc = dq_acc + r * ldacc;
-            const float *x = w->dqt + r * dkpad;
-#pragma omp simd
-            for (int64_t d = 0; d < dk; d++) acc[d] += x[d];
-        }
-    } else {
-        /* a NaN or Inf in K: pv on dSᵀ, which skips the zero dS of masked keys */
-        const int64_t npad = pad_rows(plan, n);
-        for (int64_t c = 0; c < nk; c++) {
-            for (int64_t r = 0; r < n; r++) w->dst[c * plan->bq + r] = w->dp[r * ld + c];
-            for (int64_t r = n; r < npad; r++) w->dst[c * plan->bq + r] = 0.0f;
-        }
-        kern->pv(n, npad, nk, dk, w->dst, plan->bq, w->kd, dk, w->ones, dq_acc, ldacc, true);
-    }
+    /* ... and dQ_i += Σ_j dS_ij k_j, summed over the tile before it is added; a zero dS
+     * never multiplies a NaN or Inf of K */
+    kern->gemm(false, n, dk, nk, w->dp, ld, w->kd, dk, dq_acc, ldacc, !t->finite);
 }
 
 /* ---- the fused path: the items ------------------------------------------------------- */

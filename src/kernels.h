@@ -238,6 +238,20 @@ struct attn_kernels {
      * compiles philox.h's simd loop with its own flags. */
     void (*dropout)(int64_t n, const uint64_t *grp, uint64_t seed, uint64_t offset,
                     uint32_t *u, int64_t ldu);
+
+    /* C += op(A) B, a plain matrix product on row-major tiles: the backward's dV += Pᵀ dO,
+     * dK += dSᵀ Q (trans_a) and dQ += dS K (src/kernels/<isa>/gemm.c, docs/KERNELS.md).
+     *   op(A) (m, k): A itself, m rows of k with row stride lda (trans_a false), or the
+     *         transpose of an A stored as k rows of m with row stride lda (trans_a true)
+     *   b (k, n), row stride ldb;  c (m, n), row stride ldc: each element's k products
+     *         are summed from zero, then added to it (the rounding of a tile's sum grows
+     *         with its k, not with the number of tiles added into C)
+     * 0 <= m, n; 0 <= k <= ATTN_BK_LIMIT. Reads exactly those elements of a and b, writes
+     * exactly the m x n of c. skip_zeros: an element of op(A) that is exactly 0 must not
+     * multiply its row of B (a NaN or Inf there, a masked key's or row's garbage, must
+     * not reach C); when false the kernel may multiply freely. */
+    void (*gemm)(bool trans_a, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                 const float *b, int64_t ldb, float *c, int64_t ldc, bool skip_zeros);
 };
 typedef struct attn_kernels attn_kernels;
 
@@ -284,6 +298,15 @@ ATTN_PRIVATE void attn_exp_array_avx512(int64_t n, const float *x, float *y);
 ATTN_PRIVATE void attn_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst);
 ATTN_PRIVATE void attn_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,
                                         float *s, int64_t lds);
+/* the gemm entries (each in its folder's gemm.c); avx512bf16 shares the avx512 one */
+#define ATTN_GEMM_DECLARE(name)                                                            \
+    ATTN_PRIVATE void name(bool trans_a, int64_t m, int64_t n, int64_t k, const float *a,    \
+                           int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc, \
+                           bool skip_zeros);
+ATTN_GEMM_DECLARE(attn_gemm_generic)
+ATTN_GEMM_DECLARE(attn_gemm_avx2)
+ATTN_GEMM_DECLARE(attn_gemm_avx512)
+#undef ATTN_GEMM_DECLARE
 /* the portable bool mask, shared by the kernels with no vector version */
 ATTN_PRIVATE void attn_mask_bool_generic(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,
                                          float *s, int64_t lds);

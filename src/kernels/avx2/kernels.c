@@ -716,5 +716,6 @@ const attn_kernels attn_kernels_avx2 = {
     .dequant_q8_0 = dequant_q8_0_avx2,
     .decode_q8_0 = true,
     .dropout = dropout_avx2,
+    .gemm = attn_gemm_avx2,
 };
 #endif

@@ -655,5 +655,6 @@ const attn_kernels attn_kernels_avx512 = {
     .exp = attn_exp_array_avx512,
     .additive = &attn_additive_kernels_avx512,
     .dropout = dropout_avx512,
+    .gemm = attn_gemm_avx512,
 };
 #endif

@@ -121,4 +121,5 @@ const attn_kernels attn_kernels_generic = {
     .exp = exp_array_generic,
     .additive = &attn_additive_kernels_generic,
     .dropout = dropout_generic,
+    .gemm = attn_gemm_generic,
 };
