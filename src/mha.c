@@ -222,6 +222,7 @@ static void gemv_w(bool transposed, const float *a, const mha_op *w, float beta,
                             beta, c);
         return;
     }
+    if (mha_gemv_bf16(transposed, a, w, beta, c)) return;  /* bfloat16 read in place */
     if (in == 0 && !transposed) {
         (void)attn_gemv_f32(true, 0, out, 1.0f, w->p, w->ld, a, beta, c);
         return;

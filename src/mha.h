@@ -89,6 +89,12 @@ ATTN_PRIVATE mha_op mha_weight_op(const attn_tensor *wt, mha_ws *w);
 ATTN_PRIVATE void mha_gemm_w(bool transposed, int64_t M, const float *a, int64_t lda,
                              const mha_op *w, float beta, float *c, int64_t ldc);
 
+/* mha_gemm_w's one-row product (M = 1) over a panelled bfloat16 weight read in place,
+ * either of its strides 1 (mha_gemv.c); false, nothing written: another weight, which
+ * takes the panels. */
+ATTN_PRIVATE bool mha_gemv_bf16(bool transposed, const float *a, const mha_op *w, float beta,
+                                float *c);
+
 /* out[M, out] (rows ldc apart) = a[M, in] · w (+ bias[out] on every row when bias is not
  * NULL), for w a weight of logical [in, out]. */
 ATTN_PRIVATE void mha_project(float *out, int64_t ldc, int64_t M, mha_op a, mha_op w,

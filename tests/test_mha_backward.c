@@ -232,6 +232,8 @@ static void test_gradients(void) {
     run_grad_case(&c, NULL, "one query row, PyTorch's layout", 0, 0);
     c.bf16 = true;
     run_grad_case(&c, NULL, "one query row, bfloat16", 0, 0);
+    c.torch = false;  /* bfloat16 [in, out] rows read in place by the one-row products */
+    run_grad_case(&c, NULL, "one query row, bfloat16 [in, out]", 0, 0);
     /* widths over a widening panel (MHA_PANEL rows): the products by W and Wᵀ in
      * several panels, seen in dx_q, dx_kv, dW_O and the biases */
     c = (mcase){.B = 2, .Lq = 3, .Lk = 4, .E = 300, .Ekv = 270, .Hq = 2, .Hkv = 1, .Dk = 4,
