@@ -31,7 +31,7 @@
  * GEMV_CHUNK rows, each chunk's sum over its rows (read as one stream, row after row)
  * into its own partial vector, the partials then added in chunk order. The chunks
  * depend on the sizes only, never on the thread count. */
-#define GEMV_PARTS 16
+#define GEMV_PARTS MHA_GEMV_PARTS
 #define GEMV_CHUNK 64
 
 static inline float bf16_f32(uint16_t h) {
@@ -106,6 +106,12 @@ static void gemv_dots(const uint16_t *w, int64_t ld, int64_t R, int64_t N, const
     }
 }
 
+bool mha_gemv_reads(const attn_tensor *t) {
+    const int64_t in = t->shape[0], out = t->shape[1];
+    return t->dtype == ATTN_BF16 &&
+           (out <= 1 || t->stride[1] == 1 || in <= 1 || t->stride[0] == 1);
+}
+
 bool mha_gemv_bf16(bool transposed, const float *a, const mha_op *w, float beta, float *c) {
     const attn_tensor *t = w->src;
     if (!t || t->dtype != ATTN_BF16) return false;
@@ -113,19 +119,23 @@ bool mha_gemv_bf16(bool transposed, const float *a, const mha_op *w, float beta,
     const uint16_t *p = t->data;
     /* the weight's panel (mha_weight_op), unused here: the rows loop's partials */
     float *scratch = (float *)w->p;
-    const int64_t nscratch = (in < MHA_PANEL ? in : MHA_PANEL) * out;
+    const int64_t nscratch = w->panel;
     /* element (i, o) of the logical [in, out] weight is p[i·s0 + o·s1]; any strides
      * other than these two layouts take the panels */
     const bool rows_io = out <= 1 || s1 == 1;  /* row i contiguous along o */
     const bool rows_oi = in <= 1 || s0 == 1;   /* row o contiguous along i */
     if (rows_io) {
-        if (!transposed) gemv_rows(p, s0, in, out, a, beta, c, scratch, nscratch);   /* c[out] = Σ_i a[i] W[i, :] */
-        else gemv_dots(p, s0, in, out, a, beta, c);               /* c[in] = W a */
+        if (!transposed)  /* c[out] = Σ_i a[i] W[i, :] */
+            gemv_rows(p, s0, in, out, a, beta, c, scratch, nscratch);
+        else  /* c[in] = W a */
+            gemv_dots(p, s0, in, out, a, beta, c);
         return true;
     }
     if (rows_oi) {
-        if (!transposed) gemv_dots(p, s1, out, in, a, beta, c);   /* c[out] = Wᵀ a */
-        else gemv_rows(p, s1, out, in, a, beta, c, scratch, nscratch);               /* c[in] = Σ_o a[o] W[:, o] */
+        if (!transposed)  /* c[out] = Wᵀ a */
+            gemv_dots(p, s1, out, in, a, beta, c);
+        else  /* c[in] = Σ_o a[o] W[:, o] */
+            gemv_rows(p, s1, out, in, a, beta, c, scratch, nscratch);
         return true;
     }
     return false;
