@@ -18,12 +18,17 @@ Python; this one includes attn.nn's conversions between tensors and arrays, as a
 pays them).
 
 Usage: python scripts/bench_mha_torch.py [--threads 2] [--reps 15] [--warmup 3] [--json PATH]
-                                        [--also PACKAGE]
+                                        [--also PACKAGE] [--profile]
 (PyTorch needed: `attn bench --setup-torch` makes .venv-bench/ with it.)
 --also PACKAGE times PACKAGE.nn.MultiheadAttention as a third module in the same
 interleaving (checked the same way): another build of attn copied under another name, for
 before/after figures in one run, e.g. `cp -r /tmp/site-old/attn /tmp/both/attnbase` beside
 the new `attn` in /tmp/both, then `PYTHONPATH=/tmp/both python ... --also attnbase`.
+--profile: PyTorch's own breakdown instead (torch.profiler over --reps calls of each row,
+torch's module only, the attn package not imported): each operator's self CPU time per
+call, grouped into GEMM (the projections: addmm, mm), attention (the fused kernels, and
+the fast path's bmm and softmax), copies (copy_, contiguous, cat, transpose materialized) and the rest — the
+counterpart of the projections / attention split `attn bench-mha` prints.
 """
 import argparse
 import json
@@ -44,6 +49,7 @@ def main():
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
     ap.add_argument("--also", default=None, help="a third module: PACKAGE.nn.MultiheadAttention")
+    ap.add_argument("--profile", action="store_true", help="torch.profiler breakdown of torch's rows")
     a = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
     try:
@@ -51,10 +57,12 @@ def main():
     except ImportError:
         print("bench_mha_torch: PyTorch is not installed (attn bench --setup-torch)")
         return 2
+    torch.set_num_threads(a.threads)
+    if a.profile:
+        return profile(torch, a)
     import attn
     import attn.nn
 
-    torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     ref = torch.nn.MultiheadAttention(a.E, a.heads, batch_first=True)
     ours = attn.nn.MultiheadAttention(a.E, a.heads, batch_first=True)
@@ -148,6 +156,76 @@ def main():
         with open(a.json, "w") as f:
             json.dump({"cpu": cpu, "torch": torch.__version__, "threads": a.threads, "rows": out,
                        "max_errors": errs}, f, indent=1)
+    return 0
+
+
+# operator name -> group of the breakdown (names as torch.profiler reports them; an
+# operator that calls others is counted by its own time only, its callees by theirs). In
+# this module the projections' GEMMs are mm / addmm; bmm is the attention's Q·Kᵀ and P·V
+# (the fast path's _native_multi_head_attention forms the scores by bmm and a softmax)
+_GEMM = ("aten::addmm", "aten::mm", "aten::matmul", "aten::linear")
+_ATTN = ("attention", "aten::_softmax", "aten::softmax", "aten::_safe_softmax", "aten::bmm",
+         "aten::baddbmm")
+_COPY = ("aten::copy_", "aten::contiguous", "aten::cat", "aten::clone", "aten::_to_copy",
+         "aten::transpose", "aten::view", "aten::reshape", "aten::permute", "aten::unflatten",
+         "aten::chunk", "aten::split", "aten::select", "aten::slice", "aten::as_strided",
+         "aten::empty", "aten::empty_strided", "aten::zero_", "aten::fill_", "aten::t")
+
+
+def _group(name):
+    if name in _GEMM:
+        return "GEMM"
+    if any(k in name for k in _ATTN):
+        return "attention"
+    if name in _COPY:
+        return "copies/views"
+    return "rest"
+
+
+def profile(torch, a):
+    """torch.profiler self CPU time per call of torch.nn.MultiheadAttention's three rows"""
+    from torch.profiler import ProfilerActivity, profile as tprofile
+    torch.manual_seed(0)
+    ref = torch.nn.MultiheadAttention(a.E, a.heads, batch_first=True)
+    x = torch.randn(a.B, a.L, a.E)
+
+    def fwd(weights):
+        ref.eval()
+        with torch.no_grad():
+            return ref(x, x, x, need_weights=weights)
+
+    def train():
+        ref.train()
+        ref.zero_grad(set_to_none=True)
+        xx = x.clone().requires_grad_(True)
+        y, _ = ref(xx, xx, xx, need_weights=False)
+        y.sum().backward()
+
+    print("bench_mha_torch --profile: B=%d L=%d E=%d heads=%d float32, %d threads, torch %s, "
+          "load average %s" % (a.B, a.L, a.E, a.heads, a.threads, torch.__version__,
+                               open("/proc/loadavg").read().split()[0]
+                               if os.path.exists("/proc/loadavg") else "?"))
+    for name, call in (("forward", lambda: fwd(False)), ("forward+weights", lambda: fwd(True)),
+                       ("train step", train)):
+        for _ in range(a.warmup):
+            call()
+        t0 = time.perf_counter()
+        with tprofile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(a.reps):
+                call()
+        wall = (time.perf_counter() - t0) / a.reps
+        groups, ops = {}, []
+        for ev in prof.key_averages():
+            ms = ev.self_cpu_time_total / 1e3 / a.reps
+            groups[_group(ev.key)] = groups.get(_group(ev.key), 0.0) + ms
+            ops.append((ms, ev.key, ev.count // a.reps))
+        total = sum(groups.values())
+        print("%s: %.1f ms a call under the profiler, self CPU %.1f ms: %s" % (
+            name, 1e3 * wall, total, ", ".join("%s %.1f ms = %.0f%%" % (g, v, 100 * v / total)
+                                               for g, v in sorted(groups.items(),
+                                                                  key=lambda kv: -kv[1]))))
+        for ms, key, n in sorted(ops, reverse=True)[:8]:
+            print("    %-44s %8.2f ms  x%d  (%s)" % (key, ms, n, _group(key)))
     return 0
 
 

@@ -185,20 +185,25 @@ mha_op mha_rows_op(const attn_tensor *x, mha_ws *w) {
     return (mha_op){.p = d, .ld = C > 1 ? C : 1};
 }
 
-mha_op mha_weight_op(const attn_tensor *wt, mha_ws *w) {
+mha_op mha_weight_op(const attn_tensor *wt, int64_t rows, mha_ws *w) {
     const int64_t in = wt->shape[0], out = wt->shape[1];
     if (wt->dtype == ATTN_F32) {
         /* row-major [in, out]: unit stride along out, rows stride[0] >= out apart */
         if ((out <= 1 || wt->stride[1] == 1) && wt->stride[0] >= (out > 1 ? out : 1) &&
             fits_int(wt->stride[0]))
-            return (mha_op){(const float *)wt->data, wt->stride[0], false, NULL, in, out};
+            return (mha_op){(const float *)wt->data, wt->stride[0], false, NULL, in, out, 0};
         /* PyTorch's [out, in] rows: unit stride along in */
         if ((in <= 1 || wt->stride[0] == 1) && wt->stride[1] >= (in > 1 ? in : 1) &&
             fits_int(wt->stride[1]))
-            return (mha_op){(const float *)wt->data, wt->stride[1], true, NULL, in, out};
+            return (mha_op){(const float *)wt->data, wt->stride[1], true, NULL, in, out, 0};
     }
-    float *panel = mha_take(w, (in < MHA_PANEL ? in : MHA_PANEL) * out);  /* (MHA_PANEL, out) */
-    return (mha_op){panel, out > 1 ? out : 1, false, wt, in, out};
+    int64_t n = (in < MHA_PANEL ? in : MHA_PANEL) * out;  /* (MHA_PANEL, out) */
+    if (rows == 1 && mha_gemv_reads(wt)) {  /* only the one-row products' partials */
+        const int64_t parts = MHA_GEMV_PARTS * (in > out ? in : out);
+        n = parts < n ? parts : n;
+    }
+    float *panel = mha_take(w, n);
+    return (mha_op){panel, out > 1 ? out : 1, false, wt, in, out, n};
 }
 
 /* rows k0 .. k0 + kc of a panelled weight, widened into its panel (kc, out) */
@@ -222,6 +227,7 @@ static void gemv_w(bool transposed, const float *a, const mha_op *w, float beta,
                             beta, c);
         return;
     }
+    if (mha_gemv_bf16(transposed, a, w, beta, c)) return;  /* bfloat16 read in place */
     if (in == 0 && !transposed) {
         (void)attn_gemv_f32(true, 0, out, 1.0f, w->p, w->ld, a, beta, c);
         return;
@@ -415,7 +421,10 @@ attn_status mha_attend(const attn_tensor *q, const attn_tensor *k, const attn_te
 void mha_qkv_layout(const mha_plan *pl, mha_ws *w, mha_qkv *s) {
     s->xq = mha_rows_op(pl->xq, w);
     s->xkv = pl->xkv == pl->xq ? s->xq : mha_rows_op(pl->xkv, w);
-    for (int n = 0; n < MHA_N; n++) s->w[n] = mha_weight_op(pl->w[n], w);
+    /* W_Q and W_O multiply B·Lq rows (forward and backward), W_K and W_V B·Lk */
+    for (int n = 0; n < MHA_N; n++)
+        s->w[n] = mha_weight_op(pl->w[n], n == MHA_K || n == MHA_V ? pl->B * pl->Lk
+                                                                   : pl->B * pl->Lq, w);
     if (pl->keep) {  /* attn_mha_forward_save / attn_mha_backward_saved: the caller's */
         (void)mha_keep_layout(pl, w->count_only ? NULL : pl->keep, s, NULL);
         return;

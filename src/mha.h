@@ -30,6 +30,7 @@ typedef struct mha_op {
     bool trans;
     const attn_tensor *src;
     int64_t in, out;  /* a weight's logical [in, out] */
+    int64_t panel;    /* floats at p when src is set */
 } mha_op;
 
 /* rows of a widened weight panel: 256 rows of 4096 floats are 4 MiB */
@@ -78,8 +79,10 @@ ATTN_PRIVATE attn_status mha_plan_init(mha_plan *pl, const attn_mha *m, const at
  * (w->base NULL: only counted). */
 ATTN_PRIVATE mha_op mha_rows_op(const attn_tensor *x, mha_ws *w);
 /* A weight (logical [in, out]) as a float32 operand: in place when float32 with one unit
- * stride, else a panel of the workspace (src set). */
-ATTN_PRIVATE mha_op mha_weight_op(const attn_tensor *wt, mha_ws *w);
+ * stride, else a panel of the workspace (src set). rows: the rows of a in every product
+ * with it; 1 with a bfloat16 weight of one unit stride (read in place, mha_gemv.c): the
+ * panel is only the one-row products' partials (MHA_GEMV_PARTS · max(in, out) floats). */
+ATTN_PRIVATE mha_op mha_weight_op(const attn_tensor *wt, int64_t rows, mha_ws *w);
 
 /* With w a weight of logical [in, out]:
  *   transposed false:  c[M, out] = a[M, in] · w    + beta · c
@@ -88,6 +91,15 @@ ATTN_PRIVATE mha_op mha_weight_op(const attn_tensor *wt, mha_ws *w);
  * MHA_PANEL rows at a time, each panel's product added to c. */
 ATTN_PRIVATE void mha_gemm_w(bool transposed, int64_t M, const float *a, int64_t lda,
                              const mha_op *w, float beta, float *c, int64_t ldc);
+
+/* mha_gemm_w's one-row product (M = 1) over a panelled bfloat16 weight read in place,
+ * either of its strides 1 (mha_gemv.c); false, nothing written: another weight, which
+ * takes the panels. */
+ATTN_PRIVATE bool mha_gemv_bf16(bool transposed, const float *a, const mha_op *w, float beta,
+                                float *c);
+/* whether mha_gemv_bf16 reads this weight in place, and the most partials it keeps */
+ATTN_PRIVATE bool mha_gemv_reads(const attn_tensor *wt);
+#define MHA_GEMV_PARTS 16
 
 /* out[M, out] (rows ldc apart) = a[M, in] · w (+ bias[out] on every row when bias is not
  * NULL), for w a weight of logical [in, out]. */

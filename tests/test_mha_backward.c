@@ -232,6 +232,17 @@ static void test_gradients(void) {
     run_grad_case(&c, NULL, "one query row, PyTorch's layout", 0, 0);
     c.bf16 = true;
     run_grad_case(&c, NULL, "one query row, bfloat16", 0, 0);
+    c.torch = false;  /* bfloat16 [in, out] rows read in place by the one-row products */
+    run_grad_case(&c, NULL, "one query row, bfloat16 [in, out]", 0, 0);
+    /* E = 301: the one-row products by W_Oᵀ (PyTorch's layout) and W (the other) over
+     * rows split into uneven chunks */
+    c = (mcase){.B = 1, .Lq = 1, .Lk = 3, .E = 301, .Ekv = 5, .Hq = 2, .Hkv = 1, .Dk = 2,
+                .Dv = 3, .bias = true, .bf16 = true, .seed = 95};
+    for (int torch = 0; torch < 2; torch++) {
+        c.torch = torch;
+        run_grad_case(&c, NULL, torch ? "one query row, bfloat16, E 301, PyTorch's layout"
+                                      : "one query row, bfloat16, E 301 [in, out]", 0, 0);
+    }
     /* widths over a widening panel (MHA_PANEL rows): the products by W and Wᵀ in
      * several panels, seen in dx_q, dx_kv, dW_O and the biases */
     c = (mcase){.B = 2, .Lq = 3, .Lk = 4, .E = 300, .Ekv = 270, .Hq = 2, .Hkv = 1, .Dk = 4,

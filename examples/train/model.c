@@ -7,8 +7,10 @@
  * (attn_gemm_f32, src/blas.h). Each block's attention layer is the library's multi-head
  * module (attn_mha_forward / attn_mha_backward): W_Q, W_K and W_V are the three column
  * blocks of the packed (C, 3C) w_qkv, read in place with leading dimension 3C, their
- * gradients written the same way into the packed gradient. The module keeps nothing
- * between calls: its backward recomputes the block's projections and attention from ln1.
+ * gradients written the same way into the packed gradient. A forward with targets (one
+ * that a backward follows) keeps each block's projections, attention output and LSE in
+ * the block's saved buffer (attn_mha_forward_save), and the backward reads them
+ * (attn_mha_backward_saved) instead of running the block's forward again.
  * What it is not: a general framework (one architecture, float32, sizes fixed at
  * creation) or the sampler and the training loop (examples/train/cli_train.c).
  */
@@ -53,6 +55,7 @@ typedef struct block_acts {
     float *x2;                    /* (N, C)  x + the attention layer's output         */
     float *ln2, *ln2_mean, *ln2_rstd;
     float *fc, *fch;              /* (N, 4C) before and after GELU                    */
+    void *saved;                  /* the attention layer's kept activations           */
 } block_acts;
 
 /* a parameter tensor: where it is, how big, whether AdamW decays it */
@@ -72,6 +75,8 @@ struct model {
 
     /* activations of the latest forward */
     float *mem_acts;
+    char *mem_saved;              /* (layers · saved_bytes) the blocks' saved buffers   */
+    size_t saved_bytes;           /* attn_mha_saved_size of (batch, ctx), 64-byte steps */
     block_acts *act;
     float *x_final, *lnf, *lnf_mean, *lnf_rstd, *probs, *losses;  /* (N, C) ... (N, V), (N) */
     int *tokens, *targets;        /* (N) */
@@ -164,6 +169,8 @@ static float *carve(float **at, int64_t n) {
     return p;
 }
 
+static int saved_layout(model *m);
+
 model *model_create(const model_config *cfg, const char **why) {
     const model_config *c = cfg;
     if (c->vocab < 1 || c->ctx < 1 || c->d_model < 1 || c->heads < 1 || c->layers < 1 ||
@@ -226,6 +233,7 @@ model *model_create(const model_config *cfg, const char **why) {
     }
     m->tokens = calloc((size_t)N, sizeof(int));
     m->targets = calloc((size_t)N, sizeof(int));
+    if (saved_layout(m) != 0) goto nomem_m;
 
     /* backward scratch */
     const int64_t back = 3 * N * C + 2 * N * 4 * C + N * V + 16 * 6;  // + 16 per carve
@@ -258,6 +266,7 @@ void model_free(model *m) {
     free(m->adam_m);
     free(m->adam_v);
     free(m->mem_acts);
+    free(m->mem_saved);
     free(m->tokens);
     free(m->targets);
     free(m->mem_back);
@@ -319,6 +328,23 @@ static void block_mha_init(block_mha *bm, const model *m, const block_params *p,
     }
 }
 
+/* The blocks' saved buffers (attn_mha_forward_save): each the size the module asks for
+ * the largest forward, batch sequences of ctx tokens (a smaller one fits in it), one
+ * allocation for all blocks. 0, or -1 when out of memory. */
+static int saved_layout(model *m) {
+    const model_config *c = &m->cfg;
+    block_mha bm;
+    block_mha_init(&bm, m, &m->p.block[0], NULL, NULL, NULL);
+    const attn_tensor x = attn_tensor_4d(NULL, ATTN_F32, c->batch, c->ctx, c->d_model, 1);
+    size_t bytes;
+    if (attn_mha_saved_size(&bm.m, &x, NULL, &bytes) != ATTN_OK) return -1;
+    m->saved_bytes = (bytes + 63) & ~(size_t)63;
+    m->mem_saved = malloc(m->saved_bytes * (size_t)c->layers);
+    if (!m->mem_saved) return -1;
+    for (int l = 0; l < c->layers; l++) m->act[l].saved = m->mem_saved + (size_t)l * m->saved_bytes;
+    return 0;
+}
+
 static int fail(model *m, const char *what, attn_status st) {
     snprintf(m->err, sizeof m->err, "%s: %s: %s", what, attn_status_string(st), attn_last_error());
     return -1;
@@ -351,8 +377,11 @@ int model_forward(model *m, const int *tokens, const int *targets, int b, int t,
         block_mha_init(&bm, m, p, NULL, NULL, NULL);
         const attn_tensor x = attn_tensor_4d(a->ln1, ATTN_F32, b, t, C, 1);
         const attn_tensor y = attn_tensor_4d(a->x2, ATTN_F32, b, t, C, 1);
-        attn_status st = attn_mha_forward(&bm.m, &x, NULL, &y, NULL, false, &bm.opt);
-        if (st != ATTN_OK) return fail(m, "attn_mha_forward", st);
+        attn_status st = targets ? attn_mha_forward_save(&bm.m, &x, NULL, &y, NULL, false,
+                                                         &bm.opt, a->saved, m->saved_bytes)
+                                 : attn_mha_forward(&bm.m, &x, NULL, &y, NULL, false, &bm.opt);
+        if (st != ATTN_OK)
+            return fail(m, targets ? "attn_mha_forward_save" : "attn_mha_forward", st);
         for (int64_t e = 0; e < N * C; e++) a->x2[e] += a->x[e];  // x2 = x + attention
         layernorm_forward_f(a->ln2, a->ln2_mean, a->ln2_rstd, a->x2, p->ln2_g, p->ln2_b, N, C);
         st = linear_forward(a->fc, a->ln2, p->w_fc, p->b_fc, N, C, 4 * C);
@@ -374,7 +403,7 @@ int model_attention_inputs(const model *m, int layer, float *out) {
     if (layer < 0 || layer >= m->cfg.layers) return -1;
     const int64_t C = m->cfg.d_model, H = m->cfg.heads, D = C / H, t = m->ft;
     /* the layer's projections of sequence 0 again: qkv (t, 3C) = ln1 w_qkv + b_qkv, [T, H, D]
-     * per third (the module does not keep them) */
+     * per third (recomputed: a forward without targets keeps none) */
     float *qkv = malloc((size_t)(t > 0 ? t : 1) * 3 * (size_t)C * sizeof(float));
     if (!qkv) return -1;
     const block_params *bp = &m->p.block[layer];
@@ -434,8 +463,8 @@ int model_backward(model *m) {
         memcpy(m->dx2, m->dx, nc);
         layernorm_backward_f(m->dx2, g->ln2_g, g->ln2_b, m->dln, a->x2, p->ln2_g, a->ln2_mean,
                              a->ln2_rstd, N, C);
-        /* forward: x2 = x + mha(ln1), so the layer gets dx2. The module's backward
-         * overwrites its gradients (dln, the block's w_qkv, b_qkv, w_o, b_o), which is
+        /* forward: x2 = x + mha(ln1), so the layer gets dx2, its activations read from
+         * the block's saved buffer. The module's backward overwrites its gradients (dln, the block's w_qkv, b_qkv, w_o, b_o), which is
          * adding them to the zeroed ones: each is used once per forward. */
         block_mha bm;
         attn_tensor gw[4], gb[4];
@@ -444,8 +473,9 @@ int model_backward(model *m) {
         const attn_tensor dy = attn_tensor_4d(m->dx2, ATTN_F32, b, t, C, 1);
         const attn_tensor dln = attn_tensor_4d(m->dln, ATTN_F32, b, t, C, 1);
         bm.g.dx_q = &dln;
-        st = attn_mha_backward(&bm.m, &x, NULL, &dy, &bm.g, &bm.opt);
-        if (st != ATTN_OK) return fail(m, "attn_mha_backward", st);
+        st = attn_mha_backward_saved(&bm.m, &x, NULL, &dy, &bm.g, &bm.opt, a->saved,
+                                     m->saved_bytes);
+        if (st != ATTN_OK) return fail(m, "attn_mha_backward_saved", st);
         /* forward: ln1 = LN(x); dx = dx2 + LN's share */
         memcpy(m->dx, m->dx2, nc);
         layernorm_backward_f(m->dx, g->ln1_g, g->ln1_b, m->dln, a->x, p->ln1_g, a->ln1_mean,

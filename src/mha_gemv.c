@@ -1,0 +1,142 @@
+/*
+ * mha_gemv.c — the module's one-row products over a bfloat16 weight read in place
+ *              (mha_gemv_bf16): the decoding step's projections, where the weight is
+ *              the whole of the data and widening it to a float32 panel first would
+ *              write and read it again (three times the bytes of the bfloat16 weight).
+ *
+ * A bfloat16 element widens to float32 exactly by its bits (the top half of a float32);
+ * products and sums are float32, as the BLAS's on the widened panel. Two loops, by which
+ * of the weight's strides is 1:
+ *   rows:  the matrix is read row after row and each row, times its scalar of a, is
+ *          added into c (c = Σ_r a[r] · row_r): the rows split into chunks, each
+ *          chunk's partial sum (its rows in order) one thread's, the partials added in
+ *          chunk order; or, without room for the partials or with few rows, columns
+ *          split into tiles, one thread a tile, each c[j] the sum over r in row order;
+ *   dots:  each c[r] is the dot product of a contiguous row with a: rows split across
+ *          threads, each dot in eight lanes (element j into lane j mod 8) added in one
+ *          fixed order at the end.
+ * Either way an element's sequence of additions does not depend on the thread count or
+ * the tiling, so the bits do not either.
+ *
+ * What it is not: a GEMM (one row of a only; M > 1 widens panels for the BLAS, mha.c).
+ */
+#include <string.h>
+
+#include "mha.h"
+
+/* columns of c one thread accumulates: 1024 floats (4 KiB, in L1), each row's part
+ * 2 KiB of contiguous bfloat16 */
+#define GEMV_TILE 1024
+/* the rows loop over many rows: split into at most GEMV_PARTS chunks of at least
+ * GEMV_CHUNK rows, each chunk's sum over its rows (read as one stream, row after row)
+ * into its own partial vector, the partials then added in chunk order. The chunks
+ * depend on the sizes only, never on the thread count. */
+#define GEMV_PARTS MHA_GEMV_PARTS
+#define GEMV_CHUNK 64
+
+static inline float bf16_f32(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* acc[0 .. n) += Σ_{r0 <= r < r1} a[r] · w[r·ld + 0 .. n) */
+static inline void rows_into(float *acc, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
+                             int64_t n, const float *a) {
+    for (int64_t r = r0; r < r1; r++) {
+        const float ar = a[r];
+        const uint16_t *row = w + r * ld;
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) acc[j] += ar * bf16_f32(row[j]);
+    }
+}
+
+/* c[N] = beta·c + Σ_{r < R} a[r] · w[r·ld + 0 .. N) (beta 0: c's contents ignored);
+ * scratch (nscratch floats) holds the chunks' partials when they fit */
+static void gemv_rows(const uint16_t *w, int64_t ld, int64_t R, int64_t N, const float *a,
+                      float beta, float *c, float *scratch, int64_t nscratch) {
+    int64_t parts = R / GEMV_CHUNK;
+    parts = parts < GEMV_PARTS ? parts : GEMV_PARTS;
+    if (parts >= 2 && parts * N <= nscratch) {
+        const int64_t rows = (R + parts - 1) / parts;
+#pragma omp parallel for schedule(static) if (R * N > (1 << 16))
+        for (int64_t p = 0; p < parts; p++) {
+            float *acc = scratch + p * N;
+            const int64_t r0 = p * rows, r1 = r0 + rows < R ? r0 + rows : R;
+            memset(acc, 0, (size_t)N * sizeof(float));
+            rows_into(acc, w, ld, r0, r1, N, a);
+        }
+        const int64_t ntile = (N + GEMV_TILE - 1) / GEMV_TILE;
+#pragma omp parallel for schedule(static) if (parts * N > (1 << 16))
+        for (int64_t t = 0; t < ntile; t++) {
+            const int64_t j0 = t * GEMV_TILE, j1 = j0 + GEMV_TILE < N ? j0 + GEMV_TILE : N;
+            for (int64_t j = j0; j < j1; j++) {
+                float sum = beta == 0.0f ? 0.0f : beta * c[j];
+                for (int64_t p = 0; p < parts; p++) sum += scratch[p * N + j];
+                c[j] = sum;
+            }
+        }
+        return;
+    }
+    const int64_t ntile = (N + GEMV_TILE - 1) / GEMV_TILE;
+#pragma omp parallel for schedule(static) if (R * N > (1 << 16))
+    for (int64_t t = 0; t < ntile; t++) {
+        const int64_t j0 = t * GEMV_TILE, nj = N - j0 < GEMV_TILE ? N - j0 : GEMV_TILE;
+        float acc[GEMV_TILE];
+        for (int64_t j = 0; j < nj; j++) acc[j] = beta == 0.0f ? 0.0f : beta * c[j0 + j];
+        rows_into(acc, w + j0, ld, 0, R, nj, a);
+        memcpy(c + j0, acc, (size_t)nj * sizeof(float));
+    }
+}
+
+/* c[r] = beta·c[r] + Σ_{j < N} w[r·ld + j] · a[j] for r < R */
+static void gemv_dots(const uint16_t *w, int64_t ld, int64_t R, int64_t N, const float *a,
+                      float beta, float *c) {
+#pragma omp parallel for schedule(static) if (R * N > (1 << 16))
+    for (int64_t r = 0; r < R; r++) {
+        const uint16_t *row = w + r * ld;
+        float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int64_t j = 0;
+        for (; j + 8 <= N; j += 8)
+            for (int l = 0; l < 8; l++) s[l] += bf16_f32(row[j + l]) * a[j + l];
+        for (int l = 0; j < N; j++, l++) s[l] += bf16_f32(row[j]) * a[j];
+        const float dot = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+        c[r] = beta == 0.0f ? dot : beta * c[r] + dot;
+    }
+}
+
+bool mha_gemv_reads(const attn_tensor *t) {
+    const int64_t in = t->shape[0], out = t->shape[1];
+    return t->dtype == ATTN_BF16 &&
+           (out <= 1 || t->stride[1] == 1 || in <= 1 || t->stride[0] == 1);
+}
+
+bool mha_gemv_bf16(bool transposed, const float *a, const mha_op *w, float beta, float *c) {
+    const attn_tensor *t = w->src;
+    if (!t || t->dtype != ATTN_BF16) return false;
+    const int64_t in = w->in, out = w->out, s0 = t->stride[0], s1 = t->stride[1];
+    const uint16_t *p = t->data;
+    /* the weight's panel (mha_weight_op), unused here: the rows loop's partials */
+    float *scratch = (float *)w->p;
+    const int64_t nscratch = w->panel;
+    /* element (i, o) of the logical [in, out] weight is p[i·s0 + o·s1]; any strides
+     * other than these two layouts take the panels */
+    const bool rows_io = out <= 1 || s1 == 1;  /* row i contiguous along o */
+    const bool rows_oi = in <= 1 || s0 == 1;   /* row o contiguous along i */
+    if (rows_io) {
+        if (!transposed)  /* c[out] = Σ_i a[i] W[i, :] */
+            gemv_rows(p, s0, in, out, a, beta, c, scratch, nscratch);
+        else  /* c[in] = W a */
+            gemv_dots(p, s0, in, out, a, beta, c);
+        return true;
+    }
+    if (rows_oi) {
+        if (!transposed)  /* c[out] = Wᵀ a */
+            gemv_dots(p, s1, out, in, a, beta, c);
+        else  /* c[in] = Σ_o a[o] W[:, o] */
+            gemv_rows(p, s1, out, in, a, beta, c, scratch, nscratch);
+        return true;
+    }
+    return false;
+}
