@@ -77,6 +77,17 @@ typedef struct bwd_plan {
 } bwd_plan;
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* x where keep, else +0 (whatever x is: NaN and Inf too), by the bits: a select the
+ * compiler vectorizes, where `keep ? x : 0.0f` under a float comparison stays a branch
+ * (with trapping math it does not if-convert the comparison) */
+static inline float keep_or_zero(float x, bool keep) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u &= 0u - (uint32_t)keep;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
 /* n rounded up to the kernel's row padding */
 static int64_t pad_rows(const bwd_plan *plan, int64_t n) {
     return (n + plan->row_pad - 1) / plan->row_pad * plan->row_pad;
@@ -371,7 +382,8 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                                    p->drop_threshold, p->drop_scale, row, (uint64_t)p->Lk,
                                    (uint64_t)t->j0, (uint64_t)nk, z_r, 1);
             for (int64_t c = nk; c < nkpad; c++) z_r[c] = 0.0f;
-            for (int64_t c = 0; c < nkpad; c++) pd_r[c] = z_r[c] == 0.0f ? 0.0f : P_r[c] * z_r[c];
+#pragma omp simd
+            for (int64_t c = 0; c < nkpad; c++) pd_r[c] = keep_or_zero(P_r[c] * z_r[c], z_r[c] != 0.0f);
         }
 
     /* forward: o_i = Σ_j P_ij Z_ij v_j (Z = 1 without dropout), so
@@ -384,14 +396,8 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
     kern->pv(nk, nkpad, n, dv, dropout ? w->pd : w->s, ld, d_o, ldo, w->ones, w->dv, dv, fin[0] == 2);
 
     /* dP_ij = Z_ij (dO_i · v_j): dO Vᵀ, with qk's roles swapped as for S, then times Z
-     * (below, where dS is formed; a dropped key's dP is 0 whatever its V holds) */
+     * in the same sweep that forms dS below (a dropped key's dP is 0 whatever its V holds) */
     kern->qk(nk, nkpad, n, dv, w->vd, w->vt, ld, d_o, ldo, 1.0f, w->dp, ld);
-    if (dropout)
-        for (int64_t r = 0; r < n; r++) {
-            float *dp_r = w->dp + r * ld;
-            const float *z_r = w->z + r * ld;
-            for (int64_t c = 0; c < nkpad; c++) dp_r[c] = z_r[c] == 0.0f ? 0.0f : dp_r[c] * z_r[c];
-        }
 
     /* softmax: dS_ij = P_ij (dP_ij - D_i), with the undropped P (the softmax's output;
      * D_i = dO_i · O_i = Σ_j P_ij dP_ij holds with dropout too, since O_i = Σ_j P_ij Z_ij v_j);
@@ -402,17 +408,23 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
         const float *P_r = w->s + r * ld, *cap_r = w->cap + r * ld;
         float *dS_r = w->dp + r * ld;
         const float D_r = w->D[r], scale = p->scale;
+        const float *z_r = dropout ? w->z + r * ld : NULL;
         if (softcap) {
             for (int64_t c = 0; c < nkpad; c++) {
-                const float ds = P_r[c] == 0.0f ? 0.0f : P_r[c] * (dS_r[c] - D_r) * cap_r[c];
+                const float dp = !dropout ? dS_r[c] : z_r[c] == 0.0f ? 0.0f : dS_r[c] * z_r[c];
+                const float ds = P_r[c] == 0.0f ? 0.0f : P_r[c] * (dp - D_r) * cap_r[c];
                 dS_r[c] = ds * scale;
+            }
+        } else if (dropout) {
+#pragma omp simd
+            for (int64_t c = 0; c < nkpad; c++) {
+                const float dp = keep_or_zero(dS_r[c] * z_r[c], z_r[c] != 0.0f);
+                dS_r[c] = keep_or_zero(P_r[c] * (dp - D_r), P_r[c] != 0.0f) * scale;
             }
         } else {
 #pragma omp simd
-            for (int64_t c = 0; c < nkpad; c++) {
-                const float ds = P_r[c] == 0.0f ? 0.0f : P_r[c] * (dS_r[c] - D_r);
-                dS_r[c] = ds * scale;
-            }
+            for (int64_t c = 0; c < nkpad; c++)
+                dS_r[c] = keep_or_zero(P_r[c] * (dS_r[c] - D_r), P_r[c] != 0.0f) * scale;
         }
     }
 
