@@ -82,6 +82,7 @@ typedef struct bwd_plan {
 } bwd_plan;
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
+
 /* n rounded up to the kernel's row padding */
 static int64_t pad_rows(const bwd_plan *plan, int64_t n) {
     return (n + plan->row_pad - 1) / plan->row_pad * plan->row_pad;
@@ -390,15 +391,8 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
     kern->gemm(true, nk, dv, n, dropout ? w->pd : w->s, ld, d_o, ldo, w->dv, dv, fin[0] == 2);
 
     /* dP_ij = Z_ij (dO_i · v_j): dO Vᵀ, with qk's roles swapped as for S, then times Z
-     * (below, where dS is formed; a dropped key's dP is 0 whatever its V holds) */
+     * in the same sweep that forms dS below (a dropped key's dP is 0 whatever its V holds) */
     kern->qk(nk, nkpad, n, dv, w->vd, w->vt, ld, d_o, ldo, 1.0f, w->dp, ld);
-    if (dropout)
-        for (int64_t r = 0; r < n; r++) {
-            float *dp_r = w->dp + r * ld;
-            const float *z_r = w->z + r * ld;
-#pragma omp simd
-            for (int64_t c = 0; c < nkpad; c++) dp_r[c] = unless_zero(z_r[c], dp_r[c] * z_r[c]);
-        }
 
     /* softmax: dS_ij = P_ij (dP_ij - D_i), with the undropped P (the softmax's output;
      * D_i = dO_i · O_i = Σ_j P_ij dP_ij holds with dropout too, since O_i = Σ_j P_ij Z_ij v_j);
@@ -409,10 +403,19 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
         const float *P_r = w->s + r * ld, *cap_r = w->cap + r * ld;
         float *dS_r = w->dp + r * ld;
         const float D_r = w->D[r], scale = p->scale;
+        const float *z_r = dropout ? w->z + r * ld : NULL;
         if (softcap) {
 #pragma omp simd
-            for (int64_t c = 0; c < nkpad; c++)
-                dS_r[c] = unless_zero(P_r[c], P_r[c] * (dS_r[c] - D_r) * cap_r[c] * scale);
+            for (int64_t c = 0; c < nkpad; c++) {
+                const float dp = dropout ? unless_zero(z_r[c], dS_r[c] * z_r[c]) : dS_r[c];
+                dS_r[c] = unless_zero(P_r[c], P_r[c] * (dp - D_r) * cap_r[c] * scale);
+            }
+        } else if (dropout) {
+#pragma omp simd
+            for (int64_t c = 0; c < nkpad; c++) {
+                const float dp = unless_zero(z_r[c], dS_r[c] * z_r[c]);
+                dS_r[c] = unless_zero(P_r[c], P_r[c] * (dp - D_r) * scale);
+            }
         } else {
 #pragma omp simd
             for (int64_t c = 0; c < nkpad; c++)
@@ -523,8 +526,14 @@ attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
     float *part = (float *)(base + plan.off_part);
     attn_mask_summary sum;
     attn_params open;
+    attn_bwd_params lengths;
     if (p->mask || p->bias) {
         attn_mask_summary_init(p, base + plan.off_sum, &sum);
+        /* key padding (and a causal band) runs as the key lengths it is: no summary */
+        lengths = *bp;
+        if (attn_mask_summary_lengths(p, &sum, &lengths.fwd)) bp = &lengths, p = &lengths.fwd;
+    }
+    if (p->mask || p->bias) {
         open = *p;
         open.mask = NULL;
         open.bias = NULL;

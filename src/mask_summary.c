@@ -52,13 +52,19 @@ static void both(const attn_params *p, attn_mask_summary *s) {
     collapse(&s->bias, p->bias, p->bias_s, p);
 }
 
+/* the key lengths and their scratch: 2 x B int64, with a mask or a bias */
+static size_t length_bytes(const attn_params *p) {
+    return p->mask || p->bias ? round64((size_t)p->B * 2 * sizeof(int64_t)) : 0;
+}
+
 size_t attn_mask_summary_bytes(const attn_params *p) {
     attn_mask_summary s;
     both(p, &s);
     size_t a, b;
-    if (!one_bytes(&s.mask, &a) || !one_bytes(&s.bias, &b) || a > SIZE_MAX / 2 - b)
+    if (!one_bytes(&s.mask, &a) || !one_bytes(&s.bias, &b) || a > SIZE_MAX / 4 - b ||
+        (uint64_t)p->B > SIZE_MAX / 64)
         return (size_t)-1;
-    return a + b;
+    return a + b + length_bytes(p);
 }
 
 /* carves one tensor's arrays from *at */
@@ -92,12 +98,25 @@ static bool cell_masked(const row_view *r, int64_t j) {
 
 static void count_granule(const row_view *r, int64_t j0, int64_t n, int *open, int *masked) {
     int o = 0, k = 0;
-    if (r->is_bool) {
+    /* unit stride (a mask's usual layout) apart: vector loads rather than a strided loop */
+    if (r->is_bool && r->st == 1) {
+        const uint8_t *m = r->m + j0;
+#pragma omp simd reduction(+ : k)
+        for (int64_t c = 0; c < n; c++) k += m[c] == 0;
+        o = (int)n - k;
+    } else if (r->is_bool) {
         const uint8_t *m = r->m + j0 * r->st;
         const int64_t st = r->st;
 #pragma omp simd reduction(+ : k)
         for (int64_t c = 0; c < n; c++) k += m[c * st] == 0;
         o = (int)n - k;
+    } else if (r->st == 1) {
+        const float *f = r->f + j0;
+#pragma omp simd reduction(+ : o, k)
+        for (int64_t c = 0; c < n; c++) {
+            o += f[c] == 0.0f;
+            k += f[c] == -INFINITY;
+        }
     } else {
         const float *f = r->f + j0 * r->st;
         const int64_t st = r->st;
@@ -161,6 +180,8 @@ void attn_mask_summary_init(const attn_params *p, void *mem, attn_mask_summary *
     char *at = mem;
     place(&s->mask, &at);
     place(&s->bias, &at);
+    s->lengths = length_bytes(p) ? (int64_t *)at : NULL;
+    s->scratch = s->lengths ? s->lengths + p->B : NULL;
 }
 
 /* ---- the questions ---------------------------------------------------------------------- */
@@ -224,4 +245,107 @@ attn_tile_class attn_mask_summary_tile(const attn_params *p, const attn_mask_sum
     if (fm == ATTN_SUM_MASKED || fb == ATTN_SUM_MASKED) return ATTN_TILE_MASKED;
     if (fm == ATTN_SUM_OPEN && fb == ATTN_SUM_OPEN) return ATTN_TILE_OPEN;
     return ATTN_TILE_MIXED;
+}
+
+/* ---- key padding as key lengths --------------------------------------------------------- */
+
+/* The open prefix of one row: e when cells [0, e) are open and [e, Lk) masked, -1 when the
+ * row is not of that form (an "other" cell anywhere, a masked cell before an open one).
+ * Chunks of PREFIX_CHUNK cells counted as the summary counts granules; the chunk where the
+ * prefix ends is searched cell by cell, and the scan stops at the first chunk past it that
+ * is not all masked. */
+enum { PREFIX_CHUNK = 128 };
+static int64_t row_prefix(const row_view *r) {
+    int64_t e = r->lk;
+    int open, masked;
+    for (int64_t j0 = 0; j0 < r->lk; j0 += PREFIX_CHUNK) {
+        const int64_t n = r->lk - j0 < PREFIX_CHUNK ? r->lk - j0 : PREFIX_CHUNK;
+        count_granule(r, j0, n, &open, &masked);
+        if (open == n) continue;
+        e = j0;  // some cell of the chunk is not open: the prefix ends within it
+        while (r->is_bool ? r->m[e * r->st] != 0 : r->f[e * r->st] == 0.0f) e++;
+        break;
+    }
+    for (int64_t j0 = e; j0 < r->lk; j0 += PREFIX_CHUNK) {
+        const int64_t n = r->lk - j0 < PREFIX_CHUNK ? r->lk - j0 : PREFIX_CHUNK;
+        count_granule(r, j0, n, &open, &masked);
+        if (masked != n) return -1;
+    }
+    return e;
+}
+
+/* One tensor (t, strides st) as lengths: len[bb] for each of its t->nb batches, *causal
+ * when the rows need the top-left causal band beside them; false when it is not key
+ * padding. The prefixes of all rows first (in parallel, into the hulls' first words:
+ * the summary rewrites every hull it builds, so the scratch use leaves nothing behind),
+ * then per batch: every row's prefix the batch's n (the prefix of its last row), or every
+ * row i's min(n, i + 1). */
+static bool tensor_lengths(const attn_params *p, const attn_sum_one *t, const int64_t st[4],
+                           bool is_bool, int64_t *len, bool *causal) {
+    const int64_t rows = t->nb * t->nh * t->nq, per_batch = t->nh * t->nq;
+    int64_t *e = t->hull;  // e[2 * row]: the row's prefix, -1: none
+    atomic_int failed;
+    atomic_init(&failed, 0);
+#pragma omp parallel for schedule(static) num_threads(p->threads)
+    for (int64_t row = 0; row < rows; row++) {
+        if (atomic_load_explicit(&failed, memory_order_relaxed)) continue;
+        const int64_t i = row % t->nq, h = row / t->nq % t->nh, b = row / per_batch;
+        const int64_t x = b * st[0] + h * st[1] + i * st[2];
+        const row_view r = {.is_bool = is_bool, .st = st[3], .lk = p->Lk,
+                            .m = is_bool ? (const uint8_t *)t->src + x : NULL,
+                            .f = is_bool ? NULL : (const float *)t->src + x};
+        e[2 * row] = row_prefix(&r);
+        if (e[2 * row] < 0) atomic_store_explicit(&failed, 1, memory_order_relaxed);
+    }
+    if (atomic_load(&failed)) return false;
+    /* with one stored row for all query rows (nq = 1), only a single query row can be
+     * causal-shaped */
+    bool all_pad = true, all_causal = t->nq > 1 || p->Lq <= 1;
+    for (int64_t bb = 0; bb < t->nb; bb++) {
+        const int64_t *eb = e + 2 * bb * per_batch, n = eb[2 * (t->nq - 1)];
+        for (int64_t hr = 0; hr < per_batch; hr++) {
+            const int64_t i = hr % t->nq, band = i + 1 < n ? i + 1 : n;
+            all_pad &= eb[2 * hr] == n;
+            all_causal &= eb[2 * hr] == band;
+        }
+        len[bb] = n;
+    }
+    *causal = !all_pad;
+    return all_pad || all_causal;
+}
+
+bool attn_mask_summary_lengths(const attn_params *p, const attn_mask_summary *s,
+                               attn_params *out) {
+    if (!s->lengths || p->B == 0 || p->Hq == 0 || p->Lq == 0) return false;
+    /* a bottom-right diagonal sits at i + kv_len - Lq: shorter lengths would move it */
+    const bool banded = p->causal || p->win_left >= 0 || p->win_right >= 0 || p->alibi;
+    if (p->align == ATTN_ALIGN_BOTTOM_RIGHT && banded) return false;
+    bool cm = false, cb = false;
+    if (s->mask.src && !tensor_lengths(p, &s->mask, p->mask_s, true, s->lengths, &cm)) return false;
+    if (s->bias.src && !tensor_lengths(p, &s->bias, p->bias_s, false, s->scratch, &cb)) return false;
+    /* each batch's length: the least of the call's own, the mask's and the bias's (a
+     * tensor broadcast over the batches has one) */
+    for (int64_t b = p->B - 1; b >= 0; b--) {
+        int64_t n = attn_key_len(p, b);
+        if (s->mask.src) {
+            const int64_t m = s->lengths[s->mask.nb == 1 ? 0 : b];
+            if (m < n) n = m;
+        }
+        if (s->bias.src) {
+            const int64_t m = s->scratch[s->bias.nb == 1 ? 0 : b];
+            if (m < n) n = m;
+        }
+        s->lengths[b] = n;  // from the last batch: entry 0 of a broadcast mask is read last
+    }
+    *out = *p;
+    out->mask = NULL;
+    out->bias = NULL;
+    out->kv_len = s->lengths;
+    out->kv_len_dtype = ATTN_I64;
+    out->kv_len_s = 1;
+    if (cm || cb) {  // min(n, i + 1) and the call's own band, top-left (checked above)
+        out->causal = true;
+        out->align = ATTN_ALIGN_TOP_LEFT;
+    }
+    return true;
 }

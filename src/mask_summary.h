@@ -15,8 +15,8 @@
  * -inf), and "other" for every other bias value (NaN and +inf included): the bias is
  * then added, and NaN reaches the row as the contract says.
  *
- * Memory: hulls 2 int64 and a byte per collapsed row, a byte per (block, granule) and a
- * state per block:
+ * Memory: hulls 2 int64 and a byte per collapsed row, a byte per (block, granule), a
+ * state per block, and 2 int64 per batch (the key lengths of attn_mask_summary_lengths):
  * (rows / 64) x (Lk / 16) bytes — 1/1024 of the mask itself, never more than the mask.
  */
 #ifndef ATTN_MASK_SUMMARY_H
@@ -54,6 +54,8 @@ typedef struct attn_sum_one {
 
 typedef struct attn_mask_summary {
     attn_sum_one mask, bias;
+    int64_t *lengths;  // (B): the call's key lengths when the two are key padding
+    int64_t *scratch;  // (B): the bias's lengths, before they are combined with the mask's
 } attn_mask_summary;
 
 /* Bytes attn_mask_summary_build needs for p's mask and bias (0 without either), a
@@ -64,6 +66,18 @@ ATTN_PRIVATE size_t attn_mask_summary_bytes(const attn_params *p);
  * call's parallel region. Nothing is summarized yet: each block of rows is, by the first
  * thread whose question (below) needs it; the others wait for that thread. */
 ATTN_PRIVATE void attn_mask_summary_init(const attn_params *p, void *mem, attn_mask_summary *s);
+
+/* Whether p's mask and bias are key padding, per batch a prefix of keys open and the rest
+ * masked, the same prefix for every head and row (possibly cut by a top-left causal band:
+ * row i open on [0, min(n_b, i + 1))); then *out is p without them, with key lengths
+ * (s->lengths: the smaller of p's own and the prefixes) and, for the causal form, causal
+ * top-left, so that the call runs as it would with kv_len (and causal): no summary, no
+ * per-logit test. One pass over the tensors (in parallel, p->threads), ending at the first
+ * row that is not such a prefix; false then, and the summary is used as before. Also false
+ * where a shorter key length would move p's diagonal (bottom-right alignment with causal,
+ * a window or ALiBi). Before the call's parallel region, after attn_mask_summary_init. */
+ATTN_PRIVATE bool attn_mask_summary_lengths(const attn_params *p, const attn_mask_summary *s,
+                                            attn_params *out);
 
 /* Row i of head h, batch b: narrows [*lo, *hi) to the hulls of the mask and the bias;
  * true when every key left is open in both (the row then needs neither). */

@@ -34,6 +34,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #define ATTN_PHILOX_M0 0xD2511F53u
 #define ATTN_PHILOX_M1 0xCD9E8D57u
@@ -171,23 +172,27 @@ static inline void attn_dropout_factors_k(attn_dropout_words_fn words, uint64_t 
     const uint64_t base = r * ((Lk + 3) / 4), g_end = (j0 + nk + 3) / 4;
     const bool none = threshold > UINT32_MAX;
     const uint32_t t32 = (uint32_t)threshold;
+    uint32_t sbits;  // scale's bits, or 0 when nothing is kept
+    memcpy(&sbits, &scale, sizeof sbits);
+    if (none) sbits = 0;
     uint64_t grp[CHUNK];
-    uint32_t u[4 * CHUNK];
-    float kf[4 * CHUNK];
+    uint32_t u[4 * CHUNK], kf[4 * CHUNK];
     for (uint64_t g0 = j0 / 4; g0 < g_end; g0 += CHUNK) {
         const uint64_t ng = g_end - g0 < CHUNK ? g_end - g0 : CHUNK;
         for (uint64_t t = 0; t < ng; t++) grp[t] = base + g0 + t;
         if (words) words((int64_t)ng, grp, seed, offset, u, CHUNK);
         else attn_dropout_words((int64_t)ng, grp, seed, offset, u, CHUNK);
         /* the keep test word by word (a simd compare: t < 2^32 is a 32-bit one, t = 2^32
-         * keeps nothing), then the factors in key order */
+         * keeps nothing) giving the factor's bits, scale or +0, by a mask rather than a
+         * float select (which stays a branch), then the factors in key order */
         for (int w = 0; w < 4; w++)
 #pragma omp simd
             for (uint64_t t = 0; t < ng; t++)
-                kf[w * CHUNK + t] = !none && u[w * CHUNK + t] >= t32 ? scale : 0.0f;
+                kf[w * CHUNK + t] = sbits & (0u - (uint32_t)(u[w * CHUNK + t] >= t32));
         const uint64_t ja = g0 * 4 > j0 ? g0 * 4 : j0,
                        jb = (g0 + ng) * 4 < j0 + nk ? (g0 + ng) * 4 : j0 + nk;
-        for (uint64_t j = ja; j < jb; j++) f[(int64_t)(j - j0) * fs] = kf[(j % 4) * CHUNK + (j / 4 - g0)];
+        for (uint64_t j = ja; j < jb; j++)
+            memcpy(&f[(int64_t)(j - j0) * fs], &kf[(j % 4) * CHUNK + (j / 4 - g0)], sizeof(float));
     }
 }
 
