@@ -516,9 +516,10 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         }
         if (decode && clean) {
             /* the tile in segments of rows at one stride: the whole tile in a contiguous
-             * cache or within a page, else page by page, each read in place (a copy of
-             * the rows cost more than the extra online-softmax steps: attn bench --paged,
-             * float32 page 16 0.68 -> 0.72 of contiguous, bfloat16 0.51 -> 0.64, CPU time).
+             * cache or within a page, else (a kernel without decode_rows) page by page,
+             * each read in place (a copy of the rows cost more than the extra
+             * online-softmax steps: attn bench --paged, float32 page 16 0.68 -> 0.72 of
+             * contiguous, bfloat16 0.51 -> 0.64, CPU time).
              * The first call on a segment prefetches its V and the next segment's K, when
              * there is one (no pointer past the tensor otherwise). */
             if (p->block_table && p->page_size < plan->bk) {
