@@ -451,6 +451,26 @@ INLINE __m256 dec_qk4(int DT, bool HALVES, int NR, int KC, int64_t dk, const flo
                     acc[j][r] = _mm256_fmadd_ps(qo, ko[j], _mm256_fmadd_ps(qe, ke[j], acc[j][r]));
             }
         }
+    } else if (DT == ATTN_Q8_0) {  // block by block (dk a multiple of 32): a key's scale
+        for (int64_t d = 0; d < dk; d += 32) {  // converted once, as load_row's product
+            const uint8_t *b[2];
+            __m256 sc[2];
+            UNROLL for (int j = 0; j < KC; j++) {
+                b[j] = (const uint8_t *)kr[j] + d / ATTN_Q8_0_BLOCK * ATTN_Q8_0_BYTES;
+                sc[j] = _mm256_set1_ps(_cvtsh_ss((unsigned short)(b[j][0] | b[j][1] << 8)));
+            }
+            UNROLL for (int h = 0; h < 4; h++, i++) {
+                __m256 kv[2];
+                UNROLL for (int j = 0; j < KC; j++)
+                    kv[j] = _mm256_mul_ps(sc[j], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                     _mm_loadl_epi64((const __m128i *)(b[j] + 2 + 8 * h)))));
+                pf_v_line(pf, c, i);
+                UNROLL for (int r = 0; r < NR; r++) {
+                    const __m256 qv = _mm256_loadu_ps(q + r * dk + d + 8 * h);
+                    UNROLL for (int j = 0; j < KC; j++) acc[j][r] = _mm256_fmadd_ps(qv, kv[j], acc[j][r]);
+                }
+            }
+        }
     } else {
         for (int64_t d = 0; d < dk; d += 8, i++) {
             const int64_t left = dk - d < 8 ? dk - d : 8;
@@ -547,6 +567,13 @@ INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, in
             const __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + d0));
             v0 = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
             v1 = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32((int)0xFFFF0000u)));
+        } else if (DT == ATTN_Q8_0) {  // dv a multiple of 32: the 16 columns in one block,
+            const uint8_t *b = (const uint8_t *)row + d0 / ATTN_Q8_0_BLOCK * ATTN_Q8_0_BYTES;
+            const __m256 sc = _mm256_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8)));
+            const __m128i q16 = _mm_loadu_si128((const __m128i *)(b + 2 + d0 % ATTN_Q8_0_BLOCK));
+            /* its scale converted once for both halves, each product as load_row's */
+            v0 = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q16)));
+            v1 = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q16, 8))));
         } else {
             v0 = load_row(DT, row, d0, n0);
             v1 = n1 > 0 ? load_row(DT, row, d0 + 8, n1) : _mm256_setzero_ps();
