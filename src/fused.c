@@ -372,6 +372,18 @@ const char *fused_kv_row(const attn_params *p, const fused_block *blk, const voi
     return (const char *)base + attn_row_byte_offset(p->kv_dt, attn_kv_offset(p, st, blk->b, blk->g, j));
 }
 
+/* The addresses of rows j0 .. j0+nk-1 of the block's head in K or V into rows[], for the
+ * kernel's decode_rows: one table look-up a page, the page's rows at its stride. */
+static void kv_row_addrs(const attn_params *p, const fused_block *blk, const void *base,
+                         const int64_t st[4], int64_t j0, int64_t nk, const char **rows) {
+    const int64_t step = attn_row_byte_offset(p->kv_dt, st[2]);  // q8_0: a multiple of 32
+    for (int64_t c = 0; c < nk;) {
+        const char *row = fused_kv_row(p, blk, base, st, j0 + c);
+        for (int64_t run = fused_kv_segment(p, j0 + c, nk - c); run > 0; run--, c++, row += step)
+            rows[c] = row;
+    }
+}
+
 static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
     /* a row's bytes from its first: q8_0 rows are contiguous blocks (stride 1) */
     const bool q8 = p->kv_dt == ATTN_Q8_0;
@@ -488,11 +500,26 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
         /* a bool mask or a bias can mask any key: their tiles skip zero weights */
         const bool clean = !boundary && !pt->mask && !pt->bias;
+        if (decode && clean && kern->decode_rows && !attn_kv_one_run(p, j0, nk)) {
+            /* a tile across pages, in one step on its rows' addresses: the arithmetic of
+             * the contiguous cache's tile, bit for bit, read in place from the pages; the
+             * kernel prefetches this tile's V and the next tile's K row by row */
+            const char *kr[2 * ATTN_BK_LIMIT], *vr[ATTN_BK_LIMIT];
+            const int64_t j1 = j0 + nk, next_nk = j1 < jb ? (jb - j1 < plan->bk ? jb - j1 : plan->bk) : 0;
+            kv_row_addrs(p, blk, p->k, p->k_s, j0, nk + next_nk, kr);
+            kv_row_addrs(p, blk, p->v, p->v_s, j0, nk, vr);
+            for (int64_t r0 = 0; r0 < n; r0 += 4)
+                kern->decode_rows(n - r0 < 4 ? n - r0 : 4, nk, dk, dv, w->q + r0 * dk, p->kv_dt,
+                                  fast, kr, vr, p->scale, w->s, w->m + r0, w->l + r0,
+                                  w->alpha + r0, w->acc + r0 * dv, r0 == 0, kr + nk, next_nk);
+            continue;
+        }
         if (decode && clean) {
             /* the tile in segments of rows at one stride: the whole tile in a contiguous
-             * cache or within a page, else page by page, each read in place (a copy of
-             * the rows cost more than the extra online-softmax steps: attn bench --paged,
-             * float32 page 16 0.68 -> 0.72 of contiguous, bfloat16 0.51 -> 0.64, CPU time).
+             * cache or within a page, else (a kernel without decode_rows) page by page,
+             * each read in place (a copy of the rows cost more than the extra
+             * online-softmax steps: attn bench --paged, float32 page 16 0.68 -> 0.72 of
+             * contiguous, bfloat16 0.51 -> 0.64, CPU time).
              * The first call on a segment prefetches its V and the next segment's K, when
              * there is one (no pointer past the tensor otherwise). */
             if (p->block_table && p->page_size < plan->bk) {

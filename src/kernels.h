@@ -64,6 +64,10 @@ typedef struct attn_decode_pf {
     int64_t ldv, lines_v, nv;       // row stride in bytes, 64-byte lines a row, rows
     const char *k;                  // the next tile's K rows, or NULL for none
     int64_t ldk, lines_k, nk;
+    /* a tile whose rows are not at one stride (decode_rows): row r of V at v_rows[r] and
+     * key c of the next tile at k_rows[c] instead of v + r * ldv, k + c * ldk; NULL
+     * otherwise (v and k non-NULL still say whether there is anything to ask for) */
+    const char *const *v_rows, *const *k_rows;
 } attn_decode_pf;
 
 /* from the decode entry's arguments (strides in elements of es bytes) */
@@ -252,6 +256,18 @@ struct attn_kernels {
      * not reach C); when false the kernel may multiply freely. */
     void (*gemm)(bool trans_a, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                  const float *b, int64_t ldb, float *c, int64_t ldc, bool skip_zeros);
+    /* Optional (NULL where absent): decode on a tile whose rows do not lie at one stride
+     * (a paged cache's tile across pages), each row given by its address: key c at
+     * k_rows[c], value row c at v_rows[c] (bytes: the row's first element, or its first
+     * q8_0 block; unit stride along the row), the next tile's keys at next_k_rows[c],
+     * c < next_nk, to prefetch. Everything else as decode, and bit for bit decode's
+     * result on the same rows at one stride: the tile is one online-softmax step
+     * whichever pages its rows are in. */
+    void (*decode_rows)(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
+                        attn_dtype dt, bool round_p, const char *const *k_rows,
+                        const char *const *v_rows, float scale, float *s, float *m, float *l,
+                        float *alpha, float *acc, bool prefetch,
+                        const char *const *next_k_rows, int64_t next_nk);
 };
 typedef struct attn_kernels attn_kernels;
 

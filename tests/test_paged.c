@@ -9,8 +9,9 @@
  * in every table entry past the valid pages: reading any of them poisons the answer or
  * faults. Checks:
  * - fused over pages = fused over the contiguous cache, bit for bit, O, LSE and weights,
- *   wherever the tiles are the same (every case but a decoding step on a tile that
- *   crosses pages, which is read segment by segment: those meet the reference instead);
+ *   wherever the tiles are the same (every case, but on a kernel without decode_rows a
+ *   decoding step on a tile that crosses pages, which is read segment by segment: those
+ *   meet the reference instead);
  * - the float64 reference over pages = the reference over the contiguous cache, bit for
  *   bit, and the fused path within the contract's float32 tolerance of it;
  * - page sizes 1, 3, 16, 64, 256, lengths ending on, before and after a page boundary,
@@ -33,6 +34,16 @@
 #include "check.h"
 #include "pages.h"
 #include "half.h"
+#include "kernels.h"
+
+/* Whether a decoding step's tile across pages computes the contiguous cache's bits: one
+ * step on its rows' addresses (decode_rows), or no decoding step at all (every tile
+ * gathered); else it is read segment by segment, which rounds differently. */
+static bool one_step_tiles(void) {
+    const char *why = NULL;
+    const attn_kernels *k = attn_select_kernels(&why);
+    return k && (k->decode_rows || !k->decode);
+}
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 static double urand(void) {  // [0, 1)
@@ -201,11 +212,12 @@ static void one_case(int64_t B, int64_t Hkv, int64_t D, int64_t ps, int64_t max_
     const size_t nw = (size_t)(B * Hq * Lq * Lk) * sizeof(float);
     /* The tiles are the same (so are the bits) unless a decoding-shaped block (at most 16
      * rows, no softcap, ALiBi, mask or bias: the kernels' decode step) meets a tile that
-     * crosses pages: it is read page by page, segment by segment, in place. With page
-     * sizes that are multiples of the largest tile (128 keys) no tile crosses a page. */
+     * crosses pages on a kernel without decode_rows: it is read page by page, segment by
+     * segment, in place. With page sizes that are multiples of the largest tile (128
+     * keys) no tile crosses a page. */
     const int64_t group = Hq / Hkv, rows = Lq >= 64 ? 64 : Lq * (group < 64 / Lq ? group : 64 / Lq);
     const bool decode_step = rows <= 16 && !f->softcap && !f->alibi && !f->mask && !f->bias;
-    if (!decode_step || ps % 128 == 0) {
+    if (!decode_step || ps % 128 == 0 || one_step_tiles()) {
         CHECK(memcmp(fp.o, fc.o, no) == 0, "%s: fused O paged != contiguous (bits)", tag);
         CHECK(!f->lse || memcmp(fp.lse, fc.lse, nl) == 0, "%s: fused LSE paged != contiguous", tag);
         CHECK(!f->weights || memcmp(fp.w, fc.w, nw) == 0, "%s: fused weights paged != contiguous", tag);
@@ -473,8 +485,8 @@ static void append_case(int64_t ps, attn_dtype dt, bool nhd, bool by_slot, int64
     double *ref = malloc((size_t)(B * Hq * n * D) * sizeof(double));
     tol_result tr;
     /* Lq = 5 rows x group 2 = 10 rows: a decoding step; bit for bit where no tile
-     * crosses a page */
-    if (ps % 128 == 0)
+     * crosses a page, or where the kernel reads such a tile in one step */
+    if (ps % 128 == 0 || one_step_tiles())
         CHECK(memcmp(fp.o, fc.o, (size_t)(B * Hq * n * D) * sizeof(float)) == 0,
               "%s: attend after append != attend over the concatenated cache", tag);
     for (int64_t x = 0; x < B * Hq * n * D; x++) ref[x] = rc.o[x];
@@ -660,7 +672,7 @@ static void q8_case(int64_t ps, int64_t Lq, bool softcap) {
     }
     CHECK(st[0] == ATTN_OK && st[1] == ATTN_OK && st[2] == ATTN_OK, "q8_0 page %lld: %d %d %d (%s)",
           (long long)ps, st[0], st[1], st[2], attn_last_error());
-    const bool same_tiles = softcap || ps % 128 == 0;
+    const bool same_tiles = softcap || ps % 128 == 0 || one_step_tiles();
     if (same_tiles)
         CHECK(memcmp(o[0], o[1], (size_t)(B * Hq * Lq * D) * sizeof(float)) == 0,
               "q8_0 page %lld, Lq %lld: paged != contiguous (bits)", (long long)ps, (long long)Lq);

@@ -420,15 +420,16 @@ INLINE __m256 load_row(int DT, const void *row, int64_t d, int64_t n) {
 /* line i of the V rows c, c+1 (those that exist) */
 INLINE void pf_v_line(const attn_decode_pf *pf, int64_t c, int64_t i) {
     if (!pf->v || i >= pf->lines_v) return;
-    for (int64_t r = c; r < c + 2 && r < pf->nv; r++) _mm_prefetch(pf->v + r * pf->ldv + 64 * i, _MM_HINT_T2);
+    for (int64_t r = c; r < c + 2 && r < pf->nv; r++)
+        _mm_prefetch((pf->v_rows ? pf->v_rows[r] : pf->v + r * pf->ldv) + 64 * i, _MM_HINT_T2);
 }
 
-/* logits of NR rows x KC (1 or 2) keys at k: lanes 4c + r, scaled; lanes of a missing
+/* logits of NR rows x KC (1 or 2) keys at kr[0], kr[1]: lanes 4c + r, scaled; lanes of a missing
  * second key -inf. HALVES (a bfloat16 K, Dk a multiple of 16): q comes split by halves
  * and each load of 16 key values gives the even and the odd ones by a shift and an and,
  * where widening takes twice the operations (as dec_qk4_halves in avx512/kernels.c). */
 INLINE __m256 dec_qk4(int DT, bool HALVES, int NR, int KC, int64_t dk, const float *q,
-                       const char *k, int64_t ldk, __m256 scale, const attn_decode_pf *pf,
+                       const char *const kr[2], __m256 scale, const attn_decode_pf *pf,
                        int64_t c) {
     __m256 acc[2][4];
     UNROLL for (int j = 0; j < 2; j++)
@@ -439,7 +440,7 @@ INLINE __m256 dec_qk4(int DT, bool HALVES, int NR, int KC, int64_t dk, const flo
         for (int64_t d = 0; d < dk; d += 16, i++) {
             __m256 ke[2], ko[2];
             UNROLL for (int j = 0; j < KC; j++) {
-                const __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)(k + j * ldk) + d));
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)kr[j] + d));
                 ke[j] = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
                 ko[j] = _mm256_castsi256_ps(_mm256_and_si256(raw, hi16));
             }
@@ -450,11 +451,31 @@ INLINE __m256 dec_qk4(int DT, bool HALVES, int NR, int KC, int64_t dk, const flo
                     acc[j][r] = _mm256_fmadd_ps(qo, ko[j], _mm256_fmadd_ps(qe, ke[j], acc[j][r]));
             }
         }
+    } else if (DT == ATTN_Q8_0) {  // block by block (dk a multiple of 32): a key's scale
+        for (int64_t d = 0; d < dk; d += 32) {  // converted once, as load_row's product
+            const uint8_t *b[2];
+            __m256 sc[2];
+            UNROLL for (int j = 0; j < KC; j++) {
+                b[j] = (const uint8_t *)kr[j] + d / ATTN_Q8_0_BLOCK * ATTN_Q8_0_BYTES;
+                sc[j] = _mm256_set1_ps(_cvtsh_ss((unsigned short)(b[j][0] | b[j][1] << 8)));
+            }
+            UNROLL for (int h = 0; h < 4; h++, i++) {
+                __m256 kv[2];
+                UNROLL for (int j = 0; j < KC; j++)
+                    kv[j] = _mm256_mul_ps(sc[j], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                     _mm_loadl_epi64((const __m128i *)(b[j] + 2 + 8 * h)))));
+                pf_v_line(pf, c, i);
+                UNROLL for (int r = 0; r < NR; r++) {
+                    const __m256 qv = _mm256_loadu_ps(q + r * dk + d + 8 * h);
+                    UNROLL for (int j = 0; j < KC; j++) acc[j][r] = _mm256_fmadd_ps(qv, kv[j], acc[j][r]);
+                }
+            }
+        }
     } else {
         for (int64_t d = 0; d < dk; d += 8, i++) {
             const int64_t left = dk - d < 8 ? dk - d : 8;
             __m256 kv[2];
-            UNROLL for (int j = 0; j < KC; j++) kv[j] = load_row(DT, k + j * ldk, d, left);
+            UNROLL for (int j = 0; j < KC; j++) kv[j] = load_row(DT, kr[j], d, left);
             pf_v_line(pf, c, i);
             UNROLL for (int r = 0; r < NR; r++) {
                 const __m256 qv = load_row(ATTN_F32, q + r * dk, d, left);
@@ -485,11 +506,12 @@ INLINE void split_halves(int NR, int64_t dk, const float *q, float *qh) {
 }
 
 /* The tile's logits for NR rows, 2 keys a vector (lane 4c + r; lanes of a key past nk
- * -inf) into s; *mx gets their lane-wise max, *nan the lanes that saw a NaN. The one
- * Q·Kᵀ of the decoding step, for decode and for decode_qk alike. */
+ * -inf) into s; *mx gets their lane-wise max, *nan the lanes that saw a NaN. Key c at
+ * k + c * ldk, or at rows[c] where rows is given (decode_rows). The one Q·Kᵀ of the
+ * decoding step, for decode, decode_rows and decode_qk alike. */
 INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, const char *k,
-                        int64_t ldk, float scale, float *s, const attn_decode_pf *pf,
-                        __m256 *mx, __m256 *nan) {
+                        int64_t ldk, const char *const *rows, float scale, float *s,
+                        const attn_decode_pf *pf, __m256 *mx, __m256 *nan) {
     const __m256 vscale = _mm256_set1_ps(scale);
     const bool halves = DT == ATTN_BF16 && dk % 16 == 0 && dk <= DEC_HALVES_MAX_DK;
     float qh[4 * DEC_HALVES_MAX_DK];
@@ -498,12 +520,14 @@ INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, c
     *nan = _mm256_setzero_ps();
     for (int64_t c = 0; c < nk; c += 2) {
         __m256 z;
+        const char *kr[2] = {rows ? rows[c] : k + c * ldk, NULL};
+        if (c + 1 < nk) kr[1] = rows ? rows[c + 1] : kr[0] + ldk;
         if (halves)
-            z = c + 2 <= nk ? dec_qk4(DT, true, NR, 2, dk, qh, k + c * ldk, ldk, vscale, pf, c)
-                            : dec_qk4(DT, true, NR, 1, dk, qh, k + c * ldk, ldk, vscale, pf, c);
+            z = c + 2 <= nk ? dec_qk4(DT, true, NR, 2, dk, qh, kr, vscale, pf, c)
+                            : dec_qk4(DT, true, NR, 1, dk, qh, kr, vscale, pf, c);
         else
-            z = c + 2 <= nk ? dec_qk4(DT, false, NR, 2, dk, q, k + c * ldk, ldk, vscale, pf, c)
-                            : dec_qk4(DT, false, NR, 1, dk, q, k + c * ldk, ldk, vscale, pf, c);
+            z = c + 2 <= nk ? dec_qk4(DT, false, NR, 2, dk, q, kr, vscale, pf, c)
+                            : dec_qk4(DT, false, NR, 1, dk, q, kr, vscale, pf, c);
         _mm256_storeu_ps(s + 4 * c, z);
         *mx = _mm256_max_ps(*mx, z);
         *nan = _mm256_or_ps(*nan, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));
@@ -525,10 +549,11 @@ INLINE __m256 round_bf16(__m256 x) {
 }
 
 /* acc rows 0..NR-1, value columns d0..d0+15 (nd of them), from the compact p (key c of
- * row r at s[4c + r]); lines [i0, i1) of the next tile's K row c asked for with key c */
+ * row r at s[4c + r]; its V row at v + c * ldv, or vrows[c] where vrows is given); lines
+ * [i0, i1) of the next tile's K row c asked for with key c */
 INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, int64_t ldv,
-                    int64_t d0, int64_t nd, const float *alpha, float *acc, int64_t dv,
-                    const attn_decode_pf *pf, int64_t i0, int64_t i1) {
+                    const char *const *vrows, int64_t d0, int64_t nd, const float *alpha,
+                    float *acc, int64_t dv, const attn_decode_pf *pf, int64_t i0, int64_t i1) {
     __m256 t[4][2];
     UNROLL for (int r = 0; r < 4; r++) t[r][0] = t[r][1] = _mm256_setzero_ps();
     const int64_t n0 = nd < 8 ? nd : 8, n1 = nd - n0;
@@ -536,18 +561,26 @@ INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, in
      * columns, t[r][1] the odd ones, put back in order once, below */
     const bool halves = DT == ATTN_BF16 && nd == 16;
     for (int64_t c = 0; c < nk; c++) {
-        const char *row = v + c * ldv;
+        const char *row = vrows ? vrows[c] : v + c * ldv;
         __m256 v0, v1;
         if (halves) {
             const __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + d0));
             v0 = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
             v1 = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32((int)0xFFFF0000u)));
+        } else if (DT == ATTN_Q8_0) {  // dv a multiple of 32: the 16 columns in one block,
+            const uint8_t *b = (const uint8_t *)row + d0 / ATTN_Q8_0_BLOCK * ATTN_Q8_0_BYTES;
+            const __m256 sc = _mm256_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8)));
+            const __m128i q16 = _mm_loadu_si128((const __m128i *)(b + 2 + d0 % ATTN_Q8_0_BLOCK));
+            /* its scale converted once for both halves, each product as load_row's */
+            v0 = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q16)));
+            v1 = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q16, 8))));
         } else {
             v0 = load_row(DT, row, d0, n0);
             v1 = n1 > 0 ? load_row(DT, row, d0 + 8, n1) : _mm256_setzero_ps();
         }
         if (pf->k && c < pf->nk)
-            for (int64_t i = i0; i < i1; i++) _mm_prefetch(pf->k + c * pf->ldk + 64 * i, _MM_HINT_T2);
+            for (int64_t i = i0; i < i1; i++)
+                _mm_prefetch((pf->k_rows ? pf->k_rows[c] : pf->k + c * pf->ldk) + 64 * i, _MM_HINT_T2);
         UNROLL for (int r = 0; r < NR; r++) {
             const __m256 pb = _mm256_set1_ps(s[4 * c + r]);
             t[r][0] = _mm256_fmadd_ps(pb, v0, t[r][0]);
@@ -573,14 +606,17 @@ INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, in
     }
 }
 
+/* one step on the tile's rows: at k + c * ldk, v + c * ldv, or at k_rows[c], v_rows[c]
+ * where those are given (decode_rows); the same arithmetic either way */
 INLINE void decode_tile(int DT, int NR, bool round_p, int64_t nk, int64_t dk, int64_t dv,
                              const float *q, const char *k, int64_t ldk, const char *v,
-                             int64_t ldv, float scale, float *s, float *m, float *l,
+                             int64_t ldv, const char *const *k_rows, const char *const *v_rows,
+                             float scale, float *s, float *m, float *l,
                              float *alpha, float *acc, const attn_decode_pf *pf) {
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
     const int64_t nv = (nk + 1) / 2;
     __m256 mx, nan;
-    dec_logits(DT, NR, nk, dk, q, k, ldk, scale, s, pf, &mx, &nan);
+    dec_logits(DT, NR, nk, dk, q, k, ldk, k_rows, scale, s, pf, &mx, &nan);
     /* the online-softmax update of softmax_avx2, on the compact layout */
     const __m256 m_old = _mm256_broadcast_ps((const __m128 *)m);
     nan = _mm256_or_ps(nan, _mm256_cmp_ps(m_old, m_old, _CMP_UNORD_Q));
@@ -605,17 +641,17 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t nk, int64_t dk, in
     const int64_t passes = (dv + 15) / 16;
     for (int64_t p = 0; p < passes; p++) {
         const int64_t d0 = 16 * p, nd = dv - d0 < 16 ? dv - d0 : 16;
-        dec_pv(DT, NR, nk, s, v, ldv, d0, nd, alpha, acc, dv, pf, p * pf->lines_k / passes,
+        dec_pv(DT, NR, nk, s, v, ldv, v_rows, d0, nd, alpha, acc, dv, pf, p * pf->lines_k / passes,
                 (p + 1) * pf->lines_k / passes);
     }
 }
 
 #define DECODE_AVX2(DT)                                                                       \
     switch (n) {                                                                              \
-    case 1: decode_tile(DT, 1, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
-    case 2: decode_tile(DT, 2, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
-    case 3: decode_tile(DT, 3, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
-    default: decode_tile(DT, 4, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    case 1: decode_tile(DT, 1, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, s, m, l, alpha, acc, &pf); break; \
+    case 2: decode_tile(DT, 2, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, s, m, l, alpha, acc, &pf); break; \
+    case 3: decode_tile(DT, 3, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, s, m, l, alpha, acc, &pf); break; \
+    default: decode_tile(DT, 4, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, s, m, l, alpha, acc, &pf); break; \
     }
 
 static void decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
@@ -626,6 +662,7 @@ static void decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const flo
     const char *kb = (const char *)k, *vb = (const char *)v;
     const int64_t ldkb = attn_row_byte_offset(dt, ldk), ldvb = attn_row_byte_offset(dt, ldv);
     attn_decode_pf pf = attn_decode_pf_make(prefetch, v, ldv, nk, dv, next_k, ldk, next_nk, dk, es);
+    const char *const *kr = NULL, *const *vr = NULL;  // at one stride
     if (dt == ATTN_Q8_0) {  // rows of blocks: strides and lines in bytes of blocks
         pf.ldv = ldvb, pf.ldk = ldkb;
         pf.lines_v = (attn_row_bytes(dt, dv) + 63) / 64, pf.lines_k = (attn_row_bytes(dt, dk) + 63) / 64;
@@ -645,15 +682,36 @@ static void decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, at
     __m256 mx, nan;
 #define LOGITS(DT)                                                                              \
     switch (n) {                                                                                \
-    case 1: dec_logits(DT, 1, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;          \
-    case 2: dec_logits(DT, 2, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;          \
-    case 3: dec_logits(DT, 3, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;          \
-    default: dec_logits(DT, 4, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;         \
+    case 1: dec_logits(DT, 1, nk, dk, q, kb, ldkb, NULL, scale, s, &none, &mx, &nan); break;    \
+    case 2: dec_logits(DT, 2, nk, dk, q, kb, ldkb, NULL, scale, s, &none, &mx, &nan); break;    \
+    case 3: dec_logits(DT, 3, nk, dk, q, kb, ldkb, NULL, scale, s, &none, &mx, &nan); break;    \
+    default: dec_logits(DT, 4, nk, dk, q, kb, ldkb, NULL, scale, s, &none, &mx, &nan); break;   \
     }
     if (dt == ATTN_Q8_0) LOGITS(ATTN_Q8_0)
     else ATTN_KV_DTYPE_SWITCH(dt, LOGITS);
 #undef LOGITS
     attn_decode_qk_store(n, nk, s, st, lds);
+}
+
+/* decode_avx2 on rows given by their addresses (kernels.h: decode_rows): a paged tile's
+ * rows read in place from their pages, in one step */
+static void decode_rows_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
+                             attn_dtype dt, bool round_p, const char *const *kr,
+                             const char *const *vr, float scale, float *s, float *m, float *l,
+                             float *alpha, float *acc, bool prefetch,
+                             const char *const *next_kr, int64_t next_nk) {
+    const int64_t es = attn_elem_bytes(dt);
+    const char *kb = kr[0], *vb = vr[0];
+    const int64_t ldkb = 0, ldvb = 0;  // unused: every row from kr, vr
+    attn_decode_pf pf = attn_decode_pf_make(prefetch, vr[0], 0, nk, dv,
+                                            next_nk > 0 ? next_kr[0] : NULL, 0, next_nk, dk, es);
+    pf.v_rows = vr, pf.k_rows = next_kr;
+    if (dt == ATTN_Q8_0) {  // rows of blocks: lines in bytes of blocks
+        pf.lines_v = (attn_row_bytes(dt, dv) + 63) / 64, pf.lines_k = (attn_row_bytes(dt, dk) + 63) / 64;
+        DECODE_AVX2(ATTN_Q8_0);
+        return;
+    }
+    ATTN_KV_DTYPE_SWITCH(dt, DECODE_AVX2);
 }
 
 /* hi and lo 32-bit halves of the eight products m * x (unsigned 32 x 32 -> 64): the even
@@ -717,5 +775,6 @@ const attn_kernels attn_kernels_avx2 = {
     .decode_q8_0 = true,
     .dropout = dropout_avx2,
     .gemm = attn_gemm_avx2,
+    .decode_rows = decode_rows_avx2,
 };
 #endif
