@@ -283,37 +283,26 @@ static bool rows_finite(const float *v, int64_t ldv, int64_t nk, int64_t dv) {
  * (docs/KERNELS.md: 55 -> 90 GFLOP/s a core on a tile). The last pass of a Dv that is not
  * a multiple of 16 is zero-padded in the panel and stored under a lane mask.
  * skip_zeros matters only where the value block holds a NaN or an Inf (0 * v = 0 exactly
- * otherwise, and adding a zero changes no sum), so a masked tile tests each pass's
- * panel for NaN and Inf as it is copied (no loads of its own, where a test of the whole
- * block first read it once more) and takes the blend
- * only in a pass that must: no per-probability branch, which a random bool mask
- * mispredicts half the time. */
+ * otherwise, and adding a zero changes no sum), so a masked tile checks the block first
+ * (nk * dv loads, beside the n * nk * dv FMAs) and takes the blend only where it must:
+ * no per-probability branch, which a random bool mask mispredicts half the time. */
 static void pv_avx2(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p,
                     int64_t lds, const float *v, int64_t ldv, const float *alpha, float *acc,
                     int64_t ldo, bool skip_zeros) {
     (void)npad;
     _Alignas(32) float panel[ATTN_BK_LIMIT * 16];
+    const bool skip = skip_zeros && !rows_finite(v, ldv, nk, dv);
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i expo = _mm256_set1_epi32(0x7f800000);
     for (int64_t d0 = 0; d0 < dv; d0 += 16) {
         const int64_t nd = dv - d0 < 16 ? dv - d0 : 16;
         const __m256i tail0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nd), lane);
         const __m256i tail1 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nd - 8), lane);
         const float *vc = v + d0;
         if (nd == 16) {
-            /* the finiteness test of a masked tile on the panel's values as they are
-             * copied, per pass: its 16 columns alone decide whether its zeros are skipped */
-            __m256i bad = _mm256_setzero_si256();
             for (int64_t c = 0; c < nk; c++) {
-                const __m256 x0 = _mm256_loadu_ps(vc + c * ldv), x1 = _mm256_loadu_ps(vc + c * ldv + 8);
-                _mm256_store_ps(panel + 16 * c, x0);
-                _mm256_store_ps(panel + 16 * c + 8, x1);
-                if (skip_zeros) {
-                    bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(x0), expo), expo));
-                    bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(x1), expo), expo));
-                }
+                _mm256_store_ps(panel + 16 * c, _mm256_loadu_ps(vc + c * ldv));
+                _mm256_store_ps(panel + 16 * c + 8, _mm256_loadu_ps(vc + c * ldv + 8));
             }
-            const bool skip = skip_zeros && !_mm256_testz_si256(bad, bad);
             if (skip) pv_pass_skip(n, nk, p, lds, panel, alpha, acc + d0, ldo, tail0, tail1);
             else pv_pass(n, nk, p, lds, panel, alpha, acc + d0, ldo, tail0, tail1);
         } else {
@@ -321,7 +310,6 @@ static void pv_avx2(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float
                 _mm256_store_ps(panel + 16 * c, _mm256_maskload_ps(vc + c * ldv, tail0));
                 _mm256_store_ps(panel + 16 * c + 8, _mm256_maskload_ps(vc + c * ldv + 8, tail1));
             }
-            const bool skip = skip_zeros && !rows_finite(panel, 16, nk, 16);
             if (skip) pv_pass_skip_m(n, nk, p, lds, panel, alpha, acc + d0, ldo, tail0, tail1);
             else pv_pass_m(n, nk, p, lds, panel, alpha, acc + d0, ldo, tail0, tail1);
         }
