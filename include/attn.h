@@ -135,8 +135,8 @@ typedef enum attn_path {
 typedef enum attn_precision {
     ATTN_PRECISION_DEFAULT = 0,  /* probabilities stay float32 for P·V                 */
     ATTN_PRECISION_FAST,         /* bfloat16 V: P rounded to bfloat16 for P·V, on the
-                                    CPU's bf16 dot products where it has them. Other
-                                    dtypes: the same as DEFAULT                         */
+                                    CPU's bf16 dot products. A kernel without them, and
+                                    other dtypes: the same as DEFAULT (never slower)    */
 } attn_precision;
 
 typedef struct attn_options {

@@ -568,9 +568,16 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
             for (int64_t c = 0; c < nk; c++)
                 for (int64_t r = 0; r < n; r++)
                     w->s[c * w->ld + r] = attn_bf16_to_f32(attn_f32_to_bf16(w->s[c * w->ld + r]));
+        const kv_tile vt = kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, w->gv);
+        if (kern->pv_h && (p->kv_dt == ATTN_BF16 || p->kv_dt == ATTN_F16) && vt.es == 1) {
+            /* 16-bit values converted as pv reads them (its own zero-skipping test covers a
+             * dropped weight's V too) */
+            kern->pv_h(n, npad, nk, dv, w->s, w->ld, p->kv_dt, (const uint16_t *)vt.data, vt.ld,
+                       w->alpha, w->acc, dv, !clean || p->dropout);
+            continue;
+        }
         int64_t ldv;
-        const float *v = kv_block(kern, p->kv_dt, kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, w->gv),
-                                  dv, nk, w->v, &ldv);
+        const float *v = kv_block(kern, p->kv_dt, vt, dv, nk, w->v, &ldv);
         /* a dropped weight is 0, like a masked one: it must not multiply its V either,
          * which matters only where the value block holds a NaN or Inf (0 · v = 0 exactly
          * otherwise), so a clean tile tests the block first (nk·Dv, beside pv's n·nk·Dv) */

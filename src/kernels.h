@@ -268,6 +268,15 @@ struct attn_kernels {
                         const char *const *v_rows, float scale, float *s, float *m, float *l,
                         float *alpha, float *acc, bool prefetch,
                         const char *const *next_k_rows, int64_t next_nk);
+    /* Optional (NULL: the framework converts the value block to float32 and calls pv): pv
+     * on a 16-bit value block, converted as it is read, so that the block is not written
+     * out in float32 first. Arguments and results as pv's, bit for bit pv on the block's
+     * float32 values (the conversion is exact), with
+     *   v (nk, dv) of dtype dt (ATTN_F16 or ATTN_BF16), row stride ldv in elements, unit
+     *     stride along the row; never read past column dv - 1 */
+    void (*pv_h)(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p,
+                 int64_t lds, attn_dtype dt, const uint16_t *v, int64_t ldv,
+                 const float *alpha, float *acc, int64_t ldo, bool skip_zeros);
 };
 typedef struct attn_kernels attn_kernels;
 

@@ -320,6 +320,12 @@ static attn_status fill_run(attn_params *p, const attn_options *opt) {
         if (f64) break;  // fused_f64.c is portable C: no micro-kernels
         p->kernels = attn_select_kernels(&why);
         if (!p->kernels) return attn_fail(ATTN_ERR_UNSUPPORTED, "%s", why);
+        /* FAST pays only on bf16 dot products (the kernel's pv_bf16): elsewhere rounding P
+         * is one more pass over each tile and no product gets cheaper (avx2, Zen 3: FAST
+         * 0.86x the default level), so those kernels run the default level, which is more
+         * precise than FAST promises (docs/CONTRACT.md, "Precision") */
+        if (p->precision == ATTN_PRECISION_FAST && !p->kernels->pv_bf16)
+            p->precision = ATTN_PRECISION_DEFAULT;
         break;
     }
     case ATTN_PATH_REFERENCE: p->path = ATTN_PATH_REFERENCE; break;

@@ -285,13 +285,18 @@ def test_bfloat16_numpy_is_read_in_place(rng):
 
 @needs_bf16
 def test_bfloat16_fast_rounds_p(rng):
-    """"fast" differs from "default" only by rounding P to bfloat16: both within the rule,
-    and on inputs large enough to show it, not bit-identical."""
+    """"fast" differs from "default" only by rounding P to bfloat16, and only on a kernel
+    with bf16 dot products (avx512bf16): both within the rule, and on inputs large enough
+    to show it, not bit-identical there. On every other kernel rounding P would only cost
+    time, so "fast" is "default" bit for bit (docs/CONTRACT.md, "Precision")."""
     q, k, v = draw3(rng, "bfloat16", (1, 4, 64, 64), (1, 4, 512, 64), (1, 4, 512, 64))
     o_d, l_d = sdpa(q, k, v, return_lse=True)
     o_f, l_f = sdpa(q, k, v, return_lse=True, precision="fast")
     assert np.array_equal(l_d, l_f)                 # the LSE does not depend on P·V
-    assert not np.array_equal(o_d, o_f)
+    if attn.kernel_name() == "avx512bf16":
+        assert not np.array_equal(o_d, o_f)
+    else:
+        assert np.array_equal(o_d, o_f), attn.kernel_name()
     ref, nv = reference(q, k, v)[0], naive(q, k, v, "bfloat16")
     assert_half_close(o_d, ref, nv)
     assert_half_close(o_f, ref, nv)

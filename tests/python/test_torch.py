@@ -239,8 +239,9 @@ def test_16_bit_matches_torch(shape, is_causal, dtype):
     B, H, Lq, Lk, D = shape
     outs = compare_half(rand16(dtype, B, H, Lq, D), rand16(dtype, B, H, Lk, D, seed=1),
                         rand16(dtype, B, H, Lk, D, seed=2), is_causal=is_causal)
-    if dtype == torch.float16:                    # "fast" rounds P only for a bfloat16 value
-        assert torch.equal(outs["default"], outs["fast"])
+    # "fast" rounds P only for a bfloat16 value, and only on bf16 dot products (avx512bf16)
+    if dtype == torch.float16 or attn.kernel_name() != "avx512bf16":
+        assert torch.equal(outs["default"], outs["fast"]), attn.kernel_name()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=lambda d: HALF[d])

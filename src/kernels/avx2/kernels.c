@@ -9,7 +9,8 @@
  *       ATTN_DECODE_MAX_ROWS rows) the dot-product form, 4 rows x 2 keys reduced by one
  *       hadd tree;
  *   pv: 4 rows x 2 ymm of value columns (8 accumulators); a column tail narrower than
- *       8 goes through a masked load/store;
+ *       8 goes through a masked load/store; pv_h the same passes on a 16-bit value
+ *       block, converted as each pass's panel is filled;
  *   decode: the AVX-512 decoding step at half the width (below).
  */
 #if defined(__x86_64__) || defined(_M_X64)
@@ -313,6 +314,65 @@ static void pv_avx2(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float
             else pv_pass_m(n, nk, p, lds, panel, alpha, acc + d0, ldo, tail0, tail1);
         }
     }
+}
+
+/* 8 elements of a 16-bit row as float32 (exact): bfloat16 by a 16-bit shift, float16 by
+ * F16C's vcvtph2ps. */
+INLINE __m256 half8_avx2(bool BF, __m128i h) {
+    return BF ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+              : _mm256_cvtph_ps(h);
+}
+
+/* pv_h (kernels.h) for one 16-bit dtype: pv_avx2's passes, each panel filled straight from
+ * the 16-bit rows (no float32 copy of the block in between), and the finiteness test that
+ * decides the skip made on the panel's own values as they are stored: a pass skips zeros
+ * only where its 16 columns hold a NaN or an Inf (0 * v = 0 exactly elsewhere). */
+INLINE void pv_h_tile(bool BF, int64_t n, int64_t nk, int64_t dv, const float *p, int64_t lds,
+                      const uint16_t *v, int64_t ldv, const float *alpha, float *acc,
+                      int64_t ldo, bool skip_zeros) {
+    _Alignas(32) float panel[ATTN_BK_LIMIT * 16];
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i expo = _mm256_set1_epi32(0x7f800000);
+    for (int64_t d0 = 0; d0 < dv; d0 += 16) {
+        const int64_t nd = dv - d0 < 16 ? dv - d0 : 16;
+        const __m256i tail0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nd), lane);
+        const __m256i tail1 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nd - 8), lane);
+        __m256i bad = _mm256_setzero_si256();
+        for (int64_t c = 0; c < nk; c++) {
+            const uint16_t *row = v + c * ldv + d0;
+            __m128i h0, h1;
+            if (nd == 16) {
+                h0 = _mm_loadu_si128((const __m128i *)row);
+                h1 = _mm_loadu_si128((const __m128i *)(row + 8));
+            } else {  // the last columns of a Dv that is not a multiple of 16: zero past dv
+                uint16_t t[16] = {0};
+                memcpy(t, row, (size_t)nd * sizeof(uint16_t));
+                h0 = _mm_loadu_si128((const __m128i *)t);
+                h1 = _mm_loadu_si128((const __m128i *)(t + 8));
+            }
+            const __m256 x0 = half8_avx2(BF, h0), x1 = half8_avx2(BF, h1);
+            _mm256_store_ps(panel + 16 * c, x0);
+            _mm256_store_ps(panel + 16 * c + 8, x1);
+            bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(x0), expo), expo));
+            bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(x1), expo), expo));
+        }
+        const bool skip = skip_zeros && !_mm256_testz_si256(bad, bad);
+        if (nd == 16) {
+            if (skip) pv_pass_skip(n, nk, p, lds, panel, alpha, acc + d0, ldo, tail0, tail1);
+            else pv_pass(n, nk, p, lds, panel, alpha, acc + d0, ldo, tail0, tail1);
+        } else {
+            if (skip) pv_pass_skip_m(n, nk, p, lds, panel, alpha, acc + d0, ldo, tail0, tail1);
+            else pv_pass_m(n, nk, p, lds, panel, alpha, acc + d0, ldo, tail0, tail1);
+        }
+    }
+}
+
+static void pv_h_avx2(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p,
+                      int64_t lds, attn_dtype dt, const uint16_t *v, int64_t ldv,
+                      const float *alpha, float *acc, int64_t ldo, bool skip_zeros) {
+    (void)npad;
+    if (dt == ATTN_BF16) pv_h_tile(true, n, nk, dv, p, lds, v, ldv, alpha, acc, ldo, skip_zeros);
+    else pv_h_tile(false, n, nk, dv, p, lds, v, ldv, alpha, acc, ldo, skip_zeros);
 }
 
 /* The bool mask on an S^T tile (kernels.h: mask_bool) without a branch or a gather: for
@@ -776,5 +836,6 @@ const attn_kernels attn_kernels_avx2 = {
     .dropout = dropout_avx2,
     .gemm = attn_gemm_avx2,
     .decode_rows = decode_rows_avx2,
+    .pv_h = pv_h_avx2,
 };
 #endif
