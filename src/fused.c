@@ -42,12 +42,9 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
     const int64_t dk = p->Dk, dv = p->Dv;
     if (dk > (int64_t)1 << 40 || dv > (int64_t)1 << 40) return false;
     *plan = (fused_plan){0};
-    const attn_kernel_geom *geom = &p->kernels->geom;
-    const int64_t bq = geom->bq;
-    plan->bq = bq, plan->row_pad = geom->row_pad;
-    int64_t bk = geom->bk_max;
-    const int64_t kv_row_bytes = attn_row_bytes(p->kv_dt, dk + dv);  // q8_0: 34 bytes / 32
-    while (bk > geom->bk_min && bk * kv_row_bytes > 64 * 1024) bk /= 2;
+    const fused_tiles sizes = fused_choose_tiles(p->kernels, p->kv_dt, dk, dv);  // fused_geom.c
+    const int64_t bq = sizes.bq, bk = sizes.bk;
+    plan->bq = bq, plan->row_pad = p->kernels->geom.row_pad;
     plan->bk = bk;
 
     const int64_t group = p->group, lq = p->Lq > 0 ? p->Lq : 1;
@@ -210,7 +207,17 @@ const attn_params *fused_tile_params(const attn_params *p, const fused_plan *pla
                                      const fused_block *blk, int64_t j0, int64_t nk) {
     if (!plan->sum) return p;
     if (blk->dense) return plan->open;
-    switch (attn_mask_summary_tile(p, plan->sum, blk->b, blk->h0, blk->nh, blk->qb, j0, nk)) {
+    /* the summary's blocks are ATTN_SUM_ROWS rows and the plan's bq rows (fused_geom.c):
+     * the tile is open (masked) where it is so in every summary block its rows reach */
+    const int64_t i0 = blk->qb * plan->bq, i1 = i0 + blk->n / blk->nh;
+    attn_tile_class cls = ATTN_TILE_MIXED;
+    for (int64_t sb = i0 / ATTN_SUM_ROWS; sb * ATTN_SUM_ROWS < i1; sb++) {
+        const attn_tile_class c =
+            attn_mask_summary_tile(p, plan->sum, blk->b, blk->h0, blk->nh, sb, j0, nk);
+        if (sb > i0 / ATTN_SUM_ROWS && c != cls) return p;
+        cls = c;
+    }
+    switch (cls) {
     case ATTN_TILE_MASKED: return NULL;
     case ATTN_TILE_OPEN: return plan->open;
     default: return p;

@@ -12,7 +12,8 @@
  *
  * Shared rules for every kernel:
  * - n is the number of query rows, padded: npad = n rounded up to the kernel's
- *   geom.row_pad (its line of kernels/list.h), npad <= geom.bq. Kernels
+ *   geom.row_pad (its line of kernels/list.h), npad <= ATTN_FWD_BQ_LIMIT (the forward
+ *   takes geom.bq rows a block, or another multiple of row_pad: fused_geom.c). Kernels
  *   may compute on all npad rows (the framework zero-fills the padding and ignores it);
  *   they never read beyond npad rows, nk keys, dk or dv columns.
  * - Leading dimensions are in floats. Row-major throughout.
@@ -295,6 +296,8 @@ ATTN_KERNEL_LIST(ATTN_X_GEOM)
  * scratch is sized by ATTN_BK_LIMIT, and the decoding blocks (ATTN_DECODE_MAX_ROWS rows)
  * must fit a block. */
 #define ATTN_BK_LIMIT 256
+/* the most query rows a forward block may hold (fused_geom.c), for every kernel */
+#define ATTN_FWD_BQ_LIMIT 256
 #define ATTN_X_GEOM_CHECK(name, flags, row_pad, bq, bk_min, bk_max, probe)                 \
     _Static_assert(row_pad >= 1 && bq % row_pad == 0 && bq >= 16 && 1 <= bk_min &&          \
                        bk_min <= bk_max && bk_max <= ATTN_BK_LIMIT && bk_min % row_pad == 0, \

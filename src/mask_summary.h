@@ -26,7 +26,8 @@
 
 #include "attn_internal.h"
 
-/* the granularity of the table: rows per block (the fused paths' query blocks) and keys
+/* the granularity of the table: rows per block (the fused paths' query blocks of the list's bq;
+ * a forward block of another bq asks each block its rows reach: fused_tile_params) and keys
  * per granule (a divisor of every key tile the fused paths use) */
 enum { ATTN_SUM_ROWS = 64, ATTN_SUM_KEYS = 16 };
 
