@@ -51,7 +51,8 @@ from torch import Tensor
 import attn
 from attn import _attn
 
-__all__ = ["sdpa", "draw_seed", "AttnShapeError", "AttnDtypeError"]
+__all__ = ["sdpa", "draw_seed", "forward_no_grad", "direct_ok", "AttnShapeError",
+           "AttnDtypeError"]
 
 
 class AttnShapeError(RuntimeError, ValueError):
@@ -129,11 +130,12 @@ def _sinks(sinks: Optional[Tensor]) -> Optional[Tensor]:
     return sinks if sinks.dtype == torch.float32 else sinks.float()
 
 
-@torch.library.custom_op("attn::sdpa", mutates_args=(), device_types="cpu")
-def _sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
-          is_causal: bool, scale: Optional[float], enable_gqa: bool, window_left: int,
-          window_right: int, softcap: float, return_weights: bool, dropout_p: float = 0.0,
-          seed: int = 0, sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+def _run(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
+         kv_len: Optional[Tensor], is_causal: bool, scale: Optional[float], enable_gqa: bool,
+         window_left: int, window_right: int, softcap: float, want_lse: bool,
+         want_weights: bool, dropout_p: float, seed: int, sinks: Optional[Tensor]):
+    """The library's forward on the op's arguments (and kv_len, None or (B,) int64):
+    (out, lse or None, weights or None), errors raised as the op raises them."""
     _check_rank(query, key, value)
     if not 0.0 <= dropout_p <= 1.0:  # in double: the library's float could round to 1
         raise AttnShapeError("dropout_p=%r: expected 0 <= dropout_p <= 1 (0 = off)"
@@ -141,15 +143,70 @@ def _sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor]
     options = _options(is_causal, scale, enable_gqa, window_left, window_right, softcap,
                        dropout_p, seed)
     try:
-        out, lse, weights = attn._forward(query.detach(), key.detach(), value.detach(),
-                                          _mask(attn_mask), None, None, options, True,
-                                          bool(return_weights), torch.Tensor, _alloc,
-                                          _sinks(sinks))
+        return attn._forward(query.detach(), key.detach(), value.detach(), _mask(attn_mask),
+                             None, kv_len, options, want_lse, bool(want_weights),
+                             torch.Tensor, _alloc, _sinks(sinks))
     except (ValueError, TypeError) as e:
         _reraise(e)
+
+
+@torch.library.custom_op("attn::sdpa", mutates_args=(), device_types="cpu")
+def _sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
+          is_causal: bool, scale: Optional[float], enable_gqa: bool, window_left: int,
+          window_right: int, softcap: float, return_weights: bool, dropout_p: float = 0.0,
+          seed: int = 0, sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    out, lse, weights = _run(query, key, value, attn_mask, None, is_causal, scale, enable_gqa,
+                             window_left, window_right, softcap, True, return_weights,
+                             dropout_p, seed, sinks)
     if weights is None:
         weights = torch.empty((0,), dtype=torch.float32)
     return out, lse, weights
+
+
+def forward_no_grad(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
+                    is_causal: bool, scale: Optional[float], enable_gqa: bool,
+                    window_left: int, window_right: int, softcap: float,
+                    return_weights: bool, dropout_p: float = 0.0, seed: int = 0,
+                    sinks: Optional[Tensor] = None, kv_len: Optional[Tensor] = None
+                    ) -> Tuple[Tensor, Optional[Tensor]]:
+    """What torch.ops.attn.sdpa computes, called directly, for a caller that needs no
+    gradient and is not being traced (see direct_ok): (out, weights or None). No LSE is
+    computed (only the backward reads it) and there is no dispatcher between the caller
+    and the library. kv_len: None or (B,) int64, keys j >= kv_len[b] masked (with or
+    instead of attn_mask)."""
+    out, _, weights = _run(query, key, value, attn_mask, kv_len, is_causal, scale,
+                           enable_gqa, window_left, window_right, softcap, False,
+                           return_weights, dropout_p, seed, sinks)
+    return out, weights
+
+
+def _in_mode() -> bool:
+    """Whether a torch function or dispatch mode is active (a tracer, a flop counter, a
+    device context): it sees the op, so the op must run. True where torch cannot say."""
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode  # noqa: PLC0415
+        return (_get_current_dispatch_mode() is not None
+                or torch._C._len_torch_function_stack() > 0)
+    except (ImportError, AttributeError):
+        return True
+
+
+def direct_ok(*tensors: Optional[Tensor]) -> bool:
+    """Whether forward_no_grad may stand in for torch.ops.attn.sdpa on these inputs: not
+    under torch.compile or torch.export, no tensor subclass (fake, functional) or dispatch
+    mode that would trace the call, and no gradient wanted from any of them (grad mode off,
+    or none requires grad)."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return False
+    if _in_mode():
+        return False
+    grad = torch.is_grad_enabled()
+    for x in tensors:
+        if x is None:
+            continue
+        if type(x) is not torch.Tensor or (grad and x.requires_grad):
+            return False
+    return True
 
 
 @_sdpa.register_fake

@@ -13,7 +13,13 @@ know, and padded batches would attend to their padding. ``register(name)`` does 
 
 Every attention layer then runs through ``torch.ops.attn.sdpa`` (attn.integrations.torch_op:
 the library's fused forward and backward as a custom op, so torch.compile and torch.export
-keep it). What transformers passes is taken as its SDPA backend takes it:
+keep it) wherever a gradient is wanted or the call is traced. Where neither is (inference:
+torch.no_grad() or no input requiring grad, not under torch.compile or torch.export), the
+layer calls the library directly (torch_op.forward_no_grad: the same forward, without the
+dispatcher and without the LSE only the backward reads), and a right-padding bool mask
+(a padded encoder batch's) is passed as per-batch key lengths instead (_padding.py: read
+once per mask tensor, not once per layer). What transformers passes is taken as its SDPA
+backend takes it:
 
 - ``attention_mask``: 4-D bool (True = attend) or float (added to the logits), broadcast
   over heads; None with ``is_causal`` (the module's, or the keyword) for a causal layer.
@@ -47,7 +53,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import torch_op
+from . import _padding, torch_op
 
 __all__ = ["attention_forward", "register", "NAME"]
 
@@ -107,11 +113,21 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
     softcap = kwargs.get("softcap")
     want = _want_weights(kwargs)
-    out, _, weights = torch.ops.attn.sdpa(
-        query, key, value, attention_mask, is_causal,
-        None if scaling is None else float(scaling), query.shape[1] != key.shape[1],
-        window[0], window[1], float(softcap) if softcap else 0.0, want, dropout, seed, sinks)
-    out = out.transpose(1, 2).contiguous()
+    args = (None if scaling is None else float(scaling), query.shape[1] != key.shape[1],
+            window[0], window[1], float(softcap) if softcap else 0.0, want, dropout, seed,
+            sinks)
+    if torch_op.direct_ok(query, key, value, attention_mask, sinks):
+        # no gradient and no tracer: the library directly (no dispatcher, no LSE), a
+        # right-padding mask as key lengths (read once per mask tensor, _padding.py)
+        kv_len = _padding.padding_lengths(attention_mask, max(query.shape[0], key.shape[0]),
+                                          S)
+        mask = attention_mask if kv_len is None else None
+        out, weights = torch_op.forward_no_grad(query, key, value, mask, is_causal, *args,
+                                                kv_len=kv_len)
+    else:
+        out, _, weights = torch.ops.attn.sdpa(query, key, value, attention_mask, is_causal,
+                                              *args)
+    out = out.transpose(1, 2).contiguous()  # (B, L, H, Dv) memory already: no copy
     return out, (weights.to(query.dtype) if want else None)
 
 
