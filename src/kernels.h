@@ -326,6 +326,21 @@ ATTN_PRIVATE void attn_exp_array_avx512(int64_t n, const float *x, float *y);
 ATTN_PRIVATE void attn_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst);
 ATTN_PRIVATE void attn_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,
                                         float *s, int64_t lds);
+/* the AVX2 decoding step (avx2/decode.c) */
+ATTN_PRIVATE void attn_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
+                                   attn_dtype dt, bool round_p, const void *k, int64_t ldk,
+                                   const void *v, int64_t ldv, float scale, float *s, float *m,
+                                   float *l, float *alpha, float *acc, bool prefetch,
+                                   const void *next_k, int64_t next_nk);
+ATTN_PRIVATE void attn_decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q,
+                                      attn_dtype dt, const void *k, int64_t ldk, float scale,
+                                      float *s, int64_t lds);
+ATTN_PRIVATE void attn_decode_rows_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv,
+                                        const float *q, attn_dtype dt, bool round_p,
+                                        const char *const *k_rows, const char *const *v_rows,
+                                        float scale, float *s, float *m, float *l, float *alpha,
+                                        float *acc, bool prefetch, const char *const *next_k_rows,
+                                        int64_t next_nk);
 /* the gemm entries (each in its folder's gemm.c); avx512bf16 shares the avx512 one */
 #define ATTN_GEMM_DECLARE(name)                                                            \
     ATTN_PRIVATE void name(bool trans_a, int64_t m, int64_t n, int64_t k, const float *a,    \

@@ -1,0 +1,339 @@
+/*
+ * avx2/decode.c — the AVX2 decoding step: Q·Kᵀ, online softmax and P·V of one clean
+ *                 tile for at most 4 query rows in one call (kernels.h: decode,
+ *                 decode_qk, decode_rows), on contiguous or paged rows of any cache
+ *                 dtype. The tile kernels are kernels.c's; both share exp.h.
+ */
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "half.h"
+#include "kernels.h"
+#include "exp.h"
+
+/* ---- decoding: the whole step of one clean tile for at most 4 query rows ------------------
+ * The AVX-512 step (avx512/kernels.c) at half the width: Q·Kᵀ by the dot-product form, 2
+ * keys x 4 rows a call of dec_qk4 reduced by one hadd tree, the logits in a compact
+ * layout (lane 4c + r for key c of a pair, row r), the online softmax on it, then P·V
+ * for the 4 rows, 16 value columns a pass. 16-bit K and V are converted in registers.
+ * Each stream is prefetched into the outer caches during the other's phase: this tile's
+ * V rows while Q·Kᵀ reads K, the next tile's K rows while P·V reads V. */
+
+/* 8 values of a row from column d as float32 (n < 8: the first n, zeros after) */
+INLINE __m256 load_row(int DT, const void *row, int64_t d, int64_t n) {
+    if (n < 8) {
+        float x[8] = {0};
+        for (int64_t j = 0; j < n; j++) x[j] = attn_load(DT, row, d + j);
+        return _mm256_loadu_ps(x);
+    }
+    if (DT == ATTN_F32) return _mm256_loadu_ps((const float *)row + d);
+    if (DT == ATTN_Q8_0) {  // 8 of the 32 int8 of block d / 32 (d a multiple of 8), times d
+        const uint8_t *b = (const uint8_t *)row + d / ATTN_Q8_0_BLOCK * ATTN_Q8_0_BYTES;
+        const __m128i q8 = _mm_loadl_epi64((const __m128i *)(b + 2 + d % ATTN_Q8_0_BLOCK));
+        return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8))),
+                             _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)));
+    }
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + d));
+    if (DT == ATTN_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+/* line i of the V rows c, c+1 (those that exist) */
+INLINE void pf_v_line(const attn_decode_pf *pf, int64_t c, int64_t i) {
+    if (!pf->v || i >= pf->lines_v) return;
+    for (int64_t r = c; r < c + 2 && r < pf->nv; r++)
+        _mm_prefetch((pf->v_rows ? pf->v_rows[r] : pf->v + r * pf->ldv) + 64 * i, _MM_HINT_T2);
+}
+
+/* logits of NR rows x KC (1 or 2) keys at kr[0], kr[1]: lanes 4c + r, scaled; lanes of a missing
+ * second key -inf. HALVES (a bfloat16 K, Dk a multiple of 16): q comes split by halves
+ * and each load of 16 key values gives the even and the odd ones by a shift and an and,
+ * where widening takes twice the operations (as dec_qk4_halves in avx512/kernels.c). */
+INLINE __m256 dec_qk4(int DT, bool HALVES, int NR, int KC, int64_t dk, const float *q,
+                       const char *const kr[2], __m256 scale, const attn_decode_pf *pf,
+                       int64_t c) {
+    __m256 acc[2][4];
+    UNROLL for (int j = 0; j < 2; j++)
+        UNROLL for (int r = 0; r < 4; r++) acc[j][r] = _mm256_setzero_ps();
+    int64_t i = 0;
+    if (HALVES) {  // q split by halves (split_halves); 16 values of a bfloat16 K a load
+        const __m256i hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
+        for (int64_t d = 0; d < dk; d += 16, i++) {
+            __m256 ke[2], ko[2];
+            UNROLL for (int j = 0; j < KC; j++) {
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)kr[j] + d));
+                ke[j] = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+                ko[j] = _mm256_castsi256_ps(_mm256_and_si256(raw, hi16));
+            }
+            pf_v_line(pf, c, i);
+            UNROLL for (int r = 0; r < NR; r++) {
+                const __m256 qe = _mm256_loadu_ps(q + r * dk + d), qo = _mm256_loadu_ps(q + r * dk + d + 8);
+                UNROLL for (int j = 0; j < KC; j++)
+                    acc[j][r] = _mm256_fmadd_ps(qo, ko[j], _mm256_fmadd_ps(qe, ke[j], acc[j][r]));
+            }
+        }
+    } else if (DT == ATTN_Q8_0) {  // block by block (dk a multiple of 32): a key's scale
+        for (int64_t d = 0; d < dk; d += 32) {  // converted once, as load_row's product
+            const uint8_t *b[2];
+            __m256 sc[2];
+            UNROLL for (int j = 0; j < KC; j++) {
+                b[j] = (const uint8_t *)kr[j] + d / ATTN_Q8_0_BLOCK * ATTN_Q8_0_BYTES;
+                sc[j] = _mm256_set1_ps(_cvtsh_ss((unsigned short)(b[j][0] | b[j][1] << 8)));
+            }
+            UNROLL for (int h = 0; h < 4; h++, i++) {
+                __m256 kv[2];
+                UNROLL for (int j = 0; j < KC; j++)
+                    kv[j] = _mm256_mul_ps(sc[j], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                     _mm_loadl_epi64((const __m128i *)(b[j] + 2 + 8 * h)))));
+                pf_v_line(pf, c, i);
+                UNROLL for (int r = 0; r < NR; r++) {
+                    const __m256 qv = _mm256_loadu_ps(q + r * dk + d + 8 * h);
+                    UNROLL for (int j = 0; j < KC; j++) acc[j][r] = _mm256_fmadd_ps(qv, kv[j], acc[j][r]);
+                }
+            }
+        }
+    } else {
+        for (int64_t d = 0; d < dk; d += 8, i++) {
+            const int64_t left = dk - d < 8 ? dk - d : 8;
+            __m256 kv[2];
+            UNROLL for (int j = 0; j < KC; j++) kv[j] = load_row(DT, kr[j], d, left);
+            pf_v_line(pf, c, i);
+            UNROLL for (int r = 0; r < NR; r++) {
+                const __m256 qv = load_row(ATTN_F32, q + r * dk, d, left);
+                UNROLL for (int j = 0; j < KC; j++) acc[j][r] = _mm256_fmadd_ps(qv, kv[j], acc[j][r]);
+            }
+        }
+    }
+    for (; i < pf->lines_v; i++) pf_v_line(pf, c, i);
+    const __m256 h01 = _mm256_hadd_ps(acc[0][0], acc[0][1]), h23 = _mm256_hadd_ps(acc[0][2], acc[0][3]);
+    const __m256 h45 = _mm256_hadd_ps(acc[1][0], acc[1][1]), h67 = _mm256_hadd_ps(acc[1][2], acc[1][3]);
+    const __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67);
+    const __m256 z = _mm256_mul_ps(scale, _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20),
+                                                        _mm256_permute2f128_ps(a, b, 0x31)));
+    if (KC == 2) return z;
+    return _mm256_blend_ps(z, _mm256_set1_ps(-INFINITY), 0xF0);
+}
+
+enum { DEC_HALVES_MAX_DK = 256 };
+
+/* the rows q (NR x dk, dk a multiple of 16) with each 16 columns as 8 even, 8 odd */
+INLINE void split_halves(int NR, int64_t dk, const float *q, float *qh) {
+    for (int r = 0; r < NR; r++)
+        for (int64_t d = 0; d < dk; d += 16)
+            for (int x = 0; x < 8; x++) {
+                qh[r * dk + d + x] = q[r * dk + d + 2 * x];
+                qh[r * dk + d + 8 + x] = q[r * dk + d + 2 * x + 1];
+            }
+}
+
+/* The tile's logits for NR rows, 2 keys a vector (lane 4c + r; lanes of a key past nk
+ * -inf) into s; *mx gets their lane-wise max, *nan the lanes that saw a NaN. Key c at
+ * k + c * ldk, or at rows[c] where rows is given (decode_rows). The one Q·Kᵀ of the
+ * decoding step, for decode, decode_rows and decode_qk alike. */
+INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, const char *k,
+                        int64_t ldk, const char *const *rows, float scale, float *s,
+                        const attn_decode_pf *pf, __m256 *mx, __m256 *nan) {
+    const __m256 vscale = _mm256_set1_ps(scale);
+    const bool halves = DT == ATTN_BF16 && dk % 16 == 0 && dk <= DEC_HALVES_MAX_DK;
+    float qh[4 * DEC_HALVES_MAX_DK];
+    if (halves) split_halves(NR, dk, q, qh);
+    *mx = _mm256_set1_ps(-INFINITY);
+    *nan = _mm256_setzero_ps();
+    for (int64_t c = 0; c < nk; c += 2) {
+        __m256 z;
+        const char *kr[2] = {rows ? rows[c] : k + c * ldk, NULL};
+        if (c + 1 < nk) kr[1] = rows ? rows[c + 1] : kr[0] + ldk;
+        if (halves)
+            z = c + 2 <= nk ? dec_qk4(DT, true, NR, 2, dk, qh, kr, vscale, pf, c)
+                            : dec_qk4(DT, true, NR, 1, dk, qh, kr, vscale, pf, c);
+        else
+            z = c + 2 <= nk ? dec_qk4(DT, false, NR, 2, dk, q, kr, vscale, pf, c)
+                            : dec_qk4(DT, false, NR, 1, dk, q, kr, vscale, pf, c);
+        _mm256_storeu_ps(s + 4 * c, z);
+        *mx = _mm256_max_ps(*mx, z);
+        *nan = _mm256_or_ps(*nan, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));
+    }
+}
+
+/* per row, the max (sum) over the 2 key lanes of a compact vector, in both halves */
+INLINE __m256 rows_max(__m256 x) { return _mm256_max_ps(x, _mm256_permute2f128_ps(x, x, 0x01)); }
+INLINE __m256 rows_sum(__m256 x) { return _mm256_add_ps(x, _mm256_permute2f128_ps(x, x, 0x01)); }
+
+/* x rounded to the nearest bfloat16, ties to even (half.h's attn_f32_to_bf16); NaN stays
+ * NaN, made quiet */
+INLINE __m256 round_bf16(__m256 x) {
+    const __m256i b = _mm256_castps_si256(x), hi = _mm256_set1_epi32((int)0xFFFF0000u);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_and_si256(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), hi);
+    const __m256i quiet = _mm256_and_si256(_mm256_or_si256(b, _mm256_set1_epi32(0x00400000)), hi);
+    return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(quiet), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+/* acc rows 0..NR-1, value columns d0..d0+15 (nd of them), from the compact p (key c of
+ * row r at s[4c + r]; its V row at v + c * ldv, or vrows[c] where vrows is given); lines
+ * [i0, i1) of the next tile's K row c asked for with key c */
+INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, int64_t ldv,
+                    const char *const *vrows, int64_t d0, int64_t nd, const float *alpha,
+                    float *acc, int64_t dv, const attn_decode_pf *pf, int64_t i0, int64_t i1) {
+    __m256 t[4][2];
+    UNROLL for (int r = 0; r < 4; r++) t[r][0] = t[r][1] = _mm256_setzero_ps();
+    const int64_t n0 = nd < 8 ? nd : 8, n1 = nd - n0;
+    /* a bfloat16 V by halves when the pass is 16 columns wide: t[r][0] sums the even
+     * columns, t[r][1] the odd ones, put back in order once, below */
+    const bool halves = DT == ATTN_BF16 && nd == 16;
+    for (int64_t c = 0; c < nk; c++) {
+        const char *row = vrows ? vrows[c] : v + c * ldv;
+        __m256 v0, v1;
+        if (halves) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + d0));
+            v0 = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+            v1 = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32((int)0xFFFF0000u)));
+        } else if (DT == ATTN_Q8_0) {  // dv a multiple of 32: the 16 columns in one block,
+            const uint8_t *b = (const uint8_t *)row + d0 / ATTN_Q8_0_BLOCK * ATTN_Q8_0_BYTES;
+            const __m256 sc = _mm256_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8)));
+            const __m128i q16 = _mm_loadu_si128((const __m128i *)(b + 2 + d0 % ATTN_Q8_0_BLOCK));
+            /* its scale converted once for both halves, each product as load_row's */
+            v0 = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q16)));
+            v1 = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q16, 8))));
+        } else {
+            v0 = load_row(DT, row, d0, n0);
+            v1 = n1 > 0 ? load_row(DT, row, d0 + 8, n1) : _mm256_setzero_ps();
+        }
+        if (pf->k && c < pf->nk)
+            for (int64_t i = i0; i < i1; i++)
+                _mm_prefetch((pf->k_rows ? pf->k_rows[c] : pf->k + c * pf->ldk) + 64 * i, _MM_HINT_T2);
+        UNROLL for (int r = 0; r < NR; r++) {
+            const __m256 pb = _mm256_set1_ps(s[4 * c + r]);
+            t[r][0] = _mm256_fmadd_ps(pb, v0, t[r][0]);
+            t[r][1] = _mm256_fmadd_ps(pb, v1, t[r][1]);
+        }
+    }
+    if (halves)
+        UNROLL for (int r = 0; r < NR; r++) {
+            const __m256 lo = _mm256_unpacklo_ps(t[r][0], t[r][1]), hi = _mm256_unpackhi_ps(t[r][0], t[r][1]);
+            t[r][0] = _mm256_permute2f128_ps(lo, hi, 0x20);
+            t[r][1] = _mm256_permute2f128_ps(lo, hi, 0x31);
+        }
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    UNROLL for (int r = 0; r < NR; r++) {
+        const __m256 a = _mm256_set1_ps(alpha[r]);
+        UNROLL for (int h = 0; h < 2; h++) {
+            const int64_t cols = h == 0 ? n0 : n1;
+            if (cols <= 0) break;
+            float *o = acc + r * dv + d0 + 8 * h;
+            const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)cols), lane);
+            _mm256_maskstore_ps(o, mk, _mm256_fmadd_ps(_mm256_maskload_ps(o, mk), a, t[r][h]));
+        }
+    }
+}
+
+/* one step on the tile's rows: at k + c * ldk, v + c * ldv, or at k_rows[c], v_rows[c]
+ * where those are given (decode_rows); the same arithmetic either way */
+INLINE void decode_tile(int DT, int NR, bool round_p, int64_t nk, int64_t dk, int64_t dv,
+                             const float *q, const char *k, int64_t ldk, const char *v,
+                             int64_t ldv, const char *const *k_rows, const char *const *v_rows,
+                             float scale, float *s, float *m, float *l,
+                             float *alpha, float *acc, const attn_decode_pf *pf) {
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+    const int64_t nv = (nk + 1) / 2;
+    __m256 mx, nan;
+    dec_logits(DT, NR, nk, dk, q, k, ldk, k_rows, scale, s, pf, &mx, &nan);
+    /* the online-softmax update of softmax_avx2, on the compact layout */
+    const __m256 m_old = _mm256_broadcast_ps((const __m128 *)m);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(m_old, m_old, _CMP_UNORD_Q));
+    nan = _mm256_or_ps(nan, _mm256_permute2f128_ps(nan, nan, 0x01));
+    __m256 m_new = _mm256_max_ps(m_old, rows_max(mx));
+    m_new = _mm256_blendv_ps(m_new, _mm256_set1_ps(NAN), nan);
+    const __m256 shift = _mm256_blendv_ps(m_new, _mm256_setzero_ps(), _mm256_cmp_ps(m_new, neg_inf, _CMP_EQ_OQ));
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t x = 0; x < nv; x++) {
+        const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * x), shift));
+        /* FAST precision: P rounded to bfloat16 for P V, the sum l of the float32 p */
+        _mm256_storeu_ps(s + 8 * x, round_p ? round_bf16(e) : e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    const __m256 a = exp_avx2(_mm256_sub_ps(m_old, shift));
+    const __m128 l_new = _mm_fmadd_ps(_mm_loadu_ps(l), _mm256_castps256_ps128(a),
+                                      _mm256_castps256_ps128(rows_sum(sum)));
+    _mm_storeu_ps(alpha, _mm256_castps256_ps128(a));
+    _mm_storeu_ps(l, l_new);
+    _mm_storeu_ps(m, _mm256_castps256_ps128(m_new));
+    /* P V, 16 columns a pass; the next tile's K lines shared out over the passes */
+    const int64_t passes = (dv + 15) / 16;
+    for (int64_t p = 0; p < passes; p++) {
+        const int64_t d0 = 16 * p, nd = dv - d0 < 16 ? dv - d0 : 16;
+        dec_pv(DT, NR, nk, s, v, ldv, v_rows, d0, nd, alpha, acc, dv, pf, p * pf->lines_k / passes,
+                (p + 1) * pf->lines_k / passes);
+    }
+}
+
+#define DECODE_AVX2(DT)                                                                       \
+    switch (n) {                                                                              \
+    case 1: decode_tile(DT, 1, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, s, m, l, alpha, acc, &pf); break; \
+    case 2: decode_tile(DT, 2, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, s, m, l, alpha, acc, &pf); break; \
+    case 3: decode_tile(DT, 3, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, s, m, l, alpha, acc, &pf); break; \
+    default: decode_tile(DT, 4, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, s, m, l, alpha, acc, &pf); break; \
+    }
+
+void attn_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
+                      attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
+                      int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
+                      float *acc, bool prefetch, const void *next_k, int64_t next_nk) {
+    const int64_t es = attn_elem_bytes(dt);
+    const char *kb = (const char *)k, *vb = (const char *)v;
+    const int64_t ldkb = attn_row_byte_offset(dt, ldk), ldvb = attn_row_byte_offset(dt, ldv);
+    attn_decode_pf pf = attn_decode_pf_make(prefetch, v, ldv, nk, dv, next_k, ldk, next_nk, dk, es);
+    const char *const *kr = NULL, *const *vr = NULL;  // at one stride
+    if (dt == ATTN_Q8_0) {  // rows of blocks: strides and lines in bytes of blocks
+        pf.ldv = ldvb, pf.ldk = ldkb;
+        pf.lines_v = (attn_row_bytes(dt, dv) + 63) / 64, pf.lines_k = (attn_row_bytes(dt, dk) + 63) / 64;
+        DECODE_AVX2(ATTN_Q8_0);
+        return;
+    }
+    ATTN_KV_DTYPE_SWITCH(dt, DECODE_AVX2);
+}
+
+/* decode_avx2's logits alone (kernels.h: decode_qk), for the weights' sweep */
+void attn_decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, attn_dtype dt,
+                         const void *k, int64_t ldk, float scale, float *st, int64_t lds) {
+    const attn_decode_pf none = {0};
+    float s[4 * (ATTN_BK_LIMIT + 4)];  // the step's compact lanes, then into st
+    const char *kb = (const char *)k;
+    const int64_t ldkb = attn_row_byte_offset(dt, ldk);
+    __m256 mx, nan;
+#define LOGITS(DT)                                                                              \
+    switch (n) {                                                                                \
+    case 1: dec_logits(DT, 1, nk, dk, q, kb, ldkb, NULL, scale, s, &none, &mx, &nan); break;    \
+    case 2: dec_logits(DT, 2, nk, dk, q, kb, ldkb, NULL, scale, s, &none, &mx, &nan); break;    \
+    case 3: dec_logits(DT, 3, nk, dk, q, kb, ldkb, NULL, scale, s, &none, &mx, &nan); break;    \
+    default: dec_logits(DT, 4, nk, dk, q, kb, ldkb, NULL, scale, s, &none, &mx, &nan); break;   \
+    }
+    if (dt == ATTN_Q8_0) LOGITS(ATTN_Q8_0)
+    else ATTN_KV_DTYPE_SWITCH(dt, LOGITS);
+#undef LOGITS
+    attn_decode_qk_store(n, nk, s, st, lds);
+}
+
+/* decode_avx2 on rows given by their addresses (kernels.h: decode_rows): a paged tile's
+ * rows read in place from their pages, in one step */
+void attn_decode_rows_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
+                           attn_dtype dt, bool round_p, const char *const *kr,
+                           const char *const *vr, float scale, float *s, float *m, float *l,
+                           float *alpha, float *acc, bool prefetch,
+                           const char *const *next_kr, int64_t next_nk) {
+    const int64_t es = attn_elem_bytes(dt);
+    const char *kb = kr[0], *vb = vr[0];
+    const int64_t ldkb = 0, ldvb = 0;  // unused: every row from kr, vr
+    attn_decode_pf pf = attn_decode_pf_make(prefetch, vr[0], 0, nk, dv,
+                                            next_nk > 0 ? next_kr[0] : NULL, 0, next_nk, dk, es);
+    pf.v_rows = vr, pf.k_rows = next_kr;
+    if (dt == ATTN_Q8_0) {  // rows of blocks: lines in bytes of blocks
+        pf.lines_v = (attn_row_bytes(dt, dv) + 63) / 64, pf.lines_k = (attn_row_bytes(dt, dk) + 63) / 64;
+        DECODE_AVX2(ATTN_Q8_0);
+        return;
+    }
+    ATTN_KV_DTYPE_SWITCH(dt, DECODE_AVX2);
+}
+#endif
