@@ -317,6 +317,18 @@ static bool all_finite(const double *x, int64_t n) {
     return true;
 }
 
+/* f's gradients finite (no NaN of a masked key or row reached them) and within TOL_REF
+ * of the reference's r */
+static void check_vs_reference(const grads *f, const grads *r, int64_t nq, int64_t nk, int64_t nv,
+                               double smax, const char *what) {
+    CHECK(all_finite(f->dq, nq) && all_finite(f->dk, nk) && all_finite(f->dv, nv),
+          "%s: NaN reached a gradient", what);
+    CHECK(within(f->dq, r->dq, nq, smax, TOL_REF, &g_worst) &&
+              within(f->dk, r->dk, nk, smax, TOL_REF, &g_worst) &&
+              within(f->dv, r->dv, nv, smax, TOL_REF, &g_worst),
+          "%s vs reference", what);
+}
+
 /* the same case with NaN planted where the call must not read, against the clean one */
 static void nan_unread(void) {
     const shape s = {2, 2, 1, 20, 70, 5, 6};
@@ -370,12 +382,9 @@ static void adversarial_masks(void) {
         grads f = run_bwd(&c, ATTN_PATH_AUTO, 3), r = run_bwd(&c, ATTN_PATH_REFERENCE, 1);
         CHECK(f.st == ATTN_OK && r.st == ATTN_OK, "adversarial %d: %s", kind, attn_last_error());
         const double smax = smax_of(&c);
-        CHECK(all_finite(f.dq, c.nq) && all_finite(f.dk, c.nk) && all_finite(f.dv, c.nv),
-              "adversarial mask %d: NaN reached a gradient", kind);
-        CHECK(within(f.dq, r.dq, c.nq, smax, TOL_REF, &g_worst) &&
-                  within(f.dk, r.dk, c.nk, smax, TOL_REF, &g_worst) &&
-                  within(f.dv, r.dv, c.nv, smax, TOL_REF, &g_worst),
-              "adversarial mask %d vs reference", kind);
+        char what[64];
+        snprintf(what, sizeof what, "adversarial mask %d", kind);
+        check_vs_reference(&f, &r, c.nq, c.nk, c.nv, smax, what);
         grads_free(&f); grads_free(&r);
         case_free(&c);
     }
@@ -407,12 +416,9 @@ static void nan_in_tiles(void) {
     for (int t = 1; t <= 2; t++) {
         grads f = run_bwd(&c, ATTN_PATH_AUTO, t);
         CHECK(f.st == ATTN_OK && r.st == ATTN_OK, "nan_in_tiles %d: %s", t, attn_last_error());
-        CHECK(all_finite(f.dq, c.nq) && all_finite(f.dk, c.nk) && all_finite(f.dv, c.nv),
-              "nan_in_tiles, %d threads: NaN reached a gradient", t);
-        CHECK(within(f.dq, r.dq, c.nq, smax, TOL_REF, &g_worst) &&
-                  within(f.dk, r.dk, c.nk, smax, TOL_REF, &g_worst) &&
-                  within(f.dv, r.dv, c.nv, smax, TOL_REF, &g_worst),
-              "nan_in_tiles, %d threads vs reference", t);
+        char what[64];
+        snprintf(what, sizeof what, "nan_in_tiles, %d threads", t);
+        check_vs_reference(&f, &r, c.nq, c.nk, c.nv, smax, what);
         grads_free(&f);
     }
     grads_free(&r);
