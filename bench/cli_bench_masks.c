@@ -15,7 +15,10 @@
  *     mask, a bool [B, 1, 1, L], a float 0 / -inf bias [B, 1, L, L] and [B, 1, 1, L];
  *   - the same shape as a causal decoder's padded batch: kv_len + causal, the bool and
  *     float [B, 1, L, L] masks that encode both, and the [B, 1, 1, L] ones with causal;
- *   - L = 2048, B = 2, H = 16, D = 64 with a random key length per batch, the same ten;
+ *   - the detector's cost: the same shape with every key masked (bool and float,
+ *     [B, 1, L, L] and [B, 1, 1, L]) beside kv_len = 0, so that a row is the mask's
+ *     structure found (one pass over it) plus the store of O = 0, the base the store alone;
+ *   - L = 2048, B = 2, H = 16, D = 64 with a random key length per batch, the same fifteen;
  *   - L = 2048, B = 1, H = 16 with a random (unstructured) bool mask of density 0.5, [1, 1, L, L],
  *     checked against the reference path on the first head's last 64 rows.
  * --quick runs the same groups on small shapes (for tests/test_bench.sh).
@@ -48,7 +51,8 @@ static const char MASKS_USAGE[] =
     "\n"
     "  A padding mask (bool, float 0/-inf; [B,1,L,L] and [B,1,1,L]; with and without causal)\n"
     "  beside the same call with kv_len (and causal), on a sentence-embedding model's shape and\n"
-    "  at L = 2048, and a random bool mask; every row checked before it is timed.\n"
+    "  at L = 2048, and a random bool mask; masks of every key masked beside kv_len = 0 (what\n"
+    "  finding the mask's structure costs); every row checked before it is timed.\n"
     "\n"
     "  --threads N         threads (default 2)\n"
     "  --reps N            timed calls per row (default 15, --quick 3; at most 5 at L = 2048)\n"
@@ -417,6 +421,46 @@ static mb_row row_of(const char *what, attn_options opt, const attn_tensor *torc
 static const char *const NO_KV_LEN = "SDPA has no key lengths";
 static const char *const NO_CAUSAL_MASK = "SDPA refuses is_causal with attn_mask";
 
+/* What the mask's structure costs to find: masks that mask every key, so that the call is
+ * the detector's pass over the mask (each row read, found a prefix of 0 open keys) and the
+ * store of O = 0, beside kv_len = 0 (the store alone). A row's time less the base's is the
+ * detector's cost for that mask; SDPA has no such call (a fully masked row is NaN there). */
+static const char *const NO_ALL_MASKED = "SDPA gives NaN for a fully masked row";
+static int detector_group(mb_ctx *c, const char *tag, const mb_shape *s, int reps) {
+    const int64_t B = s->B, L = s->L;
+    int64_t *zero = calloc((size_t)B, sizeof *zero);
+    uint8_t *m = calloc((size_t)(B * L * L), 1);
+    float *f = malloc((size_t)(B * L * L) * 4);
+    if (!zero || !m || !f) {
+        free(zero), free(m), free(f);
+        return fprintf(stderr, "attn: bench masks: out of memory\n"), 1;
+    }
+    for (int64_t x = 0; x < B * L * L; x++) f[x] = -INFINITY;
+    const attn_tensor kvl = {zero, ATTN_I64, {B, 1, 1, 1}, {1, 1, 1, 1}},
+                      mfull = {m, ATTN_BOOL, {B, 1, L, L}, {L * L, 0, L, 1}},
+                      mkeys = {m, ATTN_BOOL, {B, 1, 1, L}, {L * L, 0, 0, 1}},
+                      ffull = {f, ATTN_F32, {B, 1, L, L}, {L * L, 0, L, 1}},
+                      fkeys = {f, ATTN_F32, {B, 1, 1, L}, {L * L, 0, 0, 1}};
+    const int t = c->threads;
+    mb_row rows[5] = {
+        row_of("kv_len 0 (O = 0 alone)", (attn_options){.threads = t, .kv_len = &kvl}, NULL,
+               NO_KV_LEN),
+        row_of("bool [B,1,L,L] all masked", (attn_options){.threads = t, .mask = &mfull}, NULL,
+               NO_ALL_MASKED),
+        row_of("bool [B,1,1,L] all masked", (attn_options){.threads = t, .mask = &mkeys}, NULL,
+               NO_ALL_MASKED),
+        row_of("float [B,1,L,L] all -inf", (attn_options){.threads = t, .bias = &ffull}, NULL,
+               NO_ALL_MASKED),
+        row_of("float [B,1,1,L] all -inf", (attn_options){.threads = t, .bias = &fkeys}, NULL,
+               NO_ALL_MASKED),
+    };
+    char group[48];
+    snprintf(group, sizeof group, "%s detector", tag);
+    const int bad = run_group(c, group, s, rows, 5, reps, NULL);
+    free(zero), free(m), free(f);
+    return bad;
+}
+
 /* The padding of s->len, without and with causal, as kv_len and as each mask. */
 static int padding_groups(mb_ctx *c, const char *tag, const mb_shape *s, int reps) {
     const int64_t B = s->B, L = s->L;
@@ -471,7 +515,7 @@ static int padding_groups(mb_ctx *c, const char *tag, const mb_shape *s, int rep
     memcpy(rows, cpad, sizeof rows);
     bad += run_group(c, group, s, rows, 5, reps, NULL);
     free(m), free(mc), free(f), free(fc);
-    return bad;
+    return bad + detector_group(c, tag, s, reps);
 }
 
 /* a random bool mask of density 0.5, checked on the reference's last 64 rows of head 0 */

@@ -342,14 +342,15 @@ expect "bench --cascade --plant-error fails its check" 1 "$ATTN" bench --cascade
 expect "bench --cascade --reps 0" 2 "$ATTN" bench --cascade --reps 0
 # ---- attn bench masks (bench/cli_bench_masks.c) ----------------------------------------------
 expect "bench masks --quick --json-out" 0 "$ATTN" bench masks --quick --reps 1 --json-out masks.json
-pycheck "masks: five groups (padding, causal+padding, random), every row checked, ratios to the base" '
+pycheck "masks: seven groups (padding, causal+padding, detector, random), every row checked, ratios to the base" '
 import json
 d = json.load(open("masks.json"))
 assert d["bench"] == "masks" and d["torch"] is None and d["threads"] == 2 and d["reps"] == 1, d
 groups = {}
 for r in d["rows"]:
     groups.setdefault(r["group"], []).append(r)
-assert len(groups) == 5 and sum(g.endswith(" causal") for g in groups) == 2, list(groups)
+assert len(groups) == 7 and sum(g.endswith(" causal") for g in groups) == 2, list(groups)
+assert sum(g.endswith(" detector") for g in groups) == 2, list(groups)
 for g, rs in groups.items():
     for r in rs:
         assert "torch_check" not in r and r["attn_min_ms"] <= r["attn_median_ms"] <= r["attn_max_ms"], r
@@ -357,15 +358,16 @@ for g, rs in groups.items():
         assert len(rs) == 1 and rs[0]["check"] == "pass" and rs[0]["rel"] <= 1e-6, rs
         continue
     assert len(rs) == 5 and rs[0]["check"] == "base", rs
-    assert rs[0]["what"] == ("kv_len+causal" if g.endswith(" causal") else "kv_len"), rs[0]
+    assert rs[0]["what"] == ("kv_len+causal" if g.endswith(" causal") else
+                             "kv_len 0 (O = 0 alone)" if g.endswith(" detector") else "kv_len"), rs[0]
     for r in rs[1:]:
         assert r["check"] == "pass" and r["rel"] <= 1e-6, r
         assert abs(r["ratio_vs_base"] - r["attn_median_ms"] / rs[0]["attn_median_ms"]) <= 1e-3 * r["ratio_vs_base"], r
 '
 expect "bench masks --plant-error fails every checked row" 1 "$ATTN" bench masks --quick --reps 1 --plant-error
 n=$(grep -c ' FAILED ' out.txt)
-if [ "$n" -eq 17 ] && ! grep -q ' pass ' out.txt; then ok "  17 rows FAILED (16 against their base, 1 against the reference)"; else
-    bad "  expected 17 FAILED rows and no pass, got $n"; sed 's/^/    /' out.txt | head -25; fi
+if [ "$n" -eq 25 ] && ! grep -q ' pass ' out.txt; then ok "  25 rows FAILED (24 against their base, 1 against the reference)"; else
+    bad "  expected 25 FAILED rows and no pass, got $n"; sed 's/^/    /' out.txt | head -35; fi
 for args in "--bogus" "--reps 0" "--threads x" "--vs onnx" "--python python3" "--torch-script x.py" "stray"; do
     # shellcheck disable=SC2086
     expect "bench masks usage error: $args" 2 "$ATTN" bench masks --quick $args
@@ -437,6 +439,8 @@ for g, rs in groups.items():
             assert r["torch_note"] == "SDPA has no key lengths" and "torch_check" not in r, r
         elif "1,L]+causal" in r["what"]:
             assert "refuses is_causal" in r["torch_note"] and "torch_check" not in r, r
+        elif g.endswith(" detector"):
+            assert "NaN for a fully masked row" in r["torch_note"] and "torch_check" not in r, r
         else:
             assert r["torch_check"] == "pass" and r["torch_rel"] <= 1e-5, r
             sent += 1   # the i-th variant sent to the side took i ms
