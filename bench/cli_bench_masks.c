@@ -43,6 +43,7 @@
 #include "cli.h"
 #include "cliopt.h"
 #include "json_out.h"
+#include "rng.h"
 
 static const char MASKS_USAGE[] =
     "usage: attn bench masks [--threads N] [--reps N] [--quick] [--plant-error]\n"
@@ -120,11 +121,12 @@ typedef struct mb_ctx {
     int nrec;
 } mb_ctx;
 
-static uint64_t mb_rng(uint64_t *s) {  // splitmix64
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
+/* the project's one random stream (tools/common/rng.h), on a bare seed */
+static uint64_t mb_rng(uint64_t *s) {
+    rng_t r = {*s};
+    const uint64_t x = rng_next(&r);
+    *s = r.s;
+    return x;
 }
 
 /* q, k, v in [B, L, H, D] storage as [B, H, L, D] views */
