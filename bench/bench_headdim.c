@@ -18,6 +18,7 @@
 #include "attn.h"
 #include "cli.h"
 #include "png_plot.h"
+#include "rng.h"
 
 static double hd_now(void) {
     struct timespec t;
@@ -57,13 +58,8 @@ int bench_head_dims(int argc, char **argv) {
             fprintf(stderr, "attn: bench --head-dims: out of memory\n");
             return 1;
         }
-        uint64_t s = 0x5eed16 + (uint64_t)D;
-        for (int64_t e = 0; e < 3 * n; e++) {  // splitmix64 to U(-1, 1)
-            uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-            buf[e] = (float)((double)((z ^ (z >> 31)) >> 11) * 0x1.0p-52 - 1.0);
-        }
+        rng_t g = {0x5eed16 + (uint64_t)D};
+        for (int64_t e = 0; e < 3 * n; e++) buf[e] = (float)rng_sym(&g);  // U(-1, 1)
         attn_tensor t[4];
         for (int m = 0; m < 4; m++) t[m] = attn_tensor_4d(buf + m * n, ATTN_F32, 1, H, L, D);
         attn_options opt = {.causal = true};
