@@ -602,8 +602,18 @@ static void block_store(const attn_params *p, const fused_block *blk, const floa
         const bool masked_row = m[r] == -INFINITY;
         const int64_t o_bhi = blk->b * p->o_s[0] + h[r] * p->o_s[1] + i[r] * p->o_s[2];
         const float *acc_r = acc + r * dv;
-        for (int64_t d = 0; d < dv; d++)
-            attn_store(p->o_dt, p->o, o_bhi + d * p->o_s[3], masked_row ? 0.0f : acc_r[d] / l[r]);
+        if (p->o_dt == ATTN_F32 && p->o_s[3] == 1) {  // a float32 row in place, vectorized
+            float *o_r = (float *)p->o + o_bhi;
+            const float l_r = l[r];
+            if (masked_row)
+                memset(o_r, 0, (size_t)dv * sizeof(float));
+            else
+#pragma omp simd
+                for (int64_t d = 0; d < dv; d++) o_r[d] = acc_r[d] / l_r;
+        } else {
+            for (int64_t d = 0; d < dv; d++)
+                attn_store(p->o_dt, p->o, o_bhi + d * p->o_s[3], masked_row ? 0.0f : acc_r[d] / l[r]);
+        }
         if (p->lse)
             p->lse[blk->b * p->lse_s[0] + h[r] * p->lse_s[1] + i[r] * p->lse_s[2]] =
                 masked_row ? -INFINITY : m[r] + logf(l[r]);
