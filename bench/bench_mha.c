@@ -47,6 +47,7 @@
 #include "blas.h"
 #include "cli.h"
 #include "half.h"
+#include "mha_gemv.h"
 
 static float *randf(int64_t n, float scale, uint64_t seed) {
     float *p = malloc((size_t)n * sizeof(float));
@@ -295,6 +296,13 @@ static int run_torch_side(const char *python, int threads, int reps, bool quick)
     return 0;
 }
 
+static void sort_doubles(double *t, int n) {
+    for (int a = 1; a < n; a++)
+        for (int b = a; b > 0 && t[b] < t[b - 1]; b--) {
+            double u = t[b]; t[b] = t[b - 1]; t[b - 1] = u;
+        }
+}
+
 static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
 
 typedef struct dec_arg {
@@ -348,52 +356,59 @@ static int bench_decode(int64_t E, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
     const double nbytes[6] = {2.0 * (double)(in[0] * out[0]), 2.0 * (double)(in[1] * out[1]),
                               2.0 * (double)(in[2] * out[2]), 2.0 * (double)(in[3] * out[3]),
                               2.0 * (double)(Hkv * Lc * D), 2.0 * (double)(Hkv * Lc * D)};
-    double ts[64], tr[64];
+    double ts[64], tr[64], ph[MHA_DEC_NPHASE][64];
     int n = 0;
     bool whole = true;  /* the read loop takes 64 floats at a time */
     for (int k = 0; k < 6; k++) whole &= (int64_t)nbytes[k] % 256 == 0;
     for (; rl && whole && st == ATTN_OK && n < reps && n < 64; n++) {
-        double t0 = now_s();
-        st = run_decode(&d);
-        ts[n] = now_s() - t0;
         tr[n] = 0;
         for (int k = 0; k < 6; k++)
             tr[n] += nbytes[k] / (1e9 * machine_read_pass(rl, bufs[k], (int64_t)(nbytes[k] / 4),
                                                           threads));
+        double clock[MHA_DEC_NPHASE] = {0};
+        mha_decode_clock = clock;
+        double t0 = now_s();
+        st = run_decode(&d);
+        ts[n] = now_s() - t0;
+        mha_decode_clock = NULL;
+        for (int p = 0; p < MHA_DEC_NPHASE; p++) ph[p][n] = clock[p];
     }
-    for (int a = 1; a < n; a++)  /* the medians */
-        for (int b = a; b > 0; b--) {
-            if (ts[b] < ts[b - 1]) { double u = ts[b]; ts[b] = ts[b - 1]; ts[b - 1] = u; }
-            if (tr[b] < tr[b - 1]) { double u = tr[b]; tr[b] = tr[b - 1]; tr[b - 1] = u; }
-        }
+    sort_doubles(ts, n), sort_doubles(tr, n);
+    for (int p = 0; p < MHA_DEC_NPHASE; p++) sort_doubles(ph[p], n);
     printf("Decoding step E=%lld Hq=%lld Hkv=%lld D=%lld, %lld cached tokens, bfloat16 weights "
            "and cache, 1 token:\n  %.2f ms, %.1f GB/s over %.1f MB (weights + cache once) = "
-           "%.0f%% of the read bandwidth %.1f GB/s\n", (long long)E, (long long)Hq,
-           (long long)Hkv, (long long)D, (long long)Lc, t * 1e3, bytes / t * 1e-9, bytes * 1e-6,
-           100 * bytes / t * 1e-9 / bw, bw);
-    if (n > 0)
+           "%.0f%% of the read bandwidth %.1f GB/s (steps back to back)\n", (long long)E,
+           (long long)Hq, (long long)Hkv, (long long)D, (long long)Lc, t * 1e3,
+           bytes / t * 1e-9, bytes * 1e-6, 100 * bytes / t * 1e-9 / bw, bw);
+    if (n > 0) {
+        const double m = ts[n / 2];
         printf("  interleaved with the read loop over the same buffers (median of %d each): "
                "step %.2f ms, read %.2f ms = %.1f GB/s; the step at %.0f%% of it\n", n,
-               ts[n / 2] * 1e3, tr[n / 2] * 1e3, bytes / tr[n / 2] * 1e-9,
-               100 * tr[n / 2] / ts[n / 2]);
+               m * 1e3, tr[n / 2] * 1e3, bytes / tr[n / 2] * 1e-9, 100 * tr[n / 2] / m);
+        printf("  the step's phases (medians): x.W_Q,K,V + RoPE %.2f ms, append %.3f ms, "
+               "attention %.2f ms, o.W_O %.2f ms\n", ph[MHA_DEC_QKV][n / 2] * 1e3,
+               ph[MHA_DEC_APPEND][n / 2] * 1e3, ph[MHA_DEC_ATTEND][n / 2] * 1e3,
+               ph[MHA_DEC_OUT][n / 2] * 1e3);
+    }
     for (int k = 0; k < 4; k++) free(w[k]);
     free(kc), free(vc), free(x), free(y);
     return st != ATTN_OK;
 }
 
 int cli_bench_mha(int argc, char **argv) {
-    bool quick = false, vs_torch = false;
+    bool quick = false, vs_torch = false, decode_only = false;
     const char *python = NULL;
     int threads = omp_get_max_threads(), reps = 5;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = true, reps = 2;
+        else if (strcmp(argv[i], "--decode") == 0) decode_only = true;
         else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = atoi(argv[++i]);
         else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--vs") == 0 && i + 1 < argc && strcmp(argv[i + 1], "torch") == 0)
             vs_torch = true, i++;
         else if (strcmp(argv[i], "--python") == 0 && i + 1 < argc) python = argv[++i];
         else {
-            fprintf(stderr, "usage: attn bench-mha [--quick] [--threads N] [--reps N] "
+            fprintf(stderr, "usage: attn bench-mha [--quick] [--decode] [--threads N] [--reps N] "
                     "[--vs torch [--python PATH]]\n");
             return 2;
         }
@@ -408,6 +423,9 @@ int cli_bench_mha(int argc, char **argv) {
     printf("attn bench-mha: %d threads, kernel %s, BLAS %s\n", threads, attn_kernel_name(),
            attn_blas_name());
     if (check_answer(quick ? 64 : 768, quick ? 4 : 12)) return 1;
+    if (decode_only)  /* the decoding step's rows alone */
+        return quick ? bench_decode(256, 8, 2, 32, 128, reps, bw, threads)
+                     : bench_decode(4096, 32, 8, 128, 4096, reps, bw, threads);
     if (quick ? bench_bert(2, 64, 64, 4, reps, peak) || bench_decode(256, 8, 2, 32, 128, reps, bw, threads)
               : bench_bert(8, 512, 768, 12, reps, peak) ||
                     bench_decode(4096, 32, 8, 128, 4096, reps, bw, threads))

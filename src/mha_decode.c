@@ -12,8 +12,21 @@
  * len + n per batch: row i of batch b sees keys [0, len[b] + i], exactly what one causal
  * call over the whole sequence gives it.
  */
+#include <omp.h>
+
 #include "half.h"
 #include "mha.h"
+#include "mha_gemv.h"
+
+double *mha_decode_clock;
+
+/* the phase clock: the time since *t0 added to phase's entry, *t0 moved on */
+static void clock_phase(int phase, double *t0) {
+    if (!mha_decode_clock) return;
+    const double t = omp_get_wtime();
+    mha_decode_clock[phase] += t - *t0;
+    *t0 = t;
+}
 
 /* A paged cache's pools and table against the plan: pools [num_pages, Hkv, page_size, D]
  * (k and v alike in pages), table I32 [B, max_pages]; and when need_data, every entry of
@@ -149,17 +162,22 @@ static attn_status decode_ws(const mha_plan *pl, const attn_kv_cache *c, const a
         if (w->overflow) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
         return ATTN_OK;
     }
+    double t0 = mha_decode_clock ? omp_get_wtime() : 0;
     for (int64_t b = 0; b < pl->B; b++) kv_len[b] = c->len[b] + pl->Lq;
     mha_qkv_project(pl, &s, c->len);
+    clock_phase(MHA_DEC_QKV, &t0);
     /* the new rows [B, n, Hkv, D] of the workspace into the cache at positions len[b] + i
      * (through the table when paged); attn_kv_append checks everything before it writes */
     attn_tensor kn = mha_heads_view(s.k, pl->B, pl->Lq, pl->Hkv, pl->Dk);
     attn_tensor vn = mha_heads_view(s.v, pl->B, pl->Lq, pl->Hkv, pl->Dv);
     attn_tensor tpos = {c->len, ATTN_I64, {pl->B, 1, 1, 1}, {1, 1, 1, 1}};
     TRY(attn_kv_append(&kn, &vn, &c->k, &c->v, NULL, paged ? c->block_table : NULL, &tpos));
+    clock_phase(MHA_DEC_APPEND, &t0);
     if (paged) TRY(attend_paged(&q, c, &o, &opt, w));
     else TRY(mha_attend(&q, &c->k, &c->v, &o, NULL, NULL, false, &opt, w));
+    clock_phase(MHA_DEC_ATTEND, &t0);
     mha_out_project(pl, &s, y, &yt);
+    clock_phase(MHA_DEC_OUT, &t0);
     for (int64_t b = 0; b < pl->B; b++) c->len[b] += pl->Lq;
     return ATTN_OK;
 }

@@ -22,7 +22,9 @@
  */
 #include <string.h>
 
+#include "kernels.h"
 #include "mha.h"
+#include "mha_gemv.h"
 
 /* columns of c one thread accumulates: 1024 floats (4 KiB, in L1), each row's part
  * 2 KiB of contiguous bfloat16 */
@@ -41,8 +43,8 @@ static inline float bf16_f32(uint16_t h) {
     return f;
 }
 
-/* acc[0 .. n) += Σ_{r0 <= r < r1} a[r] · w[r·ld + 0 .. n) */
-static inline void rows_into(float *acc, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
+/* acc[0 .. n) += Σ_{r0 <= r < r1} a[r] · w[r·ld + 0 .. n), the portable loop */
+static inline void rows_into_generic(float *acc, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
                              int64_t n, const float *a) {
     for (int64_t r = r0; r < r1; r++) {
         const float ar = a[r];
@@ -52,10 +54,32 @@ static inline void rows_into(float *acc, const uint16_t *w, int64_t ld, int64_t 
     }
 }
 
+typedef void rows_fn(float *acc, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
+                     int64_t n, const float *a);
+
+static void rows_generic(float *acc, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
+                         int64_t n, const float *a) {
+    rows_into_generic(acc, w, ld, r0, r1, n, a);
+}
+
+/* The rows loop of the selected kernel's ISA: the AVX2 one (kernels/avx2/gemv.c, bit
+ * for bit the portable loop) under every x86-64 kernel but generic, whose CPU has AVX2
+ * (the AVX-512 ones included); the portable loop under generic (ATTN_ISA=generic) and
+ * elsewhere. */
+static rows_fn *rows_loop(void) {
+#if defined(__x86_64__) || defined(_M_X64)
+    const attn_kernels *k = attn_select_kernels(NULL);
+    if (k && k != &attn_kernels_generic && __builtin_cpu_supports("avx2"))
+        return attn_gemv_rows_bf16_avx2;
+#endif
+    return rows_generic;
+}
+
 /* c[N] = beta·c + Σ_{r < R} a[r] · w[r·ld + 0 .. N) (beta 0: c's contents ignored);
  * scratch (nscratch floats) holds the chunks' partials when they fit */
 static void gemv_rows(const uint16_t *w, int64_t ld, int64_t R, int64_t N, const float *a,
                       float beta, float *c, float *scratch, int64_t nscratch) {
+    rows_fn *rows_into = rows_loop();
     int64_t parts = R / GEMV_CHUNK;
     parts = parts < GEMV_PARTS ? parts : GEMV_PARTS;
     if (parts >= 2 && parts * N <= nscratch) {

@@ -1,0 +1,70 @@
+/*
+ * avx2/gemv.c — the AVX2 loop of the decoding step's one-row products over a bfloat16
+ *               weight read in place (mha_gemv.c's rows loop): acc += Σ_r a[r] · row_r.
+ *
+ * Four rows at a time: each 8-column piece of acc is loaded once, the four rows'
+ * products added into it in row order, stored once (a quarter of the one-row loop's
+ * traffic through L1), and the four rows stream side by side, each contiguous. A
+ * bfloat16 widens to float32 by its bits: zero-extend to 32 bits, shift left by 16.
+ * Products and sums are separate roundings (no fused multiply-add), in the portable
+ * loop's order, so the result is that loop's bit for bit on every kernel. Memory-bound:
+ * the arithmetic is a few instructions per 16 bytes of weight.
+ * Compiled only with this folder's AVX2 flags; mha_gemv.c calls it only where the
+ * selected kernel is avx2 or wider.
+ */
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+#include "mha_gemv.h"
+
+static inline __m256 widen8(const uint16_t *p) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline float widen1(uint16_t h) {
+    const __m128i v = _mm_cvtsi32_si128((int)((uint32_t)h << 16));
+    return _mm_cvtss_f32(_mm_castsi128_ps(v));
+}
+
+void attn_gemv_rows_bf16_avx2(float *acc, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
+                              int64_t n, const float *a) {
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        const uint16_t *w0 = w + r * ld, *w1 = w0 + ld, *w2 = w1 + ld, *w3 = w2 + ld;
+        const __m256 a0 = _mm256_set1_ps(a[r]), a1 = _mm256_set1_ps(a[r + 1]);
+        const __m256 a2 = _mm256_set1_ps(a[r + 2]), a3 = _mm256_set1_ps(a[r + 3]);
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16) {
+            __m256 s0 = _mm256_loadu_ps(acc + j), s1 = _mm256_loadu_ps(acc + j + 8);
+            s0 = _mm256_add_ps(s0, _mm256_mul_ps(a0, widen8(w0 + j)));
+            s1 = _mm256_add_ps(s1, _mm256_mul_ps(a0, widen8(w0 + j + 8)));
+            s0 = _mm256_add_ps(s0, _mm256_mul_ps(a1, widen8(w1 + j)));
+            s1 = _mm256_add_ps(s1, _mm256_mul_ps(a1, widen8(w1 + j + 8)));
+            s0 = _mm256_add_ps(s0, _mm256_mul_ps(a2, widen8(w2 + j)));
+            s1 = _mm256_add_ps(s1, _mm256_mul_ps(a2, widen8(w2 + j + 8)));
+            s0 = _mm256_add_ps(s0, _mm256_mul_ps(a3, widen8(w3 + j)));
+            s1 = _mm256_add_ps(s1, _mm256_mul_ps(a3, widen8(w3 + j + 8)));
+            _mm256_storeu_ps(acc + j, s0);
+            _mm256_storeu_ps(acc + j + 8, s1);
+        }
+        for (; j < n; j++) {
+            float s = acc[j];
+            s += a[r] * widen1(w0[j]);
+            s += a[r + 1] * widen1(w1[j]);
+            s += a[r + 2] * widen1(w2[j]);
+            s += a[r + 3] * widen1(w3[j]);
+            acc[j] = s;
+        }
+    }
+    for (; r < r1; r++) {
+        const uint16_t *wr = w + r * ld;
+        const __m256 ar = _mm256_set1_ps(a[r]);
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8)
+            _mm256_storeu_ps(acc + j, _mm256_add_ps(_mm256_loadu_ps(acc + j),
+                                                    _mm256_mul_ps(ar, widen8(wr + j))));
+        for (; j < n; j++) acc[j] += a[r] * widen1(wr[j]);
+    }
+}
+#endif
