@@ -135,6 +135,30 @@ static attn_status attend_paged(const attn_tensor *q, const attn_kv_cache *c,
     return attn_forward(q, &c->k, &c->v, o, &opt);
 }
 
+/* One token's x·W_Q, x·W_K, x·W_V (B·n = 1) in one parallel region when every weight is
+ * a bfloat16 one the rows loop reads in place (mha_gemv_bf16_many), each bias first
+ * written into its output as mha_project does: the same bits as mha_qkv_project's three
+ * products, one wake-up of the team instead of three pairs. false, nothing written:
+ * another case, which takes mha_qkv_project (the biases it may have written are
+ * written again there). */
+static bool project_qkv_one_token(const mha_plan *pl, const mha_qkv *s) {
+    if (pl->B * pl->Lq != 1 || pl->B * pl->Lk != 1) return false;
+    const mha_op *w[3] = {&s->w[MHA_Q], &s->w[MHA_K], &s->w[MHA_V]};
+    float *c[3] = {s->q, s->k, s->v}, beta[3];
+    for (int n = 0; n < 3; n++) {
+        const attn_tensor *t = w[n]->src;
+        if (!t || t->dtype != ATTN_BF16 || !(w[n]->out <= 1 || t->stride[1] == 1)) return false;
+    }
+    for (int n = 0; n < 3; n++) {
+        const attn_tensor *bias = pl->b[n];
+        beta[n] = bias ? 1.0f : 0.0f;
+        for (int64_t j = 0; bias && j < w[n]->out; j++)
+            c[n][j] = attn_load(bias->dtype, bias->data, j * bias->stride[0]);
+    }
+    /* false (its partials do not fit, too few rows): mha_qkv_project writes all again */
+    return mha_gemv_bf16_many(3, s->xq.p, w, beta, c);
+}
+
 static attn_status decode_ws(const mha_plan *pl, const attn_kv_cache *c, const attn_tensor *y,
                              const attn_options *opt_in, mha_ws *w) {
     static const attn_options defaults = {0};
@@ -164,7 +188,14 @@ static attn_status decode_ws(const mha_plan *pl, const attn_kv_cache *c, const a
     }
     double t0 = mha_decode_clock ? omp_get_wtime() : 0;
     for (int64_t b = 0; b < pl->B; b++) kv_len[b] = c->len[b] + pl->Lq;
-    mha_qkv_project(pl, &s, c->len);
+    if (project_qkv_one_token(pl, &s)) {
+        attn_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, c->len, s.q, pl->B, pl->Lq,
+                        pl->Hq, pl->Dk, false);
+        attn_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, c->len, s.k, pl->B, pl->Lk,
+                        pl->Hkv, pl->Dk, false);
+    } else {
+        mha_qkv_project(pl, &s, c->len);
+    }
     clock_phase(MHA_DEC_QKV, &t0);
     /* the new rows [B, n, Hkv, D] of the workspace into the cache at positions len[b] + i
      * (through the table when paged); attn_kv_append checks everything before it writes */

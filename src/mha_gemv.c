@@ -75,35 +75,58 @@ static rows_fn *rows_loop(void) {
     return rows_generic;
 }
 
+/* The rows loop's split of one product: parts chunks of rows rows, each chunk's partial
+ * sum into scratch + p·N, then ntile tiles of c each the partials' sum in chunk order.
+ * parts 0: no room for the partials, or too few rows (the tiles loop instead). */
+typedef struct rows_plan {
+    const uint16_t *w;
+    int64_t ld, R, N;
+    const float *a;
+    float beta, *c, *scratch;
+    int64_t parts, rows, ntile;
+} rows_plan;
+
+static rows_plan plan_rows(const uint16_t *w, int64_t ld, int64_t R, int64_t N, const float *a,
+                           float beta, float *c, float *scratch, int64_t nscratch) {
+    int64_t parts = R / GEMV_CHUNK;
+    parts = parts < GEMV_PARTS ? parts : GEMV_PARTS;
+    if (parts < 2 || parts * N > nscratch) parts = 0;
+    return (rows_plan){w, ld, R, N, a, beta, c, scratch, parts,
+                       parts ? (R + parts - 1) / parts : 0, (N + GEMV_TILE - 1) / GEMV_TILE};
+}
+
+/* chunk p's partial: scratch + p·N = Σ over its rows */
+static void rows_part(rows_fn *rows_into, const rows_plan *q, int64_t p) {
+    float *acc = q->scratch + p * q->N;
+    const int64_t r0 = p * q->rows, r1 = r0 + q->rows < q->R ? r0 + q->rows : q->R;
+    memset(acc, 0, (size_t)q->N * sizeof(float));
+    rows_into(acc, q->w, q->ld, r0, r1, q->N, q->a);
+}
+
+/* tile t of c: beta·c + the partials in chunk order */
+static void rows_sum(const rows_plan *q, int64_t t) {
+    const int64_t N = q->N, j0 = t * GEMV_TILE, j1 = j0 + GEMV_TILE < N ? j0 + GEMV_TILE : N;
+    for (int64_t j = j0; j < j1; j++) {
+        float sum = q->beta == 0.0f ? 0.0f : q->beta * q->c[j];
+        for (int64_t p = 0; p < q->parts; p++) sum += q->scratch[p * N + j];
+        q->c[j] = sum;
+    }
+}
+
 /* c[N] = beta·c + Σ_{r < R} a[r] · w[r·ld + 0 .. N) (beta 0: c's contents ignored);
  * scratch (nscratch floats) holds the chunks' partials when they fit */
 static void gemv_rows(const uint16_t *w, int64_t ld, int64_t R, int64_t N, const float *a,
                       float beta, float *c, float *scratch, int64_t nscratch) {
     rows_fn *rows_into = rows_loop();
-    int64_t parts = R / GEMV_CHUNK;
-    parts = parts < GEMV_PARTS ? parts : GEMV_PARTS;
-    if (parts >= 2 && parts * N <= nscratch) {
-        const int64_t rows = (R + parts - 1) / parts;
+    const rows_plan q = plan_rows(w, ld, R, N, a, beta, c, scratch, nscratch);
+    if (q.parts) {
 #pragma omp parallel for schedule(static) if (R * N > (1 << 16))
-        for (int64_t p = 0; p < parts; p++) {
-            float *acc = scratch + p * N;
-            const int64_t r0 = p * rows, r1 = r0 + rows < R ? r0 + rows : R;
-            memset(acc, 0, (size_t)N * sizeof(float));
-            rows_into(acc, w, ld, r0, r1, N, a);
-        }
-        const int64_t ntile = (N + GEMV_TILE - 1) / GEMV_TILE;
-#pragma omp parallel for schedule(static) if (parts * N > (1 << 16))
-        for (int64_t t = 0; t < ntile; t++) {
-            const int64_t j0 = t * GEMV_TILE, j1 = j0 + GEMV_TILE < N ? j0 + GEMV_TILE : N;
-            for (int64_t j = j0; j < j1; j++) {
-                float sum = beta == 0.0f ? 0.0f : beta * c[j];
-                for (int64_t p = 0; p < parts; p++) sum += scratch[p * N + j];
-                c[j] = sum;
-            }
-        }
+        for (int64_t p = 0; p < q.parts; p++) rows_part(rows_into, &q, p);
+#pragma omp parallel for schedule(static) if (q.parts * N > (1 << 16))
+        for (int64_t t = 0; t < q.ntile; t++) rows_sum(&q, t);
         return;
     }
-    const int64_t ntile = (N + GEMV_TILE - 1) / GEMV_TILE;
+    const int64_t ntile = q.ntile;
 #pragma omp parallel for schedule(static) if (R * N > (1 << 16))
     for (int64_t t = 0; t < ntile; t++) {
         const int64_t j0 = t * GEMV_TILE, nj = N - j0 < GEMV_TILE ? N - j0 : GEMV_TILE;
@@ -112,6 +135,35 @@ static void gemv_rows(const uint16_t *w, int64_t ld, int64_t R, int64_t N, const
         rows_into(acc, w + j0, ld, 0, R, nj, a);
         memcpy(c + j0, acc, (size_t)nj * sizeof(float));
     }
+}
+
+bool mha_gemv_bf16_many(int n, const float *a, const mha_op *const *w, const float *beta,
+                        float *const *c) {
+    rows_plan q[MHA_GEMV_MANY];
+    int64_t work = 0;
+    if (n < 1 || n > MHA_GEMV_MANY) return false;
+    for (int k = 0; k < n; k++) {
+        const attn_tensor *t = w[k]->src;
+        if (!t || t->dtype != ATTN_BF16 || !(w[k]->out <= 1 || t->stride[1] == 1)) return false;
+        q[k] = plan_rows(t->data, t->stride[0], w[k]->in, w[k]->out, a, beta[k], c[k],
+                         (float *)w[k]->p, w[k]->panel);
+        if (!q[k].parts) return false;
+        work += q[k].R * q[k].N;
+    }
+    rows_fn *rows_into = rows_loop();
+#pragma omp parallel if (work > (1 << 16))
+    {
+        for (int k = 0; k < n; k++) {
+#pragma omp for schedule(static) nowait
+            for (int64_t p = 0; p < q[k].parts; p++) rows_part(rows_into, &q[k], p);
+        }
+#pragma omp barrier
+        for (int k = 0; k < n; k++) {
+#pragma omp for schedule(static) nowait
+            for (int64_t t = 0; t < q[k].ntile; t++) rows_sum(&q[k], t);
+        }
+    }
+    return true;
 }
 
 /* c[r] = beta·c[r] + Σ_{j < N} w[r·ld + j] · a[j] for r < R */

@@ -12,6 +12,16 @@
 #include <stdint.h>
 
 #include "attn_internal.h"
+#include "mha.h"
+
+/* c[k][out_k] = beta[k]·c[k] + a · W_k for k < n <= MHA_GEMV_MANY, in one parallel
+ * region (one wake-up of the team for all of them), each bit for bit what
+ * mha_gemv_bf16 writes for it alone. Only for bfloat16 weights of row-major [in, out]
+ * layout whose partials fit their panel (mha_weight_op with rows 1); false, nothing
+ * written, for any other. */
+#define MHA_GEMV_MANY 4
+ATTN_PRIVATE bool mha_gemv_bf16_many(int n, const float *a, const mha_op *const *w,
+                                     const float *beta, float *const *c);
 
 /* The decoding step's phases, in the order they run (mha_decode.c):
  *   QKV     x·W_Q, x·W_K, x·W_V and RoPE on the new rows
