@@ -113,17 +113,32 @@ static void rows_sum(const rows_plan *q, int64_t t) {
     }
 }
 
+/* n products of planned partials in one parallel region: every product's chunks (each
+ * product's split static over the team), one barrier, every product's tiles; work, the
+ * elements of the weights, decides whether to thread at all */
+static void run_rows(rows_fn *rows_into, int n, const rows_plan *q, int64_t work) {
+#pragma omp parallel if (work > (1 << 16))
+    {
+        for (int k = 0; k < n; k++) {
+#pragma omp for schedule(static) nowait
+            for (int64_t p = 0; p < q[k].parts; p++) rows_part(rows_into, &q[k], p);
+        }
+#pragma omp barrier
+        for (int k = 0; k < n; k++) {
+#pragma omp for schedule(static) nowait
+            for (int64_t t = 0; t < q[k].ntile; t++) rows_sum(&q[k], t);
+        }
+    }
+}
+
 /* c[N] = beta·c + Σ_{r < R} a[r] · w[r·ld + 0 .. N) (beta 0: c's contents ignored);
  * scratch (nscratch floats) holds the chunks' partials when they fit */
 static void gemv_rows(const uint16_t *w, int64_t ld, int64_t R, int64_t N, const float *a,
                       float beta, float *c, float *scratch, int64_t nscratch) {
     rows_fn *rows_into = rows_loop();
     const rows_plan q = plan_rows(w, ld, R, N, a, beta, c, scratch, nscratch);
-    if (q.parts) {
-#pragma omp parallel for schedule(static) if (R * N > (1 << 16))
-        for (int64_t p = 0; p < q.parts; p++) rows_part(rows_into, &q, p);
-#pragma omp parallel for schedule(static) if (q.parts * N > (1 << 16))
-        for (int64_t t = 0; t < q.ntile; t++) rows_sum(&q, t);
+    if (q.parts) {  /* one region: the chunks, a barrier, the sums */
+        run_rows(rows_into, 1, &q, R * N);
         return;
     }
     const int64_t ntile = q.ntile;
@@ -150,35 +165,43 @@ bool mha_gemv_bf16_many(int n, const float *a, const mha_op *const *w, const flo
         if (!q[k].parts) return false;
         work += q[k].R * q[k].N;
     }
-    rows_fn *rows_into = rows_loop();
-#pragma omp parallel if (work > (1 << 16))
-    {
-        for (int k = 0; k < n; k++) {
-#pragma omp for schedule(static) nowait
-            for (int64_t p = 0; p < q[k].parts; p++) rows_part(rows_into, &q[k], p);
-        }
-#pragma omp barrier
-        for (int k = 0; k < n; k++) {
-#pragma omp for schedule(static) nowait
-            for (int64_t t = 0; t < q[k].ntile; t++) rows_sum(&q[k], t);
-        }
-    }
+    run_rows(rows_loop(), n, q, work);
     return true;
 }
 
-/* c[r] = beta·c[r] + Σ_{j < N} w[r·ld + j] · a[j] for r < R */
-static void gemv_dots(const uint16_t *w, int64_t ld, int64_t R, int64_t N, const float *a,
-                      float beta, float *c) {
-#pragma omp parallel for schedule(static) if (R * N > (1 << 16))
-    for (int64_t r = 0; r < R; r++) {
+/* dot[r - r0] = row r · a for r0 <= r < r1, the portable loop: element j into lane
+ * j mod 8, the lanes added in one fixed order */
+static void dots_generic(float *dot, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
+                         int64_t N, const float *a) {
+    for (int64_t r = r0; r < r1; r++) {
         const uint16_t *row = w + r * ld;
         float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         int64_t j = 0;
         for (; j + 8 <= N; j += 8)
             for (int l = 0; l < 8; l++) s[l] += bf16_f32(row[j + l]) * a[j + l];
         for (int l = 0; j < N; j++, l++) s[l] += bf16_f32(row[j]) * a[j];
-        const float dot = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
-        c[r] = beta == 0.0f ? dot : beta * c[r] + dot;
+        dot[r - r0] = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    }
+}
+
+/* rows of the dots loop one call takes: four chains side by side in the AVX2 loop */
+#define GEMV_DOT_ROWS 16
+
+/* c[r] = beta·c[r] + Σ_{j < N} w[r·ld + j] · a[j] for r < R */
+static void gemv_dots(const uint16_t *w, int64_t ld, int64_t R, int64_t N, const float *a,
+                      float beta, float *c) {
+    rows_fn *dots = dots_generic;
+#if defined(__x86_64__) || defined(_M_X64)
+    if (rows_loop() == attn_gemv_rows_bf16_avx2) dots = attn_gemv_dots_bf16_avx2;
+#endif
+    const int64_t nb = (R + GEMV_DOT_ROWS - 1) / GEMV_DOT_ROWS;
+#pragma omp parallel for schedule(static) if (R * N > (1 << 16))
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t r0 = b * GEMV_DOT_ROWS, r1 = r0 + GEMV_DOT_ROWS < R ? r0 + GEMV_DOT_ROWS : R;
+        float dot[GEMV_DOT_ROWS];
+        dots(dot, w, ld, r0, r1, N, a);
+        for (int64_t r = r0; r < r1; r++)
+            c[r] = beta == 0.0f ? dot[r - r0] : beta * c[r] + dot[r - r0];
     }
 }
 

@@ -3,14 +3,14 @@
  *                   AVX2 loop kernels/avx2/gemv.c), bit for bit.
  *
  * What it covers:
- *  1. The AVX2 rows loop (four rows per pass, vector and scalar tails) equals the
- *     portable loop's arithmetic (each product rounded, then added, in row order) bit
+ *  1. The AVX2 rows and dots loops (four rows per pass, vector and scalar tails) equal
+ *     the portable loops' arithmetic (each product rounded, then added, in row order) bit
  *     for bit, on shapes with every tail (rows not a multiple of 4, columns not of 16
  *     or 8, ld > n); skipped with a printed reason where the CPU has no AVX2.
  *  2. mha_gemv_bf16_many (three products in one parallel region) equals mha_gemv_bf16
  *     on each alone, bit for bit, with beta 0 and 1.
- *  3. A Llama-shaped (scaled down) decoding step over bfloat16 weights gives the same
- *     y bits at 1, 2 and 3 threads (a reduction order independent of the team).
+ *  3. A Llama-shaped (scaled down) decoding step over bfloat16 weights, [in, out] and
+ *     PyTorch's [out, in], gives the same y bits at 1, 2 and 3 threads (a reduction order independent of the team).
  *  4. The bitwise check rejects a planted difference (one ulp in one element).
  */
 #include <omp.h>
@@ -44,6 +44,16 @@ static void rows_scalar(float *acc, const uint16_t *w, int64_t ld, int64_t r0, i
         }
 }
 
+/* the portable dots loop's arithmetic: element j into lane j mod 8 (the tail's into
+ * lanes 0 ..), the lanes combined ((0+4)+(1+5))+((2+6)+(3+7)) */
+static float dot_scalar(const uint16_t *row, const float *a, int64_t n) {
+    float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const int64_t body = n / 8 * 8;
+    for (int64_t j = 0; j < body; j++) l[j % 8] = l[j % 8] + bf(row[j]) * a[j];
+    for (int64_t j = body; j < n; j++) l[j - body] = l[j - body] + bf(row[j]) * a[j];
+    return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+}
+
 static bool same_bits(const float *x, const float *y, int64_t n, int64_t *at) {
     for (int64_t i = 0; i < n; i++)
         if (memcmp(&x[i], &y[i], 4) != 0) {
@@ -74,6 +84,12 @@ static void test_avx2_rows(void) {
         CHECK(same_bits(x, y, n, &at), "avx2 rows [%lld, %lld) x %lld (ld %lld): element %lld "
               "%.9g vs %.9g", (long long)r0, (long long)r1, (long long)n, (long long)ld,
               (long long)at, at >= 0 ? x[at] : 0.0, at >= 0 ? y[at] : 0.0);
+        float *d = xcalloc(r1, 4), *e = xcalloc(r1, 4);
+        attn_gemv_dots_bf16_avx2(d, w, ld, r0, r1, n, x);
+        for (int64_t r = r0; r < r1; r++) e[r - r0] = dot_scalar(w + r * ld, x, n);
+        CHECK(same_bits(d, e, r1 - r0, &at), "avx2 dots [%lld, %lld) x %lld (ld %lld): row "
+              "%lld", (long long)r0, (long long)r1, (long long)n, (long long)ld, (long long)at);
+        free(d), free(e);
         if (s == 0) {  /* 4. the check itself, on one planted ulp */
             uint32_t u;
             memcpy(&u, &y[n / 2], 4);
@@ -128,7 +144,7 @@ static void test_many(void) {
     free(a);
 }
 
-static void test_threads(void) {
+static void test_threads(bool torch) {
     const int64_t E = 512, Hq = 8, Hkv = 2, D = 64, Lc = 96;
     const int64_t in[4] = {E, E, E, Hq * D}, out[4] = {Hq * D, Hkv * D, Hkv * D, E};
     uint16_t *w[4];
@@ -137,6 +153,8 @@ static void test_threads(void) {
         w[k] = xcalloc(in[k] * out[k], 2);
         for (int64_t e = 0; e < in[k] * out[k]; e++) w[k][e] = attn_f32_to_bf16(0.05f * rnd());
         tw[k] = attn_tensor_4d(w[k], ATTN_BF16, in[k], out[k], 1, 1);
+        if (torch)  /* PyTorch's [out, in] storage: the dots loop */
+            tw[k].stride[0] = 1, tw[k].stride[1] = in[k];
     }
     float *x = xcalloc(E, 4), *y[3];
     for (int64_t i = 0; i < E; i++) x[i] = rnd();
@@ -167,7 +185,7 @@ static void test_threads(void) {
     for (int nt = 2; nt <= 3; nt++) {
         int64_t at = -1;
         CHECK(same_bits(y[0], y[nt - 1], E, &at), "y at %d threads differs from 1 thread at "
-              "element %lld", nt, (long long)at);
+              "element %lld (%s weights)", nt, (long long)at, torch ? "[out, in]" : "[in, out]");
     }
     for (int k = 0; k < 4; k++) free(w[k]);
     for (int k = 0; k < 3; k++) free(y[k]);
@@ -177,6 +195,7 @@ static void test_threads(void) {
 int main(void) {
     test_avx2_rows();
     test_many();
-    test_threads();
+    test_threads(false);
+    test_threads(true);
     return check_summary("test_mha_gemv");
 }

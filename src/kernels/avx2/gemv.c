@@ -1,6 +1,6 @@
 /*
- * avx2/gemv.c — the AVX2 loop of the decoding step's one-row products over a bfloat16
- *               weight read in place (mha_gemv.c's rows loop): acc += Σ_r a[r] · row_r.
+ * avx2/gemv.c — the AVX2 loops of the decoding step's one-row products over a bfloat16
+ *               weight read in place (mha_gemv.c's rows and dots loops).
  *
  * Four rows at a time: each 8-column piece of acc is loaded once, the four rows'
  * products added into it in row order, stored once (a quarter of the one-row loop's
@@ -8,7 +8,9 @@
  * bfloat16 widens to float32 by its bits: zero-extend to 32 bits, shift left by 16.
  * Products and sums are separate roundings (no fused multiply-add), in the portable
  * loop's order, so the result is that loop's bit for bit on every kernel. Memory-bound:
- * the arithmetic is a few instructions per 16 bytes of weight.
+ * the arithmetic is a few instructions per 16 bytes of weight. The dots loop (each
+ * output the dot product of a contiguous row, PyTorch's [out, in] weights): four rows
+ * at a time, one ymm of eight lanes each, as the portable loop's lanes.
  * Compiled only with this folder's AVX2 flags; mha_gemv.c calls it only where the
  * selected kernel is avx2 or wider.
  */
@@ -65,6 +67,45 @@ void attn_gemv_rows_bf16_avx2(float *acc, const uint16_t *w, int64_t ld, int64_t
             _mm256_storeu_ps(acc + j, _mm256_add_ps(_mm256_loadu_ps(acc + j),
                                                     _mm256_mul_ps(ar, widen8(wr + j))));
         for (; j < n; j++) acc[j] += a[r] * widen1(wr[j]);
+    }
+}
+
+/* the portable dots loop's lanes: element j of the row into lane j mod 8 (the tail's
+ * elements into lanes 0 ..), each lane's products rounded then added in order, the
+ * lanes combined ((0+4)+(1+5))+((2+6)+(3+7)) */
+static inline float dot_finish(__m256 s, const uint16_t *row, const float *a, int64_t j, int64_t n) {
+    float l[8];
+    _mm256_storeu_ps(l, s);
+    for (int k = 0; j < n; j++, k++) l[k] += widen1(row[j]) * a[j];
+    return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+}
+
+void attn_gemv_dots_bf16_avx2(float *dot, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
+                              int64_t n, const float *a) {
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {  /* four rows side by side: four chains of additions */
+        const uint16_t *w0 = w + r * ld, *w1 = w0 + ld, *w2 = w1 + ld, *w3 = w2 + ld;
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8) {
+            const __m256 x = _mm256_loadu_ps(a + j);
+            s0 = _mm256_add_ps(s0, _mm256_mul_ps(widen8(w0 + j), x));
+            s1 = _mm256_add_ps(s1, _mm256_mul_ps(widen8(w1 + j), x));
+            s2 = _mm256_add_ps(s2, _mm256_mul_ps(widen8(w2 + j), x));
+            s3 = _mm256_add_ps(s3, _mm256_mul_ps(widen8(w3 + j), x));
+        }
+        dot[r - r0] = dot_finish(s0, w0, a, j, n);
+        dot[r - r0 + 1] = dot_finish(s1, w1, a, j, n);
+        dot[r - r0 + 2] = dot_finish(s2, w2, a, j, n);
+        dot[r - r0 + 3] = dot_finish(s3, w3, a, j, n);
+    }
+    for (; r < r1; r++) {
+        const uint16_t *wr = w + r * ld;
+        __m256 s0 = _mm256_setzero_ps();
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8)
+            s0 = _mm256_add_ps(s0, _mm256_mul_ps(widen8(wr + j), _mm256_loadu_ps(a + j)));
+        dot[r - r0] = dot_finish(s0, wr, a, j, n);
     }
 }
 #endif
