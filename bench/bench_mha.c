@@ -323,7 +323,7 @@ static attn_status run_decode(void *ctx) {
  * buffers (the four weights and the cache): on a machine other processes share, the
  * bandwidth the step could have had at the time it ran. */
 static int bench_decode(int64_t E, int64_t Hq, int64_t Hkv, int64_t D, int64_t Lc, int reps,
-                        double bw, int threads) {
+                        double bw, int threads, bool torch) {
     const int64_t in[4] = {E, E, E, Hq * D}, out[4] = {Hq * D, Hkv * D, Hkv * D, E};
     /* 64-byte aligned, whole 64-byte lines: the read loop's aligned loads */
     uint16_t *w[4], *kc = alloc64((size_t)(Hkv * Lc * D) * 2), *vc = alloc64((size_t)(Hkv * Lc * D) * 2);
@@ -340,7 +340,11 @@ static int bench_decode(int64_t E, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
     }
     for (int64_t e = 0; !bad && e < Hkv * Lc * D; e++) kc[e] = vc[e] = attn_f32_to_bf16(0.01f * (float)(e % 7));
     attn_tensor tw[4];
-    for (int k = 0; k < 4; k++) tw[k] = attn_tensor_4d(w[k], ATTN_BF16, in[k], out[k], 1, 1);
+    for (int k = 0; k < 4; k++) {
+        tw[k] = attn_tensor_4d(w[k], ATTN_BF16, in[k], out[k], 1, 1);
+        if (torch)  /* PyTorch's nn.Linear storage, [out, in]: the same bytes */
+            tw[k].stride[0] = 1, tw[k].stride[1] = in[k];
+    }
     d.m = (attn_mha){.Hq = Hq, .Hkv = Hkv, .w_q = &tw[0], .w_k = &tw[1], .w_v = &tw[2],
                      .w_o = &tw[3], .rope = {.kind = ATTN_ROPE_HALF}};
     d.x = attn_tensor_4d(x, ATTN_F32, 1, 1, E, 1);
@@ -359,7 +363,7 @@ static int bench_decode(int64_t E, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
     const double nbytes[6] = {2.0 * (double)(in[0] * out[0]), 2.0 * (double)(in[1] * out[1]),
                               2.0 * (double)(in[2] * out[2]), 2.0 * (double)(in[3] * out[3]),
                               2.0 * (double)(Hkv * Lc * D), 2.0 * (double)(Hkv * Lc * D)};
-    double ts[64], ta[64], tr[64], ph[MHA_DEC_NPHASE][64];
+    double ts[64], ta[64], tr[64], ph[MHA_DEC_NPHASE][64], rest[64];
     int n = 0;
     bool whole = true;  /* the read loop takes 64 floats at a time */
     for (int k = 0; k < 6; k++) whole &= (int64_t)nbytes[k] % 256 == 0;
@@ -377,13 +381,14 @@ static int bench_decode(int64_t E, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
         if (st == ATTN_OK) st = run_decode(&d);
         ts[n] = now_s() - t0;
         mha_decode_clock = NULL;
-        for (int p = 0; p < MHA_DEC_NPHASE; p++) ph[p][n] = clock[p];
+        rest[n] = ts[n];
+        for (int p = 0; p < MHA_DEC_NPHASE; p++) ph[p][n] = clock[p], rest[n] -= clock[p];
     }
-    sort_doubles(ts, n), sort_doubles(ta, n), sort_doubles(tr, n);
+    sort_doubles(ts, n), sort_doubles(ta, n), sort_doubles(tr, n), sort_doubles(rest, n);
     for (int p = 0; p < MHA_DEC_NPHASE; p++) sort_doubles(ph[p], n);
     printf("Decoding step E=%lld Hq=%lld Hkv=%lld D=%lld, %lld cached tokens, bfloat16 weights "
-           "and cache, 1 token:\n", (long long)E, (long long)Hq, (long long)Hkv, (long long)D,
-           (long long)Lc);
+           "and cache, 1 token, weights stored %s:\n", (long long)E, (long long)Hq, (long long)Hkv,
+           (long long)D, (long long)Lc, torch ? "[out, in] (PyTorch's)" : "[in, out]");
     if (n > 0) {
         const double t = ts[n / 2], r = tr[n / 2];
         printf("  %.2f ms (a step after a step), %.1f GB/s over %.1f MB (weights + cache once) = "
@@ -392,12 +397,10 @@ static int bench_decode(int64_t E, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
         printf("  interleaved with the read loop over the same buffers (medians of %d rounds): "
                "read %.2f ms = %.1f GB/s; the step at %.0f%% of it; a step right after the "
                "read loop %.2f ms\n", n, r * 1e3, bytes / r * 1e-9, 100 * r / t, ta[n / 2] * 1e3);
-        printf("  the step's phases (medians): x.W_Q,K,V + RoPE %.2f ms, append %.3f ms, "
+        printf("  the step's phases (medians of the steps after a step; each its own median): x.W_Q,K,V + RoPE %.2f ms, append %.3f ms, "
                "attention %.2f ms, o.W_O %.2f ms, the rest (checks, workspace) %.2f ms\n",
                ph[MHA_DEC_QKV][n / 2] * 1e3, ph[MHA_DEC_APPEND][n / 2] * 1e3,
-               ph[MHA_DEC_ATTEND][n / 2] * 1e3, ph[MHA_DEC_OUT][n / 2] * 1e3,
-               (t - ph[MHA_DEC_QKV][n / 2] - ph[MHA_DEC_APPEND][n / 2] -
-                ph[MHA_DEC_ATTEND][n / 2] - ph[MHA_DEC_OUT][n / 2]) * 1e3);
+               ph[MHA_DEC_ATTEND][n / 2] * 1e3, ph[MHA_DEC_OUT][n / 2] * 1e3, rest[n / 2] * 1e3);
     } else if (st == ATTN_OK) {
         printf("  not timed: the read loop cannot take these buffers\n");
     }
@@ -435,11 +438,14 @@ int cli_bench_mha(int argc, char **argv) {
            attn_blas_name());
     if (check_answer(quick ? 64 : 768, quick ? 4 : 12)) return 1;
     if (decode_only)  /* the decoding step's rows alone */
-        return quick ? bench_decode(256, 8, 2, 32, 128, reps, bw, threads)
-                     : bench_decode(4096, 32, 8, 128, 4096, reps, bw, threads);
-    if (quick ? bench_bert(2, 64, 64, 4, reps, peak) || bench_decode(256, 8, 2, 32, 128, reps, bw, threads)
+        return quick ? bench_decode(256, 8, 2, 32, 128, reps, bw, threads, false) ||
+                           bench_decode(256, 8, 2, 32, 128, reps, bw, threads, true)
+                     : bench_decode(4096, 32, 8, 128, 4096, reps, bw, threads, false) ||
+                           bench_decode(4096, 32, 8, 128, 4096, reps, bw, threads, true);
+    if (quick ? bench_bert(2, 64, 64, 4, reps, peak) || bench_decode(256, 8, 2, 32, 128, reps, bw, threads, false)
               : bench_bert(8, 512, 768, 12, reps, peak) ||
-                    bench_decode(4096, 32, 8, 128, 4096, reps, bw, threads))
+                    bench_decode(4096, 32, 8, 128, 4096, reps, bw, threads, false) ||
+                    bench_decode(4096, 32, 8, 128, 4096, reps, bw, threads, true))
         return 1;
     return vs_torch ? run_torch_side(python, threads, reps, quick) : 0;
 }

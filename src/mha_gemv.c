@@ -113,14 +113,16 @@ static void rows_sum(const rows_plan *q, int64_t t) {
     }
 }
 
-/* n products of planned partials in one parallel region: every product's chunks (each
- * product's split static over the team), one barrier, every product's tiles; work, the
+/* n products of planned partials in one parallel region: every product's chunks, taken
+ * one at a time by whichever thread is free (on a machine other processes share, a
+ * thread the system parks does not hold the others' share back; a chunk's partial is
+ * the same whoever computes it), one barrier, every product's tiles; work, the
  * elements of the weights, decides whether to thread at all */
 static void run_rows(rows_fn *rows_into, int n, const rows_plan *q, int64_t work) {
 #pragma omp parallel if (work > (1 << 16))
     {
         for (int k = 0; k < n; k++) {
-#pragma omp for schedule(static) nowait
+#pragma omp for schedule(dynamic, 1) nowait
             for (int64_t p = 0; p < q[k].parts; p++) rows_part(rows_into, &q[k], p);
         }
 #pragma omp barrier
@@ -195,7 +197,8 @@ static void gemv_dots(const uint16_t *w, int64_t ld, int64_t R, int64_t N, const
     if (rows_loop() == attn_gemv_rows_bf16_avx2) dots = attn_gemv_dots_bf16_avx2;
 #endif
     const int64_t nb = (R + GEMV_DOT_ROWS - 1) / GEMV_DOT_ROWS;
-#pragma omp parallel for schedule(static) if (R * N > (1 << 16))
+    /* blocks taken one at a time by whichever thread is free, as run_rows's chunks */
+#pragma omp parallel for schedule(dynamic, 1) if (R * N > (1 << 16))
     for (int64_t b = 0; b < nb; b++) {
         const int64_t r0 = b * GEMV_DOT_ROWS, r1 = r0 + GEMV_DOT_ROWS < R ? r0 + GEMV_DOT_ROWS : R;
         float dot[GEMV_DOT_ROWS];
