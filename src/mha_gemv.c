@@ -16,7 +16,13 @@
  *          threads, each dot in eight lanes (element j into lane j mod 8) added in one
  *          fixed order at the end.
  * Either way an element's sequence of additions does not depend on the thread count or
- * the tiling, so the bits do not either.
+ * the tiling, so the bits do not either. Each loop has an AVX2 twin (kernels/avx2/gemv.c,
+ * taken under every x86-64 kernel but generic) with the same roundings in the same
+ * order: the bits do not depend on the kernel. The rows loop's chunks and sums run in
+ * one parallel region, and mha_gemv_bf16_many puts several products (the step's Q, K
+ * and V) in one: one wake-up of the team, not two per product.
+ * A one-row bfloat16 product has no CBLAS call: the loop is the library's own, by
+ * choice (docs/CONTRACT.md, the multi-head layer's precision).
  *
  * What it is not: a GEMM (one row of a only; M > 1 widens panels for the BLAS, mha.c).
  */
