@@ -8,9 +8,13 @@
  * — its four projections through attn_gemm_f32 (GFLOP/s against the peak) and its
  * attention (attn_forward on the same [B, L, H, D] views) — for the share of time in
  * GEMM vs attention. A Llama-sized decoding step (E = 4096, Hq = 32, Hkv = 8, D = 128,
- * 4096 cached tokens, bfloat16 weights and cache, one token): GB/s counting the weights
- * and the cache read once, against the read bandwidth, and against the read loop over
- * the same buffers timed between the steps (what the memory gave at the time).
+ * 4096 cached tokens, bfloat16 weights and cache, one token), its weights stored [in, out]
+ * and as PyTorch's [out, in]: GB/s counting the weights and the cache read once, against
+ * the read bandwidth, and against the read loop over the same buffers timed in the same
+ * rounds (read loop, step, step: what the memory gave at the time; the step right after
+ * the read loop is timed apart from the step after a step, so that what the loop leaves
+ * in the caches shows), with the step's phases (projections, append, attention, W_O)
+ * from the library's phase clock (mha_gemv.h). --decode: the decoding rows alone.
  * On a machine whose cores other processes share, OpenMP's spinning barriers can
  * dominate the many short parallel calls of a step (measured on the project's shared
  * machine: the decoding step 1.8 s spinning, 34 ms with OMP_WAIT_POLICY=passive); run it
