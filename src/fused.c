@@ -369,7 +369,10 @@ static void tile_logits(const attn_params *p, const attn_kernels *kern, const fu
  * its arithmetic. For the other kernels and for the tiles a mask reaches into, the key
  * and value rows of the tile PREFETCH_TILES ahead are asked for at once by prefetch_tile,
  * into the outer caches (prefetcht2: a tile of K and V is 64 KiB, twice the L1; a burst
- * like this stalls on the miss queue: docs/KERNELS.md). */
+ * like this stalls on the miss queue: docs/KERNELS.md). A paged tile across pages
+ * (decode_rows) asks for the whole next tile at once too, on top of the kernel's own
+ * prefetch: the hardware prefetcher restarts at each page, and the kernel's V, asked for
+ * half a tile ahead, came late there (docs/KERNELS.md, "Paged decoding"). */
 enum { PREFETCH_TILES = 2 };
 
 /* Row j of the block's key/value head in K or V (base, strides st), as the bytes the
