@@ -25,7 +25,10 @@
  *   - rows read: a plain read (AVX2 loads) of the very K and V rows the call reads, in its
  *     order (head by head, page by page through the table), timed after each call, and
  *     the call's GB/s over it: what the layout itself costs a stream, without the
- *     arithmetic (scattered 4-8 KiB runs of 16-key pages against one stream).
+ *     arithmetic (scattered 4-8 KiB runs of 16-key pages against one stream);
+ *     "prefetched": the same read with the rows 32 KiB ahead in each stream asked for
+ *     through the table before each run (prefetcht2 a line), as the library asks for a
+ *     paged tile's successor: whether the layout's cost is one of announcing the pages.
  * What it is not: a test (no time limit anywhere).
  */
 #define _GNU_SOURCE  // madvise's MADV_HUGEPAGE (Linux), for --thp
@@ -156,22 +159,43 @@ static bool make_paged(const layout *c, int64_t B, int64_t Hkv, int64_t Lk, int6
 
 static void free_layout(layout *l) { free(l->k), free(l->v), free(l->bt); }
 
+/* the byte offset, in elements, of row j of head g of sequence b's K (V: the same) */
+static int64_t row_at(const layout *l, int64_t b, int64_t g, int64_t Hkv, int64_t Lk, int64_t D, int64_t j) {
+    if (!l->bt) return ((b * Hkv + g) * Lk + j) * D;
+    const int64_t mp = Lk / l->ps;
+    return l->bt[b * mp + j / l->ps] * l->tk.stride[0] + g * l->tk.stride[1] + (j % l->ps) * l->tk.stride[2];
+}
+
 /* GB/s of one parallel plain read (AVX2 loads, as read_pass) of the K and V rows a call
  * reads, in its order: head by head, each head's keys page by page through the block table
  * (l->bt; NULL: one run). The bound a layout leaves a stream without the arithmetic: the
- * pages' scattered runs cost it what they cost the call's reads. */
+ * pages' scattered runs cost it what they cost the call's reads. With pf, before each run
+ * the rows PF_AHEAD_BYTES ahead in each stream (the run that starts there and on to it)
+ * are asked for (prefetcht2, one a 64-byte line, through the table), as the library's
+ * paged step asks for the next tile: the same read with the page changes announced. */
+enum { PF_AHEAD_BYTES = 32768 };
 static double read_rows(const layout *l, int64_t B, int64_t Hkv, int64_t Lk, int64_t D,
-                        size_t es, int threads, bool avx2) {
+                        size_t es, int threads, bool avx2, bool pf) {
     const double t0 = now_s();
-    const int64_t run = l->bt ? l->ps : Lk, rowf = D * (int64_t)es / 4, mp = l->bt ? Lk / l->ps : 1;
+    const int64_t run = l->bt ? l->ps : Lk, rowf = D * (int64_t)es / 4;
+    const int64_t rb = D * (int64_t)es, ahead = (PF_AHEAD_BYTES + run * rb - 1) / (run * rb);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t bg = 0; bg < B * Hkv; bg++) {
         const int64_t b = bg / Hkv, g = bg % Hkv;
         double s = 0;
         for (int64_t j = 0; j < Lk; j += run) {
-            const int64_t at = l->bt ? l->bt[b * mp + j / l->ps] * l->tk.stride[0] + g * l->tk.stride[1]
-                                     : ((b * Hkv + g) * Lk + j) * D;
+            const int64_t at = row_at(l, b, g, Hkv, Lk, D, j);
             const int64_t st = l->bt ? l->tk.stride[2] : D;
+            if (pf && l->bt) {  // the run `ahead` runs on (the first ones: those before it too)
+                for (int64_t a = j == 0 ? 1 : ahead; a <= ahead && j + a * run < Lk; a++) {
+                    const int64_t pa = row_at(l, b, g, Hkv, Lk, D, j + a * run);
+                    for (int h = 0; h < 2; h++)
+                        for (int64_t r = 0; r < run; r++) {
+                            const char *row = (const char *)(h ? l->v : l->k) + (size_t)(pa + r * st) * es;
+                            for (int64_t x = 0; x < rb; x += 64) __builtin_prefetch(row + x, 0, 1);
+                        }
+                }
+            }
             for (int h = 0; h < 2; h++) {
                 const float *x = (const float *)((const char *)(h ? l->v : l->k) + (size_t)at * es);
                 if (st == D) {  // the run's rows one after the other
@@ -281,7 +305,7 @@ static int run_shape(int64_t B, int64_t Lk, attn_dtype dt, int reps, int threads
     if (bad) goto done;
     /* interleaved rounds */
     double t[N_PAGES + 1][MAX_REPS], bw[N_PAGES + 1][MAX_REPS], u[N_PAGES + 1][MAX_REPS];
-    double rr[N_PAGES + 1][MAX_REPS];
+    double rr[N_PAGES + 1][MAX_REPS], rp[N_PAGES + 1][MAX_REPS];
     for (int r = -1; r < reps; r++)
         for (int s = 0; s <= N_PAGES; s++) {
             const layout *l = s == 0 ? &c : &pg[s - 1];
@@ -289,20 +313,22 @@ static int run_shape(int64_t B, int64_t Lk, attn_dtype dt, int reps, int threads
             call(l, &tq, &to1, threads);
             const double dt_s = now_s() - t0, du = cpu_s() - u0;
             const double g = read_pass(rbuf, nbuf, nt, avx2);
-            const double gr = read_rows(l, B, Hkv, Lk, D, es, nt, avx2);
-            if (r >= 0) t[s][r] = dt_s, bw[s][r] = g, u[s][r] = du, rr[s][r] = gr;
+            const double gr = read_rows(l, B, Hkv, Lk, D, es, nt, avx2, false);
+            const double gp = read_rows(l, B, Hkv, Lk, D, es, nt, avx2, true);
+            if (r >= 0) t[s][r] = dt_s, bw[s][r] = g, u[s][r] = du, rr[s][r] = gr, rp[s][r] = gp;
         }
     const double tc = median(t[0], reps), uc = median(u[0], reps);
     for (int s = 0; s <= N_PAGES; s++) {
         const double tm = median(t[s], reps), rb = median(bw[s], reps), gbs = kv_bytes / tm * 1e-9;
-        const double um = median(u[s], reps), rm = median(rr[s], reps);
+        const double um = median(u[s], reps), rm = median(rr[s], reps), pm = median(rp[s], reps);
         char name[32];
         if (s == 0) snprintf(name, sizeof name, "contiguous");
         else snprintf(name, sizeof name, "paged %lld", (long long)PAGE_SIZES[s - 1]);
         printf("decode B=%lld Lk=%lld %-8s %-11s %8.3f ms %7.1f GB/s  read %6.1f GB/s  %5.1f%% read  "
-               "paged/contig %.3f  cpu %8.3f ms  cpu paged/contig %.3f  rows read %6.1f GB/s %5.1f%%\n",
+               "paged/contig %.3f  cpu %8.3f ms  cpu paged/contig %.3f  rows read %6.1f GB/s %5.1f%%  "
+               "prefetched %6.1f GB/s %5.1f%%\n",
                (long long)B, (long long)Lk, attn_dtype_name(dt), name, tm * 1e3, gbs, rb,
-               100.0 * gbs / rb, tc / tm, um * 1e3, uc / um, rm, 100.0 * gbs / rm);
+               100.0 * gbs / rb, tc / tm, um * 1e3, uc / um, rm, 100.0 * gbs / rm, pm, 100.0 * gbs / pm);
     }
 done:
     for (int s = 0; s < N_PAGES; s++) free_layout(&pg[s]);

@@ -369,7 +369,10 @@ static void tile_logits(const attn_params *p, const attn_kernels *kern, const fu
  * its arithmetic. For the other kernels and for the tiles a mask reaches into, the key
  * and value rows of the tile PREFETCH_TILES ahead are asked for at once by prefetch_tile,
  * into the outer caches (prefetcht2: a tile of K and V is 64 KiB, twice the L1; a burst
- * like this stalls on the miss queue: docs/KERNELS.md). */
+ * like this stalls on the miss queue: docs/KERNELS.md). A paged tile across pages
+ * (decode_rows) asks for the whole next tile at once too, on top of the kernel's own
+ * prefetch: the hardware prefetcher restarts at each page, and the kernel's V, asked for
+ * half a tile ahead, came late there (docs/KERNELS.md, "Paged decoding"). */
 enum { PREFETCH_TILES = 2 };
 
 /* Row j of the block's key/value head in K or V (base, strides st), as the bytes the
@@ -397,10 +400,15 @@ static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t 
     const int64_t ek = attn_elem_bytes(p->kv_dt);
     const int64_t kb = q8 ? attn_row_bytes(p->kv_dt, p->Dk) : p->Dk * p->k_s[3] * ek;
     const int64_t vb = q8 ? attn_row_bytes(p->kv_dt, p->Dv) : p->Dv * p->v_s[3] * ek;
-    for (int64_t c = j0; c < j0 + nk; c++) {
+    const int64_t ks = attn_row_byte_offset(p->kv_dt, p->k_s[2]), vs = attn_row_byte_offset(p->kv_dt, p->v_s[2]);
+    /* segment by segment (a page's rows at one stride): one table look-up a page */
+    for (int64_t c = j0, seg; c < j0 + nk; c += seg) {
+        seg = fused_kv_segment(p, c, j0 + nk - c);
         const char *k = fused_kv_row(p, blk, p->k, p->k_s, c), *v = fused_kv_row(p, blk, p->v, p->v_s, c);
-        for (int64_t x = 0; x < kb; x += 64) __builtin_prefetch(k + x, 0, 1);
-        for (int64_t x = 0; x < vb; x += 64) __builtin_prefetch(v + x, 0, 1);
+        for (int64_t r = 0; r < seg; r++, k += ks, v += vs) {
+            for (int64_t x = 0; x < kb; x += 64) __builtin_prefetch(k + x, 0, 1);
+            for (int64_t x = 0; x < vb; x += 64) __builtin_prefetch(v + x, 0, 1);
+        }
     }
 }
 
@@ -500,6 +508,10 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
 
     /* FAST precision on a bfloat16 V: P is rounded to bfloat16 for P·V */
     const bool fast = p->precision == ATTN_PRECISION_FAST && p->kv_dt == ATTN_BF16;
+    /* paged tiles (decode_rows): the K row addresses of a tile and of the next one, in
+     * turn; kr_at the first key of those the next tile finds computed (-1: none) */
+    const char *kr2[2][ATTN_BK_LIMIT];
+    int64_t kr_at = -1;
     for (int64_t j0 = ja; j0 < jb; j0 += plan->bk) {
         const int64_t nk = jb - j0 < plan->bk ? jb - j0 : plan->bk;
         const attn_params *pt = fused_tile_params(p, plan, blk, j0, nk);
@@ -509,16 +521,26 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         const bool clean = !boundary && !pt->mask && !pt->bias;
         if (decode && clean && kern->decode_rows && !attn_kv_one_run(p, j0, nk)) {
             /* a tile across pages, in one step on its rows' addresses: the arithmetic of
-             * the contiguous cache's tile, bit for bit, read in place from the pages; the
-             * kernel prefetches this tile's V and the next tile's K row by row */
-            const char *kr[2 * ATTN_BK_LIMIT], *vr[ATTN_BK_LIMIT];
+             * the contiguous cache's tile, bit for bit, read in place from the pages. The
+             * kernel prefetches this tile's V (during Q·Kᵀ) and the next tile's K (during
+             * P·V) row by row; those K addresses are computed once, here, into the other
+             * half of kr2, where the next tile finds them. */
+            const char *vr[ATTN_BK_LIMIT];
+            const char **kr = kr2[(j0 - ja) / plan->bk % 2], **kn = kr2[(j0 - ja) / plan->bk % 2 ^ 1];
+            if (kr_at != j0) kv_row_addrs(p, blk, p->k, p->k_s, j0, nk, kr);
             const int64_t j1 = j0 + nk, next_nk = j1 < jb ? (jb - j1 < plan->bk ? jb - j1 : plan->bk) : 0;
-            kv_row_addrs(p, blk, p->k, p->k_s, j0, nk + next_nk, kr);
+            if (next_nk > 0) kv_row_addrs(p, blk, p->k, p->k_s, j1, next_nk, kn);
+            kr_at = next_nk > 0 ? j1 : -1;
             kv_row_addrs(p, blk, p->v, p->v_s, j0, nk, vr);
+            /* and the whole next tile, K and V, asked for here at once: the hardware
+             * prefetcher stops at each page, and the kernel's own prefetch of this V
+             * (during Q·Kᵀ, half a tile ahead) came too late for small pages
+             * (docs/KERNELS.md, "Paged decoding") */
+            if (next_nk > 0) prefetch_tile(p, blk, j1, next_nk);
             for (int64_t r0 = 0; r0 < n; r0 += 4)
                 kern->decode_rows(n - r0 < 4 ? n - r0 : 4, nk, dk, dv, w->q + r0 * dk, p->kv_dt,
                                   fast, kr, vr, p->scale, w->s, w->m + r0, w->l + r0,
-                                  w->alpha + r0, w->acc + r0 * dv, r0 == 0, kr + nk, next_nk);
+                                  w->alpha + r0, w->acc + r0 * dv, r0 == 0, kn, next_nk);
             continue;
         }
         if (decode && clean) {
