@@ -44,6 +44,7 @@
 #include "attn.h"
 #include "bench_clock.h"
 #include "cliopt.h"
+#include "decode_bound.h"
 #include "tolerance.h"
 
 #if defined(__x86_64__)
@@ -52,6 +53,7 @@
 
 static volatile double g_sink;
 static bool g_thp;  // --thp: K, V and the pools in transparent huge pages
+static double g_hz;  // the core clock (decode_bound.h), for the compute bound
 
 /* bytes for a cache or a pool: 64-byte aligned, or with --thp 2 MiB aligned and marked for
  * huge pages (madvise; the kernel may still refuse: then it is 4 KiB pages as without) */
@@ -196,9 +198,9 @@ static attn_status call(const layout *l, const attn_tensor *q, const attn_tensor
 }
 
 /* One shape: B, cache dtype. Returns 0 on success, 1 when a check failed. */
-static int run_shape(int64_t B, int64_t Lk, attn_dtype dt, int reps, int threads, bool nhd,
+static int run_shape(int64_t B, int64_t Hq, int64_t Lk, attn_dtype dt, int reps, int threads, bool nhd,
                      bool plant, bool avx2) {
-    const int64_t Hq = 32, Hkv = 8, D = 128;
+    const int64_t Hkv = 8, D = 128;
     const size_t es = attn_dtype_size(dt);
     const int nt = threads > 0 ? threads : omp_get_max_threads();
     layout c = {0};
@@ -299,10 +301,15 @@ static int run_shape(int64_t B, int64_t Lk, attn_dtype dt, int reps, int threads
         char name[32];
         if (s == 0) snprintf(name, sizeof name, "contiguous");
         else snprintf(name, sizeof name, "paged %lld", (long long)PAGE_SIZES[s - 1]);
-        printf("decode B=%lld Lk=%lld %-8s %-11s %8.3f ms %7.1f GB/s  read %6.1f GB/s  %5.1f%% read  "
+        /* the compute bound of the contiguous row's arithmetic (decode_bound.h); the
+         * bound = min(read, compute) as rates */
+        const double cg = dec_compute_gbs(dt, Hq / Hkv, D, kv_bytes, 2.0 * (double)(B * Hkv * Lk * D), g_hz, nt);
+        const double bound = cg > 0 && cg < rb ? cg : rb;
+        printf("decode B=%lld Hq=%lld Lk=%lld %-8s %-11s %8.3f ms %7.1f GB/s  read %6.1f GB/s  %5.1f%% read  "
+               "compute %6.1f GB/s  %5.1f%% of bound  "
                "paged/contig %.3f  cpu %8.3f ms  cpu paged/contig %.3f  rows read %6.1f GB/s %5.1f%%\n",
-               (long long)B, (long long)Lk, attn_dtype_name(dt), name, tm * 1e3, gbs, rb,
-               100.0 * gbs / rb, tc / tm, um * 1e3, uc / um, rm, 100.0 * gbs / rm);
+               (long long)B, (long long)Hq, (long long)Lk, attn_dtype_name(dt), name, tm * 1e3, gbs, rb,
+               100.0 * gbs / rb, cg, 100.0 * gbs / bound, tc / tm, um * 1e3, uc / um, rm, 100.0 * gbs / rm);
     }
 done:
     for (int s = 0; s < N_PAGES; s++) free_layout(&pg[s]);
@@ -312,24 +319,29 @@ done:
 }
 
 static const char USAGE[] =
-    "usage: attn bench --paged [--quick] [--threads N] [--reps N] [--nhd] [--b1] [--thp] [--plant-error]\n"
+    "usage: attn bench --paged [--quick] [--threads N] [--reps N] [--nhd] [--b1] [--g8] [--thp]\n"
+    "                          [--plant-error]\n"
     "\n"
     "  Decoding (Lq = 1, Lk = 16384, Hq = 32, Hkv = 8, D = 128, B = 1 and 8) over a paged\n"
     "  cache of page sizes 16, 64, 256 against the contiguous cache, float32 and bfloat16;\n"
     "  medians of interleaved rounds, the read bandwidth timed beside each row.\n"
     "  --nhd: pools [num_pages, page_size, Hkv, D]; --b1: B = 1 only; --thp: the caches\n"
-    "  and pools in transparent huge pages (madvise), as a serving pool allocated once may be.\n";
+    "  and pools in transparent huge pages (madvise), as a serving pool allocated once may be.\n"
+    "  --g8: Hq = 64 (8 query heads a KV head) as well as 32. Each row also prints the\n"
+    "  compute bound of the avx2 decoding step (bench/decode_bound.h) and the row's %% of\n"
+    "  min(read, compute).\n";
 
 int bench_paged(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return fputs(USAGE, stdout), 0;
     const char *threads_s = NULL, *reps_s = NULL;
-    bool quick = false, plant = false, nhd = false, b1 = false;
+    bool quick = false, plant = false, nhd = false, b1 = false, g8 = false;
     g_thp = false;
     const cli_opt opts[] = {{"--quick", NULL, &quick}, {"--plant-error", NULL, &plant},
                             {"--nhd", NULL, &nhd}, {"--b1", NULL, &b1}, {"--thp", NULL, &g_thp},
-                            {"--threads", &threads_s, NULL}, {"--reps", &reps_s, NULL}};
-    int rc = cli_scan(argc, argv, opts, 7, "bench --paged: ", "bench");
+                            {"--g8", NULL, &g8}, {"--threads", &threads_s, NULL},
+                            {"--reps", &reps_s, NULL}};
+    int rc = cli_scan(argc, argv, opts, 8, "bench --paged: ", "bench");
     if (rc) return rc;
     const int threads = threads_s ? atoi(threads_s) : 0, reps = reps_s ? atoi(reps_s) : (quick ? 3 : 15);
     if (threads < 0 || threads > 512 || reps < 1 || reps > MAX_REPS)
@@ -343,10 +355,16 @@ int bench_paged(int argc, char **argv) {
            "kernel %s, %d rounds%s\n", nhd ? "[pages, page_size, Hkv, D]" : "[pages, Hkv, page_size, D]",
            threads > 0 ? threads : omp_get_max_threads(), attn_kernel_name(), reps,
            g_thp ? ", huge pages asked for" : "");
+    g_hz = dec_clock_hz();
+    printf("compute bound: the avx2 step's loops at %.2f GHz (a dependent add chain, thread CPU "
+           "time), Zen 3 issue: %.0f macro-ops, %.0f FMAs, %.0f 256-bit loads a cycle; cycles per "
+           "cached element (Hq/Hkv 4): float32 %.3f, bfloat16 %.3f\n", g_hz * 1e-9, DEC_ISSUE,
+           DEC_FMA, DEC_LOADS, dec_cycles_per_elem(ATTN_F32, 4, 128), dec_cycles_per_elem(ATTN_BF16, 4, 128));
     const int64_t Lk = quick ? 4096 : 16384;
     int bad = 0;
-    for (int bi = 0; bi < (quick || b1 ? 1 : 2); bi++)
-        for (int d = 0; d < 2; d++)
-            bad |= run_shape(bi ? 8 : 1, Lk, d ? ATTN_BF16 : ATTN_F32, reps, threads, nhd, plant, avx2);
+    for (int hq = 32; hq <= (g8 ? 64 : 32); hq += 32)
+        for (int bi = 0; bi < (quick || b1 ? 1 : 2); bi++)
+            for (int d = 0; d < 2; d++)
+                bad |= run_shape(bi ? 8 : 1, hq, Lk, d ? ATTN_BF16 : ATTN_F32, reps, threads, nhd, plant, avx2);
     return bad;
 }
