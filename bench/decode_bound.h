@@ -43,10 +43,10 @@ typedef struct dec_loops {
 
 /* objdump -d build/obj/kernels/avx2/decode.o, the 4-row loops of attn_decode_avx2 */
 static const dec_loops DEC_LOOPS[] = {
-    {ATTN_F32, {34, 8, 10, 16}, {33, 8, 6, 16}},
-    {ATTN_BF16, {43, 16, 18, 32}, {27, 8, 6, 16}},
-    {ATTN_F16, {35, 8, 11, 16}, {34, 8, 12, 16}},
-    {ATTN_Q8_0, {70, 16, 24, 32}, {32, 8, 8, 16}},
+    {ATTN_F32, {13, 8, 10, 16}, {23, 8, 6, 16}},
+    {ATTN_BF16, {28, 16, 20, 32}, {22, 8, 6, 16}},
+    {ATTN_F16, {23, 8, 10, 16}, {23, 8, 6, 16}},
+    {ATTN_Q8_0, {93, 32, 48, 64}, {29, 8, 7, 16}},
 };
 enum { DEC_KEY_INS = 22 };
 #define DEC_ISSUE 6.0  // Zen 3: macro-ops dispatched a cycle
