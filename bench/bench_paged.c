@@ -318,6 +318,61 @@ done:
     return bad;
 }
 
+/* cycles of one call (median of 15 rounds of `calls` calls, thread CPU time x the clock) */
+static double call_cycles(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                          const attn_tensor *o, int64_t calls) {
+    attn_options opt = {.threads = 1};
+    double cyc[15];
+    for (int w = 0; w < 50; w++) attn_forward(q, k, v, o, &opt);
+    for (int r = 0; r < 15; r++) {
+        const double t0 = thread_cpu_s();
+        for (int64_t c = 0; c < calls; c++) attn_forward(q, k, v, o, &opt);
+        cyc[r] = (thread_cpu_s() - t0) * g_hz / (double)calls;
+    }
+    return median(cyc, 15);
+}
+
+/* --in-cache: the step's arithmetic without the memory: one key/value head, Hq = group
+ * query heads, one thread, calls timed by the thread's CPU time (a wait for a core not
+ * counted), at Lk = 64 and 256 (float32 K and V 256 KiB: in L2); cycles a key = the
+ * difference of the two calls' cycles / 192 keys, so the call's own set-up drops out;
+ * beside the model's (decode_bound.h) and the whole call's cycles a key at 256. */
+static void in_cache_rows(void) {
+    const int64_t Lk = 256, D = 128, calls = 400;
+    for (int d = 0; d < 2; d++)
+        for (int64_t g = 4; g <= 8; g += 4) {
+            const attn_dtype dt = d ? ATTN_BF16 : ATTN_F32;
+            const size_t es = attn_dtype_size(dt);
+            void *k = kv_alloc((size_t)(Lk * D) * es), *v = kv_alloc((size_t)(Lk * D) * es);
+            float *q = malloc((size_t)(g * D) * sizeof(float)), *o = malloc((size_t)(g * D) * sizeof(float));
+            if (!k || !v || !q || !o) {
+                fprintf(stderr, "attn: bench --paged --in-cache: out of memory\n");
+                free(k), free(v), free(q), free(o);
+                return;
+            }
+            for (int64_t x = 0; x < Lk * D; x++) {
+                const float kx = (float)((x * 2654435761u) % 1000) * 2e-3f - 1.0f;
+                const float vx = (float)((x * 40503u + 17) % 1000) * 1e-3f - 0.5f;
+                if (dt == ATTN_F32) {
+                    ((float *)k)[x] = kx, ((float *)v)[x] = vx;
+                } else {  // bfloat16: the top half (run_shape's values)
+                    uint32_t u, w;
+                    memcpy(&u, &kx, 4), memcpy(&w, &vx, 4);
+                    ((uint16_t *)k)[x] = (uint16_t)(u >> 16), ((uint16_t *)v)[x] = (uint16_t)(w >> 16);
+                }
+            }
+            for (int64_t x = 0; x < g * D; x++) q[x] = (float)((x * 7919) % 200) * 1e-2f - 1.0f;
+            const attn_tensor tk = attn_tensor_4d(k, dt, 1, 1, Lk, D), tv = attn_tensor_4d(v, dt, 1, 1, Lk, D);
+            const attn_tensor tq = attn_tensor_4d(q, ATTN_F32, 1, g, 1, D), to = attn_tensor_4d(o, ATTN_F32, 1, g, 1, D);
+            const attn_tensor tk64 = attn_tensor_4d(k, dt, 1, 1, 64, D), tv64 = attn_tensor_4d(v, dt, 1, 1, 64, D);
+            const double c64 = call_cycles(&tq, &tk64, &tv64, &to, calls), c256 = call_cycles(&tq, &tk, &tv, &to, calls);
+            printf("in cache: %-8s Hq/Hkv %lld  %6.1f cycles a key (model %5.1f; the whole call at Lk 256: "
+                   "%6.1f a key)\n", attn_dtype_name(dt), (long long)g, (c256 - c64) / (double)(Lk - 64),
+                   dec_cycles_per_elem(dt, g, D) * 2.0 * (double)D, c256 / (double)Lk);
+            free(k), free(v), free(q), free(o);
+        }
+}
+
 static const char USAGE[] =
     "usage: attn bench --paged [--quick] [--threads N] [--reps N] [--nhd] [--b1] [--g8] [--thp]\n"
     "                          [--plant-error]\n"
@@ -329,19 +384,20 @@ static const char USAGE[] =
     "  and pools in transparent huge pages (madvise), as a serving pool allocated once may be.\n"
     "  --g8: Hq = 64 (8 query heads a KV head) as well as 32. Each row also prints the\n"
     "  compute bound of the avx2 decoding step (bench/decode_bound.h) and the row's %% of\n"
-    "  min(read, compute).\n";
+    "  min(read, compute).\n"
+    "  --in-cache: instead, the step's cycles a key with K and V in L2 (one thread, CPU time).\n";
 
 int bench_paged(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return fputs(USAGE, stdout), 0;
     const char *threads_s = NULL, *reps_s = NULL;
-    bool quick = false, plant = false, nhd = false, b1 = false, g8 = false;
+    bool quick = false, plant = false, nhd = false, b1 = false, g8 = false, in_cache = false;
     g_thp = false;
     const cli_opt opts[] = {{"--quick", NULL, &quick}, {"--plant-error", NULL, &plant},
                             {"--nhd", NULL, &nhd}, {"--b1", NULL, &b1}, {"--thp", NULL, &g_thp},
-                            {"--g8", NULL, &g8}, {"--threads", &threads_s, NULL},
-                            {"--reps", &reps_s, NULL}};
-    int rc = cli_scan(argc, argv, opts, 8, "bench --paged: ", "bench");
+                            {"--g8", NULL, &g8}, {"--in-cache", NULL, &in_cache},
+                            {"--threads", &threads_s, NULL}, {"--reps", &reps_s, NULL}};
+    int rc = cli_scan(argc, argv, opts, 9, "bench --paged: ", "bench");
     if (rc) return rc;
     const int threads = threads_s ? atoi(threads_s) : 0, reps = reps_s ? atoi(reps_s) : (quick ? 3 : 15);
     if (threads < 0 || threads > 512 || reps < 1 || reps > MAX_REPS)
@@ -360,6 +416,7 @@ int bench_paged(int argc, char **argv) {
            "time), Zen 3 issue: %.0f macro-ops, %.0f FMAs, %.0f 256-bit loads a cycle; cycles per "
            "cached element (Hq/Hkv 4): float32 %.3f, bfloat16 %.3f\n", g_hz * 1e-9, DEC_ISSUE,
            DEC_FMA, DEC_LOADS, dec_cycles_per_elem(ATTN_F32, 4, 128), dec_cycles_per_elem(ATTN_BF16, 4, 128));
+    if (in_cache) return in_cache_rows(), 0;
     const int64_t Lk = quick ? 4096 : 16384;
     int bad = 0;
     for (int hq = 32; hq <= (g8 ? 64 : 32); hq += 32)
