@@ -3,7 +3,7 @@
  *                 same cache contiguous (the paged-decoding speed rows).
  *
  * Method:
- *   - the shape is a decoding step, Lq = 1, Lk = 16384, Hq = 32, Hkv = 8, D = 128, with
+ *   - the shape is a decoding step, Lq = 1, Lk = 16384, Hq = 32 (--g8: and 64), Hkv = 8, D = 128, with
  *     B = 1 and B = 8 (--quick: Lk = 4096, B = 1 only), float32 queries, a float32 or
  *     bfloat16 cache; the pools are [num_pages, Hkv, page_size, D] (--nhd: FlashAttention's
  *     [num_pages, page_size, Hkv, D]) with the pages of each sequence in a shuffled order,
@@ -26,6 +26,9 @@
  *     order (head by head, page by page through the table), timed after each call, and
  *     the call's GB/s over it: what the layout itself costs a stream, without the
  *     arithmetic (scattered 4-8 KiB runs of 16-key pages against one stream).
+ *   - compute: the AVX2 step's compute bound of the row (decode_bound.h: its loops'
+ *     instructions against Zen 3's issue rate and the measured clock) and "% of bound", the
+ *     row's rate over min(read, compute); --in-cache times the step's cycles a key in L2.
  * What it is not: a test (no time limit anywhere).
  */
 #define _GNU_SOURCE  // madvise's MADV_HUGEPAGE (Linux), for --thp
