@@ -6,7 +6,7 @@
  * Model (docs/BENCHMARKS.md, "Decoding's two bounds"):
  *   - the loops are those of src/kernels/avx2/decode.c for 4 query rows a call (every
  *     decoding row here: Hq / Hkv = 4 or 8, so calls of 4 rows), counted in `objdump -d`
- *     of build/obj/kernels/avx2/decode.o (gcc, -O2): Q·Kᵀ's inner iteration (2 keys x 8
+ *     of build/obj/kernels/avx2/decode.o (gcc, the -O3 -mavx2 -mfma -mf16c of its folder): Q·Kᵀ's inner iteration (2 keys x 8
  *     columns, a bfloat16 K by halves 2 x 16, q8_0 2 x 16) and P·V's (1 key x 16 columns),
  *     each as instructions, FMAs and 256-bit loads (a folded operand counts), plus the
  *     work of a key outside them (the reduction tree of Q·Kᵀ, the logit's store, max and
