@@ -3,7 +3,7 @@
  *                 same cache contiguous (the paged-decoding speed rows).
  *
  * Method:
- *   - the shape is a decoding step, Lq = 1, Lk = 16384, Hq = 32, Hkv = 8, D = 128, with
+ *   - the shape is a decoding step, Lq = 1, Lk = 16384, Hq = 32 (--g8: and 64), Hkv = 8, D = 128, with
  *     B = 1 and B = 8 (--quick: Lk = 4096, B = 1 only), float32 queries, a float32 or
  *     bfloat16 cache; the pools are [num_pages, Hkv, page_size, D] (--nhd: FlashAttention's
  *     [num_pages, page_size, Hkv, D]) with the pages of each sequence in a shuffled order,
@@ -29,6 +29,9 @@
  *     "prefetched": the same read with the rows 32 KiB ahead in each stream asked for
  *     through the table before each run (prefetcht2 a line), as the library asks for a
  *     paged tile's successor: whether the layout's cost is one of announcing the pages.
+ *   - compute: the AVX2 step's compute bound of the row (decode_bound.h: its loops'
+ *     instructions against Zen 3's issue rate and the measured clock) and "% of bound", the
+ *     row's rate over min(read, compute); --in-cache times the step's cycles a key in L2.
  * What it is not: a test (no time limit anywhere).
  */
 #define _GNU_SOURCE  // madvise's MADV_HUGEPAGE (Linux), for --thp
@@ -47,6 +50,7 @@
 #include "attn.h"
 #include "bench_clock.h"
 #include "cliopt.h"
+#include "decode_bound.h"
 #include "tolerance.h"
 
 #if defined(__x86_64__)
@@ -55,6 +59,7 @@
 
 static volatile double g_sink;
 static bool g_thp;  // --thp: K, V and the pools in transparent huge pages
+static double g_hz;  // the core clock (decode_bound.h), for the compute bound
 
 /* bytes for a cache or a pool: 64-byte aligned, or with --thp 2 MiB aligned and marked for
  * huge pages (madvise; the kernel may still refuse: then it is 4 KiB pages as without) */
@@ -220,9 +225,9 @@ static attn_status call(const layout *l, const attn_tensor *q, const attn_tensor
 }
 
 /* One shape: B, cache dtype. Returns 0 on success, 1 when a check failed. */
-static int run_shape(int64_t B, int64_t Lk, attn_dtype dt, int reps, int threads, bool nhd,
+static int run_shape(int64_t B, int64_t Hq, int64_t Lk, attn_dtype dt, int reps, int threads, bool nhd,
                      bool plant, bool avx2) {
-    const int64_t Hq = 32, Hkv = 8, D = 128;
+    const int64_t Hkv = 8, D = 128;
     const size_t es = attn_dtype_size(dt);
     const int nt = threads > 0 ? threads : omp_get_max_threads();
     layout c = {0};
@@ -324,11 +329,17 @@ static int run_shape(int64_t B, int64_t Lk, attn_dtype dt, int reps, int threads
         char name[32];
         if (s == 0) snprintf(name, sizeof name, "contiguous");
         else snprintf(name, sizeof name, "paged %lld", (long long)PAGE_SIZES[s - 1]);
-        printf("decode B=%lld Lk=%lld %-8s %-11s %8.3f ms %7.1f GB/s  read %6.1f GB/s  %5.1f%% read  "
+        /* the compute bound of the contiguous row's arithmetic (decode_bound.h); the
+         * bound = min(read, compute) as rates */
+        const double cg = dec_compute_gbs(dt, Hq / Hkv, D, kv_bytes, 2.0 * (double)(B * Hkv * Lk * D), g_hz, nt);
+        const double bound = cg > 0 && cg < rb ? cg : rb;
+        printf("decode B=%lld Hq=%lld Lk=%lld %-8s %-11s %8.3f ms %7.1f GB/s  read %6.1f GB/s  %5.1f%% read  "
+               "compute %6.1f GB/s  %5.1f%% of bound  "
                "paged/contig %.3f  cpu %8.3f ms  cpu paged/contig %.3f  rows read %6.1f GB/s %5.1f%%  "
                "prefetched %6.1f GB/s %5.1f%%\n",
-               (long long)B, (long long)Lk, attn_dtype_name(dt), name, tm * 1e3, gbs, rb,
-               100.0 * gbs / rb, tc / tm, um * 1e3, uc / um, rm, 100.0 * gbs / rm, pm, 100.0 * gbs / pm);
+               (long long)B, (long long)Hq, (long long)Lk, attn_dtype_name(dt), name, tm * 1e3, gbs, rb,
+               100.0 * gbs / rb, cg, 100.0 * gbs / bound, tc / tm, um * 1e3, uc / um, rm, 100.0 * gbs / rm, pm,
+               100.0 * gbs / pm);
     }
 done:
     for (int s = 0; s < N_PAGES; s++) free_layout(&pg[s]);
@@ -337,25 +348,86 @@ done:
     return bad;
 }
 
+/* cycles of one call (median of 15 rounds of `calls` calls, thread CPU time x the clock) */
+static double call_cycles(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                          const attn_tensor *o, int64_t calls) {
+    attn_options opt = {.threads = 1};
+    double cyc[15];
+    for (int w = 0; w < 50; w++) attn_forward(q, k, v, o, &opt);
+    for (int r = 0; r < 15; r++) {
+        const double t0 = thread_cpu_s();
+        for (int64_t c = 0; c < calls; c++) attn_forward(q, k, v, o, &opt);
+        cyc[r] = (thread_cpu_s() - t0) * g_hz / (double)calls;
+    }
+    return median(cyc, 15);
+}
+
+/* --in-cache: the step's arithmetic without the memory: one key/value head, Hq = group
+ * query heads, one thread, calls timed by the thread's CPU time (a wait for a core not
+ * counted), at Lk = 64 and 256 (float32 K and V 256 KiB: in L2); cycles a key = the
+ * difference of the two calls' cycles / 192 keys, so the call's own set-up drops out;
+ * beside the model's (decode_bound.h) and the whole call's cycles a key at 256. */
+static void in_cache_rows(void) {
+    const int64_t Lk = 256, D = 128, calls = 400;
+    for (int d = 0; d < 2; d++)
+        for (int64_t g = 4; g <= 8; g += 4) {
+            const attn_dtype dt = d ? ATTN_BF16 : ATTN_F32;
+            const size_t es = attn_dtype_size(dt);
+            void *k = kv_alloc((size_t)(Lk * D) * es), *v = kv_alloc((size_t)(Lk * D) * es);
+            float *q = malloc((size_t)(g * D) * sizeof(float)), *o = malloc((size_t)(g * D) * sizeof(float));
+            if (!k || !v || !q || !o) {
+                fprintf(stderr, "attn: bench --paged --in-cache: out of memory\n");
+                free(k), free(v), free(q), free(o);
+                return;
+            }
+            for (int64_t x = 0; x < Lk * D; x++) {
+                const float kx = (float)((x * 2654435761u) % 1000) * 2e-3f - 1.0f;
+                const float vx = (float)((x * 40503u + 17) % 1000) * 1e-3f - 0.5f;
+                if (dt == ATTN_F32) {
+                    ((float *)k)[x] = kx, ((float *)v)[x] = vx;
+                } else {  // bfloat16: the top half (run_shape's values)
+                    uint32_t u, w;
+                    memcpy(&u, &kx, 4), memcpy(&w, &vx, 4);
+                    ((uint16_t *)k)[x] = (uint16_t)(u >> 16), ((uint16_t *)v)[x] = (uint16_t)(w >> 16);
+                }
+            }
+            for (int64_t x = 0; x < g * D; x++) q[x] = (float)((x * 7919) % 200) * 1e-2f - 1.0f;
+            const attn_tensor tk = attn_tensor_4d(k, dt, 1, 1, Lk, D), tv = attn_tensor_4d(v, dt, 1, 1, Lk, D);
+            const attn_tensor tq = attn_tensor_4d(q, ATTN_F32, 1, g, 1, D), to = attn_tensor_4d(o, ATTN_F32, 1, g, 1, D);
+            const attn_tensor tk64 = attn_tensor_4d(k, dt, 1, 1, 64, D), tv64 = attn_tensor_4d(v, dt, 1, 1, 64, D);
+            const double c64 = call_cycles(&tq, &tk64, &tv64, &to, calls), c256 = call_cycles(&tq, &tk, &tv, &to, calls);
+            printf("in cache: %-8s Hq/Hkv %lld  %6.1f cycles a key (model %5.1f; the whole call at Lk 256: "
+                   "%6.1f a key)\n", attn_dtype_name(dt), (long long)g, (c256 - c64) / (double)(Lk - 64),
+                   dec_cycles_per_elem(dt, g, D) * 2.0 * (double)D, c256 / (double)Lk);
+            free(k), free(v), free(q), free(o);
+        }
+}
+
 static const char USAGE[] =
-    "usage: attn bench --paged [--quick] [--threads N] [--reps N] [--nhd] [--b1] [--thp] [--plant-error]\n"
+    "usage: attn bench --paged [--quick] [--threads N] [--reps N] [--nhd] [--b1] [--g8] [--thp]\n"
+    "                          [--plant-error]\n"
     "\n"
     "  Decoding (Lq = 1, Lk = 16384, Hq = 32, Hkv = 8, D = 128, B = 1 and 8) over a paged\n"
     "  cache of page sizes 16, 64, 256 against the contiguous cache, float32 and bfloat16;\n"
     "  medians of interleaved rounds, the read bandwidth timed beside each row.\n"
     "  --nhd: pools [num_pages, page_size, Hkv, D]; --b1: B = 1 only; --thp: the caches\n"
-    "  and pools in transparent huge pages (madvise), as a serving pool allocated once may be.\n";
+    "  and pools in transparent huge pages (madvise), as a serving pool allocated once may be.\n"
+    "  --g8: Hq = 64 (8 query heads a KV head) as well as 32. Each row also prints the\n"
+    "  compute bound of the avx2 decoding step (bench/decode_bound.h) and the row's %% of\n"
+    "  min(read, compute).\n"
+    "  --in-cache: instead, the step's cycles a key with K and V in L2 (one thread, CPU time).\n";
 
 int bench_paged(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return fputs(USAGE, stdout), 0;
     const char *threads_s = NULL, *reps_s = NULL;
-    bool quick = false, plant = false, nhd = false, b1 = false;
+    bool quick = false, plant = false, nhd = false, b1 = false, g8 = false, in_cache = false;
     g_thp = false;
     const cli_opt opts[] = {{"--quick", NULL, &quick}, {"--plant-error", NULL, &plant},
                             {"--nhd", NULL, &nhd}, {"--b1", NULL, &b1}, {"--thp", NULL, &g_thp},
+                            {"--g8", NULL, &g8}, {"--in-cache", NULL, &in_cache},
                             {"--threads", &threads_s, NULL}, {"--reps", &reps_s, NULL}};
-    int rc = cli_scan(argc, argv, opts, 7, "bench --paged: ", "bench");
+    int rc = cli_scan(argc, argv, opts, 9, "bench --paged: ", "bench");
     if (rc) return rc;
     const int threads = threads_s ? atoi(threads_s) : 0, reps = reps_s ? atoi(reps_s) : (quick ? 3 : 15);
     if (threads < 0 || threads > 512 || reps < 1 || reps > MAX_REPS)
@@ -369,10 +441,17 @@ int bench_paged(int argc, char **argv) {
            "kernel %s, %d rounds%s\n", nhd ? "[pages, page_size, Hkv, D]" : "[pages, Hkv, page_size, D]",
            threads > 0 ? threads : omp_get_max_threads(), attn_kernel_name(), reps,
            g_thp ? ", huge pages asked for" : "");
+    g_hz = dec_clock_hz();
+    printf("compute bound: the avx2 step's loops at %.2f GHz (a dependent add chain, thread CPU "
+           "time), Zen 3 issue: %.0f macro-ops, %.0f FMAs, %.0f 256-bit loads a cycle; cycles per "
+           "cached element (Hq/Hkv 4): float32 %.3f, bfloat16 %.3f\n", g_hz * 1e-9, DEC_ISSUE,
+           DEC_FMA, DEC_LOADS, dec_cycles_per_elem(ATTN_F32, 4, 128), dec_cycles_per_elem(ATTN_BF16, 4, 128));
+    if (in_cache) return in_cache_rows(), 0;
     const int64_t Lk = quick ? 4096 : 16384;
     int bad = 0;
-    for (int bi = 0; bi < (quick || b1 ? 1 : 2); bi++)
-        for (int d = 0; d < 2; d++)
-            bad |= run_shape(bi ? 8 : 1, Lk, d ? ATTN_BF16 : ATTN_F32, reps, threads, nhd, plant, avx2);
+    for (int hq = 32; hq <= (g8 ? 64 : 32); hq += 32)
+        for (int bi = 0; bi < (quick || b1 ? 1 : 2); bi++)
+            for (int d = 0; d < 2; d++)
+                bad |= run_shape(bi ? 8 : 1, hq, Lk, d ? ATTN_BF16 : ATTN_F32, reps, threads, nhd, plant, avx2);
     return bad;
 }

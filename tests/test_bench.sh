@@ -325,10 +325,15 @@ expect "bench --f64 --reps 0" 2 "$ATTN" bench --f64 --reps 0
 
 # ---- the paged cache's decoding rows (bench/bench_paged.c) -----------------------------------
 expect "bench --paged --quick" 0 "$ATTN" bench --paged --quick --reps 1
-if grep -q "decode B=1 Lk=4096 float32  paged 16 .*paged/contig" out.txt &&
-    grep -q "decode B=1 Lk=4096 bfloat16 paged 256 .*paged/contig" out.txt; then
-    ok "bench --paged prints its rows"
+if grep -q "decode B=1 Hq=32 Lk=4096 float32  paged 16 .*% of bound .*paged/contig" out.txt &&
+    grep -q "decode B=1 Hq=32 Lk=4096 bfloat16 paged 256 .*% of bound .*paged/contig" out.txt &&
+    grep -q "^compute bound: the avx2 step's loops at .* GHz" out.txt; then
+    ok "bench --paged prints its rows and their compute bound"
 else bad "bench --paged output"; sed 's/^/    /' out.txt | tail -8; fi
+expect "bench --paged --in-cache" 0 "$ATTN" bench --paged --in-cache
+if [ "$(grep -c "^in cache: .* cycles a key (model " out.txt)" = 4 ]; then
+    ok "bench --paged --in-cache prints its four rows"
+else bad "bench --paged --in-cache output"; sed 's/^/    /' out.txt | tail -8; fi
 expect "bench --paged --plant-error fails its check" 1 "$ATTN" bench --paged --quick --reps 1 --plant-error
 expect "bench --paged --reps 0" 2 "$ATTN" bench --paged --reps 0
 

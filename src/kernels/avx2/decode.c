@@ -40,11 +40,15 @@ INLINE __m256 load_row(int DT, const void *row, int64_t d, int64_t n) {
     return _mm256_cvtph_ps(h);
 }
 
-/* line i of the V rows c, c+1 (those that exist) */
-INLINE void pf_v_line(const attn_decode_pf *pf, int64_t c, int64_t i) {
-    if (!pf->v || i >= pf->lines_v) return;
-    for (int64_t r = c; r < c + 2 && r < pf->nv; r++)
-        _mm_prefetch((pf->v_rows ? pf->v_rows[r] : pf->v + r * pf->ldv) + 64 * i, _MM_HINT_T2);
+/* the lines of the V rows c, c+1 (those that exist), asked for before the Q·Kᵀ of keys
+ * c, c+1: outside its loop, whose every instruction counts where the group is large
+ * (docs/BENCHMARKS.md, decoding's two bounds) */
+INLINE void pf_v_rows(const attn_decode_pf *pf, int64_t c) {
+    if (!pf->v) return;
+    for (int64_t r = c; r < c + 2 && r < pf->nv; r++) {
+        const char *row = pf->v_rows ? pf->v_rows[r] : pf->v + r * pf->ldv;
+        for (int64_t i = 0; i < pf->lines_v; i++) _mm_prefetch(row + 64 * i, _MM_HINT_T2);
+    }
 }
 
 /* logits of NR rows x KC (1 or 2) keys at kr[0], kr[1]: lanes 4c + r, scaled; lanes of a missing
@@ -57,17 +61,16 @@ INLINE __m256 dec_qk4(int DT, bool HALVES, int NR, int KC, int64_t dk, const flo
     __m256 acc[2][4];
     UNROLL for (int j = 0; j < 2; j++)
         UNROLL for (int r = 0; r < 4; r++) acc[j][r] = _mm256_setzero_ps();
-    int64_t i = 0;
+    pf_v_rows(pf, c);
     if (HALVES) {  // q split by halves (split_halves); 16 values of a bfloat16 K a load
         const __m256i hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
-        for (int64_t d = 0; d < dk; d += 16, i++) {
+        for (int64_t d = 0; d < dk; d += 16) {
             __m256 ke[2], ko[2];
             UNROLL for (int j = 0; j < KC; j++) {
                 const __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)kr[j] + d));
                 ke[j] = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
                 ko[j] = _mm256_castsi256_ps(_mm256_and_si256(raw, hi16));
             }
-            pf_v_line(pf, c, i);
             UNROLL for (int r = 0; r < NR; r++) {
                 const __m256 qe = _mm256_loadu_ps(q + r * dk + d), qo = _mm256_loadu_ps(q + r * dk + d + 8);
                 UNROLL for (int j = 0; j < KC; j++)
@@ -82,12 +85,11 @@ INLINE __m256 dec_qk4(int DT, bool HALVES, int NR, int KC, int64_t dk, const flo
                 b[j] = (const uint8_t *)kr[j] + d / ATTN_Q8_0_BLOCK * ATTN_Q8_0_BYTES;
                 sc[j] = _mm256_set1_ps(_cvtsh_ss((unsigned short)(b[j][0] | b[j][1] << 8)));
             }
-            UNROLL for (int h = 0; h < 4; h++, i++) {
+            UNROLL for (int h = 0; h < 4; h++) {
                 __m256 kv[2];
                 UNROLL for (int j = 0; j < KC; j++)
                     kv[j] = _mm256_mul_ps(sc[j], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
                                                      _mm_loadl_epi64((const __m128i *)(b[j] + 2 + 8 * h)))));
-                pf_v_line(pf, c, i);
                 UNROLL for (int r = 0; r < NR; r++) {
                     const __m256 qv = _mm256_loadu_ps(q + r * dk + d + 8 * h);
                     UNROLL for (int j = 0; j < KC; j++) acc[j][r] = _mm256_fmadd_ps(qv, kv[j], acc[j][r]);
@@ -95,18 +97,26 @@ INLINE __m256 dec_qk4(int DT, bool HALVES, int NR, int KC, int64_t dk, const flo
             }
         }
     } else {
-        for (int64_t d = 0; d < dk; d += 8, i++) {
+        /* whole vectors, then the tail: the same sums, the whole ones without its tests */
+        int64_t d = 0;
+        for (; d + 8 <= dk; d += 8) {
+            __m256 kv[2];
+            UNROLL for (int j = 0; j < KC; j++) kv[j] = load_row(DT, kr[j], d, 8);
+            UNROLL for (int r = 0; r < NR; r++) {
+                const __m256 qv = _mm256_loadu_ps(q + r * dk + d);
+                UNROLL for (int j = 0; j < KC; j++) acc[j][r] = _mm256_fmadd_ps(qv, kv[j], acc[j][r]);
+            }
+        }
+        for (; d < dk; d += 8) {
             const int64_t left = dk - d < 8 ? dk - d : 8;
             __m256 kv[2];
             UNROLL for (int j = 0; j < KC; j++) kv[j] = load_row(DT, kr[j], d, left);
-            pf_v_line(pf, c, i);
             UNROLL for (int r = 0; r < NR; r++) {
                 const __m256 qv = load_row(ATTN_F32, q + r * dk, d, left);
                 UNROLL for (int j = 0; j < KC; j++) acc[j][r] = _mm256_fmadd_ps(qv, kv[j], acc[j][r]);
             }
         }
     }
-    for (; i < pf->lines_v; i++) pf_v_line(pf, c, i);
     const __m256 h01 = _mm256_hadd_ps(acc[0][0], acc[0][1]), h23 = _mm256_hadd_ps(acc[0][2], acc[0][3]);
     const __m256 h45 = _mm256_hadd_ps(acc[1][0], acc[1][1]), h67 = _mm256_hadd_ps(acc[1][2], acc[1][3]);
     const __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67);
@@ -183,6 +193,9 @@ INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, in
     /* a bfloat16 V by halves when the pass is 16 columns wide: t[r][0] sums the even
      * columns, t[r][1] the odd ones, put back in order once, below */
     const bool halves = DT == ATTN_BF16 && nd == 16;
+    /* the prefetch's fields as locals: the loop then keeps them in registers */
+    const char *const pk = pf->k, *const *const pkr = pf->k_rows;
+    const int64_t npf = pk ? (pf->nk < nk ? pf->nk : nk) : 0, pldk = pf->ldk;
     for (int64_t c = 0; c < nk; c++) {
         const char *row = vrows ? vrows[c] : v + c * ldv;
         __m256 v0, v1;
@@ -197,13 +210,16 @@ INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, in
             /* its scale converted once for both halves, each product as load_row's */
             v0 = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q16)));
             v1 = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q16, 8))));
+        } else if (nd == 16) {  // a whole pass: load_row without its tests
+            v0 = load_row(DT, row, d0, 8);
+            v1 = load_row(DT, row, d0 + 8, 8);
         } else {
             v0 = load_row(DT, row, d0, n0);
             v1 = n1 > 0 ? load_row(DT, row, d0 + 8, n1) : _mm256_setzero_ps();
         }
-        if (pf->k && c < pf->nk)
+        if (c < npf)
             for (int64_t i = i0; i < i1; i++)
-                _mm_prefetch((pf->k_rows ? pf->k_rows[c] : pf->k + c * pf->ldk) + 64 * i, _MM_HINT_T2);
+                _mm_prefetch((pkr ? pkr[c] : pk + c * pldk) + 64 * i, _MM_HINT_T2);
         UNROLL for (int r = 0; r < NR; r++) {
             const __m256 pb = _mm256_set1_ps(s[4 * c + r]);
             t[r][0] = _mm256_fmadd_ps(pb, v0, t[r][0]);
