@@ -3,8 +3,9 @@
  *                 heads (need_weights with average_attn_weights): mha_attend_average.
  *
  * The heads' attention runs one batch row at a time, on a chunk of its query heads at
- * once (all of them when the scratch allows), its weights [1, hc, Lq, Lk] written to a
- * scratch that the reduction reads back while it is still in the cache; the reduction
+ * once, its weights [1, hc, Lq, Lk] written to a scratch that the reduction reads back
+ * while it is still in the cache (hc · Lq · Lk within MHA_AVG_CHUNK floats, 1 MiB, when
+ * one GQA group fits: for BERT's 512 x 512 one head per call); the reduction
  * sums the chunk's heads in head order onto the batch row's running sum and, after the
  * last chunk, scales by 1 / Hq into the output. Every element is
  *     ((w_0 + w_1) + ... + w_{Hq-1}) · (1 / Hq)
@@ -12,9 +13,9 @@
  * depend on either.
  *
  * Scratch: hc · Lq · Lk floats for the chunk and Lq · Lk for the running sum (none when
- * one chunk holds every head), hc the largest multiple of the GQA group within
- * max(2B - 1, 1) heads (so no more than the 2 · B · Lq · Lk of a head-at-a-time
- * reduction), plus one attention workspace.
+ * one chunk holds every head), hc the largest multiple of the GQA group (at least one
+ * group) within max(2B - 1, 1) heads and MHA_AVG_CHUNK floats (so no more than the
+ * 2 · B · Lq · Lk of a head-at-a-time reduction), plus one attention workspace.
  *
  * What it is not: a second attention (each chunk is attn_forward on views of the
  * module's projections, its masks, biases, slopes, sinks and LSE narrowed to the chunk).
@@ -22,6 +23,9 @@
 #include <string.h>
 
 #include "mha.h"
+
+/* the floats of a chunk's weights the reduction reads back from the cache (1 MiB) */
+#define MHA_AVG_CHUNK ((int64_t)1 << 18)
 
 /* t narrowed to [i0, i0 + n) on dim (when that dim is not broadcast) */
 static attn_tensor narrow(const attn_tensor *t, int dim, int64_t i0, int64_t n) {
@@ -134,6 +138,8 @@ attn_status mha_attend_average(const attn_tensor *q, const attn_tensor *k, const
     const int64_t B = q->shape[0], Hq = q->shape[1], Lq = q->shape[2], Lk = k->shape[2];
     const int64_t group = Hq / k->shape[1];
     int64_t hc = 2 * B - 1 > 1 ? 2 * B - 1 : 1;
+    const int64_t plane = Lq * Lk > 1 ? Lq * Lk : 1;
+    if (hc > MHA_AVG_CHUNK / plane) hc = MHA_AVG_CHUNK / plane;
     hc = hc < Hq ? hc : Hq;
     hc = hc / group * group;
     if (hc < group) hc = group;

@@ -24,6 +24,7 @@
 typedef struct wcase {
     int64_t B, Hq, Hkv;
     int opts;  /* 0 none, 1 mask + bias + kv_len + causal, 2 ALiBi + sinks */
+    int64_t Lq, Lk;  /* 0: 7 and 11 */
 } wcase;
 
 /* count of elements of got [B, Lq, Lk] (rows ld apart) that differ from want in bits */
@@ -37,7 +38,7 @@ static int64_t bit_mismatches(const float *got, int64_t ld, const float *want, i
 }
 
 static void run(const wcase *w, uint64_t seed) {
-    mcase c = {.B = w->B, .Lq = 7, .Lk = 11, .E = 16, .Ekv = 12, .Hq = w->Hq, .Hkv = w->Hkv,
+    mcase c = {.B = w->B, .Lq = w->Lq ? w->Lq : 7, .Lk = w->Lk ? w->Lk : 11, .E = 16, .Ekv = 12, .Hq = w->Hq, .Hkv = w->Hkv,
                .Dk = 4, .Dv = 6, .bias = true, .seed = seed};
     mlayer l;
     mlayer_build(&l, &c);
@@ -131,10 +132,13 @@ static void run(const wcase *w, uint64_t seed) {
 }
 
 int main(void) {
-    /* chunks of min(2B - 1, Hq) heads, a multiple of the group: 1 per chunk (B = 1),
-     * 3 + 1, 2 + 2 (GQA), 4 + 2 (GQA), all in one */
-    const wcase cases[] = {{1, 4, 4, 0}, {2, 4, 4, 0}, {2, 4, 2, 0}, {3, 6, 3, 0}, {5, 4, 4, 0},
-                           {1, 3, 1, 0}};
+    /* chunks of min(2B - 1, Hq) heads (these planes are far under the 2^18-float
+     * bound), a multiple of the group: 1 per chunk (B = 1, as BERT-sized planes get),
+     * 3 + 1, 2 + 2 (GQA), 4 + 2 (GQA), all in one; then planes of 300 x 450 floats,
+     * where the 2^18-float bound makes it 1 head (or one GQA group of 2) per chunk */
+    const wcase cases[] = {{1, 4, 4, 0, 0, 0}, {2, 4, 4, 0, 0, 0}, {2, 4, 2, 0, 0, 0},
+                           {3, 6, 3, 0, 0, 0}, {5, 4, 4, 0, 0, 0},
+                           {1, 3, 1, 0, 0, 0}, {2, 4, 4, 0, 300, 450}, {2, 4, 2, 0, 300, 450}};
     uint64_t seed = 900;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int opts = 0; opts < 3; opts++) {
