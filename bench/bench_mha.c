@@ -206,6 +206,41 @@ static int check_answer(int64_t E, int64_t H) {
     return !ok;
 }
 
+/* The BLAS alone on the module's projection shapes: c[M, N] = a[M, K] · op(w), w stored
+ * [K, N] (nn, the module's [in, out] weights) or [N, K] (nt, PyTorch's [out, in]); N =
+ * 3K the packed in_proj, N = K one projection. The ceiling the projections' share of the
+ * peak can reach through this BLAS. */
+typedef struct gemm_arg {
+    int64_t M, N, K;
+    bool nt;
+    const float *a, *w;
+    float *c;
+} gemm_arg;
+
+static attn_status run_gemm_alone(void *ctx) {
+    const gemm_arg *g = ctx;
+    return attn_gemm_f32(false, g->nt, g->M, g->N, g->K, 1.0f, g->a, g->K, g->w,
+                         g->nt ? g->K : g->N, 0.0f, g->c, g->N);
+}
+
+static int bench_gemm_alone(int64_t M, int64_t K, int reps, double peak) {
+    float *a = randf(M * K, 1.0f, 31), *w = randf(3 * K * K, 0.05f, 32), *c = randf(M * 3 * K, 0, 0);
+    if (!a || !w || !c) return 1;
+    printf("  %s alone on these shapes (M=%lld K=%lld, %% of the fp32 FMA peak):",
+           attn_blas_name(), (long long)M, (long long)K);
+    attn_status st = ATTN_OK;
+    for (int wide = 1; wide >= 0 && st == ATTN_OK; wide--)
+        for (int nt = 0; nt < 2 && st == ATTN_OK; nt++) {
+            gemm_arg g = {M, wide ? 3 * K : K, K, nt != 0, a, w, c};
+            const double t = time_median(run_gemm_alone, &g, reps, &st);
+            const double gf = 2.0 * (double)M * (double)g.N * (double)K / t * 1e-9;
+            printf(" N=%lld %s %.0f%%", (long long)g.N, nt ? "nt" : "nn", 100 * gf / peak);
+        }
+    printf("\n");
+    free(a), free(w), free(c);
+    return st != ATTN_OK;
+}
+
 static int bench_bert(int64_t B, int64_t L, int64_t E, int64_t H, int reps, double peak) {
     blayer l;
     if (blayer_init(&l, B, L, E, H)) return 1;
@@ -266,7 +301,10 @@ static int bench_bert(int64_t B, int64_t L, int64_t E, int64_t H, int reps, doub
     if (st != ATTN_OK) fprintf(stderr, "attn bench-mha: %s\n", attn_last_error());
     free(wts), free(qkv), free(o), free(a.saved), free(own.workspace);
     blayer_free(&l);
-    return st != ATTN_OK;
+    /* the BLAS alone on the projections' shapes (M = B·L, K = E; N = 3E the packed
+     * in_proj, N = E; weights [in, out] "nn", PyTorch's [out, in] "nt"), the ceiling of
+     * the GEMM row above */
+    return st != ATTN_OK || bench_gemm_alone(B * L, E, reps, peak);
 }
 
 /* --vs torch: scripts/bench_mha_torch.py as a child, its report on our stdout */

@@ -8,7 +8,8 @@
  * a GEMM of its own (bfloat16 operands are widened to float32 copies, then multiplied by
  * the BLAS), or a kernel. Extra memory is the projections and O, O(B·L·E), plus copies of
  * operands the BLAS cannot read in place; never a Lq x Lk matrix unless the attention
- * weights are asked for (their mean over heads takes one head's [B, Lq, Lk] at a time).
+ * weights are asked for (their mean over heads takes a batch row's heads at a time,
+ * mha_weights.c).
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -308,16 +309,6 @@ void mha_scatter(const attn_tensor *y, const mha_target *t) {
 
 /* ---- the heads' attention ------------------------------------------------------------- */
 
-/* A broadcast [B|1, Hq|1, ...] mask or bias narrowed to query head h. */
-static attn_tensor head_slice(const attn_tensor *t, int dim, int64_t h, size_t elem) {
-    attn_tensor s = *t;
-    if (s.shape[dim] != 1) {
-        s.data = (char *)s.data + (size_t)(h * s.stride[dim]) * elem;
-        s.shape[dim] = 1;
-    }
-    return s;
-}
-
 attn_status mha_attend(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                        const attn_tensor *o, const attn_tensor *lse, const attn_tensor *weights,
                        bool average, const attn_options *opt_in, mha_ws *w) {
@@ -329,8 +320,8 @@ attn_status mha_attend(const attn_tensor *q, const attn_tensor *k, const attn_te
     if (opt.lse || opt.weights)
         return attn_fail(ATTN_ERR_VALUE, "options.%s must be NULL for the module (its weights "
                          "are an argument)", opt.lse ? "lse" : "weights");
-    /* the module calls the attention head by head when it averages the weights, where
-     * dropout's (b, h) rows would not be the heads' own: not offered until it is */
+    /* the module calls the attention on batch rows and head chunks when it averages the
+     * weights, where dropout's (b, h) rows would not be the heads' own: not offered */
     if (opt.dropout_p != 0.0f)
         return attn_fail(ATTN_ERR_UNSUPPORTED, "options.dropout_p = %g: the multi-head "
                          "module has no dropout", (double)opt.dropout_p);
@@ -358,62 +349,8 @@ attn_status mha_attend(const attn_tensor *q, const attn_tensor *k, const attn_te
         if (w->count_only) return ATTN_OK;
         return attn_forward(q, k, v, o, &opt);
     }
-    /* averaged weights: one head at a time, its weights [B, 1, Lq, Lk] summed in head
-     * order into acc, then scaled into the output. Every head's call has one shape, so
-     * head 0's workspace size serves them all. */
-    const int64_t group = Hq / k->shape[1];
-    float *one = mha_take(w, B * Lq * Lk), *acc = mha_take(w, B * Lq * Lk);
-    void *head_ws = NULL;
-    size_t need = 0;
-    for (int64_t h = 0; h < Hq; h++) {
-        attn_tensor qh = head_slice(q, 1, h, sizeof(float)), oh = head_slice(o, 1, h, sizeof(float));
-        attn_tensor kh = head_slice(k, 1, h / group, sizeof(float));
-        attn_tensor vh = head_slice(v, 1, h / group, sizeof(float));
-        /* head 0 writes into acc itself, the others into one */
-        attn_tensor wh = attn_tensor_4d(h == 0 ? acc : one, ATTN_F32, B, 1, Lq, Lk);
-        attn_tensor mh, bh, sh, kh_sink, lh;
-        attn_options oph = opt;
-        if (opt.mask) { mh = head_slice(opt.mask, 1, h, 1); oph.mask = &mh; }
-        if (opt.bias) { bh = head_slice(opt.bias, 1, h, sizeof(float)); oph.bias = &bh; }
-        if (opt.alibi_slopes) {
-            sh = head_slice(opt.alibi_slopes, 0, h, sizeof(float));
-            oph.alibi_slopes = &sh;
-        }
-        if (opt.sinks) {
-            kh_sink = head_slice(opt.sinks, 0, h, sizeof(float));
-            oph.sinks = &kh_sink;
-        }
-        if (lse) { lh = head_slice(lse, 1, h, sizeof(float)); oph.lse = &lh; }
-        oph.weights = &wh;
-        if (h == 0) {
-            TRY(attn_forward_workspace_size(&qh, &kh, &vh, &oh, &oph, &need));
-            head_ws = mha_take(w, (int64_t)((need + 3) / 4));
-            if (w->count_only) return ATTN_OK;
-        }
-        oph.workspace = head_ws;
-        oph.workspace_bytes = need;
-        TRY(attn_forward(&qh, &kh, &vh, &oh, &oph));
-        const int64_t n = B * Lq * Lk;
-        if (h > 0 && h < Hq - 1)  // the last head is added in the scaling pass below
-#pragma omp simd
-            for (int64_t e = 0; e < n; e++) acc[e] += one[e];
-    }
-    /* the mean: (acc + the last head's) / Hq, in the same order of additions, in one pass */
-    const float inv = 1.0f / (float)Hq;
-    const float *last = Hq > 1 ? one : NULL;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t i = 0; i < Lq; i++) {
-            float *w_bi = (float *)weights->data + b * weights->stride[0] + i * weights->stride[2];
-            const float *a_bi = acc + (b * Lq + i) * Lk, *l_bi = last ? last + (b * Lq + i) * Lk : NULL;
-            const int64_t sj = weights->stride[3];
-            if (l_bi)
-#pragma omp simd
-                for (int64_t j = 0; j < Lk; j++) w_bi[j * sj] = (a_bi[j] + l_bi[j]) * inv;
-            else
-#pragma omp simd
-                for (int64_t j = 0; j < Lk; j++) w_bi[j * sj] = a_bi[j] * inv;
-        }
-    return ATTN_OK;
+    /* averaged weights: a batch row's heads at a time (mha_weights.c) */
+    return mha_attend_average(q, k, v, o, lse, weights, &opt, w);
 }
 
 /* ---- the forward ------------------------------------------------------------------------ */

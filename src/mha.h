@@ -132,6 +132,13 @@ ATTN_PRIVATE attn_status mha_attend(const attn_tensor *q, const attn_tensor *k,
                                     const attn_tensor *lse, const attn_tensor *weights,
                                     bool average, const attn_options *opt, mha_ws *w);
 
+/* mha_attend's averaged weights (mha_weights.c): opt as mha_attend passes it on (its
+ * lse set, no weights, no workspace), weights [B, 1, Lq, Lk] checked. */
+ATTN_PRIVATE attn_status mha_attend_average(const attn_tensor *q, const attn_tensor *k,
+                                            const attn_tensor *v, const attn_tensor *o,
+                                            const attn_tensor *lse, const attn_tensor *weights,
+                                            const attn_options *opt, mha_ws *w);
+
 /* The layer's operands and projections in the workspace, taken in one order by the
  * forward and the backward (mha.c). */
 typedef struct mha_qkv {

@@ -185,8 +185,9 @@ PyObject *attn_py_mha(PyObject *self, PyObject *args, PyObject *kw) {
                               .dw_k = t[T_DWK], .dw_v = t[T_DWV], .dw_o = t[T_DWO],
                               .db_q = t[T_DBQ], .db_k = t[T_DBK], .db_v = t[T_DBV],
                               .db_o = t[T_DBO]};
-    /* keep (forward): the activations kept for the backward, returned as a new
-     * bytearray; saved (grad): such a bytearray, read instead of recomputing */
+    /* keep (forward): the activations kept for the backward, returned as a bytearray
+     * (saved's, when one large enough is given, else a new one); saved (grad): such a
+     * bytearray, read instead of recomputing */
     PyObject *kept = NULL;
     Py_buffer sv = {0};
     void *saved = NULL;
@@ -195,9 +196,24 @@ PyObject *attn_py_mha(PyObject *self, PyObject *args, PyObject *kw) {
     if (keep && !grad) {
         status = attn_mha_saved_size(&m, t[T_XQ], t[T_XKV], &saved_bytes);
         if (status != ATTN_OK) { bufs_release(&b); return raise_mha(status); }
-        kept = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)saved_bytes);
-        if (!kept) { bufs_release(&b); return NULL; }
-        saved = PyByteArray_AS_STRING(kept);
+        /* saved given with keep: a bytearray of an earlier forward to write again when it
+         * is large enough (its pages already faulted in), else a new one */
+        if (saved_obj != Py_None && PyByteArray_Check(saved_obj) &&
+            (size_t)PyByteArray_GET_SIZE(saved_obj) >= saved_bytes) {
+            /* the export keeps its size fixed while the call runs without the GIL */
+            if (PyObject_GetBuffer(saved_obj, &sv, PyBUF_WRITABLE) != 0) {
+                bufs_release(&b);
+                return NULL;
+            }
+            Py_INCREF(saved_obj);
+            kept = saved_obj;
+            saved = sv.buf;
+            saved_bytes = (size_t)sv.len;
+        } else {
+            kept = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)saved_bytes);
+            if (!kept) { bufs_release(&b); return NULL; }
+            saved = PyByteArray_AS_STRING(kept);
+        }
     } else if (grad && saved_obj != Py_None) {
         if (PyObject_GetBuffer(saved_obj, &sv, PyBUF_SIMPLE) != 0) {
             bufs_release(&b);

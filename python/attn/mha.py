@@ -105,12 +105,15 @@ def multi_head_attention(x_q: Any, x_kv: Any = None, *, num_heads: int, w_q: Any
                          rope: Optional[str] = None, rotary_dim: int = 0,
                          rope_base: float = 10000.0, rope_offset: int = 0,
                          scale: Optional[float] = None, threads: int = 0,
-                         save: bool = False) -> Any:
+                         save: bool = False, save_into: Optional[bytearray] = None) -> Any:
     """The layer y [B, Lq, E] (float32); with need_weights, (y, weights): [B, Lq, Lk]
     averaged over heads, or [B, H, Lq, Lk] when average_attn_weights is False. With
     save, (that, saved): saved an opaque bytearray of the activations (Q, K, V, O, the
     LSE: attn_mha_forward_save) that multi_head_attention_grad(saved=...) reads instead
-    of recomputing the forward; its gradients are the same.
+    of recomputing the forward; its gradients are the same. save_into: a bytearray that
+    an earlier save returned and nothing reads any more, written again (and returned as
+    saved) when it is large enough, so that its pages are not faulted in anew; else a
+    new one is made.
 
     num_kv_heads (GQA) defaults to num_heads; W_Q has num_heads·Dk outputs, W_V
     num_kv_heads·Dv. rope: None, "half" (GPT-NeoX, Llama) or "interleaved" (GPT-J) on Q
@@ -130,7 +133,8 @@ def multi_head_attention(x_q: Any, x_kv: Any = None, *, num_heads: int, w_q: Any
     saved = _call(x_q, x_kv, num_heads, (w_q, w_k, w_v, w_o), (b_q, b_k, b_v, b_o),
                   num_kv_heads, weight_layout, key_padding_mask, attn_mask, is_causal, kv_len,
                   rope, rotary_dim, rope_base, rope_offset, scale, threads, y=y,
-                  weights=weights, average=bool(average_attn_weights), keep=bool(save))
+                  weights=weights, average=bool(average_attn_weights), keep=bool(save),
+                  saved=save_into if save else None)
     res = y if not need_weights else (y, weights[:, 0] if average_attn_weights else weights)
     return (res, saved) if save else res
 

@@ -17,6 +17,7 @@ PyTorch gives NaN; dropout's mask is the library's (Philox), not PyTorch's.
 """
 from __future__ import annotations
 
+import collections
 from typing import Optional, Tuple
 
 import numpy as np
@@ -44,6 +45,29 @@ def _mask(m: Optional[torch.Tensor]) -> Optional[np.ndarray]:
     return m.cpu().numpy() if m.dtype == torch.bool else _np(m)
 
 
+class _Lease:
+    """A saved-activations bytearray on loan to one autograd graph: handed back to its
+    module's pool when the graph lets go of it (after its backward, or when the graph is
+    freed without one), never while a graph can still read it."""
+
+    __slots__ = ("buf", "pool")
+
+    def __init__(self, buf: bytearray, pool: "collections.deque") -> None:
+        self.buf, self.pool = buf, pool
+
+    def __del__(self) -> None:
+        self.pool.append(self.buf)  # deque(maxlen=2): the oldest beyond two is dropped
+
+
+def _pool(mod: torch.nn.Module) -> "collections.deque":
+    """mod's free saved buffers (deque append / pop are atomic: safe from any thread and
+    from a finalizer)"""
+    p = mod.__dict__.get("_attn_saved_pool")
+    if p is None:
+        p = mod.__dict__.setdefault("_attn_saved_pool", collections.deque(maxlen=2))
+    return p
+
+
 class _MhaFunction(torch.autograd.Function):
     """(x_q, x_kv or None, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o) -> y, with the
     weights in PyTorch's [out, in] layout and the call's options in a dict."""
@@ -51,16 +75,25 @@ class _MhaFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, opts, x_q, x_kv, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o):
         arrays = [_np(t) for t in (x_q, x_kv, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o)]
-        ctx.opts = opts
         ctx.save_for_backward(x_q, x_kv, w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o)
         # a backward to come keeps the forward's activations rather than recomputing them
+        # in a buffer of the module's pool: one no graph reads any more, its pages kept
         save = any(ctx.needs_input_grad)
+        pool = opts.pop("pool")
+        ctx.opts = opts
+        reuse = None
+        if save:
+            try:
+                reuse = pool.pop()
+            except IndexError:
+                pass
         res = multi_head_attention(
             arrays[0], arrays[1], w_q=arrays[2], w_k=arrays[3], w_v=arrays[4],
             w_o=arrays[5], b_q=arrays[6], b_k=arrays[7], b_v=arrays[8], b_o=arrays[9],
-            weight_layout="out_in", save=save, **opts)
+            weight_layout="out_in", save=save, save_into=reuse, **opts)
         if save:
-            res, ctx.attn_saved = res
+            res, buf = res
+            ctx.attn_saved = _Lease(buf, pool)
         y, weights = res if opts["need_weights"] else (res, np.zeros(0, np.float32))
         weights = torch.from_numpy(np.ascontiguousarray(weights)).to(x_q.dtype)
         ctx.mark_non_differentiable(weights)
@@ -70,13 +103,17 @@ class _MhaFunction(torch.autograd.Function):
     def backward(ctx, dy, dweights):
         saved = ctx.saved_tensors
         arrays = [_np(t) for t in saved]
+        lease = getattr(ctx, "attn_saved", None)
         opts = {k: v for k, v in ctx.opts.items()
                 if k not in ("need_weights", "average_attn_weights")}
         g = multi_head_attention_grad(
             _np(dy.contiguous()), arrays[0], arrays[1], w_q=arrays[2], w_k=arrays[3],
             w_v=arrays[4], w_o=arrays[5], b_q=arrays[6], b_k=arrays[7], b_v=arrays[8],
-            b_o=arrays[9], weight_layout="out_in", saved=getattr(ctx, "attn_saved", None),
+            b_o=arrays[9], weight_layout="out_in", saved=lease.buf if lease else None,
             **opts)
+        # the buffer back to the pool; a second backward (retain_graph) recomputes
+        if lease is not None:
+            del ctx.attn_saved, lease
 
         def back(name, like):
             if like is None or name not in g:
@@ -150,6 +187,13 @@ class MultiheadAttention(torch.nn.Module):
             torch.nn.init.xavier_normal_(self.bias_k)
             torch.nn.init.xavier_normal_(self.bias_v)
 
+    def __getstate__(self):
+        """the module's state without its pool of saved buffers (scratch, not state)"""
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
+        state = dict(state)
+        state.pop("_attn_saved_pool", None)
+        return state
+
     def _weights(self):
         E = self.embed_dim
         if self._qkv_same_embed_dim:
@@ -181,7 +225,7 @@ class MultiheadAttention(torch.nn.Module):
         opts = dict(num_heads=self.num_heads, need_weights=bool(need_weights),
                     average_attn_weights=bool(average_attn_weights),
                     key_padding_mask=_mask(key_padding_mask), attn_mask=_mask(attn_mask),
-                    is_causal=bool(is_causal and attn_mask is None))
+                    is_causal=bool(is_causal and attn_mask is None), pool=_pool(self))
         y, weights = _MhaFunction.apply(opts, query, None if self_attn else key,
                                         *self._weights())
         if not self.batch_first or unbatched:
