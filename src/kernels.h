@@ -278,6 +278,11 @@ struct attn_kernels {
     void (*pv_h)(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p,
                  int64_t lds, attn_dtype dt, const uint16_t *v, int64_t ldv,
                  const float *alpha, float *acc, int64_t ldo, bool skip_zeros);
+    /* Optional (NULL: the framework rounds element by element, attn_store): dst = src
+     * rounded to dt (ATTN_F16 or ATTN_BF16), n elements of contiguous rows, bit for bit
+     * half.h's attn_f32_to_f16 / attn_f32_to_bf16 on every float (ties to even, the same
+     * NaN, infinity and subnormal results): the output rows of a 16-bit O. */
+    void (*from_f32)(attn_dtype dt, int64_t n, const float *src, uint16_t *dst);
 };
 typedef struct attn_kernels attn_kernels;
 
@@ -341,6 +346,8 @@ ATTN_PRIVATE void attn_decode_rows_avx2(int64_t n, int64_t nk, int64_t dk, int64
                                         float scale, float *s, float *m, float *l, float *alpha,
                                         float *acc, bool prefetch, const char *const *next_k_rows,
                                         int64_t next_nk);
+/* the AVX2 rounding of float32 rows to 16 bits (avx2/convert.c) */
+ATTN_PRIVATE void attn_from_f32_avx2(attn_dtype dt, int64_t n, const float *src, uint16_t *dst);
 /* the gemm entries (each in its folder's gemm.c); avx512bf16 shares the avx512 one */
 #define ATTN_GEMM_DECLARE(name)                                                            \
     ATTN_PRIVATE void name(bool trans_a, int64_t m, int64_t n, int64_t k, const float *a,    \

@@ -477,5 +477,6 @@ const attn_kernels attn_kernels_avx2 = {
     .gemm = attn_gemm_avx2,
     .decode_rows = attn_decode_rows_avx2,
     .pv_h = pv_h_avx2,
+    .from_f32 = attn_from_f32_avx2,
 };
 #endif
