@@ -526,14 +526,9 @@ attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
     float *part = (float *)(base + plan.off_part);
     attn_mask_summary sum;
     attn_params open;
-    attn_bwd_params lengths;
+    /* key padding reaches here as key lengths already (attn_key_padding, mask_summary.h) */
     if (p->mask || p->bias) {
         attn_mask_summary_init(p, base + plan.off_sum, &sum);
-        /* key padding (and a causal band) runs as the key lengths it is: no summary */
-        lengths = *bp;
-        if (attn_mask_summary_lengths(p, &sum, &lengths.fwd)) bp = &lengths, p = &lengths.fwd;
-    }
-    if (p->mask || p->bias) {
         open = *p;
         open.mask = NULL;
         open.bias = NULL;

@@ -648,13 +648,10 @@ attn_status attn_fused_forward(const attn_params *p, void *ws) {
     char *base = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
     float *part = (float *)(base + (size_t)p->threads * plan.thread_bytes);
     attn_mask_summary sum;
-    attn_params open, lengths;
+    attn_params open;
+    /* key padding reaches here as key lengths already (attn_key_padding, mask_summary.h) */
     if (p->mask || p->bias) {
         attn_mask_summary_init(p, (char *)part + round64(partials), &sum);
-        /* key padding (and a causal band) runs as the key lengths it is: no summary */
-        if (attn_mask_summary_lengths(p, &sum, &lengths)) p = &lengths;
-    }
-    if (p->mask || p->bias) {
         open = *p;
         open.mask = NULL;
         open.bias = NULL;

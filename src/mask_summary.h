@@ -76,9 +76,22 @@ ATTN_PRIVATE void attn_mask_summary_init(const attn_params *p, void *mem, attn_m
  * per-logit test. One pass over the tensors (in parallel, p->threads), ending at the first
  * row that is not such a prefix; false then, and the summary is used as before. Also false
  * where a shorter key length would move p's diagonal (bottom-right alignment with causal,
- * a window or ALiBi). Before the call's parallel region, after attn_mask_summary_init. */
+ * a window or ALiBi). Before the call's parallel region, after attn_mask_summary_init.
+ * The memory is the summary's lengths; no hull is touched. */
 ATTN_PRIVATE bool attn_mask_summary_lengths(const attn_params *p, const attn_mask_summary *s,
                                             attn_params *out);
+
+/* Key padding as key lengths for every fused call (float32, 16-bit and float64 forward,
+ * backward, attn_weights_grid), at the one place each passes through: the entry point
+ * that runs it (api.c attn_forward, backward.c attn_backward, weights_grid.c), after
+ * attn_params_init, before the path. attn_key_padding_bytes(p): the bytes the lengths
+ * take in that call's workspace (0 without mask and bias, and on the reference path,
+ * which keeps the tensors as given); attn_key_padding(p, mem, out): out, filled as
+ * attn_mask_summary_lengths does, when p's mask and bias are key padding, else p. The
+ * conversion is exact: the call gives the bits it gives with the mask. */
+ATTN_PRIVATE size_t attn_key_padding_bytes(const attn_params *p);
+ATTN_PRIVATE const attn_params *attn_key_padding(const attn_params *p, void *mem,
+                                                 attn_params *out);
 
 /* Row i of head h, batch b: narrows [*lo, *hi) to the hulls of the mask and the bias;
  * true when every key left is open in both (the row then needs neither). */

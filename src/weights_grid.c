@@ -22,6 +22,7 @@
 #include "alloc.h"
 #include "half.h"
 #include "kernels.h"
+#include "mask_summary.h"
 
 
 /* The per-thread scratch of one tile of rows x keys (the kernel's geometry: bq rows,
@@ -195,6 +196,13 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
     if (st != ATTN_OK) return st;
     attn_fail(ATTN_OK, "%s", "");
     if (p.B == 0 || p.Hq == 0 || R == 0 || C == 0) return ATTN_OK;
+    /* key padding as the key lengths it is (mask_summary.h), in lengths_mem */
+    const size_t pad = attn_key_padding_bytes(&p);
+    void *lengths_mem = pad ? attn_malloc(pad) : NULL;
+    if (pad && !lengths_mem)
+        return attn_fail(ATTN_ERR_NOMEM, "grid: could not allocate %zu bytes of key lengths", pad);
+    attn_params padded;
+    if (pad && attn_key_padding(&p, lengths_mem, &padded) == &padded) p = padded;
 
     /* tiles of the fused kernel's geometry; the reference path takes the same shape */
     const attn_kernel_geom geom = p.kernels ? p.kernels->geom : (attn_kernel_geom){16, 64, 16, 128};
@@ -202,6 +210,7 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
     const size_t per_thread = wg_scratch_floats(p.Dk, rows, keys) * sizeof(float) +
                               2 * (size_t)rows * sizeof(int64_t) + (size_t)C * sizeof(double);
     char *ws = attn_malloc(per_thread * (size_t)p.threads);
+    if (!ws) attn_free(lengths_mem);
     if (!ws) return attn_fail(ATTN_ERR_NOMEM, "grid: could not allocate %zu bytes of scratch",
                               per_thread * (size_t)p.threads);
     float *g_out = grid->data;
@@ -237,5 +246,6 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
         }
     }
     attn_free(ws);
+    attn_free(lengths_mem);
     return ATTN_OK;
 }
