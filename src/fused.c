@@ -42,7 +42,7 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
     const int64_t dk = p->Dk, dv = p->Dv;
     if (dk > (int64_t)1 << 40 || dv > (int64_t)1 << 40) return false;
     *plan = (fused_plan){0};
-    const fused_tiles sizes = fused_choose_tiles(p->kernels, p->kv_dt, dk, dv);  // fused_geom.c
+    const attn_tiles sizes = attn_choose_tiles(p->kernels, ATTN_TILES_FORWARD, p->kv_dt, dk, dv);
     const int64_t bq = sizes.bq, bk = sizes.bk;
     plan->bq = bq, plan->row_pad = p->kernels->geom.row_pad;
     plan->bk = bk;

@@ -248,6 +248,15 @@ attn_tile_class attn_mask_summary_tile(const attn_params *p, const attn_mask_sum
     return ATTN_TILE_MIXED;
 }
 
+attn_tile_class attn_mask_summary_rows(const attn_params *p, const attn_mask_summary *s,
+                                       int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t j0,
+                                       int64_t nk) {
+    const attn_tile_class first = attn_mask_summary_tile(p, s, b, h, 1, i0 / ATTN_SUM_ROWS, j0, nk);
+    for (int64_t sb = i0 / ATTN_SUM_ROWS + 1; sb * ATTN_SUM_ROWS < i1; sb++)
+        if (attn_mask_summary_tile(p, s, b, h, 1, sb, j0, nk) != first) return ATTN_TILE_MIXED;
+    return first;
+}
+
 /* ---- key padding as key lengths --------------------------------------------------------- */
 
 /* The open prefix of one row: e when cells [0, e) are open and [e, Lk) masked, -1 when the

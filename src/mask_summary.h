@@ -93,6 +93,13 @@ ATTN_PRIVATE size_t attn_key_padding_bytes(const attn_params *p);
 ATTN_PRIVATE const attn_params *attn_key_padding(const attn_params *p, void *mem,
                                                  attn_params *out);
 
+/* The class of the tile of rows i0 .. i1-1 (i0 < i1) of head h, keys j0 .. j0+nk-1, for a
+ * block of rows other than the summary's: open (masked) where it is so in every summary
+ * block the rows reach, mixed otherwise. */
+ATTN_PRIVATE attn_tile_class attn_mask_summary_rows(const attn_params *p, const attn_mask_summary *s,
+                                                    int64_t b, int64_t h, int64_t i0, int64_t i1,
+                                                    int64_t j0, int64_t nk);
+
 /* Row i of head h, batch b: narrows [*lo, *hi) to the hulls of the mask and the bias;
  * true when every key left is open in both (the row then needs neither). */
 ATTN_PRIVATE bool attn_mask_summary_row(const attn_params *p, const attn_mask_summary *s,
