@@ -32,6 +32,7 @@
 #include "kernels.h"
 #include "mask_summary.h"
 #include "philox.h"
+#include "team.h"
 
 /* ---- the fused path: the plan ---------------------------------------------------------
  *
@@ -539,7 +540,7 @@ attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
     const int64_t rows = p->B * p->Hq * p->Lq, Dk = p->Dk;
     const int64_t row_chunks = (rows + 255) / 256;
 
-#pragma omp parallel num_threads(p->threads)
+#pragma omp parallel num_threads(p->threads) if (attn_run_parallel(p, ATTN_TEAM_BACKWARD_PASSES))
     {
         const int tid = attn_thread_num();
         const bwd_scratch w = carve(&plan, base + (size_t)tid * plan.thread_bytes);

@@ -34,6 +34,7 @@
 #include "mask_summary.h"
 #include "philox.h"
 #include "fused_plan.h"
+#include "team.h"
 
 static size_t round64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 
@@ -661,7 +662,7 @@ attn_status attn_fused_forward(const attn_params *p, void *ws) {
     const attn_kernels *kern = p->kernels;
     const int64_t units = plan.items * plan.split;
 
-#pragma omp parallel num_threads(p->threads)
+#pragma omp parallel num_threads(p->threads) if (attn_run_parallel(p, 1.0))  // team.h
     {
         const int tid = attn_thread_num();
         const fused_scratch w = carve(&plan, base + (size_t)tid * plan.thread_bytes);

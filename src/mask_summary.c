@@ -305,7 +305,7 @@ static bool tensor_lengths(const attn_params *p, const attn_sum_one *t, const in
     atomic_int pad_ok, band_ok;
     atomic_init(&pad_ok, 1);
     atomic_init(&band_ok, t->nq > 1 || p->Lq <= 1);
-#pragma omp parallel for schedule(static) num_threads(p->threads) if (attn_run_parallel(p))
+#pragma omp parallel for schedule(static) num_threads(p->threads) if (attn_run_parallel(p, 1.0))
     for (int64_t row = 0; row < rows; row++) {
         const bool pad = atomic_load_explicit(&pad_ok, memory_order_relaxed);
         const bool band = atomic_load_explicit(&band_ok, memory_order_relaxed);

@@ -17,7 +17,7 @@
 
 #include "attn_internal.h"
 
-#define ATTN_TEAM_MIN_FLOPS_DEFAULT 4.0e6
+#define ATTN_TEAM_MIN_FLOPS_DEFAULT 1.0e6
 
 /* the threshold in flops: the environment's, or ATTN_TEAM_MIN_FLOPS_DEFAULT (team.c) */
 ATTN_PRIVATE double attn_team_min_flops(void);
@@ -28,9 +28,13 @@ static inline double attn_call_flops(const attn_params *p) {
            (double)(p->Dk + p->Dv);
 }
 
-/* whether p's parallel regions take its threads (true) or the calling thread alone */
-static inline bool attn_run_parallel(const attn_params *p) {
-    return p->threads > 1 && attn_call_flops(p) >= attn_team_min_flops();
+/* the backward's work in forward passes: five products of a tile against the forward's two */
+#define ATTN_TEAM_BACKWARD_PASSES 2.5
+
+/* whether a parallel region of p's call, of passes times the forward's work, takes p's
+ * threads (true) or the calling thread alone */
+static inline bool attn_run_parallel(const attn_params *p, double passes) {
+    return p->threads > 1 && passes * attn_call_flops(p) >= attn_team_min_flops();
 }
 
 #endif

@@ -23,6 +23,7 @@
 #include "half.h"
 #include "kernels.h"
 #include "mask_summary.h"
+#include "team.h"
 
 
 /* The per-thread scratch of one tile of rows x keys (the forward's tiles, attn_choose_tiles:
@@ -219,7 +220,7 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
     float *g_out = grid->data;
     const float *lse_data = lse->data;
     const int64_t units = p.B * p.Hq * R;
-#pragma omp parallel num_threads(p.threads)
+#pragma omp parallel num_threads(p.threads) if (attn_run_parallel(&p, 0.5))  // team.h: Q·Kᵀ only
     {
         char *slice = ws + per_thread * (size_t)attn_thread_num();
         const int64_t dk = p.Dk;
