@@ -17,6 +17,7 @@
 
 #include "alloc.h"
 #include "kernels.h"
+#include "mask_summary.h"
 
 /* ---- status strings and the per-thread error detail ------------------------------ */
 
@@ -155,9 +156,15 @@ const void *attn_view_data(const attn_tensor *t, int64_t *s, int n) {
     return t->data;
 }
 
-static size_t workspace_bytes(const attn_params *p) {
+/* the path's bytes, then the key lengths of attn_key_padding (mask_summary.h) */
+static size_t path_bytes(const attn_params *p) {
     if (p->path == ATTN_PATH_REFERENCE) return attn_reference_workspace(p);
     return p->q_dt == ATTN_F64 ? attn_fused_f64_workspace(p) : attn_fused_workspace(p);
+}
+
+static size_t workspace_bytes(const attn_params *p) {
+    const size_t path = path_bytes(p), pad = attn_key_padding_bytes(p);
+    return path == (size_t)-1 || path > SIZE_MAX - pad ? (size_t)-1 : path + pad;
 }
 
 attn_status attn_workspace_acquire(const attn_options *opt, size_t need, void **ws,
@@ -205,9 +212,14 @@ attn_status attn_forward(const attn_tensor *q, const attn_tensor *k, const attn_
 
     void *ws, *owned;
     TRY(attn_workspace_acquire(opt, need, &ws, &owned));
-    attn_status st = p.path == ATTN_PATH_REFERENCE ? attn_reference_forward(&p, ws)
-                     : p.q_dt == ATTN_F64          ? attn_fused_f64_forward(&p, ws)
-                                                   : attn_fused_forward(&p, ws);
+    /* key padding runs as the key lengths it is, on every fused path (mask_summary.h);
+     * the lengths after the path's bytes, which it was sized for with the mask */
+    attn_params padded;
+    const attn_params *run = attn_key_padding(&p, (char *)ws + (need - attn_key_padding_bytes(&p)),
+                                              &padded);
+    attn_status st = run->path == ATTN_PATH_REFERENCE ? attn_reference_forward(run, ws)
+                     : run->q_dt == ATTN_F64          ? attn_fused_f64_forward(run, ws)
+                                                      : attn_fused_forward(run, ws);
     attn_free(owned);
     return st;
 }

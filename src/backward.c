@@ -15,6 +15,7 @@
 
 #include "alloc.h"
 #include "backward.h"
+#include "mask_summary.h"
 #include "half.h"
 
 /* ---- argument checks ------------------------------------------------------------------
@@ -115,10 +116,17 @@ static bool bwd_reference(const attn_bwd_params *bp) {
     return bp->fwd.path == ATTN_PATH_REFERENCE;
 }
 
+/* the key lengths of attn_key_padding (mask_summary.h), after the path's bytes */
+static size_t bwd_padding_bytes(const attn_bwd_params *bp) {
+    return bwd_reference(bp) ? 0 : attn_key_padding_bytes(&bp->fwd);
+}
+
 static size_t bwd_workspace(const attn_bwd_params *bp) {
-    return bwd_reference(bp)             ? attn_reference_backward_workspace(bp)
-           : bp->fwd.q_dt == ATTN_F64 ? attn_fused_f64_backward_workspace(bp)
-                                          : attn_fused_backward_workspace(bp);
+    const size_t path = bwd_reference(bp)             ? attn_reference_backward_workspace(bp)
+                        : bp->fwd.q_dt == ATTN_F64 ? attn_fused_f64_backward_workspace(bp)
+                                                       : attn_fused_backward_workspace(bp);
+    const size_t pad = bwd_padding_bytes(bp);
+    return path == (size_t)-1 || path > SIZE_MAX - pad ? (size_t)-1 : path + pad;
 }
 
 /* ---- 16-bit tensors ---------------------------------------------------------------------
@@ -270,6 +278,11 @@ attn_status attn_backward(const attn_tensor *q, const attn_tensor *k, const attn
      * dk, dv are written as 0; with Lk = 0 every row is fully masked and dq is 0. */
     void *ws, *owned;
     TRY(attn_workspace_acquire(opt, need, &ws, &owned));
+    /* key padding runs as the key lengths it is, on the fused paths (mask_summary.h) */
+    const size_t pad = bwd_padding_bytes(&bp);
+    attn_bwd_params padded = bp;
+    if (pad && attn_key_padding(&bp.fwd, (char *)ws + (need - pad), &padded.fwd) == &padded.fwd)
+        bp = padded;
     const attn_status st = bwd_reference(&bp)          ? attn_reference_backward(&bp, ws)
                            : bp.fwd.q_dt == ATTN_F64 ? attn_fused_f64_backward(&bp, ws)
                                                      : attn_fused_backward(&bp, ws);

@@ -49,6 +49,7 @@
 #include "backward.h"
 #include "gemm_f64.h"
 #include "mask_summary.h"
+#include "team.h"
 
 enum { BQ = 16, BK = 64 };
 
@@ -454,7 +455,7 @@ attn_status attn_fused_f64_backward(const attn_bwd_params *bp, void *ws) {
      * (b, g) heads as threads, and dq of unit stride along Dk, one item per head does
      * sweeps 2 and 3 together (group_grads): the same bits, fewer products */
     const bool whole = bp->dq_s[3] == 1 && p->B * p->Hkv >= p->threads;
-#pragma omp parallel num_threads(p->threads)
+#pragma omp parallel num_threads(p->threads) if (attn_run_parallel(p, ATTN_TEAM_BACKWARD_PASSES))
     {
         const f64b_scratch w =
             carve(&pl, base + (int64_t)attn_thread_num() * pl.per_thread, sp, sp ? &open : NULL);

@@ -20,7 +20,7 @@
  * by the shapes: bit-identical for any thread count and on repeated runs.
  *
  * Extra memory (the workspace): per thread a few tiles and packed blocks (about 300 KiB
- * at D = 64) and a table of Lq / 64 query blocks; D_i = dO_i · O_i for every row
+ * at D = 64) and a table of Lq / bq query blocks; D_i = dO_i · O_i for every row
  * (B * Hq * Lq floats); the C dQ partials (C * B * Hq * Lq * Dk floats). None of it grows
  * with Lq x Lk.
  */
@@ -32,6 +32,7 @@
 #include "kernels.h"
 #include "mask_summary.h"
 #include "philox.h"
+#include "team.h"
 
 /* ---- the fused path: the plan ---------------------------------------------------------
  *
@@ -44,9 +45,9 @@
  * fully masked row) must not multiply a NaN or Inf of dO, Q or K: gemm's skip_zeros
  * is asked for whenever those rows are not known to be finite. */
 
-/* bq query rows and bk keys per tile (the kernel's geometry, kernels/list.h); bk shrinks
- * from the kernel's bk_max (not below its bk_min) so that the key block's
- * copies and gradients stay near 256 KiB. C key chunks per (b, g), fixed by the shapes:
+/* bq query rows and bk keys per tile (attn_choose_tiles, fused_geom.c: the kernel's
+ * geometry for this CPU; bk shrinks so that the key block's copies and gradients stay near
+ * 256 KiB). C key chunks per (b, g), fixed by the shapes:
  * enough items for the threads when B * Hkv is small, never more than CHUNKS_MAX copies
  * of dQ, nor more copies than fit in PARTIALS_MAX bytes (beyond the first). With C = 1
  * and a dq whose last stride is 1, dQ is summed in place in dq and needs no copy. */
@@ -60,7 +61,7 @@ enum { TILE_SKEW = 16 };
 #define PARTIALS_MAX ((int64_t)256 << 20)
 
 typedef struct bwd_plan {
-    int64_t bq, row_pad;    // the kernel's (kernels/list.h): query rows per tile, row padding
+    int64_t bq, row_pad;    // query rows per tile (attn_choose_tiles), the kernel's row padding
     int64_t bk;             // keys per block, a multiple of row_pad
     int64_t ld;             // the row stride of the tiles, Kᵀ and Vᵀ: bk + TILE_SKEW
     int64_t k_blocks;       // ceil(Lk / bk)
@@ -93,10 +94,9 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     const int64_t dk = p->Dk, dv = p->Dv;
     *plan = (bwd_plan){0};
     if (dk > (int64_t)1 << 32 || dv > (int64_t)1 << 32 || p->Lq > (int64_t)1 << 48) return false;
-    const attn_kernel_geom *geom = &p->kernels->geom;
-    plan->bq = geom->bq, plan->row_pad = geom->row_pad;
-    int64_t bk = geom->bk_max;
-    while (bk > geom->bk_min && bk * (dk + dv) * 4 * (int64_t)sizeof(float) > 256 * 1024) bk /= 2;
+    const attn_tiles tiles = attn_choose_tiles(p->kernels, ATTN_TILES_BACKWARD, p->kv_dt, dk, dv);
+    const int64_t bk = tiles.bk;
+    plan->bq = tiles.bq, plan->row_pad = p->kernels->geom.row_pad;
     plan->bk = bk;
     plan->k_blocks = (p->Lk + bk - 1) / bk;
     plan->q_blocks = (p->Lq + plan->bq - 1) / plan->bq;
@@ -488,9 +488,11 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
             for (int64_t qb = 0; qb < plan->q_blocks; qb++) {
                 if (w->qr[2 * qb + 1] <= t.j0 || w->qr[2 * qb] >= t.j0 + t.nk) continue;
                 /* a tile the mask or bias masks whole adds nothing; an open one needs neither */
-                const attn_tile_class cls = plan->sum ? attn_mask_summary_tile(p, plan->sum, b, t.h, 1, qb,
-                                                                               t.j0, t.nk)
-                                                      : ATTN_TILE_MIXED;
+                const attn_tile_class cls =
+                    plan->sum ? attn_mask_summary_rows(p, plan->sum, b, t.h, qb * plan->bq,
+                                                       (qb + 1) * plan->bq < Lq ? (qb + 1) * plan->bq : Lq,
+                                                       t.j0, t.nk)
+                              : ATTN_TILE_MIXED;
                 if (cls == ATTN_TILE_MASKED) continue;
                 if (!packed) {  // only a block some row reads is packed
                     t.finite = pack_key_block(p, plan, w, b, g, t.j0, t.nk);
@@ -526,14 +528,9 @@ attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
     float *part = (float *)(base + plan.off_part);
     attn_mask_summary sum;
     attn_params open;
-    attn_bwd_params lengths;
+    /* key padding reaches here as key lengths already (attn_key_padding, mask_summary.h) */
     if (p->mask || p->bias) {
         attn_mask_summary_init(p, base + plan.off_sum, &sum);
-        /* key padding (and a causal band) runs as the key lengths it is: no summary */
-        lengths = *bp;
-        if (attn_mask_summary_lengths(p, &sum, &lengths.fwd)) bp = &lengths, p = &lengths.fwd;
-    }
-    if (p->mask || p->bias) {
         open = *p;
         open.mask = NULL;
         open.bias = NULL;
@@ -543,7 +540,7 @@ attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
     const int64_t rows = p->B * p->Hq * p->Lq, Dk = p->Dk;
     const int64_t row_chunks = (rows + 255) / 256;
 
-#pragma omp parallel num_threads(p->threads)
+#pragma omp parallel num_threads(p->threads) if (attn_run_parallel(p, ATTN_TEAM_BACKWARD_PASSES))
     {
         const int tid = attn_thread_num();
         const bwd_scratch w = carve(&plan, base + (size_t)tid * plan.thread_bytes);

@@ -2,6 +2,8 @@
  * dispatch.c — the run-time choice of micro-kernels: the CPU is probed once, the best
  *              kernel of the list (kernels/list.h) that it can run is taken, and ATTN_ISA
  *              can force another. ATTN_VERBOSE=1 says on stderr which one was chosen.
+ *              Also the CPU model the kernels' per-CPU geometry is chosen by
+ *              (attn_cpu_model_now, kernels.h).
  *
  * The library itself is compiled for the baseline ISA; only the kernel files get ISA
  * flags, so nothing here may touch a vector type.
@@ -22,6 +24,35 @@ static bool cpu_has_f16c(void) {
 #define ATTN_CPU(feature) __builtin_cpu_supports(#feature)
 #define ATTN_CPU_F16C cpu_has_f16c()
 #endif
+
+/* Whether this CPU is a Zen 3 core: AuthenticAMD, family 19h, models 00-0Fh (Milan),
+ * 20-2Fh (Vermeer), 40-5Fh (Rembrandt, Cezanne). Zen 4 (10-1Fh, 60-7Fh, A0-AFh) is not. */
+static bool cpu_is_zen3(void) {
+#if defined(__x86_64__) || defined(_M_X64)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+    char vendor[12];
+    memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4);
+    if (memcmp(vendor, "AuthenticAMD", 12) != 0 || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const unsigned base = (a >> 8) & 0xF;
+    const unsigned family = base == 0xF ? base + ((a >> 20) & 0xFF) : base;
+    const unsigned model = ((a >> 4) & 0xF) | (base == 0xF ? ((a >> 16) & 0xF) << 4 : 0);
+    return family == 0x19 && (model <= 0x0F || (model >= 0x20 && model <= 0x2F) ||
+                              (model >= 0x40 && model <= 0x5F));
+#else
+    return false;
+#endif
+}
+
+/* the CPU model the kernels' per-CPU geometry is looked up by (kernels.h), probed once */
+static attn_cpu_model g_model;
+static pthread_once_t g_model_once = PTHREAD_ONCE_INIT;
+static void probe_model(void) { g_model = cpu_is_zen3() ? ATTN_CPU_ZEN3 : ATTN_CPU_OTHER; }
+
+attn_cpu_model attn_cpu_model_now(void) {
+    pthread_once(&g_model_once, probe_model);
+    return g_model;
+}
 
 /* One entry per line of kernels/list.h: the table and whether this CPU can run it. */
 typedef struct kernel_entry {

@@ -34,6 +34,7 @@
 #include "mask_summary.h"
 #include "philox.h"
 #include "fused_plan.h"
+#include "team.h"
 
 static size_t round64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 
@@ -42,7 +43,7 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
     const int64_t dk = p->Dk, dv = p->Dv;
     if (dk > (int64_t)1 << 40 || dv > (int64_t)1 << 40) return false;
     *plan = (fused_plan){0};
-    const fused_tiles sizes = fused_choose_tiles(p->kernels, p->kv_dt, dk, dv);  // fused_geom.c
+    const attn_tiles sizes = attn_choose_tiles(p->kernels, ATTN_TILES_FORWARD, p->kv_dt, dk, dv);
     const int64_t bq = sizes.bq, bk = sizes.bk;
     plan->bq = bq, plan->row_pad = p->kernels->geom.row_pad;
     plan->bk = bk;
@@ -697,13 +698,10 @@ attn_status attn_fused_forward(const attn_params *p, void *ws) {
     char *base = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
     float *part = (float *)(base + (size_t)p->threads * plan.thread_bytes);
     attn_mask_summary sum;
-    attn_params open, lengths;
+    attn_params open;
+    /* key padding reaches here as key lengths already (attn_key_padding, mask_summary.h) */
     if (p->mask || p->bias) {
         attn_mask_summary_init(p, (char *)part + round64(partials), &sum);
-        /* key padding (and a causal band) runs as the key lengths it is: no summary */
-        if (attn_mask_summary_lengths(p, &sum, &lengths)) p = &lengths;
-    }
-    if (p->mask || p->bias) {
         open = *p;
         open.mask = NULL;
         open.bias = NULL;
@@ -713,7 +711,7 @@ attn_status attn_fused_forward(const attn_params *p, void *ws) {
     const attn_kernels *kern = p->kernels;
     const int64_t units = plan.items * plan.split;
 
-#pragma omp parallel num_threads(p->threads)
+#pragma omp parallel num_threads(p->threads) if (attn_run_parallel(p, 1.0))  // team.h
     {
         const int tid = attn_thread_num();
         const fused_scratch w = carve(&plan, base + (size_t)tid * plan.thread_bytes);

@@ -35,6 +35,7 @@
 #include "gemm_f64.h"
 #include "half.h"
 #include "mask_summary.h"
+#include "team.h"
 
 enum { BQ = 16, BK = 64 };
 
@@ -302,7 +303,7 @@ attn_status attn_fused_f64_forward(const attn_params *p, void *ws) {
         x.sum = &sum;
         x.open = &open;
     }
-#pragma omp parallel num_threads(p->threads)
+#pragma omp parallel num_threads(p->threads) if (attn_run_parallel(p, 1.0))  // team.h
     {
         double *w = base + (int64_t)attn_thread_num() * pl.per_thread;
 #pragma omp for schedule(dynamic, 1)

@@ -10,7 +10,7 @@
 #include "kernels.h"
 #include "mask_summary.h"
 
-/* Tile sizes, from the kernel's geometry (kernels/list.h) by fused_choose_tiles
+/* Tile sizes, from the kernel's geometry (kernels/list.h) by attn_choose_tiles
  * (fused_geom.c): bq query rows share each key block; bk keys per block, chosen so that a
  * key and a value block together, in their own dtype, stay near 64 KiB (a Zen 4 core has
  * 32 KiB of L1d and 1 MiB of L2), within the kernel's [bk_min, bk_max]. Key splitting for decoding-shaped
@@ -23,13 +23,9 @@ enum {
     SPLIT_UNITS = 16,
 };
 
-/* The forward's tile sizes for a call of kernel kern (fused_geom.c: the list's geometry,
- * the CPU, ATTN_FWD_BQ and ATTN_FWD_BK): bq a multiple of the kernel's row_pad in
- * [16, ATTN_FWD_BQ_LIMIT], bk in [1, ATTN_BK_LIMIT]; the same for every call of a process. */
-typedef struct fused_tiles {
-    int64_t bq, bk;
-} fused_tiles;
-fused_tiles fused_choose_tiles(const attn_kernels *kern, attn_dtype kv_dt, int64_t dk, int64_t dv);
+/* The forward's tile sizes: attn_choose_tiles(kern, ATTN_TILES_FORWARD, ...) (kernels.h,
+ * fused_geom.c): bq a multiple of the kernel's row_pad in [16, ATTN_FWD_BQ_LIMIT], bk in
+ * [1, ATTN_BK_LIMIT]; the same for every call of a process. */
 
 /* How a call is cut into work: fixed by the shapes alone, never by the thread count. */
 typedef struct fused_plan {

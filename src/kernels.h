@@ -127,6 +127,24 @@ typedef struct attn_kernel_geom {
     int32_t row_pad, bq, bk_min, bk_max;
 } attn_kernel_geom;
 
+/* A CPU a kernel's geometry is tuned for: attn_cpu_model_now() (dispatch.c) says which
+ * one this is, probed once (ATTN_CPU_OTHER: none of the tuned ones). */
+typedef enum attn_cpu_model {
+    ATTN_CPU_OTHER = 0,
+    ATTN_CPU_ZEN3,  /* AuthenticAMD, family 19h, models 00-0Fh, 20-2Fh, 40-5Fh (not Zen 4) */
+} attn_cpu_model;
+ATTN_PRIVATE attn_cpu_model attn_cpu_model_now(void);
+
+/* One line of a kernel's per-CPU geometry (its folder's table, the kernel table's
+ * cpu_geom): on CPU cpu, the forward's (and attn_weights_grid's) query rows per block and
+ * the backward's; 0 keeps the list's bq. A table ends with a line of ATTN_CPU_OTHER. */
+typedef struct attn_cpu_geom {
+    attn_cpu_model cpu;
+    int32_t fwd_bq, bwd_bq;
+} attn_cpu_geom;
+/* the tables, each in its kernel's folder (geom.c) */
+ATTN_PRIVATE extern const attn_cpu_geom attn_cpu_geom_avx2[];
+
 struct attn_kernels {
     const char *name;
     attn_kernel_geom geom;
@@ -283,8 +301,23 @@ struct attn_kernels {
      * half.h's attn_f32_to_f16 / attn_f32_to_bf16 on every float (ties to even, the same
      * NaN, infinity and subnormal results): the output rows of a 16-bit O. */
     void (*from_f32)(attn_dtype dt, int64_t n, const float *src, uint16_t *dst);
+    /* Optional (NULL: the list's geometry on every CPU): the kernel's per-CPU geometry,
+     * read by attn_choose_tiles alone. */
+    const attn_cpu_geom *cpu_geom;
 };
 typedef struct attn_kernels attn_kernels;
+
+/* The tiles of a call: the one place the forward (fused.c, its weights), the backward
+ * (backward_fused.c) and attn_weights_grid take their block sizes from (fused_geom.c). */
+typedef enum attn_tile_use {
+    ATTN_TILES_FORWARD,   /* the forward and attn_weights_grid                          */
+    ATTN_TILES_BACKWARD,  /* the fused backward                                         */
+} attn_tile_use;
+typedef struct attn_tiles {
+    int64_t bq, bk;  /* query rows per block, keys per block */
+} attn_tiles;
+ATTN_PRIVATE attn_tiles attn_choose_tiles(const attn_kernels *kern, attn_tile_use use,
+                                          attn_dtype kv_dt, int64_t dk, int64_t dv);
 
 /* Every kernel's geometry, from its line of the list (kernels/list.h), as constants:
  * ATTN_ROW_PAD_<name>, ATTN_BQ_<name>, ATTN_BK_MIN_<name>, ATTN_BK_MAX_<name>; a

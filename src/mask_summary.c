@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "mask_summary.h"
+#include "team.h"
 
 static size_t round64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 
@@ -247,6 +248,15 @@ attn_tile_class attn_mask_summary_tile(const attn_params *p, const attn_mask_sum
     return ATTN_TILE_MIXED;
 }
 
+attn_tile_class attn_mask_summary_rows(const attn_params *p, const attn_mask_summary *s,
+                                       int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t j0,
+                                       int64_t nk) {
+    const attn_tile_class first = attn_mask_summary_tile(p, s, b, h, 1, i0 / ATTN_SUM_ROWS, j0, nk);
+    for (int64_t sb = i0 / ATTN_SUM_ROWS + 1; sb * ATTN_SUM_ROWS < i1; sb++)
+        if (attn_mask_summary_tile(p, s, b, h, 1, sb, j0, nk) != first) return ATTN_TILE_MIXED;
+    return first;
+}
+
 /* ---- key padding as key lengths --------------------------------------------------------- */
 
 /* The open prefix of one row: e when cells [0, e) are open and [e, Lk) masked, -1 when the
@@ -274,73 +284,76 @@ static int64_t row_prefix(const row_view *r) {
     return e;
 }
 
-/* One tensor (t, strides st) as lengths: len[bb] for each of its t->nb batches, *causal
- * when the rows need the top-left causal band beside them; false when it is not key
- * padding. The prefixes of all rows first (in parallel, into the hulls' first words:
- * the summary rewrites every hull it builds, so the scratch use leaves nothing behind),
- * then per batch: every row's prefix the batch's n (the prefix of its last row), or every
- * row i's min(n, i + 1). */
+/* One tensor (t, strides st, collapsed) as lengths: len[bb] for each of its t->nb batches,
+ * *causal when the rows need the top-left causal band beside them; false when it is not
+ * key padding. Each batch's n is the prefix of its last stored row; then every row is
+ * checked in parallel: its prefix n (padding) or, for row i, min(n, i + 1) (padding cut by
+ * the band). No memory but len: the scan stops once neither form can hold. */
 static bool tensor_lengths(const attn_params *p, const attn_sum_one *t, const int64_t st[4],
                            bool is_bool, int64_t *len, bool *causal) {
     const int64_t rows = t->nb * t->nh * t->nq, per_batch = t->nh * t->nq;
-    int64_t *e = t->hull;  // e[2 * row]: the row's prefix, -1: none
-    atomic_int failed;
-    atomic_init(&failed, 0);
-#pragma omp parallel for schedule(static) num_threads(p->threads)
+    for (int64_t bb = 0; bb < t->nb; bb++) {
+        const int64_t x = bb * st[0] + (t->nq - 1) * st[2];
+        const row_view r = {.is_bool = is_bool, .st = st[3], .lk = p->Lk,
+                            .m = is_bool ? (const uint8_t *)t->src + x : NULL,
+                            .f = is_bool ? NULL : (const float *)t->src + x};
+        len[bb] = row_prefix(&r);
+        if (len[bb] < 0) return false;
+    }
+    /* with one stored row for all query rows (nq = 1), only a single query row can be
+     * causal-shaped */
+    atomic_int pad_ok, band_ok;
+    atomic_init(&pad_ok, 1);
+    atomic_init(&band_ok, t->nq > 1 || p->Lq <= 1);
+#pragma omp parallel for schedule(static) num_threads(p->threads) if (attn_run_parallel(p, 1.0))
     for (int64_t row = 0; row < rows; row++) {
-        if (atomic_load_explicit(&failed, memory_order_relaxed)) continue;
+        const bool pad = atomic_load_explicit(&pad_ok, memory_order_relaxed);
+        const bool band = atomic_load_explicit(&band_ok, memory_order_relaxed);
+        if (!pad && !band) continue;
         const int64_t i = row % t->nq, h = row / t->nq % t->nh, b = row / per_batch;
         const int64_t x = b * st[0] + h * st[1] + i * st[2];
         const row_view r = {.is_bool = is_bool, .st = st[3], .lk = p->Lk,
                             .m = is_bool ? (const uint8_t *)t->src + x : NULL,
                             .f = is_bool ? NULL : (const float *)t->src + x};
-        e[2 * row] = row_prefix(&r);
-        if (e[2 * row] < 0) atomic_store_explicit(&failed, 1, memory_order_relaxed);
+        const int64_t e = row_prefix(&r), n = len[b];
+        if (pad && e != n) atomic_store_explicit(&pad_ok, 0, memory_order_relaxed);
+        if (band && e != (i + 1 < n ? i + 1 : n)) atomic_store_explicit(&band_ok, 0, memory_order_relaxed);
     }
-    if (atomic_load(&failed)) return false;
-    /* with one stored row for all query rows (nq = 1), only a single query row can be
-     * causal-shaped */
-    bool all_pad = true, all_causal = t->nq > 1 || p->Lq <= 1;
-    for (int64_t bb = 0; bb < t->nb; bb++) {
-        const int64_t *eb = e + 2 * bb * per_batch, n = eb[2 * (t->nq - 1)];
-        for (int64_t hr = 0; hr < per_batch; hr++) {
-            const int64_t i = hr % t->nq, band = i + 1 < n ? i + 1 : n;
-            all_pad &= eb[2 * hr] == n;
-            all_causal &= eb[2 * hr] == band;
-        }
-        len[bb] = n;
-    }
+    const bool all_pad = atomic_load(&pad_ok), all_band = atomic_load(&band_ok);
     *causal = !all_pad;
-    return all_pad || all_causal;
+    return all_pad || all_band;
 }
 
-bool attn_mask_summary_lengths(const attn_params *p, const attn_mask_summary *s,
-                               attn_params *out) {
-    if (!s->lengths || p->B == 0 || p->Hq == 0 || p->Lq == 0) return false;
+/* p's mask and bias as key lengths in lengths[0 .. B) (scratch[0 .. B) for the bias's) */
+static bool key_lengths(const attn_params *p, int64_t *lengths, int64_t *scratch,
+                        attn_params *out) {
+    if (!(p->mask || p->bias) || p->B == 0 || p->Hq == 0 || p->Lq == 0) return false;
     /* a bottom-right diagonal sits at i + kv_len - Lq: shorter lengths would move it */
     const bool banded = p->causal || p->win_left >= 0 || p->win_right >= 0 || p->alibi;
     if (p->align == ATTN_ALIGN_BOTTOM_RIGHT && banded) return false;
+    attn_mask_summary s;
+    both(p, &s);  // the collapsed dims only: no summary memory
     bool cm = false, cb = false;
-    if (s->mask.src && !tensor_lengths(p, &s->mask, p->mask_s, true, s->lengths, &cm)) return false;
-    if (s->bias.src && !tensor_lengths(p, &s->bias, p->bias_s, false, s->scratch, &cb)) return false;
+    if (s.mask.src && !tensor_lengths(p, &s.mask, p->mask_s, true, lengths, &cm)) return false;
+    if (s.bias.src && !tensor_lengths(p, &s.bias, p->bias_s, false, scratch, &cb)) return false;
     /* each batch's length: the least of the call's own, the mask's and the bias's (a
      * tensor broadcast over the batches has one) */
     for (int64_t b = p->B - 1; b >= 0; b--) {
         int64_t n = attn_key_len(p, b);
-        if (s->mask.src) {
-            const int64_t m = s->lengths[s->mask.nb == 1 ? 0 : b];
+        if (s.mask.src) {
+            const int64_t m = lengths[s.mask.nb == 1 ? 0 : b];
             if (m < n) n = m;
         }
-        if (s->bias.src) {
-            const int64_t m = s->scratch[s->bias.nb == 1 ? 0 : b];
+        if (s.bias.src) {
+            const int64_t m = scratch[s.bias.nb == 1 ? 0 : b];
             if (m < n) n = m;
         }
-        s->lengths[b] = n;  // from the last batch: entry 0 of a broadcast mask is read last
+        lengths[b] = n;  // from the last batch: entry 0 of a broadcast mask is read last
     }
     *out = *p;
     out->mask = NULL;
     out->bias = NULL;
-    out->kv_len = s->lengths;
+    out->kv_len = lengths;
     out->kv_len_dtype = ATTN_I64;
     out->kv_len_s = 1;
     if (cm || cb) {  // min(n, i + 1) and the call's own band, top-left (checked above)
@@ -348,4 +361,21 @@ bool attn_mask_summary_lengths(const attn_params *p, const attn_mask_summary *s,
         out->align = ATTN_ALIGN_TOP_LEFT;
     }
     return true;
+}
+
+bool attn_mask_summary_lengths(const attn_params *p, const attn_mask_summary *s,
+                               attn_params *out) {
+    return s->lengths && key_lengths(p, s->lengths, s->scratch, out);
+}
+
+size_t attn_key_padding_bytes(const attn_params *p) {
+    if (p->path != ATTN_PATH_FUSED || (uint64_t)p->B > SIZE_MAX / 64) return 0;
+    const size_t bytes = length_bytes(p);
+    return bytes ? bytes + 64 : 0;  // + 64: to align
+}
+
+const attn_params *attn_key_padding(const attn_params *p, void *mem, attn_params *out) {
+    if (!attn_key_padding_bytes(p)) return p;
+    int64_t *lengths = (int64_t *)(((uintptr_t)mem + 63) & ~(uintptr_t)63);
+    return key_lengths(p, lengths, lengths + p->B, out) ? out : p;
 }

@@ -76,9 +76,29 @@ ATTN_PRIVATE void attn_mask_summary_init(const attn_params *p, void *mem, attn_m
  * per-logit test. One pass over the tensors (in parallel, p->threads), ending at the first
  * row that is not such a prefix; false then, and the summary is used as before. Also false
  * where a shorter key length would move p's diagonal (bottom-right alignment with causal,
- * a window or ALiBi). Before the call's parallel region, after attn_mask_summary_init. */
+ * a window or ALiBi). Before the call's parallel region, after attn_mask_summary_init.
+ * The memory is the summary's lengths; no hull is touched. */
 ATTN_PRIVATE bool attn_mask_summary_lengths(const attn_params *p, const attn_mask_summary *s,
                                             attn_params *out);
+
+/* Key padding as key lengths for every fused call (float32, 16-bit and float64 forward,
+ * backward, attn_weights_grid), at the one place each passes through: the entry point
+ * that runs it (api.c attn_forward, backward.c attn_backward, weights_grid.c), after
+ * attn_params_init, before the path. attn_key_padding_bytes(p): the bytes the lengths
+ * take in that call's workspace (0 without mask and bias, and on the reference path,
+ * which keeps the tensors as given); attn_key_padding(p, mem, out): out, filled as
+ * attn_mask_summary_lengths does, when p's mask and bias are key padding, else p. The
+ * conversion is exact: the call gives the bits it gives with the mask. */
+ATTN_PRIVATE size_t attn_key_padding_bytes(const attn_params *p);
+ATTN_PRIVATE const attn_params *attn_key_padding(const attn_params *p, void *mem,
+                                                 attn_params *out);
+
+/* The class of the tile of rows i0 .. i1-1 (i0 < i1) of head h, keys j0 .. j0+nk-1, for a
+ * block of rows other than the summary's: open (masked) where it is so in every summary
+ * block the rows reach, mixed otherwise. */
+ATTN_PRIVATE attn_tile_class attn_mask_summary_rows(const attn_params *p, const attn_mask_summary *s,
+                                                    int64_t b, int64_t h, int64_t i0, int64_t i1,
+                                                    int64_t j0, int64_t nk);
 
 /* Row i of head h, batch b: narrows [*lo, *hi) to the hulls of the mask and the bias;
  * true when every key left is open in both (the row then needs neither). */

@@ -22,12 +22,14 @@
 #include "alloc.h"
 #include "half.h"
 #include "kernels.h"
+#include "mask_summary.h"
+#include "team.h"
 
 
-/* The per-thread scratch of one tile of rows x keys (the kernel's geometry: bq rows,
- * bk_max keys, rows padded to row_pad): float32 rows for the micro-kernel, the tile's
- * logits S^T (keys, rows), the key block as float32, the rows' ranges, and the cells of
- * the current grid row in float64. */
+/* The per-thread scratch of one tile of rows x keys (the forward's tiles, attn_choose_tiles:
+ * bq rows, bk keys, rows padded to the kernel's row_pad): float32 rows for the
+ * micro-kernel, the tile's logits S^T (keys, rows), the key block as float32, the rows'
+ * ranges, and the cells of the current grid row in float64. */
 typedef struct wg_scratch {
     int64_t rows, keys, row_pad;
     float *q, *qt, *k, *s;
@@ -195,19 +197,30 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
     if (st != ATTN_OK) return st;
     attn_fail(ATTN_OK, "%s", "");
     if (p.B == 0 || p.Hq == 0 || R == 0 || C == 0) return ATTN_OK;
+    /* key padding as the key lengths it is (mask_summary.h), in lengths_mem */
+    const size_t pad = attn_key_padding_bytes(&p);
+    void *lengths_mem = pad ? attn_malloc(pad) : NULL;
+    if (pad && !lengths_mem)
+        return attn_fail(ATTN_ERR_NOMEM, "grid: could not allocate %zu bytes of key lengths", pad);
+    attn_params padded;
+    if (pad && attn_key_padding(&p, lengths_mem, &padded) == &padded) p = padded;
 
-    /* tiles of the fused kernel's geometry; the reference path takes the same shape */
-    const attn_kernel_geom geom = p.kernels ? p.kernels->geom : (attn_kernel_geom){16, 64, 16, 128};
-    const int64_t rows = geom.bq, keys = geom.bk_max;
+    /* the forward's tiles (attn_choose_tiles: the same blocks of rows and keys); the
+     * reference path takes the generic kernel's */
+    const attn_kernels *tk = p.kernels ? p.kernels : attn_kernels_named("generic");
+    const attn_tiles tiles = attn_choose_tiles(tk, ATTN_TILES_FORWARD, p.kv_dt, p.Dk, p.Dv);
+    const attn_kernel_geom geom = tk->geom;
+    const int64_t rows = tiles.bq, keys = tiles.bk;
     const size_t per_thread = wg_scratch_floats(p.Dk, rows, keys) * sizeof(float) +
                               2 * (size_t)rows * sizeof(int64_t) + (size_t)C * sizeof(double);
     char *ws = attn_malloc(per_thread * (size_t)p.threads);
+    if (!ws) attn_free(lengths_mem);
     if (!ws) return attn_fail(ATTN_ERR_NOMEM, "grid: could not allocate %zu bytes of scratch",
                               per_thread * (size_t)p.threads);
     float *g_out = grid->data;
     const float *lse_data = lse->data;
     const int64_t units = p.B * p.Hq * R;
-#pragma omp parallel num_threads(p.threads)
+#pragma omp parallel num_threads(p.threads) if (attn_run_parallel(&p, 0.5))  // team.h: Q·Kᵀ only
     {
         char *slice = ws + per_thread * (size_t)attn_thread_num();
         const int64_t dk = p.Dk;
@@ -237,5 +250,6 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
         }
     }
     attn_free(ws);
+    attn_free(lengths_mem);
     return ATTN_OK;
 }

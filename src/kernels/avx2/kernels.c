@@ -462,6 +462,7 @@ static void dropout_avx2(int64_t n, const uint64_t *grp, uint64_t seed, uint64_t
 const attn_kernels attn_kernels_avx2 = {
     .name = "avx2",
     .geom = ATTN_GEOM(avx2),
+    .cpu_geom = attn_cpu_geom_avx2,  // geom.c
     .qk = qk_avx2,
     .softmax = softmax_avx2,
     .pv = pv_avx2,
