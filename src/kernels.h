@@ -304,6 +304,13 @@ struct attn_kernels {
     /* Optional (NULL: the list's geometry on every CPU): the kernel's per-CPU geometry,
      * read by attn_choose_tiles alone. */
     const attn_cpu_geom *cpu_geom;
+    /* Optional (NULL: the portable loops of mha_gemv.c): the decoding step's one-row
+     * bfloat16 products, bit for bit those loops (mha_gemv.h): rows over [in, out]
+     * weights (acc += Σ a[r] row_r), dots over [out, in] ones (dot[r] = row_r · a). */
+    void (*gemv_rows_bf16)(float *acc, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
+                           int64_t n, const float *a);
+    void (*gemv_dots_bf16)(float *dot, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
+                           int64_t n, const float *a);
 };
 typedef struct attn_kernels attn_kernels;
 

@@ -68,17 +68,12 @@ static void rows_generic(float *acc, const uint16_t *w, int64_t ld, int64_t r0, 
     rows_into_generic(acc, w, ld, r0, r1, n, a);
 }
 
-/* The rows loop of the selected kernel's ISA: the AVX2 one (kernels/avx2/gemv.c, bit
- * for bit the portable loop) under every x86-64 kernel but generic, whose CPU has AVX2
- * (the AVX-512 ones included); the portable loop under generic (ATTN_ISA=generic) and
- * elsewhere. */
+/* The rows loop of the selected kernel's table (gemv_rows_bf16: the AVX2 one of
+ * kernels/avx2/gemv.c, bit for bit the portable loop, under the x86-64 kernels but
+ * generic); the portable loop where the table has none (ATTN_ISA=generic, elsewhere). */
 static rows_fn *rows_loop(void) {
-#if defined(__x86_64__) || defined(_M_X64)
     const attn_kernels *k = attn_select_kernels(NULL);
-    if (k && k != &attn_kernels_generic && __builtin_cpu_supports("avx2"))
-        return attn_gemv_rows_bf16_avx2;
-#endif
-    return rows_generic;
+    return k && k->gemv_rows_bf16 ? k->gemv_rows_bf16 : rows_generic;
 }
 
 /* The rows loop's split of one product: parts chunks of rows rows, each chunk's partial
@@ -198,10 +193,8 @@ static void dots_generic(float *dot, const uint16_t *w, int64_t ld, int64_t r0, 
 /* c[r] = beta·c[r] + Σ_{j < N} w[r·ld + j] · a[j] for r < R */
 static void gemv_dots(const uint16_t *w, int64_t ld, int64_t R, int64_t N, const float *a,
                       float beta, float *c) {
-    rows_fn *dots = dots_generic;
-#if defined(__x86_64__) || defined(_M_X64)
-    if (rows_loop() == attn_gemv_rows_bf16_avx2) dots = attn_gemv_dots_bf16_avx2;
-#endif
+    const attn_kernels *k = attn_select_kernels(NULL);
+    rows_fn *dots = k && k->gemv_dots_bf16 ? k->gemv_dots_bf16 : dots_generic;
     const int64_t nb = (R + GEMV_DOT_ROWS - 1) / GEMV_DOT_ROWS;
     /* blocks taken one at a time by whichever thread is free, as run_rows's chunks */
 #pragma omp parallel for schedule(dynamic, 1) if (R * N > (1 << 16))

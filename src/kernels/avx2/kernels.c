@@ -21,6 +21,7 @@
 #include "half.h"
 #include "additive.h"
 #include "kernels.h"
+#include "mha_gemv.h"
 #include "philox.h"
 #include "exp.h"
 
@@ -479,5 +480,7 @@ const attn_kernels attn_kernels_avx2 = {
     .decode_rows = attn_decode_rows_avx2,
     .pv_h = pv_h_avx2,
     .from_f32 = attn_from_f32_avx2,
+    .gemv_rows_bf16 = attn_gemv_rows_bf16_avx2,  // avx2/gemv.c
+    .gemv_dots_bf16 = attn_gemv_dots_bf16_avx2,
 };
 #endif

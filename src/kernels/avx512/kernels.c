@@ -17,6 +17,7 @@
 #include "softmax.h"
 #include "additive.h"
 #include "kernels.h"
+#include "mha_gemv.h"
 #include "philox.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
@@ -656,5 +657,7 @@ const attn_kernels attn_kernels_avx512 = {
     .additive = &attn_additive_kernels_avx512,
     .dropout = dropout_avx512,
     .gemm = attn_gemm_avx512,
+    .gemv_rows_bf16 = attn_gemv_rows_bf16_avx2,  // avx2/gemv.c
+    .gemv_dots_bf16 = attn_gemv_dots_bf16_avx2,
 };
 #endif
