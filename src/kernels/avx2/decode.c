@@ -183,19 +183,25 @@ INLINE __m256 round_bf16(__m256 x) {
 
 /* acc rows 0..NR-1, value columns d0..d0+15 (nd of them), from the compact p (key c of
  * row r at s[4c + r]; its V row at v + c * ldv, or vrows[c] where vrows is given); lines
- * [i0, i1) of the next tile's K row c asked for with key c */
+ * [l0, l1) of the next tile's K, counted in address order over its rows (line x: row
+ * x / lines_k, line x % lines_k of it), asked for a few with each key */
 INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, int64_t ldv,
                     const char *const *vrows, int64_t d0, int64_t nd, const float *alpha,
-                    float *acc, int64_t dv, const attn_decode_pf *pf, int64_t i0, int64_t i1) {
+                    float *acc, int64_t dv, const attn_decode_pf *pf, int64_t l0, int64_t l1) {
     __m256 t[4][2];
     UNROLL for (int r = 0; r < 4; r++) t[r][0] = t[r][1] = _mm256_setzero_ps();
     const int64_t n0 = nd < 8 ? nd : 8, n1 = nd - n0;
     /* a bfloat16 V by halves when the pass is 16 columns wide: t[r][0] sums the even
      * columns, t[r][1] the odd ones, put back in order once, below */
     const bool halves = DT == ATTN_BF16 && nd == 16;
-    /* the prefetch's fields as locals: the loop then keeps them in registers */
+    /* the prefetch's fields as locals: the loop then keeps them in registers. The lines
+     * go out in address order, row after row, not line i of every row in pass i, which
+     * swept the tile's whole span once a pass (docs/KERNELS.md, "The decoding step's
+     * prefetch order on Zen 3") */
     const char *const pk = pf->k, *const *const pkr = pf->k_rows;
-    const int64_t npf = pk ? (pf->nk < nk ? pf->nk : nk) : 0, pldk = pf->ldk;
+    const int64_t pldk = pf->ldk, plines = pf->lines_k > 0 ? pf->lines_k : 1;
+    const int64_t per_key = pk && l1 > l0 ? (l1 - l0 + nk - 1) / nk : 0;
+    int64_t pl = l0, prow = l0 / plines, pcol = l0 % plines;
     for (int64_t c = 0; c < nk; c++) {
         const char *row = vrows ? vrows[c] : v + c * ldv;
         __m256 v0, v1;
@@ -217,9 +223,10 @@ INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, in
             v0 = load_row(DT, row, d0, n0);
             v1 = n1 > 0 ? load_row(DT, row, d0 + 8, n1) : _mm256_setzero_ps();
         }
-        if (c < npf)
-            for (int64_t i = i0; i < i1; i++)
-                _mm_prefetch((pkr ? pkr[c] : pk + c * pldk) + 64 * i, _MM_HINT_T2);
+        for (int64_t x = 0; x < per_key && pl < l1; x++, pl++) {
+            _mm_prefetch((pkr ? pkr[prow] : pk + prow * pldk) + 64 * pcol, _MM_HINT_T2);
+            if (++pcol == plines) pcol = 0, prow++;
+        }
         UNROLL for (int r = 0; r < NR; r++) {
             const __m256 pb = _mm256_set1_ps(s[4 * c + r]);
             t[r][0] = _mm256_fmadd_ps(pb, v0, t[r][0]);
@@ -276,12 +283,13 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t nk, int64_t dk, in
     _mm_storeu_ps(alpha, _mm256_castps256_ps128(a));
     _mm_storeu_ps(l, l_new);
     _mm_storeu_ps(m, _mm256_castps256_ps128(m_new));
-    /* P V, 16 columns a pass; the next tile's K lines shared out over the passes */
-    const int64_t passes = (dv + 15) / 16;
+    /* P V, 16 columns a pass; the next tile's K lines (pf->nk rows of lines_k) shared out
+     * over the passes in address order */
+    const int64_t passes = (dv + 15) / 16, lines = pf->k ? pf->nk * pf->lines_k : 0;
     for (int64_t p = 0; p < passes; p++) {
         const int64_t d0 = 16 * p, nd = dv - d0 < 16 ? dv - d0 : 16;
-        dec_pv(DT, NR, nk, s, v, ldv, v_rows, d0, nd, alpha, acc, dv, pf, p * pf->lines_k / passes,
-                (p + 1) * pf->lines_k / passes);
+        dec_pv(DT, NR, nk, s, v, ldv, v_rows, d0, nd, alpha, acc, dv, pf, p * lines / passes,
+                (p + 1) * lines / passes);
     }
 }
 
