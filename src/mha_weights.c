@@ -4,8 +4,8 @@
  *
  * The heads' attention runs one batch row at a time, on a chunk of its query heads at
  * once, its weights [1, hc, Lq, Lk] written to a scratch that the reduction reads back
- * while it is still in the cache (hc · Lq · Lk within MHA_AVG_CHUNK floats, 1 MiB, when
- * one GQA group fits: for BERT's 512 x 512 one head per call); the reduction
+ * while it is still in the cache (hc · Lq · Lk within MHA_AVG_CHUNK floats, 4 MiB, when
+ * one GQA group fits: for BERT's 512 x 512 four heads per call); the reduction
  * sums the chunk's heads in head order onto the batch row's running sum and, after the
  * last chunk, scales by 1 / Hq into the output. Every element is
  *     ((w_0 + w_1) + ... + w_{Hq-1}) · (1 / Hq)
@@ -24,8 +24,12 @@
 
 #include "mha.h"
 
-/* the floats of a chunk's weights the reduction reads back from the cache (1 MiB) */
-#define MHA_AVG_CHUNK ((int64_t)1 << 18)
+/* the floats of a chunk's weights the reduction reads back from the cache (4 MiB, in L3).
+ * 1 MiB gave BERT's 512 x 512 one head a call: 5 blocks of 112 rows for 2 threads, one
+ * thread idle for a fifth of each of the 96 calls; 4 heads a call make 20 blocks (the
+ * weights row 1.13-1.33x the forward without weights -> 0.98-1.08x, AMD EPYC Zen 3,
+ * docs/BENCHMARKS.md) */
+#define MHA_AVG_CHUNK ((int64_t)1 << 20)
 
 /* t narrowed to [i0, i0 + n) on dim (when that dim is not broadcast) */
 static attn_tensor narrow(const attn_tensor *t, int dim, int64_t i0, int64_t n) {
