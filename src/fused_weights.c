@@ -21,19 +21,18 @@ void fused_tile_weights(const attn_params *p, const fused_plan *plan, const fuse
     float *w_b = p->weights + blk->b * p->w_s[0] + j0 * st;
     int64_t r = 0;
     for (; r < blk->n; r++) mt[r] = w->m[r];
-    if (st == 1)  // 4 rows at a time: a key's 4 rows are one contiguous load
-        for (r = 0; r + 4 <= blk->n; r += 4) {
-            float *o[4];
-            for (int x = 0; x < 4; x++) o[x] = w_b + w->h[r + x] * p->w_s[1] + w->i[r + x] * p->w_s[2];
-            const float *e = w->s + r;
-            for (int64_t c = 0; c < nk; c++) {
-                o[0][c] = e[c * ld], o[1][c] = e[c * ld + 1];
-                o[2][c] = e[c * ld + 2], o[3][c] = e[c * ld + 3];
-            }
+    if (st == 1) {  /* each row contiguous: the kernel's transposing store, or the loop */
+        float *o[ATTN_FWD_BQ_LIMIT];
+        for (r = 0; r < blk->n; r++) o[r] = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2];
+        if (p->kernels->rows_from_st) {
+            p->kernels->rows_from_st(blk->n, nk, w->s, ld, o);
+            return;
         }
-    else
-        r = 0;
-    for (; r < blk->n; r++) {
+        for (r = 0; r < blk->n; r++)
+            for (int64_t c = 0; c < nk; c++) o[r][c] = w->s[c * ld + r];
+        return;
+    }
+    for (r = 0; r < blk->n; r++) {
         float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2];
         const float *e = w->s + r;
         for (int64_t c = 0; c < nk; c++) w_bhi[c * st] = e[c * ld];

@@ -311,6 +311,10 @@ struct attn_kernels {
                            int64_t n, const float *a);
     void (*gemv_dots_bf16)(float *dot, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
                            int64_t n, const float *a);
+    /* Optional (NULL: the framework's scalar loop): an S^T tile written out as rows,
+     * out[r][c] = s[c * lds + r] for r < n, c < nk, each out[r] nk contiguous floats (the
+     * weights' rows, fused_weights.c); a copy, so bit for bit. */
+    void (*rows_from_st)(int64_t n, int64_t nk, const float *s, int64_t lds, float *const *out);
 };
 typedef struct attn_kernels attn_kernels;
 
@@ -388,6 +392,8 @@ ATTN_PRIVATE void attn_decode_rows_avx2(int64_t n, int64_t nk, int64_t dk, int64
                                         int64_t next_nk);
 /* the AVX2 rounding of float32 rows to 16 bits (avx2/convert.c) */
 ATTN_PRIVATE void attn_from_f32_avx2(attn_dtype dt, int64_t n, const float *src, uint16_t *dst);
+ATTN_PRIVATE void attn_rows_from_st_avx2(int64_t n, int64_t nk, const float *s, int64_t lds,
+                                         float *const *out);
 /* the gemm entries (each in its folder's gemm.c); avx512bf16 shares the avx512 one */
 #define ATTN_GEMM_DECLARE(name)                                                            \
     ATTN_PRIVATE void name(bool trans_a, int64_t m, int64_t n, int64_t k, const float *a,    \

@@ -355,6 +355,32 @@ static void test_mask_bool(const attn_kernels *k) {
     CHECK(bad == 0, "%s mask_bool: %d logits differ from the obvious loop", k->name, bad);
 }
 
+/* The weights' transposing store against the obvious loop: row and key counts around
+ * the 8 x 8 blocks, a tile stride wider than the rows, each output row in its own buffer
+ * with guard words on both sides that must stay untouched. */
+static void test_rows_from_st(const attn_kernels *k) {
+    static const int64_t ns[] = {1, 7, 8, 9, 16, 23, 112}, nks[] = {1, 5, 8, 9, 64, 127};
+    int bad = 0;
+    for (size_t a = 0; a < 7; a++)
+        for (size_t b = 0; b < 6; b++) {
+            const int64_t n = ns[a], nk = nks[b], lds = n + 5, G = 4;
+            float *s = malloc((size_t)(nk * lds) * sizeof(float));
+            float *buf = malloc((size_t)(n * (nk + 2 * G)) * sizeof(float)), *out[112];
+            for (int64_t i = 0; i < nk * lds; i++) s[i] = (float)i + 0.5f;
+            for (int64_t i = 0; i < n * (nk + 2 * G); i++) buf[i] = -1.0f;
+            for (int64_t r = 0; r < n; r++) out[r] = buf + r * (nk + 2 * G) + G;
+            k->rows_from_st(n, nk, s, lds, out);
+            for (int64_t r = 0; r < n; r++)
+                for (int64_t c = -G; c < nk + G; c++) {
+                    const float want = c < 0 || c >= nk ? -1.0f : s[c * lds + r];
+                    bad += memcmp(&out[r][c], &want, sizeof want) != 0;
+                }
+            free(s);
+            free(buf);
+        }
+    CHECK(bad == 0, "%s rows_from_st: %d words differ from the obvious loop", k->name, bad);
+}
+
 /* The ulp measure must see a planted error: one float step off is 1 ulp, not 0. */
 static void test_planted(void) {
     const double e = exp(-1.0);
@@ -374,6 +400,7 @@ int main(void) {
         const attn_kernels *k = &attn_kernels_##name;                                   \
         test_exp(k);                                                                    \
         test_mask_bool(k);                                                              \
+        if (k->rows_from_st) test_rows_from_st(k);                                      \
         for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)                          \
             for (size_t b = 0; b < sizeof nks / sizeof nks[0]; b++) {                  \
                 const int64_t dk = ds[(a + b) % 10], dv = ds[(a + 3 * b + 1) % 10];     \

@@ -234,5 +234,6 @@ const attn_kernels attn_kernels_avx512bf16 = {
     .gemm = attn_gemm_avx512,
     .gemv_rows_bf16 = attn_gemv_rows_bf16_avx2,  // avx2/gemv.c
     .gemv_dots_bf16 = attn_gemv_dots_bf16_avx2,
+    .rows_from_st = attn_rows_from_st_avx2,  // avx2/convert.c
 };
 #endif
