@@ -19,20 +19,19 @@ void fused_tile_weights(const attn_params *p, const fused_plan *plan, const fuse
     const int64_t ld = w->ld, st = p->w_s[3];
     float *mt = w->mt + (j0 - blk->jmin) / plan->bk * ld;
     float *w_b = p->weights + blk->b * p->w_s[0] + j0 * st;
-    int64_t r = 0;
-    for (; r < blk->n; r++) mt[r] = w->m[r];
+    for (int64_t r = 0; r < blk->n; r++) mt[r] = w->m[r];
     if (st == 1) {  /* each row contiguous: the kernel's transposing store, or the loop */
         float *o[ATTN_FWD_BQ_LIMIT];
-        for (r = 0; r < blk->n; r++) o[r] = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2];
+        for (int64_t r = 0; r < blk->n; r++) o[r] = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2];
         if (p->kernels->rows_from_st) {
             p->kernels->rows_from_st(blk->n, nk, w->s, ld, o);
             return;
         }
-        for (r = 0; r < blk->n; r++)
+        for (int64_t r = 0; r < blk->n; r++)
             for (int64_t c = 0; c < nk; c++) o[r][c] = w->s[c * ld + r];
         return;
     }
-    for (r = 0; r < blk->n; r++) {
+    for (int64_t r = 0; r < blk->n; r++) {
         float *w_bhi = w_b + w->h[r] * p->w_s[1] + w->i[r] * p->w_s[2];
         const float *e = w->s + r;
         for (int64_t c = 0; c < nk; c++) w_bhi[c * st] = e[c * ld];

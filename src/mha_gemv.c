@@ -49,23 +49,18 @@ static inline float bf16_f32(uint16_t h) {
     return f;
 }
 
+typedef void rows_fn(float *acc, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
+                     int64_t n, const float *a);
+
 /* acc[0 .. n) += Σ_{r0 <= r < r1} a[r] · w[r·ld + 0 .. n), the portable loop */
-static inline void rows_into_generic(float *acc, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
-                             int64_t n, const float *a) {
+static void rows_generic(float *acc, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
+                         int64_t n, const float *a) {
     for (int64_t r = r0; r < r1; r++) {
         const float ar = a[r];
         const uint16_t *row = w + r * ld;
 #pragma omp simd
         for (int64_t j = 0; j < n; j++) acc[j] += ar * bf16_f32(row[j]);
     }
-}
-
-typedef void rows_fn(float *acc, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
-                     int64_t n, const float *a);
-
-static void rows_generic(float *acc, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
-                         int64_t n, const float *a) {
-    rows_into_generic(acc, w, ld, r0, r1, n, a);
 }
 
 /* The rows loop of the selected kernel's table (gemv_rows_bf16: the AVX2 one of
