@@ -181,34 +181,60 @@ INLINE __m256 round_bf16(__m256 x) {
     return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(quiet), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
-/* acc rows 0..NR-1, value columns d0..d0+15 (nd of them), from the compact p (key c of
- * row r at s[4c + r]; its V row at v + c * ldv, or vrows[c] where vrows is given); lines
- * [l0, l1) of the next tile's K, counted in address order over its rows (line x: row
- * x / lines_k, line x % lines_k of it), asked for a few with each key */
-INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, int64_t ldv,
-                    const char *const *vrows, int64_t d0, int64_t nd, const float *alpha,
-                    float *acc, int64_t dv, const attn_decode_pf *pf, int64_t l0, int64_t l1) {
-    __m256 t[4][2];
-    UNROLL for (int r = 0; r < 4; r++) t[r][0] = t[r][1] = _mm256_setzero_ps();
+/* The lines [l0, l1) of the next tile's K (pf->nk rows of lines_k lines, counted in
+ * address order: line x is line x % lines_k of row x / lines_k, not line i of every row in
+ * pass i: docs/KERNELS.md, "The decoding step's prefetch order on Zen 3") that a P·V pass
+ * asks for beside its FMAs: returns how many its loop asks for (at most cap), *flat the
+ * first of them where the rows lie end to end (line i at *flat + 64 i), else NULL and
+ * their addresses in pa; any past cap are asked for here. Found before the pass, so that
+ * its loop carries one pointer for them: counting rows and lines inside it spilled the
+ * loop's own pointers to the stack (docs/KERNELS.md, "The decoding step's P·V loop"). */
+INLINE int64_t pf_k_lines(const attn_decode_pf *pf, int64_t l0, int64_t l1, int64_t cap,
+                          const char **pa, const char **flat) {
+    *flat = NULL;
+    if (!pf->k || l1 <= l0) return 0;
+    const int64_t lines = pf->lines_k, n = l1 - l0 < cap ? l1 - l0 : cap;
+    if (!pf->k_rows && pf->ldk == 64 * lines) {  // rows end to end: line x at k + 64 x
+        *flat = pf->k + 64 * l0;
+        for (int64_t x = l0 + n; x < l1; x++) _mm_prefetch(pf->k + 64 * x, _MM_HINT_T2);
+        return n;
+    }
+    /* row by row: the lines of a row at one pointer, no per-line test of the row's end */
+    int64_t x = l0, m = 0;
+    for (int64_t row = l0 / lines; x < l1; row++) {
+        const char *base = pf->k_rows ? pf->k_rows[row] : pf->k + row * pf->ldk;
+        const int64_t c1 = (row + 1) * lines < l1 ? (row + 1) * lines : l1;
+        for (; x < c1; x++, m++) {
+            const char *line = base + 64 * (x - row * lines);
+            if (m < n) pa[m] = line;
+            else _mm_prefetch(line, _MM_HINT_T2);
+        }
+    }
+    return n;
+}
+
+/* t[r][0..1] += the compact p (key c of row r at s[4c + r]) times value columns d0.. of
+ * the nk V rows (at v + c * ldv, or vrows[c] where vrows is given), asking for the npa <=
+ * nk lines of the next tile's K at flat + 64 i (FLAT) or pa[i] spread evenly over the keys
+ * (a burst of them in half the keys cost a bfloat16 tile of 128 keys its gain, docs/
+ * KERNELS.md, "The decoding step's P·V loop"). WHOLE: a pass of 16 columns,
+ * a bfloat16 V by halves (t[r][0] the even columns, t[r][1] the odd ones); else the last
+ * pass of a row, nd < 16 columns. Each kind of pass in a loop of its own, its tests
+ * hoisted out of it. */
+INLINE void dec_pv_keys(int DT, int NR, bool WHOLE, bool FLAT, int64_t nk, const float *s,
+                        const char *v, int64_t ldv, const char *const *vrows, int64_t d0,
+                        int64_t nd, const char *const *pa, const char *flat, int64_t npa,
+                        __m256 t[4][2]) {
+    const __m256i hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
     const int64_t n0 = nd < 8 ? nd : 8, n1 = nd - n0;
-    /* a bfloat16 V by halves when the pass is 16 columns wide: t[r][0] sums the even
-     * columns, t[r][1] the odd ones, put back in order once, below */
-    const bool halves = DT == ATTN_BF16 && nd == 16;
-    /* the prefetch's fields as locals: the loop then keeps them in registers. The lines
-     * go out in address order, row after row, not line i of every row in pass i, which
-     * swept the tile's whole span once a pass (docs/KERNELS.md, "The decoding step's
-     * prefetch order on Zen 3") */
-    const char *const pk = pf->k, *const *const pkr = pf->k_rows;
-    const int64_t pldk = pf->ldk, plines = pf->lines_k > 0 ? pf->lines_k : 1;
-    const int64_t per_key = pk && l1 > l0 ? (l1 - l0 + nk - 1) / nk : 0;
-    int64_t pl = l0, prow = l0 / plines, pcol = l0 % plines;
+    int64_t due = 0, ip = 0;
     for (int64_t c = 0; c < nk; c++) {
         const char *row = vrows ? vrows[c] : v + c * ldv;
         __m256 v0, v1;
-        if (halves) {
+        if (WHOLE && DT == ATTN_BF16) {
             const __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + d0));
             v0 = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
-            v1 = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32((int)0xFFFF0000u)));
+            v1 = _mm256_castsi256_ps(_mm256_and_si256(raw, hi16));
         } else if (DT == ATTN_Q8_0) {  // dv a multiple of 32: the 16 columns in one block,
             const uint8_t *b = (const uint8_t *)row + d0 / ATTN_Q8_0_BLOCK * ATTN_Q8_0_BYTES;
             const __m256 sc = _mm256_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8)));
@@ -216,16 +242,17 @@ INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, in
             /* its scale converted once for both halves, each product as load_row's */
             v0 = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q16)));
             v1 = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q16, 8))));
-        } else if (nd == 16) {  // a whole pass: load_row without its tests
+        } else if (WHOLE) {
             v0 = load_row(DT, row, d0, 8);
             v1 = load_row(DT, row, d0 + 8, 8);
         } else {
             v0 = load_row(DT, row, d0, n0);
             v1 = n1 > 0 ? load_row(DT, row, d0 + 8, n1) : _mm256_setzero_ps();
         }
-        for (int64_t x = 0; x < per_key && pl < l1; x++, pl++) {
-            _mm_prefetch((pkr ? pkr[prow] : pk + prow * pldk) + 64 * pcol, _MM_HINT_T2);
-            if (++pcol == plines) pcol = 0, prow++;
+        if ((due += npa) >= nk) {  // npa <= nk lines spread evenly over the nk keys
+            due -= nk;
+            _mm_prefetch(FLAT ? flat + 64 * ip : pa[ip], _MM_HINT_T2);
+            ip++;
         }
         UNROLL for (int r = 0; r < NR; r++) {
             const __m256 pb = _mm256_set1_ps(s[4 * c + r]);
@@ -233,12 +260,39 @@ INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, in
             t[r][1] = _mm256_fmadd_ps(pb, v1, t[r][1]);
         }
     }
-    if (halves)
+}
+
+/* acc rows 0..NR-1, value columns d0..d0+nd-1 (nd <= 16), from the compact p (key c of row
+ * r at s[4c + r]; its V row at v + c * ldv, or vrows[c] where vrows is given), rescaled by
+ * alpha; lines [l0, l1) of the next tile's K (pf_k_lines) asked for a key at a time */
+INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, int64_t ldv,
+                    const char *const *vrows, int64_t d0, int64_t nd, const float *alpha,
+                    float *acc, int64_t dv, const attn_decode_pf *pf, int64_t l0, int64_t l1) {
+    __m256 t[4][2];
+    UNROLL for (int r = 0; r < 4; r++) t[r][0] = t[r][1] = _mm256_setzero_ps();
+    const char *pa[ATTN_BK_LIMIT], *flat;
+    const int64_t npa = pf_k_lines(pf, l0, l1, nk < ATTN_BK_LIMIT ? nk : ATTN_BK_LIMIT, pa, &flat);
+    /* a q8_0 V has dv a multiple of 32, so every pass is whole */
+    if (nd == 16 || DT == ATTN_Q8_0) {
+        if (flat) dec_pv_keys(DT, NR, true, true, nk, s, v, ldv, vrows, d0, 16, pa, flat, npa, t);
+        else dec_pv_keys(DT, NR, true, false, nk, s, v, ldv, vrows, d0, 16, pa, flat, npa, t);
+        if (DT == ATTN_BF16)  // even and odd columns back in order
+            UNROLL for (int r = 0; r < NR; r++) {
+                const __m256 lo = _mm256_unpacklo_ps(t[r][0], t[r][1]), hi = _mm256_unpackhi_ps(t[r][0], t[r][1]);
+                t[r][0] = _mm256_permute2f128_ps(lo, hi, 0x20);
+                t[r][1] = _mm256_permute2f128_ps(lo, hi, 0x31);
+            }
         UNROLL for (int r = 0; r < NR; r++) {
-            const __m256 lo = _mm256_unpacklo_ps(t[r][0], t[r][1]), hi = _mm256_unpackhi_ps(t[r][0], t[r][1]);
-            t[r][0] = _mm256_permute2f128_ps(lo, hi, 0x20);
-            t[r][1] = _mm256_permute2f128_ps(lo, hi, 0x31);
+            const __m256 a = _mm256_set1_ps(alpha[r]);
+            float *o = acc + r * dv + d0;
+            _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(o), a, t[r][0]));
+            _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_loadu_ps(o + 8), a, t[r][1]));
         }
+        return;
+    }
+    if (flat) dec_pv_keys(DT, NR, false, true, nk, s, v, ldv, vrows, d0, nd, pa, flat, npa, t);
+    else dec_pv_keys(DT, NR, false, false, nk, s, v, ldv, vrows, d0, nd, pa, flat, npa, t);
+    const int64_t n0 = nd < 8 ? nd : 8, n1 = nd - n0;
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     UNROLL for (int r = 0; r < NR; r++) {
         const __m256 a = _mm256_set1_ps(alpha[r]);
@@ -313,6 +367,16 @@ void attn_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float
     if (dt == ATTN_Q8_0) {  // rows of blocks: strides and lines in bytes of blocks
         pf.ldv = ldvb, pf.ldk = ldkb;
         pf.lines_v = (attn_row_bytes(dt, dv) + 63) / 64, pf.lines_k = (attn_row_bytes(dt, dk) + 63) / 64;
+    }
+    if (pf.k && ldkb == attn_row_bytes(dt, dk)) {
+        /* rows end to end (a contiguous cache's head): the next tile's K as one span, one
+         * "row" of its lines, each asked for once (rows of 136 bytes, q8_0 at D = 128,
+         * share lines: row by row asked for 384 lines of a 272-line span) */
+        const int64_t skew = (int64_t)((uintptr_t)pf.k & 63);
+        pf.k -= skew;
+        pf.lines_k = (next_nk * ldkb + skew + 63) / 64, pf.nk = 1, pf.ldk = 64 * pf.lines_k;
+    }
+    if (dt == ATTN_Q8_0) {
         DECODE_AVX2(ATTN_Q8_0);
         return;
     }
