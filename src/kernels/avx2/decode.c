@@ -264,7 +264,7 @@ INLINE void dec_pv_keys(int DT, int NR, bool WHOLE, bool FLAT, int64_t nk, const
 
 /* acc rows 0..NR-1, value columns d0..d0+nd-1 (nd <= 16), from the compact p (key c of row
  * r at s[4c + r]; its V row at v + c * ldv, or vrows[c] where vrows is given), rescaled by
- * alpha; lines [l0, l1) of the next tile's K (pf_k_lines) asked for a key at a time */
+ * alpha; lines [l0, l1) of the next tile's K (pf_k_lines) asked for over the pass's keys */
 INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, int64_t ldv,
                     const char *const *vrows, int64_t d0, int64_t nd, const float *alpha,
                     float *acc, int64_t dv, const attn_decode_pf *pf, int64_t l0, int64_t l1) {
