@@ -214,25 +214,28 @@ INLINE int64_t pf_k_lines(const attn_decode_pf *pf, int64_t l0, int64_t l1, int6
 }
 
 /* t[r][0..1] += the compact p (key c of row r at s[4c + r]) times value columns d0.. of
- * the nk V rows (at v + c * ldv, or vrows[c] where vrows is given), asking for the npa <=
- * nk lines of the next tile's K at flat + 64 i (FLAT) or pa[i] spread evenly over the keys
- * (a burst of them in half the keys cost a bfloat16 tile of 128 keys its gain, docs/
- * KERNELS.md, "The decoding step's P·V loop"). WHOLE: a pass of 16 columns,
- * a bfloat16 V by halves (t[r][0] the even columns, t[r][1] the odd ones); else the last
- * pass of a row, nd < 16 columns. Each kind of pass in a loop of its own, its tests
- * hoisted out of it. */
+ * the nk V rows (at v + c * ldv, or vrows[c] where vrows is given), asking beside key c
+ * for the line at flat + c * step bytes (FLAT) or at pa[c >> step]: the caller spreads
+ * the next tile's K lines evenly over the keys that way (a burst of them in half the keys
+ * cost a bfloat16 tile of 128 keys its gain), a line asked for twice where there are fewer
+ * lines than keys, so that the loop has no test of its own for it (docs/KERNELS.md, "The
+ * decoding step's P·V loop"). WHOLE: a pass of 16 columns, a bfloat16 V by halves
+ * (t[r][0] the even columns, t[r][1] the odd ones); else the last pass of a row, nd < 16
+ * columns. Each kind of pass in a loop of its own, its tests hoisted out of it. */
 INLINE void dec_pv_keys(int DT, int NR, bool WHOLE, bool FLAT, int64_t nk, const float *s,
                         const char *v, int64_t ldv, const char *const *vrows, int64_t d0,
-                        int64_t nd, const char *const *pa, const char *flat, int64_t npa,
+                        int64_t nd, const char *const *pa, const char *flat, int64_t step,
                         __m256 t[4][2]) {
     const __m256i hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
     const int64_t n0 = nd < 8 ? nd : 8, n1 = nd - n0;
-    int64_t due = 0, ip = 0;
+    /* a whole pass's columns from a pointer at column d0: one pointer a key in the loop */
+    const int64_t at = WHOLE && DT != ATTN_Q8_0 ? d0 * (int64_t)attn_elem_bytes((attn_dtype)DT) : 0;
+    const int64_t dl = at ? 0 : d0;
     for (int64_t c = 0; c < nk; c++) {
-        const char *row = vrows ? vrows[c] : v + c * ldv;
+        const char *row = (vrows ? vrows[c] : v + c * ldv) + at;
         __m256 v0, v1;
         if (WHOLE && DT == ATTN_BF16) {
-            const __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + d0));
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + dl));
             v0 = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
             v1 = _mm256_castsi256_ps(_mm256_and_si256(raw, hi16));
         } else if (DT == ATTN_Q8_0) {  // dv a multiple of 32: the 16 columns in one block,
@@ -243,17 +246,13 @@ INLINE void dec_pv_keys(int DT, int NR, bool WHOLE, bool FLAT, int64_t nk, const
             v0 = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q16)));
             v1 = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q16, 8))));
         } else if (WHOLE) {
-            v0 = load_row(DT, row, d0, 8);
-            v1 = load_row(DT, row, d0 + 8, 8);
+            v0 = load_row(DT, row, dl, 8);
+            v1 = load_row(DT, row, dl + 8, 8);
         } else {
             v0 = load_row(DT, row, d0, n0);
             v1 = n1 > 0 ? load_row(DT, row, d0 + 8, n1) : _mm256_setzero_ps();
         }
-        if ((due += npa) >= nk) {  // npa <= nk lines spread evenly over the nk keys
-            due -= nk;
-            _mm_prefetch(FLAT ? flat + 64 * ip : pa[ip], _MM_HINT_T2);
-            ip++;
-        }
+        _mm_prefetch(FLAT ? flat + c * step : pa[c >> step], _MM_HINT_T2);
         UNROLL for (int r = 0; r < NR; r++) {
             const __m256 pb = _mm256_set1_ps(s[4 * c + r]);
             t[r][0] = _mm256_fmadd_ps(pb, v0, t[r][0]);
@@ -272,10 +271,23 @@ INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, in
     UNROLL for (int r = 0; r < 4; r++) t[r][0] = t[r][1] = _mm256_setzero_ps();
     const char *pa[ATTN_BK_LIMIT], *flat;
     const int64_t npa = pf_k_lines(pf, l0, l1, nk < ATTN_BK_LIMIT ? nk : ATTN_BK_LIMIT, pa, &flat);
+    /* the npa <= nk lines over the nk keys: at one pointer, line floor(c npa / nk) beside
+     * key c; from the list, line c >> step, step the least shift that keeps it in the
+     * list, and the lines past the last so asked for asked here (none where npa is nk /
+     * 2^step: float32 tiles of 64 keys ask 64 lines a pass, bfloat16 of 128 ask 64) */
+    int64_t step = 0;
+    if (npa == 0) {
+        flat = (const char *)s;  // nothing to ask for: a line of the loop's own, in L1
+    } else if (flat) {
+        step = (64 * npa + nk - 1) / nk;  // the last key's line at most one past l1's
+    } else {
+        while (((nk - 1) >> step) + 1 > npa) step++;
+        for (int64_t x = ((nk - 1) >> step) + 1; x < npa; x++) _mm_prefetch(pa[x], _MM_HINT_T2);
+    }
     /* a q8_0 V has dv a multiple of 32, so every pass is whole */
     if (nd == 16 || DT == ATTN_Q8_0) {
-        if (flat) dec_pv_keys(DT, NR, true, true, nk, s, v, ldv, vrows, d0, 16, pa, flat, npa, t);
-        else dec_pv_keys(DT, NR, true, false, nk, s, v, ldv, vrows, d0, 16, pa, flat, npa, t);
+        if (flat) dec_pv_keys(DT, NR, true, true, nk, s, v, ldv, vrows, d0, 16, pa, flat, step, t);
+        else dec_pv_keys(DT, NR, true, false, nk, s, v, ldv, vrows, d0, 16, pa, flat, step, t);
         if (DT == ATTN_BF16)  // even and odd columns back in order
             UNROLL for (int r = 0; r < NR; r++) {
                 const __m256 lo = _mm256_unpacklo_ps(t[r][0], t[r][1]), hi = _mm256_unpackhi_ps(t[r][0], t[r][1]);
@@ -290,8 +302,8 @@ INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, in
         }
         return;
     }
-    if (flat) dec_pv_keys(DT, NR, false, true, nk, s, v, ldv, vrows, d0, nd, pa, flat, npa, t);
-    else dec_pv_keys(DT, NR, false, false, nk, s, v, ldv, vrows, d0, nd, pa, flat, npa, t);
+    if (flat) dec_pv_keys(DT, NR, false, true, nk, s, v, ldv, vrows, d0, nd, pa, flat, step, t);
+    else dec_pv_keys(DT, NR, false, false, nk, s, v, ldv, vrows, d0, nd, pa, flat, step, t);
     const int64_t n0 = nd < 8 ? nd : 8, n1 = nd - n0;
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     UNROLL for (int r = 0; r < NR; r++) {
