@@ -14,6 +14,11 @@
  * speed ratio, then each build's median time and GB/s of K and V read, and a plain read
  * of the same buffers ("read", the bench's loop) beside them. L 16384, HKV 8 (134 MB of
  * float32) streams from memory; L 256, HKV 1, REPS 200, NT=1 keeps the cache in L2.
+ * PAGE=ps (ps < BK, dividing BK): the cache in pools [L / ps, HKV, ps, D] with the pages in
+ * a shuffled order, each tile across pages by decode_rows on its rows' addresses, the
+ * next tile's K addresses handed on and the first 4 lines of each of its page runs, K
+ * and V, asked for first, as the framework does (src/fused.c, block_sweep and
+ * prefetch_runs); the read is then of the pools in order.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -37,6 +42,35 @@ typedef void decode_fn(int64_t n, int64_t nk, int64_t dk, int64_t dv, const floa
 #define DECL(i) decode_fn dec_v##i __attribute__((weak));
 DECL(0) DECL(1) DECL(2) DECL(3) DECL(4) DECL(5)
 static decode_fn *const BUILDS[6] = {dec_v0, dec_v1, dec_v2, dec_v3, dec_v4, dec_v5};
+typedef void rows_fn(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
+                     attn_dtype dt, bool round_p, const char *const *kr, const char *const *vr,
+                     float scale, float *s, float *m, float *l, float *alpha, float *acc,
+                     bool prefetch, const char *const *next_kr, int64_t next_nk);
+#define DECLR(i) rows_fn drw_v##i __attribute__((weak));
+DECLR(0) DECLR(1) DECLR(2) DECLR(3) DECLR(4) DECLR(5)
+static rows_fn *const ROWS[6] = {drw_v0, drw_v1, drw_v2, drw_v3, drw_v4, drw_v5};
+
+enum { D = 128, MAX_ROUNDS = 64 };
+
+/* The rows j0 .. j0+n-1 of head h of pooled pages (page p of the sequence at pool page
+ * perm[p]; pools [L / ps, H, ps, D] of es-byte elements) into rows[]. */
+static void page_rows(const char *pool, const int64_t *perm, int64_t ps, int64_t H, int64_t h,
+                      int64_t es, int64_t j0, int64_t n, const char **rows) {
+    for (int64_t c = 0; c < n; c++) {
+        const int64_t j = j0 + c;
+        rows[c] = pool + ((perm[j / ps] * H + h) * ps + j % ps) * D * es;
+    }
+}
+
+/* the first 4 lines of each page run (ps rows from a multiple of ps; the tile's first
+ * keys j0 % ps == 0 here) of K and V rows kr, vr: the framework's prefetch_runs */
+static void prefetch_runs(const char *const *kr, const char *const *vr, int64_t n, int64_t ps) {
+    for (int64_t c = 0; c < n; c += ps)
+        for (int x = 0; x < 4; x++) {
+            _mm_prefetch(kr[c] + 64 * x, _MM_HINT_T2);
+            _mm_prefetch(vr[c] + 64 * x, _MM_HINT_T2);
+        }
+}
 
 static double now(void) {
     struct timespec t;
@@ -65,8 +99,6 @@ static void sort(double *x, int n) {
             }
 }
 
-enum { D = 128, MAX_ROUNDS = 64 };
-
 int main(int argc, char **argv) {
     const int bf16 = argc > 1 ? atoi(argv[1]) : 0;
     const int64_t bk = argc > 2 ? atoll(argv[2]) : (bf16 ? 128 : 64);
@@ -75,10 +107,12 @@ int main(int argc, char **argv) {
     const int64_t L = argc > 5 ? atoll(argv[5]) : 16384, H = argc > 6 ? atoll(argv[6]) : 8;
     const int64_t reps = argc > 7 ? atoll(argv[7]) : 1;
     const int nt = getenv("NT") ? atoi(getenv("NT")) : 2;
+    const int64_t ps = getenv("PAGE") ? atoll(getenv("PAGE")) : 0;
     if (rounds > MAX_ROUNDS) rounds = MAX_ROUNDS;
-    if (bk < 1 || bk > ATTN_BK_LIMIT || g < 1 || g > 16 || L < bk || L % bk || H < 1 || reps < 1) {
-        fprintf(stderr, "decode_ab: 1 <= BK <= %d dividing L, 1 <= G <= 16, HKV, REPS >= 1\n",
-                ATTN_BK_LIMIT);
+    if (bk < 1 || bk > ATTN_BK_LIMIT || g < 1 || g > 16 || L < bk || L % bk || H < 1 || reps < 1 ||
+        ps < 0 || (ps > 0 && (ps >= bk || bk % ps))) {
+        fprintf(stderr, "decode_ab: 1 <= BK <= %d dividing L, 1 <= G <= 16, HKV, REPS >= 1, "
+                        "PAGE < BK dividing BK\n", ATTN_BK_LIMIT);
         return 2;
     }
     const attn_dtype dt = bf16 ? ATTN_BF16 : ATTN_F32;
@@ -92,6 +126,14 @@ int main(int argc, char **argv) {
         ((uint16_t *)v)[i] = bf16 ? (uint16_t)(0x3C00 + i % 89) : (uint16_t)(i % 2 ? 0x3C80 : 0);
     }
     for (int64_t i = 0; i < H * 16 * D; i++) q[i] = sinf(0.1f * (float)i);
+    int64_t *perm = ps ? malloc((size_t)(L / ps) * sizeof *perm) : NULL;
+    if (ps && !perm) return fprintf(stderr, "decode_ab: out of memory\n"), 1;
+    for (int64_t p = 0; ps && p < L / ps; p++) perm[p] = p;
+    for (int64_t p = ps ? L / ps - 1 : 0, x = 0x2545F491; p > 0; p--) {  // a fixed shuffle
+        x = x * 6364136223846793005 + 1442695040888963407;
+        const int64_t o = (int64_t)((uint64_t)x >> 33) % (p + 1), y = perm[p];
+        perm[p] = perm[o], perm[o] = y;
+    }
     double t[NV + 1][MAX_ROUNDS];
     float sink = 0;
     for (int r = 0; r < rounds; r++)
@@ -110,6 +152,26 @@ int main(int argc, char **argv) {
                     float s[4 * (ATTN_BK_LIMIT + 4)], m[16], l[16], al[16], acc[16 * D];
                     for (int i = 0; i < 16; i++) m[i] = -INFINITY, l[i] = 0.0f;
                     memset(acc, 0, sizeof acc);
+                    if (ps) {  // tiles across pages, as block_sweep hands them on
+                        const char *kr2[2][ATTN_BK_LIMIT], *vr[ATTN_BK_LIMIT];
+                        page_rows(k, perm, ps, H, h, es, 0, bk, kr2[0]);
+                        for (int64_t j = 0, t = 0; j < L; j += bk, t ^= 1) {
+                            const int64_t nn = j + bk < L ? bk : 0;
+                            page_rows(v, perm, ps, H, h, es, j, bk, vr);
+                            if (nn) {
+                                const char *nv[ATTN_BK_LIMIT];
+                                page_rows(k, perm, ps, H, h, es, j + bk, nn, kr2[t ^ 1]);
+                                page_rows(v, perm, ps, H, h, es, j + bk, nn, nv);
+                                prefetch_runs(kr2[t ^ 1], nv, nn, ps);
+                            }
+                            for (int r0 = 0; r0 < g; r0 += 4)
+                                ROWS[b](g - r0 < 4 ? g - r0 : 4, bk, D, D, q + (h * 16 + r0) * D, dt,
+                                        false, kr2[t], vr, 0.088f, s, m + r0, l + r0, al + r0,
+                                        acc + r0 * D, r0 == 0, kr2[t ^ 1], nn);
+                        }
+                        sink += acc[5];
+                        continue;
+                    }
                     const char *kh = k + h * L * D * es, *vh = v + h * L * D * es;
                     for (int64_t j = 0; j < L; j += bk)
                         for (int r0 = 0; r0 < g; r0 += 4)

@@ -5,6 +5,7 @@
 # the working tree's file; v0 is the first. Not run by make check.
 #   scripts/decode_ab.sh HEAD~1 WORK [-- DTYPE BK ROUNDS G L HKV REPS]
 #   NT=1 scripts/decode_ab.sh HEAD~1 WORK -- 0 64 21 4 256 1 200   # K and V in L2
+#   PAGE=16 scripts/decode_ab.sh HEAD~1 WORK -- 0 64 9   # pages of 16, decode_rows
 set -eu
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
