@@ -371,10 +371,12 @@ static void tile_logits(const attn_params *p, const attn_kernels *kern, const fu
  * and value rows of the tile PREFETCH_TILES ahead are asked for at once by prefetch_tile,
  * into the outer caches (prefetcht2: a tile of K and V is 64 KiB, twice the L1; a burst
  * like this stalls on the miss queue: docs/KERNELS.md). A paged tile across pages
- * (decode_rows) asks for the whole next tile at once too, on top of the kernel's own
- * prefetch: the hardware prefetcher restarts at each page, and the kernel's V, asked for
- * half a tile ahead, came late there (docs/KERNELS.md, "Paged decoding"). */
-enum { PREFETCH_TILES = 2 };
+ * (decode_rows) asks for the first RUN_LINES lines of each page run of the next tile, K
+ * and V, on top of the kernel's own prefetch (prefetch_runs): the hardware prefetcher
+ * restarts at each page, and a run's first lines were the ones that came late; the whole
+ * next tile asked for at once did no better than nothing (docs/KERNELS.md, "Paged
+ * decoding"). */
+enum { PREFETCH_TILES = 2, RUN_LINES = 4 };
 
 /* Row j of the block's key/value head in K or V (base, strides st), as the bytes the
  * decoding entries take. */
@@ -409,6 +411,26 @@ static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t 
         for (int64_t r = 0; r < seg; r++, k += ks, v += vs) {
             for (int64_t x = 0; x < kb; x += 64) __builtin_prefetch(k + x, 0, 1);
             for (int64_t x = 0; x < vb; x += 64) __builtin_prefetch(v + x, 0, 1);
+        }
+    }
+}
+
+/* The first RUN_LINES lines of each run of rows at one stride (a page's) of keys j0 ..
+ * j0+nk-1, in K and in V; no further than the run's bytes where its rows lie end to end,
+ * else than its first row's. */
+static void prefetch_runs(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
+    const bool q8 = p->kv_dt == ATTN_Q8_0;
+    const int64_t ek = attn_elem_bytes(p->kv_dt);
+    const int64_t kb = q8 ? attn_row_bytes(p->kv_dt, p->Dk) : p->Dk * p->k_s[3] * ek;
+    const int64_t vb = q8 ? attn_row_bytes(p->kv_dt, p->Dv) : p->Dv * p->v_s[3] * ek;
+    const int64_t ks = attn_row_byte_offset(p->kv_dt, p->k_s[2]), vs = attn_row_byte_offset(p->kv_dt, p->v_s[2]);
+    for (int64_t c = j0, seg; c < j0 + nk; c += seg) {
+        seg = fused_kv_segment(p, c, j0 + nk - c);
+        const char *k = fused_kv_row(p, blk, p->k, p->k_s, c), *v = fused_kv_row(p, blk, p->v, p->v_s, c);
+        const int64_t kn = ks == kb ? seg * kb : kb, vn = vs == vb ? seg * vb : vb;
+        for (int64_t x = 0; x < RUN_LINES * 64; x += 64) {
+            if (x < kn) __builtin_prefetch(k + x, 0, 1);
+            if (x < vn) __builtin_prefetch(v + x, 0, 1);
         }
     }
 }
@@ -542,11 +564,9 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
             if (next_nk > 0) kv_row_addrs(p, blk, p->k, p->k_s, j1, next_nk, kn);
             kr_at = next_nk > 0 ? j1 : -1;
             kv_row_addrs(p, blk, p->v, p->v_s, j0, nk, vr);
-            /* and the whole next tile, K and V, asked for here at once: the hardware
-             * prefetcher stops at each page, and the kernel's own prefetch of this V
-             * (during Q·Kᵀ, half a tile ahead) came too late for small pages
-             * (docs/KERNELS.md, "Paged decoding") */
-            if (next_nk > 0) prefetch_tile(p, blk, j1, next_nk);
+            /* and the first lines of each page run of the next tile, K and V: the
+             * hardware prefetcher stops at each page (docs/KERNELS.md, "Paged decoding") */
+            if (next_nk > 0) prefetch_runs(p, blk, j1, next_nk);
             for (int64_t r0 = 0; r0 < n; r0 += 4)
                 kern->decode_rows(n - r0 < 4 ? n - r0 : 4, nk, dk, dv, w->q + r0 * dk, p->kv_dt,
                                   fast, kr, vr, p->scale, w->s, w->m + r0, w->l + r0,
