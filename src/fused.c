@@ -397,17 +397,29 @@ static void kv_row_addrs(const attn_params *p, const fused_block *blk, const voi
     }
 }
 
-static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
+/* The K and V rows of keys j0 .. j0+nk-1 asked for, segment by segment (a page's rows at
+ * one stride: one table look-up a page): every line of every row (first 0, prefetch_tile's
+ * burst), or the first `first` lines of each segment (prefetch_runs), no further than the
+ * segment's bytes where its rows lie end to end, else than its first row's. */
+static void prefetch_kv(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk,
+                        int64_t first) {
     /* a row's bytes from its first: q8_0 rows are contiguous blocks (stride 1) */
     const bool q8 = p->kv_dt == ATTN_Q8_0;
     const int64_t ek = attn_elem_bytes(p->kv_dt);
     const int64_t kb = q8 ? attn_row_bytes(p->kv_dt, p->Dk) : p->Dk * p->k_s[3] * ek;
     const int64_t vb = q8 ? attn_row_bytes(p->kv_dt, p->Dv) : p->Dv * p->v_s[3] * ek;
     const int64_t ks = attn_row_byte_offset(p->kv_dt, p->k_s[2]), vs = attn_row_byte_offset(p->kv_dt, p->v_s[2]);
-    /* segment by segment (a page's rows at one stride): one table look-up a page */
     for (int64_t c = j0, seg; c < j0 + nk; c += seg) {
         seg = fused_kv_segment(p, c, j0 + nk - c);
         const char *k = fused_kv_row(p, blk, p->k, p->k_s, c), *v = fused_kv_row(p, blk, p->v, p->v_s, c);
+        if (first > 0) {
+            const int64_t kn = ks == kb ? seg * kb : kb, vn = vs == vb ? seg * vb : vb;
+            for (int64_t x = 0; x < first * 64; x += 64) {
+                if (x < kn) __builtin_prefetch(k + x, 0, 1);
+                if (x < vn) __builtin_prefetch(v + x, 0, 1);
+            }
+            continue;
+        }
         for (int64_t r = 0; r < seg; r++, k += ks, v += vs) {
             for (int64_t x = 0; x < kb; x += 64) __builtin_prefetch(k + x, 0, 1);
             for (int64_t x = 0; x < vb; x += 64) __builtin_prefetch(v + x, 0, 1);
@@ -415,24 +427,12 @@ static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t 
     }
 }
 
-/* The first RUN_LINES lines of each run of rows at one stride (a page's) of keys j0 ..
- * j0+nk-1, in K and in V; no further than the run's bytes where its rows lie end to end,
- * else than its first row's. */
+static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
+    prefetch_kv(p, blk, j0, nk, 0);
+}
+
 static void prefetch_runs(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
-    const bool q8 = p->kv_dt == ATTN_Q8_0;
-    const int64_t ek = attn_elem_bytes(p->kv_dt);
-    const int64_t kb = q8 ? attn_row_bytes(p->kv_dt, p->Dk) : p->Dk * p->k_s[3] * ek;
-    const int64_t vb = q8 ? attn_row_bytes(p->kv_dt, p->Dv) : p->Dv * p->v_s[3] * ek;
-    const int64_t ks = attn_row_byte_offset(p->kv_dt, p->k_s[2]), vs = attn_row_byte_offset(p->kv_dt, p->v_s[2]);
-    for (int64_t c = j0, seg; c < j0 + nk; c += seg) {
-        seg = fused_kv_segment(p, c, j0 + nk - c);
-        const char *k = fused_kv_row(p, blk, p->k, p->k_s, c), *v = fused_kv_row(p, blk, p->v, p->v_s, c);
-        const int64_t kn = ks == kb ? seg * kb : kb, vn = vs == vb ? seg * vb : vb;
-        for (int64_t x = 0; x < RUN_LINES * 64; x += 64) {
-            if (x < kn) __builtin_prefetch(k + x, 0, 1);
-            if (x < vn) __builtin_prefetch(v + x, 0, 1);
-        }
-    }
+    prefetch_kv(p, blk, j0, nk, RUN_LINES);
 }
 
 /* Of the nk >= 1 keys from j, how many lie at one stride from row j: all of them in a
