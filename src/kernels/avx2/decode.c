@@ -279,7 +279,7 @@ INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, in
     if (npa == 0) {
         flat = (const char *)s;  // nothing to ask for: a line of the loop's own, in L1
     } else if (flat) {
-        step = (64 * npa + nk - 1) / nk;  // the last key's line at most one past l1's
+        step = (64 * npa + nk - 1) / nk;  // up to (nk - 1) / 64 lines past l1's: a hint
     } else {
         while (((nk - 1) >> step) + 1 > npa) step++;
         for (int64_t x = ((nk - 1) >> step) + 1; x < npa; x++) _mm_prefetch(pa[x], _MM_HINT_T2);
