@@ -42,11 +42,11 @@ typedef struct dec_loops {
 } dec_loops;
 
 /* objdump -d build/obj/kernels/avx2/decode.o, the 4-row loops of attn_decode_avx2 (P·V
- * recounted at af1ca94: its key loop asks for a line every key, no test) */
+ * recounted after af1ca94: its key loop asks for a line every key, no test) */
 static const dec_loops DEC_LOOPS[] = {
-    {ATTN_F32, {13, 8, 10, 16}, {24, 8, 6, 16}},
-    {ATTN_BF16, {28, 16, 20, 32}, {23, 8, 6, 16}},
-    {ATTN_F16, {23, 8, 10, 16}, {24, 8, 6, 16}},
+    {ATTN_F32, {13, 8, 10, 16}, {22, 8, 6, 16}},
+    {ATTN_BF16, {28, 16, 20, 32}, {24, 8, 6, 16}},
+    {ATTN_F16, {23, 8, 10, 16}, {22, 8, 6, 16}},
     {ATTN_Q8_0, {93, 32, 48, 64}, {32, 8, 7, 16}},
 };
 enum { DEC_KEY_INS = 22 };

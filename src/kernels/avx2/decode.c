@@ -189,12 +189,14 @@ INLINE __m256 round_bf16(__m256 x) {
  * their addresses in pa; any past cap are asked for here. Found before the pass, so that
  * its loop carries one pointer for them: counting rows and lines inside it spilled the
  * loop's own pointers to the stack (docs/KERNELS.md, "The decoding step's P·V loop"). */
+INLINE bool pf_k_flat(const attn_decode_pf *pf) { return !pf->k_rows && pf->ldk == 64 * pf->lines_k; }
+
 INLINE int64_t pf_k_lines(const attn_decode_pf *pf, int64_t l0, int64_t l1, int64_t cap,
                           const char **pa, const char **flat) {
     *flat = NULL;
     if (!pf->k || l1 <= l0) return 0;
     const int64_t lines = pf->lines_k, n = l1 - l0 < cap ? l1 - l0 : cap;
-    if (!pf->k_rows && pf->ldk == 64 * lines) {  // rows end to end: line x at k + 64 x
+    if (pf_k_flat(pf)) {  // rows end to end: line x at k + 64 x
         *flat = pf->k + 64 * l0;
         for (int64_t x = l0 + n; x < l1; x++) _mm_prefetch(pf->k + 64 * x, _MM_HINT_T2);
         return n;
@@ -230,12 +232,11 @@ INLINE void dec_pv_keys(int DT, int NR, bool WHOLE, bool FLAT, int64_t nk, const
     const int64_t n0 = nd < 8 ? nd : 8, n1 = nd - n0;
     /* a whole pass's columns from a pointer at column d0: one pointer a key in the loop */
     const int64_t at = WHOLE && DT != ATTN_Q8_0 ? d0 * (int64_t)attn_elem_bytes((attn_dtype)DT) : 0;
-    const int64_t dl = at ? 0 : d0;
     for (int64_t c = 0; c < nk; c++) {
         const char *row = (vrows ? vrows[c] : v + c * ldv) + at;
         __m256 v0, v1;
         if (WHOLE && DT == ATTN_BF16) {
-            const __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + dl));
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)row);
             v0 = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
             v1 = _mm256_castsi256_ps(_mm256_and_si256(raw, hi16));
         } else if (DT == ATTN_Q8_0) {  // dv a multiple of 32: the 16 columns in one block,
@@ -246,8 +247,8 @@ INLINE void dec_pv_keys(int DT, int NR, bool WHOLE, bool FLAT, int64_t nk, const
             v0 = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q16)));
             v1 = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q16, 8))));
         } else if (WHOLE) {
-            v0 = load_row(DT, row, dl, 8);
-            v1 = load_row(DT, row, dl + 8, 8);
+            v0 = load_row(DT, row, 0, 8);
+            v1 = load_row(DT, row, 8, 8);
         } else {
             v0 = load_row(DT, row, d0, n0);
             v1 = n1 > 0 ? load_row(DT, row, d0 + 8, n1) : _mm256_setzero_ps();
@@ -269,21 +270,20 @@ INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, in
                     float *acc, int64_t dv, const attn_decode_pf *pf, int64_t l0, int64_t l1) {
     __m256 t[4][2];
     UNROLL for (int r = 0; r < 4; r++) t[r][0] = t[r][1] = _mm256_setzero_ps();
-    const char *pa[ATTN_BK_LIMIT], *flat;
-    const int64_t npa = pf_k_lines(pf, l0, l1, nk < ATTN_BK_LIMIT ? nk : ATTN_BK_LIMIT, pa, &flat);
-    /* the npa <= nk lines over the nk keys: at one pointer, line floor(c npa / nk) beside
-     * key c; from the list, line c >> step, step the least shift that keeps it in the
-     * list, and the lines past the last so asked for asked here (none where npa is nk /
-     * 2^step: float32 tiles of 64 keys ask 64 lines a pass, bfloat16 of 128 ask 64) */
+    /* the lines over the nk keys, at most one a key: at one pointer, line floor(c npa / nk)
+     * beside key c; from the list, line c >> step, step the least shift that keeps it in
+     * the lines, the loop's list of ((nk - 1) >> step) + 1 (all of them where the lines
+     * are nk / 2^step: float32 tiles of 64 keys ask 64 lines a pass, bfloat16 of 128 ask
+     * 64); pf_k_lines asks for any past the loop's */
+    const int64_t kmax = nk < ATTN_BK_LIMIT ? nk : ATTN_BK_LIMIT;
+    const int64_t want = pf->k && l1 > l0 ? (l1 - l0 < kmax ? l1 - l0 : kmax) : 0;
     int64_t step = 0;
-    if (npa == 0) {
-        flat = (const char *)s;  // nothing to ask for: a line of the loop's own, in L1
-    } else if (flat) {
-        step = (64 * npa + nk - 1) / nk;  // up to (nk - 1) / 64 lines past l1's: a hint
-    } else {
-        while (((nk - 1) >> step) + 1 > npa) step++;
-        for (int64_t x = ((nk - 1) >> step) + 1; x < npa; x++) _mm_prefetch(pa[x], _MM_HINT_T2);
-    }
+    if (want > 0 && !pf_k_flat(pf))
+        while (((nk - 1) >> step) + 1 > want) step++;
+    const char *pa[ATTN_BK_LIMIT], *flat;
+    const int64_t npa = pf_k_lines(pf, l0, l1, step ? ((nk - 1) >> step) + 1 : kmax, pa, &flat);
+    if (npa == 0) flat = (const char *)s;  // nothing to ask for: a line of the loop's own, in L1
+    else if (flat) step = (64 * npa + nk - 1) / nk;  // up to (nk - 1) / 64 lines past l1's: a hint
     /* a q8_0 V has dv a multiple of 32, so every pass is whole */
     if (nd == 16 || DT == ATTN_Q8_0) {
         if (flat) dec_pv_keys(DT, NR, true, true, nk, s, v, ldv, vrows, d0, 16, pa, flat, step, t);
