@@ -17,15 +17,43 @@ jobs=$(nproc 2>/dev/null || echo 2)
 total_pass=0
 total_fail=0
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+times_file=$(mktemp)
+trap 'rm -f "$log" "$times_file"' EXIT
+check_start=$(date +%s)
+
+# stage_time NAME START_NS CPU_BEFORE: one line of the closing per-stage table (wall
+# seconds, and the CPU seconds of the stage's processes, which load from other jobs
+# inflates less than the wall time)
+cpu_now() { local t; t=$(times | tail -n 1); awk '{ split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%.2f", u[1] * 60 + u[2] + s[1] * 60 + s[2] }' <<<"$t"; }
+stage_time() {
+    local name=$1 t0=$2 c0=$3 t1 c1
+    t1=$(date +%s.%N)
+    c1=$(cpu_now)
+    awk -v n="$name" -v a="$t0" -v b="$t1" -v c="$c0" -v d="$c1" \
+        'BEGIN { printf "%8.1f %8.1f  %s\n", b - a, d - c, n }' >>"$times_file"
+}
+# timed NAME COMMAND...: a build step, timed as a stage
+timed() {
+    local name=$1 t0 c0 rc
+    shift
+    t0=$(date +%s.%N)
+    c0=$(cpu_now)
+    "$@"
+    rc=$?
+    stage_time "$name" "$t0" "$c0"
+    return $rc
+}
 
 # run_suite NAME COMMAND...: runs one suite, echoes its output, adds its counts.
 run_suite() {
-    local name=$1
+    local name=$1 t0 c0
     shift
     echo "== $name"
+    t0=$(date +%s.%N)
+    c0=$(cpu_now)
     "$@" 2>&1 | tee "$log"
     local rc=${PIPESTATUS[0]}
+    stage_time "$name" "$t0" "$c0"
     local line
     line=$(grep -E '^[A-Za-z0-9_-]+: [0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
     if [ -z "$line" ]; then
@@ -78,7 +106,7 @@ run_all() {
     [ -n "$label" ] || run_suite "test_bench_viz.sh" bash tests/test_bench_viz.sh "$b/attn"
 }
 
-make -s -j"$jobs" all tests || { echo "0 passed, 1 failed"; exit 1; }
+timed "build" make -s -j"$jobs" all tests || { echo "0 passed, 1 failed"; exit 1; }
 # The projections need a BLAS (scripts/deps.sh installs OpenBLAS): a build without one
 # would skip their tests, so here it is a failure unless asked for.
 if build/attn --version | grep -q '^BLAS: none$' && [ "${ATTN_CHECK_NO_BLAS:-0}" != 1 ]; then
@@ -119,7 +147,7 @@ if [ "${ATTN_CHECK_CROSS:-1}" != 0 ] && [ "$(uname -m)" = x86_64 ]; then
         targets="build-arm64/libattn.a"
         for t in $CROSS_SUITES; do targets="$targets build-arm64/tests/$t"; done
         # shellcheck disable=SC2086
-        if make -s -j"$jobs" CC=aarch64-linux-gnu-gcc BUILD=build-arm64 BLAS=none $targets; then
+        if timed "build aarch64" make -s -j"$jobs" CC=aarch64-linux-gnu-gcc BUILD=build-arm64 BLAS=none $targets; then
             for t in $CROSS_SUITES; do
                 run_suite "aarch64 (qemu) $t" env QEMU_LD_PREFIX=/usr/aarch64-linux-gnu \
                     qemu-aarch64 "build-arm64/tests/$t"
@@ -136,7 +164,7 @@ fi
 if [ "${ATTN_CHECK_SANITIZE:-1}" != 0 ]; then
     san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
     san="$san -DATTN_FAULT_INJECTION"
-    if make -s -j"$jobs" BUILD=build-san OPT=-O1 SAN="$san" all tests; then
+    if timed "build asan+ubsan" make -s -j"$jobs" BUILD=build-san OPT=-O1 SAN="$san" all tests; then
         export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
         export UBSAN_OPTIONS=print_stacktrace=1
         run_all build-san "asan+ubsan "
@@ -150,5 +178,8 @@ fi
 . scripts/check_harden.sh
 
 echo
+echo "== per-stage times: wall s, CPU s (this run, $(nproc 2>/dev/null || echo ?) cores), longest first"
+sort -rn "$times_file"
+awk -v t="$(($(date +%s) - check_start))" 'BEGIN { printf "%8d s wall in all\n", t }'
 echo "$total_pass passed, $total_fail failed"
 [ "$total_fail" -eq 0 ]

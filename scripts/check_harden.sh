@@ -20,7 +20,7 @@ if [ "${ATTN_CHECK_TSAN:-1}" != 0 ]; then
     echo 'int main(void) { return 0; }' >"$tsan_probe/p.c"
     if ${CC:-cc} -fsanitize=thread "$tsan_probe/p.c" -o "$tsan_probe/p" 2>/dev/null &&
         "$tsan_probe/p" 2>/dev/null; then
-        if make -s -j"$jobs" BUILD=build-tsan OPT=-O1 OPENMP=-fopenmp-simd BLAS=none \
+        if timed "build tsan" make -s -j"$jobs" BUILD=build-tsan OPT=-O1 OPENMP=-fopenmp-simd BLAS=none \
             SAN="-fsanitize=thread" build-tsan/tests/test_threads; then
             # a report sets the exit status (66), which run_suite counts as a failure
             run_suite "tsan test_threads" env TSAN_OPTIONS="halt_on_error=0 exitcode=66" \
@@ -89,7 +89,7 @@ if [ "${ATTN_CHECK_FUZZ:-1}" != 0 ]; then
         'int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { return 0; }' >"$fuzz_probe/p.c"
     if command -v clang >/dev/null 2>&1 &&
         clang -fsanitize=fuzzer,address "$fuzz_probe/p.c" -o "$fuzz_probe/p" 2>/dev/null; then
-        if make -s -j"$jobs" fuzz-build >/dev/null; then
+        if timed "build fuzz" make -s -j"$jobs" fuzz-build >/dev/null; then
             for f in fuzz/fuzz_*.c; do
                 h=$(basename "$f" .c)
                 run_suite "fuzz $h" bash scripts/fuzz.sh "${ATTN_CHECK_FUZZ_TIME:-30}" build-fuzz "$h"
