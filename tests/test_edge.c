@@ -658,18 +658,54 @@ static void planted_errors(void) {
     for (int64_t i = 0; i < t.nl; i++)
         if (t.lse_ref[i] == -INFINITY) { ninf = i; break; }
     CHECK(ninf >= 0, "planted: the LSE setup has no empty row");
-    CHECK(within_f32_tol(t.lse_got, t.lse_ref, t.nl, NULL), "planted: the unperturbed LSE is rejected");
+    double *mag = (double *)xcalloc(t.nl, sizeof(double));
+    oracle_logit_mag(&t.q, &t.k, &t.opt, mag);
+    const int64_t dk = t.q.shape[3], lk = t.k.shape[2];
+#define LSE_OK(g) within_lse_tol((g), t.lse_ref, mag, t.nl, dk, lk, NULL)
+    CHECK(LSE_OK(t.lse_got), "planted: the unperturbed LSE is rejected");
+    float *gl = (float *)xcalloc(t.nl, sizeof(float));
     if (ninf >= 0) {
-        float *gl = (float *)xcalloc(t.nl, sizeof(float));
         memcpy(gl, t.lse_got, (size_t)t.nl * 4);
         gl[ninf] = -1e30f;
-        CHECK(!within_f32_tol(gl, t.lse_ref, t.nl, NULL), "planted: finite LSE for an empty row accepted");
+        CHECK(!LSE_OK(gl), "planted: finite LSE for an empty row accepted");
         gl[ninf] = NAN;
-        CHECK(!within_f32_tol(gl, t.lse_ref, t.nl, NULL), "planted: NaN LSE for an empty row accepted");
+        CHECK(!LSE_OK(gl), "planted: NaN LSE for an empty row accepted");
         gl[ninf] = INFINITY;
-        CHECK(!within_f32_tol(gl, t.lse_ref, t.nl, NULL), "planted: +inf LSE for an empty row accepted");
-        free(gl);
+        CHECK(!LSE_OK(gl), "planted: +inf LSE for an empty row accepted");
     }
+    /* the bound itself: a finite row off the reference by 1.5 times its bound is rejected,
+     * by 0.5 times accepted (in float64, then rounded: 0.5 keeps a margin of the rounding) */
+    int64_t fin = -1;
+    for (int64_t i = 0; i < t.nl && fin < 0; i++)
+        if (isfinite(t.lse_ref[i])) fin = i;
+    CHECK(fin >= 0, "planted: the LSE setup has no finite row");
+    if (fin >= 0) {
+        const double bnd = tol_lse_bound(dk, lk, mag[fin]);
+        memcpy(gl, t.lse_got, (size_t)t.nl * 4);
+        gl[fin] = (float)(t.lse_ref[fin] + 1.5 * bnd);
+        CHECK(!LSE_OK(gl), "planted: an LSE 1.5 bounds off accepted (bound %.3g)", bnd);
+        gl[fin] = (float)(t.lse_ref[fin] - 1.5 * bnd);
+        CHECK(!LSE_OK(gl), "planted: an LSE 1.5 bounds below accepted");
+        gl[fin] = (float)(t.lse_ref[fin] + 0.5 * bnd);
+        CHECK(LSE_OK(gl), "planted: an LSE half a bound off rejected");
+        /* the bound is of the row's own size: at this case's Lk and Dk it is below 1e-4,
+         * so a key of a row's Lk left out of a uniform row (ln(1 - 1/Lk)) is caught */
+        CHECK(bnd < -log1p(-1.0 / (double)lk), "the LSE bound %.3g does not catch one key of %lld",
+              bnd, (long long)lk);
+    }
+    /* a cancelling row: the logit's rounding error is of the magnitude, not of the LSE,
+     * which the relative rule got wrong (issue 33): ref 1e-6 of mag, got off by mag * 2^-24 */
+    {
+        const double m1 = 1.0, ref1 = 1e-6;
+        const float got1 = (float)(ref1 + m1 * 0x1p-24);
+        CHECK(within_lse_tol(&got1, &ref1, &m1, 1, 4, 1, NULL) &&
+                  !within_f32_tol(&got1, &ref1, 1, NULL),
+              "planted: an LSE near 0 off by an ulp of its logits' magnitude (accepted by the "
+              "bound, rejected by the relative rule)");
+    }
+#undef LSE_OK
+    free(gl);
+    free(mag);
 
     /* the small checks of this file */
     float z[4] = {0.0f, -0.0f, 0.0f, 0.0f};

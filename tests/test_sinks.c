@@ -72,8 +72,14 @@ static int forward_case(sk_case c, attn_path path, bool want_w, double plant, co
         CHECK(ok_o, "%s [%s]: O rel %.3g max %.3g (worst/bound %.3g)", what, path_name(path),
               r.rel_err, r.max_err, worst);
         if (c.o_dt == ATTN_F32) g_worst_o = fmax(g_worst_o, r.rel_err);
-        CHECK(within_f32_tol(lse, rl, d.nl, &r), "%s [%s]: LSE rel %.3g max %.3g (%d non-finite "
-              "mismatches)", what, path_name(path), r.rel_err, r.max_err, r.nonfinite_mismatch);
+        double *mag = xcalloc(d.nl, sizeof(double));  // the sink is one more term of the row
+        oracle_logit_mag(&d.tq, &d.tk, &d.opt, mag);
+        for (int64_t x = 0; d.sinks && x < d.nl; x++)
+            if (isfinite(d.sinks[(x / c.Lq) % c.Hq])) mag[x] = fmax(mag[x], fabs(d.sinks[(x / c.Lq) % c.Hq]));
+        CHECK(within_lse_tol(lse, rl, mag, d.nl, c.Dk, c.Lk + 1, &r), "%s [%s]: LSE error %.3g "
+              "(%.3g of the bound; %d non-finite mismatches)", what, path_name(path), r.max_err,
+              r.rel_err, r.nonfinite_mismatch);
+        free(mag);
         if (want_w)
             CHECK(within_f32_tol(w, rw, d.nl * c.Lk, &r), "%s [%s]: weights rel %.3g max %.3g",
                   what, path_name(path), r.rel_err, r.max_err);

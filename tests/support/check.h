@@ -60,4 +60,22 @@ static inline void *xcalloc(int64_t n, size_t size) {
     return p;
 }
 
+/* The contract's LSE bound (tools/common/tolerance.h: tol_lse_bound) on every row, mag[i]
+ * the row's logit magnitude (oracle.h: oracle_logit_mag), n_keys the keys of a row (Lk,
+ * or more where sinks or merged parts add terms). */
+static inline int within_lse_tol(const float *got, const double *ref, const double *mag, int64_t n,
+                                 int64_t dk, int64_t n_keys, tol_result *r) {
+    return tol_lse_pass(got, ref, mag, n, dk, n_keys, 1.0, r);
+}
+
+/* The same between two float32 results, each within the bound of the exact LSE. */
+static inline int within_lse_tol_pair(const float *got, const float *other, const double *mag,
+                                      int64_t n, int64_t dk, int64_t n_keys, tol_result *r) {
+    double *ref = (double *)xcalloc(n, sizeof(double));
+    for (int64_t i = 0; i < n; i++) ref[i] = other[i];
+    const int ok = tol_lse_pass(got, ref, mag, n, dk, n_keys, 2.0, r);
+    free(ref);
+    return ok;
+}
+
 #endif /* ATTN_TEST_CHECK_H */
