@@ -59,6 +59,7 @@
 #include "bench_peer.h"
 #include "bench_sweep.h"
 #include "cli.h"
+#include "cli_files.h"
 #include "cliopt.h"
 
 enum { EXIT_FAIL = 1, EXIT_USAGE = 2 };
@@ -206,6 +207,20 @@ static int parse_args(int argc, char **argv, bench_args *a) {
 }
 
 /* ---- main --------------------------------------------------------------------------- */
+
+/* write_json's arguments, for cli_files_save_text */
+typedef struct json_job {
+    const machine *m;
+    const bench_case *c;
+    int n;
+    const bench_args *a;
+    const torch_proc *tp;
+} json_job;
+
+static void print_json(FILE *f, const void *ctx) {
+    const json_job *j = ctx;
+    write_json(f, j->m, j->c, j->n, j->a, j->tp);
+}
 
 int cli_bench(int argc, char **argv) {
     /* additive attention's rows have their own file (bench/bench_additive.c) */
@@ -401,11 +416,11 @@ int cli_bench(int argc, char **argv) {
         write_json(stdout, &m, cases, n, &a, torch ? &tp : NULL);
     } else {
         print_table(stdout, &m, cases, n, torch ? &tp : NULL);
-        if (a.json_out) {
-            FILE *f = fopen(a.json_out, "w");
-            if (!f) return say(EXIT_FAIL, "%s: %s", a.json_out, strerror(errno));
-            write_json(f, &m, cases, n, &a, torch ? &tp : NULL);
-            if (fclose(f)) return say(EXIT_FAIL, "%s: %s", a.json_out, strerror(errno));
+        if (a.json_out) {  // by the file rules of cli_files.h: a temporary file renamed
+            const json_job job = {&m, cases, n, &a, torch ? &tp : NULL};
+            char err[512];
+            if (cli_files_save_text("--json-out", a.json_out, print_json, &job, err, sizeof err))
+                return say(EXIT_FAIL, "%s", err);
         }
     }
     fflush(stdout);

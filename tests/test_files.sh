@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_files.sh — the file rules (docs/CLI.md, "Files"; tools/attn/cli_files.c) for every
 #                 command that writes files beside `attn run`: `attn viz` (--png, --grid),
-#                 `attn train` (--png, --viz DIR) and the pictures of demo and seq2seq.
+#                 `attn train` (--png, --viz DIR), the pictures of demo and seq2seq and
+#                 `attn bench masks --json-out`.
 #
 # Usage: bash tests/test_files.sh [path/to/attn]      (default build/attn)
 #
@@ -101,7 +102,11 @@ refused 1 "FIFO" "viz --grid a FIFO" viz "${IN[@]}" --png out/x.png --grid out/f
 refused 1 "not a regular file" "viz --tokens a FIFO (an input: must not block)" viz "${IN[@]}" --tokens out/fifo --png out/x.png
 refused 1 "FIFO" "train --png a FIFO" train --data d.txt --png out/fifo "${TRAIN[@]}"
 refused 1 "FIFO" "seq2seq --out a FIFO" seq2seq --steps 1 --len 6 --out out/fifo
+refused 1 "FIFO" "bench masks --json-out a FIFO" bench masks --quick --reps 1 --json-out out/fifo
 if [ -p out/fifo ] && [ "$(ls -A out)" = fifo ]; then ok; else bad "FIFO runs: out/ holds $(ls -l out)"; fi
+if "$ATTN" bench masks --quick --reps 1 --json-out out/b.json >stdout.txt 2>err.txt &&
+    python3 -c "import json; json.load(open('out/b.json'))"; then ok
+else bad "bench masks --json-out: $(cat err.txt)"; fi
 
 # ---- a failed write leaves every file as it was and no temporary ----------------------------
 # the picture cannot be written (its directory does not exist): the grid is not replaced

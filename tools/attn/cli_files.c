@@ -166,3 +166,30 @@ int cli_files_save(const char *opt, const char *path, cli_path *in, int n_in, cl
     cli_files_abort(&o, 1);
     return rc;
 }
+
+typedef struct text_job {
+    void (*print)(FILE *f, const void *ctx);
+    const void *ctx;
+} text_job;
+
+static int text_writer(int fd, const char *name, const void *ctx, char *err, size_t errlen) {
+    const text_job *job = ctx;
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        close(fd);
+        return fail(err, errlen, "%s: cannot write: %s", name, strerror(errno));
+    }
+    errno = 0;
+    job->print(f, job->ctx);
+    const int bad = fflush(f) != 0 || ferror(f);
+    const int e = errno;
+    if (fclose(f) != 0 || bad)
+        return fail(err, errlen, "%s: cannot write: %s", name, strerror(bad && e ? e : errno));
+    return 0;
+}
+
+int cli_files_save_text(const char *opt, const char *path, void (*print)(FILE *f, const void *ctx),
+                        const void *ctx, char *err, size_t errlen) {
+    const text_job job = {print, ctx};
+    return cli_files_save(opt, path, NULL, 0, text_writer, &job, err, errlen) ? -1 : 0;
+}

@@ -25,6 +25,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "attn.h"
 
@@ -66,5 +67,10 @@ void cli_files_abort(cli_path *out, int n_out);
 typedef int (*cli_writer)(int fd, const char *name, const void *ctx, char *err, size_t errlen);
 int cli_files_save(const char *opt, const char *path, cli_path *in, int n_in, cli_writer write,
                    const void *ctx, char *err, size_t errlen);
+
+/* cli_files_save for a text output: `print` writes it to a stream (a write error is found
+ * from the stream afterwards). 0, or -1 with the reason. */
+int cli_files_save_text(const char *opt, const char *path, void (*print)(FILE *f, const void *ctx),
+                        const void *ctx, char *err, size_t errlen);
 
 #endif /* ATTN_CLI_FILES_H */
