@@ -173,6 +173,9 @@ int bench_models(int argc, char **argv) {
     };
     const int rc = cli_scan(argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
                             "bench --models: ", "bench --models");
+    char ferr[512];  // refused now, not after the models ran
+    if (!rc && json_out && cli_files_check_one("--json-out", json_out, ferr, sizeof ferr))
+        return fprintf(stderr, "attn: bench --models: %s\n", ferr), 1;
     if (rc) return rc;
     int threads = 2, reps = quick ? 1 : 5, warmup = quick ? 0 : 1, len = quick ? 128 : 2048;
     if (vs && strcmp(vs, "torch") != 0)

@@ -201,6 +201,9 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         return say(EXIT_USAGE, "--vs: only 'torch' is implemented, got '%s'", a->vs);
     if (a->json && a->json_out)
         return say(EXIT_USAGE, "--json and --json-out: choose one");
+    char err[512];  // refused now, not after the sweep
+    const int x = a->json_out ? cli_files_check_one("--json-out", a->json_out, err, sizeof err) : 0;
+    if (x) return say(x == -2 ? EXIT_USAGE : EXIT_FAIL, "%s", err);
     if (a->machine_only && (a->no_machine || a->vs))
         return say(EXIT_USAGE, "--machine-only: runs no case, so neither --no-machine nor --vs");
     return 0;

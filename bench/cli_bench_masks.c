@@ -566,6 +566,9 @@ int cli_bench_masks(int argc, char **argv) {
     const int rc = cli_scan(argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
                             "bench masks: ", "bench masks");
     if (rc) return rc;
+    char ferr[512];  // refused now, not after the runs
+    if (json_out && cli_files_check_one("--json-out", json_out, ferr, sizeof ferr))
+        return fprintf(stderr, "attn: bench masks: %s\n", ferr), 1;
     static mb_ctx c;
     memset(&c, 0, sizeof c);
     char *end;

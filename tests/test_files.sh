@@ -101,8 +101,11 @@ refused 1 "FIFO" "viz --png a FIFO" viz "${IN[@]}" --png out/fifo
 refused 1 "FIFO" "viz --grid a FIFO" viz "${IN[@]}" --png out/x.png --grid out/fifo
 refused 1 "not a regular file" "viz --tokens a FIFO (an input: must not block)" viz "${IN[@]}" --tokens out/fifo --png out/x.png
 refused 1 "FIFO" "train --png a FIFO" train --data d.txt --png out/fifo "${TRAIN[@]}"
-refused 1 "FIFO" "seq2seq --out a FIFO" seq2seq --steps 1 --len 6 --out out/fifo
-refused 1 "FIFO" "bench masks --json-out a FIFO" bench masks --quick --reps 1 --json-out out/fifo
+# refused before the work (a million steps, the full bench would pass the 20 s limit)
+refused 1 "FIFO" "seq2seq --out a FIFO" seq2seq --steps 1000000 --len 6 --out out/fifo
+refused 1 "FIFO" "bench masks --json-out a FIFO" bench masks --json-out out/fifo
+refused 1 "FIFO" "bench --json-out a FIFO" bench --json-out out/fifo
+refused 1 "FIFO" "demo --png a FIFO" demo --png out/fifo
 if [ -p out/fifo ] && [ "$(ls -A out)" = fifo ]; then ok; else bad "FIFO runs: out/ holds $(ls -l out)"; fi
 if "$ATTN" bench masks --quick --reps 1 --json-out out/b.json >stdout.txt 2>err.txt &&
     python3 -c "import json; json.load(open('out/b.json'))"; then ok

@@ -193,3 +193,10 @@ int cli_files_save_text(const char *opt, const char *path, void (*print)(FILE *f
     const text_job job = {print, ctx};
     return cli_files_save(opt, path, NULL, 0, text_writer, &job, err, errlen) ? -1 : 0;
 }
+
+int cli_files_check_one(const char *opt, const char *path, char *err, size_t errlen) {
+    cli_path o = {.opt = opt, .path = path};
+    const int rc = cli_files_check(NULL, 0, &o, 1, err, errlen);
+    cli_files_abort(&o, 1);
+    return rc;
+}

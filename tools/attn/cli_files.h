@@ -68,6 +68,11 @@ typedef int (*cli_writer)(int fd, const char *name, const void *ctx, char *err, 
 int cli_files_save(const char *opt, const char *path, cli_path *in, int n_in, cli_writer write,
                    const void *ctx, char *err, size_t errlen);
 
+/* The checks of cli_files_check for one output alone, nothing kept: for a command that
+ * works a long time before cli_files_save writes its output, so that a refusal comes
+ * first (the same checks run again when the file is written). 0, -2 or -1 as there. */
+int cli_files_check_one(const char *opt, const char *path, char *err, size_t errlen);
+
 /* cli_files_save for a text output: `print` writes it to a stream (a write error is found
  * from the stream afterwards). 0, or -1 with the reason. */
 int cli_files_save_text(const char *opt, const char *path, void (*print)(FILE *f, const void *ctx),
