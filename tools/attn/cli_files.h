@@ -1,7 +1,7 @@
 /*
  * cli_files.h — the file safety of every `attn` command that writes files (run, ring, viz,
- *               train, demo, seq2seq): which paths may be read and written, and outputs
- *               written all-or-nothing, so that no call can lose a user's file.
+ *               train, demo, seq2seq, bench): which paths may be read and written, and
+ *               outputs written all-or-nothing, so that no call can lose a user's file.
  *
  * The rules (docs/CLI.md, "Files"): every input is an existing regular file; an output
  * is a regular file or a path that does not exist yet in an existing directory; an
