@@ -32,6 +32,7 @@
 #include "cli.h"
 #include "cliopt.h"
 #include "json.h"
+#include "cli_files.h"
 #include "json_out.h"
 
 static const char MODELS_USAGE[] =
@@ -104,6 +105,57 @@ static double attn_ratio(const model_row *rows, int n, const model_row *r) {
     return 0;
 }
 
+/* The --json-out file's contents, printed to f (cli_files_save_text places it). */
+typedef struct models_json {
+    int threads, reps, warmup, len;
+    const double *load0, *load1;
+    const char *hjson, *fatal;
+    const model_row *rows;
+    int n;
+} models_json;
+
+static void print_models_json(FILE *f, const void *ctx) {
+    const models_json *x = ctx;
+    const int threads = x->threads, reps = x->reps, warmup = x->warmup, len = x->len, n = x->n;
+    const double *load0 = x->load0, *load1 = x->load1;
+    const char *hjson = x->hjson, *fatal = x->fatal;
+    const model_row *rows = x->rows;
+    char cpu[128];
+    machine_cpu_model(cpu, sizeof cpu);
+    fprintf(f, "{\"bench\": \"models\", \"cpu\": ");
+    json_out_str(f, cpu);
+    fprintf(f, ", \"threads\": %d, \"reps\": %d, \"warmup\": %d, \"llama_len\": %d", threads,
+            reps, warmup, len);
+    fprintf(f, ", \"load_start\": [%.2f, %.2f, %.2f], \"load_end\": [%.2f, %.2f, %.2f]",
+            load0[0], load0[1], load0[2], load1[0], load1[1], load1[2]);
+    fprintf(f, ", \"peer\": %s", hjson[0] ? hjson : "null");
+    if (fatal[0]) {
+        fprintf(f, ", \"fatal\": ");
+        json_out_str(f, fatal);
+    }
+    fprintf(f, ", \"rows\": [");
+    for (int i = 0; i < n; i++) {
+        const model_row *r = &rows[i];
+        fprintf(f, "%s\n  {\"row\": ", i ? "," : "");
+        json_out_str(f, r->row);
+        if (r->kind == 0) {
+            fprintf(f, ", \"impl\": ");
+            json_out_str(f, r->impl);
+            fprintf(f, ", \"info\": ");
+            json_out_str(f, r->info);
+            fprintf(f, ", \"median_ms\": %.6g, \"min_ms\": %.6g, \"max_ms\": %.6g, "
+                    "\"check_rel\": %.6g", r->med, r->lo, r->hi, r->rel);
+            const double ratio = attn_ratio(rows, n, r);
+            if (ratio > 0) fprintf(f, ", \"attn_over_this\": %.6g", ratio);
+        } else {
+            fprintf(f, ", \"%s\": ", r->kind == 1 ? "skip" : "error");
+            json_out_str(f, r->note);
+        }
+        fprintf(f, "}");
+    }
+    fprintf(f, "\n]}\n");
+}
+
 int bench_models(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
@@ -121,6 +173,9 @@ int bench_models(int argc, char **argv) {
     };
     const int rc = cli_scan(argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
                             "bench --models: ", "bench --models");
+    char ferr[512];  // refused now, not after the models ran
+    if (!rc && json_out && cli_files_check_one("--json-out", json_out, ferr, sizeof ferr))
+        return fprintf(stderr, "attn: bench --models: %s\n", ferr), 1;
     if (rc) return rc;
     int threads = 2, reps = quick ? 1 : 5, warmup = quick ? 0 : 1, len = quick ? 128 : 2048;
     if (vs && strcmp(vs, "torch") != 0)
@@ -271,44 +326,11 @@ int bench_models(int argc, char **argv) {
         failed = true;
     }
     printf("load average at the end %.2f %.2f %.2f\n", load1[0], load1[1], load1[2]);
-    if (json_out) {
-        FILE *f = fopen(json_out, "w");
-        if (!f) return fprintf(stderr, "attn: bench --models: %s: %s\n", json_out, strerror(errno)), 1;
-        char cpu[128];
-        machine_cpu_model(cpu, sizeof cpu);
-        fprintf(f, "{\"bench\": \"models\", \"cpu\": ");
-        json_out_str(f, cpu);
-        fprintf(f, ", \"threads\": %d, \"reps\": %d, \"warmup\": %d, \"llama_len\": %d", threads,
-                reps, warmup, len);
-        fprintf(f, ", \"load_start\": [%.2f, %.2f, %.2f], \"load_end\": [%.2f, %.2f, %.2f]",
-                load0[0], load0[1], load0[2], load1[0], load1[1], load1[2]);
-        fprintf(f, ", \"peer\": %s", hjson[0] ? hjson : "null");
-        if (fatal[0]) {
-            fprintf(f, ", \"fatal\": ");
-            json_out_str(f, fatal);
-        }
-        fprintf(f, ", \"rows\": [");
-        for (int i = 0; i < n; i++) {
-            const model_row *r = &rows[i];
-            fprintf(f, "%s\n  {\"row\": ", i ? "," : "");
-            json_out_str(f, r->row);
-            if (r->kind == 0) {
-                fprintf(f, ", \"impl\": ");
-                json_out_str(f, r->impl);
-                fprintf(f, ", \"info\": ");
-                json_out_str(f, r->info);
-                fprintf(f, ", \"median_ms\": %.6g, \"min_ms\": %.6g, \"max_ms\": %.6g, "
-                        "\"check_rel\": %.6g", r->med, r->lo, r->hi, r->rel);
-                const double ratio = attn_ratio(rows, n, r);
-                if (ratio > 0) fprintf(f, ", \"attn_over_this\": %.6g", ratio);
-            } else {
-                fprintf(f, ", \"%s\": ", r->kind == 1 ? "skip" : "error");
-                json_out_str(f, r->note);
-            }
-            fprintf(f, "}");
-        }
-        fprintf(f, "\n]}\n");
-        if (fclose(f)) return fprintf(stderr, "attn: bench --models: %s: cannot write\n", json_out), 1;
+    if (json_out) {  // by the file rules of cli_files.h: a temporary file renamed
+        const models_json x = {threads, reps, warmup, len, load0, load1, hjson, fatal, rows, n};
+        char err[512];
+        if (cli_files_save_text("--json-out", json_out, print_models_json, &x, err, sizeof err))
+            return fprintf(stderr, "attn: bench --models: %s\n", err), 1;
     }
     return failed ? 1 : 0;
 }

@@ -59,6 +59,7 @@
 #include "bench_peer.h"
 #include "bench_sweep.h"
 #include "cli.h"
+#include "cli_files.h"
 #include "cliopt.h"
 
 enum { EXIT_FAIL = 1, EXIT_USAGE = 2 };
@@ -200,12 +201,29 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         return say(EXIT_USAGE, "--vs: only 'torch' is implemented, got '%s'", a->vs);
     if (a->json && a->json_out)
         return say(EXIT_USAGE, "--json and --json-out: choose one");
+    char err[512];  // refused now, not after the sweep
+    const int x = a->json_out ? cli_files_check_one("--json-out", a->json_out, err, sizeof err) : 0;
+    if (x) return say(x == -2 ? EXIT_USAGE : EXIT_FAIL, "%s", err);
     if (a->machine_only && (a->no_machine || a->vs))
         return say(EXIT_USAGE, "--machine-only: runs no case, so neither --no-machine nor --vs");
     return 0;
 }
 
 /* ---- main --------------------------------------------------------------------------- */
+
+/* write_json's arguments, for cli_files_save_text */
+typedef struct json_job {
+    const machine *m;
+    const bench_case *c;
+    int n;
+    const bench_args *a;
+    const torch_proc *tp;
+} json_job;
+
+static void print_json(FILE *f, const void *ctx) {
+    const json_job *j = ctx;
+    write_json(f, j->m, j->c, j->n, j->a, j->tp);
+}
 
 int cli_bench(int argc, char **argv) {
     /* additive attention's rows have their own file (bench/bench_additive.c) */
@@ -401,11 +419,11 @@ int cli_bench(int argc, char **argv) {
         write_json(stdout, &m, cases, n, &a, torch ? &tp : NULL);
     } else {
         print_table(stdout, &m, cases, n, torch ? &tp : NULL);
-        if (a.json_out) {
-            FILE *f = fopen(a.json_out, "w");
-            if (!f) return say(EXIT_FAIL, "%s: %s", a.json_out, strerror(errno));
-            write_json(f, &m, cases, n, &a, torch ? &tp : NULL);
-            if (fclose(f)) return say(EXIT_FAIL, "%s: %s", a.json_out, strerror(errno));
+        if (a.json_out) {  // by the file rules of cli_files.h: a temporary file renamed
+            const json_job job = {&m, cases, n, &a, torch ? &tp : NULL};
+            char err[512];
+            if (cli_files_save_text("--json-out", a.json_out, print_json, &job, err, sizeof err))
+                return say(EXIT_FAIL, "%s", err);
         }
     }
     fflush(stdout);

@@ -41,6 +41,7 @@
 #include "bench_masks_peer.h"
 #include "bench_peer.h"
 #include "cli.h"
+#include "cli_files.h"
 #include "cliopt.h"
 #include "json_out.h"
 #include "rng.h"
@@ -224,10 +225,16 @@ static void print_record(const mb_ctx *c, const mb_record *r) {
     fflush(stdout);
 }
 
-static int write_json(const mb_ctx *c, const char *path, const double load0[3],
-                      const double load1[3]) {
-    FILE *f = fopen(path, "w");
-    if (!f) return fprintf(stderr, "attn: bench masks: %s: cannot write\n", path), 1;
+typedef struct json_job {
+    const mb_ctx *c;
+    const double *load0, *load1;
+} json_job;
+
+/* The --json-out file, printed to f (cli_files_save_text places it). */
+static void print_json(FILE *f, const void *ctx) {
+    const json_job *job = ctx;
+    const mb_ctx *c = job->c;
+    const double *load0 = job->load0, *load1 = job->load1;
     char cpu[128];
     machine_cpu_model(cpu, sizeof cpu);
     fprintf(f, "{\"bench\": \"masks\", \"version\": ");
@@ -281,7 +288,15 @@ static int write_json(const mb_ctx *c, const char *path, const double load0[3],
         fprintf(f, "}");
     }
     fprintf(f, "\n]}\n");
-    return fclose(f) ? (fprintf(stderr, "attn: bench masks: %s: cannot write\n", path), 1) : 0;
+}
+
+static int write_json(const mb_ctx *c, const char *path, const double load0[3],
+                      const double load1[3]) {
+    const json_job job = {c, load0, load1};
+    char err[512];
+    if (cli_files_save_text("--json-out", path, print_json, &job, err, sizeof err) == 0) return 0;
+    fprintf(stderr, "attn: bench masks: %s\n", err);
+    return 1;
 }
 
 /* Times the rows of one shape, round after round (attn's rows, then PyTorch's), checks
@@ -551,6 +566,9 @@ int cli_bench_masks(int argc, char **argv) {
     const int rc = cli_scan(argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
                             "bench masks: ", "bench masks");
     if (rc) return rc;
+    char ferr[512];  // refused now, not after the runs
+    if (json_out && cli_files_check_one("--json-out", json_out, ferr, sizeof ferr))
+        return fprintf(stderr, "attn: bench masks: %s\n", ferr), 1;
     static mb_ctx c;
     memset(&c, 0, sizeof c);
     char *end;

@@ -97,6 +97,7 @@ run_all() {
     done
     run_suite "${label}test_cli.sh" bash tests/test_cli.sh "$b/attn"
     run_suite "${label}test_viz.sh" bash tests/test_viz.sh "$b/attn"   # attn viz's pictures
+    run_suite "${label}test_files.sh" bash tests/test_files.sh "$b/attn"   # viz's, train's files
     run_suite "${label}test_demo.sh" bash tests/test_demo.sh "$b/attn"   # attn demo's sections
     # the installed library is linked into a plain program: not with a sanitized build
     [ -n "$label" ] || run_suite "test_install.sh" bash tests/test_install.sh "$b"

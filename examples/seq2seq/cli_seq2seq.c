@@ -29,6 +29,7 @@
 
 #include "attn.h"
 #include "cli.h"
+#include "cli_files.h"
 #include "cliopt.h"
 #include "linear.h"
 #include "heatmap.h"
@@ -481,6 +482,9 @@ int cli_seq2seq(int argc, char **argv) {
     int rc = cli_scan(argc, argv, opts, 10, "seq2seq: ", "seq2seq");
     if (rc) return rc;
     if (!out) out = "seq2seq_alignment.png";
+    char ferr[512];  // the picture's path refused now, not after the training
+    if ((rc = cli_files_check_one("--out", out, ferr, sizeof ferr)))
+        return fprintf(stderr, "attn: seq2seq: %s\n", ferr), rc == -2 ? 2 : 1;
     int steps, seed, threads;
     dims d = {0};
     if ((rc = int_opt(threads_s, 1, 1, 512, "--threads", &threads)) ||

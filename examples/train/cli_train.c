@@ -8,7 +8,9 @@
  * current directory; or --data), prints the unigram entropy of the characters, trains one
  * model per mask on the same batches, prints the losses as it goes (a progress line on
  * stderr), then both curves side by side, a sample generated one character at a time by
- * each model, and writes the curves as a PNG.
+ * each model, and writes the curves as a PNG. Its files follow the rules of cli_files.h
+ * (docs/CLI.md, "Files"): the text read and every output (--png, the --viz files) are
+ * checked before training, and the outputs renamed into place only once all are written.
  * What it is not: a general trainer (one architecture; sizes are options) or a test (the
  * model's gradients are checked by tests/test_model.c).
  */
@@ -31,6 +33,7 @@
 
 #include "attn.h"
 #include "cli.h"
+#include "cli_files.h"
 #include "model.h"
 #include "npy.h"
 #include "png_plot.h"
@@ -73,6 +76,10 @@ typedef struct train_opts {
     bool quiet;
     char *data[64];
     int n_data;
+    /* the outputs, by cli_files.h: [0] --png (when not 'none'), then with --viz each
+     * layer's q, k, v and tokens.txt; viz_out is where the --viz ones start */
+    cli_path *out;
+    int n_out, viz_out;
 } train_opts;
 
 /* ---- the text ---------------------------------------------------------------------------- */
@@ -81,6 +88,8 @@ typedef struct text {
     unsigned char *bytes;
     int64_t n;
     int files;
+    cli_path *read;  // the files read (paths malloc'ed), checked against the outputs
+    int n_read;
     char what[160];  // how it was found, for the report
 } text;
 
@@ -124,6 +133,15 @@ static int append_file(text *t, const char *path) {
         return -1;
     }
     t->files++;
+    cli_path *grown = realloc(t->read, (size_t)(t->n_read + 1) * sizeof *grown);
+    char *copy = strdup(path);
+    if (grown) t->read = grown;
+    if (!grown || !copy) {
+        free(copy);
+        fprintf(stderr, "attn train: out of memory\n");
+        return -1;
+    }
+    t->read[t->n_read++] = (cli_path){.opt = "--data", .path = copy};
     return 0;
 }
 
@@ -134,7 +152,11 @@ static int append_path(text *t, const char *path) {
         fprintf(stderr, "attn train: %s: %s\n", path, strerror(errno));
         return -1;
     }
-    if (!S_ISDIR(st.st_mode)) return append_file(t, path);
+    if (S_ISREG(st.st_mode)) return append_file(t, path);
+    if (!S_ISDIR(st.st_mode)) {  // a FIFO would block the read
+        fprintf(stderr, "attn train: %s: neither a regular file nor a directory: refused\n", path);
+        return -1;
+    }
     DIR *d = opendir(path);
     if (!d) {
         fprintf(stderr, "attn train: %s: %s\n", path, strerror(errno));
@@ -359,7 +381,8 @@ static void progress(const train_opts *o, const char *name, int s, double loss, 
 
 /* --viz: one forward of the trained model over the line starting at ids[line0] (at most
  * ctx characters, the newline excluded), then each block's Q, K, V as .npy files and the
- * characters as tokens, one a line. */
+ * characters as tokens, one a line: to the temporary files of o->out[o->viz_out ...]
+ * (layer l's q, k, v, then tokens.txt), renamed into place by cli_train. */
 static int dump_attention(model *m, const train_opts *o, const int *ids, int64_t line0,
                           const unsigned char *vocab) {
     int t = 0;
@@ -367,22 +390,26 @@ static int dump_attention(model *m, const train_opts *o, const int *ids, int64_t
     if (t < 2) t = 2;
     const int64_t H = o->heads, D = o->d_model / o->heads;
     float *qkv = malloc(sizeof(float) * (size_t)(3 * H * t * D));
-    char path[4096], err[256];
+    cli_path *out = o->out + o->viz_out;
+    char err[512];
     int rc = !qkv || model_forward(m, ids + line0, NULL, 1, t, NULL) != 0;
     for (int l = 0; !rc && l < o->layers; l++) {
         rc = model_attention_inputs(m, l, qkv) != 0;
         for (int x = 0; !rc && x < 3; x++) {
-            snprintf(path, sizeof path, "%s/layer%d_%c.npy", o->viz, l, "qkv"[x]);
-            rc = npy_write(path, ATTN_F32, 4, (int64_t[]){1, H, t, D}, qkv + x * H * t * D, err,
-                           sizeof err) != 0;
-            if (rc) fprintf(stderr, "attn train: %s: %s\n", path, err);
+            cli_path *p = &out[3 * l + x];
+            rc = cli_files_write(p, ATTN_F32, 4, (int64_t[]){1, H, t, D}, qkv + x * H * t * D,
+                                 err, sizeof err) != 0;
+            if (rc) fprintf(stderr, "attn train: %s: %s\n", p->path, err);
         }
     }
-    snprintf(path, sizeof path, "%s/tokens.txt", o->viz);
-    FILE *f = rc ? NULL : fopen(path, "w");
+    cli_path *tp = &out[3 * o->layers];
+    const int fd = rc ? -1 : cli_files_open(tp, err, sizeof err);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "w");
+    if (fd >= 0 && !f) close(fd);
     for (int i = 0; f && i < t; i++) fprintf(f, "%c\n", vocab[ids[line0 + i]]);
     if (!rc && (!f || fclose(f) != 0)) {
-        fprintf(stderr, "attn train: %s: cannot write\n", path);
+        fprintf(stderr, "attn train: %s: cannot write%s%s\n", tp->path, fd < 0 ? ": " : "",
+                fd < 0 ? err : "");
         rc = 1;
     }
     free(qkv);
@@ -390,6 +417,31 @@ static int dump_attention(model *m, const train_opts *o, const int *ids, int64_t
         printf("attention inputs of the causal model on %d characters of the validation text: "
                "%s/layer*_{q,k,v}.npy, %s/tokens.txt\n", t, o->viz, o->viz);
     return rc;
+}
+
+/* The outputs of o (--png, the --viz files) into o->out, checked by cli_files.h's rules
+ * against the text read and each other before training: 0, or the exit status. */
+static int check_outputs(train_opts *o, text *tx) {
+    const bool viz = o->viz && o->run[0];  // the causal model's: none with --mask reversed
+    const int n = 1 + (viz ? 3 * o->layers + 1 : 0);
+    o->out = calloc((size_t)n, sizeof *o->out);
+    if (!o->out) return 1;
+    if (o->png) o->out[o->n_out++] = (cli_path){.opt = "--png", .path = o->png};
+    o->viz_out = o->n_out;
+    for (int k = 0; viz && k <= 3 * o->layers; k++) {
+        char name[64];
+        if (k < 3 * o->layers) snprintf(name, sizeof name, "layer%d_%c.npy", k / 3, "qkv"[k % 3]);
+        else snprintf(name, sizeof name, "tokens.txt");
+        const size_t len = strlen(o->viz) + strlen(name) + 2;
+        char *path = malloc(len);
+        if (!path) return 1;
+        snprintf(path, len, "%s/%s", o->viz, name);
+        o->out[o->n_out++] = (cli_path){.opt = "--viz", .path = path};
+    }
+    char err[512];
+    const int x = cli_files_check(tx->read, tx->n_read, o->out, o->n_out, err, sizeof err);
+    if (x) fprintf(stderr, "attn train: %s\n", err);
+    return x == -2 ? 2 : x ? 1 : 0;
 }
 
 static int train_one(const train_opts *o, bool reversed, const int *ids, int64_t n_train,
@@ -560,6 +612,8 @@ int cli_train(int argc, char **argv) {
     run_log logs[2];
     memset(logs, 0, sizeof logs);
     if (load_text(&o, &tx) != 0) goto done;
+    if ((rc = check_outputs(&o, &tx)) != 0) goto done;
+    rc = 1;
     const int64_t n = tx.n;
     if (n < 4 * ((int64_t)o.ctx + 2)) {
         fprintf(stderr, "attn train: %lld characters of text, too few for --ctx %d\n",
@@ -688,13 +742,22 @@ int cli_train(int argc, char **argv) {
         s[ns++] = (plot_series){"unigram entropy", hx, hy, 2, 0x808080, 1};
         const plot_spec spec = {"attn train: causal vs reversed mask", "step", "loss (nats per character)",
                                 (double)o.steps, ceil(ymax), s, ns};
-        char err[256];
-        if (xs && plot_png(o.png, &spec, err, sizeof err) == 0)
-            printf("\nloss curves written to %s\n", o.png);
-        else
-            fprintf(stderr, "attn train: %s\n", xs ? err : "out of memory");
+        char err[512];
+        const int fd = xs ? cli_files_open(&o.out[0], err, sizeof err) : -1;
+        const int bad = fd < 0 || plot_png_fd(fd, o.png, &spec, err, sizeof err) != 0;
+        if (bad) fprintf(stderr, "attn train: %s%s%s\n", fd < 0 ? o.png : "", fd < 0 ? ": " : "",
+                         xs ? err : "out of memory");
         free(xs);
+        if (bad) goto done;
     }
+    {  // every output complete: into place
+        char err[512];
+        if (cli_files_commit(o.out, o.n_out, err, sizeof err) != 0) {
+            fprintf(stderr, "attn train: %s\n", err);
+            goto done;
+        }
+    }
+    if (o.png) printf("\nloss curves written to %s\n", o.png);
     rc = 0;
 
 done:
@@ -708,6 +771,11 @@ done:
         free(logs[r].sample);
     }
     for (int k = 0; k < o.n_data; k++) free(o.data[k]);
+    for (int k = o.viz_out; k < o.n_out; k++) free((char *)o.out[k].path);
+    cli_files_abort(o.out, o.n_out);
+    free(o.out);
+    for (int k = 0; k < tx.n_read; k++) free((char *)tx.read[k].path);
+    free(tx.read);
     free(ids);
     free(tx.bytes);
     return rc;

@@ -7,11 +7,13 @@
  * integer scale. It covers printable ASCII (a space, or a character outside it, is left
  * blank). What it is not: anti-aliased, proportional, or Unicode.
  */
+#include <errno.h>
 #include <png.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "canvas.h"
 
@@ -128,21 +130,31 @@ void canvas_text(canvas *c, int x, int y, const char *s, uint32_t rgb, int scale
 
 /* ---- PNG ---------------------------------------------------------------------------------- */
 
-int canvas_write_png(const canvas *c, const char *path, char *err, size_t errlen) {
-    FILE *f = fopen(path, "wb");
+/* libpng's own handlers print to stderr; the command's errors are one line, ours */
+static void png_quiet_error(png_structp png, png_const_charp msg) {
+    (void)msg;
+    png_longjmp(png, 1);
+}
+static void png_quiet_warning(png_structp png, png_const_charp msg) { (void)png, (void)msg; }
+
+int canvas_write_png(const canvas *c, int fd, const char *name, char *err, size_t errlen) {
+    FILE *f = fdopen(fd, "wb");
     if (!f) {
-        snprintf(err, errlen, "%s: cannot open for writing", path);
+        close(fd);
+        snprintf(err, errlen, "%s: cannot open for writing", name);
         return -1;
     }
-    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, png_quiet_error,
+                                              png_quiet_warning);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     if (!png || !info || setjmp(png_jmpbuf(png))) {
-        snprintf(err, errlen, "%s: libpng failed to write it", path);
+        snprintf(err, errlen, "%s: libpng failed to write it%s%s", name, errno ? ": " : "",
+                 errno ? strerror(errno) : "");
         png_destroy_write_struct(&png, &info);
         fclose(f);
-        remove(path);
         return -1;
     }
+    errno = 0;
     png_init_io(png, f);
     /* 8-bit RGB, rows top to bottom */
     png_set_IHDR(png, info, (png_uint_32)c->w, (png_uint_32)c->h, 8, PNG_COLOR_TYPE_RGB,
@@ -151,9 +163,10 @@ int canvas_write_png(const canvas *c, const char *path, char *err, size_t errlen
     for (int y = 0; y < c->h; y++) png_write_row(png, c->px + (size_t)y * (size_t)c->w * 3);
     png_write_end(png, NULL);
     png_destroy_write_struct(&png, &info);
-    if (fclose(f) != 0) {
-        snprintf(err, errlen, "%s: write error", path);
-        remove(path);
+    const int bad = fflush(f) != 0 || ferror(f);
+    const int e = errno;
+    if (fclose(f) != 0 || bad) {
+        snprintf(err, errlen, "%s: write error: %s", name, strerror(bad ? e : errno));
         return -1;
     }
     return 0;

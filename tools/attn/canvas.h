@@ -30,7 +30,8 @@ void canvas_rect(canvas *c, int x0, int y0, int x1, int y1, uint32_t rgb);
 void canvas_text(canvas *c, int x, int y, const char *s, uint32_t rgb, int scale, int vertical);
 int canvas_text_width(const char *s, int scale);
 
-/* 0, or -1 with the reason in err (no file left behind). */
-int canvas_write_png(const canvas *c, const char *path, char *err, size_t errlen);
+/* The PNG written to fd, which is closed in every case (name is for messages): 0, or -1
+ * with the reason in err. Placing and renaming the file is the caller's (cli_files.h). */
+int canvas_write_png(const canvas *c, int fd, const char *name, char *err, size_t errlen);
 
 #endif /* ATTN_CANVAS_H */

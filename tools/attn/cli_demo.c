@@ -15,6 +15,7 @@
 
 #include "attn.h"
 #include "cli.h"
+#include "cli_files.h"
 #include "demo.h"
 #include "heatmap.h"
 #include "rng.h"
@@ -268,6 +269,9 @@ int cli_demo(int argc, char **argv) {
         }
         *slot = argv[++i];
     }
+    char ferr[512];  // the picture's path refused before any section runs
+    const int x = png ? cli_files_check_one("--png", png, ferr, sizeof ferr) : 0;
+    if (x) return fprintf(stderr, "attn: demo: %s\n", ferr), x == -2 ? 2 : 1;
     int64_t sizes[8] = {10000};
     int nsizes = 1;
     if (tokens && parse_tokens(tokens, sizes, &nsizes)) {

@@ -1,9 +1,10 @@
 /*
- * cli_files.c — the file rules of `attn run` declared in cli_files.h: paths checked by
- *               identity before anything is written, outputs through temporary files
- *               renamed only when all are complete.
+ * cli_files.c — the file rules of the `attn` commands declared in cli_files.h: paths
+ *               checked by identity before anything is written, outputs through temporary
+ *               files renamed only when all are complete.
  *
- * What it is not: the .npy format (npy.c) or the choice of what to write (cli_run.c).
+ * What it is not: the .npy or PNG format (npy.c, canvas.c) or the choice of what to write
+ * (cli_run.c, cli_viz.c, ...).
  */
 #define _FILE_OFFSET_BITS 64
 #define _XOPEN_SOURCE 700  // realpath
@@ -12,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,9 +103,12 @@ int cli_files_check(cli_path *in, int n_in, cli_path *out, int n_out, char *err,
     return 0;
 }
 
-int cli_files_write(cli_path *o, attn_dtype dtype, int ndim, const int64_t *shape,
-                    const void *data, char *err, size_t errlen) {
+int cli_files_open(cli_path *o, char *err, size_t errlen) {
+    /* a file size limit: the write fails with EFBIG and the caller's cleanup runs (the
+     * default action would kill the process and leave the temporary file) */
+    signal(SIGXFSZ, SIG_IGN);
     const size_t n = strlen(o->target) + 16;
+    free(o->tmp);
     o->tmp = malloc(n);
     if (!o->tmp) return fail(err, errlen, "out of memory");
     snprintf(o->tmp, n, "%s.tmp.XXXXXX", o->target);
@@ -119,11 +124,19 @@ int cli_files_write(cli_path *o, attn_dtype dtype, int ndim, const int64_t *shap
     mode_t mask = umask(0);
     umask(mask);
     fchmod(fd, o->exists ? (mode_t)o->mode : (mode_t)(0666 & ~mask));
+    return fd;
+}
+
+int cli_files_write(cli_path *o, attn_dtype dtype, int ndim, const int64_t *shape,
+                    const void *data, char *err, size_t errlen) {
+    const int fd = cli_files_open(o, err, errlen);
+    if (fd < 0) return -1;
     return npy_write_fd(fd, dtype, ndim, shape, data, err, errlen);
 }
 
 int cli_files_commit(cli_path *out, int n_out, char *err, size_t errlen) {
     for (int i = 0; i < n_out; i++) {
+        if (!out[i].tmp) return fail(err, errlen, "%s: %s was not written", out[i].opt, out[i].path);
         if (rename(out[i].tmp, out[i].target) != 0)
             return fail(err, errlen, "cannot rename into place: %s", strerror(errno));
         free(out[i].tmp);
@@ -139,4 +152,51 @@ void cli_files_abort(cli_path *out, int n_out) {
         free(out[i].target);
         out[i].tmp = out[i].target = NULL;
     }
+}
+
+int cli_files_save(const char *opt, const char *path, cli_path *in, int n_in, cli_writer write,
+                   const void *ctx, char *err, size_t errlen) {
+    cli_path o = {.opt = opt, .path = path};
+    int rc = cli_files_check(in, n_in, &o, 1, err, errlen);
+    if (rc == 0) {
+        const int fd = cli_files_open(&o, err, errlen);
+        rc = fd < 0 || write(fd, path, ctx, err, errlen) || cli_files_commit(&o, 1, err, errlen)
+                 ? -1 : 0;
+    }
+    cli_files_abort(&o, 1);
+    return rc;
+}
+
+typedef struct text_job {
+    void (*print)(FILE *f, const void *ctx);
+    const void *ctx;
+} text_job;
+
+static int text_writer(int fd, const char *name, const void *ctx, char *err, size_t errlen) {
+    const text_job *job = ctx;
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        close(fd);
+        return fail(err, errlen, "%s: cannot write: %s", name, strerror(errno));
+    }
+    errno = 0;
+    job->print(f, job->ctx);
+    const int bad = fflush(f) != 0 || ferror(f);
+    const int e = errno;
+    if (fclose(f) != 0 || bad)
+        return fail(err, errlen, "%s: cannot write: %s", name, strerror(bad && e ? e : errno));
+    return 0;
+}
+
+int cli_files_save_text(const char *opt, const char *path, void (*print)(FILE *f, const void *ctx),
+                        const void *ctx, char *err, size_t errlen) {
+    const text_job job = {print, ctx};
+    return cli_files_save(opt, path, NULL, 0, text_writer, &job, err, errlen) ? -1 : 0;
+}
+
+int cli_files_check_one(const char *opt, const char *path, char *err, size_t errlen) {
+    cli_path o = {.opt = opt, .path = path};
+    const int rc = cli_files_check(NULL, 0, &o, 1, err, errlen);
+    cli_files_abort(&o, 1);
+    return rc;
 }

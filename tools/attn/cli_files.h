@@ -1,5 +1,6 @@
 /*
- * cli_files.h — the file safety of `attn run`: which paths may be read and written, and
+ * cli_files.h — the file safety of every `attn` command that writes files (run, ring, viz,
+ *               train, demo, seq2seq, bench): which paths may be read and written, and
  *               outputs written all-or-nothing, so that no call can lose a user's file.
  *
  * The rules (docs/CLI.md, "Files"): every input is an existing regular file; an output
@@ -10,7 +11,13 @@
  * yet). All of this is decided before anything is written. The outputs are then
  * written to temporary files in their targets' directories and renamed over the
  * targets only once every one of them is complete; on a failure the temporary files are
- * removed and every file is as it was.
+ * removed and every file is as it was. The first temporary file made sets SIGXFSZ to be
+ * ignored, so that a file size limit fails the write (EFBIG) and the removal runs,
+ * instead of killing the process with the temporary file left behind.
+ *
+ * Use: cli_files_check, then for each output cli_files_write (a .npy) or cli_files_open
+ * (any other format), then cli_files_commit once all are complete; cli_files_abort in
+ * every case at the end. cli_files_save does all of it for one output.
  */
 #ifndef ATTN_CLI_FILES_H
 #define ATTN_CLI_FILES_H
@@ -18,6 +25,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "attn.h"
 
@@ -36,7 +44,12 @@ typedef struct cli_path {
  * reason naming the file and option in err. Fills target, exists, dev, ino, mode. */
 int cli_files_check(cli_path *in, int n_in, cli_path *out, int n_out, char *err, size_t errlen);
 
-/* Writes output i's array to a new temporary file beside its target. 0, or -1 with the
+/* A new temporary file beside output o's target, with the permission bits it will have:
+ * its descriptor (the caller writes and closes it), or -1 with the reason in err. It is
+ * removed by cli_files_abort unless cli_files_commit renamed it. */
+int cli_files_open(cli_path *o, char *err, size_t errlen);
+
+/* Writes output o's array to a new temporary file beside its target. 0, or -1 with the
  * reason in err (the temporary files made so far stay until cli_files_abort). */
 int cli_files_write(cli_path *out, attn_dtype dtype, int ndim, const int64_t *shape,
                     const void *data, char *err, size_t errlen);
@@ -47,5 +60,22 @@ int cli_files_commit(cli_path *out, int n_out, char *err, size_t errlen);
 
 /* Removes the temporary files made and frees what cli_files_check allocated. */
 void cli_files_abort(cli_path *out, int n_out);
+
+/* Writes a file through `write` (given a descriptor, which it closes in every case; 0 or
+ * -1 with the reason), the whole protocol for one output `path` of option `opt` against
+ * the inputs in[]: 0; -2 (a usage error: the output is an input) or -1 with the reason. */
+typedef int (*cli_writer)(int fd, const char *name, const void *ctx, char *err, size_t errlen);
+int cli_files_save(const char *opt, const char *path, cli_path *in, int n_in, cli_writer write,
+                   const void *ctx, char *err, size_t errlen);
+
+/* The checks of cli_files_check for one output alone, nothing kept: for a command that
+ * works a long time before cli_files_save writes its output, so that a refusal comes
+ * first (the same checks run again when the file is written). 0, -2 or -1 as there. */
+int cli_files_check_one(const char *opt, const char *path, char *err, size_t errlen);
+
+/* cli_files_save for a text output: `print` writes it to a stream (a write error is found
+ * from the stream afterwards). 0, or -1 with the reason. */
+int cli_files_save_text(const char *opt, const char *path, void (*print)(FILE *f, const void *ctx),
+                        const void *ctx, char *err, size_t errlen);
 
 #endif /* ATTN_CLI_FILES_H */

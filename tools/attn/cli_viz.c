@@ -5,9 +5,13 @@
  * LSE, then attn_weights_grid for the weights in blocks of rows and keys — at most
  * --pixels cells a side, each block's sum or max, computed in one more pass over K
  * without ever holding Lq x Lk — and heatmap.c's picture of one head or of every head.
+ * The files by cli_files.h's rules, as attn run's: every path checked before anything is
+ * read, the picture and --grid written to temporary files and renamed into place only
+ * when both are complete.
  * What it is not: a second check of the inputs (run_args.h's) or of the weights (the
  * library's); the picture's layout and colours are heatmap.h's.
  */
+#define _POSIX_C_SOURCE 200809L  // getline
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +19,7 @@
 
 #include "attn.h"
 #include "cli.h"
+#include "cli_files.h"
 #include "cliopt.h"
 #include "heatmap.h"
 #include "npy.h"
@@ -73,25 +78,28 @@ static int viz_int(const char *name, const char *s, int64_t lo, int64_t hi, int6
     return 0;
 }
 
-/* The lines of path (without their newline) into *lines; *n gets the count. */
+/* The lines of path (without their newline, of any length) into *lines; *n gets the count. */
 static int read_tokens(const char *path, char ***lines, int64_t *n) {
     FILE *f = fopen(path, "rb");
     if (!f) return run_say(EXIT_DATA, "%s: cannot open", path);
-    char **out = NULL, buf[4096];
+    char **out = NULL, *buf = NULL;
+    size_t cap = 0;
     int64_t count = 0, room = 0;
-    while (fgets(buf, sizeof buf, f)) {
-        const size_t len = strcspn(buf, "\r\n");
-        buf[len] = '\0';
+    int nomem = 0;
+    ssize_t got;
+    while ((got = getline(&buf, &cap, f)) >= 0) {
+        buf[strcspn(buf, "\r\n")] = '\0';
         if (count == room) {
             room = room ? 2 * room : 64;
             char **grown = realloc(out, (size_t)room * sizeof *out);
-            if (!grown) break;
+            if (!grown) { nomem = 1; break; }
             out = grown;
         }
-        if (!(out[count] = strdup(buf))) break;
+        if (!(out[count] = strdup(buf))) { nomem = 1; break; }
         count++;
     }
-    const int bad = ferror(f) || !feof(f);
+    const int bad = nomem || ferror(f) || !feof(f);
+    free(buf);
     fclose(f);
     *lines = out;
     *n = count;
@@ -155,6 +163,25 @@ int cli_viz(int argc, char **argv) {
             return run_say(EXIT_USAGE, "--vmax: expected a number > 0 or auto, got '%s'", z.vmax);
     }
 
+    /* the files, by the rules of cli_files.h, before anything is read or written */
+    const char *ins[][2] = {{"--q", a.q},           {"--k", a.k},         {"--v", a.v},
+                            {"--mask", a.mask},     {"--kv-len", a.kv_len}, {"--alibi", a.alibi},
+                            {"--tokens", z.tokens}};
+    cli_path in_paths[7], out_paths[2];
+    int n_in = 0, n_out = 0;
+    for (int i = 0; i < 7; i++)
+        if (ins[i][1]) in_paths[n_in++] = (cli_path){.opt = ins[i][0], .path = ins[i][1]};
+    out_paths[n_out++] = (cli_path){.opt = "--png", .path = z.png};
+    if (z.grid) out_paths[n_out++] = (cli_path){.opt = "--grid", .path = z.grid};
+    {
+        char err[512];
+        const int x = cli_files_check(in_paths, n_in, out_paths, n_out, err, sizeof err);
+        if (x) {
+            cli_files_abort(out_paths, n_out);
+            return run_say(x == -2 ? EXIT_USAGE : EXIT_DATA, "%s", err);
+        }
+    }
+
     run_inputs in = {0};
     float *o = NULL, *lse = NULL, *grid = NULL;
     char **tokens = NULL, **row_tokens = NULL;
@@ -206,9 +233,10 @@ int cli_viz(int argc, char **argv) {
         rc = run_library_error(st);
         goto done;
     }
-    if (z.grid) {
-        char err[256];
-        if (npy_write(z.grid, ATTN_F32, 4, (int64_t[]){B, Hq, R, C}, grid, err, sizeof err)) {
+    if (z.grid) {  // to its temporary file now: the averaging below changes the grid
+        char err[512];
+        if (cli_files_write(&out_paths[1], ATTN_F32, 4, (int64_t[]){B, Hq, R, C}, grid, err,
+                            sizeof err)) {
             rc = run_say(EXIT_DATA, "%s: %s", z.grid, err);
             goto done;
         }
@@ -278,10 +306,15 @@ int cli_viz(int argc, char **argv) {
         .col_labels = single ? (const char *const *)tokens : NULL,
         .numbers = single, .log = log_scale, .vmin = vmin,
     };
-    char err[256];
-    if (heat_png(z.png, &spec, err, sizeof err)) rc = run_say(EXIT_DATA, "%s", err);
+    char err[512];
+    const int fd = cli_files_open(&out_paths[0], err, sizeof err);
+    if (fd < 0 || heat_png_fd(fd, z.png, &spec, err, sizeof err))
+        rc = run_say(EXIT_DATA, "%s%s%s", fd < 0 ? z.png : "", fd < 0 ? ": " : "", err);
+    else if (cli_files_commit(out_paths, n_out, err, sizeof err))  // all complete: into place
+        rc = run_say(EXIT_DATA, "%s", err);
 
 done:
+    cli_files_abort(out_paths, n_out);
     run_inputs_free(&in);
     free(o);
     free(lse);

@@ -10,8 +10,10 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "canvas.h"
+#include "cli_files.h"
 #include "heatmap.h"
 
 enum { PANEL_PX = 420, LABEL_MAX = 12, GAP = 24, BAR_W = 22 };
@@ -82,7 +84,7 @@ static int label_len(const char *const *labels, int64_t n) {
     return most;
 }
 
-int heat_png(const char *path, const heat_spec *sp, char *err, size_t errlen) {
+int heat_png_fd(int fd, const char *name, const heat_spec *sp, char *err, size_t errlen) {
     const int cp = heat_cell_pixels(sp->rows, sp->cols);
     const int fs = cp >= 24 ? 2 : 1;  // the labels' font scale
     const int labels = cp >= 10;
@@ -98,6 +100,7 @@ int heat_png(const char *path, const heat_spec *sp, char *err, size_t errlen) {
     canvas c;
     if (canvas_new(&c, W, H, HEAT_BG)) {
         snprintf(err, errlen, "out of memory for a %d x %d picture", W, H);
+        close(fd);
         return -1;
     }
     if (sp->title) canvas_text(&c, left, 10, sp->title, 0x000000, 1, 0);
@@ -170,7 +173,15 @@ int heat_png(const char *path, const heat_spec *sp, char *err, size_t errlen) {
     const int my = by1 + 16;
     canvas_rect(&c, bar_x, my, bar_x + BAR_W - 1, my + 13, HEAT_MASKED);
     canvas_text(&c, bar_x + BAR_W + 6, my + 3, "masked", 0x000000, 1, 0);
-    const int rc = canvas_write_png(&c, path, err, errlen);
+    const int rc = canvas_write_png(&c, fd, name, err, errlen);
     canvas_free(&c);
     return rc;
+}
+
+static int heat_png_writer(int fd, const char *name, const void *ctx, char *err, size_t errlen) {
+    return heat_png_fd(fd, name, ctx, err, errlen);
+}
+
+int heat_png(const char *path, const heat_spec *sp, char *err, size_t errlen) {
+    return cli_files_save("picture", path, NULL, 0, heat_png_writer, sp, err, errlen) ? -1 : 0;
 }

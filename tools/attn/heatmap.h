@@ -51,8 +51,13 @@ uint32_t heat_colour_log(double v, double vmin, double vmax);
 /* Pixels a cell takes: as large as keeps a panel within about 420 pixels, 1 at least. */
 int heat_cell_pixels(int64_t rows, int64_t cols);
 
-/* Writes the picture. 0, or -1 with the reason in err. Labels are drawn only where a
- * cell is at least 10 pixels (longer labels are cut to 12 characters). */
+/* Writes the picture to path by the rules of cli_files.h (a temporary file renamed into
+ * place). 0, or -1 with the reason in err. Labels are drawn only where a cell is at
+ * least 10 pixels (longer labels are cut to 12 characters). */
 int heat_png(const char *path, const heat_spec *spec, char *err, size_t errlen);
+
+/* The same picture written to fd (closed in every case; name for messages), for a
+ * command that places its outputs itself (cli_files_open). */
+int heat_png_fd(int fd, const char *name, const heat_spec *spec, char *err, size_t errlen);
 
 #endif /* ATTN_HEATMAP_H */

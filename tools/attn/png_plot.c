@@ -9,8 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "canvas.h"
+#include "cli_files.h"
 #include "png_plot.h"
 
 enum { W = 960, H = 600, LEFT = 90, RIGHT = 30, TOP = 56, BOTTOM = 70, SCALE = 2 };
@@ -71,10 +73,11 @@ static void number(char *buf, size_t n, double v, double step) {
     else snprintf(buf, n, "%.2f", v);
 }
 
-int plot_png(const char *path, const plot_spec *sp, char *err, size_t errlen) {
+int plot_png_fd(int fd, const char *name, const plot_spec *sp, char *err, size_t errlen) {
     canvas cv;
     if (canvas_new(&cv, W, H, 0xFFFFFF)) {
         snprintf(err, errlen, "out of memory");
+        close(fd);
         return -1;
     }
     const int x0 = LEFT, x1 = W - RIGHT, y0 = H - BOTTOM, y1 = TOP;  // plot area
@@ -150,7 +153,15 @@ int plot_png(const char *path, const plot_spec *sp, char *err, size_t errlen) {
 #undef PX
 #undef PY
 
-    const int rc = canvas_write_png(&cv, path, err, errlen);
+    const int rc = canvas_write_png(&cv, fd, name, err, errlen);
     canvas_free(&cv);
     return rc;
+}
+
+static int plot_png_writer(int fd, const char *name, const void *ctx, char *err, size_t errlen) {
+    return plot_png_fd(fd, name, ctx, err, errlen);
+}
+
+int plot_png(const char *path, const plot_spec *sp, char *err, size_t errlen) {
+    return cli_files_save("picture", path, NULL, 0, plot_png_writer, sp, err, errlen) ? -1 : 0;
 }

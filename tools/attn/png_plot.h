@@ -27,7 +27,12 @@ typedef struct plot_spec {
     int n_series;
 } plot_spec;
 
-/* Writes the plot to path. 0 on success; -1 with the reason in err. */
+/* Writes the plot to path by the rules of cli_files.h (a temporary file renamed into
+ * place). 0 on success; -1 with the reason in err. */
 int plot_png(const char *path, const plot_spec *spec, char *err, size_t errlen);
+
+/* The same plot written to fd (closed in every case; name for messages), for a command
+ * that places its outputs itself (cli_files_open). */
+int plot_png_fd(int fd, const char *name, const plot_spec *spec, char *err, size_t errlen);
 
 #endif /* ATTN_PNG_PLOT_H */
