@@ -18,7 +18,8 @@ total_pass=0
 total_fail=0
 log=$(mktemp)
 times_file=$(mktemp)
-trap 'rm -f "$log" "$times_file"' EXIT
+kernels_file=$(mktemp)
+trap 'rm -f "$log" "$times_file" "$kernels_file"' EXIT
 check_start=$(date +%s)
 
 # stage_time NAME START_NS CPU_BEFORE: one line of the closing per-stage table (wall
@@ -76,13 +77,25 @@ run_suite() {
 # supports (ATTN_ISA), not only the one dispatch picks; the others run once.
 PER_KERNEL="test_forward test_paged test_paged_decode test_edge test_onnx test_half test_backward test_backward_edge test_backward_half test_masks test_mask_lengths test_key_padding_paths test_team_threshold test_weights test_q8_0 test_kv_append_q8 test_sinks test_sinks_backward test_dropout test_dropout_backward test_cascade test_weights_fast test_fast_level"
 
+# The suites that test each kernel table the CPU runs from inside, one after another (the
+# rest run the kernel dispatch picks).
+EVERY_KERNEL_INSIDE="test_additive test_kernels test_kernels_half test_fwd_geom test_from_f32 test_half test_gemm test_dropout_words test_q8_0 test_paged_decode"
+
+# kernel_line NAME TEXT: says which kernels a suite ran, now and in the closing table
+kernel_line() {
+    echo "== $1: kernels: $2"
+    printf '  %-44s %s\n' "$1" "$2" >>"$kernels_file"
+}
+
 # run_all BUILD_DIR LABEL: every suite against one build.
 run_all() {
-    local b=$1 label=$2 kernels
-    kernels=$("$b/attn" --kernels | awk '$2 == "runs" { print $1 }')
-    local cannot
-    cannot=$("$b/attn" --kernels | awk '$2 != "runs" { print $1 }')
-    [ -z "$cannot" ] || echo "== ${label}kernels this CPU cannot run, not tested here: "$cannot
+    local b=$1 label=$2 kernels cannot picked
+    kernels=$("$b/attn" --kernels | awk '$2 == "runs" { print $1 }' | xargs)
+    cannot=$("$b/attn" --kernels | awk '$2 != "runs" { print $1 }' | xargs)
+    picked=$("$b/attn" --version | sed -n -E 's/.*\(kernel ([a-z0-9_]+);.*/\1/p')
+    local not_here=""
+    [ -z "$cannot" ] || not_here="; not run, this CPU cannot: $cannot"
+    echo "== ${label}kernels this CPU runs: $kernels (dispatch picks $picked)$not_here"
     for t in "$b"/tests/test_*; do
         [ -x "$t" ] || continue
         local name
@@ -91,8 +104,14 @@ run_all() {
             for isa in $kernels; do
                 run_suite "$label$name [$isa]" env ATTN_ISA="$isa" "$t"
             done
+            kernel_line "$label$name" "$kernels (a run each)$not_here"
         else
             run_suite "$label$name" "$t"
+            if [[ " $EVERY_KERNEL_INSIDE " == *" $name "* ]]; then
+                kernel_line "$label$name" "$kernels (each inside the suite)$not_here"
+            else
+                kernel_line "$label$name" "$picked (the one dispatch picks)"
+            fi
         fi
     done
     run_suite "${label}test_cli.sh" bash tests/test_cli.sh "$b/attn"
@@ -178,6 +197,9 @@ fi
 # shellcheck source=scripts/check_harden.sh
 . scripts/check_harden.sh
 
+echo
+echo "== which kernels each C suite ran on this CPU"
+cat "$kernels_file"
 echo
 echo "== per-stage times: wall s, CPU s (this run, $(nproc 2>/dev/null || echo ?) cores), longest first"
 sort -rn "$times_file"
