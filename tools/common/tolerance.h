@@ -11,7 +11,7 @@
  * And the log-sum-exp's bound, derived from the float32 error model (docs/CONTRACT.md,
  * "The float32 error model": the constants TOL_* below are its only copy in the tests):
  *
- *   |lse - ref| <= u [ (Dk + 5) A + E + min(n, BK_MAX) + (E + 2) ceil(n / BK_MIN) + 2 ]
+ *   |lse - ref| <= u [ (Dk + 5) A + 2E + min(n, BK_MAX) + (2E + 2) ceil(n / BK_MIN) + 2 ]
  *
  * per row, with A the row's logit magnitude (max over its keys of
  * |scale| sum_d |q_d k_d| + |bias| + |ALiBi term| + softcap) and n its key count.
@@ -67,23 +67,32 @@ static inline int tol_pass(const tol_acc *a, tol_result *r) {
 /* ---- the float32 error model (docs/CONTRACT.md, "The float32 error model") ---------- */
 
 #define TOL_U32 0x1p-24     /* float32's unit roundoff */
-#define TOL_EXP_ULP 2.0     /* the kernels' exp: at most 2 ulp (docs/KERNELS.md) */
+#define TOL_EXP_ULP 2.0     /* the kernels' exp: at most 2 ulp (docs/KERNELS.md), so a relative
+                             * error of at most 2 E u (an ulp is at most 2u of the value) */
 #define TOL_BK_MIN 16.0     /* the key blocks of every kernel lie in [16, 128] (kernels/list.h) */
 #define TOL_BK_MAX 128.0
 
+/* A float32 dot product of n terms times a scale, with or without FMA, in any order:
+ * its error relative to its magnitude (|scale| sum |a_d b_d|) is at most (n + 2) u. */
+static inline double tol_dot_rel(int64_t n) { return ((double)n + 2.0) * TOL_U32; }
+
+/* A float32 sum of n terms (products or not, each rounded once), in any order: its error
+ * relative to the sum of the terms' magnitudes is at most (n + 1) u. */
+static inline double tol_sum_rel(int64_t n) { return ((double)n + 1.0) * TOL_U32; }
+
 /* The bound on one row's LSE error (an absolute one: ln l's error is relative to l):
- *  - each logit is a dot of Dk products: Dk ulps of its magnitude A, and 5 more for the
- *    scale, the bias or ALiBi term's addition, softcap, the final m + ln l and ln's own
- *    error (ln l <= |lse| + A);
- *  - the row sum l of n exp values, each at most E ulps off (E relative to l), summed in
- *    blocks of at most BK_MAX keys (BK_MAX additions in a block), each block's sum added
- *    to the running one and that rescaled by one more exp, once per block of at least
- *    BK_MIN keys (E + 2 a block); the split-key and merged partials are such blocks too;
+ *  - each logit is a dot of Dk products: Dk u of its magnitude A (tol_dot_rel), and 5 u
+ *    more for the scale, the bias or ALiBi term's addition, softcap, the final m + ln l
+ *    and ln's own error (ln l <= |lse| + A);
+ *  - the row sum l of n exp values, each at most E ulps (2E u) off, summed in blocks of
+ *    at most BK_MAX keys (BK_MAX additions in a block), each block's sum added to the
+ *    running one and that rescaled by one more exp, once per block of at least BK_MIN
+ *    keys (2E + 2 a block); the split-key and merged partials are such blocks too;
  *  - and 2 for ln of an l near 1. */
 static inline double tol_lse_bound(int64_t dk, int64_t n_keys, double mag) {
     const double n = n_keys > 0 ? (double)n_keys : 1.0;
-    const double sum = TOL_EXP_ULP + (n < TOL_BK_MAX ? n : TOL_BK_MAX) +
-                       (TOL_EXP_ULP + 2.0) * ceil(n / TOL_BK_MIN);
+    const double sum = 2.0 * TOL_EXP_ULP + (n < TOL_BK_MAX ? n : TOL_BK_MAX) +
+                       (2.0 * TOL_EXP_ULP + 2.0) * ceil(n / TOL_BK_MIN);
     return TOL_U32 * (((double)dk + 5.0) * mag + sum + 2.0);
 }
 
