@@ -19,17 +19,21 @@ total_fail=0
 log=$(mktemp)
 times_file=$(mktemp)
 kernels_file=$(mktemp)
-trap 'rm -f "$log" "$times_file" "$kernels_file"' EXIT
+cpu_tmp=$(mktemp)
+trap 'rm -f "$log" "$times_file" "$kernels_file" "$cpu_tmp"' EXIT
 check_start=$(date +%s)
 
 # stage_time NAME START_NS CPU_BEFORE: one line of the closing per-stage table (wall
 # seconds, and the CPU seconds of the stage's processes, which load from other jobs
 # inflates less than the wall time)
-cpu_now() { local t; t=$(times | tail -n 1); awk '{ split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%.2f", u[1] * 60 + u[2] + s[1] * 60 + s[2] }' <<<"$t"; }
+# (times in this shell, not in a pipeline's subshell, whose children's times start at 0)
+# (times in this shell, not in a subshell, whose children's times start at 0): sets CPU
+cpu_now() { times >"$cpu_tmp"; CPU=$(awk 'END { split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%.2f", u[1] * 60 + u[2] + s[1] * 60 + s[2] }' "$cpu_tmp"); }
 stage_time() {
     local name=$1 t0=$2 c0=$3 t1 c1
     t1=$(date +%s.%N)
-    c1=$(cpu_now)
+    cpu_now
+    c1=$CPU
     awk -v n="$name" -v a="$t0" -v b="$t1" -v c="$c0" -v d="$c1" \
         'BEGIN { printf "%8.1f %8.1f  %s\n", b - a, d - c, n }' >>"$times_file"
 }
@@ -38,7 +42,8 @@ timed() {
     local name=$1 t0 c0 rc
     shift
     t0=$(date +%s.%N)
-    c0=$(cpu_now)
+    cpu_now
+    c0=$CPU
     "$@"
     rc=$?
     stage_time "$name" "$t0" "$c0"
@@ -51,7 +56,8 @@ run_suite() {
     shift
     echo "== $name"
     t0=$(date +%s.%N)
-    c0=$(cpu_now)
+    cpu_now
+    c0=$CPU
     "$@" 2>&1 | tee "$log"
     local rc=${PIPESTATUS[0]}
     stage_time "$name" "$t0" "$c0"
