@@ -82,30 +82,47 @@ def version():
     return ".".join(parts)
 
 
+def build_jobs():
+    """How many files are compiled at once: ATTN_BUILD_JOBS, else one per CPU."""
+    try:
+        return max(1, int(os.environ.get("ATTN_BUILD_JOBS", "0")) or os.cpu_count() or 1)
+    except ValueError:
+        return os.cpu_count() or 1
+
+
 class BuildExt(build_ext):
-    """build_ext that compiles the files of PER_FILE_FLAGS separately with their flags."""
+    """build_ext that compiles every source itself, the files of PER_FILE_FLAGS with their
+    flags, build_jobs() files at a time (setuptools compiles one extension's sources one
+    after another), then links them as setuptools does."""
 
     def build_extension(self, ext):
-        special = [s for s in ext.sources if s in PER_FILE_FLAGS]
+        from concurrent.futures import ThreadPoolExecutor
+
         for s in ext.sources:
             if s.startswith("src") and s not in PER_FILE_FLAGS and ISA_NAME.search(
                     os.path.basename(s)):
                 sys.stderr.write(
                     "warning: %s looks ISA-specific but has no entry in PER_FILE_FLAGS "
                     "(setup.py): compiled with the base flags only\n" % s)
-        objects = []
-        for s in special:
-            objects += self.compiler.compile(
+
+        def compile_one(s):
+            return self.compiler.compile(
                 [s], output_dir=self.build_temp, include_dirs=ext.include_dirs,
-                extra_postargs=ext.extra_compile_args + PER_FILE_FLAGS[s],
+                macros=ext.define_macros or None,
+                extra_postargs=ext.extra_compile_args + PER_FILE_FLAGS.get(s, []),
                 depends=ext.depends)
-        saved_sources, saved_objects = ext.sources, ext.extra_objects
-        ext.sources = [s for s in ext.sources if s not in PER_FILE_FLAGS]
-        ext.extra_objects = list(saved_objects or []) + objects
+
+        # threads suffice: each compile is a compiler process
+        with ThreadPoolExecutor(max_workers=build_jobs()) as pool:
+            objects = [o for objs in pool.map(compile_one, ext.sources) for o in objs]
+        saved = ext.sources, ext.extra_objects, ext.depends
+        ext.sources = []  # compiled: setuptools links, and relinks when a source is newer
+        ext.extra_objects = list(saved[1] or []) + objects
+        ext.depends = list(saved[2] or []) + list(saved[0])
         try:
             super().build_extension(ext)
         finally:
-            ext.sources, ext.extra_objects = saved_sources, saved_objects
+            ext.sources, ext.extra_objects, ext.depends = saved
 
 
 def main():

@@ -93,7 +93,9 @@ kernel_line() {
     printf '  %-44s %s\n' "$1" "$2" >>"$kernels_file"
 }
 
-# run_all BUILD_DIR LABEL: every suite against one build.
+rotation=0
+
+# run_all BUILD_DIR LABEL: every suite against one build (LABEL empty: the plain build).
 run_all() {
     local b=$1 label=$2 kernels cannot picked
     kernels=$("$b/attn" --kernels | awk '$2 == "runs" { print $1 }' | xargs)
@@ -106,7 +108,17 @@ run_all() {
         [ -x "$t" ] || continue
         local name
         name=$(basename "$t")
-        if [[ " $PER_KERNEL " == *" $name "* ]]; then
+        if [[ " $PER_KERNEL " == *" $name "* ]] && [ -n "$label" ]; then
+            # under the sanitizers each such suite runs once, the kernels taken in turn
+            # (every kernel's own code also runs under them in the suites that call each
+            # kernel table: EVERY_KERNEL_INSIDE); the framework code they share is the
+            # same for all, and each kernel's numbers are the plain run's business
+            local list=($kernels)
+            local isa=${list[$((rotation % ${#list[@]}))]}
+            rotation=$((rotation + 1))
+            run_suite "$label$name [$isa]" env ATTN_ISA="$isa" "$t"
+            kernel_line "$label$name" "$isa (the kernels in turn, one a suite)"
+        elif [[ " $PER_KERNEL " == *" $name "* ]]; then
             for isa in $kernels; do
                 run_suite "$label$name [$isa]" env ATTN_ISA="$isa" "$t"
             done
