@@ -40,6 +40,7 @@ static fcase base(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lk, in
  * (its thread-count identity is checked in threads()), which keeps the suite's parallel
  * regions few: on a loaded 2-core machine each one can cost a scheduler time slice. */
 static void run_case(const fcase *c, int also_auto) {
+    if (test_case_skipped()) return;
     tcall t;
     tcall_build(&t, c);
     tcall_oracle(&t);

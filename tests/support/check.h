@@ -50,6 +50,21 @@ static inline int within_f32_tol(const float *got, const double *ref, int64_t n,
     return tol_pass(&a, r);
 }
 
+/* ATTN_TEST_EVERY=n (scripts/check.sh sets it for the emulated AArch64 run, where the
+ * portable build is what is tested, not the size of the case matrix): the big case loops
+ * run one case in n, in a fixed order (1 when unset: all). True when this case is one to
+ * skip; the loops call it once per case. */
+static inline int test_case_skipped(void) {
+    static int64_t every = -1, seen = 0;
+    if (every < 0) {
+        const char *e = getenv("ATTN_TEST_EVERY");
+        every = e && atoi(e) > 1 ? atoi(e) : 1;
+        if (every > 1) printf("ATTN_TEST_EVERY=%lld: the case matrices run one case in %lld\n",
+                              (long long)every, (long long)every);
+    }
+    return seen++ % every != 0;
+}
+
 /* calloc of n (at least 1) elements, or the suite exits 2 when out of memory */
 static inline void *xcalloc(int64_t n, size_t size) {
     void *p = calloc((size_t)(n > 0 ? n : 1), size);
