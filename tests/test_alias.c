@@ -352,10 +352,116 @@ static void backward_refusals(void) {
     }
 }
 
+/* ---- the multi-head module and attn_merge: the same rule for every output --------------- */
+
+enum { ME = 4, ML = 2, MMAX = 8 };  // E = Hq·D (one head of D = 4), 2 tokens, Lmax 8
+
+/* row-major [in, out] weight and {B, L, C, 1} activations at arena offsets */
+static attn_tensor mat_at(int64_t at, int64_t in, int64_t out) {
+    return (attn_tensor){g_arena + at, ATTN_F32, {in, out, 1, 1}, {out, 1, 0, 0}};
+}
+static attn_tensor rows_at(int64_t at, int64_t b, int64_t l, int64_t c) {
+    return (attn_tensor){g_arena + at, ATTN_F32, {b, l, c, 1}, {l * c, c, 1, 1}};
+}
+
+static void module_refusals(void) {
+    if (strcmp(attn_blas_name(), "none") == 0) {
+        printf("alias: no BLAS, the module's cases skipped\n");
+        return;
+    }
+    static float before[16 * N];
+    /* arena: W_Q W_K W_V W_O at 0, 16, 32, 48; x at 64; y at 80; dy at 96; the cache's k
+     * and v at 128 and 160 (8 rows of 4); gradients from 256 (16 each) */
+    attn_tensor wq = mat_at(0, ME, ME), wk = mat_at(16, ME, ME), wv = mat_at(32, ME, ME),
+                wo = mat_at(48, ME, ME);
+    attn_mha m = {.Hq = 1, .w_q = &wq, .w_k = &wk, .w_v = &wv, .w_o = &wo};
+    attn_tensor x = rows_at(64, 1, ML, ME), y = rows_at(80, 1, ML, ME), dy = rows_at(96, 1, ML, ME);
+    fill(g_arena, 16 * N, 41);
+    CHECK(attn_mha_forward(&m, &x, NULL, &y, NULL, false, NULL) == ATTN_OK,
+          "module forward, separate buffers: %s", attn_last_error());
+    attn_tensor yw = rows_at(48 + 4, 1, ML, ME);  // y over W_O's last three rows
+    memcpy(before, g_arena, sizeof g_arena);
+    expect_refused(attn_mha_forward(&m, &x, NULL, &yw, NULL, false, NULL), before,
+                   "module y over W_O", "y", "w_o");
+    attn_tensor yx = rows_at(64 + 2, 1, ML, ME);  // y over x, shifted
+    expect_refused(attn_mha_forward(&m, &x, NULL, &yx, NULL, false, NULL), before,
+                   "module y over x_q", "y", "x_q");
+    attn_tensor wts = {g_arena + 60, ATTN_F32, {1, 1, ML, ML}, {ML * ML, ML * ML, ML, 1}};
+    expect_refused(attn_mha_forward(&m, &x, NULL, &y, &wts, false, NULL), before,
+                   "module weights over W_O", "weights", "w_o");
+    /* the saved buffer of forward_save over x */
+    size_t sb = 0;
+    CHECK(attn_mha_saved_size(&m, &x, NULL, &sb) == ATTN_OK && sb <= 64 * sizeof(float) * 8,
+          "module saved size %zu", sb);
+    expect_refused(attn_mha_forward_save(&m, &x, NULL, &y, NULL, false, NULL, g_arena + 64, sb),
+                   before, "module saved over x_q", "saved", "x_q");
+
+    /* backward: gradients over inputs and over each other */
+    attn_tensor g0 = mat_at(256, ME, ME), g1 = mat_at(272, ME, ME);
+    attn_mha_grads gr = {.dw_q = &g0, .dw_o = &g1};
+    CHECK(attn_mha_backward(&m, &x, NULL, &dy, &gr, NULL) == ATTN_OK,
+          "module backward, separate buffers: %s", attn_last_error());
+    memcpy(before, g_arena, sizeof g_arena);
+    attn_tensor gx = mat_at(64, ME, ME);  // dW_O over x and y
+    gr = (attn_mha_grads){.dw_o = &gx};
+    expect_refused(attn_mha_backward(&m, &x, NULL, &dy, &gr, NULL), before,
+                   "module dw_o over x_q", "dw_o", "x_q");
+    attn_tensor dxq = rows_at(96 + 1, 1, ML, ME);
+    gr = (attn_mha_grads){.dx_q = &dxq};
+    expect_refused(attn_mha_backward(&m, &x, NULL, &dy, &gr, NULL), before,
+                   "module dx_q over dy", "dx_q", "dy");
+    attn_tensor gq = mat_at(256 + 8, ME, ME);
+    gr = (attn_mha_grads){.dw_q = &g0, .dw_k = &gq};
+    expect_refused(attn_mha_backward(&m, &x, NULL, &dy, &gr, NULL), before,
+                   "module dw_k over dw_q", "dw_k", "dw_q");
+
+    /* decoding: y, x or W_K inside the cache (which the step writes) */
+    int64_t len[1] = {0};
+    attn_kv_cache c = {.kind = ATTN_CACHE_CONTIGUOUS,
+                       .k = attn_tensor_4d(g_arena + 128, ATTN_F32, 1, 1, MMAX, ME),
+                       .v = attn_tensor_4d(g_arena + 160, ATTN_F32, 1, 1, MMAX, ME), .len = len};
+    CHECK(attn_mha_decode(&m, &x, &c, &y, NULL) == ATTN_OK && len[0] == ML,
+          "module decode, separate buffers: %s", attn_last_error());
+    memcpy(before, g_arena, sizeof g_arena);
+    attn_tensor yc = rows_at(128 + 4 * (MMAX - 2), 1, ML, ME);  // y in the cache's last rows
+    expect_refused(attn_mha_decode(&m, &x, &c, &yc, NULL), before, "decode y in cache.k",
+                   "y", "cache.k");
+    attn_tensor xc = rows_at(160 + 4 * (MMAX - 2), 1, ML, ME);
+    expect_refused(attn_mha_decode(&m, &xc, &c, &y, NULL), before, "decode x in cache.v",
+                   "cache.v", "x_q");
+    attn_tensor wkc = mat_at(128 + 4 * (MMAX - 4), ME, ME);
+    attn_mha m2 = m;
+    m2.w_k = &wkc;
+    expect_refused(attn_mha_decode(&m2, &x, &c, &y, NULL), before, "decode w_k in cache.k",
+                   "cache.k", "w_k");
+    CHECK(len[0] == ML, "decode: len %lld after refusals, expected %d", (long long)len[0], ML);
+
+    /* attn_merge: o and lse share no byte with a partial unless they are it */
+    attn_tensor op[2] = {attn_tensor_4d(g_arena + 400, ATTN_F32, 1, 1, 4, 4),
+                         attn_tensor_4d(g_arena + 416, ATTN_F32, 1, 1, 4, 4)};
+    attn_tensor lp[2] = {attn_tensor_4d(g_arena + 432, ATTN_F32, 1, 1, 4, 1),
+                         attn_tensor_4d(g_arena + 436, ATTN_F32, 1, 1, 4, 1)};
+    attn_tensor mo = attn_tensor_4d(g_arena + 440, ATTN_F32, 1, 1, 4, 4);
+    attn_tensor ml = attn_tensor_4d(g_arena + 456, ATTN_F32, 1, 1, 4, 1);
+    CHECK(attn_merge(2, op, lp, &mo, &ml, 1) == ATTN_OK, "merge: %s", attn_last_error());
+    CHECK(attn_merge(2, op, lp, &op[0], &lp[1], 1) == ATTN_OK, "merge in place: %s",
+          attn_last_error());
+    memcpy(before, g_arena, sizeof g_arena);
+    attn_tensor o_sh = attn_tensor_4d(g_arena + 402, ATTN_F32, 1, 1, 4, 4);
+    expect_refused(attn_merge(2, op, lp, &o_sh, &ml, 1), before, "merge o over o_parts shifted",
+                   "o", "o_parts");
+    attn_tensor o_l = attn_tensor_4d(g_arena + 430, ATTN_F32, 1, 1, 4, 4);
+    expect_refused(attn_merge(2, op, lp, &o_l, &ml, 1), before, "merge o over lse_parts",
+                   "o", "lse_parts");
+    attn_tensor l_o = attn_tensor_4d(g_arena + 442, ATTN_F32, 1, 1, 4, 1);
+    expect_refused(attn_merge(2, op, lp, &mo, &l_o, 1), before, "merge lse over o", "lse", "o");
+}
+
 int main(void) {
     views_against_bytes();
     forward_refusals();
     packed_accepted();
     backward_refusals();
+    module_refusals();
     return check_summary("alias");
 }
