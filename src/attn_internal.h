@@ -278,6 +278,13 @@ ATTN_PRIVATE attn_status attn_check_aliasing(const attn_tensor *const *in,
                                              const char *const *out_names, int n_out,
                                              const attn_options *opt, size_t ws_need);
 
+/* n bytes at p as a one-dimensional tensor (of bool), for the overlap rule of a raw array
+ * (the additive weights, a saved buffer): empty when p is NULL or n <= 0. */
+static inline attn_tensor attn_bytes_view(const void *p, int64_t n) {
+    return (attn_tensor){(void *)(uintptr_t)p, ATTN_BOOL, {n > 0 && p ? n : 0, 1, 1, 1},
+                         {1, 1, 1, 1}};
+}
+
 /* What the params hold for tensor t: its data and its first n strides into s, or, when
  * t is empty, the address of a small static block no path touches and strides 0 (api.c). */
 ATTN_PRIVATE const void *attn_view_data(const attn_tensor *t, int64_t *s, int n);

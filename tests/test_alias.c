@@ -457,11 +457,102 @@ static void module_refusals(void) {
     expect_refused(attn_merge(2, op, lp, &mo, &l_o, 1), before, "merge lse over o", "lse", "o");
 }
 
+/* ---- the other calls that write: additive and Luong attention, the weights grid, tanh -- */
+
+static void other_refusals(void) {
+    static float before[16 * N];
+    enum { AB = 1, AL = 3, AD = 4, AA = 5 };  // q, k, v [1, 1, 3, 4]; A = 5 units
+    fill(g_arena, 16 * N, 43);
+    /* q k v o at 0, 12, 24, 36; W U at 48, 68; v b at 88, 93; lse 100; d_o 104; dq dk dv
+     * 116 128 140; dW dU dv db 160 180 200 205 */
+    attn_tensor q = attn_tensor_4d(g_arena, ATTN_F32, AB, 1, AL, AD);
+    attn_tensor k = attn_tensor_4d(g_arena + 12, ATTN_F32, AB, 1, AL, AD);
+    attn_tensor v = attn_tensor_4d(g_arena + 24, ATTN_F32, AB, 1, AL, AD);
+    attn_tensor o = attn_tensor_4d(g_arena + 36, ATTN_F32, AB, 1, AL, AD);
+    attn_additive_weights w = {.units = AA, .w_query = g_arena + 48, .w_key = g_arena + 68,
+                               .v = g_arena + 88, .bias = g_arena + 93};
+    const bool blas = strcmp(attn_blas_name(), "none") != 0;
+    attn_options ref = {.path = ATTN_PATH_REFERENCE};
+    CHECK(attn_additive_forward(&q, &k, &v, &w, &o, &ref) == ATTN_OK, "additive: %s",
+          attn_last_error());
+    memcpy(before, g_arena, sizeof g_arena);
+    attn_tensor ow = attn_tensor_4d(g_arena + 60, ATTN_F32, AB, 1, AL, AD);  // o over W, U
+    expect_refused(attn_additive_forward(&q, &k, &v, &w, &ow, &ref), before,
+                   "additive o over w_query", "o", "w_query");
+    attn_tensor ov = attn_tensor_4d(g_arena + 90, ATTN_F32, AB, 1, 1, 2);  // a 1-row o over v
+    attn_tensor q1 = q, v1 = v;
+    q1.shape[2] = 1;
+    v1.shape[3] = 2;
+    expect_refused(attn_additive_forward(&q1, &k, &v1, &w, &ov, &ref), before,
+                   "additive o over weights.v", "o", "weights.v");
+    /* the backward: dU over k, dq over d_o */
+    attn_tensor lse = attn_tensor_4d(g_arena + 100, ATTN_F32, AB, 1, AL, 1);
+    attn_tensor d_o = attn_tensor_4d(g_arena + 104, ATTN_F32, AB, 1, AL, AD);
+    attn_tensor dq = attn_tensor_4d(g_arena + 116, ATTN_F32, AB, 1, AL, AD);
+    attn_tensor dk = attn_tensor_4d(g_arena + 128, ATTN_F32, AB, 1, AL, AD);
+    attn_tensor dv = attn_tensor_4d(g_arena + 140, ATTN_F32, AB, 1, AL, AD);
+    attn_additive_grads gr = {.d_w_query = g_arena + 160, .d_w_key = g_arena + 180,
+                              .d_v = g_arena + 200, .d_bias = g_arena + 205};
+    ref.lse = &lse;
+    CHECK(attn_additive_forward(&q, &k, &v, &w, &o, &ref) == ATTN_OK, "additive lse: %s",
+          attn_last_error());
+    ref.lse = NULL;
+    CHECK(attn_additive_backward(&q, &k, &v, &w, &o, &d_o, &lse, &dq, &dk, &dv, &gr, &ref) ==
+          ATTN_OK, "additive backward: %s", attn_last_error());
+    memcpy(before, g_arena, sizeof g_arena);
+    attn_additive_grads gk = gr;
+    gk.d_w_key = g_arena + 14;
+    expect_refused(attn_additive_backward(&q, &k, &v, &w, &o, &d_o, &lse, &dq, &dk, &dv, &gk,
+                                          &ref), before, "additive d_w_key over k", "d_w_key",
+                   "k");
+    gk = gr;
+    gk.d_bias = g_arena + 130;
+    expect_refused(attn_additive_backward(&q, &k, &v, &w, &o, &d_o, &lse, &dq, &dk, &dv, &gk,
+                                          &ref), before, "additive d_bias over dk", "d_bias",
+                   "dk");
+    attn_tensor dqo = attn_tensor_4d(g_arena + 106, ATTN_F32, AB, 1, AL, AD);
+    expect_refused(attn_additive_backward(&q, &k, &v, &w, &o, &d_o, &lse, &dqo, &dk, &dv, &gr,
+                                          &ref), before, "additive dq over d_o", "dq", "d_o");
+
+    /* Luong general: o over q or over W (read through a projection attn_forward never sees) */
+    if (blas) {
+        const float *wl = g_arena + 48;  // W [Dq = 4, Dk = 4]
+        CHECK(attn_luong_general_forward(&q, &k, &v, wl, &o, NULL) == ATTN_OK, "luong: %s",
+              attn_last_error());
+        memcpy(before, g_arena, sizeof g_arena);
+        attn_tensor oq = attn_tensor_4d(g_arena + 1, ATTN_F32, AB, 1, 1, AD);  // q1's row
+        expect_refused(attn_luong_general_forward(&q1, &k, &v, wl, &oq, NULL), before,
+                       "luong o over q", "o", "q");
+        attn_tensor olw = attn_tensor_4d(g_arena + 50, ATTN_F32, AB, 1, AL, AD);
+        expect_refused(attn_luong_general_forward(&q, &k, &v, wl, &olw, NULL), before,
+                       "luong o over w", "o", "w");
+    }
+
+    /* the weights grid over the LSE */
+    attn_tensor grid = attn_tensor_4d(g_arena + 300, ATTN_F32, AB, 1, AL, AL);
+    attn_tensor lse4 = attn_tensor_4d(g_arena + 100, ATTN_F32, AB, 1, AL, 1);
+    attn_tensor q4 = attn_tensor_4d(g_arena, ATTN_F32, AB, 1, AL, AD);
+    CHECK(attn_weights_grid(&q4, &k, &lse4, &grid, ATTN_REDUCE_SUM, NULL) == ATTN_OK,
+          "grid: %s", attn_last_error());
+    memcpy(before, g_arena, sizeof g_arena);
+    attn_tensor gl = attn_tensor_4d(g_arena + 98, ATTN_F32, AB, 1, AL, AL);
+    expect_refused(attn_weights_grid(&q4, &k, &lse4, &gl, ATTN_REDUCE_SUM, NULL), before,
+                   "grid over lse", "grid", "lse");
+
+    /* tanh: y = x in place is fine, y one float past x is not */
+    CHECK(attn_additive_tanh(8, g_arena + 400, g_arena + 400) == ATTN_OK, "tanh in place: %s",
+          attn_last_error());
+    memcpy(before, g_arena, sizeof g_arena);
+    expect_refused(attn_additive_tanh(8, g_arena + 400, g_arena + 401), before,
+                   "tanh y one float past x", "y", "x");
+}
+
 int main(void) {
     views_against_bytes();
     forward_refusals();
     packed_accepted();
     backward_refusals();
     module_refusals();
+    other_refusals();
     return check_summary("alias");
 }
