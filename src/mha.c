@@ -471,7 +471,7 @@ attn_status mha_two_pass(mha_body body, const void *ctx, const attn_options *opt
     TRY(body(ctx, opt, &w));
     if (bytes) {
         *bytes = w.used;
-        return ATTN_OK;
+        return attn_ok();
     }
     if (io) TRY(mha_io_check(io, opt, w.used));
     void *ws, *owned;
@@ -479,7 +479,7 @@ attn_status mha_two_pass(mha_body body, const void *ctx, const attn_options *opt
     mha_ws run = {.base = ws};
     attn_status st = body(ctx, opt, &run);
     attn_free(owned);
-    return st;
+    return st == ATTN_OK ? attn_ok() : st;  // a success clears attn_last_error()
 }
 
 typedef struct fwd_ctx {
