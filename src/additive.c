@@ -41,10 +41,18 @@ const attn_additive_kernels *attn_additive_select(void) {
 attn_status attn_additive_tanh(int64_t n, const float *x, float *y) {
     if (n < 0) return attn_fail(ATTN_ERR_SHAPE, "n = %lld is negative", (long long)n);
     if (n > 0 && (!x || !y)) return attn_fail(ATTN_ERR_NULL, "x or y is NULL");
+    if ((uint64_t)n > (uint64_t)INT64_MAX / sizeof(float))
+        return attn_fail(ATTN_ERR_OVERFLOW, "n = %lld floats overflow int64 bytes", (long long)n);
+    /* elementwise: y = x (in place) is fine, y over another part of x is not */
+    const attn_tensor tx = attn_bytes_view(x, n * (int64_t)sizeof(float));
+    const attn_tensor ty = attn_bytes_view(y, n * (int64_t)sizeof(float));
+    if (x != y && attn_views_overlap(&tx, &ty))
+        return attn_fail(ATTN_ERR_STRIDE, "y: overlaps x in memory (only y = x, in place, "
+                         "may share bytes)");
     const attn_additive_kernels *kern = attn_additive_select();
     if (!kern) return attn_fail(ATTN_ERR_UNSUPPORTED, "no kernel this CPU can run (ATTN_ISA)");
     kern->tanh(n, x, y);
-    return ATTN_OK;
+    return attn_ok();
 }
 
 void attn_additive_read_keys(const attn_additive_params *p, int64_t b, int64_t *j0,
@@ -276,11 +284,53 @@ attn_status attn_additive_fused_forward(const attn_additive_params *p) {
 
 /* ---- public calls --------------------------------------------------------------------------- */
 
+attn_status attn_additive_check_aliasing(const attn_additive_params *p, const attn_tensor *q,
+                                         const attn_tensor *k, const attn_tensor *v,
+                                         const attn_options *opt,
+                                         const attn_tensor *const more[2],
+                                         const attn_additive_grads *gr) {
+    const int64_t A = p->A, fs = (int64_t)sizeof(float);
+    /* the weights' byte ranges (sizes within int64: params_init checked D x A) */
+    const attn_tensor wq = attn_bytes_view(p->w_query, p->Dq * A * fs);
+    const attn_tensor wk = attn_bytes_view(p->w_key, p->m.Dk * A * fs);
+    const attn_tensor wv = attn_bytes_view(p->v, A * fs);
+    const attn_tensor wb = attn_bytes_view(p->bias, A * fs);
+    const attn_tensor *in[] = {q, k, v, &wq, &wk, &wv, &wb, opt ? opt->mask : NULL,
+                               opt ? opt->kv_len : NULL, NULL, NULL};
+    static const char *const in_names[] = {"q", "k", "v", "weights.w_query", "weights.w_key",
+                                           "weights.v", "weights.bias", "options.mask",
+                                           "options.kv_len", "o", "d_o"};
+    int n_in = 9;
+    attn_tensor go[5];
+    const attn_tensor *out[10];
+    const char *out_names[10];
+    int n_out = 0;
+    if (!gr) {  /* the forward: more = {o, NULL}, then opt's lse and weights */
+        out[n_out] = more[0], out_names[n_out++] = "o";
+        out[n_out] = opt ? opt->lse : NULL, out_names[n_out++] = "options.lse";
+        out[n_out] = opt ? opt->weights : NULL, out_names[n_out++] = "options.weights";
+    } else {    /* the backward: more = {o, d_o} are inputs; the gradients are outputs */
+        in[n_in++] = more[0];
+        in[n_in++] = more[1];
+        go[0] = attn_bytes_view(gr->d_w_query, p->Dq * A * fs);
+        go[1] = attn_bytes_view(gr->d_w_key, p->m.Dk * A * fs);
+        go[2] = attn_bytes_view(gr->d_v, A * fs);
+        go[3] = attn_bytes_view(gr->d_bias, A * fs);
+        go[4] = attn_bytes_view(gr->d_g, p->normalize ? fs : 0);
+        static const char *const g_names[] = {"grads.d_w_query", "grads.d_w_key", "grads.d_v",
+                                              "grads.d_bias", "grads.d_g"};
+        for (int a = 0; a < 5; a++) out[n_out] = &go[a], out_names[n_out++] = g_names[a];
+    }
+    return attn_check_aliasing(in, in_names, n_in, out, out_names, n_out, NULL, 0);
+}
+
 attn_status attn_additive_forward(const attn_tensor *q, const attn_tensor *k,
                                   const attn_tensor *v, const attn_additive_weights *w,
                                   const attn_tensor *o, const attn_options *opt) {
     attn_additive_params p;
     TRY(attn_additive_params_init(&p, q, k, v, w, o, opt, true));
+    TRY(attn_additive_check_aliasing(&p, q, k, v, opt, (const attn_tensor *const[]){o, NULL},
+                                     NULL));
     attn_fail(ATTN_OK, "%s", "");
     if (p.m.B == 0 || p.m.Lq == 0) return ATTN_OK;
     return p.m.path == ATTN_PATH_REFERENCE ? attn_additive_reference_forward(&p)
@@ -304,6 +354,20 @@ attn_status attn_luong_general_forward(const attn_tensor *q, const attn_tensor *
     if (__builtin_mul_overflow(B * H, Lq, &n) || __builtin_mul_overflow(n, Dk > Dq ? Dk : Dq, &n))
         return attn_fail(ATTN_ERR_OVERFLOW, "q: [B, H, Lq, max(Dq, Dk)] overflows int64");
     if (!w && Dq > 0 && Dk > 0) return attn_fail(ATTN_ERR_NULL, "w: NULL");
+    /* q and W are read through a copy the inner attn_forward does not see: the outputs
+     * against them here (the rest, o against k and v, is attn_forward's own check) */
+    if (o && attn_check_tensor(o, "o", ATTN_DTYPE_COUNT, true) == ATTN_OK) {
+        int64_t wbytes;
+        if (__builtin_mul_overflow(Dq, Dk, &wbytes) ||
+            __builtin_mul_overflow(wbytes, (int64_t)sizeof(float), &wbytes))
+            return attn_fail(ATTN_ERR_OVERFLOW, "w: Dq x Dk floats overflow int64 bytes");
+        const attn_tensor tw = attn_bytes_view(w, n > 0 ? wbytes : 0);
+        const attn_tensor *in[] = {q, &tw};
+        static const char *const in_names[] = {"q", "w"};
+        const attn_tensor *out[] = {o, opt ? opt->lse : NULL, opt ? opt->weights : NULL};
+        static const char *const out_names[] = {"o", "options.lse", "options.weights"};
+        TRY(attn_check_aliasing(in, in_names, 2, out, out_names, 3, NULL, 0));
+    }
     /* qp [B, H, Lq, Dk] = q W, then plain attention on (qp, k, v): qp_i · k_j = q_i W k_jᵀ */
     float *qp = attn_malloc((size_t)(n > 0 ? 2 * n : 1) * sizeof(float)), *gather = qp + n;
     if (!qp) return attn_fail(ATTN_ERR_NOMEM, "luong general: could not allocate q W");

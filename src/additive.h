@@ -79,6 +79,18 @@ ATTN_PRIVATE void attn_additive_read_keys(const attn_additive_params *p, int64_t
 /* ṽ = v, or g v / ‖v‖ when normalize (float64 for the norm); writes A floats. */
 ATTN_PRIVATE void attn_additive_effective_v(const attn_additive_params *p, float *vt);
 
+/* The overlap rule (overlap.c) for the additive calls: the forward's o, opt->lse and
+ * opt->weights (gr NULL; more = {o, NULL}), or the backward's weight gradients gr (more =
+ * {o, d_o}, inputs then), against q, k, v, the weights' arrays, the mask, kv_len and
+ * each other. After attn_additive_params_init accepted p. */
+ATTN_PRIVATE attn_status attn_additive_check_aliasing(const attn_additive_params *p,
+                                                      const attn_tensor *q,
+                                                      const attn_tensor *k,
+                                                      const attn_tensor *v,
+                                                      const attn_options *opt,
+                                                      const attn_tensor *const more[2],
+                                                      const attn_additive_grads *gr);
+
 ATTN_PRIVATE attn_status attn_additive_params_init(
     attn_additive_params *p, const attn_tensor *q, const attn_tensor *k,
     const attn_tensor *val, const attn_additive_weights *w, const attn_tensor *o,

@@ -279,6 +279,35 @@ attn_status attn_additive_backward(const attn_tensor *q, const attn_tensor *k,
     TRY(check_grad_tensor(dq, "dq", B, Lq, p.Dq, true, false));
     TRY(check_grad_tensor(dk, "dk", B, Lk, p.m.Dk, true, false));
     TRY(check_grad_tensor(dv, "dv", B, Lk, p.m.Dv, true, false));
+    /* dq, dk, dv against every input and each other (attn_backward's rule), then the
+     * weights' gradients against the inputs (the weights too) and each other */
+    {
+        const attn_tensor *in[] = {q, k, v, o, d_o, lse, opt ? opt->mask : NULL,
+                                   opt ? opt->kv_len : NULL};
+        static const char *const in_names[] = {"q", "k", "v", "o", "d_o", "lse",
+                                               "options.mask", "options.kv_len"};
+        const attn_tensor *out[] = {dq, dk, dv};
+        static const char *const out_names[] = {"dq", "dk", "dv"};
+        TRY(attn_check_aliasing(in, in_names, 8, out, out_names, 3, NULL, 0));
+        const attn_additive_grads none = {0};
+        TRY(attn_additive_check_aliasing(&p, q, k, v, opt, (const attn_tensor *const[]){o, d_o},
+                                         grads ? grads : &none));
+        /* and the weight gradients against dq, dk, dv */
+        const int64_t A = p.A, fs = (int64_t)sizeof(float);
+        if (grads) {
+            const attn_tensor go[5] = {attn_bytes_view(grads->d_w_query, p.Dq * A * fs),
+                                       attn_bytes_view(grads->d_w_key, p.m.Dk * A * fs),
+                                       attn_bytes_view(grads->d_v, A * fs),
+                                       attn_bytes_view(grads->d_bias, A * fs),
+                                       attn_bytes_view(grads->d_g, p.normalize ? fs : 0)};
+            const attn_tensor *gin[] = {dq, dk, dv, lse};
+            static const char *const gin_names[] = {"dq", "dk", "dv", "lse"};
+            const attn_tensor *gout[] = {&go[0], &go[1], &go[2], &go[3], &go[4]};
+            static const char *const gout_names[] = {"grads.d_w_query", "grads.d_w_key",
+                                                     "grads.d_v", "grads.d_bias", "grads.d_g"};
+            TRY(attn_check_aliasing(gin, gin_names, 4, gout, gout_names, 5, NULL, 0));
+        }
+    }
     attn_additive_bwd g = {0};
     g.d_o = d_o->data;  memcpy(g.d_o_s, d_o->stride, sizeof g.d_o_s);
     g.lse = lse->data;  memcpy(g.lse_s, lse->stride, sizeof g.lse_s);

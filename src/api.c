@@ -51,6 +51,11 @@ attn_status attn_fail(attn_status status, const char *fmt, ...) {
     return status;
 }
 
+attn_status attn_ok(void) {
+    g_last_error[0] = '\0';
+    return ATTN_OK;
+}
+
 /* ---- checked 64-bit arithmetic ----------------------------------------------------- */
 
 static bool mul_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_mul_overflow(a, b, r); }
@@ -107,6 +112,13 @@ attn_status attn_check_tensor(const attn_tensor *t, const char *name, attn_dtype
         return attn_fail(ATTN_ERR_NULL, "%s: data is NULL for %lld elements", name,
                     (long long)count);
     if (t->dtype == ATTN_Q8_0) return attn_check_q8_0_layout(t, name);  // want was q8_0
+    /* every element at a multiple of its size (strides count elements, so the first
+     * decides): the kernels load a float through a float pointer, which a misaligned
+     * address makes undefined (and a trap on some CPUs). q8_0 blocks are read by byte. */
+    const size_t es = attn_dtype_size(t->dtype);
+    if (count > 0 && t->data && es > 1 && (uintptr_t)t->data % es != 0)
+        return attn_fail(ATTN_ERR_STRIDE, "%s: data %p is not aligned to its element size "
+                         "(%zu bytes for %s)", name, t->data, es, attn_dtype_name(t->dtype));
     return ATTN_OK;
 }
 

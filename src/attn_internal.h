@@ -269,6 +269,22 @@ ATTN_PRIVATE attn_status attn_check_forward_aliasing(const attn_tensor *q, const
                                                      const attn_tensor *v, const attn_tensor *o,
                                                      const attn_options *opt, size_t ws_need);
 
+/* The same rule for any call: each output (NULL entries skipped) against every input and
+ * every output before it, then the first ws_need bytes of opt->workspace against all of
+ * them; ATTN_ERR_STRIDE naming both. At most 32 tensors in all. */
+ATTN_PRIVATE attn_status attn_check_aliasing(const attn_tensor *const *in,
+                                             const char *const *in_names, int n_in,
+                                             const attn_tensor *const *out,
+                                             const char *const *out_names, int n_out,
+                                             const attn_options *opt, size_t ws_need);
+
+/* n bytes at p as a one-dimensional tensor (of bool), for the overlap rule of a raw array
+ * (the additive weights, a saved buffer): empty when p is NULL or n <= 0. */
+static inline attn_tensor attn_bytes_view(const void *p, int64_t n) {
+    return (attn_tensor){(void *)(uintptr_t)p, ATTN_BOOL, {n > 0 && p ? n : 0, 1, 1, 1},
+                         {1, 1, 1, 1}};
+}
+
 /* What the params hold for tensor t: its data and its first n strides into s, or, when
  * t is empty, the address of a small static block no path touches and strides 0 (api.c). */
 ATTN_PRIVATE const void *attn_view_data(const attn_tensor *t, int64_t *s, int n);
@@ -278,6 +294,9 @@ ATTN_PRIVATE const void *attn_view_data(const attn_tensor *t, int64_t *s, int n)
 /* Records the detail of a failure for attn_last_error() and returns status. */
 ATTN_PRIVATE attn_status attn_fail(attn_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* A success: clears attn_last_error() (every call's success does) and returns ATTN_OK. */
+ATTN_PRIVATE attn_status attn_ok(void);
 
 /* paths; each returns ATTN_OK or ATTN_ERR_WORKSPACE/NOMEM. The workspace functions
  * return the bytes the path needs, (size_t)-1 on overflow. */

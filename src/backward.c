@@ -174,6 +174,10 @@ static attn_status half_plan(const attn_tensor *const t[H_N], const attn_tensor 
                              "bfloat16", names[i], attn_dtype_name(t[i]->dtype));
         shadow[i] = *t[i];
         shadow[i].dtype = ATTN_F32;
+        /* a 16-bit tensor is 2-byte aligned, a float32 stand-in must be 4: the stand-in
+         * only has to say whether there is data (the real pointers' checks are below) */
+        static _Alignas(8) const float g_any;
+        if (shadow[i].data) shadow[i].data = (void *)(uintptr_t)&g_any;
     }
     if (t[H_K]->dtype != t[H_V]->dtype)
         return attn_fail(ATTN_ERR_DTYPE, "v: dtype %s, expected %s like k (k and v must have "

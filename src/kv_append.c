@@ -104,9 +104,10 @@ static attn_status find_slots(int64_t B, int64_t n, int64_t num_pages, int64_t p
             lb = load_index(len, kv_len->dtype, b * len_st[0]);
             /* positions lb .. lb+n-1 within the table's pages (or the contiguous rows) */
             if (lb < 0 || lb > max_pages * page_size - n)
-                return attn_fail(ATTN_ERR_VALUE, "kv_len[%lld] = %lld: positions %lld .. %lld "
-                                 "of the new tokens lie beyond the %s (%lld rows)", (long long)b,
-                                 (long long)lb, (long long)lb, (long long)(lb + n - 1),
+                /* "kv_len + n - 1" in words: it overflows int64 for kv_len near INT64_MAX */
+                return attn_fail(ATTN_ERR_VALUE, "kv_len[%lld] = %lld: the %lld new tokens' "
+                                 "positions from there lie beyond the %s (%lld rows)",
+                                 (long long)b, (long long)lb, (long long)n,
                                  bt ? "block table's pages" : "cache",
                                  (long long)(max_pages * page_size));
         }
@@ -205,7 +206,7 @@ attn_status attn_kv_append(const attn_tensor *k_new, const attn_tensor *v_new,
     int64_t tokens;
     if (__builtin_mul_overflow(B, n, &tokens) || (uint64_t)tokens > SIZE_MAX / 16)
         return attn_fail(ATTN_ERR_OVERFLOW, "B * n overflows");
-    if (tokens == 0) return ATTN_OK;
+    if (tokens == 0) return attn_ok();
     int64_t *slot = attn_malloc((size_t)tokens * 2 * sizeof(int64_t));
     if (!slot) return attn_fail(ATTN_ERR_NOMEM, "attn_kv_append: %lld slots",
                                 (long long)tokens);
@@ -223,7 +224,7 @@ attn_status attn_kv_append(const attn_tensor *k_new, const attn_tensor *v_new,
     if (st == ATTN_OK && k_cache->dtype == ATTN_Q8_0) st = check_q8_rows(k_new, v_new, slot);
     if (st != ATTN_OK || Hkv == 0) {
         attn_free(slot);
-        return st;
+        return st == ATTN_OK ? attn_ok() : st;
     }
     const int64_t ps = paged ? page_size : k_cache->shape[2];
     const int64_t *ks = k_cache->stride, *vs = v_cache->stride;
@@ -244,5 +245,5 @@ attn_status attn_kv_append(const attn_tensor *k_new, const attn_tensor *v_new,
             }
         }
     attn_free(slot);
-    return ATTN_OK;
+    return attn_ok();
 }

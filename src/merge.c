@@ -70,6 +70,13 @@ static attn_status same_shape(const attn_tensor *t, const char *name, int64_t c,
     return ATTN_OK;
 }
 
+/* a and b (of one shape) are the same elements in the same order: the in-place case */
+static bool same_view(const attn_tensor *a, const attn_tensor *b) {
+    if (a->data != b->data || a->dtype != b->dtype) return false;
+    for (int d = 0; d < 4; d++)
+        if (a->shape[d] > 1 && a->stride[d] != b->stride[d]) return false;
+    return true;
+}
 
 static attn_status check_merge(int64_t n, const attn_tensor *o_parts,
                                const attn_tensor *lse_parts, const attn_tensor *o,
@@ -93,6 +100,22 @@ static attn_status check_merge(int64_t n, const attn_tensor *o_parts,
         TRY(attn_check_tensor(&lse_parts[c], "lse_parts[c]", ATTN_F32, true));
         TRY(same_shape(&lse_parts[c], "lse_parts", c, rows));
     }
+    /* o and lse share no byte with each other, nor with a partial unless they are that
+     * partial itself (in place: each row reads every partial before it writes) */
+    if (lse && attn_views_overlap(o, lse))
+        return attn_fail(ATTN_ERR_STRIDE, "lse: overlaps the output o in memory");
+    for (int64_t c = 0; c < n; c++) {
+        if (attn_views_overlap(o, &lse_parts[c]))
+            return attn_fail(ATTN_ERR_STRIDE, "o: overlaps lse_parts[%lld] in memory", (long long)c);
+        if (!same_view(o, &o_parts[c]) && attn_views_overlap(o, &o_parts[c]))
+            return attn_fail(ATTN_ERR_STRIDE, "o: overlaps o_parts[%lld] in memory and is not "
+                             "that partial itself", (long long)c);
+        if (lse && attn_views_overlap(lse, &o_parts[c]))
+            return attn_fail(ATTN_ERR_STRIDE, "lse: overlaps o_parts[%lld] in memory", (long long)c);
+        if (lse && !same_view(lse, &lse_parts[c]) && attn_views_overlap(lse, &lse_parts[c]))
+            return attn_fail(ATTN_ERR_STRIDE, "lse: overlaps lse_parts[%lld] in memory and is "
+                             "not that partial itself", (long long)c);
+    }
     return ATTN_OK;
 }
 
@@ -101,7 +124,7 @@ attn_status attn_merge(int64_t n, const attn_tensor *o_parts, const attn_tensor 
     TRY(check_merge(n, o_parts, lse_parts, o, lse, threads));
     const int64_t B = o->shape[0], H = o->shape[1], L = o->shape[2], dv = o->shape[3];
     const int64_t nrows = B * H * L;  // within int64: o's element count is
-    if (nrows == 0) return ATTN_OK;
+    if (nrows == 0) return attn_ok();
     int nt = 1;
 #ifdef _OPENMP
     nt = threads > 0 ? threads : omp_get_max_threads();
@@ -149,5 +172,5 @@ attn_status attn_merge(int64_t n, const attn_tensor *o_parts, const attn_tensor 
         }
     }
     attn_free(scratch);
-    return ATTN_OK;
+    return attn_ok();
 }

@@ -426,20 +426,60 @@ void mha_out_project(const mha_plan *pl, const mha_qkv *s, const attn_tensor *y,
     mha_scatter(y, yt);
 }
 
+void mha_io_add(mha_io *io, bool out, const attn_tensor *t, const char *name) {
+    if (!t) return;
+    int *n = out ? &io->n_out : &io->n_in;
+    if (*n >= MHA_IO_MAX) return;  // the calls below add at most 19
+    (out ? io->out : io->in)[*n] = t;
+    (out ? io->out_name : io->in_name)[(*n)++] = name;
+}
+
+void mha_io_bytes(mha_io *io, bool out, const void *p, size_t n, const char *name) {
+    if (!p || n == 0 || io->n_span >= 2) return;
+    const int64_t len = n > (size_t)INT64_MAX ? INT64_MAX : (int64_t)n;
+    attn_tensor *t = &io->span[io->n_span++];
+    *t = (attn_tensor){(void *)p, ATTN_BOOL, {len, 1, 1, 1}, {1, 1, 1, 1}};
+    mha_io_add(io, out, t, name);
+}
+
+void mha_io_init(mha_io *io, const mha_plan *pl, const attn_options *opt) {
+    static const char *const wname[MHA_N] = {"w_q", "w_k", "w_v", "w_o"};
+    static const char *const bname[MHA_N] = {"b_q", "b_k", "b_v", "b_o"};
+    *io = (mha_io){0};
+    mha_io_add(io, false, pl->xq, "x_q");
+    if (!pl->self) mha_io_add(io, false, pl->xkv, "x_kv");
+    for (int n = 0; n < MHA_N; n++) {
+        mha_io_add(io, false, pl->w[n], wname[n]);
+        mha_io_add(io, false, pl->b[n], bname[n]);
+    }
+    if (!opt) return;
+    mha_io_add(io, false, opt->mask, "options.mask");
+    mha_io_add(io, false, opt->bias, "options.bias");
+    mha_io_add(io, false, opt->kv_len, "options.kv_len");
+    mha_io_add(io, false, opt->alibi_slopes, "options.alibi_slopes");
+    mha_io_add(io, false, opt->sinks, "options.sinks");
+}
+
+attn_status mha_io_check(const mha_io *io, const attn_options *opt, size_t ws_need) {
+    return attn_check_aliasing(io->in, io->in_name, io->n_in, io->out, io->out_name,
+                               io->n_out, opt, ws_need);
+}
+
 attn_status mha_two_pass(mha_body body, const void *ctx, const attn_options *opt,
-                         size_t *bytes) {
+                         const mha_io *io, size_t *bytes) {
     mha_ws w = {.count_only = true};
     TRY(body(ctx, opt, &w));
     if (bytes) {
         *bytes = w.used;
-        return ATTN_OK;
+        return attn_ok();
     }
+    if (io) TRY(mha_io_check(io, opt, w.used));
     void *ws, *owned;
     TRY(attn_workspace_acquire(opt, w.used, &ws, &owned));
     mha_ws run = {.base = ws};
     attn_status st = body(ctx, opt, &run);
     attn_free(owned);
-    return st;
+    return st == ATTN_OK ? attn_ok() : st;  // a success clears attn_last_error()
 }
 
 typedef struct fwd_ctx {
@@ -460,7 +500,11 @@ static attn_status forward_call(const attn_mha *m, const attn_tensor *x_q,
                                 const attn_options *opt, size_t *bytes) {
     fwd_ctx f = {.y = y, .weights = weights, .average = average};
     TRY(mha_plan_init(&f.pl, m, x_q, x_kv, y, bytes == NULL));
-    return mha_two_pass(forward_body, &f, opt, bytes);
+    mha_io io;
+    mha_io_init(&io, &f.pl, opt);
+    mha_io_add(&io, true, y, "y");
+    mha_io_add(&io, true, weights, "weights");
+    return mha_two_pass(forward_body, &f, opt, &io, bytes);
 }
 
 attn_status attn_mha_forward(const attn_mha *m, const attn_tensor *x_q, const attn_tensor *x_kv,

@@ -49,8 +49,28 @@ ATTN_PRIVATE void *mha_take(mha_ws *w, int64_t nfloats);
  * once over opt->workspace or a malloc of that size. bytes not NULL: the size query,
  * the first pass only. */
 typedef attn_status (*mha_body)(const void *ctx, const attn_options *opt, mha_ws *w);
+
+/* What a call reads and what it writes, for overlap.c's rule (attn_check_aliasing): no
+ * output may share a byte with an input, another output or the workspace. Byte ranges
+ * (the saved buffer, the decoding lengths) are held as one-dimensional tensors in
+ * span[]; so an mha_io is filled in place and never copied. */
+enum { MHA_IO_MAX = 20 };
+typedef struct mha_io {
+    int n_in, n_out, n_span;
+    const attn_tensor *in[MHA_IO_MAX], *out[MHA_IO_MAX];
+    const char *in_name[MHA_IO_MAX], *out_name[MHA_IO_MAX];
+    attn_tensor span[2];
+} mha_io;
+struct mha_plan;
+/* the inputs every call reads: x_q, x_kv, the weights and biases, opt's tensors */
+ATTN_PRIVATE void mha_io_init(mha_io *io, const struct mha_plan *pl, const attn_options *opt);
+ATTN_PRIVATE void mha_io_add(mha_io *io, bool out, const attn_tensor *t, const char *name);
+ATTN_PRIVATE void mha_io_bytes(mha_io *io, bool out, const void *p, size_t n, const char *name);
+ATTN_PRIVATE attn_status mha_io_check(const mha_io *io, const attn_options *opt, size_t ws_need);
+
+/* io (the call's tensors): checked between the two passes, with the workspace's size */
 ATTN_PRIVATE attn_status mha_two_pass(mha_body body, const void *ctx, const attn_options *opt,
-                                      size_t *bytes);
+                                      const mha_io *io, size_t *bytes);
 
 /* One call's arguments, checked (mha_plan_init) before anything is written. */
 typedef struct mha_plan {

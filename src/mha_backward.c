@@ -254,7 +254,18 @@ static attn_status backward_call(const attn_mha *m, const attn_tensor *x_q,
     TRY(mha_plan_init(&b.pl, m, x_q, x_kv, NULL, bytes == NULL));
     TRY(check_grads(&b.pl, dy, g, x_kv == NULL, bytes == NULL));
     if (saved) TRY(mha_keep_check(&b.pl, saved, saved_bytes, bytes == NULL));
-    return mha_two_pass(backward_body, &b, opt, bytes);
+    mha_io io;
+    mha_io_init(&io, &b.pl, opt);
+    mha_io_add(&io, false, dy, "dy");
+    mha_io_bytes(&io, false, saved, saved_bytes, "saved");
+    if (g) {
+        const attn_tensor *const out[] = {g->dx_q, g->dx_kv, g->dw_q, g->dw_k, g->dw_v,
+                                          g->dw_o, g->db_q, g->db_k, g->db_v, g->db_o};
+        static const char *const name[] = {"dx_q", "dx_kv", "dw_q", "dw_k", "dw_v",
+                                           "dw_o", "db_q", "db_k", "db_v", "db_o"};
+        for (int a = 0; a < 10; a++) mha_io_add(&io, true, out[a], name[a]);
+    }
+    return mha_two_pass(backward_body, &b, opt, &io, bytes);
 }
 
 attn_status attn_mha_backward(const attn_mha *m, const attn_tensor *x_q, const attn_tensor *x_kv,

@@ -230,5 +230,13 @@ attn_status attn_mha_decode(const attn_mha *m, const attn_tensor *x, const attn_
     if (!y) return attn_fail(ATTN_ERR_NULL, "y: tensor pointer is NULL");
     TRY(mha_plan_init(&d.pl, m, x, NULL, y, true));
     TRY(check_cache(&d.pl, cache, true));
-    return mha_two_pass(decode_body, &d, opt, NULL);
+    /* the cache's rows and lengths are written too: nothing read may lie in them */
+    mha_io io;
+    mha_io_init(&io, &d.pl, opt);
+    mha_io_add(&io, false, cache->block_table, "cache.block_table");
+    mha_io_add(&io, true, y, "y");
+    mha_io_add(&io, true, &cache->k, "cache.k");
+    mha_io_add(&io, true, &cache->v, "cache.v");
+    mha_io_bytes(&io, true, cache->len, (size_t)d.pl.B * sizeof(int64_t), "cache.len");
+    return mha_two_pass(decode_body, &d, opt, &io, NULL);
 }

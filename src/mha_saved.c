@@ -88,8 +88,14 @@ attn_status attn_mha_forward_save(const attn_mha *m, const attn_tensor *x_q,
     TRY(mha_plan_init(&f.pl, m, x_q, x_kv, y, true));
     if (!y) return attn_fail(ATTN_ERR_NULL, "y: tensor pointer is NULL");
     TRY(mha_keep_check(&f.pl, saved, saved_bytes, false));
+    mha_io io;
+    mha_io_init(&io, &f.pl, opt);
+    mha_io_add(&io, true, y, "y");
+    mha_io_add(&io, true, weights, "weights");
+    mha_io_bytes(&io, true, saved, saved_bytes, "saved");
+    TRY(mha_io_check(&io, NULL, 0));  /* before the header's first write; the workspace later */
     memset(f.pl.keep, 0, 8);  /* not valid until this call succeeds */
-    TRY(mha_two_pass(save_body, &f, opt, NULL));
+    TRY(mha_two_pass(save_body, &f, opt, &io, NULL));
     int64_t h[8];
     keep_header(&f.pl, h);
     memcpy(f.pl.keep, h, sizeof h);
@@ -106,5 +112,5 @@ attn_status attn_mha_forward_save_workspace_size(const attn_mha *m, const attn_t
     TRY(mha_plan_init(&f.pl, m, x_q, x_kv, y, false));
     static float sizing[16];  /* only counted: a non-NULL keep that nothing reads */
     f.pl.keep = (char *)sizing;
-    return mha_two_pass(save_body, &f, opt, bytes);
+    return mha_two_pass(save_body, &f, opt, NULL, bytes);
 }

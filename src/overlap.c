@@ -148,7 +148,7 @@ bool attn_views_overlap(const attn_tensor *a, const attn_tensor *b) {
 
 /* Each output (the workspace last: the ws_need bytes of it the call uses, which it writes
  * too) against every input and every output before it. */
-enum { MAX_VIEWS = 16 };
+enum { MAX_VIEWS = 32 };
 static attn_status check_outputs(const attn_tensor *const *in, const char *const *in_names,
                                  int n_in, const attn_tensor *const *out,
                                  const char *const *out_names, int n_out,
@@ -157,6 +157,9 @@ static attn_status check_outputs(const attn_tensor *const *in, const char *const
     bool has[MAX_VIEWS];
     const char *names[MAX_VIEWS];
     const int n = n_in + n_out + 1;
+    if (n > MAX_VIEWS)  // a call with more tensors than this needs MAX_VIEWS raised
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "overlap check: %d tensors, at most %d", n,
+                         (int)MAX_VIEWS);
     for (int a = 0; a < n_in + n_out; a++) {
         has[a] = make_span(a < n_in ? in[a] : out[a - n_in], &v[a]);
         names[a] = a < n_in ? in_names[a] : out_names[a - n_in];
@@ -205,4 +208,11 @@ attn_status attn_check_backward_aliasing(const attn_tensor *const t[8], const at
                                opt ? opt->sinks : NULL};
     const attn_tensor *out[] = {t[5], t[6], t[7], opt ? opt->d_sinks : NULL};
     return check_outputs(in, in_names, COUNT(in), out, out_names, COUNT(out), opt, ws_need);
+}
+
+attn_status attn_check_aliasing(const attn_tensor *const *in, const char *const *in_names,
+                                int n_in, const attn_tensor *const *out,
+                                const char *const *out_names, int n_out,
+                                const attn_options *opt, size_t ws_need) {
+    return check_outputs(in, in_names, n_in, out, out_names, n_out, opt, ws_need);
 }

@@ -195,6 +195,16 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
         return attn_fail(ATTN_ERR_OVERFLOW, "grid: Lq * R or Lk * C overflows int64");
     st = attn_check_output_strides(grid, "grid", 4);
     if (st != ATTN_OK) return st;
+    /* the grid shares no byte with anything the call reads (overlap.c's rule) */
+    const attn_tensor *in[] = {q, k, lse, base->mask, base->bias, base->kv_len,
+                               base->alibi_slopes, base->sinks};
+    static const char *const in_names[] = {"q", "k", "lse", "options.mask", "options.bias",
+                                           "options.kv_len", "options.alibi_slopes",
+                                           "options.sinks"};
+    const attn_tensor *out[] = {grid};
+    static const char *const out_names[] = {"grid"};
+    st = attn_check_aliasing(in, in_names, 8, out, out_names, 1, NULL, 0);
+    if (st != ATTN_OK) return st;
     attn_fail(ATTN_OK, "%s", "");
     if (p.B == 0 || p.Hq == 0 || R == 0 || C == 0) return ATTN_OK;
     /* key padding as the key lengths it is (mask_summary.h), in lengths_mem */

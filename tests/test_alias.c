@@ -352,10 +352,207 @@ static void backward_refusals(void) {
     }
 }
 
+/* ---- the multi-head module and attn_merge: the same rule for every output --------------- */
+
+enum { ME = 4, ML = 2, MMAX = 8 };  // E = Hq·D (one head of D = 4), 2 tokens, Lmax 8
+
+/* row-major [in, out] weight and {B, L, C, 1} activations at arena offsets */
+static attn_tensor mat_at(int64_t at, int64_t in, int64_t out) {
+    return (attn_tensor){g_arena + at, ATTN_F32, {in, out, 1, 1}, {out, 1, 0, 0}};
+}
+static attn_tensor rows_at(int64_t at, int64_t b, int64_t l, int64_t c) {
+    return (attn_tensor){g_arena + at, ATTN_F32, {b, l, c, 1}, {l * c, c, 1, 1}};
+}
+
+static void module_refusals(void) {
+    if (strcmp(attn_blas_name(), "none") == 0) {
+        printf("alias: no BLAS, the module's cases skipped\n");
+        return;
+    }
+    static float before[16 * N];
+    /* arena: W_Q W_K W_V W_O at 0, 16, 32, 48; x at 64; y at 80; dy at 96; the cache's k
+     * and v at 128 and 160 (8 rows of 4); gradients from 256 (16 each) */
+    attn_tensor wq = mat_at(0, ME, ME), wk = mat_at(16, ME, ME), wv = mat_at(32, ME, ME),
+                wo = mat_at(48, ME, ME);
+    attn_mha m = {.Hq = 1, .w_q = &wq, .w_k = &wk, .w_v = &wv, .w_o = &wo};
+    attn_tensor x = rows_at(64, 1, ML, ME), y = rows_at(80, 1, ML, ME), dy = rows_at(96, 1, ML, ME);
+    fill(g_arena, 16 * N, 41);
+    CHECK(attn_mha_forward(&m, &x, NULL, &y, NULL, false, NULL) == ATTN_OK,
+          "module forward, separate buffers: %s", attn_last_error());
+    attn_tensor yw = rows_at(48 + 4, 1, ML, ME);  // y over W_O's last three rows
+    memcpy(before, g_arena, sizeof g_arena);
+    expect_refused(attn_mha_forward(&m, &x, NULL, &yw, NULL, false, NULL), before,
+                   "module y over W_O", "y", "w_o");
+    attn_tensor yx = rows_at(64 + 2, 1, ML, ME);  // y over x, shifted
+    expect_refused(attn_mha_forward(&m, &x, NULL, &yx, NULL, false, NULL), before,
+                   "module y over x_q", "y", "x_q");
+    attn_tensor wts = {g_arena + 60, ATTN_F32, {1, 1, ML, ML}, {ML * ML, ML * ML, ML, 1}};
+    expect_refused(attn_mha_forward(&m, &x, NULL, &y, &wts, false, NULL), before,
+                   "module weights over W_O", "weights", "w_o");
+    /* the saved buffer of forward_save over x */
+    size_t sb = 0;
+    CHECK(attn_mha_saved_size(&m, &x, NULL, &sb) == ATTN_OK && sb <= 64 * sizeof(float) * 8,
+          "module saved size %zu", sb);
+    expect_refused(attn_mha_forward_save(&m, &x, NULL, &y, NULL, false, NULL, g_arena + 64, sb),
+                   before, "module saved over x_q", "saved", "x_q");
+
+    /* backward: gradients over inputs and over each other */
+    attn_tensor g0 = mat_at(256, ME, ME), g1 = mat_at(272, ME, ME);
+    attn_mha_grads gr = {.dw_q = &g0, .dw_o = &g1};
+    CHECK(attn_mha_backward(&m, &x, NULL, &dy, &gr, NULL) == ATTN_OK,
+          "module backward, separate buffers: %s", attn_last_error());
+    memcpy(before, g_arena, sizeof g_arena);
+    attn_tensor gx = mat_at(64, ME, ME);  // dW_O over x and y
+    gr = (attn_mha_grads){.dw_o = &gx};
+    expect_refused(attn_mha_backward(&m, &x, NULL, &dy, &gr, NULL), before,
+                   "module dw_o over x_q", "dw_o", "x_q");
+    attn_tensor dxq = rows_at(96 + 1, 1, ML, ME);
+    gr = (attn_mha_grads){.dx_q = &dxq};
+    expect_refused(attn_mha_backward(&m, &x, NULL, &dy, &gr, NULL), before,
+                   "module dx_q over dy", "dx_q", "dy");
+    attn_tensor gq = mat_at(256 + 8, ME, ME);
+    gr = (attn_mha_grads){.dw_q = &g0, .dw_k = &gq};
+    expect_refused(attn_mha_backward(&m, &x, NULL, &dy, &gr, NULL), before,
+                   "module dw_k over dw_q", "dw_k", "dw_q");
+
+    /* decoding: y, x or W_K inside the cache (which the step writes) */
+    int64_t len[1] = {0};
+    attn_kv_cache c = {.kind = ATTN_CACHE_CONTIGUOUS,
+                       .k = attn_tensor_4d(g_arena + 128, ATTN_F32, 1, 1, MMAX, ME),
+                       .v = attn_tensor_4d(g_arena + 160, ATTN_F32, 1, 1, MMAX, ME), .len = len};
+    CHECK(attn_mha_decode(&m, &x, &c, &y, NULL) == ATTN_OK && len[0] == ML,
+          "module decode, separate buffers: %s", attn_last_error());
+    memcpy(before, g_arena, sizeof g_arena);
+    attn_tensor yc = rows_at(128 + 4 * (MMAX - 2), 1, ML, ME);  // y in the cache's last rows
+    expect_refused(attn_mha_decode(&m, &x, &c, &yc, NULL), before, "decode y in cache.k",
+                   "y", "cache.k");
+    attn_tensor xc = rows_at(160 + 4 * (MMAX - 2), 1, ML, ME);
+    expect_refused(attn_mha_decode(&m, &xc, &c, &y, NULL), before, "decode x in cache.v",
+                   "cache.v", "x_q");
+    attn_tensor wkc = mat_at(128 + 4 * (MMAX - 4), ME, ME);
+    attn_mha m2 = m;
+    m2.w_k = &wkc;
+    expect_refused(attn_mha_decode(&m2, &x, &c, &y, NULL), before, "decode w_k in cache.k",
+                   "cache.k", "w_k");
+    CHECK(len[0] == ML, "decode: len %lld after refusals, expected %d", (long long)len[0], ML);
+
+    /* attn_merge: o and lse share no byte with a partial unless they are it */
+    attn_tensor op[2] = {attn_tensor_4d(g_arena + 400, ATTN_F32, 1, 1, 4, 4),
+                         attn_tensor_4d(g_arena + 416, ATTN_F32, 1, 1, 4, 4)};
+    attn_tensor lp[2] = {attn_tensor_4d(g_arena + 432, ATTN_F32, 1, 1, 4, 1),
+                         attn_tensor_4d(g_arena + 436, ATTN_F32, 1, 1, 4, 1)};
+    attn_tensor mo = attn_tensor_4d(g_arena + 440, ATTN_F32, 1, 1, 4, 4);
+    attn_tensor ml = attn_tensor_4d(g_arena + 456, ATTN_F32, 1, 1, 4, 1);
+    CHECK(attn_merge(2, op, lp, &mo, &ml, 1) == ATTN_OK, "merge: %s", attn_last_error());
+    CHECK(attn_merge(2, op, lp, &op[0], &lp[1], 1) == ATTN_OK, "merge in place: %s",
+          attn_last_error());
+    memcpy(before, g_arena, sizeof g_arena);
+    attn_tensor o_sh = attn_tensor_4d(g_arena + 402, ATTN_F32, 1, 1, 4, 4);
+    expect_refused(attn_merge(2, op, lp, &o_sh, &ml, 1), before, "merge o over o_parts shifted",
+                   "o", "o_parts");
+    attn_tensor o_l = attn_tensor_4d(g_arena + 430, ATTN_F32, 1, 1, 4, 4);
+    expect_refused(attn_merge(2, op, lp, &o_l, &ml, 1), before, "merge o over lse_parts",
+                   "o", "lse_parts");
+    attn_tensor l_o = attn_tensor_4d(g_arena + 442, ATTN_F32, 1, 1, 4, 1);
+    expect_refused(attn_merge(2, op, lp, &mo, &l_o, 1), before, "merge lse over o", "lse", "o");
+}
+
+/* ---- the other calls that write: additive and Luong attention, the weights grid, tanh -- */
+
+static void other_refusals(void) {
+    static float before[16 * N];
+    enum { AB = 1, AL = 3, AD = 4, AA = 5 };  // q, k, v [1, 1, 3, 4]; A = 5 units
+    fill(g_arena, 16 * N, 43);
+    /* q k v o at 0, 12, 24, 36; W U at 48, 68; v b at 88, 93; lse 100; d_o 104; dq dk dv
+     * 116 128 140; dW dU dv db 160 180 200 205 */
+    attn_tensor q = attn_tensor_4d(g_arena, ATTN_F32, AB, 1, AL, AD);
+    attn_tensor k = attn_tensor_4d(g_arena + 12, ATTN_F32, AB, 1, AL, AD);
+    attn_tensor v = attn_tensor_4d(g_arena + 24, ATTN_F32, AB, 1, AL, AD);
+    attn_tensor o = attn_tensor_4d(g_arena + 36, ATTN_F32, AB, 1, AL, AD);
+    attn_additive_weights w = {.units = AA, .w_query = g_arena + 48, .w_key = g_arena + 68,
+                               .v = g_arena + 88, .bias = g_arena + 93};
+    const bool blas = strcmp(attn_blas_name(), "none") != 0;
+    attn_options ref = {.path = ATTN_PATH_REFERENCE};
+    CHECK(attn_additive_forward(&q, &k, &v, &w, &o, &ref) == ATTN_OK, "additive: %s",
+          attn_last_error());
+    memcpy(before, g_arena, sizeof g_arena);
+    attn_tensor ow = attn_tensor_4d(g_arena + 60, ATTN_F32, AB, 1, AL, AD);  // o over W, U
+    expect_refused(attn_additive_forward(&q, &k, &v, &w, &ow, &ref), before,
+                   "additive o over w_query", "o", "w_query");
+    attn_tensor ov = attn_tensor_4d(g_arena + 90, ATTN_F32, AB, 1, 1, 2);  // a 1-row o over v
+    attn_tensor q1 = q, v1 = v;
+    q1.shape[2] = 1;
+    v1.shape[3] = 2;
+    expect_refused(attn_additive_forward(&q1, &k, &v1, &w, &ov, &ref), before,
+                   "additive o over weights.v", "o", "weights.v");
+    /* the backward: dU over k, dq over d_o */
+    attn_tensor lse = attn_tensor_4d(g_arena + 100, ATTN_F32, AB, 1, AL, 1);
+    attn_tensor d_o = attn_tensor_4d(g_arena + 104, ATTN_F32, AB, 1, AL, AD);
+    attn_tensor dq = attn_tensor_4d(g_arena + 116, ATTN_F32, AB, 1, AL, AD);
+    attn_tensor dk = attn_tensor_4d(g_arena + 128, ATTN_F32, AB, 1, AL, AD);
+    attn_tensor dv = attn_tensor_4d(g_arena + 140, ATTN_F32, AB, 1, AL, AD);
+    attn_additive_grads gr = {.d_w_query = g_arena + 160, .d_w_key = g_arena + 180,
+                              .d_v = g_arena + 200, .d_bias = g_arena + 205};
+    ref.lse = &lse;
+    CHECK(attn_additive_forward(&q, &k, &v, &w, &o, &ref) == ATTN_OK, "additive lse: %s",
+          attn_last_error());
+    ref.lse = NULL;
+    CHECK(attn_additive_backward(&q, &k, &v, &w, &o, &d_o, &lse, &dq, &dk, &dv, &gr, &ref) ==
+          ATTN_OK, "additive backward: %s", attn_last_error());
+    memcpy(before, g_arena, sizeof g_arena);
+    attn_additive_grads gk = gr;
+    gk.d_w_key = g_arena + 14;
+    expect_refused(attn_additive_backward(&q, &k, &v, &w, &o, &d_o, &lse, &dq, &dk, &dv, &gk,
+                                          &ref), before, "additive d_w_key over k", "d_w_key",
+                   "k");
+    gk = gr;
+    gk.d_bias = g_arena + 130;
+    expect_refused(attn_additive_backward(&q, &k, &v, &w, &o, &d_o, &lse, &dq, &dk, &dv, &gk,
+                                          &ref), before, "additive d_bias over dk", "d_bias",
+                   "dk");
+    attn_tensor dqo = attn_tensor_4d(g_arena + 106, ATTN_F32, AB, 1, AL, AD);
+    expect_refused(attn_additive_backward(&q, &k, &v, &w, &o, &d_o, &lse, &dqo, &dk, &dv, &gr,
+                                          &ref), before, "additive dq over d_o", "dq", "d_o");
+
+    /* Luong general: o over q or over W (read through a projection attn_forward never sees) */
+    if (blas) {
+        const float *wl = g_arena + 48;  // W [Dq = 4, Dk = 4]
+        CHECK(attn_luong_general_forward(&q, &k, &v, wl, &o, NULL) == ATTN_OK, "luong: %s",
+              attn_last_error());
+        memcpy(before, g_arena, sizeof g_arena);
+        attn_tensor oq = attn_tensor_4d(g_arena + 1, ATTN_F32, AB, 1, 1, AD);  // q1's row
+        expect_refused(attn_luong_general_forward(&q1, &k, &v, wl, &oq, NULL), before,
+                       "luong o over q", "o", "q");
+        attn_tensor olw = attn_tensor_4d(g_arena + 50, ATTN_F32, AB, 1, AL, AD);
+        expect_refused(attn_luong_general_forward(&q, &k, &v, wl, &olw, NULL), before,
+                       "luong o over w", "o", "w");
+    }
+
+    /* the weights grid over the LSE */
+    attn_tensor grid = attn_tensor_4d(g_arena + 300, ATTN_F32, AB, 1, AL, AL);
+    attn_tensor lse4 = attn_tensor_4d(g_arena + 100, ATTN_F32, AB, 1, AL, 1);
+    attn_tensor q4 = attn_tensor_4d(g_arena, ATTN_F32, AB, 1, AL, AD);
+    CHECK(attn_weights_grid(&q4, &k, &lse4, &grid, ATTN_REDUCE_SUM, NULL) == ATTN_OK,
+          "grid: %s", attn_last_error());
+    memcpy(before, g_arena, sizeof g_arena);
+    attn_tensor gl = attn_tensor_4d(g_arena + 98, ATTN_F32, AB, 1, AL, AL);
+    expect_refused(attn_weights_grid(&q4, &k, &lse4, &gl, ATTN_REDUCE_SUM, NULL), before,
+                   "grid over lse", "grid", "lse");
+
+    /* tanh: y = x in place is fine, y one float past x is not */
+    CHECK(attn_additive_tanh(8, g_arena + 400, g_arena + 400) == ATTN_OK, "tanh in place: %s",
+          attn_last_error());
+    memcpy(before, g_arena, sizeof g_arena);
+    expect_refused(attn_additive_tanh(8, g_arena + 400, g_arena + 401), before,
+                   "tanh y one float past x", "y", "x");
+}
+
 int main(void) {
     views_against_bytes();
     forward_refusals();
     packed_accepted();
     backward_refusals();
+    module_refusals();
+    other_refusals();
     return check_summary("alias");
 }

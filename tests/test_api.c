@@ -373,6 +373,20 @@ static void strides(void) {
     f->tk.stride[0] = f->tv.stride[0] = 0;
     f->tq.stride[2] = 0;
     EXPECT(f, ATTN_OK, NULL, "stride 0 on inputs (broadcast)");
+    /* every element at a multiple of its size (docs/CONTRACT.md, Errors): a float32 q or
+     * o, an int64 kv_len starting at an odd or half-aligned address */
+    f = fresh();
+    f->tq.data = (char *)f->q + 1;
+    EXPECT(f, ATTN_ERR_STRIDE, "q|align", "q at an odd address");
+    f = fresh();
+    f->to.data = (char *)f->o + 2;
+    f->to.shape[3] = DV - 1;
+    EXPECT(f, ATTN_ERR_STRIDE, "o|align", "o at an address 2 past a float's");
+    f = fresh();
+    f->tkvl.data = (char *)f->kvl + 4;
+    f->tkvl.shape[0] = 1;
+    f->tkvl.stride[0] = 0;
+    EXPECT(f, ATTN_ERR_STRIDE, "kv_len|align", "kv_len at an address 4 past an int64's");
     f = fresh(); /* negative strides on an output: a reversed view, legal */
     f->to.stride[2] = -DV;
     f->to.data = f->o + (LQ - 1) * DV;
@@ -668,6 +682,55 @@ static void strings(void) {
           "a dtype outside the list has a name or a size");
 }
 
+/* ---- attn_kv_append and attn_merge: a success clears the error; no overflow in
+ * describing a position beyond the cache ---------------------------------------------- */
+
+static void append_and_merge(void) {
+    enum { CB = 1, CH = 1, CL = 4, CD = 2 };
+    float kc[CB * CH * CL * CD] = {0}, vc[CB * CH * CL * CD] = {0}, kn[CD] = {1, 2}, vn[CD] = {3, 4};
+    int64_t len[CB] = {0};
+    attn_tensor tkc = attn_tensor_4d(kc, ATTN_F32, CB, CH, CL, CD);
+    attn_tensor tvc = attn_tensor_4d(vc, ATTN_F32, CB, CH, CL, CD);
+    attn_tensor tkn = attn_tensor_4d(kn, ATTN_F32, CB, CH, 1, CD);
+    attn_tensor tvn = attn_tensor_4d(vn, ATTN_F32, CB, CH, 1, CD);
+    attn_tensor tlen = attn_tensor_4d(len, ATTN_I64, CB, 1, 1, 1);
+    /* kv_len = INT64_MAX: refused, and its message computed without overflow (UBSan) */
+    len[0] = INT64_MAX;
+    CHECK(attn_kv_append(&tkn, &tvn, &tkc, &tvc, NULL, NULL, &tlen) == ATTN_ERR_VALUE,
+          "kv_append with kv_len = INT64_MAX: %s", attn_last_error());
+    CHECK(mentions(attn_last_error(), "kv_len"), "kv_append: message \"%s\"", attn_last_error());
+    float before[CL * CD];
+    memcpy(before, kc, sizeof kc);
+    len[0] = CL;  // one past the end: refused
+    CHECK(attn_kv_append(&tkn, &tvn, &tkc, &tvc, NULL, NULL, &tlen) == ATTN_ERR_VALUE &&
+          memcmp(before, kc, sizeof kc) == 0, "kv_append at kv_len = Lmax: refused, nothing written");
+    CHECK(attn_last_error()[0] != 0, "kv_append: error set after a failure");
+    len[0] = 1;
+    CHECK(attn_kv_append(&tkn, &tvn, &tkc, &tvc, NULL, NULL, &tlen) == ATTN_OK && kc[2] == 1 &&
+          vc[3] == 4, "kv_append at kv_len = 1: %s", attn_last_error());
+    CHECK(attn_last_error()[0] == 0, "kv_append: last_error \"%s\" after success",
+          attn_last_error());
+    /* a misaligned float32 source: refused, nothing written */
+    static float src[CD + 1];
+    attn_tensor tmis = attn_tensor_4d((char *)src + 2, ATTN_F32, CB, CH, 1, CD - 1);
+    attn_tensor tkc1 = tkc, tvc1 = tvc;
+    tkc1.shape[3] = tvc1.shape[3] = CD - 1;
+    memcpy(before, kc, sizeof kc);
+    CHECK(attn_kv_append(&tmis, &tmis, &tkc1, &tvc1, NULL, NULL, &tlen) == ATTN_ERR_STRIDE &&
+          memcmp(before, kc, sizeof kc) == 0, "kv_append, misaligned k_new: %s", attn_last_error());
+
+    /* attn_merge: fails, then succeeds: the error is cleared */
+    attn_tensor mo = attn_tensor_4d(kc, ATTN_F32, 1, 1, CL, CD);
+    attn_tensor ml = attn_tensor_4d(before, ATTN_F32, 1, 1, CL, 1);
+    attn_tensor po[1] = {attn_tensor_4d(vc, ATTN_F32, 1, 1, CL, CD)};
+    float lp[CL] = {0};
+    attn_tensor pl[1] = {attn_tensor_4d(lp, ATTN_F32, 1, 1, CL, 1)};
+    CHECK(attn_merge(-1, po, pl, &mo, &ml, 0) == ATTN_ERR_VALUE && attn_last_error()[0] != 0,
+          "merge n = -1: refused");
+    CHECK(attn_merge(1, po, pl, &mo, &ml, 0) == ATTN_OK, "merge: %s", attn_last_error());
+    CHECK(attn_last_error()[0] == 0, "merge: last_error \"%s\" after success", attn_last_error());
+}
+
 int main(void) {
     valid_call();
     nulls();
@@ -678,6 +741,7 @@ int main(void) {
     values();
     workspace();
     strings();
+    append_and_merge();
     overflow(); /* last: a library that misses it reads far out of bounds */
     return check_summary("api");
 }

@@ -17,6 +17,7 @@ from typing import Any, Tuple
 import numpy as np
 
 from . import _attn
+from ._options import integers
 
 _F32, _BOOL, _I64 = 0, 3, 5
 _OK = 0
@@ -128,7 +129,7 @@ class _Call:
         self.opt = _Options()
         self.keep = []
         if key_lengths is not None:
-            kl = _dense(key_lengths, np.int64).reshape(-1)
+            kl = _dense(integers("key_lengths", key_lengths), np.int64).reshape(-1)
             self.keep.append(kl)
             self.tkl = _tensor(kl, _I64, (kl.shape[0], 1, 1, 1))
             self.opt.kv_len = ctypes.addressof(self.tkl)

@@ -27,6 +27,7 @@ import numpy as np
 
 from ._additive import _Tensor, _lib
 from ._kvcache import _F32, _I32, _View, _index, _is_torch, _torch
+from ._options import _INT32, integer, integers
 
 __all__ = ["KVCache", "mha_decode"]
 
@@ -99,9 +100,7 @@ class KVCache:
             B = bv.shape[0]
         if lengths is None:
             lengths = np.zeros(B, np.int64)
-        if _is_torch(lengths):
-            lengths = lengths.detach().cpu().numpy()
-        self.len = np.array(lengths, dtype=np.int64).reshape(-1)  # owned: the C call advances it
+        self.len = np.array(integers("lengths", lengths), dtype=np.int64).reshape(-1)  # owned: the C call advances it
         if self.len.shape != (B,):
             raise ValueError("lengths: %d entries, expected B = %d" % (self.len.size, B))
 
@@ -197,16 +196,18 @@ def mha_decode(x: Any, cache: KVCache, *, num_heads: int, w_q: Any, w_k: Any, w_
     tb = [None if a is None else _rows(a, name, 1) for a, name in zip(bs, ("b_q", "b_k", "b_v", "b_o"))]
     keep += tw + tb
     m = _Mha()
-    m.Hq, m.Hkv = int(num_heads), int(num_kv_heads or 0)
+    m.Hq = integer("num_heads", num_heads)
+    m.Hkv = 0 if num_kv_heads is None else integer("num_kv_heads", num_kv_heads)
     m.w_q, m.w_k, m.w_v, m.w_o = (ctypes.addressof(t) for t in tw)
     m.b_q, m.b_k, m.b_v, m.b_o = (None if t is None else ctypes.addressof(t) for t in tb)
-    m.rope = _Rope(_ROPE[rope], int(rotary_dim), float(rope_base), int(rope_offset))
+    m.rope = _Rope(_ROPE[rope], integer("rotary_dim", rotary_dim), float(rope_base),
+                   integer("rope_offset", rope_offset))
     E_out = (ws[3].shape[0] if torch_layout else ws[3].shape[1]) if ws[3].ndim == 2 else E
     y = np.empty((B, n, E_out), np.float32)
     ty = _rows(y, "y", 3)
     from ._additive import _Options  # noqa: PLC0415 — the one ctypes mirror of attn_options
     opt = _Options()
-    opt.threads = int(threads)
+    opt.threads = integer("threads", threads, _INT32)
     if scale is not None:
         opt.has_scale, opt.scale = True, float(scale)
     if sinks is not None:

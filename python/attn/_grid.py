@@ -21,6 +21,7 @@ import numpy as np
 
 from . import _attn
 from ._additive import _BOOL, _F32, _Options, _Tensor, _check
+from ._options import _INT32, integer, window as _window
 
 _REDUCE = {"sum": 0, "max": 1}
 _ALIGN = {"top-left": 0, "bottom-right": 1}
@@ -95,8 +96,8 @@ def weights_grid(query: Any, key: Any, lse: Any, rows: Optional[int] = None,
         raise ValueError("lse: shape %s, expected query's without its last dimension %s"
                          % (lse_a.shape, qin.shape[:-1]))
     lse4 = lse_a.reshape(q.shape[:3] + (1,))
-    R = min(L, 256) if rows is None else int(rows)
-    C = min(S, 256) if cols is None else int(cols)
+    R = min(L, 256) if rows is None else integer("rows", rows, _INT32)
+    C = min(S, 256) if cols is None else integer("cols", cols, _INT32)
     grid = np.empty(q.shape[:2] + (max(R, 0), max(C, 0)), dtype=np.float32)
 
     o = _Options()
@@ -107,9 +108,9 @@ def weights_grid(query: Any, key: Any, lse: Any, rows: Optional[int] = None,
     o.align = _ALIGN[align]
     if window is not None:
         o.has_window = True
-        o.window_left, o.window_right = (int(w) for w in window)
+        o.window_left, o.window_right = _window(window)
     o.path = _PATH[path]
-    o.threads = int(threads)
+    o.threads = integer("threads", threads, _INT32)
     keep = []
     if attn_mask is not None:
         m = np.asarray(attn_mask)

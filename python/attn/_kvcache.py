@@ -19,11 +19,14 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from ._additive import _Options, _Tensor, _check, _lib
+from ._options import _INT32, integer, integers, window
 
 _F32, _F16, _BF16, _BOOL, _I32, _I64 = 0, 1, 2, 3, 4, 5
 _P = ctypes.c_void_p
 _lib.attn_forward.argtypes = [_P] * 5
 _lib.attn_forward.restype = ctypes.c_int
+_lib.attn_forward_workspace_size.argtypes = [_P] * 6
+_lib.attn_forward_workspace_size.restype = ctypes.c_int
 _lib.attn_kv_append.argtypes = [_P] * 7
 _lib.attn_kv_append.restype = ctypes.c_int
 
@@ -82,10 +85,9 @@ class _View:
 
 def _index(x: Any, name: str, ndim: int) -> Tuple[_View, Any]:
     """An int32 / int64 index array (copied to int32 when it is another integer type)."""
-    if not _is_torch(x):
-        x = np.asarray(x)
-        if x.dtype.kind in "iu" and x.dtype.name not in ("int32", "int64"):
-            x = x.astype(np.int32)
+    dt = str(getattr(x, "dtype", "")).replace("torch.", "")
+    if dt not in ("int32", "int64"):  # converted: whole numbers within int32 only
+        x = integers(name, x, _INT32, np.int32)
     v = _View(x, name)
     if v.dtype not in (_I32, _I64) or len(v.shape) != ndim:
         raise ValueError("%s: an int32 array of %d dimension(s) is expected" % (name, ndim))
@@ -126,7 +128,12 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v:
     natural-log LSE [B, Hq, Lq] float32. NumPy in, NumPy out; torch in, torch out.
     """
     qv = _View(q, "q")
-    kc, vc = _View(k_cache, "k_cache", True), _View(v_cache, "v_cache", True)
+    if (k is None) != (v is None):
+        raise ValueError("k and v: give both or neither")
+    # the caches are written only when there are rows to append: a read-only (say
+    # memory-mapped) cache is fine for k = v = None
+    kc = _View(k_cache, "k_cache", k is not None)
+    vc = _View(v_cache, "v_cache", k is not None)
     if len(qv.shape) != 4:
         raise ValueError("q: expected [B, Lq, Hq, D], got shape %s" % (qv.shape,))
     B, Lq, Hq, D = qv.shape
@@ -141,13 +148,12 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v:
     n = 0
     tlen = None
     if cache_seqlens is not None:
-        if isinstance(cache_seqlens, (int, np.integer)):
-            cache_seqlens = np.full((B,), int(cache_seqlens), np.int32)
+        if isinstance(cache_seqlens, (int, float, np.number)):
+            cache_seqlens = np.full((B,), integer("cache_seqlens", cache_seqlens, _INT32),
+                                    np.int32)
         lv, lx = _index(cache_seqlens, "cache_seqlens", 1)
         keep += [lv, lx]
         tlen = lv.tensor((lv.shape[0], 1, 1, 1), (lv.strides[0], 0, 0, 0))
-    if (k is None) != (v is None):
-        raise ValueError("k and v: give both or neither")
     if k is not None:
         if tlen is None:
             raise ValueError("k, v: cache_seqlens is required to append")
@@ -155,10 +161,6 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v:
         keep += [kn, vn]
         tkn, tvn = kn.bshd("k"), vn.bshd("v")
         n = tkn.shape[2]
-        _check(_lib.attn_kv_append(ctypes.byref(tkn), ctypes.byref(tvn), ctypes.byref(tk),
-                                   ctypes.byref(tv), None,
-                                   ctypes.byref(tbt) if tbt is not None else None,
-                                   ctypes.byref(tlen)), "attention_with_kvcache (append)")
     opt = _Options()
     if tlen is not None:
         lens = (np.asarray(lx.cpu().numpy() if _is_torch(lx) else lx, np.int64).reshape(-1) + n)
@@ -173,7 +175,7 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v:
         opt.has_scale, opt.scale = True, float(softmax_scale)
     opt.causal = bool(causal)
     opt.align = 1  # bottom-right: what a cache needs (FlashAttention's convention)
-    left, right = (int(window_size[0]), int(window_size[1]))
+    left, right = window(window_size)
     if left != -1 or right != -1:
         opt.has_window, opt.window_left, opt.window_right = True, left, right
     opt.softcap = float(softcap)
@@ -201,6 +203,26 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v:
     if return_softmax_lse:
         opt.lse = ctypes.addressof(tls)
     tq = qv.bshd("q")
+    if k is not None:
+        # Every check of the attention before the append writes the cache (on error
+        # nothing is written): the workspace query checks the shapes and options, and a
+        # call with no query row (which writes nothing) the data the query does not read,
+        # the key lengths after the append and the pages they reach.
+        size = ctypes.c_size_t(0)
+        _check(_lib.attn_forward_workspace_size(ctypes.byref(tq), ctypes.byref(tk),
+                                                ctypes.byref(tv), ctypes.byref(to),
+                                                ctypes.byref(opt), ctypes.byref(size)),
+               "attention_with_kvcache")
+        tq0 = _Tensor(None, tq.dtype, (ctypes.c_int64 * 4)(B, Hq, 0, D), tq.stride)
+        to0 = _Tensor(None, to.dtype, (ctypes.c_int64 * 4)(B, Hq, 0, Dv), to.stride)
+        dry = _Options.from_buffer_copy(opt)
+        dry.lse = None
+        _check(_lib.attn_forward(ctypes.byref(tq0), ctypes.byref(tk), ctypes.byref(tv),
+                                 ctypes.byref(to0), ctypes.byref(dry)), "attention_with_kvcache")
+        _check(_lib.attn_kv_append(ctypes.byref(tkn), ctypes.byref(tvn), ctypes.byref(tk),
+                                   ctypes.byref(tv), None,
+                                   ctypes.byref(tbt) if tbt is not None else None,
+                                   ctypes.byref(tlen)), "attention_with_kvcache (append)")
     _check(_lib.attn_forward(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
                              ctypes.byref(to), ctypes.byref(opt)), "attention_with_kvcache")
     del keep

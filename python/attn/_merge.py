@@ -18,6 +18,7 @@ import numpy as np
 
 from ._additive import _Options, _Tensor, _check, _lib
 from ._kvcache import _I32, _index, _is_torch, _torch, _View
+from ._options import _INT32, integer, integers
 
 _P = ctypes.c_void_p
 _lib.attn_merge.argtypes = [ctypes.c_int64, _P, _P, _P, _P, ctypes.c_int32]
@@ -83,6 +84,14 @@ def merge_attention_states(o_parts: Union[Sequence[Any], Any], lse_parts: Union[
     if len(shape) < 1:
         raise ValueError("o_parts[0]: expected [..., D], got a scalar")
     lead, D = shape[:-1], shape[-1]
+    # every partial's shape, for any number of leading dimensions (before any reshape,
+    # which would pair rows by their count alone)
+    for c, (o_c, l_c) in enumerate(zip(ov, lv)):
+        if tuple(o_c.shape) != shape:
+            raise ValueError("o_parts[%d]: shape %s, expected %s" % (c, tuple(o_c.shape), shape))
+        if tuple(l_c.shape) != lead:
+            raise ValueError("lse_parts[%d]: shape %s, expected %s (o's without D)"
+                             % (c, tuple(l_c.shape), lead))
     if len(lead) > 3:  # more leading dimensions than attn's three: as [prod, D] rows
         rows = int(np.prod(lead))
         ov = [_f32(np.reshape(np.asarray(v.obj), (rows, D)) if not _is_torch(v.obj)
@@ -100,7 +109,8 @@ def merge_attention_states(o_parts: Union[Sequence[Any], Any], lse_parts: Union[
     t_out = _rows4(_View(out, "o"), "o", lead_c, D)
     t_lse = _rows4(_View(lse, "lse"), "lse", lead_c, None)
     _check(_lib.attn_merge(n, ctypes.cast(to, _P), ctypes.cast(tl, _P), ctypes.byref(t_out),
-                           ctypes.byref(t_lse), int(threads)), "attn_merge")
+                           ctypes.byref(t_lse), integer("threads", threads, _INT32)),
+           "attn_merge")
     out, lse = out.reshape(shape), lse.reshape(lead)
     if was_torch:
         t = _torch()
@@ -164,9 +174,9 @@ def cascade_attention(q: Any, k_prefix: Any, v_prefix: Any, k_suffix: Any = None
                 tv.tensor((s[0], s[1], 1, 1), (st[0], st[1], 0, 0))
             kv.block_table = ctypes.addressof(kv.tt)
         if lens is not None:
-            arr = np.asarray([lens] if prefix else lens, dtype=np.int64) if not _is_torch(lens) \
-                else lens.to(_torch().int64).numpy()
-            arr = np.ascontiguousarray(arr)
+            arr = np.ascontiguousarray(
+                np.asarray([integer("prefix_len", lens)], np.int64) if prefix
+                else integers("suffix_lens", lens))
             keep.append(arr)
             kv.tl = _View(arr, "lens").tensor((arr.shape[0], 1, 1, 1), (1, 0, 0, 0))
             kv.kv_len = ctypes.addressof(kv.tl)
@@ -182,7 +192,7 @@ def cascade_attention(q: Any, k_prefix: Any, v_prefix: Any, k_suffix: Any = None
     ov = _View(out, "out", writable=True)
     t_q, t_o = qv.bshd("q"), ov.bshd("out")
     opt = _Options()
-    opt.threads = int(threads)
+    opt.threads = integer("threads", threads, _INT32)
     if softmax_scale is not None:
         opt.has_scale, opt.scale = True, float(softmax_scale)
     opt.softcap = float(softcap)

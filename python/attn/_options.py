@@ -48,14 +48,46 @@ def number(name: str, x: Any) -> float:
         raise ValueError("%s=%r: does not fit in a float" % (name, x)) from None
 
 
-def integer(name: str, x: Any, lo_hi: Tuple[int, int]) -> int:
-    """threads and the window's ends: an int (not a bool, not a float) within lo_hi."""
+def integer(name: str, x: Any, lo_hi: Tuple[int, int] = _INT64) -> int:
+    """The one conversion of every integer a Python entry point passes to the library
+    (counts, heads, lengths, offsets, window ends, threads): an int, a NumPy integer or a
+    0-d integer array or tensor (not a bool, not a float, not even 2.0) within lo_hi
+    (int64 by default), else TypeError / ValueError. Never wraps (ctypes' int64 fields
+    and NumPy's casts would), never truncates."""
     v = _scalar(x)
     if type(v) is bool or not isinstance(v, int):
         raise TypeError("%s=%r: expected an int, not %s" % (name, x, type(x).__name__))
     if not lo_hi[0] <= v <= lo_hi[1]:
         raise ValueError("%s=%d: out of range (%d to %d)" % (name, v, lo_hi[0], lo_hi[1]))
     return v
+
+
+def integers(name: str, x: Any, lo_hi: Tuple[int, int] = _INT64, dtype: Any = np.int64) -> Any:
+    """An array of integers (lengths, positions) as a NumPy array of dtype: a list, tuple
+    or range of ints (each as integer() takes it), or an array or tensor of an integer
+    dtype, or of a floating one whose values are all whole numbers; every value within
+    lo_hi and dtype. Refused: bools (TypeError), fractional or non-finite values and
+    values out of range (ValueError)."""
+    if isinstance(x, (list, tuple, range)):
+        return np.asarray([integer(name, e, lo_hi) for e in x], dtype=dtype)
+    t = x
+    if hasattr(t, "detach") and hasattr(t, "cpu"):  # a torch tensor
+        t = t.detach().cpu().numpy()
+    a = np.asarray(t)
+    if a.dtype.kind == "b" or a.dtype.kind not in "iuf":
+        raise TypeError("%s: expected integers, got dtype %s" % (name, a.dtype))
+    info = np.iinfo(dtype)
+    lo, hi = max(lo_hi[0], int(info.min)), min(lo_hi[1], int(info.max))
+    if a.dtype.kind == "f":
+        if a.size and not (np.all(np.isfinite(a)) and np.all(a == np.floor(a))):
+            raise ValueError("%s: values must be whole numbers, got %s" % (name, a.ravel()[
+                np.flatnonzero(~np.isfinite(a.ravel()) | (a.ravel() != np.floor(a.ravel())))[0]]))
+        if a.size and (a.min() < lo or a.max() > hi):
+            raise ValueError("%s: a value is out of range (%d to %d)" % (name, lo, hi))
+        return a.astype(dtype)
+    if a.size and (int(a.min()) < lo or int(a.max()) > hi):
+        raise ValueError("%s: a value is out of range (%d to %d)" % (name, lo, hi))
+    return a if a.dtype == dtype else a.astype(dtype)
 
 
 def threads(x: Any) -> int:
@@ -78,10 +110,13 @@ def sequence(name: str, x: Any, kind: str) -> Any:
     """kv_len ("int") or alibi_slopes ("float") given as a Python list, tuple or range: its
     elements checked as ints (within int64) or numbers, then a NumPy array. Arrays and
     tensors are returned as they are (the extension checks their dtype)."""
+    if kind == "int":  # arrays too: a float array of whole numbers, nothing looser
+        if isinstance(x, (list, tuple, range)) or getattr(getattr(x, "dtype", None), "kind",
+                                                            "i") in "fb":
+            return integers(name, x)
+        return x
     if not isinstance(x, (list, tuple, range)):
         return x
-    if kind == "int":
-        return np.asarray([integer(name, e, _INT64) for e in x], dtype=np.int64)
     return np.asarray([number(name, e) for e in x], dtype=np.float32)
 
 

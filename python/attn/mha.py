@@ -22,6 +22,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from . import _attn
+from ._options import _INT32, integer, integers
 
 __all__ = ["multi_head_attention"]
 
@@ -84,15 +85,16 @@ def _call(x_q: Any, x_kv: Any, num_heads: int, w: Tuple[Any, Any, Any, Any],
     B, Lq = xq.shape[0], xq.shape[1]
     Lk = xkv.shape[1] if xkv is not None else Lq
     mask, bias = _masks(B, num_heads, Lq, Lk, key_padding_mask, attn_mask)
-    lens = None if kv_len is None else np.ascontiguousarray(kv_len, dtype=np.int64)
+    lens = None if kv_len is None else np.ascontiguousarray(integers("kv_len", kv_len))
     return _attn._mha(
         x_q=xq, x_kv=xkv, w_q=_f32(w[0]), w_k=_f32(w[1]), w_v=_f32(w[2]), w_o=_f32(w[3]),
         b_q=_f32(b[0]), b_k=_f32(b[1]), b_v=_f32(b[2]), b_o=_f32(b[3]),
-        mask=mask, bias=bias, kv_len=lens, heads=int(num_heads),
-        kv_heads=int(num_kv_heads or 0), torch_layout=weight_layout == "out_in",
+        mask=mask, bias=bias, kv_len=lens, heads=integer("num_heads", num_heads),
+        kv_heads=0 if num_kv_heads is None else integer("num_kv_heads", num_kv_heads), torch_layout=weight_layout == "out_in",
         causal=bool(is_causal), scale=None if scale is None else float(scale),
-        rope=_ROPE[rope], rotary_dim=int(rotary_dim), rope_base=float(rope_base),
-        rope_offset=int(rope_offset), threads=int(threads), **outputs)
+        rope=_ROPE[rope], rotary_dim=integer("rotary_dim", rotary_dim), rope_base=float(rope_base),
+        rope_offset=integer("rope_offset", rope_offset),
+        threads=integer("threads", threads, _INT32), **outputs)
 
 
 def multi_head_attention(x_q: Any, x_kv: Any = None, *, num_heads: int, w_q: Any, w_k: Any,

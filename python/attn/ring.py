@@ -20,6 +20,8 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
+from ._options import _INT32, integer, integers
+
 __all__ = ["attention", "slices", "take"]
 
 _DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}
@@ -70,7 +72,7 @@ def slices(L: int, comm=None, causal: bool = False) -> Sequence[Tuple[int, int]]
     comm = _comm(comm)
     lib = _load()
     first, count = (ctypes.c_int64 * 2)(), (ctypes.c_int64 * 2)()
-    if lib.attn_ring_slice(int(L), comm.Get_size(), comm.Get_rank(), bool(causal), first, count):
+    if lib.attn_ring_slice(integer("L", L), comm.Get_size(), comm.Get_rank(), bool(causal), first, count):
         raise ValueError("attn.ring.slices: " + lib.attn_ring_last_error().decode())
     return [(first[c], count[c]) for c in range(2 if causal else 1)]
 
@@ -104,12 +106,14 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, comm=None, *, causal:
     Hkv, lk, Dv = k.shape[1], k.shape[2], v.shape[3]
     o = np.zeros((B, Hq, lq, Dv), dtype=np.float32)
     lse = np.zeros((B, Hq, lq), dtype=np.float32)
-    kvl = None if kv_len is None else np.ascontiguousarray(kv_len, dtype=np.int64)
+    kvl = None if kv_len is None else np.ascontiguousarray(integers("kv_len", kv_len))
     if kvl is not None and kvl.shape != (B,):
         raise ValueError("attn.ring.attention: kv_len must have shape [B]")
     if align not in ("top-left", "bottom-right"):
         raise ValueError("attn.ring.attention: align is 'top-left' or 'bottom-right'")
     wl, wr = (window if window is not None else (0, 0))
+    wl, wr = integer("window", wl), integer("window", wr)
+    threads = integer("threads", threads, _INT32)
     ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
     st = lib.attn_ring_forward_flat(
         ptr(q), ptr(k), ptr(v), ptr(o), ptr(lse), _DTYPES[dt], B, Hq, Hkv, lq, lk, Dk, Dv,

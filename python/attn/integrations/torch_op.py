@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 
 import attn
-from attn import _attn
+from attn import _attn, _options
 
 __all__ = ["sdpa", "draw_seed", "forward_no_grad", "direct_ok", "AttnShapeError",
            "AttnDtypeError"]
@@ -287,7 +287,7 @@ def draw_seed(seed: Optional[int] = None) -> int:
     the call reproducible), as attn.scaled_dot_product_attention draws them."""
     if seed is None:
         return int(torch.randint(-(1 << 63), (1 << 63) - 1, (), dtype=torch.int64))
-    seed = int(seed) & _UINT64
+    seed = _options.integer("seed", seed, (-(1 << 63), _UINT64)) & _UINT64
     return seed - (1 << 64) if seed >= 1 << 63 else seed
 
 
@@ -304,7 +304,7 @@ def sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] 
     draw_seed); sinks: None or one logit per query head, ``(H,)``, as
     attn.scaled_dot_product_attention's. Differentiable in query, key, value and sinks;
     traceable by torch.compile and torch.export."""
-    left, right = (-1, -1) if window is None else window
+    left, right = (-1, -1) if window is None else _options.window(window)
     dropout_p = float(dropout_p)
     seed = draw_seed(seed) if dropout_p > 0.0 else 0
     out, _, weights = torch.ops.attn.sdpa(query, key, value, attn_mask, bool(is_causal),

@@ -53,6 +53,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from .. import _options
 from . import _padding, torch_op
 
 __all__ = ["attention_forward", "register", "NAME"]
@@ -109,7 +110,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     window = (-1, -1)
     sliding = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
     if sliding and is_causal and L == S:
-        window = (int(sliding) - 1, 0)  # keep j > i - sliding_window, as sdpa_mask's
+        window = (_options.integer("sliding_window", sliding) - 1, 0)  # keep j > i - sliding_window, as sdpa_mask's
 
     softcap = kwargs.get("softcap")
     want = _want_weights(kwargs)
