@@ -189,7 +189,7 @@ static void layer_make(layer *L, reader *r, int64_t E, int64_t Ekv, int64_t Hq, 
     const unsigned rk = byte(r) % 4;
     if (rk && Dk >= 2) {
         L->m.rope.kind = rk == 1 ? ATTN_ROPE_HALF : ATTN_ROPE_INTERLEAVED;
-        L->m.rope.rotary_dim = pick(r, 2) ? 0 : 2 * (1 + pick(r, Dk / 2));
+        L->m.rope.rotary_dim = pick(r, 2) && Dk % 2 == 0 ? 0 : 2 * (1 + pick(r, Dk / 2));  // 0: Dk
         L->m.rope.base = pick(r, 2) ? 0 : 100.0;
         L->m.rope.offset = pick(r, 6);
     }
@@ -234,11 +234,12 @@ static void fuzz_mha(reader *r) {
     buf lse;
     buf_new(&lse, ATTN_F32, B, Hq, Lq, 1);
     attn_mha m = L.m;
-    attn_tensor wbad;
+    attn_tensor wbad, xnull;
+    const attn_tensor *xqp = &xq.t;
     switch (fault) {
     case 1: opt.lse = &lse.t; expect = 1; break;
     case 2: m.Hq = Hq + 1, m.Hkv = Hkv; expect = 1; break;  // W_O's rows, or the heads, disagree
-    case 3: xq.t.data = NULL; expect = Lq > 0 ? 1 : 2; break;
+    case 3: xnull = xq.t, xnull.data = NULL, xqp = &xnull; expect = numel(&xq.t) ? 1 : 2; break;
     case 4: m.rope.kind = ATTN_ROPE_HALF, m.rope.rotary_dim = 1; expect = 1; break;
     case 5: opt.block_table = &kvl.t; expect = 1; break;
     case 6: wbad = *m.w_o; wbad.shape[1] += 1; m.w_o = &wbad; expect = 1; break;
@@ -275,7 +276,7 @@ static void fuzz_mha(reader *r) {
     attention_ref(&a, O, W);
     proj(Y, O, B * Lq, &L.wo, L.has_b[3] ? &L.bo : NULL);
 
-    const attn_status st = attn_mha_forward(&m, &xq.t, xkvp, yp, want_w ? &wts.t : NULL, avg, &opt);
+    const attn_status st = attn_mha_forward(&m, xqp, xkvp, yp, want_w ? &wts.t : NULL, avg, &opt);
     if (expect == 1 || (expect == 2 && st != ATTN_OK)) {
         REQUIRE(st != ATTN_OK, "mha forward accepted fault %u", fault);
         if (fault != 7) {
