@@ -218,7 +218,7 @@ fuzz-build:
 
 fuzz-bins: $(FUZZ_BIN)
 
-$(BUILD)/fuzz/%: fuzz/%.c $(BUILD)/libattn.a $(FUZZ_TOOL_OBJ)
+$(BUILD)/fuzz/%: fuzz/%.c $(wildcard fuzz/*.h) $(BUILD)/libattn.a $(FUZZ_TOOL_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -fsanitize=fuzzer -Isrc $(APP_INC) -o $@ $< $(FUZZ_TOOL_OBJ) \
 	    $(BUILD)/libattn.a $(LDLIBS)

@@ -35,7 +35,10 @@
 static attn_tensor narrow(const attn_tensor *t, int dim, int64_t i0, int64_t n) {
     attn_tensor s = *t;
     if (s.shape[dim] != 1) {
-        s.data = (char *)s.data + (size_t)(i0 * s.stride[dim]) * attn_dtype_size(t->dtype);
+        /* the count-only pass (mha_two_pass) has no data yet: NULL + an offset, even 0, is
+         * undefined behaviour (clang's UBSan reports it) */
+        if (s.data)
+            s.data = (char *)s.data + (size_t)(i0 * s.stride[dim]) * attn_dtype_size(t->dtype);
         s.shape[dim] = n;
     }
     return s;
