@@ -86,7 +86,7 @@ class _View:
 def _index(x: Any, name: str, ndim: int) -> Tuple[_View, Any]:
     """An int32 / int64 index array (copied to int32 when it is another integer type)."""
     dt = str(getattr(x, "dtype", "")).replace("torch.", "")
-    if dt not in ("int32", "int64"):  # converted: whole numbers within int32 only
+    if dt not in ("int32", "int64"):  # other integer types converted, within int32 only
         x = integers(name, x, _INT32, np.int32)
     v = _View(x, name)
     if v.dtype not in (_I32, _I64) or len(v.shape) != ndim:

@@ -65,9 +65,9 @@ def integer(name: str, x: Any, lo_hi: Tuple[int, int] = _INT64) -> int:
 def integers(name: str, x: Any, lo_hi: Tuple[int, int] = _INT64, dtype: Any = np.int64) -> Any:
     """An array of integers (lengths, positions) as a NumPy array of dtype: a list, tuple
     or range of ints (each as integer() takes it), or an array or tensor of an integer
-    dtype, or of a floating one whose values are all whole numbers; every value within
-    lo_hi and dtype. Refused: bools (TypeError), fractional or non-finite values and
-    values out of range (ValueError)."""
+    dtype; every value within lo_hi and dtype. Refused: bools and floating arrays
+    (TypeError; a floating one with a fractional or non-finite value: ValueError, naming
+    it), values out of range (ValueError)."""
     if isinstance(x, (list, tuple, range)):
         return np.asarray([integer(name, e, lo_hi) for e in x], dtype=dtype)
     t = x
@@ -82,9 +82,8 @@ def integers(name: str, x: Any, lo_hi: Tuple[int, int] = _INT64, dtype: Any = np
         if a.size and not (np.all(np.isfinite(a)) and np.all(a == np.floor(a))):
             raise ValueError("%s: values must be whole numbers, got %s" % (name, a.ravel()[
                 np.flatnonzero(~np.isfinite(a.ravel()) | (a.ravel() != np.floor(a.ravel())))[0]]))
-        if a.size and (a.min() < lo or a.max() > hi):
-            raise ValueError("%s: a value is out of range (%d to %d)" % (name, lo, hi))
-        return a.astype(dtype)
+        # whole numbers in a floating array: still the wrong type, as a length tensor is
+        raise TypeError("%s: dtype %s, expected an integer dtype" % (name, a.dtype))
     if a.size and (int(a.min()) < lo or int(a.max()) > hi):
         raise ValueError("%s: a value is out of range (%d to %d)" % (name, lo, hi))
     return a if a.dtype == dtype else a.astype(dtype)
@@ -110,7 +109,7 @@ def sequence(name: str, x: Any, kind: str) -> Any:
     """kv_len ("int") or alibi_slopes ("float") given as a Python list, tuple or range: its
     elements checked as ints (within int64) or numbers, then a NumPy array. Arrays and
     tensors are returned as they are (the extension checks their dtype)."""
-    if kind == "int":  # arrays too: a float array of whole numbers, nothing looser
+    if kind == "int":  # float and bool arrays too: refused there (integers)
         if isinstance(x, (list, tuple, range)) or getattr(getattr(x, "dtype", None), "kind",
                                                             "i") in "fb":
             return integers(name, x)
