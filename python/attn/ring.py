@@ -20,7 +20,16 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._options import _INT32, integer, integers
+try:
+    from ._options import _INT32, integer, integers
+except ImportError:  # loaded by its path outside the package (tests/python/test_ring.py)
+    import importlib.util as _util
+
+    _spec = _util.spec_from_file_location(
+        "attn_options", os.path.join(os.path.dirname(os.path.abspath(__file__)), "_options.py"))
+    _opts = _util.module_from_spec(_spec)
+    _spec.loader.exec_module(_opts)
+    _INT32, integer, integers = _opts._INT32, _opts.integer, _opts.integers
 
 __all__ = ["attention", "slices", "take"]
 
