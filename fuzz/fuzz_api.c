@@ -21,53 +21,10 @@
  *     which needs magnitudes this harness does not compute.
  * A broken rule aborts (a crash to libFuzzer). Build and run: make fuzz.
  */
-#include <math.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#define FUZZ_NAME "fuzz_api"
+#include "fuzz_common.h"
 
-#include "attn.h"
-#include "half.h"
-#include "rng.h"
-
-#define REQUIRE(cond, ...)                                                 \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            fprintf(stderr, "fuzz_api: %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fputc('\n', stderr);                                           \
-            abort();                                                       \
-        }                                                                  \
-    } while (0)
-
-enum { POISON = 0xA5 };
-
-/* ---- reading the input ------------------------------------------------------------ */
-
-typedef struct reader {
-    const uint8_t *p;
-    size_t n;
-} reader;
-
-static unsigned byte(reader *r) {
-    if (!r->n) return 0;
-    r->n--;
-    return *r->p++;
-}
-/* 0 .. n-1 */
-static int64_t pick(reader *r, int64_t n) { return (int64_t)(byte(r) % (unsigned)n); }
-
-static rng_t g_rng;  // seeded from the fuzzer's bytes
-static double unif(void) { return rng_unif(&g_rng); }
-
-/* ---- buffers: a tensor view over its own allocation ------------------------------ */
-
-typedef struct buf {
-    attn_tensor t;
-    unsigned char *base;  // the allocation, poisoned where it is an output
-    size_t bytes;
-} buf;
+/* ---- buffers: a tensor view over its own allocation (fuzz_common.h's buf) ------------ */
 
 static size_t dsize(attn_dtype dt) {
     return dt == ATTN_F32 || dt == ATTN_I32 ? 4 : dt == ATTN_I64 ? 8 : dt == ATTN_BOOL ? 1 : 2;
@@ -132,22 +89,7 @@ static void buf_fill(buf *b, double lo, double hi) {
     free(off);
 }
 
-/* A second buffer shaped like b, poisoned, for the same output of another call. */
-static void buf_twin(buf *dst, const buf *b) {
-    *dst = *b;
-    dst->base = malloc(b->bytes);
-    if (!dst->base) abort();
-    memset(dst->base, POISON, b->bytes);
-    dst->t.data = dst->base + ((unsigned char *)b->t.data - b->base);
-}
-
 static void buf_repoison(buf *b) { memset(b->base, POISON, b->bytes); }
-
-static bool all_poison(const buf *b) {
-    for (size_t i = 0; i < b->bytes; i++)
-        if (b->base[i] != POISON) return false;
-    return true;
-}
 
 /* Every byte outside the view's elements still the poison. */
 static bool pad_poison(const buf *b) {
@@ -163,8 +105,6 @@ static bool pad_poison(const buf *b) {
     free(off);
     return ok;
 }
-
-static bool same_bytes(const buf *a, const buf *b) { return memcmp(a->base, b->base, a->bytes) == 0; }
 
 /* got against ref, element by element (k: the C-order index): |got - ref| <= atol +
  * rel * |ref|, where atol is 1e-5 (1 + max |ref|) scaled by tol_scale; non-finite values
@@ -193,11 +133,6 @@ static void compare(const char *what, const buf *got, const buf *ref, double rel
     }
     free(off);
     if (frob && den > 0) REQUIRE(sqrt(num / den) <= 1e-6, "%s: relative error %.3g", what, sqrt(num / den));
-}
-
-/* half an ulp of a dtype, relative */
-static double half_ulp(attn_dtype dt) {
-    return dt == ATTN_F16 ? 0x1p-11 : dt == ATTN_BF16 ? 0x1p-8 : 0;
 }
 
 /* ---- the call ----------------------------------------------------------------------- */
@@ -257,8 +192,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     reader r = {data, size};
     call c;
     memset(&c, 0, sizeof c);
-    g_rng.s = 0;
-    for (size_t i = 0; i < size; i++) g_rng.s = g_rng.s * 131 + data[i];
+    seed_from(data, size);
 
     /* sizes: each dimension small; one of them may be 0 */
     const int64_t B = pick(&r, 3), Hkv = pick(&r, 3) + (pick(&r, 8) != 0), G = pick(&r, 3) + 1;

@@ -51,7 +51,11 @@ ATTN_PRIVATE attn_status attn_reference_backward(const attn_bwd_params *bp, void
  * attn_params_init; p's data pointers are not read. Dense C order:
  *   q, dq [B, Hq, Lq, Dk]   k, dk [B, Hkv, Lk, Dk]   v, dv [B, Hkv, Lk, Dv]
  *   o, d_o [B, Hq, Lq, Dv]  lse [B, Hq, Lq] (may be NULL)
- * They allocate their scratch themselves: ATTN_OK or ATTN_ERR_NOMEM. */
+ * They allocate their scratch themselves: ATTN_OK or ATTN_ERR_NOMEM.
+ * magnitudes: the backward's sums over absolute values instead, the normalizer of the
+ * gradients' error bound (tests/support/backward_case.h): |dP_ij| = Σ_d |dO_id v_jd|,
+ * |D_i| = Σ_j P_ij |dP_ij|, |dS_ij| = |scale| P_ij (|dP_ij| + |D_i|) (softcap's factor,
+ * at most 1, taken as 1), then dQ, dK, dV over |K|, |Q|, |dO|. */
 ATTN_PRIVATE attn_status attn_ref64_forward(const attn_params *p, const double *q,
                                             const double *k, const double *v, double *o,
                                             double *lse);

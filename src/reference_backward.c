@@ -171,7 +171,10 @@ static void ref_group_backward(const attn_params *p, int64_t b, int64_t g, const
                 if (P_i[j] == 0.0) continue;  // masked: v_j is not read
                 if (Z_i && Z_i[j] == 0.0) continue;  // dropped: dP_ij = 0
                 double dp = 0.0;
-                for (int64_t d = 0; d < Dv; d++) dp += do_i[d] * v[j * Dv + d];
+                if (mag)  // the magnitude of the dot: its error is relative to this
+                    for (int64_t d = 0; d < Dv; d++) dp += fabs(do_i[d] * v[j * Dv + d]);
+                else
+                    for (int64_t d = 0; d < Dv; d++) dp += do_i[d] * v[j * Dv + d];
                 if (Z_i) dp *= Z_i[j];
                 dS_i[j] = dp;
                 D_i += P_i[j] * dp;
@@ -187,7 +190,7 @@ static void ref_group_backward(const attn_params *p, int64_t b, int64_t g, const
             for (int64_t j = 0; j < Lk; j++) {
                 if (P_i[j] == 0.0) continue;
                 double ds = mag ? P_i[j] * (fabs(dS_i[j]) + fabs(D_i)) : P_i[j] * (dS_i[j] - D_i);
-                if (cap_i) ds *= cap_i[j];
+                if (cap_i && !mag) ds *= cap_i[j];  // magnitudes: 1 >= tanh' and its error
                 dS_i[j] = mag ? fabs(scale * ds) : scale * ds;
             }
             /* forward: raw_ij = scale * q_i · k_j, so dq_i = Σ_j dS_ij k_j */

@@ -216,11 +216,13 @@ static void run_case(const bcase *c) {
     for (int a = 0; a < 3; a++) {
         tol_result r;
         int cancel;
+        double ratio;
         const int ok = grad_within_tol(t.got[a], t.ref[a], t.have_mag ? t.mag[a] : NULL, t.n[a],
-                                       &r, &cancel);
-        CHECK(ok, "fused %s: rel %.3g max_err %.3g (max|ref| %.3g) nonfinite %d worst %lld [%s]",
+                                       t.have_mag ? grad_eps(&t, a) : 0, &r, &cancel, &ratio);
+        CHECK(ok, "fused %s: rel %.3g max_err %.3g (max|ref| %.3g) nonfinite %d worst %lld; "
+              "%.3g of the derived bound [%s]",
               k_grad[a], r.rel_err, r.max_err, r.max_ref, r.nonfinite_mismatch,
-              (long long)r.worst, t.desc);
+              (long long)r.worst, ratio, t.desc);
         if (!ok && r.worst >= 0)
             fprintf(stderr, "     worst %s[%lld]: got %.9g want %.9g\n", k_grad[a],
                     (long long)r.worst, (double)t.got[a][r.worst], t.ref[a][r.worst]);
@@ -233,7 +235,7 @@ static void run_case(const bcase *c) {
         if (t.have_mag && relmag > g_mag_worst[a]) g_mag_worst[a] = relmag;
         if (cancel) {
             g_cancel_cases++;
-            if (relmag > g_cancel_worst[a]) g_cancel_worst[a] = relmag;
+            if (ratio > g_cancel_worst[a]) g_cancel_worst[a] = ratio;
         } else {
             if (r.rel_err > g_fused_worst[a]) g_fused_worst[a] = r.rel_err;
             const double mrel = r.max_err / (1.0 + r.max_ref);
@@ -360,6 +362,13 @@ static void features(void) {
 
 /* ---- 3. every check rejects a planted error ---------------------------------------------- */
 
+/* grad_within_tol's cancellation rule alone (the contract's relative rule skipped) */
+static int derived_only(const float *g, const bcall *t, int a, double eps) {
+    for (int64_t e = 0; e < t->n[a]; e++)
+        if (!(fabs(g[e] - t->ref[a][e]) <= eps * t->mag[a][e] + 0x1p-126)) return 0;
+    return 1;
+}
+
 static void planted_errors(void) {
     /* the FD comparison: a gradient one element off by 1e-5 of its norm is rejected */
     {
@@ -410,6 +419,56 @@ static void planted_errors(void) {
         CHECK(!within_f32_tol(g, t.ref[a], n, NULL), "planted: %s shifted by half accepted", k_grad[a]);
         free(g);
     }
+    /* the derived bound (grad_within_tol's cancellation rule), alone: the unperturbed gradients
+     * meet it; one element off by twice its bound, the other head's gradient and a
+     * gradient without D (dS = P dP, a plausible kernel bug) are rejected */
+    CHECK(bcall_reference(&t, true) == ATTN_OK, "planted: magnitudes failed");
+    for (int a = 0; a < 3; a++) {
+        const int64_t n = t.n[a];
+        const double eps = grad_eps(&t, a);
+        float *g = xcalloc(n, 4);
+        double worst = 0;
+        int64_t at = 0;
+        for (int64_t e = 0; e < n; e++) {
+            const double q = fabs(t.got[a][e] - t.ref[a][e]) / (eps * t.mag[a][e] + 0x1p-126);
+            if (q > worst) worst = q;
+            if (t.mag[a][e] > t.mag[a][at]) at = e;
+        }
+        CHECK(worst <= 1.0, "planted: the unperturbed %s is %.3g of its derived bound", k_grad[a], worst);
+        if (a == 0) printf("backward: planted case: eps dq %.3g (%.3g of the bound reached)\n", eps, worst);
+        memcpy(g, t.got[a], (size_t)n * 4);
+        g[at] = (float)(t.ref[a][at] + 2.0 * (eps * t.mag[a][at] + 0x1p-126));
+        CHECK(!derived_only(g, &t, a, eps), "planted: %s off by twice its bound at one element accepted", k_grad[a]);
+        for (int64_t e = 0; e < n; e++) g[e] = t.got[a][(e + n / 2) % n];
+        CHECK(!derived_only(g, &t, a, eps), "planted: %s shifted by half accepted by the derived bound", k_grad[a]);
+        free(g);
+    }
+    {
+        /* one key per row: the exact dQ and dK are 0 (P = 1, dP - D = 0); a backward that
+         * forgets D returns scale dP K, which the derived bound must reject */
+        bcase c1 = base(1, 2, 1, 9, 1, 16, 16);
+        bcall u;
+        bcall_build(&u, &c1);
+        CHECK(bcall_forward(&u) == ATTN_OK && bcall_reference(&u, false) == ATTN_OK &&
+                  bcall_run(&u, ATTN_PATH_FUSED, 0) == ATTN_OK && bcall_reference(&u, true) == ATTN_OK,
+              "planted: the one-key case failed");
+        const double eps = grad_eps(&u, 0);
+        CHECK(derived_only(u.got[0], &u, 0, eps), "planted: the one-key dq misses its derived bound");
+        float *g = xcalloc(u.n[0], 4);
+        /* dq_i = scale dP_i k_0 with dP_i = dO_i . v_0 (the D-less dS) */
+        const float scale = 1.0f / sqrtf((float)c1.Dk);
+        for (int64_t h = 0; h < c1.Hq; h++)
+            for (int64_t i = 0; i < c1.Lq; i++) {
+                double dp = 0;
+                for (int64_t d = 0; d < c1.Dv; d++)
+                    dp += (double)*view_ptr(&u.d_o, 0, h, i, d) * *view_ptr(&u.v, 0, 0, 0, d);
+                for (int64_t d = 0; d < c1.Dk; d++)
+                    g[(h * c1.Lq + i) * c1.Dk + d] = (float)(scale * dp * *view_ptr(&u.k, 0, 0, 0, d));
+            }
+        CHECK(!derived_only(g, &u, 0, eps), "planted: a dq without D accepted by the derived bound");
+        free(g);
+        bcall_free(&u);
+    }
     /* the exactly-0 and finiteness checks */
     {
         float z[4] = {0, -0.0f, 0, 0};
@@ -447,7 +506,7 @@ int main(void) {
            g_cases, attn_kernel_name(), g_fused_worst[0], g_fused_worst[1], g_fused_worst[2],
            g_fused_maxerr_rel[0], g_fused_maxerr_rel[1], g_fused_maxerr_rel[2]);
     printf("backward: error / |magnitude| (cases that computed it): dq %.2g, dk %.2g, dv %.2g; %d gradients "
-           "judged as cancellations, worst there: dq %.2g, dk %.2g, dv %.2g\n",
+           "judged as cancellations (the derived bound), worst error / bound: dq %.2g, dk %.2g, dv %.2g\n",
            g_mag_worst[0], g_mag_worst[1], g_mag_worst[2], g_cancel_cases, g_cancel_worst[0],
            g_cancel_worst[1], g_cancel_worst[2]);
     planted_errors();

@@ -29,6 +29,31 @@ static attn_tensor key_range(const attn_tensor *t, int64_t a, int64_t n) {
     return v;
 }
 
+/* The merge's float32 error model (docs/CONTRACT.md, "Merging partial results"), for
+ * partials taken as exact, n LSEs a_k, m their max, lse the float64 merge's:
+ *   lse = m + ln Σ exp(a_k - m): each difference rounded (u |a_k - m|), each exp within
+ *   2E u, the sum (n + 1) u (tol_sum_rel), ln's and the final addition's roundings
+ *   u (|m| + |lse|) and 2u;
+ *   O = Σ O_k exp(a_k - lse): each weight off by the LSE's error, its own subtraction's
+ *   u |a_k - lse| and exp's 2E u, then the sum of n products, relative to Σ w_k |O_k|. */
+static double merge_lse_bound(int n, const double *a, double lse) {
+    double m = -INFINITY, far = 0.0;
+    for (int k = 0; k < n; k++) m = fmax(m, a[k]);
+    for (int k = 0; k < n; k++)
+        if (isfinite(a[k])) far = fmax(far, m - a[k]);
+    return TOL_U32 * (far + 2.0 * TOL_EXP_ULP + 2.0) + tol_sum_rel(n) + TOL_U32 * (fabs(m) + fabs(lse));
+}
+static double merge_o_bound(int n, const double *a, const double *o, double lse) {
+    double far = 0.0, size = 0.0;
+    for (int k = 0; k < n; k++)
+        if (isfinite(a[k])) {
+            far = fmax(far, fabs(a[k] - lse));
+            size += exp(a[k] - lse) * fabs(o[k]);
+        }
+    const double w = merge_lse_bound(n, a, lse) + TOL_U32 * (far + 2.0 * TOL_EXP_ULP + 1.0);
+    return (w + tol_sum_rel(n) + TOL_U32) * size;
+}
+
 typedef struct split_case {
     int64_t B, Hq, Hkv, Lq, Lk, D, pieces;
     float scale;  // 0: the default
@@ -168,8 +193,10 @@ static void test_totality(void) {
     CHECK(isfinite(o[0][0]) && isfinite(l[0]), "row 0 not finite");
     /* by hand: LSE = ln(e^1 + e^3), O = (O_0 e^1 + O_2 e^3) / (e^1 + e^3) */
     const double lse0 = log(exp(1.0) + exp(3.0)), w0 = exp(1.0 - lse0), w2 = exp(3.0 - lse0);
-    CHECK(fabs(l[0] - lse0) < 1e-6 && fabs(o[0][1] - (1.0 * w0 + 21.0 * w2)) < 1e-5,
-          "row 0: %g %g", l[0], o[0][1]);
+    const double a0[2] = {1.0, 3.0}, v0[2] = {1.0, 21.0};
+    CHECK(fabs(l[0] - lse0) <= merge_lse_bound(2, a0, lse0) &&
+              fabs(o[0][1] - (1.0 * w0 + 21.0 * w2)) <= merge_o_bound(2, a0, v0, lse0),
+          "row 0: %.9g %.9g", l[0], o[0][1]);
     CHECK(o[1][0] == 0.0f && o[1][1] == 0.0f && o[1][2] == 0.0f && l[1] == -INFINITY,
           "all empty: O %g LSE %g", o[1][0], l[1]);
     CHECK(isnan(l[2]) && isnan(o[2][0]) && isnan(o[2][2]), "a NaN LSE must spoil its row");
@@ -202,15 +229,31 @@ static void test_in_place_and_dtypes(void) {
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t i = 0; i < L; i++) {
-                double a0 = t_f32(&tl[0], b, h, i, 0), a1 = t_f32(&tl[1], b, h, i, 0);
-                double m = a0 > a1 ? a0 : a1, s = exp(a0 - m) + exp(a1 - m), lse = m + log(s);
-                ok &= fabs(l[(b * H + h) * L + i] - lse) <= 1e-5 * (1 + fabs(lse));
+                const double a[2] = {t_f32(&tl[0], b, h, i, 0), t_f32(&tl[1], b, h, i, 0)};
+                double m = a[0] > a[1] ? a[0] : a[1], s = exp(a[0] - m) + exp(a[1] - m), lse = m + log(s);
+                ok &= fabs(l[(b * H + h) * L + i] - lse) <= merge_lse_bound(2, a, lse);
                 for (int64_t d = 0; d < DV; d++) {
-                    double want = t_f32(&to[0], b, h, i, d) * exp(a0 - lse) + t_f32(&to[1], b, h, i, d) * exp(a1 - lse);
-                    ok &= fabs(o[((b * H + h) * L + i) * DV + d] - want) <= 1e-5 * (1 + fabs(want));
+                    const double ov[2] = {t_f32(&to[0], b, h, i, d), t_f32(&to[1], b, h, i, d)};
+                    double want = ov[0] * exp(a[0] - lse) + ov[1] * exp(a[1] - lse);
+                    ok &= fabs(o[((b * H + h) * L + i) * DV + d] - want) <= merge_o_bound(2, a, ov, lse);
                 }
             }
     CHECK(ok, "merge of two strided partials against float64 by hand");
+    {   /* planted: a merge that misses the second partial's weight by 1e-5 (its LSE
+         * 1e-5 off), and one that takes the first partial's LSE for the merged one,
+         * are rejected; the bounds are a few ulps of their values */
+        const double a[2] = {t_f32(&tl[0], 0, 0, 0, 0), t_f32(&tl[1], 0, 0, 0, 0)};
+        const double m = fmax(a[0], a[1]), lse = m + log(exp(a[0] - m) + exp(a[1] - m));
+        const double ov[2] = {t_f32(&to[0], 0, 0, 0, 0), t_f32(&to[1], 0, 0, 0, 0)};
+        const double want = ov[0] * exp(a[0] - lse) + ov[1] * exp(a[1] - lse);
+        const double bad = ov[0] * exp(a[0] - lse) + ov[1] * exp(a[1] - 1e-5 - lse);
+        const double ob = merge_o_bound(2, a, ov, lse), lb = merge_lse_bound(2, a, lse);
+        CHECK(!(fabs(bad - want) <= ob) || fabs(ov[1] * exp(a[1] - lse)) < 1e-3,
+              "planted: a weight 1e-5 off passes the merge's O bound %.3g", ob);
+        CHECK(!(fabs(a[0] - lse) <= lb), "planted: partial 0's LSE passes as the merged one");
+        CHECK(lb <= 16 * TOL_U32 * (2.0 + fabs(lse) + fabs(m)) && ob <= 16 * TOL_U32 * (fabs(ov[0]) + fabs(ov[1])),
+              "the merge's bounds %.3g, %.3g are more than 16 ulps", lb, ob);
+    }
     /* in place: the output is partial 0 itself */
     CHECK(attn_merge(2, to, tl, &to[0], &tl[0], 0) == ATTN_OK, "merge in place");
     CHECK(memcmp(po, o, (size_t)on * sizeof(float)) == 0 && memcmp(pl, l, (size_t)ln * sizeof(float)) == 0,

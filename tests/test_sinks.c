@@ -64,6 +64,10 @@ static int forward_case(sk_case c, attn_path path, bool want_w, double plant, co
     double *ro = xcalloc(d.no, sizeof(double)), *rl = xcalloc(d.nl, sizeof(double));
     double *rw = want_w ? xcalloc(d.nl * c.Lk, sizeof(double)) : NULL;
     sink_oracle(&d, d.q, d.k, d.v, d.sinks, ro, rl, rw);
+    double *mag = xcalloc(d.nl, sizeof(double));  // the sink is one more term of the row
+    oracle_logit_mag(&d.tq, &d.tk, &d.opt, mag);
+    for (int64_t x = 0; d.sinks && x < d.nl; x++)
+        if (isfinite(d.sinks[(x / c.Lq) % c.Hq])) mag[x] = fmax(mag[x], fabs(d.sinks[(x / c.Lq) % c.Hq]));
     tol_result r = {0};
     double worst = 0.0;
     const int ok_o = c.o_dt == ATTN_F32 ? within_f32_tol(o, ro, d.no, &r)
@@ -72,14 +76,9 @@ static int forward_case(sk_case c, attn_path path, bool want_w, double plant, co
         CHECK(ok_o, "%s [%s]: O rel %.3g max %.3g (worst/bound %.3g)", what, path_name(path),
               r.rel_err, r.max_err, worst);
         if (c.o_dt == ATTN_F32) g_worst_o = fmax(g_worst_o, r.rel_err);
-        double *mag = xcalloc(d.nl, sizeof(double));  // the sink is one more term of the row
-        oracle_logit_mag(&d.tq, &d.tk, &d.opt, mag);
-        for (int64_t x = 0; d.sinks && x < d.nl; x++)
-            if (isfinite(d.sinks[(x / c.Lq) % c.Hq])) mag[x] = fmax(mag[x], fabs(d.sinks[(x / c.Lq) % c.Hq]));
         CHECK(within_lse_tol(lse, rl, mag, d.nl, c.Dk, c.Lk + 1, &r), "%s [%s]: LSE error %.3g "
               "(%.3g of the bound; %d non-finite mismatches)", what, path_name(path), r.max_err,
               r.rel_err, r.nonfinite_mismatch);
-        free(mag);
         if (want_w)
             CHECK(within_f32_tol(w, rw, d.nl * c.Lk, &r), "%s [%s]: weights rel %.3g max %.3g",
                   what, path_name(path), r.rel_err, r.max_err);
@@ -107,15 +106,18 @@ static int forward_case(sk_case c, attn_path path, bool want_w, double plant, co
                 if (lse[row] == -INFINITY) continue;
                 double sum = 0.0;
                 for (int64_t j = 0; j < c.Lk; j++) sum += w[row * c.Lk + j];
+                /* the row's weights and the sink's together sum to 1 within the weights'
+                 * relative bound (tol_weight_rel: derived; the sum here in double) */
                 const double want = 1.0 - exp((double)d.fsinks[row / c.Lq % c.Hq] - (double)lse[row]);
-                worst_sum = fmax(worst_sum, fabs(sum - want));
+                const double bound = tol_weight_rel(c.Dk, c.Lk + 1, mag[row]) * fmax(1.0, sum);
+                worst_sum = fmax(worst_sum, fabs(sum - want) / bound);
             }
-            CHECK(worst_sum <= 1e-5, "%s [%s]: weights sum off 1 - exp(sink - lse) by %.3g", what,
-                  path_name(path), worst_sum);
+            CHECK(worst_sum <= 1.0, "%s [%s]: weights sum off 1 - exp(sink - lse) by %.3g of its "
+                  "bound", what, path_name(path), worst_sum);
         }
     }
     sk_free(&d);
-    free(o), free(lse), free(w), free(ob), free(ro), free(rl), free(rw);
+    free(o), free(lse), free(w), free(ob), free(ro), free(rl), free(rw), free(mag);
     return ok_o;
 }
 
@@ -208,10 +210,16 @@ static void test_grid(void) {
     opt.lse = NULL;
     CHECK(attn_weights_grid(&d.tq, &d.tk, &tl, &tg, ATTN_REDUCE_SUM, &opt) == ATTN_OK, "grid: %s",
           attn_last_error());
-    double worst = 0.0;
-    for (int64_t row = 0; row < d.nl; row++)
-        worst = fmax(worst, fabs(g[row] - (1.0 - exp((double)d.fsinks[row / c.Lq % c.Hq] - lse[row]))));
-    CHECK(worst <= 1e-5, "grid: row sums off 1 - exp(sink - lse) by %.3g", worst);
+    /* the grid's float32 sum of a row's weights: their relative bound and the sum's own */
+    double *mag = xcalloc(d.nl, sizeof(double)), worst = 0.0;
+    oracle_logit_mag(&d.tq, &d.tk, &opt, mag);
+    for (int64_t row = 0; row < d.nl; row++) {
+        const double m = fmax(mag[row], fabs(d.sinks[row / c.Lq % c.Hq]));
+        const double bound = tol_weight_rel(c.Dk, c.Lk + 1, m) + tol_sum_rel(c.Lk);
+        worst = fmax(worst, fabs(g[row] - (1.0 - exp((double)d.fsinks[row / c.Lq % c.Hq] - lse[row]))) / bound);
+    }
+    free(mag);
+    CHECK(worst <= 1.0, "grid: row sums off 1 - exp(sink - lse) by %.3g of the bound", worst);
     sk_free(&d);
     free(o), free(lse), free(g);
 }

@@ -157,6 +157,31 @@ def tolerance_failure(got, ref):
     return None
 
 
+# ---- the float32 error model (docs/CONTRACT.md, "The float32 error model"): the Python
+# copy of tools/common/tolerance.h's constants and bounds ---------------------------------
+
+TOL_U32 = 2.0 ** -24    # float32's unit roundoff
+TOL_EXP_ULP = 2.0       # the kernels' exp: at most 2 ulp
+TOL_BK_MIN, TOL_BK_MAX = 16.0, 128.0   # every kernel's key blocks
+
+
+def tol_dot_rel(n):
+    """A float32 dot product of n terms (times a scale): its error relative to its magnitude."""
+    return (n + 2.0) * TOL_U32
+
+
+def tol_sum_rel(n):
+    """A float32 sum of n terms: its error relative to the sum of their magnitudes."""
+    return (n + 1.0) * TOL_U32
+
+
+def tol_lse_bound(dk, n_keys, mag):
+    """The bound on one row's LSE error, mag its logit magnitude (tolerance.h)."""
+    n = float(max(n_keys, 1))
+    blocks = min(n, TOL_BK_MAX) + (2 * TOL_EXP_ULP + 2) * np.ceil(n / TOL_BK_MIN)
+    return TOL_U32 * ((dk + 5.0) * mag + 2 * TOL_EXP_ULP + blocks + 2.0)
+
+
 def round_to(x, dtype):
     """x (any floats) rounded to dtype ("float16", "bfloat16" or "float32"), round to
     nearest even, returned as float32 (the value a tensor of that dtype would hold)."""

@@ -347,3 +347,19 @@ def test_import_does_not_load_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def test_cancellation_rule(rng):
+    """One key per row: the exact dQ and dK are 0 (P = 1, so dP - D = 0), and the library's
+    float32 ones are rounding noise judged by grad_failure's cancellation rule (the
+    derived bound, eps times the magnitude); a dQ computed without D is rejected."""
+    q, k, v, d_o = inputs(rng, 1, 2, 2, 9, 1, 16, 16)
+    got = raw_call(q, k, v, d_o)
+    ref, mag = reference_grads(q, k, v, d_o)
+    assert np.linalg.norm(mag[0]) >= 100 * np.linalg.norm(ref[0])   # the rule's branch
+    assert mag[0].eps is not None and 0 < mag[0].eps < 1e-3
+    assert_grads(got, ref, mag)
+    q4, k4, v4, do4 = (x.astype(np.float64) for x in (q, k, v, d_o))
+    no_d = (do4 @ np.swapaxes(v4, -1, -2)) @ k4 / np.sqrt(16)   # dS = P dP, D forgotten
+    assert grad_failure(no_d, ref[0], mag[0]) is not None
+    assert grad_failure(ref[0] + 2 * mag[0].eps * mag[0], ref[0], mag[0]) is not None

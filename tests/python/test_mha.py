@@ -31,8 +31,9 @@ def rope_ref(x, kind, rdim, base, offset):
 
 
 def compose(xq, xkv, H, Hkv, w, b, keep=None, bias=None, causal=False, rope=None,
-            rotary_dim=0, base=10000.0, offset=0):
-    """The layer in float64 with weights [in, out]: (y, per-head weights)."""
+            rotary_dim=0, base=10000.0, offset=0, kv=None):
+    """The layer in float64 with weights [in, out]: (y, per-head weights). kv: (k, v)
+    [B, Lk, Hkv, D] to attend over instead of the projections (a decoding cache's values)."""
     xkv = xq if xkv is None else xkv
     f = [np.asarray(a, np.float64) for a in w]
     bb = [np.zeros(a.shape[1]) if c is None else np.asarray(c, np.float64)
@@ -44,6 +45,8 @@ def compose(xq, xkv, H, Hkv, w, b, keep=None, bias=None, causal=False, rope=None
     q = rope_ref((xq @ f[0] + bb[0]).reshape(B, Lq, H, Dk), rope, rotary_dim, base, offset)
     k = rope_ref((xkv @ f[1] + bb[1]).reshape(B, Lk, Hkv, Dk), rope, rotary_dim, base, offset)
     v = (xkv @ f[2] + bb[2]).reshape(B, Lk, Hkv, Dv)
+    if kv is not None:
+        k, v = (np.asarray(a, np.float64) for a in kv)
     mask = keep if bias is None else (bias if keep is None else np.where(keep, bias, -np.inf))
     o, _, p = reference(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3),
                         v.transpose(0, 2, 1, 3), mask=mask, causal=causal, gqa=True)

@@ -67,14 +67,28 @@ def test_paged_loop_shuffled_pages(rng):
 
 
 def test_float16_cache_within_its_rounding(rng):
-    w, b = layer(rng, E=24, Ekv=24, H=4, Hkv=2, Dk=6, Dv=5)
-    x = randn(rng, 2, 10, 24)
-    cache = attn.KVCache.empty(2, 10, 2, 6, 5, dtype=np.float16)
-    y = run_steps(x, cache, STEPS, **kw(w, b, 4, 2))
-    err = rel_frobenius(y, reference(x, w, b, 4, 2))
-    # K and V rounded once to float16 (2^-11 relative): test_mha_decode.c's bound
-    assert err <= 4e-4, err
-    assert cache.k.dtype == np.float16 and list(cache.len) == [10, 10]
+    """Each stored K, V value within one float16 rounding (2^-11 relative, half a 2^-24
+    step below 2^-14) of its float32 projection, whose own bound is the dot product's
+    (Ekv + 3) u of its magnitude (test_mha_decode.c's mref_cache_bound, without RoPE
+    here); y within the float32 tolerance of the float64 layer over the stored values."""
+    E, H, Hkv, Dk, Dv, L = 24, 4, 2, 6, 5, 10
+    w, b = layer(rng, E=E, Ekv=E, H=H, Hkv=Hkv, Dk=Dk, Dv=Dv)
+    x = randn(rng, 2, L, E)
+    cache = attn.KVCache.empty(2, L, Hkv, Dk, Dv, dtype=np.float16)
+    y = run_steps(x, cache, STEPS, **kw(w, b, H, Hkv))
+    assert cache.k.dtype == np.float16 and list(cache.len) == [L, L]
+    x64, u = x.astype(np.float64), 2.0 ** -24
+    for n, (stored, D) in enumerate([(cache.k, Dk), (cache.v, Dv)], start=1):
+        W, bias = np.asarray(w[n], np.float64), np.asarray(b[n], np.float64)
+        ref = (x64 @ W + bias).reshape(2, L, Hkv, D)
+        mag = (np.abs(x64) @ np.abs(W) + np.abs(bias)).reshape(2, L, Hkv, D)
+        f32 = (E + 3) * u * mag
+        bound = f32 + 2.0 ** -11 * (np.abs(ref) + f32) + 2.0 ** -25
+        ratio = np.abs(stored.astype(np.float64) - ref) / bound
+        assert ratio.max() <= 1.0, (n, ratio.max())
+    kv = (cache.k.astype(np.float64), cache.v.astype(np.float64))
+    ref = compose(x, None, H, Hkv, w, b, causal=True, kv=kv)[0]
+    assert_close(y, ref, "y over the cache's values")
 
 
 def test_lengths_differ_per_sequence(rng):

@@ -34,6 +34,18 @@ typedef struct mcase {
     uint64_t seed;
 } mcase;
 
+/* The attention's K and V read from a decoding cache instead of the float64 projections
+ * (test_mha_decode.c's 16-bit caches): rows [0, Lk) of k [B, Hkv, lmax, Dk] and
+ * v [B, Hkv, lmax, Dv], of dtype dt. mref_forward then also checks each stored value
+ * against its float64 projection, within the bound of a float32 projection (and RoPE)
+ * rounded once to dt (mref_cache_bound): ratio is the largest |stored - ref| / bound. */
+typedef struct mref_cache {
+    const void *k, *v;
+    attn_dtype dt;
+    int64_t lmax;
+    double ratio;
+} mref_cache;
+
 /* One drawn layer: the float64 values (exact: bfloat16 draws are rounded first) and the
  * stored tensors the module reads. */
 typedef struct mlayer {
@@ -43,6 +55,7 @@ typedef struct mlayer {
     void *sxq, *sxkv, *sw[4], *sb[4], *sy;  /* storage                                   */
     attn_tensor txq, txkv, tw[4], tb[4], ty;
     attn_mha m;
+    mref_cache *cache;  /* NULL: the reference projects K and V itself */
 } mlayer;
 
 /* A [B, L, C] tensor of the layout: row ld and batch stride. */
@@ -189,6 +202,35 @@ static inline void mref_rope(const attn_rope *rp, double *x, int64_t B, int64_t 
                 }
 }
 
+/* The magnitude of RoPE's output on magnitudes m [B, L, H, D]: each rotated element
+ * |x1 cos - x2 sin| <= m1 + m2 (and its rounding is relative to that) */
+static inline void mref_rope_mag(const attn_rope *rp, double *m, int64_t B, int64_t L,
+                                 int64_t H, int64_t D) {
+    if (rp->kind == ATTN_ROPE_NONE) return;
+    const int64_t r = rp->rotary_dim ? rp->rotary_dim : D;
+    for (int64_t row = 0; row < B * L * H; row++)
+        for (int64_t c = 0; c < r / 2; c++) {
+            const int64_t lo = rp->kind == ATTN_ROPE_HALF ? c : 2 * c;
+            const int64_t hi = rp->kind == ATTN_ROPE_HALF ? c + r / 2 : 2 * c + 1;
+            const double s = m[row * D + lo] + m[row * D + hi];
+            m[row * D + lo] = m[row * D + hi] = s;
+        }
+}
+
+/* The bound on a cached K or V value against its float64 projection ref, mag the
+ * projection's magnitude (sum |x w| + |b|, through RoPE's): the float32 product of K_in
+ * terms plus the bias (tol_dot_rel + u), RoPE's products, sum and float32 angle (its
+ * error u |angle| moves cos and sin by as much, plus their own ulps: (|angle| + 4) u),
+ * then one rounding to dt (unit roundoff 2^-11 float16, 2^-8 bfloat16, 0 float32; float16
+ * subnormals below 2^-14 in steps of 2^-24, half a step absolute). */
+static inline double mref_cache_bound(attn_dtype dt, double ref, double mag, int64_t k_in,
+                                      double angle_max) {
+    const double u = TOL_U32;
+    const double f32 = (tol_dot_rel(k_in) + u + (angle_max + 4.0) * u) * mag;
+    const double uh = dt == ATTN_F16 ? 0x1p-11 : dt == ATTN_BF16 ? 0x1p-8 : 0.0;
+    return f32 + uh * (fabs(ref) + f32) + (dt == ATTN_F16 ? 0x1p-25 : 0.0);
+}
+
 /* [B, L, H, D] <-> [B, H, L, D] */
 static inline void mref_swap(const double *src, double *dst, int64_t B, int64_t L, int64_t H,
                              int64_t D, bool to_heads) {
@@ -200,6 +242,38 @@ static inline void mref_swap(const double *src, double *dst, int64_t B, int64_t 
                     if (to_heads) dst[heads] = src[rows];
                     else dst[rows] = src[heads];
                 }
+}
+
+/* K (n = 1) or V (n = 2) of the attention, [B, Hkv, Lk, D] in heads, replaced by the
+ * cache's stored values, each first checked against its float64 value (l->cache->ratio) */
+static inline void mref_from_cache(const mlayer *l, const double *xkv, const double *w,
+                                   const double *bias, int n, double *heads) {
+    const mcase *c = &l->c;
+    const int64_t B = c->B, Lk = c->Lk, H = c->Hkv, D = n == 1 ? c->Dk : c->Dv, K = l->in[n];
+    const int64_t rows = B * Lk;
+    double *ax = xcalloc(rows * K, sizeof(double)), *aw = xcalloc(K * H * D, sizeof(double));
+    double *ab = bias ? xcalloc(H * D, sizeof(double)) : NULL;
+    double *mrows = xcalloc(rows * H * D, sizeof(double)), *mag = xcalloc(rows * H * D, sizeof(double));
+    for (int64_t e = 0; e < rows * K; e++) ax[e] = fabs(xkv[e]);
+    for (int64_t e = 0; e < K * H * D; e++) aw[e] = fabs(w[e]);
+    for (int64_t e = 0; ab && e < H * D; e++) ab[e] = fabs(bias[e]);
+    mref_project(mrows, ax, aw, ab, rows, H * D, K);
+    if (n == 1) mref_rope_mag(&c->rope, mrows, B, Lk, H, D);
+    mref_swap(mrows, mag, B, Lk, H, D, true);
+    const double angle = n == 1 && c->rope.kind != ATTN_ROPE_NONE ? (double)(c->rope.offset + Lk) : 0.0;
+    const void *src = n == 1 ? l->cache->k : l->cache->v;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t j = 0; j < Lk; j++)
+                for (int64_t d = 0; d < D; d++) {
+                    const int64_t at = ((b * H + h) * Lk + j) * D + d;
+                    const double got = attn_load(l->cache->dt, src, ((b * H + h) * l->cache->lmax + j) * D + d);
+                    const double q = fabs(got - heads[at]) /
+                                     mref_cache_bound(l->cache->dt, heads[at], mag[at], K, angle);
+                    if (!(q <= l->cache->ratio)) l->cache->ratio = isnan(q) ? INFINITY : q;
+                    heads[at] = got;
+                }
+    free(ax); free(aw); free(ab); free(mrows); free(mag);
 }
 
 /* The layer in double: y [B, Lq, E]; qkv (if not NULL) gets the rotated projections
@@ -220,6 +294,7 @@ static inline attn_status mref_forward(const mlayer *l, const double *xq, const 
         mref_project(rows[n], n == 0 ? xq : xkv, w[n], bias[n], B * L[n], H[n] * D[n], l->in[n]);
         if (n < 2) mref_rope(&c->rope, rows[n], B, L[n], H[n], D[n], NULL);
         mref_swap(rows[n], heads[n], B, L[n], H[n], D[n], true);
+        if (n > 0 && l->cache) mref_from_cache(l, xkv, w[n], bias[n], n, heads[n]);
     }
     attn_tensor tq = attn_tensor_4d(NULL, ATTN_F32, B, c->Hq, Lq, c->Dk);
     attn_tensor tk = attn_tensor_4d(NULL, ATTN_F32, B, c->Hkv, Lk, c->Dk);

@@ -96,6 +96,14 @@ static inline double tol_lse_bound(int64_t dk, int64_t n_keys, double mag) {
     return TOL_U32 * (((double)dk + 5.0) * mag + sum + 2.0);
 }
 
+/* The relative error of one weight P_ij = exp(s_ij - lse_i) of a float32 path, the logit
+ * and the LSE each off by their bounds, exp's 2E u and the subtraction's u: what a row of
+ * weights (its sum, each element) is within, relative to itself. */
+static inline double tol_weight_rel(int64_t dk, int64_t n_keys, double mag) {
+    return ((double)dk + 5.0) * TOL_U32 * mag + tol_lse_bound(dk, n_keys, mag) +
+           (2.0 * TOL_EXP_ULP + 1.0) * TOL_U32;
+}
+
 /* The LSE rule over n rows: non-finite references matched exactly (as tol_add), each
  * finite row within times * tol_lse_bound(dk, n_keys, mag[i]) (times 1 against a float64
  * reference, 2 between two float32 results). *r: max_err is the largest error, rel_err
