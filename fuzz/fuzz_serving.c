@@ -72,6 +72,15 @@ static void compare_lse(const char *what, const attn_tensor *got, const attn_ten
     }
 }
 
+/* A call's queries (filled from the stream), output and LSE: [B, Hq, Lq, Dk], [.., Dv] */
+static void query_out_new(buf *q, buf *o, buf *lse, attn_dtype qdt, attn_dtype odt, int64_t B,
+                          int64_t Hq, int64_t Lq, int64_t Dk, int64_t Dv) {
+    buf_new(q, qdt, B, Hq, Lq, Dk);
+    fill(&q->t, 1.0);
+    buf_new(o, odt, B, Hq, Lq, Dv);
+    buf_new(lse, ATTN_F32, B, Hq, Lq, 1);
+}
+
 /* ---- (a) the paged cache ------------------------------------------------------------ */
 
 static void fuzz_paged(reader *r) {
@@ -233,10 +242,7 @@ static void fuzz_paged(reader *r) {
     const int64_t Lq = 1 + pick(r, 4);
     const attn_dtype qdt = FDT[pick(r, 3)], odt = FDT[pick(r, 3)];
     buf q, o, lse, kl2;
-    buf_new(&q, qdt, B, Hq, Lq, Dk);
-    fill(&q.t, 1.0);
-    buf_new(&o, odt, B, Hq, Lq, Dv);
-    buf_new(&lse, ATTN_F32, B, Hq, Lq, 1);
+    query_out_new(&q, &o, &lse, qdt, odt, B, Hq, Lq, Dk, Dv);
     buf_new(&kl2, ATTN_I32, B, 1, 1, 1);
     bool fwd_ok = true;
     for (int64_t b = 0; b < B; b++) {
@@ -543,10 +549,7 @@ static void fuzz_cascade(reader *r) {
     part_make(&pre, r, 1, P, Hkv, Dk, Dv, pd);
     part_make(&suf, r, B, S, Hkv, Dk, Dv, sd);
     buf q, o, lse, sinks;
-    buf_new(&q, qdt, B, Hq, Lq, Dk);
-    fill(&q.t, 1.0);
-    buf_new(&o, odt, B, Hq, Lq, Dv);
-    buf_new(&lse, ATTN_F32, B, Hq, Lq, 1);
+    query_out_new(&q, &o, &lse, qdt, odt, B, Hq, Lq, Dk, Dv);
     buf_new(&sinks, ATTN_F32, Hq, 1, 1, 1);
     for (int64_t h = 0; h < Hq; h++) ((float *)sinks.t.data)[h] = unif() < 0.2 ? -INFINITY : (float)sym(2);
     const unsigned f = byte(r), fault = byte(r) % 14;

@@ -62,6 +62,10 @@ kept() {
     if ls -A out | grep -q tmp; then bad "$name: temporary files left: $(ls -A out)"; else ok; fi
 }
 fresh() { rm -rf out; mkdir out; }
+# a fresh out/ with these files already there, holding keep.txt
+primed() { fresh; local f; for f in "$@"; do cp keep.txt "$f"; done; }
+# the attn command under a file size limit of $1 blocks (the default SIGXFSZ)
+under_limit() { local blocks=$1; shift; (ulimit -f "$blocks"; exec "$ATTN" "$@" >stdout.txt 2>err.txt); }
 
 # ---- an output that is an input or another output: exit 2, nothing written ------------------
 fresh
@@ -127,25 +131,21 @@ rc=$?
 [ $rc -eq 1 ] && [ "$(wc -l < err.txt)" -eq 1 ] && ok || bad "viz, a write over the size limit: exit $rc: $(cat err.txt)"
 kept "viz: a failed PNG write" out/pic.png out/g.npy
 # the same, with the default SIGXFSZ (a plain ulimit -f): exit 1, not killed; no temporary
-fresh
-cp keep.txt out/pic.png
-cp keep.txt out/g.npy
-(ulimit -f 2; exec "$ATTN" viz "${IN[@]}" --png out/pic.png --grid out/g.npy >stdout.txt 2>err.txt)
+primed out/pic.png out/g.npy
+under_limit 2 viz "${IN[@]}" --png out/pic.png --grid out/g.npy
 rc=$?
 [ $rc -eq 1 ] && ok || bad "viz under a plain ulimit -f: exit $rc (want 1, not killed): $(cat err.txt)"
 kept "viz under a plain ulimit -f" out/pic.png out/g.npy
 # a grid over the limit (64 x 64 float32: 16 KiB), plain ulimit -f
-fresh
-cp keep.txt out/g.npy
-(ulimit -f 8; exec "$ATTN" viz "${IN64[@]}" --png out/pic.png --grid out/g.npy >stdout.txt 2>err.txt)
+primed out/g.npy
+under_limit 8 viz "${IN64[@]}" --png out/pic.png --grid out/g.npy
 rc=$?
 [ $rc -eq 1 ] && grep -q "out/g.npy" err.txt && ok || bad "viz --grid under a plain ulimit -f: exit $rc: $(cat err.txt)"
 kept "viz --grid under a plain ulimit -f" out/g.npy
 [ ! -e out/pic.png ] && ok || bad "viz --grid under a plain ulimit -f: the picture was written"
 # attn run, plain ulimit -f: --weights 64 x 64 float32 fails; --out already there stays
-fresh
-cp keep.txt out/o.npy
-(ulimit -f 8; exec "$ATTN" run "${IN64[@]}" --out out/o.npy --weights out/p.npy >stdout.txt 2>err.txt)
+primed out/o.npy
+under_limit 8 run "${IN64[@]}" --out out/o.npy --weights out/p.npy
 rc=$?
 [ $rc -eq 1 ] && grep -q "out/p.npy" err.txt && ok || bad "run under a plain ulimit -f: exit $rc: $(cat err.txt)"
 kept "run under a plain ulimit -f" out/o.npy
