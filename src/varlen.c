@@ -94,11 +94,11 @@ static attn_status check_packing(const attn_tensor *q, const attn_tensor *k,
         return attn_fail(ATTN_ERR_SHAPE, "q: shape[0] is %lld, expected 1 (packed tensors are "
                          "{1, H, total, D})", (long long)q->shape[0]);
     TRY(check_cu(cu_q, "cu_seqlens_q", q->shape[2], max_q, "max_seqlen_q"));
-    TRY(check_cu(cu_k, "cu_seqlens_k", k->shape[2], max_k, "max_seqlen_k"));
-    if (cu_q->shape[0] != cu_k->shape[0])
+    if (cu_k && cu_k->shape[0] != cu_q->shape[0])  // before its entries are read
         return attn_fail(ATTN_ERR_SHAPE, "cu_seqlens_k: %lld entries, expected %lld as "
                          "cu_seqlens_q (B + 1)", (long long)cu_k->shape[0],
                          (long long)cu_q->shape[0]);
+    TRY(check_cu(cu_k, "cu_seqlens_k", k->shape[2], max_k, "max_seqlen_k"));
     *B = cu_q->shape[0] - 1;
     return ATTN_OK;
 }
