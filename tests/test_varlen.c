@@ -72,7 +72,8 @@ static attn_tensor packed(void *buf, attn_dtype dt, int64_t H, int64_t total, in
 static attn_tensor slice(const attn_tensor *t, int64_t r0, int64_t n) {
     attn_tensor v = *t;
     v.shape[2] = n;
-    v.data = (char *)t->data + (size_t)(r0 * t->stride[2]) * attn_dtype_size(t->dtype);
+    const int64_t e = r0 * t->stride[2];  // q8_0: a whole block (stride[2] a multiple of 32)
+    v.data = (char *)t->data + (size_t)(e / attn_dtype_block(t->dtype)) * attn_dtype_size(t->dtype);
     return v;
 }
 
@@ -473,6 +474,37 @@ static void backward_case(const vcase *c) {
     vfree(&d);
 }
 
+/* q8_0 k and v (forward only): bit for bit the per-sequence calls, and a backward refused */
+static void test_q8_0(void) {
+    vcase c = {.B = 4, .lq = {3, 40, 0, 17}, .lk = {33, 1, 5, 70}, .Hq = 4, .Hkv = 2, .Dk = 32,
+               .Dv = 64, .dt = ATTN_F32, .fa = true, .causal = true, .align = ATTN_ALIGN_BOTTOM_RIGHT,
+               .sinks = true, .seed = 50};
+    vdata d;
+    vmake(&c, &d);
+    attn_tensor kq = packed(xcalloc(c.Hkv * d.tk * c.Dk / 32, 34), ATTN_Q8_0, c.Hkv, d.tk, c.Dk, true);
+    attn_tensor vq = packed(xcalloc(c.Hkv * d.tk * c.Dv / 32, 34), ATTN_Q8_0, c.Hkv, d.tk, c.Dv, true);
+    CHECK(attn_quantize_q8_0(&d.k, &kq) == ATTN_OK && attn_quantize_q8_0(&d.v, &vq) == ATTN_OK,
+          "q8_0: quantize: %s", attn_last_error());
+    attn_tensor o1 = like(&d.q, ATTN_F32, c.Dv, 0x7f), o2 = like(&d.q, ATTN_F32, c.Dv, 0x7f);
+    attn_tensor l1 = like(&d.q, ATTN_F32, 1, 0x7f), l2 = like(&d.q, ATTN_F32, 1, 0x7f);
+    attn_options opt = d.opt;
+    opt.lse = &l1;
+    attn_status st = attn_varlen_forward(&d.q, &kq, &vq, &o1, &d.tcq, &d.tck, d.maxq, d.maxk, &opt);
+    CHECK(st == ATTN_OK, "q8_0 varlen forward: %s (%s)", attn_status_string(st), attn_last_error());
+    st = per_seq_forward(&d, d.cu_q, d.cu_k, &d.q, &kq, &vq, &o2, &l2, d.opt);
+    CHECK(st == ATTN_OK, "q8_0 per-sequence forward: %s", attn_status_string(st));
+    CHECK(!memcmp(o1.data, o2.data, nbytes(&o1)) && !memcmp(l1.data, l2.data, nbytes(&l1)),
+          "q8_0: varlen O/LSE differ from the per-sequence calls");
+    attn_tensor g[3] = {like(&d.q, ATTN_F32, c.Dk, 0), like(&d.k, ATTN_F32, c.Dk, 0), like(&d.k, ATTN_F32, c.Dv, 0)};
+    st = attn_varlen_backward(&d.q, &kq, &vq, &o1, &d.d_o, &l1, &g[0], &g[1], &g[2], &d.tcq, &d.tck,
+                              d.maxq, d.maxk, &d.opt);
+    CHECK(st == ATTN_ERR_DTYPE, "q8_0 varlen backward: %s, expected the dtype refusal",
+          attn_status_string(st));
+    for (int x = 0; x < 3; x++) free(g[x].data);
+    free(kq.data), free(vq.data), free(o1.data), free(o2.data), free(l1.data), free(l2.data);
+    vfree(&d);
+}
+
 /* ---- 4: refusals ------------------------------------------------------------------------ */
 
 static void test_refusals(void) {
@@ -584,6 +616,7 @@ int main(void) {
     cases[n] = base, cases[n].dt = ATTN_BF16, cases[n].dropout = 0.25f, cases[n].seed = 12, n++;
     for (int x = 0; x < n; x++) forward_case(&cases[x], x == 0);
     for (int x = 0; x < n; x++) backward_case(&cases[x]);
+    test_q8_0();
     test_refusals();
     return check_summary("test_varlen");
 }
