@@ -220,7 +220,8 @@ attn_status attn_varlen_forward(const attn_tensor *q, const attn_tensor *k, cons
  * added in sequence order into a second [Hq], then written to d_sinks: the same bits for
  * any thread count, as each sequence's are. */
 
-/* the bytes after the sequences' workspace: two [Hq] float arrays, 64-byte aligned */
+/* the bytes after the sequences' workspace: two [Hq] float arrays, 64-byte aligned (the
+ * 64 cover the alignment) */
 static size_t sinks_bytes(const attn_tensor *q, const attn_options *opt) {
     return opt && opt->d_sinks ? 64 + 2 * (size_t)q->shape[1] * sizeof(float) : 0;
 }
@@ -255,7 +256,7 @@ static attn_status backward_plan(const attn_tensor *const t[9], const attn_tenso
         if (n > *seq_need) *seq_need = n;
     }
     const size_t extra = sinks_bytes(t[0], opt);
-    *need = *seq_need > SIZE_MAX - 64 - extra ? (size_t)-1 : *seq_need + (extra ? 64 + extra : 0);
+    *need = *seq_need > SIZE_MAX - extra ? (size_t)-1 : *seq_need + extra;
     if (*need == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
     return ATTN_OK;
 }

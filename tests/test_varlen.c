@@ -327,6 +327,23 @@ static void forward_case(const vcase *c, bool plant) {
     size_t ws = 1;
     st = attn_varlen_forward_workspace_size(&d.q, &d.k, &d.v, &o1, &d.tcq, &d.tck, d.maxq, d.maxk, &opt, &ws);
     CHECK(st == ATTN_OK, "%s: workspace query %s", what, attn_status_string(st));
+    {  /* the caller's workspace of the queried size: the same bits; one byte less refused */
+        attn_tensor o5 = like(&d.q, c->dt, c->Dv, 0x7f), l5 = like(&d.q, ATTN_F32, 1, 0x7f);
+        attn_options wo = opt;
+        wo.lse = &l5, wo.workspace = xcalloc((int64_t)ws + 1, 1), wo.workspace_bytes = ws;
+        st = attn_varlen_forward(&d.q, &d.k, &d.v, &o5, &d.tcq, &d.tck, d.maxq, d.maxk, &wo);
+        CHECK(st == ATTN_OK && !memcmp(o1.data, o5.data, nbytes(&o1)) &&
+              !memcmp(l1.data, l5.data, nbytes(&l1)), "%s: with the caller's workspace (%zu "
+              "bytes): %s, or other bits", what, ws, attn_status_string(st));
+        memset(o5.data, 0x7f, nbytes(&o5));
+        wo.workspace_bytes = ws - 1;
+        st = attn_varlen_forward(&d.q, &d.k, &d.v, &o5, &d.tcq, &d.tck, d.maxq, d.maxk, &wo);
+        int untouched = 1;
+        for (size_t z = 0; z < nbytes(&o5); z++) untouched &= ((unsigned char *)o5.data)[z] == 0x7f;
+        CHECK(ws == 0 || (st == ATTN_ERR_WORKSPACE && untouched), "%s: a workspace one byte short: "
+              "%s", what, attn_status_string(st));
+        free(wo.workspace), free(o5.data), free(l5.data);
+    }
     double *ro = xcalloc(nelem(&o1), 8), *rl = xcalloc(nelem(&l1), 8);
     tol_result r = {0};
 
@@ -459,6 +476,13 @@ static void backward_case(const vcase *c) {
         for (int t = 0; t < 3; t++) g3[t] = like(&g1[t], c->dt, g1[t].shape[3], 0);
         attn_options to = bo;
         to.threads = threads, to.d_sinks = c->sinks ? &tds2 : NULL;
+        size_t ws = 0;  // thread 2 with the caller's workspace, of the queried size
+        if (threads == 2) {
+            st = attn_varlen_backward_workspace_size(&d.q, &d.k, &d.v, &o, &d.d_o, &l, &g3[0], &g3[1],
+                                                     &g3[2], &d.tcq, &d.tck, d.maxq, d.maxk, &to, &ws);
+            CHECK(st == ATTN_OK, "%s: backward workspace query %s", what, attn_status_string(st));
+            to.workspace = xcalloc((int64_t)ws, 1), to.workspace_bytes = ws;
+        }
         st = attn_varlen_backward(&d.q, &d.k, &d.v, &o, &d.d_o, &l, &g3[0], &g3[1], &g3[2], &d.tcq,
                                   &d.tck, d.maxq, d.maxk, &to);
         int same = st == ATTN_OK && (!c->sinks || !memcmp(ds1, ds2, (size_t)c->Hq * 4));
@@ -468,6 +492,7 @@ static void backward_case(const vcase *c) {
             free(a), free(b), free(g3[t].data);
         }
         CHECK(same, "%s: backward with %d threads differs", what, threads);
+        free(to.workspace);
     }
     for (int t = 0; t < 3; t++) free(g1[t].data), free(g2[t].data);
     free(o.data), free(l.data);
