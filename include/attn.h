@@ -75,7 +75,8 @@ typedef enum attn_status {
  * block); attn_tensor_4d() gives a dense one. A llama.cpp (ggml) view with byte strides
  * nb maps on as stride = nb / 34 * 32. attn_dtype_size(ATTN_Q8_0) is the bytes of one
  * block (34), attn_dtype_block(ATTN_Q8_0) its elements (32); a q8_0 tensor of n elements
- * is n / 32 * 34 bytes. Only attn_forward's k and v (and the conversions below) take it. */
+ * is n / 32 * 34 bytes. Only attn_forward's and attn_varlen_forward's k and v (and the
+ * conversions below) take it. */
 /* One list gives the enum, the names (attn_dtype_name) and the element sizes
  * (attn_dtype_size): X(enumerator, name, bytes); for a block dtype, the bytes of one
  * block. New dtypes go at the end. */
