@@ -75,7 +75,8 @@ typedef enum attn_status {
  * block); attn_tensor_4d() gives a dense one. A llama.cpp (ggml) view with byte strides
  * nb maps on as stride = nb / 34 * 32. attn_dtype_size(ATTN_Q8_0) is the bytes of one
  * block (34), attn_dtype_block(ATTN_Q8_0) its elements (32); a q8_0 tensor of n elements
- * is n / 32 * 34 bytes. Only attn_forward's k and v (and the conversions below) take it. */
+ * is n / 32 * 34 bytes. Only attn_forward's and attn_varlen_forward's k and v (and the
+ * conversions below) take it. */
 /* One list gives the enum, the names (attn_dtype_name) and the element sizes
  * (attn_dtype_size): X(enumerator, name, bytes); for a block dtype, the bytes of one
  * block. New dtypes go at the end. */
@@ -276,6 +277,52 @@ ATTN_API attn_status attn_backward_workspace_size(const attn_tensor *q, const at
                                                   const attn_tensor *dq, const attn_tensor *dk,
                                                   const attn_tensor *dv,
                                                   const attn_options *opt, size_t *bytes);
+
+/* ---- packed (variable-length) batches -------------------------------------------------
+ * B sequences of different lengths packed along the row dimension, as FlashAttention's
+ * flash_attn_varlen_func: sequence s is query rows [cu_seqlens_q[s], cu_seqlens_q[s+1])
+ * and key rows [cu_seqlens_k[s], cu_seqlens_k[s+1]), and the result is, sequence by
+ * sequence, attn_forward on those rows alone (B = 1), bit for bit.
+ *   q [1, Hq, total_q, Dk]   k [1, Hkv, total_k, Dk]   v [1, Hkv, total_k, Dv]
+ *   o [1, Hq, total_q, Dv]   opt->lse [1, Hq, total_q] (shape {1, Hq, total_q, 1})
+ * any strides: FlashAttention's [total, H, D] memory is stride {., D, H·D, 1}.
+ *   cu_seqlens_q, cu_seqlens_k  ATTN_I32 or ATTN_I64, B + 1 entries (shape {B + 1, 1, 1,
+ *                 1}, any stride): 0 first, non-decreasing, total_q (total_k) last
+ *   max_seqlen_q, max_seqlen_k  at least every sequence's length: dropout draws the mask
+ *                 of the padded call [B, Hq, max_seqlen_q, max_seqlen_k] at b = s
+ * Every attn_forward option applies per sequence (causal and its alignment, window,
+ * ALiBi, softcap, sinks, GQA, scale, dtypes, dropout, path, threads), except mask, bias,
+ * kv_len, block_table and weights (ATTN_ERR_UNSUPPORTED). A sequence may be empty; a
+ * query row without keys is a fully masked row. opt->workspace, if given, is sized by
+ * attn_varlen_forward_workspace_size, which reads cu_seqlens (their data must be there)
+ * and no other data. On error nothing is written. docs/CONTRACT.md, "Packed
+ * (variable-length) batches". */
+ATTN_API attn_status attn_varlen_forward(const attn_tensor *q, const attn_tensor *k,
+                                         const attn_tensor *v, const attn_tensor *o,
+                                         const attn_tensor *cu_seqlens_q,
+                                         const attn_tensor *cu_seqlens_k, int64_t max_seqlen_q,
+                                         int64_t max_seqlen_k, const attn_options *opt);
+ATTN_API attn_status attn_varlen_forward_workspace_size(
+    const attn_tensor *q, const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
+    const attn_tensor *cu_seqlens_q, const attn_tensor *cu_seqlens_k, int64_t max_seqlen_q,
+    int64_t max_seqlen_k, const attn_options *opt, size_t *bytes);
+
+/* The gradients of attn_varlen_forward, as attn_backward's for each sequence: d_o, dq
+ * packed like q and o, dk, dv like k and v, lse [1, Hq, total_q] the forward's; each
+ * sequence's rows written by its own call. opt->d_sinks [Hq] gets the sum over the
+ * sequences, added in sequence order (the same bits for any thread count). */
+ATTN_API attn_status attn_varlen_backward(const attn_tensor *q, const attn_tensor *k,
+                                          const attn_tensor *v, const attn_tensor *o,
+                                          const attn_tensor *d_o, const attn_tensor *lse,
+                                          const attn_tensor *dq, const attn_tensor *dk,
+                                          const attn_tensor *dv, const attn_tensor *cu_seqlens_q,
+                                          const attn_tensor *cu_seqlens_k, int64_t max_seqlen_q,
+                                          int64_t max_seqlen_k, const attn_options *opt);
+ATTN_API attn_status attn_varlen_backward_workspace_size(
+    const attn_tensor *q, const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
+    const attn_tensor *d_o, const attn_tensor *lse, const attn_tensor *dq, const attn_tensor *dk,
+    const attn_tensor *dv, const attn_tensor *cu_seqlens_q, const attn_tensor *cu_seqlens_k,
+    int64_t max_seqlen_q, int64_t max_seqlen_k, const attn_options *opt, size_t *bytes);
 
 /* Writes the K and V rows of new tokens into a key/value cache the caller owns, converting
  * float32 to the cache's dtype (rounding to nearest even), as vLLM's reshape_and_cache and

@@ -212,8 +212,15 @@ attn_status attn_forward_workspace_size(const attn_tensor *q, const attn_tensor 
 
 attn_status attn_forward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                          const attn_tensor *o, const attn_options *opt) {
+    return attn_forward_piece(q, k, v, o, opt, NULL);
+}
+
+attn_status attn_forward_piece(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                               const attn_tensor *o, const attn_options *opt,
+                               const attn_drop_layout *drop) {
     attn_params p;
     TRY(attn_params_init(&p, q, k, v, o, opt, true));
+    attn_set_drop_layout(&p, drop);
     if (p.B == 0 || p.Hq == 0 || p.Lq == 0) {  // nothing is written: nothing can alias
         g_last_error[0] = '\0';
         return ATTN_OK;

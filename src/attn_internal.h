@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "attn.h"
+#include "philox.h"
 
 #define ATTN_PRIVATE __attribute__((visibility("hidden")))
 
@@ -130,6 +131,11 @@ typedef struct attn_params {
     uint64_t drop_seed, drop_offset, drop_threshold;
     float drop_scale;
     double drop_scale64;
+    /* dropout's layout when this call is one piece of a larger one (a sequence of a
+     * packed batch, varlen.c): its batch b draws the rows of batch b + drop_b0 of a call
+     * of drop_Lq rows and drop_Lk keys (philox.h's r and n). 0, 0, 0 (the default): the
+     * call's own b, Lq and Lk. Read only through attn_drop_row and attn_drop_keys. */
+    int64_t drop_b0, drop_Lq, drop_Lk;
     /* a paged cache (opt->block_table), NULL when k and v are contiguous: k_s, v_s are
      * then the pools' strides (page, Hkv, row in page, D) and row j of batch b is row
      * j % page_size of page block_table[b * bt_s[0] + (j / page_size) * bt_s[1]];
@@ -137,6 +143,18 @@ typedef struct attn_params {
     const int32_t *block_table;  int64_t bt_s[2];
     int64_t page_size, num_pages;
 } attn_params;
+
+/* The dropout row r of (b, h, i) and the key count of the group formula (philox.h),
+ * through the call's layout (drop_b0, drop_Lq, drop_Lk above): every path that draws a
+ * mask asks these, never p->Lq or p->Lk. */
+static inline uint64_t attn_drop_row(const attn_params *p, int64_t b, int64_t h, int64_t i) {
+    const int64_t lq = p->drop_Lq ? p->drop_Lq : p->Lq;
+    return attn_dropout_row((uint64_t)(b + p->drop_b0), (uint64_t)h, (uint64_t)i,
+                            (uint64_t)p->Hq, (uint64_t)lq);
+}
+static inline uint64_t attn_drop_keys(const attn_params *p) {
+    return (uint64_t)(p->drop_Lk ? p->drop_Lk : p->Lk);
+}
 
 /* The sink logit of query head h: -inf (no sink) when the call has none. */
 static inline float attn_sink(const attn_params *p, int64_t h) {
@@ -240,6 +258,34 @@ ATTN_PRIVATE attn_status attn_params_init(attn_params *p, const attn_tensor *q,
                                           const attn_tensor *k, const attn_tensor *v,
                                           const attn_tensor *o, const attn_options *opt,
                                           bool need_data);
+
+/* Dropout's layout for a call that is one piece of a larger one (attn_params' drop_b0,
+ * drop_Lq, drop_Lk): the packed batches of varlen.c run each sequence as a call of
+ * B = 1 whose batch 0 is batch b0 of a padded [B, Hq, Lq, Lk] call. */
+typedef struct attn_drop_layout {
+    int64_t b0, Lq, Lk;
+} attn_drop_layout;
+
+static inline void attn_set_drop_layout(attn_params *p, const attn_drop_layout *d) {
+    if (!d) return;
+    p->drop_b0 = d->b0;
+    p->drop_Lq = d->Lq;
+    p->drop_Lk = d->Lk;
+}
+
+/* attn_forward with dropout's layout `drop` (NULL: the call's own), and everything else
+ * as attn_forward: the checks, the workspace (opt's or allocated), the path. */
+ATTN_PRIVATE attn_status attn_forward_piece(const attn_tensor *q, const attn_tensor *k,
+                                            const attn_tensor *v, const attn_tensor *o,
+                                            const attn_options *opt,
+                                            const attn_drop_layout *drop);
+/* attn_backward likewise (backward.c). */
+ATTN_PRIVATE attn_status attn_backward_piece(const attn_tensor *q, const attn_tensor *k,
+                                             const attn_tensor *v, const attn_tensor *o,
+                                             const attn_tensor *d_o, const attn_tensor *lse,
+                                             const attn_tensor *dq, const attn_tensor *dk,
+                                             const attn_tensor *dv, const attn_options *opt,
+                                             const attn_drop_layout *drop);
 
 /* The workspace of a call needing `need` bytes ((size_t)-1: the size overflowed): the
  * caller's opt->workspace if it is large enough, else ATTN_ERR_WORKSPACE; or, without

@@ -205,7 +205,7 @@ static attn_status half_plan(const attn_tensor *const t[H_N], const attn_tensor 
 }
 
 static attn_status backward_half(const attn_tensor *const t[H_N], const attn_tensor *lse,
-                                 const attn_options *opt) {
+                                 const attn_options *opt, const attn_drop_layout *drop) {
     attn_tensor dense[H_N + 1];
     size_t copies, inner;
     TRY(half_plan(t, lse, opt, true, dense, &copies, &inner));
@@ -225,14 +225,15 @@ static attn_status backward_half(const attn_tensor *const t[H_N], const attn_ten
         f.workspace_bytes = 0;
         f.d_sinks = NULL;  // the backward's output
         f.lse = &dense[H_N];
-        st = attn_forward(&dense[H_Q], &dense[H_K], &dense[H_V], &dense[H_O], &f);
+        st = attn_forward_piece(&dense[H_Q], &dense[H_K], &dense[H_V], &dense[H_O], &f, drop);
         lse_used = &dense[H_N];
     }
     o.workspace = inner ? base + copies : NULL;
     o.workspace_bytes = inner;
     if (st == ATTN_OK)
-        st = attn_backward(&dense[H_Q], &dense[H_K], &dense[H_V], &dense[H_O], &dense[H_DO],
-                           lse_used, &dense[H_DQ], &dense[H_DK], &dense[H_DV], &o);
+        st = attn_backward_piece(&dense[H_Q], &dense[H_K], &dense[H_V], &dense[H_O],
+                                 &dense[H_DO], lse_used, &dense[H_DQ], &dense[H_DK],
+                                 &dense[H_DV], &o, drop);
     if (st == ATTN_OK)
         for (int i = H_DQ; i <= H_DV; i++) copy_tensor(&dense[i], t[i]);
     attn_free(owned);
@@ -270,11 +271,21 @@ attn_status attn_backward(const attn_tensor *q, const attn_tensor *k, const attn
                           const attn_tensor *o, const attn_tensor *d_o, const attn_tensor *lse,
                           const attn_tensor *dq, const attn_tensor *dk, const attn_tensor *dv,
                           const attn_options *opt) {
+    return attn_backward_piece(q, k, v, o, d_o, lse, dq, dk, dv, opt, NULL);
+}
+
+attn_status attn_backward_piece(const attn_tensor *q, const attn_tensor *k,
+                                const attn_tensor *v, const attn_tensor *o,
+                                const attn_tensor *d_o, const attn_tensor *lse,
+                                const attn_tensor *dq, const attn_tensor *dk,
+                                const attn_tensor *dv, const attn_options *opt,
+                                const attn_drop_layout *drop) {
     attn_bwd_params bp;
     const attn_tensor *const t[H_N] = {q, k, v, o, d_o, dq, dk, dv};
     for (int i = 0; i < H_N; i++)
-        if (is_half(t[i])) return backward_half(t, lse, opt);
+        if (is_half(t[i])) return backward_half(t, lse, opt, drop);
     TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, true));
+    attn_set_drop_layout(&bp.fwd, drop);
     const size_t need = bwd_workspace(&bp);
     TRY(attn_check_backward_aliasing(t, lse, opt, need == (size_t)-1 ? 0 : need));
     attn_fail(ATTN_OK, "%s", "");

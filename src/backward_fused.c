@@ -370,11 +370,9 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
         for (int64_t r = 0; r < n; r++) {
             float *z_r = w->z + r * ld, *pd_r = w->pd + r * ld;
             const float *P_r = w->s + r * ld;
-            const uint64_t row = attn_dropout_row((uint64_t)t->b, (uint64_t)t->h,
-                                                  (uint64_t)(t->i0 + r), (uint64_t)p->Hq,
-                                                  (uint64_t)p->Lq);
+            const uint64_t row = attn_drop_row(p, t->b, t->h, t->i0 + r);
             attn_dropout_factors_k(kern->dropout, p->drop_seed, p->drop_offset,
-                                   p->drop_threshold, p->drop_scale, row, (uint64_t)p->Lk,
+                                   p->drop_threshold, p->drop_scale, row, attn_drop_keys(p),
                                    (uint64_t)t->j0, (uint64_t)nk, z_r, 1);
             for (int64_t c = nk; c < nkpad; c++) z_r[c] = 0.0f;
 #pragma omp simd

@@ -464,7 +464,7 @@ bool fused_takes_decode(const attn_params *p, const attn_kernels *kern, int64_t 
 enum { DROP_ROWS = 64 };
 static void tile_dropout(const attn_params *p, const attn_kernels *kern, const fused_scratch *w,
                          const fused_block *blk, int64_t j0, int64_t nk) {
-    const uint64_t per_row = ((uint64_t)p->Lk + 3) / 4, thr = p->drop_threshold;
+    const uint64_t per_row = (attn_drop_keys(p) + 3) / 4, thr = p->drop_threshold;
     const float scale = p->drop_scale;
     const int64_t ld = w->ld;
     uint64_t base[DROP_ROWS], grp[DROP_ROWS];
@@ -472,9 +472,7 @@ static void tile_dropout(const attn_params *p, const attn_kernels *kern, const f
     for (int64_t r0 = 0; r0 < blk->n; r0 += DROP_ROWS) {
         const int64_t nr = blk->n - r0 < DROP_ROWS ? blk->n - r0 : DROP_ROWS;
         for (int64_t r = 0; r < nr; r++)
-            base[r] = attn_dropout_row((uint64_t)blk->b, (uint64_t)w->h[r0 + r],
-                                       (uint64_t)w->i[r0 + r], (uint64_t)p->Hq,
-                                       (uint64_t)p->Lq) * per_row;
+            base[r] = attn_drop_row(p, blk->b, w->h[r0 + r], w->i[r0 + r]) * per_row;
         for (int64_t g = j0 / 4; g * 4 < j0 + nk; g++) {
             for (int64_t r = 0; r < nr; r++) grp[r] = base[r] + (uint64_t)g;
             if (kern->dropout) kern->dropout(nr, grp, p->drop_seed, p->drop_offset, u[0], DROP_ROWS);

@@ -103,11 +103,10 @@ attn_status attn_reference_forward(const attn_params *p, void *ws) {
                  * LSE), each kept weight times 1 / (1 - p), each dropped one 0 — then,
                  * like a masked key, its V is never multiplied */
                 if (p->dropout) {
-                    const uint64_t r = attn_dropout_row((uint64_t)b, (uint64_t)h, (uint64_t)i,
-                                                        (uint64_t)p->Hq, (uint64_t)p->Lq);
+                    const uint64_t r = attn_drop_row(p, b, h, i);
                     for (int64_t j = lo; j < hi; j++)
                         s_i[j] = attn_dropout_kept(p->drop_seed, p->drop_offset, p->drop_threshold,
-                                                   r, (uint64_t)p->Lk, (uint64_t)j) && p->drop_scale64 != 0.0
+                                                   r, attn_drop_keys(p), (uint64_t)j) && p->drop_scale64 != 0.0
                                      ? s_i[j] * p->drop_scale64
                                      : 0.0;
                 }

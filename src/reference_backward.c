@@ -89,12 +89,11 @@ static int64_t ref_mats(const attn_params *p) {
 /* Row i of head h (batch b): Z_i[j] = 1 / (1 - p) where dropout keeps weight (i, j), 0
  * where it drops it (philox.h); all 1 without dropout. */
 static void ref_dropout_row(const attn_params *p, int64_t b, int64_t h, int64_t i, double *Z_i) {
-    const uint64_t r = attn_dropout_row((uint64_t)b, (uint64_t)h, (uint64_t)i, (uint64_t)p->Hq,
-                                        (uint64_t)p->Lq);
+    const uint64_t r = attn_drop_row(p, b, h, i);
     for (int64_t j = 0; j < p->Lk; j++)
         Z_i[j] = !p->dropout ? 1.0
                  : attn_dropout_kept(p->drop_seed, p->drop_offset, p->drop_threshold, r,
-                                     (uint64_t)p->Lk, (uint64_t)j)
+                                     attn_drop_keys(p), (uint64_t)j)
                      ? p->drop_scale64
                      : 0.0;
 }
