@@ -225,6 +225,17 @@ typedef struct attn_options {
      * reference only: attn_backward, attn_weights_grid, the additive and multi-head
      * modules refuse it (ATTN_ERR_UNSUPPORTED). docs/CONTRACT.md, "A paged KV cache". */
     const attn_tensor *block_table;
+    /* attn_backward's output, the gradient of the float bias (fields added after the
+     * rest): float32, the shape of opt->bias ([B|1, Hq|1, Lq|1, Lk|1], the same dims
+     * broadcast), any strides. d bias = dLoss/ds, the gradient of the final logit
+     *     d bias_ij = P_ij (dP_ij - D_i)      (dP_ij = Z_ij dO_i . v_j, D_i = dO_i . O_i)
+     * (the bias is added after the scale and softcap, so neither multiplies it), summed
+     * over every dimension the bias broadcasts along in a fixed order (bit-identical for
+     * any thread count); 0 where the logit is masked (P = 0: a -inf bias, the bool mask,
+     * causal, window, kv_len) and on fully masked rows. Written, not added to; NULL = not
+     * wanted. Requires bias; must be NULL in every other call (ATTN_ERR_VALUE).
+     * docs/CONTRACT.md, "The bias's gradient". */
+    const attn_tensor *d_bias;
 } attn_options;
 
 /* ---- calls -------------------------------------------------------------------------- */
@@ -262,7 +273,8 @@ ATTN_API attn_status attn_forward_workspace_size(const attn_tensor *q, const att
  * Fully masked rows contribute 0 to every gradient. Deterministic: bit-identical for any
  * thread count. On error nothing is written.
  * With opt->sinks (as in the forward, whose lse includes them) the formulas are unchanged,
- * P = exp(s - lse); opt->d_sinks [Hq] (optional) gets the sinks' gradient. */
+ * P = exp(s - lse); opt->d_sinks [Hq] (optional) gets the sinks' gradient.
+ * With opt->bias, opt->d_bias (optional, the bias's shape) gets the bias's gradient. */
 ATTN_API attn_status attn_backward(const attn_tensor *q, const attn_tensor *k,
                                    const attn_tensor *v, const attn_tensor *o,
                                    const attn_tensor *d_o, const attn_tensor *lse,

@@ -7,7 +7,9 @@
  *               (backward_half, below).
  *
  * What it is not: the fused path's arithmetic (backward_fused.c) or a gradient for the
- * bias, the ALiBi slopes or the mask (constants here).
+ * ALiBi slopes or the mask (constants here). The bias's gradient (options.d_bias) is
+ * formed by the paths, tile by tile; its reduction over broadcast dimensions is here
+ * (attn_d_bias_reduce).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -58,6 +60,7 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
     /* the forward's checks, without d_sinks (the forward's filler refuses it) */
     attn_options fo = opt ? *opt : (attn_options){0};
     fo.d_sinks = NULL;
+    fo.d_bias = NULL;
     TRY(attn_params_init(p, q, k, v, o, &fo, need_data));
     if (p->kv_dt == ATTN_Q8_0)  // a forward-only cache dtype: no gradient path reads it
         return attn_fail(ATTN_ERR_DTYPE, "k, v: q8_0 is a forward-only KV cache dtype; the "
@@ -101,12 +104,81 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
         bp->d_sinks = (float *)attn_view_data(t, &bp->d_sinks_s, 1);
     }
 
+    if (opt && opt->d_bias) {
+        const attn_tensor *t = opt->d_bias, *bias = opt->bias;
+        if (!bias)
+            return attn_fail(ATTN_ERR_VALUE, "options.d_bias is given without options.bias "
+                             "(there is no bias to differentiate)");
+        TRY(attn_check_tensor(t, "d_bias", ATTN_F32, need_data));
+        for (int d = 0; d < 4; d++)
+            if (t->shape[d] != bias->shape[d])
+                return attn_fail(ATTN_ERR_SHAPE, "d_bias: shape[%d] is %lld, expected %lld "
+                                 "(the bias's shape)", d, (long long)t->shape[d],
+                                 (long long)bias->shape[d]);
+        TRY(attn_check_output_strides(t, "d_bias", 4));
+        bp->d_bias = (float *)attn_view_data(t, bp->d_bias_s, 4);
+        const int64_t full[4] = {p->B, p->Hq, p->Lq, p->Lk};
+        bp->d_bias_full = true;
+        for (int d = 0; d < 4; d++) {
+            bp->d_bias_n[d] = t->shape[d];
+            bp->d_bias_full &= t->shape[d] == full[d];
+        }
+    }
+
     bp->d_o = attn_view_data(d_o, bp->do_s, 4);
     bp->lse = attn_view_data(lse, bp->lse_s, 3);
     bp->dq = (float *)attn_view_data(dq, bp->dq_s, 4);
     bp->dk = (float *)attn_view_data(dk, bp->dk_s, 4);
     bp->dv = (float *)attn_view_data(dv, bp->dv_s, 4);
     return ATTN_OK;
+}
+
+/* ---- the bias's gradient: shared by the three paths ----------------------------------- */
+
+size_t attn_d_bias_scratch(const attn_bwd_params *bp, size_t elem) {
+    if (!bp->d_bias || bp->d_bias_full) return 0;
+    const attn_params *p = &bp->fwd;
+    int64_t n = 1;
+    const int64_t dims[4] = {p->B, p->Hq, p->Lq, p->Lk};
+    for (int d = 0; d < 4; d++)
+        if (__builtin_mul_overflow(n, dims[d], &n)) return (size_t)-1;
+    if ((uint64_t)n > (SIZE_MAX - 64) / elem) return (size_t)-1;
+    return (((size_t)n * elem) + 63) & ~(size_t)63;
+}
+
+void attn_d_bias_zero(const attn_bwd_params *bp) {
+    const int64_t *n = bp->d_bias_n, *s = bp->d_bias_s;
+    for (int64_t a = 0; a < n[0]; a++)
+        for (int64_t b = 0; b < n[1]; b++)
+            for (int64_t c = 0; c < n[2]; c++)
+                for (int64_t x = 0; x < n[3]; x++) bp->d_bias[a * s[0] + b * s[1] + c * s[2] + x * s[3]] = 0.0f;
+}
+
+void attn_d_bias_reduce(const attn_bwd_params *bp, const void *g, bool f64) {
+    const attn_params *p = &bp->fwd;
+    const int64_t *n = bp->d_bias_n, *s = bp->d_bias_s;
+    const int64_t full[4] = {p->B, p->Hq, p->Lq, p->Lk};
+    /* per dimension: the logits' range an element of d_bias sums (all of it where d_bias
+     * is 1 and the logits are not) */
+    int64_t span[4];
+    for (int d = 0; d < 4; d++) span[d] = n[d] == full[d] ? 1 : full[d];
+    const int64_t elems = n[0] * n[1] * n[2] * n[3];
+#pragma omp parallel for schedule(static) num_threads(p->threads) if (elems > 4096 && p->threads > 1)
+    for (int64_t e = 0; e < elems; e++) {
+        const int64_t x = e % n[3], c = e / n[3] % n[2], b = e / (n[3] * n[2]) % n[1],
+                      a = e / (n[3] * n[2] * n[1]);
+        double acc = 0.0;
+        for (int64_t i0 = 0; i0 < span[0]; i0++)
+            for (int64_t i1 = 0; i1 < span[1]; i1++)
+                for (int64_t i2 = 0; i2 < span[2]; i2++)
+                    for (int64_t i3 = 0; i3 < span[3]; i3++) {
+                        const int64_t bb = span[0] == 1 ? a : i0, hh = span[1] == 1 ? b : i1;
+                        const int64_t ii = span[2] == 1 ? c : i2, jj = span[3] == 1 ? x : i3;
+                        const int64_t at = ((bb * full[1] + hh) * full[2] + ii) * full[3] + jj;
+                        acc += f64 ? ((const double *)g)[at] : (double)((const float *)g)[at];
+                    }
+        bp->d_bias[a * s[0] + b * s[1] + c * s[2] + x * s[3]] = (float)acc;
+    }
 }
 
 /* The path a backward call takes: the reference when it is asked for, else the fused
@@ -223,7 +295,8 @@ static attn_status backward_half(const attn_tensor *const t[H_N], const attn_ten
         attn_options f = o;
         f.workspace = NULL;
         f.workspace_bytes = 0;
-        f.d_sinks = NULL;  // the backward's output
+        f.d_sinks = NULL;  // the backward's outputs
+        f.d_bias = NULL;
         f.lse = &dense[H_N];
         st = attn_forward_piece(&dense[H_Q], &dense[H_K], &dense[H_V], &dense[H_O], &f, drop);
         lse_used = &dense[H_N];

@@ -24,10 +24,28 @@ typedef struct attn_bwd_params {
     float *dv;         int64_t dv_s[4];    /* (B, Hkv, Lk, Dv)  written             */
     /* the sinks' gradient (options.d_sinks), written when not NULL; fwd.sinks is set */
     float *d_sinks;    int64_t d_sinks_s;  /* (Hq)                                  */
+    /* the bias's gradient (options.d_bias), written when not NULL; fwd's bias was given.
+     * d_bias_n: its shape (the bias's, 1 where it broadcasts), d_bias_s its strides.
+     * d_bias_full: no dimension broadcast, so each logit's gradient is its own element
+     * and the paths write it in place; otherwise they write every logit's into a
+     * [B, Hq, Lq, Lk] array of their workspace, reduced by attn_d_bias_reduce after. */
+    float *d_bias;     int64_t d_bias_s[4], d_bias_n[4];
+    bool d_bias_full;
 } attn_bwd_params;
 
+/* Every element of d_bias: the sum, over the logits (b, h, i, j) it broadcasts to, of
+ * g [B, Hq, Lq, Lk] (float, or double when f64), in the order b, h, i, j; summed in
+ * double, rounded once. Parallel over d_bias's elements: the same bits for any thread
+ * count. */
+ATTN_PRIVATE void attn_d_bias_reduce(const attn_bwd_params *bp, const void *g, bool f64);
+/* Zeroes d_bias (its elements, through its strides). */
+ATTN_PRIVATE void attn_d_bias_zero(const attn_bwd_params *bp);
+/* The bytes of the [B, Hq, Lq, Lk] array of elem-byte elements a broadcast d_bias needs
+ * (0 without d_bias or when it is full); (size_t)-1 on overflow. */
+ATTN_PRIVATE size_t attn_d_bias_scratch(const attn_bwd_params *bp, size_t elem);
+
 /* The backward's rule of overlap.c: dq, dk, dv (t[5..7] of t = {q, k, v, o, d_o, dq, dk,
- * dv}), opt->d_sinks and the first ws_need bytes of opt->workspace share no byte with an
+ * dv}), opt->d_sinks, opt->d_bias and the first ws_need bytes of opt->workspace share no byte with an
  * input (the first five, lse, the masks, the sinks) or each other; ATTN_ERR_STRIDE
  * otherwise. */
 ATTN_PRIVATE attn_status attn_check_backward_aliasing(const attn_tensor *const t[8],
@@ -63,5 +81,12 @@ ATTN_PRIVATE attn_status attn_ref64_backward(const attn_params *p, const double 
                                              const double *k, const double *v,
                                              const double *d_o, double *dq, double *dk,
                                              double *dv, bool magnitudes);
+/* The same, with the bias's gradient (or its magnitude) into d_bias, dense float64 of the
+ * bias's shape d_bias_n (1 where it broadcasts); d_bias NULL: none */
+ATTN_PRIVATE attn_status attn_ref64_backward_bias(const attn_params *p, const double *q,
+                                                  const double *k, const double *v,
+                                                  const double *d_o, double *dq, double *dk,
+                                                  double *dv, double *d_bias,
+                                                  const int64_t d_bias_n[4], bool magnitudes);
 
 #endif /* ATTN_BACKWARD_H */

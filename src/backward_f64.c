@@ -58,6 +58,8 @@ typedef struct f64b_plan {
     int64_t off_q, off_do, off_k, off_kt, off_vt, off_p, off_ds, off_cap, off_acc, per_thread;
     int64_t off_lse, off_D, off_sum, total;  // after the threads' slices (off_sum: the
                                              // mask summary, 64-aligned in the call)
+    int64_t off_gb;  // options.d_bias: every logit's gradient (B, Hq, Lq, Lk), after the summary
+    double *gb;      // set by the call: that array, or NULL without d_bias
 } f64b_plan;
 
 static bool make_plan(const attn_bwd_params *bp, f64b_plan *pl) {
@@ -95,6 +97,12 @@ static bool make_plan(const attn_bwd_params *bp, f64b_plan *pl) {
     if (sum_bytes == (size_t)-1 || sum_bytes / 8 > (size_t)INT64_MAX / 2 ||
         __builtin_add_overflow(t, (int64_t)(sum_bytes / 8) + 8, &t))  // + 8: to align
         return false;
+    pl->off_gb = t;
+    if (bp->d_bias) {  // float64 throughout, reduced (or copied) into d_bias at the end
+        int64_t g;
+        if (__builtin_mul_overflow(pl->rows, p->Lk, &g) || __builtin_add_overflow(t, g, &t))
+            return false;
+    }
     if ((uint64_t)t > SIZE_MAX / sizeof(double)) return false;
     pl->total = t;
     return true;
@@ -310,7 +318,7 @@ static void rows_stats(const attn_bwd_params *bp, const f64b_scratch *w, int64_t
  * w->P and w->dS for every (r, c < nk); a masked cell 0. */
 static void tile_grads(const attn_bwd_params *bp, const f64b_scratch *w, int64_t b, int64_t h,
                        int64_t i0, int64_t nq, int64_t j0, int64_t nk, attn_tile_class cls,
-                       const double *lse, const double *D) {
+                       const double *lse, const double *D, double *gb) {
     const attn_params *p = &bp->fwd;
     const int64_t lk_b = attn_key_len(p, b);
     /* raw_ij = q_i · k_j, and (forward: o_i = Σ_j P_ij v_j) dP_ij = dO_i · v_j, for every
@@ -338,7 +346,10 @@ static void tile_grads(const attn_bwd_params *bp, const f64b_scratch *w, int64_t
                 continue;
             }
             P[c] = pij;
-            /* softmax: dS = P (dP - D); softcap: x (1 - tanh²); raw = scale q · k */
+            /* softmax: dS = P (dP - D); softcap: x (1 - tanh²); raw = scale q · k. The
+             * bias is added to the final logit: its gradient is P (dP - D) (gb: the
+             * tile's row r of the (B, Hq, Lq, Lk) array, when asked for) */
+            if (gb) gb[(((b * p->Hq + h) * p->Lq) + i0 + r) * p->Lk + j0 + c] = pij * (dS[c] - D[r]);
             dS[c] = p->scale64 * (pij * (dS[c] - D[r]) * cap[c]);
         }
     }
@@ -358,7 +369,7 @@ static void rows_dq(const attn_bwd_params *bp, const f64b_scratch *w, int64_t b,
         const attn_tile_class cls = tile_class(p, w, b, h, i0, j0, nk);
         if (cls == ATTN_TILE_MASKED) continue;
         load_keys(p, w, b, g, j0, nk);
-        tile_grads(bp, w, b, h, i0, nq, j0, nk, cls, lse, D);
+        tile_grads(bp, w, b, h, i0, nq, j0, nk, cls, lse, D, NULL);
         /* forward: raw_ij = scale q_i · k_j, so dQ_i += Σ_j dS_ij k_j, the keys in order; a
          * dS of 0 adds +0 (skip_zero): a masked key's K is not multiplied */
         attn_gemm_f64(nq, Dk, nk, w->dS, BK, 1, w->k, Dk, w->acc, Dk, true, true);
@@ -396,7 +407,7 @@ static void keys_dkdv(const attn_bwd_params *bp, const f64b_plan *pl, const f64b
             }
             load_rows(bp, w, b, h, i0, nq);
             const int64_t row0 = (b * p->Hq + h) * p->Lq + i0;
-            tile_grads(bp, w, b, h, i0, nq, j0, nk, cls, LSE + row0, Dall + row0);
+            tile_grads(bp, w, b, h, i0, nq, j0, nk, cls, LSE + row0, Dall + row0, pl->gb);
             /* dV_j += Σ_i P_ij dO_i;  dK_j += Σ_i dS_ij q_i: the tile's rows in order, Pᵀ
              * and dSᵀ read in place (A[c][r] at r BK + c); a weight of 0 adds +0, so a
              * fully masked row's dO and Q are not multiplied */
@@ -450,6 +461,12 @@ attn_status attn_fused_f64_backward(const attn_bwd_params *bp, void *ws) {
         open.bias = NULL;
     }
     const attn_mask_summary *sp = p->mask || p->bias ? &sum : NULL;
+    /* options.d_bias: each logit's gradient from the key sweep (which visits every tile
+     * once) into the array, from 0 (the tiles no row reads are never visited) */
+    if (bp->d_bias) {
+        pl.gb = base + pl.off_gb;
+        memset(pl.gb, 0, (size_t)(pl.rows * p->Lk) * sizeof(double));
+    }
     /* keys no query row reads (beyond kv_len, outside every band) get dK = dV = 0: the
      * key sweep writes every key it owns, so nothing is left unwritten. With as many
      * (b, g) heads as threads, and dq of unit stride along Dk, one item per head does
@@ -501,5 +518,6 @@ attn_status attn_fused_f64_backward(const attn_bwd_params *bp, void *ws) {
             }
         }
     }
+    if (bp->d_bias) attn_d_bias_reduce(bp, pl.gb, true);
     return ATTN_OK;
 }

@@ -76,6 +76,12 @@ typedef struct bwd_plan {
     size_t off_kd, off_kt, off_vd, off_vt, off_q, off_do, off_s, off_dp, off_cap, off_dk,
         off_dv, off_lse, off_D, off_lo, off_hi, off_qr, off_fin, off_z, off_pd;
     size_t off_sum;         // the mask summary (mask_summary.h), after the partials
+    size_t off_gb;          // a broadcast d_bias's logits (B, Hq, Lq, Lk), after the summary
+    /* where each logit's bias gradient goes (options.d_bias): the bias's own gradient when
+     * it broadcasts nowhere, else the (B, Hq, Lq, Lk) array at off_gb; NULL = not wanted
+     * (set by attn_fused_backward) */
+    float *gb;
+    int64_t gb_s[4];
     /* the summary and the params without mask and bias, for the tiles they leave open;
      * both NULL without mask or bias (set by attn_fused_backward) */
     const attn_mask_summary *sum;
@@ -154,6 +160,10 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     plan->off_sum = total;
     const size_t sum_bytes = attn_mask_summary_bytes(p);
     if (sum_bytes == (size_t)-1 || __builtin_add_overflow(total, sum_bytes, &total)) return false;
+    total = round64(total);
+    plan->off_gb = total;
+    const size_t gb_bytes = attn_d_bias_scratch(bp, sizeof(float));
+    if (gb_bytes == (size_t)-1 || __builtin_add_overflow(total, gb_bytes, &total)) return false;
     if (__builtin_add_overflow(total, (size_t)64, &total)) return false;  // to align
     plan->total = total;
     return true;
@@ -402,7 +412,16 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
         float *dS_r = w->dp + r * ld;
         const float D_r = w->D[r], scale = p->scale;
         const float *z_r = dropout ? w->z + r * ld : NULL;
-        if (softcap) {
+        if (plan->gb) {  // options.d_bias: the logit's gradient P (dP - D) kept on the way
+            float *gb_r = plan->gb + t->b * plan->gb_s[0] + t->h * plan->gb_s[1] +
+                          (t->i0 + r) * plan->gb_s[2] + t->j0 * plan->gb_s[3];
+            for (int64_t c = 0; c < nkpad; c++) {
+                const float dp = dropout ? unless_zero(z_r[c], dS_r[c] * z_r[c]) : dS_r[c];
+                const float g = P_r[c] * (dp - D_r);
+                if (c < nk) gb_r[c * plan->gb_s[3]] = unless_zero(P_r[c], g);
+                dS_r[c] = unless_zero(P_r[c], (softcap ? g * cap_r[c] : g) * scale);
+            }
+        } else if (softcap) {
 #pragma omp simd
             for (int64_t c = 0; c < nkpad; c++) {
                 const float dp = dropout ? unless_zero(z_r[c], dS_r[c] * z_r[c]) : dS_r[c];
@@ -537,6 +556,18 @@ attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
     }
     const int64_t rows = p->B * p->Hq * p->Lq, Dk = p->Dk;
     const int64_t row_chunks = (rows + 255) / 256;
+    /* options.d_bias: every logit's gradient into d_bias itself (in place) or the
+     * (B, Hq, Lq, Lk) array, from 0 (the tiles no row reads are never visited) */
+    if (bp->d_bias && bp->d_bias_full) {
+        attn_d_bias_zero(bp);
+        plan.gb = bp->d_bias;
+        memcpy(plan.gb_s, bp->d_bias_s, sizeof plan.gb_s);
+    } else if (bp->d_bias) {
+        plan.gb = (float *)(base + plan.off_gb);
+        memset(plan.gb, 0, (size_t)(rows * p->Lk) * sizeof(float));
+        const int64_t gs[4] = {p->Hq * p->Lq * p->Lk, p->Lq * p->Lk, p->Lk, 1};
+        memcpy(plan.gb_s, gs, sizeof gs);
+    }
 
 #pragma omp parallel num_threads(p->threads) if (attn_run_parallel(p, ATTN_TEAM_BACKWARD_PASSES))
     {
@@ -564,5 +595,6 @@ attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
             }
         }
     }
+    if (bp->d_bias && !bp->d_bias_full) attn_d_bias_reduce(bp, plan.gb, false);
     return ATTN_OK;
 }

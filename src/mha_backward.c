@@ -251,6 +251,9 @@ static attn_status backward_call(const attn_mha *m, const attn_tensor *x_q,
     if (opt && opt->dropout_p != 0.0f)  // as the forward (mha.c, mha_attend)
         return attn_fail(ATTN_ERR_UNSUPPORTED, "options.dropout_p = %g: the multi-head module "
                          "has no dropout", (double)opt->dropout_p);
+    if (opt && opt->d_bias)  // the heads' calls would each write it: not summed over them
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "options.d_bias: the multi-head module does "
+                         "not return the bias's gradient");
     TRY(mha_plan_init(&b.pl, m, x_q, x_kv, NULL, bytes == NULL));
     TRY(check_grads(&b.pl, dy, g, x_kv == NULL, bytes == NULL));
     if (saved) TRY(mha_keep_check(&b.pl, saved, saved_bytes, bytes == NULL));

@@ -201,12 +201,13 @@ attn_status attn_check_backward_aliasing(const attn_tensor *const t[8], const at
                                          const attn_options *opt, size_t ws_need) {
     static const char *const in_names[] = {"q", "k", "v", "o", "d_o", "lse", "mask", "bias",
                                            "kv_len", "alibi_slopes", "sinks"};
-    static const char *const out_names[] = {"dq", "dk", "dv", "d_sinks"};
+    static const char *const out_names[] = {"dq", "dk", "dv", "d_sinks", "d_bias"};
     const attn_tensor *in[] = {t[0], t[1], t[2], t[3], t[4], lse,
                                opt ? opt->mask : NULL, opt ? opt->bias : NULL,
                                opt ? opt->kv_len : NULL, opt ? opt->alibi_slopes : NULL,
                                opt ? opt->sinks : NULL};
-    const attn_tensor *out[] = {t[5], t[6], t[7], opt ? opt->d_sinks : NULL};
+    const attn_tensor *out[] = {t[5], t[6], t[7], opt ? opt->d_sinks : NULL,
+                                opt ? opt->d_bias : NULL};
     return check_outputs(in, in_names, COUNT(in), out, out_names, COUNT(out), opt, ws_need);
 }
 

@@ -250,9 +250,9 @@ static attn_status fill_masks(attn_params *p, const attn_options *opt, bool need
     }
     /* the sinks' gradient is attn_backward's alone: it checks it and calls this filler
      * without it */
-    if (opt->d_sinks)
-        return attn_fail(ATTN_ERR_VALUE, "options.d_sinks must be NULL here (it is an output "
-                         "of attn_backward only)");
+    if (opt->d_sinks || opt->d_bias)
+        return attn_fail(ATTN_ERR_VALUE, "options.%s must be NULL here (it is an output "
+                         "of attn_backward only)", opt->d_sinks ? "d_sinks" : "d_bias");
     return ATTN_OK;
 }
 

@@ -133,10 +133,28 @@ static void ref_group_forward(const attn_params *p, int64_t b, int64_t g, const 
  * this batch's rows is added to d_sink[h], the rows in order (sink_rows: Lq scratch).
  *   q, dq (group, Lq, Dk)  k, dk (Lk, Dk)  v, dv (Lk, Dv)  d_o (group, Lq, Dv)
  *   mats: ref_mats(p) scratch matrices of (Lq, Lk) */
+/* The bias's gradient (options.d_bias) in float64: acc, dense in the bias's shape n (1
+ * where it broadcasts), gets each head's logit gradients P (dP - D) (magnitudes: P (|dP| +
+ * |D|)) added in the order b, h, i, j; g is an (Lq, Lk) scratch for one head's. */
+typedef struct ref_dbias {
+    double *acc, *g;
+    int64_t n[4];
+} ref_dbias;
+
+static void ref_dbias_add(const attn_params *p, const ref_dbias *db, int64_t b, int64_t h) {
+    const int64_t *n = db->n;
+    for (int64_t i = 0; i < p->Lq; i++)
+        for (int64_t j = 0; j < p->Lk; j++) {
+            const int64_t at = (((n[0] > 1 ? b : 0) * n[1] + (n[1] > 1 ? h : 0)) * n[2] +
+                                (n[2] > 1 ? i : 0)) * n[3] + (n[3] > 1 ? j : 0);
+            db->acc[at] += db->g[i * p->Lk + j];
+        }
+}
+
 static void ref_group_backward(const attn_params *p, int64_t b, int64_t g, const double *q,
                                const double *k, const double *v, const double *d_o,
                                double *dq, double *dk, double *dv, double *mats, bool mag,
-                               double *sink_rows, double *d_sink) {
+                               double *sink_rows, double *d_sink, const ref_dbias *db) {
     const int64_t Lq = p->Lq, Lk = p->Lk, Dk = p->Dk, Dv = p->Dv;
     double *P = mats, *dS = mats + Lq * Lk;
     double *cap = p->softcap > 0.0f ? mats + 2 * Lq * Lk : NULL;
@@ -186,9 +204,13 @@ static void ref_group_backward(const attn_params *p, int64_t b, int64_t g, const
              * forward: s = softcap * tanh(raw / softcap), ds/draw = 1 - tanh²;
              * forward: raw = scale * (q_i · k_j), the scale goes to dQ and dK.
              * Bias, ALiBi and masks are constants: no gradient flows to them. */
+            double *g_i = db ? db->g + i * Lk : NULL;
+            for (int64_t j = 0; g_i && j < Lk; j++) g_i[j] = 0.0;
             for (int64_t j = 0; j < Lk; j++) {
                 if (P_i[j] == 0.0) continue;
                 double ds = mag ? P_i[j] * (fabs(dS_i[j]) + fabs(D_i)) : P_i[j] * (dS_i[j] - D_i);
+                /* forward: the bias is added to the final logit, after scale and softcap */
+                if (g_i) g_i[j] = ds;
                 if (cap_i && !mag) ds *= cap_i[j];  // magnitudes: 1 >= tanh' and its error
                 dS_i[j] = mag ? fabs(scale * ds) : scale * ds;
             }
@@ -203,6 +225,7 @@ static void ref_group_backward(const attn_params *p, int64_t b, int64_t g, const
 
         if (d_sink)
             for (int64_t i = 0; i < Lq; i++) d_sink[h] += sink_rows[i];
+        if (db) ref_dbias_add(p, db, b, h);
 
         /* keys: dK_j += Σ_i dS_ij q_i, dV_j += Σ_i P_ij dO_i, this head after the last */
 #pragma omp parallel for schedule(static) num_threads(p->threads)
@@ -252,10 +275,21 @@ static int64_t sink_doubles(const attn_bwd_params *bp) {
     return bp->d_sinks ? bp->fwd.Lq + bp->fwd.Hq : 0;
 }
 
+/* after those, with d_bias: one head's logit gradients (Lq, Lk) and the float64 sums in
+ * the bias's shape */
+static int64_t dbias_doubles(const attn_bwd_params *bp) {
+    if (!bp->d_bias) return 0;
+    int64_t n, m = bp->d_bias_n[0] * bp->d_bias_n[1] * bp->d_bias_n[2] * bp->d_bias_n[3];
+    if (__builtin_mul_overflow(bp->fwd.Lq, bp->fwd.Lk, &n) || __builtin_add_overflow(n, m, &n))
+        return -1;
+    return n;
+}
+
 size_t attn_reference_backward_workspace(const attn_bwd_params *bp) {
     int64_t n = group_doubles(&bp->fwd, true);
-    if (n < 0 || __builtin_add_overflow(n, sink_doubles(bp), &n) ||
-        (uint64_t)n > SIZE_MAX / sizeof(double))
+    const int64_t nb = dbias_doubles(bp);
+    if (n < 0 || nb < 0 || __builtin_add_overflow(n, sink_doubles(bp), &n) ||
+        __builtin_add_overflow(n, nb, &n) || (uint64_t)n > SIZE_MAX / sizeof(double))
         return (size_t)-1;
     return (size_t)n * sizeof(double);
 }
@@ -289,6 +323,13 @@ attn_status attn_reference_backward(const attn_bwd_params *bp, void *ws) {
     double *sink_rows = bp->d_sinks ? dv + Lk * Dv : NULL;  // (Lq)
     double *d_sink = bp->d_sinks ? sink_rows + Lq : NULL;   // (Hq)
     for (int64_t h = 0; d_sink && h < p->Hq; h++) d_sink[h] = 0.0;
+    ref_dbias db = {0};
+    if (bp->d_bias) {  // after the sinks' doubles
+        db.g = dv + Lk * Dv + sink_doubles(bp);
+        db.acc = db.g + Lq * Lk;
+        memcpy(db.n, bp->d_bias_n, sizeof db.n);
+        memset(db.acc, 0, (size_t)(db.n[0] * db.n[1] * db.n[2] * db.n[3]) * sizeof(double));
+    }
     /* d_o and the gradients: float32, or float64 in a float64 call (then the pointers of
      * bp hold doubles); q, k, v are read in their own dtype */
     const attn_dtype gdt = p->q_dt == ATTN_F64 ? ATTN_F64 : ATTN_F32;
@@ -307,7 +348,8 @@ attn_status attn_reference_backward(const attn_bwd_params *bp, void *ws) {
             gather(p->kv_dt, p->k, b * p->k_s[0] + g * p->k_s[1], p->k_s[2], p->k_s[3], Lk, Dk, k);
             gather(p->kv_dt, p->v, b * p->v_s[0] + g * p->v_s[1], p->v_s[2], p->v_s[3], Lk, Dv, v);
 
-            ref_group_backward(p, b, g, q, k, v, d_o, dq, dk, dv, mats, false, sink_rows, d_sink);
+            ref_group_backward(p, b, g, q, k, v, d_o, dq, dk, dv, mats, false, sink_rows, d_sink,
+                               bp->d_bias ? &db : NULL);
 
             for (int64_t hh = 0; hh < G; hh++) {
                 const int64_t h = g * G + hh;
@@ -320,6 +362,15 @@ attn_status attn_reference_backward(const attn_bwd_params *bp, void *ws) {
                     bp->dv_s[3]);
         }
     for (int64_t h = 0; d_sink && h < p->Hq; h++) bp->d_sinks[h * bp->d_sinks_s] = (float)d_sink[h];
+    if (bp->d_bias) {  // the float64 sums rounded once
+        const int64_t *n = db.n, *st = bp->d_bias_s;
+        for (int64_t a = 0; a < n[0]; a++)
+            for (int64_t c = 0; c < n[1]; c++)
+                for (int64_t i = 0; i < n[2]; i++)
+                    for (int64_t j = 0; j < n[3]; j++)
+                        bp->d_bias[a * st[0] + c * st[1] + i * st[2] + j * st[3]] =
+                            (float)db.acc[((a * n[1] + c) * n[2] + i) * n[3] + j];
+    }
     return ATTN_OK;
 }
 
@@ -350,16 +401,36 @@ attn_status attn_ref64_forward(const attn_params *p, const double *q, const doub
 attn_status attn_ref64_backward(const attn_params *p, const double *q, const double *k,
                                 const double *v, const double *d_o, double *dq, double *dk,
                                 double *dv, bool magnitudes) {
+    return attn_ref64_backward_bias(p, q, k, v, d_o, dq, dk, dv, NULL, NULL, magnitudes);
+}
+
+attn_status attn_ref64_backward_bias(const attn_params *p, const double *q, const double *k,
+                                     const double *v, const double *d_o, double *dq, double *dk,
+                                     double *dv, double *d_bias, const int64_t d_bias_n[4],
+                                     bool magnitudes) {
     double *mats = alloc_mats(p);
     if (!mats) return attn_fail(ATTN_ERR_NOMEM, "attn_ref64_backward: scratch");
+    ref_dbias db = {0};
+    if (d_bias) {
+        db.g = attn_malloc((size_t)(p->Lq * p->Lk + 1) * sizeof(double));
+        if (!db.g) {
+            attn_free(mats);
+            return attn_fail(ATTN_ERR_NOMEM, "attn_ref64_backward: scratch");
+        }
+        db.acc = d_bias;
+        memcpy(db.n, d_bias_n, sizeof db.n);
+        memset(d_bias, 0, (size_t)(db.n[0] * db.n[1] * db.n[2] * db.n[3]) * sizeof(double));
+    }
     const int64_t Lq = p->Lq, Lk = p->Lk, Dk = p->Dk, Dv = p->Dv, G = p->group;
     for (int64_t b = 0; b < p->B; b++)
         for (int64_t g = 0; g < p->Hkv; g++) {
             const int64_t h0 = b * p->Hq + g * G, g0 = b * p->Hkv + g;
             ref_group_backward(p, b, g, q + h0 * Lq * Dk, k + g0 * Lk * Dk, v + g0 * Lk * Dv,
                                d_o + h0 * Lq * Dv, dq + h0 * Lq * Dk, dk + g0 * Lk * Dk,
-                               dv + g0 * Lk * Dv, mats, magnitudes, NULL, NULL);
+                               dv + g0 * Lk * Dv, mats, magnitudes, NULL, NULL,
+                               d_bias ? &db : NULL);
         }
     attn_free(mats);
+    attn_free(db.g);
     return ATTN_OK;
 }

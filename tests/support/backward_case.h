@@ -67,7 +67,7 @@ typedef struct bcase {
     int layout;        // 0: stored [B, H, L, D]; 1: stored [B, L, H, D]
     int cache;         // k, v (and dk, dv) are views into larger buffers (NaN / sentinel)
     int mask;          // bit 1: bool mask, bit 2: float bias
-    int mshape;        // bits 1, 2, 4: mask dims B, Hq, Lq are full (else 1)
+    int mshape;        // bits 1, 2, 4: mask dims B, Hq, Lq are full (else 1); 8: the bias's Lk is 1
     double mask_true;  // P(attend) in the bool mask (0 = 0.8)
     double bias_ninf;  // P(-inf) in the bias
     int empty_rows;    // the bool mask masks every key of rows i % 5 == 2
@@ -121,6 +121,7 @@ static inline void build_options(const bcase *c, rng_t *r, opt_store *s, attn_op
     memset(opt, 0, sizeof *opt);
     const int64_t mB = (c->mshape & 1) ? c->B : 1, mH = (c->mshape & 2) ? c->Hq : 1;
     const int64_t mL = (c->mshape & 4) ? c->Lq : 1, n = mB * mH * mL * c->Lk;
+    const int64_t mK = (c->mshape & 8) ? 1 : c->Lk;  // the bias only: one value for every key
     if (c->mask & 1) {
         const double pt = c->mask_true > 0 ? c->mask_true : 0.8;
         s->mask = xcalloc(n, 1);
@@ -132,10 +133,11 @@ static inline void build_options(const bcase *c, rng_t *r, opt_store *s, attn_op
         opt->mask = &s->tmask;
     }
     if (c->mask & 2) {
-        s->bias = xcalloc(n, sizeof(float));
-        for (int64_t e = 0; e < n; e++)
+        const int64_t nb = mB * mH * mL * mK;
+        s->bias = xcalloc(nb, sizeof(float));
+        for (int64_t e = 0; e < nb; e++)
             s->bias[e] = rng_unif(r) < c->bias_ninf ? -INFINITY : (float)rng_sym(r);
-        s->tbias = attn_tensor_4d(s->bias, ATTN_F32, mB, mH, mL, c->Lk);
+        s->tbias = attn_tensor_4d(s->bias, ATTN_F32, mB, mH, mL, mK);
         opt->bias = &s->tbias;
     }
     if (c->kvlen) {
@@ -299,7 +301,7 @@ static inline attn_status bcall_reference(bcall *t, bool magnitudes) {
  *       cap' = 1 - tanh^2 off by (Dk + 2) u A / c (the raw logit's error) + (4E + 2) u
  *   dQ a sum over Lk keys of dS K, dK over Lq x group rows of dS Q (+ u each product,
  *   + u the dropout's 1 / (1 - p)); dV a sum of P Z dO over the same rows: eP, not eS. */
-static inline double grad_eps(const bcall *t, int a) {
+static inline double grad_eps_in(const bcall *t, int a, bool logit) {
     const bcase *c = &t->c;
     const double u = TOL_U32, E = TOL_EXP_ULP;
     const int64_t rows = c->B * c->Hq * c->Lq, group = c->Hkv > 0 ? c->Hq / c->Hkv : 1;
@@ -313,10 +315,18 @@ static inline double grad_eps(const bcall *t, int a) {
     const double eP = ((double)c->Dk + 5.0) * u * A + tol_lse_bound(c->Dk, c->Lk, A) + (2 * E + 1) * u;
     const double eO = eP + tol_sum_rel(c->Lk) + 2 * u;
     double eS = 2 * tol_dot_rel(c->Dv) + eO + eP + 4 * u;
+    if (logit) return eS + 2 * u;
     if (c->softcap > 0) eS += ((double)c->Dk + 2.0) * u * A / c->softcap + (4 * E + 2) * u;
     const int64_t n = a == 0 ? c->Lk : c->Lq * group;
     return (a == 2 ? eP : eS) + tol_sum_rel(n) + 2 * u;
 }
+static inline double grad_eps(const bcall *t, int a) { return grad_eps_in(t, a, false); }
+
+/* The same for the bias's gradient (options.d_bias), relative to its magnitude (the sum
+ * of P (|dP| + |D|) over the logits it gathers): each logit's P (dP - D) off by dS's
+ * relative error before softcap's factor and the scale (neither multiplies it), summed in
+ * double and rounded once (+ 2u). */
+static inline double dbias_eps(const bcall *t) { return grad_eps_in(t, 0, true); }
 
 /* the backward on `path` with `threads`, gradients first filled with the sentinel;
  * then gathered into t->got */
