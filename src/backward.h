@@ -26,9 +26,10 @@ typedef struct attn_bwd_params {
     float *d_sinks;    int64_t d_sinks_s;  /* (Hq)                                  */
     /* the bias's gradient (options.d_bias), written when not NULL; fwd's bias was given.
      * d_bias_n: its shape (the bias's, 1 where it broadcasts), d_bias_s its strides.
-     * d_bias_full: no dimension broadcast, so each logit's gradient is its own element
-     * and the paths write it in place; otherwise they write every logit's into a
-     * [B, Hq, Lq, Lk] array of their workspace, reduced by attn_d_bias_reduce after. */
+     * d_bias_full: no dimension broadcast, so each logit's gradient is its own element.
+     * The fused float32 path writes a full one, or one broadcast over the batch alone, in
+     * place; otherwise the paths write every logit's into a [B, Hq, Lq, Lk] array of their
+     * workspace, reduced by attn_d_bias_reduce after. */
     float *d_bias;     int64_t d_bias_s[4], d_bias_n[4];
     bool d_bias_full;
 } attn_bwd_params;
@@ -38,8 +39,6 @@ typedef struct attn_bwd_params {
  * double, rounded once. Parallel over d_bias's elements: the same bits for any thread
  * count. */
 ATTN_PRIVATE void attn_d_bias_reduce(const attn_bwd_params *bp, const void *g, bool f64);
-/* Zeroes d_bias (its elements, through its strides). */
-ATTN_PRIVATE void attn_d_bias_zero(const attn_bwd_params *bp);
 /* The bytes of the [B, Hq, Lq, Lk] array of elem-byte elements a broadcast d_bias needs
  * (0 without d_bias or when it is full); (size_t)-1 on overflow. */
 ATTN_PRIVATE size_t attn_d_bias_scratch(const attn_bwd_params *bp, size_t elem);

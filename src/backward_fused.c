@@ -82,6 +82,11 @@ typedef struct bwd_plan {
      * (set by attn_fused_backward) */
     float *gb;
     int64_t gb_s[4];
+    /* gb is d_bias itself, written by the items directly (a bias that broadcasts nowhere
+     * or over the batch alone): each item stores its tiles' gradients, or adds them when
+     * an earlier batch's item of the same (g, c) has stored them (bwd_tile.db_add), and
+     * stores 0 over the tiles it skips. Otherwise gb is the (B, Hq, Lq, Lk) array. */
+    bool gb_direct;
     /* the summary and the params without mask and bias, for the tiles they leave open;
      * both NULL without mask or bias (set by attn_fused_backward) */
     const attn_mask_summary *sum;
@@ -162,7 +167,9 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     if (sum_bytes == (size_t)-1 || __builtin_add_overflow(total, sum_bytes, &total)) return false;
     total = round64(total);
     plan->off_gb = total;
-    const size_t gb_bytes = attn_d_bias_scratch(bp, sizeof(float));
+    const int64_t *dn = bp->d_bias_n;
+    const bool direct = bp->d_bias && dn[0] == 1 && dn[1] == p->Hq && dn[2] == p->Lq && dn[3] == p->Lk;
+    const size_t gb_bytes = direct ? 0 : attn_d_bias_scratch(bp, sizeof(float));
     if (gb_bytes == (size_t)-1 || __builtin_add_overflow(total, gb_bytes, &total)) return false;
     if (__builtin_add_overflow(total, (size_t)64, &total)) return false;  // to align
     plan->total = total;
@@ -306,6 +313,7 @@ static inline float unless_zero(float w, float x) {
 typedef struct bwd_tile {
     int64_t b, h, lk_b, i0, n, j0, nk;
     bool finite;  // every K value of the key block is finite
+    bool db_add;  // options.d_bias in place: add the tile's gradients (an earlier batch stored)
 } bwd_tile;
 
 static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const bwd_scratch *w,
@@ -412,14 +420,32 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
         float *dS_r = w->dp + r * ld;
         const float D_r = w->D[r], scale = p->scale;
         const float *z_r = dropout ? w->z + r * ld : NULL;
-        if (plan->gb) {  // options.d_bias: the logit's gradient P (dP - D) kept on the way
+        if (plan->gb) {
+            /* options.d_bias: the logit's gradient g = P (dP - D) first, stored, then
+             * dS = g cap scale from it (the same bits as the sweeps below) */
+            if (dropout) {
+#pragma omp simd
+                for (int64_t c = 0; c < nkpad; c++)
+                    dS_r[c] = unless_zero(P_r[c], P_r[c] * (unless_zero(z_r[c], dS_r[c] * z_r[c]) - D_r));
+            } else {
+#pragma omp simd
+                for (int64_t c = 0; c < nkpad; c++) dS_r[c] = unless_zero(P_r[c], P_r[c] * (dS_r[c] - D_r));
+            }
             float *gb_r = plan->gb + t->b * plan->gb_s[0] + t->h * plan->gb_s[1] +
                           (t->i0 + r) * plan->gb_s[2] + t->j0 * plan->gb_s[3];
-            for (int64_t c = 0; c < nkpad; c++) {
-                const float dp = dropout ? unless_zero(z_r[c], dS_r[c] * z_r[c]) : dS_r[c];
-                const float g = P_r[c] * (dp - D_r);
-                if (c < nk) gb_r[c * plan->gb_s[3]] = unless_zero(P_r[c], g);
-                dS_r[c] = unless_zero(P_r[c], (softcap ? g * cap_r[c] : g) * scale);
+            if (t->db_add) {
+                for (int64_t c = 0; c < nk; c++) gb_r[c * plan->gb_s[3]] += dS_r[c];
+            } else if (plan->gb_s[3] == 1) {
+                memcpy(gb_r, dS_r, (size_t)nk * sizeof(float));
+            } else {
+                for (int64_t c = 0; c < nk; c++) gb_r[c * plan->gb_s[3]] = dS_r[c];
+            }
+            if (softcap) {
+#pragma omp simd
+                for (int64_t c = 0; c < nkpad; c++) dS_r[c] = unless_zero(P_r[c], dS_r[c] * cap_r[c] * scale);
+            } else {
+#pragma omp simd
+                for (int64_t c = 0; c < nkpad; c++) dS_r[c] = unless_zero(P_r[c], dS_r[c] * scale);
             }
         } else if (softcap) {
 #pragma omp simd
@@ -453,8 +479,21 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
 
 /* Item u = (b, g, c): the keys of chunk c of head (b, g), against every query row of the
  * group's heads that reads them. */
+/* options.d_bias in place, an item that stores (not adds): 0 over the rows [i0, i0 + n)
+ * and keys [j0, j0 + nk) of head h, a tile it skips */
+static void d_bias_clear(const bwd_plan *plan, int64_t b, int64_t h, int64_t i0, int64_t n,
+                         int64_t j0, int64_t nk) {
+    for (int64_t r = 0; r < n; r++) {
+        float *row = plan->gb + b * plan->gb_s[0] + h * plan->gb_s[1] + (i0 + r) * plan->gb_s[2] +
+                     j0 * plan->gb_s[3];
+        if (plan->gb_s[3] == 1) memset(row, 0, (size_t)nk * sizeof(float));
+        else
+            for (int64_t c = 0; c < nk; c++) row[c * plan->gb_s[3]] = 0.0f;
+    }
+}
+
 static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const bwd_scratch *w,
-                          const float *D, float *part, int64_t u) {
+                          const float *D, float *part, int64_t u, bool db_add) {
     const attn_params *p = &bp->fwd;
     const int64_t c = u % plan->chunks, bg = u / plan->chunks;
     const int64_t b = bg / p->Hkv, g = bg % p->Hkv, G = p->group;
@@ -495,22 +534,30 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                                ? (c + 1) * plan->chunk_blocks
                                : plan->k_blocks;
     for (int64_t kb = c * plan->chunk_blocks; kb < kb_end; kb++) {
-        bwd_tile t = {.b = b, .lk_b = lk_b, .j0 = kb * bk};
+        bwd_tile t = {.b = b, .lk_b = lk_b, .j0 = kb * bk, .db_add = db_add};
         t.nk = p->Lk - t.j0 < bk ? p->Lk - t.j0 : bk;
+        const bool clear = plan->gb_direct && !db_add;  // skipped tiles: their d_bias is 0
         memset(w->dk, 0, (size_t)(t.nk * Dk) * sizeof(float));
         memset(w->dv, 0, (size_t)(t.nk * Dv) * sizeof(float));
         bool packed = false;
         for (int64_t hh = 0; hh < G; hh++) {
             t.h = g * G + hh;
             for (int64_t qb = 0; qb < plan->q_blocks; qb++) {
-                if (w->qr[2 * qb + 1] <= t.j0 || w->qr[2 * qb] >= t.j0 + t.nk) continue;
+                const int64_t qi0 = qb * plan->bq, qn = Lq - qi0 < plan->bq ? Lq - qi0 : plan->bq;
+                if (w->qr[2 * qb + 1] <= t.j0 || w->qr[2 * qb] >= t.j0 + t.nk) {
+                    if (clear) d_bias_clear(plan, b, t.h, qi0, qn, t.j0, t.nk);
+                    continue;
+                }
                 /* a tile the mask or bias masks whole adds nothing; an open one needs neither */
                 const attn_tile_class cls =
                     plan->sum ? attn_mask_summary_rows(p, plan->sum, b, t.h, qb * plan->bq,
                                                        (qb + 1) * plan->bq < Lq ? (qb + 1) * plan->bq : Lq,
                                                        t.j0, t.nk)
                               : ATTN_TILE_MIXED;
-                if (cls == ATTN_TILE_MASKED) continue;
+                if (cls == ATTN_TILE_MASKED) {
+                    if (clear) d_bias_clear(plan, b, t.h, qi0, qn, t.j0, t.nk);
+                    continue;
+                }
                 if (!packed) {  // only a block some row reads is packed
                     t.finite = pack_key_block(p, plan, w, b, g, t.j0, t.nk);
                     packed = true;
@@ -558,10 +605,14 @@ attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
     const int64_t row_chunks = (rows + 255) / 256;
     /* options.d_bias: every logit's gradient into d_bias itself (in place) or the
      * (B, Hq, Lq, Lk) array, from 0 (the tiles no row reads are never visited) */
-    if (bp->d_bias && bp->d_bias_full) {
-        attn_d_bias_zero(bp);
+    const int64_t *dn = bp->d_bias_n;
+    const bool batch_shared = bp->d_bias && !bp->d_bias_full && dn[0] == 1 && dn[1] == p->Hq &&
+                              dn[2] == p->Lq && dn[3] == p->Lk;
+    if (bp->d_bias && (bp->d_bias_full || batch_shared)) {
         plan.gb = bp->d_bias;
+        plan.gb_direct = true;
         memcpy(plan.gb_s, bp->d_bias_s, sizeof plan.gb_s);
+        if (batch_shared) plan.gb_s[0] = 0;  // every batch's logits on the one bias
     } else if (bp->d_bias) {
         plan.gb = (float *)(base + plan.off_gb);
         memset(plan.gb, 0, (size_t)(rows * p->Lk) * sizeof(float));
@@ -581,8 +632,18 @@ attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
 #pragma omp for schedule(static)
             for (int64_t h = 0; h < p->Hq; h++) bp->d_sinks[h * bp->d_sinks_s] = sink_grad(bp, D, h);
         }
+        if (batch_shared && p->B > 1) {
+            /* a bias shared by the batch, its gradient in place: an item's (g, c) for every
+             * batch in turn, the first storing, the rest adding (the same order for any
+             * thread count) */
+            const int64_t per_b = plan.items / p->B;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t u = 0; u < plan.items; u++) item_backward(bp, &plan, &w, D, part, u);
+            for (int64_t u = 0; u < per_b; u++)
+                for (int64_t b = 0; b < p->B; b++) item_backward(bp, &plan, &w, D, part, b * per_b + u, b > 0);
+        } else {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t u = 0; u < plan.items; u++) item_backward(bp, &plan, &w, D, part, u, false);
+        }
         /* dq = the chunks' partials summed in chunk order (in place: done) */
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < (plan.in_place ? 0 : rows); r++) {
@@ -595,6 +656,6 @@ attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
             }
         }
     }
-    if (bp->d_bias && !bp->d_bias_full) attn_d_bias_reduce(bp, plan.gb, false);
+    if (bp->d_bias && !plan.gb_direct) attn_d_bias_reduce(bp, plan.gb, false);
     return ATTN_OK;
 }

@@ -324,9 +324,16 @@ static inline double grad_eps(const bcall *t, int a) { return grad_eps_in(t, a, 
 
 /* The same for the bias's gradient (options.d_bias), relative to its magnitude (the sum
  * of P (|dP| + |D|) over the logits it gathers): each logit's P (dP - D) off by dS's
- * relative error before softcap's factor and the scale (neither multiplies it), summed in
- * double and rounded once (+ 2u). */
-static inline double dbias_eps(const bcall *t) { return grad_eps_in(t, 0, true); }
+ * relative error before softcap's factor and the scale (neither multiplies it), rounded
+ * once (+ 2u), and summed over the n logits it gathers (tol_sum_rel(n)). */
+static inline double dbias_eps(const bcall *t) {
+    /* + the sum of the logits an element gathers, in float32 on the fused path's in-place
+     * batch sum (the bias's element count from its shape) */
+    const attn_tensor *b = &t->s.tbias;
+    const int64_t elems = b->shape[0] * b->shape[1] * b->shape[2] * b->shape[3];
+    const int64_t n = elems > 0 ? t->c.B * t->c.Hq * t->c.Lq * t->c.Lk / elems : 0;
+    return grad_eps_in(t, 0, true) + tol_sum_rel(n);
+}
 
 /* the backward on `path` with `threads`, gradients first filled with the sentinel;
  * then gathered into t->got */
