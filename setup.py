@@ -134,7 +134,8 @@ def main():
         # the extension's files, one part each (python/attn/_attn.h lists what each owns)
         sources=["python/attn/_attn.c", "python/attn/_attn_import.c",
                  "python/attn/_attn_inputs.c", "python/attn/_attn_forward.c",
-                 "python/attn/_attn_backward.c", "python/attn/_mha.c"] + library_sources(),
+                 "python/attn/_attn_backward.c", "python/attn/_attn_varlen.c",
+                 "python/attn/_mha.c"] + library_sources(),
         include_dirs=["include", "src"],
         depends=["include/attn.h", "python/attn/_attn.h"] + sorted(
             os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "src", "*.h"))

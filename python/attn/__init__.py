@@ -512,6 +512,10 @@ __all__ += ["additive_attention", "additive_attention_grad"]
 from ._kvcache import attention_with_kvcache  # noqa: E402
 __all__ += ["attention_with_kvcache"]
 
+# packed (variable-length) batches, FlashAttention's varlen call (python/attn/_varlen.py)
+from ._varlen import varlen_attention  # noqa: E402
+__all__ += ["varlen_attention"]
+
 # merging partial results by their LSE, and shared-prefix decoding (python/attn/_merge.py)
 from ._merge import cascade_attention, merge_attention_states  # noqa: E402
 __all__ += ["merge_attention_states", "cascade_attention"]

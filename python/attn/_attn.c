@@ -62,6 +62,10 @@ static PyMethodDef methods[] = {
      py_forward_doc},
     {"backward", (PyCFunction)(void (*)(void))py_backward, METH_VARARGS | METH_KEYWORDS,
      py_backward_doc},
+    {"varlen_forward", (PyCFunction)(void (*)(void))py_varlen_forward,
+     METH_VARARGS | METH_KEYWORDS, py_varlen_forward_doc},
+    {"varlen_backward", (PyCFunction)(void (*)(void))py_varlen_backward,
+     METH_VARARGS | METH_KEYWORDS, py_varlen_backward_doc},
     {"_describe", py_describe, METH_O, describe_doc},
     {"_mha", (PyCFunction)(void (*)(void))attn_py_mha, METH_VARARGS | METH_KEYWORDS,
      "_mha(**tensors_and_options) -> None\n--\n\nThe multi-head module (private; use "

@@ -11,6 +11,7 @@
  *   _attn_inputs.c    the library's errors as exceptions; a call's inputs and options
  *   _attn_forward.c   forward(): attn_forward, the outputs from the caller's allocator
  *   _attn_backward.c  backward(): attn_backward, the broadcast gradients summed back
+ *   _attn_varlen.c    varlen_forward(), varlen_backward(): packed batches (attn_varlen_*)
  *   _mha.c            _mha(): the multi-head module (its own imports; not this header)
  * What it is not: the public function (python/attn/__init__.py owns the signature, the
  * defaults and the docstring) or anything the library exports.
@@ -114,6 +115,10 @@ PyObject *py_forward(PyObject *self, PyObject *args, PyObject *kwargs);   // _at
 extern const char py_forward_doc[];
 PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kwargs);  // _attn_backward.c
 extern const char py_backward_doc[];
+PyObject *py_varlen_forward(PyObject *self, PyObject *args, PyObject *kwargs);   // _attn_varlen.c
+extern const char py_varlen_forward_doc[];
+PyObject *py_varlen_backward(PyObject *self, PyObject *args, PyObject *kwargs);  // _attn_varlen.c
+extern const char py_varlen_backward_doc[];
 PyObject *attn_py_mha(PyObject *self, PyObject *args, PyObject *kw);      // _mha.c
 
 #endif /* ATTN_PY_ATTN_H */

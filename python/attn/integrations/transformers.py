@@ -42,6 +42,14 @@ backend takes it:
   makes a training step reproducible) and passed to the op as an int; the mask is the
   library's Philox one, not torch's: the same statistics, not the same draws as eager or
   SDPA. With output_attentions the weights returned are the dropped ones (eager's too).
+- Packed sequences (batch 1 holding several documents, as DataCollatorWithFlattening makes
+  them: ``position_ids`` restarting at 0, or explicit ``cu_seq_lens_q/k`` and
+  ``max_length_q/k``, which transformers' flash-attention path reads too) run as one
+  ``attn.varlen_attention`` call without a mask, each document attending to itself only
+  (_packing.py: only where the mask transformers built is None or exactly the
+  block-diagonal mask of those documents; anything else takes the path above). Its
+  gradient is attn_varlen_backward's; under torch.compile / torch.export, or with
+  output_attentions, the ordinary path (the block-diagonal mask) is taken instead.
 - ``s_aux`` (gpt-oss's learned attention sinks, one logit per query head) as the
   library's ``sinks``: an extra term exp(sink) in each row's softmax denominator, which
   is gpt-oss's eager formula (the sink appended as a logit column, dropped after the
@@ -54,7 +62,8 @@ from typing import Optional, Tuple
 import torch
 
 from .. import _options
-from . import _padding, torch_op
+from .._varlen import varlen_attention
+from . import _packing, _padding, torch_op
 
 __all__ = ["attention_forward", "register", "NAME"]
 
@@ -97,6 +106,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
     L, S = query.shape[2], key.shape[2]
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if position_bias is None:
+        out = _packed_forward(module, query, key, value, attention_mask, bool(is_causal),
+                              scaling, dropout, seed, sinks, kwargs)
+        if out is not None:
+            return out, None
     # SDPA's rule (transformers/integrations/sdpa_attention.py): the causal flag only where
     # no mask was built and more than one query row; top-left, as SDPA
     is_causal = bool(L > 1 and attention_mask is None and is_causal)
@@ -130,6 +144,40 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                               *args)
     out = out.transpose(1, 2).contiguous()  # (B, L, H, Dv) memory already: no copy
     return out, (weights.to(query.dtype) if want else None)
+
+
+def _packed_forward(module, query, key, value, attention_mask, causal, scaling, dropout,
+                    seed, sinks, kwargs) -> Optional[torch.Tensor]:
+    """Packed sequences (batch 1: cu_seq_lens_q/k and max_length_q/k, or position_ids
+    restarting at 0; _packing.py) as one attn.varlen_attention call without the mask:
+    (1, L, H, Dv), or None where the call is not such a call (or wants the weights, or is
+    traced: the varlen call is not a custom op) and takes the ordinary path."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch_op._in_mode():
+        return None
+    tensors = (query, key, value, attention_mask, sinks)
+    if any(x is not None and type(x) is not torch.Tensor for x in tensors):
+        return None
+    if query.device.type != "cpu" or _want_weights(kwargs):
+        return None
+    sliding = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
+    if sliding and not causal:
+        return None
+    window_left = _options.integer("sliding_window", sliding) - 1 if sliding else -1
+    packing = _packing.packed_sequences(query, key, attention_mask, causal, window_left,
+                                        kwargs)
+    if packing is None:
+        return None
+    cu_q, cu_k, max_q, max_k = packing
+    softcap = kwargs.get("softcap")
+    # (1, H, L, D) -> FlashAttention's (L, H, D), a view; causal bottom-right per sequence
+    # (the same as transformers' top-left block mask where Lq_s = Lk_s)
+    out = varlen_attention(query[0].transpose(0, 1), key[0].transpose(0, 1),
+                           value[0].transpose(0, 1), cu_q, cu_k, max_q, max_k,
+                           dropout_p=dropout, softmax_scale=scaling, causal=causal,
+                           window_size=(window_left, 0) if sliding else (-1, -1),
+                           softcap=float(softcap) if softcap else 0.0, sinks=sinks,
+                           seed=seed if dropout > 0.0 else None)
+    return out[None]
 
 
 def register(name: str = NAME) -> None:
