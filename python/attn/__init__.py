@@ -167,21 +167,23 @@ def _requires_grad(x: Any, tensor_type: type) -> bool:
 
 def _wants_autograd(query: Any, key: Any, value: Any, attn_mask: Any, alibi_slopes: Any,
                     tensor_type: type, sinks: Any = None) -> bool:
-    """Whether the call goes through the autograd Function: grad mode on and query, key or
-    value a torch tensor that requires grad. A mask or slopes that require grad are refused
-    there and then (the library has no gradient for them: silently leaving it out would
-    leave them untrained)."""
+    """Whether the call goes through the autograd Function: grad mode on and query, key,
+    value, sinks or a float attn_mask (a bias: T5's position bias, ALiBi-like learned
+    biases) a torch tensor that requires grad. Slopes that require grad are refused there
+    and then (the library has no gradient for them: silently leaving it out would leave
+    them untrained)."""
     torch = sys.modules["torch"]
     if not torch.is_grad_enabled():
         return False
-    for name, x in (("attn_mask", attn_mask), ("alibi_slopes", alibi_slopes)):
-        if _requires_grad(x, tensor_type):
-            raise NotImplementedError(
-                "%s requires grad, but attn computes no gradient for it (only for query, key "
-                "and value); pass %s.detach() if it is meant to be a constant" % (name, name))
-    wants = [_requires_grad(x, tensor_type) for x in (query, key, value, sinks)]
+    if _requires_grad(alibi_slopes, tensor_type):
+        raise NotImplementedError(
+            "alibi_slopes requires grad, but attn computes no gradient for it (only for "
+            "query, key, value, a float attn_mask and sinks); pass alibi_slopes.detach() if "
+            "it is meant to be a constant")
+    wants = [_requires_grad(x, tensor_type) for x in (query, key, value, sinks, attn_mask)]
     if any(wants) and not isinstance(query, tensor_type):
-        which = ("key", "value", "sinks")[wants.index(True, 1) - 1] if not wants[0] else "query"
+        which = (("key", "value", "sinks", "attn_mask")[wants.index(True, 1) - 1]
+                 if not wants[0] else "query")
         raise TypeError("query: a %s, but %s requires grad: the output follows the query's "
                         "kind, so pass query as a torch tensor too (torch.from_numpy shares "
                         "its memory) for autograd" % (type(query).__name__, which))
@@ -263,13 +265,20 @@ def _sdpa_function() -> Any:
             causal, scale, gqa, align, window, softcap, path, level, threads = ctx.options[:9]
             d_sinks = (torch.empty(sinks.shape, dtype=torch.float32)
                        if sinks is not None and ctx.needs_input_grad[8] else None)
+            # a float mask's gradient (the library's d_bias), float32 of the mask's shape
+            # (the mask reaches here in float32: a 16-bit one was widened by a tracked cast)
+            d_mask = (torch.empty(mask.shape, dtype=torch.float32)
+                      if ctx.needs_input_grad[3] and isinstance(mask, tt)
+                      and mask.dtype == torch.float32 else None)
             # the forward's dropout options: the same seed regenerates the same mask
+            extra = {} if d_mask is None else {"grad_attn_mask": d_mask}
             _attn.backward(q, k, v, out, grad_out, lse, grads[0], grads[1], grads[2],
                            mask, causal, scale, gqa, align, window, softcap, slopes, lens,
-                           path, level, threads, sinks, d_sinks, **_dropout_kwargs(ctx.options))
+                           path, level, threads, sinks, d_sinks, **extra,
+                           **_dropout_kwargs(ctx.options))
             if d_sinks is not None and d_sinks.dtype != ctx.sinks_dtype:
                 d_sinks = d_sinks.to(ctx.sinks_dtype)
-            return tuple(grads) + (None,) * 5 + (d_sinks,)
+            return tuple(grads) + (d_mask,) + (None,) * 4 + (d_sinks,)
 
     _FUNCTION = ScaledDotProductAttention
     return _FUNCTION

@@ -17,7 +17,7 @@ def backward(query: Any, key: Any, value: Any, out: Any, grad_out: Any, lse: Any
              window: Optional[Tuple[int, int]], softcap: float, alibi_slopes: Any,
              kv_len: Any, path: int, precision: int, threads: int, sinks: Any = ...,
              grad_sinks: Any = ..., *, dropout_p: float = ..., dropout_seed: int = ...,
-             dropout_offset: int = ...) -> None: ...
+             dropout_offset: int = ..., grad_attn_mask: Any = ...) -> None: ...
 # packed (variable-length) batches: q (total_q, Hq, D), k, v (total_k, Hkv, D|Dv), any
 # strides; cu_seqlens int32/int64 (B + 1,); returns (out (total_q, Hq, Dv), lse (Hq, total_q)
 # or None)

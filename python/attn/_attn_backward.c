@@ -147,7 +147,7 @@ const char py_backward_doc[] = PyDoc_STR(
 "backward(query, key, value, out, grad_out, lse, grad_query, grad_key, grad_value,\n"
 "         attn_mask, is_causal, scale, enable_gqa, align, window, softcap, alibi_slopes,\n"
 "         kv_len, path, precision, threads, sinks=None, grad_sinks=None, *,\n"
-"         dropout_p=0.0, dropout_seed=0, dropout_offset=0)\n"
+"         dropout_p=0.0, dropout_seed=0, dropout_offset=0, grad_attn_mask=None)\n"
 "--\n\n"
 "Private: the gradients of forward() (attn_backward), behind the autograd of\n"
 "attn.scaled_dot_product_attention. query ... threads are exactly the forward call's\n"
@@ -157,9 +157,11 @@ const char py_backward_doc[] = PyDoc_STR(
 "in place: the gradients of a broadcast batch or head dimension are summed (dK and dV\n"
 "over the query heads of a group too). query, key/value (alike), out, grad_out and each\n"
 "gradient may be float32, float16 or bfloat16: the library computes in float32 and\n"
-"rounds each gradient once to its own dtype. No gradient for the masks, the bias or the\n"
-"slopes. sinks: the forward's (H,) float32 or None; grad_sinks: None or a writable\n"
-"(H,) float32 tensor that gets the sinks' gradient (summed over the batch and rows).\n"
+"rounds each gradient once to its own dtype. No gradient for a bool mask or the slopes;\n"
+"grad_attn_mask: None or a writable float32 tensor of a float attn_mask's shape that\n"
+"gets its gradient (summed over its broadcast dimensions; options.d_bias). sinks: the\n"
+"forward's (H,) float32 or None; grad_sinks: None or a writable (H,) float32 tensor that\n"
+"gets the sinks' gradient (summed over the batch and rows).\n"
 "The GIL is released. Returns None; on error nothing is written.");
 
 PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
@@ -167,17 +169,19 @@ PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
                              "grad_key", "grad_value", "attn_mask", "is_causal", "scale",
                              "enable_gqa", "align", "window", "softcap", "alibi_slopes",
                              "kv_len", "path", "precision", "threads", "sinks", "grad_sinks",
-                             "dropout_p", "dropout_seed", "dropout_offset", NULL};
+                             "dropout_p", "dropout_seed", "dropout_offset", "grad_attn_mask",
+                             NULL};
     PyObject *oq, *ok, *ov, *oo, *odo, *olse, *odq, *odk, *odv, *omask, *oscale, *owindow,
-        *oalibi, *okvlen, *osinks = Py_None, *odsinks = Py_None;
+        *oalibi, *okvlen, *osinks = Py_None, *odsinks = Py_None, *odmask = Py_None;
     int causal, gqa, align, path, precision, threads;
     double softcap, dropout_p = 0.0;
     unsigned long long dropout_seed = 0, dropout_offset = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOpOpiOdOOiii|OO$dKK:backward",
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOpOpiOdOOiii|OO$dKKO:backward",
                                      kwlist, &oq, &ok, &ov, &oo, &odo, &olse, &odq, &odk, &odv,
                                      &omask, &causal, &oscale, &gqa, &align, &owindow, &softcap,
                                      &oalibi, &okvlen, &path, &precision, &threads, &osinks,
-                                     &odsinks, &dropout_p, &dropout_seed, &dropout_offset))
+                                     &odsinks, &dropout_p, &dropout_seed, &dropout_offset,
+                                     &odmask))
         return NULL;
 
     call_inputs c;
@@ -185,7 +189,7 @@ PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
                      dropout_p, dropout_seed, dropout_offset) != 0)
         return NULL;
 
-    enum { OUT, DOUT, LSE, DSINKS, N_T };
+    enum { OUT, DOUT, LSE, DSINKS, DMASK, N_T };
     imported t[N_T];
     memset(t, 0, sizeof t);
     grad_slot g[3];
@@ -204,6 +208,32 @@ PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
         d_sinks = (attn_tensor){t[DSINKS].data, t[DSINKS].dtype, {t[DSINKS].shape[0], 1, 1, 1},
                                 {t[DSINKS].stride[0], 0, 0, 0}};
         c.opt.d_sinks = &d_sinks;
+    }
+    /* the float mask's gradient (options.d_bias): float32, attn_mask's shape, written in
+     * place */
+    attn_tensor d_bias;
+    if (odmask != Py_None) {
+        if (!c.opt.bias) {
+            PyErr_SetString(PyExc_ValueError, "grad_attn_mask: attn_mask is not a float mask "
+                            "(a bool mask or none has no gradient)");
+            goto done;
+        }
+        if (import_tensor(odmask, "grad_attn_mask", true, &t[DMASK])) goto done;
+        if (t[DMASK].dtype != ATTN_F32 || t[DMASK].ndim != c.t[IN_MASK].ndim) {
+            PyErr_SetString(PyExc_ValueError, "grad_attn_mask: a float32 tensor of attn_mask's "
+                            "shape is expected");
+            goto done;
+        }
+        for (int d = 0; d < t[DMASK].ndim; d++)
+            if (t[DMASK].shape[d] != c.t[IN_MASK].shape[d]) {
+                PyErr_SetString(PyExc_ValueError, "grad_attn_mask: a float32 tensor of "
+                                "attn_mask's shape is expected");
+                goto done;
+            }
+        d_bias = to_4d(&t[DMASK]);
+        for (int d = 0; d < 4; d++)
+            if (d_bias.shape[d] == 1) d_bias.stride[d] = 0;
+        c.opt.d_bias = &d_bias;
     }
     if (import_tensor(oo, "out", false, &t[OUT]) ||
         import_tensor(odo, "grad_out", false, &t[DOUT]) ||

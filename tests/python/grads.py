@@ -150,6 +150,51 @@ def grad_eps(A, Dk, Dv, Lk, terms, softcap, dv):
     return (eP if dv else eS) + tol_sum_rel(terms) + 2 * u
 
 
+def reference_bias_grad(q, k, v, d_o, mask, causal=False, scale=None, gqa=False,
+                        align="top-left", window=None, softcap=0.0):
+    """(d_mask, mag, eps) for a float mask (a bias, any broadcast shape): the gradient of
+    the final logit, P (dP - D) — the bias is added after the scale and softcap, so neither
+    multiplies it — summed to the mask's shape (right-aligned, as it broadcasts); mag the
+    same over P (|dP| + |D|); eps the relative bound (to mag) of a float32 backward's
+    error on it (backward_case.h's dbias_eps: dS's error model before softcap and the
+    scale, + 2u, + the float32 sum of the logits an element gathers)."""
+    rank, q4, k4, v4, scale, masked, bias = _setup(q, k, v, mask, causal, scale, gqa, align,
+                                                   window, None, None, np.float64)
+    B, H, Lq, Lk = masked.shape
+    do4 = np.broadcast_to(_as4d(d_o).astype(np.float64), (B, H, Lq, v4.shape[3]))
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        raw = scale * np.einsum("bhid,bhjd->bhij", q4, k4)
+        s = raw
+        if softcap:
+            c = float(np.float32(softcap))
+            s = c * np.tanh(raw / c)
+        s = s + bias
+        s = np.where(masked, -np.inf, s)
+        m = s.max(axis=-1, keepdims=True) if Lk else np.full((B, H, Lq, 1), -np.inf)
+        full = np.isneginf(m)
+        e = np.exp(s - np.where(full, 0.0, m))
+        p = np.where(full, 0.0, e / np.where(full, 1.0, e.sum(axis=-1, keepdims=True)))
+        a = abs(scale) * (np.abs(q4) @ np.abs(np.swapaxes(k4, -1, -2)))
+        a = a + np.where(np.isfinite(bias), np.abs(bias), 0.0) + (float(np.float32(softcap)) if softcap else 0.0)
+        A = float(np.where(masked | ~np.isfinite(a), 0.0, a).max()) if a.size else 0.0
+    o = p @ v4
+    dp = do4 @ np.swapaxes(v4, -1, -2)
+    g = p * (dp - (do4 * o).sum(axis=-1, keepdims=True))
+    adp = np.abs(do4) @ np.abs(np.swapaxes(v4, -1, -2))
+    gm = p * (adp + (p * adp).sum(axis=-1, keepdims=True))
+    shape = np.shape(mask)
+    m4 = (1,) * (4 - len(shape)) + tuple(shape)
+    axes = tuple(d for d in range(4) if m4[d] == 1 and g.shape[d] != 1)
+    d_mask = g.sum(axis=axes, keepdims=True).reshape(shape)
+    mag = gm.sum(axis=axes, keepdims=True).reshape(shape)
+    u, E, D, Dv = TOL_U32, TOL_EXP_ULP, q4.shape[3], v4.shape[3]
+    eP = (D + 5.0) * u * A + tol_lse_bound(D, Lk, A) + (2 * E + 1) * u
+    eO = eP + tol_sum_rel(Lk) + 2 * u
+    n = g.size // max(int(np.prod(m4)), 1)
+    eps = 2 * tol_dot_rel(Dv) + eO + eP + 4 * u + 2 * u + tol_sum_rel(n)
+    return d_mask, mag, eps
+
+
 def large_logits(smax):
     """How much the float32 bounds widen for logits up to smax in magnitude: a float32
     logit carries a rounding error of about |s| 2^-24 before any kernel touches it, which
@@ -196,7 +241,7 @@ def assert_grads(got, ref, mag, what=""):
 
 def raw_call(q, k, v, d_o, mask=None, causal=False, scale=None, gqa=False, align="top-left",
              window=None, softcap=0.0, alibi=None, kv_len=None, path="auto", threads=0,
-             grads=None):
+             grads=None, grad_mask=None):
     """_attn.forward (with its LSE) then _attn.backward with the same options; returns
     (dq, dk, dv) written into fresh float32 arrays of the inputs' shapes (or into grads)."""
     opts = dict(attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa,
@@ -207,7 +252,7 @@ def raw_call(q, k, v, d_o, mask=None, causal=False, scale=None, gqa=False, align
                                 **opts)
     if grads is None:
         grads = tuple(np.full(np.shape(x), np.nan, np.float32) for x in (q, k, v))
-    _attn.backward(q, k, v, out, d_o, lse, *grads, **opts)
+    _attn.backward(q, k, v, out, d_o, lse, *grads, **opts, grad_attn_mask=grad_mask)
     return grads
 
 

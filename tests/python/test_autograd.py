@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from attn import _attn
-from grads import assert_grads, grad_failure, inputs, randn, raw_call, reference_grads
+from grads import (assert_grads, grad_failure, inputs, randn, raw_call, reference_bias_grad,
+                   reference_grads)
 from oracle import _setup, reference
 
 
@@ -363,3 +364,39 @@ def test_cancellation_rule(rng):
     no_d = (do4 @ np.swapaxes(v4, -1, -2)) @ k4 / np.sqrt(16)   # dS = P dP, D forgotten
     assert grad_failure(no_d, ref[0], mag[0]) is not None
     assert grad_failure(ref[0] + 2 * mag[0].eps * mag[0], ref[0], mag[0]) is not None
+
+
+@pytest.mark.parametrize("mshape", [(2, 3, 6, 9), (1, 3, 6, 9), (3, 6, 9), (6, 9), (2, 1, 1, 9),
+                                    (1, 1, 6, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bias_gradient_raw(rng, mshape, causal):
+    """grad_attn_mask (the library's d_bias): a float mask's gradient, summed over the
+    dimensions it broadcasts along, within its derived bound of the float64 reference,
+    -inf entries exactly 0; dq, dk, dv the same bits as without it; a gradient of the
+    batch's first slice alone (the sum forgotten) rejected."""
+    q, k, v, d_o = inputs(rng, 2, 3, 3, 6, 9, 8, 8)
+    mask = randn(rng, *mshape)
+    mask.flat[::7] = -np.inf
+    got = raw_call(q, k, v, d_o, mask=mask, causal=causal)
+    d_mask = np.full(mask.shape, np.nan, np.float32)
+    with_db = raw_call(q, k, v, d_o, mask=mask, causal=causal, grad_mask=d_mask)
+    for a, b in zip(got, with_db):
+        assert np.array_equal(a, b, equal_nan=True)
+    ref, mag, eps = reference_bias_grad(q, k, v, d_o, mask, causal=causal)
+    err = np.abs(d_mask.astype(np.float64) - ref)
+    assert np.all(err <= eps * mag + 2.0 ** -126), (err / (eps * mag + 2.0 ** -126)).max()
+    assert np.all(d_mask[np.isneginf(mask)] == 0)
+    # the batch's sum: batch 0 alone is wrong (unless the bias is one value per row,
+    # whose gradient is Σ_j P (dP - D) = 0: softmax ignores a shift of its row)
+    if mask.ndim == 4 and mask.shape[0] == 1 and mask.shape[-1] > 1:
+        one = reference_bias_grad(q[:1], k[:1], v[:1], d_o[:1], mask, causal=causal)[0]
+        assert not np.all(np.abs(one - ref) <= eps * mag + 2.0 ** -126)
+
+
+def test_bias_gradient_refused(rng):
+    q, k, v, d_o = inputs(rng, 1, 2, 2, 4, 5, 8, 8)
+    keep = np.ones((4, 5), bool)
+    with pytest.raises(ValueError):  # a bool mask has no gradient
+        raw_call(q, k, v, d_o, mask=keep, grad_mask=np.zeros((4, 5), np.float32))
+    with pytest.raises(ValueError):  # another shape
+        raw_call(q, k, v, d_o, mask=randn(rng, 4, 5), grad_mask=np.zeros((1, 4, 5), np.float32))

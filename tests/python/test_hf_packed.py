@@ -45,10 +45,17 @@ def test_recognises_packing():
     assert got is not None and got[0].tolist() == [0, 5, 14, 17] and got[2] == got[3] == 9
     assert _packing.packed_sequences(q, k, block_mask(lens, True), True, -1, kw) is not None
     assert _packing.packed_sequences(q, k, block_mask(lens, False), False, -1, kw) is not None
-    # refused: a causal mask over the whole row (not the packing's), a padded batch, a
-    # single sequence, positions not from 0, a jump, 3-D ids, a KV-cache step
+    # the plain causal mask over the whole row (what a builder unaware of the packing
+    # makes) is read as the packing too; refused: a full mask under a causal layer, one
+    # key dropped, a padded batch, a single sequence, positions not from 0, a jump, 3-D
+    # ids, a KV-cache step
     whole = torch.ones(1, 1, L, L, dtype=torch.bool).tril()
-    assert _packing.packed_sequences(q, k, whole, True, -1, kw) is None
+    assert _packing.packed_sequences(q, k, whole, True, -1, kw) is not None
+    assert _packing.packed_sequences(q, k, torch.ones(1, 1, L, L, dtype=torch.bool), True, -1,
+                                     kw) is None
+    holed = whole.clone()
+    holed[0, 0, 9, 6] = False
+    assert _packing.packed_sequences(q, k, holed, True, -1, kw) is None
     assert _packing.packed_sequences(q, k, block_mask(lens, False), True, -1, kw) is None
     assert _packing.packed_sequences(q.expand(2, -1, -1, -1), k, None, True, -1, kw) is None
     assert _packing.packed_sequences(q, k, None, True, -1,
@@ -153,6 +160,10 @@ def test_packed_logits_and_gradients(monkeypatch, arch, how):
                   max_length_k=max(LENS))
     spy = _Spy(monkeypatch)
     grads, logits = {}, {}
+    # the reference: eager on each document alone, what transformers' flash-attention
+    # path computes for a packed row (its documents apart). attn runs the row as varlen
+    # whether transformers' mask is the documents' block-diagonal one, none, or (its
+    # sliding-window layers) the row's plain causal mask
     for impl in ("attn", "eager"):
         model = build(transformers, arch, impl)
         out = model(input_ids=ids, **kw).logits[0] if impl == "attn" else _per_document(

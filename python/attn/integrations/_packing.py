@@ -14,10 +14,13 @@ of two ways, the ones its own flash-attention path reads
 
 The SDPA mask builder the backend registers makes, for such a row, the block-diagonal
 mask of those sequences (causal inside each block for a causal layer, and the sliding
-window where the layer has one), or none at all. packed_sequences() returns the packing
-only where running it as varlen without that mask means the same keys: batch 1, queries
-and keys the same rows (L == S), position ids that restart at 0 and otherwise count up by
-one, and a mask that is None or exactly that block-diagonal mask (read once per mask
+window where the layer has one), none at all, or (transformers 5.24, sliding-window
+layers) the row's plain causal sliding mask, unaware of the documents. packed_sequences()
+returns the packing where running it as varlen without that mask is what transformers'
+flash-attention path computes for the row: batch 1, queries and keys the same rows
+(L == S), position ids that restart at 0 and otherwise count up by one, and a mask that
+is None, exactly that block-diagonal mask or, for a causal layer, the plain causal
+(sliding) mask of the whole row (read once per mask
 tensor, remembered by identity and version counter as _padding.py does). Anything else
 (a padded batch, a KV cache step, per-head masks, 3-D M-RoPE position ids, an unrelated
 mask) returns None and the call takes the backend's ordinary path.
@@ -53,10 +56,16 @@ def _from_position_ids(pos: torch.Tensor, L: int) -> Optional[torch.Tensor]:
     return torch.cat([idx, torch.tensor([L])]).to(torch.int64)
 
 
-def _expected_mask(cu: torch.Tensor, L: int, causal: bool, window_left: int) -> torch.Tensor:
-    seq = torch.repeat_interleave(torch.arange(cu.numel() - 1), cu.diff())
+def _expected_mask(cu: Optional[torch.Tensor], L: int, causal: bool,
+                   window_left: int) -> torch.Tensor:
+    """The block-diagonal mask of the packing cu; cu None: the same over the whole row (the
+    mask a builder that does not know of the packing makes)."""
     i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
-    keep = seq[:, None] == seq[None, :]
+    if cu is None:
+        keep = torch.ones(L, L, dtype=torch.bool)
+    else:
+        seq = torch.repeat_interleave(torch.arange(cu.numel() - 1), cu.diff())
+        keep = seq[:, None] == seq[None, :]
     if causal:
         keep &= j <= i
     if window_left >= 0:
@@ -78,7 +87,12 @@ def _mask_ok(mask: Optional[torch.Tensor], cu: torch.Tensor, L: int, causal: boo
         ref, version, k, ok = _last
         if ref is not None and ref() is mask and version == mask._version and k == key:
             return ok
-    ok = bool(torch.equal(mask[0, 0], _expected_mask(cu, L, causal, window_left)))
+    # the packing's block-diagonal mask, or the row's plain causal (sliding) mask that a
+    # builder unaware of the packing makes (transformers 5's for sliding-window layers):
+    # position ids that restart mark documents, which its flash-attention path runs
+    # apart, as varlen does here
+    ok = bool(torch.equal(mask[0, 0], _expected_mask(cu, L, causal, window_left)) or
+              (causal and torch.equal(mask[0, 0], _expected_mask(None, L, causal, window_left))))
     if not mask.is_inference():
         _last = (weakref.ref(mask), mask._version, key, ok)
     return ok

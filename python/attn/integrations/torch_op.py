@@ -22,9 +22,12 @@ Two operators are defined with torch.library.custom_op:
   callers draw it from torch's default generator (draw_seed). ``sinks``: None or ``(H,)``,
   one attention-sink logit per query head (float32; a 16-bit one widened), differentiable.
 - ``attn::sdpa_backward(grad_out, query, key, value, out, lse, attn_mask, ..., dropout_p,
-  seed, sinks) -> (dq, dk, dv, d_sinks)``: the library's backward (attn_backward; the
-  same seed regenerates the forward's mask), registered as the forward's gradient with
-  torch.library.register_autograd; d_sinks has the sinks' dtype, ``(0,)`` without sinks.
+  seed, sinks, mask_grad) -> (dq, dk, dv, d_sinks, d_mask)``: the library's backward
+  (attn_backward; the same seed regenerates the forward's mask), registered as the
+  forward's gradient with torch.library.register_autograd; d_sinks has the sinks' dtype,
+  ``(0,)`` without sinks; d_mask, when a float attn_mask requires grad (T5's position
+  bias, a learned bias), its gradient (the library's d_bias, summed over its broadcast
+  dimensions) in its dtype and shape, ``(0,)`` otherwise.
 
 Both have fake (meta) implementations that give the output shapes and dtypes without
 computing, so torch.compile(fullgraph=True) traces through a model that calls them (no
@@ -49,7 +52,8 @@ import torch
 from torch import Tensor
 
 import attn
-from attn import _attn, _options
+from attn import _attn
+from attn import _options as _checks
 
 __all__ = ["sdpa", "draw_seed", "forward_no_grad", "direct_ok", "AttnShapeError",
            "AttnDtypeError"]
@@ -220,42 +224,60 @@ def _sdpa_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, windo
     return out, lse, weights
 
 
+def _mask_has_grad(attn_mask: Optional[Tensor]) -> bool:
+    return attn_mask is not None and attn_mask.is_floating_point()
+
+
 @torch.library.custom_op("attn::sdpa_backward", mutates_args=(), device_types="cpu")
 def _sdpa_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor, out: Tensor,
                    lse: Tensor, attn_mask: Optional[Tensor], is_causal: bool,
                    scale: Optional[float], enable_gqa: bool, window_left: int,
                    window_right: int, softcap: float, dropout_p: float = 0.0, seed: int = 0,
-                   sinks: Optional[Tensor] = None
-                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, d_sinks): d_sinks in the sinks' dtype and shape, (0,) float32 without
-    sinks. The forward's dropout_p and seed regenerate its mask."""
+                   sinks: Optional[Tensor] = None, mask_grad: bool = False
+                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, d_sinks, d_mask): d_sinks in the sinks' dtype and shape, (0,) float32
+    without sinks; d_mask, with mask_grad and a float attn_mask, its gradient (the library's
+    d_bias: summed over its broadcast dimensions) in its dtype and shape, (0,) float32
+    otherwise. The forward's dropout_p and seed regenerate its mask."""
     dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype) for x in (query, key, value))
     options = _options(is_causal, scale, enable_gqa, window_left, window_right, softcap,
                        dropout_p, seed)
     causal, scale, gqa, align, window, softcap, path, level, threads = options[:9]
     read = _sinks(sinks)
     d_sinks = None if read is None else torch.empty(read.shape, dtype=torch.float32)
+    mask = _mask(attn_mask)
+    d_mask = (torch.empty(mask.shape, dtype=torch.float32)
+              if mask_grad and _mask_has_grad(attn_mask) and mask.dtype == torch.float32
+              else None)
     try:
+        extra = {} if d_mask is None else {"grad_attn_mask": d_mask}
         _attn.backward(query.detach(), key.detach(), value.detach(), out.detach(),
-                       grad_out.detach(), lse.detach(), dq, dk, dv, _mask(attn_mask),
+                       grad_out.detach(), lse.detach(), dq, dk, dv, mask,
                        causal, scale, gqa, align, window, softcap, None, None, path, level,
-                       threads, read, d_sinks, **attn._dropout_kwargs(options))
+                       threads, read, d_sinks, **extra, **attn._dropout_kwargs(options))
     except (ValueError, TypeError) as e:
         _reraise(e)
     if d_sinks is None:
         d_sinks = torch.empty((0,), dtype=torch.float32)
     elif d_sinks.dtype != sinks.dtype:
         d_sinks = d_sinks.to(sinks.dtype)
-    return dq, dk, dv, d_sinks
+    if d_mask is None:
+        d_mask = torch.empty((0,), dtype=torch.float32)
+    elif d_mask.dtype != attn_mask.dtype:
+        d_mask = d_mask.to(attn_mask.dtype)
+    return dq, dk, dv, d_sinks, d_mask
 
 
 @_sdpa_backward.register_fake
 def _sdpa_backward_fake(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale,
                         enable_gqa, window_left, window_right, softcap, dropout_p=0.0, seed=0,
-                        sinks=None):
+                        sinks=None, mask_grad=False):
     d_sinks = (torch.empty_like(sinks) if sinks is not None
                else query.new_empty((0,), dtype=torch.float32))
-    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), d_sinks
+    d_mask = (torch.empty_like(attn_mask) if mask_grad and _mask_has_grad(attn_mask)
+              else query.new_empty((0,), dtype=torch.float32))
+    return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), d_sinks,
+            d_mask)
 
 
 def _setup_context(ctx, inputs, output):
@@ -269,11 +291,12 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_out, grad_lse, grad_weights):
     query, key, value, out, lse, attn_mask, sinks = ctx.saved_tensors
-    dq, dk, dv, d_sinks = torch.ops.attn.sdpa_backward(grad_out, query, key, value, out, lse,
-                                                       attn_mask, *ctx.options, sinks)
     need = ctx.needs_input_grad
+    mask_grad = bool(need[3]) and _mask_has_grad(attn_mask)
+    dq, dk, dv, d_sinks, d_mask = torch.ops.attn.sdpa_backward(
+        grad_out, query, key, value, out, lse, attn_mask, *ctx.options, sinks, mask_grad)
     return ((dq if need[0] else None), (dk if need[1] else None),
-            (dv if need[2] else None)) + (None,) * 10 + (
+            (dv if need[2] else None), (d_mask if mask_grad else None)) + (None,) * 9 + (
             (d_sinks if sinks is not None and need[13] else None),)
 
 
@@ -287,7 +310,7 @@ def draw_seed(seed: Optional[int] = None) -> int:
     the call reproducible), as attn.scaled_dot_product_attention draws them."""
     if seed is None:
         return int(torch.randint(-(1 << 63), (1 << 63) - 1, (), dtype=torch.int64))
-    seed = _options.integer("seed", seed, (-(1 << 63), _UINT64)) & _UINT64
+    seed = _checks.integer("seed", seed, (-(1 << 63), _UINT64)) & _UINT64
     return seed - (1 << 64) if seed >= 1 << 63 else seed
 
 
@@ -304,7 +327,7 @@ def sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] 
     draw_seed); sinks: None or one logit per query head, ``(H,)``, as
     attn.scaled_dot_product_attention's. Differentiable in query, key, value and sinks;
     traceable by torch.compile and torch.export."""
-    left, right = (-1, -1) if window is None else _options.window(window)
+    left, right = (-1, -1) if window is None else _checks.window(window)
     dropout_p = float(dropout_p)
     seed = draw_seed(seed) if dropout_p > 0.0 else 0
     out, _, weights = torch.ops.attn.sdpa(query, key, value, attn_mask, bool(is_causal),
