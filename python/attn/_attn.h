@@ -111,6 +111,11 @@ int set_sinks(call_inputs *c, PyObject *osinks);
  * The bindings, for the module's method table (_attn.c)
  * ================================================================================ */
 
+/* Calls alloc(shape, which, dtype) and imports the result for writing, checked to be what
+ * was asked for (the output may come back in another floating dtype: the library rounds
+ * to it); NULL with an exception set. _attn_forward.c */
+PyObject *alloc_output(PyObject *alloc, const int64_t *dims, int n, const char *which,
+                       attn_dtype want, imported *t);
 PyObject *py_forward(PyObject *self, PyObject *args, PyObject *kwargs);   // _attn_forward.c
 extern const char py_forward_doc[];
 PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kwargs);  // _attn_backward.c

@@ -17,8 +17,8 @@
  * was asked for. The output may come back in another floating dtype than `want` (the
  * library rounds to whichever it is given): a bfloat16 query whose framework the
  * allocator cannot make bfloat16 arrays for gets float32. */
-static PyObject *alloc_output(PyObject *alloc, const int64_t *dims, int n, const char *which,
-                              attn_dtype want, imported *t) {
+PyObject *alloc_output(PyObject *alloc, const int64_t *dims, int n, const char *which,
+                       attn_dtype want, imported *t) {
     PyObject *shape = shape_tuple(dims, n);
     if (!shape) return NULL;
     PyObject *obj = PyObject_CallFunction(alloc, "Oss", shape, which, attn_dtype_name(want));
@@ -28,7 +28,8 @@ static PyObject *alloc_output(PyObject *alloc, const int64_t *dims, int n, const
         Py_DECREF(obj);
         return NULL;
     }
-    const bool floating = t->dtype == ATTN_F32 || t->dtype == ATTN_F16 || t->dtype == ATTN_BF16;
+    const bool floating = t->dtype == ATTN_F32 || t->dtype == ATTN_F16 ||
+                          t->dtype == ATTN_BF16 || t->dtype == ATTN_F64;
     bool same = t->ndim == n && (t->dtype == want || (strcmp(which, "output") == 0 && floating));
     for (int d = 0; same && d < n; d++) same = t->shape[d] == dims[d];
     if (!same) {

@@ -104,33 +104,6 @@ static int varlen_resolve(varlen_inputs *in, attn_options *opt, PyObject *oq, Py
     return 0;
 }
 
-/* Calls alloc(shape, which, dtype) and imports the result for writing: the shape asked
- * for, and the dtype (the output: any floating dtype, the library rounds to it). */
-static PyObject *varlen_alloc(PyObject *alloc, const int64_t *dims, int n, const char *which,
-                              attn_dtype want, imported *t) {
-    PyObject *shape = shape_tuple(dims, n);
-    if (!shape) return NULL;
-    PyObject *obj = PyObject_CallFunction(alloc, "Oss", shape, which, attn_dtype_name(want));
-    Py_DECREF(shape);
-    if (!obj) return NULL;
-    if (import_tensor(obj, which, true, t) != 0) {
-        Py_DECREF(obj);
-        return NULL;
-    }
-    const bool floating = t->dtype == ATTN_F32 || t->dtype == ATTN_F16 ||
-                          t->dtype == ATTN_BF16 || t->dtype == ATTN_F64;
-    bool same = t->ndim == n && (t->dtype == want || (strcmp(which, "output") == 0 && floating));
-    for (int d = 0; same && d < n; d++) same = t->shape[d] == dims[d];
-    if (!same) {
-        imported_release(t);
-        Py_DECREF(obj);
-        PyErr_Format(PyExc_RuntimeError, "internal: the %s allocator returned the wrong "
-                     "shape or dtype", which);
-        return NULL;
-    }
-    return obj;
-}
-
 const char py_varlen_forward_doc[] = PyDoc_STR(
 "varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,\n"
 "               is_causal, scale, align, window, softcap, alibi_slopes, return_lse, path,\n"
@@ -193,11 +166,11 @@ PyObject *py_varlen_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
         goto done;
     }
     const int64_t o_dims[3] = {total_q, H, Dv}, lse_dims[2] = {H, total_q};
-    outs[0] = varlen_alloc(alloc, o_dims, 3, "output", in.q.dtype, &t[OUT]);
+    outs[0] = alloc_output(alloc, o_dims, 3, "output", in.q.dtype, &t[OUT]);
     if (!outs[0]) goto done;
     o = packed_view(&t[OUT]);
     if (want_lse) {
-        outs[1] = varlen_alloc(alloc, lse_dims, 2, "lse", lse_dt, &t[LSE]);
+        outs[1] = alloc_output(alloc, lse_dims, 2, "lse", lse_dt, &t[LSE]);
         if (!outs[1]) goto done;
         lse = packed_lse_view(&t[LSE]);
     }
