@@ -345,6 +345,15 @@ if [ "$(grep -c "check against the float64 path: per-seq ok .* paged ok .* casca
 else bad "bench --cascade output"; sed 's/^/    /' out.txt | tail -8; fi
 expect "bench --cascade --plant-error fails its check" 1 "$ATTN" bench --cascade --quick --reps 1 --plant-error
 expect "bench --cascade --reps 0" 2 "$ATTN" bench --cascade --reps 0
+# ---- packed (variable-length) batches (bench/bench_varlen.c) ----------------------------------
+expect "bench --varlen --quick" 0 "$ATTN" bench --varlen --quick --reps 1
+if [ "$(grep -c "varlen == separate calls, bit for bit: ok" out.txt)" -eq 5 ] &&
+    [ "$(grep -c "vs varlen, valid rows: .* ok$" out.txt)" -eq 10 ] &&
+    [ "$(grep -c "^forward \|^backward " out.txt)" -eq 8 ] && grep -q "^backward: varlen at " out.txt; then
+    ok "bench --varlen prints its checks, rows and ratios"
+else bad "bench --varlen output"; sed 's/^/    /' out.txt | tail -8; fi
+expect "bench --varlen --plant-error fails its check" 1 "$ATTN" bench --varlen --quick --reps 1 --plant-error
+expect "bench --varlen --reps 0" 2 "$ATTN" bench --varlen --reps 0
 # ---- attn bench masks (bench/cli_bench_masks.c) ----------------------------------------------
 expect "bench masks --quick --json-out" 0 "$ATTN" bench masks --quick --reps 1 --json-out masks.json
 pycheck "masks: seven groups (padding, causal+padding, detector, random), every row checked, ratios to the base" '
