@@ -543,3 +543,8 @@ __all__ += ["weights_grid"]
 from ._decode import KVCache, mha_decode  # noqa: E402
 
 __all__ += ["KVCache", "mha_decode"]
+
+# ---- FlexAttention-shaped calls: block masks and additive score_mods (python/attn/_flex.py)
+from ._flex import BlockMask, create_block_mask, flex_attention  # noqa: E402
+
+__all__ += ["BlockMask", "create_block_mask", "flex_attention"]
