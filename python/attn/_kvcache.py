@@ -108,7 +108,8 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v:
                            cache_seqlens: Any = None, block_table: Any = None,
                            softmax_scale: Optional[float] = None, causal: bool = False,
                            window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                           alibi_slopes: Any = None, return_softmax_lse: bool = False):
+                           alibi_slopes: Any = None, return_softmax_lse: bool = False,
+                           sinks: Any = None):
     """out = attention of q over the cache, FlashAttention's flash_attn_with_kvcache.
 
     q            [B, Lq, Hq, D]  float32, float16 or bfloat16
@@ -124,6 +125,10 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v:
     block_table  int32 [B, max_pages]: page p of sequence b is pool page block_table[b, p]
     causal       bottom-right causal (query row i sees keys up to Lk_b - Lq + i)
     window_size  (left, right), -1 = unbounded; alibi_slopes float32 [Hq]
+    sinks        float32 [Hq] (or a list; a 16-bit tensor widened): attention sinks, one
+                 logit per query head in each row's denominator with no value
+                 (attn_options.sinks; docs/CONTRACT.md, "Attention sinks"); the LSE
+                 includes them. Read as constants here (no gradient through this call)
     Returns out [B, Lq, Hq, D] (q's dtype), and with return_softmax_lse also the
     natural-log LSE [B, Hq, Lq] float32. NumPy in, NumPy out; torch in, torch out.
     """
@@ -189,6 +194,15 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v:
         ta = _Tensor(a.ctypes.data, _F32, (ctypes.c_int64 * 4)(Hq, 1, 1, 1), (ctypes.c_int64 * 4)(1, 0, 0, 0))
         keep.append(ta)
         opt.alibi_slopes = ctypes.addressof(ta)
+    if sinks is not None:
+        sk = np.ascontiguousarray(
+            sinks.detach().float().cpu().numpy() if _is_torch(sinks) else sinks, np.float32)
+        if sk.shape != (Hq,):
+            raise ValueError("sinks: expected shape (%d,), got %s" % (Hq, sk.shape))
+        keep.append(sk)
+        ts = _Tensor(sk.ctypes.data, _F32, (ctypes.c_int64 * 4)(Hq, 1, 1, 1), (ctypes.c_int64 * 4)(1, 0, 0, 0))
+        keep.append(ts)
+        opt.sinks = ctypes.addressof(ts)
     Dv = tv.shape[3]
     if _is_torch(q):
         torch = _torch()

@@ -154,3 +154,27 @@ def test_torch_in_place(rng):
     assert np.array_equal(got.numpy(), want)
     pos = lens[1] + 1
     assert np.array_equal(kp[table[1, pos // 16], pos % 16], kn[1, 1])  # written in place
+
+
+def test_sinks(rng):
+    """sinks= (issue 38: the C call had them, this one did not): the same bits as
+    attn.scaled_dot_product_attention with the same sinks over the cache's rows, LSE
+    included; a sink of -inf is no sink; a wrong shape refused before the append writes."""
+    q, k, v = _case(rng, Lq=2)
+    lens = np.array([48, 30], np.int32)
+    sinks = np.array([0.5, -1.0, 2.0, -np.inf], np.float32)
+    out, lse = attn.attention_with_kvcache(q, k, v, cache_seqlens=lens, causal=True,
+                                           sinks=sinks, return_softmax_lse=True)
+    ref, ref_lse = attn.scaled_dot_product_attention(
+        _bhld(q), _bhld(k), _bhld(v), is_causal=True, align="bottom-right", kv_len=lens,
+        enable_gqa=True, sinks=sinks, return_lse=True)
+    assert np.array_equal(_bhld(out), ref) and np.array_equal(lse, ref_lse)
+    plain = attn.attention_with_kvcache(q, k, v, cache_seqlens=lens, causal=True)
+    assert not np.array_equal(out[:, :, :3], plain[:, :, :3])  # the sinks change heads 0-2
+    assert np.array_equal(out[:, :, 3], plain[:, :, 3])        # -inf: no sink
+    kc, vc = k.copy(), v.copy()
+    new = rng.standard_normal((2, 1, 2, 16)).astype(np.float32)
+    with pytest.raises(ValueError, match="sinks"):
+        attn.attention_with_kvcache(q, kc, vc, k=new, v=new, cache_seqlens=lens - 1,
+                                    sinks=sinks[:3])
+    assert np.array_equal(kc, k) and np.array_equal(vc, v)
