@@ -104,6 +104,18 @@ def _f32_rows(x: Any, name: str) -> _View:
     return _View(x, name)
 
 
+def _head_vector(x: Any, name: str, Hq: int, keep: list) -> int:
+    """A float32 [Hq] vector (a list, NumPy array or torch tensor, read as a constant) as an
+    attn_tensor {Hq, 1, 1, 1}: its address (the arrays kept alive in keep)."""
+    a = np.ascontiguousarray(x.detach().float().cpu().numpy() if _is_torch(x) else x, np.float32)
+    if a.shape != (Hq,):
+        raise ValueError("%s: expected shape (%d,), got %s" % (name, Hq, a.shape))
+    t = _Tensor(a.ctypes.data, _F32, (ctypes.c_int64 * 4)(Hq, 1, 1, 1),
+                (ctypes.c_int64 * 4)(1, 0, 0, 0))
+    keep += [a, t]
+    return ctypes.addressof(t)
+
+
 def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v: Any = None,
                            cache_seqlens: Any = None, block_table: Any = None,
                            softmax_scale: Optional[float] = None, causal: bool = False,
@@ -185,24 +197,9 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v:
         opt.has_window, opt.window_left, opt.window_right = True, left, right
     opt.softcap = float(softcap)
     if alibi_slopes is not None:
-        a = np.ascontiguousarray(
-            alibi_slopes.detach().float().cpu().numpy() if _is_torch(alibi_slopes) else alibi_slopes,
-            np.float32)
-        if a.shape != (Hq,):
-            raise ValueError("alibi_slopes: expected shape (%d,), got %s" % (Hq, a.shape))
-        keep.append(a)
-        ta = _Tensor(a.ctypes.data, _F32, (ctypes.c_int64 * 4)(Hq, 1, 1, 1), (ctypes.c_int64 * 4)(1, 0, 0, 0))
-        keep.append(ta)
-        opt.alibi_slopes = ctypes.addressof(ta)
+        opt.alibi_slopes = _head_vector(alibi_slopes, "alibi_slopes", Hq, keep)
     if sinks is not None:
-        sk = np.ascontiguousarray(
-            sinks.detach().float().cpu().numpy() if _is_torch(sinks) else sinks, np.float32)
-        if sk.shape != (Hq,):
-            raise ValueError("sinks: expected shape (%d,), got %s" % (Hq, sk.shape))
-        keep.append(sk)
-        ts = _Tensor(sk.ctypes.data, _F32, (ctypes.c_int64 * 4)(Hq, 1, 1, 1), (ctypes.c_int64 * 4)(1, 0, 0, 0))
-        keep.append(ts)
-        opt.sinks = ctypes.addressof(ts)
+        opt.sinks = _head_vector(sinks, "sinks", Hq, keep)
     Dv = tv.shape[3]
     if _is_torch(q):
         torch = _torch()
