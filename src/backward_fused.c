@@ -100,6 +100,15 @@ static int64_t pad_rows(const bwd_plan *plan, int64_t n) {
     return (n + plan->row_pad - 1) / plan->row_pad * plan->row_pad;
 }
 
+/* options.d_bias written in place by the items (bwd_plan.gb_direct): a bias that
+ * broadcasts nowhere, or over the batch alone */
+static bool d_bias_in_place(const attn_bwd_params *bp) {
+    const int64_t *dn = bp->d_bias_n;
+    const attn_params *p = &bp->fwd;
+    return bp->d_bias && (bp->d_bias_full || (dn[0] == 1 && dn[1] == p->Hq && dn[2] == p->Lq &&
+                                              dn[3] == p->Lk));
+}
+
 static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     const attn_params *p = &bp->fwd;
     const int64_t dk = p->Dk, dv = p->Dv;
@@ -167,9 +176,7 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     if (sum_bytes == (size_t)-1 || __builtin_add_overflow(total, sum_bytes, &total)) return false;
     total = round64(total);
     plan->off_gb = total;
-    const int64_t *dn = bp->d_bias_n;
-    const bool direct = bp->d_bias && dn[0] == 1 && dn[1] == p->Hq && dn[2] == p->Lq && dn[3] == p->Lk;
-    const size_t gb_bytes = direct ? 0 : attn_d_bias_scratch(bp, sizeof(float));
+    const size_t gb_bytes = d_bias_in_place(bp) ? 0 : attn_d_bias_scratch(bp, sizeof(float));
     if (gb_bytes == (size_t)-1 || __builtin_add_overflow(total, gb_bytes, &total)) return false;
     if (__builtin_add_overflow(total, (size_t)64, &total)) return false;  // to align
     plan->total = total;
@@ -605,10 +612,8 @@ attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
     const int64_t row_chunks = (rows + 255) / 256;
     /* options.d_bias: every logit's gradient into d_bias itself (in place) or the
      * (B, Hq, Lq, Lk) array, from 0 (the tiles no row reads are never visited) */
-    const int64_t *dn = bp->d_bias_n;
-    const bool batch_shared = bp->d_bias && !bp->d_bias_full && dn[0] == 1 && dn[1] == p->Hq &&
-                              dn[2] == p->Lq && dn[3] == p->Lk;
-    if (bp->d_bias && (bp->d_bias_full || batch_shared)) {
+    const bool batch_shared = d_bias_in_place(bp) && !bp->d_bias_full;
+    if (d_bias_in_place(bp)) {
         plan.gb = bp->d_bias;
         plan.gb_direct = true;
         memcpy(plan.gb_s, bp->d_bias_s, sizeof plan.gb_s);

@@ -128,20 +128,12 @@ static attn_status run_dbias(bcall *t, attn_path path, int threads, float *got) 
     int64_t n[4];
     bias_shape(t, n);
     attn_tensor tdb = attn_tensor_4d(got, ATTN_F32, n[0], n[1], n[2], n[3]);
-    fill_sentinel(t->dqb, t->ndqb);
-    fill_sentinel(t->dkb, t->ndkb);
-    fill_sentinel(t->dvb, t->ndvb);
     fill_sentinel(got, count4(n));
     attn_options b = t->opt;
     b.path = path;
     b.threads = threads;
     b.d_bias = &tdb;
-    const attn_status st = attn_backward(&t->q, &t->k, &t->v, &t->o, &t->d_o, &t->lse, &t->dq,
-                                         &t->dk, &t->dv, &b);
-    gather_f32(&t->dq, t->got[0]);
-    gather_f32(&t->dk, t->got[1]);
-    gather_f32(&t->dv, t->got[2]);
-    return st;
+    return bcall_run_with(t, &b);
 }
 
 /* every element within eps magnitude (+ float32's smallest normal, for underflow) of ref;

@@ -97,8 +97,14 @@ typedef struct call_inputs {
     attn_tensor sinks;  // the attention sinks [H], when given (set_sinks)
 } call_inputs;
 
-/* Zeroes *c and fills c->opt from the arguments forward() and backward() share (the
- * options of parse_options, then the dropout's); -1 with an exception set. */
+/* *opt from the arguments every call shares: parse_options', then the dropout's; -1 with
+ * an exception set. */
+int parse_call_options(attn_options *opt, PyObject *oscale, double softcap, int causal,
+                       int align, PyObject *owindow, int path, int precision, int threads,
+                       double dropout_p, unsigned long long dropout_seed,
+                       unsigned long long dropout_offset);
+/* Zeroes *c and fills c->opt from the arguments forward() and backward() share
+ * (parse_call_options); -1 with an exception set. */
 int call_options(call_inputs *c, PyObject *oscale, double softcap, int causal, int align,
                  PyObject *owindow, int path, int precision, int threads, double dropout_p,
                  unsigned long long dropout_seed, unsigned long long dropout_offset);

@@ -197,15 +197,22 @@ void parse_dropout(attn_options *opt, double p, unsigned long long seed,
     opt->dropout_offset = offset;
 }
 
+int parse_call_options(attn_options *opt, PyObject *oscale, double softcap, int causal,
+                       int align, PyObject *owindow, int path, int precision, int threads,
+                       double dropout_p, unsigned long long dropout_seed,
+                       unsigned long long dropout_offset) {
+    if (parse_options(opt, oscale, softcap, causal, align, owindow, path, precision, threads) != 0)
+        return -1;
+    parse_dropout(opt, dropout_p, dropout_seed, dropout_offset);
+    return 0;
+}
+
 int call_options(call_inputs *c, PyObject *oscale, double softcap, int causal, int align,
                  PyObject *owindow, int path, int precision, int threads, double dropout_p,
                  unsigned long long dropout_seed, unsigned long long dropout_offset) {
     memset(c, 0, sizeof *c);
-    if (parse_options(&c->opt, oscale, softcap, causal, align, owindow, path, precision,
-                      threads) != 0)
-        return -1;
-    parse_dropout(&c->opt, dropout_p, dropout_seed, dropout_offset);
-    return 0;
+    return parse_call_options(&c->opt, oscale, softcap, causal, align, owindow, path, precision,
+                              threads, dropout_p, dropout_seed, dropout_offset);
 }
 
 void inputs_release(call_inputs *c) {

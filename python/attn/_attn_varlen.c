@@ -137,10 +137,9 @@ PyObject *py_varlen_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
                                      &dropout_p, &dropout_seed, &dropout_offset))
         return NULL;
     attn_options opt;
-    if (parse_options(&opt, oscale, softcap, causal, align, owindow, path, precision,
-                      threads) != 0)
+    if (parse_call_options(&opt, oscale, softcap, causal, align, owindow, path, precision,
+                           threads, dropout_p, dropout_seed, dropout_offset) != 0)
         return NULL;
-    parse_dropout(&opt, dropout_p, dropout_seed, dropout_offset);
 
     varlen_inputs in;
     memset(&in, 0, sizeof in);
@@ -275,10 +274,9 @@ PyObject *py_varlen_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
             &odsinks, &dropout_p, &dropout_seed, &dropout_offset))
         return NULL;
     attn_options opt;
-    if (parse_options(&opt, oscale, softcap, causal, align, owindow, path, precision,
-                      threads) != 0)
+    if (parse_call_options(&opt, oscale, softcap, causal, align, owindow, path, precision,
+                           threads, dropout_p, dropout_seed, dropout_offset) != 0)
         return NULL;
-    parse_dropout(&opt, dropout_p, dropout_seed, dropout_offset);
 
     varlen_inputs in;
     memset(&in, 0, sizeof in);

@@ -67,14 +67,11 @@ def _sum_to(g, shape4, groups=1):
     return g
 
 
-def reference_grads(q, k, v, d_o, mask=None, causal=False, scale=None, gqa=False,
-                    align="top-left", window=None, softcap=0.0, alibi=None, kv_len=None):
-    """((dq, dk, dv), (mag_q, mag_k, mag_v)) in float64, each of the shape of its input;
-    mag_* is the same gradient computed over absolute values (the float32 error scale)."""
-    rank, q4, k4, v4, scale, masked, bias = _setup(q, k, v, mask, causal, scale, gqa, align,
-                                                   window, alibi, kv_len, np.float64)
+def _softmax64(q4, k4, scale, masked, bias, softcap):
+    """(P, d s / d raw) in float64 of _setup's arrays: the contract's softmax of the logits
+    (softcap, then bias, then the masks), a fully masked row 0; the derivative 1 without
+    softcap."""
     B, H, Lq, Lk = masked.shape
-    do4 = np.broadcast_to(_as4d(d_o).astype(np.float64), (B, H, Lq, v4.shape[3]))
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         raw = scale * np.einsum("bhid,bhjd->bhij", q4, k4)
         dcap = 1.0
@@ -90,6 +87,30 @@ def reference_grads(q, k, v, d_o, mask=None, causal=False, scale=None, gqa=False
         full = np.isneginf(m)
         e = np.exp(s - np.where(full, 0.0, m))
         p = np.where(full, 0.0, e / np.where(full, 1.0, e.sum(axis=-1, keepdims=True)))
+    return p, dcap
+
+
+def _logit_mag(q4, k4, scale, masked, bias, softcap):
+    """A (tolerance.h): the largest logit magnitude |scale| Σ|q k| + |bias| + softcap over
+    the unmasked logits."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        a = abs(scale) * (np.abs(q4) @ np.abs(np.swapaxes(k4, -1, -2)))
+        if bias is not None:
+            a = a + np.where(np.isfinite(bias), np.abs(bias), 0.0)
+        a = a + (float(np.float32(softcap)) if softcap else 0.0)
+        a = np.where(masked | ~np.isfinite(a), 0.0, a)
+    return float(a.max()) if a.size else 0.0
+
+
+def reference_grads(q, k, v, d_o, mask=None, causal=False, scale=None, gqa=False,
+                    align="top-left", window=None, softcap=0.0, alibi=None, kv_len=None):
+    """((dq, dk, dv), (mag_q, mag_k, mag_v)) in float64, each of the shape of its input;
+    mag_* is the same gradient computed over absolute values (the float32 error scale)."""
+    rank, q4, k4, v4, scale, masked, bias = _setup(q, k, v, mask, causal, scale, gqa, align,
+                                                   window, alibi, kv_len, np.float64)
+    B, H, Lq, Lk = masked.shape
+    do4 = np.broadcast_to(_as4d(d_o).astype(np.float64), (B, H, Lq, v4.shape[3]))
+    p, dcap = _softmax64(q4, k4, scale, masked, bias, softcap)
     o = p @ v4
     dv4 = np.swapaxes(p, -1, -2) @ do4                                   # dV = Pᵀ dO
     dp = do4 @ np.swapaxes(v4, -1, -2)                                   # dP = dO Vᵀ
@@ -104,14 +125,7 @@ def reference_grads(q, k, v, d_o, mask=None, causal=False, scale=None, gqa=False
 
     Hkv = max(_as4d(k).shape[1], _as4d(v).shape[1])
     groups = H // Hkv if gqa else 1
-    # the largest logit magnitude A (tolerance.h): |scale| Σ|q k| + |bias| + softcap
-    with np.errstate(invalid="ignore", over="ignore"):
-        a = abs(scale) * (np.abs(q4) @ np.abs(np.swapaxes(k4, -1, -2)))
-        if bias is not None:
-            a = a + np.where(np.isfinite(bias), np.abs(bias), 0.0)
-        a = a + (float(np.float32(softcap)) if softcap else 0.0)
-        a = np.where(masked | ~np.isfinite(a), 0.0, a)
-    A = float(a.max()) if a.size else 0.0
+    A = _logit_mag(q4, k4, scale, masked, bias, softcap)
     D, Dv = q4.shape[3], v4.shape[3]
     out = []
     for n, (g4, x, grp) in enumerate(((dq4, q, 1), (dk4, k, groups), (dv4, v, groups),
@@ -162,21 +176,8 @@ def reference_bias_grad(q, k, v, d_o, mask, causal=False, scale=None, gqa=False,
                                                    window, None, None, np.float64)
     B, H, Lq, Lk = masked.shape
     do4 = np.broadcast_to(_as4d(d_o).astype(np.float64), (B, H, Lq, v4.shape[3]))
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        raw = scale * np.einsum("bhid,bhjd->bhij", q4, k4)
-        s = raw
-        if softcap:
-            c = float(np.float32(softcap))
-            s = c * np.tanh(raw / c)
-        s = s + bias
-        s = np.where(masked, -np.inf, s)
-        m = s.max(axis=-1, keepdims=True) if Lk else np.full((B, H, Lq, 1), -np.inf)
-        full = np.isneginf(m)
-        e = np.exp(s - np.where(full, 0.0, m))
-        p = np.where(full, 0.0, e / np.where(full, 1.0, e.sum(axis=-1, keepdims=True)))
-        a = abs(scale) * (np.abs(q4) @ np.abs(np.swapaxes(k4, -1, -2)))
-        a = a + np.where(np.isfinite(bias), np.abs(bias), 0.0) + (float(np.float32(softcap)) if softcap else 0.0)
-        A = float(np.where(masked | ~np.isfinite(a), 0.0, a).max()) if a.size else 0.0
+    p = _softmax64(q4, k4, scale, masked, bias, softcap)[0]
+    A = _logit_mag(q4, k4, scale, masked, bias, softcap)
     o = p @ v4
     dp = do4 @ np.swapaxes(v4, -1, -2)
     g = p * (dp - (do4 * o).sum(axis=-1, keepdims=True))

@@ -337,15 +337,21 @@ static inline double dbias_eps(const bcall *t) {
 
 /* the backward on `path` with `threads`, gradients first filled with the sentinel;
  * then gathered into t->got */
+static inline attn_status bcall_run_with(bcall *t, const attn_options *b);
 static inline attn_status bcall_run(bcall *t, attn_path path, int threads) {
-    fill_sentinel(t->dqb, t->ndqb);
-    fill_sentinel(t->dkb, t->ndkb);
-    fill_sentinel(t->dvb, t->ndvb);
     attn_options b = t->opt;
     b.path = path;
     b.threads = threads;
+    return bcall_run_with(t, &b);
+}
+
+/* the same with options of the caller's (t->opt's, with outputs such as d_bias added) */
+static inline attn_status bcall_run_with(bcall *t, const attn_options *b) {
+    fill_sentinel(t->dqb, t->ndqb);
+    fill_sentinel(t->dkb, t->ndkb);
+    fill_sentinel(t->dvb, t->ndvb);
     const attn_status st = attn_backward(&t->q, &t->k, &t->v, &t->o, &t->d_o, &t->lse, &t->dq,
-                                         &t->dk, &t->dv, &b);
+                                         &t->dk, &t->dv, b);
     gather_f32(&t->dq, t->got[0]);
     gather_f32(&t->dk, t->got[1]);
     gather_f32(&t->dv, t->got[2]);
