@@ -236,6 +236,25 @@ typedef struct attn_options {
      * wanted. Requires bias; must be NULL in every other call (ATTN_ERR_VALUE).
      * docs/CONTRACT.md, "The bias's gradient". */
     const attn_tensor *d_bias;
+    /* A block-sparse bool mask (attn_block_mask_create, below; fields added after the
+     * rest), applied as options.mask would be (true = attend) and together with it, by
+     * attn_forward, attn_backward, attn_weights_grid and the reference path; built once
+     * and reused by any number of calls, which read only its blocks that are not empty or
+     * full. Its B and H must be the call's (or 1: shared). NULL = none. Refused
+     * (ATTN_ERR_UNSUPPORTED) by the varlen, cascade, multi-head, additive and MPI calls
+     * and with a paged cache. docs/CONTRACT.md, "Block masks". */
+    const struct attn_block_mask *block_mask;
+    /* A user score function (fields added after the rest): the scaled logit
+     * s = scale * q_i . k_j becomes score_mod(s, b, h, i, j, score_mod_ctx) before
+     * softcap, bias, ALiBi and the masks (b, h: the call's batch and query head, i, j:
+     * the query row and key). attn_backward needs its derivative d score_mod / d s in
+     * score_mod_grad (same arguments; NULL there: ATTN_ERR_VALUE). Both are called from
+     * every thread of the call, concurrently, any number of times per logit, and must be
+     * pure functions of their arguments. NULL = none. docs/CONTRACT.md, "Score
+     * functions". */
+    float (*score_mod)(float s, int64_t b, int64_t h, int64_t i, int64_t j, void *ctx);
+    float (*score_mod_grad)(float s, int64_t b, int64_t h, int64_t i, int64_t j, void *ctx);
+    void *score_mod_ctx;
 } attn_options;
 
 /* ---- calls -------------------------------------------------------------------------- */
@@ -289,6 +308,43 @@ ATTN_API attn_status attn_backward_workspace_size(const attn_tensor *q, const at
                                                   const attn_tensor *dq, const attn_tensor *dk,
                                                   const attn_tensor *dv,
                                                   const attn_options *opt, size_t *bytes);
+
+/* ---- block masks ----------------------------------------------------------------------
+ * A bool mask over [B|1, H|1, Lq, Lk] (B or H of 1: the same for every batch or head),
+ * kept as its structure: for every 64 query rows x 16 keys whether all are kept ("full"),
+ * none ("empty"), or some ("partial"), each row's first and last kept key, and the
+ * elements of the partial blocks only. Memory: 17 bytes per row, 9 bytes per block and
+ * 1 KiB per partial block; a document or sliding-window mask of 8192 tokens holds about
+ * 2 MiB where the dense mask is 64 MiB. Calls given it (options.block_mask) skip its
+ * empty blocks without reading anything, run its full ones as if unmasked and read the
+ * elements of its partial ones only. Immutable once made: any number of calls and
+ * threads may share it. */
+typedef struct attn_block_mask attn_block_mask;
+
+/* Makes one from keep(b, h, i, j) (nonzero = attend), called once per element in order
+ * (b, h, i, j), from the calling thread only. B, H, Lq, Lk >= 1 (B or H = 1: shared). */
+ATTN_API attn_status attn_block_mask_create(int64_t B, int64_t H, int64_t Lq, int64_t Lk,
+                                            int (*keep)(int64_t b, int64_t h, int64_t i,
+                                                        int64_t j, void *ctx),
+                                            void *ctx, attn_block_mask **out);
+
+/* Makes one from a bool tensor [B|1, H|1, Lq, Lk] (any strides; a batch or head
+ * dimension of stride 0 is stored once). */
+ATTN_API attn_status attn_block_mask_from_tensor(const attn_tensor *mask, attn_block_mask **out);
+
+/* Frees one (NULL: nothing). */
+ATTN_API void attn_block_mask_free(attn_block_mask *mask);
+
+/* What one holds: its dims (B, H: 1 when shared) and its blocks of 64 rows x 16 keys by
+ * kind, and the bytes it takes. */
+typedef struct attn_block_mask_info {
+    int64_t B, H, Lq, Lk;
+    int64_t block_rows, block_keys;       /* 64, 16 */
+    int64_t empty, full, partial;         /* blocks of each kind, over B x H            */
+    size_t bytes;
+} attn_block_mask_info;
+ATTN_API attn_status attn_block_mask_get_info(const attn_block_mask *mask,
+                                              attn_block_mask_info *info);
 
 /* ---- packed (variable-length) batches -------------------------------------------------
  * B sequences of different lengths packed along the row dimension, as FlashAttention's

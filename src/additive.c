@@ -132,9 +132,10 @@ attn_status attn_additive_params_init(attn_additive_params *p, const attn_tensor
                          "paged cache) is not supported");
     TRY(attn_params_init(&p->m, &q_as_k, k, val, o, opt, need_data));
     if (opt && (opt->has_scale || opt->softcap != 0.0f || opt->bias || opt->alibi_slopes ||
-                opt->sinks))
+                opt->sinks || opt->block_mask || opt->score_mod))
         return attn_fail(ATTN_ERR_UNSUPPORTED, "additive attention: options.has_scale, "
-                         "softcap, bias, alibi_slopes and sinks are not supported");
+                         "softcap, bias, alibi_slopes, sinks, block_mask and score_mod are "
+                         "not supported");
     if (p->m.dropout)
         return attn_fail(ATTN_ERR_UNSUPPORTED, "additive attention: options.dropout_p = %g is "
                          "not supported (dropout is the dot-product calls')", (double)opt->dropout_p);

@@ -142,7 +142,47 @@ typedef struct attn_params {
      * every entry a valid key reaches is in [0, num_pages) (checked by api.c) */
     const int32_t *block_table;  int64_t bt_s[2];
     int64_t page_size, num_pages;
+    /* a block mask (opt->block_mask, block_mask.c), NULL = none; and a score function
+     * (opt->score_mod) with its derivative (NULL in a forward call that gave none) */
+    const struct attn_block_mask *block;
+    float (*score_mod)(float, int64_t, int64_t, int64_t, int64_t, void *);
+    float (*score_mod_grad)(float, int64_t, int64_t, int64_t, int64_t, void *);
+    void *score_mod_ctx;
 } attn_params;
+
+/* The block mask's layout (attn.h's opaque attn_block_mask; made by block_mask.c, read
+ * by the mask summary and per logit by attn_block_keep). Blocks of ATTN_BLOCK_ROWS query
+ * rows x ATTN_BLOCK_KEYS keys (the mask summary's, mask_summary.h); a dim of nb or nh 1
+ * is shared by every batch or head. */
+enum { ATTN_BLOCK_ROWS = 64, ATTN_BLOCK_KEYS = 16 };
+enum { ATTN_BLOCK_FULL = 1, ATTN_BLOCK_EMPTY = 2, ATTN_BLOCK_PARTIAL = 3 };  // OR of the two
+struct attn_block_mask {
+    int64_t nb, nh, Lq, Lk;       // B or 1, H or 1
+    int64_t qblocks, granules;    // ceil(Lq / ATTN_BLOCK_ROWS), ceil(Lk / ATTN_BLOCK_KEYS)
+    int64_t *hull;                // (nb, nh, Lq, 2): [first, past-the-last) kept key; [0, 0)
+    uint8_t *dense;               // (nb, nh, Lq): every key of the hull is kept
+    uint8_t *code;                // (nb, nh, qblocks, granules): ATTN_BLOCK_FULL, _EMPTY, _PARTIAL
+    int64_t *slot;                // the same cells: a partial block's index in cells, else -1
+    uint8_t *cells;               // (partial, ATTN_BLOCK_ROWS, ATTN_BLOCK_KEYS): 1 = kept
+    int64_t empty, full, partial;
+    size_t bytes;
+};
+
+/* Whether block mask m keeps key j of row i, head h, batch b (all within its dims). */
+static inline bool attn_block_keep(const struct attn_block_mask *m, int64_t b, int64_t h,
+                                   int64_t i, int64_t j) {
+    const int64_t u = (((m->nb == 1 ? 0 : b) * m->nh + (m->nh == 1 ? 0 : h)) * m->qblocks +
+                       i / ATTN_BLOCK_ROWS) * m->granules + j / ATTN_BLOCK_KEYS;
+    const uint8_t c = m->code[u];
+    if (c != ATTN_BLOCK_PARTIAL) return c == ATTN_BLOCK_FULL;
+    return m->cells[(m->slot[u] * ATTN_BLOCK_ROWS + i % ATTN_BLOCK_ROWS) * ATTN_BLOCK_KEYS +
+                    j % ATTN_BLOCK_KEYS] != 0;
+}
+
+/* Row i of head h, batch b under block mask m: s[c * ld] = -inf for each key j0 + c
+ * (0 <= c < n) that m does not keep; the others are left as they are. */
+ATTN_PRIVATE void attn_block_mask_row(const struct attn_block_mask *m, int64_t b, int64_t h,
+                                      int64_t i, int64_t j0, int64_t n, float *s, int64_t ld);
 
 /* The dropout row r of (b, h, i) and the key count of the group formula (philox.h),
  * through the call's layout (drop_b0, drop_Lq, drop_Lk above): every path that draws a
@@ -211,11 +251,13 @@ static inline void attn_row_range(const attn_params *p, int64_t lk_b, int64_t i,
     *hi = e;
 }
 
-/* Everything about logit s_ij beyond scale·dot: softcap, float bias, ALiBi, bool mask.
+/* Everything about logit s_ij beyond scale·dot: score function, softcap, float bias,
+ * ALiBi, bool mask, block mask.
  * Returns the final logit, -INFINITY when masked. Shared by every path so that they
  * cannot disagree on the order of operations (CONTRACT: softcap, then bias, then masks). */
 static inline float attn_finish_logit(const attn_params *p, float s, int64_t b, int64_t h,
                                       int64_t i, int64_t j, int64_t d_i) {
+    if (p->score_mod) s = p->score_mod(s, b, h, i, j, p->score_mod_ctx);
     if (p->softcap > 0.0f) s = p->softcap * tanhf(s / p->softcap);
     if (p->bias) {  // a -inf bias masks its key whatever s is (NaN and +inf included)
         const float x =
@@ -230,6 +272,7 @@ static inline float attn_finish_logit(const attn_params *p, float s, int64_t b, 
     if (p->mask &&
         !p->mask[b * p->mask_s[0] + h * p->mask_s[1] + i * p->mask_s[2] + j * p->mask_s[3]])
         s = -INFINITY;
+    if (p->block && !attn_block_keep(p->block, b, h, i, j)) s = -INFINITY;
     return s;
 }
 
@@ -248,7 +291,7 @@ static inline bool attn_rows_finite(const float *x, int64_t ld, int64_t n, int64
 
 /* True when the call has per-element terms beyond scale·dot. */
 static inline bool attn_has_elementwise(const attn_params *p) {
-    return p->softcap > 0.0f || p->bias || p->alibi || p->mask;
+    return p->softcap > 0.0f || p->bias || p->alibi || p->mask || p->block || p->score_mod;
 }
 
 /* The one place that fills attn_params from the public arguments (params.c). need_data =

@@ -104,6 +104,9 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
         bp->d_sinks = (float *)attn_view_data(t, &bp->d_sinks_s, 1);
     }
 
+    if (opt && opt->score_mod && !opt->score_mod_grad)
+        return attn_fail(ATTN_ERR_VALUE, "options.score_mod is given without score_mod_grad, "
+                         "its derivative, which attn_backward needs");
     if (opt && opt->d_bias) {
         const attn_tensor *t = opt->d_bias, *bias = opt->bias;
         if (!bias)

@@ -189,7 +189,8 @@ static void finish_row(const attn_params *pr, double *s, double *cap, int64_t c_
         }
         return;
     }
-    if (pr->mask && !pr->bias && !pr->alibi && !(pr->softcap > 0.0f)) {
+    if (pr->mask && !pr->bias && !pr->alibi && !(pr->softcap > 0.0f) &&
+        !pr->block && !pr->score_mod) {
         /* a bool mask alone: attn_ref_finish keeps the logit or makes it -inf, here by
          * the byte read in line */
         const uint8_t *m_i = pr->mask + b * pr->mask_s[0] + h * pr->mask_s[1] + i * pr->mask_s[2];
@@ -453,14 +454,15 @@ attn_status attn_fused_f64_backward(const attn_bwd_params *bp, void *ws) {
     double *base = ws, *LSE = base + pl.off_lse, *D = base + pl.off_D;
     attn_mask_summary sum;
     attn_params open;
-    if (p->mask || p->bias) {
+    if (p->mask || p->bias || p->block) {
         attn_mask_summary_init(p, (void *)(((uintptr_t)(base + pl.off_sum) + 63) & ~(uintptr_t)63),
                                &sum);
         open = *p;
         open.mask = NULL;
         open.bias = NULL;
+        open.block = NULL;
     }
-    const attn_mask_summary *sp = p->mask || p->bias ? &sum : NULL;
+    const attn_mask_summary *sp = p->mask || p->bias || p->block ? &sum : NULL;
     /* options.d_bias: each logit's gradient from the key sweep (which visits every tile
      * once) into the array, from 0 (the tiles no row reads are never visited) */
     if (bp->d_bias) {

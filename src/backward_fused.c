@@ -144,7 +144,7 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     CARVE(off_do, (size_t)(plan->bq * dv) * f);       // their dO, likewise
     CARVE(off_s, tile);                               // S, then P      (bq, ld)
     CARVE(off_dp, tile);                              // dP, then dS    (bq, ld)
-    CARVE(off_cap, p->softcap > 0.0f ? tile : 0);     // 1 - tanh²      (bq, ld)
+    CARVE(off_cap, p->softcap > 0.0f || p->score_mod ? tile : 0);  // ds/draw (bq, ld)
     CARVE(off_dk, (size_t)(bk * dk) * f);             // the block's dK (nk, Dk)
     CARVE(off_dv, (size_t)(bk * dv) * f);             // the block's dV (nk, Dv)
     CARVE(off_lse, plan->bq * f);
@@ -351,6 +351,8 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
      * or every row's whole range) */
     const attn_params *pt = plan->sum && (open_tile || dense) ? plan->open : p;
     const bool elementwise = attn_has_elementwise(pt), softcap = p->softcap > 0.0f;
+    /* ds/draw per logit, cap: the score function's derivative times softcap's */
+    const bool chain = softcap || p->score_mod;
 
     /* forward (tile_logits): s = scale q_i · k_j, S = scale Q Kᵀ here in (rows, keys) */
     kern->qk(nk, nkpad, n, dk, w->kd, w->kt, ld, q, ldq, p->scale, w->s, ld);
@@ -367,9 +369,19 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
         if (elementwise) {
             const int64_t i = t->i0 + r, d_i = attn_diagonal(p, t->lk_b, i);
             for (int64_t c = a; c < e; c++) {
-                if (softcap) {  // forward: s = softcap * tanh(s / softcap); ds/draw = 1 - tanh²
-                    const float th = tanhf(s_r[c] / p->softcap);
-                    cap_r[c] = 1.0f - th * th;
+                if (chain) {
+                    /* forward: s = score_mod(raw), then s = softcap * tanh(s / softcap);
+                     * ds/draw = score_mod'(raw) (1 - tanh²) */
+                    float x = s_r[c], f = 1.0f;
+                    if (p->score_mod) {
+                        f = p->score_mod_grad(x, t->b, t->h, i, t->j0 + c, p->score_mod_ctx);
+                        x = p->score_mod(x, t->b, t->h, i, t->j0 + c, p->score_mod_ctx);
+                    }
+                    if (softcap) {
+                        const float th = tanhf(x / p->softcap);
+                        f *= 1.0f - th * th;
+                    }
+                    cap_r[c] = f;
                 }
                 s_r[c] = attn_finish_logit(pt, s_r[c], t->b, t->h, i, t->j0 + c, d_i);
             }
@@ -447,14 +459,14 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
             } else {
                 for (int64_t c = 0; c < nk; c++) gb_r[c * plan->gb_s[3]] = dS_r[c];
             }
-            if (softcap) {
+            if (chain) {
 #pragma omp simd
                 for (int64_t c = 0; c < nkpad; c++) dS_r[c] = unless_zero(P_r[c], dS_r[c] * cap_r[c] * scale);
             } else {
 #pragma omp simd
                 for (int64_t c = 0; c < nkpad; c++) dS_r[c] = unless_zero(P_r[c], dS_r[c] * scale);
             }
-        } else if (softcap) {
+        } else if (chain) {
 #pragma omp simd
             for (int64_t c = 0; c < nkpad; c++) {
                 const float dp = dropout ? unless_zero(z_r[c], dS_r[c] * z_r[c]) : dS_r[c];
@@ -600,11 +612,12 @@ attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
     attn_mask_summary sum;
     attn_params open;
     /* key padding reaches here as key lengths already (attn_key_padding, mask_summary.h) */
-    if (p->mask || p->bias) {
+    if (p->mask || p->bias || p->block) {
         attn_mask_summary_init(p, base + plan.off_sum, &sum);
         open = *p;
         open.mask = NULL;
         open.bias = NULL;
+        open.block = NULL;
         plan.sum = &sum;
         plan.open = &open;
     }

@@ -41,9 +41,10 @@ typedef struct cascade_plan {
 } cascade_plan;
 
 static attn_status refuse_options(const attn_options *opt) {
-    if (opt->mask || opt->bias || opt->alibi_slopes)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "cascade: options.mask, bias and alibi_slopes are "
-                         "not supported (they would be cut between prefix and suffix)");
+    if (opt->mask || opt->bias || opt->alibi_slopes || opt->block_mask || opt->score_mod)
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "cascade: options.mask, bias, alibi_slopes, "
+                         "block_mask and score_mod are not supported (they would be cut "
+                         "between prefix and suffix)");
     if (opt->has_window)
         return attn_fail(ATTN_ERR_UNSUPPORTED, "cascade: a sliding window is not supported");
     if (opt->weights)

@@ -232,7 +232,10 @@ const attn_params *fused_tile_params(const attn_params *p, const fused_plan *pla
 static void finish_tile(const attn_params *p, const fused_scratch *w, const fused_block *blk,
                         int64_t nk, int64_t lds, int64_t j0, bool boundary) {
     const bool elementwise = attn_has_elementwise(p);
-    const bool mask_only = p->mask && !p->bias && !p->alibi && !(p->softcap > 0.0f);
+    const bool mask_only = p->mask && !p->bias && !p->alibi && !(p->softcap > 0.0f) &&
+        !p->block && !p->score_mod;
+    const bool block_only = p->block && !p->mask && !p->bias && !p->alibi &&
+                            !(p->softcap > 0.0f) && !p->score_mod;
     const int64_t b = blk->b;
     if (mask_only && p->mask_s[3] == 1 && w->h[0] == w->h[blk->n - 1]) {
         /* one head, consecutive rows: the mask's rows are ldm = mask_s[2] apart and its
@@ -258,6 +261,10 @@ static void finish_tile(const attn_params *p, const fused_scratch *w, const fuse
         }
         if (!elementwise) continue;
         const int64_t h = w->h[r], i = w->i[r];
+        if (block_only) {  // the block mask's elements, a run of keys at a time
+            attn_block_mask_row(p->block, b, h, i, j0 + c_lo, c_hi - c_lo, s_r + c_lo * lds, lds);
+            continue;
+        }
         const uint8_t *m = p->mask ? p->mask + b * p->mask_s[0] + h * p->mask_s[1] +
                                          i * p->mask_s[2] + j0 * p->mask_s[3]
                                    : NULL;
@@ -547,8 +554,9 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         const attn_params *pt = fused_tile_params(p, plan, blk, j0, nk);
         if (!pt) continue;
         const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
-        /* a bool mask or a bias can mask any key: their tiles skip zero weights */
-        const bool clean = !boundary && !pt->mask && !pt->bias;
+        /* a bool mask, a bias, a block mask or a score function can mask any key: their
+         * tiles skip zero weights */
+        const bool clean = !boundary && !pt->mask && !pt->bias && !pt->block && !pt->score_mod;
         if (decode && clean && kern->decode_rows && !attn_kv_one_run(p, j0, nk)) {
             /* a tile across pages, in one step on its rows' addresses: the arithmetic of
              * the contiguous cache's tile, bit for bit, read in place from the pages. The
@@ -718,11 +726,12 @@ attn_status attn_fused_forward(const attn_params *p, void *ws) {
     attn_mask_summary sum;
     attn_params open;
     /* key padding reaches here as key lengths already (attn_key_padding, mask_summary.h) */
-    if (p->mask || p->bias) {
+    if (p->mask || p->bias || p->block) {
         attn_mask_summary_init(p, (char *)part + round64(partials), &sum);
         open = *p;
         open.mask = NULL;
         open.bias = NULL;
+        open.block = NULL;
         plan.sum = &sum;
         plan.open = &open;
     }

@@ -128,7 +128,8 @@ static void tile_logits(const attn_params *p, int64_t j0, int64_t nk, int64_t lo
         for (int64_t c = 0; c < nk; c++) s_r[c] *= scale;
         return;
     }
-    if (p->mask && !p->bias && !p->alibi && !(p->softcap > 0.0f)) {
+    if (p->mask && !p->bias && !p->alibi && !(p->softcap > 0.0f) &&
+        !p->block && !p->score_mod) {
         /* a bool mask alone: attn_ref_finish keeps the logit or makes it -inf, here by
          * the byte read in line */
         const uint8_t *m_i = p->mask + b * p->mask_s[0] + h * p->mask_s[1] + i * p->mask_s[2];
@@ -294,12 +295,13 @@ attn_status attn_fused_f64_forward(const attn_params *p, void *ws) {
     attn_mask_summary sum;
     attn_params open;
     f64_call x = {.p = p};
-    if (p->mask || p->bias) {
+    if (p->mask || p->bias || p->block) {
         void *at = (void *)(((uintptr_t)(base + pl.per_thread * p->threads) + 63) & ~(uintptr_t)63);
         attn_mask_summary_init(p, at, &sum);
         open = *p;
         open.mask = NULL;
         open.bias = NULL;
+        open.block = NULL;
         x.sum = &sum;
         x.open = &open;
     }

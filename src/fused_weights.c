@@ -87,7 +87,7 @@ void fused_block_weights(const attn_params *p, const attn_kernels *kern,
             continue;
         }
         const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
-        if (!(decode && !boundary && !pt->mask && !pt->bias)) {
+        if (!(decode && !boundary && !pt->mask && !pt->bias && !pt->block && !pt->score_mod)) {
             /* the sweep's P of this tile: row r times exp(m_t - m) / l */
             float *x = w->mt + (j0 - blk->jmin) / plan->bk * ld;
             for (int64_t r = 0; r < n; r++) x[r] = m[r] == -INFINITY ? 0.0f : x[r] - m[r];

@@ -178,6 +178,14 @@ static void build_block(const attn_params *p, const attn_sum_one *t, const int64
 
 void attn_mask_summary_init(const attn_params *p, void *mem, attn_mask_summary *s) {
     both(p, s);
+    if (p->block) {  // its summary is the block mask itself
+        const attn_block_mask *m = p->block;
+        s->block = (attn_sum_one){.src = m, .nb = m->nb, .nh = m->nh, .nq = m->Lq,
+                                  .qblocks = m->qblocks, .granules = m->granules,
+                                  .hull = m->hull, .dense = m->dense, .code = m->code};
+    } else {
+        s->block = (attn_sum_one){0};
+    }
     char *at = mem;
     place(&s->mask, &at);
     place(&s->bias, &at);
@@ -193,6 +201,7 @@ static int64_t row_index(const attn_sum_one *t, int64_t b, int64_t h, int64_t i)
 
 /* block u of t, summarized first if no thread has done it yet */
 static void ensure(const attn_params *p, const attn_sum_one *t, bool is_bool, int64_t u) {
+    if (!t->state) return;  // built in advance
     if (atomic_load_explicit(&t->state[u], memory_order_acquire) == 2) return;
     int expected = 0;
     if (atomic_compare_exchange_strong_explicit(&t->state[u], &expected, 1, memory_order_acq_rel,
@@ -219,7 +228,8 @@ bool attn_mask_summary_row(const attn_params *p, const attn_mask_summary *s, int
                            int64_t h, int64_t i, int64_t *lo, int64_t *hi) {
     const bool dm = narrow(p, &s->mask, true, b, h, i, lo, hi);
     const bool db = narrow(p, &s->bias, false, b, h, i, lo, hi);
-    return dm && db;
+    const bool dk = narrow(p, &s->block, true, b, h, i, lo, hi);
+    return dm && db && dk;
 }
 
 /* the OR of one tensor's flags over the tile; ATTN_SUM_OPEN without the tensor */
@@ -243,8 +253,10 @@ attn_tile_class attn_mask_summary_tile(const attn_params *p, const attn_mask_sum
                                        int64_t nk) {
     const unsigned fm = tile_flags(p, &s->mask, true, b, h0, nh, qb, j0, nk);
     const unsigned fb = tile_flags(p, &s->bias, false, b, h0, nh, qb, j0, nk);
-    if (fm == ATTN_SUM_MASKED || fb == ATTN_SUM_MASKED) return ATTN_TILE_MASKED;
-    if (fm == ATTN_SUM_OPEN && fb == ATTN_SUM_OPEN) return ATTN_TILE_OPEN;
+    const unsigned fk = tile_flags(p, &s->block, true, b, h0, nh, qb, j0, nk);
+    if (fm == ATTN_SUM_MASKED || fb == ATTN_SUM_MASKED || fk == ATTN_SUM_MASKED)
+        return ATTN_TILE_MASKED;
+    if (fm == ATTN_SUM_OPEN && fb == ATTN_SUM_OPEN && fk == ATTN_SUM_OPEN) return ATTN_TILE_OPEN;
     return ATTN_TILE_MIXED;
 }
 

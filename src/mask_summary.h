@@ -29,10 +29,11 @@
 /* the granularity of the table: rows per block (the fused paths' query blocks of the list's bq;
  * a forward block of another bq asks each block its rows reach: fused_tile_params) and keys
  * per granule (a divisor of every key tile the fused paths use) */
-enum { ATTN_SUM_ROWS = 64, ATTN_SUM_KEYS = 16 };
+enum { ATTN_SUM_ROWS = ATTN_BLOCK_ROWS, ATTN_SUM_KEYS = ATTN_BLOCK_KEYS };
 
-/* what the cells of a granule (or a tile) hold, OR-ed together */
-enum { ATTN_SUM_OPEN = 1, ATTN_SUM_MASKED = 2, ATTN_SUM_OTHER = 4 };
+/* what the cells of a granule (or a tile) hold, OR-ed together (a block mask's codes,
+ * attn_internal.h, are the same flags: full = open, empty = masked) */
+enum { ATTN_SUM_OPEN = ATTN_BLOCK_FULL, ATTN_SUM_MASKED = ATTN_BLOCK_EMPTY, ATTN_SUM_OTHER = 4 };
 
 /* how a tile may be computed, as far as the mask and the bias go */
 typedef enum attn_tile_class {
@@ -50,11 +51,13 @@ typedef struct attn_sum_one {
                                  //  key that is not masked; [0, 0) when all are
     uint8_t *dense;              // (nb, nh, nq): every key of the hull is open
     uint8_t *code;               // (nb, nh, qblocks, granules): OR of ATTN_SUM_* flags
-    atomic_int *state;           // (nb, nh, qblocks): 0 not begun, 1 begun, 2 done
+    atomic_int *state;           // (nb, nh, qblocks): 0 not begun, 1 begun, 2 done;
+                                 //  NULL: built in advance (a block mask's)
 } attn_sum_one;
 
 typedef struct attn_mask_summary {
     attn_sum_one mask, bias;
+    attn_sum_one block;  // the call's block mask's arrays (block_mask.c), read only
     int64_t *lengths;  // (B): the call's key lengths when the two are key padding
     int64_t *scratch;  // (B): the bias's lengths, before they are combined with the mask's
 } attn_mask_summary;

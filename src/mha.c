@@ -317,6 +317,11 @@ attn_status mha_attend(const attn_tensor *q, const attn_tensor *k, const attn_te
     if (opt.block_table)  // the module's K and V are its own, never paged
         return attn_fail(ATTN_ERR_UNSUPPORTED, "multi-head layer: options.block_table is not "
                          "supported");
+    /* the module may call the attention on batch rows and head chunks (below), whose
+     * indices a block mask or a score function would read as the whole call's */
+    if (opt.block_mask || opt.score_mod)
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "multi-head layer: options.%s is not supported",
+                         opt.block_mask ? "block_mask" : "score_mod");
     if (opt.lse || opt.weights)
         return attn_fail(ATTN_ERR_VALUE, "options.%s must be NULL for the module (its weights "
                          "are an argument)", opt.lse ? "lse" : "weights");

@@ -248,6 +248,23 @@ static attn_status fill_masks(attn_params *p, const attn_options *opt, bool need
         TRY(head_vector(opt->sinks, "sinks", p->Hq, need_data));
         p->sinks = attn_view_data(opt->sinks, &p->sinks_s, 1);
     }
+    if (opt->block_mask) {  // its B and H the call's or 1 (shared); Lq and Lk the call's
+        const attn_block_mask *m = opt->block_mask;
+        if ((m->nb != 1 && m->nb != p->B) || (m->nh != 1 && m->nh != p->Hq) ||
+            m->Lq != p->Lq || m->Lk != p->Lk)
+            return attn_fail(ATTN_ERR_MASK, "options.block_mask is [%lld, %lld, %lld, %lld], "
+                             "expected [B = %lld or 1, Hq = %lld or 1, Lq = %lld, Lk = %lld]",
+                             (long long)m->nb, (long long)m->nh, (long long)m->Lq,
+                             (long long)m->Lk, (long long)p->B, (long long)p->Hq,
+                             (long long)p->Lq, (long long)p->Lk);
+        p->block = m;
+    }
+    if (opt->score_mod_grad && !opt->score_mod)
+        return attn_fail(ATTN_ERR_VALUE, "options.score_mod_grad is given without "
+                         "options.score_mod");
+    p->score_mod = opt->score_mod;
+    p->score_mod_grad = opt->score_mod_grad;
+    p->score_mod_ctx = opt->score_mod_ctx;
     /* the sinks' gradient is attn_backward's alone: it checks it and calls this filler
      * without it */
     if (opt->d_sinks || opt->d_bias)

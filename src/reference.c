@@ -25,11 +25,17 @@ size_t attn_reference_workspace(const attn_params *p) {
 
 double attn_ref_finish(const attn_params *p, double raw, int64_t b, int64_t h, int64_t i,
                        int64_t j, int64_t d_i, double *cap) {
-    double s = raw;
+    double s = raw, g = 1.0;
+    if (p->score_mod) {  // the user's function is float32's: on the logit rounded to float
+        const float r = (float)raw;
+        s = (double)p->score_mod(r, b, h, i, j, p->score_mod_ctx);
+        if (cap) g = p->score_mod_grad ? (double)p->score_mod_grad(r, b, h, i, j, p->score_mod_ctx) : 1.0;
+    }
+    if (cap) *cap = g;
     if (p->softcap > 0.0f) {
         const double t = tanh(s / (double)p->softcap);
         s = (double)p->softcap * t;
-        if (cap) *cap = 1.0 - t * t;
+        if (cap) *cap = g * (1.0 - t * t);
     }
     if (p->bias) {  // a -inf bias masks its key whatever raw is (NaN and +inf included)
         const double x =
@@ -41,6 +47,7 @@ double attn_ref_finish(const attn_params *p, double raw, int64_t b, int64_t h, i
     if (p->mask &&
         !p->mask[b * p->mask_s[0] + h * p->mask_s[1] + i * p->mask_s[2] + j * p->mask_s[3]])
         s = -INFINITY;
+    if (p->block && !attn_block_keep(p->block, b, h, i, j)) s = -INFINITY;
     return s;
 }
 

@@ -27,12 +27,14 @@
 /* ---- one row of probabilities ------------------------------------------------------- */
 
 /* Row i of query head h (batch b): P_i[j] = the row's softmax of the final logits, 0 for
- * a masked key and all 0 for a fully masked row. When cap_i is given (softcap > 0),
- * cap_i[j] = d s_ij / d raw_ij = 1 - tanh²(raw_ij / softcap) for the keys of the row's
+ * a masked key and all 0 for a fully masked row. When cap_i is given (softcap > 0 or a
+ * score function), cap_i[j] = d s_ij / d raw_ij = score_mod'(raw_ij) (1 - tanh²(
+ * score_mod(raw_ij) / softcap)), either factor 1 when absent, for the keys of the row's
  * structural range. Returns the row's LSE (-inf when fully masked). The order of
  * operations is the contract's, as in reference.c:
  *     raw = scale * (q_i · k_j)
- *     s   = softcap * tanh(raw / softcap)       (if softcap > 0)
+ *     s   = score_mod(raw, b, h, i, j)          (if given)
+ *     s   = softcap * tanh(s / softcap)         (if softcap > 0)
  *     s  += bias_ij - slope_h * |d_i - j|       (if given)
  *     s   = -inf where masked
  *     P_ij = exp(s_ij - m_i) / l_i
@@ -83,7 +85,7 @@ static double ref_row(const attn_params *p, int64_t b, int64_t h, int64_t i,
 /* Scratch of one group: P and dS (Lq, Lk) each, the softcap factors (Lq, Lk) when
  * softcap > 0, the dropout factors Z (Lq, Lk) with dropout. */
 static int64_t ref_mats(const attn_params *p) {
-    return 2 + (p->softcap > 0.0f ? 1 : 0) + (p->dropout ? 1 : 0);
+    return 2 + (p->softcap > 0.0f || p->score_mod ? 1 : 0) + (p->dropout ? 1 : 0);
 }
 
 /* Row i of head h (batch b): Z_i[j] = 1 / (1 - p) where dropout keeps weight (i, j), 0
@@ -157,7 +159,7 @@ static void ref_group_backward(const attn_params *p, int64_t b, int64_t g, const
                                double *sink_rows, double *d_sink, const ref_dbias *db) {
     const int64_t Lq = p->Lq, Lk = p->Lk, Dk = p->Dk, Dv = p->Dv;
     double *P = mats, *dS = mats + Lq * Lk;
-    double *cap = p->softcap > 0.0f ? mats + 2 * Lq * Lk : NULL;
+    double *cap = p->softcap > 0.0f || p->score_mod ? mats + 2 * Lq * Lk : NULL;
     double *Z = p->dropout ? mats + (ref_mats(p) - 1) * Lq * Lk : NULL;  // dropout factors
     const double scale = p->scale64;
     memset(dk, 0, (size_t)(Lk * Dk) * sizeof(double));
@@ -212,6 +214,8 @@ static void ref_group_backward(const attn_params *p, int64_t b, int64_t g, const
                 /* forward: the bias is added to the final logit, after scale and softcap */
                 if (g_i) g_i[j] = ds;
                 if (cap_i && !mag) ds *= cap_i[j];  // magnitudes: 1 >= tanh' and its error
+                /* a score function's derivative may exceed 1: in the magnitude too */
+                if (cap_i && mag && p->score_mod) ds *= fabs(cap_i[j]);
                 dS_i[j] = mag ? fabs(scale * ds) : scale * ds;
             }
             /* forward: raw_ij = scale * q_i · k_j, so dq_i = Σ_j dS_ij k_j */

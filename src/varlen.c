@@ -78,6 +78,11 @@ static attn_status refuse_options(const attn_options *opt) {
     if (opt->bias) return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.bias", "a [B, Hq, Lq, Lk] tensor");
     if (opt->kv_len)
         return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.kv_len", "cu_seqlens_k gives the keys");
+    if (opt->block_mask)
+        return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.block_mask", "a mask over the padded batch");
+    if (opt->score_mod)
+        return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.score_mod",
+                         "its indices would be each sequence's own");
     if (opt->block_table)
         return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.block_table", "k and v are packed rows");
     if (opt->weights)

@@ -47,7 +47,9 @@ class _Options(ctypes.Structure):
                 ("dropout_offset", ctypes.c_uint64),
                 # every field attn.h appends must be here too, or the C call reads past this
                 # structure (test_additive holds the size to the C struct's)
-                ("block_table", ctypes.c_void_p), ("d_bias", ctypes.c_void_p)]
+                ("block_table", ctypes.c_void_p), ("d_bias", ctypes.c_void_p),
+                ("block_mask", ctypes.c_void_p), ("score_mod", ctypes.c_void_p),
+                ("score_mod_grad", ctypes.c_void_p), ("score_mod_ctx", ctypes.c_void_p)]
 
 
 class _Weights(ctypes.Structure):
