@@ -242,6 +242,8 @@ int cli_bench(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--bias-grad") == 0) return bench_bias_grad(argc - 1, argv + 1);
     /* packed (variable-length) batches beside separate and padded calls: bench/bench_varlen.c */
     if (argc > 1 && strcmp(argv[1], "--varlen") == 0) return bench_varlen(argc - 1, argv + 1);
+    /* block-sparse masks beside the dense mask and the unmasked call: bench/bench_block_mask.c */
+    if (argc > 1 && strcmp(argv[1], "--block-mask") == 0) return bench_block_mask(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "masks") == 0) return cli_bench_masks(argc - 1, argv + 1);
     /* whole models through transformers, beside PyTorch's backends: bench/bench_models.c */
     if (argc > 1 && strcmp(argv[1], "--models") == 0) return bench_models(argc - 1, argv + 1);

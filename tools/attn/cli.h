@@ -22,6 +22,7 @@ int bench_f64(int argc, char **argv);      /* attn bench --f64 (bench/bench_f64.
 int bench_dropout(int argc, char **argv);  /* attn bench --dropout (bench/bench_dropout.c) */
 int bench_bias_grad(int argc, char **argv);  /* attn bench --bias-grad (bench/bench_bias_grad.c) */
 int bench_varlen(int argc, char **argv);     /* attn bench --varlen (bench/bench_varlen.c) */
+int bench_block_mask(int argc, char **argv); /* attn bench --block-mask (bench/bench_block_mask.c) */
 int bench_models(int argc, char **argv);   /* attn bench --models (bench/bench_models.c) */
 int bench_cascade(int argc, char **argv);  /* attn bench --cascade (bench/bench_cascade.c) */
 int cli_bench_mha(int argc, char **argv);  /* attn bench-mha (bench/bench_mha.c) */
