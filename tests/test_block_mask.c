@@ -11,7 +11,7 @@
  *     window with global tokens, causal, random, all masked, all kept and random blocks,
  *     shared over B and H or per head, made from the tensor and from a callback (the
  *     same bytes), alone and beside a dense mask, a bias, causal, softcap, ALiBi, GQA,
- *     key lengths. And against the float64 reference path within the contract's float32
+ *     key lengths, sinks with dropout. And against the float64 reference path within the contract's float32
  *     bound (the dense mask's own check, test_masks.c, applied to the block mask).
  *  2. Its counts: documents of 64-aligned lengths have no partial block, and the counts
  *     add to the blocks there are.
@@ -36,7 +36,8 @@ typedef struct kcase {
     int64_t B, Hq, Hkv, Lq, Lk, D;
     int pattern;
     bool per_head;        // the mask [B, Hq, Lq, Lk], else [1, 1, Lq, Lk]
-    int extra;            // 0 none, 1 + dense mask, 2 + bias, 3 causal, 4 softcap + ALiBi, 5 kv_len
+    int extra;            // 0 none, 1 + dense mask, 2 + bias, 3 causal, 4 softcap + ALiBi, 5 kv_len,
+                          // 6 sinks + dropout
     attn_dtype dt;        // F32, BF16 or F64
     uint64_t seed;
 } kcase;
@@ -58,7 +59,7 @@ static bool pattern_keep(const kcase *c, int64_t b, int64_t h, int64_t i, int64_
 }
 
 typedef struct ktensors {
-    attn_tensor q, k, v, o, lse, w, mask, mask2, bias, kvlen, slopes, d_o, dq, dk, dv;
+    attn_tensor q, k, v, o, lse, w, mask, mask2, bias, kvlen, slopes, sinks, d_o, dq, dk, dv;
     void *buf[16];
     int64_t len[8];
     attn_block_mask *bm;
@@ -113,6 +114,8 @@ static void build(const kcase *c, ktensors *t) {
     t->slopes = dense4(t, 10, ATTN_F32, 1, 1, 1, Hq);
     t->slopes.shape[0] = Hq, t->slopes.shape[3] = 1, t->slopes.stride[0] = 1;
     for (int64_t h = 0; h < Hq; h++) ((float *)t->slopes.data)[h] = 0.05f * (float)(h + 1);
+    t->sinks = dense4(t, 15, ATTN_F32, Hq, 1, 1, 1);
+    for (int64_t h = 0; h < Hq; h++) ((float *)t->sinks.data)[h] = 0.5f - 0.3f * (float)h;
     t->d_o = dense4(t, 11, io, B, Hq, Lq, D);
     fill(&t->d_o, &r);
     t->dq = dense4(t, 12, io, B, Hq, Lq, D);
@@ -138,6 +141,7 @@ static attn_options options(const kcase *c, ktensors *t, bool block, attn_path p
     case 3: opt.causal = true, opt.align = ATTN_ALIGN_BOTTOM_RIGHT; break;
     case 4: opt.softcap = 3.0f, opt.alibi_slopes = &t->slopes; break;
     case 5: opt.kv_len = &t->kvlen; break;
+    case 6: opt.sinks = &t->sinks, opt.dropout_p = 0.25f, opt.dropout_seed = 42; break;
     default: break;
     }
     return opt;
@@ -243,7 +247,7 @@ static bool close_all(const outputs *a, const outputs *b, attn_dtype dt, char *w
 
 static void describe(const kcase *c, char *out, size_t n) {
     static const char *const extra[] = {"", " + dense mask", " + bias", " + causal (bottom-right)",
-                                        " + softcap + ALiBi", " + kv_len"};
+                                        " + softcap + ALiBi", " + kv_len", " + sinks + dropout"};
     snprintf(out, n, "%s %s%s, %s, B=%lld Hq=%lld Hkv=%lld Lq=%lld Lk=%lld D=%lld",
              k_pattern[c->pattern], c->per_head ? "[B,H,Lq,Lk]" : "[1,1,Lq,Lk]", extra[c->extra],
              attn_dtype_name(c->dt), (long long)c->B, (long long)c->Hq, (long long)c->Hkv,
@@ -299,7 +303,7 @@ static void check_case(const kcase *c) {
         }
     }
     /* and against the float64 reference: the dense mask's own bound */
-    if (c->dt == ATTN_F32 && c->Lq <= 200 && c->extra != 1) {
+    if (c->dt == ATTN_F32 && c->Lq <= 200 && c->extra != 1 && c->extra != 6) {
         outputs f, r;
         run(c, &t, true, ATTN_PATH_FUSED, 0, false, false, &f);
         run(c, &t, true, ATTN_PATH_REFERENCE, 0, false, false, &r);
@@ -329,13 +333,13 @@ static void matrix(void) {
     int n = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int pat = 0; pat < P_COUNT; pat++)
-            for (int extra = 0; extra < 6; extra++)
+            for (int extra = 0; extra < 7; extra++)
                 for (int ph = 0; ph < 2; ph++) {
                     const attn_dtype dts[3] = {ATTN_F32, ATTN_BF16, ATTN_F64};
                     const attn_dtype dt = dts[(pat + extra + (int)s) % 3];
                     if (n++ % every) continue;
                     const shape_t *h = &shapes[s];
-                    if (dt == ATTN_F64 && extra == 4) continue;  // (covered in float32)
+                    if (dt == ATTN_F64 && extra >= 4) continue;  // (float32's; float64 has no dropout)
                     kcase c = {h->B, h->Hq, h->Hkv, h->Lq, h->Lk, h->D, pat, ph != 0, extra, dt,
                                0x1234u + 97u * (uint64_t)n};
                     check_case(&c);
