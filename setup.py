@@ -135,6 +135,7 @@ def main():
         sources=["python/attn/_attn.c", "python/attn/_attn_import.c",
                  "python/attn/_attn_inputs.c", "python/attn/_attn_forward.c",
                  "python/attn/_attn_backward.c", "python/attn/_attn_varlen.c",
+                 "python/attn/_attn_block.c",
                  "python/attn/_mha.c"] + library_sources(),
         include_dirs=["include", "src"],
         depends=["include/attn.h", "python/attn/_attn.h"] + sorted(

@@ -67,6 +67,8 @@ static PyMethodDef methods[] = {
     {"varlen_backward", (PyCFunction)(void (*)(void))py_varlen_backward,
      METH_VARARGS | METH_KEYWORDS, py_varlen_backward_doc},
     {"_describe", py_describe, METH_O, describe_doc},
+    {"_block_mask", py_block_mask, METH_O, py_block_mask_doc},
+    {"_block_mask_info", py_block_mask_info, METH_O, py_block_mask_info_doc},
     {"_mha", (PyCFunction)(void (*)(void))attn_py_mha, METH_VARARGS | METH_KEYWORDS,
      "_mha(**tensors_and_options) -> None\n--\n\nThe multi-head module (private; use "
      "attn.multi_head_attention)."},

@@ -131,5 +131,11 @@ extern const char py_varlen_forward_doc[];
 PyObject *py_varlen_backward(PyObject *self, PyObject *args, PyObject *kwargs);  // _attn_varlen.c
 extern const char py_varlen_backward_doc[];
 PyObject *attn_py_mha(PyObject *self, PyObject *args, PyObject *kw);      // _mha.c
+/* block masks (_attn_block.c): the capsule's library object, NULL when obj is not one */
+const attn_block_mask *block_mask_of(PyObject *obj);
+PyObject *py_block_mask(PyObject *self, PyObject *omask);
+extern const char py_block_mask_doc[];
+PyObject *py_block_mask_info(PyObject *self, PyObject *obj);
+extern const char py_block_mask_info_doc[];
 
 #endif /* ATTN_PY_ATTN_H */

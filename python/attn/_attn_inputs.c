@@ -45,7 +45,8 @@ static const arg_name g_option_names[] = {
     {"options.scale", "scale"}, {"options.softcap", "softcap"},
     {"options.window", "window"}, {"options.threads", "threads"},
     {"options.align", "align"}, {"options.path", "path"},
-    {"options.precision", "precision"}, {"options.dropout_p", "dropout_p"}, {NULL, NULL},
+    {"options.precision", "precision"}, {"options.dropout_p", "dropout_p"},
+    {"options.block_mask", "block_mask"}, {NULL, NULL},
 };
 
 /* The detail after its leading name, with the library's one-letter tensor names that it
@@ -298,8 +299,13 @@ int resolve_inputs(call_inputs *c, PyObject *oq, PyObject *ok, PyObject *ov,
     if (t[IN_K].ndim > c->out_rank) c->out_rank = t[IN_K].ndim;
     if (t[IN_V].ndim > c->out_rank) c->out_rank = t[IN_V].ndim;
 
-    /* attn_mask: bool -> mask, float -> bias; right-aligned to (B, H, Lq, Lk). */
-    if (omask != Py_None) {
+    /* attn_mask: a block mask (attn.BlockMask's capsule) -> options.block_mask, which
+     * the library checks against (B, H, Lq, Lk); bool -> mask, float -> bias, right-
+     * aligned to (B, H, Lq, Lk). */
+    const attn_block_mask *bm = omask != Py_None ? block_mask_of(omask) : NULL;
+    if (bm) {
+        c->opt.block_mask = bm;
+    } else if (omask != Py_None) {
         if (import_tensor(omask, "attn_mask", false, &t[IN_MASK]) ||
             check_rank(&t[IN_MASK], 0, 4, "at most 4 (broadcast to B, H, L, S)"))
             return -1;

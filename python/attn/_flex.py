@@ -6,11 +6,14 @@
 
 The names and meanings of torch.nn.attention.flex_attention's create_block_mask and
 flex_attention. A mask_mod is evaluated once, vectorized on broadcast index arrays, into a
-dense bool mask kept on the BlockMask (with its per-block classification); a score_mod is
-evaluated into a float bias — only an additive one (score + f(b, h, q, kv)), checked at
-probe scores; a torch parameter it reads gets its gradient through the library's d_bias.
-The C library is unchanged: the dense mask and bias go to scaled_dot_product_attention as
-attn_mask (its mask summary skips fully masked tiles). See docs/PYTHON.md.
+dense bool mask, made at once into the library's block mask (attn_block_mask: full, empty
+or partial per 64 rows x 16 keys, the partial blocks' elements) and kept on the BlockMask
+with its per-block classification at BLOCK_SIZE; flex_attention passes the library's
+block mask, so a call reads no dense mask and computes only the blocks that are not
+empty. A score_mod is evaluated into a float bias — only an additive one (score + f(b, h,
+q, kv)), checked at probe scores; a torch parameter it reads gets its gradient through the
+library's d_bias (with a block mask, the bias carries -inf where it masks). See
+docs/PYTHON.md.
 """
 from __future__ import annotations
 
@@ -115,6 +118,16 @@ class BlockMask:
         kind.setflags(write=False)
         self.block_kind = kind
         self._torch_mask = None
+        # the library's block mask (its structure and partial blocks), made once here
+        from . import _attn   # noqa: PLC0415 — the package's extension, loaded by now
+        self._library = _attn._block_mask(mask)
+
+    def library_blocks(self) -> dict:
+        """What the library's block mask holds: {"B", "H", "Lq", "Lk", "block_rows" (64),
+        "block_keys" (16), "empty", "full", "partial" (its blocks by kind, over B x H),
+        "bytes"}. Its blocks, not BLOCK_SIZE's, decide what a call computes."""
+        from . import _attn   # noqa: PLC0415
+        return _attn._block_mask_info(self._library)
 
     @property
     def empty_blocks(self) -> np.ndarray:
@@ -292,6 +305,6 @@ def flex_attention(query: Any, key: Any, value: Any, score_mod: Optional[Callabl
             bias = np.ascontiguousarray(bias, dtype=np.float32)
         mask = bias
     elif block_mask is not None:
-        mask = block_mask.dense_mask(query)
+        mask = block_mask._library   # the library's block mask: options.block_mask
     return sdpa(query, key, value, attn_mask=mask, scale=scale, enable_gqa=enable_gqa,
                 return_lse=return_lse)

@@ -151,6 +151,46 @@ def test_block_mask_document_is_sparse():
     assert bm.block_counts()["full"] > 0
 
 
+def test_block_mask_library_blocks():
+    """The library's block mask: 8 documents of 64-aligned lengths have no partial block;
+    its counts add up; it is far smaller than the dense mask."""
+    n = 1024
+    bm = attn.create_block_mask(lambda b, h, q, kv: q // 128 == kv // 128, None, None, n, n)
+    info = bm.library_blocks()
+    assert (info["B"], info["H"], info["Lq"], info["Lk"]) == (1, 1, n, n)
+    assert (info["block_rows"], info["block_keys"]) == (64, 16)
+    assert info["partial"] == 0 and info["full"] == 8 * 2 * 8
+    assert info["empty"] + info["full"] + info["partial"] == (n // 64) * (n // 16)
+    assert info["bytes"] < n * n // 4
+    # partial blocks where the boundaries cut them
+    bm = attn.create_block_mask(document, None, None, L, L)
+    assert bm.library_blocks()["partial"] > 0
+
+
+def test_block_mask_is_the_dense_mask_bit_for_bit_with_gradients():
+    """flex_attention with a block mask (the library's options.block_mask) against
+    scaled_dot_product_attention with its dense mask: O, LSE and, under torch autograd,
+    every gradient the same bits."""
+    q, k, v = _qkv(11)
+    bm = attn.create_block_mask(sliding_global, None, None, L, L)
+    out, lse = attn.flex_attention(q, k, v, block_mask=bm, return_lse=True)
+    want, want_lse = attn.scaled_dot_product_attention(q, k, v, attn_mask=bm.mask,
+                                                       return_lse=True)
+    assert np.array_equal(out, want) and np.array_equal(lse, want_lse)
+    torch = pytest.importorskip("torch")
+    ins = [torch.from_numpy(x).requires_grad_() for x in (q, k, v)]
+    flex = attn.flex_attention(*ins, block_mask=bm)
+    flex.square().sum().backward()
+    got = [x.grad.clone() for x in ins]
+    for x in ins:
+        x.grad = None
+    dense = attn.scaled_dot_product_attention(*ins, attn_mask=torch.from_numpy(bm.mask.copy()))
+    dense.square().sum().backward()
+    assert torch.equal(flex, dense)
+    for a, x in zip(got, ins):
+        assert torch.equal(a, x.grad)
+
+
 def test_block_mask_batch_and_heads():
     """b and h index arrays: a per-(batch, head) mask."""
     def mod(b, h, q, kv):
