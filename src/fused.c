@@ -226,14 +226,16 @@ const attn_params *fused_tile_params(const attn_params *p, const fused_plan *pla
 }
 
 /* The final logits of one tile (S^T layout, keys j0..): structural masks on boundary
- * tiles, then softcap, bias, ALiBi and the bool mask where the call has them, in the
- * order of attn_finish_logit. Row by row, with each row's mask, bias and slope located
- * once: a call with only a bool mask costs a byte test per logit. */
+ * tiles, then the score function, softcap, bias, ALiBi, the bool mask and the block mask
+ * where the call has them, in the order of attn_finish_logit. Row by row, with each row's
+ * mask, bias and slope located once: a call with only a bool mask costs a byte test per
+ * logit, one with only a block mask a code per 16 keys (and a byte per logit where it is
+ * partial). */
 static void finish_tile(const attn_params *p, const fused_scratch *w, const fused_block *blk,
                         int64_t nk, int64_t lds, int64_t j0, bool boundary) {
     const bool elementwise = attn_has_elementwise(p);
     const bool mask_only = p->mask && !p->bias && !p->alibi && !(p->softcap > 0.0f) &&
-        !p->block && !p->score_mod;
+                           !p->block && !p->score_mod;
     const bool block_only = p->block && !p->mask && !p->bias && !p->alibi &&
                             !(p->softcap > 0.0f) && !p->score_mod;
     const int64_t b = blk->b;
