@@ -280,7 +280,7 @@ static void check_case(const kcase *c) {
           "not add up", what);
     attn_block_mask_free(cb);
 
-    const bool bwd = c->dt != ATTN_BF16;  // the 16-bit backward has its own suite
+    const bool bwd = true;
     const attn_path paths[2] = {ATTN_PATH_FUSED, ATTN_PATH_REFERENCE};
     for (int pi = 0; pi < 2; pi++) {
         if (pi == 1 && (c->Lq > 200 || c->dt == ATTN_F64)) continue;
