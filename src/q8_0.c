@@ -1,6 +1,7 @@
 /*
- * q8_0.c — the q8_0 cache dtype's own parts: its layout rule, the quantization a cache
- *          append does once, and the dequantization users and tests read it back with.
+ * q8_0.c — the q8_0 cache dtype's own parts: the quantization a cache append does once,
+ *          and the dequantization users and tests read it back with (its layout rule,
+ *          a tensor check, is core.c's).
  *
  * The format is llama.cpp's block_q8_0, byte for byte (attn.h): 34 bytes a block, the
  * float16 scale d little-endian in bytes 0-1, then 32 int8 qs; value = d * qs[i], exact
@@ -13,29 +14,6 @@
 
 #include "half.h"
 #include "attn_internal.h"
-
-attn_status attn_check_q8_0_layout(const attn_tensor *t, const char *name) {
-    if (t->shape[3] % ATTN_Q8_0_BLOCK != 0)
-        return attn_fail(ATTN_ERR_SHAPE, "%s: q8_0 needs shape[3] (the head dimension) a "
-                         "multiple of 32, got %lld", name, (long long)t->shape[3]);
-    int64_t span = 0;
-    for (int d = 0; d < 4; d++) {
-        if (t->shape[d] == 0) return ATTN_OK;  // no element: no block to place
-        span += (t->shape[d] - 1) * (t->stride[d] < 0 ? -t->stride[d] : t->stride[d]);
-    }
-    if (t->stride[3] != 1)
-        return attn_fail(ATTN_ERR_STRIDE, "%s: q8_0 needs stride[3] = 1 (32 consecutive "
-                         "elements share a block), got %lld", name, (long long)t->stride[3]);
-    for (int d = 0; d < 3; d++)
-        if (t->shape[d] > 1 && t->stride[d] % ATTN_Q8_0_BLOCK != 0)
-            return attn_fail(ATTN_ERR_STRIDE, "%s: q8_0 needs stride[%d] a multiple of 32 "
-                             "elements (every row starts a block), got %lld", name, d,
-                             (long long)t->stride[d]);
-    /* the span (in elements, within int64: attn_check_tensor) in bytes, one block more */
-    if (span / ATTN_Q8_0_BLOCK > INT64_MAX / ATTN_Q8_0_BYTES - 1)
-        return attn_fail(ATTN_ERR_OVERFLOW, "%s: q8_0 byte offsets overflow int64", name);
-    return ATTN_OK;
-}
 
 void attn_dequant_q8_0_blocks(int64_t n, const uint8_t *src, float *dst) {
     for (int64_t c = 0; c < n; c++) {

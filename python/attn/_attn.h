@@ -131,7 +131,9 @@ extern const char py_varlen_forward_doc[];
 PyObject *py_varlen_backward(PyObject *self, PyObject *args, PyObject *kwargs);  // _attn_varlen.c
 extern const char py_varlen_backward_doc[];
 PyObject *attn_py_mha(PyObject *self, PyObject *args, PyObject *kw);      // _mha.c
-/* block masks (_attn_block.c): the capsule's library object, NULL when obj is not one */
+/* block masks (_attn_block.c makes them): a capsule of this name holds the library's
+ * attn_block_mask; block_mask_of (_attn_inputs.c) gives it, NULL when obj is not one */
+#define BLOCK_MASK_CAPSULE "attn.block_mask"
 const attn_block_mask *block_mask_of(PyObject *obj);
 PyObject *py_block_mask(PyObject *self, PyObject *omask);
 extern const char py_block_mask_doc[];

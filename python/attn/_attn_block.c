@@ -3,7 +3,8 @@
  *                 attn_block_mask from a bool tensor (attn_block_mask_from_tensor) and
  *                 returns it in a capsule that frees it; _attn._block_mask_info(capsule)
  *                 reads its counts. forward() and backward() take such a capsule as
- *                 attn_mask (resolve_inputs, _attn_inputs.c), as options.block_mask.
+ *                 attn_mask (resolve_inputs and block_mask_of, _attn_inputs.c), as
+ *                 options.block_mask.
  *
  * What it is not: the Python BlockMask (python/attn/_flex.py owns it, and the mask_mod's
  * evaluation), or a copy of the mask: the library keeps only its structure and partial
@@ -11,15 +12,8 @@
  */
 #include "_attn.h"
 
-const char *const BLOCK_MASK_CAPSULE = "attn.block_mask";
-
 static void capsule_free(PyObject *capsule) {
     attn_block_mask_free(PyCapsule_GetPointer(capsule, BLOCK_MASK_CAPSULE));
-}
-
-const attn_block_mask *block_mask_of(PyObject *obj) {
-    if (!PyCapsule_IsValid(obj, BLOCK_MASK_CAPSULE)) return NULL;
-    return PyCapsule_GetPointer(obj, BLOCK_MASK_CAPSULE);
 }
 
 const char py_block_mask_doc[] =

@@ -124,6 +124,11 @@ PyObject *raise_status(attn_status st, const arg_name *names, const char *call) 
  * ================================================================================ */
 
 /* (_attn.h) */
+const attn_block_mask *block_mask_of(PyObject *obj) {
+    if (!PyCapsule_IsValid(obj, BLOCK_MASK_CAPSULE)) return NULL;
+    return PyCapsule_GetPointer(obj, BLOCK_MASK_CAPSULE);
+}
+
 attn_tensor to_4d(const imported *t) {
     attn_tensor a = {t->data, t->dtype, {1, 1, 1, 1}, {0, 0, 0, 0}};
     for (int d = 0; d < t->ndim; d++) {
