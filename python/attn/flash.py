@@ -26,7 +26,7 @@ log-sum-exp of each row's logits (-inf for a row with no key), not differentiabl
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional, Tuple
+from typing import Any, Tuple
 
 import numpy as np
 

@@ -44,12 +44,12 @@ def _t(rng, *shape):
 
 
 # (B, Lq, Lk, Hq, Hkv, D, options): causal bottom-right with Lq < Lk and Lq > Lk, a
-# window, GQA, softcap, ALiBi, one row
+# window with a scale, GQA, softcap, ALiBi, one row
 CASES = [
     (2, 7, 7, 4, 4, 16, dict(causal=True)),
     (2, 5, 19, 4, 2, 16, dict(causal=True)),
     (1, 23, 9, 6, 2, 8, dict(causal=True)),
-    (3, 17, 33, 4, 1, 32, dict(window_size=(5, 2))),
+    (3, 17, 33, 4, 1, 32, dict(window_size=(5, 2), softmax_scale=0.3)),
     (2, 16, 16, 2, 2, 16, dict(causal=True, window_size=(3, 0), softcap=2.0)),
     (1, 1, 40, 4, 2, 16, dict(causal=True, alibi_slopes=[0.5, 0.25, 0.125, 0.0625])),
 ]
@@ -58,6 +58,7 @@ CASES = [
 def _oracle_opts(o):
     window = o.get("window_size")
     return dict(causal=o.get("causal", False), gqa=True, align="bottom-right",
+                scale=o.get("softmax_scale"),
                 window=None if window is None else tuple(window),
                 softcap=o.get("softcap", 0.0),
                 alibi=None if o.get("alibi_slopes") is None
@@ -80,7 +81,8 @@ def test_func_forward(rng, case):
     window = o.get("window_size")
     own = attn.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=o.get("causal", False),
-        enable_gqa=True, align="bottom-right", window=window, softcap=o.get("softcap", 0.0),
+        enable_gqa=True, scale=o.get("softmax_scale"), align="bottom-right", window=window,
+        softcap=o.get("softcap", 0.0),
         alibi_slopes=o.get("alibi_slopes"))
     assert torch.equal(out, own.transpose(1, 2))
     plain = flash.flash_attn_func(q, k, v, **o)
@@ -232,6 +234,8 @@ def test_register_flash_names():
     _transformers()
     from attn.integrations.transformers_flash import NAME, register_flash  # noqa: PLC0415
     assert register_flash() == NAME and "flash" in NAME
+    import attn.integrations.transformers as hf  # noqa: PLC0415
+    assert hf.register_flash is register_flash
     for bad in ("attn", "me/flash-attn", "flash_attention_2", "paged|attn-flash"):
         with pytest.raises(ValueError):
             register_flash(bad)
