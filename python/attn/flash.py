@@ -3,9 +3,10 @@ flash_attn_func, flash_attn_varlen_func and flash_attn_with_kvcache with FlashAt
 signatures, layouts ([B, L, H, D]; packed [total, H, D]) and return conventions, computed
 on the CPU by the library.
 
-What it is: three thin adapters. flash_attn_func and flash_attn_varlen_func run through
-attn.varlen_attention (and so through its torch.autograd.Function: q, k, v that require
-grad get attn_varlen_backward's gradients); flash_attn_with_kvcache runs through
+What it is: three thin adapters. flash_attn_func runs through
+attn.scaled_dot_product_attention (align="bottom-right") and flash_attn_varlen_func through
+attn.varlen_attention, and so through their torch.autograd.Functions (q, k, v that
+require grad get the library's backward); flash_attn_with_kvcache runs through
 attn.attention_with_kvcache (no gradient, as FlashAttention's). What it is not: the
 `flash_attn` package (no module of that name is made or shadowed), a CUDA kernel, or the
 transformers loader (attn.integrations.transformers.register_flash does that, with these
@@ -30,6 +31,7 @@ from typing import Any, Tuple
 
 import numpy as np
 
+from . import _options, scaled_dot_product_attention
 from ._kvcache import attention_with_kvcache
 from ._varlen import varlen_attention
 
@@ -39,6 +41,11 @@ __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache
 def _is_torch(x: Any) -> bool:
     torch = sys.modules.get("torch")  # never imported here: only if the caller has it
     return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _swap(x: Any) -> Any:
+    """[B, L, H, D] <-> [B, H, L, D]: a view (torch's transpose, NumPy's swapaxes)."""
+    return x.transpose(1, 2) if _is_torch(x) else np.swapaxes(x, 1, 2)
 
 
 def _shape4(name: str, x: Any) -> Tuple[int, int, int, int]:
@@ -60,34 +67,33 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     head); dropout_p applied whenever > 0 (pass 0.0 for inference; the mask is attn's, see
     docs/CONTRACT.md "Dropout"); deterministic accepted (attn always is).
 
-    Each batch row is one sequence of a varlen call (attn.varlen_attention with
-    cu_seqlens b * Lq, b * Lk), so its result and gradients are varlen's, which are, row
-    by row, scaled_dot_product_attention's with align="bottom-right".
+    It is attn.scaled_dot_product_attention on the [B, H, L, D] views of q, k, v
+    (transposes: read in place through their strides, no copy) with align="bottom-right"
+    and enable_gqa=True, and so, under autograd, that call's Function and gradients.
 
-    Returns out [B, Lq, Hq, Dv] (q's kind and dtype); with return_attn_probs
-    (out, softmax_lse [B, Hq, Lq], None) — None where FlashAttention gives S_dmask.
+    Returns out [B, Lq, Hq, Dv] (q's kind and dtype; a [B, H, L, D]-contiguous result
+    seen through a transpose); with return_attn_probs (out, softmax_lse [B, Hq, Lq], None)
+    — None where FlashAttention gives S_dmask.
     """
     B, Lq, Hq, D = _shape4("q", q)
     Bk, Lk, Hkv, _ = _shape4("k", k)
     if Bk != B or tuple(v.shape[:3]) != (Bk, Lk, Hkv):
         raise ValueError("q %s, k %s, v %s: expected the same B, and k and v the same "
                          "[B, Lk, Hkv]" % (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
-    Dv = v.shape[3]
-    cu_q = [b * Lq for b in range(B + 1)]
-    cu_k = [b * Lk for b in range(B + 1)]
-    got = varlen_attention(q.reshape(B * Lq, Hq, D), k.reshape(B * Lk, Hkv, k.shape[3]),
-                           v.reshape(B * Lk, Hkv, Dv), cu_q, cu_k, Lq, Lk,
-                           dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
-                           window_size=window_size, softcap=softcap,
-                           alibi_slopes=alibi_slopes, deterministic=deterministic,
-                           return_attn_probs=return_attn_probs)
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError("q has %d heads, k and v %d: expected a multiple" % (Hq, Hkv))
+    return_attn_probs, _ = _options.flags(("return_attn_probs", "deterministic"),
+                                          (return_attn_probs, deterministic))
+    window = _options.window(window_size)
+    got = scaled_dot_product_attention(
+        _swap(q), _swap(k), _swap(v), dropout_p=dropout_p, is_causal=causal,
+        scale=softmax_scale, enable_gqa=True, align="bottom-right",
+        window=None if window == (-1, -1) else window, softcap=softcap,
+        alibi_slopes=alibi_slopes, return_lse=return_attn_probs)
     if not return_attn_probs:
-        return got.reshape(B, Lq, Hq, Dv)
-    out, lse, _ = got
-    # varlen's LSE is [Hq, total_q] = [Hq, B * Lq]: FlashAttention's padded one is [B, Hq, Lq]
-    lse = lse.reshape(Hq, B, Lq)
-    lse = lse.permute(1, 0, 2) if _is_torch(lse) else lse.transpose(1, 0, 2)
-    return out.reshape(B, Lq, Hq, Dv), lse, None
+        return _swap(got)
+    out, lse = got
+    return _swap(out), lse, None
 
 
 def _paged_rows(cache: Any, block_table: Any, cu_k: Any) -> Any:

@@ -7,7 +7,8 @@ Checked:
 - flash_attn_func on [B, L, H, D]: against the float64 oracle (bottom-right causal,
   window, GQA, softcap, ALiBi, Lq != Lk) under the contract's float32 rule
   (tolerance_failure), its LSE too; bit for bit against attn.scaled_dot_product_attention
-  of the same call (align="bottom-right"); gradients against grads.reference_grads
+  of the same call (align="bottom-right") and attn.varlen_attention with batch row b as
+  sequence b (output and LSE); gradients against grads.reference_grads
   (grad_failure); the return conventions (out; (out, lse [B, Hq, Lq], None)).
 - flash_attn_varlen_func: bit for bit attn.varlen_attention (output, LSE [Hq, total_q],
   gradients); with a block_table over a shuffled page pool, bit for bit the packed call,
@@ -77,14 +78,20 @@ def test_func_forward(rng, case):
     assert why is None, "out: " + why
     why = tolerance_failure(lse.numpy(), ref_l)
     assert why is None, "lse: " + why
-    # attn's own call: the same bits
+    # attn's own calls: the same bits as scaled_dot_product_attention (bottom-right) and as
+    # varlen_attention with batch row b as sequence b
     window = o.get("window_size")
     own = attn.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=o.get("causal", False),
         enable_gqa=True, scale=o.get("softmax_scale"), align="bottom-right", window=window,
-        softcap=o.get("softcap", 0.0),
-        alibi_slopes=o.get("alibi_slopes"))
+        softcap=o.get("softcap", 0.0), alibi_slopes=o.get("alibi_slopes"))
     assert torch.equal(out, own.transpose(1, 2))
+    packed, plse = attn.varlen_attention(
+        q.reshape(B * Lq, Hq, D), k.reshape(B * Lk, Hkv, D), v.reshape(B * Lk, Hkv, D),
+        [b * Lq for b in range(B + 1)], [b * Lk for b in range(B + 1)], Lq, Lk, return_lse=True,
+        **o)
+    assert torch.equal(out.reshape(B * Lq, Hq, D), packed)
+    assert torch.equal(lse, plse.reshape(Hq, B, Lq).transpose(0, 1))
     plain = flash.flash_attn_func(q, k, v, **o)
     assert isinstance(plain, torch.Tensor) and torch.equal(plain, out)
 
@@ -103,6 +110,20 @@ def test_func_gradients(rng, case):
     for name, t, r, m in zip(("dq", "dk", "dv"), (q, k, v), ref, mag):
         why = grad_failure(_bhld(t.grad), r, m)
         assert why is None, "%s: %s" % (name, why)
+
+
+def test_func_dropout(rng):
+    """dropout_p > 0: attn's mask, its seed drawn from torch's default generator, as
+    scaled_dot_product_attention draws it: the same bits for the same torch seed."""
+    q, k, v = _t(rng, 2, 9, 4, 16), _t(rng, 2, 12, 2, 16), _t(rng, 2, 12, 2, 16)
+    torch.manual_seed(7)
+    got = flash.flash_attn_func(q, k, v, dropout_p=0.3, causal=True)
+    torch.manual_seed(7)
+    want = attn.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                             v.transpose(1, 2), dropout_p=0.3, is_causal=True,
+                                             enable_gqa=True, align="bottom-right")
+    assert torch.equal(got, want.transpose(1, 2))
+    assert not torch.equal(got, flash.flash_attn_func(q, k, v, causal=True))
 
 
 def _pack(rng, lq, lk, Hq=4, Hkv=2, D=16):
