@@ -15,9 +15,11 @@ Checked:
   and the pages' gradients are the packed keys' scattered back.
 - flash_attn_with_kvcache: bit for bit attn.attention_with_kvcache (contiguous and paged,
   with an append), against the oracle; refusals of what attn does not do.
-- transformers (skipped without it): register_flash's name rules; a tiny Llama (GQA) on a
-  packed batch from DataCollatorWithFlattening (cu_seq_lens kwargs, and position ids
-  alone) through attn-flash: loss and every parameter's gradient against sdpa run on each
+- transformers (skipped without it): register_flash's and write_local_kernel's name rules;
+  a tiny Llama (GQA) on a packed batch from DataCollatorWithFlattening (cu_seq_lens
+  kwargs, and position ids alone) through "attn-flash" (register_flash) and through
+  "attn/flash-attn" (write_local_kernel's build for the `kernels` package; skipped, with
+  the reason, where it is not installed): loss and every parameter's gradient against sdpa run on each
   document alone (hf_models' LOGIT_TOL and close_grads), through the varlen call
   (counted); model.generate_batch (continuous batching) giving sdpa greedy's tokens.
 Skipped, with the reason, where PyTorch is absent.
@@ -260,6 +262,10 @@ def test_register_flash_names():
     for bad in ("attn", "me/flash-attn", "flash_attention_2", "paged|attn-flash"):
         with pytest.raises(ValueError):
             register_flash(bad)
+    from attn.integrations.transformers_flash import write_local_kernel  # noqa: PLC0415
+    for bad in ("attn-flash", "me/attn", "a/b/flash", "me/flash@v1"):
+        with pytest.raises(ValueError):
+            write_local_kernel("/nonexistent/never-written", bad)
 
 
 class _Spy:
@@ -278,12 +284,28 @@ class _Spy:
 DOCS = [[5, 17, 3, 9, 2], [44], [8, 8, 1, 30, 31, 12, 6, 70, 2, 11, 4], [3, 3, 3, 3]]
 
 
+def _flash_name(way, monkeypatch, tmp_path):
+    """The attn_implementation of attn.flash, made available one of the two ways:
+    register_flash(), or write_local_kernel() for the `kernels` package's LOCAL_KERNELS
+    (skipped, with the reason, where transformers finds no usable `kernels`)."""
+    from attn.integrations import transformers_flash  # noqa: PLC0415
+    if way == "register_flash":
+        return transformers_flash.register_flash()
+    from transformers.utils.import_utils import is_kernels_available  # noqa: PLC0415
+    if not is_kernels_available():
+        pytest.skip("the kernels package (>= 0.18.2, < 0.19) is not installed: the local "
+                    "kernel build of attn.flash is not tested")
+    entry = transformers_flash.write_local_kernel(tmp_path / "attn-flash")
+    monkeypatch.setenv("LOCAL_KERNELS", entry)
+    return transformers_flash.KERNEL_NAME
+
+
+@pytest.mark.parametrize("way", ["register_flash", "local_kernel"])
 @pytest.mark.parametrize("how", ["cu_seq_lens", "position_ids"])
-def test_packed_training_step(monkeypatch, how):
+def test_packed_training_step(monkeypatch, tmp_path, how, way):
     transformers = _transformers()
-    from attn.integrations.transformers_flash import register_flash  # noqa: PLC0415
     from hf_models import LOGIT_TOL, close, close_grads  # noqa: PLC0415
-    name = register_flash()
+    name = _flash_name(way, monkeypatch, tmp_path)
     collate = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)
     batch = collate([{"input_ids": d} for d in DOCS])
     if how == "position_ids":
@@ -312,10 +334,10 @@ def test_packed_training_step(monkeypatch, how):
     close_grads(grads, {n: p.grad for n, p in ref.named_parameters()}, "packed step")
 
 
-def test_continuous_batching(monkeypatch):
+@pytest.mark.parametrize("way", ["register_flash", "local_kernel"])
+def test_continuous_batching(monkeypatch, tmp_path, way):
     transformers = _transformers()
-    from attn.integrations.transformers_flash import register_flash  # noqa: PLC0415
-    name = register_flash()
+    name = _flash_name(way, monkeypatch, tmp_path)
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16, 17]]
     new = 6
     gen = transformers.GenerationConfig(max_new_tokens=new, do_sample=False,

@@ -24,7 +24,17 @@ path", has the lines):
   "owner/repo", and _lazy_imports raises ValueError ("Could not find the currently
   requested flash attention implementation").
 
-register_flash() therefore registers the name with transformers' own flash-attention
+Two ways follow from that, both giving transformers the same three functions:
+
+- write_local_kernel(path): the supported one where the `kernels` package is installed
+  (pip install "kernels>=0.18.2,<0.19"): writes a local kernel build (metadata.json and
+  an __init__.py that re-exports attn.flash's functions) for its LOCAL_KERNELS variable;
+  with LOCAL_KERNELS="attn/flash-attn=<path>" the name attn_implementation=
+  "attn/flash-attn" loads it through transformers' own hub-kernel path, nothing
+  downloaded (set HF_HUB_OFFLINE=1 to be sure nothing is asked of the Hub).
+- register_flash(): no extra package, through a private hook (below).
+
+register_flash() registers the name with transformers' own flash-attention
 function and mask (what a loaded hub kernel gets: ALL_ATTENTION_FUNCTIONS /
 ALL_MASK_ATTENTION_FUNCTIONS of "flash_attention_2"), and answers that one look-up:
 modeling_flash_attention_utils._lazy_imports is wrapped so that for this name it returns
@@ -41,9 +51,11 @@ from typing import Any
 
 from .. import flash
 
-__all__ = ["register_flash", "NAME", "TRANSFORMERS_CHECKED"]
+__all__ = ["register_flash", "write_local_kernel", "NAME", "KERNEL_NAME",
+           "TRANSFORMERS_CHECKED"]
 
 NAME = "attn-flash"
+KERNEL_NAME = "attn/flash-attn"  # the repo id write_local_kernel's build stands in for
 TRANSFORMERS_CHECKED = "5.24.0"
 
 _names: set = set()  # the names register_flash() has answered for
@@ -102,3 +114,46 @@ def register_flash(name: str = NAME) -> str:
     AttentionInterface.register(name, flash_attention_forward)
     AttentionMaskInterface.register(name, flash_attention_mask)
     return name
+
+
+_KERNEL_INIT = (
+    '"""attn.flash as a local kernel build of the `kernels` package (written by\n'
+    'attn.integrations.transformers_flash.write_local_kernel): FlashAttention 2\'s three\n'
+    'functions on the attn library, for transformers\' hub-kernel path."""\n'
+    "from attn.flash import flash_attn_func, flash_attn_varlen_func, "
+    "flash_attn_with_kvcache  # noqa: F401\n")
+
+
+def write_local_kernel(path: Any, repo_id: str = KERNEL_NAME) -> str:
+    """Write a local kernel build of attn.flash into the folder path (made if absent) for
+    the `kernels` package (>= 0.18.2, < 0.19, what transformers 5.24 accepts): its
+    metadata.json (a CPU build, no digest: `kernels` warns that it cannot verify it) and
+    an __init__.py that re-exports attn.flash's three functions (the attn package is
+    imported from wherever Python finds it). Returns the LOCAL_KERNELS entry,
+    "<repo_id>=<path>": set os.environ["LOCAL_KERNELS"] to it (joined with ':' to others)
+    before the model is made with attn_implementation=repo_id. repo_id must be
+    "owner/name" with "flash" in it (transformers' kernel-name and flash tests)."""
+    import json  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import re  # noqa: PLC0415
+
+    from .. import __version__  # noqa: PLC0415
+
+    if not (isinstance(repo_id, str) and re.fullmatch(r"[^/:@|=]+/[^/:@|=]+", repo_id)
+            and "flash" in repo_id):
+        raise ValueError("write_local_kernel: repo_id=%r: expected 'owner/name' containing "
+                         "'flash'" % (repo_id,))
+    path = os.path.abspath(os.fspath(path))
+    if ":" in path or "=" in path:
+        raise ValueError("write_local_kernel: %r: LOCAL_KERNELS cannot name a path with "
+                         "':' or '='" % path)
+    os.makedirs(path, exist_ok=True)
+    build = "attn_flash_" + re.sub(r"[^0-9A-Za-z]", "_", __version__)
+    metadata = {"id": build, "name": "attn-flash", "version": 1,
+                "license": "see the attn package", "python-depends": [],
+                "backend": {"type": "cpu"}}
+    with open(os.path.join(path, "metadata.json"), "w") as f:
+        json.dump(metadata, f, indent=2)
+    with open(os.path.join(path, "__init__.py"), "w") as f:
+        f.write(_KERNEL_INIT)
+    return "%s=%s" % (repo_id, path)
