@@ -111,7 +111,10 @@ def _paged_rows(cache: Any, block_table: Any, cu_k: Any) -> Any:
         if pages > len(table[b]):
             raise ValueError("block_table: sequence %d has %d keys, more than its %d pages of "
                              "%d hold" % (b, n, len(table[b]), page))
-        idx = table[b][:pages]
+        idx = [int(i) for i in table[b][:pages]]
+        if any(not 0 <= i < cache.shape[0] for i in idx):
+            raise ValueError("block_table: sequence %d names pages %s outside the pool's %d"
+                             % (b, idx, cache.shape[0]))
         rows = cache[idx] if idx else cache[:0]
         parts.append(rows.reshape(-1, *cache.shape[2:])[:n])
     if _is_torch(cache):

@@ -192,6 +192,10 @@ def test_varlen_block_table(rng):
     assert torch.equal(torch.nan_to_num(back, nan=0.0), kp.grad)
     with pytest.raises(ValueError):  # a sequence longer than its pages
         flash.flash_attn_varlen_func(q, kp, vp, cu_q, cu_k, mq, mk, block_table=table[:, :1])
+    holed = table.clone()
+    holed[4, 1] = -1  # a page the sequence needs
+    with pytest.raises(ValueError):
+        flash.flash_attn_varlen_func(q, kp, vp, cu_q, cu_k, mq, mk, block_table=holed)
 
 
 def test_kvcache(rng):
