@@ -189,3 +189,4 @@ def register(name: str = NAME) -> None:
 
 
 register()
+from .transformers_flash import register_flash  # noqa: E402,F401  (the FlashAttention path)

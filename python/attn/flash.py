@@ -1,0 +1,184 @@
+"""attn.flash — FlashAttention 2's Python API (flash_attn.flash_attn_interface) on attn:
+flash_attn_func, flash_attn_varlen_func and flash_attn_with_kvcache with FlashAttention's
+signatures, layouts ([B, L, H, D]; packed [total, H, D]) and return conventions, computed
+on the CPU by the library.
+
+What it is: three thin adapters. flash_attn_func runs through
+attn.scaled_dot_product_attention (align="bottom-right") and flash_attn_varlen_func through
+attn.varlen_attention, and so through their torch.autograd.Functions (q, k, v that
+require grad get the library's backward); flash_attn_with_kvcache runs through
+attn.attention_with_kvcache (no gradient, as FlashAttention's). What it is not: the
+`flash_attn` package (no module of that name is made or shadowed), a CUDA kernel, or the
+transformers loader (attn.integrations.transformers.register_flash does that, with these
+three functions as its FlashAttention implementation).
+
+Return conventions, as FlashAttention's:
+- flash_attn_func: out [B, Lq, Hq, Dv]; with return_attn_probs (out, softmax_lse
+  [B, Hq, Lq] float32, S_dmask).
+- flash_attn_varlen_func: out [total_q, Hq, Dv]; with return_attn_probs (out,
+  softmax_lse [Hq, total_q] float32, S_dmask).
+- flash_attn_with_kvcache: out [B, Lq, Hq, Dv]; with return_softmax_lse (out,
+  softmax_lse [B, Hq, Lq] float32).
+S_dmask: FlashAttention returns the (dropout-signed) probabilities as a testing aid; attn
+returns None in its place (they are not formed: a caller that wants the weights calls
+attn.scaled_dot_product_attention(..., return_weights=True)). softmax_lse is the natural
+log-sum-exp of each row's logits (-inf for a row with no key), not differentiable.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Tuple
+
+import numpy as np
+
+from . import _options, scaled_dot_product_attention
+from ._kvcache import attention_with_kvcache
+from ._varlen import varlen_attention
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
+
+
+def _is_torch(x: Any) -> bool:
+    torch = sys.modules.get("torch")  # never imported here: only if the caller has it
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _swap(x: Any) -> Any:
+    """[B, L, H, D] <-> [B, H, L, D]: a view (torch's transpose, NumPy's swapaxes)."""
+    return x.transpose(1, 2) if _is_torch(x) else np.swapaxes(x, 1, 2)
+
+
+def _shape4(name: str, x: Any) -> Tuple[int, int, int, int]:
+    shape = tuple(getattr(x, "shape", ()))
+    if len(shape) != 4:
+        raise ValueError("%s: expected [B, L, H, D], got shape %s" % (name, shape))
+    return shape
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                    deterministic=False, return_attn_probs=False):
+    """FlashAttention's flash_attn_func: attention of q [B, Lq, Hq, D] over k [B, Lk, Hkv, D],
+    v [B, Lk, Hkv, Dv] (Hq a multiple of Hkv: grouped-query attention).
+
+    causal and window_size (left, right; -1 = unbounded) are aligned to the bottom-right
+    corner (query row i's diagonal is key i + Lk - Lq), as FlashAttention >= 2.1;
+    alibi_slopes (Hq,) float32 (FlashAttention's (B, Hq) is refused: attn's slopes are per
+    head); dropout_p applied whenever > 0 (pass 0.0 for inference; the mask is attn's, see
+    docs/CONTRACT.md "Dropout"); deterministic accepted (attn always is).
+
+    It is attn.scaled_dot_product_attention on the [B, H, L, D] views of q, k, v
+    (transposes: read in place through their strides, no copy) with align="bottom-right"
+    and enable_gqa=True, and so, under autograd, that call's Function and gradients.
+
+    Returns out [B, Lq, Hq, Dv] (q's kind and dtype; a [B, H, L, D]-contiguous result
+    seen through a transpose); with return_attn_probs (out, softmax_lse [B, Hq, Lq], None)
+    — None where FlashAttention gives S_dmask.
+    """
+    B, Lq, Hq, D = _shape4("q", q)
+    Bk, Lk, Hkv, _ = _shape4("k", k)
+    if Bk != B or tuple(v.shape[:3]) != (Bk, Lk, Hkv):
+        raise ValueError("q %s, k %s, v %s: expected the same B, and k and v the same "
+                         "[B, Lk, Hkv]" % (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError("q has %d heads, k and v %d: expected a multiple" % (Hq, Hkv))
+    return_attn_probs, _ = _options.flags(("return_attn_probs", "deterministic"),
+                                          (return_attn_probs, deterministic))
+    window = _options.window(window_size)
+    got = scaled_dot_product_attention(
+        _swap(q), _swap(k), _swap(v), dropout_p=dropout_p, is_causal=causal,
+        scale=softmax_scale, enable_gqa=True, align="bottom-right",
+        window=None if window == (-1, -1) else window, softcap=softcap,
+        alibi_slopes=alibi_slopes, return_lse=return_attn_probs)
+    if not return_attn_probs:
+        return _swap(got)
+    out, lse = got
+    return _swap(out), lse, None
+
+
+def _paged_rows(cache: Any, block_table: Any, cu_k: Any) -> Any:
+    """The packed rows [total_k, Hkv, D] of a paged cache [num_blocks, page, Hkv, D]:
+    sequence b is pages block_table[b, :] concatenated, its first cu_k[b+1] - cu_k[b] rows
+    (a gather: gradients reach the pages under autograd)."""
+    tl = lambda x: x.tolist() if hasattr(x, "tolist") else list(x)  # noqa: E731
+    cu = [int(c) for c in tl(cu_k)]
+    table = tl(block_table)
+    page = cache.shape[1]
+    parts = []
+    for b in range(len(cu) - 1):
+        n = cu[b + 1] - cu[b]
+        pages = -(-n // page)
+        if pages > len(table[b]):
+            raise ValueError("block_table: sequence %d has %d keys, more than its %d pages of "
+                             "%d hold" % (b, n, len(table[b]), page))
+        idx = [int(i) for i in table[b][:pages]]
+        if any(not 0 <= i < cache.shape[0] for i in idx):
+            raise ValueError("block_table: sequence %d names pages %s outside the pool's %d"
+                             % (b, idx, cache.shape[0]))
+        rows = cache[idx] if idx else cache[:0]
+        parts.append(rows.reshape(-1, *cache.shape[2:])[:n])
+    if _is_torch(cache):
+        return sys.modules["torch"].cat(parts) if parts else cache.reshape(-1, *cache.shape[2:])[:0]
+    return np.concatenate(parts) if parts else cache.reshape(-1, *cache.shape[2:])[:0]
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False,
+                           window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None,
+                           *, s_aux=None):
+    """FlashAttention 2's flash_attn_varlen_func on attn.varlen_attention (the same names and
+    meanings; see its docstring): q [total_q, Hq, D], k [total_k, Hkv, D], v [total_k,
+    Hkv, Dv], cu_seqlens_q / cu_seqlens_k int32 (B + 1,), causal bottom-right per
+    sequence.
+
+    block_table (B, max_pages) int32: k and v are then page pools [num_blocks,
+    page_block_size, Hkv, D]; sequence b's keys are its pages in order, the first
+    cu_seqlens_k[b+1] - cu_seqlens_k[b] rows (gathered into a packed copy, then the call
+    above). s_aux (keyword-only; the name transformers passes learned sinks under, as
+    FlashAttention 3's vLLM build takes them): (Hq,) attention-sink logits, varlen's
+    sinks, with their gradient.
+
+    Returns out [total_q, Hq, Dv]; with return_attn_probs (out, softmax_lse [Hq, total_q],
+    None) — None where FlashAttention gives S_dmask.
+    """
+    if block_table is not None:
+        k = _paged_rows(k, block_table, cu_seqlens_k)
+        v = _paged_rows(v, block_table, cu_seqlens_k)
+    return varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                            window_size=window_size, softcap=softcap,
+                            alibi_slopes=alibi_slopes, deterministic=deterministic,
+                            return_attn_probs=return_attn_probs, sinks=s_aux)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False, *, s_aux=None):
+    """FlashAttention 2's flash_attn_with_kvcache on attn.attention_with_kvcache (see its
+    docstring): q [B, Lq, Hq, D]; k_cache, v_cache [B, Lk, Hkv, D] or, with block_table
+    (B, max_pages) int32, page pools [num_blocks, page_block_size, Hkv, D]; new rows k, v
+    [B, n, Hkv, D] written in place at cache_seqlens[b] .. + n - 1 (cache_seqlens is read,
+    never advanced), then attended to; causal bottom-right.
+
+    Not supported (NotImplementedError, nothing written): rotary_cos / rotary_sin (apply
+    the rotary embedding to q and k before the call), cache_batch_idx and cache_leftpad.
+    num_splits is accepted and ignored (attn picks its own split; the result does not
+    depend on it). s_aux (keyword-only): (Hq,) attention-sink logits, read as constants.
+    No gradient (FlashAttention's has none either).
+
+    Returns out [B, Lq, Hq, Dv]; with return_softmax_lse (out, softmax_lse [B, Hq, Lq]).
+    """
+    for name, x in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                    ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+        if x is not None:
+            raise NotImplementedError("flash_attn_with_kvcache: %s is not supported by attn"
+                                      % name)
+    return attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens,
+                                  block_table=block_table, softmax_scale=softmax_scale,
+                                  causal=causal, window_size=window_size, softcap=softcap,
+                                  alibi_slopes=alibi_slopes,
+                                  return_softmax_lse=return_softmax_lse, sinks=s_aux)
