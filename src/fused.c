@@ -200,31 +200,6 @@ static fused_block item_rows(const attn_params *p, const fused_plan *plan,
     return blk;
 }
 
-/* The params tile j0 .. j0+nk-1 of a block is computed with: p itself where the mask or
- * the bias is mixed in the tile, p without them where they leave it open (a block whose
- * rows are all dense, or a tile of open cells), NULL where they mask every key of every
- * row (the tile is skipped: it would add exp(-inf) = 0 to each row). */
-const attn_params *fused_tile_params(const attn_params *p, const fused_plan *plan,
-                                     const fused_block *blk, int64_t j0, int64_t nk) {
-    if (!plan->sum) return p;
-    if (blk->dense) return plan->open;
-    /* the summary's blocks are ATTN_SUM_ROWS rows and the plan's bq rows (fused_geom.c):
-     * the tile is open (masked) where it is so in every summary block its rows reach */
-    const int64_t i0 = blk->qb * plan->bq, i1 = i0 + blk->n / blk->nh;
-    attn_tile_class cls = ATTN_TILE_MIXED;
-    for (int64_t sb = i0 / ATTN_SUM_ROWS; sb * ATTN_SUM_ROWS < i1; sb++) {
-        const attn_tile_class c =
-            attn_mask_summary_tile(p, plan->sum, blk->b, blk->h0, blk->nh, sb, j0, nk);
-        if (sb > i0 / ATTN_SUM_ROWS && c != cls) return p;
-        cls = c;
-    }
-    switch (cls) {
-    case ATTN_TILE_MASKED: return NULL;
-    case ATTN_TILE_OPEN: return plan->open;
-    default: return p;
-    }
-}
-
 /* The final logits of one tile (S^T layout, keys j0..): structural masks on boundary
  * tiles, then the score function, softcap, bias, ALiBi, the bool mask and the block mask
  * where the call has them, in the order of attn_finish_logit. Row by row, with each row's
@@ -387,13 +362,6 @@ static void tile_logits(const attn_params *p, const attn_kernels *kern, const fu
  * decoding"). */
 enum { PREFETCH_TILES = 2, RUN_LINES = 4 };
 
-/* Row j of the block's key/value head in K or V (base, strides st), as the bytes the
- * decoding entries take. */
-const char *fused_kv_row(const attn_params *p, const fused_block *blk, const void *base,
-                         const int64_t st[4], int64_t j) {
-    return (const char *)base + attn_row_byte_offset(p->kv_dt, attn_kv_offset(p, st, blk->b, blk->g, j));
-}
-
 /* The addresses of rows j0 .. j0+nk-1 of the block's head in K or V into rows[], for the
  * kernel's decode_rows: one table look-up a page, the page's rows at its stride. */
 static void kv_row_addrs(const attn_params *p, const fused_block *blk, const void *base,
@@ -442,25 +410,6 @@ static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t 
 
 static void prefetch_runs(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
     prefetch_kv(p, blk, j0, nk, RUN_LINES);
-}
-
-/* Of the nk >= 1 keys from j, how many lie at one stride from row j: all of them in a
- * contiguous cache, those up to the end of j's page in a paged one. */
-int64_t fused_kv_segment(const attn_params *p, int64_t j, int64_t nk) {
-    if (!p->block_table) return nk;
-    const int64_t run = p->page_size - j % p->page_size;
-    return run < nk ? run : nk;
-}
-
-/* A block of a few rows (decoding) on a kernel that has the one-pass decoding step: up to
- * 4 rows a call, so a block of up to ATTN_DECODE_MAX_ROWS rows (the query heads of a GQA
- * group) takes several calls on each clean tile, the tile then in the cache for all but
- * the first. */
-bool fused_takes_decode(const attn_params *p, const attn_kernels *kern, int64_t n) {
-    /* q8_0 where the kernel's step reads it; else the tile path (kv_block dequantizes) */
-    return kern->decode && kern->decode_qk && n <= ATTN_DECODE_MAX_ROWS &&
-           (p->kv_dt != ATTN_Q8_0 || kern->decode_q8_0) && !attn_has_elementwise(p) &&
-           !p->dropout && p->k_s[3] == 1 && p->v_s[3] == 1;
 }
 
 /* Dropout on the tile's probabilities (S^T layout, keys j0..j0+nk-1, rows r < n): a kept
