@@ -19,19 +19,6 @@
 #include "half.h"
 #include "mha.h"
 
-/* ---- workspace ---------------------------------------------------------------------- */
-
-void *mha_take(mha_ws *w, int64_t nfloats) {
-    const size_t bytes = ((size_t)nfloats * sizeof(float) + 63) & ~(size_t)63;
-    if (nfloats < 0 || (size_t)nfloats > SIZE_MAX / 8 || w->used > SIZE_MAX - bytes) {
-        w->overflow = true;
-        return NULL;
-    }
-    void *p = w->count_only ? NULL : w->base + w->used;
-    w->used += bytes;
-    return p;
-}
-
 /* ---- argument checks ----------------------------------------------------------------- */
 
 /* A [B, L, C] activation (shape {B, L, C, 1}) of float32 or bfloat16. */

@@ -43,7 +43,17 @@ typedef struct mha_ws {
     bool overflow;
     bool count_only;  /* the size query: nothing is read or written */
 } mha_ws;
-ATTN_PRIVATE void *mha_take(mha_ws *w, int64_t nfloats);
+/* The next nfloats floats of the workspace (NULL when counting, or on overflow) */
+static inline void *mha_take(mha_ws *w, int64_t nfloats) {
+    const size_t bytes = ((size_t)nfloats * sizeof(float) + 63) & ~(size_t)63;
+    if (nfloats < 0 || (size_t)nfloats > SIZE_MAX / 8 || w->used > SIZE_MAX - bytes) {
+        w->overflow = true;
+        return NULL;
+    }
+    void *p = w->count_only ? NULL : w->base + w->used;
+    w->used += bytes;
+    return p;
+}
 
 /* Every call of the module runs its body twice: once counting (the workspace's size),
  * once over opt->workspace or a malloc of that size. bytes not NULL: the size query,
