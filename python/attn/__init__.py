@@ -190,6 +190,17 @@ def _wants_autograd(query: Any, key: Any, value: Any, attn_mask: Any, alibi_slop
     return any(wants)
 
 
+def _traced_ops(tensor_type: Optional[type], *xs: Any) -> Any:
+    """attn.integrations.torch_op (imported here, when a torch tensor arrives) when a call
+    on torch tensors is traced (torch.compile, torch.export, fake tensors: torch_op.traced),
+    so that it goes through a custom op the tracer keeps in the graph; None otherwise
+    (eager: the extension is called directly)."""
+    if tensor_type is None or not any(isinstance(x, tensor_type) for x in xs):
+        return None
+    from .integrations import torch_op  # noqa: PLC0415 — imports torch, loaded already
+    return torch_op if torch_op.traced(*xs) else None
+
+
 _FUNCTION = None
 
 
@@ -480,7 +491,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     seed = _dropout_seed(seed, query, tt) if dropout_p > 0.0 else 0
     options = (is_causal, scale, enable_gqa, _ALIGN[align], window, softcap, _PATH[path],
                level, threads, dropout_p, seed, 0)
-    if tt is not None and _wants_autograd(query, key, value, attn_mask, alibi_slopes, tt, sinks):
+    grad = tt is not None and _wants_autograd(query, key, value, attn_mask, alibi_slopes, tt,
+                                              sinks)
+    ops = _traced_ops(tt, query, key, value, attn_mask, sinks)
+    if ops is not None:  # torch.compile, torch.export: the custom op attn::sdpa
+        return ops.public_sdpa(query, key, value, attn_mask, alibi_slopes, kv_len, options,
+                               bool(return_lse), bool(return_weights), sinks, grad)
+    if grad:
         if attn_mask is not None:
             attn_mask = _widen(attn_mask, tt)
         if alibi_slopes is not None:

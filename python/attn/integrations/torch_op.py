@@ -104,6 +104,15 @@ def _alloc(shape, which, dtype):
     """The extension's allocator: the output (B, H, L, Dv) is a transposed view of a
     (B, L, H, Dv) tensor, the layout transformers wants next (attn_output.transpose(1, 2)
     is then contiguous without a copy, as after PyTorch's CPU flash kernel)."""
+    return _alloc_as(shape, which, dtype)
+
+
+def _alloc_float32(shape, which, dtype):
+    """_alloc with the output in float32 whatever the query's dtype (out_float32)."""
+    return _alloc_as(shape, which, "float32" if which == "output" else dtype)
+
+
+def _alloc_as(shape, which, dtype):
     dt = getattr(torch, dtype)
     if which == "output" and len(shape) == 4:
         B, H, L, D = shape
@@ -115,19 +124,19 @@ _UINT64 = (1 << 64) - 1
 
 
 def _options(is_causal, scale, enable_gqa, window_left, window_right, softcap, dropout_p,
-             seed):
+             seed, align=0, path=0, precision=0, threads=0):
     """attn._forward's options tuple (is_causal, scale, enable_gqa, align, window, softcap,
-    path, precision, threads, dropout_p, dropout_seed, dropout_offset): top-left, path
-    "auto", precision "default", torch's thread count; the op's signed int64 seed read as
-    the library's unsigned 64 bits."""
-    return (bool(is_causal), scale, bool(enable_gqa), 0, _window(window_left, window_right),
-            float(softcap), 0, 0, torch.get_num_threads(), float(dropout_p),
-            int(seed) & _UINT64, 0)
+    path, precision, threads, dropout_p, dropout_seed, dropout_offset): align, path and
+    precision as attn's codes (0: top-left, "auto", "default"), threads 0 meaning torch's
+    thread count; the op's signed int64 seed read as the library's unsigned 64 bits."""
+    return (bool(is_causal), scale, bool(enable_gqa), int(align),
+            _window(window_left, window_right), float(softcap), int(path), int(precision),
+            int(threads) or torch.get_num_threads(), float(dropout_p), int(seed) & _UINT64, 0)
 
 
 def _sinks(sinks: Optional[Tensor]) -> Optional[Tensor]:
-    """The sinks as the library reads them: float32 [H] (a 16-bit or float64 one widened
-    or rounded to a float32 copy)."""
+    """The sinks (or the ALiBi slopes) as the library reads them: float32 [H] (a 16-bit or
+    float64 one widened or rounded to a float32 copy)."""
     if sinks is None:
         return None
     sinks = sinks.detach()
@@ -137,19 +146,23 @@ def _sinks(sinks: Optional[Tensor]) -> Optional[Tensor]:
 def _run(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
          kv_len: Optional[Tensor], is_causal: bool, scale: Optional[float], enable_gqa: bool,
          window_left: int, window_right: int, softcap: float, want_lse: bool,
-         want_weights: bool, dropout_p: float, seed: int, sinks: Optional[Tensor]):
-    """The library's forward on the op's arguments (and kv_len, None or (B,) int64):
-    (out, lse or None, weights or None), errors raised as the op raises them."""
+         want_weights: bool, dropout_p: float, seed: int, sinks: Optional[Tensor],
+         align: int = 0, alibi_slopes: Optional[Tensor] = None, path: int = 0,
+         precision: int = 0, threads: int = 0, out_float32: bool = False):
+    """The library's forward on the op's arguments (and kv_len, None or (B,) int32 or
+    int64): (out, lse or None, weights or None), errors raised as the op raises them."""
     _check_rank(query, key, value)
     if not 0.0 <= dropout_p <= 1.0:  # in double: the library's float could round to 1
         raise AttnShapeError("dropout_p=%r: expected 0 <= dropout_p <= 1 (0 = off)"
                              % (dropout_p,))
     options = _options(is_causal, scale, enable_gqa, window_left, window_right, softcap,
-                       dropout_p, seed)
+                       dropout_p, seed, align, path, precision, threads)
+    lens = None if kv_len is None else kv_len.detach()
     try:
         return attn._forward(query.detach(), key.detach(), value.detach(), _mask(attn_mask),
-                             None, kv_len, options, want_lse, bool(want_weights),
-                             torch.Tensor, _alloc, _sinks(sinks))
+                             _sinks(alibi_slopes), lens, options, want_lse,
+                             bool(want_weights), torch.Tensor,
+                             _alloc_float32 if out_float32 else _alloc, _sinks(sinks))
     except (ValueError, TypeError) as e:
         _reraise(e)
 
@@ -158,10 +171,14 @@ def _run(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
 def _sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
           is_causal: bool, scale: Optional[float], enable_gqa: bool, window_left: int,
           window_right: int, softcap: float, return_weights: bool, dropout_p: float = 0.0,
-          seed: int = 0, sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
-    out, lse, weights = _run(query, key, value, attn_mask, None, is_causal, scale, enable_gqa,
-                             window_left, window_right, softcap, True, return_weights,
-                             dropout_p, seed, sinks)
+          seed: int = 0, sinks: Optional[Tensor] = None, align: int = 0,
+          alibi_slopes: Optional[Tensor] = None, kv_len: Optional[Tensor] = None,
+          path: int = 0, precision: int = 0, threads: int = 0, out_float32: bool = False
+          ) -> Tuple[Tensor, Tensor, Tensor]:
+    out, lse, weights = _run(query, key, value, attn_mask, kv_len, is_causal, scale,
+                             enable_gqa, window_left, window_right, softcap, True,
+                             return_weights, dropout_p, seed, sinks, align, alibi_slopes,
+                             path, precision, threads, out_float32)
     if weights is None:
         weights = torch.empty((0,), dtype=torch.float32)
     return out, lse, weights
@@ -215,10 +232,13 @@ def direct_ok(*tensors: Optional[Tensor]) -> bool:
 
 @_sdpa.register_fake
 def _sdpa_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_left,
-               window_right, softcap, return_weights, dropout_p=0.0, seed=0, sinks=None):
+               window_right, softcap, return_weights, dropout_p=0.0, seed=0, sinks=None,
+               align=0, alibi_slopes=None, kv_len=None, path=0, precision=0, threads=0,
+               out_float32=False):
     _check_rank(query, key, value)
     B, H, L, S, Dv = _out_shape(query, key, value, enable_gqa)
-    out = query.new_empty((B, L, H, Dv)).transpose(1, 2)  # as _alloc
+    out = query.new_empty((B, L, H, Dv), dtype=torch.float32 if out_float32 else None
+                          ).transpose(1, 2)  # as _alloc
     lse = query.new_empty((B, H, L), dtype=torch.float32)
     weights = query.new_empty((B, H, L, S) if return_weights else (0,), dtype=torch.float32)
     return out, lse, weights
@@ -233,15 +253,19 @@ def _sdpa_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor, 
                    lse: Tensor, attn_mask: Optional[Tensor], is_causal: bool,
                    scale: Optional[float], enable_gqa: bool, window_left: int,
                    window_right: int, softcap: float, dropout_p: float = 0.0, seed: int = 0,
-                   sinks: Optional[Tensor] = None, mask_grad: bool = False
+                   sinks: Optional[Tensor] = None, mask_grad: bool = False, align: int = 0,
+                   alibi_slopes: Optional[Tensor] = None, kv_len: Optional[Tensor] = None,
+                   path: int = 0, precision: int = 0, threads: int = 0
                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, d_sinks, d_mask): d_sinks in the sinks' dtype and shape, (0,) float32
     without sinks; d_mask, with mask_grad and a float attn_mask, its gradient (the library's
     d_bias: summed over its broadcast dimensions) in its dtype and shape, (0,) float32
-    otherwise. The forward's dropout_p and seed regenerate its mask."""
+    otherwise. The forward's dropout_p and seed regenerate its mask; align, alibi_slopes,
+    kv_len, path, precision and threads are the forward's."""
     dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype) for x in (query, key, value))
     options = _options(is_causal, scale, enable_gqa, window_left, window_right, softcap,
-                       dropout_p, seed)
+                       dropout_p, seed, align, path, precision, threads)
+    lens = None if kv_len is None else kv_len.detach()
     causal, scale, gqa, align, window, softcap, path, level, threads = options[:9]
     read = _sinks(sinks)
     d_sinks = None if read is None else torch.empty(read.shape, dtype=torch.float32)
@@ -253,7 +277,8 @@ def _sdpa_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor, 
         extra = {} if d_mask is None else {"grad_attn_mask": d_mask}
         _attn.backward(query.detach(), key.detach(), value.detach(), out.detach(),
                        grad_out.detach(), lse.detach(), dq, dk, dv, mask,
-                       causal, scale, gqa, align, window, softcap, None, None, path, level,
+                       causal, scale, gqa, align, window, softcap, _sinks(alibi_slopes), lens,
+                       path, level,
                        threads, read, d_sinks, **extra, **attn._dropout_kwargs(options))
     except (ValueError, TypeError) as e:
         _reraise(e)
@@ -271,7 +296,8 @@ def _sdpa_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor, 
 @_sdpa_backward.register_fake
 def _sdpa_backward_fake(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale,
                         enable_gqa, window_left, window_right, softcap, dropout_p=0.0, seed=0,
-                        sinks=None, mask_grad=False):
+                        sinks=None, mask_grad=False, align=0, alibi_slopes=None, kv_len=None,
+                        path=0, precision=0, threads=0):
     d_sinks = (torch.empty_like(sinks) if sinks is not None
                else query.new_empty((0,), dtype=torch.float32))
     d_mask = (torch.empty_like(attn_mask) if mask_grad and _mask_has_grad(attn_mask)
@@ -280,24 +306,39 @@ def _sdpa_backward_fake(grad_out, query, key, value, out, lse, attn_mask, is_cau
             d_mask)
 
 
+# attn::sdpa's arguments from dropout_p on, with their defaults: inputs shorter than the
+# schema (a caller of the op before align .. out_float32 existed) are padded with these
+_SDPA_TAIL = (0.0, 0, None, 0, None, None, 0, 0, 0, False)
+
+
 def _setup_context(ctx, inputs, output):
+    inputs = tuple(inputs) + _SDPA_TAIL[len(inputs) - 11:]
     query, key, value, attn_mask = inputs[:4]
     out, lse, _ = output
-    sinks = inputs[13] if len(inputs) > 13 else None
-    ctx.save_for_backward(query, key, value, out, lse, attn_mask, sinks)
+    sinks, align, alibi_slopes, kv_len, path, precision, threads, out_float32 = inputs[13:]
+    ctx.save_for_backward(query, key, value, out, lse, attn_mask, sinks, alibi_slopes, kv_len)
     # is_causal .. softcap, then dropout_p and seed (not return_weights)
     ctx.options = tuple(inputs[4:10]) + tuple(inputs[11:13])
+    ctx.extra = (align, path, precision, threads)
+    ctx.query_dtype = query.dtype if out_float32 else None
 
 
 def _backward(ctx, grad_out, grad_lse, grad_weights):
-    query, key, value, out, lse, attn_mask, sinks = ctx.saved_tensors
+    query, key, value, out, lse, attn_mask, sinks, alibi_slopes, kv_len = ctx.saved_tensors
     need = ctx.needs_input_grad
     mask_grad = bool(need[3]) and _mask_has_grad(attn_mask)
+    if ctx.query_dtype is not None and grad_out.dtype != ctx.query_dtype:
+        # out_float32: the caller rounded the float32 output to the query's dtype, and its
+        # gradient reaches here widened; narrowed back (exactly), the backward reads what
+        # the eager autograd Function reads (a float32 O, a dO in the query's dtype)
+        grad_out = grad_out.to(ctx.query_dtype)
+    align, path, precision, threads = ctx.extra
     dq, dk, dv, d_sinks, d_mask = torch.ops.attn.sdpa_backward(
-        grad_out, query, key, value, out, lse, attn_mask, *ctx.options, sinks, mask_grad)
+        grad_out, query, key, value, out, lse, attn_mask, *ctx.options, sinks, mask_grad,
+        align, alibi_slopes, kv_len, path, precision, threads)
     return ((dq if need[0] else None), (dk if need[1] else None),
             (dv if need[2] else None), (d_mask if mask_grad else None)) + (None,) * 9 + (
-            (d_sinks if sinks is not None and need[13] else None),)
+            (d_sinks if sinks is not None and need[13] else None),) + (None,) * 7
 
 
 torch.library.register_autograd("attn::sdpa", _backward, setup_context=_setup_context)
@@ -336,3 +377,65 @@ def sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] 
                                           float(softcap), bool(return_weights), dropout_p,
                                           seed, sinks)
     return (out, weights) if return_weights else out
+
+
+# ---- attn's public calls on torch tensors, when they are traced ------------------------------
+
+def traced(*tensors) -> bool:
+    """Whether a call on these tensors is being traced, and must then be an op of the graph:
+    under torch.compile or torch.export, with a tensor subclass other than Parameter (a
+    fake or functional tensor), or with a torch function or dispatch mode active. attn's
+    public calls go through the ops of this module when it is, and call the extension
+    directly (the same bits, no dispatcher) when it is not."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting() or _in_mode():
+        return True
+    return any(isinstance(x, Tensor) and type(x) not in (Tensor, torch.nn.Parameter)
+               for x in tensors)
+
+
+def _as_tensor(x, dtype) -> Optional[Tensor]:
+    """A list or array (kv_len, alibi_slopes, sinks, a mask) as a tensor; a tensor or None
+    as it is."""
+    return x if x is None or isinstance(x, Tensor) else torch.as_tensor(x, dtype=dtype)
+
+
+def _signed(seed: int) -> int:
+    """attn's unsigned 64-bit seed as the op's signed int64 (the same 64 bits)."""
+    return seed - (1 << 64) if seed >= 1 << 63 else seed
+
+
+def _lift(x: Tensor) -> Tensor:
+    """(L, D) and (H, L, D) read as (1, 1, L, D) and (1, H, L, D): a view."""
+    return x.reshape((1,) * (4 - x.dim()) + tuple(x.shape)) if x.dim() < 4 else x
+
+
+def public_sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask, alibi_slopes, kv_len,
+                options: tuple, want_lse: bool, want_weights: bool, sinks, grad: bool):
+    """attn.scaled_dot_product_attention through torch.ops.attn.sdpa, for a traced call:
+    its checked arguments, options (attn._forward's tuple) and whether autograd is wanted;
+    the result is the eager call's (the output, then the LSE and the weights when asked,
+    of the inputs' rank; the LSE and weights not differentiable). A 16-bit query with
+    autograd gets the output in float32 from the op and rounded here, once, as the eager
+    autograd Function does: the backward then reads the float32 output, and its
+    gradients are the eager call's bits."""
+    causal, scale, gqa, align, window, softcap, path, level, threads, p, seed, _ = options
+    left, right = (-1, -1) if window is None else window
+    rank = max(x.dim() for x in (query, key, value))
+    mask = attn._widen(_as_tensor(attn_mask, None), Tensor)
+    slopes = _as_tensor(alibi_slopes, torch.float32)
+    lens = _as_tensor(kv_len, torch.int64)
+    wide = grad and query.dtype in (torch.float16, torch.bfloat16)
+    out, lse, weights = torch.ops.attn.sdpa(
+        _lift(query), _lift(key), _lift(value), mask, causal, scale, gqa, left, right,
+        softcap, want_weights, p, _signed(seed), _as_tensor(sinks, torch.float32), align,
+        slopes, lens, path, level, threads, wide)
+    if wide:
+        out = out.to(query.dtype)
+    out = out.reshape(out.shape[4 - rank:])
+    if not want_lse and not want_weights:
+        return out
+    lse = lse.detach().reshape(lse.shape[4 - rank:])
+    extra = (lse,) if want_lse else ()
+    if want_weights:
+        extra += (weights.detach().reshape(weights.shape[4 - rank:]),)
+    return (out,) + extra
