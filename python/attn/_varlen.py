@@ -16,7 +16,8 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from . import (_ALIGN, _PATH, _PRECISION, _allocator, _attn, _dropout_seed, _options, _plain,
-               _to_query_kind, _torch_tensor_type, _vector, _wants_autograd, _widen)
+               _to_query_kind, _torch_tensor_type, _traced_ops, _vector, _wants_autograd,
+               _widen)
 
 __all__ = ["varlen_attention"]
 
@@ -216,9 +217,13 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     want_lse = return_lse or return_attn_probs
     # refuses slopes that require grad (no gradient for them) before they are read
     grad = tt is not None and _wants_autograd(q, k, v, None, alibi_slopes, tt, sinks)
-    if alibi_slopes is not None:
+    ops = _traced_ops(tt, q, k, v, sinks)
+    if ops is None and alibi_slopes is not None:
         alibi_slopes = _widen(_plain(_vector(alibi_slopes, np.float32), tt), tt)
-    if grad:
+    if ops is not None:  # torch.compile, torch.export: the custom op attn::varlen
+        out, lse = ops.public_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k,
+                                     alibi_slopes, sinks, options, grad)
+    elif grad:
         out, lse = _varlen_function().apply(q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes,
                                             options, sinks)
     else:

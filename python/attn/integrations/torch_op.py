@@ -439,3 +439,143 @@ def public_sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask, alibi_slop
     if want_weights:
         extra += (weights.detach().reshape(weights.shape[4 - rank:]),)
     return (out,) + extra
+
+
+# ---- attn::varlen and attn::varlen_backward: attn.varlen_attention --------------------------
+
+def _varlen_options(causal, scale, window_left, window_right, softcap, dropout_p, seed, path,
+                    precision, threads):
+    """attn._varlen._call's options tuple (causal, scale, align, window, softcap, path,
+    precision, threads, dropout_p, seed, offset): bottom-right, as every packed call."""
+    return (bool(causal), scale, 1, _window(window_left, window_right), float(softcap),
+            int(path), int(precision), int(threads) or torch.get_num_threads(),
+            float(dropout_p), int(seed) & _UINT64, 0)
+
+
+@torch.library.custom_op("attn::varlen", mutates_args=(), device_types="cpu")
+def _varlen_op(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+               max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: Optional[float],
+               window_left: int, window_right: int, softcap: float,
+               alibi_slopes: Optional[Tensor] = None, dropout_p: float = 0.0, seed: int = 0,
+               sinks: Optional[Tensor] = None, path: int = 0, precision: int = 0,
+               threads: int = 0, out_float32: bool = False) -> Tuple[Tensor, Tensor]:
+    """(out (total_q, Hq, Dv), lse (Hq, total_q)): attn.varlen_attention's forward (the
+    library's attn_varlen_forward); out in q's dtype, or float32 with out_float32; the LSE
+    float32 (float64 for a float64 q)."""
+    from attn import _varlen  # noqa: PLC0415 — loaded with attn
+
+    def alloc(shape, which, dtype):
+        wide = out_float32 and which == "output"
+        return torch.empty(shape, dtype=torch.float32 if wide else getattr(torch, dtype))
+    options = _varlen_options(causal, scale, window_left, window_right, softcap, dropout_p,
+                              seed, path, precision, threads)
+    try:
+        return _varlen._call(q.detach(), k.detach(), v.detach(), cu_seqlens_q.detach(),
+                             cu_seqlens_k.detach(), max_seqlen_q, max_seqlen_k,
+                             _sinks(alibi_slopes), _sinks(sinks), options, True, alloc)
+    except (ValueError, TypeError) as e:
+        _reraise(e)
+
+
+@_varlen_op.register_fake
+def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                 scale, window_left, window_right, softcap, alibi_slopes=None, dropout_p=0.0,
+                 seed=0, sinks=None, path=0, precision=0, threads=0, out_float32=False):
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 3:
+            raise AttnShapeError("%s: attn::varlen takes 3-D (total, H, D) tensors, got %d-D"
+                                 % (name, x.dim()))
+    total_q, Hq = q.shape[0], q.shape[1]
+    out = q.new_empty((total_q, Hq, v.shape[2]),
+                      dtype=torch.float32 if out_float32 else None)
+    lse = q.new_empty((Hq, total_q),
+                      dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("attn::varlen_backward", mutates_args=(), device_types="cpu")
+def _varlen_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                     lse: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                     max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                     scale: Optional[float], window_left: int, window_right: int,
+                     softcap: float, alibi_slopes: Optional[Tensor] = None,
+                     dropout_p: float = 0.0, seed: int = 0, sinks: Optional[Tensor] = None,
+                     path: int = 0, precision: int = 0, threads: int = 0
+                     ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, d_sinks): attn_varlen_backward with the forward's arguments, each
+    gradient in its input's dtype; d_sinks (0,) float32 without sinks."""
+    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype) for x in (q, k, v))
+    read = _sinks(sinks)
+    d_sinks = None if read is None else torch.empty(read.shape, dtype=torch.float32)
+    causal, scale, align, window, softcap, path, level, threads, *drop = _varlen_options(
+        causal, scale, window_left, window_right, softcap, dropout_p, seed, path, precision,
+        threads)
+    extra = dict(zip(("dropout_p", "dropout_seed", "dropout_offset"), drop)) if drop[0] else {}
+    try:
+        _attn.varlen_backward(q.detach(), k.detach(), v.detach(), out.detach(),
+                              grad_out.detach(), lse.detach(), dq, dk, dv,
+                              cu_seqlens_q.detach(), cu_seqlens_k.detach(), max_seqlen_q,
+                              max_seqlen_k, causal, scale, align, window, softcap,
+                              _sinks(alibi_slopes), path, level, threads, read, d_sinks,
+                              **extra)
+    except (ValueError, TypeError) as e:
+        _reraise(e)
+    if d_sinks is None:
+        d_sinks = torch.empty((0,), dtype=torch.float32)
+    elif d_sinks.dtype != sinks.dtype:
+        d_sinks = d_sinks.to(sinks.dtype)
+    return dq, dk, dv, d_sinks
+
+
+@_varlen_backward.register_fake
+def _varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                          max_seqlen_q, max_seqlen_k, causal, scale, window_left,
+                          window_right, softcap, alibi_slopes=None, dropout_p=0.0, seed=0,
+                          sinks=None, path=0, precision=0, threads=0):
+    d_sinks = (torch.empty_like(sinks) if sinks is not None
+               else q.new_empty((0,), dtype=torch.float32))
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), d_sinks
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    (q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, alibi, p, seed,
+     sinks, path, precision, threads, out_float32) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi, sinks)
+    ctx.args = (max_q, max_k, causal, scale, left, right, softcap)
+    ctx.extra = (p, seed)
+    ctx.tail = (path, precision, threads)
+    ctx.query_dtype = q.dtype if out_float32 else None
+
+
+def _varlen_grad(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, cu_q, cu_k, alibi, sinks = ctx.saved_tensors
+    if ctx.query_dtype is not None and grad_out.dtype != ctx.query_dtype:
+        grad_out = grad_out.to(ctx.query_dtype)  # exact: see _backward
+    dq, dk, dv, d_sinks = torch.ops.attn.varlen_backward(
+        grad_out, q, k, v, out, lse, cu_q, cu_k, *ctx.args, alibi, *ctx.extra, sinks,
+        *ctx.tail)
+    need = ctx.needs_input_grad
+    return ((dq if need[0] else None), (dk if need[1] else None),
+            (dv if need[2] else None)) + (None,) * 12 + (
+            (d_sinks if sinks is not None and need[15] else None),) + (None,) * 4
+
+
+torch.library.register_autograd("attn::varlen", _varlen_grad,
+                                setup_context=_varlen_setup_context)
+
+
+def public_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                  max_seqlen_k, alibi_slopes, sinks, options: tuple, grad: bool):
+    """attn.varlen_attention through torch.ops.attn.varlen, for a traced call: its checked
+    arguments and options (attn._varlen._call's tuple); (out, lse), the LSE not
+    differentiable; a 16-bit q with autograd as public_sdpa's."""
+    causal, scale, _, window, softcap, path, level, threads, p, seed, _ = options
+    left, right = (-1, -1) if window is None else window
+    wide = grad and q.dtype in (torch.float16, torch.bfloat16)
+    out, lse = torch.ops.attn.varlen(
+        q, k, v, _as_tensor(cu_seqlens_q, torch.int64), _as_tensor(cu_seqlens_k, torch.int64),
+        max_seqlen_q, max_seqlen_k, causal, scale, left, right, softcap,
+        _as_tensor(alibi_slopes, torch.float32), p, _signed(seed),
+        _as_tensor(sinks, torch.float32), path, level, threads, wide)
+    return (out.to(q.dtype) if wide else out), lse.detach()
