@@ -46,7 +46,7 @@ propagated: use them for inspection), and there is no double backward.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -579,3 +579,116 @@ def public_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k, m
         _as_tensor(alibi_slopes, torch.float32), p, _signed(seed),
         _as_tensor(sinks, torch.float32), path, level, threads, wide)
     return (out.to(q.dtype) if wide else out), lse.detach()
+
+
+# ---- attn::kvcache, attn::merge_attention_states, attn::cascade: no gradient (as in eager) --
+
+@torch.library.custom_op("attn::kvcache", mutates_args=("k_cache", "v_cache"),
+                         device_types="cpu")
+def _kvcache_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
+                v: Optional[Tensor], cache_seqlens: Optional[Tensor],
+                block_table: Optional[Tensor], scale: Optional[float], causal: bool,
+                window_left: int, window_right: int, softcap: float,
+                alibi_slopes: Optional[Tensor], sinks: Optional[Tensor]
+                ) -> Tuple[Tensor, Tensor]:
+    """(out [B, Lq, Hq, Dv] in q's dtype, lse [B, Hq, Lq] float32): attn.attention_with_kvcache,
+    appending k, v (when given) to k_cache, v_cache in place first."""
+    from attn import _kvcache  # noqa: PLC0415 — loaded with attn
+    return _kvcache._attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale,
+                            causal, (window_left, window_right), softcap, alibi_slopes, True,
+                            sinks)
+
+
+@_kvcache_op.register_fake
+def _kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, causal,
+                  window_left, window_right, softcap, alibi_slopes, sinks):
+    if q.dim() != 4 or v_cache.dim() != 4:
+        raise ValueError("q, v_cache: expected [B, Lq, Hq, D] and [B | pages, L, Hkv, Dv]")
+    B, Lq, Hq, _ = q.shape
+    return (q.new_empty((B, Lq, Hq, v_cache.shape[3])),
+            q.new_empty((B, Hq, Lq), dtype=torch.float32))
+
+
+def public_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale,
+                   causal, window_size, softcap, alibi_slopes, return_softmax_lse, sinks):
+    """attn.attention_with_kvcache through torch.ops.attn.kvcache, for a traced call; the
+    eager call's result, with no gradient (q, k, v and the vectors read detached)."""
+    left, right = _checks.window(window_size)
+    if isinstance(cache_seqlens, (int, float)):
+        cache_seqlens = torch.full((q.shape[0],), _checks.integer(
+            "cache_seqlens", cache_seqlens, _checks._INT32), dtype=torch.int32)
+    detached = [None if x is None else _as_tensor(x, torch.float32).detach()
+                for x in (q, k, v, alibi_slopes, sinks)]
+    q, k, v, alibi_slopes, sinks = detached
+    out, lse = torch.ops.attn.kvcache(
+        q, k_cache, v_cache, k, v, _as_tensor(cache_seqlens, None),
+        _as_tensor(block_table, None), None if softmax_scale is None else float(softmax_scale),
+        bool(causal), left, right, float(softcap), alibi_slopes, sinks)
+    return (out, lse) if return_softmax_lse else out
+
+
+@torch.library.custom_op("attn::merge_attention_states", mutates_args=(), device_types="cpu")
+def _merge_op(o_parts: List[Tensor], lse_parts: List[Tensor], threads: int = 0
+              ) -> Tuple[Tensor, Tensor]:
+    """(o [..., D], lse [...]), float32: attn.merge_attention_states of the partials."""
+    from attn import _merge  # noqa: PLC0415 — loaded with attn
+    return _merge._merge(list(o_parts), list(lse_parts), threads)
+
+
+@_merge_op.register_fake
+def _merge_fake(o_parts, lse_parts, threads=0):
+    if not o_parts or len(o_parts) != len(lse_parts):
+        raise ValueError("merge_attention_states: as many LSE partials as o partials, >= 1")
+    return (o_parts[0].new_empty(o_parts[0].shape, dtype=torch.float32),
+            o_parts[0].new_empty(lse_parts[0].shape, dtype=torch.float32))
+
+
+def public_merge(o_parts, lse_parts, threads):
+    """attn.merge_attention_states through torch.ops.attn.merge_attention_states, for a
+    traced call: the partials as lists (a stacked tensor unbound), read detached."""
+    def parts(x):
+        xs = list(x) if isinstance(x, (list, tuple)) else [x[c] for c in range(len(x))]
+        return [_as_tensor(p, torch.float32).detach() for p in xs]
+    return torch.ops.attn.merge_attention_states(parts(o_parts), parts(lse_parts),
+                                                 _checks.threads(threads))
+
+
+@torch.library.custom_op("attn::cascade", mutates_args=(), device_types="cpu")
+def _cascade_op(q: Tensor, k_prefix: Optional[Tensor], v_prefix: Optional[Tensor],
+                k_suffix: Optional[Tensor], v_suffix: Optional[Tensor],
+                suffix_lens: Optional[Tensor], prefix_len: Optional[int],
+                prefix_block_table: Optional[Tensor], suffix_block_table: Optional[Tensor],
+                scale: Optional[float], causal: bool, softcap: float,
+                sinks: Optional[Tensor], threads: int = 0) -> Tuple[Tensor, Tensor]:
+    """(out [B, Lq, Hq, D] in q's dtype, lse [B, Hq, Lq] float32): attn.cascade_attention."""
+    from attn import _merge  # noqa: PLC0415 — loaded with attn
+    return _merge._cascade(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens,
+                           prefix_len, prefix_block_table, suffix_block_table, scale, causal,
+                           softcap, sinks, True, threads)
+
+
+@_cascade_op.register_fake
+def _cascade_fake(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, prefix_len,
+                  prefix_block_table, suffix_block_table, scale, causal, softcap, sinks,
+                  threads=0):
+    if q.dim() != 4:
+        raise ValueError("q: expected [B, Lq, Hq, D], got shape %s" % (tuple(q.shape),))
+    B, Lq, Hq, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((B, Hq, Lq), dtype=torch.float32)
+
+
+def public_cascade(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, prefix_len,
+                   prefix_block_table, suffix_block_table, softmax_scale, causal, softcap,
+                   sinks, return_lse, threads):
+    """attn.cascade_attention through torch.ops.attn.cascade, for a traced call; the eager
+    call's result, with no gradient (the floating inputs read detached)."""
+    q, k_prefix, v_prefix, k_suffix, v_suffix, sinks = (
+        None if x is None else _as_tensor(x, torch.float32).detach()
+        for x in (q, k_prefix, v_prefix, k_suffix, v_suffix, sinks))
+    out, lse = torch.ops.attn.cascade(
+        q, k_prefix, v_prefix, k_suffix, v_suffix, _as_tensor(suffix_lens, None),
+        None if prefix_len is None else _checks.integer("prefix_len", prefix_len),
+        _as_tensor(prefix_block_table, None), _as_tensor(suffix_block_table, None),
+        None if softmax_scale is None else float(softmax_scale), bool(causal),
+        float(softcap), sinks, _checks.threads(threads))
+    return (out, lse) if return_lse else out
