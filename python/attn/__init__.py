@@ -496,7 +496,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     ops = _traced_ops(tt, query, key, value, attn_mask, sinks)
     if ops is not None:  # torch.compile, torch.export: the custom op attn::sdpa
         return ops.public_sdpa(query, key, value, attn_mask, alibi_slopes, kv_len, options,
-                               bool(return_lse), bool(return_weights), sinks, grad)
+                               bool(return_lse), bool(return_weights), sinks)
     if grad:
         if attn_mask is not None:
             attn_mask = _widen(attn_mask, tt)

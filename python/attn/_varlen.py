@@ -222,7 +222,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         alibi_slopes = _widen(_plain(_vector(alibi_slopes, np.float32), tt), tt)
     if ops is not None:  # torch.compile, torch.export: the custom op attn::varlen
         out, lse = ops.public_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k,
-                                     alibi_slopes, sinks, options, grad)
+                                     alibi_slopes, sinks, options)
     elif grad:
         out, lse = _varlen_function().apply(q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes,
                                             options, sinks)

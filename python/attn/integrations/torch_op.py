@@ -104,15 +104,6 @@ def _alloc(shape, which, dtype):
     """The extension's allocator: the output (B, H, L, Dv) is a transposed view of a
     (B, L, H, Dv) tensor, the layout transformers wants next (attn_output.transpose(1, 2)
     is then contiguous without a copy, as after PyTorch's CPU flash kernel)."""
-    return _alloc_as(shape, which, dtype)
-
-
-def _alloc_float32(shape, which, dtype):
-    """_alloc with the output in float32 whatever the query's dtype (out_float32)."""
-    return _alloc_as(shape, which, "float32" if which == "output" else dtype)
-
-
-def _alloc_as(shape, which, dtype):
     dt = getattr(torch, dtype)
     if which == "output" and len(shape) == 4:
         B, H, L, D = shape
@@ -148,7 +139,7 @@ def _run(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
          window_left: int, window_right: int, softcap: float, want_lse: bool,
          want_weights: bool, dropout_p: float, seed: int, sinks: Optional[Tensor],
          align: int = 0, alibi_slopes: Optional[Tensor] = None, path: int = 0,
-         precision: int = 0, threads: int = 0, out_float32: bool = False):
+         precision: int = 0, threads: int = 0):
     """The library's forward on the op's arguments (and kv_len, None or (B,) int32 or
     int64): (out, lse or None, weights or None), errors raised as the op raises them."""
     _check_rank(query, key, value)
@@ -161,8 +152,7 @@ def _run(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
     try:
         return attn._forward(query.detach(), key.detach(), value.detach(), _mask(attn_mask),
                              _sinks(alibi_slopes), lens, options, want_lse,
-                             bool(want_weights), torch.Tensor,
-                             _alloc_float32 if out_float32 else _alloc, _sinks(sinks))
+                             bool(want_weights), torch.Tensor, _alloc, _sinks(sinks))
     except (ValueError, TypeError) as e:
         _reraise(e)
 
@@ -173,12 +163,12 @@ def _sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor]
           window_right: int, softcap: float, return_weights: bool, dropout_p: float = 0.0,
           seed: int = 0, sinks: Optional[Tensor] = None, align: int = 0,
           alibi_slopes: Optional[Tensor] = None, kv_len: Optional[Tensor] = None,
-          path: int = 0, precision: int = 0, threads: int = 0, out_float32: bool = False
+          path: int = 0, precision: int = 0, threads: int = 0
           ) -> Tuple[Tensor, Tensor, Tensor]:
     out, lse, weights = _run(query, key, value, attn_mask, kv_len, is_causal, scale,
                              enable_gqa, window_left, window_right, softcap, True,
                              return_weights, dropout_p, seed, sinks, align, alibi_slopes,
-                             path, precision, threads, out_float32)
+                             path, precision, threads)
     if weights is None:
         weights = torch.empty((0,), dtype=torch.float32)
     return out, lse, weights
@@ -233,12 +223,10 @@ def direct_ok(*tensors: Optional[Tensor]) -> bool:
 @_sdpa.register_fake
 def _sdpa_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_left,
                window_right, softcap, return_weights, dropout_p=0.0, seed=0, sinks=None,
-               align=0, alibi_slopes=None, kv_len=None, path=0, precision=0, threads=0,
-               out_float32=False):
+               align=0, alibi_slopes=None, kv_len=None, path=0, precision=0, threads=0):
     _check_rank(query, key, value)
     B, H, L, S, Dv = _out_shape(query, key, value, enable_gqa)
-    out = query.new_empty((B, L, H, Dv), dtype=torch.float32 if out_float32 else None
-                          ).transpose(1, 2)  # as _alloc
+    out = query.new_empty((B, L, H, Dv)).transpose(1, 2)  # as _alloc
     lse = query.new_empty((B, H, L), dtype=torch.float32)
     weights = query.new_empty((B, H, L, S) if return_weights else (0,), dtype=torch.float32)
     return out, lse, weights
@@ -307,38 +295,32 @@ def _sdpa_backward_fake(grad_out, query, key, value, out, lse, attn_mask, is_cau
 
 
 # attn::sdpa's arguments from dropout_p on, with their defaults: inputs shorter than the
-# schema (a caller of the op before align .. out_float32 existed) are padded with these
-_SDPA_TAIL = (0.0, 0, None, 0, None, None, 0, 0, 0, False)
+# schema (a caller of the op before align .. threads existed) are padded with these
+_SDPA_TAIL = (0.0, 0, None, 0, None, None, 0, 0, 0)
 
 
 def _setup_context(ctx, inputs, output):
     inputs = tuple(inputs) + _SDPA_TAIL[len(inputs) - 11:]
     query, key, value, attn_mask = inputs[:4]
     out, lse, _ = output
-    sinks, align, alibi_slopes, kv_len, path, precision, threads, out_float32 = inputs[13:]
+    sinks, align, alibi_slopes, kv_len, path, precision, threads = inputs[13:]
     ctx.save_for_backward(query, key, value, out, lse, attn_mask, sinks, alibi_slopes, kv_len)
     # is_causal .. softcap, then dropout_p and seed (not return_weights)
     ctx.options = tuple(inputs[4:10]) + tuple(inputs[11:13])
     ctx.extra = (align, path, precision, threads)
-    ctx.query_dtype = query.dtype if out_float32 else None
 
 
 def _backward(ctx, grad_out, grad_lse, grad_weights):
     query, key, value, out, lse, attn_mask, sinks, alibi_slopes, kv_len = ctx.saved_tensors
     need = ctx.needs_input_grad
     mask_grad = bool(need[3]) and _mask_has_grad(attn_mask)
-    if ctx.query_dtype is not None and grad_out.dtype != ctx.query_dtype:
-        # out_float32: the caller rounded the float32 output to the query's dtype, and its
-        # gradient reaches here widened; narrowed back (exactly), the backward reads what
-        # the eager autograd Function reads (a float32 O, a dO in the query's dtype)
-        grad_out = grad_out.to(ctx.query_dtype)
     align, path, precision, threads = ctx.extra
     dq, dk, dv, d_sinks, d_mask = torch.ops.attn.sdpa_backward(
         grad_out, query, key, value, out, lse, attn_mask, *ctx.options, sinks, mask_grad,
         align, alibi_slopes, kv_len, path, precision, threads)
     return ((dq if need[0] else None), (dk if need[1] else None),
             (dv if need[2] else None), (d_mask if mask_grad else None)) + (None,) * 9 + (
-            (d_sinks if sinks is not None and need[13] else None),) + (None,) * 7
+            (d_sinks if sinks is not None and need[13] else None),) + (None,) * 6
 
 
 torch.library.register_autograd("attn::sdpa", _backward, setup_context=_setup_context)
@@ -410,27 +392,25 @@ def _lift(x: Tensor) -> Tensor:
 
 
 def public_sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask, alibi_slopes, kv_len,
-                options: tuple, want_lse: bool, want_weights: bool, sinks, grad: bool):
+                options: tuple, want_lse: bool, want_weights: bool, sinks):
     """attn.scaled_dot_product_attention through torch.ops.attn.sdpa, for a traced call:
-    its checked arguments, options (attn._forward's tuple) and whether autograd is wanted;
-    the result is the eager call's (the output, then the LSE and the weights when asked,
-    of the inputs' rank; the LSE and weights not differentiable). A 16-bit query with
-    autograd gets the output in float32 from the op and rounded here, once, as the eager
-    autograd Function does: the backward then reads the float32 output, and its
-    gradients are the eager call's bits."""
+    its checked arguments and options (attn._forward's tuple); the result is the eager
+    call's (the output, then the LSE and the weights when asked, of the inputs' rank; the
+    LSE and weights not differentiable). With 16-bit inputs the
+    gradients are the eager call's bits too, though the eager autograd Function keeps a
+    float32 output for its backward and the op keeps the 16-bit one: the library's
+    backward never reads a 16-bit O, it recomputes it in float32 (src/backward.c), the
+    same bits as the float32 output of the forward."""
     causal, scale, gqa, align, window, softcap, path, level, threads, p, seed, _ = options
     left, right = (-1, -1) if window is None else window
     rank = max(x.dim() for x in (query, key, value))
     mask = attn._widen(_as_tensor(attn_mask, None), Tensor)
     slopes = _as_tensor(alibi_slopes, torch.float32)
     lens = _as_tensor(kv_len, torch.int64)
-    wide = grad and query.dtype in (torch.float16, torch.bfloat16)
     out, lse, weights = torch.ops.attn.sdpa(
         _lift(query), _lift(key), _lift(value), mask, causal, scale, gqa, left, right,
         softcap, want_weights, p, _signed(seed), _as_tensor(sinks, torch.float32), align,
-        slopes, lens, path, level, threads, wide)
-    if wide:
-        out = out.to(query.dtype)
+        slopes, lens, path, level, threads)
     out = out.reshape(out.shape[4 - rank:])
     if not want_lse and not want_weights:
         return out
@@ -458,15 +438,14 @@ def _varlen_op(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
                window_left: int, window_right: int, softcap: float,
                alibi_slopes: Optional[Tensor] = None, dropout_p: float = 0.0, seed: int = 0,
                sinks: Optional[Tensor] = None, path: int = 0, precision: int = 0,
-               threads: int = 0, out_float32: bool = False) -> Tuple[Tensor, Tensor]:
+               threads: int = 0) -> Tuple[Tensor, Tensor]:
     """(out (total_q, Hq, Dv), lse (Hq, total_q)): attn.varlen_attention's forward (the
-    library's attn_varlen_forward); out in q's dtype, or float32 with out_float32; the LSE
-    float32 (float64 for a float64 q)."""
+    library's attn_varlen_forward); out in q's dtype, the LSE float32 (float64 for a
+    float64 q)."""
     from attn import _varlen  # noqa: PLC0415 — loaded with attn
 
     def alloc(shape, which, dtype):
-        wide = out_float32 and which == "output"
-        return torch.empty(shape, dtype=torch.float32 if wide else getattr(torch, dtype))
+        return torch.empty(shape, dtype=getattr(torch, dtype))
     options = _varlen_options(causal, scale, window_left, window_right, softcap, dropout_p,
                               seed, path, precision, threads)
     try:
@@ -480,14 +459,13 @@ def _varlen_op(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
 @_varlen_op.register_fake
 def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                  scale, window_left, window_right, softcap, alibi_slopes=None, dropout_p=0.0,
-                 seed=0, sinks=None, path=0, precision=0, threads=0, out_float32=False):
+                 seed=0, sinks=None, path=0, precision=0, threads=0):
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.dim() != 3:
             raise AttnShapeError("%s: attn::varlen takes 3-D (total, H, D) tensors, got %d-D"
                                  % (name, x.dim()))
     total_q, Hq = q.shape[0], q.shape[1]
-    out = q.new_empty((total_q, Hq, v.shape[2]),
-                      dtype=torch.float32 if out_float32 else None)
+    out = q.new_empty((total_q, Hq, v.shape[2]))
     lse = q.new_empty((Hq, total_q),
                       dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
     return out, lse
@@ -539,26 +517,23 @@ def _varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
 
 def _varlen_setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap, alibi, p, seed,
-     sinks, path, precision, threads, out_float32) = inputs
+     sinks, path, precision, threads) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi, sinks)
     ctx.args = (max_q, max_k, causal, scale, left, right, softcap)
     ctx.extra = (p, seed)
     ctx.tail = (path, precision, threads)
-    ctx.query_dtype = q.dtype if out_float32 else None
 
 
 def _varlen_grad(ctx, grad_out, grad_lse):
     q, k, v, out, lse, cu_q, cu_k, alibi, sinks = ctx.saved_tensors
-    if ctx.query_dtype is not None and grad_out.dtype != ctx.query_dtype:
-        grad_out = grad_out.to(ctx.query_dtype)  # exact: see _backward
     dq, dk, dv, d_sinks = torch.ops.attn.varlen_backward(
         grad_out, q, k, v, out, lse, cu_q, cu_k, *ctx.args, alibi, *ctx.extra, sinks,
         *ctx.tail)
     need = ctx.needs_input_grad
     return ((dq if need[0] else None), (dk if need[1] else None),
             (dv if need[2] else None)) + (None,) * 12 + (
-            (d_sinks if sinks is not None and need[15] else None),) + (None,) * 4
+            (d_sinks if sinks is not None and need[15] else None),) + (None,) * 3
 
 
 torch.library.register_autograd("attn::varlen", _varlen_grad,
@@ -566,19 +541,18 @@ torch.library.register_autograd("attn::varlen", _varlen_grad,
 
 
 def public_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                  max_seqlen_k, alibi_slopes, sinks, options: tuple, grad: bool):
+                  max_seqlen_k, alibi_slopes, sinks, options: tuple):
     """attn.varlen_attention through torch.ops.attn.varlen, for a traced call: its checked
     arguments and options (attn._varlen._call's tuple); (out, lse), the LSE not
-    differentiable; a 16-bit q with autograd as public_sdpa's."""
+    differentiable (16-bit gradients the eager bits, as public_sdpa's)."""
     causal, scale, _, window, softcap, path, level, threads, p, seed, _ = options
     left, right = (-1, -1) if window is None else window
-    wide = grad and q.dtype in (torch.float16, torch.bfloat16)
     out, lse = torch.ops.attn.varlen(
         q, k, v, _as_tensor(cu_seqlens_q, torch.int64), _as_tensor(cu_seqlens_k, torch.int64),
         max_seqlen_q, max_seqlen_k, causal, scale, left, right, softcap,
         _as_tensor(alibi_slopes, torch.float32), p, _signed(seed),
-        _as_tensor(sinks, torch.float32), path, level, threads, wide)
-    return (out.to(q.dtype) if wide else out), lse.detach()
+        _as_tensor(sinks, torch.float32), path, level, threads)
+    return out, lse.detach()
 
 
 # ---- attn::kvcache, attn::merge_attention_states, attn::cascade: no gradient (as in eager) --
