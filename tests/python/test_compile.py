@@ -96,6 +96,32 @@ def test_sdpa_compiles(name, backend):
     check_compiled(f, inputs, backend, grad_of)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("call", ["sdpa", "varlen"])
+def test_drawn_seed(call, backend):
+    """Dropout with no seed: the compiled call draws it from torch's default generator in
+    the graph, as the eager call draws it (the same mask after the same torch.manual_seed,
+    so outputs and gradients bit-equal), and a new one at each call."""
+    q, k, v = (randn(2, 4, 9, 16, seed=s, grad=True) for s in (1, 2, 3))
+    cu = torch.tensor([0, 4, 9])
+
+    def f(q, k, v):
+        if call == "sdpa":
+            return attn.scaled_dot_product_attention(q, k, v, dropout_p=0.3)
+        return attn.varlen_attention(q[0].transpose(0, 1), k[0].transpose(0, 1),
+                                     v[0].transpose(0, 1), cu, cu, 5, 5, dropout_p=0.3)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
+    torch.manual_seed(5)
+    eager = f(q, k, v)
+    torch.manual_seed(5)
+    ours = compiled(q, k, v)
+    same((ours,), (eager,), "%s output" % backend)
+    same(torch.autograd.grad(ours.sum(), (q, k, v)),
+         torch.autograd.grad(eager.sum(), (q, k, v)), "%s gradient" % backend)
+    assert not torch.equal(compiled(q, k, v), ours), "the second call reused the mask"
+
+
 def test_sdpa_export_keeps_op():
     class M(torch.nn.Module):
         def forward(self, q, k, v, mask):
@@ -294,8 +320,11 @@ def test_opcheck(name):
 
 
 def test_opcheck_backward_ops():
-    """attn::sdpa_backward and attn::varlen_backward on outputs of their forwards."""
-    q, k, v = (randn(2, 4, 9, 16, seed=s) for s in (1, 2, 3))
+    """attn::sdpa_backward and attn::varlen_backward on outputs of their forwards, with a
+    transposed (non-contiguous) query: the gradients are contiguous, and the fakes must
+    say so (inductor checks the strides a fake gives)."""
+    q = randn(2, 9, 4, 16, seed=1).transpose(1, 2)
+    k, v = (randn(2, 4, 9, 16, seed=s) for s in (2, 3))
     sinks, lens = randn(4, seed=4), torch.tensor([7, 9])
     out, lse, _ = torch.ops.attn.sdpa(q, k, v, None, True, None, False, -1, -1, 0.0, False,
                                       0.0, 0, sinks, 0, None, lens, 0, 0, 0)
@@ -303,7 +332,8 @@ def test_opcheck_backward_ops():
     torch.library.opcheck(torch.ops.attn.sdpa_backward.default,
                           (g, q, k, v, out, lse, None, True, None, False, -1, -1, 0.0, 0.0,
                            0, sinks, False, 0, None, lens, 0, 0, 0))
-    vq, vk, vv = randn(8, 4, 16, seed=6), randn(10, 2, 16, seed=7), randn(10, 2, 16, seed=8)
+    vq = randn(4, 8, 16, seed=6).transpose(0, 1)
+    vk, vv = randn(10, 2, 16, seed=7), randn(10, 2, 16, seed=8)
     out, lse = torch.ops.attn.varlen(vq, vk, vv, CU_Q, CU_K, 5, 6, True, None, -1, -1, 0.0)
     g = randn(*out.shape, seed=9)
     torch.library.opcheck(torch.ops.attn.varlen_backward.default,

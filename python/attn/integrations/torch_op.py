@@ -286,12 +286,13 @@ def _sdpa_backward_fake(grad_out, query, key, value, out, lse, attn_mask, is_cau
                         enable_gqa, window_left, window_right, softcap, dropout_p=0.0, seed=0,
                         sinks=None, mask_grad=False, align=0, alibi_slopes=None, kv_len=None,
                         path=0, precision=0, threads=0):
-    d_sinks = (torch.empty_like(sinks) if sinks is not None
+    # contiguous, as the real ones are (torch.empty_like would copy a view's strides)
+    d_sinks = (sinks.new_empty(sinks.shape) if sinks is not None
                else query.new_empty((0,), dtype=torch.float32))
-    d_mask = (torch.empty_like(attn_mask) if mask_grad and _mask_has_grad(attn_mask)
+    d_mask = (attn_mask.new_empty(attn_mask.shape) if mask_grad and _mask_has_grad(attn_mask)
               else query.new_empty((0,), dtype=torch.float32))
-    return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), d_sinks,
-            d_mask)
+    return (query.new_empty(query.shape), key.new_empty(key.shape),
+            value.new_empty(value.shape), d_sinks, d_mask)
 
 
 # attn::sdpa's arguments from dropout_p on, with their defaults: inputs shorter than the
@@ -381,8 +382,13 @@ def _as_tensor(x, dtype) -> Optional[Tensor]:
     return x if x is None or isinstance(x, Tensor) else torch.as_tensor(x, dtype=dtype)
 
 
-def _signed(seed: int) -> int:
-    """attn's unsigned 64-bit seed as the op's signed int64 (the same 64 bits)."""
+def _signed(seed: Optional[int]) -> int:
+    """attn's unsigned 64-bit seed as the op's signed int64 (the same 64 bits); None (a
+    traced call with dropout and no seed: attn._call_seed) drawn here, in the graph, as
+    the eager call draws it (the same generator and bits; under torch.compile a scalar of
+    the graph, so each call of the compiled function has a new mask)."""
+    if seed is None:
+        return draw_seed()
     return seed - (1 << 64) if seed >= 1 << 63 else seed
 
 
@@ -510,9 +516,9 @@ def _varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
                           max_seqlen_q, max_seqlen_k, causal, scale, window_left,
                           window_right, softcap, alibi_slopes=None, dropout_p=0.0, seed=0,
                           sinks=None, path=0, precision=0, threads=0):
-    d_sinks = (torch.empty_like(sinks) if sinks is not None
+    d_sinks = (sinks.new_empty(sinks.shape) if sinks is not None
                else q.new_empty((0,), dtype=torch.float32))
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), d_sinks
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), d_sinks
 
 
 def _varlen_setup_context(ctx, inputs, output):
