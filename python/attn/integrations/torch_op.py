@@ -4,34 +4,63 @@
     o = op.sdpa(q, k, v, is_causal=True)                  # torch.ops.attn.sdpa underneath
     o, w = op.sdpa(q, k, v, attn_mask=m, return_weights=True)
 
-Two operators are defined with torch.library.custom_op:
+The operators, defined with torch.library.custom_op (device_types="cpu"):
 
 - ``attn::sdpa(query, key, value, attn_mask, is_causal, scale, enable_gqa, window_left,
-  window_right, softcap, return_weights, dropout_p=0.0, seed=0, sinks=None) -> (out, lse,
-  weights)``: the library's fused
+  window_right, softcap, return_weights, dropout_p=0.0, seed=0, sinks=None, align=0,
+  alibi_slopes=None, kv_len=None, path=0, precision=0, threads=0) -> (out, lse,
+  weights)``: the library's
   forward (attn_forward through the extension), query/key/value 4-D ``(B, H, L, D)`` CPU
   tensors (float32, float16 or bfloat16; key/value ``(B, Hkv, S, D)``, Hkv dividing H under
   enable_gqa), attn_mask bool (True = attend) or float, broadcast to ``(B, H, L, S)``.
   ``out`` is a ``(B, H, L, Dv)`` view of ``(B, L, H, Dv)`` memory (transformers' layout),
   ``lse`` is ``(B, H, L)`` float32, ``weights`` ``(B, H, L, S)`` float32 when asked and an
   empty ``(0,)`` tensor otherwise. The window is ``(window_left, window_right)`` around the
-  top-left diagonal, -1 meaning unbounded (both -1: no window). dropout_p > 0 drops
+  diagonal, -1 meaning unbounded (both -1: no window). dropout_p > 0 drops
   attention weights (kept ones scaled by 1 / (1 - p)) with the library's mask of ``seed``
   (a signed int64, read as the library's unsigned 64 bits: docs/CONTRACT.md, "Dropout");
   the op does not draw it (an op of the graph must be a function of its arguments): the
   callers draw it from torch's default generator (draw_seed). ``sinks``: None or ``(H,)``,
   one attention-sink logit per query head (float32; a 16-bit one widened), differentiable.
+  The trailing arguments carry attn.scaled_dot_product_attention's extras, as attn's
+  codes: align (0 top-left, 1 bottom-right), alibi_slopes ``(H,)`` and kv_len ``(B,)``
+  (constants), path (0 auto, 1 fused, 2 reference), precision (0 default, 1 fast) and
+  threads (0: torch.get_num_threads()).
 - ``attn::sdpa_backward(grad_out, query, key, value, out, lse, attn_mask, ..., dropout_p,
-  seed, sinks, mask_grad) -> (dq, dk, dv, d_sinks, d_mask)``: the library's backward
+  seed, sinks, mask_grad, align, alibi_slopes, kv_len, path, precision, threads) -> (dq,
+  dk, dv, d_sinks, d_mask)``: the library's backward
   (attn_backward; the same seed regenerates the forward's mask), registered as the
   forward's gradient with torch.library.register_autograd; d_sinks has the sinks' dtype,
   ``(0,)`` without sinks; d_mask, when a float attn_mask requires grad (T5's position
   bias, a learned bias), its gradient (the library's d_bias, summed over its broadcast
   dimensions) in its dtype and shape, ``(0,)`` otherwise.
+- ``attn::varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+  scale, window_left, window_right, softcap, alibi_slopes=None, dropout_p=0.0, seed=0,
+  sinks=None, path=0, precision=0, threads=0) -> (out, lse)`` and
+  ``attn::varlen_backward(...) -> (dq, dk, dv, d_sinks)``, its registered gradient:
+  attn.varlen_attention (attn_varlen_forward / attn_varlen_backward), differentiable in
+  q, k, v and sinks.
+- ``attn::kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, causal,
+  window_left, window_right, softcap, alibi_slopes, sinks) -> (out, lse)``:
+  attn.attention_with_kvcache; it writes k_cache and v_cache in place (declared as
+  mutated, so a compiled graph and torch.export keep the write). No gradient.
+- ``attn::merge_attention_states(o_parts[], lse_parts[], threads=0) -> (o, lse)`` and
+  ``attn::cascade(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, prefix_len,
+  prefix_block_table, suffix_block_table, scale, causal, softcap, sinks, threads=0) ->
+  (out, lse)``: attn.merge_attention_states and attn.cascade_attention. No gradient.
 
-Both have fake (meta) implementations that give the output shapes and dtypes without
-computing, so torch.compile(fullgraph=True) traces through a model that calls them (no
-graph break), torch.export keeps them in the graph, and torch.library.opcheck passes.
+Every one has a fake (meta) implementation that gives the output shapes, strides and
+dtypes without computing, so torch.compile(fullgraph=True) traces through a model that
+calls them (no graph break), torch.export keeps them in the graph, and
+torch.library.opcheck passes (tests/python/test_compile.py, test_torch_op.py).
+
+attn's public calls use them: on torch tensors, attn.scaled_dot_product_attention,
+attn.varlen_attention, attn.attention_with_kvcache, attn.merge_attention_states and
+attn.cascade_attention go through public_sdpa, public_varlen, public_kvcache,
+public_merge and public_cascade here (and so through the ops) when the call is traced (traced(): torch.compile, torch.export, a fake or
+functional tensor, a torch function or dispatch mode), and call the extension directly
+in eager; both give the same bits, outputs and gradients. attn imports this module (and
+so torch) only when a torch tensor reaches one of those calls.
 
 Threads: each call runs on torch.get_num_threads() OpenMP threads (torch.set_num_threads
 governs attn as it governs PyTorch's own kernels); results are bit-identical for any count.
