@@ -157,6 +157,17 @@ def _dropout_seed(seed: Any, query: Any, tensor_type: Optional[type]) -> int:
     return int(np.random.randint(0, 1 << 64, dtype=np.uint64))
 
 
+def _call_seed(seed: Any, dropout_p: float, query: Any, tensor_type: Optional[type],
+               ops: Any) -> Any:
+    """The options' seed: 0 without dropout; None for a traced call with no seed (ops: see
+    _traced_ops), whose op draws it in the graph (torch_op.draw_seed: a new mask per call
+    of a compiled function); _dropout_seed's otherwise."""
+    if dropout_p == 0.0:
+        return 0
+    return None if seed is None and ops is not None else _dropout_seed(seed, query,
+                                                                       tensor_type)
+
+
 # ---- autograd (PyTorch) ---------------------------------------------------------------------
 # torch is never imported by this module: _torch_tensor_type() finds it in sys.modules, so
 # a caller passing torch tensors has imported it already, and everyone else never pays for it.
@@ -188,6 +199,17 @@ def _wants_autograd(query: Any, key: Any, value: Any, attn_mask: Any, alibi_slop
                         "kind, so pass query as a torch tensor too (torch.from_numpy shares "
                         "its memory) for autograd" % (type(query).__name__, which))
     return any(wants)
+
+
+def _traced_ops(tensor_type: Optional[type], *xs: Any) -> Any:
+    """attn.integrations.torch_op (imported here, when a torch tensor arrives) when a call
+    on torch tensors is traced (torch.compile, torch.export, fake tensors: torch_op.traced),
+    so that it goes through a custom op the tracer keeps in the graph; None otherwise
+    (eager: the extension is called directly)."""
+    if tensor_type is None or not any(isinstance(x, tensor_type) for x in xs):
+        return None
+    from .integrations import torch_op  # noqa: PLC0415 — imports torch, loaded already
+    return torch_op if torch_op.traced(*xs) else None
 
 
 _FUNCTION = None
@@ -477,10 +499,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     sinks = _options.sequence("sinks", sinks, "float")
 
     tt = _torch_tensor_type()
-    seed = _dropout_seed(seed, query, tt) if dropout_p > 0.0 else 0
+    grad = tt is not None and _wants_autograd(query, key, value, attn_mask, alibi_slopes, tt,
+                                              sinks)
+    ops = _traced_ops(tt, query, key, value, attn_mask, sinks)
+    seed = _call_seed(seed, dropout_p, query, tt, ops)
     options = (is_causal, scale, enable_gqa, _ALIGN[align], window, softcap, _PATH[path],
                level, threads, dropout_p, seed, 0)
-    if tt is not None and _wants_autograd(query, key, value, attn_mask, alibi_slopes, tt, sinks):
+    if ops is not None:  # torch.compile, torch.export: the custom op attn::sdpa
+        return ops.public_sdpa(query, key, value, attn_mask, alibi_slopes, kv_len, options,
+                               bool(return_lse), bool(return_weights), sinks)
+    if grad:
         if attn_mask is not None:
             attn_mask = _widen(attn_mask, tt)
         if alibi_slopes is not None:

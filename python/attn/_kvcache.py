@@ -18,6 +18,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
+from . import _torch_tensor_type, _traced_ops
 from ._additive import _Options, _Tensor, _check, _lib
 from ._options import _INT32, integer, integers, window
 
@@ -143,7 +144,22 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v:
                  includes them. Read as constants here (no gradient through this call)
     Returns out [B, Lq, Hq, D] (q's dtype), and with return_softmax_lse also the
     natural-log LSE [B, Hq, Lq] float32. NumPy in, NumPy out; torch in, torch out.
+    Under torch.compile and torch.export the call is the custom op attn::kvcache (which
+    writes k_cache and v_cache in place); as in eager, no gradient flows through it.
     """
+    ops = _traced_ops(_torch_tensor_type(), q, k_cache, v_cache, k, v)
+    if ops is not None:  # torch.compile, torch.export: the custom op attn::kvcache
+        return ops.public_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                  return_softmax_lse, sinks)
+    return _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale,
+                   causal, window_size, softcap, alibi_slopes, return_softmax_lse, sinks)
+
+
+def _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
+            window_size, softcap, alibi_slopes, return_softmax_lse, sinks):
+    """attention_with_kvcache's work, on NumPy arrays or CPU torch tensors (eager, or the
+    real implementation of attn::kvcache)."""
     qv = _View(q, "q")
     if (k is None) != (v is None):
         raise ValueError("k and v: give both or neither")

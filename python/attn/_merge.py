@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from . import _torch_tensor_type, _traced_ops
 from ._additive import _Options, _Tensor, _check, _lib
 from ._kvcache import _I32, _index, _is_torch, _torch, _View
 from ._options import _INT32, integer, integers
@@ -68,8 +69,19 @@ def merge_attention_states(o_parts: Union[Sequence[Any], Any], lse_parts: Union[
     Returns o [..., D] and lse [...], float32 (torch tensors when o_parts are). Up to
     three leading dimensions are read through their strides; more are reshaped. A
     partial with LSE -inf is empty (its o is not read); a row whose partials are all
-    empty gives o 0 and lse -inf.
+    empty gives o 0 and lse -inf. Under torch.compile and torch.export the call is the
+    custom op attn::merge_attention_states; as in eager, no gradient flows through it.
     """
+    first = o_parts[0] if isinstance(o_parts, (list, tuple)) and o_parts else o_parts
+    ops = _traced_ops(_torch_tensor_type(), first)
+    if ops is not None:  # torch.compile, torch.export: the custom op
+        return ops.public_merge(o_parts, lse_parts, threads)
+    return _merge(o_parts, lse_parts, threads)
+
+
+def _merge(o_parts, lse_parts, threads):
+    """merge_attention_states' work, on NumPy arrays or CPU torch tensors (eager, or the
+    real implementation of attn::merge_attention_states)."""
     was_torch = _is_torch(o_parts) or (isinstance(o_parts, (list, tuple)) and o_parts and
                                        _is_torch(o_parts[0]))
     op = list(o_parts) if isinstance(o_parts, (list, tuple)) else [o_parts[c] for c in range(len(o_parts))]
@@ -136,8 +148,24 @@ def cascade_attention(q: Any, k_prefix: Any, v_prefix: Any, k_suffix: Any = None
                         at least Lq - 1 keys); softcap, sinks (float32 [Hq]) as in
                         attention; every prefix key is read once for all B sequences
     Returns out [B, Lq, Hq, D] in q's dtype, and with return_lse the float32 LSE
-    [B, Hq, Lq] (natural log).
+    [B, Hq, Lq] (natural log). Under torch.compile and torch.export the call is the
+    custom op attn::cascade; as in eager, no gradient flows through it.
     """
+    ops = _traced_ops(_torch_tensor_type(), q, k_prefix, v_prefix, k_suffix, v_suffix)
+    if ops is not None:  # torch.compile, torch.export: the custom op attn::cascade
+        return ops.public_cascade(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens,
+                                  prefix_len, prefix_block_table, suffix_block_table,
+                                  softmax_scale, causal, softcap, sinks, return_lse, threads)
+    return _cascade(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, prefix_len,
+                    prefix_block_table, suffix_block_table, softmax_scale, causal, softcap,
+                    sinks, return_lse, threads)
+
+
+def _cascade(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, prefix_len,
+             prefix_block_table, suffix_block_table, softmax_scale, causal, softcap, sinks,
+             return_lse, threads):
+    """cascade_attention's work, on NumPy arrays or CPU torch tensors (eager, or the real
+    implementation of attn::cascade)."""
     qv = _View(q, "q")
     if len(qv.shape) != 4:
         raise ValueError("q: expected [B, Lq, Hq, D], got shape %s" % (qv.shape,))

@@ -15,8 +15,9 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from . import (_ALIGN, _PATH, _PRECISION, _allocator, _attn, _dropout_seed, _options, _plain,
-               _to_query_kind, _torch_tensor_type, _vector, _wants_autograd, _widen)
+from . import (_ALIGN, _PATH, _PRECISION, _allocator, _attn, _call_seed, _options, _plain,
+               _to_query_kind, _torch_tensor_type, _traced_ops, _vector, _wants_autograd,
+               _widen)
 
 __all__ = ["varlen_attention"]
 
@@ -210,15 +211,19 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
     tt = _torch_tensor_type()
     cu_q, cu_k = _cu("cu_seqlens_q", cu_seqlens_q, tt), _cu("cu_seqlens_k", cu_seqlens_k, tt)
-    seed = _dropout_seed(seed, q, tt) if dropout_p > 0.0 else 0
+    # refuses slopes that require grad (no gradient for them) before they are read
+    grad = tt is not None and _wants_autograd(q, k, v, None, alibi_slopes, tt, sinks)
+    ops = _traced_ops(tt, q, k, v, sinks)
+    seed = _call_seed(seed, dropout_p, q, tt, ops)
     options = (causal, scale, _ALIGN["bottom-right"], window, softcap, _PATH[path], level,
                threads, dropout_p, seed, 0)
     want_lse = return_lse or return_attn_probs
-    # refuses slopes that require grad (no gradient for them) before they are read
-    grad = tt is not None and _wants_autograd(q, k, v, None, alibi_slopes, tt, sinks)
-    if alibi_slopes is not None:
+    if ops is None and alibi_slopes is not None:
         alibi_slopes = _widen(_plain(_vector(alibi_slopes, np.float32), tt), tt)
-    if grad:
+    if ops is not None:  # torch.compile, torch.export: the custom op attn::varlen
+        out, lse = ops.public_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k,
+                                     alibi_slopes, sinks, options)
+    elif grad:
         out, lse = _varlen_function().apply(q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes,
                                             options, sinks)
     else:
