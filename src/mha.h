@@ -16,6 +16,7 @@
 
 #include "attn_internal.h"
 #include "blas.h"
+#include "mha_ws.h"
 
 /* The four projections' index in the plan's arrays */
 enum { MHA_Q = 0, MHA_K, MHA_V, MHA_O, MHA_N };
@@ -36,24 +37,6 @@ typedef struct mha_op {
 /* rows of a widened weight panel: 256 rows of 4096 floats are 4 MiB */
 #define MHA_PANEL 256
 
-/* A bump allocator over the workspace, 64-byte aligned pieces; count_only: it counts. */
-typedef struct mha_ws {
-    char *base;
-    size_t used;
-    bool overflow;
-    bool count_only;  /* the size query: nothing is read or written */
-} mha_ws;
-/* The next nfloats floats of the workspace (NULL when counting, or on overflow) */
-static inline void *mha_take(mha_ws *w, int64_t nfloats) {
-    const size_t bytes = ((size_t)nfloats * sizeof(float) + 63) & ~(size_t)63;
-    if (nfloats < 0 || (size_t)nfloats > SIZE_MAX / 8 || w->used > SIZE_MAX - bytes) {
-        w->overflow = true;
-        return NULL;
-    }
-    void *p = w->count_only ? NULL : w->base + w->used;
-    w->used += bytes;
-    return p;
-}
 
 /* Every call of the module runs its body twice: once counting (the workspace's size),
  * once over opt->workspace or a malloc of that size. bytes not NULL: the size query,
@@ -162,12 +145,7 @@ ATTN_PRIVATE attn_status mha_attend(const attn_tensor *q, const attn_tensor *k,
                                     const attn_tensor *lse, const attn_tensor *weights,
                                     bool average, const attn_options *opt, mha_ws *w);
 
-/* mha_attend's averaged weights (mha_weights.c): opt as mha_attend passes it on (its
- * lse set, no weights, no workspace), weights [B, 1, Lq, Lk] checked. */
-ATTN_PRIVATE attn_status mha_attend_average(const attn_tensor *q, const attn_tensor *k,
-                                            const attn_tensor *v, const attn_tensor *o,
-                                            const attn_tensor *lse, const attn_tensor *weights,
-                                            const attn_options *opt, mha_ws *w);
+/* mha_attend's averaged weights: mha_attend_average, mha_ws.h */
 
 /* The layer's operands and projections in the workspace, taken in one order by the
  * forward and the backward (mha.c). */

@@ -22,7 +22,7 @@
  */
 #include <string.h>
 
-#include "mha.h"
+#include "mha_ws.h"
 
 /* the floats of a chunk's weights the reduction reads back from the cache (4 MiB, in L3).
  * 1 MiB gave BERT's 512 x 512 one head a call: 5 blocks of 112 rows for 2 threads, one
