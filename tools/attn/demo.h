@@ -1,7 +1,8 @@
 /*
  * demo.h — what the sections of `attn demo` share: one forward call on small dense
  *          tensors, the demo's fixed stream of normal samples, and seed 003's §4 input.
- *          The sections of seed 000 and the causal example are in cli_demo.c, the other
+ *          (demo_common.c). The sections of seed 000 and the causal example are in
+ *          cli_demo.c, the other
  *          seed 003 sections (§5, exercises 1, 4, 5, the §7 pitfalls, seed 002's
  *          comparison) in demo_seed003.c.
  */
@@ -18,6 +19,10 @@ int demo_attend(float *q, float *k, float *v, float *o, int64_t lq, int64_t lk, 
 
 /* The next N(0, 1) sample of the demo's fixed stream (splitmix64, then Box-Muller). */
 float demo_normal(void);
+
+/* Exercise 3.3's sample: N33 pairs of D33 normals, two uniforms each (the stream's
+ * position of seed 003's input counts them) */
+enum { N33 = 100000, D33 = 64 };
 
 /* Seed 003 §4's input: 4 tokens of D = 8, Q = x Wq, K = x Wk, V = x Wv, with the stream
  * where the full demo has it (after seed 000's exercises), so that every section that
