@@ -500,10 +500,15 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
      * turn; kr_at the first key of those the next tile finds computed (-1: none) */
     const char *kr2[2][ATTN_BK_LIMIT];
     int64_t kr_at = -1;
-    for (int64_t j0 = ja; j0 < jb; j0 += plan->bk) {
-        const int64_t nk = jb - j0 < plan->bk ? jb - j0 : plan->bk;
+    for (int64_t jt = ja; jt < jb; jt += plan->bk) {
+        int64_t j0 = jt, nk = jb - jt < plan->bk ? jb - jt : plan->bk;
         const attn_params *pt = fused_tile_params(p, plan, blk, j0, nk);
         if (!pt) continue;
+        /* a mixed tile without the granules its rows all mask at either end (a block
+         * mask's window edge, a document boundary inside the tile); not for a block of
+         * few rows, whose tiles keep the decoding step's tiling */
+        if (pt == p && plan->sum && !decode && fused_tile_trim(p, plan, blk, &j0, &nk))
+            pt = fused_tile_params(p, plan, blk, j0, nk);
         const bool boundary = j0 < blk->lo_max || j0 + nk > blk->hi_min;
         /* a bool mask, a bias, a block mask or a score function can mask any key: their
          * tiles skip zero weights */

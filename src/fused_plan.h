@@ -86,6 +86,12 @@ const char *fused_kv_row(const attn_params *p, const fused_block *blk, const voi
                          const int64_t st[4], int64_t j);
 int64_t fused_kv_segment(const attn_params *p, int64_t j, int64_t nk);
 bool fused_takes_decode(const attn_params *p, const attn_kernels *kern, int64_t n);
+/* A tile of mixed class (fused_tile_params gave p) narrowed to the keys from its first to
+ * its last granule of ATTN_SUM_KEYS keys that some row of the block keeps: the granules
+ * masked for every row at either end are left out (their logits are -inf, their weights
+ * 0: the result is the same). Returns whether *j0, *nk moved. */
+bool fused_tile_trim(const attn_params *p, const fused_plan *plan, const fused_block *blk,
+                     int64_t *j0, int64_t *nk);
 
 /* fused_weights.c: the weights output, in the sweep (per tile) and after it (per block). */
 void fused_tile_weights(const attn_params *p, const fused_plan *plan, const fused_scratch *w,

@@ -64,3 +64,28 @@ bool fused_takes_decode(const attn_params *p, const attn_kernels *kern, int64_t 
            (p->kv_dt != ATTN_Q8_0 || kern->decode_q8_0) && !attn_has_elementwise(p) &&
            !p->dropout && p->k_s[3] == 1 && p->v_s[3] == 1;
 }
+
+/* Whether keys j .. j+n-1 are masked for every row of the block (fused_tile_params' NULL) */
+static bool keys_masked(const attn_params *p, const fused_plan *plan, const fused_block *blk,
+                        int64_t j, int64_t n) {
+    return fused_tile_params(p, plan, blk, j, n) == NULL;
+}
+
+bool fused_tile_trim(const attn_params *p, const fused_plan *plan, const fused_block *blk,
+                     int64_t *j0, int64_t *nk) {
+    int64_t a = *j0, e = *j0 + *nk;
+    for (;;) {  // from the front, a granule (or what of it the tile holds) at a time
+        const int64_t g = (a / ATTN_SUM_KEYS + 1) * ATTN_SUM_KEYS, to = g < e ? g : e;
+        if (to >= e || !keys_masked(p, plan, blk, a, to - a)) break;
+        a = to;
+    }
+    for (;;) {  // from the back
+        const int64_t g = (e - 1) / ATTN_SUM_KEYS * ATTN_SUM_KEYS, from = g > a ? g : a;
+        if (from <= a || !keys_masked(p, plan, blk, from, e - from)) break;
+        e = from;
+    }
+    if (a == *j0 && e == *j0 + *nk) return false;
+    *j0 = a;
+    *nk = e - a;
+    return true;
+}
