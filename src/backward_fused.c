@@ -319,6 +319,8 @@ static inline float unless_zero(float w, float x) {
  * adds the tile's dV and dK to w->dv, w->dk and its dQ to dq_acc (rows i0.., stride ldacc). */
 typedef struct bwd_tile {
     int64_t b, h, lk_b, i0, n, j0, nk;
+    int64_t off;  // the tile's first key, j0, is key off of the packed block (a mixed tile
+                  // narrowed by bwd_trim: a multiple of 16)
     bool finite;  // every K value of the key block is finite
     bool db_add;  // options.d_bias in place: add the tile's gradients (an earlier batch stored)
 } bwd_tile;
@@ -330,6 +332,10 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
     const attn_kernels *kern = p->kernels;
     const int64_t dk = p->Dk, dv = p->Dv, n = t->n, nk = t->nk, ld = plan->ld;
     const int64_t nkpad = pad_rows(plan, nk);
+    /* the tile's keys in the packed block, and their dK, dV accumulators */
+    const float *kd = w->kd + t->off * dk, *kt = w->kt + t->off;
+    const float *vd = w->vd + t->off * dv, *vt = w->vt + t->off;
+    float *dk_acc = w->dk + t->off * dk, *dv_acc = w->dv + t->off * dv;
 
     int64_t ldq, ldo;
     const float *q = query_rows((const float *)p->q, p->q_s, dk, t->b, t->h, t->i0, n, w->q, &ldq);
@@ -355,7 +361,7 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
     const bool chain = softcap || p->score_mod;
 
     /* forward (tile_logits): s = scale q_i · k_j, S = scale Q Kᵀ here in (rows, keys) */
-    kern->qk(nk, nkpad, n, dk, w->kd, w->kt, ld, q, ldq, p->scale, w->s, ld);
+    kern->qk(nk, nkpad, n, dk, kd, kt, ld, q, ldq, p->scale, w->s, ld);
 
     for (int64_t r = 0; r < n; r++) {
         float *s_r = w->s + r * ld, *cap_r = w->cap + r * ld;
@@ -423,11 +429,11 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
      * Likewise Q below for dK. */
     if (!fin[0]) fin[0] = attn_rows_finite(d_o, ldo, n, dv) ? 1 : 2;
     if (!fin[1]) fin[1] = attn_rows_finite(q, ldq, n, dk) ? 1 : 2;
-    kern->gemm(true, nk, dv, n, dropout ? w->pd : w->s, ld, d_o, ldo, w->dv, dv, fin[0] == 2);
+    kern->gemm(true, nk, dv, n, dropout ? w->pd : w->s, ld, d_o, ldo, dv_acc, dv, fin[0] == 2);
 
     /* dP_ij = Z_ij (dO_i · v_j): dO Vᵀ, with qk's roles swapped as for S, then times Z
      * in the same sweep that forms dS below (a dropped key's dP is 0 whatever its V holds) */
-    kern->qk(nk, nkpad, n, dv, w->vd, w->vt, ld, d_o, ldo, 1.0f, w->dp, ld);
+    kern->qk(nk, nkpad, n, dv, vd, vt, ld, d_o, ldo, 1.0f, w->dp, ld);
 
     /* softmax: dS_ij = P_ij (dP_ij - D_i), with the undropped P (the softmax's output;
      * D_i = dO_i · O_i = Σ_j P_ij dP_ij holds with dropout too, since O_i = Σ_j P_ij Z_ij v_j);
@@ -487,11 +493,11 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
 
     /* forward: s = scale q_i · k_j, so dK_j += Σ_i dS_ij q_i (a zero dS never multiplies
      * a non-finite q) */
-    kern->gemm(true, nk, dk, n, w->dp, ld, q, ldq, w->dk, dk, fin[1] == 2);
+    kern->gemm(true, nk, dk, n, w->dp, ld, q, ldq, dk_acc, dk, fin[1] == 2);
 
     /* ... and dQ_i += Σ_j dS_ij k_j, summed over the tile before it is added; a zero dS
      * never multiplies a NaN or Inf of K */
-    kern->gemm(false, n, dk, nk, w->dp, ld, w->kd, dk, dq_acc, ldacc, !t->finite);
+    kern->gemm(false, n, dk, nk, w->dp, ld, kd, dk, dq_acc, ldacc, !t->finite);
 }
 
 /* ---- the fused path: the items ------------------------------------------------------- */
@@ -509,6 +515,47 @@ static void d_bias_clear(const bwd_plan *plan, int64_t b, int64_t h, int64_t i0,
         else
             for (int64_t c = 0; c < nk; c++) row[c * plan->gb_s[3]] = 0.0f;
     }
+}
+
+/* A mixed tile (rows i0 .. i1-1 of head h against keys j0 .. j0+nk-1 of the packed
+ * block) narrowed to the keys from its first to its last granule of ATTN_SUM_KEYS that
+ * some row keeps (the forward's fused_tile_trim): the granules masked for every row at
+ * either end add nothing (P = 0 there). *t gets the range (off its offset into the
+ * block); their d_bias, when written in place, is cleared. */
+static void bwd_trim(const attn_params *p, const bwd_plan *plan, bwd_tile *t, int64_t i1,
+                     bool clear) {
+    int64_t a = t->j0, e = t->j0 + t->nk;
+    for (;;) {
+        const int64_t g = (a / ATTN_SUM_KEYS + 1) * ATTN_SUM_KEYS, to = g < e ? g : e;
+        if (to >= e || attn_mask_summary_rows(p, plan->sum, t->b, t->h, t->i0, i1, a, to - a) !=
+                           ATTN_TILE_MASKED)
+            break;
+        a = to;
+    }
+    for (;;) {
+        const int64_t g = (e - 1) / ATTN_SUM_KEYS * ATTN_SUM_KEYS, from = g > a ? g : a;
+        if (from <= a || attn_mask_summary_rows(p, plan->sum, t->b, t->h, t->i0, i1, from, e - from) !=
+                             ATTN_TILE_MASKED)
+            break;
+        e = from;
+    }
+    if (clear && a > t->j0) d_bias_clear(plan, t->b, t->h, t->i0, t->n, t->j0, a - t->j0);
+    if (clear && e < t->j0 + t->nk) d_bias_clear(plan, t->b, t->h, t->i0, t->n, e, t->j0 + t->nk - e);
+    t->off += a - t->j0;
+    t->j0 = a;
+    t->nk = e - a;
+}
+
+/* Whether rows i0 .. i0+n-1 of head h have an LSE that is a number or -inf (a fully
+ * masked row): a NaN or +inf one makes every P of its row NaN, the masked keys' too (as
+ * the reference computes them), so its tiles are not narrowed. */
+static bool lse_ordinary(const attn_bwd_params *bp, int64_t b, int64_t h, int64_t i0, int64_t n) {
+    const float *l = bp->lse + b * bp->lse_s[0] + h * bp->lse_s[1];
+    for (int64_t r = 0; r < n; r++) {
+        const float x = l[(i0 + r) * bp->lse_s[2]];
+        if (isnan(x) || x == INFINITY) return false;
+    }
+    return true;
 }
 
 static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const bwd_scratch *w,
@@ -584,13 +631,20 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                 t.i0 = qb * plan->bq;
                 t.n = Lq - t.i0 < plan->bq ? Lq - t.i0 : plan->bq;
                 uint8_t *fin = w->fin + 2 * (hh * plan->q_blocks + qb);
+                /* a mixed tile without the key granules its rows all mask at either end */
+                bwd_tile tt = t;
+                attn_tile_class tc = cls;
+                if (cls == ATTN_TILE_MIXED && plan->sum && lse_ordinary(bp, b, t.h, t.i0, t.n)) {
+                    bwd_trim(p, plan, &tt, t.i0 + t.n, clear);
+                    tc = attn_mask_summary_rows(p, plan->sum, b, t.h, t.i0, t.i0 + t.n, tt.j0, tt.nk);
+                }
                 if (plan->in_place)
-                    tile_backward(bp, plan, w, &t, D + (b * p->Hq + t.h) * Lq,
+                    tile_backward(bp, plan, w, &tt, D + (b * p->Hq + t.h) * Lq,
                                   bp->dq + b * bp->dq_s[0] + t.h * bp->dq_s[1] + t.i0 * bp->dq_s[2],
-                                  bp->dq_s[2], fin, cls == ATTN_TILE_OPEN);
+                                  bp->dq_s[2], fin, tc == ATTN_TILE_OPEN);
                 else
-                    tile_backward(bp, plan, w, &t, D + (b * p->Hq + t.h) * Lq,
-                                  part_c + (hh * Lq + t.i0) * Dk, Dk, fin, cls == ATTN_TILE_OPEN);
+                    tile_backward(bp, plan, w, &tt, D + (b * p->Hq + t.h) * Lq,
+                                  part_c + (hh * Lq + t.i0) * Dk, Dk, fin, tc == ATTN_TILE_OPEN);
             }
         }
         float *dk_b = bp->dk + b * bp->dk_s[0] + g * bp->dk_s[1] + t.j0 * bp->dk_s[2];
