@@ -154,6 +154,14 @@ def _options(is_causal, scale, enable_gqa, window_left, window_right, softcap, d
             int(threads) or torch.get_num_threads(), float(dropout_p), int(seed) & _UINT64, 0)
 
 
+def _grad_out(grad: Optional[Tensor], like: Optional[Tensor]) -> Tensor:
+    """An optional gradient as an op returns it: an empty (0,) float32 tensor when it was
+    not computed, else in its input's dtype."""
+    if grad is None:
+        return torch.empty((0,), dtype=torch.float32)
+    return grad if grad.dtype == like.dtype else grad.to(like.dtype)
+
+
 def _sinks(sinks: Optional[Tensor]) -> Optional[Tensor]:
     """The sinks (or the ALiBi slopes) as the library reads them: float32 [H] (a 16-bit or
     float64 one widened or rounded to a float32 copy)."""
@@ -299,15 +307,7 @@ def _sdpa_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor, 
                        threads, read, d_sinks, **extra, **attn._dropout_kwargs(options))
     except (ValueError, TypeError) as e:
         _reraise(e)
-    if d_sinks is None:
-        d_sinks = torch.empty((0,), dtype=torch.float32)
-    elif d_sinks.dtype != sinks.dtype:
-        d_sinks = d_sinks.to(sinks.dtype)
-    if d_mask is None:
-        d_mask = torch.empty((0,), dtype=torch.float32)
-    elif d_mask.dtype != attn_mask.dtype:
-        d_mask = d_mask.to(attn_mask.dtype)
-    return dq, dk, dv, d_sinks, d_mask
+    return dq, dk, dv, _grad_out(d_sinks, sinks), _grad_out(d_mask, attn_mask)
 
 
 @_sdpa_backward.register_fake
@@ -533,11 +533,7 @@ def _varlen_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Ten
                               **extra)
     except (ValueError, TypeError) as e:
         _reraise(e)
-    if d_sinks is None:
-        d_sinks = torch.empty((0,), dtype=torch.float32)
-    elif d_sinks.dtype != sinks.dtype:
-        d_sinks = d_sinks.to(sinks.dtype)
-    return dq, dk, dv, d_sinks
+    return dq, dk, dv, _grad_out(d_sinks, sinks)
 
 
 @_varlen_backward.register_fake
