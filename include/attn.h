@@ -240,9 +240,10 @@ typedef struct attn_options {
      * rest), applied as options.mask would be (true = attend) and together with it, by
      * attn_forward, attn_backward, attn_weights_grid and the reference path; built once
      * and reused by any number of calls, which read only its blocks that are not empty or
-     * full. Its B and H must be the call's (or 1: shared). NULL = none. Refused
-     * (ATTN_ERR_UNSUPPORTED) by the varlen, cascade, multi-head, additive and MPI calls
-     * and with a paged cache. docs/CONTRACT.md, "Block masks". */
+     * full. Its B and H must be the call's (or 1: shared), its Lq and Lk the call's.
+     * NULL = none. Refused (ATTN_ERR_UNSUPPORTED) by the varlen, cascade, multi-head,
+     * additive and MPI calls; a paged cache takes it as it takes a mask.
+     * docs/CONTRACT.md, "Block masks". */
     const struct attn_block_mask *block_mask;
     /* A user score function (fields added after the rest): the scaled logit
      * s = scale * q_i . k_j becomes score_mod(s, b, h, i, j, score_mod_ctx) before
