@@ -14,7 +14,7 @@
  *     key lengths, sinks with dropout. And against the float64 reference path within the contract's float32
  *     bound (the dense mask's own check, test_masks.c, applied to the block mask).
  *  2. Its counts: documents of 64-aligned lengths have no partial block, and the counts
- *     add to the blocks there are.
+ *     add to the blocks there are; attn_weights_grid's grid the dense mask's bytes.
  *  3. A score function: s + f(b, h, i, j) gives the bits of the bias f (forward and
  *     backward), c tanh(s / c) with its derivative the bits of softcap = c; a NaN from it
  *     makes its row NaN.
@@ -561,6 +561,31 @@ static void misuse(void) {
     release(&t);
 }
 
+/* ---- attn_weights_grid: the block mask's grid is the dense mask's ------------------- */
+
+static void grid(void) {
+    const kcase c = {2, 2, 2, 130, 200, 16, P_WINDOW, false, 0, ATTN_F32, 31};
+    ktensors t;
+    build(&c, &t);
+    CHECK(attn_block_mask_from_tensor(&t.mask, &t.bm) == ATTN_OK, "make: %s", attn_last_error());
+    attn_options fo = {.mask = &t.mask, .lse = &t.lse};
+    CHECK(attn_forward(&t.q, &t.k, &t.v, &t.o, &fo) == ATTN_OK, "forward: %s", attn_last_error());
+    float *g[2];
+    for (int w = 0; w < 2; w++) {
+        g[w] = xcalloc(2 * 2 * 13 * 20, sizeof(float));
+        attn_tensor tg = attn_tensor_4d(g[w], ATTN_F32, 2, 2, 13, 20);
+        attn_options o = {0};
+        if (w) o.block_mask = t.bm;
+        else o.mask = &t.mask;
+        CHECK(attn_weights_grid(&t.q, &t.k, &t.lse, &tg, ATTN_REDUCE_SUM, &o) == ATTN_OK,
+              "grid %d: %s", w, attn_last_error());
+    }
+    CHECK(!memcmp(g[0], g[1], 2 * 2 * 13 * 20 * sizeof(float)), "attn_weights_grid: the block "
+          "mask's grid differs from the dense mask's");
+    free(g[0]), free(g[1]);
+    release(&t);
+}
+
 /* ---- 5. planted: a block mask one element off is seen ------------------------------- */
 
 static int keep_off_by_one(int64_t b, int64_t h, int64_t i, int64_t j, void *ctx) {
@@ -588,6 +613,7 @@ int main(void) {
     counts();
     score_mods();
     misuse();
+    grid();
     planted();
     return check_summary("block_mask");
 }
