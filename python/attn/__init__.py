@@ -40,6 +40,28 @@ _PRECISION = {"default": (None, 0), "float32": (None, 0), "fast": ("fused", 1),
               "float64": ("reference", 0)}
 
 
+def _dropout_path_level(dropout_p: Any, path: str, precision: str) -> Tuple[float, str, int]:
+    """(dropout_p, path, level) of a call's dropout_p, path and precision strings, checked
+    as every call takes them: dropout_p a number in [0, 1] (checked here in double: the
+    library's float could round to 1); precision's path ("fast" and "float64" name one)
+    agreeing with path, which it then becomes."""
+    dropout_p = _options.number("dropout_p", dropout_p)
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError("dropout_p=%r: expected 0 <= dropout_p <= 1 (0 = off)" % (dropout_p,))
+    if path not in _PATH:
+        raise ValueError("path=%r: expected 'auto', 'fused' or 'reference'" % (path,))
+    if precision not in _PRECISION:
+        raise ValueError("precision=%r: expected 'default', 'fast' or 'float64' ('float32' "
+                         "= 'default')" % (precision,))
+    wanted, level = _PRECISION[precision]
+    if wanted is not None:
+        if path not in ("auto", wanted):
+            raise ValueError("precision=%r runs on the %s path, but path=%r" % (
+                precision, wanted, path))
+        path = wanted
+    return dropout_p, path, level
+
+
 def kernel_name() -> str:
     """The kernel family a fused call of this process runs ('generic' on the portable path)."""
     return _attn.kernel_name()
@@ -470,22 +492,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     The GIL is released while the library computes (forward and backward).
     """
-    dropout_p = _options.number("dropout_p", dropout_p)
-    if not 0.0 <= dropout_p <= 1.0:  # checked here in double: the library's float could round to 1
-        raise ValueError("dropout_p=%r: expected 0 <= dropout_p <= 1 (0 = off)" % (dropout_p,))
+    dropout_p, path, level = _dropout_path_level(dropout_p, path, precision)
     if align not in _ALIGN:
         raise ValueError("align=%r: expected 'top-left' or 'bottom-right'" % (align,))
-    if path not in _PATH:
-        raise ValueError("path=%r: expected 'auto', 'fused' or 'reference'" % (path,))
-    if precision not in _PRECISION:
-        raise ValueError("precision=%r: expected 'default', 'fast' or 'float64' ('float32' "
-                         "= 'default')" % (precision,))
-    wanted, level = _PRECISION[precision]
-    if wanted is not None:
-        if path not in ("auto", wanted):
-            raise ValueError("precision=%r runs on the %s path, but path=%r" % (
-                precision, wanted, path))
-        path = wanted
     # flags, numbers and counts as PyTorch takes them, nothing looser (_options.py)
     window = _options.window(window)
     threads = _options.threads(threads)

@@ -78,6 +78,10 @@ attn_tensor to_4d(const imported *t);
 attn_tensor lse_view(const imported *t);
 int check_rank(const imported *t, int lo, int hi, const char *expect);
 PyObject *shape_tuple(const int64_t *dims, int n);
+/* 0 when g has input's shape, else -1 with a ValueError naming arg and input_name (a
+ * gradient written in place must have its input's shape). */
+int check_same_shape(const imported *g, const imported *input, const char *arg,
+                     const char *input_name);
 int parse_options(attn_options *opt, PyObject *oscale, double softcap, int causal, int align,
                   PyObject *owindow, int path, int precision, int threads);
 void parse_dropout(attn_options *opt, double p, unsigned long long seed,

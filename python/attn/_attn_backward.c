@@ -43,18 +43,7 @@ static int grad_setup(grad_slot *g, PyObject *obj, const char *arg, const import
     if (obj != Py_None) {
         if (import_tensor(obj, arg, true, &g->imp) != 0) return -1;
         g->given = true;
-        bool same = g->imp.ndim == input->ndim;
-        for (int d = 0; same && d < input->ndim; d++) same = g->imp.shape[d] == input->shape[d];
-        if (!same) {
-            PyObject *got = shape_tuple(g->imp.shape, g->imp.ndim);
-            PyObject *want = shape_tuple(input->shape, input->ndim);
-            if (got && want)
-                PyErr_Format(PyExc_ValueError, "%s: shape %R, expected %R (the shape of %s)",
-                             arg, got, want, input_name);
-            Py_XDECREF(got);
-            Py_XDECREF(want);
-            return -1;
-        }
+        if (check_same_shape(&g->imp, input, arg, input_name) != 0) return -1;
         g->dest = to_4d(&g->imp);
         for (int d = 0; d < 2; d++) {
             g->reduce[d] = g->dest.shape[d] != shape[d];  // 1 under a broadcast size

@@ -124,6 +124,20 @@ PyObject *raise_status(attn_status st, const arg_name *names, const char *call) 
  * ================================================================================ */
 
 /* (_attn.h) */
+int check_same_shape(const imported *g, const imported *input, const char *arg,
+                     const char *input_name) {
+    bool same = g->ndim == input->ndim;
+    for (int d = 0; same && d < input->ndim; d++) same = g->shape[d] == input->shape[d];
+    if (same) return 0;
+    PyObject *got = shape_tuple(g->shape, g->ndim), *want = shape_tuple(input->shape, input->ndim);
+    if (got && want)
+        PyErr_Format(PyExc_ValueError, "%s: shape %R, expected %R (the shape of %s)", arg, got,
+                     want, input_name);
+    Py_XDECREF(got);
+    Py_XDECREF(want);
+    return -1;
+}
+
 const attn_block_mask *block_mask_of(PyObject *obj) {
     if (!PyCapsule_IsValid(obj, BLOCK_MASK_CAPSULE)) return NULL;
     return PyCapsule_GetPointer(obj, BLOCK_MASK_CAPSULE);

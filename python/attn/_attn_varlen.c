@@ -201,19 +201,9 @@ static int varlen_grad_setup(varlen_grad *g, PyObject *obj, const char *arg,
                              const imported *input, const char *input_name,
                              const attn_tensor *x) {
     if (obj != Py_None) {
-        if (import_tensor(obj, arg, true, &g->imp) != 0) return -1;
-        bool same = g->imp.ndim == 3;
-        for (int d = 0; same && d < 3; d++) same = g->imp.shape[d] == input->shape[d];
-        if (!same) {
-            PyObject *got = shape_tuple(g->imp.shape, g->imp.ndim);
-            PyObject *want = shape_tuple(input->shape, input->ndim);
-            if (got && want)
-                PyErr_Format(PyExc_ValueError, "%s: shape %R, expected %R (the shape of %s)",
-                             arg, got, want, input_name);
-            Py_XDECREF(got);
-            Py_XDECREF(want);
+        if (import_tensor(obj, arg, true, &g->imp) != 0 ||
+            check_same_shape(&g->imp, input, arg, input_name) != 0)
             return -1;
-        }
         g->view = packed_view(&g->imp);
         return 0;
     }

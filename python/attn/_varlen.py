@@ -15,9 +15,9 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from . import (_ALIGN, _PATH, _PRECISION, _allocator, _attn, _call_seed, _options, _plain,
-               _to_query_kind, _torch_tensor_type, _traced_ops, _vector, _wants_autograd,
-               _widen)
+from . import (_ALIGN, _PATH, _allocator, _attn, _call_seed, _dropout_path_level, _options,
+               _plain, _to_query_kind, _torch_tensor_type, _traced_ops, _vector,
+               _wants_autograd, _widen)
 
 __all__ = ["varlen_attention"]
 
@@ -181,20 +181,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     unsupported dtypes (cu_seqlens not int32/int64 included). The library's status is in
     the exception's `status` attribute; on error nothing is written.
     """
-    dropout_p = _options.number("dropout_p", dropout_p)
-    if not 0.0 <= dropout_p <= 1.0:
-        raise ValueError("dropout_p=%r: expected 0 <= dropout_p <= 1 (0 = off)" % (dropout_p,))
-    if path not in _PATH:
-        raise ValueError("path=%r: expected 'auto', 'fused' or 'reference'" % (path,))
-    if precision not in _PRECISION:
-        raise ValueError("precision=%r: expected 'default', 'fast' or 'float64' ('float32' "
-                         "= 'default')" % (precision,))
-    wanted, level = _PRECISION[precision]
-    if wanted is not None:
-        if path not in ("auto", wanted):
-            raise ValueError("precision=%r runs on the %s path, but path=%r" % (
-                precision, wanted, path))
-        path = wanted
+    dropout_p, path, level = _dropout_path_level(dropout_p, path, precision)
     window = _options.window(window_size)
     if window == (-1, -1):
         window = None
