@@ -337,6 +337,13 @@ static attn_status fill_run(attn_params *p, const attn_options *opt) {
         if (f64) break;  // fused_f64.c is portable C: no micro-kernels
         p->kernels = attn_select_kernels(&why);
         if (!p->kernels) return attn_fail(ATTN_ERR_UNSUPPORTED, "%s", why);
+        /* a q8_0 cache under few query rows (decoding: the blocks fused_takes_decode
+         * gives the one-pass step) runs on a kernel that has the q8_0 step, the whole
+         * call, so that its tiles' logits and exps come from one table (kernels.h) */
+        if (p->kv_dt == ATTN_Q8_0 && !p->kernels->decode_q8_0 &&
+            p->Lq <= ATTN_DECODE_MAX_ROWS && p->group <= ATTN_DECODE_MAX_ROWS &&
+            p->Lq * p->group <= ATTN_DECODE_MAX_ROWS)
+            p->kernels = attn_kernels_for_q8_0(p->kernels);
         /* FAST pays only on bf16 dot products (the kernel's pv_bf16): elsewhere rounding P
          * is one more pass over each tile and no product gets cheaper (avx2, Zen 3: FAST
          * 0.86x the default level), so those kernels run the default level, which is more
