@@ -35,7 +35,8 @@ from . import _options, scaled_dot_product_attention
 from ._kvcache import attention_with_kvcache
 from ._varlen import varlen_attention
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
+           "flash_mla_with_kvcache", "get_mla_metadata"]
 
 
 def _is_torch(x: Any) -> bool:
@@ -182,3 +183,47 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                   causal=causal, window_size=window_size, softcap=softcap,
                                   alibi_slopes=alibi_slopes,
                                   return_softmax_lse=return_softmax_lse, sinks=s_aux)
+
+
+def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, *args, **kwargs):
+    """FlashMLA's get_mla_metadata, for call compatibility: FlashMLA plans its GPU tile
+    schedule here; attn splits its work inside each call and needs no plan, so this
+    returns (None, None), which flash_mla_with_kvcache accepts in their place."""
+    return None, None
+
+
+def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
+                           tile_scheduler_metadata=None, num_splits=None, softmax_scale=None,
+                           causal=False, is_fp8_kvcache=False, indices=None):
+    """FlashMLA's flash_mla_with_kvcache (DeepSeek's latent attention, MLA) on
+    attn.attention_with_kvcache: one latent cache row per token, [c_kv (head_dim_v),
+    k_rope], read as K = the whole row (Dk = k_cache.shape[-1], 576 in DeepSeek-V2/V3) and
+    V = its first head_dim_v columns (512), from the same memory (a view, no copy).
+
+    q             [B, Lq, Hq, Dk]  queries already absorbed into the latent space
+    k_cache       [num_blocks, page_block_size, Hkv, Dk]  (Hkv = 1 in DeepSeek's models)
+    block_table   int32 [B, max_pages]; cache_seqlens int32 [B]: the cached tokens
+    head_dim_v    Dv, the width of c_kv
+    tile_scheduler_metadata, num_splits: get_mla_metadata's, accepted and ignored
+    softmax_scale default 1/sqrt(Dk); causal: bottom-right (a chunk of Lq new tokens
+                  sees the cache and its own earlier tokens)
+
+    Returns (out [B, Lq, Hq, Dv], softmax_lse [B, Hq, Lq] float32), as FlashMLA. Not
+    supported (NotImplementedError): is_fp8_kvcache (FlashMLA's own fp8 layout) and
+    indices (its sparse attention). No gradient. docs/CONTRACT.md, "Latent attention
+    (MLA)".
+    """
+    if is_fp8_kvcache:
+        raise NotImplementedError("flash_mla_with_kvcache: is_fp8_kvcache is not supported by attn")
+    if indices is not None:
+        raise NotImplementedError("flash_mla_with_kvcache: indices (sparse MLA) is not "
+                                  "supported by attn")
+    Dk = k_cache.shape[-1]
+    dv = int(head_dim_v)
+    if not 0 < dv <= Dk:
+        raise ValueError("flash_mla_with_kvcache: head_dim_v is %d, expected 1 .. %d (the "
+                         "cache's width)" % (dv, Dk))
+    v_cache = k_cache[..., :dv]
+    return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
+                                  block_table=block_table, softmax_scale=softmax_scale,
+                                  causal=causal, return_softmax_lse=True)
