@@ -361,10 +361,18 @@ ATTN_API attn_status attn_block_mask_get_info(const attn_block_mask *mask,
  *                 of the padded call [B, Hq, max_seqlen_q, max_seqlen_k] at b = s
  * Every attn_forward option applies per sequence (causal and its alignment, window,
  * ALiBi, softcap, sinks, GQA, scale, dtypes, dropout, path, threads), except mask, bias,
- * kv_len, block_table and weights (ATTN_ERR_UNSUPPORTED). A sequence may be empty; a
+ * kv_len, block_table and weights (ATTN_ERR_UNSUPPORTED) — but see the paged forward:
+ * Many requests in one call (a server's step): with opt->block_table, k and v are page
+ * pools [num_pages, Hkv, page_size, D] (as attn_forward's), cu_seqlens_k is NULL and
+ * opt->kv_len [B] (int32 or int64; FlashAttention's seqused_k) gives each request's keys,
+ * new ones included; request s is attn_forward with B = 1 on its query rows, row s of the
+ * table and kv_len[s], bit for bit, so decodes and chunks of prefill mix in one call.
+ * opt->mask is then allowed, bool [B, Hq|1, max_seqlen_q, max_pages * page_size] over the
+ * padded batch (request s reads its first Lq_s rows: a speculative-decoding tree). Forward
+ * only (attn_varlen_backward refuses the table). A sequence may be empty; a
  * query row without keys is a fully masked row. opt->workspace, if given, is sized by
- * attn_varlen_forward_workspace_size, which reads cu_seqlens (their data must be there)
- * and no other data. On error nothing is written. docs/CONTRACT.md, "Packed
+ * attn_varlen_forward_workspace_size, which reads cu_seqlens (their data must be there;
+ * a paged call's kv_len too) and no other data. On error nothing is written. docs/CONTRACT.md, "Packed
  * (variable-length) batches". */
 ATTN_API attn_status attn_varlen_forward(const attn_tensor *q, const attn_tensor *k,
                                          const attn_tensor *v, const attn_tensor *o,

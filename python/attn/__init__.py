@@ -555,8 +555,8 @@ from ._additive import additive_attention, additive_attention_grad  # noqa: E402
 __all__ += ["additive_attention", "additive_attention_grad"]
 
 # decoding against a contiguous or paged KV cache (python/attn/_kvcache.py)
-from ._kvcache import attention_with_kvcache  # noqa: E402
-__all__ += ["attention_with_kvcache"]
+from ._kvcache import attention_with_kvcache, varlen_attention_with_kvcache  # noqa: E402
+__all__ += ["attention_with_kvcache", "varlen_attention_with_kvcache"]
 
 # packed (variable-length) batches, FlashAttention's varlen call (python/attn/_varlen.py)
 from ._varlen import varlen_attention  # noqa: E402
