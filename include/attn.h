@@ -221,8 +221,8 @@ typedef struct attn_options {
      * sequence b are Lk = max_pages * page_size rows: row j is row j % page_size of pool
      * page block_table[b][j / page_size]. kv_len gives the valid keys (default: all Lk);
      * only the entries of the pages that hold valid keys, p < ceil(kv_len[b] /
-     * page_size), are read, and each must lie in [0, num_pages). Forward and the
-     * reference only: attn_backward, attn_weights_grid, the additive and multi-head
+     * page_size), are read, and each must lie in [0, num_pages). Forward, the
+     * reference and attn_weights_grid only: attn_backward, the additive and multi-head
      * modules refuse it (ATTN_ERR_UNSUPPORTED). docs/CONTRACT.md, "A paged KV cache". */
     const attn_tensor *block_table;
     /* attn_backward's output, the gradient of the float bias (fields added after the
@@ -256,6 +256,18 @@ typedef struct attn_options {
     float (*score_mod)(float s, int64_t b, int64_t h, int64_t i, int64_t j, void *ctx);
     float (*score_mod_grad)(float s, int64_t b, int64_t h, int64_t i, int64_t j, void *ctx);
     void *score_mod_ctx;
+    /* attn_forward's optional output for KV-cache eviction (fields added after the rest):
+     * the attention mass each key received, over the call's query rows and the query
+     * heads of its key/value head,
+     *     key_scores[b, g, j] = sum over h of group g, i of P_bhij    (P = exp(s - lse))
+     * float32 [B, Hkv, Lk] (shape {B, Hkv, Lk, 1}), any strides; 0 for a key no row
+     * attends. P is the softmax weight as the weights output has it, before dropout (with
+     * sinks the mass the sink took is no key's). Deterministic: the same bits for any
+     * thread count. Computed from the forward's LSE by one more pass over K, as
+     * attn_weights_grid does (docs/CONTRACT.md, "Eviction scores"); float32, float16,
+     * bfloat16 and q8_0 caches, contiguous or paged. NULL = not wanted; refused
+     * (ATTN_ERR_UNSUPPORTED) by every other call and by float64 calls. */
+    const attn_tensor *key_scores;
 } attn_options;
 
 /* ---- calls -------------------------------------------------------------------------- */

@@ -34,6 +34,12 @@ attn_status attn_forward_workspace_size(const attn_tensor *q, const attn_tensor 
                                         const attn_options *opt, size_t *bytes) {
     attn_params p;
     if (!bytes) return attn_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
+    attn_options plain;  // the eviction scores take no workspace (key_scores.c)
+    if (opt && opt->key_scores) {
+        plain = *opt;
+        plain.key_scores = NULL;
+        opt = &plain;
+    }
     TRY(attn_params_init(&p, q, k, v, o, opt, false));
     size_t n = workspace_bytes(&p);
     if (n == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
@@ -43,6 +49,7 @@ attn_status attn_forward_workspace_size(const attn_tensor *q, const attn_tensor 
 
 attn_status attn_forward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                          const attn_tensor *o, const attn_options *opt) {
+    if (opt && opt->key_scores) return attn_forward_key_scores(q, k, v, o, opt);  // key_scores.c
     return attn_forward_piece(q, k, v, o, opt, NULL);
 }
 

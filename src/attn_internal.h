@@ -322,6 +322,11 @@ ATTN_PRIVATE attn_status attn_forward_piece(const attn_tensor *q, const attn_ten
                                             const attn_tensor *v, const attn_tensor *o,
                                             const attn_options *opt,
                                             const attn_drop_layout *drop);
+/* attn_forward with options.key_scores: the forward, then the eviction scores from its
+ * LSE (key_scores.c). */
+ATTN_PRIVATE attn_status attn_forward_key_scores(const attn_tensor *q, const attn_tensor *k,
+                                                 const attn_tensor *v, const attn_tensor *o,
+                                                 const attn_options *opt);
 /* attn_backward likewise (backward.c). */
 ATTN_PRIVATE attn_status attn_backward_piece(const attn_tensor *q, const attn_tensor *k,
                                              const attn_tensor *v, const attn_tensor *o,

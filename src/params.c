@@ -300,6 +300,10 @@ static attn_status fill_outputs(attn_params *p, const attn_options *opt, bool ne
         TRY(attn_check_output_strides(t, "weights", 4));
         p->weights = given(attn_view_data(t, p->w_s, 4));
     }
+    /* attn_forward takes it off the options before they come here (api.c) */
+    if (opt->key_scores)
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "options.key_scores: an output of attn_forward "
+                         "alone (float32, 16-bit and q8_0 calls)");
     return ATTN_OK;
 }
 

@@ -82,16 +82,17 @@ static void wg_rows_fused(const attn_params *p, const wg_scratch *w, const float
         for (int64_t r = n; r < npad; r++) w->qt[d * w->rows + r] = 0.0f;
     for (int64_t j0 = jmin; j0 < jmax; j0 += w->keys) {
         const int64_t nk = jmax - j0 < w->keys ? jmax - j0 : w->keys;
-        const int64_t k_bgj = b * p->k_s[0] + g * p->k_s[1] + j0 * p->k_s[2];
         const float *k = w->k;
         int64_t ldk = dk;
-        if (p->kv_dt == ATTN_F32 && p->k_s[3] == 1) {
-            k = (const float *)p->k + k_bgj;
+        if (p->kv_dt == ATTN_F32 && p->k_s[3] == 1 && attn_kv_one_run(p, j0, nk)) {
+            k = (const float *)p->k + attn_kv_offset(p, p->k_s, b, g, j0);
             ldk = p->k_s[2];
-        } else {
-            for (int64_t c = 0; c < nk; c++)
+        } else {  // other dtypes, and a tile across pages: row by row through the table
+            for (int64_t c = 0; c < nk; c++) {
+                const int64_t k_bgj = attn_kv_offset(p, p->k_s, b, g, j0 + c);
                 for (int64_t d = 0; d < dk; d++)
-                    w->k[c * dk + d] = attn_load(p->kv_dt, p->k, k_bgj + c * p->k_s[2] + d * p->k_s[3]);
+                    w->k[c * dk + d] = attn_load(p->kv_dt, p->k, k_bgj + d * p->k_s[3]);
+            }
         }
         kern->qk(n, npad, nk, dk, w->q, w->qt, w->rows, k, ldk, p->scale, w->s, w->rows);
         for (int64_t r = 0; r < n; r++) {
@@ -137,7 +138,7 @@ static void wg_rows_reference(const attn_params *p, const wg_scratch *w, const f
         const double lse = lse_bh[i * lse_si];
         int64_t cell = lo < hi ? wg_cell(lo, C, p->Lk) : 0, next = wg_first(cell + 1, C, p->Lk);
         for (int64_t j = lo; j < hi; j++) {
-            const int64_t k_bgj = b * p->k_s[0] + g * p->k_s[1] + j * p->k_s[2];
+            const int64_t k_bgj = attn_kv_offset(p, p->k_s, b, g, j);
             double dot = 0.0;
             for (int64_t d = 0; d < p->Dk; d++)
                 dot += (double)attn_load(p->q_dt, p->q, q_bhi + d * p->q_s[3]) *
@@ -155,9 +156,6 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
                               attn_reduce reduce, const attn_options *opt_in) {
     static const attn_options defaults = {0};
     const attn_options *base = opt_in ? opt_in : &defaults;
-    if (base->block_table)  // paged caches: forward only (CONTRACT, "A paged KV cache")
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "attn_weights_grid: options.block_table (a "
-                         "paged cache) is not supported");
     if (base->lse || base->weights)
         return attn_fail(ATTN_ERR_VALUE, "options.lse and options.weights must be NULL (the "
                          "LSE is an input here, the grid the output)");
@@ -197,13 +195,13 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
     if (st != ATTN_OK) return st;
     /* the grid shares no byte with anything the call reads (overlap.c's rule) */
     const attn_tensor *in[] = {q, k, lse, base->mask, base->bias, base->kv_len,
-                               base->alibi_slopes, base->sinks};
+                               base->alibi_slopes, base->sinks, base->block_table};
     static const char *const in_names[] = {"q", "k", "lse", "options.mask", "options.bias",
                                            "options.kv_len", "options.alibi_slopes",
-                                           "options.sinks"};
+                                           "options.sinks", "options.block_table"};
     const attn_tensor *out[] = {grid};
     static const char *const out_names[] = {"grid"};
-    st = attn_check_aliasing(in, in_names, 8, out, out_names, 1, NULL, 0);
+    st = attn_check_aliasing(in, in_names, 9, out, out_names, 1, NULL, 0);
     if (st != ATTN_OK) return st;
     attn_fail(ATTN_OK, "%s", "");
     if (p.B == 0 || p.Hq == 0 || R == 0 || C == 0) return ATTN_OK;

@@ -122,7 +122,7 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v:
                            softmax_scale: Optional[float] = None, causal: bool = False,
                            window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            alibi_slopes: Any = None, return_softmax_lse: bool = False,
-                           sinks: Any = None):
+                           sinks: Any = None, return_key_scores: bool = False):
     """out = attention of q over the cache, FlashAttention's flash_attn_with_kvcache.
 
     q            [B, Lq, Hq, D]  float32, float16 or bfloat16
@@ -142,22 +142,29 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v:
                  logit per query head in each row's denominator with no value
                  (attn_options.sinks; docs/CONTRACT.md, "Attention sinks"); the LSE
                  includes them. Read as constants here (no gradient through this call)
+    return_key_scores  also return the eviction scores [B, Hkv, Lk] float32: the attention
+                 mass each cached key received over the call's rows and the query heads
+                 of its key/value head (attn_options.key_scores; docs/CONTRACT.md,
+                 "Eviction scores"); Lk = the cache's rows (max_pages * page_size paged)
     Returns out [B, Lq, Hq, D] (q's dtype), and with return_softmax_lse also the
-    natural-log LSE [B, Hq, Lq] float32. NumPy in, NumPy out; torch in, torch out.
+    natural-log LSE [B, Hq, Lq] float32, then with return_key_scores the scores.
+    NumPy in, NumPy out; torch in, torch out.
     Under torch.compile and torch.export the call is the custom op attn::kvcache (which
     writes k_cache and v_cache in place); as in eager, no gradient flows through it.
     """
-    ops = _traced_ops(_torch_tensor_type(), q, k_cache, v_cache, k, v)
+    ops = None if return_key_scores else _traced_ops(_torch_tensor_type(), q, k_cache, v_cache, k, v)
     if ops is not None:  # torch.compile, torch.export: the custom op attn::kvcache
         return ops.public_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes,
                                   return_softmax_lse, sinks)
     return _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale,
-                   causal, window_size, softcap, alibi_slopes, return_softmax_lse, sinks)
+                   causal, window_size, softcap, alibi_slopes, return_softmax_lse, sinks,
+                   return_key_scores)
 
 
 def _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
-            window_size, softcap, alibi_slopes, return_softmax_lse, sinks):
+            window_size, softcap, alibi_slopes, return_softmax_lse, sinks,
+            return_key_scores=False):
     """attention_with_kvcache's work, on NumPy arrays or CPU torch tensors (eager, or the
     real implementation of attn::kvcache)."""
     qv = _View(q, "q")
@@ -229,6 +236,14 @@ def _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale
     tls = lsv.tensor((B, Hq, Lq, 1), (lsv.strides[0], lsv.strides[1], lsv.strides[2], 1))
     if return_softmax_lse:
         opt.lse = ctypes.addressof(tls)
+    if return_key_scores:
+        Hkv = tk.shape[1]
+        ks = (_torch().empty((B, Hkv, Lk), dtype=_torch().float32) if _is_torch(q)
+              else np.empty((B, Hkv, Lk), np.float32))
+        ksv = _View(ks, "key_scores", True)
+        tks = ksv.tensor((B, Hkv, Lk, 1), (ksv.strides[0], ksv.strides[1], ksv.strides[2], 1))
+        keep += [ksv, tks]
+        opt.key_scores = ctypes.addressof(tks)
     tq = qv.bshd("q")
     if k is not None:
         # Every check of the attention before the append writes the cache (on error
@@ -244,6 +259,7 @@ def _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale
         to0 = _Tensor(None, to.dtype, (ctypes.c_int64 * 4)(B, Hq, 0, Dv), to.stride)
         dry = _Options.from_buffer_copy(opt)
         dry.lse = None
+        dry.key_scores = None
         _check(_lib.attn_forward(ctypes.byref(tq0), ctypes.byref(tk), ctypes.byref(tv),
                                  ctypes.byref(to0), ctypes.byref(dry)), "attention_with_kvcache")
         _check(_lib.attn_kv_append(ctypes.byref(tkn), ctypes.byref(tvn), ctypes.byref(tk),
@@ -253,7 +269,8 @@ def _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale
     _check(_lib.attn_forward(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
                              ctypes.byref(to), ctypes.byref(opt)), "attention_with_kvcache")
     del keep
-    return (out, lse) if return_softmax_lse else out
+    got = (out,) + ((lse,) if return_softmax_lse else ()) + ((ks,) if return_key_scores else ())
+    return got if len(got) > 1 else out
 
 
 _lib.attn_varlen_forward.argtypes = [_P] * 6 + [ctypes.c_int64, ctypes.c_int64, _P]
