@@ -151,11 +151,13 @@ static void wg_rows_reference(const attn_params *p, const wg_scratch *w, const f
     }
 }
 
-attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
-                              const attn_tensor *lse, const attn_tensor *grid,
-                              attn_reduce reduce, const attn_options *opt_in) {
-    static const attn_options defaults = {0};
-    const attn_options *base = opt_in ? opt_in : &defaults;
+/* Every check of a call, before anything is written: the forward's (K standing in for V,
+ * which is not read, and an output described but never written; the LSE checked as the
+ * forward's LSE output), the grid's shape and strides, and the overlap rule. *p gets the
+ * call's params. */
+static attn_status wg_check(const attn_tensor *q, const attn_tensor *k, const attn_tensor *lse,
+                            const attn_tensor *grid, attn_reduce reduce, const attn_options *base,
+                            attn_params *p) {
     if (base->lse || base->weights)
         return attn_fail(ATTN_ERR_VALUE, "options.lse and options.weights must be NULL (the "
                          "LSE is an input here, the grid the output)");
@@ -164,35 +166,29 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
     if ((unsigned)reduce > (unsigned)ATTN_REDUCE_MAX)
         return attn_fail(ATTN_ERR_VALUE, "reduce is %d, expected ATTN_REDUCE_SUM or "
                          "ATTN_REDUCE_MAX", (int)reduce);
-    /* the forward's checks, with K standing in for V (no value is read) and an output
-     * described but never written; the LSE is checked as the forward's LSE output */
-    if (q && q->dtype == ATTN_F64)
+    if (q->dtype == ATTN_F64)
         return attn_fail(ATTN_ERR_DTYPE, "q: dtype is float64, which attn_weights_grid does "
                          "not take (float32, float16 or bfloat16)");
     attn_options opt = *base;
     opt.lse = lse;
     const attn_tensor o = attn_tensor_4d(q->data, ATTN_F32, q->shape[0], q->shape[1],
                                          q->shape[2], k ? k->shape[3] : 0);
-    attn_params p;
-    attn_status st = attn_params_init(&p, q, k, k, &o, &opt, true);
-    if (st != ATTN_OK) return st;
-    st = attn_check_tensor(grid, "grid", ATTN_F32, true);
-    if (st != ATTN_OK) return st;
+    TRY(attn_params_init(p, q, k, k, &o, &opt, true));
+    TRY(attn_check_tensor(grid, "grid", ATTN_F32, true));
     const int64_t R = grid->shape[2], C = grid->shape[3];
-    if (grid->shape[0] != p.B || grid->shape[1] != p.Hq)
+    if (grid->shape[0] != p->B || grid->shape[1] != p->Hq)
         return attn_fail(ATTN_ERR_SHAPE, "grid: shape [%lld, %lld, ...], expected [B = %lld, "
                          "Hq = %lld, R, C]", (long long)grid->shape[0],
-                         (long long)grid->shape[1], (long long)p.B, (long long)p.Hq);
-    if (R > p.Lq || C > p.Lk || (R == 0) != (p.Lq == 0) || (C == 0) != (p.Lk == 0))
+                         (long long)grid->shape[1], (long long)p->B, (long long)p->Hq);
+    if (R > p->Lq || C > p->Lk || (R == 0) != (p->Lq == 0) || (C == 0) != (p->Lk == 0))
         return attn_fail(ATTN_ERR_SHAPE, "grid: R = %lld, C = %lld, expected 1 <= R <= Lq = "
                          "%lld and 1 <= C <= Lk = %lld (0 only for an empty Lq or Lk)",
-                         (long long)R, (long long)C, (long long)p.Lq, (long long)p.Lk);
+                         (long long)R, (long long)C, (long long)p->Lq, (long long)p->Lk);
     int64_t t1, t2;
-    if (__builtin_mul_overflow(p.Lq, R, &t1) || __builtin_mul_overflow(p.Lk, C, &t2) ||
+    if (__builtin_mul_overflow(p->Lq, R, &t1) || __builtin_mul_overflow(p->Lk, C, &t2) ||
         __builtin_add_overflow(t1, R, &t1) || __builtin_add_overflow(t2, C, &t2))
         return attn_fail(ATTN_ERR_OVERFLOW, "grid: Lq * R or Lk * C overflows int64");
-    st = attn_check_output_strides(grid, "grid", 4);
-    if (st != ATTN_OK) return st;
+    TRY(attn_check_output_strides(grid, "grid", 4));
     /* the grid shares no byte with anything the call reads (overlap.c's rule) */
     const attn_tensor *in[] = {q, k, lse, base->mask, base->bias, base->kv_len,
                                base->alibi_slopes, base->sinks, base->block_table};
@@ -201,8 +197,16 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
                                            "options.sinks", "options.block_table"};
     const attn_tensor *out[] = {grid};
     static const char *const out_names[] = {"grid"};
-    st = attn_check_aliasing(in, in_names, 9, out, out_names, 1, NULL, 0);
-    if (st != ATTN_OK) return st;
+    return attn_check_aliasing(in, in_names, 9, out, out_names, 1, NULL, 0);
+}
+
+attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
+                              const attn_tensor *lse, const attn_tensor *grid,
+                              attn_reduce reduce, const attn_options *opt_in) {
+    static const attn_options defaults = {0};
+    attn_params p;
+    TRY(wg_check(q, k, lse, grid, reduce, opt_in ? opt_in : &defaults, &p));
+    const int64_t R = grid->shape[2], C = grid->shape[3];
     attn_fail(ATTN_OK, "%s", "");
     if (p.B == 0 || p.Hq == 0 || R == 0 || C == 0) return ATTN_OK;
     /* key padding as the key lengths it is (mask_summary.h), in lengths_mem */
