@@ -164,8 +164,8 @@ static size_t bwd_workspace(const attn_bwd_params *bp) {
  * (Lq (2 Dk + 2 Dv) per query head + Lk (2 Dk + 2 Dv) per key head) floats: never
  * Lq x Lk. The LSE stays float32, as the forward writes it.
  * A 16-bit O is not used: the backward's row sums D = dO · O would inherit its rounding,
- * which can dominate dQ and dK where they are small next to |dO| |O| (measured up to 8x
- * the error of a naive 16-bit backward). O and its LSE are recomputed in float32 from the
+ * which can dominate dQ and dK where they are small next to |dO| |O| (several times the
+ * error of a naive 16-bit backward). O and its LSE are recomputed in float32 from the
  * float32 copies instead (one forward pass; its workspace is allocated by that call). */
 enum { H_Q, H_K, H_V, H_O, H_DO, H_DQ, H_DK, H_DV, H_N };
 

@@ -304,8 +304,8 @@ static const float *query_rows(const float *base, const int64_t st[4], int64_t w
 /* x where w != 0 (or NaN), else +0, by the bits: w = 0 (a masked or dropped weight) gives
  * 0 whatever x holds (0 times a NaN of dP). A select of values already computed, which
  * the compiler vectorizes under the default -ftrapping-math; the conditional product
- * `w == 0 ? 0 : w * x` it computes under a branch, one element at a time (that form of the
- * dS loop was 9% of the backward). */
+ * `w == 0 ? 0 : w * x` it computes under a branch, one element at a time (a measurable
+ * share of the backward in that form). */
 static inline float unless_zero(float w, float x) {
     uint32_t b;
     memcpy(&b, &x, sizeof b);

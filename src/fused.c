@@ -469,7 +469,7 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
     }
     if (!blk->qk_bf16 || decode) {  // float32 rows: the qk kernels' and the decoding step's
         /* a 16-bit row with unit stride by the kernel's vector conversion (exact, so the
-         * same floats): element by element it cost 3% of a float16 call at D = 128 */
+         * same floats): element by element was measurably slower (docs/KERNELS.md) */
         const bool half_rows = (p->q_dt == ATTN_F16 || p->q_dt == ATTN_BF16) && p->q_s[3] == 1;
         for (int64_t r = 0; r < n; r++) {
             const int64_t q_bhi = blk->b * p->q_s[0] + w->h[r] * p->q_s[1] + w->i[r] * p->q_s[2];
@@ -627,8 +627,8 @@ static void block_store(const attn_params *p, const fused_block *blk, const floa
         } else if ((p->o_dt == ATTN_F16 || p->o_dt == ATTN_BF16) && p->o_s[3] == 1 &&
                    p->kernels->from_f32) {
             /* a 16-bit row with unit stride: the same quotients, a chunk at a time, rounded
-             * by the kernel's vector form of attn_store's rounding (bit for bit); element
-             * by element the rounding took 3% of a float16 call at D = 128 */
+             * by the kernel's vector form of attn_store's rounding (bit for bit), cheaper
+             * than element by element (docs/KERNELS.md) */
             enum { CHUNK = 64 };
             float quot[CHUNK];
             uint16_t *o_r = (uint16_t *)p->o + o_bhi;

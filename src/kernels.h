@@ -424,7 +424,7 @@ ATTN_PRIVATE const attn_kernels *attn_select_kernels(const char **why);
  * kern itself when it has the q8_0 decoding step (decode_q8_0), else the best kernel
  * after it in the list that has the step and this CPU runs (an AVX-512 CPU: avx2, whose
  * step reads the blocks in registers, where avx512's tiles would dequantize every block
- * to float32 first and run at a fifth of the speed), else kern (generic). */
+ * to float32 first: docs/KERNELS.md, "The q8_0 cache"), else kern (generic). */
 ATTN_PRIVATE const attn_kernels *attn_kernels_for_q8_0(const attn_kernels *kern);
 
 #endif /* ATTN_KERNELS_H */

@@ -349,8 +349,8 @@ static attn_status fill_run(attn_params *p, const attn_options *opt) {
             p->Lq * p->group <= ATTN_DECODE_MAX_ROWS)
             p->kernels = attn_kernels_for_q8_0(p->kernels);
         /* FAST pays only on bf16 dot products (the kernel's pv_bf16): elsewhere rounding P
-         * is one more pass over each tile and no product gets cheaper (avx2, Zen 3: FAST
-         * 0.86x the default level), so those kernels run the default level, which is more
+         * is one more pass over each tile and no product gets cheaper (slower than the
+         * default level: docs/KERNELS.md), so those kernels run the default level, which is more
          * precise than FAST promises (docs/CONTRACT.md, "Precision") */
         if (p->precision == ATTN_PRECISION_FAST && !p->kernels->pv_bf16)
             p->precision = ATTN_PRECISION_DEFAULT;
