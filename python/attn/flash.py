@@ -32,7 +32,7 @@ from typing import Any, Tuple
 import numpy as np
 
 from . import _options, scaled_dot_product_attention
-from ._kvcache import attention_with_kvcache
+from ._kvcache import attention_with_kvcache, varlen_attention_with_kvcache
 from ._varlen import varlen_attention
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
@@ -42,6 +42,15 @@ __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache
 def _is_torch(x: Any) -> bool:
     torch = sys.modules.get("torch")  # never imported here: only if the caller has it
     return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _wants_grad(*xs: Any) -> bool:
+    """Whether autograd would record a call on these (torch tensors that require grad,
+    with grad mode on)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.is_grad_enabled():
+        return False
+    return any(isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
 
 
 def _swap(x: Any) -> Any:
@@ -135,14 +144,26 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
     block_table (B, max_pages) int32: k and v are then page pools [num_blocks,
     page_block_size, Hkv, D]; sequence b's keys are its pages in order, the first
-    cu_seqlens_k[b+1] - cu_seqlens_k[b] rows (gathered into a packed copy, then the call
-    above). s_aux (keyword-only; the name transformers passes learned sinks under, as
+    cu_seqlens_k[b+1] - cu_seqlens_k[b] rows: read in place by one paged call
+    (attn.varlen_attention_with_kvcache) where no gradient is wanted and dropout_p is 0
+    (continuous batching), else gathered into a packed copy for the call above. s_aux (keyword-only; the name transformers passes learned sinks under, as
     FlashAttention 3's vLLM build takes them): (Hq,) attention-sink logits, varlen's
     sinks, with their gradient.
 
     Returns out [total_q, Hq, Dv]; with return_attn_probs (out, softmax_lse [Hq, total_q],
     None) — None where FlashAttention gives S_dmask.
     """
+    if block_table is not None and dropout_p == 0 and not _wants_grad(q, k, v, s_aux):
+        # inference (continuous batching): the pages read in place, one call for the step
+        cu = cu_seqlens_k
+        seqused = (cu[1:] - cu[:-1]).to(dtype=sys.modules["torch"].int32) if _is_torch(cu) \
+            else (np.asarray(cu)[1:] - np.asarray(cu)[:-1]).astype(np.int32)
+        got = varlen_attention_with_kvcache(
+            q, k, v, cu_seqlens_q, seqused, block_table, max_seqlen_q, max_seqlen_k,
+            softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+            softcap=softcap, alibi_slopes=alibi_slopes, sinks=s_aux,
+            return_softmax_lse=return_attn_probs)
+        return (got[0], got[1], None) if return_attn_probs else got
     if block_table is not None:
         k = _paged_rows(k, block_table, cu_seqlens_k)
         v = _paged_rows(v, block_table, cu_seqlens_k)
