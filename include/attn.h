@@ -51,7 +51,8 @@ extern "C" {
     X(ATTN_ERR_OVERFLOW, "a size or offset does not fit in 64 bits")                   \
     X(ATTN_ERR_WORKSPACE, "the workspace given is too small")                          \
     X(ATTN_ERR_NOMEM, "out of memory")                                                 \
-    X(ATTN_ERR_UNSUPPORTED, "this combination is not supported by the chosen path")
+    X(ATTN_ERR_UNSUPPORTED, "this combination is not supported by the chosen path") \
+    X(ATTN_ERR_IO, "a file could not be read or written (attn_tune's wisdom)")
 
 typedef enum attn_status {
 #define ATTN_X_ENUM(name, msg) name,
