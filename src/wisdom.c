@@ -304,3 +304,19 @@ attn_tune_config attn_wisdom_lookup(attn_tune_class c) {
     if (!w || g_forced_isa || !w->has[i]) return (attn_tune_config){0};
     return w->cfg[i];
 }
+
+attn_status attn_tune_check(const char *path) {
+    char buf[4096], why[512];
+    if (!path) {
+        if (!attn_wisdom_default_path(buf, sizeof buf))
+            return attn_fail(ATTN_ERR_VALUE, "no wisdom path: none of ATTN_WISDOM, "
+                             "XDG_CACHE_HOME, HOME is set");
+        path = buf;
+    }
+    attn_wisdom *w = malloc(sizeof *w);
+    if (!w) return attn_fail(ATTN_ERR_NOMEM, "attn_tune_check: out of memory");
+    const attn_status st = attn_wisdom_parse(path, w, why, sizeof why);
+    free(w);
+    if (st != ATTN_OK) return attn_fail(st, "wisdom %s: %s", path, why);
+    return attn_ok();
+}
