@@ -290,6 +290,15 @@ static bool in_child(void (*fn)(payload *), const char *const *env, const char *
     return ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
+/* the child's stderr file, echoed to this process's (its failed checks) */
+static void echo_err(const char *err) {
+    char path[512], line[1024];
+    path_of(path, sizeof path, err);
+    FILE *f = fopen(path, "r");
+    while (f && fgets(line, sizeof line, f)) fprintf(stderr, "  [child] %s", line);
+    if (f) fclose(f);
+}
+
 /* lines of the child's stderr file, and whether every one contains `word` */
 static int err_lines(const char *err, const char *word, bool *all_have) {
     char path[512], line[1024];
@@ -507,6 +516,7 @@ int main(void) {
     const char *const e_applied[] = {"ATTN_TUNE", env_forcing, NULL};
     CHECK(in_child(child_applied, e_applied, "err_applied", &applied), "the wisdom's child did not finish");
     CHECK(err_lines("err_applied", NULL, &all) == 0, "an accepted wisdom: something on stderr");
+    if (err_lines("err_applied", NULL, &all) != 0) echo_err("err_applied");
     CHECK(applied.ws[0] < stat.ws[0], "prefill: workspace %zu with 32 x 32 tiles, not below the "
           "static %zu", applied.ws[0], stat.ws[0]);
     CHECK(applied.ws[1] < stat.ws[1], "decode: workspace %zu with split 1, not below the static "
