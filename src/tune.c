@@ -412,10 +412,29 @@ static void make_parents(const char *path) {
     }
 }
 
+/* path's temporary sibling, written then renamed onto it */
+static void temp_name(const char *path, char *tmp, size_t cap) {
+    snprintf(tmp, cap, "%s.tmp.%ld", path, (long)getpid());
+}
+
+/* Whether the file can be written there, asked before the timing rather than after it:
+ * its folders made, its temporary sibling created and removed. */
+static attn_status can_write(const char *path) {
+    char tmp[4200];
+    temp_name(path, tmp, sizeof tmp);
+    make_parents(path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return attn_fail(ATTN_ERR_IO, "attn_tune: cannot write %s: %s", tmp, strerror(errno));
+    fclose(f);
+    remove(tmp);
+    return ATTN_OK;
+}
+
 static attn_status write_file(const char *path, const tune_result *res, int nres, bool quick,
                               int threads, double seconds) {
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    temp_name(path, tmp, sizeof tmp);
     make_parents(path);
     FILE *f = fopen(tmp, "w");
     if (!f)
@@ -470,6 +489,7 @@ attn_status attn_tune(const attn_tune_options *opt_in) {
     }
     if (!attn_select_kernels(NULL))
         return attn_fail(ATTN_ERR_UNSUPPORTED, "attn_tune: no kernel runs on this CPU");
+    TRY(can_write(path));
     int threads = opt->threads;
 #ifdef _OPENMP
     if (threads == 0) threads = omp_get_max_threads();

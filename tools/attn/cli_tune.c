@@ -101,7 +101,7 @@ int cli_tune(int argc, char **argv) {
     const attn_status st = attn_tune(&opt);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (st != ATTN_OK) {
-        fprintf(stderr, "attn tune: %s: %s\n", attn_status_string(st), attn_last_error());
+        fprintf(stderr, "%s\n", attn_last_error());  // "attn_tune: ..."
         return 1;
     }
     char path[4096];
