@@ -340,7 +340,8 @@ static attn_status fill_run(attn_params *p, const attn_options *opt, bool backwa
         p->kernels = attn_select_kernels(&why);
         if (!p->kernels) return attn_fail(ATTN_ERR_UNSUPPORTED, "%s", why);
         /* the shape class's configuration (wisdom.h); every field 0 keeps the static one */
-        p->tune = force ? *force : attn_wisdom_lookup(attn_tune_class_of(p, backward, opt->kv_len != NULL));
+        p->tune = force ? *force
+                        : attn_wisdom_lookup(attn_tune_class_of(p, backward, opt->kv_len != NULL));
         if (p->tune.kernels) p->kernels = p->tune.kernels;
         /* a q8_0 cache under few query rows (decoding: the blocks fused_takes_decode
          * gives the one-pass step) runs on a kernel that has the q8_0 step, the whole
