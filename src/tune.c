@@ -13,7 +13,7 @@
  *   2. the tiles on the kernel kept: bq and bk one at a time (and the split, decoding);
  *   3. the best of 2 against the static choice again, with more samples.
  * A candidate replaces the static choice (or the previous round's) only when its median
- * is MARGIN faster: tuned never loses to static beyond the noise. A candidate whose first
+ * and its best sample are both MARGIN faster: tuned never loses to static beyond the noise. A candidate whose first
  * sample is SLOW times the baseline's is dropped (it cannot win; the generic kernel).
  */
 #include <errno.h>
@@ -207,6 +207,13 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+static double best_of(const cand *c) {
+    double b = c->n ? c->t[0] : 0.0;
+    for (int i = 1; i < c->n; i++)
+        if (c->t[i] < b) b = c->t[i];
+    return b;
+}
+
 static double median(const cand *c) {
     double s[16];
     memcpy(s, c->t, (size_t)c->n * sizeof(double));
@@ -225,7 +232,9 @@ static double sample(tune_call *c, const attn_tune_config *cfg, int reps) {
 /* Times cands[0..n) (cands[0] the baseline) in `rounds` interleaved rounds, a warm-up
  * call each first; drops a failing candidate, or one whose first sample is SLOW times
  * the baseline's. Returns the index of the winner: the fastest median, if it beats the
- * baseline's by MARGIN, else 0. false when the baseline itself fails. */
+ * baseline's by MARGIN and its best sample the baseline's best by MARGIN too (a shared
+ * machine's noise only adds time, and comes in the scheduler's slices: a median alone can
+ * be moved by a few unlucky samples), else 0. false when the baseline itself fails. */
 static bool race(tune_call *c, cand *cands, int n, int rounds, int reps, int *winner) {
     for (int i = 0; i < n; i++) {
         cands[i].n = 0;
@@ -251,7 +260,9 @@ static bool race(tune_call *c, cand *cands, int n, int rounds, int reps, int *wi
     const double base = median(&cands[0]);
     for (int i = 1; i < n; i++)
         if (!cands[i].dropped && median(&cands[i]) < median(&cands[best])) best = i;
-    *winner = best != 0 && median(&cands[best]) <= (1.0 - MARGIN) * base ? best : 0;
+    *winner = best != 0 && median(&cands[best]) <= (1.0 - MARGIN) * base &&
+                      best_of(&cands[best]) <= (1.0 - MARGIN) * best_of(&cands[0])
+                  ? best : 0;
     return true;
 }
 
@@ -291,7 +302,8 @@ static void note_race(tune_result *r, const char *what, const cand *cands, int n
         if (cands[i].n == 0 || (cands[i].dropped && cands[i].n < 2))
             note(r, "#     %-56s %s\n", label, cands[i].n ? "dropped (slow)" : "failed");
         else
-            note(r, "#     %-56s %9.3f ms%s%s\n", label, 1e3 * median(&cands[i]),
+            note(r, "#     %-56s %9.3f ms (best %.3f)%s%s\n", label, 1e3 * median(&cands[i]),
+                 1e3 * best_of(&cands[i]),
                  cands[i].dropped ? " (dropped: slow)" : "",
                  i == winner ? (i == 0 ? " kept" : " chosen") : "");
     }
