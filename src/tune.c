@@ -69,7 +69,7 @@ static tune_case class_case(attn_tune_class c, bool quick) {
         t.Hq = c.phase == ATTN_PHASE_BACKWARD ? 2 : 4;
         t.Hkv = t.Hq / g > 0 ? t.Hq / g : 1;
         t.Hq = t.Hkv * g;
-        t.Lq = t.Lk = quick ? 512 : 1024;
+        t.Lq = t.Lk = quick ? 512 : 768;
     }
     return t;
 }
