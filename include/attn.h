@@ -51,7 +51,8 @@ extern "C" {
     X(ATTN_ERR_OVERFLOW, "a size or offset does not fit in 64 bits")                   \
     X(ATTN_ERR_WORKSPACE, "the workspace given is too small")                          \
     X(ATTN_ERR_NOMEM, "out of memory")                                                 \
-    X(ATTN_ERR_UNSUPPORTED, "this combination is not supported by the chosen path")
+    X(ATTN_ERR_UNSUPPORTED, "this combination is not supported by the chosen path") \
+    X(ATTN_ERR_IO, "a file could not be read or written (attn_tune's wisdom)")
 
 typedef enum attn_status {
 #define ATTN_X_ENUM(name, msg) name,
@@ -765,6 +766,36 @@ typedef struct attn_kv_cache {
 ATTN_API attn_status attn_mha_decode(const attn_mha *m, const attn_tensor *x,
                                      const attn_kv_cache *cache, const attn_tensor *y,
                                      const attn_options *opt);
+
+/* ---- the tuner ------------------------------------------------------------------------
+ * attn_tune times candidate configurations of the fused path on this machine (the
+ * kernel among those this CPU runs, the query and key block sizes, the decoding step's
+ * split) for a list of shape classes (prefill, decode or backward; K/V dtype; head dim;
+ * mask class; GQA ratio) and writes the winners to a wisdom file, which every later
+ * process reads once at its first call: $ATTN_WISDOM, else $XDG_CACHE_HOME/attn/wisdom,
+ * else ~/.cache/attn/wisdom. The static choice is always a candidate and is kept unless
+ * another is 3% faster. A file made on another CPU or version, or one that does not
+ * parse, is ignored whole with one line on stderr; ATTN_TUNE=0 ignores any file; ATTN_ISA
+ * set means no wisdom is used. A configuration never depends on the thread count: for a
+ * given wisdom, results are the same bits for any number of threads (docs/CONTRACT.md,
+ * "Wisdom"); between wisdoms the last bits may differ. docs/KERNELS.md, "Tuner". */
+typedef struct attn_tune_options {
+    bool quick;        /* the common classes only, shorter timings (about 10 s on 2 cores) */
+    const char *out;   /* the file written (atomically); NULL = the default path above    */
+    int32_t threads;   /* the threads of the timed calls; 0 = OpenMP's default             */
+    bool verbose;      /* a line on stderr per class as it is decided                      */
+} attn_tune_options;
+
+/* Tunes and writes the file (opt NULL: all defaults). ATTN_ERR_IO when it cannot be
+ * written (nothing is left behind), ATTN_ERR_UNSUPPORTED when ATTN_ISA, ATTN_FWD_BQ,
+ * ATTN_FWD_BK or ATTN_BWD_BQ is set (they would override what is measured). This process
+ * keeps the wisdom it read at its first call; the new file takes effect in the next. */
+ATTN_API attn_status attn_tune(const attn_tune_options *opt);
+
+/* Whether this process would use the wisdom file at path (NULL: the default path):
+ * ATTN_OK, or ATTN_ERR_IO (cannot be opened) or ATTN_ERR_VALUE (another CPU or version,
+ * a line that does not parse), with the line and the reason in attn_last_error(). */
+ATTN_API attn_status attn_tune_check(const char *path);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,11 @@ set -u
 cd "$(dirname "$0")/.."
 
 jobs=$(nproc 2>/dev/null || echo 2)
+# No suite reads a wisdom file (attn tune's, docs/KERNELS.md "Tuner"): one in the
+# developer's ~/.cache/attn/wisdom would change which kernel and tiles a call takes, hence
+# its last bits. test_wisdom and test_tune.sh set their own files and this variable.
+export ATTN_TUNE=0
+unset ATTN_WISDOM
 total_pass=0
 total_fail=0
 log=$(mktemp)
@@ -138,6 +143,8 @@ run_all() {
     run_suite "${label}test_demo.sh" bash tests/test_demo.sh "$b/attn"   # attn demo's sections
     # the installed library is linked into a plain program: not with a sanitized build
     [ -n "$label" ] || run_suite "test_install.sh" bash tests/test_install.sh "$b"
+    # attn tune: one quick tune, its file and --show (timings are not checked; about 5 s)
+    [ -n "$label" ] || run_suite "test_tune.sh" bash tests/test_tune.sh "$b/attn"
     # the bench's logic on its tiny sweep (timings are not checked; too slow under ASan)
     [ -n "$label" ] || run_suite "test_bench.sh" bash tests/test_bench.sh "$b/attn"
     # the 100K-token picture's benchmark at its quick 4096 tokens (peak memory bounded)

@@ -48,7 +48,8 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
                                    const attn_tensor *o, const attn_tensor *d_o,
                                    const attn_tensor *lse, const attn_tensor *dq,
                                    const attn_tensor *dk, const attn_tensor *dv,
-                                   const attn_options *opt, bool need_data) {
+                                   const attn_options *opt, bool need_data,
+                                   const attn_tune_config *force) {
     *bp = (attn_bwd_params){0};
     if (opt && opt->block_table)  // paged caches: forward only (CONTRACT, "A paged KV cache")
         return attn_fail(ATTN_ERR_UNSUPPORTED, "attn_backward: options.block_table (a paged "
@@ -61,7 +62,7 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
     attn_options fo = opt ? *opt : (attn_options){0};
     fo.d_sinks = NULL;
     fo.d_bias = NULL;
-    TRY(attn_params_init(p, q, k, v, o, &fo, need_data));
+    TRY(attn_params_init_for(p, q, k, v, o, &fo, need_data, true, force));
     if (p->kv_dt == ATTN_Q8_0)  // a forward-only cache dtype: no gradient path reads it
         return attn_fail(ATTN_ERR_DTYPE, "k, v: q8_0 is a forward-only KV cache dtype; the "
                          "backward takes float32, float16 or bfloat16");
@@ -212,7 +213,7 @@ static attn_status half_plan(const attn_tensor *const t[H_N], const attn_tensor 
     attn_bwd_params bp;
     TRY(bwd_params_init(&bp, &shadow[H_Q], &shadow[H_K], &shadow[H_V], &shadow[H_O],
                         &shadow[H_DO], lse, &shadow[H_DQ], &shadow[H_DK], &shadow[H_DV], opt,
-                        need_data));
+                        need_data, NULL));
     size_t at = 0;
     for (int i = 0; i < H_N; i++) {
         const int64_t *n = t[i]->shape;
@@ -287,7 +288,7 @@ attn_status attn_backward_workspace_size(const attn_tensor *q, const attn_tensor
         attn_fail(ATTN_OK, "%s", "");
         return ATTN_OK;
     }
-    TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, false));
+    TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, false, NULL));
     const size_t n = bwd_workspace(&bp);
     if (n == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
     *bytes = n;
@@ -312,7 +313,7 @@ attn_status attn_backward_piece(const attn_tensor *q, const attn_tensor *k,
     const attn_tensor *const t[H_N] = {q, k, v, o, d_o, dq, dk, dv};
     for (int i = 0; i < H_N; i++)
         if (is_half(t[i])) return backward_half(t, lse, opt, drop);
-    TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, true));
+    TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, true, NULL));
     attn_set_drop_layout(&bp.fwd, drop);
     const size_t need = bwd_workspace(&bp);
     TRY(attn_check_backward_aliasing(t, lse, opt, need == (size_t)-1 ? 0 : need));
@@ -329,6 +330,26 @@ attn_status attn_backward_piece(const attn_tensor *q, const attn_tensor *k,
     const attn_status st = bwd_reference(&bp)          ? attn_reference_backward(&bp, ws)
                            : bp.fwd.q_dt == ATTN_F64 ? attn_fused_f64_backward(&bp, ws)
                                                      : attn_fused_backward(&bp, ws);
+    attn_free(owned);
+    return st;
+}
+
+attn_status attn_backward_forced(const attn_tune_config *force, const attn_tensor *q,
+                                 const attn_tensor *k, const attn_tensor *v,
+                                 const attn_tensor *o, const attn_tensor *d_o,
+                                 const attn_tensor *lse, const attn_tensor *dq,
+                                 const attn_tensor *dk, const attn_tensor *dv,
+                                 const attn_options *opt) {
+    attn_bwd_params bp;
+    TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, true, force));
+    if (bwd_reference(&bp) || bp.fwd.q_dt == ATTN_F64 || bwd_padding_bytes(&bp) != 0)
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "attn_backward_forced: float32 fused calls "
+                         "without key padding only");
+    const size_t need = bwd_workspace(&bp);
+    if (need == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+    void *ws, *owned;
+    TRY(attn_workspace_acquire(opt, need, &ws, &owned));
+    const attn_status st = attn_fused_backward(&bp, ws);
     attn_free(owned);
     return st;
 }

@@ -114,7 +114,8 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     const int64_t dk = p->Dk, dv = p->Dv;
     *plan = (bwd_plan){0};
     if (dk > (int64_t)1 << 32 || dv > (int64_t)1 << 32 || p->Lq > (int64_t)1 << 48) return false;
-    const attn_tiles tiles = attn_choose_tiles(p->kernels, ATTN_TILES_BACKWARD, p->kv_dt, dk, dv);
+    const attn_tiles tiles = attn_choose_tiles(p->kernels, ATTN_TILES_BACKWARD, p->kv_dt, dk, dv,
+                                                &p->tune);
     const int64_t bk = tiles.bk;
     plan->bq = tiles.bq, plan->row_pad = p->kernels->geom.row_pad;
     plan->bk = bk;

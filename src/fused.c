@@ -43,7 +43,8 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
     const int64_t dk = p->Dk, dv = p->Dv;
     if (dk > (int64_t)1 << 40 || dv > (int64_t)1 << 40) return false;
     *plan = (fused_plan){0};
-    const attn_tiles sizes = attn_choose_tiles(p->kernels, ATTN_TILES_FORWARD, p->kv_dt, dk, dv);
+    const attn_tiles sizes = attn_choose_tiles(p->kernels, ATTN_TILES_FORWARD, p->kv_dt, dk, dv,
+                                                &p->tune);
     const int64_t bq = sizes.bq, bk = sizes.bk;
     plan->bq = bq, plan->row_pad = p->kernels->geom.row_pad;
     plan->bk = bk;
@@ -60,8 +61,11 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
     plan->split_keys = p->Lk > 0 ? p->Lk : 1;
     /* no item (B, Hkv or Lq = 0): nothing to split, and items would divide below */
     if (plan->items > 0 && p->Lq <= SPLIT_MAX_LQ && p->Lk >= 2 * SPLIT_MIN_KEYS && !p->weights) {
-        int64_t chunk = (p->Lk + SPLIT_MAX - 1) / SPLIT_MAX;
-        if (chunk < SPLIT_LONG_KEYS) {
+        /* a tuned split (wisdom.h): at most that many chunks, each of SPLIT_MIN_KEYS or
+         * more; else the rule below */
+        const int64_t most = p->tune.split > 0 ? p->tune.split : SPLIT_MAX;
+        int64_t chunk = (p->Lk + most - 1) / most;
+        if (p->tune.split == 0 && chunk < SPLIT_LONG_KEYS) {
             chunk = SPLIT_LONG_KEYS;
             if (plan->items < SPLIT_UNITS && plan->items * ((p->Lk + chunk - 1) / chunk) < SPLIT_UNITS) {
                 const int64_t want = (SPLIT_UNITS + plan->items - 1) / plan->items;

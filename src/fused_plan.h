@@ -22,6 +22,8 @@ enum {
     SPLIT_MAX_LQ = 16, SPLIT_MAX = 16, SPLIT_MIN_KEYS = 1024, SPLIT_LONG_KEYS = 4096,
     SPLIT_UNITS = 16,
 };
+_Static_assert(SPLIT_MAX == ATTN_TUNE_SPLIT_MAX, "a tuned split is bounded by SPLIT_MAX");
+_Static_assert(SPLIT_MAX_LQ == ATTN_DECODE_MAX_ROWS, "the tuner's decoding class is the split's");
 
 /* The forward's tile sizes: attn_choose_tiles(kern, ATTN_TILES_FORWARD, ...) (kernels.h,
  * fused_geom.c): bq a multiple of the kernel's row_pad in [16, ATTN_FWD_BQ_LIMIT], bk in

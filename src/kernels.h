@@ -134,6 +134,9 @@ typedef enum attn_cpu_model {
     ATTN_CPU_ZEN3,  /* AuthenticAMD, family 19h, models 00-0Fh, 20-2Fh, 40-5Fh (not Zen 4) */
 } attn_cpu_model;
 ATTN_PRIVATE attn_cpu_model attn_cpu_model_now(void);
+/* This CPU's CPUID vendor string, family and model ("unknown", 0, 0 off x86-64):
+ * dispatch.c, for the model above and the wisdom's cpu line (wisdom.h). */
+ATTN_PRIVATE void attn_cpu_ident(char vendor[13], unsigned *family, unsigned *model);
 
 /* One line of a kernel's per-CPU geometry (its folder's table, the kernel table's
  * cpu_geom): on CPU cpu, the forward's (and attn_weights_grid's) query rows per block and
@@ -319,7 +322,9 @@ struct attn_kernels {
 typedef struct attn_kernels attn_kernels;
 
 /* The tiles of a call: the one place the forward (fused.c, its weights), the backward
- * (backward_fused.c) and attn_weights_grid take their block sizes from (fused_geom.c). */
+ * (backward_fused.c) and attn_weights_grid take their block sizes from (fused_geom.c);
+ * tuned: the call's tuned configuration (p->tune, wisdom.h), whose non-zero bq and bk
+ * replace the static rule's, or NULL for none. */
 typedef enum attn_tile_use {
     ATTN_TILES_FORWARD,   /* the forward and attn_weights_grid                          */
     ATTN_TILES_BACKWARD,  /* the fused backward                                         */
@@ -328,7 +333,8 @@ typedef struct attn_tiles {
     int64_t bq, bk;  /* query rows per block, keys per block */
 } attn_tiles;
 ATTN_PRIVATE attn_tiles attn_choose_tiles(const attn_kernels *kern, attn_tile_use use,
-                                          attn_dtype kv_dt, int64_t dk, int64_t dv);
+                                          attn_dtype kv_dt, int64_t dk, int64_t dv,
+                                          const attn_tune_config *tuned);
 
 /* Every kernel's geometry, from its line of the list (kernels/list.h), as constants:
  * ATTN_ROW_PAD_<name>, ATTN_BQ_<name>, ATTN_BK_MIN_<name>, ATTN_BK_MAX_<name>; a

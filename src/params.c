@@ -14,6 +14,7 @@
 
 #include "kernels.h"
 #include "philox.h"
+#include "wisdom.h"
 
 /* A size query (need_data false) may pass tensors without data. What a call asks for
  * must still shape its plan and workspace (weights, a block table, a mask or bias to
@@ -307,8 +308,9 @@ static attn_status fill_outputs(attn_params *p, const attn_options *opt, bool ne
     return ATTN_OK;
 }
 
-/* precision, dropout, the path (and its kernels), threads */
-static attn_status fill_run(attn_params *p, const attn_options *opt) {
+/* precision, dropout, the path (and its kernels, the tuned configuration), threads */
+static attn_status fill_run(attn_params *p, const attn_options *opt, bool backward,
+                            const attn_tune_config *force) {
     const bool f64 = p->q_dt == ATTN_F64;
     if ((unsigned)opt->precision > (unsigned)ATTN_PRECISION_FAST)
         return attn_fail(ATTN_ERR_VALUE, "options.precision is %d, expected an "
@@ -341,6 +343,10 @@ static attn_status fill_run(attn_params *p, const attn_options *opt) {
         if (f64) break;  // fused_f64.c is portable C: no micro-kernels
         p->kernels = attn_select_kernels(&why);
         if (!p->kernels) return attn_fail(ATTN_ERR_UNSUPPORTED, "%s", why);
+        /* the shape class's configuration (wisdom.h); every field 0 keeps the static one */
+        p->tune = force ? *force
+                        : attn_wisdom_lookup(attn_tune_class_of(p, backward, opt->kv_len != NULL));
+        if (p->tune.kernels) p->kernels = p->tune.kernels;
         /* a q8_0 cache under few query rows (decoding: the blocks fused_takes_decode
          * gives the one-pass step) runs on a kernel that has the q8_0 step, the whole
          * call, so that its tiles' logits and exps come from one table (kernels.h) */
@@ -381,6 +387,13 @@ static attn_status fill_run(attn_params *p, const attn_options *opt) {
 attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_tensor *k,
                              const attn_tensor *v, const attn_tensor *o,
                              const attn_options *opt_in, bool need_data) {
+    return attn_params_init_for(p, q, k, v, o, opt_in, need_data, false, NULL);
+}
+
+attn_status attn_params_init_for(attn_params *p, const attn_tensor *q, const attn_tensor *k,
+                                 const attn_tensor *v, const attn_tensor *o,
+                                 const attn_options *opt_in, bool need_data, bool backward,
+                                 const attn_tune_config *force) {
     static const attn_options defaults = {0};
     const attn_options *opt = opt_in ? opt_in : &defaults;
     *p = (attn_params){0};
@@ -388,5 +401,5 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
     TRY(fill_logits(p, opt));
     TRY(fill_masks(p, opt, need_data));
     TRY(fill_outputs(p, opt, need_data));
-    return fill_run(p, opt);
+    return fill_run(p, opt, backward, force);
 }

@@ -220,7 +220,8 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
     /* the forward's tiles (attn_choose_tiles: the same blocks of rows and keys); the
      * reference path takes the generic kernel's */
     const attn_kernels *tk = p.kernels ? p.kernels : attn_kernels_named("generic");
-    const attn_tiles tiles = attn_choose_tiles(tk, ATTN_TILES_FORWARD, p.kv_dt, p.Dk, p.Dv);
+    const attn_tiles tiles = attn_choose_tiles(tk, ATTN_TILES_FORWARD, p.kv_dt, p.Dk, p.Dv,
+                                                p.kernels ? &p.tune : NULL);
     const attn_kernel_geom geom = tk->geom;
     const int64_t rows = tiles.bq, keys = tiles.bk;
     const size_t per_thread = wg_scratch_floats(p.Dk, rows, keys) * sizeof(float) +

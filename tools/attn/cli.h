@@ -13,6 +13,7 @@ int cli_demo(int argc, char **argv);  /* attn demo      (tools/attn/cli_demo.c) 
 int cli_bench(int argc, char **argv); /* attn bench     (bench/cli_bench.c) */
 int cli_bench_masks(int argc, char **argv);  /* attn bench masks (bench/cli_bench_masks.c) */
 int cli_dtypes(int argc, char **argv);  /* attn dtypes  (tools/attn/cli_dtypes.c) */
+int cli_tune(int argc, char **argv);    /* attn tune    (tools/attn/cli_tune.c) */
 int cli_train(int argc, char **argv);   /* attn train   (examples/train/cli_train.c) */
 int cli_seq2seq(int argc, char **argv);  /* attn seq2seq (examples/seq2seq/cli_seq2seq.c) */
 int bench_additive(int argc, char **argv); /* attn bench --additive (bench/bench_additive.c) */
