@@ -11,9 +11,14 @@ Rows:
            attn, sdpa, eager.
   llama2k: issue 37's Llama-shaped model (2 layers, hidden 2048, 16 heads of 128 over 4
            key/value heads, intermediate 5632, vocab 32000): prefill B 1 and 4 at L 4096
-           with logits_to_keep=1, 32 decode steps after a 2048-token prompt, a training
-           step at L 1024; attn beside sdpa, with the time inside the attention calls and
-           outside them (llama2k_rows; checked against sdpa, not eager).
+           with logits_to_keep=1, 128 decode steps after a 4096-token prompt, a training
+           step at L 2048, a packed training step of 8 documents in 8192 tokens (attn's
+           FlashAttention path) against the padded sdpa batch, generate_batch over 16
+           requests of mixed lengths; attn beside sdpa, with the time inside the attention
+           calls (forward and backward) and outside them, and tokens per second
+           (llama2k_rows; checked against sdpa, not eager). Sizes: --big-len,
+           --dec-prompt, --dec-steps, --train-len, --packed-docs, --batch-prompts,
+           --batch-new.
 
 Method: torch.set_num_threads(--threads) (attn's op uses torch.get_num_threads() too),
 torch.no_grad(), --warmup untimed calls of each backend, then --reps rounds that each time
@@ -154,22 +159,54 @@ class AttentionClock:
     time is summed: what a model step spends inside attention, the rest being outside it."""
 
     def __init__(self, transformers, names):
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as table
         self.inside = 0.0
+        self.wrap(names)
+
+    def wrap(self, names):
+        """Time the calls of these attention functions too (each wrapped once)."""
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as table
+        self.wrapped = getattr(self, "wrapped", set())
         for name in names:
+            if name in self.wrapped:
+                continue
+            self.wrapped.add(name)
             inner = table[name]
 
             def timed(*a, _inner=inner, **k):
                 t = time.perf_counter()
                 try:
-                    return _inner(*a, **k)
+                    out = _inner(*a, **k)
                 finally:
                     self.inside += time.perf_counter() - t
+                self._time_backward(a, out)
+                return out
             table[name] = timed
+
+    def _time_backward(self, args, out):
+        """Where autograd records the call: the time from its output's gradient to its
+        query's (the autograd engine runs one node at a time on the CPU, so what lies
+        between is the attention's own backward) goes into self.backward."""
+        o = out[0] if isinstance(out, tuple) else out
+        q = args[1] if len(args) > 1 else None  # (module, query, key, value, mask, ...)
+        if not (getattr(o, "requires_grad", False) and getattr(q, "requires_grad", False)):
+            return
+        box = {}
+
+        def start(g):
+            box["t"] = time.perf_counter()
+
+        def stop(g):
+            if "t" in box:
+                self.backward += time.perf_counter() - box.pop("t")
+        o.register_hook(start)
+        q.register_hook(stop)
+
+    backward = 0.0
 
     def run(self, fn):
         """(result, wall seconds, seconds inside attention) of one call of fn."""
         self.inside = 0.0
+        self.backward = 0.0
         t = time.perf_counter()
         out = fn()
         return out, time.perf_counter() - t, self.inside
@@ -180,17 +217,21 @@ def llama2k_rows(torch, transformers, args):
     4 key/value heads, intermediate 5632, vocab 32000, random float32 weights), attn beside
     sdpa (eager's weights at L 4096 do not fit the point), interleaved, medians:
       prefill B 1 and B 4 at L --big-len (default 4096) with logits_to_keep=1;
-      32 decode steps after a 2048-token prompt (the prompt's prefill untimed);
-      a training step at L 1024 (forward, cross-entropy, backward).
-    Each row also reports the median time inside the attention calls (forward calls only
-    in the training step) and outside them. Checked first: prefill logits within 1e-4
-    (relative Frobenius) of sdpa's, the 32 greedy tokens equal, the training loss within
-    1e-5 and q_proj's gradient within 1e-4."""
+      --dec-steps decode steps after a --dec-prompt-token prompt (the prompt's prefill
+      untimed);
+      a training step at L --train-len (forward, cross-entropy, backward);
+      then packed_rows and batch_rows.
+    Each row also reports the median time inside the attention calls (in the training
+    steps their backward too: from the attention output's gradient to its query's, by
+    autograd hooks) and outside them. Checked first: prefill logits within 1e-4 (relative
+    Frobenius) of sdpa's, the greedy tokens equal, the training loss within 1e-5 and
+    q_proj's gradient within 1e-4."""
     L = args.big_len
     cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
                                    num_hidden_layers=2, num_attention_heads=16,
                                    num_key_value_heads=4, head_dim=128,
-                                   max_position_embeddings=max(4096, L, 2048 + 64))
+                                   max_position_embeddings=max(4096, L, args.dec_prompt + args.dec_steps + 8,
+                                                               args.train_len, 8192))
     impls = ["attn", "sdpa"]
     models = {}
     for impl in impls:
@@ -203,8 +244,9 @@ def llama2k_rows(torch, transformers, args):
     gen = torch.Generator().manual_seed(0)
     shape = "2 layers, hidden 2048, 16 heads / 4 kv heads of 128"
 
-    def report(row, info, fns, checks):
-        """fns: {impl: fn() -> (wall, inside)}; interleaved rounds after a warm-up."""
+    def report(row, info, fns, checks, tokens=None):
+        """fns: {impl: fn() -> (wall, inside[, inside the backward])}; interleaved rounds
+        after a warm-up. tokens: what one call makes, for tokens per second ("%s" in info)."""
         for fn in fns.values():
             for _ in range(args.warmup):
                 fn()
@@ -212,17 +254,25 @@ def llama2k_rows(torch, transformers, args):
         insides = {i: [] for i in fns}
         for _ in range(args.reps):
             for impl, fn in fns.items():
-                w, a = fn()
+                w, *a = fn()
                 walls[impl].append(w)
-                insides[impl].append(a)
+                insides[impl].append(sum(a) if a else None)
         for impl in fns:
             med = statistics.median(walls[impl])
+            text, extra = info, {}
+            if tokens:
+                extra["tokens_per_s"] = tokens / med
+                text = info % ("%.1f" % (tokens / med))
+            if insides[impl][0] is None:  # a row that does not split the attention's time
+                yield (row, impl, "%s (%s)" % (text, shape), (med, min(walls[impl]), max(walls[impl])),
+                       checks.get(impl, 0.0), extra)
+                continue
             ins = statistics.median(insides[impl])
             out = statistics.median([w - a for w, a in zip(walls[impl], insides[impl])])
+            extra.update({"inside_ms": ins * 1e3, "outside_ms": out * 1e3})
             yield (row, impl, "%s; attention calls %.0f ms, outside %.0f ms (%s)"
-                   % (info, ins * 1e3, out * 1e3, shape),
-                   (med, min(walls[impl]), max(walls[impl])), checks.get(impl, 0.0),
-                   {"inside_ms": ins * 1e3, "outside_ms": out * 1e3})
+                   % (text, ins * 1e3, out * 1e3, shape),
+                   (med, min(walls[impl]), max(walls[impl])), checks.get(impl, 0.0), extra)
 
     def rel(a, b):
         a, b = a.double(), b.double()
@@ -243,9 +293,10 @@ def llama2k_rows(torch, transformers, args):
             yield from report("l2k-pre%d" % B, "prefill B %d, L %d, logits_to_keep=1" % (B, L),
                               fns, checks)
 
-        prompt = torch.randint(0, 32000, (1, 2048), generator=gen)
+        prompt = torch.randint(0, 32000, (1, args.dec_prompt), generator=gen)
+        steps = args.dec_steps
 
-        def decode(m, steps=32):
+        def decode(m):
             out = m(input_ids=prompt, use_cache=True, logits_to_keep=1)
             cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
             # transformers 5.24 names the cache argument `cache` (past_key_values: deprecated)
@@ -259,21 +310,25 @@ def llama2k_rows(torch, transformers, args):
             return toks, wall, inside
         toks = {i: decode(models[i])[0] for i in impls}
         if toks["attn"] != toks["sdpa"] or args.plant_error:
-            raise CheckFailed("decoding: attn's 32 greedy tokens differ from sdpa's")
+            raise CheckFailed("decoding: attn's %d greedy tokens differ from sdpa's" % steps)
         fns = {i: (lambda m=models[i]: decode(m)[1:]) for i in impls}
-        yield from report("l2k-dec", "32 decode steps after a 2048-token prompt", fns,
-                          {i: 0.0 for i in impls})
+        yield from report("l2k-dec", "%d decode steps after a %d-token prompt (%s tokens/s)"
+                          % (steps, args.dec_prompt, "%s"), fns, {i: 0.0 for i in impls},
+                          tokens=steps)
 
-    ids = torch.randint(0, 32000, (1, 1024), generator=gen)
-    labels = torch.randint(0, 32000, (1, 1024), generator=gen)
+    T = args.train_len
+    ids = torch.randint(0, 32000, (1, T), generator=gen)
+    labels = torch.randint(0, 32000, (1, T), generator=gen)
 
     def train(m):
         m.zero_grad(set_to_none=True)
         out, w, a = clock.run(lambda: m(input_ids=ids, labels=labels, use_cache=False))
         t = time.perf_counter()
+        clock.backward = 0.0
         out.loss.backward()
         w += time.perf_counter() - t
-        return out.loss.detach(), m.model.layers[0].self_attn.q_proj.weight.grad.clone(), w, a
+        return (out.loss.detach(), m.model.layers[0].self_attn.q_proj.weight.grad.clone(), w, a,
+                clock.backward)
     for m in models.values():
         m.train()
     got = {i: train(models[i]) for i in impls}
@@ -284,8 +339,101 @@ def llama2k_rows(torch, transformers, args):
     if lrel > 1e-5 or grel > CHECK_REL:
         raise CheckFailed("training step: loss %.3g, q_proj gradient %.3g from sdpa's" % (lrel, grel))
     fns = {i: (lambda m=models[i]: train(m)[2:]) for i in impls}
-    yield from report("l2k-train", "training step, L 1024 (attention: the forward's calls)", fns,
-                      {"attn": grel, "sdpa": 0.0})
+    yield from report("l2k-train", "training step, L %d (attention: forward and backward)" % T,
+                      fns, {"attn": grel, "sdpa": 0.0})
+    yield from packed_rows(torch, transformers, args, cfg, clock, report, rel)
+    yield from batch_rows(torch, transformers, args, cfg, report)
+
+
+def packed_rows(torch, transformers, args, cfg, clock, report, rel):
+    """A packed training step: 8 documents of 128 to 2048 tokens in 8192 (--packed-docs),
+    through transformers' FlashAttention path on attn (register_flash: no padding, the
+    attention given cu_seq_lens from the position ids), against the same documents as a
+    padded sdpa batch [8, longest] with an attention mask. Checked first: the losses within
+    1e-5 and q_proj's gradient within CHECK_REL of each other."""
+    from attn.integrations.transformers_flash import register_flash  # noqa: PLC0415
+    name = register_flash()
+    clock.wrap([name])
+    lens = [int(x) for x in args.packed_docs.split(",")]
+    gen = torch.Generator().manual_seed(1)
+    docs = [torch.randint(1, 32000, (n,), generator=gen) for n in lens]
+    models = {}
+    for impl in (name, "sdpa"):
+        torch.manual_seed(0)
+        models[impl] = transformers.LlamaForCausalLM._from_config(
+            copy.deepcopy(cfg), attn_implementation=impl).train()
+    # packed: one row, position ids restarting per document, labels -100 at each start
+    ids = torch.cat(docs)[None]
+    pos = torch.cat([torch.arange(n) for n in lens])[None]
+    lab = torch.cat([torch.cat([torch.tensor([-100]), d[1:]]) for d in docs])[None]
+    # padded: [8, longest], right padding, mask, labels -100 on the padding
+    Lmax = max(lens)
+    pids = torch.zeros((len(docs), Lmax), dtype=torch.long)
+    pmask = torch.zeros((len(docs), Lmax), dtype=torch.long)
+    plab = torch.full((len(docs), Lmax), -100)
+    for b, d in enumerate(docs):
+        pids[b, :len(d)], pmask[b, :len(d)], plab[b, 1:len(d)] = d, 1, d[1:]
+
+    def step(m, packed):
+        m.zero_grad(set_to_none=True)
+        kw = (dict(input_ids=ids, position_ids=pos, labels=lab) if packed
+              else dict(input_ids=pids, attention_mask=pmask, labels=plab))
+        out, w, a = clock.run(lambda: m(use_cache=False, **kw))
+        t = time.perf_counter()
+        clock.backward = 0.0
+        out.loss.backward()
+        w += time.perf_counter() - t
+        return (out.loss.detach(), m.model.layers[0].self_attn.q_proj.weight.grad.clone(), w, a,
+                clock.backward)
+    got = {name: step(models[name], True), "sdpa": step(models["sdpa"], False)}
+    # the mean over the predicted tokens, the same tokens in both
+    lrel = abs(float(got[name][0] - got["sdpa"][0])) / abs(float(got["sdpa"][0]))
+    grel = 1.0 if args.plant_error else rel(got[name][1], got["sdpa"][1])
+    if lrel > 1e-5 or grel > CHECK_REL:
+        raise CheckFailed("packed training: loss %.3g, q_proj gradient %.3g from the padded "
+                          "sdpa batch's" % (lrel, grel))
+    fns = {name: lambda: step(models[name], True)[2:], "sdpa": lambda: step(models["sdpa"], False)[2:]}
+    yield from report("l2k-packed", "training step, %d documents in %d tokens (attn: packed; sdpa: "
+                      "padded to [%d, %d]; %s tokens/s)" % (len(lens), sum(lens), len(lens), Lmax, "%s"),
+                      fns, {name: grel, "sdpa": 0.0}, tokens=sum(lens))
+
+
+def batch_rows(torch, transformers, args, cfg, report):
+    """Continuous batching: model.generate_batch over 16 requests of mixed prompt lengths
+    (--batch-prompts), --batch-new greedy tokens each, on attn's FlashAttention path
+    (register_flash: a paged cache, one varlen call a step) against sdpa's
+    (transformers' paged sdpa). Checked first: every request's tokens equal."""
+    from attn.integrations.transformers_flash import register_flash  # noqa: PLC0415
+    name = register_flash()
+    lens = [int(x) for x in args.batch_prompts.split(",")]
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(1, 32000, (n,), generator=gen).tolist() for n in lens]
+    gcfg = transformers.GenerationConfig(max_new_tokens=args.batch_new, do_sample=False,
+                                         eos_token_id=None, pad_token_id=0)
+    need = sum(n + args.batch_new for n in lens)
+    cb = transformers.ContinuousBatchingConfig(num_blocks=need // 256 * 2 + 64,
+                                               max_batch_tokens=1024)
+    models = {}
+    for impl in (name, "sdpa"):
+        torch.manual_seed(0)
+        models[impl] = transformers.LlamaForCausalLM._from_config(
+            copy.deepcopy(cfg), attn_implementation=impl).eval()
+
+    def run(m):
+        t = time.perf_counter()
+        with torch.no_grad():
+            got = m.generate_batch(inputs=prompts, generation_config=gcfg,
+                                   continuous_batching_config=cb, warmup=False)
+        w = time.perf_counter() - t
+        toks = {tuple(r.prompt_ids): list(r.generated_tokens) for r in got.values()}
+        return toks, w
+    toks = {i: run(models[i])[0] for i in models}
+    if toks[name] != toks["sdpa"] or args.plant_error:
+        raise CheckFailed("generate_batch: attn's tokens differ from sdpa's")
+    fns = {i: (lambda m=models[i]: (run(m)[1],)) for i in models}
+    yield from report("l2k-batch", "generate_batch, %d requests (prompts %d to %d tokens), %d new "
+                      "tokens each (%s tokens/s)" % (len(lens), min(lens), max(lens), args.batch_new, "%s"),
+                      fns, {i: 0.0 for i in models}, tokens=len(lens) * args.batch_new)
 
 
 def main():
@@ -297,6 +445,19 @@ def main():
     p.add_argument("--llama-len", type=int, default=2048)
     p.add_argument("--big-len", type=int, default=4096,
                    help="the llama2k row's prefill length (default 4096)")
+    p.add_argument("--dec-prompt", type=int, default=4096,
+                   help="the llama2k decoding row's prompt (default 4096)")
+    p.add_argument("--dec-steps", type=int, default=128,
+                   help="the llama2k decoding row's steps (default 128)")
+    p.add_argument("--train-len", type=int, default=2048,
+                   help="the llama2k training row's length (default 2048)")
+    p.add_argument("--packed-docs", default="128,384,512,768,1024,1280,2048,2048",
+                   help="the packed training row's document lengths (default: 8 in 8192)")
+    p.add_argument("--batch-prompts",
+                   default="64,96,128,192,256,320,384,448,512,640,768,896,1024,1280,1536,2048",
+                   help="generate_batch's 16 prompt lengths")
+    p.add_argument("--batch-new", type=int, default=32,
+                   help="generate_batch's new tokens per request (default 32)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--plant-error", action="store_true")
     args = p.parse_args()
