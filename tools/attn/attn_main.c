@@ -11,25 +11,37 @@
 #include "attn.h"
 #include "cli.h"
 
-static const char USAGE[] =
-    "usage: attn <command> [options]\n"
-    "\n"
-    "  run       attention over .npy files (attn run --help for its options)\n"
-    "  ring      attention over .npy files on the processes of mpirun (attn ring --help)\n"
-    "  demo      a short demonstration of the library\n"
-    "  bench     this machine's peak, then the library's speed (attn bench --help)\n"
-    "  bench-mha the multi-head module's speed: BERT-base layer, Llama decoding step\n"
-    "  tune      time this machine's choices and write them as wisdom (attn tune --help)\n"
-    "  dtypes    float32, float16 and bfloat16 side by side (seed 003, exercise 2)\n"
-    "  train     a small transformer, causal vs reversed mask (seed 003, exercise 3)\n"
-    "  seq2seq   a GRU encoder-decoder with additive attention learns to reverse (seed 002)\n"
-    "  viz       heatmaps of attention weights as PNG, any length (attn viz --help)\n"
-    "  help      this text\n"
-    "\n"
-    "  --version prints the library version, the kernel this process runs, the kernels\n"
-    "            this CPU runs and the BLAS\n"
-    "  --kernels prints every kernel of this build, one a line: its name, then 'runs' or\n"
-    "            'cannot-run' on this CPU\n";
+/* The subcommands, in the order `attn --help` lists them: the one table of both the
+ * dispatch and the usage text. */
+static const struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *what;
+} COMMANDS[] = {
+    {"run", cli_run, "attention over .npy files (attn run --help for its options)"},
+    {"ring", cli_ring, "attention over .npy files on the processes of mpirun (attn ring --help)"},
+    {"demo", cli_demo, "a short demonstration of the library"},
+    {"bench", cli_bench, "this machine's peak, then the library's speed (attn bench --help)"},
+    {"bench-mha", cli_bench_mha, "the multi-head module's speed: BERT-base layer, Llama decoding step"},
+    {"tune", cli_tune, "time this machine's choices and write them as wisdom (attn tune --help)"},
+    {"dtypes", cli_dtypes, "float32, float16 and bfloat16 side by side (seed 003, exercise 2)"},
+    {"train", cli_train, "a small transformer, causal vs reversed mask (seed 003, exercise 3)"},
+    {"seq2seq", cli_seq2seq, "a GRU encoder-decoder with additive attention learns to reverse (seed 002)"},
+    {"viz", cli_viz, "heatmaps of attention weights as PNG, any length (attn viz --help)"},
+};
+enum { N_COMMANDS = sizeof COMMANDS / sizeof COMMANDS[0] };
+
+static void usage(void) {
+    fputs("usage: attn <command> [options]\n\n", stdout);
+    for (int i = 0; i < N_COMMANDS; i++) printf("  %-9s %s\n", COMMANDS[i].name, COMMANDS[i].what);
+    fputs("  help      this text\n"
+          "\n"
+          "  --version prints the library version, the kernel this process runs, the kernels\n"
+          "            this CPU runs and the BLAS\n"
+          "  --kernels prints every kernel of this build, one a line: its name, then 'runs' or\n"
+          "            'cannot-run' on this CPU\n",
+          stdout);
+}
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -37,18 +49,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *cmd = argv[1];
-    if (strcmp(cmd, "run") == 0) return cli_run(argc - 1, argv + 1);
-    if (strcmp(cmd, "demo") == 0) return cli_demo(argc - 1, argv + 1);
-    if (strcmp(cmd, "bench") == 0) return cli_bench(argc - 1, argv + 1);
-    if (strcmp(cmd, "bench-mha") == 0) return cli_bench_mha(argc - 1, argv + 1);
-    if (strcmp(cmd, "tune") == 0) return cli_tune(argc - 1, argv + 1);
-    if (strcmp(cmd, "dtypes") == 0) return cli_dtypes(argc - 1, argv + 1);
-    if (strcmp(cmd, "train") == 0) return cli_train(argc - 1, argv + 1);
-    if (strcmp(cmd, "seq2seq") == 0) return cli_seq2seq(argc - 1, argv + 1);
-    if (strcmp(cmd, "viz") == 0) return cli_viz(argc - 1, argv + 1);
-    if (strcmp(cmd, "ring") == 0) return cli_ring(argc - 1, argv + 1);
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (strcmp(cmd, COMMANDS[i].name) == 0) return COMMANDS[i].run(argc - 1, argv + 1);
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
-        fputs(USAGE, stdout);
+        usage();
         return 0;
     }
     if (strcmp(cmd, "--version") == 0) {
