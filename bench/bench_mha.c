@@ -51,7 +51,7 @@
 #include "blas.h"
 #include "cli.h"
 #include "half.h"
-#include "mha_gemv.h"
+#include "mha_clock.h"
 
 static float *randf(int64_t n, float scale, uint64_t seed) {
     float *p = malloc((size_t)n * sizeof(float));

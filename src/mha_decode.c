@@ -16,6 +16,7 @@
 
 #include "half.h"
 #include "mha.h"
+#include "mha_clock.h"
 #include "mha_gemv.h"
 
 double *mha_decode_clock;

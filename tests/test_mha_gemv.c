@@ -19,6 +19,7 @@
 #include "check.h"
 #include "half.h"
 #include "mha.h"
+#include "kernels/avx2/gemv.h"
 #include "mha_gemv.h"
 
 static uint64_t g_seed = 12345;

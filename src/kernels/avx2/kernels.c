@@ -21,7 +21,7 @@
 #include "half.h"
 #include "additive.h"
 #include "kernels.h"
-#include "mha_gemv.h"
+#include "kernels/avx2/gemv.h"
 #include "philox.h"
 #include "exp.h"
 

@@ -17,7 +17,7 @@
 #include "softmax.h"
 #include "additive.h"
 #include "kernels.h"
-#include "mha_gemv.h"
+#include "kernels/avx2/gemv.h"
 #include "philox.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
