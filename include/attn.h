@@ -76,7 +76,18 @@ typedef enum attn_status {
  * nb maps on as stride = nb / 34 * 32. attn_dtype_size(ATTN_Q8_0) is the bytes of one
  * block (34), attn_dtype_block(ATTN_Q8_0) its elements (32); a q8_0 tensor of n elements
  * is n / 32 * 34 bytes. Only attn_forward's and attn_varlen_forward's k and v (and the
- * conversions below) take it. */
+ * conversions below) take it.
+ *
+ * The fp8 cache dtypes (vLLM's kv_cache_dtype "fp8_e4m3" / "fp8_e5m2"): one byte an
+ * element, ordinary element strides (no blocks), and a float32 scale per tensor or per
+ * key/value head (attn_options.k_scale, v_scale; 1 when not given): the value of a byte x
+ * is fl32(fp8_to_f32(x) * scale), the exact value of the byte times the scale rounded once
+ * to float32. ATTN_FP8_E4M3 is OCP E4M3FN: sign, 4 exponent bits (bias 7), 3 mantissa
+ * bits, subnormals, no infinities, 0x7F and 0xFF NaN, largest 448. ATTN_FP8_E5M2 is OCP
+ * E5M2 (the top byte of an IEEE float16): bias 15, 2 mantissa bits, +-inf (0x7C, 0xFC),
+ * NaN (0x7D-0x7F and their negatives), largest finite 57344. attn_kv_append_scaled
+ * writes them (docs/CONTRACT.md, "The fp8 cache dtypes"). Only attn_forward's and
+ * attn_varlen_forward's k and v (and the appends) take them. */
 /* One list gives the enum, the names (attn_dtype_name) and the element sizes
  * (attn_dtype_size): X(enumerator, name, bytes); for a block dtype, the bytes of one
  * block. New dtypes go at the end. */
@@ -88,7 +99,9 @@ typedef enum attn_status {
     X(ATTN_I32, "int32", 4)     /* int32_t                                            */ \
     X(ATTN_I64, "int64", 8)     /* int64_t                                            */ \
     X(ATTN_Q8_0, "q8_0", 34)    /* blocks of 32: float16 scale + 32 int8 (see above)  */ \
-    X(ATTN_F64, "float64", 8)   /* double: q, k, v, o all float64 (docs/CONTRACT.md)   */
+    X(ATTN_F64, "float64", 8)   /* double: q, k, v, o all float64 (docs/CONTRACT.md)   */ \
+    X(ATTN_FP8_E4M3, "fp8_e4m3", 1) /* OCP E4M3FN byte, times a scale (see below)     */ \
+    X(ATTN_FP8_E5M2, "fp8_e5m2", 1) /* OCP E5M2 byte, times a scale (see below)       */
 
 typedef enum attn_dtype {
 #define ATTN_X_ENUM(e, name, bytes) e,
@@ -256,6 +269,13 @@ typedef struct attn_options {
     float (*score_mod)(float s, int64_t b, int64_t h, int64_t i, int64_t j, void *ctx);
     float (*score_mod_grad)(float s, int64_t b, int64_t h, int64_t i, int64_t j, void *ctx);
     void *score_mod_ctx;
+    /* The scales of an fp8 cache (fields added after the rest; vLLM's k_scale, v_scale):
+     * element x of k stands for fl32(fp8_to_f32(x) * k_scale), of v likewise. ATTN_F32,
+     * shape {1, 1, 1, 1} (one for the tensor) or {Hkv, 1, 1, 1} (one per key/value head),
+     * any strides; each finite and > 0 (else ATTN_ERR_VALUE). NULL = 1. Only with k and v
+     * of an fp8 dtype: given with another, ATTN_ERR_VALUE. docs/CONTRACT.md, "The fp8
+     * cache dtypes". */
+    const attn_tensor *k_scale, *v_scale;
 } attn_options;
 
 /* ---- calls -------------------------------------------------------------------------- */
@@ -265,7 +285,8 @@ typedef struct attn_options {
  * Hq must be a multiple of Hkv (query head h reads key/value head h / (Hq / Hkv)).
  * dtypes: q, k, v and o each ATTN_F32, ATTN_F16 or ATTN_BF16, with k and v alike (a
  * 16-bit KV cache under float32 queries works); accumulation is float32 throughout and
- * o is rounded to its dtype once, at the end. k and v may also be ATTN_Q8_0 (both): the
+ * o is rounded to its dtype once, at the end. k and v may also be ATTN_Q8_0, or
+ * ATTN_FP8_E4M3 or ATTN_FP8_E5M2 with opt->k_scale, v_scale (both alike): the
  * result is attention over their dequantized values (queries of any of the three float
  * dtypes are widened to float32, never quantized). Or q, k, v and o all ATTN_F64 (no mixing):
  * accumulated in float64 on a fused path of its own (opt->lse then float32 or float64,
@@ -398,7 +419,8 @@ ATTN_API attn_status attn_varlen_backward_workspace_size(
  * FlashAttention's in-place k, v arguments do:
  *   k_new [B, Hkv, n, Dk]  v_new [B, Hkv, n, Dv]  float32, any strides (FlashAttention's
  *                          [B, n, Hkv, D] through strides)
- *   k_cache, v_cache       the cache, float32, float16, bfloat16 or q8_0 (alike): written;
+ *   k_cache, v_cache       the cache, float32, float16, bfloat16, q8_0 or fp8 (alike):
+ *                          written (fp8: as attn_kv_append_scaled with scales 1);
  *                          a q8_0 cache's rows are quantized as attn_quantize_q8_0 does,
  *                          the same bytes
  * Where token t of batch b goes, by the first of these that is given:
@@ -421,6 +443,23 @@ ATTN_API attn_status attn_kv_append(const attn_tensor *k_new, const attn_tensor 
                                     const attn_tensor *slot_mapping,
                                     const attn_tensor *block_table,
                                     const attn_tensor *kv_len);
+
+/* attn_kv_append with the scales of an fp8 cache (ATTN_FP8_E4M3 or ATTN_FP8_E5M2 k_cache
+ * and v_cache): each value x of k_new is stored as fp8(fl32(x / k_scale)) of its head's
+ * scale, rounded to nearest even, and saturating: a finite value beyond the format's
+ * largest, and an infinity, become +-largest (448 for e4m3, 57344 for e5m2); NaN stays
+ * NaN (0x7F or 0xFF for e4m3, 0x7E or 0xFE for e5m2). k_scale, v_scale as
+ * attn_options.k_scale (ATTN_F32 {1, 1, 1, 1} or {Hkv, 1, 1, 1}, finite, > 0; NULL = 1),
+ * only with an fp8 cache (else ATTN_ERR_VALUE); every other rule is attn_kv_append's,
+ * which is this call with both scales NULL. Nothing written on error. */
+ATTN_API attn_status attn_kv_append_scaled(const attn_tensor *k_new, const attn_tensor *v_new,
+                                           const attn_tensor *k_cache,
+                                           const attn_tensor *v_cache,
+                                           const attn_tensor *slot_mapping,
+                                           const attn_tensor *block_table,
+                                           const attn_tensor *kv_len,
+                                           const attn_tensor *k_scale,
+                                           const attn_tensor *v_scale);
 
 /* The name of a dtype ("float32", "bfloat16", ...), "unknown" for a value outside the
  * list; and the bytes of one element, 0 outside the list. */

@@ -77,6 +77,18 @@ ATTN_PRIVATE void attn_q8_0_quantize_row(const float *x, int64_t xs, int64_t n, 
  * dequant_q8_0 entry where they have none. */
 ATTN_PRIVATE void attn_dequant_q8_0_blocks(int64_t n, const uint8_t *src, float *dst);
 
+/* An fp8 cache's k_scale or v_scale (attn.h) checked against the cache's dtype and Hkv
+ * (core.c): *data its first float (NULL: none given, scale 1), *stride the step between
+ * key/value heads (0: one for all). */
+ATTN_PRIVATE attn_status attn_check_kv_scale(const attn_tensor *t, const char *name,
+                                             attn_dtype kv_dt, int64_t Hkv, bool need_data,
+                                             const float **data, int64_t *stride);
+
+/* The scale of key/value head g: 1 when none was given (every dtype but fp8). */
+static inline float attn_kv_scale(const float *s, int64_t stride, int64_t g) {
+    return s ? s[g * stride] : 1.0f;
+}
+
 /* options.threads above this are taken as this */
 #define ATTN_MAX_THREADS 512
 
@@ -86,7 +98,8 @@ typedef struct attn_params {
     int64_t B, Hq, Hkv, Lq, Lk, Dk, Dv;
     int64_t group;                 /* Hq / Hkv: query heads per key/value head       */
 
-    /* data of dtype q_dt, kv_dt (k and v alike) and o_dt: F32, F16 or BF16 */
+    /* data of dtype q_dt, kv_dt (k and v alike) and o_dt: F32, F16 or BF16 (kv_dt also
+     * Q8_0, FP8_E4M3, FP8_E5M2; the fp8 ones times k_scale, v_scale below) */
     const void *q;   int64_t q_s[4];   /* (B, Hq,  Lq, Dk) */
     const void *k;   int64_t k_s[4];   /* (B, Hkv, Lk, Dk) */
     const void *v;   int64_t v_s[4];   /* (B, Hkv, Lk, Dv) */
@@ -148,6 +161,10 @@ typedef struct attn_params {
     float (*score_mod)(float, int64_t, int64_t, int64_t, int64_t, void *);
     float (*score_mod_grad)(float, int64_t, int64_t, int64_t, int64_t, void *);
     void *score_mod_ctx;
+    /* an fp8 cache's scales (opt->k_scale, v_scale), read through attn_kv_scale: NULL =
+     * 1; stride 0 = one for every key/value head */
+    const float *k_scale, *v_scale;
+    int64_t k_scale_s, v_scale_s;
 } attn_params;
 
 /* The block mask's layout (attn.h's opaque attn_block_mask; made by block_mask.c, read

@@ -8,6 +8,7 @@
  * What it is not: an entry point or a path. It calls nothing else of the library, so
  * every other file may call it without an include circle.
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -71,6 +72,37 @@ size_t attn_dtype_size(attn_dtype t) { return (size_t)attn_elem_bytes(t); }
 int64_t attn_dtype_block(attn_dtype t) {
     if ((unsigned)t >= (unsigned)ATTN_DTYPE_COUNT) return 0;
     return t == ATTN_Q8_0 ? ATTN_Q8_0_BLOCK : 1;
+}
+
+/* An fp8 cache's scale (attn.h, attn_options.k_scale): float32 {1, 1, 1, 1} or {Hkv, 1,
+ * 1, 1}, only with an fp8 kv_dt, each value finite and > 0 (read when need_data). *data
+ * gets its first element (NULL when t is), *stride the step between heads (0: one scale
+ * for every head). */
+attn_status attn_check_kv_scale(const attn_tensor *t, const char *name, attn_dtype kv_dt,
+                                int64_t Hkv, bool need_data, const float **data,
+                                int64_t *stride) {
+    *data = NULL;
+    *stride = 0;
+    if (!t) return ATTN_OK;
+    if (kv_dt != ATTN_FP8_E4M3 && kv_dt != ATTN_FP8_E5M2)
+        return attn_fail(ATTN_ERR_VALUE, "%s: given with a %s cache (scales are for the fp8 "
+                         "dtypes only)", name, attn_dtype_name(kv_dt));
+    TRY(attn_check_tensor(t, name, ATTN_F32, need_data));
+    if ((t->shape[0] != 1 && t->shape[0] != Hkv) || t->shape[1] != 1 || t->shape[2] != 1 ||
+        t->shape[3] != 1)
+        return attn_fail(ATTN_ERR_SHAPE, "%s: shape [%lld, %lld, %lld, %lld], expected [1 or "
+                         "Hkv = %lld, 1, 1, 1]", name, (long long)t->shape[0],
+                         (long long)t->shape[1], (long long)t->shape[2],
+                         (long long)t->shape[3], (long long)Hkv);
+    const int64_t n = t->shape[0], st = n == 1 ? 0 : t->stride[0];
+    const float *x = t->data;
+    for (int64_t g = 0; need_data && g < n; g++)
+        if (!(x[g * st] > 0.0f) || isinf(x[g * st]))
+            return attn_fail(ATTN_ERR_VALUE, "%s[%lld] is %g, expected a finite scale > 0", name,
+                             (long long)g, (double)x[g * st]);
+    *data = x;
+    *stride = st;
+    return ATTN_OK;
 }
 
 /* A tensor's basic soundness: present, the expected dtype, sizes >= 0, element count

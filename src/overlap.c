@@ -35,13 +35,10 @@ typedef struct span_view {
     wide st[4];       // > 0, bytes
 } span_view;
 
+/* the dtype list's bytes (attn_elem_bytes); 4 for a value outside it, as before */
 static int64_t elem_bytes(attn_dtype t) {
-    switch (t) {
-    case ATTN_F16: case ATTN_BF16: return 2;
-    case ATTN_BOOL: return 1;
-    case ATTN_I64: case ATTN_F64: return 8;
-    default: return 4;
-    }
+    const int64_t b = attn_elem_bytes(t);
+    return b > 0 ? b : 4;
 }
 
 /* false when t has no element (or no data: nothing to overlap) */

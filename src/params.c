@@ -74,11 +74,12 @@ static attn_status fill_tensors(attn_params *p, const attn_tensor *q, const attn
                                  attn_dtype_name(q->dtype));
     }
     /* ATTN_DTYPE_COUNT here: any of float32, float16, bfloat16; k and v may instead both
-     * be q8_0 (the only inputs that may), under queries of those three */
+     * be q8_0 or one fp8 dtype (the only inputs that may), under queries of those three */
     const attn_dtype want = f64 ? ATTN_F64 : ATTN_DTYPE_COUNT;
     TRY(attn_check_tensor(q, "q", want, need_data));
-    TRY(attn_check_tensor(k, "k", !f64 && k && k->dtype == ATTN_Q8_0 ? ATTN_Q8_0 : want,
-                          need_data));
+    const bool cache_dt = k && (k->dtype == ATTN_Q8_0 || k->dtype == ATTN_FP8_E4M3 ||
+                                k->dtype == ATTN_FP8_E5M2);
+    TRY(attn_check_tensor(k, "k", !f64 && cache_dt ? k->dtype : want, need_data));
     if (v && v->dtype != k->dtype)
         return attn_fail(ATTN_ERR_DTYPE, "v: dtype is %s, expected %s like k (k and v must "
                          "have one dtype)", attn_dtype_name(v->dtype), attn_dtype_name(k->dtype));
@@ -134,6 +135,12 @@ static attn_status fill_tensors(attn_params *p, const attn_tensor *q, const attn
         return attn_fail(ATTN_ERR_HEADS, "q: Hq = %lld is not a multiple of k's Hkv = %lld",
                     (long long)p->Hq, (long long)p->Hkv);
     p->group = p->Hkv ? p->Hq / p->Hkv : 1;
+
+    /* an fp8 cache's scales: per tensor or per key/value head */
+    TRY(attn_check_kv_scale(opt->k_scale, "k_scale", p->kv_dt, p->Hkv, need_data, &p->k_scale,
+                            &p->k_scale_s));
+    TRY(attn_check_kv_scale(opt->v_scale, "v_scale", p->kv_dt, p->Hkv, need_data, &p->v_scale,
+                            &p->v_scale_s));
 
     p->q = attn_view_data(q, p->q_s, 4);
     p->k = attn_view_data(k, p->k_s, 4);

@@ -1,0 +1,623 @@
+/*
+ * test_fp8_q4.c — the fp8 KV cache dtypes (ATTN_FP8_E4M3, ATTN_FP8_E5M2) and their scales.
+ *
+ * 1. The formats, code by code: each of the 256 bytes of each format against a decoder
+ *    written here from the OCP definition (ldexp of the fields, not bit moves), through
+ *    the library's conversion and through the forward itself (one key: O is its V row).
+ * 2. The conversion from float32 (attn_kv_append_scaled): every code's value back to
+ *    itself, the midpoints between neighbours (ties to the even code), a float32 ulp on
+ *    either side of them, subnormals, random bit patterns; saturation (beyond the largest,
+ *    +-inf) and NaN, against a nearest-value search over the codes written here; scales
+ *    per tensor and per head: fp8(fl32(x / scale)).
+ * 3. The forward over fp8 K and V (fused and reference, 1 and 2 threads) against the tests'
+ *    float64 oracle over the dequantized cache, at the contract's float32 tolerance:
+ *    prefill, GQA causal, decoding on the split path, kv_len (unread rows NaN), mask and
+ *    bias, window + ALiBi + softcap, LSE and weights, per-head scales. The same check must
+ *    fail against the oracle of the UNquantized values and on a cache with one code
+ *    changed (the tolerance sees both). A paged cache (shuffled pages) gives the
+ *    contiguous cache's output bit for bit; varlen gives attn_forward's per sequence.
+ * 4. Misuse refused with nothing written: bad scales (0, -0, negative, NaN, inf), a scale
+ *    with a non-fp8 cache, a scale of the wrong shape or dtype, fp8 q or o, k and v of
+ *    different dtypes, the backward.
+ * 5. The error table of docs/CONTRACT.md: one call's error against the float64 answer on
+ *    the TRUE float32 values, for caches of float32, bfloat16, float16, q8_0, fp8_e4m3 and
+ *    fp8_e5m2 (printed, and each checked against a loose ceiling).
+ * Run once per kernel by scripts/check.sh (ATTN_ISA).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn.h"
+#include "half.h"
+#include "oracle.h"
+#include "pages.h"
+
+/* ---- the formats, written here from their definitions ------------------------------ */
+
+typedef struct fmt {
+    attn_dtype dt;
+    const char *name;
+    int ebits, mbits, bias;
+    double max;          /* largest finite */
+    uint8_t max_code;    /* its positive code */
+    uint8_t nan_code;    /* the NaN the conversion writes (sign added) */
+} fmt;
+
+static const fmt E4M3 = {ATTN_FP8_E4M3, "fp8_e4m3", 4, 3, 7, 448.0, 0x7E, 0x7F};
+static const fmt E5M2 = {ATTN_FP8_E5M2, "fp8_e5m2", 5, 2, 15, 57344.0, 0x7B, 0x7E};
+
+/* the value of code x: (-1)^s 2^(e - bias) (1 + m / 2^mbits), subnormal at e = 0;
+ * e4m3 has only NaN at S.1111.111, e5m2 has inf (m = 0) and NaN at e = 31 */
+static double dec(const fmt *f, uint8_t x) {
+    const int s = x >> 7, e = (x >> f->mbits) & ((1 << f->ebits) - 1), m = x & ((1 << f->mbits) - 1);
+    const int emax = (1 << f->ebits) - 1;
+    double v;
+    if (f->dt == ATTN_FP8_E4M3 && e == emax && m == (1 << f->mbits) - 1) return NAN;
+    if (f->dt == ATTN_FP8_E5M2 && e == emax) v = m ? NAN : INFINITY;
+    else if (e == 0) v = ldexp((double)m, 1 - f->bias - f->mbits);
+    else v = ldexp((double)((1 << f->mbits) + m), e - f->bias - f->mbits);
+    return s ? -v : v;
+}
+
+/* the code of x: NaN -> the format's NaN; |x| >= max (inf too) -> +-max; else the
+ * nearest finite code by search, a tie to the even code (the even last bit) */
+static uint8_t enc(const fmt *f, double x) {
+    const uint8_t sign = signbit(x) ? 0x80 : 0;
+    if (isnan(x)) return (uint8_t)(sign | f->nan_code);
+    const double a = fabs(x);
+    if (a >= f->max) return (uint8_t)(sign | f->max_code);
+    int best = 0;
+    double bd = INFINITY;
+    for (int c = 0; c <= f->max_code; c++) {
+        const double d = fabs(a - dec(f, (uint8_t)c));
+        if (d < bd || (d == bd && c % 2 == 0)) bd = d, best = c;
+    }
+    return (uint8_t)(sign | best);
+}
+
+static int same_float(double a, double b) { return (isnan(a) && isnan(b)) || a == b; }
+
+/* one row of n float32 appended into an fp8 cache row [1, 1, 1, n] with a per-tensor
+ * scale (NULL = 1): the bytes written */
+static attn_status append_row(const fmt *f, const float *x, int64_t n, const float *scale, uint8_t *out) {
+    int32_t zero = 0;
+    attn_tensor tx = attn_tensor_4d((void *)x, ATTN_F32, 1, 1, 1, n);
+    attn_tensor tc = attn_tensor_4d(out, f->dt, 1, 1, 1, n);
+    attn_tensor tl = attn_tensor_4d(&zero, ATTN_I32, 1, 1, 1, 1);
+    attn_tensor ts = attn_tensor_4d((void *)scale, ATTN_F32, 1, 1, 1, 1);
+    /* the same row as K and as V: a 1-wide V of element 0 */
+    attn_tensor vx = attn_tensor_4d((void *)x, ATTN_F32, 1, 1, 1, 1);
+    uint8_t vout;
+    attn_tensor vc = attn_tensor_4d(&vout, f->dt, 1, 1, 1, 1);
+    return attn_kv_append_scaled(&tx, &vx, &tc, &vc, NULL, NULL, &tl, scale ? &ts : NULL,
+                                 scale ? &ts : NULL);
+}
+
+/* ---- 1. the 256 codes ------------------------------------------------------------------ */
+
+static void test_codes(const fmt *f) {
+    int bad = 0;
+    for (int c = 0; c < 256; c++) {
+        const float got = attn_fp8_to_f32(f->dt, (uint8_t)c);
+        const double want = dec(f, (uint8_t)c);
+        const int wrong = !same_float(got, want) || (got == 0 && !signbit(got) != !signbit(want));
+        if (wrong && bad < 4) fprintf(stderr, "     %s: code 0x%02x reads %.9g, expected %.9g\n", f->name, c, (double)got, want);
+        bad += wrong;
+    }
+    CHECK(bad == 0, "%s: %d of 256 codes decode to another value than the definition's", f->name, bad);
+    CHECK(dec(f, f->max_code) == f->max && dec(f, 1) == ldexp(1.0, 1 - f->bias - f->mbits),
+          "%s: the hand decoder's largest or smallest value is wrong", f->name);
+
+    /* through the forward: one key, so O is V's row, bit for bit; V = the 256 codes */
+    uint8_t k[32] = {0}, v[256];
+    for (int c = 0; c < 256; c++) v[c] = (uint8_t)c;
+    float q[32] = {0}, o[256];
+    const float scales[3] = {1.0f, 0.5f, 3.0f};
+    attn_tensor tq = attn_tensor_4d(q, ATTN_F32, 1, 1, 1, 32), to = attn_tensor_4d(o, ATTN_F32, 1, 1, 1, 256);
+    attn_tensor tk = attn_tensor_4d(k, f->dt, 1, 1, 1, 32), tv = attn_tensor_4d(v, f->dt, 1, 1, 1, 256);
+    for (int si = 0; si < 3; si++) {
+        attn_tensor ts = attn_tensor_4d((void *)&scales[si], ATTN_F32, 1, 1, 1, 1);
+        for (int path = 0; path < 2; path++) {
+            attn_options opt = {.path = path ? ATTN_PATH_REFERENCE : ATTN_PATH_FUSED, .v_scale = &ts};
+            fill_sentinel(o, 256);
+            attn_status st = attn_forward(&tq, &tk, &tv, &to, &opt);
+            CHECK(st == ATTN_OK, "%s: forward over the 256 codes: %s", f->name, attn_last_error());
+            bad = 0;
+            for (int c = 0; c < 256; c++)  // fl32(value * scale): one rounding
+                bad += !same_float(o[c], (double)(float)(dec(f, (uint8_t)c) * (double)scales[si]));
+            CHECK(bad == 0, "%s, v_scale %g, %s path: %d of 256 codes read as another value", f->name,
+                  (double)scales[si], path ? "reference" : "fused", bad);
+        }
+    }
+}
+
+/* ---- 2. the conversion from float32 ---------------------------------------------------- */
+
+static void test_encode(const fmt *f) {
+    enum { N = 4096 };
+    float *x = malloc(sizeof(float) * N);
+    uint8_t *got = malloc(N);
+    int64_t n = 0;
+    /* every finite code's value, and the midpoints between neighbours (exact in float32:
+     * two more bits than the format), each with a float32 ulp either side */
+    for (int c = 0; c <= f->max_code; c++)
+        for (int sgn = 0; sgn < 2; sgn++) {
+            const double a = dec(f, (uint8_t)c), s = sgn ? -1.0 : 1.0;
+            x[n++] = (float)(s * a);
+            if (c < f->max_code) {
+                const float mid = (float)(s * (a + dec(f, (uint8_t)(c + 1))) / 2);
+                x[n++] = mid;
+                x[n++] = nextafterf(mid, INFINITY);
+                x[n++] = nextafterf(mid, -INFINITY);
+            }
+        }
+    /* beyond the largest: the rounding boundary (max + half a step), far, inf; NaN */
+    const double step = f->max - dec(f, (uint8_t)(f->max_code - 1));
+    const float edge[] = {(float)(f->max + step / 2), (float)(f->max + step / 4), (float)(f->max * 2),
+                          1e30f, INFINITY, 3.4e38f, NAN, 0x1p-30f, 0x1p-149f, 0.0f};
+    for (size_t e = 0; e < sizeof edge / sizeof edge[0]; e++) x[n++] = edge[e], x[n++] = -edge[e];
+    /* random bit patterns over the format's range and below it */
+    rng_t r = {99};
+    while (n < N) {
+        const double mag = ldexp(1.0, (int)rng_int(&r, 2 * f->bias + 8) - f->bias - f->mbits - 3);
+        x[n++] = (float)(rng_range(&r, -2.0, 2.0) * mag);
+    }
+    CHECK(append_row(f, x, N, NULL, got) == ATTN_OK, "%s: append: %s", f->name, attn_last_error());
+    int bad = 0;
+    for (int64_t i = 0; i < N; i++)
+        if (got[i] != enc(f, x[i])) {
+            if (bad++ < 5)
+                fprintf(stderr, "     %s: %.9g -> 0x%02x, expected 0x%02x\n", f->name, (double)x[i],
+                        got[i], enc(f, x[i]));
+        }
+    CHECK(bad == 0, "%s: %d of %d float32 values converted to another code than the nearest "
+          "(ties even, saturating)", f->name, bad, N);
+
+    /* the rules spelled out */
+    const float rules[] = {INFINITY, -INFINITY, NAN, -NAN, 1e9f, -1e9f};
+    uint8_t rb[6];
+    CHECK(append_row(f, rules, 6, NULL, rb) == ATTN_OK, "%s: append rules: %s", f->name, attn_last_error());
+    CHECK(rb[0] == f->max_code && rb[1] == (0x80 | f->max_code), "%s: +-inf became 0x%02x 0x%02x, "
+          "expected +-largest", f->name, rb[0], rb[1]);
+    CHECK(isnan(dec(f, rb[2])) && isnan(dec(f, rb[3])) && (rb[3] & 0x80), "%s: NaN did not stay NaN "
+          "(0x%02x 0x%02x)", f->name, rb[2], rb[3]);
+    CHECK(rb[4] == f->max_code && rb[5] == (0x80 | f->max_code), "%s: 1e9 did not saturate", f->name);
+
+    /* a scale: fp8(fl32(x / scale)) */
+    const float sc = 0.37f;
+    CHECK(append_row(f, x, N, &sc, got) == ATTN_OK, "%s: append scaled: %s", f->name, attn_last_error());
+    bad = 0;
+    for (int64_t i = 0; i < N; i++) bad += got[i] != enc(f, x[i] / sc);
+    CHECK(bad == 0, "%s: scale 0.37: %d of %d codes are not fp8(fl32(x / scale))", f->name, bad, N);
+    free(x), free(got);
+}
+
+/* ---- 3. the forward over an fp8 cache -------------------------------------------------- */
+
+typedef struct fp8case {
+    fcase c;
+    int per_head;      /* scales {Hkv, 1, 1, 1}, else one per tensor */
+    const char *what;
+} fp8case;
+
+typedef struct fp8cache {
+    uint8_t *kb, *vb;            /* [B, Hkv, Lk, D] dense */
+    attn_tensor k, v;
+    float *ks, *vs;              /* the scales */
+    attn_tensor tks, tvs;
+} fp8cache;
+
+/* the case's float K and V appended into a dense fp8 cache with scales amax / max (vLLM's
+ * calibration, per tensor or per head), then the float views overwritten with the values
+ * the cache stands for (the oracle's input) */
+static void fp8_build(fp8cache *fc, tcall *t, const fmt *f, int per_head) {
+    const fcase *c = &t->c;
+    const int64_t nh = per_head ? c->Hkv : 1;
+    fc->kb = malloc((size_t)(c->B * c->Hkv * c->Lk * c->Dk) + 1);
+    fc->vb = malloc((size_t)(c->B * c->Hkv * c->Lk * c->Dv) + 1);
+    fc->ks = malloc(sizeof(float) * (size_t)nh);
+    fc->vs = malloc(sizeof(float) * (size_t)nh);
+    fc->k = attn_tensor_4d(fc->kb, f->dt, c->B, c->Hkv, c->Lk, c->Dk);
+    fc->v = attn_tensor_4d(fc->vb, f->dt, c->B, c->Hkv, c->Lk, c->Dv);
+    for (int x = 0; x < 2; x++) {
+        const attn_tensor *src = x ? &t->v : &t->k;
+        float *s = x ? fc->vs : fc->ks;
+        for (int64_t g = 0; g < nh; g++) {
+            double amax = 0;
+            for (int64_t b = 0; b < c->B; b++)
+                for (int64_t gg = per_head ? g : 0; gg < (per_head ? g + 1 : c->Hkv); gg++)
+                    for (int64_t j = 0; j < c->Lk; j++)
+                        for (int64_t d = 0; d < src->shape[3]; d++)
+                            amax = fmax(amax, fabs(*view_ptr(src, b, gg, j, d)));
+            s[g] = amax > 0 ? (float)(amax / f->max) * (per_head ? (float)(1 + g) : 1.0f) : 1.0f;
+        }
+    }
+    fc->tks = attn_tensor_4d(fc->ks, ATTN_F32, nh, 1, 1, 1);
+    fc->tvs = attn_tensor_4d(fc->vs, ATTN_F32, nh, 1, 1, 1);
+    int64_t *zero = calloc((size_t)c->B, sizeof(int64_t));
+    attn_tensor tl = attn_tensor_4d(zero, ATTN_I64, c->B, 1, 1, 1);
+    CHECK(attn_kv_append_scaled(&t->k, &t->v, &fc->k, &fc->v, NULL, NULL, &tl, &fc->tks, &fc->tvs) == ATTN_OK,
+          "%s: append the case's cache: %s", f->name, attn_last_error());
+    free(zero);
+}
+
+/* the float views := the values the fp8 cache stands for */
+static void fp8_dequant_into(const fp8cache *fc, tcall *t, const fmt *f) {
+    const fcase *c = &t->c;
+    for (int x = 0; x < 2; x++) {
+        const attn_tensor *dst = x ? &t->v : &t->k;
+        const uint8_t *bytes = x ? fc->vb : fc->kb;
+        const float *s = x ? fc->vs : fc->ks;
+        const int64_t D = dst->shape[3], nh = fc->tks.shape[0];
+        for (int64_t b = 0; b < c->B; b++)
+            for (int64_t g = 0; g < c->Hkv; g++)
+                for (int64_t j = 0; j < c->Lk; j++)
+                    for (int64_t d = 0; d < D; d++)
+                        *view_ptr(dst, b, g, j, d) =
+                            (float)dec(f, bytes[((b * c->Hkv + g) * c->Lk + j) * D + d]) * s[nh == 1 ? 0 : g];
+    }
+}
+
+static void fp8_free(fp8cache *fc) { free(fc->kb), free(fc->vb), free(fc->ks), free(fc->vs); }
+
+/* the fused output of the fp8 cache, gathered; 1 when within the tolerance of o_ref */
+static int fp8_within(tcall *t, const fp8cache *fc) {
+    const attn_tensor kf = t->k, vf = t->v;
+    t->k = fc->k, t->v = fc->v;
+    t->opt.k_scale = &fc->tks, t->opt.v_scale = &fc->tvs;
+    const attn_status st = tcall_run(t, ATTN_PATH_FUSED, 0);
+    t->k = kf, t->v = vf;
+    t->opt.k_scale = t->opt.v_scale = NULL;
+    if (st != ATTN_OK) return -1;
+    tcall_gather(t);
+    return within_f32_tol(t->o_got, t->o_ref, t->no, NULL);
+}
+
+static uint64_t g_u = 0x9e3779b97f4a7c15ull;
+static double u(void) {  // [0, 1), the page shuffle's draws
+    g_u ^= g_u << 13, g_u ^= g_u >> 7, g_u ^= g_u << 17;
+    return (double)(g_u >> 11) / 9007199254740992.0;
+}
+
+/* the same call over a paged copy of the cache (pages of 16, shuffled): o bit for bit */
+static void paged_same(tcall *t, const fp8cache *fc, const fmt *f, const char *what) {
+    const fcase *c = &t->c;
+    enum { PS = 16 };
+    const int64_t mp = (c->Lk + PS - 1) / PS, np = c->B * mp + 3;
+    int32_t *perm = shuffled_pages(np, u), *bt = malloc(sizeof(int32_t) * (size_t)(c->B * mp));
+    uint8_t *pk = malloc((size_t)(np * c->Hkv * PS * c->Dk)), *pv = malloc((size_t)(np * c->Hkv * PS * c->Dv));
+    memset(pk, 0x7F, (size_t)(np * c->Hkv * PS * c->Dk));  // NaN in both formats: never read
+    memset(pv, 0x7F, (size_t)(np * c->Hkv * PS * c->Dv));
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t pg = 0; pg < mp; pg++) bt[b * mp + pg] = perm[b * mp + pg];
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t g = 0; g < c->Hkv; g++)
+            for (int64_t j = 0; j < c->Lk; j++) {
+                const int64_t page = bt[b * mp + j / PS];
+                memcpy(pk + ((page * c->Hkv + g) * PS + j % PS) * c->Dk, fc->kb + ((b * c->Hkv + g) * c->Lk + j) * c->Dk, (size_t)c->Dk);
+                memcpy(pv + ((page * c->Hkv + g) * PS + j % PS) * c->Dv, fc->vb + ((b * c->Hkv + g) * c->Lk + j) * c->Dv, (size_t)c->Dv);
+            }
+    float *o1 = malloc(sizeof(float) * (size_t)t->no), *o2 = malloc(sizeof(float) * (size_t)t->no);
+    const attn_tensor kf = t->k, vf = t->v;
+    attn_tensor tbt = attn_tensor_4d(bt, ATTN_I32, c->B, mp, 1, 1);
+    t->opt.k_scale = &fc->tks, t->opt.v_scale = &fc->tvs;
+    for (int path = 0; path < 2; path++) {
+        const attn_path ap = path ? ATTN_PATH_REFERENCE : ATTN_PATH_FUSED;
+        t->k = fc->k, t->v = fc->v;
+        attn_status st = tcall_run(t, ap, 2);
+        tcall_gather(t);
+        memcpy(o1, t->o_got, sizeof(float) * (size_t)t->no);
+        /* the paged call reads Lk = mp * PS keys: kv_len (the case's, or Lk) bounds them */
+        t->k = attn_tensor_4d(pk, f->dt, np, c->Hkv, PS, c->Dk);
+        t->v = attn_tensor_4d(pv, f->dt, np, c->Hkv, PS, c->Dv);
+        int64_t *lens = malloc(sizeof(int64_t) * (size_t)c->B);
+        for (int64_t b = 0; b < c->B; b++) lens[b] = oracle_lkb(&t->opt, b, c->Lk);
+        attn_tensor tl = attn_tensor_4d(lens, ATTN_I64, c->B, 1, 1, 1);
+        const attn_tensor *kvl = t->opt.kv_len;
+        t->opt.kv_len = &tl;
+        t->opt.block_table = &tbt;
+        attn_status st2 = ATTN_OK;
+        if (mp * PS == c->Lk || (!c->mask && !c->weights)) {  // their shapes name Lk
+            st2 = tcall_run(t, ap, 2);
+            tcall_gather(t);
+            memcpy(o2, t->o_got, sizeof(float) * (size_t)t->no);
+            CHECK(st == ATTN_OK && st2 == ATTN_OK && memcmp(o1, o2, sizeof(float) * (size_t)t->no) == 0,
+                  "%s %s (%s): the paged cache's output is not the contiguous one's bit for bit (%s)",
+                  f->name, what, path ? "reference" : "fused", attn_last_error());
+        }
+        t->opt.block_table = NULL;
+        t->opt.kv_len = kvl;
+        free(lens);
+    }
+    t->k = kf, t->v = vf;
+    t->opt.k_scale = t->opt.v_scale = NULL;
+    free(perm), free(bt), free(pk), free(pv), free(o1), free(o2);
+}
+
+static void run_case(const fp8case *fc_, const fmt *f) {
+    tcall t;
+    tcall_build(&t, &fc_->c);
+    const fcase *c = &fc_->c;
+    fp8cache fc;
+    fp8_build(&fc, &t, f, fc_->per_head);
+
+    /* the oracle of the unquantized values must fail: the tolerance sees fp8 */
+    tcall_oracle(&t);
+    CHECK(fp8_within(&t, &fc) == 0, "%s %s: within the float32 tolerance of the UNquantized "
+          "answer: the check cannot see fp8", f->name, fc_->what);
+
+    fp8_dequant_into(&fc, &t, f);
+    tcall_oracle(&t);
+    /* unread rows (past each batch's kv_len) NaN in the cache: never read */
+    if (c->kvlen) {
+        const uint8_t nan = f->nan_code;
+        for (int64_t b = 0; b < c->B; b++)
+            for (int64_t j = oracle_lkb(&t.opt, b, c->Lk); j < c->Lk; j++)
+                for (int64_t g = 0; g < c->Hkv; g++) {
+                    memset(fc.kb + ((b * c->Hkv + g) * c->Lk + j) * c->Dk, nan, (size_t)c->Dk);
+                    memset(fc.vb + ((b * c->Hkv + g) * c->Lk + j) * c->Dv, nan, (size_t)c->Dv);
+                }
+    }
+    const attn_tensor kf = t.k, vf = t.v;
+    char what[200];
+    for (int path = 0; path < 2; path++)
+        for (int threads = 1; threads <= 2; threads++) {
+            snprintf(what, sizeof what, "%s %s (%s, %s, %d threads)", f->name, fc_->what,
+                     attn_kernel_name(), path ? "reference" : "fused", threads);
+            t.k = fc.k, t.v = fc.v;
+            t.opt.k_scale = &fc.tks, t.opt.v_scale = &fc.tvs;
+            attn_status st = tcall_run(&t, path ? ATTN_PATH_REFERENCE : ATTN_PATH_FUSED, threads);
+            /* the check's LSE bound reads K as floats: the dequantized views */
+            t.k = kf, t.v = vf;
+            t.opt.k_scale = t.opt.v_scale = NULL;
+            CHECK(st == ATTN_OK, "%s: %s", what, attn_last_error());
+            if (st == ATTN_OK) tcall_check(&t, what);
+        }
+
+    /* a planted error: one code of V (a read row, near the largest magnitude) changed by
+     * a few steps; the check must see it */
+    {
+        int64_t at = 0;
+        uint8_t best = 0;
+        const int64_t lk0 = c->kvlen ? oracle_lkb(&t.opt, 0, c->Lk) : c->Lk;
+        for (int64_t j = 0; j < (lk0 < 32 ? lk0 : 32) * c->Dv; j++)  // keys every case reads
+            if ((fc.vb[j] & 0x7F) > best && (fc.vb[j] & 0x7F) < f->max_code) best = fc.vb[j] & 0x7F, at = j;
+        const uint8_t keep = fc.vb[at];
+        fc.vb[at] = (uint8_t)(keep ^ 0x80);  // the sign flipped
+        CHECK(fp8_within(&t, &fc) == 0, "%s %s: one V code's sign flipped and the output still "
+              "within the tolerance", f->name, fc_->what);
+        fc.vb[at] = keep;
+    }
+    paged_same(&t, &fc, f, fc_->what);
+    fp8_free(&fc);
+    tcall_free(&t);
+}
+
+static void test_forward(const fmt *f) {
+    fp8case cases[12];
+    int n = 0;
+    fcase c;
+    c = fcase_new(1, 1, 2, 2, 37, 200, 64, 64);
+    cases[n++] = (fp8case){c, 0, "prefill"};
+    c = fcase_new(2, 2, 8, 2, 5, 150, 64, 32);
+    c.causal = 1, c.align = 1;
+    cases[n++] = (fp8case){c, 1, "GQA causal, per-head scales"};
+    c = fcase_new(3, 1, 4, 1, 1, 4133, 64, 64);
+    cases[n++] = (fp8case){c, 1, "decode split"};
+    c = fcase_new(4, 3, 4, 2, 1, 300, 64, 64);
+    c.kvlen = 1;
+    cases[n++] = (fp8case){c, 1, "decode kv_len"};
+    c = fcase_new(5, 2, 4, 2, 17, 70, 32, 32);
+    c.mask = 3, c.mshape = 7, c.bias_ninf = 0.1;
+    cases[n++] = (fp8case){c, 0, "mask+bias"};
+    c = fcase_new(6, 1, 4, 2, 40, 120, 32, 48);
+    c.window = 1, c.wl = 30, c.wr = 5, c.alibi = 1, c.softcap = 5.0f, c.dist = 1;
+    cases[n++] = (fp8case){c, 1, "window+alibi+softcap"};
+    c = fcase_new(7, 2, 6, 3, 3, 90, 64, 32);
+    c.lse = 1, c.weights = 1, c.causal = 1, c.align = 1, c.layout = 1;
+    cases[n++] = (fp8case){c, 0, "lse+weights, [B, L, H, D]"};
+    for (int i = 0; i < n; i++) run_case(&cases[i], f);
+}
+
+/* varlen: each sequence's rows, bit for bit attn_forward on them alone */
+static void test_varlen(const fmt *f) {
+    enum { H = 2, D = 32, TQ = 7, TK = 50 };
+    const int32_t cq[3] = {0, 3, 7}, ck[3] = {0, 20, 50};
+    float q[H * TQ * D], o[H * TQ * D], o1[H * 4 * D], kf[H * TK * D];
+    uint8_t k8[H * TK * D], v8[H * TK * D];
+    rng_t r = {3};
+    for (int i = 0; i < H * TQ * D; i++) q[i] = (float)rng_range(&r, -1, 1);
+    for (int i = 0; i < H * TK * D; i++) kf[i] = (float)rng_range(&r, -2, 2);
+    for (int i = 0; i < H * TK * D; i++) k8[i] = attn_f32_to_e4m3(kf[i]), v8[i] = (uint8_t)(k8[(i * 7) % (H * TK * D)]);
+    if (f->dt == ATTN_FP8_E5M2)
+        for (int i = 0; i < H * TK * D; i++) k8[i] = attn_f32_to_e5m2(kf[i]), v8[i] = attn_f32_to_e5m2(-kf[i] / 2);
+    const float sc[H] = {0.5f, 1.25f};
+    attn_tensor ts = attn_tensor_4d((void *)sc, ATTN_F32, H, 1, 1, 1);
+    attn_tensor tq = attn_tensor_4d(q, ATTN_F32, 1, H, TQ, D), to = attn_tensor_4d(o, ATTN_F32, 1, H, TQ, D);
+    attn_tensor tk = attn_tensor_4d(k8, f->dt, 1, H, TK, D), tv = attn_tensor_4d(v8, f->dt, 1, H, TK, D);
+    attn_tensor tcq = attn_tensor_4d((void *)cq, ATTN_I32, 3, 1, 1, 1), tck = attn_tensor_4d((void *)ck, ATTN_I32, 3, 1, 1, 1);
+    attn_options opt = {.causal = true, .align = ATTN_ALIGN_BOTTOM_RIGHT, .k_scale = &ts, .v_scale = &ts};
+    CHECK(attn_varlen_forward(&tq, &tk, &tv, &to, &tcq, &tck, 4, 30, &opt) == ATTN_OK, "%s varlen: %s",
+          f->name, attn_last_error());
+    int bad = 0;
+    for (int s = 0; s < 2; s++) {
+        const int64_t nq = cq[s + 1] - cq[s], nk = ck[s + 1] - ck[s];
+        attn_tensor sq = {q + cq[s] * D, ATTN_F32, {1, H, nq, D}, {0, TQ * D, D, 1}};
+        attn_tensor sk = {k8 + ck[s] * D, f->dt, {1, H, nk, D}, {0, TK * D, D, 1}};
+        attn_tensor sv = {v8 + ck[s] * D, f->dt, {1, H, nk, D}, {0, TK * D, D, 1}};
+        attn_tensor so = attn_tensor_4d(o1, ATTN_F32, 1, H, nq, D);
+        CHECK(attn_forward(&sq, &sk, &sv, &so, &opt) == ATTN_OK, "%s varlen piece: %s", f->name, attn_last_error());
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < nq; i++)
+                bad += memcmp(&o[(h * TQ + cq[s] + i) * D], &o1[(h * nq + i) * D], sizeof(float) * D) != 0;
+    }
+    CHECK(bad == 0, "%s varlen: %d rows differ from attn_forward on the sequence alone", f->name, bad);
+}
+
+/* ---- 4. misuse ------------------------------------------------------------------------- */
+
+static void test_misuse(const fmt *f) {
+    enum { L = 8, D = 32, H = 2 };
+    float q[H * L * D], o[H * L * D], kf[H * L * D];
+    uint8_t k8[H * L * D], v8[H * L * D];
+    for (int i = 0; i < H * L * D; i++) q[i] = kf[i] = (float)(i % 7) * 0.25f, k8[i] = v8[i] = (uint8_t)(i % 0x70);
+    attn_tensor tq = attn_tensor_4d(q, ATTN_F32, 1, H, L, D), to = attn_tensor_4d(o, ATTN_F32, 1, H, L, D);
+    attn_tensor tk = attn_tensor_4d(k8, f->dt, 1, H, L, D), tv = attn_tensor_4d(v8, f->dt, 1, H, L, D);
+    attn_tensor tkf = attn_tensor_4d(kf, ATTN_F32, 1, H, L, D);
+    const float good = 0.5f, scales_bad[5] = {0.0f, -0.0f, -1.0f, NAN, INFINITY};
+    float two[2] = {1.0f, 2.0f}, three[3] = {1, 1, 1};
+    uint16_t half1 = 0x3C00;
+    attn_tensor tgood = attn_tensor_4d((void *)&good, ATTN_F32, 1, 1, 1, 1);
+    attn_tensor ttwo = attn_tensor_4d(two, ATTN_F32, H, 1, 1, 1), tthree = attn_tensor_4d(three, ATTN_F32, 3, 1, 1, 1);
+    attn_tensor thalf = attn_tensor_4d(&half1, ATTN_F16, 1, 1, 1, 1);
+    attn_tensor twide = attn_tensor_4d(two, ATTN_F32, 1, 1, 1, 2);
+    attn_options ok = {.k_scale = &tgood, .v_scale = &ttwo};
+    CHECK(attn_forward(&tq, &tk, &tv, &to, &ok) == ATTN_OK, "%s: the sound call: %s", f->name, attn_last_error());
+
+    /* the forward: o untouched */
+    for (int i = 0; i < 5 + 4; i++) {
+        attn_tensor ts = attn_tensor_4d((void *)&scales_bad[i < 5 ? i : 0], ATTN_F32, 1, 1, 1, 1);
+        attn_options opt = {.v_scale = &ts};
+        attn_tensor k = tk, v = tv;
+        attn_status want = ATTN_ERR_VALUE;
+        const char *what = "a bad scale";
+        if (i == 5) opt.v_scale = &tgood, k = v = tkf, what = "a scale with a float32 cache";
+        if (i == 6) opt.k_scale = &tthree, opt.v_scale = NULL, want = ATTN_ERR_SHAPE, what = "3 scales, Hkv 2";
+        if (i == 7) opt.k_scale = &thalf, opt.v_scale = NULL, want = ATTN_ERR_DTYPE, what = "a float16 scale";
+        if (i == 8) opt.k_scale = &twide, opt.v_scale = NULL, want = ATTN_ERR_SHAPE, what = "a scale {1,1,1,2}";
+        for (int path = 0; path < 2; path++) {
+            opt.path = path ? ATTN_PATH_REFERENCE : ATTN_PATH_FUSED;
+            fill_sentinel(o, H * L * D);
+            attn_status st = attn_forward(&tq, &k, &v, &to, &opt);
+            CHECK(st == want, "%s: forward with %s (%g): %s, expected %s", f->name, what,
+                  (double)scales_bad[i < 5 ? i : 0], attn_status_string(st), attn_status_string(want));
+            CHECK(count_written(o, H * L * D) == 0, "%s: %s: o written", f->name, what);
+        }
+    }
+    /* dtypes: fp8 q or o, k and v of different dtypes, the backward */
+    attn_tensor q8 = attn_tensor_4d(k8, f->dt, 1, H, L, D);
+    const attn_tensor *other_dt = f->dt == ATTN_FP8_E4M3 ? &(attn_tensor){v8, ATTN_FP8_E5M2, {1, H, L, D}, {H * L * D, L * D, D, 1}}
+                                                          : &(attn_tensor){v8, ATTN_FP8_E4M3, {1, H, L, D}, {H * L * D, L * D, D, 1}};
+    const struct { const attn_tensor *q, *k, *v, *o; const char *what; } dts[4] = {
+        {&q8, &tk, &tv, &to, "fp8 q"}, {&tq, &tk, &tv, &q8, "fp8 o"},
+        {&tq, &tk, other_dt, &to, "k and v of two fp8 dtypes"}, {&tq, &tk, &tkf, &to, "fp8 k, float32 v"}};
+    for (int i = 0; i < 4; i++) {
+        fill_sentinel(o, H * L * D);
+        attn_status st = attn_forward(dts[i].q, dts[i].k, dts[i].v, dts[i].o, NULL);
+        CHECK(st == ATTN_ERR_DTYPE, "%s: %s: %s, expected ATTN_ERR_DTYPE", f->name, dts[i].what, attn_status_string(st));
+        CHECK(count_written(o, H * L * D) == 0 || dts[i].o != &to, "%s: %s: o written", f->name, dts[i].what);
+    }
+    {
+        float lse[H * L], dq[H * L * D];
+        attn_tensor tl = attn_tensor_4d(lse, ATTN_F32, 1, H, L, 1), tdq = attn_tensor_4d(dq, ATTN_F32, 1, H, L, D);
+        fill_sentinel(dq, H * L * D);
+        attn_status st = attn_backward(&tq, &tk, &tv, &to, &to, &tl, &tdq, NULL, NULL, NULL);
+        CHECK(st == ATTN_ERR_DTYPE, "%s: the backward: %s, expected ATTN_ERR_DTYPE", f->name, attn_status_string(st));
+        CHECK(count_written(dq, H * L * D) == 0, "%s: the backward wrote dq", f->name);
+    }
+
+    /* the append: the cache untouched */
+    uint8_t cache[H * L * D], cache_v[H * L * D];
+    float fcache[H * L * D];
+    int32_t len = 0;
+    attn_tensor tl = attn_tensor_4d(&len, ATTN_I32, 1, 1, 1, 1);
+    attn_tensor kn = attn_tensor_4d(kf, ATTN_F32, 1, H, 2, D);
+    attn_tensor tc = attn_tensor_4d(cache, f->dt, 1, H, L, D), tcv = attn_tensor_4d(cache_v, f->dt, 1, H, L, D);
+    attn_tensor tfc = attn_tensor_4d(fcache, ATTN_F32, 1, H, L, D);
+    for (int i = 0; i < 5 + 4; i++) {
+        attn_tensor ts = attn_tensor_4d((void *)&scales_bad[i < 5 ? i : 0], ATTN_F32, 1, 1, 1, 1);
+        const attn_tensor *ksc = &tgood, *vsc = &ts, *c = &tc, *cv = &tcv;
+        attn_status want = ATTN_ERR_VALUE;
+        if (i == 5) c = cv = &tfc, vsc = &tgood;
+        if (i == 6) vsc = &tthree, want = ATTN_ERR_SHAPE;
+        if (i == 7) ksc = &thalf, want = ATTN_ERR_DTYPE;
+        if (i == 8) ksc = &twide, want = ATTN_ERR_SHAPE;
+        memset(cache, 0xA5, sizeof cache), memset(cache_v, 0xA5, sizeof cache_v);
+        fill_sentinel(fcache, H * L * D);
+        attn_status st = attn_kv_append_scaled(&kn, &kn, c, cv, NULL, NULL, &tl, ksc, vsc);
+        CHECK(st == want, "%s: append case %d: %s, expected %s", f->name, i, attn_status_string(st),
+              attn_status_string(want));
+        int written = 0;
+        for (int e = 0; e < H * L * D; e++) written += cache[e] != 0xA5 || cache_v[e] != 0xA5;
+        CHECK(written == 0 && count_written(fcache, H * L * D) == 0, "%s: append case %d wrote the cache",
+              f->name, i);
+    }
+    /* the old call on an fp8 cache: scale 1 */
+    memset(cache, 0xA5, sizeof cache);
+    CHECK(attn_kv_append(&kn, &kn, &tc, &tcv, NULL, NULL, &tl) == ATTN_OK, "%s: attn_kv_append: %s",
+          f->name, attn_last_error());
+    int bad = 0;
+    for (int64_t g = 0; g < H; g++)
+        for (int e = 0; e < 2 * D; e++) bad += cache[g * L * D + e] != enc(f, kf[g * 2 * D + e]);
+    CHECK(bad == 0, "%s: attn_kv_append (no scales): %d codes are not fp8(x)", f->name, bad);
+}
+
+/* ---- 5. the error table ------------------------------------------------------------------ */
+
+static void test_error_table(void) {
+    enum { B = 1, H = 4, LQ = 16, LK = 512, D = 128 };
+    const int64_t nk = (int64_t)B * H * LK * D, nq = (int64_t)B * H * LQ * D;
+    float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk), *v = malloc(sizeof(float) * nk);
+    float *o = malloc(sizeof(float) * nq);
+    double *ref = malloc(sizeof(double) * nq);
+    rng_t r = {2024};
+    for (int64_t i = 0; i < nq; i++) q[i] = (float)rng_normal(&r);
+    for (int64_t i = 0; i < nk; i++) k[i] = (float)rng_normal(&r), v[i] = (float)rng_normal(&r);
+    attn_tensor tq = attn_tensor_4d(q, ATTN_F32, B, H, LQ, D), to = attn_tensor_4d(o, ATTN_F32, B, H, LQ, D);
+    attn_tensor tk = attn_tensor_4d(k, ATTN_F32, B, H, LK, D), tv = attn_tensor_4d(v, ATTN_F32, B, H, LK, D);
+    oracle_forward(&tq, &tk, &tv, NULL, ref, NULL, NULL);
+    void *kc = malloc((size_t)nk * 4), *vc = malloc((size_t)nk * 4);
+    const attn_dtype dts[6] = {ATTN_F32, ATTN_BF16, ATTN_F16, ATTN_Q8_0, ATTN_FP8_E4M3, ATTN_FP8_E5M2};
+    const double ceiling[6] = {1e-5, 1e-2, 2e-3, 1e-2, 1e-1, 2e-1};
+    printf("error against float64 on the true float32 values, B=%d H=%d Lq=%d Lk=%d D=%d, N(0,1) q k v;\n"
+           "fp8 scales amax / largest per tensor (vLLM's calibration):\n", B, H, LQ, LK, D);
+    printf("  %-10s %12s %12s\n", "cache", "max |err|", "rel Frob");
+    for (int x = 0; x < 6; x++) {
+        const attn_dtype dt = dts[x];
+        attn_tensor ck = attn_tensor_4d(kc, dt, B, H, LK, D), cv = attn_tensor_4d(vc, dt, B, H, LK, D);
+        attn_options opt = {0};
+        float ks = 1, vs = 1;
+        attn_tensor tks = attn_tensor_4d(&ks, ATTN_F32, 1, 1, 1, 1), tvs = attn_tensor_4d(&vs, ATTN_F32, 1, 1, 1, 1);
+        if (dt == ATTN_Q8_0) {
+            CHECK(attn_quantize_q8_0(&tk, &ck) == ATTN_OK && attn_quantize_q8_0(&tv, &cv) == ATTN_OK, "table q8_0");
+        } else {
+            if (attn_is_fp8(dt)) {
+                const double mx = dt == ATTN_FP8_E4M3 ? 448.0 : 57344.0;
+                double ka = 0, va = 0;
+                for (int64_t i = 0; i < nk; i++) ka = fmax(ka, fabs(k[i])), va = fmax(va, fabs(v[i]));
+                ks = (float)(ka / mx), vs = (float)(va / mx);
+                opt.k_scale = &tks, opt.v_scale = &tvs;
+            }
+            int64_t zero = 0;
+            attn_tensor tl = attn_tensor_4d(&zero, ATTN_I64, 1, 1, 1, 1);
+            CHECK(attn_kv_append_scaled(&tk, &tv, &ck, &cv, NULL, NULL, &tl, opt.k_scale, opt.v_scale) == ATTN_OK,
+                  "table %s: %s", attn_dtype_name(dt), attn_last_error());
+        }
+        CHECK(attn_forward(&tq, &ck, &cv, &to, &opt) == ATTN_OK, "table %s: %s", attn_dtype_name(dt), attn_last_error());
+        double me = 0, se = 0, sr = 0;
+        for (int64_t i = 0; i < nq; i++) {
+            const double e = fabs(o[i] - ref[i]);
+            me = fmax(me, e), se += e * e, sr += ref[i] * ref[i];
+        }
+        printf("  %-10s %12.3e %12.3e\n", attn_dtype_name(dt), me, sqrt(se / sr));
+        CHECK(sqrt(se / sr) < ceiling[x], "table %s: relative error %.3g above %.3g", attn_dtype_name(dt),
+              sqrt(se / sr), ceiling[x]);
+    }
+    free(q), free(k), free(v), free(o), free(ref), free(kc), free(vc);
+}
+
+int main(void) {
+    const fmt *fmts[2] = {&E4M3, &E5M2};
+    for (int i = 0; i < 2; i++) {
+        test_codes(fmts[i]);
+        test_encode(fmts[i]);
+        test_forward(fmts[i]);
+        test_varlen(fmts[i]);
+        test_misuse(fmts[i]);
+    }
+    test_error_table();
+    return check_summary("test_fp8_q4");
+}
