@@ -753,7 +753,8 @@ ATTN_API attn_status attn_mha_backward_workspace_size(
  *                          block_table ATTN_I32 [B, max_pages] (as attn_options.block_table):
  *                          position t of sequence b is row t % page_size of pool page
  *                          block_table[b][t / page_size]; Lmax = max_pages * page_size
- *   k, v                   float32, float16, bfloat16 or q8_0 (alike), any strides
+ *   k, v                   float32, float16, bfloat16, q8_0, fp8_e4m3 or fp8_e5m2 (alike),
+ *                          any strides (fp8: with k_scale, v_scale below)
  *   len [B]                tokens held per batch, read and advanced by each step */
 typedef enum attn_cache_kind {
     ATTN_CACHE_CONTIGUOUS = 0,
@@ -770,6 +771,11 @@ typedef struct attn_kv_cache {
      * [0, num_pages); the caller owns the pages (two sequences may share a page, but a
      * step that writes one row twice is refused, ATTN_ERR_VALUE, as attn_kv_append). */
     const attn_tensor *block_table;
+    /* An fp8 cache's scales (fields added after the rest), as attn_options.k_scale and
+     * v_scale: the new rows are written by attn_kv_append_scaled and read by attention
+     * with them (opt's own must then be NULL: ATTN_ERR_VALUE). NULL = 1; given with
+     * another dtype: ATTN_ERR_VALUE. */
+    const attn_tensor *k_scale, *v_scale;
 } attn_kv_cache;
 
 /* One decoding step of a self-attention layer: projects x [B, n, E] (n new tokens per
@@ -779,8 +785,9 @@ typedef struct attn_kv_cache {
  * attn_mha_forward, except that causal, align and kv_len are the step's own (opt's must
  * be unset; opt->block_table too: a paged cache's table is the cache's own). The new
  * rows are stored as attn_kv_append stores them (rounded to nearest even, or quantized
- * to q8_0). ATTN_ERR_VALUE when len[b] + n > Lmax, or a page entry the step needs is
- * outside the pool. On error nothing is written. */
+ * to q8_0; fp8 as attn_kv_append_scaled with the cache's scales). ATTN_ERR_VALUE when
+ * len[b] + n > Lmax, or a page entry the step needs is outside the pool. On error
+ * nothing is written. */
 ATTN_API attn_status attn_mha_decode(const attn_mha *m, const attn_tensor *x,
                                      const attn_kv_cache *cache, const attn_tensor *y,
                                      const attn_options *opt);
