@@ -87,7 +87,14 @@ typedef enum attn_status {
  * E5M2 (the top byte of an IEEE float16): bias 15, 2 mantissa bits, +-inf (0x7C, 0xFC),
  * NaN (0x7D-0x7F and their negatives), largest finite 57344. attn_kv_append_scaled
  * writes them (docs/CONTRACT.md, "The fp8 cache dtypes"). Only attn_forward's and
- * attn_varlen_forward's k and v (and the appends) take them. */
+ * attn_varlen_forward's k and v (and the appends) take them.
+ *
+ * The block dtype ATTN_Q4_0 (llama.cpp's block_q4_0, byte for byte): 32 consecutive
+ * elements along the last dimension form a block of 18 bytes, a float16 scale d
+ * (little-endian) then 16 bytes qs; element i < 16 is d * ((qs[i] & 0x0F) - 8), element
+ * i + 16 is d * ((qs[i] >> 4) - 8). Every rule of q8_0 above holds with 18 for 34: strides
+ * count logical elements, shape[3] a multiple of 32, stride[3] = 1, stride[0..2]
+ * multiples of 32; attn_dtype_size(ATTN_Q4_0) is 18, attn_dtype_block 32. */
 /* One list gives the enum, the names (attn_dtype_name) and the element sizes
  * (attn_dtype_size): X(enumerator, name, bytes); for a block dtype, the bytes of one
  * block. New dtypes go at the end. */
@@ -101,7 +108,8 @@ typedef enum attn_status {
     X(ATTN_Q8_0, "q8_0", 34)    /* blocks of 32: float16 scale + 32 int8 (see above)  */ \
     X(ATTN_F64, "float64", 8)   /* double: q, k, v, o all float64 (docs/CONTRACT.md)   */ \
     X(ATTN_FP8_E4M3, "fp8_e4m3", 1) /* OCP E4M3FN byte, times a scale (see below)     */ \
-    X(ATTN_FP8_E5M2, "fp8_e5m2", 1) /* OCP E5M2 byte, times a scale (see below)       */
+    X(ATTN_FP8_E5M2, "fp8_e5m2", 1) /* OCP E5M2 byte, times a scale (see below)       */ \
+    X(ATTN_Q4_0, "q4_0", 18)    /* blocks of 32: float16 scale + 16 bytes of nibbles  */
 
 typedef enum attn_dtype {
 #define ATTN_X_ENUM(e, name, bytes) e,
@@ -285,7 +293,8 @@ typedef struct attn_options {
  * Hq must be a multiple of Hkv (query head h reads key/value head h / (Hq / Hkv)).
  * dtypes: q, k, v and o each ATTN_F32, ATTN_F16 or ATTN_BF16, with k and v alike (a
  * 16-bit KV cache under float32 queries works); accumulation is float32 throughout and
- * o is rounded to its dtype once, at the end. k and v may also be ATTN_Q8_0, or
+ * o is rounded to its dtype once, at the end. k and v may also be ATTN_Q8_0, ATTN_Q4_0,
+ * or
  * ATTN_FP8_E4M3 or ATTN_FP8_E5M2 with opt->k_scale, v_scale (both alike): the
  * result is attention over their dequantized values (queries of any of the three float
  * dtypes are widened to float32, never quantized). Or q, k, v and o all ATTN_F64 (no mixing):
@@ -419,8 +428,9 @@ ATTN_API attn_status attn_varlen_backward_workspace_size(
  * FlashAttention's in-place k, v arguments do:
  *   k_new [B, Hkv, n, Dk]  v_new [B, Hkv, n, Dv]  float32, any strides (FlashAttention's
  *                          [B, n, Hkv, D] through strides)
- *   k_cache, v_cache       the cache, float32, float16, bfloat16, q8_0 or fp8 (alike):
- *                          written (fp8: as attn_kv_append_scaled with scales 1);
+ *   k_cache, v_cache       the cache, float32, float16, bfloat16, q8_0, q4_0 or fp8
+ *                          (alike): written (fp8: as attn_kv_append_scaled with scales
+ *                          1; q4_0 as attn_quantize_q4_0, the same bytes);
  *                          a q8_0 cache's rows are quantized as attn_quantize_q8_0 does,
  *                          the same bytes
  * Where token t of batch b goes, by the first of these that is given:
@@ -465,8 +475,8 @@ ATTN_API attn_status attn_kv_append_scaled(const attn_tensor *k_new, const attn_
  * list; and the bytes of one element, 0 outside the list. */
 ATTN_API const char *attn_dtype_name(attn_dtype dtype);
 ATTN_API size_t attn_dtype_size(attn_dtype dtype);
-/* The elements of one unit of attn_dtype_size: 32 for ATTN_Q8_0, 1 for the other dtypes,
- * 0 outside the list. */
+/* The elements of one unit of attn_dtype_size: 32 for ATTN_Q8_0 and ATTN_Q4_0, 1 for the
+ * other dtypes, 0 outside the list. */
 ATTN_API int64_t attn_dtype_block(attn_dtype dtype);
 
 /* ---- the q8_0 cache dtype ------------------------------------------------------------
@@ -485,6 +495,19 @@ ATTN_API attn_status attn_quantize_q8_0(const attn_tensor *src, const attn_tenso
 /* The values a q8_0 tensor holds, d * qs[i] (exact in float32), into dst.
  *   src  ATTN_Q8_0     dst  ATTN_F32, the same shape, any strides, sharing no byte */
 ATTN_API attn_status attn_dequantize_q8_0(const attn_tensor *src, const attn_tensor *dst);
+
+/* ---- the q4_0 cache dtype ------------------------------------------------------------
+ * Quantize a float32 tensor into q4_0 blocks as llama.cpp's reference quantize_row_q4_0
+ * does: per block of 32, max = the first element of largest |x| (its sign kept), d =
+ * max / -8 (float32), q = min(15, (int)(x * (1 / d) + 8.5)) (truncated toward zero: the
+ * nearest of 0..15 to x / d + 8, ties up), computed with the float32 d; the stored scale
+ * float16(d), nearest even; an all-zero block has d = 0 and every q 8 (value 0). Shapes
+ * and refusals as attn_quantize_q8_0's (a NaN or infinite input, or |max| / 8 beyond
+ * float16's range: ATTN_ERR_VALUE, nothing written). */
+ATTN_API attn_status attn_quantize_q4_0(const attn_tensor *src, const attn_tensor *dst);
+
+/* The values a q4_0 tensor holds, d * (q - 8) (exact in float32), into dst. */
+ATTN_API attn_status attn_dequantize_q4_0(const attn_tensor *src, const attn_tensor *dst);
 
 /* The (O, LSE) of attention over the union of the keys of n partial results of the same
  * rows (each, say, attn_forward with an lse output over its own range of keys):

@@ -71,7 +71,7 @@ size_t attn_dtype_size(attn_dtype t) { return (size_t)attn_elem_bytes(t); }
 
 int64_t attn_dtype_block(attn_dtype t) {
     if ((unsigned)t >= (unsigned)ATTN_DTYPE_COUNT) return 0;
-    return t == ATTN_Q8_0 ? ATTN_Q8_0_BLOCK : 1;
+    return attn_is_block_dtype(t) ? 32 : 1;
 }
 
 /* An fp8 cache's scale (attn.h, attn_options.k_scale): float32 {1, 1, 1, 1} or {Hkv, 1,
@@ -107,27 +107,28 @@ attn_status attn_check_kv_scale(const attn_tensor *t, const char *name, attn_dty
 
 /* A tensor's basic soundness: present, the expected dtype, sizes >= 0, element count
  * and extreme offsets representable in int64, data present when non-empty. */
-/* q8_0's layout rules (attn.h), for attn_check_tensor */
+/* a block dtype's layout rules (attn.h, q8_0's; q4_0 the same), for attn_check_tensor */
 attn_status attn_check_q8_0_layout(const attn_tensor *t, const char *name) {
-    if (t->shape[3] % ATTN_Q8_0_BLOCK != 0)
-        return attn_fail(ATTN_ERR_SHAPE, "%s: q8_0 needs shape[3] (the head dimension) a "
-                         "multiple of 32, got %lld", name, (long long)t->shape[3]);
+    const char *dn = attn_dtype_name(t->dtype);
+    if (t->shape[3] % 32 != 0)
+        return attn_fail(ATTN_ERR_SHAPE, "%s: %s needs shape[3] (the head dimension) a "
+                         "multiple of 32, got %lld", name, dn, (long long)t->shape[3]);
     int64_t span = 0;
     for (int d = 0; d < 4; d++) {
         if (t->shape[d] == 0) return ATTN_OK;  // no element: no block to place
         span += (t->shape[d] - 1) * (t->stride[d] < 0 ? -t->stride[d] : t->stride[d]);
     }
     if (t->stride[3] != 1)
-        return attn_fail(ATTN_ERR_STRIDE, "%s: q8_0 needs stride[3] = 1 (32 consecutive "
-                         "elements share a block), got %lld", name, (long long)t->stride[3]);
+        return attn_fail(ATTN_ERR_STRIDE, "%s: %s needs stride[3] = 1 (32 consecutive "
+                         "elements share a block), got %lld", name, dn, (long long)t->stride[3]);
     for (int d = 0; d < 3; d++)
-        if (t->shape[d] > 1 && t->stride[d] % ATTN_Q8_0_BLOCK != 0)
-            return attn_fail(ATTN_ERR_STRIDE, "%s: q8_0 needs stride[%d] a multiple of 32 "
-                             "elements (every row starts a block), got %lld", name, d,
+        if (t->shape[d] > 1 && t->stride[d] % 32 != 0)
+            return attn_fail(ATTN_ERR_STRIDE, "%s: %s needs stride[%d] a multiple of 32 "
+                             "elements (every row starts a block), got %lld", name, dn, d,
                              (long long)t->stride[d]);
     /* the span (in elements, within int64: attn_check_tensor) in bytes, one block more */
-    if (span / ATTN_Q8_0_BLOCK > INT64_MAX / ATTN_Q8_0_BYTES - 1)
-        return attn_fail(ATTN_ERR_OVERFLOW, "%s: q8_0 byte offsets overflow int64", name);
+    if (span / 32 > INT64_MAX / attn_elem_bytes(t->dtype) - 1)
+        return attn_fail(ATTN_ERR_OVERFLOW, "%s: %s byte offsets overflow int64", name, dn);
     return ATTN_OK;
 }
 
@@ -163,7 +164,7 @@ attn_status attn_check_tensor(const attn_tensor *t, const char *name, attn_dtype
     if (need_data && count > 0 && !t->data)
         return attn_fail(ATTN_ERR_NULL, "%s: data is NULL for %lld elements", name,
                     (long long)count);
-    if (t->dtype == ATTN_Q8_0) return attn_check_q8_0_layout(t, name);  // want was q8_0
+    if (attn_is_block_dtype(t->dtype)) return attn_check_q8_0_layout(t, name);  // want was it
     /* every element at a multiple of its size (strides count elements, so the first
      * decides): the kernels load a float through a float pointer, which a misaligned
      * address makes undefined (and a trap on some CPUs). q8_0 blocks are read by byte. */

@@ -322,11 +322,12 @@ static const float *kv_block(const attn_kernels *kern, attn_dtype dt, kv_tile t,
         }
         return buf;
     }
-    if (dt == ATTN_Q8_0) {  // unit stride along the row, rows on block starts (api.c)
+    if (attn_is_block_dtype(dt)) {  // unit stride along the row, rows on block starts (api.c)
         void (*deq)(int64_t, const uint8_t *, float *) =
-            kern->dequant_q8_0 ? kern->dequant_q8_0 : attn_dequant_q8_0_blocks;
+            dt == ATTN_Q4_0 ? attn_dequant_q4_0_blocks  // the portable one: no kernel has its own
+            : kern->dequant_q8_0 ? kern->dequant_q8_0 : attn_dequant_q8_0_blocks;
         for (int64_t c = 0; c < nk; c++)
-            deq(width / ATTN_Q8_0_BLOCK, (const uint8_t *)t.data + attn_row_byte_offset(dt, c * t.ld),
+            deq(width / 32, (const uint8_t *)t.data + attn_row_byte_offset(dt, c * t.ld),
                 buf + c * width);
         return buf;
     }
@@ -395,7 +396,7 @@ static void kv_row_addrs(const attn_params *p, const fused_block *blk, const voi
 static void prefetch_kv(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk,
                         int64_t first) {
     /* a row's bytes from its first: q8_0 rows are contiguous blocks (stride 1) */
-    const bool q8 = p->kv_dt == ATTN_Q8_0;
+    const bool q8 = attn_is_block_dtype(p->kv_dt);
     const int64_t ek = attn_elem_bytes(p->kv_dt);
     const int64_t kb = q8 ? attn_row_bytes(p->kv_dt, p->Dk) : p->Dk * p->k_s[3] * ek;
     const int64_t vb = q8 ? attn_row_bytes(p->kv_dt, p->Dv) : p->Dv * p->v_s[3] * ek;

@@ -120,6 +120,12 @@ static inline float attn_load(attn_dtype dt, const void *base, int64_t idx) {
         const uint8_t *b = (const uint8_t *)base + blk * 34;
         return attn_f16_to_f32((uint16_t)(b[0] | b[1] << 8)) * (float)(int8_t)b[2 + pos];
     }
+    case ATTN_Q4_0: {  // d * (nibble - 8): an 11-bit by 4-bit product, exact in float32
+        const int64_t blk = idx / 32 - (idx % 32 < 0), pos = idx - blk * 32;
+        const uint8_t *b = (const uint8_t *)base + blk * 18;
+        const int q = pos < 16 ? (b[2 + pos] & 0x0F) : (b[2 + pos - 16] >> 4);
+        return attn_f16_to_f32((uint16_t)(b[0] | b[1] << 8)) * (float)(q - 8);
+    }
     /* fp8: the byte's own value; its scale is the caller's (attn_kv_scale) */
     case ATTN_FP8_E4M3: return attn_e4m3_to_f32(((const uint8_t *)base)[idx]);
     case ATTN_FP8_E5M2: return attn_e5m2_to_f32(((const uint8_t *)base)[idx]);

@@ -25,8 +25,9 @@
  * attn_check_q8_0_layout) — checked before by attn_q8_0_row_check. */
 static void store_row(attn_dtype dt, void *base, int64_t at, int64_t ds, const float *src,
                       int64_t ss, int64_t width, float scale) {
-    if (dt == ATTN_Q8_0) {
-        attn_q8_0_quantize_row(src, ss, width, (uint8_t *)base + attn_row_byte_offset(dt, at));
+    if (attn_is_block_dtype(dt)) {
+        (dt == ATTN_Q4_0 ? attn_q4_0_quantize_row : attn_q8_0_quantize_row)(
+            src, ss, width, (uint8_t *)base + attn_row_byte_offset(dt, at));
         return;
     }
     if (attn_is_fp8(dt)) {  // fp8(fl32(x / scale)), rounded to nearest even, saturating
@@ -36,10 +37,13 @@ static void store_row(attn_dtype dt, void *base, int64_t at, int64_t ds, const f
     for (int64_t d = 0; d < width; d++) attn_store(dt, base, at + d * ds, src[d * ss]);
 }
 
-/* A q8_0 cache: every row the call will write quantizable (finite, its scales within
- * float16), before any is written. Padding tokens (slot -1) are not written, so not read. */
+/* A q8_0 or q4_0 cache (dt): every row the call will write quantizable (finite, its
+ * scales within float16), before any is written. Padding tokens (slot -1) are not written, so not read. */
 static attn_status check_q8_rows(const attn_tensor *k_new, const attn_tensor *v_new,
-                                 const int64_t *slot) {
+                                 const int64_t *slot, attn_dtype dt) {
+    int64_t (*row_check)(const float *, int64_t, int64_t) =
+        dt == ATTN_Q4_0 ? attn_q4_0_row_check : attn_q8_0_row_check;
+    const char *what = dt == ATTN_Q4_0 ? "max / -8" : "amax / 127";
     const int64_t B = k_new->shape[0], Hkv = k_new->shape[1], n = k_new->shape[2];
     for (int c = 0; c < 2; c++) {
         const attn_tensor *x = c ? v_new : k_new;
@@ -49,15 +53,14 @@ static attn_status check_q8_rows(const attn_tensor *k_new, const attn_tensor *v_
             for (int64_t t = 0; t < n; t++) {
                 if (slot[b * n + t] < 0) continue;
                 for (int64_t g = 0; g < Hkv; g++) {
-                    const int64_t blk = attn_q8_0_row_check(x0 + b * xs[0] + g * xs[1] + t * xs[2],
-                                                            xs[3], x->shape[3]);
+                    const int64_t blk = row_check(x0 + b * xs[0] + g * xs[1] + t * xs[2],
+                                                  xs[3], x->shape[3]);
                     if (blk >= 0)
                         return attn_fail(ATTN_ERR_VALUE, "%s: block %lld of row (%lld, %lld, "
-                                         "%lld) holds a NaN or infinity, or an amax whose scale "
-                                         "amax / 127 is beyond float16's range (the q8_0 cache "
-                                         "cannot hold it)", c ? "v_new" : "k_new",
-                                         (long long)blk, (long long)b, (long long)g,
-                                         (long long)t);
+                                         "%lld) holds a NaN or infinity, or a scale %s beyond "
+                                         "float16's range (the %s cache cannot hold it)",
+                                         c ? "v_new" : "k_new", (long long)blk, (long long)b,
+                                         (long long)g, (long long)t, what, attn_dtype_name(dt));
                 }
             }
     }
@@ -163,7 +166,7 @@ attn_status attn_kv_append_scaled(const attn_tensor *k_new, const attn_tensor *v
     TRY(attn_check_tensor(v_new, "v_new", ATTN_F32, true));
     /* the cache: float32, float16 or bfloat16 (ATTN_DTYPE_COUNT), or q8_0 with its layout,
      * or an fp8 dtype */
-    const bool cache_dt = k_cache && (k_cache->dtype == ATTN_Q8_0 || attn_is_fp8(k_cache->dtype));
+    const bool cache_dt = k_cache && (attn_is_block_dtype(k_cache->dtype) || attn_is_fp8(k_cache->dtype));
     TRY(attn_check_tensor(k_cache, "k_cache", cache_dt ? k_cache->dtype : ATTN_DTYPE_COUNT,
                           true));
     if (v_cache && v_cache->dtype != k_cache->dtype)
@@ -241,7 +244,8 @@ attn_status attn_kv_append_scaled(const attn_tensor *k_new, const attn_tensor *v
                 st = attn_fail(ATTN_ERR_VALUE, "two new tokens are aimed at one cache row "
                                "(slot %lld)", (long long)sorted[a]);
     }
-    if (st == ATTN_OK && k_cache->dtype == ATTN_Q8_0) st = check_q8_rows(k_new, v_new, slot);
+    if (st == ATTN_OK && attn_is_block_dtype(k_cache->dtype))
+        st = check_q8_rows(k_new, v_new, slot, k_cache->dtype);
     if (st != ATTN_OK || Hkv == 0) {
         attn_free(slot);
         return st == ATTN_OK ? attn_ok() : st;

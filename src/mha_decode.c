@@ -75,11 +75,11 @@ static attn_status check_cache(const mha_plan *pl, const attn_kv_cache *c, bool 
     if (!paged && c->block_table)
         return attn_fail(ATTN_ERR_VALUE, "cache.block_table: given for a contiguous cache "
                          "(kind ATTN_CACHE_PAGED takes one)");
-    const bool cache_dt = c->k.dtype == ATTN_Q8_0 || c->k.dtype == ATTN_FP8_E4M3 ||
+    const bool cache_dt = attn_is_block_dtype(c->k.dtype) || c->k.dtype == ATTN_FP8_E4M3 ||
                           c->k.dtype == ATTN_FP8_E5M2;
     TRY(attn_check_tensor(&c->k, "cache.k", cache_dt ? c->k.dtype : ATTN_DTYPE_COUNT, need_data));
     TRY(attn_check_tensor(&c->v, "cache.v", c->k.dtype, need_data));
-    if (c->k.dtype == ATTN_Q8_0) {
+    if (attn_is_block_dtype(c->k.dtype)) {
         TRY(attn_check_q8_0_layout(&c->k, "cache.k"));
         TRY(attn_check_q8_0_layout(&c->v, "cache.v"));
     }

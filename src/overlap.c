@@ -48,13 +48,14 @@ static bool make_span(const attn_tensor *t, span_view *v) {
         if (t->shape[d] <= 0) return false;
     /* q8_0 (attn.h; its layout checked before): a row of D elements is D / 32 blocks of
      * 34 contiguous bytes, one "element" here, and the other strides, multiples of 32
-     * elements, are 34 bytes each 32 */
-    const bool q8 = t->dtype == ATTN_Q8_0;
-    const int64_t es = q8 ? t->shape[3] / 32 * 34 : elem_bytes(t->dtype);
+     * elements, are 34 bytes each 32; q4_0 the same with 18 */
+    const bool q8 = attn_is_block_dtype(t->dtype);
+    const int64_t bb = elem_bytes(t->dtype);  // a block dtype: its block's bytes
+    const int64_t es = q8 ? t->shape[3] / 32 * bb : bb;
     *v = (span_view){.base = (wide)(uintptr_t)t->data, .span = es};
     for (int d = 0; d < (q8 ? 3 : 4); d++) {
         if (t->shape[d] == 1 || t->stride[d] == 0) continue;
-        wide s = q8 ? (wide)(t->stride[d] / 32) * 34 : (wide)t->stride[d] * es;
+        wide s = q8 ? (wide)(t->stride[d] / 32) * bb : (wide)t->stride[d] * es;
         if (s < 0) {
             v->base += s * (t->shape[d] - 1);
             s = -s;

@@ -74,10 +74,10 @@ static attn_status fill_tensors(attn_params *p, const attn_tensor *q, const attn
                                  attn_dtype_name(q->dtype));
     }
     /* ATTN_DTYPE_COUNT here: any of float32, float16, bfloat16; k and v may instead both
-     * be q8_0 or one fp8 dtype (the only inputs that may), under queries of those three */
+     * be q8_0, q4_0 or one fp8 dtype (the only inputs that may), under queries of those three */
     const attn_dtype want = f64 ? ATTN_F64 : ATTN_DTYPE_COUNT;
     TRY(attn_check_tensor(q, "q", want, need_data));
-    const bool cache_dt = k && (k->dtype == ATTN_Q8_0 || k->dtype == ATTN_FP8_E4M3 ||
+    const bool cache_dt = k && (attn_is_block_dtype(k->dtype) || k->dtype == ATTN_FP8_E4M3 ||
                                 k->dtype == ATTN_FP8_E5M2);
     TRY(attn_check_tensor(k, "k", !f64 && cache_dt ? k->dtype : want, need_data));
     if (v && v->dtype != k->dtype)

@@ -48,6 +48,11 @@ typedef struct fmt {
 
 static const fmt E4M3 = {ATTN_FP8_E4M3, "fp8_e4m3", 4, 3, 7, 448.0, 0x7E, 0x7F};
 static const fmt E5M2 = {ATTN_FP8_E5M2, "fp8_e5m2", 5, 2, 15, 57344.0, 0x7B, 0x7E};
+/* q4_0 in the forward cases (section 3): blocks, no scales, its own conversions */
+static const fmt Q4 = {ATTN_Q4_0, "q4_0", 0, 0, 0, 0.0, 0, 0};
+
+/* the bytes of a row of D elements */
+static int64_t rowb(const fmt *f, int64_t D) { return f->dt == ATTN_Q4_0 ? D / 32 * 18 : D; }
 
 /* the value of code x: (-1)^s 2^(e - bias) (1 + m / 2^mbits), subnormal at e = 0;
  * e4m3 has only NaN at S.1111.111, e5m2 has inf (m = 0) and NaN at e = 31 */
@@ -204,7 +209,8 @@ typedef struct fp8case {
 } fp8case;
 
 typedef struct fp8cache {
-    uint8_t *kb, *vb;            /* [B, Hkv, Lk, D] dense */
+    uint8_t *kb, *vb;            /* [B, Hkv, Lk, D] dense (q4_0: rows of D / 32 blocks) */
+    bool scaled;                 /* fp8: the scales below given to every call */
     attn_tensor k, v;
     float *ks, *vs;              /* the scales */
     attn_tensor tks, tvs;
@@ -216,12 +222,21 @@ typedef struct fp8cache {
 static void fp8_build(fp8cache *fc, tcall *t, const fmt *f, int per_head) {
     const fcase *c = &t->c;
     const int64_t nh = per_head ? c->Hkv : 1;
-    fc->kb = malloc((size_t)(c->B * c->Hkv * c->Lk * c->Dk) + 1);
-    fc->vb = malloc((size_t)(c->B * c->Hkv * c->Lk * c->Dv) + 1);
+    fc->kb = malloc((size_t)(c->B * c->Hkv * c->Lk * rowb(f, c->Dk)) + 1);
+    fc->vb = malloc((size_t)(c->B * c->Hkv * c->Lk * rowb(f, c->Dv)) + 1);
+    fc->scaled = f->dt != ATTN_Q4_0;
     fc->ks = malloc(sizeof(float) * (size_t)nh);
     fc->vs = malloc(sizeof(float) * (size_t)nh);
     fc->k = attn_tensor_4d(fc->kb, f->dt, c->B, c->Hkv, c->Lk, c->Dk);
     fc->v = attn_tensor_4d(fc->vb, f->dt, c->B, c->Hkv, c->Lk, c->Dv);
+    if (f->dt == ATTN_Q4_0) {
+        fc->ks[0] = fc->vs[0] = 1.0f;
+        fc->tks = attn_tensor_4d(fc->ks, ATTN_F32, 1, 1, 1, 1);
+        fc->tvs = attn_tensor_4d(fc->vs, ATTN_F32, 1, 1, 1, 1);
+        CHECK(attn_quantize_q4_0(&t->k, &fc->k) == ATTN_OK && attn_quantize_q4_0(&t->v, &fc->v) == ATTN_OK,
+              "q4_0: quantize the case's cache: %s", attn_last_error());
+        return;
+    }
     for (int x = 0; x < 2; x++) {
         const attn_tensor *src = x ? &t->v : &t->k;
         float *s = x ? fc->vs : fc->ks;
@@ -247,6 +262,11 @@ static void fp8_build(fp8cache *fc, tcall *t, const fmt *f, int per_head) {
 /* the float views := the values the fp8 cache stands for */
 static void fp8_dequant_into(const fp8cache *fc, tcall *t, const fmt *f) {
     const fcase *c = &t->c;
+    if (f->dt == ATTN_Q4_0) {
+        CHECK(attn_dequantize_q4_0(&fc->k, &t->k) == ATTN_OK && attn_dequantize_q4_0(&fc->v, &t->v) == ATTN_OK,
+              "q4_0: dequantize: %s", attn_last_error());
+        return;
+    }
     for (int x = 0; x < 2; x++) {
         const attn_tensor *dst = x ? &t->v : &t->k;
         const uint8_t *bytes = x ? fc->vb : fc->kb;
@@ -267,7 +287,7 @@ static void fp8_free(fp8cache *fc) { free(fc->kb), free(fc->vb), free(fc->ks), f
 static int fp8_within(tcall *t, const fp8cache *fc) {
     const attn_tensor kf = t->k, vf = t->v;
     t->k = fc->k, t->v = fc->v;
-    t->opt.k_scale = &fc->tks, t->opt.v_scale = &fc->tvs;
+    if (fc->scaled) t->opt.k_scale = &fc->tks, t->opt.v_scale = &fc->tvs;
     const attn_status st = tcall_run(t, ATTN_PATH_FUSED, 0);
     t->k = kf, t->v = vf;
     t->opt.k_scale = t->opt.v_scale = NULL;
@@ -288,22 +308,23 @@ static void paged_same(tcall *t, const fp8cache *fc, const fmt *f, const char *w
     enum { PS = 16 };
     const int64_t mp = (c->Lk + PS - 1) / PS, np = c->B * mp + 3;
     int32_t *perm = shuffled_pages(np, u), *bt = malloc(sizeof(int32_t) * (size_t)(c->B * mp));
-    uint8_t *pk = malloc((size_t)(np * c->Hkv * PS * c->Dk)), *pv = malloc((size_t)(np * c->Hkv * PS * c->Dv));
-    memset(pk, 0x7F, (size_t)(np * c->Hkv * PS * c->Dk));  // NaN in both formats: never read
-    memset(pv, 0x7F, (size_t)(np * c->Hkv * PS * c->Dv));
+    const int64_t rk = rowb(f, c->Dk), rv = rowb(f, c->Dv);
+    uint8_t *pk = malloc((size_t)(np * c->Hkv * PS * rk)), *pv = malloc((size_t)(np * c->Hkv * PS * rv));
+    memset(pk, 0x7F, (size_t)(np * c->Hkv * PS * rk));  // NaN in every format (q4_0: its scales)
+    memset(pv, 0x7F, (size_t)(np * c->Hkv * PS * rv));
     for (int64_t b = 0; b < c->B; b++)
         for (int64_t pg = 0; pg < mp; pg++) bt[b * mp + pg] = perm[b * mp + pg];
     for (int64_t b = 0; b < c->B; b++)
         for (int64_t g = 0; g < c->Hkv; g++)
             for (int64_t j = 0; j < c->Lk; j++) {
                 const int64_t page = bt[b * mp + j / PS];
-                memcpy(pk + ((page * c->Hkv + g) * PS + j % PS) * c->Dk, fc->kb + ((b * c->Hkv + g) * c->Lk + j) * c->Dk, (size_t)c->Dk);
-                memcpy(pv + ((page * c->Hkv + g) * PS + j % PS) * c->Dv, fc->vb + ((b * c->Hkv + g) * c->Lk + j) * c->Dv, (size_t)c->Dv);
+                memcpy(pk + ((page * c->Hkv + g) * PS + j % PS) * rk, fc->kb + ((b * c->Hkv + g) * c->Lk + j) * rk, (size_t)rk);
+                memcpy(pv + ((page * c->Hkv + g) * PS + j % PS) * rv, fc->vb + ((b * c->Hkv + g) * c->Lk + j) * rv, (size_t)rv);
             }
     float *o1 = malloc(sizeof(float) * (size_t)t->no), *o2 = malloc(sizeof(float) * (size_t)t->no);
     const attn_tensor kf = t->k, vf = t->v;
     attn_tensor tbt = attn_tensor_4d(bt, ATTN_I32, c->B, mp, 1, 1);
-    t->opt.k_scale = &fc->tks, t->opt.v_scale = &fc->tvs;
+    if (fc->scaled) t->opt.k_scale = &fc->tks, t->opt.v_scale = &fc->tvs;
     for (int path = 0; path < 2; path++) {
         const attn_path ap = path ? ATTN_PATH_REFERENCE : ATTN_PATH_FUSED;
         t->k = fc->k, t->v = fc->v;
@@ -347,18 +368,18 @@ static void run_case(const fp8case *fc_, const fmt *f) {
     /* the oracle of the unquantized values must fail: the tolerance sees fp8 */
     tcall_oracle(&t);
     CHECK(fp8_within(&t, &fc) == 0, "%s %s: within the float32 tolerance of the UNquantized "
-          "answer: the check cannot see fp8", f->name, fc_->what);
+          "answer: the check cannot see the format", f->name, fc_->what);
 
     fp8_dequant_into(&fc, &t, f);
     tcall_oracle(&t);
     /* unread rows (past each batch's kv_len) NaN in the cache: never read */
     if (c->kvlen) {
-        const uint8_t nan = f->nan_code;
-        for (int64_t b = 0; b < c->B; b++)
+        const int64_t rk = rowb(f, c->Dk), rv = rowb(f, c->Dv);
+        for (int64_t b = 0; b < c->B; b++)  // 0x7F: NaN in every format (q4_0: the scales)
             for (int64_t j = oracle_lkb(&t.opt, b, c->Lk); j < c->Lk; j++)
                 for (int64_t g = 0; g < c->Hkv; g++) {
-                    memset(fc.kb + ((b * c->Hkv + g) * c->Lk + j) * c->Dk, nan, (size_t)c->Dk);
-                    memset(fc.vb + ((b * c->Hkv + g) * c->Lk + j) * c->Dv, nan, (size_t)c->Dv);
+                    memset(fc.kb + ((b * c->Hkv + g) * c->Lk + j) * rk, 0x7F, (size_t)rk);
+                    memset(fc.vb + ((b * c->Hkv + g) * c->Lk + j) * rv, 0x7F, (size_t)rv);
                 }
     }
     const attn_tensor kf = t.k, vf = t.v;
@@ -368,7 +389,7 @@ static void run_case(const fp8case *fc_, const fmt *f) {
             snprintf(what, sizeof what, "%s %s (%s, %s, %d threads)", f->name, fc_->what,
                      attn_kernel_name(), path ? "reference" : "fused", threads);
             t.k = fc.k, t.v = fc.v;
-            t.opt.k_scale = &fc.tks, t.opt.v_scale = &fc.tvs;
+            if (fc.scaled) t.opt.k_scale = &fc.tks, t.opt.v_scale = &fc.tvs;
             attn_status st = tcall_run(&t, path ? ATTN_PATH_REFERENCE : ATTN_PATH_FUSED, threads);
             /* the check's LSE bound reads K as floats: the dequantized views */
             t.k = kf, t.v = vf;
@@ -380,13 +401,13 @@ static void run_case(const fp8case *fc_, const fmt *f) {
     /* a planted error: one code of V (a read row, near the largest magnitude) changed by
      * a few steps; the check must see it */
     {
-        int64_t at = 0;
+        int64_t at = 2;  // q4_0: the first byte of nibbles of row 0, its top nibble's high bit
         uint8_t best = 0;
         const int64_t lk0 = c->kvlen ? oracle_lkb(&t.opt, 0, c->Lk) : c->Lk;
-        for (int64_t j = 0; j < (lk0 < 32 ? lk0 : 32) * c->Dv; j++)  // keys every case reads
+        for (int64_t j = 0; f->dt != ATTN_Q4_0 && j < (lk0 < 32 ? lk0 : 32) * c->Dv; j++)  // keys every case reads
             if ((fc.vb[j] & 0x7F) > best && (fc.vb[j] & 0x7F) < f->max_code) best = fc.vb[j] & 0x7F, at = j;
         const uint8_t keep = fc.vb[at];
-        fc.vb[at] = (uint8_t)(keep ^ 0x80);  // the sign flipped
+        fc.vb[at] = (uint8_t)(keep ^ 0x80);  // the sign flipped (q4_0: 8 steps of d)
         CHECK(fp8_within(&t, &fc) == 0, "%s %s: one V code's sign flipped and the output still "
               "within the tolerance", f->name, fc_->what);
         fc.vb[at] = keep;
@@ -419,7 +440,10 @@ static void test_forward(const fmt *f) {
     c = fcase_new(7, 2, 6, 3, 3, 90, 64, 32);
     c.lse = 1, c.weights = 1, c.causal = 1, c.align = 1, c.layout = 1;
     cases[n++] = (fp8case){c, 0, "lse+weights, [B, L, H, D]"};
-    for (int i = 0; i < n; i++) run_case(&cases[i], f);
+    for (int i = 0; i < n; i++) {
+        if (f->dt == ATTN_Q4_0 && cases[i].c.Dv % 32) cases[i].c.Dv = 64;  // whole blocks
+        run_case(&cases[i], f);
+    }
 }
 
 /* varlen: each sequence's rows, bit for bit attn_forward on them alone */
@@ -570,12 +594,12 @@ static void test_error_table(void) {
     attn_tensor tk = attn_tensor_4d(k, ATTN_F32, B, H, LK, D), tv = attn_tensor_4d(v, ATTN_F32, B, H, LK, D);
     oracle_forward(&tq, &tk, &tv, NULL, ref, NULL, NULL);
     void *kc = malloc((size_t)nk * 4), *vc = malloc((size_t)nk * 4);
-    const attn_dtype dts[6] = {ATTN_F32, ATTN_BF16, ATTN_F16, ATTN_Q8_0, ATTN_FP8_E4M3, ATTN_FP8_E5M2};
-    const double ceiling[6] = {1e-5, 1e-2, 2e-3, 1e-2, 1e-1, 2e-1};
+    const attn_dtype dts[7] = {ATTN_F32, ATTN_BF16, ATTN_F16, ATTN_Q8_0, ATTN_FP8_E4M3, ATTN_FP8_E5M2, ATTN_Q4_0};
+    const double ceiling[7] = {1e-5, 1e-2, 2e-3, 1e-2, 1e-1, 2e-1, 3e-1};
     printf("error against float64 on the true float32 values, B=%d H=%d Lq=%d Lk=%d D=%d, N(0,1) q k v;\n"
            "fp8 scales amax / largest per tensor (vLLM's calibration):\n", B, H, LQ, LK, D);
     printf("  %-10s %12s %12s\n", "cache", "max |err|", "rel Frob");
-    for (int x = 0; x < 6; x++) {
+    for (int x = 0; x < 7; x++) {
         const attn_dtype dt = dts[x];
         attn_tensor ck = attn_tensor_4d(kc, dt, B, H, LK, D), cv = attn_tensor_4d(vc, dt, B, H, LK, D);
         attn_options opt = {0};
@@ -583,6 +607,8 @@ static void test_error_table(void) {
         attn_tensor tks = attn_tensor_4d(&ks, ATTN_F32, 1, 1, 1, 1), tvs = attn_tensor_4d(&vs, ATTN_F32, 1, 1, 1, 1);
         if (dt == ATTN_Q8_0) {
             CHECK(attn_quantize_q8_0(&tk, &ck) == ATTN_OK && attn_quantize_q8_0(&tv, &cv) == ATTN_OK, "table q8_0");
+        } else if (dt == ATTN_Q4_0) {
+            CHECK(attn_quantize_q4_0(&tk, &ck) == ATTN_OK && attn_quantize_q4_0(&tv, &cv) == ATTN_OK, "table q4_0");
         } else {
             if (attn_is_fp8(dt)) {
                 const double mx = dt == ATTN_FP8_E4M3 ? 448.0 : 57344.0;
@@ -609,6 +635,196 @@ static void test_error_table(void) {
     free(q), free(k), free(v), free(o), free(ref), free(kc), free(vc);
 }
 
+/* ---- 6. q4_0 ------------------------------------------------------------------------------ */
+
+/* a block of 18 bytes written by hand: scale bytes lo, hi, then element i < 16 the low
+ * nibble of byte 2 + i and element i + 16 its high nibble */
+static void q4_hand(uint8_t *b, uint8_t lo, uint8_t hi, const int *nib) {
+    b[0] = lo, b[1] = hi;
+    for (int i = 0; i < 16; i++) b[2 + i] = (uint8_t)(nib[i] | nib[i + 16] << 4);
+}
+
+static void q4_quantize_one(const float *x, uint8_t *b) {
+    attn_tensor s = attn_tensor_4d((void *)x, ATTN_F32, 1, 1, 1, 32), d = attn_tensor_4d(b, ATTN_Q4_0, 1, 1, 1, 32);
+    CHECK(attn_quantize_q4_0(&s, &d) == ATTN_OK, "q4_0 quantize: %s", attn_last_error());
+}
+
+static void test_q4_blocks(void) {
+    /* block 0: scale 0x3C00 (1.0), nibbles 0..15 then 15..0: values -8..7, 7..-8; block 1:
+     * scale 0x3C01 (1 + 2^-10: the byte order), nibbles (3 i) mod 16 */
+    int nib0[32], nib1[32];
+    for (int i = 0; i < 16; i++) nib0[i] = i, nib0[16 + i] = 15 - i;
+    for (int i = 0; i < 32; i++) nib1[i] = (3 * i) % 16;
+    uint8_t buf[36];
+    q4_hand(buf, 0x00, 0x3C, nib0);
+    q4_hand(buf + 18, 0x01, 0x3C, nib1);
+    float out[64];
+    attn_tensor src = attn_tensor_4d(buf, ATTN_Q4_0, 1, 1, 1, 64), dst = attn_tensor_4d(out, ATTN_F32, 1, 1, 1, 64);
+    CHECK(attn_dtype_size(ATTN_Q4_0) == 18 && attn_dtype_block(ATTN_Q4_0) == 32 &&
+          strcmp(attn_dtype_name(ATTN_Q4_0), "q4_0") == 0, "q4_0: size, block or name wrong");
+    CHECK(attn_dequantize_q4_0(&src, &dst) == ATTN_OK, "q4_0 dequantize the hand blocks: %s", attn_last_error());
+    int bad = 0;
+    const float d1 = 1.0f + 0x1p-10f;
+    for (int i = 0; i < 32; i++) bad += out[i] != (float)(nib0[i] - 8) || out[32 + i] != d1 * (float)(nib1[i] - 8);
+    CHECK(bad == 0, "q4_0 hand blocks: %d of 64 values are not d * (nibble - 8)", bad);
+
+    /* quantized again: block 0 holds -8 first (its largest magnitude, element 0), so d = 1
+     * and the same 18 bytes, bit for bit */
+    uint8_t again[18];
+    q4_quantize_one(out, again);
+    CHECK(memcmp(again, buf, 18) == 0, "q4_0 hand block 0: dequantize then quantize changed its bytes");
+
+    /* the forward reads the same bytes: one key (block 0), V the two blocks */
+    float q[32] = {0}, o[64];
+    attn_tensor tq = attn_tensor_4d(q, ATTN_F32, 1, 1, 1, 32), to = attn_tensor_4d(o, ATTN_F32, 1, 1, 1, 64);
+    attn_tensor tk = attn_tensor_4d(buf, ATTN_Q4_0, 1, 1, 1, 32), tv = attn_tensor_4d(buf, ATTN_Q4_0, 1, 1, 1, 64);
+    for (int path = 0; path < 2; path++) {
+        attn_options opt = {.path = path ? ATTN_PATH_REFERENCE : ATTN_PATH_FUSED};
+        CHECK(attn_forward(&tq, &tk, &tv, &to, &opt) == ATTN_OK, "q4_0 forward on the hand blocks: %s", attn_last_error());
+        CHECK(memcmp(o, out, sizeof o) == 0, "q4_0, path %d: one key's output is not its V row bit for bit", path);
+    }
+
+    /* known inputs. max -8 first: d = 1; x / d + 8.5 truncated: 0.5 -> 9, -0.5 -> 8 (ties
+     * up), 1.49 -> 9, 7.6 -> 15 (clipped at 15 from 16), -7.6 -> 0 */
+    float x[32] = {0};
+    uint8_t b[18];
+    x[0] = -8.0f, x[1] = 0.5f, x[2] = -0.5f, x[3] = 1.49f, x[4] = 7.6f, x[5] = -7.6f, x[17] = 8.0f;
+    q4_quantize_one(x, b);
+    CHECK(b[0] == 0x00 && b[1] == 0x3C, "q4_0 max -8: scale bytes %02x %02x, expected 00 3c", b[0], b[1]);
+    CHECK((b[2] & 15) == 0 && (b[3] & 15) == 9 && (b[4] & 15) == 8 && (b[5] & 15) == 9 && (b[6] & 15) == 15 &&
+          (b[7] & 15) == 0 && (b[8] & 15) == 8 && (b[3] >> 4) == 15,
+          "q4_0 max -8: nibbles %d %d %d %d %d %d %d / %d, expected 0 9 8 9 15 0 8 / 15", b[2] & 15, b[3] & 15,
+          b[4] & 15, b[5] & 15, b[6] & 15, b[7] & 15, b[8] & 15, b[3] >> 4);
+    /* a positive max: d = 4 / -8 = -0.5; 4 -> nibble 0 (value 4), -4 -> 16 clipped to 15
+     * (value -3.5); the first of two equal magnitudes decides the sign */
+    memset(x, 0, sizeof x);
+    x[3] = 4.0f, x[7] = -4.0f;
+    q4_quantize_one(x, b);
+    CHECK(b[0] == 0x00 && b[1] == 0xB8 && (b[5] >> 4) == 8 && (b[9] >> 4) == 8 && (b[5] & 15) == 0 &&
+          (b[9] & 15) == 15, "q4_0 max +4 first: bytes %02x %02x, nibbles %d %d", b[0], b[1], b[5] & 15, b[9] & 15);
+    x[3] = -4.0f, x[7] = 4.0f;
+    q4_quantize_one(x, b);
+    CHECK(b[0] == 0x00 && b[1] == 0x38, "q4_0 max -4 first: scale bytes %02x %02x, expected 00 38", b[0], b[1]);
+    /* all zeros: d = 0 / -8 = -0 (float16 0x8000, as llama.cpp's reference stores it),
+     * every nibble 8 */
+    memset(x, 0, sizeof x);
+    q4_quantize_one(x, b);
+    bad = b[0] != 0 || b[1] != 0x80;
+    for (int i = 2; i < 18; i++) bad += b[i] != 0x88;
+    CHECK(bad == 0, "q4_0 all-zero block: not d = 0 and nibbles 8");
+    /* the float16 rounding of d: max -1/3 gives d = 1/24 */
+    x[0] = -1.0f / 3.0f;
+    q4_quantize_one(x, b);
+    CHECK((uint16_t)(b[0] | b[1] << 8) == attn_f32_to_f16((-1.0f / 3.0f) / -8.0f), "q4_0: scale not float16(max / -8)");
+
+    /* random rows, strided source: |x - d16 (q - 8)| <= |d| (1 + 8 2^-11) (the clip at 15
+     * costs up to one step; float16's rounding of d 8 half-ulps at the ends) */
+    enum { ROWS = 40, D = 96 };
+    rng_t r = {17};
+    float *src2 = malloc(sizeof(float) * ROWS * D * 2), *back = malloc(sizeof(float) * ROWS * D);
+    uint8_t *q4 = malloc((size_t)ROWS * D / 32 * 18);
+    for (int64_t i = 0; i < ROWS * D * 2; i++) src2[i] = (float)(rng_normal(&r) * pow(10.0, (double)(i / 192 % 6) - 2));
+    attn_tensor ts = {src2, ATTN_F32, {1, 1, ROWS, D}, {0, 0, 2 * D, 2}};
+    attn_tensor tq4 = attn_tensor_4d(q4, ATTN_Q4_0, 1, 1, ROWS, D), tb = attn_tensor_4d(back, ATTN_F32, 1, 1, ROWS, D);
+    CHECK(attn_quantize_q4_0(&ts, &tq4) == ATTN_OK && attn_dequantize_q4_0(&tq4, &tb) == ATTN_OK, "q4_0 random: %s",
+          attn_last_error());
+    int64_t over = 0;
+    for (int64_t row = 0; row < ROWS; row++)
+        for (int64_t c = 0; c < D / 32; c++) {
+            double amax = 0;
+            for (int i = 0; i < 32; i++) amax = fmax(amax, fabs(src2[row * 2 * D + 2 * (c * 32 + i)]));
+            for (int i = 0; i < 32; i++)
+                over += fabs((double)src2[row * 2 * D + 2 * (c * 32 + i)] - back[row * D + c * 32 + i]) >
+                        amax / 8 * (1 + 8.0 / 2048) * (1 + 1e-6);
+        }
+    CHECK(over == 0, "q4_0 random: %lld values off by more than |d| (1 + 8/2048)", (long long)over);
+
+    /* attn_kv_append into a q4_0 cache: attn_quantize_q4_0's bytes; refused inputs */
+    uint8_t cache[4 * 64 / 32 * 18], want[4 * 64 / 32 * 18];
+    int32_t len = 1;
+    attn_tensor tl = attn_tensor_4d(&len, ATTN_I32, 1, 1, 1, 1);
+    attn_tensor kn = attn_tensor_4d(src2, ATTN_F32, 1, 1, 2, 64);
+    attn_tensor tc = attn_tensor_4d(cache, ATTN_Q4_0, 1, 1, 4, 64);
+    memset(cache, 0xA5, sizeof cache);
+    memcpy(want, cache, sizeof want);
+    attn_tensor tw = attn_tensor_4d(want + 2 * 18, ATTN_Q4_0, 1, 1, 2, 64);  // rows 1, 2
+    CHECK(attn_quantize_q4_0(&kn, &tw) == ATTN_OK, "q4_0: %s", attn_last_error());
+    attn_tensor vn = kn, vc = tc;
+    uint8_t vcache[sizeof cache];
+    vc.data = vcache;
+    CHECK(attn_kv_append(&kn, &vn, &tc, &vc, NULL, NULL, &tl) == ATTN_OK && memcmp(cache, want, sizeof cache) == 0,
+          "q4_0: attn_kv_append's bytes are not attn_quantize_q4_0's (%s)", attn_last_error());
+    const float one = 1.0f;
+    attn_tensor tone = attn_tensor_4d((void *)&one, ATTN_F32, 1, 1, 1, 1);
+    float keep = src2[70];
+    const float poison[3] = {NAN, INFINITY, 1e6f};
+    for (int i = 0; i < 4; i++) {
+        memset(cache, 0xA5, sizeof cache);
+        attn_status st, want_st = ATTN_ERR_VALUE;
+        if (i < 3) {
+            src2[70] = poison[i];
+            st = attn_kv_append(&kn, &vn, &tc, &vc, NULL, NULL, &tl);
+            src2[70] = keep;
+        } else {
+            st = attn_kv_append_scaled(&kn, &vn, &tc, &vc, NULL, NULL, &tl, &tone, NULL);
+        }
+        int written = 0;
+        for (size_t e = 0; e < sizeof cache; e++) written += cache[e] != 0xA5;
+        CHECK(st == want_st && written == 0, "q4_0 append, bad case %d: %s, %d bytes written", i,
+              attn_status_string(st), written);
+        /* the same refusals from attn_quantize_q4_0, nothing written */
+        if (i < 3) {
+            src2[70] = poison[i];
+            memset(want, 0xA5, sizeof want);
+            st = attn_quantize_q4_0(&kn, &tw);
+            src2[70] = keep;
+            written = 0;
+            for (size_t e = 0; e < sizeof want; e++) written += want[e] != 0xA5;
+            CHECK(st == ATTN_ERR_VALUE && written == 0, "q4_0 quantize, bad case %d: %s, %d bytes written", i,
+                  attn_status_string(st), written);
+        }
+    }
+    free(src2), free(back), free(q4);
+
+    /* layouts and dtypes refused, o untouched */
+    enum { L = 8, DD = 64 };
+    float qq[L * DD], oo[L * DD], kf[L * DD];
+    uint8_t k4[L * DD / 32 * 18 + 64] = {0}, v4[L * DD / 32 * 18] = {0};
+    for (int i = 0; i < L * DD; i++) qq[i] = kf[i] = (float)(i % 5) * 0.5f;
+    attn_tensor tq2 = attn_tensor_4d(qq, ATTN_F32, 1, 1, L, DD), to2 = attn_tensor_4d(oo, ATTN_F32, 1, 1, L, DD);
+    attn_tensor k2 = attn_tensor_4d(k4, ATTN_Q4_0, 1, 1, L, DD), v2 = attn_tensor_4d(v4, ATTN_Q4_0, 1, 1, L, DD);
+    CHECK(attn_forward(&tq2, &k2, &v2, &to2, NULL) == ATTN_OK, "q4_0: the sound call: %s", attn_last_error());
+    typedef struct { attn_tensor q, k, v, o; attn_status want; const char *what; const attn_tensor *scale; } bad_call;
+    bad_call bc[9];
+    int n = 0;
+    attn_tensor xx;
+    xx = attn_tensor_4d(k4, ATTN_Q4_0, 1, 1, L / 2, 48); bc[n++] = (bad_call){tq2, xx, xx, to2, ATTN_ERR_SHAPE, "D = 48", NULL};
+    xx = k2; xx.stride[3] = 2; xx.shape[3] = 32; bc[n++] = (bad_call){tq2, xx, xx, to2, ATTN_ERR_STRIDE, "stride[3] = 2", NULL};
+    xx = k2; xx.stride[2] = DD + 8; xx.shape[2] = 4; bc[n++] = (bad_call){tq2, xx, xx, to2, ATTN_ERR_STRIDE, "stride[2] = 72", NULL};
+    xx = k2; xx.stride[2] = 16; xx.shape[2] = 4; bc[n++] = (bad_call){tq2, xx, xx, to2, ATTN_ERR_STRIDE, "stride[2] = 16", NULL};
+    xx = attn_tensor_4d(qq, ATTN_Q4_0, 1, 1, L, DD); bc[n++] = (bad_call){xx, k2, v2, to2, ATTN_ERR_DTYPE, "q4_0 q", NULL};
+    xx = attn_tensor_4d(oo, ATTN_Q4_0, 1, 1, L, DD); bc[n++] = (bad_call){tq2, k2, v2, xx, ATTN_ERR_DTYPE, "q4_0 o", NULL};
+    xx = attn_tensor_4d(kf, ATTN_F32, 1, 1, L, DD); bc[n++] = (bad_call){tq2, k2, xx, to2, ATTN_ERR_DTYPE, "q4_0 k, float32 v", NULL};
+    xx = attn_tensor_4d(k4, ATTN_Q8_0, 1, 1, L, DD); bc[n++] = (bad_call){tq2, k2, xx, to2, ATTN_ERR_DTYPE, "q4_0 k, q8_0 v", NULL};
+    bc[n++] = (bad_call){tq2, k2, v2, to2, ATTN_ERR_VALUE, "a scale with q4_0", &tone};
+    for (int i = 0; i < n; i++) {
+        fill_sentinel(oo, L * DD);
+        attn_options opt = {.k_scale = bc[i].scale};
+        attn_status st = attn_forward(&bc[i].q, &bc[i].k, &bc[i].v, &bc[i].o, &opt);
+        CHECK(st == bc[i].want, "q4_0 %s: %s (%s), expected %s", bc[i].what, attn_status_string(st), attn_last_error(),
+              attn_status_string(bc[i].want));
+        CHECK(count_written(oo, L * DD) == 0, "q4_0 %s: o written on a refused call", bc[i].what);
+    }
+    {
+        float lse[L], dq[L * DD];
+        attn_tensor tl2 = attn_tensor_4d(lse, ATTN_F32, 1, 1, L, 1), tdq = attn_tensor_4d(dq, ATTN_F32, 1, 1, L, DD);
+        fill_sentinel(dq, L * DD);
+        attn_status st = attn_backward(&tq2, &k2, &v2, &to2, &to2, &tl2, &tdq, NULL, NULL, NULL);
+        CHECK(st == ATTN_ERR_DTYPE && count_written(dq, L * DD) == 0, "q4_0: the backward: %s, expected "
+              "ATTN_ERR_DTYPE, nothing written", attn_status_string(st));
+    }
+}
+
 int main(void) {
     const fmt *fmts[2] = {&E4M3, &E5M2};
     for (int i = 0; i < 2; i++) {
@@ -618,6 +834,8 @@ int main(void) {
         test_varlen(fmts[i]);
         test_misuse(fmts[i]);
     }
+    test_q4_blocks();
+    test_forward(&Q4);
     test_error_table();
     return check_summary("test_fp8_q4");
 }
