@@ -1,5 +1,6 @@
 /*
- * test_fp8_q4.c — the fp8 KV cache dtypes (ATTN_FP8_E4M3, ATTN_FP8_E5M2) and their scales.
+ * test_fp8_q4.c — the fp8 KV cache dtypes (ATTN_FP8_E4M3, ATTN_FP8_E5M2) and their scales,
+ *                 and the q4_0 one (ATTN_Q4_0).
  *
  * 1. The formats, code by code: each of the 256 bytes of each format against a decoder
  *    written here from the OCP definition (ldexp of the fields, not bit moves), through
@@ -20,8 +21,14 @@
  *    with a non-fp8 cache, a scale of the wrong shape or dtype, fp8 q or o, k and v of
  *    different dtypes, the backward.
  * 5. The error table of docs/CONTRACT.md: one call's error against the float64 answer on
- *    the TRUE float32 values, for caches of float32, bfloat16, float16, q8_0, fp8_e4m3 and
- *    fp8_e5m2 (printed, and each checked against a loose ceiling).
+ *    the TRUE float32 values, for caches of float32, bfloat16, float16, q8_0, fp8_e4m3,
+ *    fp8_e5m2 and q4_0 (printed, and each checked against a loose ceiling).
+ * 6. q4_0 (llama.cpp's block_q4_0): blocks written by hand read back bit for bit (the
+ *    conversion and the forward) and quantized again to the same bytes; known inputs
+ *    (ties up, the clip at 15, the first max's sign, all zeros, the float16 scale); a
+ *    bound on random rows; attn_kv_append's bytes are attn_quantize_q4_0's; NaN, inf and
+ *    too large refused with nothing written; bad layouts and dtypes; then section 3's
+ *    forward cases over a q4_0 cache.
  * Run once per kernel by scripts/check.sh (ATTN_ISA).
  */
 #include <math.h>
