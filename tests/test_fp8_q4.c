@@ -488,6 +488,51 @@ static void test_varlen(const fmt *f) {
     CHECK(bad == 0, "%s varlen: %d rows differ from attn_forward on the sequence alone", f->name, bad);
 }
 
+/* attn_weights_grid over an fp8 (or q4_0) K with per-head scales: the grid of the
+ * dequantized float32 K, bit for bit on the reference path, within the float32 rule on
+ * the fused one */
+static void test_grid(const fmt *f) {
+    enum { H = 2, LQ = 5, LK = 70, D = 64, R = 3, C = 7 };
+    float q[H * LQ * D], kd[H * LK * D], o[H * LQ * D], lse[H * LQ], g1[H * R * C], g2[H * R * C];
+    uint8_t k8[H * LK * D];
+    double gref[H * R * C];
+    rng_t r = {31};
+    for (int i = 0; i < H * LQ * D; i++) q[i] = (float)rng_range(&r, -1, 1);
+    for (int i = 0; i < H * LK * D; i++) kd[i] = (float)rng_range(&r, -3, 3);
+    const float sc[H] = {0.75f, 0.03125f};
+    attn_tensor ts = attn_tensor_4d((void *)sc, ATTN_F32, H, 1, 1, 1);
+    attn_tensor tkd = attn_tensor_4d(kd, ATTN_F32, 1, H, LK, D), tk8 = attn_tensor_4d(k8, f->dt, 1, H, LK, D);
+    const bool q4 = f->dt == ATTN_Q4_0;
+    if (q4) {
+        CHECK(attn_quantize_q4_0(&tkd, &tk8) == ATTN_OK && attn_dequantize_q4_0(&tk8, &tkd) == ATTN_OK,
+              "grid q4_0: %s", attn_last_error());
+    } else {
+        for (int64_t g = 0; g < H; g++)
+            for (int64_t e = 0; e < LK * D; e++) {
+                /* codes with the exponent's top bit clear: |value| < 2, no NaN or inf */
+                k8[g * LK * D + e] = (uint8_t)(e * 37 % 256) & 0xBF;
+                kd[g * LK * D + e] = (float)dec(f, k8[g * LK * D + e]) * sc[g];
+            }
+    }
+    attn_tensor tq = attn_tensor_4d(q, ATTN_F32, 1, H, LQ, D), to = attn_tensor_4d(o, ATTN_F32, 1, H, LQ, D);
+    attn_tensor tl = attn_tensor_4d(lse, ATTN_F32, 1, H, LQ, 1);
+    attn_tensor tg1 = attn_tensor_4d(g1, ATTN_F32, 1, H, R, C), tg2 = attn_tensor_4d(g2, ATTN_F32, 1, H, R, C);
+    attn_options lo = {.lse = &tl, .path = ATTN_PATH_REFERENCE};
+    CHECK(attn_forward(&tq, &tkd, &tkd, &to, &lo) == ATTN_OK, "grid lse: %s", attn_last_error());
+    attn_options ref = {.path = ATTN_PATH_REFERENCE}, ref8 = ref;
+    if (!q4) ref8.k_scale = &ts;
+    CHECK(attn_weights_grid(&tq, &tkd, &tl, &tg1, ATTN_REDUCE_SUM, &ref) == ATTN_OK &&
+          attn_weights_grid(&tq, &tk8, &tl, &tg2, ATTN_REDUCE_SUM, &ref8) == ATTN_OK, "%s grid: %s", f->name,
+          attn_last_error());
+    CHECK(memcmp(g1, g2, sizeof g1) == 0, "%s: the reference grid is not the dequantized K's bit for bit", f->name);
+    for (int i = 0; i < H * R * C; i++) gref[i] = g1[i];
+    ref8.path = ATTN_PATH_FUSED;
+    tol_result tr = {0};
+    CHECK(attn_weights_grid(&tq, &tk8, &tl, &tg2, ATTN_REDUCE_SUM, &ref8) == ATTN_OK &&
+          within_f32_tol(g2, gref, H * R * C, &tr), "%s: the fused grid: %s, max err %.3g", f->name,
+          attn_last_error(), tr.max_err);
+}
+
 /* ---- 4. misuse ------------------------------------------------------------------------- */
 
 static void test_misuse(const fmt *f) {
@@ -839,10 +884,12 @@ int main(void) {
         test_encode(fmts[i]);
         test_forward(fmts[i]);
         test_varlen(fmts[i]);
+        test_grid(fmts[i]);
         test_misuse(fmts[i]);
     }
     test_q4_blocks();
     test_forward(&Q4);
+    test_grid(&Q4);
     test_error_table();
     return check_summary("test_fp8_q4");
 }
