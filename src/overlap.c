@@ -186,11 +186,13 @@ attn_status attn_check_forward_aliasing(const attn_tensor *q, const attn_tensor 
                                         const attn_tensor *v, const attn_tensor *o,
                                         const attn_options *opt, size_t ws_need) {
     static const char *const in_names[] = {"q", "k", "v", "mask", "bias", "kv_len",
-                                           "alibi_slopes", "sinks", "block_table"};
+                                           "alibi_slopes", "sinks", "block_table",
+                                           "k_scale", "v_scale"};
     static const char *const out_names[] = {"o", "lse", "weights"};
     const attn_tensor *in[] = {q, k, v, opt ? opt->mask : NULL, opt ? opt->bias : NULL,
                                opt ? opt->kv_len : NULL, opt ? opt->alibi_slopes : NULL,
-                               opt ? opt->sinks : NULL, opt ? opt->block_table : NULL};
+                               opt ? opt->sinks : NULL, opt ? opt->block_table : NULL,
+                               opt ? opt->k_scale : NULL, opt ? opt->v_scale : NULL};
     const attn_tensor *out[] = {o, opt ? opt->lse : NULL, opt ? opt->weights : NULL};
     return check_outputs(in, in_names, COUNT(in), out, out_names, COUNT(out), opt, ws_need);
 }

@@ -573,6 +573,18 @@ static void test_misuse(const fmt *f) {
             CHECK(count_written(o, H * L * D) == 0, "%s: %s: o written", f->name, what);
         }
     }
+    /* o sharing bytes with a scale: ATTN_ERR_STRIDE, nothing else written */
+    {
+        float ob[H * L * D + 1];
+        fill_sentinel(ob, H * L * D + 1);
+        ob[0] = 0.5f;
+        attn_tensor tob = attn_tensor_4d(ob, ATTN_F32, 1, H, L, D), tsc = attn_tensor_4d(ob, ATTN_F32, 1, 1, 1, 1);
+        attn_options opt = {.v_scale = &tsc};
+        attn_status st = attn_forward(&tq, &tk, &tv, &tob, &opt);
+        CHECK(st == ATTN_ERR_STRIDE && ob[0] == 0.5f && count_written(ob + 1, H * L * D) == 0,
+              "%s: o overlapping v_scale: %s, expected ATTN_ERR_STRIDE with nothing written", f->name,
+              attn_status_string(st));
+    }
     /* dtypes: fp8 q or o, k and v of different dtypes, the backward */
     attn_tensor q8 = attn_tensor_4d(k8, f->dt, 1, H, L, D);
     const attn_tensor *other_dt = f->dt == ATTN_FP8_E4M3 ? &(attn_tensor){v8, ATTN_FP8_E5M2, {1, H, L, D}, {H * L * D, L * D, D, 1}}
