@@ -16,7 +16,9 @@
  *    bias, window + ALiBi + softcap, LSE and weights, per-head scales. The same check must
  *    fail against the oracle of the UNquantized values and on a cache with one code
  *    changed (the tolerance sees both). A paged cache (shuffled pages) gives the
- *    contiguous cache's output bit for bit; varlen gives attn_forward's per sequence.
+ *    contiguous cache's output bit for bit; varlen gives attn_forward's per sequence;
+ *    attn_weights_grid over fp8 K is the dequantized K's grid; attn_cascade_forward over
+ *    fp8 parts is attention over their concatenated keys.
  * 4. Misuse refused with nothing written: bad scales (0, -0, negative, NaN, inf), a scale
  *    with a non-fp8 cache, a scale of the wrong shape or dtype, fp8 q or o, k and v of
  *    different dtypes, the backward.
@@ -488,6 +490,47 @@ static void test_varlen(const fmt *f) {
     CHECK(bad == 0, "%s varlen: %d rows differ from attn_forward on the sequence alone", f->name, bad);
 }
 
+/* attn_cascade_forward over an fp8 prefix and fp8 suffixes with one pair of scales (opt's,
+ * for both parts): per batch, attn_forward's reference over the concatenated keys, within
+ * the float32 rule */
+static void test_cascade(const fmt *f) {
+    enum { B = 2, H = 2, LQ = 3, P = 40, S = 9, D = 32 };
+    float q[B * H * LQ * D], o[B * H * LQ * D], o1[H * LQ * D];
+    uint8_t kp[H * P * D], vp[H * P * D], ks[B * H * S * D], vs[B * H * S * D], kc[H * (P + S) * D], vc[H * (P + S) * D];
+    rng_t r = {41};
+    for (int i = 0; i < B * H * LQ * D; i++) q[i] = (float)rng_range(&r, -1, 1);
+    uint8_t *all[4] = {kp, vp, ks, vs};
+    const int sizes[4] = {H * P * D, H * P * D, B * H * S * D, B * H * S * D};
+    for (int a = 0; a < 4; a++)
+        for (int i = 0; i < sizes[a]; i++) all[a][i] = (uint8_t)rng_int(&r, 256) & 0xBF;  // |x| < 2
+    const float sk[H] = {0.5f, 2.0f}, sv[H] = {1.5f, 0.25f};
+    attn_tensor tsk = attn_tensor_4d((void *)sk, ATTN_F32, H, 1, 1, 1), tsv = attn_tensor_4d((void *)sv, ATTN_F32, H, 1, 1, 1);
+    attn_tensor tkp = attn_tensor_4d(kp, f->dt, 1, H, P, D), tvp = attn_tensor_4d(vp, f->dt, 1, H, P, D);
+    attn_tensor tks = attn_tensor_4d(ks, f->dt, B, H, S, D), tvs = attn_tensor_4d(vs, f->dt, B, H, S, D);
+    attn_cascade_kv pre = {&tkp, &tvp, NULL, NULL}, suf = {&tks, &tvs, NULL, NULL};
+    attn_tensor tq = attn_tensor_4d(q, ATTN_F32, B, H, LQ, D), to = attn_tensor_4d(o, ATTN_F32, B, H, LQ, D);
+    attn_options opt = {.causal = true, .align = ATTN_ALIGN_BOTTOM_RIGHT, .k_scale = &tsk, .v_scale = &tsv};
+    attn_status st = attn_cascade_forward(&tq, &pre, &suf, &to, &opt);
+    CHECK(st == ATTN_OK, "%s cascade: %s", f->name, attn_last_error());
+    int bad = 0;
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t g = 0; g < H; g++) {
+            memcpy(kc + g * (P + S) * D, kp + g * P * D, P * D), memcpy(vc + g * (P + S) * D, vp + g * P * D, P * D);
+            memcpy(kc + (g * (P + S) + P) * D, ks + (b * H + g) * S * D, S * D);
+            memcpy(vc + (g * (P + S) + P) * D, vs + (b * H + g) * S * D, S * D);
+        }
+        attn_tensor bq = attn_tensor_4d(q + b * H * LQ * D, ATTN_F32, 1, H, LQ, D), bo = attn_tensor_4d(o1, ATTN_F32, 1, H, LQ, D);
+        attn_tensor bk = attn_tensor_4d(kc, f->dt, 1, H, P + S, D), bv = attn_tensor_4d(vc, f->dt, 1, H, P + S, D);
+        attn_options ro = opt;
+        ro.path = ATTN_PATH_REFERENCE;
+        CHECK(attn_forward(&bq, &bk, &bv, &bo, &ro) == ATTN_OK, "%s cascade reference: %s", f->name, attn_last_error());
+        double ref[H * LQ * D];
+        for (int i = 0; i < H * LQ * D; i++) ref[i] = o1[i];
+        bad += !within_f32_tol(o + b * H * LQ * D, ref, H * LQ * D, NULL);
+    }
+    CHECK(st == ATTN_OK && bad == 0, "%s cascade: %d batches off the concatenated keys' answer", f->name, bad);
+}
+
 /* attn_weights_grid over an fp8 (or q4_0) K with per-head scales: the grid of the
  * dequantized float32 K, bit for bit on the reference path, within the float32 rule on
  * the fused one */
@@ -897,6 +940,7 @@ int main(void) {
         test_forward(fmts[i]);
         test_varlen(fmts[i]);
         test_grid(fmts[i]);
+        test_cascade(fmts[i]);
         test_misuse(fmts[i]);
     }
     test_q4_blocks();
