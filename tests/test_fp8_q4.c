@@ -132,18 +132,18 @@ static void test_codes(const fmt *f) {
     const float scales[3] = {1.0f, 0.5f, 3.0f};
     attn_tensor tq = attn_tensor_4d(q, ATTN_F32, 1, 1, 1, 32), to = attn_tensor_4d(o, ATTN_F32, 1, 1, 1, 256);
     attn_tensor tk = attn_tensor_4d(k, f->dt, 1, 1, 1, 32), tv = attn_tensor_4d(v, f->dt, 1, 1, 1, 256);
-    for (int si = 0; si < 3; si++) {
-        attn_tensor ts = attn_tensor_4d((void *)&scales[si], ATTN_F32, 1, 1, 1, 1);
+    for (int si = 0; si < 4; si++) {  // si 3: no scale given (1), the decoding step's case
+        attn_tensor ts = attn_tensor_4d((void *)&scales[si % 3], ATTN_F32, 1, 1, 1, 1);
         for (int path = 0; path < 2; path++) {
-            attn_options opt = {.path = path ? ATTN_PATH_REFERENCE : ATTN_PATH_FUSED, .v_scale = &ts};
+            attn_options opt = {.path = path ? ATTN_PATH_REFERENCE : ATTN_PATH_FUSED, .v_scale = si < 3 ? &ts : NULL};
             fill_sentinel(o, 256);
             attn_status st = attn_forward(&tq, &tk, &tv, &to, &opt);
             CHECK(st == ATTN_OK, "%s: forward over the 256 codes: %s", f->name, attn_last_error());
             bad = 0;
             for (int c = 0; c < 256; c++)  // fl32(value * scale): one rounding
-                bad += !same_float(o[c], (double)(float)(dec(f, (uint8_t)c) * (double)scales[si]));
-            CHECK(bad == 0, "%s, v_scale %g, %s path: %d of 256 codes read as another value", f->name,
-                  (double)scales[si], path ? "reference" : "fused", bad);
+                bad += !same_float(o[c], (double)(float)(dec(f, (uint8_t)c) * (double)scales[si % 3]));
+            CHECK(bad == 0, "%s, v_scale %g%s, %s path: %d of 256 codes read as another value", f->name,
+                  (double)scales[si % 3], si < 3 ? "" : " (none given)", path ? "reference" : "fused", bad);
         }
     }
 }
@@ -213,7 +213,8 @@ static void test_encode(const fmt *f) {
 
 typedef struct fp8case {
     fcase c;
-    int per_head;      /* scales {Hkv, 1, 1, 1}, else one per tensor */
+    int per_head;      /* scales {Hkv, 1, 1, 1}; 0: one per tensor; -1: none given (1: the
+                          kernels' decoding step reads the bytes, where it can) */
     const char *what;
 } fp8case;
 
@@ -230,10 +231,10 @@ typedef struct fp8cache {
  * the cache stands for (the oracle's input) */
 static void fp8_build(fp8cache *fc, tcall *t, const fmt *f, int per_head) {
     const fcase *c = &t->c;
-    const int64_t nh = per_head ? c->Hkv : 1;
+    const int64_t nh = per_head > 0 ? c->Hkv : 1;
     fc->kb = malloc((size_t)(c->B * c->Hkv * c->Lk * rowb(f, c->Dk)) + 1);
     fc->vb = malloc((size_t)(c->B * c->Hkv * c->Lk * rowb(f, c->Dv)) + 1);
-    fc->scaled = f->dt != ATTN_Q4_0;
+    fc->scaled = f->dt != ATTN_Q4_0 && per_head >= 0;
     fc->ks = malloc(sizeof(float) * (size_t)nh);
     fc->vs = malloc(sizeof(float) * (size_t)nh);
     fc->k = attn_tensor_4d(fc->kb, f->dt, c->B, c->Hkv, c->Lk, c->Dk);
@@ -257,13 +258,15 @@ static void fp8_build(fp8cache *fc, tcall *t, const fmt *f, int per_head) {
                         for (int64_t d = 0; d < src->shape[3]; d++)
                             amax = fmax(amax, fabs(*view_ptr(src, b, gg, j, d)));
             s[g] = amax > 0 ? (float)(amax / f->max) * (per_head ? (float)(1 + g) : 1.0f) : 1.0f;
+            if (per_head < 0) s[g] = 1.0f;  // none given: the values must fit (U(-1, 1) do)
         }
     }
     fc->tks = attn_tensor_4d(fc->ks, ATTN_F32, nh, 1, 1, 1);
     fc->tvs = attn_tensor_4d(fc->vs, ATTN_F32, nh, 1, 1, 1);
     int64_t *zero = calloc((size_t)c->B, sizeof(int64_t));
     attn_tensor tl = attn_tensor_4d(zero, ATTN_I64, c->B, 1, 1, 1);
-    CHECK(attn_kv_append_scaled(&t->k, &t->v, &fc->k, &fc->v, NULL, NULL, &tl, &fc->tks, &fc->tvs) == ATTN_OK,
+    CHECK(attn_kv_append_scaled(&t->k, &t->v, &fc->k, &fc->v, NULL, NULL, &tl, fc->scaled ? &fc->tks : NULL,
+                                fc->scaled ? &fc->tvs : NULL) == ATTN_OK,
           "%s: append the case's cache: %s", f->name, attn_last_error());
     free(zero);
 }
@@ -427,7 +430,7 @@ static void run_case(const fp8case *fc_, const fmt *f) {
 }
 
 static void test_forward(const fmt *f) {
-    fp8case cases[12];
+    fp8case cases[16];
     int n = 0;
     fcase c;
     c = fcase_new(1, 1, 2, 2, 37, 200, 64, 64);
@@ -449,8 +452,19 @@ static void test_forward(const fmt *f) {
     c = fcase_new(7, 2, 6, 3, 3, 90, 64, 32);
     c.lse = 1, c.weights = 1, c.causal = 1, c.align = 1, c.layout = 1;
     cases[n++] = (fp8case){c, 0, "lse+weights, [B, L, H, D]"};
+    /* no scales: where the kernel's decoding step reads fp8, it runs these (and their
+     * paged copies through decode_rows) */
+    c = fcase_new(8, 1, 4, 2, 1, 4133, 64, 64);
+    cases[n++] = (fp8case){c, -1, "decode split, no scales"};
+    c = fcase_new(9, 3, 4, 2, 2, 300, 64, 64);
+    c.kvlen = 1, c.lse = 1, c.weights = 1;
+    cases[n++] = (fp8case){c, -1, "decode kv_len+lse+weights, no scales"};
+    c = fcase_new(10, 2, 4, 4, 3, 161, 40, 24);
+    c.causal = 1, c.align = 1;
+    cases[n++] = (fp8case){c, -1, "decode causal, D 40/24 (tails), no scales"};
     for (int i = 0; i < n; i++) {
         if (f->dt == ATTN_Q4_0 && cases[i].c.Dv % 32) cases[i].c.Dv = 64;  // whole blocks
+        if (f->dt == ATTN_Q4_0 && cases[i].c.Dk % 32) cases[i].c.Dk = 64;
         run_case(&cases[i], f);
     }
 }
