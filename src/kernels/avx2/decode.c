@@ -36,18 +36,19 @@ INLINE __m256 load_row(int DT, const void *row, int64_t d, int64_t n) {
                              _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)));
     }
     if (DT == ATTN_FP8_E5M2 || DT == ATTN_FP8_E4M3) {  // 8 bytes, through float16 (F16C)
-        const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)((const uint8_t *)row + d)));
-        if (DT == ATTN_FP8_E5M2)  // the byte is the top byte of a float16: exact
-            return _mm256_cvtph_ps(_mm_slli_epi16(w, 8));
-        /* e4m3: (x & 0x7F) << 7 under the sign is a float16 of value x / 2^8 (its 4
-         * exponent bits in the low 4 of float16's 5, bias 15 = 7 + 8; subnormals too),
-         * so times 2^8, exact; the NaN codes (x & 0x7F = 0x7F, which would read 480) made
-         * NaN by an OR of all ones */
-        const __m128i mag = _mm_and_si128(w, _mm_set1_epi16(0x7F));
-        const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_xor_si128(w, mag), 8), _mm_slli_epi16(mag, 7));
-        const __m256 x = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
-        const __m256i nan = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7F)));
-        return _mm256_or_ps(x, _mm256_castsi256_ps(nan));
+        /* each byte into the top of a 16-bit lane: for e5m2 that is its float16, exact */
+        const __m128i w = _mm_unpacklo_epi8(_mm_setzero_si128(),
+                                            _mm_loadl_epi64((const __m128i *)((const uint8_t *)row + d)));
+        if (DT == ATTN_FP8_E5M2) return _mm256_cvtph_ps(w);
+        /* e4m3: shifted right one (the sign copied into bit 14, then cleared) it is
+         * sign | (x & 0x7F) << 7, the float16 of value x / 2^8 (its 4 exponent bits in the
+         * low 4 of float16's 5, bias 15 = 7 + 8; subnormals too), so times 2^8, exact. The
+         * NaN codes (x & 0x7F = 0x7F, 0x3F80 here, which would read 480) get float16's top
+         * exponent bit too: 0x7F80, a float16 NaN */
+        const __m128i h = _mm_and_si128(_mm_srai_epi16(w, 1), _mm_set1_epi16((short)0xBFFF));
+        const __m128i m7 = _mm_set1_epi16(0x3F80);
+        const __m128i nan = _mm_and_si128(_mm_cmpeq_epi16(_mm_and_si128(h, m7), m7), _mm_set1_epi16(0x4000));
+        return _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(h, nan)), _mm256_set1_ps(256.0f));
     }
     const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + d));
     if (DT == ATTN_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
