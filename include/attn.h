@@ -51,7 +51,8 @@ extern "C" {
     X(ATTN_ERR_OVERFLOW, "a size or offset does not fit in 64 bits")                   \
     X(ATTN_ERR_WORKSPACE, "the workspace given is too small")                          \
     X(ATTN_ERR_NOMEM, "out of memory")                                                 \
-    X(ATTN_ERR_UNSUPPORTED, "this combination is not supported by the chosen path")
+    X(ATTN_ERR_UNSUPPORTED, "this combination is not supported by the chosen path") \
+    X(ATTN_ERR_IO, "a file could not be read or written (attn_tune's wisdom)")
 
 typedef enum attn_status {
 #define ATTN_X_ENUM(name, msg) name,
@@ -242,8 +243,8 @@ typedef struct attn_options {
      * sequence b are Lk = max_pages * page_size rows: row j is row j % page_size of pool
      * page block_table[b][j / page_size]. kv_len gives the valid keys (default: all Lk);
      * only the entries of the pages that hold valid keys, p < ceil(kv_len[b] /
-     * page_size), are read, and each must lie in [0, num_pages). Forward and the
-     * reference only: attn_backward, attn_weights_grid, the additive and multi-head
+     * page_size), are read, and each must lie in [0, num_pages). Forward, the
+     * reference and attn_weights_grid only: attn_backward, the additive and multi-head
      * modules refuse it (ATTN_ERR_UNSUPPORTED). docs/CONTRACT.md, "A paged KV cache". */
     const attn_tensor *block_table;
     /* attn_backward's output, the gradient of the float bias (fields added after the
@@ -277,6 +278,18 @@ typedef struct attn_options {
     float (*score_mod)(float s, int64_t b, int64_t h, int64_t i, int64_t j, void *ctx);
     float (*score_mod_grad)(float s, int64_t b, int64_t h, int64_t i, int64_t j, void *ctx);
     void *score_mod_ctx;
+    /* attn_forward's optional output for KV-cache eviction (fields added after the rest):
+     * the attention mass each key received, over the call's query rows and the query
+     * heads of its key/value head,
+     *     key_scores[b, g, j] = sum over h of group g, i of P_bhij    (P = exp(s - lse))
+     * float32 [B, Hkv, Lk] (shape {B, Hkv, Lk, 1}), any strides; 0 for a key no row
+     * attends. P is the softmax weight as the weights output has it, before dropout (with
+     * sinks the mass the sink took is no key's). Deterministic: the same bits for any
+     * thread count. Computed from the forward's LSE by one more pass over K, as
+     * attn_weights_grid does (docs/CONTRACT.md, "Eviction scores"); float32, float16,
+     * bfloat16 and q8_0 caches, contiguous or paged. NULL = not wanted; refused
+     * (ATTN_ERR_UNSUPPORTED) by every other call and by float64 calls. */
+    const attn_tensor *key_scores;
     /* The scales of an fp8 cache (fields added after the rest; vLLM's k_scale, v_scale):
      * element x of k stands for fl32(fp8_to_f32(x) * k_scale), of v likewise. ATTN_F32,
      * shape {1, 1, 1, 1} (one for the tensor) or {Hkv, 1, 1, 1} (one per key/value head),
@@ -391,10 +404,18 @@ ATTN_API attn_status attn_block_mask_get_info(const attn_block_mask *mask,
  *                 of the padded call [B, Hq, max_seqlen_q, max_seqlen_k] at b = s
  * Every attn_forward option applies per sequence (causal and its alignment, window,
  * ALiBi, softcap, sinks, GQA, scale, dtypes, dropout, path, threads), except mask, bias,
- * kv_len, block_table and weights (ATTN_ERR_UNSUPPORTED). A sequence may be empty; a
+ * kv_len, block_table and weights (ATTN_ERR_UNSUPPORTED) — but see the paged forward:
+ * Many requests in one call (a server's step): with opt->block_table, k and v are page
+ * pools [num_pages, Hkv, page_size, D] (as attn_forward's), cu_seqlens_k is NULL and
+ * opt->kv_len [B] (int32 or int64; FlashAttention's seqused_k) gives each request's keys,
+ * new ones included; request s is attn_forward with B = 1 on its query rows, row s of the
+ * table and kv_len[s], bit for bit, so decodes and chunks of prefill mix in one call.
+ * opt->mask is then allowed, bool [B, Hq|1, max_seqlen_q, max_pages * page_size] over the
+ * padded batch (request s reads its first Lq_s rows: a speculative-decoding tree). Forward
+ * only (attn_varlen_backward refuses the table). A sequence may be empty; a
  * query row without keys is a fully masked row. opt->workspace, if given, is sized by
- * attn_varlen_forward_workspace_size, which reads cu_seqlens (their data must be there)
- * and no other data. On error nothing is written. docs/CONTRACT.md, "Packed
+ * attn_varlen_forward_workspace_size, which reads cu_seqlens (their data must be there;
+ * a paged call's kv_len too) and no other data. On error nothing is written. docs/CONTRACT.md, "Packed
  * (variable-length) batches". */
 ATTN_API attn_status attn_varlen_forward(const attn_tensor *q, const attn_tensor *k,
                                          const attn_tensor *v, const attn_tensor *o,
@@ -814,6 +835,36 @@ typedef struct attn_kv_cache {
 ATTN_API attn_status attn_mha_decode(const attn_mha *m, const attn_tensor *x,
                                      const attn_kv_cache *cache, const attn_tensor *y,
                                      const attn_options *opt);
+
+/* ---- the tuner ------------------------------------------------------------------------
+ * attn_tune times candidate configurations of the fused path on this machine (the
+ * kernel among those this CPU runs, the query and key block sizes, the decoding step's
+ * split) for a list of shape classes (prefill, decode or backward; K/V dtype; head dim;
+ * mask class; GQA ratio) and writes the winners to a wisdom file, which every later
+ * process reads once at its first call: $ATTN_WISDOM, else $XDG_CACHE_HOME/attn/wisdom,
+ * else ~/.cache/attn/wisdom. The static choice is always a candidate and is kept unless
+ * another is 3% faster. A file made on another CPU or version, or one that does not
+ * parse, is ignored whole with one line on stderr; ATTN_TUNE=0 ignores any file; ATTN_ISA
+ * set means no wisdom is used. A configuration never depends on the thread count: for a
+ * given wisdom, results are the same bits for any number of threads (docs/CONTRACT.md,
+ * "Wisdom"); between wisdoms the last bits may differ. docs/KERNELS.md, "Tuner". */
+typedef struct attn_tune_options {
+    bool quick;        /* the common classes only, shorter timings (about 10 s on 2 cores) */
+    const char *out;   /* the file written (atomically); NULL = the default path above    */
+    int32_t threads;   /* the threads of the timed calls; 0 = OpenMP's default             */
+    bool verbose;      /* a line on stderr per class as it is decided                      */
+} attn_tune_options;
+
+/* Tunes and writes the file (opt NULL: all defaults). ATTN_ERR_IO when it cannot be
+ * written (nothing is left behind), ATTN_ERR_UNSUPPORTED when ATTN_ISA, ATTN_FWD_BQ,
+ * ATTN_FWD_BK or ATTN_BWD_BQ is set (they would override what is measured). This process
+ * keeps the wisdom it read at its first call; the new file takes effect in the next. */
+ATTN_API attn_status attn_tune(const attn_tune_options *opt);
+
+/* Whether this process would use the wisdom file at path (NULL: the default path):
+ * ATTN_OK, or ATTN_ERR_IO (cannot be opened) or ATTN_ERR_VALUE (another CPU or version,
+ * a line that does not parse), with the line and the reason in attn_last_error(). */
+ATTN_API attn_status attn_tune_check(const char *path);
 
 #ifdef __cplusplus
 }

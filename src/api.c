@@ -34,6 +34,12 @@ attn_status attn_forward_workspace_size(const attn_tensor *q, const attn_tensor 
                                         const attn_options *opt, size_t *bytes) {
     attn_params p;
     if (!bytes) return attn_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
+    attn_options plain;  // the eviction scores take no workspace (key_scores.c)
+    if (opt && opt->key_scores) {
+        plain = *opt;
+        plain.key_scores = NULL;
+        opt = &plain;
+    }
     TRY(attn_params_init(&p, q, k, v, o, opt, false));
     size_t n = workspace_bytes(&p);
     if (n == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
@@ -43,6 +49,7 @@ attn_status attn_forward_workspace_size(const attn_tensor *q, const attn_tensor 
 
 attn_status attn_forward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                          const attn_tensor *o, const attn_options *opt) {
+    if (opt && opt->key_scores) return attn_forward_key_scores(q, k, v, o, opt);  // key_scores.c
     return attn_forward_piece(q, k, v, o, opt, NULL);
 }
 
@@ -67,6 +74,24 @@ attn_status attn_forward_piece(const attn_tensor *q, const attn_tensor *k, const
     attn_status st = run->path == ATTN_PATH_REFERENCE ? attn_reference_forward(run, ws)
                      : run->q_dt == ATTN_F64          ? attn_fused_f64_forward(run, ws)
                                                       : attn_fused_forward(run, ws);
+    attn_free(owned);
+    return st;
+}
+
+attn_status attn_forward_forced(const attn_tune_config *force, const attn_tensor *q,
+                                const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
+                                const attn_options *opt) {
+    attn_params p;
+    TRY(attn_params_init_for(&p, q, k, v, o, opt, true, false, force));
+    if (p.path != ATTN_PATH_FUSED || p.q_dt == ATTN_F64 || attn_key_padding_bytes(&p) != 0)
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "attn_forward_forced: float32, float16 and "
+                         "bfloat16 fused calls without key padding only");
+    if (p.B == 0 || p.Hq == 0 || p.Lq == 0) return attn_ok();
+    const size_t need = attn_fused_workspace(&p);
+    if (need == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+    void *ws, *owned;
+    TRY(attn_workspace_acquire(opt, need, &ws, &owned));
+    const attn_status st = attn_fused_forward(&p, ws);
     attn_free(owned);
     return st;
 }

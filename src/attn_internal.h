@@ -110,6 +110,21 @@ static inline float attn_kv_scale(const float *s, int64_t stride, int64_t g) {
 /* options.threads above this are taken as this */
 #define ATTN_MAX_THREADS 512
 
+/* A configuration the tuner chose for a call's shape class (wisdom.h); every field 0
+ * (NULL) is the static choice of that field, so the zero configuration is exactly the
+ * library without wisdom.
+ *   kernels  the micro-kernels (one this CPU runs), NULL: dispatch.c's choice
+ *   bq, bk   the tiles of the class's use (the forward's, or the backward's): bq a
+ *            multiple of the kernel's row_pad in [16, ATTN_FWD_BQ_LIMIT], bk a multiple of
+ *            row_pad in [bk_min, bk_max] (kernels/list.h); 0: attn_choose_tiles' rule
+ *   split    decoding only: the most key chunks of an item, 1..ATTN_TUNE_SPLIT_MAX (1: no
+ *            split); 0: fused.c's rule */
+typedef struct attn_tune_config {
+    const struct attn_kernels *kernels;
+    int32_t bq, bk, split;
+} attn_tune_config;
+#define ATTN_TUNE_SPLIT_MAX 16
+
 /* Index letters: b batch, h query head, g key/value head, i query row, j key row,
  * d position along Dk or Dv. */
 typedef struct attn_params {
@@ -142,6 +157,8 @@ typedef struct attn_params {
 
     attn_path path;                /* resolved: never AUTO                           */
     const struct attn_kernels *kernels;  /* the fused path's micro-kernels          */
+    attn_tune_config tune;         /* the wisdom's configuration of the call's class
+                                      (wisdom.h); its kernels, if any, are kernels    */
     int threads;                   /* resolved: >= 1                                 */
 
     /* attention sinks: one extra logit per query head in each row's denominator, no
@@ -336,6 +353,14 @@ ATTN_PRIVATE attn_status attn_params_init(attn_params *p, const attn_tensor *q,
                                           const attn_tensor *k, const attn_tensor *v,
                                           const attn_tensor *o, const attn_options *opt,
                                           bool need_data);
+/* attn_params_init for a call of a given use: backward (the backward's forward params)
+ * or a forward; its fused path takes the configuration of its shape class, force when
+ * not NULL (the tuner's candidates, tune.c), else the process's wisdom (wisdom.h). */
+ATTN_PRIVATE attn_status attn_params_init_for(attn_params *p, const attn_tensor *q,
+                                              const attn_tensor *k, const attn_tensor *v,
+                                              const attn_tensor *o, const attn_options *opt,
+                                              bool need_data, bool backward,
+                                              const attn_tune_config *force);
 
 /* Dropout's layout for a call that is one piece of a larger one (attn_params' drop_b0,
  * drop_Lq, drop_Lk): the packed batches of varlen.c run each sequence as a call of
@@ -357,6 +382,11 @@ ATTN_PRIVATE attn_status attn_forward_piece(const attn_tensor *q, const attn_ten
                                             const attn_tensor *v, const attn_tensor *o,
                                             const attn_options *opt,
                                             const attn_drop_layout *drop);
+/* attn_forward with options.key_scores: the forward, then the eviction scores from its
+ * LSE (key_scores.c). */
+ATTN_PRIVATE attn_status attn_forward_key_scores(const attn_tensor *q, const attn_tensor *k,
+                                                 const attn_tensor *v, const attn_tensor *o,
+                                                 const attn_options *opt);
 /* attn_backward likewise (backward.c). */
 ATTN_PRIVATE attn_status attn_backward_piece(const attn_tensor *q, const attn_tensor *k,
                                              const attn_tensor *v, const attn_tensor *o,
@@ -364,6 +394,21 @@ ATTN_PRIVATE attn_status attn_backward_piece(const attn_tensor *q, const attn_te
                                              const attn_tensor *dq, const attn_tensor *dk,
                                              const attn_tensor *dv, const attn_options *opt,
                                              const attn_drop_layout *drop);
+
+/* attn_forward and attn_backward on the fused path with the configuration force instead
+ * of the wisdom's (the tuner's candidates, tune.c; force's fields 0 keep the static
+ * choice): float32 backward calls, forward calls of any cache dtype but float64, neither
+ * with key padding (ATTN_ERR_UNSUPPORTED otherwise), no aliasing check (the tuner's own
+ * buffers). api.c and backward.c. */
+ATTN_PRIVATE attn_status attn_forward_forced(const attn_tune_config *force, const attn_tensor *q,
+                                             const attn_tensor *k, const attn_tensor *v,
+                                             const attn_tensor *o, const attn_options *opt);
+ATTN_PRIVATE attn_status attn_backward_forced(const attn_tune_config *force,
+                                              const attn_tensor *q, const attn_tensor *k,
+                                              const attn_tensor *v, const attn_tensor *o,
+                                              const attn_tensor *d_o, const attn_tensor *lse,
+                                              const attn_tensor *dq, const attn_tensor *dk,
+                                              const attn_tensor *dv, const attn_options *opt);
 
 /* The workspace of a call needing `need` bytes ((size_t)-1: the size overflowed): the
  * caller's opt->workspace if it is large enough, else ATTN_ERR_WORKSPACE; or, without

@@ -48,7 +48,8 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
                                    const attn_tensor *o, const attn_tensor *d_o,
                                    const attn_tensor *lse, const attn_tensor *dq,
                                    const attn_tensor *dk, const attn_tensor *dv,
-                                   const attn_options *opt, bool need_data) {
+                                   const attn_options *opt, bool need_data,
+                                   const attn_tune_config *force) {
     *bp = (attn_bwd_params){0};
     if (opt && opt->block_table)  // paged caches: forward only (CONTRACT, "A paged KV cache")
         return attn_fail(ATTN_ERR_UNSUPPORTED, "attn_backward: options.block_table (a paged "
@@ -61,7 +62,7 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
     attn_options fo = opt ? *opt : (attn_options){0};
     fo.d_sinks = NULL;
     fo.d_bias = NULL;
-    TRY(attn_params_init(p, q, k, v, o, &fo, need_data));
+    TRY(attn_params_init_for(p, q, k, v, o, &fo, need_data, true, force));
     if (attn_is_block_dtype(p->kv_dt) || p->kv_dt == ATTN_FP8_E4M3 || p->kv_dt == ATTN_FP8_E5M2)
         /* the forward-only cache dtypes: no gradient path reads them */
         return attn_fail(ATTN_ERR_DTYPE, "k, v: %s is a forward-only KV cache dtype; the "
@@ -166,8 +167,8 @@ static size_t bwd_workspace(const attn_bwd_params *bp) {
  * (Lq (2 Dk + 2 Dv) per query head + Lk (2 Dk + 2 Dv) per key head) floats: never
  * Lq x Lk. The LSE stays float32, as the forward writes it.
  * A 16-bit O is not used: the backward's row sums D = dO · O would inherit its rounding,
- * which can dominate dQ and dK where they are small next to |dO| |O| (measured up to 8x
- * the error of a naive 16-bit backward). O and its LSE are recomputed in float32 from the
+ * which can dominate dQ and dK where they are small next to |dO| |O| (several times the
+ * error of a naive 16-bit backward). O and its LSE are recomputed in float32 from the
  * float32 copies instead (one forward pass; its workspace is allocated by that call). */
 enum { H_Q, H_K, H_V, H_O, H_DO, H_DQ, H_DK, H_DV, H_N };
 
@@ -214,7 +215,7 @@ static attn_status half_plan(const attn_tensor *const t[H_N], const attn_tensor 
     attn_bwd_params bp;
     TRY(bwd_params_init(&bp, &shadow[H_Q], &shadow[H_K], &shadow[H_V], &shadow[H_O],
                         &shadow[H_DO], lse, &shadow[H_DQ], &shadow[H_DK], &shadow[H_DV], opt,
-                        need_data));
+                        need_data, NULL));
     size_t at = 0;
     for (int i = 0; i < H_N; i++) {
         const int64_t *n = t[i]->shape;
@@ -289,7 +290,7 @@ attn_status attn_backward_workspace_size(const attn_tensor *q, const attn_tensor
         attn_fail(ATTN_OK, "%s", "");
         return ATTN_OK;
     }
-    TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, false));
+    TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, false, NULL));
     const size_t n = bwd_workspace(&bp);
     if (n == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
     *bytes = n;
@@ -314,7 +315,7 @@ attn_status attn_backward_piece(const attn_tensor *q, const attn_tensor *k,
     const attn_tensor *const t[H_N] = {q, k, v, o, d_o, dq, dk, dv};
     for (int i = 0; i < H_N; i++)
         if (is_half(t[i])) return backward_half(t, lse, opt, drop);
-    TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, true));
+    TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, true, NULL));
     attn_set_drop_layout(&bp.fwd, drop);
     const size_t need = bwd_workspace(&bp);
     TRY(attn_check_backward_aliasing(t, lse, opt, need == (size_t)-1 ? 0 : need));
@@ -331,6 +332,26 @@ attn_status attn_backward_piece(const attn_tensor *q, const attn_tensor *k,
     const attn_status st = bwd_reference(&bp)          ? attn_reference_backward(&bp, ws)
                            : bp.fwd.q_dt == ATTN_F64 ? attn_fused_f64_backward(&bp, ws)
                                                      : attn_fused_backward(&bp, ws);
+    attn_free(owned);
+    return st;
+}
+
+attn_status attn_backward_forced(const attn_tune_config *force, const attn_tensor *q,
+                                 const attn_tensor *k, const attn_tensor *v,
+                                 const attn_tensor *o, const attn_tensor *d_o,
+                                 const attn_tensor *lse, const attn_tensor *dq,
+                                 const attn_tensor *dk, const attn_tensor *dv,
+                                 const attn_options *opt) {
+    attn_bwd_params bp;
+    TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, true, force));
+    if (bwd_reference(&bp) || bp.fwd.q_dt == ATTN_F64 || bwd_padding_bytes(&bp) != 0)
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "attn_backward_forced: float32 fused calls "
+                         "without key padding only");
+    const size_t need = bwd_workspace(&bp);
+    if (need == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+    void *ws, *owned;
+    TRY(attn_workspace_acquire(opt, need, &ws, &owned));
+    const attn_status st = attn_fused_backward(&bp, ws);
     attn_free(owned);
     return st;
 }

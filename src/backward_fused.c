@@ -114,7 +114,8 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     const int64_t dk = p->Dk, dv = p->Dv;
     *plan = (bwd_plan){0};
     if (dk > (int64_t)1 << 32 || dv > (int64_t)1 << 32 || p->Lq > (int64_t)1 << 48) return false;
-    const attn_tiles tiles = attn_choose_tiles(p->kernels, ATTN_TILES_BACKWARD, p->kv_dt, dk, dv);
+    const attn_tiles tiles = attn_choose_tiles(p->kernels, ATTN_TILES_BACKWARD, p->kv_dt, dk, dv,
+                                                &p->tune);
     const int64_t bk = tiles.bk;
     plan->bq = tiles.bq, plan->row_pad = p->kernels->geom.row_pad;
     plan->bk = bk;
@@ -304,8 +305,8 @@ static const float *query_rows(const float *base, const int64_t st[4], int64_t w
 /* x where w != 0 (or NaN), else +0, by the bits: w = 0 (a masked or dropped weight) gives
  * 0 whatever x holds (0 times a NaN of dP). A select of values already computed, which
  * the compiler vectorizes under the default -ftrapping-math; the conditional product
- * `w == 0 ? 0 : w * x` it computes under a branch, one element at a time (that form of the
- * dS loop was 9% of the backward). */
+ * `w == 0 ? 0 : w * x` it computes under a branch, one element at a time (a measurable
+ * share of the backward in that form). */
 static inline float unless_zero(float w, float x) {
     uint32_t b;
     memcpy(&b, &x, sizeof b);
@@ -325,27 +326,16 @@ typedef struct bwd_tile {
     bool db_add;  // options.d_bias in place: add the tile's gradients (an earlier batch stored)
 } bwd_tile;
 
-static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const bwd_scratch *w,
-                          const bwd_tile *t, const float *D_bh, float *dq_acc, int64_t ldacc,
-                          uint8_t fin[2], bool open_tile) {
+/* The tile's rows: their LSE (+inf for a fully masked row: P = exp(s - inf) = 0 rather
+ * than exp(-inf - -inf) = NaN), D, structural key range; whether every row's range is
+ * dense by the mask summary. */
+static bool tile_rows(const attn_bwd_params *bp, const bwd_plan *plan, const bwd_scratch *w,
+                      const bwd_tile *t, const float *D_bh) {
     const attn_params *p = &bp->fwd;
-    const attn_kernels *kern = p->kernels;
-    const int64_t dk = p->Dk, dv = p->Dv, n = t->n, nk = t->nk, ld = plan->ld;
-    const int64_t nkpad = pad_rows(plan, nk);
-    /* the tile's keys in the packed block, and their dK, dV accumulators */
-    const float *kd = w->kd + t->off * dk, *kt = w->kt + t->off;
-    const float *vd = w->vd + t->off * dv, *vt = w->vt + t->off;
-    float *dk_acc = w->dk + t->off * dk, *dv_acc = w->dv + t->off * dv;
-
-    int64_t ldq, ldo;
-    const float *q = query_rows((const float *)p->q, p->q_s, dk, t->b, t->h, t->i0, n, w->q, &ldq);
-    const float *d_o = query_rows(bp->d_o, bp->do_s, dv, t->b, t->h, t->i0, n, w->d_o, &ldo);
     const float *lse_bh = bp->lse + t->b * bp->lse_s[0] + t->h * bp->lse_s[1];
     bool dense = true;
-    for (int64_t r = 0; r < n; r++) {
+    for (int64_t r = 0; r < t->n; r++) {
         const float l = lse_bh[(t->i0 + r) * bp->lse_s[2]];
-        /* a fully masked row (LSE -inf) contributes nothing: P = exp(s - inf) = 0 rather
-         * than exp(-inf - -inf) = NaN */
         w->lse[r] = l == -INFINITY ? INFINITY : l;
         w->D[r] = D_bh[t->i0 + r];
         attn_row_range(p, t->lk_b, t->i0 + r, &w->lo[r], &w->hi[r]);
@@ -353,17 +343,17 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
         if (plan->sum)
             dense &= attn_mask_summary_row(p, plan->sum, t->b, t->h, t->i0 + r, &w->lo[r], &w->hi[r]);
     }
-    /* the logits' params: without mask and bias where they leave the tile open (its cells,
-     * or every row's whole range) */
-    const attn_params *pt = plan->sum && (open_tile || dense) ? plan->open : p;
+    return dense;
+}
+
+/* The forward's P over the tile, in place of the raw logits w->s (rows, keys): the final
+ * logits (pt's masks and options; each logit's ds/draw into w->cap when chain), then
+ * P_ij = exp(s_ij - lse_i). */
+static void tile_probs(const attn_params *p, const attn_params *pt, const bwd_scratch *w,
+                       const bwd_tile *t, int64_t ld, int64_t nkpad, bool chain) {
+    const int64_t nk = t->nk;
     const bool elementwise = attn_has_elementwise(pt), softcap = p->softcap > 0.0f;
-    /* ds/draw per logit, cap: the score function's derivative times softcap's */
-    const bool chain = softcap || p->score_mod;
-
-    /* forward (tile_logits): s = scale q_i · k_j, S = scale Q Kᵀ here in (rows, keys) */
-    kern->qk(nk, nkpad, n, dk, kd, kt, ld, q, ldq, p->scale, w->s, ld);
-
-    for (int64_t r = 0; r < n; r++) {
+    for (int64_t r = 0; r < t->n; r++) {
         float *s_r = w->s + r * ld, *cap_r = w->cap + r * ld;
         /* the row's structural range within the block; keys outside it (and the padding
          * columns) are -inf, whatever K held there */
@@ -402,52 +392,44 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
             const float x = s_r[c] - l;
             s_r[c] = x > 0.0f ? 0.0f : x;
         }
-        kern->exp(nkpad, s_r, s_r);
+        p->kernels->exp(nkpad, s_r, s_r);
     }
+}
 
-    /* dropout (philox.h): Z_ij = 1 / (1 - p) where the forward kept weight (i, j), 0 where
-     * it dropped it, regenerated from the same counters; 0 on the padding columns. The
-     * forward's P·V used P ∘ Z. */
-    const bool dropout = p->dropout;
-    if (dropout)
-        for (int64_t r = 0; r < n; r++) {
-            float *z_r = w->z + r * ld, *pd_r = w->pd + r * ld;
-            const float *P_r = w->s + r * ld;
-            const uint64_t row = attn_drop_row(p, t->b, t->h, t->i0 + r);
-            attn_dropout_factors_k(kern->dropout, p->drop_seed, p->drop_offset,
-                                   p->drop_threshold, p->drop_scale, row, attn_drop_keys(p),
-                                   (uint64_t)t->j0, (uint64_t)nk, z_r, 1);
-            for (int64_t c = nk; c < nkpad; c++) z_r[c] = 0.0f;
+/* dropout (philox.h): Z_ij = 1 / (1 - p) where the forward kept weight (i, j), 0 where
+ * it dropped it, regenerated from the same counters; 0 on the padding columns. The
+ * forward's P·V used P ∘ Z, kept in w->pd. */
+static void tile_dropout(const attn_params *p, const bwd_scratch *w, const bwd_tile *t,
+                         int64_t ld, int64_t nkpad) {
+    for (int64_t r = 0; r < t->n; r++) {
+        float *z_r = w->z + r * ld, *pd_r = w->pd + r * ld;
+        const float *P_r = w->s + r * ld;
+        const uint64_t row = attn_drop_row(p, t->b, t->h, t->i0 + r);
+        attn_dropout_factors_k(p->kernels->dropout, p->drop_seed, p->drop_offset,
+                               p->drop_threshold, p->drop_scale, row, attn_drop_keys(p),
+                               (uint64_t)t->j0, (uint64_t)t->nk, z_r, 1);
+        for (int64_t c = t->nk; c < nkpad; c++) z_r[c] = 0.0f;
 #pragma omp simd
-            for (int64_t c = 0; c < nkpad; c++) pd_r[c] = unless_zero(z_r[c], P_r[c] * z_r[c]);
-        }
+        for (int64_t c = 0; c < nkpad; c++) pd_r[c] = unless_zero(z_r[c], P_r[c] * z_r[c]);
+    }
+}
 
-    /* forward: o_i = Σ_j P_ij Z_ij v_j (Z = 1 without dropout), so
-     * dV_j += Σ_i P_ij Z_ij dO_i. A zero weight must not multiply a NaN or Inf of dO (a
-     * fully masked row's dO is not read): gemm skips zeros, at a cost (a test per row and
-     * key), only when dO's rows are not all finite; otherwise 0 · dO adds an exact 0.
-     * Likewise Q below for dK. */
-    if (!fin[0]) fin[0] = attn_rows_finite(d_o, ldo, n, dv) ? 1 : 2;
-    if (!fin[1]) fin[1] = attn_rows_finite(q, ldq, n, dk) ? 1 : 2;
-    kern->gemm(true, nk, dv, n, dropout ? w->pd : w->s, ld, d_o, ldo, dv_acc, dv, fin[0] == 2);
-
-    /* dP_ij = Z_ij (dO_i · v_j): dO Vᵀ, with qk's roles swapped as for S, then times Z
-     * in the same sweep that forms dS below (a dropped key's dP is 0 whatever its V holds) */
-    kern->qk(nk, nkpad, n, dv, vd, vt, ld, d_o, ldo, 1.0f, w->dp, ld);
-
-    /* softmax: dS_ij = P_ij (dP_ij - D_i), with the undropped P (the softmax's output;
-     * D_i = dO_i · O_i = Σ_j P_ij dP_ij holds with dropout too, since O_i = Σ_j P_ij Z_ij v_j);
-     * then through the softcap (x cap_ij) and the
-     * scale (forward: s = scale q_i · k_j). P = 0 (masked) gives dS = 0 exactly, whatever
-     * dP holds: a masked key's V may be NaN (unless_zero). */
-    for (int64_t r = 0; r < n; r++) {
+/* softmax: dS_ij = P_ij (dP_ij - D_i), in place of dP in w->dp, with the undropped P (the
+ * softmax's output; D_i = dO_i · O_i = Σ_j P_ij dP_ij holds with dropout too, since
+ * O_i = Σ_j P_ij Z_ij v_j); then through the softcap and score function (x cap_ij) and the
+ * scale (forward: s = scale q_i · k_j). P = 0 (masked) gives dS = 0 exactly, whatever dP
+ * holds: a masked key's V may be NaN (unless_zero). With options.d_bias, the logit's
+ * gradient g = P (dP - D) is stored first, then dS = g cap scale from it (the same bits). */
+static void tile_ds(const attn_params *p, const bwd_plan *plan, const bwd_scratch *w,
+                    const bwd_tile *t, int64_t ld, int64_t nkpad, bool chain) {
+    const bool dropout = p->dropout;
+    const int64_t nk = t->nk;
+    for (int64_t r = 0; r < t->n; r++) {
         const float *P_r = w->s + r * ld, *cap_r = w->cap + r * ld;
         float *dS_r = w->dp + r * ld;
         const float D_r = w->D[r], scale = p->scale;
         const float *z_r = dropout ? w->z + r * ld : NULL;
         if (plan->gb) {
-            /* options.d_bias: the logit's gradient g = P (dP - D) first, stored, then
-             * dS = g cap scale from it (the same bits as the sweeps below) */
             if (dropout) {
 #pragma omp simd
                 for (int64_t c = 0; c < nkpad; c++)
@@ -490,6 +472,48 @@ static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                 dS_r[c] = unless_zero(P_r[c], P_r[c] * (dS_r[c] - D_r) * scale);
         }
     }
+}
+
+static void tile_backward(const attn_bwd_params *bp, const bwd_plan *plan, const bwd_scratch *w,
+                          const bwd_tile *t, const float *D_bh, float *dq_acc, int64_t ldacc,
+                          uint8_t fin[2], bool open_tile) {
+    const attn_params *p = &bp->fwd;
+    const attn_kernels *kern = p->kernels;
+    const int64_t dk = p->Dk, dv = p->Dv, n = t->n, nk = t->nk, ld = plan->ld;
+    const int64_t nkpad = pad_rows(plan, nk);
+    /* the tile's keys in the packed block, and their dK, dV accumulators */
+    const float *kd = w->kd + t->off * dk, *kt = w->kt + t->off;
+    const float *vd = w->vd + t->off * dv, *vt = w->vt + t->off;
+    float *dk_acc = w->dk + t->off * dk, *dv_acc = w->dv + t->off * dv;
+
+    int64_t ldq, ldo;
+    const float *q = query_rows((const float *)p->q, p->q_s, dk, t->b, t->h, t->i0, n, w->q, &ldq);
+    const float *d_o = query_rows(bp->d_o, bp->do_s, dv, t->b, t->h, t->i0, n, w->d_o, &ldo);
+    const bool dense = tile_rows(bp, plan, w, t, D_bh);
+    /* the logits' params: without mask and bias where they leave the tile open (its cells,
+     * or every row's whole range) */
+    const attn_params *pt = plan->sum && (open_tile || dense) ? plan->open : p;
+    /* ds/draw per logit, cap: the score function's derivative times softcap's */
+    const bool chain = p->softcap > 0.0f || p->score_mod;
+
+    /* forward (tile_logits): s = scale q_i · k_j, S = scale Q Kᵀ here in (rows, keys) */
+    kern->qk(nk, nkpad, n, dk, kd, kt, ld, q, ldq, p->scale, w->s, ld);
+    tile_probs(p, pt, w, t, ld, nkpad, chain);
+    if (p->dropout) tile_dropout(p, w, t, ld, nkpad);
+
+    /* forward: o_i = Σ_j P_ij Z_ij v_j (Z = 1 without dropout), so
+     * dV_j += Σ_i P_ij Z_ij dO_i. A zero weight must not multiply a NaN or Inf of dO (a
+     * fully masked row's dO is not read): gemm skips zeros, at a cost (a test per row and
+     * key), only when dO's rows are not all finite; otherwise 0 · dO adds an exact 0.
+     * Likewise Q below for dK. */
+    if (!fin[0]) fin[0] = attn_rows_finite(d_o, ldo, n, dv) ? 1 : 2;
+    if (!fin[1]) fin[1] = attn_rows_finite(q, ldq, n, dk) ? 1 : 2;
+    kern->gemm(true, nk, dv, n, p->dropout ? w->pd : w->s, ld, d_o, ldo, dv_acc, dv, fin[0] == 2);
+
+    /* dP_ij = Z_ij (dO_i · v_j): dO Vᵀ, with qk's roles swapped as for S, then times Z
+     * in the same sweep that forms dS (a dropped key's dP is 0 whatever its V holds) */
+    kern->qk(nk, nkpad, n, dv, vd, vt, ld, d_o, ldo, 1.0f, w->dp, ld);
+    tile_ds(p, plan, w, t, ld, nkpad, chain);
 
     /* forward: s = scale q_i · k_j, so dK_j += Σ_i dS_ij q_i (a zero dS never multiplies
      * a non-finite q) */

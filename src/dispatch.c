@@ -25,23 +25,31 @@ static bool cpu_has_f16c(void) {
 #define ATTN_CPU_F16C cpu_has_f16c()
 #endif
 
+/* This CPU's vendor string (12 characters and a NUL), family and model as CPUID leaf 1
+ * gives them (the extended fields folded in for family 0Fh); "unknown", 0, 0 elsewhere. */
+void attn_cpu_ident(char vendor[13], unsigned *family, unsigned *model) {
+    memcpy(vendor, "unknown", 8);
+    *family = *model = 0;
+#if defined(__x86_64__) || defined(_M_X64)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return;
+    memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4);
+    vendor[12] = '\0';
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    const unsigned base = (a >> 8) & 0xF;
+    *family = base == 0xF ? base + ((a >> 20) & 0xFF) : base;
+    *model = ((a >> 4) & 0xF) | (base == 0xF ? ((a >> 16) & 0xF) << 4 : 0);
+#endif
+}
+
 /* Whether this CPU is a Zen 3 core: AuthenticAMD, family 19h, models 00-0Fh (Milan),
  * 20-2Fh (Vermeer), 40-5Fh (Rembrandt, Cezanne). Zen 4 (10-1Fh, 60-7Fh, A0-AFh) is not. */
 static bool cpu_is_zen3(void) {
-#if defined(__x86_64__) || defined(_M_X64)
-    unsigned a, b, c, d;
-    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
-    char vendor[12];
-    memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4);
-    if (memcmp(vendor, "AuthenticAMD", 12) != 0 || !__get_cpuid(1, &a, &b, &c, &d)) return false;
-    const unsigned base = (a >> 8) & 0xF;
-    const unsigned family = base == 0xF ? base + ((a >> 20) & 0xFF) : base;
-    const unsigned model = ((a >> 4) & 0xF) | (base == 0xF ? ((a >> 16) & 0xF) << 4 : 0);
-    return family == 0x19 && (model <= 0x0F || (model >= 0x20 && model <= 0x2F) ||
-                              (model >= 0x40 && model <= 0x5F));
-#else
-    return false;
-#endif
+    char vendor[13];
+    unsigned family, model;
+    attn_cpu_ident(vendor, &family, &model);
+    return strcmp(vendor, "AuthenticAMD") == 0 && family == 0x19 &&
+           (model <= 0x0F || (model >= 0x20 && model <= 0x2F) || (model >= 0x40 && model <= 0x5F));
 }
 
 /* the CPU model the kernels' per-CPU geometry is looked up by (kernels.h), probed once */
@@ -142,3 +150,11 @@ const attn_kernels *attn_kernels_named(const char *name) {
 }
 
 const char *const *attn_kernel_list(void) { return g_names; }
+
+const attn_kernels *attn_kernels_for_q8_0(const attn_kernels *kern) {
+    int at = 0;
+    while (at < N_KERNELS && g_list[at].table != kern) at++;
+    for (int i = at; i < N_KERNELS; i++)
+        if (g_list[i].table->decode_q8_0 && cpu_can_run(&g_list[i])) return g_list[i].table;
+    return kern;
+}

@@ -43,7 +43,8 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
     const int64_t dk = p->Dk, dv = p->Dv;
     if (dk > (int64_t)1 << 40 || dv > (int64_t)1 << 40) return false;
     *plan = (fused_plan){0};
-    const attn_tiles sizes = attn_choose_tiles(p->kernels, ATTN_TILES_FORWARD, p->kv_dt, dk, dv);
+    const attn_tiles sizes = attn_choose_tiles(p->kernels, ATTN_TILES_FORWARD, p->kv_dt, dk, dv,
+                                                &p->tune);
     const int64_t bq = sizes.bq, bk = sizes.bk;
     plan->bq = bq, plan->row_pad = p->kernels->geom.row_pad;
     plan->bk = bk;
@@ -60,8 +61,11 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
     plan->split_keys = p->Lk > 0 ? p->Lk : 1;
     /* no item (B, Hkv or Lq = 0): nothing to split, and items would divide below */
     if (plan->items > 0 && p->Lq <= SPLIT_MAX_LQ && p->Lk >= 2 * SPLIT_MIN_KEYS && !p->weights) {
-        int64_t chunk = (p->Lk + SPLIT_MAX - 1) / SPLIT_MAX;
-        if (chunk < SPLIT_LONG_KEYS) {
+        /* a tuned split (wisdom.h): at most that many chunks, each of SPLIT_MIN_KEYS or
+         * more; else the rule below */
+        const int64_t most = p->tune.split > 0 ? p->tune.split : SPLIT_MAX;
+        int64_t chunk = (p->Lk + most - 1) / most;
+        if (p->tune.split == 0 && chunk < SPLIT_LONG_KEYS) {
             chunk = SPLIT_LONG_KEYS;
             if (plan->items < SPLIT_UNITS && plan->items * ((p->Lk + chunk - 1) / chunk) < SPLIT_UNITS) {
                 const int64_t want = (SPLIT_UNITS + plan->items - 1) / plan->items;
@@ -484,7 +488,7 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
     }
     if (!blk->qk_bf16 || decode) {  // float32 rows: the qk kernels' and the decoding step's
         /* a 16-bit row with unit stride by the kernel's vector conversion (exact, so the
-         * same floats): element by element it cost 3% of a float16 call at D = 128 */
+         * same floats): element by element was measurably slower (docs/KERNELS.md) */
         const bool half_rows = (p->q_dt == ATTN_F16 || p->q_dt == ATTN_BF16) && p->q_s[3] == 1;
         for (int64_t r = 0; r < n; r++) {
             const int64_t q_bhi = blk->b * p->q_s[0] + w->h[r] * p->q_s[1] + w->i[r] * p->q_s[2];
@@ -643,8 +647,8 @@ static void block_store(const attn_params *p, const fused_block *blk, const floa
         } else if ((p->o_dt == ATTN_F16 || p->o_dt == ATTN_BF16) && p->o_s[3] == 1 &&
                    p->kernels->from_f32) {
             /* a 16-bit row with unit stride: the same quotients, a chunk at a time, rounded
-             * by the kernel's vector form of attn_store's rounding (bit for bit); element
-             * by element the rounding took 3% of a float16 call at D = 128 */
+             * by the kernel's vector form of attn_store's rounding (bit for bit), cheaper
+             * than element by element (docs/KERNELS.md) */
             enum { CHUNK = 64 };
             float quot[CHUNK];
             uint16_t *o_r = (uint16_t *)p->o + o_bhi;

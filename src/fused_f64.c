@@ -164,81 +164,92 @@ static attn_tile_class tile_class(const f64_call *x, int64_t b, int64_t h, int64
                   : ATTN_TILE_MIXED;
 }
 
-static void item_forward(const f64_call *x, const f64_plan *pl, double *w, int64_t item) {
+/* One item's rows: where they are, their structural ranges, their running max, sum and
+ * accumulator (in the thread's workspace w). */
+typedef struct f64_item {
+    int64_t b, h, i0, nq, lk_b, k_bg, v_bg;
+    int64_t blo, bhi;  // the union of the rows' ranges
+    int64_t lo[BQ], hi[BQ], dg[BQ];
+    bool dense[BQ];    // the row's kept keys, after the summary's hulls, are all open
+    double *q, *kt, *v, *s, *acc, *m, *l;
+} f64_item;
+
+static void item_open(const f64_call *x, const f64_plan *pl, double *w, int64_t item, f64_item *it) {
     const attn_params *p = x->p;
     const int64_t bh = item / pl->q_blocks, qb = item % pl->q_blocks;
     const int64_t b = bh / p->Hq, h = bh % p->Hq, g = h / p->group;
-    const int64_t i0 = qb * BQ, nq = p->Lq - i0 < BQ ? p->Lq - i0 : BQ;
-    const int64_t lk_b = attn_key_len(p, b), Dk = p->Dk, Dv = p->Dv;
-    double *q = w + pl->off_q, *kt = w + pl->off_kt, *v = w + pl->off_v, *s = w + pl->off_s;
-    double *acc = w + pl->off_acc, *m = w + pl->off_m, *l = w + pl->off_l;
-    int64_t lo[BQ], hi[BQ], dg[BQ];
-    bool dense[BQ];  // the row's kept keys, after the summary's hulls, are all open
-
+    it->b = b, it->h = h, it->i0 = qb * BQ;
+    it->nq = p->Lq - it->i0 < BQ ? p->Lq - it->i0 : BQ;
+    it->lk_b = attn_key_len(p, b);
+    it->q = w + pl->off_q, it->kt = w + pl->off_kt, it->v = w + pl->off_v, it->s = w + pl->off_s;
+    it->acc = w + pl->off_acc, it->m = w + pl->off_m, it->l = w + pl->off_l;
+    it->k_bg = b * p->k_s[0] + g * p->k_s[1], it->v_bg = b * p->v_s[0] + g * p->v_s[1];
     const double *Q = p->q;
-    const int64_t q_bh = b * p->q_s[0] + h * p->q_s[1];
-    const int64_t k_bg = b * p->k_s[0] + g * p->k_s[1], v_bg = b * p->v_s[0] + g * p->v_s[1];
-    int64_t blo = lk_b, bhi = 0;  // the union of the rows' ranges
-    for (int64_t r = 0; r < nq; r++) {
-        const int64_t i = i0 + r;
-        attn_row_range(p, lk_b, i, &lo[r], &hi[r]);
+    const int64_t q_bh = b * p->q_s[0] + h * p->q_s[1], Dk = p->Dk, Dv = p->Dv;
+    it->blo = it->lk_b, it->bhi = 0;
+    for (int64_t r = 0; r < it->nq; r++) {
+        const int64_t i = it->i0 + r;
+        attn_row_range(p, it->lk_b, i, &it->lo[r], &it->hi[r]);
         /* keys outside the hulls of the row's mask and bias are masked: by structure now */
-        dense[r] = x->sum && attn_mask_summary_row(p, x->sum, b, h, i, &lo[r], &hi[r]);
-        dg[r] = attn_diagonal(p, lk_b, i);
-        if (lo[r] < hi[r]) {
-            if (lo[r] < blo) blo = lo[r];
-            if (hi[r] > bhi) bhi = hi[r];
+        it->dense[r] = x->sum && attn_mask_summary_row(p, x->sum, b, h, i, &it->lo[r], &it->hi[r]);
+        it->dg[r] = attn_diagonal(p, it->lk_b, i);
+        if (it->lo[r] < it->hi[r]) {
+            if (it->lo[r] < it->blo) it->blo = it->lo[r];
+            if (it->hi[r] > it->bhi) it->bhi = it->hi[r];
         }
-        for (int64_t d = 0; d < Dk; d++) q[r * Dk + d] = Q[q_bh + i * p->q_s[2] + d * p->q_s[3]];
-        for (int64_t d = 0; d < Dv; d++) acc[r * Dv + d] = 0.0;
-        m[r] = -INFINITY;
-        l[r] = 0.0;
+        for (int64_t d = 0; d < Dk; d++) it->q[r * Dk + d] = Q[q_bh + i * p->q_s[2] + d * p->q_s[3]];
+        for (int64_t d = 0; d < Dv; d++) it->acc[r * Dv + d] = 0.0;
+        it->m[r] = -INFINITY;
+        it->l[r] = 0.0;
     }
+}
 
-    for (int64_t j0 = blo; j0 < bhi; j0 += BK) {
-        const int64_t nk = bhi - j0 < BK ? bhi - j0 : BK;
-        const attn_tile_class cls = tile_class(x, b, h, i0, j0, nk);
-        if (cls == ATTN_TILE_MASKED) continue;  // every key of every row masked: adds 0
-        load_tile(p, k_bg, v_bg, j0, nk, kt, v);
-        tile_dots(p, q, kt, nq, nk, s);
-        for (int64_t r = 0; r < nq; r++) {
-            double *s_r = s + r * BK, *acc_r = acc + r * Dv;
-            if (lo[r] >= hi[r] || hi[r] <= j0 || lo[r] >= j0 + nk) {  // no key here
-                for (int64_t c = 0; c < nk; c++) s_r[c] = 0.0;  // weights of 0 for the product
-                continue;
-            }
-            tile_logits(row_params(x, dense[r], cls), j0, nk, lo[r], hi[r], b, h, i0 + r, dg[r], s_r);
-            double mt = -INFINITY;
-            for (int64_t c = 0; c < nk; c++)
-                if (isnan(s_r[c]) || s_r[c] > mt) mt = s_r[c];  // NaN sticks
-            if (mt == -INFINITY) {  // every key masked
-                for (int64_t c = 0; c < nk; c++) s_r[c] = 0.0;
-                continue;
-            }
-            const double m_old = m[r];
-            const double m_new = isnan(m_old) || isnan(mt) ? NAN : (mt > m_old ? mt : m_old);
-            if (!(m_new == m_old)) {  // the max grew (or turned NaN): rescale
-                const double alpha = m_old == -INFINITY ? 0.0 : exp(m_old - m_new);
-                l[r] *= alpha;
-                for (int64_t d = 0; d < Dv; d++) acc_r[d] *= alpha;
-                m[r] = m_new;
-            }
-            for (int64_t c = 0; c < nk; c++) {
-                const double e = exp(s_r[c] - m_new);  // exp(-inf - m) = 0 for masked keys
-                l[r] += e;
-                s_r[c] = e;
-            }
+/* The online softmax over one tile's dots (it->s): each row's final logits, its max and
+ * sum updated (the accumulator rescaled where the max grew), s replaced by the weights
+ * e = exp(s - m) that multiply V (0 for a row with no key here). */
+static void item_tile_softmax(const f64_call *x, f64_item *it, int64_t j0, int64_t nk,
+                              attn_tile_class cls) {
+    const int64_t Dv = x->p->Dv;
+    for (int64_t r = 0; r < it->nq; r++) {
+        double *s_r = it->s + r * BK, *acc_r = it->acc + r * Dv;
+        if (it->lo[r] >= it->hi[r] || it->hi[r] <= j0 || it->lo[r] >= j0 + nk) {  // no key here
+            for (int64_t c = 0; c < nk; c++) s_r[c] = 0.0;  // weights of 0 for the product
+            continue;
         }
-        /* acc_r += Σ_c e_rc v_c, over the keys in order; a weight of exactly 0 adds +0
-         * (skip_zero): a masked key's V is never multiplied */
-        attn_gemm_f64(nq, Dv, nk, s, BK, 1, v, Dv, acc, Dv, true, true);
+        tile_logits(row_params(x, it->dense[r], cls), j0, nk, it->lo[r], it->hi[r], it->b, it->h,
+                    it->i0 + r, it->dg[r], s_r);
+        double mt = -INFINITY;
+        for (int64_t c = 0; c < nk; c++)
+            if (isnan(s_r[c]) || s_r[c] > mt) mt = s_r[c];  // NaN sticks
+        if (mt == -INFINITY) {  // every key masked
+            for (int64_t c = 0; c < nk; c++) s_r[c] = 0.0;
+            continue;
+        }
+        const double m_old = it->m[r];
+        const double m_new = isnan(m_old) || isnan(mt) ? NAN : (mt > m_old ? mt : m_old);
+        if (!(m_new == m_old)) {  // the max grew (or turned NaN): rescale
+            const double alpha = m_old == -INFINITY ? 0.0 : exp(m_old - m_new);
+            it->l[r] *= alpha;
+            for (int64_t d = 0; d < Dv; d++) acc_r[d] *= alpha;
+            it->m[r] = m_new;
+        }
+        for (int64_t c = 0; c < nk; c++) {
+            const double e = exp(s_r[c] - m_new);  // exp(-inf - m) = 0 for masked keys
+            it->l[r] += e;
+            s_r[c] = e;
+        }
     }
+}
 
-    /* the head's sink (CONTRACT "Attention sinks"): one more term of the denominator with
-     * no value, folded into each row's final (m, l, acc) as merge.c's attn_merge_sink does
-     * in float32; a fully masked row then has m = sink, l = 1, acc = 0 */
+/* The head's sink (CONTRACT "Attention sinks"): one more term of the denominator with no
+ * value, folded into each row's final (m, l, acc) as merge.c's attn_merge_sink does in
+ * float32 (a fully masked row then has m = sink, l = 1, acc = 0); then O and the LSE. */
+static void item_close(const f64_call *x, f64_item *it) {
+    const attn_params *p = x->p;
+    const int64_t Dv = p->Dv, b = it->b, h = it->h;
+    double *m = it->m, *l = it->l, *acc = it->acc;
     const double sink = attn_sink(p, h);
-    for (int64_t r = 0; sink != -INFINITY && r < nq; r++) {
+    for (int64_t r = 0; sink != -INFINITY && r < it->nq; r++) {
         const double m0 = m[r];
         const double M = isnan(m0) || isnan(sink) ? NAN : m0 > sink ? m0 : sink;
         const double alpha = m0 == -INFINITY ? 0.0 : exp(m0 - M);
@@ -246,10 +257,9 @@ static void item_forward(const f64_call *x, const f64_plan *pl, double *w, int64
         for (int64_t d = 0; d < Dv; d++) acc[r * Dv + d] *= alpha;
         m[r] = M;
     }
-
     double *O = p->o;
-    for (int64_t r = 0; r < nq; r++) {
-        const int64_t i = i0 + r;
+    for (int64_t r = 0; r < it->nq; r++) {
+        const int64_t i = it->i0 + r;
         const bool masked_row = m[r] == -INFINITY;
         const int64_t o_bhi = b * p->o_s[0] + h * p->o_s[1] + i * p->o_s[2];
         for (int64_t d = 0; d < Dv; d++)
@@ -263,29 +273,56 @@ static void item_forward(const f64_call *x, const f64_plan *pl, double *w, int64
                 p->lse[at] = (float)lse;
         }
     }
+}
 
-    /* the weights: every key of every row written, 0 outside its range and for a fully
-     * masked row; inside, exp(s - m) / l with the final m and l (reference.c's formula) */
-    if (!p->weights) return;
-    for (int64_t r = 0; r < nq; r++) {
-        float *w_r = p->weights + b * p->w_s[0] + h * p->w_s[1] + (i0 + r) * p->w_s[2];
+/* The weights: every key of every row written, 0 outside its range and for a fully masked
+ * row; inside, exp(s - m) / l with the final m and l (reference.c's formula). */
+static void item_weights(const f64_call *x, f64_item *it) {
+    const attn_params *p = x->p;
+    const int64_t b = it->b, h = it->h;
+    for (int64_t r = 0; r < it->nq; r++) {
+        float *w_r = p->weights + b * p->w_s[0] + h * p->w_s[1] + (it->i0 + r) * p->w_s[2];
         for (int64_t j = 0; j < p->Lk; j++) w_r[j * p->w_s[3]] = 0.0f;
     }
-    for (int64_t j0 = blo; j0 < bhi; j0 += BK) {
-        const int64_t nk = bhi - j0 < BK ? bhi - j0 : BK;
-        const attn_tile_class cls = tile_class(x, b, h, i0, j0, nk);
+    for (int64_t j0 = it->blo; j0 < it->bhi; j0 += BK) {
+        const int64_t nk = it->bhi - j0 < BK ? it->bhi - j0 : BK;
+        const attn_tile_class cls = tile_class(x, b, h, it->i0, j0, nk);
         if (cls == ATTN_TILE_MASKED) continue;  // its weights are the 0 written above
-        load_tile(p, k_bg, v_bg, j0, nk, kt, v);
-        tile_dots(p, q, kt, nq, nk, s);
-        for (int64_t r = 0; r < nq; r++) {
-            if (m[r] == -INFINITY || lo[r] >= hi[r] || hi[r] <= j0 || lo[r] >= j0 + nk) continue;
-            double *s_r = s + r * BK;
-            tile_logits(row_params(x, dense[r], cls), j0, nk, lo[r], hi[r], b, h, i0 + r, dg[r], s_r);
-            float *w_r = p->weights + b * p->w_s[0] + h * p->w_s[1] + (i0 + r) * p->w_s[2];
+        load_tile(p, it->k_bg, it->v_bg, j0, nk, it->kt, it->v);
+        tile_dots(p, it->q, it->kt, it->nq, nk, it->s);
+        for (int64_t r = 0; r < it->nq; r++) {
+            if (it->m[r] == -INFINITY || it->lo[r] >= it->hi[r] || it->hi[r] <= j0 ||
+                it->lo[r] >= j0 + nk)
+                continue;
+            double *s_r = it->s + r * BK;
+            tile_logits(row_params(x, it->dense[r], cls), j0, nk, it->lo[r], it->hi[r], b, h,
+                        it->i0 + r, it->dg[r], s_r);
+            float *w_r = p->weights + b * p->w_s[0] + h * p->w_s[1] + (it->i0 + r) * p->w_s[2];
             for (int64_t c = 0; c < nk; c++)
-                w_r[(j0 + c) * p->w_s[3]] = (float)(exp(s_r[c] - m[r]) / l[r]);
+                w_r[(j0 + c) * p->w_s[3]] = (float)(exp(s_r[c] - it->m[r]) / it->l[r]);
         }
     }
+}
+
+/* Item (b, h, a block of BQ query rows): its tiles streamed through the online softmax,
+ * then the sink, O, the LSE and the weights. */
+static void item_forward(const f64_call *x, const f64_plan *pl, double *w, int64_t item) {
+    const attn_params *p = x->p;
+    f64_item it;
+    item_open(x, pl, w, item, &it);
+    for (int64_t j0 = it.blo; j0 < it.bhi; j0 += BK) {
+        const int64_t nk = it.bhi - j0 < BK ? it.bhi - j0 : BK;
+        const attn_tile_class cls = tile_class(x, it.b, it.h, it.i0, j0, nk);
+        if (cls == ATTN_TILE_MASKED) continue;  // every key of every row masked: adds 0
+        load_tile(p, it.k_bg, it.v_bg, j0, nk, it.kt, it.v);
+        tile_dots(p, it.q, it.kt, it.nq, nk, it.s);
+        item_tile_softmax(x, &it, j0, nk, cls);
+        /* acc_r += Σ_c e_rc v_c, over the keys in order; a weight of exactly 0 adds +0
+         * (skip_zero): a masked key's V is never multiplied */
+        attn_gemm_f64(it.nq, p->Dv, nk, it.s, BK, 1, it.v, p->Dv, it.acc, p->Dv, true, true);
+    }
+    item_close(x, &it);
+    if (p->weights) item_weights(x, &it);
 }
 
 attn_status attn_fused_f64_forward(const attn_params *p, void *ws) {

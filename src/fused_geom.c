@@ -15,6 +15,8 @@
  *   in the cache's own dtype, fit in 64 KiB (they stay in L2 while the block's rows use
  *   them). Backward: halved until the key block's float32 copies and gradients (4 (Dk +
  *   Dv) floats a key) fit in 256 KiB.
+ * - a tuned configuration (the call's p->tune, from the wisdom: wisdom.h) replaces the two
+ *   rules above by its bq and bk where they are not 0; the environment below still wins.
  * - ATTN_FWD_BQ=N (a multiple of the kernel's row_pad, 16 <= N <= ATTN_FWD_BQ_LIMIT) and
  *   ATTN_FWD_BK=N (a multiple of row_pad, up to ATTN_BK_LIMIT) replace the forward's
  *   choices (and so attn_weights_grid's) for every call of the process, for comparing
@@ -60,20 +62,23 @@ static int64_t cpu_bq(const attn_kernels *kern, attn_tile_use use) {
 }
 
 attn_tiles attn_choose_tiles(const attn_kernels *kern, attn_tile_use use, attn_dtype kv_dt,
-                             int64_t dk, int64_t dv) {
+                             int64_t dk, int64_t dv, const attn_tune_config *tuned) {
     pthread_once(&g_once, probe);
     const attn_kernel_geom *geom = &kern->geom;
-    const int64_t pad = geom->row_pad, tuned = cpu_bq(kern, use);
-    attn_tiles t = {.bq = tuned > 0 ? tuned : geom->bq, .bk = geom->bk_max};
+    const int64_t pad = geom->row_pad, per_cpu = cpu_bq(kern, use);
+    attn_tiles t = {.bq = per_cpu > 0 ? per_cpu : geom->bq, .bk = geom->bk_max};
     const int64_t env_bq = use == ATTN_TILES_BACKWARD ? g_env_bwd_bq : g_env_bq;
+    if (tuned && tuned->bq > 0) t.bq = tuned->bq;  // checked against the geometry (wisdom.c)
     if (env_bq >= 16 && env_bq <= ATTN_FWD_BQ_LIMIT && env_bq % pad == 0) t.bq = env_bq;
     if (use == ATTN_TILES_BACKWARD) {
         while (t.bk > geom->bk_min && t.bk * (dk + dv) * 4 * (int64_t)sizeof(float) > 256 * 1024)
             t.bk /= 2;
+        if (tuned && tuned->bk > 0) t.bk = tuned->bk;
         return t;
     }
     const int64_t kv_row_bytes = attn_row_bytes(kv_dt, dk + dv);  // q8_0: 34 bytes / 32
     while (t.bk > geom->bk_min && t.bk * kv_row_bytes > 64 * 1024) t.bk /= 2;
+    if (tuned && tuned->bk > 0) t.bk = tuned->bk;
     if (g_env_bk <= ATTN_BK_LIMIT && g_env_bk % pad == 0 && g_env_bk > 0) t.bk = g_env_bk;
     return t;
 }

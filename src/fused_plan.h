@@ -15,13 +15,15 @@
  * key and a value block together, in their own dtype, stay near 64 KiB (a Zen 4 core has
  * 32 KiB of L1d and 1 MiB of L2), within the kernel's [bk_min, bk_max]. Key splitting for decoding-shaped
  * calls (Lq <= SPLIT_MAX_LQ): chunks of SPLIT_LONG_KEYS keys or more, since every chunk
- * starts its K and V streams cold (chunks of 1024 keys moved 5-10% fewer bytes a second
- * than chunks of 4096: docs/KERNELS.md); shorter, down to SPLIT_MIN_KEYS, only where the
+ * starts its K and V streams cold (short chunks move fewer bytes a second:
+ * docs/KERNELS.md); shorter, down to SPLIT_MIN_KEYS, only where the
  * call would otherwise have fewer than SPLIT_UNITS pieces of work; at most SPLIT_MAX. */
 enum {
     SPLIT_MAX_LQ = 16, SPLIT_MAX = 16, SPLIT_MIN_KEYS = 1024, SPLIT_LONG_KEYS = 4096,
     SPLIT_UNITS = 16,
 };
+_Static_assert(SPLIT_MAX == ATTN_TUNE_SPLIT_MAX, "a tuned split is bounded by SPLIT_MAX");
+_Static_assert(SPLIT_MAX_LQ == ATTN_DECODE_MAX_ROWS, "the tuner's decoding class is the split's");
 
 /* The forward's tile sizes: attn_choose_tiles(kern, ATTN_TILES_FORWARD, ...) (kernels.h,
  * fused_geom.c): bq a multiple of the kernel's row_pad in [16, ATTN_FWD_BQ_LIMIT], bk in

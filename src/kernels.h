@@ -134,6 +134,9 @@ typedef enum attn_cpu_model {
     ATTN_CPU_ZEN3,  /* AuthenticAMD, family 19h, models 00-0Fh, 20-2Fh, 40-5Fh (not Zen 4) */
 } attn_cpu_model;
 ATTN_PRIVATE attn_cpu_model attn_cpu_model_now(void);
+/* This CPU's CPUID vendor string, family and model ("unknown", 0, 0 off x86-64):
+ * dispatch.c, for the model above and the wisdom's cpu line (wisdom.h). */
+ATTN_PRIVATE void attn_cpu_ident(char vendor[13], unsigned *family, unsigned *model);
 
 /* One line of a kernel's per-CPU geometry (its folder's table, the kernel table's
  * cpu_geom): on CPU cpu, the forward's (and attn_weights_grid's) query rows per block and
@@ -324,7 +327,9 @@ struct attn_kernels {
 typedef struct attn_kernels attn_kernels;
 
 /* The tiles of a call: the one place the forward (fused.c, its weights), the backward
- * (backward_fused.c) and attn_weights_grid take their block sizes from (fused_geom.c). */
+ * (backward_fused.c) and attn_weights_grid take their block sizes from (fused_geom.c);
+ * tuned: the call's tuned configuration (p->tune, wisdom.h), whose non-zero bq and bk
+ * replace the static rule's, or NULL for none. */
 typedef enum attn_tile_use {
     ATTN_TILES_FORWARD,   /* the forward and attn_weights_grid                          */
     ATTN_TILES_BACKWARD,  /* the fused backward                                         */
@@ -333,7 +338,8 @@ typedef struct attn_tiles {
     int64_t bq, bk;  /* query rows per block, keys per block */
 } attn_tiles;
 ATTN_PRIVATE attn_tiles attn_choose_tiles(const attn_kernels *kern, attn_tile_use use,
-                                          attn_dtype kv_dt, int64_t dk, int64_t dv);
+                                          attn_dtype kv_dt, int64_t dk, int64_t dv,
+                                          const attn_tune_config *tuned);
 
 /* Every kernel's geometry, from its line of the list (kernels/list.h), as constants:
  * ATTN_ROW_PAD_<name>, ATTN_BQ_<name>, ATTN_BK_MIN_<name>, ATTN_BK_MAX_<name>; a
@@ -424,5 +430,12 @@ ATTN_PRIVATE const attn_kernels *attn_kernels_named(const char *name);
  * names a kernel this CPU cannot run (or none at all): the call then fails with
  * ATTN_ERR_UNSUPPORTED and attn_last_error() says why. */
 ATTN_PRIVATE const attn_kernels *attn_select_kernels(const char **why);
+
+/* The kernel a decoding-shaped call over a q8_0 cache runs on when `kern` was chosen:
+ * kern itself when it has the q8_0 decoding step (decode_q8_0), else the best kernel
+ * after it in the list that has the step and this CPU runs (an AVX-512 CPU: avx2, whose
+ * step reads the blocks in registers, where avx512's tiles would dequantize every block
+ * to float32 first: docs/KERNELS.md, "The q8_0 cache"), else kern (generic). */
+ATTN_PRIVATE const attn_kernels *attn_kernels_for_q8_0(const attn_kernels *kern);
 
 #endif /* ATTN_KERNELS_H */

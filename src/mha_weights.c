@@ -24,11 +24,9 @@
 
 #include "mha_ws.h"
 
-/* the floats of a chunk's weights the reduction reads back from the cache (4 MiB, in L3).
- * 1 MiB gave BERT's 512 x 512 one head a call: 5 blocks of 112 rows for 2 threads, one
- * thread idle for a third of each of the 96 calls; 4 heads a call make 20 blocks (the
- * weights row 1.13-1.33x the forward without weights -> 0.98-1.08x, AMD EPYC Zen 3,
- * docs/KERNELS.md, "The weights output") */
+/* the floats of a chunk's weights the reduction reads back from the cache (4 MiB, in L3):
+ * 1 MiB gave BERT's 512 x 512 one head a call, too few blocks of rows to keep every thread
+ * busy; 4 heads a call make enough (docs/KERNELS.md, "The weights output") */
 #define MHA_AVG_CHUNK ((int64_t)1 << 20)
 
 /* t narrowed to [i0, i0 + n) on dim (when that dim is not broadcast) */

@@ -14,6 +14,7 @@
 
 #include "kernels.h"
 #include "philox.h"
+#include "wisdom.h"
 
 /* A size query (need_data false) may pass tensors without data. What a call asks for
  * must still shape its plan and workspace (weights, a block table, a mask or bias to
@@ -307,11 +308,16 @@ static attn_status fill_outputs(attn_params *p, const attn_options *opt, bool ne
         TRY(attn_check_output_strides(t, "weights", 4));
         p->weights = given(attn_view_data(t, p->w_s, 4));
     }
+    /* attn_forward takes it off the options before they come here (api.c) */
+    if (opt->key_scores)
+        return attn_fail(ATTN_ERR_UNSUPPORTED, "options.key_scores: an output of attn_forward "
+                         "alone (float32, 16-bit and q8_0 calls)");
     return ATTN_OK;
 }
 
-/* precision, dropout, the path (and its kernels), threads */
-static attn_status fill_run(attn_params *p, const attn_options *opt) {
+/* precision, dropout, the path (and its kernels, the tuned configuration), threads */
+static attn_status fill_run(attn_params *p, const attn_options *opt, bool backward,
+                            const attn_tune_config *force) {
     const bool f64 = p->q_dt == ATTN_F64;
     if ((unsigned)opt->precision > (unsigned)ATTN_PRECISION_FAST)
         return attn_fail(ATTN_ERR_VALUE, "options.precision is %d, expected an "
@@ -344,9 +350,20 @@ static attn_status fill_run(attn_params *p, const attn_options *opt) {
         if (f64) break;  // fused_f64.c is portable C: no micro-kernels
         p->kernels = attn_select_kernels(&why);
         if (!p->kernels) return attn_fail(ATTN_ERR_UNSUPPORTED, "%s", why);
+        /* the shape class's configuration (wisdom.h); every field 0 keeps the static one */
+        p->tune = force ? *force
+                        : attn_wisdom_lookup(attn_tune_class_of(p, backward, opt->kv_len != NULL));
+        if (p->tune.kernels) p->kernels = p->tune.kernels;
+        /* a q8_0 cache under few query rows (decoding: the blocks fused_takes_decode
+         * gives the one-pass step) runs on a kernel that has the q8_0 step, the whole
+         * call, so that its tiles' logits and exps come from one table (kernels.h) */
+        if (p->kv_dt == ATTN_Q8_0 && !p->kernels->decode_q8_0 &&
+            p->Lq <= ATTN_DECODE_MAX_ROWS && p->group <= ATTN_DECODE_MAX_ROWS &&
+            p->Lq * p->group <= ATTN_DECODE_MAX_ROWS)
+            p->kernels = attn_kernels_for_q8_0(p->kernels);
         /* FAST pays only on bf16 dot products (the kernel's pv_bf16): elsewhere rounding P
-         * is one more pass over each tile and no product gets cheaper (avx2, Zen 3: FAST
-         * 0.86x the default level), so those kernels run the default level, which is more
+         * is one more pass over each tile and no product gets cheaper (slower than the
+         * default level: docs/KERNELS.md), so those kernels run the default level, which is more
          * precise than FAST promises (docs/CONTRACT.md, "Precision") */
         if (p->precision == ATTN_PRECISION_FAST && !p->kernels->pv_bf16)
             p->precision = ATTN_PRECISION_DEFAULT;
@@ -377,6 +394,13 @@ static attn_status fill_run(attn_params *p, const attn_options *opt) {
 attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_tensor *k,
                              const attn_tensor *v, const attn_tensor *o,
                              const attn_options *opt_in, bool need_data) {
+    return attn_params_init_for(p, q, k, v, o, opt_in, need_data, false, NULL);
+}
+
+attn_status attn_params_init_for(attn_params *p, const attn_tensor *q, const attn_tensor *k,
+                                 const attn_tensor *v, const attn_tensor *o,
+                                 const attn_options *opt_in, bool need_data, bool backward,
+                                 const attn_tune_config *force) {
     static const attn_options defaults = {0};
     const attn_options *opt = opt_in ? opt_in : &defaults;
     *p = (attn_params){0};
@@ -384,5 +408,5 @@ attn_status attn_params_init(attn_params *p, const attn_tensor *q, const attn_te
     TRY(fill_logits(p, opt));
     TRY(fill_masks(p, opt, need_data));
     TRY(fill_outputs(p, opt, need_data));
-    return fill_run(p, opt);
+    return fill_run(p, opt, backward, force);
 }

@@ -1,8 +1,8 @@
 /*
  * team.h — whether a call wakes the OpenMP team or runs on the calling thread.
  *
- * Waking the team costs more than a tiny call's whole work: at 2 threads a decoding step
- * of a few rows took 1.5-3.7 ms under load against 0.14 ms on the calling thread alone.
+ * Waking the team costs more than a tiny call's whole work (a decoding step of a few rows,
+ * under load: docs/KERNELS.md has the figures).
  * Below ATTN_TEAM_MIN_FLOPS of work (the logits' and the values' multiply-adds,
  * 2 B Hq Lq Lk (Dk + Dv), counted as a dense call whatever the masks leave out) the
  * parallel regions of the forward, the backward and the key-padding scan run with

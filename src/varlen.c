@@ -70,41 +70,89 @@ static attn_status check_cu(const attn_tensor *t, const char *name, int64_t tota
     return ATTN_OK;
 }
 
-/* The options a packed call refuses: each would be a tensor over the padded batch. */
-static attn_status refuse_options(const attn_options *opt) {
+/* The options a packed call refuses: each would be a tensor over the padded batch. A
+ * paged forward (paged: options.block_table given) takes the block table, kv_len (each
+ * sequence's cached keys, FlashAttention's seqused_k) and a bool mask over the padded
+ * batch [B, Hq|1, max_seqlen_q, Lk] (Lk = max_pages * page_size, the cache's rows). */
+static attn_status refuse_options(const attn_options *opt, bool paged_ok) {
     if (!opt) return ATTN_OK;
     static const char *const what = "packed (varlen) calls take no %s (%s)";
-    if (opt->mask) return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.mask", "a [B, Hq, Lq, Lk] tensor");
+    const bool paged = paged_ok && opt->block_table;
+    if (opt->mask && !paged)
+        return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.mask",
+                         "a [B, Hq, Lq, Lk] tensor; a paged forward takes one");
     if (opt->bias) return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.bias", "a [B, Hq, Lq, Lk] tensor");
-    if (opt->kv_len)
+    if (opt->kv_len && !paged)
         return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.kv_len", "cu_seqlens_k gives the keys");
     if (opt->block_mask)
         return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.block_mask", "a mask over the padded batch");
     if (opt->score_mod)
         return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.score_mod",
                          "its indices would be each sequence's own");
-    if (opt->block_table)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.block_table", "k and v are packed rows");
+    if (opt->block_table && !paged_ok)
+        return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.block_table",
+                         "the backward of a paged cache");
     if (opt->weights)
         return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.weights", "a [B, Hq, Lq, Lk] tensor");
     return ATTN_OK;
 }
 
+/* Entry s of a kv_len tensor (ATTN_I32 or ATTN_I64, B entries along dim 0). */
+static int64_t len_at(const attn_tensor *t, int64_t s) {
+    if (t->dtype == ATTN_I32) return ((const int32_t *)t->data)[s * t->stride[0]];
+    return ((const int64_t *)t->data)[s * t->stride[0]];
+}
+
+/* A paged call's per-sequence key counts: options.kv_len, int32 or int64 with B entries
+ * along dim 0 (shape {B, 1, 1, 1}), each in [0, max_seqlen_k] (data always read); its
+ * bound by the cache's rows is each sequence's own call's check. */
+static attn_status check_seqused(const attn_tensor *t, int64_t B, int64_t max_k) {
+    if (!t)
+        return attn_fail(ATTN_ERR_NULL, "options.kv_len: NULL; a paged packed call takes each "
+                         "sequence's key count there (seqused_k), cu_seqlens_k NULL");
+    if (t->dtype != ATTN_I32 && t->dtype != ATTN_I64)
+        return attn_fail(ATTN_ERR_DTYPE, "options.kv_len: dtype is %s, expected int32 or int64",
+                         attn_dtype_name(t->dtype));
+    TRY(attn_check_tensor(t, "options.kv_len", t->dtype, true));
+    if (t->shape[0] != B || t->shape[1] != 1 || t->shape[2] != 1 || t->shape[3] != 1)
+        return attn_fail(ATTN_ERR_SHAPE, "options.kv_len: shape [%lld, %lld, %lld, %lld], expected "
+                         "[B = %lld, 1, 1, 1]", (long long)t->shape[0], (long long)t->shape[1],
+                         (long long)t->shape[2], (long long)t->shape[3], (long long)B);
+    if (max_k < 0)
+        return attn_fail(ATTN_ERR_VALUE, "max_seqlen_k is %lld, expected >= 0", (long long)max_k);
+    for (int64_t s = 0; s < B; s++) {
+        const int64_t n = len_at(t, s);
+        if (n < 0 || n > max_k)
+            return attn_fail(ATTN_ERR_VALUE, "options.kv_len[%lld] = %lld, expected 0 .. "
+                             "max_seqlen_k = %lld", (long long)s, (long long)n, (long long)max_k);
+    }
+    return ATTN_OK;
+}
+
 /* The packing itself: q is {1, Hq, total_q, Dk} (the rest follows from the rectangular
- * checks against q), both cu_seqlens sound and of one length. *B gets the sequences. */
+ * checks against q), both cu_seqlens sound and of one length; a paged call (paged) has
+ * cu_seqlens_k NULL and its key counts in kv_len. *B gets the sequences. */
 static attn_status check_packing(const attn_tensor *q, const attn_tensor *k,
                                  const attn_tensor *cu_q, const attn_tensor *cu_k,
-                                 int64_t max_q, int64_t max_k, int64_t *B) {
+                                 int64_t max_q, int64_t max_k, const attn_tensor *kv_len,
+                                 bool paged, int64_t *B) {
     if (q->shape[0] != 1)
         return attn_fail(ATTN_ERR_SHAPE, "q: shape[0] is %lld, expected 1 (packed tensors are "
                          "{1, H, total, D})", (long long)q->shape[0]);
     TRY(check_cu(cu_q, "cu_seqlens_q", q->shape[2], max_q, "max_seqlen_q"));
+    *B = cu_q->shape[0] - 1;
+    if (paged) {
+        if (cu_k)
+            return attn_fail(ATTN_ERR_VALUE, "cu_seqlens_k: given with options.block_table; a "
+                             "paged packed call takes each sequence's key count in "
+                             "options.kv_len (seqused_k) and cu_seqlens_k NULL");
+        return check_seqused(kv_len, *B, max_k);
+    }
     if (cu_k && cu_k->shape[0] != cu_q->shape[0])  // before its entries are read
         return attn_fail(ATTN_ERR_SHAPE, "cu_seqlens_k: %lld entries, expected %lld as "
                          "cu_seqlens_q (B + 1)", (long long)cu_k->shape[0],
                          (long long)cu_q->shape[0]);
     TRY(check_cu(cu_k, "cu_seqlens_k", k->shape[2], max_k, "max_seqlen_k"));
-    *B = cu_q->shape[0] - 1;
     return ATTN_OK;
 }
 
@@ -122,26 +170,68 @@ static attn_tensor rows(const attn_tensor *t, int64_t r0, int64_t n) {
 /* One sequence's tensors: the row views, and the options pointing at its lse view. */
 typedef struct seq_views {
     attn_tensor q, k, v, o, lse, d_o, dq, dk, dv;
+    attn_tensor table, len, mask;  /* a paged call's: its row of the block table, its key
+                                      count, its rows of the padded mask */
+    int64_t len_value;
     attn_options opt;
     attn_drop_layout drop;
     int64_t lq, lk;
 } seq_views;
 
 /* t[0..8] = q, k, v, o, lse (opt's in the forward, the argument in the backward), d_o,
- * dq, dk, dv; those of the query rows take cu_q's rows, the others cu_k's. */
+ * dq, dk, dv; those of the query rows take cu_q's rows, the others cu_k's. A paged call
+ * (opt->block_table; cu_k NULL) keeps the whole page pools as k and v and gives sequence s
+ * row s of the block table, kv_len[s] keys and batch s of the padded mask. The views
+ * point into sv itself: sv is not copied afterwards. */
 static void seq_make(seq_views *sv, const attn_tensor *const t[9], const attn_tensor *cu_q,
                      const attn_tensor *cu_k, int64_t max_q, int64_t max_k,
                      const attn_options *opt, int64_t s) {
-    const int64_t q0 = cu_at(cu_q, s), k0 = cu_at(cu_k, s);
+    const bool paged = opt && opt->block_table;
+    const int64_t q0 = cu_at(cu_q, s), k0 = paged ? 0 : cu_at(cu_k, s);
     sv->lq = cu_at(cu_q, s + 1) - q0;
-    sv->lk = cu_at(cu_k, s + 1) - k0;
+    sv->lk = paged ? len_at(opt->kv_len, s) : cu_at(cu_k, s + 1) - k0;
     attn_tensor *const out[9] = {&sv->q, &sv->k, &sv->v, &sv->o, &sv->lse,
                                  &sv->d_o, &sv->dq, &sv->dk, &sv->dv};
     static const bool key_rows[9] = {false, true, true, false, false, false, false, true, true};
     for (int x = 0; x < 9; x++)
-        if (t[x]) *out[x] = key_rows[x] ? rows(t[x], k0, sv->lk) : rows(t[x], q0, sv->lq);
+        if (t[x]) *out[x] = key_rows[x] ? (paged ? *t[x] : rows(t[x], k0, sv->lk)) : rows(t[x], q0, sv->lq);
     sv->opt = opt ? *opt : (attn_options){0};
     sv->drop = (attn_drop_layout){s, max_q, max_k};
+    if (!paged) return;
+    const attn_tensor *bt = opt->block_table;
+    sv->table = *bt;
+    sv->table.shape[0] = 1;
+    sv->table.data = (char *)bt->data + (size_t)(s * bt->stride[0]) * sizeof(int32_t);
+    sv->opt.block_table = &sv->table;
+    sv->len_value = sv->lk;
+    sv->len = (attn_tensor){&sv->len_value, ATTN_I64, {1, 1, 1, 1}, {1, 1, 1, 1}};
+    sv->opt.kv_len = &sv->len;
+    if (opt->mask) {  // [B, Hq|1, max_seqlen_q, Lk]: batch s, its first lq rows
+        sv->mask = *opt->mask;
+        sv->mask.shape[0] = 1;
+        sv->mask.shape[2] = sv->lq;
+        sv->mask.data = (char *)opt->mask->data + s * opt->mask->stride[0];
+        sv->opt.mask = &sv->mask;
+    }
+}
+
+/* A paged call's padded mask: bool, [B, Hq|1, max_seqlen_q, Lk] with B the sequences and
+ * Lk the cache's rows, max_pages * page_size (its data and strides are the rectangular
+ * calls' business, on each sequence's view). */
+static attn_status check_padded_mask(const attn_options *opt, const attn_tensor *k,
+                                     int64_t B, int64_t max_q) {
+    const attn_tensor *m = opt->mask;
+    if (!m) return ATTN_OK;
+    const int64_t lk = opt->block_table->shape[1] * k->shape[2];
+    if (m->dtype != ATTN_BOOL)
+        return attn_fail(ATTN_ERR_DTYPE, "options.mask: dtype is %s, expected bool",
+                         attn_dtype_name(m->dtype));
+    if (m->shape[0] != B || m->shape[2] != max_q || m->shape[3] != lk)
+        return attn_fail(ATTN_ERR_MASK, "options.mask: shape [%lld, %lld, %lld, %lld], expected "
+                         "the padded batch [B = %lld, Hq or 1, max_seqlen_q = %lld, Lk = %lld]",
+                         (long long)m->shape[0], (long long)m->shape[1], (long long)m->shape[2],
+                         (long long)m->shape[3], (long long)B, (long long)max_q, (long long)lk);
+    return ATTN_OK;
 }
 
 /* ---- the forward ------------------------------------------------------------------------- */
@@ -152,10 +242,21 @@ static attn_status forward_plan(const attn_tensor *q, const attn_tensor *k, cons
                                 const attn_tensor *cu_k, int64_t max_q, int64_t max_k,
                                 const attn_options *opt, bool need_data, int64_t *B,
                                 size_t *need) {
-    TRY(refuse_options(opt));
+    TRY(refuse_options(opt, true));
+    const bool paged = opt && opt->block_table;
     attn_params whole;  // the rectangular checks on the packed tensors
-    TRY(attn_params_init(&whole, q, k, v, o, opt, need_data));
-    TRY(check_packing(q, k, cu_q, cu_k, max_q, max_k, B));
+    if (paged) {  // q, o, lse and the options against K and V of no key (k, v are pools)
+        attn_tensor k0 = *k, v0 = *v;
+        k0.shape[0] = v0.shape[0] = 1;
+        k0.shape[2] = v0.shape[2] = 0;
+        attn_options o0 = *opt;
+        o0.block_table = NULL, o0.kv_len = NULL, o0.mask = NULL;
+        TRY(attn_params_init(&whole, q, &k0, &v0, o, &o0, need_data));
+    } else {
+        TRY(attn_params_init(&whole, q, k, v, o, opt, need_data));
+    }
+    TRY(check_packing(q, k, cu_q, cu_k, max_q, max_k, opt ? opt->kv_len : NULL, paged, B));
+    if (paged) TRY(check_padded_mask(opt, k, *B, max_q));
     const attn_tensor *const t[9] = {q, k, v, o, opt ? opt->lse : NULL, NULL, NULL, NULL, NULL};
     *need = 0;
     for (int64_t s = 0; s < *B; s++) {
@@ -163,6 +264,10 @@ static attn_status forward_plan(const attn_tensor *q, const attn_tensor *k, cons
         seq_make(&sv, t, cu_q, cu_k, max_q, max_k, opt, s);
         if (sv.lq == 0) continue;  // nothing to compute or write
         sv.opt.lse = opt && opt->lse ? &sv.lse : NULL;
+        if (paged) {  // every sequence's pool, table row, key count before any writes
+            attn_params ps;
+            TRY(attn_params_init(&ps, &sv.q, &sv.k, &sv.v, &sv.o, &sv.opt, need_data));
+        }
         size_t n;
         TRY(attn_forward_workspace_size(&sv.q, &sv.k, &sv.v, &sv.o, &sv.opt, &n));
         if (n > *need) *need = n;
@@ -235,7 +340,7 @@ static attn_status backward_plan(const attn_tensor *const t[9], const attn_tenso
                                  const attn_tensor *cu_k, int64_t max_q, int64_t max_k,
                                  const attn_options *opt, bool need_data, int64_t *B,
                                  size_t *seq_need, size_t *need) {
-    TRY(refuse_options(opt));
+    TRY(refuse_options(opt, false));
     /* the rectangular checks on the packed tensors (data and alignment below) */
     size_t unused;
     TRY(attn_backward_workspace_size(t[0], t[1], t[2], t[3], t[5], t[4], t[6], t[7], t[8], opt,
@@ -244,7 +349,7 @@ static attn_status backward_plan(const attn_tensor *const t[9], const attn_tenso
     for (int x = 0; need_data && x < 9; x++)
         TRY(attn_check_tensor(t[x], names[x], t[x]->dtype, true));
     if (need_data && opt && opt->d_sinks) TRY(attn_check_tensor(opt->d_sinks, "d_sinks", ATTN_F32, true));
-    TRY(check_packing(t[0], t[1], cu_q, cu_k, max_q, max_k, B));
+    TRY(check_packing(t[0], t[1], cu_q, cu_k, max_q, max_k, NULL, false, B));
     /* a sequence's d_sinks: a stand-in of the right shape (the workspace query reads no
      * data pointer) */
     static _Alignas(64) float g_shape_only[1];

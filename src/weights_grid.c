@@ -83,17 +83,18 @@ static void wg_rows_fused(const attn_params *p, const wg_scratch *w, const float
         for (int64_t r = n; r < npad; r++) w->qt[d * w->rows + r] = 0.0f;
     for (int64_t j0 = jmin; j0 < jmax; j0 += w->keys) {
         const int64_t nk = jmax - j0 < w->keys ? jmax - j0 : w->keys;
-        const int64_t k_bgj = b * p->k_s[0] + g * p->k_s[1] + j0 * p->k_s[2];
         const float *k = w->k;
         int64_t ldk = dk;
-        if (p->kv_dt == ATTN_F32 && p->k_s[3] == 1) {
-            k = (const float *)p->k + k_bgj;
+        if (p->kv_dt == ATTN_F32 && p->k_s[3] == 1 && attn_kv_one_run(p, j0, nk)) {
+            k = (const float *)p->k + attn_kv_offset(p, p->k_s, b, g, j0);
             ldk = p->k_s[2];
-        } else {
-            for (int64_t c = 0; c < nk; c++)
+        } else {  // other dtypes, and a tile across pages: row by row through the table
+            for (int64_t c = 0; c < nk; c++) {
+                const int64_t k_bgj = attn_kv_offset(p, p->k_s, b, g, j0 + c);
                 for (int64_t d = 0; d < dk; d++)
-                    w->k[c * dk + d] = attn_load(p->kv_dt, p->k, k_bgj + c * p->k_s[2] + d * p->k_s[3]) *
+                    w->k[c * dk + d] = attn_load(p->kv_dt, p->k, k_bgj + d * p->k_s[3]) *
                                        ks;  // an fp8 cache's scale (attn.h), else 1
+            }
         }
         kern->qk(n, npad, nk, dk, w->q, w->qt, w->rows, k, ldk, p->scale, w->s, w->rows);
         for (int64_t r = 0; r < n; r++) {
@@ -140,7 +141,7 @@ static void wg_rows_reference(const attn_params *p, const wg_scratch *w, const f
         const double lse = lse_bh[i * lse_si];
         int64_t cell = lo < hi ? wg_cell(lo, C, p->Lk) : 0, next = wg_first(cell + 1, C, p->Lk);
         for (int64_t j = lo; j < hi; j++) {
-            const int64_t k_bgj = b * p->k_s[0] + g * p->k_s[1] + j * p->k_s[2];
+            const int64_t k_bgj = attn_kv_offset(p, p->k_s, b, g, j);
             double dot = 0.0;
             for (int64_t d = 0; d < p->Dk; d++)
                 dot += (double)attn_load(p->q_dt, p->q, q_bhi + d * p->q_s[3]) *
@@ -153,14 +154,13 @@ static void wg_rows_reference(const attn_params *p, const wg_scratch *w, const f
     }
 }
 
-attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
-                              const attn_tensor *lse, const attn_tensor *grid,
-                              attn_reduce reduce, const attn_options *opt_in) {
-    static const attn_options defaults = {0};
-    const attn_options *base = opt_in ? opt_in : &defaults;
-    if (base->block_table)  // paged caches: forward only (CONTRACT, "A paged KV cache")
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "attn_weights_grid: options.block_table (a "
-                         "paged cache) is not supported");
+/* Every check of a call, before anything is written: the forward's (K standing in for V,
+ * which is not read, and an output described but never written; the LSE checked as the
+ * forward's LSE output), the grid's shape and strides, and the overlap rule. *p gets the
+ * call's params. */
+static attn_status wg_check(const attn_tensor *q, const attn_tensor *k, const attn_tensor *lse,
+                            const attn_tensor *grid, attn_reduce reduce, const attn_options *base,
+                            attn_params *p) {
     if (base->lse || base->weights)
         return attn_fail(ATTN_ERR_VALUE, "options.lse and options.weights must be NULL (the "
                          "LSE is an input here, the grid the output)");
@@ -169,45 +169,47 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
     if ((unsigned)reduce > (unsigned)ATTN_REDUCE_MAX)
         return attn_fail(ATTN_ERR_VALUE, "reduce is %d, expected ATTN_REDUCE_SUM or "
                          "ATTN_REDUCE_MAX", (int)reduce);
-    /* the forward's checks, with K standing in for V (no value is read) and an output
-     * described but never written; the LSE is checked as the forward's LSE output */
-    if (q && q->dtype == ATTN_F64)
+    if (q->dtype == ATTN_F64)
         return attn_fail(ATTN_ERR_DTYPE, "q: dtype is float64, which attn_weights_grid does "
                          "not take (float32, float16 or bfloat16)");
     attn_options opt = *base;
     opt.lse = lse;
     const attn_tensor o = attn_tensor_4d(q->data, ATTN_F32, q->shape[0], q->shape[1],
                                          q->shape[2], k ? k->shape[3] : 0);
-    attn_params p;
-    attn_status st = attn_params_init(&p, q, k, k, &o, &opt, true);
-    if (st != ATTN_OK) return st;
-    st = attn_check_tensor(grid, "grid", ATTN_F32, true);
-    if (st != ATTN_OK) return st;
+    TRY(attn_params_init(p, q, k, k, &o, &opt, true));
+    TRY(attn_check_tensor(grid, "grid", ATTN_F32, true));
     const int64_t R = grid->shape[2], C = grid->shape[3];
-    if (grid->shape[0] != p.B || grid->shape[1] != p.Hq)
+    if (grid->shape[0] != p->B || grid->shape[1] != p->Hq)
         return attn_fail(ATTN_ERR_SHAPE, "grid: shape [%lld, %lld, ...], expected [B = %lld, "
                          "Hq = %lld, R, C]", (long long)grid->shape[0],
-                         (long long)grid->shape[1], (long long)p.B, (long long)p.Hq);
-    if (R > p.Lq || C > p.Lk || (R == 0) != (p.Lq == 0) || (C == 0) != (p.Lk == 0))
+                         (long long)grid->shape[1], (long long)p->B, (long long)p->Hq);
+    if (R > p->Lq || C > p->Lk || (R == 0) != (p->Lq == 0) || (C == 0) != (p->Lk == 0))
         return attn_fail(ATTN_ERR_SHAPE, "grid: R = %lld, C = %lld, expected 1 <= R <= Lq = "
                          "%lld and 1 <= C <= Lk = %lld (0 only for an empty Lq or Lk)",
-                         (long long)R, (long long)C, (long long)p.Lq, (long long)p.Lk);
+                         (long long)R, (long long)C, (long long)p->Lq, (long long)p->Lk);
     int64_t t1, t2;
-    if (__builtin_mul_overflow(p.Lq, R, &t1) || __builtin_mul_overflow(p.Lk, C, &t2) ||
+    if (__builtin_mul_overflow(p->Lq, R, &t1) || __builtin_mul_overflow(p->Lk, C, &t2) ||
         __builtin_add_overflow(t1, R, &t1) || __builtin_add_overflow(t2, C, &t2))
         return attn_fail(ATTN_ERR_OVERFLOW, "grid: Lq * R or Lk * C overflows int64");
-    st = attn_check_output_strides(grid, "grid", 4);
-    if (st != ATTN_OK) return st;
+    TRY(attn_check_output_strides(grid, "grid", 4));
     /* the grid shares no byte with anything the call reads (overlap.c's rule) */
     const attn_tensor *in[] = {q, k, lse, base->mask, base->bias, base->kv_len,
-                               base->alibi_slopes, base->sinks};
+                               base->alibi_slopes, base->sinks, base->block_table};
     static const char *const in_names[] = {"q", "k", "lse", "options.mask", "options.bias",
                                            "options.kv_len", "options.alibi_slopes",
-                                           "options.sinks"};
+                                           "options.sinks", "options.block_table"};
     const attn_tensor *out[] = {grid};
     static const char *const out_names[] = {"grid"};
-    st = attn_check_aliasing(in, in_names, 8, out, out_names, 1, NULL, 0);
-    if (st != ATTN_OK) return st;
+    return attn_check_aliasing(in, in_names, 9, out, out_names, 1, NULL, 0);
+}
+
+attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
+                              const attn_tensor *lse, const attn_tensor *grid,
+                              attn_reduce reduce, const attn_options *opt_in) {
+    static const attn_options defaults = {0};
+    attn_params p;
+    TRY(wg_check(q, k, lse, grid, reduce, opt_in ? opt_in : &defaults, &p));
+    const int64_t R = grid->shape[2], C = grid->shape[3];
     attn_fail(ATTN_OK, "%s", "");
     if (p.B == 0 || p.Hq == 0 || R == 0 || C == 0) return ATTN_OK;
     /* key padding as the key lengths it is (mask_summary.h), in lengths_mem */
@@ -221,7 +223,8 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
     /* the forward's tiles (attn_choose_tiles: the same blocks of rows and keys); the
      * reference path takes the generic kernel's */
     const attn_kernels *tk = p.kernels ? p.kernels : attn_kernels_named("generic");
-    const attn_tiles tiles = attn_choose_tiles(tk, ATTN_TILES_FORWARD, p.kv_dt, p.Dk, p.Dv);
+    const attn_tiles tiles = attn_choose_tiles(tk, ATTN_TILES_FORWARD, p.kv_dt, p.Dk, p.Dv,
+                                                p.kernels ? &p.tune : NULL);
     const attn_kernel_geom geom = tk->geom;
     const int64_t rows = tiles.bq, keys = tiles.bk;
     const size_t per_thread = wg_scratch_floats(p.Dk, rows, keys) * sizeof(float) +

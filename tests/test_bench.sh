@@ -315,6 +315,20 @@ else bad "bench --q8 output"; sed 's/^/    /' out.txt | tail -8; fi
 expect "bench --q8 --plant-error fails its check" 1 "$ATTN" bench --q8 --quick --reps 1 --plant-error
 expect "bench --q8 --reps 0" 2 "$ATTN" bench --q8 --reps 0
 
+# ---- latent attention's decoding rows (bench/bench_mla.c) ----------------------------------
+expect "bench --mla --quick" 0 "$ATTN" bench --mla --quick --reps 1
+if grep -q "^  float32 .* ok" out.txt && grep -q "^  bfloat16 .* ok" out.txt && grep -q "fp32 peak" out.txt; then
+    ok "bench --mla prints its checked rows and the peak"
+else bad "bench --mla output"; sed 's/^/    /' out.txt | tail -6; fi
+expect "bench --mla --plant-error fails its check" 1 "$ATTN" bench --mla --quick --reps 1 --plant-error
+
+# ---- a mixed serving step in one call (bench/bench_step.c) ------------------------------
+expect "bench --step --quick" 0 "$ATTN" bench --step --quick --reps 1
+if grep -q "bit for bit: ok" out.txt && grep -q "one call / separate calls" out.txt; then
+    ok "bench --step prints its check and the ratio"
+else bad "bench --step output"; sed 's/^/    /' out.txt | tail -6; fi
+expect "bench --step --plant-error fails its check" 1 "$ATTN" bench --step --quick --reps 1 --plant-error
+
 # ---- the float64 rows (bench/bench_f64.c) ---------------------------------------------------
 expect "bench --f64 --quick" 0 "$ATTN" bench --f64 --quick --reps 1
 if [ "$(grep -c "fused vs reference: .* ok$" out.txt)" = 5 ] && grep -q "^  backward reference, no mask .*reference / fused" out.txt; then

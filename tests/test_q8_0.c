@@ -203,6 +203,30 @@ static void test_known(void) {
     CHECK(same_bits(got, want, NBLK * QB) == 0, "the portable dequantization differs from d * qs");
 }
 
+/* Every kernel a decoding call over a q8_0 cache can be dispatched to takes it to a kernel
+ * with the q8_0 step when the list has one this CPU runs at or after it: an AVX-512 CPU
+ * must not decode q8_0 through the tiles (a fifth of the speed, issue 38's Zen 4 run). */
+static void test_q8_0_kernel_choice(void) {
+    bool seen_step = false;  // walking from the end: a kernel with the step at or after this one
+    const char *const *list = attn_kernel_list();
+    int n = 0;
+    while (list[n]) n++;
+    for (int i = n - 1; i >= 0; i--) {
+        const attn_kernels *kern = attn_kernels_named(list[i]);
+        if (!kern) continue;
+        seen_step = seen_step || kern->decode_q8_0;
+        const attn_kernels *got = attn_kernels_for_q8_0(kern);
+        CHECK(got != NULL, "kernel %s: no kernel for q8_0", list[i]);
+        if (!got) continue;
+        CHECK(!seen_step || got->decode_q8_0, "kernel %s: a q8_0 decoding call runs on %s, "
+              "which has no q8_0 step", list[i], got->name);
+        CHECK(!kern->decode_q8_0 || got == kern, "kernel %s has the q8_0 step, yet %s was taken",
+              list[i], got->name);
+        CHECK(seen_step || got == kern, "kernel %s: %s taken where no kernel after it has the step",
+              list[i], got->name);
+    }
+}
+
 /* ---- 3. the forward over a q8_0 cache ------------------------------------------------- */
 
 typedef struct q8case {
@@ -483,6 +507,7 @@ static void test_misuse(void) {
 int main(void) {
     test_hand_blocks();
     test_known();
+    test_q8_0_kernel_choice();
     test_forward();
     test_misuse();
     printf("(kernel %s)\n", attn_kernel_name());

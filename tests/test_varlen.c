@@ -18,7 +18,8 @@
  *     in-order sum of theirs, the same bits for 1, 2 and 3 threads; with dropout, the
  *     reference bit for bit the padded call's, the fused path close to it.
  *  4. Refusals (cu_seqlens not monotone, first != 0, last != total, max_seqlen too
- *     small, wrong dtype, B + 1 disagreeing, mask, bias, kv_len, block_table, weights)
+ *     small, wrong dtype, B + 1 disagreeing, mask, bias, kv_len, block_table beside
+ *     cu_seqlens_k, weights)
  *     with their status and nothing written.
  *  5. Planted errors: a sequence boundary off by one fails both checks.
  * What it is not: a test of the rectangular call itself (test_forward.c and the rest).
@@ -593,7 +594,9 @@ static void test_refusals(void) {
         {"mask", 0, {0}, 17, &d.tcq, &d.tck, ATTN_ERR_UNSUPPORTED, 1},
         {"bias", 0, {0}, 17, &d.tcq, &d.tck, ATTN_ERR_UNSUPPORTED, 2},
         {"kv_len", 0, {0}, 17, &d.tcq, &d.tck, ATTN_ERR_UNSUPPORTED, 3},
-        {"block_table", 0, {0}, 17, &d.tcq, &d.tck, ATTN_ERR_UNSUPPORTED, 4},
+        /* a paged packed call takes its key counts in kv_len, not cu_seqlens_k
+         * (test_varlen_paged.c) */
+        {"block_table with cu_seqlens_k", 0, {0}, 17, &d.tcq, &d.tck, ATTN_ERR_VALUE, 4},
         {"weights", 0, {0}, 17, &d.tcq, &d.tck, ATTN_ERR_UNSUPPORTED, 5},
     };
     for (size_t x = 0; x < sizeof t / sizeof t[0]; x++) {
@@ -617,8 +620,10 @@ static void test_refusals(void) {
         opt.weights = NULL;
         const attn_status sb = attn_varlen_backward(&d.q, &d.k, &d.v, &o, &d.d_o, &l, &g[0], &g[1],
                                                     &g[2], t[x].cu_q, t[x].cu_k, t[x].maxq, d.maxk, &opt);
+        /* the backward takes no paged cache at all: UNSUPPORTED */
+        const attn_status want_b = t[x].opt == 4 ? ATTN_ERR_UNSUPPORTED : t[x].want;
         if (t[x].opt != 5)
-            CHECK(sb == t[x].want, "backward refusal '%s': status %s", t[x].what, attn_status_string(sb));
+            CHECK(sb == want_b, "backward refusal '%s': status %s", t[x].what, attn_status_string(sb));
         int untouched = 1;
         for (int y = 0; y < 3; y++) {
             for (size_t z = 0; z < nbytes(&g[y]); z++) untouched &= ((unsigned char *)g[y].data)[z] == 0x7f;

@@ -67,6 +67,16 @@ def kernel_name() -> str:
     return _attn.kernel_name()
 
 
+def tune(*, quick: bool = False, out: Optional[str] = None, threads: int = 0) -> None:
+    """Times this machine's choices of the fused path (kernel, block sizes, decoding split)
+    per shape class and writes the winners to a wisdom file: out, or $ATTN_WISDOM, else
+    $XDG_CACHE_HOME/attn/wisdom, else ~/.cache/attn/wisdom. Later processes read it at their
+    first call; this one keeps what it read. quick: the common classes only (about 10 s on
+    2 cores). OSError when the file cannot be written, RuntimeError when ATTN_ISA or a tile
+    override is set. docs/KERNELS.md, "Tuner"."""
+    _attn.tune(quick=bool(quick), out=None if out is None else str(out), threads=int(threads))
+
+
 def _torch_tensor_type() -> Optional[type]:
     torch = sys.modules.get("torch")  # never imported here: only if the caller has it
     return getattr(torch, "Tensor", None) if torch is not None else None
@@ -555,8 +565,8 @@ from ._additive import additive_attention, additive_attention_grad  # noqa: E402
 __all__ += ["additive_attention", "additive_attention_grad"]
 
 # decoding against a contiguous or paged KV cache (python/attn/_kvcache.py)
-from ._kvcache import attention_with_kvcache  # noqa: E402
-__all__ += ["attention_with_kvcache"]
+from ._kvcache import attention_with_kvcache, varlen_attention_with_kvcache  # noqa: E402
+__all__ += ["attention_with_kvcache", "varlen_attention_with_kvcache"]
 
 # packed (variable-length) batches, FlashAttention's varlen call (python/attn/_varlen.py)
 from ._varlen import varlen_attention  # noqa: E402

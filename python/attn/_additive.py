@@ -49,7 +49,8 @@ class _Options(ctypes.Structure):
                 # structure (test_additive holds the size to the C struct's)
                 ("block_table", ctypes.c_void_p), ("d_bias", ctypes.c_void_p),
                 ("block_mask", ctypes.c_void_p), ("score_mod", ctypes.c_void_p),
-                ("score_mod_grad", ctypes.c_void_p), ("score_mod_ctx", ctypes.c_void_p)]
+                ("score_mod_grad", ctypes.c_void_p), ("score_mod_ctx", ctypes.c_void_p),
+                ("key_scores", ctypes.c_void_p)]
 
 
 class _Weights(ctypes.Structure):

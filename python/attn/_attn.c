@@ -57,6 +57,29 @@ static PyObject *py_kernel_name(PyObject *self, PyObject *unused) {
     return PyUnicode_FromString(attn_kernel_name());
 }
 
+PyDoc_STRVAR(py_tune_doc,
+"tune(*, quick=False, out=None, threads=0) -> None\n--\n\n"
+"attn_tune: times this machine's choices of the fused path and writes them as a wisdom "
+"file (out, or the default path) that later processes read (docs/KERNELS.md, 'Tuner').");
+
+static PyObject *py_tune(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"quick", "out", "threads", NULL};
+    int quick = 0, threads = 0;
+    const char *out = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$pzi:tune", names, &quick, &out, &threads))
+        return NULL;
+    const attn_tune_options opt = {.quick = quick != 0, .out = out, .threads = threads};
+    attn_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = attn_tune(&opt);
+    Py_END_ALLOW_THREADS
+    if (st == ATTN_OK) Py_RETURN_NONE;
+    PyErr_Format(st == ATTN_ERR_IO ? PyExc_OSError
+                 : st == ATTN_ERR_UNSUPPORTED ? PyExc_RuntimeError : PyExc_ValueError,
+                 "%s (%s)", attn_last_error(), attn_status_string(st));
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"forward", (PyCFunction)(void (*)(void))py_forward, METH_VARARGS | METH_KEYWORDS,
      py_forward_doc},
@@ -74,6 +97,7 @@ static PyMethodDef methods[] = {
      "attn.multi_head_attention)."},
     {"_dlpack_counts", py_dlpack_counts, METH_NOARGS, dlpack_counts_doc},
     {"version", py_version, METH_NOARGS, "version() -> str\n--\n\nThe C library's version."},
+    {"tune", (PyCFunction)(void (*)(void))py_tune, METH_VARARGS | METH_KEYWORDS, py_tune_doc},
     {"kernel_name", py_kernel_name, METH_NOARGS,
      "kernel_name() -> str\n--\n\nThe kernel family a fused call runs ('generic' on the "
      "portable path)."},

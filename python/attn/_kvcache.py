@@ -122,7 +122,7 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v:
                            softmax_scale: Optional[float] = None, causal: bool = False,
                            window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            alibi_slopes: Any = None, return_softmax_lse: bool = False,
-                           sinks: Any = None):
+                           sinks: Any = None, return_key_scores: bool = False):
     """out = attention of q over the cache, FlashAttention's flash_attn_with_kvcache.
 
     q            [B, Lq, Hq, D]  float32, float16 or bfloat16
@@ -142,22 +142,29 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v:
                  logit per query head in each row's denominator with no value
                  (attn_options.sinks; docs/CONTRACT.md, "Attention sinks"); the LSE
                  includes them. Read as constants here (no gradient through this call)
+    return_key_scores  also return the eviction scores [B, Hkv, Lk] float32: the attention
+                 mass each cached key received over the call's rows and the query heads
+                 of its key/value head (attn_options.key_scores; docs/CONTRACT.md,
+                 "Eviction scores"); Lk = the cache's rows (max_pages * page_size paged)
     Returns out [B, Lq, Hq, D] (q's dtype), and with return_softmax_lse also the
-    natural-log LSE [B, Hq, Lq] float32. NumPy in, NumPy out; torch in, torch out.
+    natural-log LSE [B, Hq, Lq] float32, then with return_key_scores the scores.
+    NumPy in, NumPy out; torch in, torch out.
     Under torch.compile and torch.export the call is the custom op attn::kvcache (which
     writes k_cache and v_cache in place); as in eager, no gradient flows through it.
     """
-    ops = _traced_ops(_torch_tensor_type(), q, k_cache, v_cache, k, v)
+    ops = None if return_key_scores else _traced_ops(_torch_tensor_type(), q, k_cache, v_cache, k, v)
     if ops is not None:  # torch.compile, torch.export: the custom op attn::kvcache
         return ops.public_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes,
                                   return_softmax_lse, sinks)
     return _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale,
-                   causal, window_size, softcap, alibi_slopes, return_softmax_lse, sinks)
+                   causal, window_size, softcap, alibi_slopes, return_softmax_lse, sinks,
+                   return_key_scores)
 
 
 def _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
-            window_size, softcap, alibi_slopes, return_softmax_lse, sinks):
+            window_size, softcap, alibi_slopes, return_softmax_lse, sinks,
+            return_key_scores=False):
     """attention_with_kvcache's work, on NumPy arrays or CPU torch tensors (eager, or the
     real implementation of attn::kvcache)."""
     qv = _View(q, "q")
@@ -229,6 +236,14 @@ def _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale
     tls = lsv.tensor((B, Hq, Lq, 1), (lsv.strides[0], lsv.strides[1], lsv.strides[2], 1))
     if return_softmax_lse:
         opt.lse = ctypes.addressof(tls)
+    if return_key_scores:
+        Hkv = tk.shape[1]
+        ks = (_torch().empty((B, Hkv, Lk), dtype=_torch().float32) if _is_torch(q)
+              else np.empty((B, Hkv, Lk), np.float32))
+        ksv = _View(ks, "key_scores", True)
+        tks = ksv.tensor((B, Hkv, Lk, 1), (ksv.strides[0], ksv.strides[1], ksv.strides[2], 1))
+        keep += [ksv, tks]
+        opt.key_scores = ctypes.addressof(tks)
     tq = qv.bshd("q")
     if k is not None:
         # Every check of the attention before the append writes the cache (on error
@@ -244,6 +259,7 @@ def _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale
         to0 = _Tensor(None, to.dtype, (ctypes.c_int64 * 4)(B, Hq, 0, Dv), to.stride)
         dry = _Options.from_buffer_copy(opt)
         dry.lse = None
+        dry.key_scores = None
         _check(_lib.attn_forward(ctypes.byref(tq0), ctypes.byref(tk), ctypes.byref(tv),
                                  ctypes.byref(to0), ctypes.byref(dry)), "attention_with_kvcache")
         _check(_lib.attn_kv_append(ctypes.byref(tkn), ctypes.byref(tvn), ctypes.byref(tk),
@@ -252,5 +268,100 @@ def _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale
                                    ctypes.byref(tlen)), "attention_with_kvcache (append)")
     _check(_lib.attn_forward(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
                              ctypes.byref(to), ctypes.byref(opt)), "attention_with_kvcache")
+    del keep
+    got = (out,) + ((lse,) if return_softmax_lse else ()) + ((ks,) if return_key_scores else ())
+    return got if len(got) > 1 else out
+
+
+_lib.attn_varlen_forward.argtypes = [_P] * 6 + [ctypes.c_int64, ctypes.c_int64, _P]
+_lib.attn_varlen_forward.restype = ctypes.c_int
+
+
+def varlen_attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, cu_seqlens_q: Any,
+                                  seqused_k: Any, block_table: Any, max_seqlen_q: int,
+                                  max_seqlen_k: int, softmax_scale: Optional[float] = None,
+                                  causal: bool = False, window_size: Tuple[int, int] = (-1, -1),
+                                  softcap: float = 0.0, alibi_slopes: Any = None,
+                                  sinks: Any = None, mask: Any = None,
+                                  return_softmax_lse: bool = False):
+    """A server's whole step in one call: B requests, request b bringing the query rows
+    [cu_seqlens_q[b], cu_seqlens_q[b+1]) (1 for a decode, many for a chunk of prefill)
+    against its own paged cache of seqused_k[b] keys (the new rows already appended),
+    as vLLM's flash_attn_varlen_func(..., seqused_k=, block_table=) with cu_seqlens_k None.
+
+    q            [total_q, Hq, D]  float32, float16 or bfloat16
+    k_cache      page pool [num_pages, page_size, Hkv, D] (any strides; float32, float16,
+                 bfloat16); v_cache the same with Dv
+    cu_seqlens_q int32 (B + 1,); seqused_k int32 (B,): each request's keys
+    block_table  int32 [B, max_pages]
+    max_seqlen_q, max_seqlen_k   at least every request's rows, keys
+    causal       bottom-right per request: row i of request b sees keys up to
+                 seqused_k[b] - Lq_b + i
+    mask         bool [B, 1 or Hq, max_seqlen_q, max_pages * page_size] (True = attend),
+                 request b's rows are its first Lq_b rows: a speculative-decoding tree
+                 (each draft token sees the cache and its ancestors) is this mask
+    window_size, softcap, alibi_slopes [Hq], sinks [Hq]: as attention_with_kvcache's
+    Returns out [total_q, Hq, Dv] (q's dtype); with return_softmax_lse also the LSE
+    [Hq, total_q] float32. Bit for bit the requests as separate attention_with_kvcache
+    calls. No gradient (inference). docs/CONTRACT.md, "Many requests in one call".
+    """
+    qv = _View(q, "q")
+    if len(qv.shape) != 3:
+        raise ValueError("q: expected [total_q, Hq, D], got shape %s" % (qv.shape,))
+    total_q, Hq, D = qv.shape
+    kc, vc = _View(k_cache, "k_cache"), _View(v_cache, "v_cache")
+    tk, tv = kc.bshd("k_cache"), vc.bshd("v_cache")  # (num_pages, Hkv, page_size, D)
+    cv, cx = _index(cu_seqlens_q, "cu_seqlens_q", 1)
+    sv, sx = _index(seqused_k, "seqused_k", 1)
+    bv, bx = _index(block_table, "block_table", 2)
+    keep = [qv, kc, vc, cv, cx, sv, sx, bv, bx]
+    B = cv.shape[0] - 1
+    tcu = cv.tensor((cv.shape[0], 1, 1, 1), (cv.strides[0], 0, 0, 0))
+    tlen = sv.tensor((sv.shape[0], 1, 1, 1), (sv.strides[0], 0, 0, 0))
+    tbt = bv.tensor((bv.shape[0], bv.shape[1], 1, 1), (bv.strides[0], bv.strides[1], 0, 0))
+    keep += [tcu, tlen, tbt]
+    opt = _Options()
+    opt.block_table = ctypes.addressof(tbt)
+    opt.kv_len = ctypes.addressof(tlen)
+    if softmax_scale is not None:
+        opt.has_scale, opt.scale = True, float(softmax_scale)
+    opt.causal = bool(causal)
+    opt.align = 1  # bottom-right
+    left, right = window(window_size)
+    if left != -1 or right != -1:
+        opt.has_window, opt.window_left, opt.window_right = True, left, right
+    opt.softcap = float(softcap)
+    if alibi_slopes is not None:
+        opt.alibi_slopes = _head_vector(alibi_slopes, "alibi_slopes", Hq, keep)
+    if sinks is not None:
+        opt.sinks = _head_vector(sinks, "sinks", Hq, keep)
+    if mask is not None:
+        m = mask.numpy() if _is_torch(mask) else np.asarray(mask)
+        if m.dtype != np.bool_ or m.ndim != 4:
+            raise ValueError("mask: a bool array [B, 1 or Hq, max_seqlen_q, max_pages * "
+                             "page_size] is expected, got %s %s" % (m.dtype, m.shape))
+        tm = _Tensor(m.ctypes.data if m.size else None, _BOOL, (ctypes.c_int64 * 4)(*m.shape),
+                     (ctypes.c_int64 * 4)(*m.strides))  # one byte an element
+        keep += [m, tm]
+        opt.mask = ctypes.addressof(tm)
+    Dv = tv.shape[3]
+    if _is_torch(q):
+        torch = _torch()
+        out = torch.empty((total_q, Hq, Dv), dtype=q.dtype)
+        lse = torch.empty((Hq, total_q), dtype=torch.float32)
+    else:
+        out = np.empty((total_q, Hq, Dv), q.dtype)
+        lse = np.empty((Hq, total_q), np.float32)
+    ov, lsv = _View(out, "out", True), _View(lse, "lse", True)
+    to = ov.tensor((1, Hq, total_q, Dv), (0, ov.strides[1], ov.strides[0], ov.strides[2]))
+    tq = qv.tensor((1, Hq, total_q, D), (0, qv.strides[1], qv.strides[0], qv.strides[2]))
+    tls = lsv.tensor((1, Hq, total_q, 1), (0, lsv.strides[0], lsv.strides[1], 1))
+    keep += [ov, lsv, to, tq, tls]
+    if return_softmax_lse:
+        opt.lse = ctypes.addressof(tls)
+    _check(_lib.attn_varlen_forward(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
+                                    ctypes.byref(to), ctypes.byref(tcu), None,
+                                    int(max_seqlen_q), int(max_seqlen_k), ctypes.byref(opt)),
+           "varlen_attention_with_kvcache")
     del keep
     return (out, lse) if return_softmax_lse else out

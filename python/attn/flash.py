@@ -32,15 +32,25 @@ from typing import Any, Tuple
 import numpy as np
 
 from . import _options, scaled_dot_product_attention
-from ._kvcache import attention_with_kvcache
+from ._kvcache import attention_with_kvcache, varlen_attention_with_kvcache
 from ._varlen import varlen_attention
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
+           "flash_mla_with_kvcache", "get_mla_metadata"]
 
 
 def _is_torch(x: Any) -> bool:
     torch = sys.modules.get("torch")  # never imported here: only if the caller has it
     return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _wants_grad(*xs: Any) -> bool:
+    """Whether autograd would record a call on these (torch tensors that require grad,
+    with grad mode on)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.is_grad_enabled():
+        return False
+    return any(isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
 
 
 def _swap(x: Any) -> Any:
@@ -134,14 +144,26 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
     block_table (B, max_pages) int32: k and v are then page pools [num_blocks,
     page_block_size, Hkv, D]; sequence b's keys are its pages in order, the first
-    cu_seqlens_k[b+1] - cu_seqlens_k[b] rows (gathered into a packed copy, then the call
-    above). s_aux (keyword-only; the name transformers passes learned sinks under, as
+    cu_seqlens_k[b+1] - cu_seqlens_k[b] rows: read in place by one paged call
+    (attn.varlen_attention_with_kvcache) where no gradient is wanted and dropout_p is 0
+    (continuous batching), else gathered into a packed copy for the call above. s_aux (keyword-only; the name transformers passes learned sinks under, as
     FlashAttention 3's vLLM build takes them): (Hq,) attention-sink logits, varlen's
     sinks, with their gradient.
 
     Returns out [total_q, Hq, Dv]; with return_attn_probs (out, softmax_lse [Hq, total_q],
     None) — None where FlashAttention gives S_dmask.
     """
+    if block_table is not None and dropout_p == 0 and not _wants_grad(q, k, v, s_aux):
+        # inference (continuous batching): the pages read in place, one call for the step
+        cu = cu_seqlens_k
+        seqused = (cu[1:] - cu[:-1]).to(dtype=sys.modules["torch"].int32) if _is_torch(cu) \
+            else (np.asarray(cu)[1:] - np.asarray(cu)[:-1]).astype(np.int32)
+        got = varlen_attention_with_kvcache(
+            q, k, v, cu_seqlens_q, seqused, block_table, max_seqlen_q, max_seqlen_k,
+            softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+            softcap=softcap, alibi_slopes=alibi_slopes, sinks=s_aux,
+            return_softmax_lse=return_attn_probs)
+        return (got[0], got[1], None) if return_attn_probs else got
     if block_table is not None:
         k = _paged_rows(k, block_table, cu_seqlens_k)
         v = _paged_rows(v, block_table, cu_seqlens_k)
@@ -182,3 +204,47 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                   causal=causal, window_size=window_size, softcap=softcap,
                                   alibi_slopes=alibi_slopes,
                                   return_softmax_lse=return_softmax_lse, sinks=s_aux)
+
+
+def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, *args, **kwargs):
+    """FlashMLA's get_mla_metadata, for call compatibility: FlashMLA plans its GPU tile
+    schedule here; attn splits its work inside each call and needs no plan, so this
+    returns (None, None), which flash_mla_with_kvcache accepts in their place."""
+    return None, None
+
+
+def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
+                           tile_scheduler_metadata=None, num_splits=None, softmax_scale=None,
+                           causal=False, is_fp8_kvcache=False, indices=None):
+    """FlashMLA's flash_mla_with_kvcache (DeepSeek's latent attention, MLA) on
+    attn.attention_with_kvcache: one latent cache row per token, [c_kv (head_dim_v),
+    k_rope], read as K = the whole row (Dk = k_cache.shape[-1], 576 in DeepSeek-V2/V3) and
+    V = its first head_dim_v columns (512), from the same memory (a view, no copy).
+
+    q             [B, Lq, Hq, Dk]  queries already absorbed into the latent space
+    k_cache       [num_blocks, page_block_size, Hkv, Dk]  (Hkv = 1 in DeepSeek's models)
+    block_table   int32 [B, max_pages]; cache_seqlens int32 [B]: the cached tokens
+    head_dim_v    Dv, the width of c_kv
+    tile_scheduler_metadata, num_splits: get_mla_metadata's, accepted and ignored
+    softmax_scale default 1/sqrt(Dk); causal: bottom-right (a chunk of Lq new tokens
+                  sees the cache and its own earlier tokens)
+
+    Returns (out [B, Lq, Hq, Dv], softmax_lse [B, Hq, Lq] float32), as FlashMLA. Not
+    supported (NotImplementedError): is_fp8_kvcache (FlashMLA's own fp8 layout) and
+    indices (its sparse attention). No gradient. docs/CONTRACT.md, "Latent attention
+    (MLA)".
+    """
+    if is_fp8_kvcache:
+        raise NotImplementedError("flash_mla_with_kvcache: is_fp8_kvcache is not supported by attn")
+    if indices is not None:
+        raise NotImplementedError("flash_mla_with_kvcache: indices (sparse MLA) is not "
+                                  "supported by attn")
+    Dk = k_cache.shape[-1]
+    dv = int(head_dim_v)
+    if not 0 < dv <= Dk:
+        raise ValueError("flash_mla_with_kvcache: head_dim_v is %d, expected 1 .. %d (the "
+                         "cache's width)" % (dv, Dk))
+    v_cache = k_cache[..., :dv]
+    return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
+                                  block_table=block_table, softmax_scale=softmax_scale,
+                                  causal=causal, return_softmax_lse=True)

@@ -100,6 +100,63 @@ static void store_chunk(const ring_call *rc, const void *sums, int64_t n, const 
             }
 }
 
+/* The backward's buffers, in one allocation (ring_alloc): the two K/V blocks the ring
+ * moves, the three accumulator blocks (two travelling, one this process's), a chunk of
+ * scratch, the late chunk's sums coming home, dQ's accumulator and one step's part. */
+typedef struct bwd_mem {
+    char *mem;
+    void *blk[2], *acc[2], *mine, *tmp, *late_home;
+    float *dq_acc, *dq_part;
+    size_t late_bytes;
+    int64_t n_early, n_late;  // this process's key chunks' lengths (late: 0 without one)
+} bwd_mem;
+
+static attn_status bwd_mem_alloc(ring_call *rc, bwd_mem *m) {
+    const int P = rc->P, r = rc->r;
+    size_t kv_max = 0, acc_max = 0, chunk_max = 0;
+    for (int p = 0; p < P; p++) {
+        const size_t a = ring_block_bytes(rc, p, rc->kv_es, true), b = ring_block_bytes(rc, p, 4, true);
+        kv_max = a > kv_max ? a : kv_max;
+        acc_max = b > acc_max ? b : acc_max;
+        for (int c = 0; c < rc->chunks; c++) {
+            int64_t f, n;
+            ring_key_chunk(rc, p, c, &f, &n);
+            const size_t x = ring_chunk_bytes(rc, n, 4);
+            chunk_max = x > chunk_max ? x : chunk_max;
+        }
+    }
+    int64_t f_late = 0, f_early;
+    m->n_late = 0;
+    ring_key_chunk(rc, r, 0, &f_early, &m->n_early);
+    if (rc->chunks == 2) ring_key_chunk(rc, r, 1, &f_late, &m->n_late);
+    m->late_bytes = ring_chunk_bytes(rc, m->n_late, 4);
+    const size_t dq_bytes = ring_pad64((size_t)(rc->B * rc->Hq * rc->lq_r * rc->Dk) * 4);
+    const size_t total = 2 * kv_max + 3 * acc_max + chunk_max + m->late_bytes + 2 * dq_bytes;
+    const attn_status st = ring_alloc(rc, total, acc_max > kv_max ? acc_max : kv_max, &m->mem);
+    if (st != ATTN_OK) return st;
+    char *at = m->mem;
+    m->blk[0] = at, m->blk[1] = at + kv_max;
+    at += 2 * kv_max;
+    m->acc[0] = at, m->acc[1] = at + acc_max, m->mine = at + 2 * acc_max;
+    at += 3 * acc_max;
+    m->tmp = at, m->late_home = at + chunk_max;
+    at += chunk_max + m->late_bytes;
+    m->dq_acc = (float *)at, m->dq_part = (float *)(at + dq_bytes);
+    memset(m->dq_acc, 0, dq_bytes);
+    return ATTN_OK;
+}
+
+/* dQ's float32 accumulator [B, Hq, lq_r, Dk] into the caller's dq, rounded to its dtype */
+static void store_dq(const ring_call *rc, const float *dq_acc, const attn_tensor *dq) {
+    for (int64_t b = 0; b < rc->B; b++)
+        for (int64_t h = 0; h < rc->Hq; h++)
+            for (int64_t i = 0; i < rc->lq_r; i++)
+                for (int64_t d = 0; d < rc->Dk; d++)
+                    attn_store(dq->dtype, dq->data, b * dq->stride[0] + h * dq->stride[1] +
+                               i * dq->stride[2] + d * dq->stride[3],
+                               dq_acc[((b * rc->Hq + h) * rc->lq_r + i) * rc->Dk + d]);
+}
+
 attn_status attn_ring_backward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                                const attn_tensor *o, const attn_tensor *d_o, const attn_tensor *lse,
                                const attn_tensor *dq, const attn_tensor *dk, const attn_tensor *dv,
@@ -114,36 +171,13 @@ attn_status attn_ring_backward(const attn_tensor *q, const attn_tensor *k, const
         return st;
     }
     const int P = rc.P, r = rc.r, to = (r + P - 1) % P, from = (r + 1) % P;
-    size_t kv_max = 0, acc_max = 0, chunk_max = 0;
-    for (int p = 0; p < P; p++) {
-        const size_t a = ring_block_bytes(&rc, p, rc.kv_es, true), b = ring_block_bytes(&rc, p, 4, true);
-        kv_max = a > kv_max ? a : kv_max;
-        acc_max = b > acc_max ? b : acc_max;
-        for (int c = 0; c < rc.chunks; c++) {
-            int64_t f, n;
-            ring_key_chunk(&rc, p, c, &f, &n);
-            const size_t x = ring_chunk_bytes(&rc, n, 4);
-            chunk_max = x > chunk_max ? x : chunk_max;
-        }
-    }
-    int64_t f_late = 0, n_late = 0, n_early, f_early;
-    ring_key_chunk(&rc, r, 0, &f_early, &n_early);
-    if (rc.chunks == 2) ring_key_chunk(&rc, r, 1, &f_late, &n_late);
-    const size_t late_bytes = ring_chunk_bytes(&rc, n_late, 4);
-    const size_t dq_bytes = ring_pad64((size_t)(rc.B * rc.Hq * rc.lq_r * rc.Dk) * 4);
-    const size_t total = 2 * kv_max + 3 * acc_max + chunk_max + late_bytes + 2 * dq_bytes;
-    char *mem;
-    st = ring_alloc(&rc, total, acc_max > kv_max ? acc_max : kv_max, &mem);
+    bwd_mem bm;
+    st = bwd_mem_alloc(&rc, &bm);
     if (st != ATTN_OK) return st;
-    char *at = mem;
-    void *blk[2] = {at, at + kv_max};
-    at += 2 * kv_max;
-    void *acc[2] = {at, at + acc_max}, *mine = at + 2 * acc_max;
-    at += 3 * acc_max;
-    void *tmp = at, *late_home = at + chunk_max;
-    at += chunk_max + late_bytes;
-    float *dq_acc = (float *)at, *dq_part = (float *)(at + dq_bytes);
-    memset(dq_acc, 0, dq_bytes);
+    void **blk = bm.blk, **acc = bm.acc, *mine = bm.mine, *tmp = bm.tmp, *late_home = bm.late_home;
+    float *dq_acc = bm.dq_acc, *dq_part = bm.dq_part;
+    const size_t late_bytes = bm.late_bytes;
+    const int64_t n_early = bm.n_early, n_late = bm.n_late;
     const attn_tensor dq_part_t = attn_tensor_4d(dq_part, ATTN_F32, rc.B, rc.Hq, rc.lq_r, rc.Dk);
     const bwd_io io = {q, o, d_o, lse, &dq_part_t, dq_acc, mine, tmp};
     ring_pack(&rc, k, v, blk[0]);
@@ -219,15 +253,9 @@ attn_status attn_ring_backward(const attn_tensor *q, const attn_tensor *k, const
     if (st == ATTN_OK) {
         store_chunk(&rc, home, n_early, dk, dv, 0);
         if (rc.chunks == 2) store_chunk(&rc, late_home, n_late, dk, dv, n_early);
-        for (int64_t b = 0; b < rc.B; b++)
-            for (int64_t h = 0; h < rc.Hq; h++)
-                for (int64_t i = 0; i < rc.lq_r; i++)
-                    for (int64_t d = 0; d < rc.Dk; d++)
-                        attn_store(dq->dtype, dq->data, b * dq->stride[0] + h * dq->stride[1] +
-                                   i * dq->stride[2] + d * dq->stride[3],
-                                   dq_acc[((b * rc.Hq + h) * rc.lq_r + i) * rc.Dk + d]);
+        store_dq(&rc, dq_acc, dq);
     }
-    free(mem);
+    free(bm.mem);
     ring_end(&rc);
     if (stats) {
         stats->steps = P;

@@ -190,6 +190,21 @@ def test_varlen_block_table(rng):
     flash.flash_attn_varlen_func(q, kk, v, cu_q, cu_k, mq, mk, causal=True).backward(d_o)
     back, _ = _pages(kk.grad, cu_k, 4, np.random.default_rng(3))
     assert torch.equal(torch.nan_to_num(back, nan=0.0), kp.grad)
+    # without a gradient: one paged call, bit for bit each sequence's own paged call, and
+    # within the float32 rule of the packed call
+    with torch.no_grad():
+        fast, lse = flash.flash_attn_varlen_func(q, kp, vp, cu_q, cu_k, mq, mk, causal=True,
+                                                 block_table=table, return_attn_probs=True)[:2]
+    for b in range(len(cu_q) - 1):
+        rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        if rows.start == rows.stop:
+            continue
+        own = attn.attention_with_kvcache(q[None, rows], kp, vp,
+                                          cache_seqlens=(cu_k[b + 1] - cu_k[b]).reshape(1).int(),
+                                          block_table=table[b:b + 1].clamp(min=0), causal=True)
+        assert torch.equal(own[0], fast[rows])
+    assert tolerance_failure(fast.double().numpy(), want.detach().double().numpy()) is None
+    assert lse.shape == (q.shape[1], q.shape[0])
     with pytest.raises(ValueError):  # a sequence longer than its pages
         flash.flash_attn_varlen_func(q, kp, vp, cu_q, cu_k, mq, mk, block_table=table[:, :1])
     holed = table.clone()

@@ -19,6 +19,7 @@ static const char USAGE[] =
     "  demo      a short demonstration of the library\n"
     "  bench     this machine's peak, then the library's speed (attn bench --help)\n"
     "  bench-mha the multi-head module's speed: BERT-base layer, Llama decoding step\n"
+    "  tune      time this machine's choices and write them as wisdom (attn tune --help)\n"
     "  dtypes    float32, float16 and bfloat16 side by side (seed 003, exercise 2)\n"
     "  train     a small transformer, causal vs reversed mask (seed 003, exercise 3)\n"
     "  seq2seq   a GRU encoder-decoder with additive attention learns to reverse (seed 002)\n"
@@ -40,6 +41,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "demo") == 0) return cli_demo(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return cli_bench(argc - 1, argv + 1);
     if (strcmp(cmd, "bench-mha") == 0) return cli_bench_mha(argc - 1, argv + 1);
+    if (strcmp(cmd, "tune") == 0) return cli_tune(argc - 1, argv + 1);
     if (strcmp(cmd, "dtypes") == 0) return cli_dtypes(argc - 1, argv + 1);
     if (strcmp(cmd, "train") == 0) return cli_train(argc - 1, argv + 1);
     if (strcmp(cmd, "seq2seq") == 0) return cli_seq2seq(argc - 1, argv + 1);

@@ -13,11 +13,14 @@ int cli_demo(int argc, char **argv);  /* attn demo      (tools/attn/cli_demo.c) 
 int cli_bench(int argc, char **argv); /* attn bench     (bench/cli_bench.c) */
 int cli_bench_masks(int argc, char **argv);  /* attn bench masks (bench/cli_bench_masks.c) */
 int cli_dtypes(int argc, char **argv);  /* attn dtypes  (tools/attn/cli_dtypes.c) */
+int cli_tune(int argc, char **argv);    /* attn tune    (tools/attn/cli_tune.c) */
 int cli_train(int argc, char **argv);   /* attn train   (examples/train/cli_train.c) */
 int cli_seq2seq(int argc, char **argv);  /* attn seq2seq (examples/seq2seq/cli_seq2seq.c) */
 int bench_additive(int argc, char **argv); /* attn bench --additive (bench/bench_additive.c) */
 int bench_paged(int argc, char **argv);    /* attn bench --paged (bench/bench_paged.c) */
 int bench_q8(int argc, char **argv);       /* attn bench --q8 (bench/bench_q8.c) */
+int bench_mla(int argc, char **argv);      /* attn bench --mla (bench/bench_mla.c) */
+int bench_step(int argc, char **argv);     /* attn bench --step (bench/bench_step.c) */
 int bench_f64(int argc, char **argv);      /* attn bench --f64 (bench/bench_f64.c) */
 int bench_dropout(int argc, char **argv);  /* attn bench --dropout (bench/bench_dropout.c) */
 int bench_bias_grad(int argc, char **argv);  /* attn bench --bias-grad (bench/bench_bias_grad.c) */

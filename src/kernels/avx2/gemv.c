@@ -5,9 +5,8 @@
  * Eight rows at a time (then four, then one): each 8-column piece of acc is loaded
  * once, the rows' products added into it in row order, stored once (an eighth of the
  * one-row loop's traffic through L1), and the rows stream side by side, each
- * contiguous. Eight beat four in an interleaved A/B of the two on a 32 MiB weight at 2
- * threads (AMD EPYC Zen 3, under load: faster in six runs of six; figures in the
- * commit that chose it). A
+ * contiguous. Eight beat four in an interleaved A/B of the two (the commit that chose
+ * it has the figures). A
  * bfloat16 widens to float32 by its bits: zero-extend to 32 bits, shift left by 16.
  * Products and sums are separate roundings (no fused multiply-add), in the portable
  * loop's order, so the result is that loop's bit for bit on every kernel. Memory-bound:

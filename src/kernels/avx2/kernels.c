@@ -108,7 +108,7 @@ static void qk_avx2(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float
         for (; c + 6 <= nk; c += 6)
             qk_tile(2, 6, dk, qt + r, ldq, k + c * ldk, ldk, vs, s + c * lds + r, lds);
         /* the last nk % 6 keys in one tile (a key-at-a-time tail has 2 accumulators, a
-         * quarter of what hides the FMA latency: 2 of bk = 128 keys took 6% of the time) */
+         * quarter of what hides the FMA latency) */
         float *sc = s + c * lds + r;
         const float *kc = k + c * ldk;
         switch (nk - c) {
@@ -245,7 +245,7 @@ static bool rows_finite(const float *v, int64_t ldv, int64_t nk, int64_t dv) {
  * value rows of a caller's [.., L, D] tensor lie a power of two apart (256 bytes for
  * D = 64, 512 for D = 128), so the rows of one pass share a few L1 sets and evict each
  * other (and the logits' lines) on every sweep of the rows; the panel streams instead
- * (docs/KERNELS.md: 55 -> 90 GFLOP/s a core on a tile). The last pass of a Dv that is not
+ * (docs/KERNELS.md has the figures). The last pass of a Dv that is not
  * a multiple of 16 is zero-padded in the panel and stored under a lane mask.
  * skip_zeros matters only where the value block holds a NaN or an Inf (0 * v = 0 exactly
  * otherwise, and adding a zero changes no sum), so a masked tile checks the block first
