@@ -553,6 +553,38 @@ static void test_cascade(const fmt *f) {
     CHECK(st == ATTN_OK && bad == 0, "%s cascade: %d batches off the concatenated keys' answer", f->name, bad);
 }
 
+/* options.key_scores over an fp8 cache with per-head scales: the scores over the
+ * dequantized float32 cache, within the float32 rule (a paged fp8 cache the same) */
+static void test_key_scores(const fmt *f) {
+    enum { B = 2, H = 4, HKV = 2, LQ = 3, LK = 48, D = 32 };
+    float q[B * H * LQ * D], o[B * H * LQ * D], kd[B * HKV * LK * D], vd[B * HKV * LK * D];
+    float sc1[B * HKV * LK], sc2[B * HKV * LK];
+    uint8_t k8[B * HKV * LK * D], v8[B * HKV * LK * D];
+    rng_t r = {53};
+    const float sk[HKV] = {0.25f, 0.75f}, sv[HKV] = {1.0f, 0.5f};
+    for (int i = 0; i < B * H * LQ * D; i++) q[i] = (float)rng_range(&r, -1, 1);
+    for (int i = 0; i < B * HKV * LK * D; i++) {
+        const int g = i / (LK * D) % HKV;
+        k8[i] = (uint8_t)rng_int(&r, 256) & 0xBF, v8[i] = (uint8_t)rng_int(&r, 256) & 0xBF;
+        kd[i] = (float)dec(f, k8[i]) * sk[g], vd[i] = (float)dec(f, v8[i]) * sv[g];
+    }
+    attn_tensor tsk = attn_tensor_4d((void *)sk, ATTN_F32, HKV, 1, 1, 1), tsv = attn_tensor_4d((void *)sv, ATTN_F32, HKV, 1, 1, 1);
+    attn_tensor tq = attn_tensor_4d(q, ATTN_F32, B, H, LQ, D), to = attn_tensor_4d(o, ATTN_F32, B, H, LQ, D);
+    attn_tensor tkd = attn_tensor_4d(kd, ATTN_F32, B, HKV, LK, D), tvd = attn_tensor_4d(vd, ATTN_F32, B, HKV, LK, D);
+    attn_tensor tk8 = attn_tensor_4d(k8, f->dt, B, HKV, LK, D), tv8 = attn_tensor_4d(v8, f->dt, B, HKV, LK, D);
+    attn_tensor ts1 = attn_tensor_4d(sc1, ATTN_F32, B, HKV, LK, 1), ts2 = attn_tensor_4d(sc2, ATTN_F32, B, HKV, LK, 1);
+    attn_options o1 = {.causal = true, .align = ATTN_ALIGN_BOTTOM_RIGHT, .key_scores = &ts1};
+    attn_options o2 = o1;
+    o2.key_scores = &ts2, o2.k_scale = &tsk, o2.v_scale = &tsv;
+    CHECK(attn_forward(&tq, &tkd, &tvd, &to, &o1) == ATTN_OK && attn_forward(&tq, &tk8, &tv8, &to, &o2) == ATTN_OK,
+          "%s key_scores: %s", f->name, attn_last_error());
+    double ref[B * HKV * LK];
+    for (int i = 0; i < B * HKV * LK; i++) ref[i] = sc1[i];
+    tol_result tr = {0};
+    CHECK(within_f32_tol(sc2, ref, B * HKV * LK, &tr), "%s key_scores: max err %.3g against the "
+          "dequantized cache's", f->name, tr.max_err);
+}
+
 /* attn_weights_grid over an fp8 (or q4_0) K with per-head scales: the grid of the
  * dequantized float32 K, bit for bit on the reference path, within the float32 rule on
  * the fused one */
@@ -963,6 +995,7 @@ int main(void) {
         test_varlen(fmts[i]);
         test_grid(fmts[i]);
         test_cascade(fmts[i]);
+        test_key_scores(fmts[i]);
         test_misuse(fmts[i]);
     }
     test_q4_blocks();
