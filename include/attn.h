@@ -287,7 +287,7 @@ typedef struct attn_options {
      * sinks the mass the sink took is no key's). Deterministic: the same bits for any
      * thread count. Computed from the forward's LSE by one more pass over K, as
      * attn_weights_grid does (docs/CONTRACT.md, "Eviction scores"); float32, float16,
-     * bfloat16 and q8_0 caches, contiguous or paged. NULL = not wanted; refused
+     * bfloat16, q8_0, q4_0 and fp8 caches, contiguous or paged. NULL = not wanted; refused
      * (ATTN_ERR_UNSUPPORTED) by every other call and by float64 calls. */
     const attn_tensor *key_scores;
     /* The scales of an fp8 cache (fields added after the rest; vLLM's k_scale, v_scale):
