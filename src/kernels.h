@@ -437,5 +437,7 @@ ATTN_PRIVATE const attn_kernels *attn_select_kernels(const char **why);
  * step reads the blocks in registers, where avx512's tiles would dequantize every block
  * to float32 first: docs/KERNELS.md, "The q8_0 cache"), else kern (generic). */
 ATTN_PRIVATE const attn_kernels *attn_kernels_for_q8_0(const attn_kernels *kern);
+/* The same for an fp8 cache without scales and the fp8 decoding step (decode_fp8). */
+ATTN_PRIVATE const attn_kernels *attn_kernels_for_fp8(const attn_kernels *kern);
 
 #endif /* ATTN_KERNELS_H */

@@ -12,6 +12,7 @@
 #include <omp.h>
 #endif
 
+#include "half.h"
 #include "kernels.h"
 #include "philox.h"
 #include "wisdom.h"
@@ -361,6 +362,11 @@ static attn_status fill_run(attn_params *p, const attn_options *opt, bool backwa
             p->Lq <= ATTN_DECODE_MAX_ROWS && p->group <= ATTN_DECODE_MAX_ROWS &&
             p->Lq * p->group <= ATTN_DECODE_MAX_ROWS)
             p->kernels = attn_kernels_for_q8_0(p->kernels);
+        /* the same for an fp8 cache the step reads (no scales given, fused_takes_decode) */
+        if (attn_is_fp8(p->kv_dt) && !p->k_scale && !p->v_scale && !p->kernels->decode_fp8 &&
+            p->Lq <= ATTN_DECODE_MAX_ROWS && p->group <= ATTN_DECODE_MAX_ROWS &&
+            p->Lq * p->group <= ATTN_DECODE_MAX_ROWS)
+            p->kernels = attn_kernels_for_fp8(p->kernels);
         /* FAST pays only on bf16 dot products (the kernel's pv_bf16): elsewhere rounding P
          * is one more pass over each tile and no product gets cheaper (slower than the
          * default level: docs/KERNELS.md), so those kernels run the default level, which is more
