@@ -41,6 +41,7 @@
 
 #include "attn.h"
 #include "half.h"
+#include "kernels.h"
 #include "oracle.h"
 #include "pages.h"
 
@@ -630,6 +631,25 @@ static void test_grid(const fmt *f) {
           attn_last_error(), tr.max_err);
 }
 
+/* the kernel a decoding call without scales runs on: one with the fp8 step where a kernel
+ * this CPU runs has it at or after the chosen one in the list, else the chosen one */
+static void test_fp8_kernel_choice(void) {
+    int bad = 0;
+    const char *const *list = attn_kernel_list();
+    for (int i = 0; list[i]; i++) {
+        const attn_kernels *k = attn_kernels_named(list[i]);
+        if (!k) continue;  // this CPU cannot run it
+        const attn_kernels *c = attn_kernels_for_fp8(k);
+        bool later = false;
+        for (int j = i; list[j]; j++) {
+            const attn_kernels *kj = attn_kernels_named(list[j]);
+            later |= kj && kj->decode_fp8;
+        }
+        bad += later ? !c->decode_fp8 : c != k;
+    }
+    CHECK(bad == 0, "attn_kernels_for_fp8: %d kernels mapped wrong", bad);
+}
+
 /* ---- 4. misuse ------------------------------------------------------------------------- */
 
 static void test_misuse(const fmt *f) {
@@ -998,6 +1018,7 @@ int main(void) {
         test_key_scores(fmts[i]);
         test_misuse(fmts[i]);
     }
+    test_fp8_kernel_choice();
     test_q4_blocks();
     test_forward(&Q4);
     test_grid(&Q4);
