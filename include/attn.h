@@ -77,7 +77,25 @@ typedef enum attn_status {
  * nb maps on as stride = nb / 34 * 32. attn_dtype_size(ATTN_Q8_0) is the bytes of one
  * block (34), attn_dtype_block(ATTN_Q8_0) its elements (32); a q8_0 tensor of n elements
  * is n / 32 * 34 bytes. Only attn_forward's and attn_varlen_forward's k and v (and the
- * conversions below) take it. */
+ * conversions below) take it.
+ *
+ * The fp8 cache dtypes (vLLM's kv_cache_dtype "fp8_e4m3" / "fp8_e5m2"): one byte an
+ * element, ordinary element strides (no blocks), and a float32 scale per tensor or per
+ * key/value head (attn_options.k_scale, v_scale; 1 when not given): the value of a byte x
+ * is fl32(fp8_to_f32(x) * scale), the exact value of the byte times the scale rounded once
+ * to float32. ATTN_FP8_E4M3 is OCP E4M3FN: sign, 4 exponent bits (bias 7), 3 mantissa
+ * bits, subnormals, no infinities, 0x7F and 0xFF NaN, largest 448. ATTN_FP8_E5M2 is OCP
+ * E5M2 (the top byte of an IEEE float16): bias 15, 2 mantissa bits, +-inf (0x7C, 0xFC),
+ * NaN (0x7D-0x7F and their negatives), largest finite 57344. attn_kv_append_scaled
+ * writes them (docs/CONTRACT.md, "The fp8 cache dtypes"). Only attn_forward's and
+ * attn_varlen_forward's k and v (and the appends) take them.
+ *
+ * The block dtype ATTN_Q4_0 (llama.cpp's block_q4_0, byte for byte): 32 consecutive
+ * elements along the last dimension form a block of 18 bytes, a float16 scale d
+ * (little-endian) then 16 bytes qs; element i < 16 is d * ((qs[i] & 0x0F) - 8), element
+ * i + 16 is d * ((qs[i] >> 4) - 8). Every rule of q8_0 above holds with 18 for 34: strides
+ * count logical elements, shape[3] a multiple of 32, stride[3] = 1, stride[0..2]
+ * multiples of 32; attn_dtype_size(ATTN_Q4_0) is 18, attn_dtype_block 32. */
 /* One list gives the enum, the names (attn_dtype_name) and the element sizes
  * (attn_dtype_size): X(enumerator, name, bytes); for a block dtype, the bytes of one
  * block. New dtypes go at the end. */
@@ -89,7 +107,10 @@ typedef enum attn_status {
     X(ATTN_I32, "int32", 4)     /* int32_t                                            */ \
     X(ATTN_I64, "int64", 8)     /* int64_t                                            */ \
     X(ATTN_Q8_0, "q8_0", 34)    /* blocks of 32: float16 scale + 32 int8 (see above)  */ \
-    X(ATTN_F64, "float64", 8)   /* double: q, k, v, o all float64 (docs/CONTRACT.md)   */
+    X(ATTN_F64, "float64", 8)   /* double: q, k, v, o all float64 (docs/CONTRACT.md)   */ \
+    X(ATTN_FP8_E4M3, "fp8_e4m3", 1) /* OCP E4M3FN byte, times a scale (see below)     */ \
+    X(ATTN_FP8_E5M2, "fp8_e5m2", 1) /* OCP E5M2 byte, times a scale (see below)       */ \
+    X(ATTN_Q4_0, "q4_0", 18)    /* blocks of 32: float16 scale + 16 bytes of nibbles  */
 
 typedef enum attn_dtype {
 #define ATTN_X_ENUM(e, name, bytes) e,
@@ -266,9 +287,16 @@ typedef struct attn_options {
      * sinks the mass the sink took is no key's). Deterministic: the same bits for any
      * thread count. Computed from the forward's LSE by one more pass over K, as
      * attn_weights_grid does (docs/CONTRACT.md, "Eviction scores"); float32, float16,
-     * bfloat16 and q8_0 caches, contiguous or paged. NULL = not wanted; refused
+     * bfloat16, q8_0, q4_0 and fp8 caches, contiguous or paged. NULL = not wanted; refused
      * (ATTN_ERR_UNSUPPORTED) by every other call and by float64 calls. */
     const attn_tensor *key_scores;
+    /* The scales of an fp8 cache (fields added after the rest; vLLM's k_scale, v_scale):
+     * element x of k stands for fl32(fp8_to_f32(x) * k_scale), of v likewise. ATTN_F32,
+     * shape {1, 1, 1, 1} (one for the tensor) or {Hkv, 1, 1, 1} (one per key/value head),
+     * any strides; each finite and > 0 (else ATTN_ERR_VALUE). NULL = 1. Only with k and v
+     * of an fp8 dtype: given with another, ATTN_ERR_VALUE. docs/CONTRACT.md, "The fp8
+     * cache dtypes". */
+    const attn_tensor *k_scale, *v_scale;
 } attn_options;
 
 /* ---- calls -------------------------------------------------------------------------- */
@@ -278,7 +306,9 @@ typedef struct attn_options {
  * Hq must be a multiple of Hkv (query head h reads key/value head h / (Hq / Hkv)).
  * dtypes: q, k, v and o each ATTN_F32, ATTN_F16 or ATTN_BF16, with k and v alike (a
  * 16-bit KV cache under float32 queries works); accumulation is float32 throughout and
- * o is rounded to its dtype once, at the end. k and v may also be ATTN_Q8_0 (both): the
+ * o is rounded to its dtype once, at the end. k and v may also be ATTN_Q8_0, ATTN_Q4_0,
+ * or
+ * ATTN_FP8_E4M3 or ATTN_FP8_E5M2 with opt->k_scale, v_scale (both alike): the
  * result is attention over their dequantized values (queries of any of the three float
  * dtypes are widened to float32, never quantized). Or q, k, v and o all ATTN_F64 (no mixing):
  * accumulated in float64 on a fused path of its own (opt->lse then float32 or float64,
@@ -419,7 +449,9 @@ ATTN_API attn_status attn_varlen_backward_workspace_size(
  * FlashAttention's in-place k, v arguments do:
  *   k_new [B, Hkv, n, Dk]  v_new [B, Hkv, n, Dv]  float32, any strides (FlashAttention's
  *                          [B, n, Hkv, D] through strides)
- *   k_cache, v_cache       the cache, float32, float16, bfloat16 or q8_0 (alike): written;
+ *   k_cache, v_cache       the cache, float32, float16, bfloat16, q8_0, q4_0 or fp8
+ *                          (alike): written (fp8: as attn_kv_append_scaled with scales
+ *                          1; q4_0 as attn_quantize_q4_0, the same bytes);
  *                          a q8_0 cache's rows are quantized as attn_quantize_q8_0 does,
  *                          the same bytes
  * Where token t of batch b goes, by the first of these that is given:
@@ -443,12 +475,29 @@ ATTN_API attn_status attn_kv_append(const attn_tensor *k_new, const attn_tensor 
                                     const attn_tensor *block_table,
                                     const attn_tensor *kv_len);
 
+/* attn_kv_append with the scales of an fp8 cache (ATTN_FP8_E4M3 or ATTN_FP8_E5M2 k_cache
+ * and v_cache): each value x of k_new is stored as fp8(fl32(x / k_scale)) of its head's
+ * scale, rounded to nearest even, and saturating: a finite value beyond the format's
+ * largest, and an infinity, become +-largest (448 for e4m3, 57344 for e5m2); NaN stays
+ * NaN (0x7F or 0xFF for e4m3, 0x7E or 0xFE for e5m2). k_scale, v_scale as
+ * attn_options.k_scale (ATTN_F32 {1, 1, 1, 1} or {Hkv, 1, 1, 1}, finite, > 0; NULL = 1),
+ * only with an fp8 cache (else ATTN_ERR_VALUE); every other rule is attn_kv_append's,
+ * which is this call with both scales NULL. Nothing written on error. */
+ATTN_API attn_status attn_kv_append_scaled(const attn_tensor *k_new, const attn_tensor *v_new,
+                                           const attn_tensor *k_cache,
+                                           const attn_tensor *v_cache,
+                                           const attn_tensor *slot_mapping,
+                                           const attn_tensor *block_table,
+                                           const attn_tensor *kv_len,
+                                           const attn_tensor *k_scale,
+                                           const attn_tensor *v_scale);
+
 /* The name of a dtype ("float32", "bfloat16", ...), "unknown" for a value outside the
  * list; and the bytes of one element, 0 outside the list. */
 ATTN_API const char *attn_dtype_name(attn_dtype dtype);
 ATTN_API size_t attn_dtype_size(attn_dtype dtype);
-/* The elements of one unit of attn_dtype_size: 32 for ATTN_Q8_0, 1 for the other dtypes,
- * 0 outside the list. */
+/* The elements of one unit of attn_dtype_size: 32 for ATTN_Q8_0 and ATTN_Q4_0, 1 for the
+ * other dtypes, 0 outside the list. */
 ATTN_API int64_t attn_dtype_block(attn_dtype dtype);
 
 /* ---- the q8_0 cache dtype ------------------------------------------------------------
@@ -467,6 +516,19 @@ ATTN_API attn_status attn_quantize_q8_0(const attn_tensor *src, const attn_tenso
 /* The values a q8_0 tensor holds, d * qs[i] (exact in float32), into dst.
  *   src  ATTN_Q8_0     dst  ATTN_F32, the same shape, any strides, sharing no byte */
 ATTN_API attn_status attn_dequantize_q8_0(const attn_tensor *src, const attn_tensor *dst);
+
+/* ---- the q4_0 cache dtype ------------------------------------------------------------
+ * Quantize a float32 tensor into q4_0 blocks as llama.cpp's reference quantize_row_q4_0
+ * does: per block of 32, max = the first element of largest |x| (its sign kept), d =
+ * max / -8 (float32), q = min(15, (int)(x * (1 / d) + 8.5)) (truncated toward zero: the
+ * nearest of 0..15 to x / d + 8, ties up), computed with the float32 d; the stored scale
+ * float16(d), nearest even; an all-zero block has d = 0 and every q 8 (value 0). Shapes
+ * and refusals as attn_quantize_q8_0's (a NaN or infinite input, or |max| / 8 beyond
+ * float16's range: ATTN_ERR_VALUE, nothing written). */
+ATTN_API attn_status attn_quantize_q4_0(const attn_tensor *src, const attn_tensor *dst);
+
+/* The values a q4_0 tensor holds, d * (q - 8) (exact in float32), into dst. */
+ATTN_API attn_status attn_dequantize_q4_0(const attn_tensor *src, const attn_tensor *dst);
 
 /* The (O, LSE) of attention over the union of the keys of n partial results of the same
  * rows (each, say, attn_forward with an lse output over its own range of keys):
@@ -735,7 +797,8 @@ ATTN_API attn_status attn_mha_backward_workspace_size(
  *                          block_table ATTN_I32 [B, max_pages] (as attn_options.block_table):
  *                          position t of sequence b is row t % page_size of pool page
  *                          block_table[b][t / page_size]; Lmax = max_pages * page_size
- *   k, v                   float32, float16, bfloat16 or q8_0 (alike), any strides
+ *   k, v                   float32, float16, bfloat16, q8_0, fp8_e4m3 or fp8_e5m2 (alike),
+ *                          any strides (fp8: with k_scale, v_scale below)
  *   len [B]                tokens held per batch, read and advanced by each step */
 typedef enum attn_cache_kind {
     ATTN_CACHE_CONTIGUOUS = 0,
@@ -752,6 +815,11 @@ typedef struct attn_kv_cache {
      * [0, num_pages); the caller owns the pages (two sequences may share a page, but a
      * step that writes one row twice is refused, ATTN_ERR_VALUE, as attn_kv_append). */
     const attn_tensor *block_table;
+    /* An fp8 cache's scales (fields added after the rest), as attn_options.k_scale and
+     * v_scale: the new rows are written by attn_kv_append_scaled and read by attention
+     * with them (opt's own must then be NULL: ATTN_ERR_VALUE). NULL = 1; given with
+     * another dtype: ATTN_ERR_VALUE. */
+    const attn_tensor *k_scale, *v_scale;
 } attn_kv_cache;
 
 /* One decoding step of a self-attention layer: projects x [B, n, E] (n new tokens per
@@ -761,8 +829,9 @@ typedef struct attn_kv_cache {
  * attn_mha_forward, except that causal, align and kv_len are the step's own (opt's must
  * be unset; opt->block_table too: a paged cache's table is the cache's own). The new
  * rows are stored as attn_kv_append stores them (rounded to nearest even, or quantized
- * to q8_0). ATTN_ERR_VALUE when len[b] + n > Lmax, or a page entry the step needs is
- * outside the pool. On error nothing is written. */
+ * to q8_0; fp8 as attn_kv_append_scaled with the cache's scales). ATTN_ERR_VALUE when
+ * len[b] + n > Lmax, or a page entry the step needs is outside the pool. On error
+ * nothing is written. */
 ATTN_API attn_status attn_mha_decode(const attn_mha *m, const attn_tensor *x,
                                      const attn_kv_cache *cache, const attn_tensor *y,
                                      const attn_options *opt);

@@ -41,28 +41,32 @@ static inline int64_t attn_elem_bytes(attn_dtype t) {
     }
 }
 
-/* q8_0 (attn.h): 32 elements a block of 34 bytes, the float16 scale first. Element
- * offset e (any sign) is position e mod 32 of block floor(e / 32). */
-enum { ATTN_Q8_0_BLOCK = 32, ATTN_Q8_0_BYTES = 34 };
+/* q8_0 (attn.h): 32 elements a block of 34 bytes, the float16 scale first; q4_0: 32
+ * elements a block of 18 bytes, the float16 scale then 16 bytes of 4-bit pairs. The
+ * block dtypes (attn_is_block_dtype) share the rules below: element offset e (any sign)
+ * is position e mod 32 of block floor(e / 32), at attn_elem_bytes (the list's bytes of
+ * one block) times that from data. */
+enum { ATTN_Q8_0_BLOCK = 32, ATTN_Q8_0_BYTES = 34, ATTN_Q4_0_BLOCK = 32, ATTN_Q4_0_BYTES = 18 };
+static inline bool attn_is_block_dtype(attn_dtype t) { return t == ATTN_Q8_0 || t == ATTN_Q4_0; }
 static inline int64_t attn_q8_0_block_of(int64_t e) {
     const int64_t q = e / ATTN_Q8_0_BLOCK;
     return e % ATTN_Q8_0_BLOCK < 0 ? q - 1 : q;
 }
 
 /* The byte offset from a tensor's data of the row that starts at element offset e (for
- * q8_0, e is a multiple of 32: the block's first byte, its scale). */
+ * a block dtype, e is a multiple of 32: the block's first byte, its scale). */
 static inline int64_t attn_row_byte_offset(attn_dtype t, int64_t e) {
-    return t == ATTN_Q8_0 ? attn_q8_0_block_of(e) * ATTN_Q8_0_BYTES : e * attn_elem_bytes(t);
+    return attn_is_block_dtype(t) ? attn_q8_0_block_of(e) * attn_elem_bytes(t) : e * attn_elem_bytes(t);
 }
 
-/* The bytes of a row of n elements at unit stride (q8_0: n a multiple of 32). */
+/* The bytes of a row of n elements at unit stride (a block dtype: n a multiple of 32). */
 static inline int64_t attn_row_bytes(attn_dtype t, int64_t n) {
-    return t == ATTN_Q8_0 ? n / ATTN_Q8_0_BLOCK * ATTN_Q8_0_BYTES : n * attn_elem_bytes(t);
+    return attn_is_block_dtype(t) ? n / 32 * attn_elem_bytes(t) : n * attn_elem_bytes(t);
 }
 
-/* q8_0's layout rules (attn.h) on a tensor attn_check_tensor has accepted otherwise:
- * shape[3] a multiple of 32, stride[3] = 1, stride[0..2] multiples of 32 (on dims of
- * size > 1), and its byte offsets within int64 (q8_0.c). */
+/* A block dtype's layout rules (attn.h, q8_0's) on a tensor attn_check_tensor has
+ * accepted otherwise: shape[3] a multiple of 32, stride[3] = 1, stride[0..2] multiples
+ * of 32 (on dims of size > 1), and its byte offsets within int64 (core.c). */
 ATTN_PRIVATE attn_status attn_check_q8_0_layout(const attn_tensor *t, const char *name);
 
 /* The quantization of one row of n float32 values (stride xs, n a multiple of 32) into
@@ -76,6 +80,32 @@ ATTN_PRIVATE void attn_q8_0_quantize_row(const float *x, int64_t xs, int64_t n, 
 /* The portable dequantization of n q8_0 blocks into 32 n floats (q8_0.c); the kernels'
  * dequant_q8_0 entry where they have none. */
 ATTN_PRIVATE void attn_dequant_q8_0_blocks(int64_t n, const uint8_t *src, float *dst);
+
+/* q4_0's counterparts (q4_0.c): the first block of a row it refuses (a NaN or infinity,
+ * or a scale max / -8 beyond float16) or -1; a row quantized as attn_quantize_q4_0 does;
+ * n blocks dequantized, d * (nibble - 8), exact in float32. */
+ATTN_PRIVATE int64_t attn_q4_0_row_check(const float *x, int64_t xs, int64_t n);
+ATTN_PRIVATE void attn_q4_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst);
+ATTN_PRIVATE void attn_dequant_q4_0_blocks(int64_t n, const uint8_t *src, float *dst);
+
+/* The public conversions of a block dtype, written once for both (q8_0.c): src float32
+ * into dst of block dtype dt (row_check refusing first, then quantize_row), and back. */
+ATTN_PRIVATE attn_status attn_block_quantize(attn_dtype dt, const attn_tensor *src,
+                                             const attn_tensor *dst);
+ATTN_PRIVATE attn_status attn_block_dequantize(attn_dtype dt, const attn_tensor *src,
+                                               const attn_tensor *dst);
+
+/* An fp8 cache's k_scale or v_scale (attn.h) checked against the cache's dtype and Hkv
+ * (core.c): *data its first float (NULL: none given, scale 1), *stride the step between
+ * key/value heads (0: one for all). */
+ATTN_PRIVATE attn_status attn_check_kv_scale(const attn_tensor *t, const char *name,
+                                             attn_dtype kv_dt, int64_t Hkv, bool need_data,
+                                             const float **data, int64_t *stride);
+
+/* The scale of key/value head g: 1 when none was given (every dtype but fp8). */
+static inline float attn_kv_scale(const float *s, int64_t stride, int64_t g) {
+    return s ? s[g * stride] : 1.0f;
+}
 
 /* options.threads above this are taken as this */
 #define ATTN_MAX_THREADS 512
@@ -101,7 +131,8 @@ typedef struct attn_params {
     int64_t B, Hq, Hkv, Lq, Lk, Dk, Dv;
     int64_t group;                 /* Hq / Hkv: query heads per key/value head       */
 
-    /* data of dtype q_dt, kv_dt (k and v alike) and o_dt: F32, F16 or BF16 */
+    /* data of dtype q_dt, kv_dt (k and v alike) and o_dt: F32, F16 or BF16 (kv_dt also
+     * Q8_0, FP8_E4M3, FP8_E5M2; the fp8 ones times k_scale, v_scale below) */
     const void *q;   int64_t q_s[4];   /* (B, Hq,  Lq, Dk) */
     const void *k;   int64_t k_s[4];   /* (B, Hkv, Lk, Dk) */
     const void *v;   int64_t v_s[4];   /* (B, Hkv, Lk, Dv) */
@@ -165,6 +196,10 @@ typedef struct attn_params {
     float (*score_mod)(float, int64_t, int64_t, int64_t, int64_t, void *);
     float (*score_mod_grad)(float, int64_t, int64_t, int64_t, int64_t, void *);
     void *score_mod_ctx;
+    /* an fp8 cache's scales (opt->k_scale, v_scale), read through attn_kv_scale: NULL =
+     * 1; stride 0 = one for every key/value head */
+    const float *k_scale, *v_scale;
+    int64_t k_scale_s, v_scale_s;
 } attn_params;
 
 /* The block mask's layout (attn.h's opaque attn_block_mask; made by block_mask.c, read

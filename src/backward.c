@@ -63,9 +63,11 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
     fo.d_sinks = NULL;
     fo.d_bias = NULL;
     TRY(attn_params_init_for(p, q, k, v, o, &fo, need_data, true, force));
-    if (p->kv_dt == ATTN_Q8_0)  // a forward-only cache dtype: no gradient path reads it
-        return attn_fail(ATTN_ERR_DTYPE, "k, v: q8_0 is a forward-only KV cache dtype; the "
-                         "backward takes float32, float16 or bfloat16");
+    if (attn_is_block_dtype(p->kv_dt) || p->kv_dt == ATTN_FP8_E4M3 || p->kv_dt == ATTN_FP8_E5M2)
+        /* the forward-only cache dtypes: no gradient path reads them */
+        return attn_fail(ATTN_ERR_DTYPE, "k, v: %s is a forward-only KV cache dtype; the "
+                         "backward takes float32, float16 or bfloat16",
+                         attn_dtype_name(p->kv_dt));
     const bool f64 = p->q_dt == ATTN_F64;
     if (!f64)
         for (int x = 0; x < 4; x++) {

@@ -8,6 +8,7 @@
  * What it is not: an entry point or a path. It calls nothing else of the library, so
  * every other file may call it without an include circle.
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -70,32 +71,64 @@ size_t attn_dtype_size(attn_dtype t) { return (size_t)attn_elem_bytes(t); }
 
 int64_t attn_dtype_block(attn_dtype t) {
     if ((unsigned)t >= (unsigned)ATTN_DTYPE_COUNT) return 0;
-    return t == ATTN_Q8_0 ? ATTN_Q8_0_BLOCK : 1;
+    return attn_is_block_dtype(t) ? 32 : 1;
+}
+
+/* An fp8 cache's scale (attn.h, attn_options.k_scale): float32 {1, 1, 1, 1} or {Hkv, 1,
+ * 1, 1}, only with an fp8 kv_dt, each value finite and > 0 (read when need_data). *data
+ * gets its first element (NULL when t is), *stride the step between heads (0: one scale
+ * for every head). */
+attn_status attn_check_kv_scale(const attn_tensor *t, const char *name, attn_dtype kv_dt,
+                                int64_t Hkv, bool need_data, const float **data,
+                                int64_t *stride) {
+    *data = NULL;
+    *stride = 0;
+    if (!t) return ATTN_OK;
+    if (kv_dt != ATTN_FP8_E4M3 && kv_dt != ATTN_FP8_E5M2)
+        return attn_fail(ATTN_ERR_VALUE, "%s: given with a %s cache (scales are for the fp8 "
+                         "dtypes only)", name, attn_dtype_name(kv_dt));
+    TRY(attn_check_tensor(t, name, ATTN_F32, need_data));
+    if ((t->shape[0] != 1 && t->shape[0] != Hkv) || t->shape[1] != 1 || t->shape[2] != 1 ||
+        t->shape[3] != 1)
+        return attn_fail(ATTN_ERR_SHAPE, "%s: shape [%lld, %lld, %lld, %lld], expected [1 or "
+                         "Hkv = %lld, 1, 1, 1]", name, (long long)t->shape[0],
+                         (long long)t->shape[1], (long long)t->shape[2],
+                         (long long)t->shape[3], (long long)Hkv);
+    const int64_t n = t->shape[0], st = n == 1 ? 0 : t->stride[0];
+    const float *x = t->data;
+    for (int64_t g = 0; need_data && g < n; g++)
+        if (!(x[g * st] > 0.0f) || isinf(x[g * st]))
+            return attn_fail(ATTN_ERR_VALUE, "%s[%lld] is %g, expected a finite scale > 0", name,
+                             (long long)g, (double)x[g * st]);
+    *data = x;
+    *stride = st;
+    return ATTN_OK;
 }
 
 /* A tensor's basic soundness: present, the expected dtype, sizes >= 0, element count
  * and extreme offsets representable in int64, data present when non-empty. */
-/* q8_0's layout rules (attn.h), for attn_check_tensor */
+/* a block dtype's layout rules (attn.h, q8_0's; q4_0 the same), for attn_check_tensor */
 attn_status attn_check_q8_0_layout(const attn_tensor *t, const char *name) {
-    if (t->shape[3] % ATTN_Q8_0_BLOCK != 0)
-        return attn_fail(ATTN_ERR_SHAPE, "%s: q8_0 needs shape[3] (the head dimension) a "
-                         "multiple of 32, got %lld", name, (long long)t->shape[3]);
+    const char *dn = attn_dtype_name(t->dtype);
+    if (t->shape[3] % 32 != 0)
+        return attn_fail(ATTN_ERR_SHAPE, "%s: %s needs shape[3] (the head dimension) a "
+                         "multiple of 32, got %lld", name, dn, (long long)t->shape[3]);
     int64_t span = 0;
     for (int d = 0; d < 4; d++) {
         if (t->shape[d] == 0) return ATTN_OK;  // no element: no block to place
         span += (t->shape[d] - 1) * (t->stride[d] < 0 ? -t->stride[d] : t->stride[d]);
     }
     if (t->stride[3] != 1)
-        return attn_fail(ATTN_ERR_STRIDE, "%s: q8_0 needs stride[3] = 1 (32 consecutive "
-                         "elements share a block), got %lld", name, (long long)t->stride[3]);
+        return attn_fail(ATTN_ERR_STRIDE, "%s: %s needs stride[3] = 1 (32 consecutive "
+                         "elements share a block), got %lld", name, dn, (long long)t->stride[3]);
     for (int d = 0; d < 3; d++)
-        if (t->shape[d] > 1 && t->stride[d] % ATTN_Q8_0_BLOCK != 0)
-            return attn_fail(ATTN_ERR_STRIDE, "%s: q8_0 needs stride[%d] a multiple of 32 "
-                             "elements (every row starts a block), got %lld", name, d,
+        if (t->shape[d] > 1 && t->stride[d] % 32 != 0)
+            return attn_fail(ATTN_ERR_STRIDE, "%s: %s needs stride[%d] a multiple of 32 "
+                             "elements (every row starts a block), got %lld", name, dn, d,
                              (long long)t->stride[d]);
     /* the span (in elements, within int64: attn_check_tensor) in bytes, one block more */
-    if (span / ATTN_Q8_0_BLOCK > INT64_MAX / ATTN_Q8_0_BYTES - 1)
-        return attn_fail(ATTN_ERR_OVERFLOW, "%s: q8_0 byte offsets overflow int64", name);
+    if (span / 32 > INT64_MAX / attn_elem_bytes(t->dtype) - 1)
+        return attn_fail(ATTN_ERR_OVERFLOW, "%s: %s byte offsets overflow int64", name, dn);
     return ATTN_OK;
 }
 
@@ -131,7 +164,7 @@ attn_status attn_check_tensor(const attn_tensor *t, const char *name, attn_dtype
     if (need_data && count > 0 && !t->data)
         return attn_fail(ATTN_ERR_NULL, "%s: data is NULL for %lld elements", name,
                     (long long)count);
-    if (t->dtype == ATTN_Q8_0) return attn_check_q8_0_layout(t, name);  // want was q8_0
+    if (attn_is_block_dtype(t->dtype)) return attn_check_q8_0_layout(t, name);  // want was it
     /* every element at a multiple of its size (strides count elements, so the first
      * decides): the kernels load a float through a float pointer, which a misaligned
      * address makes undefined (and a trap on some CPUs). q8_0 blocks are read by byte. */

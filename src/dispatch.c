@@ -158,3 +158,11 @@ const attn_kernels *attn_kernels_for_q8_0(const attn_kernels *kern) {
         if (g_list[i].table->decode_q8_0 && cpu_can_run(&g_list[i])) return g_list[i].table;
     return kern;
 }
+
+const attn_kernels *attn_kernels_for_fp8(const attn_kernels *kern) {
+    int at = 0;
+    while (at < N_KERNELS && g_list[at].table != kern) at++;
+    for (int i = at; i < N_KERNELS; i++)
+        if (g_list[i].table->decode_fp8 && cpu_can_run(&g_list[i])) return g_list[i].table;
+    return kern;
+}

@@ -309,15 +309,29 @@ static kv_tile kv_rows(const attn_params *p, const fused_block *blk, const void 
 
 /* The conversion of a block of nk rows (t, as kv_rows gives them) to float32: t itself
  * when it is float32 with unit element stride, else converted into buf (the kernel's
- * vector conversion for 16-bit rows with unit element stride). *ld gets the row stride. */
+ * vector conversion for 16-bit rows with unit element stride). *ld gets the row stride.
+ * scale is the rows' fp8 scale (attn_kv_scale; 1 for the other dtypes, not read). */
 static const float *kv_block(const attn_kernels *kern, attn_dtype dt, kv_tile t, int64_t width,
-                             int64_t nk, float *buf, int64_t *ld) {
+                             int64_t nk, float scale, float *buf, int64_t *ld) {
     *ld = width;
-    if (dt == ATTN_Q8_0) {  // unit stride along the row, rows on block starts (api.c)
+    if (attn_is_fp8(dt)) {
+        /* the 256 values a byte can stand for, fl32(fp8 * scale) each (attn.h), then one
+         * look-up an element: the same value as converting each one, for 256 products a
+         * tile instead of nk * width */
+        float val[256];
+        for (int x = 0; x < 256; x++) val[x] = attn_fp8_to_f32(dt, (uint8_t)x) * scale;
+        for (int64_t c = 0; c < nk; c++) {
+            const uint8_t *row = (const uint8_t *)t.data + c * t.ld;
+            for (int64_t d = 0; d < width; d++) buf[c * width + d] = val[row[d * t.es]];
+        }
+        return buf;
+    }
+    if (attn_is_block_dtype(dt)) {  // unit stride along the row, rows on block starts (api.c)
         void (*deq)(int64_t, const uint8_t *, float *) =
-            kern->dequant_q8_0 ? kern->dequant_q8_0 : attn_dequant_q8_0_blocks;
+            dt == ATTN_Q4_0 ? attn_dequant_q4_0_blocks  // the portable one: no kernel has its own
+            : kern->dequant_q8_0 ? kern->dequant_q8_0 : attn_dequant_q8_0_blocks;
         for (int64_t c = 0; c < nk; c++)
-            deq(width / ATTN_Q8_0_BLOCK, (const uint8_t *)t.data + attn_row_byte_offset(dt, c * t.ld),
+            deq(width / 32, (const uint8_t *)t.data + attn_row_byte_offset(dt, c * t.ld),
                 buf + c * width);
         return buf;
     }
@@ -346,7 +360,8 @@ static void tile_logits(const attn_params *p, const attn_kernels *kern, const fu
                       p->scale, w->s, w->ld);
     } else {
         int64_t ldk;
-        const float *k = kv_block(kern, p->kv_dt, kt, dk, nk, w->k, &ldk);
+        const float *k = kv_block(kern, p->kv_dt, kt, dk, nk,
+                                  attn_kv_scale(p->k_scale, p->k_scale_s, blk->g), w->k, &ldk);
         kern->qk(blk->n, blk->npad, nk, dk, w->q, w->qt, w->ld, k, ldk, p->scale, w->s, w->ld);
     }
     if (boundary || attn_has_elementwise(p)) finish_tile(p, w, blk, nk, w->ld, j0, boundary);
@@ -385,7 +400,7 @@ static void kv_row_addrs(const attn_params *p, const fused_block *blk, const voi
 static void prefetch_kv(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk,
                         int64_t first) {
     /* a row's bytes from its first: q8_0 rows are contiguous blocks (stride 1) */
-    const bool q8 = p->kv_dt == ATTN_Q8_0;
+    const bool q8 = attn_is_block_dtype(p->kv_dt);
     const int64_t ek = attn_elem_bytes(p->kv_dt);
     const int64_t kb = q8 ? attn_row_bytes(p->kv_dt, p->Dk) : p->Dk * p->k_s[3] * ek;
     const int64_t vb = q8 ? attn_row_bytes(p->kv_dt, p->Dv) : p->Dv * p->v_s[3] * ek;
@@ -602,7 +617,8 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
             continue;
         }
         int64_t ldv;
-        const float *v = kv_block(kern, p->kv_dt, vt, dv, nk, w->v, &ldv);
+        const float *v = kv_block(kern, p->kv_dt, vt, dv, nk,
+                                  attn_kv_scale(p->v_scale, p->v_scale_s, blk->g), w->v, &ldv);
         /* a dropped weight is 0, like a masked one: it must not multiply its V either,
          * which matters only where the value block holds a NaN or Inf (0 · v = 0 exactly
          * otherwise), so a clean tile tests the block first (nk·Dv, beside pv's n·nk·Dv) */

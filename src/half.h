@@ -12,6 +12,7 @@
 #define ATTN_HALF_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -56,6 +57,56 @@ static inline uint16_t attn_f32_to_f16(float f) {
     return (uint16_t)(sign | (uint16_t)nearbyintf(attn_bits_f32(ax) * 0x1p24f));
 }
 
+/* ---- the fp8 cache dtypes (attn.h; OCP 8-bit floating point) ----------------------------
+ * To float32: exact (every fp8 value is a float32). From float32: round to nearest even,
+ * saturating: a finite value beyond the largest, and an infinity, become +-largest; NaN
+ * becomes the format's NaN with the sign kept. Both are bit arithmetic on the float32,
+ * as for float16 above: round at the first bit dropped, rebias the exponent, and below
+ * the format's normal range scale by a power of two (exact) and let nearbyintf round to
+ * even (a result of 2^m is the smallest normal, which the bits then spell right). */
+
+/* E4M3FN: sign, exponent 4 bits (bias 7), mantissa 3 bits; S.1111.111 is NaN, no inf */
+static inline float attn_e4m3_to_f32(uint8_t x) {
+    const uint32_t sign = (uint32_t)(x & 0x80u) << 24, e = (x >> 3) & 0xFu, m = x & 7u;
+    if ((x & 0x7Fu) == 0x7Fu) return attn_bits_f32(sign | 0x7FC00000u);
+    if (e != 0) return attn_bits_f32(sign | ((e + 120u) << 23) | (m << 20));
+    return attn_bits_f32(sign | attn_f32_bits((float)m * 0x1p-9f));  // subnormal or 0
+}
+
+static inline uint8_t attn_f32_to_e4m3(float f) {
+    const uint32_t x = attn_f32_bits(f), ax = x & 0x7FFFFFFFu;
+    const uint8_t sign = (uint8_t)((x >> 24) & 0x80u);
+    if (ax > 0x7F800000u) return (uint8_t)(sign | 0x7Fu);   // NaN
+    if (ax >= 0x43E00000u) return (uint8_t)(sign | 0x7Eu);  // >= 448, inf: 448
+    if (ax >= 0x3C800000u) {  // normal (>= 2^-6): round at bit 20, rebias 127 -> 7
+        const uint32_t c = (ax + 0x7FFFFu + ((ax >> 20) & 1u) - 0x3C000000u) >> 20;
+        return (uint8_t)(sign | (c > 0x7Eu ? 0x7Eu : c));  // 464 and above round past 448
+    }
+    return (uint8_t)(sign | (uint8_t)nearbyintf(attn_bits_f32(ax) * 0x1p9f));  // units of 2^-9
+}
+
+/* E5M2: the top byte of a float16 (bias 15, mantissa 2 bits, inf and NaN as IEEE) */
+static inline float attn_e5m2_to_f32(uint8_t x) { return attn_f16_to_f32((uint16_t)(x << 8)); }
+
+static inline uint8_t attn_f32_to_e5m2(float f) {
+    const uint32_t x = attn_f32_bits(f), ax = x & 0x7FFFFFFFu;
+    const uint8_t sign = (uint8_t)((x >> 24) & 0x80u);
+    if (ax > 0x7F800000u) return (uint8_t)(sign | 0x7Eu);   // NaN (quiet)
+    if (ax >= 0x47600000u) return (uint8_t)(sign | 0x7Bu);  // >= 57344, inf: 57344
+    if (ax >= 0x38800000u) {  // normal (>= 2^-14): round at bit 21, rebias 127 -> 15
+        const uint32_t c = (ax + 0xFFFFFu + ((ax >> 21) & 1u) - 0x38000000u) >> 21;
+        return (uint8_t)(sign | (c > 0x7Bu ? 0x7Bu : c));  // 61440 and above round past
+    }
+    return (uint8_t)(sign | (uint8_t)nearbyintf(attn_bits_f32(ax) * 0x1p16f));  // units of 2^-16
+}
+
+static inline bool attn_is_fp8(attn_dtype dt) { return dt == ATTN_FP8_E4M3 || dt == ATTN_FP8_E5M2; }
+
+/* the value of byte x of fp8 dtype dt (e5m2 unless dt is e4m3) */
+static inline float attn_fp8_to_f32(attn_dtype dt, uint8_t x) {
+    return dt == ATTN_FP8_E4M3 ? attn_e4m3_to_f32(x) : attn_e5m2_to_f32(x);
+}
+
 /* element idx (in elements) of a float32/float16/bfloat16 tensor, as float. Another
  * dtype never reaches here (the API refuses it first); were one added to the list and
  * not here, it would read as NaN and write nothing, never as some other dtype's bits. */
@@ -69,6 +120,15 @@ static inline float attn_load(attn_dtype dt, const void *base, int64_t idx) {
         const uint8_t *b = (const uint8_t *)base + blk * 34;
         return attn_f16_to_f32((uint16_t)(b[0] | b[1] << 8)) * (float)(int8_t)b[2 + pos];
     }
+    case ATTN_Q4_0: {  // d * (nibble - 8): an 11-bit by 4-bit product, exact in float32
+        const int64_t blk = idx / 32 - (idx % 32 < 0), pos = idx - blk * 32;
+        const uint8_t *b = (const uint8_t *)base + blk * 18;
+        const int q = pos < 16 ? (b[2 + pos] & 0x0F) : (b[2 + pos - 16] >> 4);
+        return attn_f16_to_f32((uint16_t)(b[0] | b[1] << 8)) * (float)(q - 8);
+    }
+    /* fp8: the byte's own value; its scale is the caller's (attn_kv_scale) */
+    case ATTN_FP8_E4M3: return attn_e4m3_to_f32(((const uint8_t *)base)[idx]);
+    case ATTN_FP8_E5M2: return attn_e5m2_to_f32(((const uint8_t *)base)[idx]);
     default: return NAN;
     }
 }
@@ -78,6 +138,8 @@ static inline void attn_store(attn_dtype dt, void *base, int64_t idx, float x) {
     case ATTN_F32: ((float *)base)[idx] = x; break;
     case ATTN_F16: ((uint16_t *)base)[idx] = attn_f32_to_f16(x); break;
     case ATTN_BF16: ((uint16_t *)base)[idx] = attn_f32_to_bf16(x); break;
+    case ATTN_FP8_E4M3: ((uint8_t *)base)[idx] = attn_f32_to_e4m3(x); break;
+    case ATTN_FP8_E5M2: ((uint8_t *)base)[idx] = attn_f32_to_e5m2(x); break;
     default: break;
     }
 }

@@ -257,6 +257,11 @@ struct attn_kernels {
     /* Whether decode and decode_qk also take dt = ATTN_Q8_0 (k and v pointing at a row's
      * first block, ldk and ldv in elements, multiples of 32; dk and dv multiples of 32). */
     bool decode_q8_0;
+    /* Whether decode, decode_qk and decode_rows also take dt = ATTN_FP8_E4M3 and
+     * ATTN_FP8_E5M2 (k and v bytes, strides in elements): each byte read as its exact
+     * value, with no scale, so the framework calls them only for a call without k_scale
+     * and v_scale (where the value is the byte's own); else the tile path. */
+    bool decode_fp8;
 
     /* Optional (NULL: the portable attn_dropout_words of philox.h): dropout's Philox words
      * of n groups, grp (n) the group indices, word w of group t into u[w * ldu + t]; bit
@@ -432,5 +437,7 @@ ATTN_PRIVATE const attn_kernels *attn_select_kernels(const char **why);
  * step reads the blocks in registers, where avx512's tiles would dequantize every block
  * to float32 first: docs/KERNELS.md, "The q8_0 cache"), else kern (generic). */
 ATTN_PRIVATE const attn_kernels *attn_kernels_for_q8_0(const attn_kernels *kern);
+/* The same for an fp8 cache without scales and the fp8 decoding step (decode_fp8). */
+ATTN_PRIVATE const attn_kernels *attn_kernels_for_fp8(const attn_kernels *kern);
 
 #endif /* ATTN_KERNELS_H */

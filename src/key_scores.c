@@ -46,14 +46,15 @@ attn_status attn_forward_key_scores(const attn_tensor *q, const attn_tensor *k,
     TRY(check_scores(ks, &p));
     {  /* the scores against every input and the forward's outputs */
         const attn_tensor *in[] = {q, k, v, opt->mask, opt->bias, opt->kv_len, opt->alibi_slopes,
-                                   opt->sinks, opt->block_table};
+                                   opt->sinks, opt->block_table, opt->k_scale, opt->v_scale};
         static const char *const in_names[] = {"q", "k", "v", "options.mask", "options.bias",
                                                "options.kv_len", "options.alibi_slopes",
-                                               "options.sinks", "options.block_table"};
+                                               "options.sinks", "options.block_table",
+                                               "options.k_scale", "options.v_scale"};
         const attn_tensor *out[] = {o, opt->lse, opt->weights, ks};
         static const char *const out_names[] = {"o", "options.lse", "options.weights",
                                                 "options.key_scores"};
-        TRY(attn_check_aliasing(in, in_names, 9, out, out_names, 4, NULL, 0));
+        TRY(attn_check_aliasing(in, in_names, 11, out, out_names, 4, NULL, 0));
     }
     const int64_t B = p.B, Hq = p.Hq, Hkv = p.Hkv, Lq = p.Lq, Lk = p.Lk;
     /* the LSE the grid reads (the caller's, or ours) and the grid [B, Hq, 1, Lk] */

@@ -1,7 +1,8 @@
 /*
  * kv_append.c — attn_kv_append: the K and V rows of new tokens written into a cache the
  *               caller owns (a paged pool or a contiguous cache), float32 converted to the
- *               cache's dtype.
+ *               cache's dtype (an fp8 cache: divided by its scale first,
+ *               attn_kv_append_scaled).
  *
  * Two passes: the first finds every token's destination row (a slot, page * page_size +
  * offset) and checks it — inside the pool, no two tokens on one row, and for a q8_0 cache
@@ -23,18 +24,26 @@
  * for q8_0, quantized into the width / 32 blocks that start at element `at` (ds is 1,
  * attn_check_q8_0_layout) — checked before by attn_q8_0_row_check. */
 static void store_row(attn_dtype dt, void *base, int64_t at, int64_t ds, const float *src,
-                      int64_t ss, int64_t width) {
-    if (dt == ATTN_Q8_0) {
-        attn_q8_0_quantize_row(src, ss, width, (uint8_t *)base + attn_row_byte_offset(dt, at));
+                      int64_t ss, int64_t width, float scale) {
+    if (attn_is_block_dtype(dt)) {
+        (dt == ATTN_Q4_0 ? attn_q4_0_quantize_row : attn_q8_0_quantize_row)(
+            src, ss, width, (uint8_t *)base + attn_row_byte_offset(dt, at));
+        return;
+    }
+    if (attn_is_fp8(dt)) {  // fp8(fl32(x / scale)), rounded to nearest even, saturating
+        for (int64_t d = 0; d < width; d++) attn_store(dt, base, at + d * ds, src[d * ss] / scale);
         return;
     }
     for (int64_t d = 0; d < width; d++) attn_store(dt, base, at + d * ds, src[d * ss]);
 }
 
-/* A q8_0 cache: every row the call will write quantizable (finite, its scales within
- * float16), before any is written. Padding tokens (slot -1) are not written, so not read. */
+/* A q8_0 or q4_0 cache (dt): every row the call will write quantizable (finite, its
+ * scales within float16), before any is written. Padding tokens (slot -1) are not written, so not read. */
 static attn_status check_q8_rows(const attn_tensor *k_new, const attn_tensor *v_new,
-                                 const int64_t *slot) {
+                                 const int64_t *slot, attn_dtype dt) {
+    int64_t (*row_check)(const float *, int64_t, int64_t) =
+        dt == ATTN_Q4_0 ? attn_q4_0_row_check : attn_q8_0_row_check;
+    const char *what = dt == ATTN_Q4_0 ? "max / -8" : "amax / 127";
     const int64_t B = k_new->shape[0], Hkv = k_new->shape[1], n = k_new->shape[2];
     for (int c = 0; c < 2; c++) {
         const attn_tensor *x = c ? v_new : k_new;
@@ -44,15 +53,14 @@ static attn_status check_q8_rows(const attn_tensor *k_new, const attn_tensor *v_
             for (int64_t t = 0; t < n; t++) {
                 if (slot[b * n + t] < 0) continue;
                 for (int64_t g = 0; g < Hkv; g++) {
-                    const int64_t blk = attn_q8_0_row_check(x0 + b * xs[0] + g * xs[1] + t * xs[2],
-                                                            xs[3], x->shape[3]);
+                    const int64_t blk = row_check(x0 + b * xs[0] + g * xs[1] + t * xs[2],
+                                                  xs[3], x->shape[3]);
                     if (blk >= 0)
                         return attn_fail(ATTN_ERR_VALUE, "%s: block %lld of row (%lld, %lld, "
-                                         "%lld) holds a NaN or infinity, or an amax whose scale "
-                                         "amax / 127 is beyond float16's range (the q8_0 cache "
-                                         "cannot hold it)", c ? "v_new" : "k_new",
-                                         (long long)blk, (long long)b, (long long)g,
-                                         (long long)t);
+                                         "%lld) holds a NaN or infinity, or a scale %s beyond "
+                                         "float16's range (the %s cache cannot hold it)",
+                                         c ? "v_new" : "k_new", (long long)blk, (long long)b,
+                                         (long long)g, (long long)t, what, attn_dtype_name(dt));
                 }
             }
     }
@@ -145,11 +153,21 @@ attn_status attn_kv_append(const attn_tensor *k_new, const attn_tensor *v_new,
                            const attn_tensor *k_cache, const attn_tensor *v_cache,
                            const attn_tensor *slot_mapping, const attn_tensor *block_table,
                            const attn_tensor *kv_len) {
+    return attn_kv_append_scaled(k_new, v_new, k_cache, v_cache, slot_mapping, block_table,
+                                 kv_len, NULL, NULL);
+}
+
+attn_status attn_kv_append_scaled(const attn_tensor *k_new, const attn_tensor *v_new,
+                                  const attn_tensor *k_cache, const attn_tensor *v_cache,
+                                  const attn_tensor *slot_mapping, const attn_tensor *block_table,
+                                  const attn_tensor *kv_len, const attn_tensor *k_scale,
+                                  const attn_tensor *v_scale) {
     TRY(attn_check_tensor(k_new, "k_new", ATTN_F32, true));
     TRY(attn_check_tensor(v_new, "v_new", ATTN_F32, true));
-    /* the cache: float32, float16 or bfloat16 (ATTN_DTYPE_COUNT), or q8_0 with its layout */
-    TRY(attn_check_tensor(k_cache, "k_cache",
-                          k_cache && k_cache->dtype == ATTN_Q8_0 ? ATTN_Q8_0 : ATTN_DTYPE_COUNT,
+    /* the cache: float32, float16 or bfloat16 (ATTN_DTYPE_COUNT), or q8_0 with its layout,
+     * or an fp8 dtype */
+    const bool cache_dt = k_cache && (attn_is_block_dtype(k_cache->dtype) || attn_is_fp8(k_cache->dtype));
+    TRY(attn_check_tensor(k_cache, "k_cache", cache_dt ? k_cache->dtype : ATTN_DTYPE_COUNT,
                           true));
     if (v_cache && v_cache->dtype != k_cache->dtype)
         return attn_fail(ATTN_ERR_DTYPE, "v_cache: dtype is %s, expected %s like k_cache",
@@ -168,6 +186,11 @@ attn_status attn_kv_append(const attn_tensor *k_new, const attn_tensor *v_new,
     TRY(expect(v_cache, "v_cache", 3, Dv, "Dv, as v_new"));
     TRY(attn_check_output_strides(k_cache, "k_cache", 4));
     TRY(attn_check_output_strides(v_cache, "v_cache", 4));
+    /* an fp8 cache's scales, per tensor or per key/value head (attn.h) */
+    const float *ksc, *vsc;
+    int64_t ksc_s, vsc_s;
+    TRY(attn_check_kv_scale(k_scale, "k_scale", k_cache->dtype, Hkv, true, &ksc, &ksc_s));
+    TRY(attn_check_kv_scale(v_scale, "v_scale", k_cache->dtype, Hkv, true, &vsc, &vsc_s));
 
     const bool paged = slot_mapping || block_table;
     const int64_t num_pages = k_cache->shape[0], page_size = k_cache->shape[2];
@@ -190,12 +213,12 @@ attn_status attn_kv_append(const attn_tensor *k_new, const attn_tensor *v_new,
         }
     }
     /* the caches are written: no byte shared with an input or with each other */
-    const attn_tensor *in[] = {k_new, v_new, slot_mapping, block_table, kv_len};
+    const attn_tensor *in[] = {k_new, v_new, slot_mapping, block_table, kv_len, k_scale, v_scale};
     static const char *const in_names[] = {"k_new", "v_new", "slot_mapping", "block_table",
-                                           "kv_len"};
+                                           "kv_len", "k_scale", "v_scale"};
     for (int c = 0; c < 2; c++) {
         const attn_tensor *out = c ? v_cache : k_cache;
-        for (int a = 0; a < 5; a++)
+        for (int a = 0; a < 7; a++)
             if (in[a] && attn_views_overlap(out, in[a]))
                 return attn_fail(ATTN_ERR_STRIDE, "%s overlaps %s", c ? "v_cache" : "k_cache",
                                  in_names[a]);
@@ -221,7 +244,8 @@ attn_status attn_kv_append(const attn_tensor *k_new, const attn_tensor *v_new,
                 st = attn_fail(ATTN_ERR_VALUE, "two new tokens are aimed at one cache row "
                                "(slot %lld)", (long long)sorted[a]);
     }
-    if (st == ATTN_OK && k_cache->dtype == ATTN_Q8_0) st = check_q8_rows(k_new, v_new, slot);
+    if (st == ATTN_OK && attn_is_block_dtype(k_cache->dtype))
+        st = check_q8_rows(k_new, v_new, slot, k_cache->dtype);
     if (st != ATTN_OK || Hkv == 0) {
         attn_free(slot);
         return st == ATTN_OK ? attn_ok() : st;
@@ -238,10 +262,12 @@ attn_status attn_kv_append(const attn_tensor *k_new, const attn_tensor *v_new,
             for (int64_t g = 0; g < Hkv; g++) {
                 if (Dk > 0)
                     store_row(k_cache->dtype, k_cache->data, page * ks[0] + g * ks[1] + off * ks[2],
-                              ks[3], kx + b * kn[0] + g * kn[1] + t * kn[2], kn[3], Dk);
+                              ks[3], kx + b * kn[0] + g * kn[1] + t * kn[2], kn[3], Dk,
+                              attn_kv_scale(ksc, ksc_s, g));
                 if (Dv > 0)
                     store_row(v_cache->dtype, v_cache->data, page * vs[0] + g * vs[1] + off * vs[2],
-                              vs[3], vx + b * vn[0] + g * vn[1] + t * vn[2], vn[3], Dv);
+                              vs[3], vx + b * vn[0] + g * vn[1] + t * vn[2], vn[3], Dv,
+                              attn_kv_scale(vsc, vsc_s, g));
             }
         }
     attn_free(slot);

@@ -76,12 +76,19 @@ static attn_status check_cache(const mha_plan *pl, const attn_kv_cache *c, bool 
     if (!paged && c->block_table)
         return attn_fail(ATTN_ERR_VALUE, "cache.block_table: given for a contiguous cache "
                          "(kind ATTN_CACHE_PAGED takes one)");
-    TRY(attn_check_tensor(&c->k, "cache.k", c->k.dtype == ATTN_Q8_0 ? ATTN_Q8_0 : ATTN_DTYPE_COUNT,
-                          need_data));
+    const bool cache_dt = attn_is_block_dtype(c->k.dtype) || c->k.dtype == ATTN_FP8_E4M3 ||
+                          c->k.dtype == ATTN_FP8_E5M2;
+    TRY(attn_check_tensor(&c->k, "cache.k", cache_dt ? c->k.dtype : ATTN_DTYPE_COUNT, need_data));
     TRY(attn_check_tensor(&c->v, "cache.v", c->k.dtype, need_data));
-    if (c->k.dtype == ATTN_Q8_0) {
+    if (attn_is_block_dtype(c->k.dtype)) {
         TRY(attn_check_q8_0_layout(&c->k, "cache.k"));
         TRY(attn_check_q8_0_layout(&c->v, "cache.v"));
+    }
+    {  // an fp8 cache's scales (attn_kv_append_scaled and attn_forward check them again)
+        const float *sd;
+        int64_t ss;
+        TRY(attn_check_kv_scale(c->k_scale, "cache.k_scale", c->k.dtype, pl->Hkv, need_data, &sd, &ss));
+        TRY(attn_check_kv_scale(c->v_scale, "cache.v_scale", c->k.dtype, pl->Hkv, need_data, &sd, &ss));
     }
     if (!c->len) return attn_fail(ATTN_ERR_NULL, "cache.len: NULL");
     /* rows per sequence: Lmax, or the table's max_pages * page_size */
@@ -173,6 +180,11 @@ static attn_status decode_ws(const mha_plan *pl, const attn_kv_cache *c, const a
     if (opt.block_table)
         return attn_fail(ATTN_ERR_VALUE, "options.block_table: a paged cache's table is "
                          "cache.block_table (kind ATTN_CACHE_PAGED)");
+    if (opt.k_scale || opt.v_scale)
+        return attn_fail(ATTN_ERR_VALUE, "options.%s: an fp8 cache's scales are "
+                         "cache.k_scale and cache.v_scale", opt.k_scale ? "k_scale" : "v_scale");
+    opt.k_scale = c->k_scale;
+    opt.v_scale = c->v_scale;
     const bool paged = c->kind == ATTN_CACHE_PAGED;
     mha_qkv s;
     mha_qkv_layout(pl, w, &s);
@@ -206,7 +218,8 @@ static attn_status decode_ws(const mha_plan *pl, const attn_kv_cache *c, const a
     attn_tensor kn = mha_heads_view(s.k, pl->B, pl->Lq, pl->Hkv, pl->Dk);
     attn_tensor vn = mha_heads_view(s.v, pl->B, pl->Lq, pl->Hkv, pl->Dv);
     attn_tensor tpos = {c->len, ATTN_I64, {pl->B, 1, 1, 1}, {1, 1, 1, 1}};
-    TRY(attn_kv_append(&kn, &vn, &c->k, &c->v, NULL, paged ? c->block_table : NULL, &tpos));
+    TRY(attn_kv_append_scaled(&kn, &vn, &c->k, &c->v, NULL, paged ? c->block_table : NULL, &tpos,
+                              c->k_scale, c->v_scale));
     clock_phase(MHA_DEC_APPEND, &t0);
     if (paged) TRY(attend_paged(&q, c, &o, &opt, w));
     else TRY(mha_attend(&q, &c->k, &c->v, &o, NULL, NULL, false, &opt, w));

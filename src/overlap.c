@@ -35,13 +35,10 @@ typedef struct span_view {
     wide st[4];       // > 0, bytes
 } span_view;
 
+/* the dtype list's bytes (attn_elem_bytes); 4 for a value outside it, as before */
 static int64_t elem_bytes(attn_dtype t) {
-    switch (t) {
-    case ATTN_F16: case ATTN_BF16: return 2;
-    case ATTN_BOOL: return 1;
-    case ATTN_I64: case ATTN_F64: return 8;
-    default: return 4;
-    }
+    const int64_t b = attn_elem_bytes(t);
+    return b > 0 ? b : 4;
 }
 
 /* false when t has no element (or no data: nothing to overlap) */
@@ -51,13 +48,14 @@ static bool make_span(const attn_tensor *t, span_view *v) {
         if (t->shape[d] <= 0) return false;
     /* q8_0 (attn.h; its layout checked before): a row of D elements is D / 32 blocks of
      * 34 contiguous bytes, one "element" here, and the other strides, multiples of 32
-     * elements, are 34 bytes each 32 */
-    const bool q8 = t->dtype == ATTN_Q8_0;
-    const int64_t es = q8 ? t->shape[3] / 32 * 34 : elem_bytes(t->dtype);
+     * elements, are 34 bytes each 32; q4_0 the same with 18 */
+    const bool q8 = attn_is_block_dtype(t->dtype);
+    const int64_t bb = elem_bytes(t->dtype);  // a block dtype: its block's bytes
+    const int64_t es = q8 ? t->shape[3] / 32 * bb : bb;
     *v = (span_view){.base = (wide)(uintptr_t)t->data, .span = es};
     for (int d = 0; d < (q8 ? 3 : 4); d++) {
         if (t->shape[d] == 1 || t->stride[d] == 0) continue;
-        wide s = q8 ? (wide)(t->stride[d] / 32) * 34 : (wide)t->stride[d] * es;
+        wide s = q8 ? (wide)(t->stride[d] / 32) * bb : (wide)t->stride[d] * es;
         if (s < 0) {
             v->base += s * (t->shape[d] - 1);
             s = -s;
@@ -188,11 +186,13 @@ attn_status attn_check_forward_aliasing(const attn_tensor *q, const attn_tensor 
                                         const attn_tensor *v, const attn_tensor *o,
                                         const attn_options *opt, size_t ws_need) {
     static const char *const in_names[] = {"q", "k", "v", "mask", "bias", "kv_len",
-                                           "alibi_slopes", "sinks", "block_table"};
+                                           "alibi_slopes", "sinks", "block_table",
+                                           "k_scale", "v_scale"};
     static const char *const out_names[] = {"o", "lse", "weights"};
     const attn_tensor *in[] = {q, k, v, opt ? opt->mask : NULL, opt ? opt->bias : NULL,
                                opt ? opt->kv_len : NULL, opt ? opt->alibi_slopes : NULL,
-                               opt ? opt->sinks : NULL, opt ? opt->block_table : NULL};
+                               opt ? opt->sinks : NULL, opt ? opt->block_table : NULL,
+                               opt ? opt->k_scale : NULL, opt ? opt->v_scale : NULL};
     const attn_tensor *out[] = {o, opt ? opt->lse : NULL, opt ? opt->weights : NULL};
     return check_outputs(in, in_names, COUNT(in), out, out_names, COUNT(out), opt, ws_need);
 }

@@ -12,6 +12,7 @@
 #include <omp.h>
 #endif
 
+#include "half.h"
 #include "kernels.h"
 #include "philox.h"
 #include "wisdom.h"
@@ -75,11 +76,12 @@ static attn_status fill_tensors(attn_params *p, const attn_tensor *q, const attn
                                  attn_dtype_name(q->dtype));
     }
     /* ATTN_DTYPE_COUNT here: any of float32, float16, bfloat16; k and v may instead both
-     * be q8_0 (the only inputs that may), under queries of those three */
+     * be q8_0, q4_0 or one fp8 dtype (the only inputs that may), under queries of those three */
     const attn_dtype want = f64 ? ATTN_F64 : ATTN_DTYPE_COUNT;
     TRY(attn_check_tensor(q, "q", want, need_data));
-    TRY(attn_check_tensor(k, "k", !f64 && k && k->dtype == ATTN_Q8_0 ? ATTN_Q8_0 : want,
-                          need_data));
+    const bool cache_dt = k && (attn_is_block_dtype(k->dtype) || k->dtype == ATTN_FP8_E4M3 ||
+                                k->dtype == ATTN_FP8_E5M2);
+    TRY(attn_check_tensor(k, "k", !f64 && cache_dt ? k->dtype : want, need_data));
     if (v && v->dtype != k->dtype)
         return attn_fail(ATTN_ERR_DTYPE, "v: dtype is %s, expected %s like k (k and v must "
                          "have one dtype)", attn_dtype_name(v->dtype), attn_dtype_name(k->dtype));
@@ -135,6 +137,12 @@ static attn_status fill_tensors(attn_params *p, const attn_tensor *q, const attn
         return attn_fail(ATTN_ERR_HEADS, "q: Hq = %lld is not a multiple of k's Hkv = %lld",
                     (long long)p->Hq, (long long)p->Hkv);
     p->group = p->Hkv ? p->Hq / p->Hkv : 1;
+
+    /* an fp8 cache's scales: per tensor or per key/value head */
+    TRY(attn_check_kv_scale(opt->k_scale, "k_scale", p->kv_dt, p->Hkv, need_data, &p->k_scale,
+                            &p->k_scale_s));
+    TRY(attn_check_kv_scale(opt->v_scale, "v_scale", p->kv_dt, p->Hkv, need_data, &p->v_scale,
+                            &p->v_scale_s));
 
     p->q = attn_view_data(q, p->q_s, 4);
     p->k = attn_view_data(k, p->k_s, 4);
@@ -354,6 +362,11 @@ static attn_status fill_run(attn_params *p, const attn_options *opt, bool backwa
             p->Lq <= ATTN_DECODE_MAX_ROWS && p->group <= ATTN_DECODE_MAX_ROWS &&
             p->Lq * p->group <= ATTN_DECODE_MAX_ROWS)
             p->kernels = attn_kernels_for_q8_0(p->kernels);
+        /* the same for an fp8 cache the step reads (no scales given, fused_takes_decode) */
+        if (attn_is_fp8(p->kv_dt) && !p->k_scale && !p->v_scale && !p->kernels->decode_fp8 &&
+            p->Lq <= ATTN_DECODE_MAX_ROWS && p->group <= ATTN_DECODE_MAX_ROWS &&
+            p->Lq * p->group <= ATTN_DECODE_MAX_ROWS)
+            p->kernels = attn_kernels_for_fp8(p->kernels);
         /* FAST pays only on bf16 dot products (the kernel's pv_bf16): elsewhere rounding P
          * is one more pass over each tile and no product gets cheaper (slower than the
          * default level: docs/KERNELS.md), so those kernels run the default level, which is more

@@ -6,8 +6,9 @@
  * The format is llama.cpp's block_q8_0, byte for byte (attn.h): 34 bytes a block, the
  * float16 scale d little-endian in bytes 0-1, then 32 int8 qs; value = d * qs[i], exact
  * in float32 (an 11-bit by 8-bit product). Written here from that description, not
- * copied. What is not here: reading q8_0 inside attention (fused.c's kv_block, the
- * kernels' dequant_q8_0 entry, half.h's attn_load for the reference).
+ * copied. The tensor conversions (attn_block_quantize, attn_block_dequantize) serve q4_0
+ * too (q4_0.c has its blocks). What is not here: reading q8_0 inside attention (fused.c's
+ * kv_block, the kernels' dequant_q8_0 entry, half.h's attn_load for the reference).
  */
 #include <math.h>
 #include <string.h>
@@ -44,12 +45,13 @@ static void quantize_block(const float *x, uint8_t *out) {
     for (int i = 0; i < ATTN_Q8_0_BLOCK; i++) out[2 + i] = (uint8_t)(int8_t)roundf(x[i] * id);
 }
 
-/* The shared checks of both conversions: f32 and q8 of their dtypes, one shape, the
- * output writing no element twice and sharing no byte with the input. */
+/* The shared checks of both conversions: f32 and the block tensor of their dtypes, one
+ * shape, the output writing no element twice and sharing no byte with the input. */
 static attn_status check_pair(const attn_tensor *f32, const char *fname, const attn_tensor *q8,
-                              const char *qname, const attn_tensor *out, const char *oname) {
+                              attn_dtype dt, const char *qname, const attn_tensor *out,
+                              const char *oname) {
     TRY(attn_check_tensor(f32, fname, ATTN_F32, true));
-    TRY(attn_check_tensor(q8, qname, ATTN_Q8_0, true));
+    TRY(attn_check_tensor(q8, qname, dt, true));
     for (int d = 0; d < 4; d++)
         if (f32->shape[d] != q8->shape[d])
             return attn_fail(ATTN_ERR_SHAPE, "%s: shape[%d] is %lld, %s's is %lld", fname, d,
@@ -69,7 +71,7 @@ static bool is_empty(const attn_tensor *t) {
 }
 
 static uint8_t *q8_row(const attn_tensor *t, int64_t i0, int64_t i1, int64_t i2) {
-    return (uint8_t *)t->data + attn_row_byte_offset(ATTN_Q8_0, i0 * t->stride[0] +
+    return (uint8_t *)t->data + attn_row_byte_offset(t->dtype, i0 * t->stride[0] +
                                                      i1 * t->stride[1] + i2 * t->stride[2]);
 }
 
@@ -95,37 +97,44 @@ void attn_q8_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst)
     }
 }
 
-attn_status attn_quantize_q8_0(const attn_tensor *src, const attn_tensor *dst) {
+attn_status attn_block_quantize(attn_dtype dt, const attn_tensor *src, const attn_tensor *dst) {
     if (!src || !dst) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", src ? "dst" : "src");
-    TRY(check_pair(src, "src", dst, "dst", dst, "dst"));
+    TRY(check_pair(src, "src", dst, dt, "dst", dst, "dst"));
     if (is_empty(src)) return ok();
+    int64_t (*row_check)(const float *, int64_t, int64_t) =
+        dt == ATTN_Q4_0 ? attn_q4_0_row_check : attn_q8_0_row_check;
+    void (*quantize_row)(const float *, int64_t, int64_t, uint8_t *) =
+        dt == ATTN_Q4_0 ? attn_q4_0_quantize_row : attn_q8_0_quantize_row;
     const int64_t n1 = src->shape[1], n2 = src->shape[2], D = src->shape[3];
     const int64_t rows = src->shape[0] * n1 * n2;
     const float *x0 = src->data;
     /* first every block's scale checked: a refused call writes nothing */
     for (int64_t r = 0; r < rows; r++) {
         const int64_t i0 = r / (n1 * n2), i1 = r / n2 % n1, i2 = r % n2;
-        const int64_t c = attn_q8_0_row_check(x0 + i0 * src->stride[0] + i1 * src->stride[1] +
-                                                  i2 * src->stride[2], src->stride[3], D);
+        const int64_t c = row_check(x0 + i0 * src->stride[0] + i1 * src->stride[1] +
+                                        i2 * src->stride[2], src->stride[3], D);
         if (c >= 0)
             return attn_fail(ATTN_ERR_VALUE, "src: block %lld of row (%lld, %lld, %lld) holds a "
-                             "NaN or infinity, or an amax whose scale amax / 127 is beyond "
-                             "float16's range (amax > 65504 * 127)", (long long)c,
-                             (long long)i0, (long long)i1, (long long)i2);
+                             "NaN or infinity, or a value whose scale (%s) is beyond "
+                             "float16's range", (long long)c, (long long)i0, (long long)i1,
+                             (long long)i2, dt == ATTN_Q4_0 ? "max / -8" : "amax / 127");
     }
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t i0 = r / (n1 * n2), i1 = r / n2 % n1, i2 = r % n2;
-        attn_q8_0_quantize_row(x0 + i0 * src->stride[0] + i1 * src->stride[1] + i2 * src->stride[2],
-                               src->stride[3], D, q8_row(dst, i0, i1, i2));
+        quantize_row(x0 + i0 * src->stride[0] + i1 * src->stride[1] + i2 * src->stride[2],
+                     src->stride[3], D, q8_row(dst, i0, i1, i2));
     }
     return ok();
 }
 
-attn_status attn_dequantize_q8_0(const attn_tensor *src, const attn_tensor *dst) {
+attn_status attn_block_dequantize(attn_dtype dt, const attn_tensor *src, const attn_tensor *dst) {
     if (!src || !dst) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", src ? "dst" : "src");
-    TRY(check_pair(dst, "dst", src, "src", dst, "dst"));
+    TRY(check_pair(dst, "dst", src, dt, "src", dst, "dst"));
     if (is_empty(src)) return ok();
+    void (*deq)(int64_t, const uint8_t *, float *) =
+        dt == ATTN_Q4_0 ? attn_dequant_q4_0_blocks : attn_dequant_q8_0_blocks;
+    const int64_t bb = attn_elem_bytes(dt);
     const int64_t n1 = src->shape[1], n2 = src->shape[2], D = src->shape[3];
     const int64_t rows = src->shape[0] * n1 * n2;
 #pragma omp parallel for schedule(static)
@@ -134,12 +143,19 @@ attn_status attn_dequantize_q8_0(const attn_tensor *src, const attn_tensor *dst)
         const uint8_t *in = q8_row(src, i0, i1, i2);
         float *y = (float *)dst->data + i0 * dst->stride[0] + i1 * dst->stride[1] +
                    i2 * dst->stride[2];
-        for (int64_t c = 0; c < D / ATTN_Q8_0_BLOCK; c++) {
-            float blk[ATTN_Q8_0_BLOCK];
-            attn_dequant_q8_0_blocks(1, in + c * ATTN_Q8_0_BYTES, blk);
-            for (int i = 0; i < ATTN_Q8_0_BLOCK; i++)
-                y[(c * ATTN_Q8_0_BLOCK + i) * dst->stride[3]] = blk[i];
+        for (int64_t c = 0; c < D / 32; c++) {
+            float blk[32];
+            deq(1, in + c * bb, blk);
+            for (int i = 0; i < 32; i++) y[(c * 32 + i) * dst->stride[3]] = blk[i];
         }
     }
     return ok();
+}
+
+attn_status attn_quantize_q8_0(const attn_tensor *src, const attn_tensor *dst) {
+    return attn_block_quantize(ATTN_Q8_0, src, dst);
+}
+
+attn_status attn_dequantize_q8_0(const attn_tensor *src, const attn_tensor *dst) {
+    return attn_block_dequantize(ATTN_Q8_0, src, dst);
 }

@@ -52,12 +52,20 @@ double attn_ref_finish(const attn_params *p, double raw, int64_t b, int64_t h, i
 }
 
 /* s_ij in float64, CONTRACT order: scale * dot, then attn_ref_finish. */
+/* A key or value element in float64: the value the cache stands for, an fp8 byte times
+ * its head's scale rounded once to float32 (attn.h), exactly as the fused path reads it */
+static double ref_kv(const attn_params *p, const void *base, int64_t idx, float scale) {
+    if (attn_is_fp8(p->kv_dt)) return (double)(attn_load(p->kv_dt, base, idx) * scale);
+    return attn_load_f64(p->kv_dt, base, idx);
+}
+
 static double ref_logit(const attn_params *p, int64_t q_bhi, int64_t k_bgj, int64_t b,
                         int64_t h, int64_t i, int64_t j, int64_t d_i) {
+    const float ks = attn_kv_scale(p->k_scale, p->k_scale_s, h / p->group);
     double dot = 0.0;
     for (int64_t d = 0; d < p->Dk; d++)
         dot += attn_load_f64(p->q_dt, p->q, q_bhi + d * p->q_s[3]) *
-               attn_load_f64(p->kv_dt, p->k, k_bgj + d * p->k_s[3]);
+               ref_kv(p, p->k, k_bgj + d * p->k_s[3], ks);
     return attn_ref_finish(p, p->scale64 * dot, b, h, i, j, d_i, NULL);
 }
 
@@ -125,9 +133,9 @@ attn_status attn_reference_forward(const attn_params *p, void *ws) {
                      * never multiplied, so NaN stored there cannot leak */
                     for (int64_t j = lo; j < hi; j++)
                         if (s_i[j] != 0.0)
-                            acc += s_i[j] * attn_load_f64(p->kv_dt, p->v,
-                                                          attn_kv_offset(p, p->v_s, b, g, j) +
-                                                              d * p->v_s[3]);
+                            acc += s_i[j] * ref_kv(p, p->v,
+                                                   attn_kv_offset(p, p->v_s, b, g, j) + d * p->v_s[3],
+                                                   attn_kv_scale(p->v_scale, p->v_scale_s, g));
                     /* float64 -> float32 -> the output dtype: both steps round to nearest
                      * even; the double rounding can differ from a direct one by at most
                      * one ulp of the 16-bit type, only on exact ties. A float64 o takes

@@ -64,6 +64,7 @@ static void wg_rows_fused(const attn_params *p, const wg_scratch *w, const float
     const attn_kernels *kern = p->kernels;
     const bool elementwise = attn_has_elementwise(p);
     const int64_t dk = p->Dk, g = h / p->group, npad = (n + w->row_pad - 1) / w->row_pad * w->row_pad;
+    const float ks = attn_kv_scale(p->k_scale, p->k_scale_s, g);
     int64_t jmin = INT64_MAX, jmax = 0;
     for (int64_t r = 0; r < n; r++) {
         const int64_t q_bhi = b * p->q_s[0] + h * p->q_s[1] + (i0 + r) * p->q_s[2];
@@ -91,7 +92,8 @@ static void wg_rows_fused(const attn_params *p, const wg_scratch *w, const float
             for (int64_t c = 0; c < nk; c++) {
                 const int64_t k_bgj = attn_kv_offset(p, p->k_s, b, g, j0 + c);
                 for (int64_t d = 0; d < dk; d++)
-                    w->k[c * dk + d] = attn_load(p->kv_dt, p->k, k_bgj + d * p->k_s[3]);
+                    w->k[c * dk + d] = attn_load(p->kv_dt, p->k, k_bgj + d * p->k_s[3]) *
+                                       ks;  // an fp8 cache's scale (attn.h), else 1
             }
         }
         kern->qk(n, npad, nk, dk, w->q, w->qt, w->rows, k, ldk, p->scale, w->s, w->rows);
@@ -130,6 +132,7 @@ static void wg_rows_reference(const attn_params *p, const wg_scratch *w, const f
                               int64_t lse_si, int64_t b, int64_t h, int64_t i0, int64_t n,
                               int64_t lk_b, int64_t C, attn_reduce reduce) {
     const int64_t g = h / p->group;
+    const float ks = attn_kv_scale(p->k_scale, p->k_scale_s, g);
     for (int64_t i = i0; i < i0 + n; i++) {
         int64_t lo, hi;
         attn_row_range(p, lk_b, i, &lo, &hi);
@@ -142,7 +145,7 @@ static void wg_rows_reference(const attn_params *p, const wg_scratch *w, const f
             double dot = 0.0;
             for (int64_t d = 0; d < p->Dk; d++)
                 dot += (double)attn_load(p->q_dt, p->q, q_bhi + d * p->q_s[3]) *
-                       (double)attn_load(p->kv_dt, p->k, k_bgj + d * p->k_s[3]);
+                       (double)(attn_load(p->kv_dt, p->k, k_bgj + d * p->k_s[3]) * ks);
             const double s = attn_ref_finish(p, (double)p->scale * dot, b, h, i, j, d_i, NULL);
             while (j >= next) next = wg_first(++cell + 1, C, p->Lk);
             if (s == -INFINITY) continue;

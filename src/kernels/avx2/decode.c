@@ -2,7 +2,7 @@
  * avx2/decode.c — the AVX2 decoding step: Q·Kᵀ, online softmax and P·V of one clean
  *                 tile for at most 4 query rows in one call (kernels.h: decode,
  *                 decode_qk, decode_rows), on contiguous or paged rows of any cache
- *                 dtype. The tile kernels are kernels.c's; both share exp.h.
+ *                 dtype (fp8 read as bytes through F16C, without scales). The tile kernels are kernels.c's; both share exp.h.
  */
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -34,6 +34,21 @@ INLINE __m256 load_row(int DT, const void *row, int64_t d, int64_t n) {
         const __m128i q8 = _mm_loadl_epi64((const __m128i *)(b + 2 + d % ATTN_Q8_0_BLOCK));
         return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8))),
                              _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)));
+    }
+    if (DT == ATTN_FP8_E5M2 || DT == ATTN_FP8_E4M3) {  // 8 bytes, through float16 (F16C)
+        /* each byte into the top of a 16-bit lane: for e5m2 that is its float16, exact */
+        const __m128i w = _mm_unpacklo_epi8(_mm_setzero_si128(),
+                                            _mm_loadl_epi64((const __m128i *)((const uint8_t *)row + d)));
+        if (DT == ATTN_FP8_E5M2) return _mm256_cvtph_ps(w);
+        /* e4m3: shifted right one (the sign copied into bit 14, then cleared) it is
+         * sign | (x & 0x7F) << 7, the float16 of value x / 2^8 (its 4 exponent bits in the
+         * low 4 of float16's 5, bias 15 = 7 + 8; subnormals too), so times 2^8, exact. The
+         * NaN codes (x & 0x7F = 0x7F, 0x3F80 here, which would read 480) get float16's top
+         * exponent bit too: 0x7F80, a float16 NaN */
+        const __m128i h = _mm_and_si128(_mm_srai_epi16(w, 1), _mm_set1_epi16((short)0xBFFF));
+        const __m128i m7 = _mm_set1_epi16(0x3F80);
+        const __m128i nan = _mm_and_si128(_mm_cmpeq_epi16(_mm_and_si128(h, m7), m7), _mm_set1_epi16(0x4000));
+        return _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(h, nan)), _mm256_set1_ps(256.0f));
     }
     const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + d));
     if (DT == ATTN_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -392,6 +407,14 @@ void attn_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float
         DECODE_AVX2(ATTN_Q8_0);
         return;
     }
+    if (dt == ATTN_FP8_E4M3) {  // bytes: the framework sends them without scales (kernels.h)
+        DECODE_AVX2(ATTN_FP8_E4M3);
+        return;
+    }
+    if (dt == ATTN_FP8_E5M2) {
+        DECODE_AVX2(ATTN_FP8_E5M2);
+        return;
+    }
     ATTN_KV_DTYPE_SWITCH(dt, DECODE_AVX2);
 }
 
@@ -411,6 +434,8 @@ void attn_decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, attn
     default: dec_logits(DT, 4, nk, dk, q, kb, ldkb, NULL, scale, s, &none, &mx, &nan); break;   \
     }
     if (dt == ATTN_Q8_0) LOGITS(ATTN_Q8_0)
+    else if (dt == ATTN_FP8_E4M3) LOGITS(ATTN_FP8_E4M3)
+    else if (dt == ATTN_FP8_E5M2) LOGITS(ATTN_FP8_E5M2)
     else ATTN_KV_DTYPE_SWITCH(dt, LOGITS);
 #undef LOGITS
     attn_decode_qk_store(n, nk, s, st, lds);
@@ -432,6 +457,14 @@ void attn_decode_rows_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const 
     if (dt == ATTN_Q8_0) {  // rows of blocks: lines in bytes of blocks
         pf.lines_v = (attn_row_bytes(dt, dv) + 63) / 64, pf.lines_k = (attn_row_bytes(dt, dk) + 63) / 64;
         DECODE_AVX2(ATTN_Q8_0);
+        return;
+    }
+    if (dt == ATTN_FP8_E4M3) {
+        DECODE_AVX2(ATTN_FP8_E4M3);
+        return;
+    }
+    if (dt == ATTN_FP8_E5M2) {
+        DECODE_AVX2(ATTN_FP8_E5M2);
         return;
     }
     ATTN_KV_DTYPE_SWITCH(dt, DECODE_AVX2);

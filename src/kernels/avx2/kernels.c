@@ -475,6 +475,7 @@ const attn_kernels attn_kernels_avx2 = {
     .additive = &attn_additive_kernels_avx2,
     .dequant_q8_0 = dequant_q8_0_avx2,
     .decode_q8_0 = true,
+    .decode_fp8 = true,
     .dropout = dropout_avx2,
     .gemm = attn_gemm_avx2,
     .decode_rows = attn_decode_rows_avx2,
