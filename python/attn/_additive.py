@@ -50,7 +50,8 @@ class _Options(ctypes.Structure):
                 ("block_table", ctypes.c_void_p), ("d_bias", ctypes.c_void_p),
                 ("block_mask", ctypes.c_void_p), ("score_mod", ctypes.c_void_p),
                 ("score_mod_grad", ctypes.c_void_p), ("score_mod_ctx", ctypes.c_void_p),
-                ("key_scores", ctypes.c_void_p)]
+                ("key_scores", ctypes.c_void_p), ("k_scale", ctypes.c_void_p),
+                ("v_scale", ctypes.c_void_p)]
 
 
 class _Weights(ctypes.Structure):

@@ -50,9 +50,10 @@ class _Mha(ctypes.Structure):
 
 class _Cache(ctypes.Structure):
     """attn_kv_cache of include/attn.h, field for field (block_table: the field added
-    for the paged kind, at the struct's end)."""
+    for the paged kind; k_scale, v_scale: an fp8 cache's, added after it)."""
     _fields_ = [("kind", ctypes.c_int), ("k", _Tensor), ("v", _Tensor),
-                ("len", ctypes.POINTER(ctypes.c_int64)), ("block_table", _P)]
+                ("len", ctypes.POINTER(ctypes.c_int64)), ("block_table", _P),
+                ("k_scale", _P), ("v_scale", _P)]
 
 
 _lib.attn_mha_decode.argtypes = [_P] * 5
