@@ -203,6 +203,19 @@ class AttentionClock:
 
     backward = 0.0
 
+    def train_step(self, m, kw):
+        """One training step of model m on the keyword arguments kw (labels among them):
+        (loss, q_proj's gradient of layer 0, wall seconds, seconds inside the attention's
+        forward calls, seconds inside its backward)."""
+        m.zero_grad(set_to_none=True)
+        out, w, a = self.run(lambda: m(use_cache=False, **kw))
+        t = time.perf_counter()
+        self.backward = 0.0
+        out.loss.backward()
+        w += time.perf_counter() - t
+        return (out.loss.detach(), m.model.layers[0].self_attn.q_proj.weight.grad.clone(), w, a,
+                self.backward)
+
     def run(self, fn):
         """(result, wall seconds, seconds inside attention) of one call of fn."""
         self.inside = 0.0
@@ -321,14 +334,7 @@ def llama2k_rows(torch, transformers, args):
     labels = torch.randint(0, 32000, (1, T), generator=gen)
 
     def train(m):
-        m.zero_grad(set_to_none=True)
-        out, w, a = clock.run(lambda: m(input_ids=ids, labels=labels, use_cache=False))
-        t = time.perf_counter()
-        clock.backward = 0.0
-        out.loss.backward()
-        w += time.perf_counter() - t
-        return (out.loss.detach(), m.model.layers[0].self_attn.q_proj.weight.grad.clone(), w, a,
-                clock.backward)
+        return clock.train_step(m, dict(input_ids=ids, labels=labels))
     for m in models.values():
         m.train()
     got = {i: train(models[i]) for i in impls}
@@ -375,16 +381,8 @@ def packed_rows(torch, transformers, args, cfg, clock, report, rel):
         pids[b, :len(d)], pmask[b, :len(d)], plab[b, 1:len(d)] = d, 1, d[1:]
 
     def step(m, packed):
-        m.zero_grad(set_to_none=True)
-        kw = (dict(input_ids=ids, position_ids=pos, labels=lab) if packed
-              else dict(input_ids=pids, attention_mask=pmask, labels=plab))
-        out, w, a = clock.run(lambda: m(use_cache=False, **kw))
-        t = time.perf_counter()
-        clock.backward = 0.0
-        out.loss.backward()
-        w += time.perf_counter() - t
-        return (out.loss.detach(), m.model.layers[0].self_attn.q_proj.weight.grad.clone(), w, a,
-                clock.backward)
+        return clock.train_step(m, dict(input_ids=ids, position_ids=pos, labels=lab) if packed
+                                else dict(input_ids=pids, attention_mask=pmask, labels=plab))
     got = {name: step(models[name], True), "sdpa": step(models["sdpa"], False)}
     # the mean over the predicted tokens, the same tokens in both
     lrel = abs(float(got[name][0] - got["sdpa"][0])) / abs(float(got["sdpa"][0]))

@@ -9,6 +9,7 @@
  * flags, so nothing here may touch a vector type.
  */
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,18 +152,21 @@ const attn_kernels *attn_kernels_named(const char *name) {
 
 const char *const *attn_kernel_list(void) { return g_names; }
 
-const attn_kernels *attn_kernels_for_q8_0(const attn_kernels *kern) {
+/* kern, or the best kernel after it in the list that this CPU runs and whose table has
+ * the flag at byte offset `flag` set (decode_q8_0, decode_fp8); kern when none has */
+static const attn_kernels *kernels_with(const attn_kernels *kern, size_t flag) {
     int at = 0;
     while (at < N_KERNELS && g_list[at].table != kern) at++;
     for (int i = at; i < N_KERNELS; i++)
-        if (g_list[i].table->decode_q8_0 && cpu_can_run(&g_list[i])) return g_list[i].table;
+        if (*(const bool *)((const char *)g_list[i].table + flag) && cpu_can_run(&g_list[i]))
+            return g_list[i].table;
     return kern;
 }
 
+const attn_kernels *attn_kernels_for_q8_0(const attn_kernels *kern) {
+    return kernels_with(kern, offsetof(attn_kernels, decode_q8_0));
+}
+
 const attn_kernels *attn_kernels_for_fp8(const attn_kernels *kern) {
-    int at = 0;
-    while (at < N_KERNELS && g_list[at].table != kern) at++;
-    for (int i = at; i < N_KERNELS; i++)
-        if (g_list[i].table->decode_fp8 && cpu_can_run(&g_list[i])) return g_list[i].table;
-    return kern;
+    return kernels_with(kern, offsetof(attn_kernels, decode_fp8));
 }

@@ -465,12 +465,12 @@ static void tile_dropout(const attn_params *p, const attn_kernels *kern, const f
     }
 }
 
-/* The online softmax over keys [ja, jb) of a block, into w->m, w->l, w->acc. */
-static void block_sweep(const attn_params *p, const attn_kernels *kern, const fused_plan *plan,
-                        const fused_scratch *w, const fused_block *blk, int64_t ja,
-                        int64_t jb) {
-    const int64_t dk = p->Dk, dv = p->Dv, n = blk->n, npad = blk->npad;
-    const bool decode = fused_takes_decode(plan->open ? plan->open : p, kern, n);
+/* The block's query rows as the kernels read them (bfloat16 pairs for qk_bf16; float32
+ * rows and their transpose, padding rows 0, for qk and the decoding step), and its
+ * running max, sum and accumulator reset. */
+static void block_open(const attn_params *p, const attn_kernels *kern, const fused_scratch *w,
+                       const fused_block *blk, bool decode) {
+    const int64_t dk = p->Dk, n = blk->n, npad = blk->npad;
     if (blk->qk_bf16) {
         /* only the bf16 pairs (2t, 2t+1) of each row are read: with unit stride along Dk
          * they are the row's own 32-bit words (element 2t in the low half) */
@@ -511,14 +511,132 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         w->m[r] = -INFINITY;
         w->l[r] = 0.0f;
     }
-    memset(w->acc, 0, (size_t)(n * dv) * sizeof(float));
+    memset(w->acc, 0, (size_t)(n * p->Dv) * sizeof(float));
+}
 
+/* The paged decoding tiles' K row addresses: a tile's and the next one's, in turn; at the
+ * first key of those the next tile finds computed (-1: none). */
+typedef struct row_addrs {
+    const char *k[2][ATTN_BK_LIMIT];
+    int64_t at;
+} row_addrs;
+
+/* A clean tile of a decoding block across pages, in one step on its rows' addresses: the
+ * arithmetic of the contiguous cache's tile, bit for bit, read in place from the pages.
+ * The kernel prefetches this tile's V (during Q·Kᵀ) and the next tile's K (during P·V)
+ * row by row; those K addresses are computed once, here, into the other half of ra->k,
+ * where the next tile finds them. */
+static void tile_decode_rows(const attn_params *p, const attn_kernels *kern,
+                             const fused_plan *plan, const fused_scratch *w,
+                             const fused_block *blk, int64_t ja, int64_t jb, int64_t j0,
+                             int64_t nk, bool fast, row_addrs *ra) {
+    const int64_t dk = p->Dk, dv = p->Dv, n = blk->n;
+    const char *vr[ATTN_BK_LIMIT];
+    const char **kr = ra->k[(j0 - ja) / plan->bk % 2], **kn = ra->k[(j0 - ja) / plan->bk % 2 ^ 1];
+    if (ra->at != j0) kv_row_addrs(p, blk, p->k, p->k_s, j0, nk, kr);
+    const int64_t j1 = j0 + nk, next_nk = j1 < jb ? (jb - j1 < plan->bk ? jb - j1 : plan->bk) : 0;
+    if (next_nk > 0) kv_row_addrs(p, blk, p->k, p->k_s, j1, next_nk, kn);
+    ra->at = next_nk > 0 ? j1 : -1;
+    kv_row_addrs(p, blk, p->v, p->v_s, j0, nk, vr);
+    /* and the first lines of each page run of the next tile, K and V: the hardware
+     * prefetcher stops at each page (docs/KERNELS.md, "Paged decoding") */
+    if (next_nk > 0) prefetch_runs(p, blk, j1, next_nk);
+    for (int64_t r0 = 0; r0 < n; r0 += 4)
+        kern->decode_rows(n - r0 < 4 ? n - r0 : 4, nk, dk, dv, w->q + r0 * dk, p->kv_dt, fast,
+                          kr, vr, p->scale, w->s, w->m + r0, w->l + r0, w->alpha + r0,
+                          w->acc + r0 * dv, r0 == 0, kn, next_nk);
+}
+
+/* A clean tile of a decoding block in segments of rows at one stride: the whole tile in
+ * a contiguous cache or within a page, else (a kernel without decode_rows) page by page,
+ * each read in place (a copy of the rows cost more than the extra online-softmax steps:
+ * docs/KERNELS.md). The first call on a segment prefetches its V and the next segment's
+ * K, when there is one (no pointer past the tensor otherwise). */
+static void tile_decode(const attn_params *p, const attn_kernels *kern, const fused_plan *plan,
+                        const fused_scratch *w, const fused_block *blk, int64_t jb, int64_t j0,
+                        int64_t nk, bool fast) {
+    const int64_t dk = p->Dk, dv = p->Dv, n = blk->n;
+    if (p->block_table && p->page_size < plan->bk) {
+        /* small pages: the hardware prefetcher loses the stream at each page, so the rows
+         * of the tile PREFETCH_TILES ahead are asked for here too */
+        const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
+        if (pj < jb) prefetch_tile(p, blk, pj, jb - pj < plan->bk ? jb - pj : plan->bk);
+    }
+    for (int64_t s0 = j0, seg; s0 < j0 + nk; s0 += seg) {
+        seg = fused_kv_segment(p, s0, j0 + nk - s0);
+        const int64_t j1 = s0 + seg;
+        const int64_t next_nk = j1 < jb ? fused_kv_segment(p, j1, jb - j1 < plan->bk ? jb - j1 : plan->bk) : 0;
+        const char *next_k = next_nk > 0 ? fused_kv_row(p, blk, p->k, p->k_s, j1) : NULL;
+        const char *k = fused_kv_row(p, blk, p->k, p->k_s, s0), *v = fused_kv_row(p, blk, p->v, p->v_s, s0);
+        for (int64_t r0 = 0; r0 < n; r0 += 4)
+            kern->decode(n - r0 < 4 ? n - r0 : 4, seg, dk, dv, w->q + r0 * dk, p->kv_dt, fast, k,
+                         p->k_s[2], v, p->v_s[2], p->scale, w->s, w->m + r0, w->l + r0,
+                         w->alpha + r0, w->acc + r0 * dv, r0 == 0, next_k, next_nk);
+    }
+}
+
+/* Any other tile: the logits (pt's masks and options), the online softmax, dropout and
+ * the weights where asked, then P·V (FAST's bfloat16 products where they apply). */
+static void tile_general(const attn_params *p, const attn_params *pt, const attn_kernels *kern,
+                         const fused_plan *plan, const fused_scratch *w, const fused_block *blk,
+                         int64_t jb, int64_t j0, int64_t nk, bool boundary, bool clean, bool fast) {
+    const int64_t dv = p->Dv, n = blk->n, npad = blk->npad;
+    const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
+    if (n <= 4 && pj < jb) prefetch_tile(p, blk, pj, jb - pj < plan->bk ? jb - pj : plan->bk);
+    tile_logits(pt, kern, w, blk, j0, nk, boundary);
+    if (fast && clean && kern->pv_bf16 && p->v_s[3] == 1 && !p->dropout) {
+        const kv_tile vt = kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, w->gv);
+        const uint16_t *v = (const uint16_t *)vt.data;
+        const float *probs = w->s;
+        if (p->weights) {  // P kept in s for the weights: the same O (kernels.h)
+            kern->softmax(npad, nk, w->s, w->ld, w->m, w->l, w->alpha);
+            fused_tile_weights(p, plan, w, blk, j0, nk);
+        } else if (kern->softmax_pairs) {  // P rounded to pairs as it is computed
+            kern->softmax_pairs(npad, nk, w->s, w->ld, w->m, w->l, w->alpha, w->pairs, npad);
+            probs = NULL;
+        } else {
+            kern->softmax(npad, nk, w->s, w->ld, w->m, w->l, w->alpha);
+        }
+        kern->pv_bf16(n, npad, nk, dv, probs, w->ld, v, vt.ld, w->alpha, w->acc, dv, w->pairs);
+        return;
+    }
+    kern->softmax(npad, nk, w->s, w->ld, w->m, w->l, w->alpha);
+    if (p->dropout) tile_dropout(p, kern, w, blk, j0, nk);
+    if (p->weights) fused_tile_weights(p, plan, w, blk, j0, nk);
+    if (fast)  // the same rounding where the bf16 kernel does not apply
+        for (int64_t c = 0; c < nk; c++)
+            for (int64_t r = 0; r < n; r++)
+                w->s[c * w->ld + r] = attn_bf16_to_f32(attn_f32_to_bf16(w->s[c * w->ld + r]));
+    const kv_tile vt = kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, w->gv);
+    if (kern->pv_h && (p->kv_dt == ATTN_BF16 || p->kv_dt == ATTN_F16) && vt.es == 1) {
+        /* 16-bit values converted as pv reads them (its own zero-skipping test covers a
+         * dropped weight's V too) */
+        kern->pv_h(n, npad, nk, dv, w->s, w->ld, p->kv_dt, (const uint16_t *)vt.data, vt.ld,
+                   w->alpha, w->acc, dv, !clean || p->dropout);
+        return;
+    }
+    int64_t ldv;
+    const float *v = kv_block(kern, p->kv_dt, vt, dv, nk,
+                              attn_kv_scale(p->v_scale, p->v_scale_s, blk->g), w->v, &ldv);
+    /* a dropped weight is 0, like a masked one: it must not multiply its V either, which
+     * matters only where the value block holds a NaN or Inf (0 · v = 0 exactly otherwise),
+     * so a clean tile tests the block first (nk·Dv, beside pv's n·nk·Dv) */
+    const bool skip = !clean || (p->dropout && !attn_rows_finite(v, ldv, nk, dv));
+    kern->pv(n, npad, nk, dv, w->s, w->ld, v, ldv, w->alpha, w->acc, dv, skip);
+}
+
+/* The online softmax over keys [ja, jb) of a block, into w->m, w->l, w->acc: each tile
+ * the mask leaves anything of, narrowed where its rows all mask its ends, on the decoding
+ * step where the block and tile allow, else the general tile. */
+static void block_sweep(const attn_params *p, const attn_kernels *kern, const fused_plan *plan,
+                        const fused_scratch *w, const fused_block *blk, int64_t ja,
+                        int64_t jb) {
+    const bool decode = fused_takes_decode(plan->open ? plan->open : p, kern, blk->n);
+    block_open(p, kern, w, blk, decode);
     /* FAST precision on a bfloat16 V: P is rounded to bfloat16 for P·V */
     const bool fast = p->precision == ATTN_PRECISION_FAST && p->kv_dt == ATTN_BF16;
-    /* paged tiles (decode_rows): the K row addresses of a tile and of the next one, in
-     * turn; kr_at the first key of those the next tile finds computed (-1: none) */
-    const char *kr2[2][ATTN_BK_LIMIT];
-    int64_t kr_at = -1;
+    row_addrs ra;
+    ra.at = -1;
     for (int64_t jt = ja; jt < jb; jt += plan->bk) {
         int64_t j0 = jt, nk = jb - jt < plan->bk ? jb - jt : plan->bk;
         const attn_params *pt = fused_tile_params(p, plan, blk, j0, nk);
@@ -532,98 +650,12 @@ static void block_sweep(const attn_params *p, const attn_kernels *kern, const fu
         /* a bool mask, a bias, a block mask or a score function can mask any key: their
          * tiles skip zero weights */
         const bool clean = !boundary && !pt->mask && !pt->bias && !pt->block && !pt->score_mod;
-        if (decode && clean && kern->decode_rows && !attn_kv_one_run(p, j0, nk)) {
-            /* a tile across pages, in one step on its rows' addresses: the arithmetic of
-             * the contiguous cache's tile, bit for bit, read in place from the pages. The
-             * kernel prefetches this tile's V (during Q·Kᵀ) and the next tile's K (during
-             * P·V) row by row; those K addresses are computed once, here, into the other
-             * half of kr2, where the next tile finds them. */
-            const char *vr[ATTN_BK_LIMIT];
-            const char **kr = kr2[(j0 - ja) / plan->bk % 2], **kn = kr2[(j0 - ja) / plan->bk % 2 ^ 1];
-            if (kr_at != j0) kv_row_addrs(p, blk, p->k, p->k_s, j0, nk, kr);
-            const int64_t j1 = j0 + nk, next_nk = j1 < jb ? (jb - j1 < plan->bk ? jb - j1 : plan->bk) : 0;
-            if (next_nk > 0) kv_row_addrs(p, blk, p->k, p->k_s, j1, next_nk, kn);
-            kr_at = next_nk > 0 ? j1 : -1;
-            kv_row_addrs(p, blk, p->v, p->v_s, j0, nk, vr);
-            /* and the first lines of each page run of the next tile, K and V: the
-             * hardware prefetcher stops at each page (docs/KERNELS.md, "Paged decoding") */
-            if (next_nk > 0) prefetch_runs(p, blk, j1, next_nk);
-            for (int64_t r0 = 0; r0 < n; r0 += 4)
-                kern->decode_rows(n - r0 < 4 ? n - r0 : 4, nk, dk, dv, w->q + r0 * dk, p->kv_dt,
-                                  fast, kr, vr, p->scale, w->s, w->m + r0, w->l + r0,
-                                  w->alpha + r0, w->acc + r0 * dv, r0 == 0, kn, next_nk);
-            continue;
-        }
-        if (decode && clean) {
-            /* the tile in segments of rows at one stride: the whole tile in a contiguous
-             * cache or within a page, else (a kernel without decode_rows) page by page,
-             * each read in place (a copy of the rows cost more than the extra
-             * online-softmax steps: attn bench --paged, float32 page 16 0.68 -> 0.72 of
-             * contiguous, bfloat16 0.51 -> 0.64, CPU time).
-             * The first call on a segment prefetches its V and the next segment's K, when
-             * there is one (no pointer past the tensor otherwise). */
-            if (p->block_table && p->page_size < plan->bk) {
-                /* small pages: the hardware prefetcher loses the stream at each page, so
-                 * the rows of the tile PREFETCH_TILES ahead are asked for here too */
-                const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
-                if (pj < jb) prefetch_tile(p, blk, pj, jb - pj < plan->bk ? jb - pj : plan->bk);
-            }
-            for (int64_t s0 = j0, seg; s0 < j0 + nk; s0 += seg) {
-                seg = fused_kv_segment(p, s0, j0 + nk - s0);
-                const int64_t j1 = s0 + seg;
-                const int64_t next_nk = j1 < jb ? fused_kv_segment(p, j1, jb - j1 < plan->bk ? jb - j1 : plan->bk) : 0;
-                const char *next_k = next_nk > 0 ? fused_kv_row(p, blk, p->k, p->k_s, j1) : NULL;
-                const char *k = fused_kv_row(p, blk, p->k, p->k_s, s0), *v = fused_kv_row(p, blk, p->v, p->v_s, s0);
-                for (int64_t r0 = 0; r0 < n; r0 += 4)
-                    kern->decode(n - r0 < 4 ? n - r0 : 4, seg, dk, dv, w->q + r0 * dk, p->kv_dt,
-                                 fast, k, p->k_s[2], v, p->v_s[2], p->scale, w->s, w->m + r0,
-                                 w->l + r0, w->alpha + r0, w->acc + r0 * dv, r0 == 0, next_k,
-                                 next_nk);
-            }
-            continue;
-        }
-        const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
-        if (n <= 4 && pj < jb) prefetch_tile(p, blk, pj, jb - pj < plan->bk ? jb - pj : plan->bk);
-        tile_logits(pt, kern, w, blk, j0, nk, boundary);
-        if (fast && clean && kern->pv_bf16 && p->v_s[3] == 1 && !p->dropout) {
-            const kv_tile vt = kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, w->gv);
-            const uint16_t *v = (const uint16_t *)vt.data;
-            const float *probs = w->s;
-            if (p->weights) {  // P kept in s for the weights: the same O (kernels.h)
-                kern->softmax(npad, nk, w->s, w->ld, w->m, w->l, w->alpha);
-                fused_tile_weights(p, plan, w, blk, j0, nk);
-            } else if (kern->softmax_pairs) {  // P rounded to pairs as it is computed
-                kern->softmax_pairs(npad, nk, w->s, w->ld, w->m, w->l, w->alpha, w->pairs, npad);
-                probs = NULL;
-            } else {
-                kern->softmax(npad, nk, w->s, w->ld, w->m, w->l, w->alpha);
-            }
-            kern->pv_bf16(n, npad, nk, dv, probs, w->ld, v, vt.ld, w->alpha, w->acc, dv, w->pairs);
-            continue;
-        }
-        kern->softmax(npad, nk, w->s, w->ld, w->m, w->l, w->alpha);
-        if (p->dropout) tile_dropout(p, kern, w, blk, j0, nk);
-        if (p->weights) fused_tile_weights(p, plan, w, blk, j0, nk);
-        if (fast)  // the same rounding where the bf16 kernel does not apply
-            for (int64_t c = 0; c < nk; c++)
-                for (int64_t r = 0; r < n; r++)
-                    w->s[c * w->ld + r] = attn_bf16_to_f32(attn_f32_to_bf16(w->s[c * w->ld + r]));
-        const kv_tile vt = kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, w->gv);
-        if (kern->pv_h && (p->kv_dt == ATTN_BF16 || p->kv_dt == ATTN_F16) && vt.es == 1) {
-            /* 16-bit values converted as pv reads them (its own zero-skipping test covers a
-             * dropped weight's V too) */
-            kern->pv_h(n, npad, nk, dv, w->s, w->ld, p->kv_dt, (const uint16_t *)vt.data, vt.ld,
-                       w->alpha, w->acc, dv, !clean || p->dropout);
-            continue;
-        }
-        int64_t ldv;
-        const float *v = kv_block(kern, p->kv_dt, vt, dv, nk,
-                                  attn_kv_scale(p->v_scale, p->v_scale_s, blk->g), w->v, &ldv);
-        /* a dropped weight is 0, like a masked one: it must not multiply its V either,
-         * which matters only where the value block holds a NaN or Inf (0 · v = 0 exactly
-         * otherwise), so a clean tile tests the block first (nk·Dv, beside pv's n·nk·Dv) */
-        const bool skip = !clean || (p->dropout && !attn_rows_finite(v, ldv, nk, dv));
-        kern->pv(n, npad, nk, dv, w->s, w->ld, v, ldv, w->alpha, w->acc, dv, skip);
+        if (decode && clean && kern->decode_rows && !attn_kv_one_run(p, j0, nk))
+            tile_decode_rows(p, kern, plan, w, blk, ja, jb, j0, nk, fast, &ra);
+        else if (decode && clean)
+            tile_decode(p, kern, plan, w, blk, jb, j0, nk, fast);
+        else
+            tile_general(p, pt, kern, plan, w, blk, jb, j0, nk, boundary, clean, fast);
     }
 }
 
