@@ -157,11 +157,20 @@ attn_status attn_kv_append(const attn_tensor *k_new, const attn_tensor *v_new,
                                  kv_len, NULL, NULL);
 }
 
-attn_status attn_kv_append_scaled(const attn_tensor *k_new, const attn_tensor *v_new,
-                                  const attn_tensor *k_cache, const attn_tensor *v_cache,
-                                  const attn_tensor *slot_mapping, const attn_tensor *block_table,
-                                  const attn_tensor *kv_len, const attn_tensor *k_scale,
-                                  const attn_tensor *v_scale) {
+/* An fp8 cache's scales (NULL: 1), each with its stride over the key/value heads. */
+typedef struct append_scales {
+    const float *k, *v;
+    int64_t k_s, v_s;
+} append_scales;
+
+/* Every check of an append before anything is read past the arguments or written: the
+ * tensors, their shapes and strides, the scales (into *sc), the index tensors, and that
+ * no cache shares a byte with an input or the other cache. */
+static attn_status append_check(const attn_tensor *k_new, const attn_tensor *v_new,
+                                const attn_tensor *k_cache, const attn_tensor *v_cache,
+                                const attn_tensor *slot_mapping, const attn_tensor *block_table,
+                                const attn_tensor *kv_len, const attn_tensor *k_scale,
+                                const attn_tensor *v_scale, append_scales *sc) {
     TRY(attn_check_tensor(k_new, "k_new", ATTN_F32, true));
     TRY(attn_check_tensor(v_new, "v_new", ATTN_F32, true));
     /* the cache: float32, float16 or bfloat16 (ATTN_DTYPE_COUNT), or q8_0 with its layout,
@@ -187,13 +196,11 @@ attn_status attn_kv_append_scaled(const attn_tensor *k_new, const attn_tensor *v
     TRY(attn_check_output_strides(k_cache, "k_cache", 4));
     TRY(attn_check_output_strides(v_cache, "v_cache", 4));
     /* an fp8 cache's scales, per tensor or per key/value head (attn.h) */
-    const float *ksc, *vsc;
-    int64_t ksc_s, vsc_s;
-    TRY(attn_check_kv_scale(k_scale, "k_scale", k_cache->dtype, Hkv, true, &ksc, &ksc_s));
-    TRY(attn_check_kv_scale(v_scale, "v_scale", k_cache->dtype, Hkv, true, &vsc, &vsc_s));
+    TRY(attn_check_kv_scale(k_scale, "k_scale", k_cache->dtype, Hkv, true, &sc->k, &sc->k_s));
+    TRY(attn_check_kv_scale(v_scale, "v_scale", k_cache->dtype, Hkv, true, &sc->v, &sc->v_s));
 
     const bool paged = slot_mapping || block_table;
-    const int64_t num_pages = k_cache->shape[0], page_size = k_cache->shape[2];
+    const int64_t page_size = k_cache->shape[2];
     if (paged && page_size == 0)
         return attn_fail(ATTN_ERR_VALUE, "k_cache: page size (shape[2]) is 0, expected >= 1");
     if (!paged) TRY(expect(k_cache, "k_cache", 0, B, "B, as k_new (a contiguous cache)"));
@@ -225,7 +232,48 @@ attn_status attn_kv_append_scaled(const attn_tensor *k_new, const attn_tensor *v
     }
     if (attn_views_overlap(k_cache, v_cache))
         return attn_fail(ATTN_ERR_STRIDE, "v_cache overlaps k_cache");
+    return ATTN_OK;
+}
 
+/* The rows of every token with a slot (s >= 0) written into the caches, head by head,
+ * rounded or quantized to the cache's dtype. */
+static void append_store(const attn_tensor *k_new, const attn_tensor *v_new,
+                         const attn_tensor *k_cache, const attn_tensor *v_cache,
+                         const int64_t *slot, int64_t ps, const append_scales *sc) {
+    const int64_t B = k_new->shape[0], Hkv = k_new->shape[1], n = k_new->shape[2];
+    const int64_t Dk = k_new->shape[3], Dv = v_new->shape[3];
+    const int64_t *ks = k_cache->stride, *vs = v_cache->stride;
+    const int64_t *kn = k_new->stride, *vn = v_new->stride;
+    const float *kx = k_new->data, *vx = v_new->data;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < n; t++) {
+            const int64_t s = slot[b * n + t];
+            if (s < 0) continue;
+            const int64_t page = s / ps, off = s % ps;
+            for (int64_t g = 0; g < Hkv; g++) {
+                if (Dk > 0)
+                    store_row(k_cache->dtype, k_cache->data, page * ks[0] + g * ks[1] + off * ks[2],
+                              ks[3], kx + b * kn[0] + g * kn[1] + t * kn[2], kn[3], Dk,
+                              attn_kv_scale(sc->k, sc->k_s, g));
+                if (Dv > 0)
+                    store_row(v_cache->dtype, v_cache->data, page * vs[0] + g * vs[1] + off * vs[2],
+                              vs[3], vx + b * vn[0] + g * vn[1] + t * vn[2], vn[3], Dv,
+                              attn_kv_scale(sc->v, sc->v_s, g));
+            }
+        }
+}
+
+attn_status attn_kv_append_scaled(const attn_tensor *k_new, const attn_tensor *v_new,
+                                  const attn_tensor *k_cache, const attn_tensor *v_cache,
+                                  const attn_tensor *slot_mapping, const attn_tensor *block_table,
+                                  const attn_tensor *kv_len, const attn_tensor *k_scale,
+                                  const attn_tensor *v_scale) {
+    append_scales sc;
+    TRY(append_check(k_new, v_new, k_cache, v_cache, slot_mapping, block_table, kv_len, k_scale,
+                     v_scale, &sc));
+    const int64_t B = k_new->shape[0], Hkv = k_new->shape[1], n = k_new->shape[2];
+    const bool paged = slot_mapping || block_table;
+    const int64_t num_pages = k_cache->shape[0], page_size = k_cache->shape[2];
     int64_t tokens;
     if (__builtin_mul_overflow(B, n, &tokens) || (uint64_t)tokens > SIZE_MAX / 16)
         return attn_fail(ATTN_ERR_OVERFLOW, "B * n overflows");
@@ -250,26 +298,7 @@ attn_status attn_kv_append_scaled(const attn_tensor *k_new, const attn_tensor *v
         attn_free(slot);
         return st == ATTN_OK ? attn_ok() : st;
     }
-    const int64_t ps = paged ? page_size : k_cache->shape[2];
-    const int64_t *ks = k_cache->stride, *vs = v_cache->stride;
-    const int64_t *kn = k_new->stride, *vn = v_new->stride;
-    const float *kx = k_new->data, *vx = v_new->data;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < n; t++) {
-            const int64_t s = slot[b * n + t];
-            if (s < 0) continue;
-            const int64_t page = s / ps, off = s % ps;
-            for (int64_t g = 0; g < Hkv; g++) {
-                if (Dk > 0)
-                    store_row(k_cache->dtype, k_cache->data, page * ks[0] + g * ks[1] + off * ks[2],
-                              ks[3], kx + b * kn[0] + g * kn[1] + t * kn[2], kn[3], Dk,
-                              attn_kv_scale(ksc, ksc_s, g));
-                if (Dv > 0)
-                    store_row(v_cache->dtype, v_cache->data, page * vs[0] + g * vs[1] + off * vs[2],
-                              vs[3], vx + b * vn[0] + g * vn[1] + t * vn[2], vn[3], Dv,
-                              attn_kv_scale(vsc, vsc_s, g));
-            }
-        }
+    append_store(k_new, v_new, k_cache, v_cache, slot, paged ? page_size : k_cache->shape[2], &sc);
     attn_free(slot);
     return attn_ok();
 }
