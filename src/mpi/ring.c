@@ -343,6 +343,59 @@ static attn_status check_local(const attn_tensor *q, const attn_tensor *k, const
 
 enum { F_STATUS, F_B, F_HQ, F_HKV, F_DK, F_DV, F_LQ, F_LK, F_QDT, F_KVDT, F_CAUSAL, F_COUNT };
 
+/* The call's options as the ring runs them: the global key lengths read once (kv_len),
+ * the causal and window band as a range of key - query on the diagonal, and the options
+ * each piece's call takes (no window, kv_len, LSE, causal or workspace of the caller's:
+ * the ring applies those itself). */
+static attn_status ring_options(ring_call *rc, const attn_options *opt) {
+    attn_status st = ATTN_OK;
+    /* kv_len: the global key lengths, read here once */
+    const attn_tensor *t = opt ? opt->kv_len : NULL;
+    if (t) {
+        if (rc->causal && opt->align == ATTN_ALIGN_BOTTOM_RIGHT)
+            st = ring_fail(ATTN_ERR_UNSUPPORTED, "causal bottom-right with kv_len is not ring-split");
+        else if (!t->data || (t->dtype != ATTN_I32 && t->dtype != ATTN_I64))
+            st = ring_fail(ATTN_ERR_DTYPE, "kv_len: int32 or int64 data expected");
+        else if (t->shape[0] != rc->B)
+            st = ring_fail(ATTN_ERR_SHAPE, "kv_len: %lld entries, expected B = %lld",
+                           (long long)t->shape[0], (long long)rc->B);
+        else if (!(rc->kv_len = malloc((size_t)(rc->B > 0 ? rc->B : 1) * sizeof(int64_t))))
+            st = ring_fail(ATTN_ERR_NOMEM, "ring: out of memory");
+        for (int64_t b = 0; st == ATTN_OK && b < rc->B; b++) {
+            const int64_t x = t->dtype == ATTN_I32 ? ((const int32_t *)t->data)[b * t->stride[0]]
+                                                   : ((const int64_t *)t->data)[b * t->stride[0]];
+            if (x < 0 || x > rc->Lk)
+                st = ring_fail(ATTN_ERR_VALUE, "kv_len[%lld] = %lld outside [0, Lk = %lld]",
+                               (long long)b, (long long)x, (long long)rc->Lk);
+            rc->kv_len[b] = x;
+        }
+    }
+    /* the band key - query in [lo, hi] on the call's diagonal: i (top-left) or
+     * i + Lk - Lq (bottom-right; per batch with kv_len, which is not ring-split) */
+    const bool win = opt && opt->has_window;
+    if (st == ATTN_OK && win && t && opt->align == ATTN_ALIGN_BOTTOM_RIGHT)
+        st = ring_fail(ATTN_ERR_UNSUPPORTED, "a window aligned bottom-right with kv_len is not "
+                       "ring-split");
+    const int64_t shift = opt && opt->align == ATTN_ALIGN_BOTTOM_RIGHT ? rc->Lk - rc->Lq : 0;
+    const int64_t reach = rc->Lq + rc->Lk;  // a window side beyond it is unbounded
+    if (rc->causal) rc->has_hi = true, rc->hi = shift;
+    if (win && opt->window_left >= 0 && opt->window_left <= reach)
+        rc->has_lo = true, rc->lo = shift - opt->window_left;
+    if (win && opt->window_right >= 0 && opt->window_right <= reach &&
+        (!rc->has_hi || shift + opt->window_right < rc->hi))
+        rc->has_hi = true, rc->hi = shift + opt->window_right;
+    rc->opt = opt ? *opt : (attn_options){0};
+    rc->opt.has_window = false;
+    rc->opt.window_left = rc->opt.window_right = 0;
+    rc->opt.kv_len = NULL;
+    rc->opt.lse = NULL;
+    rc->opt.causal = false;
+    rc->opt.align = ATTN_ALIGN_TOP_LEFT;
+    rc->opt.workspace = NULL;
+    rc->opt.workspace_bytes = 0;
+    return st;
+}
+
 attn_status ring_begin(ring_call *rc, const attn_tensor *q, const attn_tensor *k,
                        const attn_tensor *v, const attn_tensor *o, const attn_options *opt,
                        MPI_Comm comm, const attn_tensor *const *bwd) {
@@ -413,50 +466,7 @@ attn_status ring_begin(ring_call *rc, const attn_tensor *q, const attn_tensor *k
         return ring_fail(ATTN_ERR_UNSUPPORTED, "causal ring attention needs Lq = Lk (%lld, %lld)",
                          (long long)rc->Lq, (long long)rc->Lk);
 
-    /* kv_len: the global key lengths, read here once */
-    const attn_tensor *t = opt ? opt->kv_len : NULL;
-    if (t) {
-        if (rc->causal && opt->align == ATTN_ALIGN_BOTTOM_RIGHT)
-            st = ring_fail(ATTN_ERR_UNSUPPORTED, "causal bottom-right with kv_len is not ring-split");
-        else if (!t->data || (t->dtype != ATTN_I32 && t->dtype != ATTN_I64))
-            st = ring_fail(ATTN_ERR_DTYPE, "kv_len: int32 or int64 data expected");
-        else if (t->shape[0] != rc->B)
-            st = ring_fail(ATTN_ERR_SHAPE, "kv_len: %lld entries, expected B = %lld",
-                           (long long)t->shape[0], (long long)rc->B);
-        else if (!(rc->kv_len = malloc((size_t)(rc->B > 0 ? rc->B : 1) * sizeof(int64_t))))
-            st = ring_fail(ATTN_ERR_NOMEM, "ring: out of memory");
-        for (int64_t b = 0; st == ATTN_OK && b < rc->B; b++) {
-            const int64_t x = t->dtype == ATTN_I32 ? ((const int32_t *)t->data)[b * t->stride[0]]
-                                                   : ((const int64_t *)t->data)[b * t->stride[0]];
-            if (x < 0 || x > rc->Lk)
-                st = ring_fail(ATTN_ERR_VALUE, "kv_len[%lld] = %lld outside [0, Lk = %lld]",
-                               (long long)b, (long long)x, (long long)rc->Lk);
-            rc->kv_len[b] = x;
-        }
-    }
-    /* the band key - query in [lo, hi] on the call's diagonal: i (top-left) or
-     * i + Lk - Lq (bottom-right; per batch with kv_len, which is not ring-split) */
-    const bool win = opt && opt->has_window;
-    if (st == ATTN_OK && win && t && opt->align == ATTN_ALIGN_BOTTOM_RIGHT)
-        st = ring_fail(ATTN_ERR_UNSUPPORTED, "a window aligned bottom-right with kv_len is not "
-                       "ring-split");
-    const int64_t shift = opt && opt->align == ATTN_ALIGN_BOTTOM_RIGHT ? rc->Lk - rc->Lq : 0;
-    const int64_t reach = rc->Lq + rc->Lk;  // a window side beyond it is unbounded
-    if (rc->causal) rc->has_hi = true, rc->hi = shift;
-    if (win && opt->window_left >= 0 && opt->window_left <= reach)
-        rc->has_lo = true, rc->lo = shift - opt->window_left;
-    if (win && opt->window_right >= 0 && opt->window_right <= reach &&
-        (!rc->has_hi || shift + opt->window_right < rc->hi))
-        rc->has_hi = true, rc->hi = shift + opt->window_right;
-    rc->opt = opt ? *opt : (attn_options){0};
-    rc->opt.has_window = false;
-    rc->opt.window_left = rc->opt.window_right = 0;
-    rc->opt.kv_len = NULL;
-    rc->opt.lse = NULL;
-    rc->opt.causal = false;
-    rc->opt.align = ATTN_ALIGN_TOP_LEFT;
-    rc->opt.workspace = NULL;
-    rc->opt.workspace_bytes = 0;
+    st = ring_options(rc, opt);
     return ring_agree(rc, st);
 }
 
