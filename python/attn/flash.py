@@ -179,7 +179,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False, *, s_aux=None):
+                            return_softmax_lse=False, *, s_aux=None, q_descale=None,
+                            k_descale=None, v_descale=None, cache_dtype=None):
     """FlashAttention 2's flash_attn_with_kvcache on attn.attention_with_kvcache (see its
     docstring): q [B, Lq, Hq, D]; k_cache, v_cache [B, Lk, Hkv, D] or, with block_table
     (B, max_pages) int32, page pools [num_blocks, page_block_size, Hkv, D]; new rows k, v
@@ -192,6 +193,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     depend on it). s_aux (keyword-only): (Hq,) attention-sink logits, read as constants.
     No gradient (FlashAttention's has none either).
 
+    fp8 caches (torch.float8_e4m3fn / float8_e5m2, or uint8 with cache_dtype=, which also
+    names "q8_0" / "q4_0" caches; see attention_with_kvcache): FlashAttention 3's
+    k_descale, v_descale (keyword-only; (B, Hkv), a byte x of head g of row b standing for
+    x * descale[b, g]) are attention_with_kvcache's k_scale, v_scale when every batch row
+    holds the same values (or a scalar); scales that vary over the batch, and q_descale
+    (q is never quantized here), are NotImplementedError.
+
     Returns out [B, Lq, Hq, Dv]; with return_softmax_lse (out, softmax_lse [B, Hq, Lq]).
     """
     for name, x in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
@@ -199,11 +207,36 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if x is not None:
             raise NotImplementedError("flash_attn_with_kvcache: %s is not supported by attn"
                                       % name)
+    if q_descale is not None:
+        raise NotImplementedError("flash_attn_with_kvcache: q_descale is not supported by attn "
+                                  "(q is not quantized; pass q in float32, float16 or bfloat16)")
     return attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens,
                                   block_table=block_table, softmax_scale=softmax_scale,
                                   causal=causal, window_size=window_size, softcap=softcap,
                                   alibi_slopes=alibi_slopes,
-                                  return_softmax_lse=return_softmax_lse, sinks=s_aux)
+                                  return_softmax_lse=return_softmax_lse, sinks=s_aux,
+                                  cache_dtype=cache_dtype,
+                                  k_scale=_descale(k_descale, "k_descale"),
+                                  v_scale=_descale(v_descale, "v_descale"))
+
+
+def _descale(x, name):
+    """FlashAttention 3's descale (B, Hkv) (or a scalar) as attn's per-head scale [Hkv]:
+    every batch row must hold the same values (attn's scales are per tensor or per head)."""
+    if x is None:
+        return None
+    a = np.asarray(x.detach().float().cpu().numpy() if _is_torch(x) else x, np.float32)
+    if a.ndim == 0:
+        return float(a)
+    if a.ndim != 2:
+        raise ValueError("flash_attn_with_kvcache: %s: expected (B, Hkv) or a scalar, got "
+                         "shape %s" % (name, a.shape))
+    if a.shape[0] == 0:
+        return None
+    if not (a == a[:1]).all():
+        raise NotImplementedError("flash_attn_with_kvcache: %s varies over the batch; attn's "
+                                  "fp8 scales are per tensor or per key/value head" % name)
+    return a[0].copy()
 
 
 def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, *args, **kwargs):
