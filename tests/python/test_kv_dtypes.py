@@ -369,3 +369,26 @@ def test_flash_descale(rng):
         flash_attn_with_kvcache(q, kt, vt, cache_seqlens=cl, k_descale=kd)
     with pytest.raises(NotImplementedError, match="q_descale"):
         flash_attn_with_kvcache(q, kt, vt, cache_seqlens=cl, q_descale=torch.ones(B, HKV))
+
+
+@needs_torch
+def test_flash_varlen_descale(rng):
+    from attn.flash import flash_attn_varlen_func
+    kb, vb, lens, table = _setup(rng, "fp8_e5m2", True)
+    kt, vt = torch.from_numpy(kb).view(torch.float8_e5m2), torch.from_numpy(vb).view(torch.float8_e5m2)
+    ks, vs = _scales("head")
+    cu_q = torch.tensor([0, 5, 6], dtype=torch.int32)
+    cu_k = torch.tensor([0, int(lens[0]), int(lens[0] + lens[1])], dtype=torch.int32)
+    q = torch.from_numpy(rng.standard_normal((6, HQ, D)).astype(np.float32))
+    bt = torch.from_numpy(table)
+    o = flash_attn_varlen_func(q, kt, vt, cu_q, cu_k, 5, L, causal=True, block_table=bt,
+                               k_descale=torch.from_numpy(np.tile(ks, (B, 1))),
+                               v_descale=torch.from_numpy(np.tile(vs, (B, 1))))
+    o_ref = attn.varlen_attention_with_kvcache(q, kt, vt, cu_q, torch.from_numpy(lens), bt, 5, L,
+                                               causal=True, k_scale=ks, v_scale=vs)
+    assert torch.equal(o, o_ref)
+    with pytest.raises(NotImplementedError, match="paged pools"):
+        flash_attn_varlen_func(q, kt.reshape(-1, HKV, D), vt.reshape(-1, HKV, D), cu_q, cu_k,
+                               5, L, k_descale=0.5)
+    with pytest.raises(NotImplementedError, match="q_descale"):
+        flash_attn_varlen_func(q, kt, vt, cu_q, cu_k, 5, L, block_table=bt, q_descale=1.0)
