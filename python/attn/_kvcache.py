@@ -90,7 +90,8 @@ class _View:
         block)."""
         if dt in _TORCH_FP8:
             if cache_dtype is not None and cache_dtype != _TORCH_FP8[dt]:
-                raise ValueError("%s: a torch.%s tensor with cache_dtype=%r" % (name, dt, cache_dtype))
+                raise ValueError("%s: a torch.%s tensor with cache_dtype=%r"
+                                 % (name, dt, cache_dtype))
             cache_dtype = _TORCH_FP8[dt]
         elif cache_dtype not in _CACHE_DT:
             raise ValueError("%s: cache_dtype=%r is not one of %s" % (name, cache_dtype,

@@ -309,7 +309,8 @@ def test_torch_float8_tensors(rng, fmt):
     kt, vt = torch.from_numpy(kb).view(tdt), torch.from_numpy(vb).view(tdt)
     # torch's own decoding of the bytes agrees with the hand decoder
     np.testing.assert_array_equal(kt.float().numpy(), _decode(kb, fmt))
-    o = attn.attention_with_kvcache(torch.from_numpy(q), kt, vt, cache_seqlens=torch.from_numpy(lens),
+    o = attn.attention_with_kvcache(torch.from_numpy(q), kt, vt,
+                                    cache_seqlens=torch.from_numpy(lens),
                                     block_table=torch.from_numpy(table),
                                     k_scale=torch.from_numpy(ks), v_scale=vs)
     o_np = attn.attention_with_kvcache(q, kb, vb, cache_seqlens=lens, block_table=table,
@@ -349,7 +350,8 @@ def test_torch_q8_0_uint8(rng):
 def test_flash_descale(rng):
     from attn.flash import flash_attn_with_kvcache
     kb, vb, lens, _ = _setup(rng, "fp8_e4m3", False)
-    kt, vt = torch.from_numpy(kb).view(torch.float8_e4m3fn), torch.from_numpy(vb).view(torch.float8_e4m3fn)
+    kt = torch.from_numpy(kb).view(torch.float8_e4m3fn)
+    vt = torch.from_numpy(vb).view(torch.float8_e4m3fn)
     ks, vs = _scales("head")
     q = torch.from_numpy(rng.standard_normal((B, 16, HQ, D)).astype(np.float32))
     cl = torch.from_numpy(lens)
@@ -375,7 +377,8 @@ def test_flash_descale(rng):
 def test_flash_varlen_descale(rng):
     from attn.flash import flash_attn_varlen_func
     kb, vb, lens, table = _setup(rng, "fp8_e5m2", True)
-    kt, vt = torch.from_numpy(kb).view(torch.float8_e5m2), torch.from_numpy(vb).view(torch.float8_e5m2)
+    kt = torch.from_numpy(kb).view(torch.float8_e5m2)
+    vt = torch.from_numpy(vb).view(torch.float8_e5m2)
     ks, vs = _scales("head")
     cu_q = torch.tensor([0, 5, 6], dtype=torch.int32)
     cu_k = torch.tensor([0, int(lens[0]), int(lens[0] + lens[1])], dtype=torch.int32)
@@ -392,3 +395,19 @@ def test_flash_varlen_descale(rng):
                                5, L, k_descale=0.5)
     with pytest.raises(NotImplementedError, match="q_descale"):
         flash_attn_varlen_func(q, kt, vt, cu_q, cu_k, 5, L, block_table=bt, q_descale=1.0)
+
+
+@needs_torch
+def test_traced_refused(rng, monkeypatch):
+    """Under torch.compile / torch.export (the custom op attn::kvcache carries no cache
+    dtype or scales): NotImplementedError, nothing written."""
+    monkeypatch.setattr(_kv, "_traced_ops", lambda *xs: object())
+    kb, vb, lens, _ = _setup(rng, "fp8_e4m3", False)
+    kt = torch.from_numpy(kb).view(torch.float8_e4m3fn)
+    vt = torch.from_numpy(vb).view(torch.float8_e4m3fn)
+    q = torch.from_numpy(rng.standard_normal((B, 1, HQ, D)).astype(np.float32))
+    with pytest.raises(NotImplementedError, match="torch.compile"):
+        attn.attention_with_kvcache(q, kt, vt, cache_seqlens=torch.from_numpy(lens))
+    with pytest.raises(NotImplementedError, match="torch.compile"):
+        attn.attention_with_kvcache(q, torch.from_numpy(kb), torch.from_numpy(vb),
+                                    cache_seqlens=torch.from_numpy(lens), cache_dtype="q8_0")
