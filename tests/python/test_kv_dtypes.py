@@ -411,3 +411,38 @@ def test_traced_refused(rng, monkeypatch):
     with pytest.raises(NotImplementedError, match="torch.compile"):
         attn.attention_with_kvcache(q, torch.from_numpy(kb), torch.from_numpy(vb),
                                     cache_seqlens=torch.from_numpy(lens), cache_dtype="q8_0")
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_mha_decode_fp8_cache(rng, paged):
+    """attn.KVCache(cache_dtype=, k_scale=, v_scale=): a step writes its new rows as
+    attn_kv_append_scaled (here exactly representable: one-hot x picks weight rows of
+    scale times small multiples of 1/4) and attends as over the float32 cache of the
+    values."""
+    fmt, E, Dh = "fp8_e4m3", 8, 32
+    ks, vs = np.array([0.5, 2.0], np.float32), np.array([0.25, 4.0], np.float32)
+    kb, vb, lens, table = _setup(rng, fmt, paged)
+    kb, vb = kb[..., :Dh].copy(), vb[..., :Dh].copy()
+    w_q = rng.standard_normal((E, HQ * Dh)).astype(np.float32) * 0.3
+    w_k = (rng.integers(-8, 9, (E, HKV, Dh)) / 4 * ks[:, None]).astype(np.float32)
+    w_v = (rng.integers(-8, 9, (E, HKV, Dh)) / 4 * vs[:, None]).astype(np.float32)
+    w_o = rng.standard_normal((HQ * Dh, E)).astype(np.float32) * 0.3
+    x = np.zeros((B, 1, E), np.float32)
+    x[0, 0, 3] = x[1, 0, 5] = 1
+    kw = dict(num_heads=HQ, num_kv_heads=HKV, w_q=w_q, w_k=w_k.reshape(E, -1),
+              w_v=w_v.reshape(E, -1), w_o=w_o)
+    bt = table if paged else None
+    c8 = attn.KVCache(kb, vb, lens, bt, cache_dtype=fmt, k_scale=ks, v_scale=vs)
+    c32 = attn.KVCache(_decode(kb, fmt, ks), _decode(vb, fmt, vs), lens, bt)
+    y8, y32 = attn.mha_decode(x, c8, **kw), attn.mha_decode(x, c32, **kw)
+    np.testing.assert_allclose(y8, y32, rtol=1e-5, atol=1e-6)
+    assert list(c8.len) == list(lens + 1)
+    for b, row in ((0, 3), (1, 5)):
+        pos = lens[b]
+        at = (table[b, pos // PS], pos % PS) if paged else (b, pos)
+        np.testing.assert_array_equal(kb[at], _fp8_encode(w_k[row], fmt, ks))
+        np.testing.assert_array_equal(vb[at], _fp8_encode(w_v[row], fmt, vs))
+        np.testing.assert_array_equal(_decode(kb[at], fmt, ks), w_k[row])
+    with pytest.raises(ValueError, match="only an fp8 cache"):
+        attn.KVCache(np.zeros((B, L, HKV, Dh), np.float32), np.zeros((B, L, HKV, Dh),
+                                                                      np.float32), k_scale=1.0)
