@@ -82,7 +82,7 @@ class KVCache:
     block_table[b, t // page_size].
     lengths [B]: the tokens each sequence already holds (default 0); kept as the int64
     array `len`, which every step advances.
-    cache_dtype, k_scale, v_scale (keyword-only): a q8_0 or fp8 cache, as
+    cache_dtype, k_scale, v_scale (keyword-only): a q8_0, q4_0 or fp8 cache, as
     attn.attention_with_kvcache takes them (uint8 storage named by cache_dtype, or torch
     float8 tensors; an fp8 cache's scales a float or float32 [Hkv]: attn_kv_cache.k_scale,
     v_scale, read by the attention and used by the step's appends).
