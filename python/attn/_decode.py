@@ -26,7 +26,8 @@ from typing import Any, Optional
 import numpy as np
 
 from ._additive import _Tensor, _lib
-from ._kvcache import _F32, _I32, _View, _index, _is_torch, _torch
+from ._kvcache import (_F32, _FP8_E4M3, _FP8_E5M2, _I32, _Q8_0, _View, _index, _is_torch,
+                       _scale, _torch)
 from ._options import _INT32, integer, integers
 
 __all__ = ["KVCache", "mha_decode"]
@@ -81,11 +82,29 @@ class KVCache:
     block_table[b, t // page_size].
     lengths [B]: the tokens each sequence already holds (default 0); kept as the int64
     array `len`, which every step advances.
+    cache_dtype, k_scale, v_scale (keyword-only): a q8_0, q4_0 or fp8 cache, as
+    attn.attention_with_kvcache takes them (uint8 storage named by cache_dtype, or torch
+    float8 tensors; an fp8 cache's scales a float or float32 [Hkv]: attn_kv_cache.k_scale,
+    v_scale, read by the attention and used by the step's appends).
     """
 
-    def __init__(self, k: Any, v: Any, lengths: Any = None, block_table: Any = None):
+    def __init__(self, k: Any, v: Any, lengths: Any = None, block_table: Any = None, *,
+                 cache_dtype: Optional[str] = None, k_scale: Any = None, v_scale: Any = None):
         self.k, self.v = k, v
-        self._kv, self._vv = _View(k, "k", True), _View(v, "v", True)
+        self._kv = _View(k, "k", True, cache_dtype)
+        self._vv = _View(v, "v", True, cache_dtype)
+        if self._kv.dtype != self._vv.dtype and max(self._kv.dtype, self._vv.dtype) >= _Q8_0:
+            raise ValueError("k, v: one cache dtype for both")
+        self._scale_keep: list = []
+        self._k_scale = self._v_scale = None
+        if k_scale is not None or v_scale is not None:
+            if self._kv.dtype not in (_FP8_E4M3, _FP8_E5M2):
+                raise ValueError("k_scale, v_scale: only an fp8 cache takes scales")
+            Hkv = self._kv.shape[2]
+            if k_scale is not None:
+                self._k_scale = _scale(k_scale, "k_scale", Hkv, self._scale_keep)
+            if v_scale is not None:
+                self._v_scale = _scale(v_scale, "v_scale", Hkv, self._scale_keep)
         for name, view in (("k", self._kv), ("v", self._vv)):
             if len(view.shape) != 4:
                 raise ValueError("%s: expected 4 dimensions ([B, max_len, Hkv, D] or [num_pages, "
@@ -124,6 +143,7 @@ class KVCache:
         c.kind = _PAGED if self.paged else _CONTIGUOUS
         c.k, c.v = self._kv.bshd("k"), self._vv.bshd("v")  # [.., L, H, D] as [.., H, L, D]
         c.len = self.len.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))
+        c.k_scale, c.v_scale = self._k_scale, self._v_scale
         if self.paged:
             bv = self._bt
             tbt = bv.tensor((bv.shape[0], bv.shape[1], 1, 1), (bv.strides[0], bv.strides[1], 0, 0))

@@ -23,6 +23,12 @@ from ._additive import _Options, _Tensor, _check, _lib
 from ._options import _INT32, integer, integers, window
 
 _F32, _F16, _BF16, _BOOL, _I32, _I64 = 0, 1, 2, 3, 4, 5
+_Q8_0, _FP8_E4M3, _FP8_E5M2, _Q4_0 = 6, 8, 9, 10
+# cache_dtype= names (attn_dtype_name's): the attn dtype, and for a block dtype the bytes
+# of one block of 32 elements (0: one byte an element)
+_CACHE_DT = {"q8_0": (_Q8_0, 34), "q4_0": (_Q4_0, 18), "fp8_e4m3": (_FP8_E4M3, 0),
+             "fp8_e5m2": (_FP8_E5M2, 0)}
+_TORCH_FP8 = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 _P = ctypes.c_void_p
 _lib.attn_forward.argtypes = [_P] * 5
 _lib.attn_forward.restype = ctypes.c_int
@@ -30,6 +36,8 @@ _lib.attn_forward_workspace_size.argtypes = [_P] * 6
 _lib.attn_forward_workspace_size.restype = ctypes.c_int
 _lib.attn_kv_append.argtypes = [_P] * 7
 _lib.attn_kv_append.restype = ctypes.c_int
+_lib.attn_kv_append_scaled.argtypes = [_P] * 9
+_lib.attn_kv_append_scaled.restype = ctypes.c_int
 
 _NP_DT = {"float32": _F32, "float16": _F16, "bfloat16": _BF16, "int32": _I32, "int64": _I64}
 
@@ -47,7 +55,8 @@ class _View:
     """A NumPy array or CPU torch tensor as (address, attn dtype, shape, element strides),
     without a copy; holds a reference for the call's duration."""
 
-    def __init__(self, x: Any, name: str, writable: bool = False):
+    def __init__(self, x: Any, name: str, writable: bool = False,
+                 cache_dtype: Optional[str] = None):
         self.obj = x
         if _is_torch(x):
             if x.device.type != "cpu":
@@ -66,10 +75,48 @@ class _View:
                 raise ValueError("%s: strides %s are not whole elements" % (name, x.strides))
             self.addr = x.ctypes.data
             self.shape, self.strides = x.shape, tuple(s // isz for s in x.strides)
+        if cache_dtype is not None or dt in _TORCH_FP8:
+            self._cache(name, dt, cache_dtype)
+            return
         if dt not in _NP_DT:
             raise TypeError("%s: dtype %s is not supported (float32, float16, bfloat16; int32 "
-                            "or int64 for indices)" % (name, dt))
+                            "or int64 for indices; uint8 with cache_dtype=)" % (name, dt))
         self.dtype = _NP_DT[dt]
+
+    def _cache(self, name: str, dt: str, cache_dtype: Optional[str]) -> None:
+        """A quantized or fp8 cache: torch float8 tensors name their dtype; uint8 storage
+        needs cache_dtype. q8_0 / q4_0: the last dimension is the row's block bytes
+        (D / 32 * 34 or 18), mapped to attn's logical-element strides (a row starts a
+        block)."""
+        if dt in _TORCH_FP8:
+            if cache_dtype is not None and cache_dtype != _TORCH_FP8[dt]:
+                raise ValueError("%s: a torch.%s tensor with cache_dtype=%r"
+                                 % (name, dt, cache_dtype))
+            cache_dtype = _TORCH_FP8[dt]
+        elif cache_dtype not in _CACHE_DT:
+            raise ValueError("%s: cache_dtype=%r is not one of %s" % (name, cache_dtype,
+                                                                     ", ".join(_CACHE_DT)))
+        elif dt != "uint8":
+            raise ValueError("%s: cache_dtype=%r needs uint8 storage (or a torch float8 tensor "
+                             "for fp8), got %s" % (name, cache_dtype, dt))
+        self.dtype, bsz = _CACHE_DT[cache_dtype]
+        if not bsz:
+            return
+        if len(self.shape) != 4:
+            return  # bshd() refuses the shape
+        nb = self.shape[3]
+        if nb % bsz or nb == 0:
+            raise ValueError("%s: a %s cache's last dimension is its row's block bytes, a "
+                             "positive multiple of %d (D / 32 * %d), got %d"
+                             % (name, cache_dtype, bsz, bsz, nb))
+        if self.strides[3] != 1:
+            raise ValueError("%s: a %s cache's bytes of a row must be contiguous (last stride "
+                             "1), got strides %s" % (name, cache_dtype, self.strides))
+        if any(st % bsz for st, n in zip(self.strides[:3], self.shape[:3]) if n > 1):
+            raise ValueError("%s: a %s cache's strides %s must be multiples of %d bytes (each "
+                             "row starts a block)" % (name, cache_dtype, self.strides, bsz))
+        self.shape = self.shape[:3] + (nb // bsz * 32,)
+        self.strides = tuple(st // bsz * 32 for st in self.strides[:3]) + (1,)
 
     def tensor(self, shape4, strides4) -> _Tensor:
         return _Tensor(self.addr if all(shape4) else None, self.dtype,
@@ -117,12 +164,44 @@ def _head_vector(x: Any, name: str, Hq: int, keep: list) -> int:
     return ctypes.addressof(t)
 
 
+def _scale(x: Any, name: str, Hkv: int, keep: list) -> int:
+    """An fp8 cache's scale: a float, or a float32 [Hkv] (or [1]) array / tensor, as an
+    attn_tensor {1 or Hkv, 1, 1, 1}: its address (the arrays kept alive in keep)."""
+    a = np.ascontiguousarray(x.detach().float().cpu().numpy() if _is_torch(x) else x,
+                             np.float32).reshape(-1) if not isinstance(x, (int, float)) \
+        else np.array([x], np.float32)
+    if a.shape not in ((1,), (Hkv,)) or (np.ndim(x) > 1 if not _is_torch(x) else x.dim() > 1):
+        raise ValueError("%s: a float or a [%d] (one per key/value head) array is expected, "
+                         "got shape %s" % (name, Hkv, tuple(np.shape(x))))
+    if not (np.isfinite(a).all() and (a > 0).all()):
+        raise ValueError("%s: every scale must be finite and > 0, got %s" % (name, a))
+    t = _Tensor(a.ctypes.data, _F32, (ctypes.c_int64 * 4)(a.shape[0], 1, 1, 1),
+                (ctypes.c_int64 * 4)(1, 0, 0, 0))
+    keep += [a, t]
+    return ctypes.addressof(t)
+
+
+def _scales(opt: Any, tk: Any, k_scale: Any, v_scale: Any, keep: list) -> None:
+    """attn_options.k_scale, v_scale of an fp8 cache (refused with any other cache)."""
+    if k_scale is None and v_scale is None:
+        return
+    if tk.dtype not in (_FP8_E4M3, _FP8_E5M2):
+        raise ValueError("k_scale, v_scale: only an fp8 cache takes scales")
+    Hkv = tk.shape[1]
+    if k_scale is not None:
+        opt.k_scale = _scale(k_scale, "k_scale", Hkv, keep)
+    if v_scale is not None:
+        opt.v_scale = _scale(v_scale, "v_scale", Hkv, keep)
+
+
 def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v: Any = None,
                            cache_seqlens: Any = None, block_table: Any = None,
                            softmax_scale: Optional[float] = None, causal: bool = False,
                            window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            alibi_slopes: Any = None, return_softmax_lse: bool = False,
-                           sinks: Any = None, return_key_scores: bool = False):
+                           sinks: Any = None, return_key_scores: bool = False, *,
+                           cache_dtype: Optional[str] = None, k_scale: Any = None,
+                           v_scale: Any = None):
     """out = attention of q over the cache, FlashAttention's flash_attn_with_kvcache.
 
     q            [B, Lq, Hq, D]  float32, float16 or bfloat16
@@ -146,25 +225,39 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v:
                  mass each cached key received over the call's rows and the query heads
                  of its key/value head (attn_options.key_scores; docs/CONTRACT.md,
                  "Eviction scores"); Lk = the cache's rows (max_pages * page_size paged)
+    cache_dtype  (keyword-only) "fp8_e4m3", "fp8_e5m2", "q8_0" or "q4_0": the caches
+                 are uint8 storage of that dtype (torch.float8_e4m3fn / float8_e5m2
+                 tensors say fp8 themselves). fp8: one byte an element, [..., D]. q8_0 /
+                 q4_0 (llama.cpp's blocks): the last dimension is the row's bytes, D / 32
+                 * 34 or D / 32 * 18, contiguous, every row starting a block
+    k_scale, v_scale  (keyword-only) an fp8 cache's scales: a float or float32 [Hkv]
+                 (vLLM's k_scale, v_scale; attn_options.k_scale): a byte x stands for
+                 fl32(fp8(x) * scale). New rows k, v are written as
+                 attn_kv_append_scaled writes them with the same scales
     Returns out [B, Lq, Hq, D] (q's dtype), and with return_softmax_lse also the
     natural-log LSE [B, Hq, Lq] float32, then with return_key_scores the scores.
     NumPy in, NumPy out; torch in, torch out.
     Under torch.compile and torch.export the call is the custom op attn::kvcache (which
     writes k_cache and v_cache in place); as in eager, no gradient flows through it.
     """
+    quantized = (cache_dtype is not None or k_scale is not None or v_scale is not None
+                 or str(getattr(k_cache, "dtype", "")).replace("torch.", "") in _TORCH_FP8)
     ops = None if return_key_scores else _traced_ops(_torch_tensor_type(), q, k_cache, v_cache, k, v)
+    if ops is not None and quantized:
+        raise NotImplementedError("attention_with_kvcache: quantized and fp8 caches are not "
+                                  "supported under torch.compile / torch.export")
     if ops is not None:  # torch.compile, torch.export: the custom op attn::kvcache
         return ops.public_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes,
                                   return_softmax_lse, sinks)
     return _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale,
                    causal, window_size, softcap, alibi_slopes, return_softmax_lse, sinks,
-                   return_key_scores)
+                   return_key_scores, cache_dtype, k_scale, v_scale)
 
 
 def _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
             window_size, softcap, alibi_slopes, return_softmax_lse, sinks,
-            return_key_scores=False):
+            return_key_scores=False, cache_dtype=None, k_scale=None, v_scale=None):
     """attention_with_kvcache's work, on NumPy arrays or CPU torch tensors (eager, or the
     real implementation of attn::kvcache)."""
     qv = _View(q, "q")
@@ -172,8 +265,10 @@ def _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale
         raise ValueError("k and v: give both or neither")
     # the caches are written only when there are rows to append: a read-only (say
     # memory-mapped) cache is fine for k = v = None
-    kc = _View(k_cache, "k_cache", k is not None)
-    vc = _View(v_cache, "v_cache", k is not None)
+    kc = _View(k_cache, "k_cache", k is not None, cache_dtype)
+    vc = _View(v_cache, "v_cache", k is not None, cache_dtype)
+    if kc.dtype != vc.dtype and max(kc.dtype, vc.dtype) >= _Q8_0:
+        raise ValueError("k_cache, v_cache: one cache dtype for both")
     if len(qv.shape) != 4:
         raise ValueError("q: expected [B, Lq, Hq, D], got shape %s" % (qv.shape,))
     B, Lq, Hq, D = qv.shape
@@ -202,6 +297,7 @@ def _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale
         tkn, tvn = kn.bshd("k"), vn.bshd("v")
         n = tkn.shape[2]
     opt = _Options()
+    _scales(opt, tk, k_scale, v_scale, keep)
     if tlen is not None:
         lens = (np.asarray(lx.cpu().numpy() if _is_torch(lx) else lx, np.int64).reshape(-1) + n)
         keep.append(lens)
@@ -262,10 +358,12 @@ def _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale
         dry.key_scores = None
         _check(_lib.attn_forward(ctypes.byref(tq0), ctypes.byref(tk), ctypes.byref(tv),
                                  ctypes.byref(to0), ctypes.byref(dry)), "attention_with_kvcache")
-        _check(_lib.attn_kv_append(ctypes.byref(tkn), ctypes.byref(tvn), ctypes.byref(tk),
-                                   ctypes.byref(tv), None,
-                                   ctypes.byref(tbt) if tbt is not None else None,
-                                   ctypes.byref(tlen)), "attention_with_kvcache (append)")
+        # the scales given to the attention are the append's (NULL = 1, as attn_kv_append)
+        _check(_lib.attn_kv_append_scaled(ctypes.byref(tkn), ctypes.byref(tvn),
+                                          ctypes.byref(tk), ctypes.byref(tv), None,
+                                          ctypes.byref(tbt) if tbt is not None else None,
+                                          ctypes.byref(tlen), opt.k_scale, opt.v_scale),
+               "attention_with_kvcache (append)")
     _check(_lib.attn_forward(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
                              ctypes.byref(to), ctypes.byref(opt)), "attention_with_kvcache")
     del keep
@@ -283,7 +381,9 @@ def varlen_attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, cu_seqlens
                                   causal: bool = False, window_size: Tuple[int, int] = (-1, -1),
                                   softcap: float = 0.0, alibi_slopes: Any = None,
                                   sinks: Any = None, mask: Any = None,
-                                  return_softmax_lse: bool = False):
+                                  return_softmax_lse: bool = False, *,
+                                  cache_dtype: Optional[str] = None, k_scale: Any = None,
+                                  v_scale: Any = None):
     """A server's whole step in one call: B requests, request b bringing the query rows
     [cu_seqlens_q[b], cu_seqlens_q[b+1]) (1 for a decode, many for a chunk of prefill)
     against its own paged cache of seqused_k[b] keys (the new rows already appended),
@@ -301,6 +401,8 @@ def varlen_attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, cu_seqlens
                  request b's rows are its first Lq_b rows: a speculative-decoding tree
                  (each draft token sees the cache and its ancestors) is this mask
     window_size, softcap, alibi_slopes [Hq], sinks [Hq]: as attention_with_kvcache's
+    cache_dtype, k_scale, v_scale (keyword-only): quantized and fp8 page pools, as
+                 attention_with_kvcache's
     Returns out [total_q, Hq, Dv] (q's dtype); with return_softmax_lse also the LSE
     [Hq, total_q] float32. Bit for bit the requests as separate attention_with_kvcache
     calls. No gradient (inference). docs/CONTRACT.md, "Many requests in one call".
@@ -309,7 +411,10 @@ def varlen_attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, cu_seqlens
     if len(qv.shape) != 3:
         raise ValueError("q: expected [total_q, Hq, D], got shape %s" % (qv.shape,))
     total_q, Hq, D = qv.shape
-    kc, vc = _View(k_cache, "k_cache"), _View(v_cache, "v_cache")
+    kc, vc = _View(k_cache, "k_cache", False, cache_dtype), _View(v_cache, "v_cache", False,
+                                                                  cache_dtype)
+    if kc.dtype != vc.dtype and max(kc.dtype, vc.dtype) >= _Q8_0:
+        raise ValueError("k_cache, v_cache: one cache dtype for both")
     tk, tv = kc.bshd("k_cache"), vc.bshd("v_cache")  # (num_pages, Hkv, page_size, D)
     cv, cx = _index(cu_seqlens_q, "cu_seqlens_q", 1)
     sv, sx = _index(seqused_k, "seqused_k", 1)
@@ -321,6 +426,7 @@ def varlen_attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, cu_seqlens
     tbt = bv.tensor((bv.shape[0], bv.shape[1], 1, 1), (bv.strides[0], bv.strides[1], 0, 0))
     keep += [tcu, tlen, tbt]
     opt = _Options()
+    _scales(opt, tk, k_scale, v_scale, keep)
     opt.block_table = ctypes.addressof(tbt)
     opt.kv_len = ctypes.addressof(tlen)
     if softmax_scale is not None:
@@ -365,3 +471,82 @@ def varlen_attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, cu_seqlens
            "varlen_attention_with_kvcache")
     del keep
     return (out, lse) if return_softmax_lse else out
+
+
+_lib.attn_quantize_q8_0.argtypes = [_P] * 2
+_lib.attn_quantize_q8_0.restype = ctypes.c_int
+_lib.attn_quantize_q4_0.argtypes = [_P] * 2
+_lib.attn_quantize_q4_0.restype = ctypes.c_int
+
+
+def quantize_kv(x: Any, dtype: str, scale: Any = None):
+    """The cache bytes the library writes for the float values x [..., D] (at most 4
+    dimensions): what attention_with_kvcache's append stores, for caches made ahead.
+
+    dtype "q8_0" / "q4_0": attn_quantize_q8_0 / q4_0 (llama.cpp's reference rounding; D a
+    multiple of 32), uint8 [..., D / 32 * 34] or [..., D / 32 * 18]; scale must be None.
+    dtype "fp8_e4m3" / "fp8_e5m2": the bytes attn_kv_append_scaled writes, fp8(fl32(x /
+    scale)) nearest even and saturating, with scale a float (None = 1) or a float32 [H]
+    vector of x's heads, x [..., H, D]. Returns uint8 (NumPy) or, for torch input, a uint8
+    tensor (q8_0, q4_0) or torch.float8_e4m3fn / float8_e5m2 (fp8), on the CPU.
+    """
+    if dtype not in _CACHE_DT:
+        raise ValueError("quantize_kv: dtype %r is not one of %s" % (dtype, ", ".join(_CACHE_DT)))
+    torch_in = _is_torch(x)
+    a = np.ascontiguousarray(x.detach().float().cpu().numpy() if torch_in else x, np.float32)
+    if not 1 <= a.ndim <= 4:
+        raise ValueError("quantize_kv: x of 1 to 4 dimensions expected, got shape %s" % (a.shape,))
+    code, bsz = _CACHE_DT[dtype]
+    keep = [a]
+    if bsz:
+        if scale is not None:
+            raise ValueError("quantize_kv: %s takes no scale (its blocks carry their own)" % dtype)
+        D = a.shape[-1]
+        if D % 32:
+            raise ValueError("quantize_kv: %s needs the last dimension a multiple of 32, got %d"
+                             % (dtype, D))
+        out = np.zeros(a.shape[:-1] + (D // 32 * bsz,), np.uint8)
+        if a.size:
+            shape = (1,) * (4 - a.ndim) + a.shape
+            strides = [1] * 4
+            for i in (2, 1, 0):
+                strides[i] = strides[i + 1] * shape[i + 1]
+            src = _Tensor(a.ctypes.data, _F32, (ctypes.c_int64 * 4)(*shape),
+                          (ctypes.c_int64 * 4)(*strides))
+            dst = _Tensor(out.ctypes.data, code, (ctypes.c_int64 * 4)(*shape),
+                          (ctypes.c_int64 * 4)(*strides))
+            fn = _lib.attn_quantize_q8_0 if code == _Q8_0 else _lib.attn_quantize_q4_0
+            _check(fn(ctypes.byref(src), ctypes.byref(dst)), "quantize_kv")
+        return _torch().from_numpy(out) if torch_in else out
+    # fp8: attn_kv_append_scaled into a contiguous cache [1, H, N, D] (H = 1 per tensor)
+    per_head = scale is not None and not isinstance(scale, (int, float)) and \
+        int(np.prod(np.shape(scale.detach().cpu() if _is_torch(scale) else scale))) != 1
+    if per_head:
+        if a.ndim < 2:
+            raise ValueError("quantize_kv: a per-head scale needs x [..., H, D]")
+        H, D = a.shape[-2], a.shape[-1]
+    else:
+        H, D = 1, a.shape[-1]
+    N = a.size // max(H * D, 1)
+    out = np.zeros(a.shape, np.uint8)
+    if a.size:
+        spare = np.zeros(a.shape, np.uint8)  # v_cache: the same rows, again
+        st = (ctypes.c_int64 * 4)(0, D, H * D, 1)
+        sh = (ctypes.c_int64 * 4)(1, H, N, D)
+        tx = _Tensor(a.ctypes.data, _F32, sh, st)
+        tk = _Tensor(out.ctypes.data, code, sh, st)
+        tv = _Tensor(spare.ctypes.data, code, sh, st)
+        zero = np.zeros(1, np.int32)
+        tl = _Tensor(zero.ctypes.data, _I32, (ctypes.c_int64 * 4)(1, 1, 1, 1),
+                     (ctypes.c_int64 * 4)(1, 0, 0, 0))
+        keep += [spare, zero, tx, tk, tv, tl]
+        ts = _scale(scale, "scale", H, keep) if scale is not None else None
+        _check(_lib.attn_kv_append_scaled(ctypes.byref(tx), ctypes.byref(tx), ctypes.byref(tk),
+                                          ctypes.byref(tv), None, None, ctypes.byref(tl),
+                                          ts, ts), "quantize_kv")
+    del keep
+    if torch_in:
+        torch = _torch()
+        return torch.from_numpy(out).view(
+            torch.float8_e4m3fn if code == _FP8_E4M3 else torch.float8_e5m2)
+    return out

@@ -136,7 +136,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None,
-                           *, s_aux=None):
+                           *, s_aux=None, q_descale=None, k_descale=None, v_descale=None,
+                           cache_dtype=None):
     """FlashAttention 2's flash_attn_varlen_func on attn.varlen_attention (the same names and
     meanings; see its docstring): q [total_q, Hq, D], k [total_k, Hkv, D], v [total_k,
     Hkv, Dv], cu_seqlens_q / cu_seqlens_k int32 (B + 1,), causal bottom-right per
@@ -150,9 +151,21 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     FlashAttention 3's vLLM build takes them): (Hq,) attention-sink logits, varlen's
     sinks, with their gradient.
 
+    fp8 and quantized page pools (keyword-only cache_dtype, k_descale, v_descale, as
+    flash_attn_with_kvcache's): only on that in-place paged path (block_table given, no
+    gradient, dropout_p 0), else NotImplementedError, as is q_descale.
+
     Returns out [total_q, Hq, Dv]; with return_attn_probs (out, softmax_lse [Hq, total_q],
     None) — None where FlashAttention gives S_dmask.
     """
+    quantized = (cache_dtype is not None or k_descale is not None or v_descale is not None
+                 or str(getattr(k, "dtype", "")).startswith("torch.float8"))
+    if q_descale is not None:
+        raise NotImplementedError("flash_attn_varlen_func: q_descale is not supported by attn "
+                                  "(q is not quantized; pass q in float32, float16 or bfloat16)")
+    if quantized and (block_table is None or dropout_p != 0 or _wants_grad(q, k, v, s_aux)):
+        raise NotImplementedError("flash_attn_varlen_func: fp8 and quantized caches only as "
+                                  "paged pools (block_table), without gradient or dropout")
     if block_table is not None and dropout_p == 0 and not _wants_grad(q, k, v, s_aux):
         # inference (continuous batching): the pages read in place, one call for the step
         cu = cu_seqlens_k
@@ -162,7 +175,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             q, k, v, cu_seqlens_q, seqused, block_table, max_seqlen_q, max_seqlen_k,
             softmax_scale=softmax_scale, causal=causal, window_size=window_size,
             softcap=softcap, alibi_slopes=alibi_slopes, sinks=s_aux,
-            return_softmax_lse=return_attn_probs)
+            return_softmax_lse=return_attn_probs, cache_dtype=cache_dtype,
+            k_scale=_descale(k_descale, "k_descale", "flash_attn_varlen_func"),
+            v_scale=_descale(v_descale, "v_descale", "flash_attn_varlen_func"))
         return (got[0], got[1], None) if return_attn_probs else got
     if block_table is not None:
         k = _paged_rows(k, block_table, cu_seqlens_k)
@@ -179,7 +194,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False, *, s_aux=None):
+                            return_softmax_lse=False, *, s_aux=None, q_descale=None,
+                            k_descale=None, v_descale=None, cache_dtype=None):
     """FlashAttention 2's flash_attn_with_kvcache on attn.attention_with_kvcache (see its
     docstring): q [B, Lq, Hq, D]; k_cache, v_cache [B, Lk, Hkv, D] or, with block_table
     (B, max_pages) int32, page pools [num_blocks, page_block_size, Hkv, D]; new rows k, v
@@ -192,6 +208,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     depend on it). s_aux (keyword-only): (Hq,) attention-sink logits, read as constants.
     No gradient (FlashAttention's has none either).
 
+    fp8 caches (torch.float8_e4m3fn / float8_e5m2, or uint8 with cache_dtype=, which also
+    names "q8_0" / "q4_0" caches; see attention_with_kvcache): FlashAttention 3's
+    k_descale, v_descale (keyword-only; (B, Hkv), a byte x of head g of row b standing for
+    x * descale[b, g]) are attention_with_kvcache's k_scale, v_scale when every batch row
+    holds the same values (or a scalar); scales that vary over the batch, and q_descale
+    (q is never quantized here), are NotImplementedError.
+
     Returns out [B, Lq, Hq, Dv]; with return_softmax_lse (out, softmax_lse [B, Hq, Lq]).
     """
     for name, x in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
@@ -199,11 +222,36 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if x is not None:
             raise NotImplementedError("flash_attn_with_kvcache: %s is not supported by attn"
                                       % name)
+    if q_descale is not None:
+        raise NotImplementedError("flash_attn_with_kvcache: q_descale is not supported by attn "
+                                  "(q is not quantized; pass q in float32, float16 or bfloat16)")
     return attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens,
                                   block_table=block_table, softmax_scale=softmax_scale,
                                   causal=causal, window_size=window_size, softcap=softcap,
                                   alibi_slopes=alibi_slopes,
-                                  return_softmax_lse=return_softmax_lse, sinks=s_aux)
+                                  return_softmax_lse=return_softmax_lse, sinks=s_aux,
+                                  cache_dtype=cache_dtype,
+                                  k_scale=_descale(k_descale, "k_descale"),
+                                  v_scale=_descale(v_descale, "v_descale"))
+
+
+def _descale(x, name, fn="flash_attn_with_kvcache"):
+    """FlashAttention 3's descale (B, Hkv) (or a scalar) as attn's per-head scale [Hkv]:
+    every batch row must hold the same values (attn's scales are per tensor or per head)."""
+    if x is None:
+        return None
+    a = np.asarray(x.detach().float().cpu().numpy() if _is_torch(x) else x, np.float32)
+    if a.ndim == 0:
+        return float(a)
+    if a.ndim != 2:
+        raise ValueError("%s: %s: expected (B, Hkv) or a scalar, got shape %s"
+                         % (fn, name, a.shape))
+    if a.shape[0] == 0:
+        return None
+    if not (a == a[:1]).all():
+        raise NotImplementedError("%s: %s varies over the batch; attn's fp8 scales are per "
+                                  "tensor or per key/value head" % (fn, name))
+    return a[0].copy()
 
 
 def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, *args, **kwargs):
