@@ -194,6 +194,26 @@ def _scales(opt: Any, tk: Any, k_scale: Any, v_scale: Any, keep: list) -> None:
         opt.v_scale = _scale(v_scale, "v_scale", Hkv, keep)
 
 
+def _cache_options(opt: Any, keep: list, Hq: int, softmax_scale: Optional[float],
+                   causal: bool, window_size: Tuple[int, int], softcap: float,
+                   alibi_slopes: Any, sinks: Any) -> None:
+    """The options both cache calls share, into opt (the arrays kept alive in keep):
+    the scale, causal and the window aligned bottom-right (what a cache needs:
+    FlashAttention's convention), softcap, ALiBi slopes and sinks [Hq]."""
+    if softmax_scale is not None:
+        opt.has_scale, opt.scale = True, float(softmax_scale)
+    opt.causal = bool(causal)
+    opt.align = 1  # bottom-right
+    left, right = window(window_size)
+    if left != -1 or right != -1:
+        opt.has_window, opt.window_left, opt.window_right = True, left, right
+    opt.softcap = float(softcap)
+    if alibi_slopes is not None:
+        opt.alibi_slopes = _head_vector(alibi_slopes, "alibi_slopes", Hq, keep)
+    if sinks is not None:
+        opt.sinks = _head_vector(sinks, "sinks", Hq, keep)
+
+
 def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v: Any = None,
                            cache_seqlens: Any = None, block_table: Any = None,
                            softmax_scale: Optional[float] = None, causal: bool = False,
@@ -307,18 +327,8 @@ def _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale
         opt.kv_len = ctypes.addressof(tl2)
     if tbt is not None:
         opt.block_table = ctypes.addressof(tbt)
-    if softmax_scale is not None:
-        opt.has_scale, opt.scale = True, float(softmax_scale)
-    opt.causal = bool(causal)
-    opt.align = 1  # bottom-right: what a cache needs (FlashAttention's convention)
-    left, right = window(window_size)
-    if left != -1 or right != -1:
-        opt.has_window, opt.window_left, opt.window_right = True, left, right
-    opt.softcap = float(softcap)
-    if alibi_slopes is not None:
-        opt.alibi_slopes = _head_vector(alibi_slopes, "alibi_slopes", Hq, keep)
-    if sinks is not None:
-        opt.sinks = _head_vector(sinks, "sinks", Hq, keep)
+    _cache_options(opt, keep, Hq, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                   sinks)
     Dv = tv.shape[3]
     if _is_torch(q):
         torch = _torch()
@@ -429,18 +439,8 @@ def varlen_attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, cu_seqlens
     _scales(opt, tk, k_scale, v_scale, keep)
     opt.block_table = ctypes.addressof(tbt)
     opt.kv_len = ctypes.addressof(tlen)
-    if softmax_scale is not None:
-        opt.has_scale, opt.scale = True, float(softmax_scale)
-    opt.causal = bool(causal)
-    opt.align = 1  # bottom-right
-    left, right = window(window_size)
-    if left != -1 or right != -1:
-        opt.has_window, opt.window_left, opt.window_right = True, left, right
-    opt.softcap = float(softcap)
-    if alibi_slopes is not None:
-        opt.alibi_slopes = _head_vector(alibi_slopes, "alibi_slopes", Hq, keep)
-    if sinks is not None:
-        opt.sinks = _head_vector(sinks, "sinks", Hq, keep)
+    _cache_options(opt, keep, Hq, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                   sinks)
     if mask is not None:
         m = mask.numpy() if _is_torch(mask) else np.asarray(mask)
         if m.dtype != np.bool_ or m.ndim != 4:
