@@ -143,6 +143,55 @@ for c in d["cases"]:
     assert c["check"] == "pass" and c["reps"] >= 4 and c["min_s"] <= c["median_s"] <= c["max_s"], c
 '
 
+# ---- a wisdom in use: the static and the tuned figure side by side --------------------------
+# (scripts/check.sh sets ATTN_TUNE=0: these calls take it away)
+expect "attn tune --quick writes a wisdom" 0 env -u ATTN_TUNE "$ATTN" tune --quick --out wisdom.txt
+expect "quick sweep with --wisdom" 0 env -u ATTN_TUNE "$ATTN" bench --quick --quiet --no-machine --wisdom wisdom.txt --reps 1 --json-out tuned.json
+cp out.txt tuned.txt
+pycheck "--wisdom: every row has its static and its tuned median, table and JSON" '
+import json
+d = json.load(open("tuned.json"))
+assert d["tuned"] is True and d["wisdom"].endswith("wisdom.txt"), d
+assert len(d["cases"]) >= 8
+for c in d["cases"]:
+    assert c["check"] == "pass", c
+    assert c["static_ms"] > 0 and c["tuned_ms"] > 0 and c["static_min_ms"] <= c["static_ms"] <= c["static_max_ms"], c
+    assert abs(c["tuned_ms"] - 1e3 * c["median_s"]) <= 1e-6 * c["tuned_ms"] + 1e-9, c
+    assert abs(c["static_over_tuned"] - c["static_ms"] / c["tuned_ms"]) <= 1e-3 * c["static_over_tuned"], c
+lines = open("tuned.txt").read().splitlines()
+head = [l for l in lines if l.startswith("case ")]
+assert len(head) == 1 and head[0].split()[-4:] == ["static", "ms", "x", "static"], head
+rows = [l.split() for l in lines if l.split() and l.split()[0] in {c["name"] for c in d["cases"]}]
+assert len(rows) == len(d["cases"]), rows
+for r in rows:
+    float(r[-2]); assert r[-1].endswith("x") and float(r[-1][:-1]) > 0, r
+'
+# the static calls are the static choices whatever the wisdom says: a wisdom that sends one
+# class to the generic kernel runs that row tuned on generic (its answer checked), the
+# others as before
+{ head -2 wisdom.txt; echo "prefill f32 d64 none g1 = kernel=generic bq=static bk=static split=static"; } > generic.txt
+expect "--wisdom naming another kernel for a class" 0 env -u ATTN_TUNE "$ATTN" bench --quick --quiet --no-machine --wisdom generic.txt --reps 1 --shapes 'fwd-L200-D64*' --json
+pycheck "  both rows checked, both columns" '
+import json
+d = json.load(open("out.txt"))
+assert [c["name"] for c in d["cases"]] == ["fwd-L200-D64", "fwd-L200-D64-causal"], d
+assert all(c["check"] == "pass" and c["static_ms"] > 0 and c["tuned_ms"] > 0 for c in d["cases"]), d
+'
+expect "without a wisdom: one column" 0 env -u ATTN_TUNE ATTN_WISDOM="$PWD/none.txt" "$ATTN" bench --quick --quiet --no-machine --reps 1 --shapes 'fwd-L64-*' --json-out plain.json
+pycheck "  no static column, no static_ms" '
+import json
+d = json.load(open("plain.json"))
+assert d["tuned"] is False and d["wisdom"] is None, d
+assert all("static_ms" not in c and "tuned_ms" not in c for c in d["cases"]), d
+assert "static ms" not in open("out.txt").read()
+'
+expect "--wisdom with ATTN_TUNE=0: not used" 0 env ATTN_TUNE=0 "$ATTN" bench --quick --no-machine --reps 1 --shapes 'fwd-L64-D16' --wisdom wisdom.txt
+if ! grep -q "static ms" out.txt && grep -q "is not used (ATTN_TUNE=0)" err.txt; then ok "  one column, and why"; else
+    bad "  --wisdom under ATTN_TUNE=0"; cat out.txt err.txt; fi
+printf 'attn-wisdom 1\ncpu vendor=Nobody family=1 model=1 isa=generic version=0\n' > foreign.txt
+expect "--wisdom: a foreign file is refused" 1 "$ATTN" bench --quick --no-machine --wisdom foreign.txt
+grep -q "made for" err.txt && ok "  and says why" || { bad "  no reason"; cat err.txt; }
+
 expect "--list" 0 "$ATTN" bench --quick --list --shapes '*causal'
 if [ -s out.txt ] && ! grep -qv 'causal$' out.txt; then ok "--list --shapes lists only the matches"; else
     bad "--list --shapes"; cat out.txt; fi
