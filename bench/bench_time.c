@@ -49,7 +49,7 @@ int time_path(bench_case *c, const case_buffers *cb, int threads, attn_path path
     const bool pair = path == ATTN_PATH_FUSED && c->sts;
     for (int w = 0; w < warmup; w++, call++) {
         if (call_failed(c, call_case(c, cb, call % cb->rot, threads, path), "warm-up")) return -1;
-        if (pair && call_failed(c, call_case_static(c, cb, call % cb->rot, threads),
+        if (pair && call_failed(c, call_case_static(c, cb, ++call % cb->rot, threads),
                                 "warm-up (static)"))
             return -1;
     }
@@ -57,14 +57,16 @@ int time_path(bench_case *c, const case_buffers *cb, int threads, attn_path path
     double spent = 0;
     while (n < want) {
         const int r = call++ % cb->rot;
-        /* the static call of a pair: before the tuned one on odd turns, after on even */
+        /* the static call of a pair, on the next input set (neither finds the other's
+         * inputs in the cache): before the tuned one on odd turns, after on even */
+        const int rs = pair ? call++ % cb->rot : r;
         double ts = 0;
         attn_status ss = ATTN_OK;
-        if (pair && n % 2) ts = time_static(c, cb, r, threads, &ss);
+        if (pair && n % 2) ts = time_static(c, cb, rs, threads, &ss);
         const double t0 = now_s();
         attn_status st = call_case(c, cb, r, threads, path);
         t[n] = now_s() - t0;
-        if (pair && n % 2 == 0) ts = time_static(c, cb, r, threads, &ss);
+        if (pair && n % 2 == 0) ts = time_static(c, cb, rs, threads, &ss);
         if (call_failed(c, st, "timed call") || call_failed(c, ss, "timed call (static)")) {
             free(bw_buf);
             return -1;
