@@ -409,7 +409,7 @@ static void in_cache_rows(void) {
 
 static const char USAGE[] =
     "usage: attn bench --paged [--quick] [--threads N] [--reps N] [--nhd] [--b1] [--g8] [--thp]\n"
-    "                          [--plant-error]\n"
+    "                          [--isa NAME] [--plant-error]\n"
     "\n"
     "  Decoding (Lq = 1, Lk = 16384, Hq = 32, Hkv = 8, D = 128, B = 1 and 8) over a paged\n"
     "  cache of page sizes 16, 64, 256 against the contiguous cache, float32 and bfloat16;\n"
@@ -419,20 +419,26 @@ static const char USAGE[] =
     "  --g8: Hq = 64 (8 query heads a KV head) as well as 32. Each row also prints the\n"
     "  compute bound of the decoding step of the kernel that runs (bench/decode_bound.h; n/a\n"
     "  for a kernel without a model) and the row's %% of min(read, compute).\n"
+    "  --isa NAME: run these kernels of the library (ATTN_ISA).\n"
     "  --in-cache: instead, the step's cycles a key with K and V in L2 (one thread, CPU time).\n";
 
 int bench_paged(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return fputs(USAGE, stdout), 0;
-    const char *threads_s = NULL, *reps_s = NULL;
+    const char *threads_s = NULL, *reps_s = NULL, *isa = NULL;
     bool quick = false, plant = false, nhd = false, b1 = false, g8 = false, in_cache = false;
     g_thp = false;
     const cli_opt opts[] = {{"--quick", NULL, &quick}, {"--plant-error", NULL, &plant},
                             {"--nhd", NULL, &nhd}, {"--b1", NULL, &b1}, {"--thp", NULL, &g_thp},
                             {"--g8", NULL, &g8}, {"--in-cache", NULL, &in_cache},
-                            {"--threads", &threads_s, NULL}, {"--reps", &reps_s, NULL}};
-    int rc = cli_scan(argc, argv, opts, 9, "bench --paged: ", "bench");
+                            {"--threads", &threads_s, NULL}, {"--reps", &reps_s, NULL},
+                            {"--isa", &isa, NULL}};
+    int rc = cli_scan(argc, argv, opts, 10, "bench --paged: ", "bench");
     if (rc) return rc;
+    if (isa && !attn_kernel_supported(isa))
+        return fprintf(stderr, "attn: bench --paged: --isa: '%s' is no kernel this build has and "
+                       "this CPU runs (see 'attn --kernels')\n", isa), 2;
+    if (isa) setenv("ATTN_ISA", isa, 1);  // read once, at the library's first kernel choice
     const int threads = threads_s ? atoi(threads_s) : 0, reps = reps_s ? atoi(reps_s) : (quick ? 3 : 15);
     if (threads < 0 || threads > 512 || reps < 1 || reps > MAX_REPS)
         return fprintf(stderr, "attn: bench --paged: --threads 0..512, --reps 1..%d\n", MAX_REPS), 2;

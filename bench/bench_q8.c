@@ -75,12 +75,14 @@ static double err_rel(const float *a, const float *b, int64_t n, double *mx) {
 }
 
 static const char USAGE[] =
-    "usage: attn bench --q8 [--quick] [--threads N] [--reps N] [--plant-error]\n"
+    "usage: attn bench --q8 [--quick] [--threads N] [--reps N] [--isa NAME] [--plant-error]\n"
     "\n"
     "  Decoding (Lq = 1, Lk = 16384, Hq = 32, Hkv = 8, D = 128, B = 1) over float32,\n"
     "  bfloat16 and q8_0 KV caches: each checked against the float64 path, the q8_0 and\n"
     "  bfloat16 errors against the float32 cache printed, then medians timed beside the\n"
-    "  read bandwidth.\n";
+    "  read bandwidth, and the compute bound of the step of the kernel that runs\n"
+    "  (bench/decode_bound.h; n/a for a kernel without a model). --isa NAME: run these\n"
+    "  kernels of the library (ATTN_ISA).\n";
 
 int bench_q8(int argc, char **argv) {
     bench_part_args pa;

@@ -396,10 +396,11 @@ else bad "bench --paged output"; sed 's/^/    /' out.txt | tail -8; fi
 # the compute bound is the model of the kernel that runs, at this core's measured rates: a
 # finite positive figure, or n/a where the kernel has no model (generic: the tiles), never 0
 cp out.txt paged_default.txt
-expect "bench --paged --quick on generic" 0 env ATTN_ISA=generic "$ATTN" bench --paged --quick --reps 1
+expect "bench --paged --quick --isa generic" 0 "$ATTN" bench --paged --quick --reps 1 --isa generic
 cp out.txt paged_generic.txt
-expect "bench --q8 --quick on generic" 0 env ATTN_ISA=generic "$ATTN" bench --q8 --quick --reps 1
+expect "bench --q8 --quick --isa generic" 0 "$ATTN" bench --q8 --quick --reps 1 --isa generic
 cp out.txt q8_generic.txt
+expect "bench --q8 --isa nothing" 2 "$ATTN" bench --q8 --quick --isa nothing
 expect "bench --q8 --quick" 0 "$ATTN" bench --q8 --quick --reps 1
 cp out.txt q8_default.txt
 pycheck "the decoding rows' compute bound: positive for a kernel with a model, n/a without, never 0" '
