@@ -56,6 +56,12 @@ typedef struct bench_case {
     double *bws;
     int nbws;
     double bw_here;
+    /* with a wisdom in use (cli_bench.c): the same calls with the library's static
+     * choices (attn_forward_forced with no configuration), each timed right after or
+     * before a tuned one (the t_* above), pooled likewise; sts NULL: no wisdom */
+    double *sts;
+    int nsts;
+    double s_med, s_min, s_max;
 } bench_case;
 
 #endif /* ATTN_TOOLS_BENCH_CASE_H */

@@ -9,6 +9,7 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bench_sweep.h"
@@ -44,6 +45,11 @@ void write_json(FILE *f, const machine *m, const bench_case *c, int n, const ben
     json_string(f, attn_kernel_name());
     fprintf(f, ",\n  \"threads\": %d,\n  \"reps\": %d,\n  \"warmup\": %d,\n  \"rounds\": %d,\n"
             "  \"quick\": %s,\n", m->threads, a->reps, a->warmup, a->rounds, a->quick ? "true" : "false");
+    /* with a wisdom in use, each row's static and tuned medians (static_ms, tuned_ms) */
+    fprintf(f, "  \"tuned\": %s, \"wisdom\": ", a->tuned ? "true" : "false");
+    if (a->tuned && getenv("ATTN_WISDOM") && *getenv("ATTN_WISDOM")) json_string(f, getenv("ATTN_WISDOM"));
+    else fputs(a->tuned ? "\"(the default path)\"" : "null", f);
+    fputs(",\n", f);
     fprintf(f, "  \"machine\": {\"cpu\": ");
     json_string(f, m->cpu);
     fprintf(f, ", \"procs\": %d, \"measured\": %s", m->procs, m->measured ? "true" : "false");
@@ -119,6 +125,10 @@ void write_json(FILE *f, const machine *m, const bench_case *c, int n, const ben
             fprintf(f, ",\n     \"reps\": %d, \"median_s\": %.6g, \"min_s\": %.6g, \"max_s\": %.6g, "
                     "\"gflops\": %.4g", x->reps, x->t_med, x->t_min, x->t_max, gflops(x, x->t_med));
             if (m->measured) fprintf(f, ", \"pct_peak\": %.1f", 100 * gflops(x, x->t_med) / m->peak_n);
+            if (x->s_med > 0)
+                fprintf(f, ",\n     \"tuned_ms\": %.6g, \"static_ms\": %.6g, \"static_min_ms\": %.6g, "
+                        "\"static_max_ms\": %.6g, \"static_over_tuned\": %.4g", 1e3 * x->t_med,
+                        1e3 * x->s_med, 1e3 * x->s_min, 1e3 * x->s_max, x->s_med / x->t_med);
             if (x->decode) {
                 fprintf(f, ", \"gbs\": %.4g", case_gbs(x));
                 if (x->bw_here > 0)
@@ -169,10 +179,17 @@ void print_table(FILE *f, const machine *m, const bench_case *c, int n, const to
             "read of as many bytes, timed after each call (memory bandwidth drifts); dtype Q/KV, "
             "+F = FAST precision; x f32 = this row's speed over the float32 row of the same shape\n\n",
             m->threads);
-    fprintf(f, "%-29s %-22s %-6s %-10s %3s %-10s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s %6s\n",
+    bool tuned = false;  // a wisdom in use: the static medians too (cli_bench.c)
+    for (int i = 0; i < n; i++) tuned |= c[i].sts != NULL;
+    if (tuned)
+        fprintf(f, "a wisdom is in use: ms = tuned; static ms = the same calls with the library's "
+                "static choices, timed in turns with them; x static = static ms / ms\n\n");
+    fprintf(f, "%-29s %-22s %-6s %-10s %3s %-10s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s %6s",
             "case", "B Hq/Hkv Lq Lk D", "mask", "dtype", "thr", "kernel", "check", "ms",
             "GFLOP/s", "%peak", "GB/s", "%bw", "ref ms", "x ref", "torch ms", "t GF/s", "x torch",
             "x f32");
+    if (tuned) fprintf(f, " %9s %8s", "static ms", "x static");
+    fputc('\n', f);
     for (int i = 0; i < n; i++) {
         const bench_case *x = &c[i];
         char shape[64], cell[16][24];
@@ -207,11 +224,17 @@ void print_table(FILE *f, const machine *m, const bench_case *c, int n, const to
         if (x->qdt == x->kvdt) snprintf(dt, sizeof dt, "%s", dtype_short(x->qdt));
         else snprintf(dt, sizeof dt, "%s/%s", dtype_short(x->qdt), dtype_short(x->kvdt));
         if (x->prec == ATTN_PRECISION_FAST) strcat(dt, "+F");
-        fprintf(f, "%-29s %-22s %-6s %-10s %3d %-10s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s %6s\n",
+        fprintf(f, "%-29s %-22s %-6s %-10s %3d %-10s %-5s %9s %8s %6s %7s %5s %9s %7s %9s %8s %7s %6s",
                 x->name, shape, MASK_NAME[x->mask], dt, m->threads, attn_kernel_name(),
                 !x->ran ? "skip" : x->error[0] ? "ERROR" : x->pass ? "ok" : "FAIL", cell[0],
                 cell[1], cell[2], cell[3], cell[4], cell[5], cell[6], cell[7], cell[8], cell[9],
                 cell[10]);
+        if (tuned && ok && x->s_med > 0) {
+            snprintf(cell[11], 24, "%.3f", x->s_med * 1e3);
+            snprintf(cell[12], 24, "%.2fx", x->s_med / x->t_med);
+        }
+        if (tuned) fprintf(f, " %9s %8s", cell[11], cell[12]);
+        fputc('\n', f);
     }
     for (int i = 0; i < n; i++) {
         const bench_case *x = &c[i];

@@ -29,9 +29,10 @@
  *     "prefetched": the same read with the rows 32 KiB ahead in each stream asked for
  *     through the table before each run (prefetcht2 a line), as the library asks for a
  *     paged tile's successor: whether the layout's cost is one of announcing the pages.
- *   - compute: the AVX2 step's compute bound of the row (decode_bound.h: its loops'
- *     instructions against Zen 3's issue rate and the measured clock) and "% of bound", the
- *     row's rate over min(read, compute); --in-cache times the step's cycles a key in L2.
+ *   - compute: the compute bound of the row for the kernel that runs (decode_bound.h: its
+ *     step's FMAs and loads against this core's measured rates; n/a without a model) and
+ *     "% of bound", the row's rate over min(read, compute); --in-cache times the step's
+ *     cycles a key in L2.
  * What it is not: a test (no time limit anywhere).
  */
 #define _GNU_SOURCE  // madvise's MADV_HUGEPAGE (Linux), for --thp
@@ -59,7 +60,7 @@
 
 static volatile double g_sink;
 static bool g_thp;  // --thp: K, V and the pools in transparent huge pages
-static double g_hz;  // the core clock (decode_bound.h), for the compute bound
+static double g_hz;  // the core clock (decode_bound.h), for --in-cache's cycles
 
 /* bytes for a cache or a pool: 64-byte aligned, or with --thp 2 MiB aligned and marked for
  * huge pages (madvise; the kernel may still refuse: then it is 4 KiB pages as without) */
@@ -331,14 +332,15 @@ static int run_shape(int64_t B, int64_t Hq, int64_t Lk, attn_dtype dt, int reps,
         else snprintf(name, sizeof name, "paged %lld", (long long)PAGE_SIZES[s - 1]);
         /* the compute bound of the contiguous row's arithmetic (decode_bound.h); the
          * bound = min(read, compute) as rates */
-        const double cg = dec_compute_gbs(dt, Hq / Hkv, D, kv_bytes, 2.0 * (double)(B * Hkv * Lk * D), g_hz, nt);
-        const double bound = cg > 0 && cg < rb ? cg : rb;
+        const double cg = dec_compute_gbs(dt, Hq / Hkv, D, kv_bytes, 2.0 * (double)(B * Hkv * Lk * D), nt);
+        const double bound = cg > 0 && cg < rb ? cg : rb;  // no model (n/a): the read alone
+        char cgs[16];
         printf("decode B=%lld Hq=%lld Lk=%lld %-8s %-11s %8.3f ms %7.1f GB/s  read %6.1f GB/s  %5.1f%% read  "
-               "compute %6.1f GB/s  %5.1f%% of bound  "
+               "compute %s GB/s  %5.1f%% of bound  "
                "paged/contig %.3f  cpu %8.3f ms  cpu paged/contig %.3f  rows read %6.1f GB/s %5.1f%%  "
                "prefetched %6.1f GB/s %5.1f%%\n",
                (long long)B, (long long)Hq, (long long)Lk, attn_dtype_name(dt), name, tm * 1e3, gbs, rb,
-               100.0 * gbs / rb, cg, 100.0 * gbs / bound, tc / tm, um * 1e3, uc / um, rm, 100.0 * gbs / rm, pm,
+               100.0 * gbs / rb, dec_fmt(cgs, sizeof cgs, 6, 1, cg), 100.0 * gbs / bound, tc / tm, um * 1e3, uc / um, rm, 100.0 * gbs / rm, pm,
                100.0 * gbs / pm);
     }
 done:
@@ -396,16 +398,18 @@ static void in_cache_rows(void) {
             const attn_tensor tq = attn_tensor_4d(q, ATTN_F32, 1, g, 1, D), to = attn_tensor_4d(o, ATTN_F32, 1, g, 1, D);
             const attn_tensor tk64 = attn_tensor_4d(k, dt, 1, 1, 64, D), tv64 = attn_tensor_4d(v, dt, 1, 1, 64, D);
             const double c64 = call_cycles(&tq, &tk64, &tv64, &to, calls), c256 = call_cycles(&tq, &tk, &tv, &to, calls);
-            printf("in cache: %-8s Hq/Hkv %lld  %6.1f cycles a key (model %5.1f; the whole call at Lk 256: "
+            char model[16];
+            printf("in cache: %-8s Hq/Hkv %lld  %6.1f cycles a key (model %s; the whole call at Lk 256: "
                    "%6.1f a key)\n", attn_dtype_name(dt), (long long)g, (c256 - c64) / (double)(Lk - 64),
-                   dec_cycles_per_elem(dt, g, D) * 2.0 * (double)D, c256 / (double)Lk);
+                   dec_fmt(model, sizeof model, 5, 1, dec_s_per_elem(dt, g, D) * 2.0 * (double)D * g_hz),
+                   c256 / (double)Lk);
             free(k), free(v), free(q), free(o);
         }
 }
 
 static const char USAGE[] =
     "usage: attn bench --paged [--quick] [--threads N] [--reps N] [--nhd] [--b1] [--g8] [--thp]\n"
-    "                          [--plant-error]\n"
+    "                          [--isa NAME] [--plant-error]\n"
     "\n"
     "  Decoding (Lq = 1, Lk = 16384, Hq = 32, Hkv = 8, D = 128, B = 1 and 8) over a paged\n"
     "  cache of page sizes 16, 64, 256 against the contiguous cache, float32 and bfloat16;\n"
@@ -413,22 +417,28 @@ static const char USAGE[] =
     "  --nhd: pools [num_pages, page_size, Hkv, D]; --b1: B = 1 only; --thp: the caches\n"
     "  and pools in transparent huge pages (madvise), as a serving pool allocated once may be.\n"
     "  --g8: Hq = 64 (8 query heads a KV head) as well as 32. Each row also prints the\n"
-    "  compute bound of the avx2 decoding step (bench/decode_bound.h) and the row's %% of\n"
-    "  min(read, compute).\n"
+    "  compute bound of the decoding step of the kernel that runs (bench/decode_bound.h; n/a\n"
+    "  for a kernel without a model) and the row's %% of min(read, compute).\n"
+    "  --isa NAME: run these kernels of the library (ATTN_ISA).\n"
     "  --in-cache: instead, the step's cycles a key with K and V in L2 (one thread, CPU time).\n";
 
 int bench_paged(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return fputs(USAGE, stdout), 0;
-    const char *threads_s = NULL, *reps_s = NULL;
+    const char *threads_s = NULL, *reps_s = NULL, *isa = NULL;
     bool quick = false, plant = false, nhd = false, b1 = false, g8 = false, in_cache = false;
     g_thp = false;
     const cli_opt opts[] = {{"--quick", NULL, &quick}, {"--plant-error", NULL, &plant},
                             {"--nhd", NULL, &nhd}, {"--b1", NULL, &b1}, {"--thp", NULL, &g_thp},
                             {"--g8", NULL, &g8}, {"--in-cache", NULL, &in_cache},
-                            {"--threads", &threads_s, NULL}, {"--reps", &reps_s, NULL}};
-    int rc = cli_scan(argc, argv, opts, 9, "bench --paged: ", "bench");
+                            {"--threads", &threads_s, NULL}, {"--reps", &reps_s, NULL},
+                            {"--isa", &isa, NULL}};
+    int rc = cli_scan(argc, argv, opts, 10, "bench --paged: ", "bench");
     if (rc) return rc;
+    if (isa && !attn_kernel_supported(isa))
+        return fprintf(stderr, "attn: bench --paged: --isa: '%s' is no kernel this build has and "
+                       "this CPU runs (see 'attn --kernels')\n", isa), 2;
+    if (isa) setenv("ATTN_ISA", isa, 1);  // read once, at the library's first kernel choice
     const int threads = threads_s ? atoi(threads_s) : 0, reps = reps_s ? atoi(reps_s) : (quick ? 3 : 15);
     if (threads < 0 || threads > 512 || reps < 1 || reps > MAX_REPS)
         return fprintf(stderr, "attn: bench --paged: --threads 0..512, --reps 1..%d\n", MAX_REPS), 2;
@@ -441,12 +451,15 @@ int bench_paged(int argc, char **argv) {
            "kernel %s, %d rounds%s\n", nhd ? "[pages, page_size, Hkv, D]" : "[pages, Hkv, page_size, D]",
            threads > 0 ? threads : omp_get_max_threads(), attn_kernel_name(), reps,
            g_thp ? ", huge pages asked for" : "");
-    g_hz = dec_clock_hz();
-    printf("compute bound: the avx2 step's loops at %.2f GHz (a dependent add chain, thread CPU "
-           "time), Zen 3 issue: %.0f macro-ops, %.0f FMAs, %.0f 256-bit loads a cycle; cycles per "
-           "cached element (Hq/Hkv 4): float32 %.3f, bfloat16 %.3f\n", g_hz * 1e-9, DEC_ISSUE,
-           DEC_FMA, DEC_LOADS, dec_cycles_per_elem(ATTN_F32, 4, 128), dec_cycles_per_elem(ATTN_BF16, 4, 128));
-    if (in_cache) return in_cache_rows(), 0;
+    char f32[320], bf16[320];
+    dec_describe(ATTN_F32, f32, sizeof f32), dec_describe(ATTN_BF16, bf16, sizeof bf16);
+    printf("compute bound (bench/decode_bound.h: the step's FMAs and loads at this core's "
+           "measured rates): %s; %s\n", f32, bf16);
+    if (in_cache) {
+        g_hz = dec_clock_hz();
+        printf("clock %.2f GHz (a dependent add chain, thread CPU time)\n", g_hz * 1e-9);
+        return in_cache_rows(), 0;
+    }
     const int64_t Lk = quick ? 4096 : 16384;
     int bad = 0;
     for (int hq = 32; hq <= (g8 ? 64 : 32); hq += 32)

@@ -75,12 +75,14 @@ static double err_rel(const float *a, const float *b, int64_t n, double *mx) {
 }
 
 static const char USAGE[] =
-    "usage: attn bench --q8 [--quick] [--threads N] [--reps N] [--plant-error]\n"
+    "usage: attn bench --q8 [--quick] [--threads N] [--reps N] [--isa NAME] [--plant-error]\n"
     "\n"
     "  Decoding (Lq = 1, Lk = 16384, Hq = 32, Hkv = 8, D = 128, B = 1) over float32,\n"
     "  bfloat16 and q8_0 KV caches: each checked against the float64 path, the q8_0 and\n"
     "  bfloat16 errors against the float32 cache printed, then medians timed beside the\n"
-    "  read bandwidth.\n";
+    "  read bandwidth, and the compute bound of the step of the kernel that runs\n"
+    "  (bench/decode_bound.h; n/a for a kernel without a model). --isa NAME: run these\n"
+    "  kernels of the library (ATTN_ISA).\n";
 
 int bench_q8(int argc, char **argv) {
     bench_part_args pa;
@@ -157,8 +159,11 @@ int bench_q8(int argc, char **argv) {
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t i = 0; i < nflush; i++) flush[i] = 1e-3f * (float)(i & 7);
     double *t = malloc(sizeof(double) * (size_t)reps), *bw = malloc(sizeof(double) * (size_t)reps);
-    const double hz = dec_clock_hz();  // the compute bound's clock (decode_bound.h)
-    printf("  compute bound: the avx2 step's loops at %.2f GHz, Zen 3 issue (decode_bound.h)\n", hz * 1e-9);
+    for (int i = 0; i < 3; i++) {  // the compute bound of each cache's step (decode_bound.h)
+        char why[320];
+        dec_describe(c[i].dt, why, sizeof why);
+        printf("  compute bound, %s\n", why);
+    }
     printf("  %-8s %10s %9s %9s %11s %11s %9s %10s %12s %9s\n", "cache", "bytes/el", "KV MiB", "median ms",
            "cache GB/s", "read GB/s", "of read", "Mkeys/s", "compute GB/s", "of bound");
     double ms_bf16 = 0;
@@ -176,11 +181,13 @@ int bench_q8(int argc, char **argv) {
         const double bytes = c[i].bytes_per_elem * 2.0 * (double)nkv;
         if (i == 1) ms_bf16 = med;
         /* bound = min(read, compute) as rates */
-        const double cg = dec_compute_gbs(c[i].dt, Hq / Hkv, D, bytes, 2.0 * (double)nkv, hz, nt);
-        const double bound = cg > 0 && cg < bwm ? cg : bwm;
-        printf("  %-8s %10.4f %9.1f %9.3f %11.2f %11.2f %8.1f%% %10.1f %12.2f %8.1f%%", c[i].name,
+        const double cg = dec_compute_gbs(c[i].dt, Hq / Hkv, D, bytes, 2.0 * (double)nkv, nt);
+        const double bound = cg > 0 && cg < bwm ? cg : bwm;  // no model (n/a): the read alone
+        char cgs[24];
+        printf("  %-8s %10.4f %9.1f %9.3f %11.2f %11.2f %8.1f%% %10.1f %12s %8.1f%%", c[i].name,
                c[i].bytes_per_elem, bytes / 1048576, med * 1e3, bytes / med * 1e-9, bwm,
-               100 * bytes / med * 1e-9 / bwm, (double)(B * Hkv * Lk) / med * 1e-6, cg,
+               100 * bytes / med * 1e-9 / bwm, (double)(B * Hkv * Lk) / med * 1e-6,
+               dec_fmt(cgs, sizeof cgs, 12, 2, cg),
                100 * bytes / med * 1e-9 / bound);
         if (i == 2) printf("   (%.2fx bfloat16's speed)", ms_bf16 / med);
         printf("\n");

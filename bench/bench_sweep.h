@@ -25,8 +25,9 @@
 
 /* the options of `attn bench` (cli_bench.c parses them) */
 typedef struct bench_args {
+    bool tuned;  /* a wisdom is in use: static and tuned times side by side */
     bool quick, list, json, no_machine, machine_only, setup_torch, plant_error, quiet;
-    const char *shapes, *isa, *vs, *python, *torch_script, *json_out;
+    const char *shapes, *isa, *vs, *python, *torch_script, *json_out, *wisdom;
     int threads, reps, warmup, rounds;
     int64_t ref_max_l;
     double check_budget;
@@ -82,6 +83,10 @@ bool call_failed(bench_case *c, attn_status st, const char *what);
  * (its O and LSE made once by prepare_backward). */
 attn_status call_case(const bench_case *c, const case_buffers *cb, int r, int threads,
                       attn_path path);
+/* The same call with the library's static choices, whatever the wisdom says
+ * (attn_forward_forced, attn_backward_forced with no configuration: the tuner's own
+ * baseline), on the fused path. */
+attn_status call_case_static(const bench_case *c, const case_buffers *cb, int r, int threads);
 int prepare_backward(bench_case *c, case_buffers *cb, int threads);
 /* The case checked against the reference (a part of it over budget multiply-adds; plant:
  * perturb one output first, to see the check fail): c->pass, c->checked and the errors;
@@ -91,7 +96,9 @@ int check_case(bench_case *c, case_buffers *cb, int threads, bool plant, double 
 /* ---- timing (bench_time.c) ---- */
 
 /* warmup untimed calls, then at least reps timed ones (more when adaptive), their times
- * to t[0..*nt), at most cap of them; -1 when a call failed (c->error). */
+ * to t[0..*nt), at most cap of them; -1 when a call failed (c->error). On the fused path
+ * with c->sts: each timed call paired with one of call_case_static, the two in turns
+ * (first one, then the other), its time appended to c->sts. */
 int time_path(bench_case *c, const case_buffers *cb, int threads, attn_path path, int warmup,
               int reps, bool adaptive, double *t, int cap, int *nt);
 /* median, min and max of t[0..n) (t is sorted) */

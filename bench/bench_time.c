@@ -28,6 +28,14 @@ static float *bw_buffer(const bench_case *c, int threads, int64_t *n) {
     return buf;
 }
 
+/* one static call of a pair (call_case_static), its seconds; *st its status */
+static double time_static(const bench_case *c, const case_buffers *cb, int r, int threads,
+                          attn_status *st) {
+    const double t0 = now_s();
+    *st = call_case_static(c, cb, r, threads);
+    return now_s() - t0;
+}
+
 /* warmup untimed calls, then at least reps timed ones (more for short calls: until about
  * ADAPTIVE_SECONDS are timed, at most ADAPTIVE_REPS), cycling through the input sets;
  * their times go to t[0..*nt), at most cap of them. */
@@ -38,20 +46,32 @@ int time_path(bench_case *c, const case_buffers *cb, int threads, attn_path path
     float *bw_buf = path == ATTN_PATH_FUSED && c->bws ? bw_buffer(c, threads, &bw_n) : NULL;
     if (reps > cap) reps = cap;
     int call = 1;  /* the check used set 0: start on the next one */
+    const bool pair = path == ATTN_PATH_FUSED && c->sts;
     for (int w = 0; w < warmup; w++, call++) {
         if (call_failed(c, call_case(c, cb, call % cb->rot, threads, path), "warm-up")) return -1;
+        if (pair && call_failed(c, call_case_static(c, cb, ++call % cb->rot, threads),
+                                "warm-up (static)"))
+            return -1;
     }
     int n = 0, want = reps;
     double spent = 0;
     while (n < want) {
         const int r = call++ % cb->rot;
+        /* the static call of a pair, on the next input set (neither finds the other's
+         * inputs in the cache): before the tuned one on odd turns, after on even */
+        const int rs = pair ? call++ % cb->rot : r;
+        double ts = 0;
+        attn_status ss = ATTN_OK;
+        if (pair && n % 2) ts = time_static(c, cb, rs, threads, &ss);
         const double t0 = now_s();
         attn_status st = call_case(c, cb, r, threads, path);
         t[n] = now_s() - t0;
-        if (call_failed(c, st, "timed call")) {
+        if (pair && n % 2 == 0) ts = time_static(c, cb, rs, threads, &ss);
+        if (call_failed(c, st, "timed call") || call_failed(c, ss, "timed call (static)")) {
             free(bw_buf);
             return -1;
         }
+        if (pair && c->nsts < POOL) c->sts[c->nsts++] = ts;
         spent += t[n++];
         if (bw_buf && c->nbws < POOL) c->bws[c->nbws++] = machine_read_pass(machine_read_loops(), bw_buf, bw_n, threads);
         if (adaptive && n == reps && spent < ADAPTIVE_SECONDS) {

@@ -61,6 +61,7 @@
 #include "cli.h"
 #include "cli_files.h"
 #include "cliopt.h"
+#include "wisdom.h"  // attn_wisdom_in_use, and (attn_internal.h) the forced calls
 
 enum { EXIT_FAIL = 1, EXIT_USAGE = 2 };
 
@@ -97,7 +98,10 @@ static const char BENCH_USAGE[] =
     "                        take each case's median over all its calls (default 1): a burst\n"
     "                        of other work then spoils a part of a case's calls, not all\n"
     "  --isa NAME            run these kernels of the library (ATTN_ISA; 'attn --version'\n"
-    "                        lists those this CPU runs)\n"
+    "                        lists those this CPU runs; a wisdom is then not used)\n"
+    "  --wisdom FILE         use this wisdom file (ATTN_WISDOM; 'attn tune' writes one).\n"
+    "                        Whenever a wisdom is in use, each row is timed twice, in turns:\n"
+    "                        with the library's static choices and tuned; both are printed\n"
     "  --ref-max-l N         also time the float64 reference path where Lq, Lk <= N\n"
     "                        (default 1024; 0 = never)\n"
     "  --no-machine          skip measuring the peak and the bandwidth\n"
@@ -148,7 +152,7 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         {"--json-out", &a->json_out, NULL},     {"--threads", &threads, NULL},
         {"--reps", &reps, NULL},                {"--warmup", &warmup, NULL},
         {"--ref-max-l", &ref_max_l, NULL},      {"--check-budget", &budget, NULL},
-        {"--rounds", &rounds, NULL},
+        {"--rounds", &rounds, NULL},            {"--wisdom", &a->wisdom, NULL},
     };
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -197,6 +201,8 @@ static int parse_args(int argc, char **argv, bench_args *a) {
     if (a->isa && !attn_kernel_supported(a->isa))
         return say(EXIT_USAGE, "--isa: '%s' is no kernel this build has and this CPU runs "
                    "(see 'attn --kernels')", a->isa);
+    if (a->wisdom && attn_tune_check(a->wisdom) != ATTN_OK)  // refused now, not silently
+        return say(EXIT_FAIL, "--wisdom: %s", attn_last_error());
     if (a->vs && strcmp(a->vs, "torch") != 0)
         return say(EXIT_USAGE, "--vs: only 'torch' is implemented, got '%s'", a->vs);
     if (a->json && a->json_out)
@@ -282,10 +288,19 @@ int cli_bench(int argc, char **argv) {
     if (n == 0) return say(EXIT_USAGE, "--shapes '%s' matches no case (see --list)", a.shapes);
     if (a.machine_only) n = 0;
 
-    /* ATTN_ISA is read once, at the library's first kernel choice: set it before. */
+    /* ATTN_ISA is read once, at the library's first kernel choice, and ATTN_WISDOM at its
+     * first call: set them before. */
     if (a.isa) setenv("ATTN_ISA", a.isa, 1);
+    if (a.wisdom) setenv("ATTN_WISDOM", a.wisdom, 1);
     if (strcmp(attn_kernel_name(), "none") == 0)
         return say(EXIT_FAIL, "no kernel can run (ATTN_ISA=%s?)", getenv("ATTN_ISA"));
+    /* a wisdom in use (this one, or ATTN_WISDOM's, or the default file): static and tuned
+     * side by side */
+    a.tuned = attn_wisdom_in_use();
+    if (a.wisdom && !a.tuned && !a.quiet)
+        fprintf(stderr, "attn bench: --wisdom %s is not used (%s): one column\n", a.wisdom,
+                getenv("ATTN_ISA") && *getenv("ATTN_ISA") ? "ATTN_ISA forces the kernel"
+                                                          : "ATTN_TUNE=0");
 
     machine m = {0};
     machine_cpu_model(m.cpu, sizeof m.cpu);
@@ -328,7 +343,9 @@ int cli_bench(int argc, char **argv) {
         cases[i].ts = malloc(POOL * sizeof(double));
         cases[i].tts = malloc(POOL * sizeof(double));
         cases[i].bws = cases[i].decode ? malloc(POOL * sizeof(double)) : NULL;
-        if (!cases[i].ts || !cases[i].tts || (cases[i].decode && !cases[i].bws))
+        cases[i].sts = a.tuned ? malloc(POOL * sizeof(double)) : NULL;
+        if (!cases[i].ts || !cases[i].tts || (cases[i].decode && !cases[i].bws) ||
+            (a.tuned && !cases[i].sts))
             return say(EXIT_FAIL, "out of memory");
     }
     for (int r = 0; r < a.rounds; r++)
@@ -355,6 +372,16 @@ int cli_bench(int argc, char **argv) {
                                                                    &wopt, &cb.ws_bytes)
                                     : attn_forward_workspace_size(&t.q, &t.k, &t.v, &t.o, &wopt,
                                                                   &cb.ws_bytes);
+            if (st == ATTN_OK && c->sts) {  // one workspace for the static calls too
+                const attn_tune_config none = {0};
+                size_t sb = 0;
+                st = c->bwd ? attn_backward_forced_workspace_size(&none, &t.q, &t.k, &t.v, &t.o,
+                                                                  &t.d_o, &t.lse, &t.dq, &t.dk,
+                                                                  &t.dv, &wopt, &sb)
+                            : attn_forward_forced_workspace_size(&none, &t.q, &t.k, &t.v, &t.o,
+                                                                 &wopt, &sb);
+                if (sb > cb.ws_bytes) cb.ws_bytes = sb;
+            }
             if (!call_failed(c, st, "workspace size") && cb.ws_bytes && !(cb.ws = malloc(cb.ws_bytes)))
                 snprintf(c->error, sizeof c->error, "out of memory for the workspace");
             if (c->bwd && !c->error[0]) prepare_backward(c, &cb, m.threads);
@@ -392,6 +419,10 @@ int cli_bench(int argc, char **argv) {
                 summarize(c->ts, c->nts, &c->t_med, &c->t_min, &c->t_max);
                 c->reps = c->nts;
             }
+            if (c->nsts) {
+                qsort(c->sts, (size_t)c->nsts, sizeof(double), cmp_double);
+                summarize(c->sts, c->nsts, &c->s_med, &c->s_min, &c->s_max);
+            }
             if (c->nbws) {
                 qsort(c->bws, (size_t)c->nbws, sizeof(double), cmp_double);
                 c->bw_here = median(c->bws, c->nbws);
@@ -409,6 +440,10 @@ int cli_bench(int argc, char **argv) {
                             c->t_med * 1e3, gflops(c, c->t_med), c->torch_med * 1e3,
                             gflops(c, c->torch_med), c->torch_med / c->t_med,
                             a.rounds > 1 ? " (so far)" : "");
+                else if (c->s_med > 0)
+                    fprintf(stderr, ": %.3f ms, %.1f GFLOP/s; static %.3f ms: %.2fx%s\n",
+                            c->t_med * 1e3, gflops(c, c->t_med), c->s_med * 1e3,
+                            c->s_med / c->t_med, a.rounds > 1 ? " (so far)" : "");
                 else
                     fprintf(stderr, ": %.3f ms, %.1f GFLOP/s%s\n", c->t_med * 1e3,
                             gflops(c, c->t_med), a.rounds > 1 ? " (so far)" : "");
@@ -437,6 +472,7 @@ int cli_bench(int argc, char **argv) {
         }
     }
     fflush(stdout);
-    for (int i = 0; i < n; i++) free(cases[i].ts), free(cases[i].tts), free(cases[i].bws);
+    for (int i = 0; i < n; i++)
+        free(cases[i].ts), free(cases[i].tts), free(cases[i].bws), free(cases[i].sts);
     return failed ? EXIT_FAIL : 0;
 }

@@ -78,20 +78,35 @@ attn_status attn_forward_piece(const attn_tensor *q, const attn_tensor *k, const
     return st;
 }
 
+attn_status attn_forward_forced_workspace_size(const attn_tune_config *force,
+                                               const attn_tensor *q, const attn_tensor *k,
+                                               const attn_tensor *v, const attn_tensor *o,
+                                               const attn_options *opt, size_t *bytes) {
+    attn_params p;
+    TRY(attn_params_init_for(&p, q, k, v, o, opt, false, false, force));
+    *bytes = workspace_bytes(&p);
+    if (*bytes == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+    return attn_ok();
+}
+
 attn_status attn_forward_forced(const attn_tune_config *force, const attn_tensor *q,
                                 const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
                                 const attn_options *opt) {
     attn_params p;
     TRY(attn_params_init_for(&p, q, k, v, o, opt, true, false, force));
-    if (p.path != ATTN_PATH_FUSED || p.q_dt == ATTN_F64 || attn_key_padding_bytes(&p) != 0)
+    if (p.path != ATTN_PATH_FUSED || p.q_dt == ATTN_F64)
         return attn_fail(ATTN_ERR_UNSUPPORTED, "attn_forward_forced: float32, float16 and "
-                         "bfloat16 fused calls without key padding only");
+                         "bfloat16 fused calls only");
     if (p.B == 0 || p.Hq == 0 || p.Lq == 0) return attn_ok();
-    const size_t need = attn_fused_workspace(&p);
+    const size_t need = workspace_bytes(&p);
     if (need == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
     void *ws, *owned;
     TRY(attn_workspace_acquire(opt, need, &ws, &owned));
-    const attn_status st = attn_fused_forward(&p, ws);
+    /* a bool mask that is key padding runs as key lengths, as in attn_forward */
+    attn_params padded;
+    const attn_params *run = attn_key_padding(&p, (char *)ws + (need - attn_key_padding_bytes(&p)),
+                                              &padded);
+    const attn_status st = attn_fused_forward(run, ws);
     attn_free(owned);
     return st;
 }

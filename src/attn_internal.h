@@ -397,8 +397,9 @@ ATTN_PRIVATE attn_status attn_backward_piece(const attn_tensor *q, const attn_te
 
 /* attn_forward and attn_backward on the fused path with the configuration force instead
  * of the wisdom's (the tuner's candidates, tune.c; force's fields 0 keep the static
- * choice): float32 backward calls, forward calls of any cache dtype but float64, neither
- * with key padding (ATTN_ERR_UNSUPPORTED otherwise), no aliasing check (the tuner's own
+ * choice): float32 backward calls without key padding, forward calls of any cache dtype
+ * but float64 (a bool mask that is key padding runs as key lengths, as in attn_forward;
+ * `attn bench` times its masked rows' static column so), ATTN_ERR_UNSUPPORTED otherwise; no aliasing check (the tuner's own
  * buffers). api.c and backward.c. */
 ATTN_PRIVATE attn_status attn_forward_forced(const attn_tune_config *force, const attn_tensor *q,
                                              const attn_tensor *k, const attn_tensor *v,
@@ -409,6 +410,18 @@ ATTN_PRIVATE attn_status attn_backward_forced(const attn_tune_config *force,
                                               const attn_tensor *d_o, const attn_tensor *lse,
                                               const attn_tensor *dq, const attn_tensor *dk,
                                               const attn_tensor *dv, const attn_options *opt);
+
+/* The workspace the two above need with force (as attn_forward_workspace_size and
+ * attn_backward_workspace_size do with the wisdom's): `attn bench` sizes one workspace
+ * for both of a pair of static and tuned calls. */
+ATTN_PRIVATE attn_status attn_forward_forced_workspace_size(
+    const attn_tune_config *force, const attn_tensor *q, const attn_tensor *k,
+    const attn_tensor *v, const attn_tensor *o, const attn_options *opt, size_t *bytes);
+ATTN_PRIVATE attn_status attn_backward_forced_workspace_size(
+    const attn_tune_config *force, const attn_tensor *q, const attn_tensor *k,
+    const attn_tensor *v, const attn_tensor *o, const attn_tensor *d_o,
+    const attn_tensor *lse, const attn_tensor *dq, const attn_tensor *dk,
+    const attn_tensor *dv, const attn_options *opt, size_t *bytes);
 
 /* The workspace of a call needing `need` bytes ((size_t)-1: the size overflowed): the
  * caller's opt->workspace if it is large enough, else ATTN_ERR_WORKSPACE; or, without

@@ -336,6 +336,20 @@ attn_status attn_backward_piece(const attn_tensor *q, const attn_tensor *k,
     return st;
 }
 
+attn_status attn_backward_forced_workspace_size(const attn_tune_config *force,
+                                                const attn_tensor *q, const attn_tensor *k,
+                                                const attn_tensor *v, const attn_tensor *o,
+                                                const attn_tensor *d_o, const attn_tensor *lse,
+                                                const attn_tensor *dq, const attn_tensor *dk,
+                                                const attn_tensor *dv, const attn_options *opt,
+                                                size_t *bytes) {
+    attn_bwd_params bp;
+    TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, false, force));
+    *bytes = bwd_workspace(&bp);
+    if (*bytes == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+    return attn_ok();
+}
+
 attn_status attn_backward_forced(const attn_tune_config *force, const attn_tensor *q,
                                  const attn_tensor *k, const attn_tensor *v,
                                  const attn_tensor *o, const attn_tensor *d_o,

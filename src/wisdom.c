@@ -305,6 +305,8 @@ attn_tune_config attn_wisdom_lookup(attn_tune_class c) {
     return w->cfg[i];
 }
 
+bool attn_wisdom_in_use(void) { return attn_wisdom_get() != NULL && !g_forced_isa; }
+
 attn_status attn_tune_check(const char *path) {
     char buf[4096], why[512];
     if (!path) {

@@ -87,6 +87,11 @@ ATTN_PRIVATE const attn_wisdom *attn_wisdom_get(void);
  * without one, without a line for c, or when ATTN_ISA forces the kernel. */
 ATTN_PRIVATE attn_tune_config attn_wisdom_lookup(attn_tune_class c);
 
+/* Whether this process's calls take configurations from a wisdom: one was loaded (at the
+ * first call of this, or of any call) and ATTN_ISA does not force the kernel. `attn bench`
+ * times its rows static and tuned side by side when it does. */
+ATTN_PRIVATE bool attn_wisdom_in_use(void);
+
 /* One class line of a configuration ("prefill f32 d64 none g1 = kernel=... split=..."),
  * without a newline, into buf. */
 ATTN_PRIVATE void attn_wisdom_format(attn_tune_class c, const attn_tune_config *cfg,

@@ -143,6 +143,55 @@ for c in d["cases"]:
     assert c["check"] == "pass" and c["reps"] >= 4 and c["min_s"] <= c["median_s"] <= c["max_s"], c
 '
 
+# ---- a wisdom in use: the static and the tuned figure side by side --------------------------
+# (scripts/check.sh sets ATTN_TUNE=0: these calls take it away)
+expect "attn tune --quick writes a wisdom" 0 env -u ATTN_TUNE "$ATTN" tune --quick --out wisdom.txt
+expect "quick sweep with --wisdom" 0 env -u ATTN_TUNE "$ATTN" bench --quick --quiet --no-machine --wisdom wisdom.txt --reps 1 --json-out tuned.json
+cp out.txt tuned.txt
+pycheck "--wisdom: every row has its static and its tuned median, table and JSON" '
+import json
+d = json.load(open("tuned.json"))
+assert d["tuned"] is True and d["wisdom"].endswith("wisdom.txt"), d
+assert len(d["cases"]) >= 8
+for c in d["cases"]:
+    assert c["check"] == "pass", c
+    assert c["static_ms"] > 0 and c["tuned_ms"] > 0 and c["static_min_ms"] <= c["static_ms"] <= c["static_max_ms"], c
+    assert abs(c["tuned_ms"] - 1e3 * c["median_s"]) <= 1e-6 * c["tuned_ms"] + 1e-9, c
+    assert abs(c["static_over_tuned"] - c["static_ms"] / c["tuned_ms"]) <= 1e-3 * c["static_over_tuned"], c
+lines = open("tuned.txt").read().splitlines()
+head = [l for l in lines if l.startswith("case ")]
+assert len(head) == 1 and head[0].split()[-4:] == ["static", "ms", "x", "static"], head
+rows = [l.split() for l in lines if l.split() and l.split()[0] in {c["name"] for c in d["cases"]}]
+assert len(rows) == len(d["cases"]), rows
+for r in rows:
+    float(r[-2]); assert r[-1].endswith("x") and float(r[-1][:-1]) > 0, r
+'
+# the static calls are the static choices whatever the wisdom says: a wisdom that sends one
+# class to the generic kernel runs that row tuned on generic (its answer checked), the
+# others as before
+{ head -2 wisdom.txt; echo "prefill f32 d64 none g1 = kernel=generic bq=static bk=static split=static"; } > generic.txt
+expect "--wisdom naming another kernel for a class" 0 env -u ATTN_TUNE "$ATTN" bench --quick --quiet --no-machine --wisdom generic.txt --reps 1 --shapes 'fwd-L200-D64*' --json
+pycheck "  both rows checked, both columns" '
+import json
+d = json.load(open("out.txt"))
+assert [c["name"] for c in d["cases"]] == ["fwd-L200-D64", "fwd-L200-D64-causal"], d
+assert all(c["check"] == "pass" and c["static_ms"] > 0 and c["tuned_ms"] > 0 for c in d["cases"]), d
+'
+expect "without a wisdom: one column" 0 env -u ATTN_TUNE ATTN_WISDOM="$PWD/none.txt" "$ATTN" bench --quick --quiet --no-machine --reps 1 --shapes 'fwd-L64-*' --json-out plain.json
+pycheck "  no static column, no static_ms" '
+import json
+d = json.load(open("plain.json"))
+assert d["tuned"] is False and d["wisdom"] is None, d
+assert all("static_ms" not in c and "tuned_ms" not in c for c in d["cases"]), d
+assert "static ms" not in open("out.txt").read()
+'
+expect "--wisdom with ATTN_TUNE=0: not used" 0 env ATTN_TUNE=0 "$ATTN" bench --quick --no-machine --reps 1 --shapes 'fwd-L64-D16' --wisdom wisdom.txt
+if ! grep -q "static ms" out.txt && grep -q "is not used (ATTN_TUNE=0)" err.txt; then ok "  one column, and why"; else
+    bad "  --wisdom under ATTN_TUNE=0"; cat out.txt err.txt; fi
+printf 'attn-wisdom 1\ncpu vendor=Nobody family=1 model=1 isa=generic version=0\n' > foreign.txt
+expect "--wisdom: a foreign file is refused" 1 "$ATTN" bench --quick --no-machine --wisdom foreign.txt
+grep -q "made for" err.txt && ok "  and says why" || { bad "  no reason"; cat err.txt; }
+
 expect "--list" 0 "$ATTN" bench --quick --list --shapes '*causal'
 if [ -s out.txt ] && ! grep -qv 'causal$' out.txt; then ok "--list --shapes lists only the matches"; else
     bad "--list --shapes"; cat out.txt; fi
@@ -341,9 +390,40 @@ expect "bench --f64 --reps 0" 2 "$ATTN" bench --f64 --reps 0
 expect "bench --paged --quick" 0 "$ATTN" bench --paged --quick --reps 1
 if grep -q "decode B=1 Hq=32 Lk=4096 float32  paged 16 .*% of bound .*paged/contig" out.txt &&
     grep -q "decode B=1 Hq=32 Lk=4096 bfloat16 paged 256 .*% of bound .*paged/contig" out.txt &&
-    grep -q "^compute bound: the avx2 step's loops at .* GHz" out.txt; then
+    grep -q "^compute bound (bench/decode_bound.h: " out.txt; then
     ok "bench --paged prints its rows and their compute bound"
 else bad "bench --paged output"; sed 's/^/    /' out.txt | tail -8; fi
+# the compute bound is the model of the kernel that runs, at this core's measured rates: a
+# finite positive figure, or n/a where the kernel has no model (generic: the tiles), never 0
+cp out.txt paged_default.txt
+expect "bench --paged --quick --isa generic" 0 "$ATTN" bench --paged --quick --reps 1 --isa generic
+cp out.txt paged_generic.txt
+expect "bench --q8 --quick --isa generic" 0 "$ATTN" bench --q8 --quick --reps 1 --isa generic
+cp out.txt q8_generic.txt
+expect "bench --q8 --isa nothing" 2 "$ATTN" bench --q8 --quick --isa nothing
+expect "bench --q8 --quick" 0 "$ATTN" bench --q8 --quick --reps 1
+cp out.txt q8_default.txt
+pycheck "the decoding rows' compute bound: positive for a kernel with a model, n/a without, never 0" '
+import math, re
+def bounds(name):
+    t = open(name).read()
+    kernel = re.search(r"kernel (\S+),", t)
+    vals = re.findall(r"  compute +(\S+) GB/s  ", t)                            # --paged rows
+    vals += [r.split()[8] for r in re.findall(r"^  (?:float32|bfloat16|q8_0) +[0-9.]+ .*$", t, re.M)]  # --q8
+    assert vals, t
+    for v in vals:
+        assert v == "n/a" or (math.isfinite(float(v)) and float(v) > 0), (name, v)
+    return vals, t
+for name in ("paged_generic.txt", "q8_generic.txt"):
+    vals, t = bounds(name)
+    assert set(vals) == {"n/a"} and "n/a (kernel generic has no model of a decoding step)" in t, (name, t)
+for name in ("paged_default.txt", "q8_default.txt"):
+    vals, t = bounds(name)
+    modelled = re.findall(r"compute bound,? .*?(?:float32|bfloat16|q8_0): the (\S+) step", t)
+    if modelled:  # a kernel with a model (avx2, avx512): its figures, at rates measured here
+        assert "n/a" not in vals, (name, vals)
+        assert re.search(r"G vector FMAs/s, [0-9.]+ G vector loads/s a thread", t), t
+'
 expect "bench --paged --in-cache" 0 "$ATTN" bench --paged --in-cache
 if [ "$(grep -c "^in cache: .* cycles a key (model " out.txt)" = 4 ]; then
     ok "bench --paged --in-cache prints its four rows"

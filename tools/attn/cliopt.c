@@ -3,6 +3,8 @@
  */
 #include "cliopt.h"
 
+#include "attn.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,14 +71,23 @@ int bench_part_scan(int argc, char **argv, const char *part, const char *usage, 
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
             return fputs(usage, stdout), 0;
-    const char *threads_s = NULL, *reps_s = NULL;
+    const char *threads_s = NULL, *reps_s = NULL, *isa = NULL;
     *a = (bench_part_args){0};
     const cli_opt opts[] = {{"--quick", NULL, &a->quick}, {"--plant-error", NULL, &a->plant},
-                            {"--threads", &threads_s, NULL}, {"--reps", &reps_s, NULL}};
+                            {"--threads", &threads_s, NULL}, {"--reps", &reps_s, NULL},
+                            {"--isa", &isa, NULL}};
     char prefix[64];
     snprintf(prefix, sizeof prefix, "bench %s: ", part);
-    const int rc = cli_scan(argc, argv, opts, 4, prefix, "bench");
+    const int rc = cli_scan(argc, argv, opts, 5, prefix, "bench");
     if (rc) return rc;
+    if (isa) {  // ATTN_ISA is read once, at the library's first kernel choice: set it now
+        if (!attn_kernel_supported(isa)) {
+            fprintf(stderr, "attn: bench %s: --isa: '%s' is no kernel this build has and this "
+                    "CPU runs (see 'attn --kernels')\n", part, isa);
+            return 2;
+        }
+        setenv("ATTN_ISA", isa, 1);
+    }
     a->threads = threads_s ? atoi(threads_s) : 0;
     a->reps = reps_s ? atoi(reps_s) : a->quick ? reps_quick : reps_full;
     if (a->threads < 0 || a->threads > 512 || a->reps < 1 || a->reps > reps_max) {

@@ -31,8 +31,9 @@ int cli_scan(int argc, char **argv, const cli_opt *opts, int nopts, const char *
              const char *cmd);
 
 /* The options every `attn bench --<part>` program takes: --quick, --plant-error,
- * --threads N (0..512, 0 = OpenMP's default) and --reps N (1..reps_max; default
- * reps_quick with --quick, else reps_full). --help prints usage. Returns -1 to go on, or
+ * --threads N (0..512, 0 = OpenMP's default), --reps N (1..reps_max; default
+ * reps_quick with --quick, else reps_full) and --isa NAME (a kernel this CPU runs: set as
+ * ATTN_ISA before the part's first call). --help prints usage. Returns -1 to go on, or
  * the exit status (0 after --help, 2 on a usage error, told on stderr). */
 typedef struct bench_part_args {
     bool quick, plant;
