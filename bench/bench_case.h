@@ -57,7 +57,7 @@ typedef struct bench_case {
     int nbws;
     double bw_here;
     /* with a wisdom in use (cli_bench.c): the same calls with the library's static
-     * choices (attn_forward_forced with no configuration), each timed right after or
+     * choices (ai_forward_forced with no configuration), each timed right after or
      * before a tuned one (the t_* above), pooled likewise; sts NULL: no wisdom */
     double *sts;
     int nsts;

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn_internal.h"  // attn_forward_forced, attn_backward_forced
+#include "attn_internal.h"  // ai_forward_forced, ai_backward_forced
 #include "bench_sweep.h"
 #include "half.h"
 #include "naive.h"
@@ -73,9 +73,9 @@ attn_status call_case_static(const bench_case *c, const case_buffers *cb, int r,
     opt.workspace = cb->ws, opt.workspace_bytes = cb->ws_bytes;
     const attn_tune_config none = {0};  // every field the static choice's
     if (c->bwd)
-        return attn_backward_forced(&none, &x.q, &x.k, &x.v, &x.o, &x.d_o, &x.lse, &x.dq, &x.dk,
+        return ai_backward_forced(&none, &x.q, &x.k, &x.v, &x.o, &x.d_o, &x.lse, &x.dq, &x.dk,
                                     &x.dv, &opt);
-    return attn_forward_forced(&none, &x.q, &x.k, &x.v, &x.o, &opt);
+    return ai_forward_forced(&none, &x.q, &x.k, &x.v, &x.o, &opt);
 }
 
 /* A backward case's O and LSE: the fused forward on set 0, copied to the other sets. */

@@ -5,7 +5,7 @@
  *
  * Rows: BERT-base self-attention (B = 8, L = 512, E = 768, 12 heads, float32): forward,
  * forward with the averaged weights, forward + backward; the forward's parts timed alone
- * — its four projections through attn_gemm_f32 (GFLOP/s against the peak) and its
+ * — its four projections through ai_gemm_f32 (GFLOP/s against the peak) and its
  * attention (attn_forward on the same [B, L, H, D] views) — for the share of time in
  * GEMM vs attention. A Llama-sized decoding step (E = 4096, Hq = 32, Hkv = 8, D = 128,
  * 4096 cached tokens, bfloat16 weights and cache, one token), its weights stored [in, out]
@@ -164,10 +164,10 @@ static attn_status run_gemms(void *ctx) {
     const int64_t M = l->B * l->L, E = l->E;
     attn_status st = ATTN_OK;
     for (int k = 0; k < 3 && st == ATTN_OK; k++)
-        st = attn_gemm_f32(false, false, M, E, E, 1.0f, l->x, E, l->w[k], E, 0.0f,
+        st = ai_gemm_f32(false, false, M, E, E, 1.0f, l->x, E, l->w[k], E, 0.0f,
                            a->qkv + k * E, 3 * E);
     if (st == ATTN_OK)
-        st = attn_gemm_f32(false, false, M, E, E, 1.0f, a->o, E, l->w[3], E, 0.0f, l->y, E);
+        st = ai_gemm_f32(false, false, M, E, E, 1.0f, a->o, E, l->w[3], E, 0.0f, l->y, E);
     return st;
 }
 /* the forward's attention alone, on [B, L, H, D] views of the projections */
@@ -219,7 +219,7 @@ typedef struct gemm_arg {
 
 static attn_status run_gemm_alone(void *ctx) {
     const gemm_arg *g = ctx;
-    return attn_gemm_f32(false, g->nt, g->M, g->N, g->K, 1.0f, g->a, g->K, g->w,
+    return ai_gemm_f32(false, g->nt, g->M, g->N, g->K, 1.0f, g->a, g->K, g->w,
                          g->nt ? g->K : g->N, 0.0f, g->c, g->N);
 }
 

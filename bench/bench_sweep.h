@@ -84,7 +84,7 @@ bool call_failed(bench_case *c, attn_status st, const char *what);
 attn_status call_case(const bench_case *c, const case_buffers *cb, int r, int threads,
                       attn_path path);
 /* The same call with the library's static choices, whatever the wisdom says
- * (attn_forward_forced, attn_backward_forced with no configuration: the tuner's own
+ * (ai_forward_forced, ai_backward_forced with no configuration: the tuner's own
  * baseline), on the fused path. */
 attn_status call_case_static(const bench_case *c, const case_buffers *cb, int r, int threads);
 int prepare_backward(bench_case *c, case_buffers *cb, int threads);

@@ -61,7 +61,7 @@
 #include "cli.h"
 #include "cli_files.h"
 #include "cliopt.h"
-#include "wisdom.h"  // attn_wisdom_in_use, and (attn_internal.h) the forced calls
+#include "wisdom.h"  // ai_wisdom_in_use, and (attn_internal.h) the forced calls
 
 enum { EXIT_FAIL = 1, EXIT_USAGE = 2 };
 
@@ -296,7 +296,7 @@ int cli_bench(int argc, char **argv) {
         return say(EXIT_FAIL, "no kernel can run (ATTN_ISA=%s?)", getenv("ATTN_ISA"));
     /* a wisdom in use (this one, or ATTN_WISDOM's, or the default file): static and tuned
      * side by side */
-    a.tuned = attn_wisdom_in_use();
+    a.tuned = ai_wisdom_in_use();
     if (a.wisdom && !a.tuned && !a.quiet)
         fprintf(stderr, "attn bench: --wisdom %s is not used (%s): one column\n", a.wisdom,
                 getenv("ATTN_ISA") && *getenv("ATTN_ISA") ? "ATTN_ISA forces the kernel"
@@ -375,10 +375,10 @@ int cli_bench(int argc, char **argv) {
             if (st == ATTN_OK && c->sts) {  // one workspace for the static calls too
                 const attn_tune_config none = {0};
                 size_t sb = 0;
-                st = c->bwd ? attn_backward_forced_workspace_size(&none, &t.q, &t.k, &t.v, &t.o,
+                st = c->bwd ? ai_backward_forced_workspace_size(&none, &t.q, &t.k, &t.v, &t.o,
                                                                   &t.d_o, &t.lse, &t.dq, &t.dk,
                                                                   &t.dv, &wopt, &sb)
-                            : attn_forward_forced_workspace_size(&none, &t.q, &t.k, &t.v, &t.o,
+                            : ai_forward_forced_workspace_size(&none, &t.q, &t.k, &t.v, &t.o,
                                                                  &wopt, &sb);
                 if (sb > cb.ws_bytes) cb.ws_bytes = sb;
             }

@@ -42,7 +42,7 @@
 
 #include "attn.h"
 #include "bench_clock.h"
-#include "kernels.h"       // attn_select_kernels, attn_kernels_for_q8_0 (private, linked)
+#include "kernels.h"       // ai_select_kernels, ai_kernels_for_q8_0 (private, linked)
 #include "kernels/peak.h"  // the ISAs' peak and read loops
 
 typedef struct dec_loop {
@@ -57,7 +57,7 @@ typedef struct dec_loops {
 } dec_loops;
 
 static const dec_loops DEC_LOOPS[] = {
-    /* objdump -d build/obj/kernels/avx2/decode.o, the 4-row loops of attn_decode_avx2 (P·V
+    /* objdump -d build/obj/kernels/avx2/decode.o, the 4-row loops of ai_decode_avx2 (P·V
      * recounted after af1ca94: its key loop asks for a line every key, no test); 8 lanes */
     {"avx2", "avx2", ATTN_F32, {13, 8, 10, 16}, {22, 8, 6, 16}},
     {"avx2", "avx2", ATTN_BF16, {28, 16, 20, 32}, {24, 8, 6, 16}},
@@ -71,7 +71,7 @@ static const dec_loops DEC_LOOPS[] = {
     {"avx512", "avx512", ATTN_F32, {0, 16, 8, 64}, {0, 16, 8, 64}},
     {"avx512", "avx512", ATTN_BF16, {0, 32, 12, 128}, {0, 16, 6, 64}},
     {"avx512", "avx512", ATTN_F16, {0, 16, 8, 64}, {0, 16, 8, 64}},
-    /* avx512bf16's table takes avx512's float32 step (attn_decode_avx512) */
+    /* avx512bf16's table takes avx512's float32 step (ai_decode_avx512) */
     {"avx512bf16", "avx512", ATTN_F32, {0, 16, 8, 64}, {0, 16, 8, 64}},
     {"avx512bf16", "avx512", ATTN_BF16, {0, 32, 12, 128}, {0, 16, 6, 64}},
     {"avx512bf16", "avx512", ATTN_F16, {0, 16, 8, 64}, {0, 16, 8, 64}},
@@ -80,8 +80,8 @@ static const dec_loops DEC_LOOPS[] = {
 /* the name of the kernel a decoding call over a cache of dtype dt runs on ("none": no
  * kernel runs) */
 static inline const char *dec_kernel(attn_dtype dt) {
-    const attn_kernels *k = attn_select_kernels(NULL);
-    if (k && dt == ATTN_Q8_0) k = attn_kernels_for_q8_0(k);
+    const attn_kernels *k = ai_select_kernels(NULL);
+    if (k && dt == ATTN_Q8_0) k = ai_kernels_for_q8_0(k);
     return k ? k->name : "none";
 }
 

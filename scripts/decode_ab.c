@@ -37,7 +37,7 @@ typedef void decode_fn(int64_t n, int64_t nk, int64_t dk, int64_t dv, const floa
                        attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
                        int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
                        float *acc, bool prefetch, const void *next_k, int64_t next_nk);
-/* dec_v0 .. dec_v{NV-1}: decode.c of each build, attn_decode_avx2 renamed (decode_ab.sh);
+/* dec_v0 .. dec_v{NV-1}: decode.c of each build, ai_decode_avx2 renamed (decode_ab.sh);
  * weak, so that those past NV are absent (NULL) */
 #define DECL(i) decode_fn dec_v##i __attribute__((weak));
 DECL(0) DECL(1) DECL(2) DECL(3) DECL(4) DECL(5)

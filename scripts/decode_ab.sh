@@ -19,8 +19,8 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do
         git show "$1:src/kernels/avx2/decode.c" > "$tmp/dec$n.c"
     fi
     ${CC:-cc} -O3 -mavx2 -mfma -mf16c -Isrc -Isrc/kernels/avx2 -Iinclude \
-        -Dattn_decode_avx2=dec_v$n -Dattn_decode_qk_avx2=dqk_v$n \
-        -Dattn_decode_rows_avx2=drw_v$n -c "$tmp/dec$n.c" -o "$tmp/dec$n.o"
+        -Dai_decode_avx2=dec_v$n -Dai_decode_qk_avx2=dqk_v$n \
+        -Dai_decode_rows_avx2=drw_v$n -c "$tmp/dec$n.c" -o "$tmp/dec$n.o"
     objs="$objs $tmp/dec$n.o"
     n=$((n + 1))
     shift

@@ -22,7 +22,7 @@ int main(int argc, char **argv) {
     const char *isa = argc > 1 ? argv[1] : "avx2";
     const int64_t D = argc > 2 ? atoll(argv[2]) : 64, nk = argc > 3 ? atoll(argv[3]) : 128, n = 64, npad = 64;
     const int64_t lds = argc > 4 ? atoll(argv[4]) : 64, ldv = argc > 5 ? atoll(argv[5]) : D;
-    const attn_kernels *k = attn_kernels_named(isa);
+    const attn_kernels *k = ai_kernels_named(isa);
     if (!k) return 1;
     enum { REPS = 10 };
     float *q = malloc(n * D * 4), *qt = malloc(D * npad * 4), *kk = malloc(nk * D * 4), *v = malloc(nk * ldv * 4);

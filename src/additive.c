@@ -9,7 +9,7 @@
  * (additive_backward.c), the float64 path (additive_reference.c).
  *
  * Per batch, Qp = Q W [Lq, A] and Kpᵀ = Uᵀ Kᵀ + b [A, Lk] are formed once by
- * attn_gemm_f32 (workspace linear in Lq + Lk). Each query row is then one work item: it
+ * ai_gemm_f32 (workspace linear in Lq + Lk). Each query row is then one work item: it
  * walks its structural key range [lo, hi) in tiles of ATTN_ADD_TILE keys, scores a tile
  * (A adds, A tanh, A multiply-adds a key), and folds it into (m, l, acc) as the
  * dot-product path does — never more than A x tile of the Lq x Lk x A work at a time.
@@ -26,20 +26,20 @@
 #include "kernels.h"
 
 attn_status attn_additive_tanh(int64_t n, const float *x, float *y) {
-    if (n < 0) return attn_fail(ATTN_ERR_SHAPE, "n = %lld is negative", (long long)n);
-    if (n > 0 && (!x || !y)) return attn_fail(ATTN_ERR_NULL, "x or y is NULL");
+    if (n < 0) return ai_fail(ATTN_ERR_SHAPE, "n = %lld is negative", (long long)n);
+    if (n > 0 && (!x || !y)) return ai_fail(ATTN_ERR_NULL, "x or y is NULL");
     if ((uint64_t)n > (uint64_t)INT64_MAX / sizeof(float))
-        return attn_fail(ATTN_ERR_OVERFLOW, "n = %lld floats overflow int64 bytes", (long long)n);
+        return ai_fail(ATTN_ERR_OVERFLOW, "n = %lld floats overflow int64 bytes", (long long)n);
     /* elementwise: y = x (in place) is fine, y over another part of x is not */
     const attn_tensor tx = attn_bytes_view(x, n * (int64_t)sizeof(float));
     const attn_tensor ty = attn_bytes_view(y, n * (int64_t)sizeof(float));
-    if (x != y && attn_views_overlap(&tx, &ty))
-        return attn_fail(ATTN_ERR_STRIDE, "y: overlaps x in memory (only y = x, in place, "
+    if (x != y && ai_views_overlap(&tx, &ty))
+        return ai_fail(ATTN_ERR_STRIDE, "y: overlaps x in memory (only y = x, in place, "
                          "may share bytes)");
-    const attn_additive_kernels *kern = attn_additive_select();
-    if (!kern) return attn_fail(ATTN_ERR_UNSUPPORTED, "no kernel this CPU can run (ATTN_ISA)");
+    const attn_additive_kernels *kern = ai_additive_select();
+    if (!kern) return ai_fail(ATTN_ERR_UNSUPPORTED, "no kernel this CPU can run (ATTN_ISA)");
     kern->tanh(n, x, y);
-    return attn_ok();
+    return ai_ok();
 }
 
 /* ---- the fused forward -------------------------------------------------------------------- */
@@ -124,11 +124,11 @@ static void forward_row(const attn_additive_params *p, const attn_additive_proj 
     }
 }
 
-attn_status attn_additive_fused_forward(const attn_additive_params *p) {
+attn_status ai_additive_fused_forward(const attn_additive_params *p) {
     const attn_params *m = &p->m;
     attn_additive_proj pr;
-    TRY(attn_proj_init(&pr, p, m->threads, 2 * m->Dv + ATTN_ADD_TILE, 0));
-    attn_proj_vt(&pr, p);
+    TRY(ai_proj_init(&pr, p, m->threads, 2 * m->Dv + ATTN_ADD_TILE, 0));
+    ai_proj_vt(&pr, p);
     attn_status st = ATTN_OK;
 #pragma omp parallel num_threads(m->threads)
     {
@@ -136,7 +136,7 @@ attn_status attn_additive_fused_forward(const attn_additive_params *p) {
         float *scratch = attn_proj_thread_scratch(&pr, t);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t b = 0; b < m->B; b++) {
-            attn_status sb = attn_proj_batch(&pr, p, b, attn_proj_gather(&pr, t));
+            attn_status sb = ai_proj_batch(&pr, p, b, attn_proj_gather(&pr, t));
             if (sb != ATTN_OK) {
 #pragma omp critical(attn_additive_status)
                 st = sb;
@@ -147,13 +147,13 @@ attn_status attn_additive_fused_forward(const attn_additive_params *p) {
         for (int64_t r = 0; r < m->B * m->Lq; r++)
             if (st == ATTN_OK) forward_row(p, &pr, pr.vt, scratch, r / m->Lq, r % m->Lq);
     }
-    attn_proj_free(&pr);
+    ai_proj_free(&pr);
     return st;
 }
 
 /* ---- public calls --------------------------------------------------------------------------- */
 
-attn_status attn_additive_check_aliasing(const attn_additive_params *p, const attn_tensor *q,
+attn_status ai_additive_check_aliasing(const attn_additive_params *p, const attn_tensor *q,
                                          const attn_tensor *k, const attn_tensor *v,
                                          const attn_options *opt,
                                          const attn_tensor *const more[2],
@@ -190,20 +190,20 @@ attn_status attn_additive_check_aliasing(const attn_additive_params *p, const at
                                               "grads.d_bias", "grads.d_g"};
         for (int a = 0; a < 5; a++) out[n_out] = &go[a], out_names[n_out++] = g_names[a];
     }
-    return attn_check_aliasing(in, in_names, n_in, out, out_names, n_out, NULL, 0);
+    return ai_check_aliasing(in, in_names, n_in, out, out_names, n_out, NULL, 0);
 }
 
 attn_status attn_additive_forward(const attn_tensor *q, const attn_tensor *k,
                                   const attn_tensor *v, const attn_additive_weights *w,
                                   const attn_tensor *o, const attn_options *opt) {
     attn_additive_params p;
-    TRY(attn_additive_params_init(&p, q, k, v, w, o, opt, true));
-    TRY(attn_additive_check_aliasing(&p, q, k, v, opt, (const attn_tensor *const[]){o, NULL},
+    TRY(ai_additive_params_init(&p, q, k, v, w, o, opt, true));
+    TRY(ai_additive_check_aliasing(&p, q, k, v, opt, (const attn_tensor *const[]){o, NULL},
                                      NULL));
-    attn_fail(ATTN_OK, "%s", "");
+    ai_fail(ATTN_OK, "%s", "");
     if (p.m.B == 0 || p.m.Lq == 0) return ATTN_OK;
-    return p.m.path == ATTN_PATH_REFERENCE ? attn_additive_reference_forward(&p)
-                                           : attn_additive_fused_forward(&p);
+    return p.m.path == ATTN_PATH_REFERENCE ? ai_additive_reference_forward(&p)
+                                           : ai_additive_fused_forward(&p);
 }
 
 attn_status attn_luong_concat_forward(const attn_tensor *q, const attn_tensor *k,
@@ -215,37 +215,37 @@ attn_status attn_luong_concat_forward(const attn_tensor *q, const attn_tensor *k
 attn_status attn_luong_general_forward(const attn_tensor *q, const attn_tensor *k,
                                        const attn_tensor *v, const float *w,
                                        const attn_tensor *o, const attn_options *opt) {
-    TRY(attn_check_tensor(q, "q", ATTN_F32, true));
-    TRY(attn_check_tensor(k, "k", ATTN_DTYPE_COUNT, true));
+    TRY(ai_check_tensor(q, "q", ATTN_F32, true));
+    TRY(ai_check_tensor(k, "k", ATTN_DTYPE_COUNT, true));
     const int64_t B = q->shape[0], H = q->shape[1], Lq = q->shape[2], Dq = q->shape[3];
     const int64_t Dk = k->shape[3];
     int64_t n;
     if (__builtin_mul_overflow(B * H, Lq, &n) || __builtin_mul_overflow(n, Dk > Dq ? Dk : Dq, &n))
-        return attn_fail(ATTN_ERR_OVERFLOW, "q: [B, H, Lq, max(Dq, Dk)] overflows int64");
-    if (!w && Dq > 0 && Dk > 0) return attn_fail(ATTN_ERR_NULL, "w: NULL");
+        return ai_fail(ATTN_ERR_OVERFLOW, "q: [B, H, Lq, max(Dq, Dk)] overflows int64");
+    if (!w && Dq > 0 && Dk > 0) return ai_fail(ATTN_ERR_NULL, "w: NULL");
     /* q and W are read through a copy the inner attn_forward does not see: the outputs
      * against them here (the rest, o against k and v, is attn_forward's own check) */
-    if (o && attn_check_tensor(o, "o", ATTN_DTYPE_COUNT, true) == ATTN_OK) {
+    if (o && ai_check_tensor(o, "o", ATTN_DTYPE_COUNT, true) == ATTN_OK) {
         int64_t wbytes;
         if (__builtin_mul_overflow(Dq, Dk, &wbytes) ||
             __builtin_mul_overflow(wbytes, (int64_t)sizeof(float), &wbytes))
-            return attn_fail(ATTN_ERR_OVERFLOW, "w: Dq x Dk floats overflow int64 bytes");
+            return ai_fail(ATTN_ERR_OVERFLOW, "w: Dq x Dk floats overflow int64 bytes");
         const attn_tensor tw = attn_bytes_view(w, n > 0 ? wbytes : 0);
         const attn_tensor *in[] = {q, &tw};
         static const char *const in_names[] = {"q", "w"};
         const attn_tensor *out[] = {o, opt ? opt->lse : NULL, opt ? opt->weights : NULL};
         static const char *const out_names[] = {"o", "options.lse", "options.weights"};
-        TRY(attn_check_aliasing(in, in_names, 2, out, out_names, 3, NULL, 0));
+        TRY(ai_check_aliasing(in, in_names, 2, out, out_names, 3, NULL, 0));
     }
     /* qp [B, H, Lq, Dk] = q W, then plain attention on (qp, k, v): qp_i · k_j = q_i W k_jᵀ */
-    float *qp = attn_malloc((size_t)(n > 0 ? 2 * n : 1) * sizeof(float)), *gather = qp + n;
-    if (!qp) return attn_fail(ATTN_ERR_NOMEM, "luong general: could not allocate q W");
+    float *qp = ai_malloc((size_t)(n > 0 ? 2 * n : 1) * sizeof(float)), *gather = qp + n;
+    if (!qp) return ai_fail(ATTN_ERR_NOMEM, "luong general: could not allocate q W");
     attn_status st = ATTN_OK;
     for (int64_t bh = 0; st == ATTN_OK && bh < B * H; bh++) {
         int64_t ld;
-        const float *rows = attn_proj_rows((const float *)q->data + (bh % H) * q->stride[1],
+        const float *rows = ai_proj_rows((const float *)q->data + (bh % H) * q->stride[1],
                                            q->stride, bh / H, Lq, Dq, gather, &ld);
-        st = attn_proj_product(false, false, Lq, Dk, Dq, rows, ld, w, Dk, false,
+        st = ai_proj_product(false, false, Lq, Dk, Dq, rows, ld, w, Dk, false,
                                qp + bh * Lq * Dk, Dk);
     }
     if (st == ATTN_OK) {
@@ -254,6 +254,6 @@ attn_status attn_luong_general_forward(const attn_tensor *q, const attn_tensor *
         if (!o2.has_scale) o2.has_scale = true, o2.scale = 1.0f;  /* Luong: no 1/√d */
         st = attn_forward(&qt, k, v, o, &o2);
     }
-    attn_free(qp);
+    ai_free(qp);
     return st;
 }

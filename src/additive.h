@@ -1,6 +1,6 @@
 /*
  * additive.h — what the parts of additive (Bahdanau) attention share inside the library:
- *              the params struct filled once by attn_additive_params_init (additive.c),
+ *              the params struct filled once by ai_additive_params_init (additive.c),
  *              the scoring micro-kernels' table (one per ISA, additive_<isa>.c), and the
  *              entry points of the fused and float64 paths.
  *
@@ -19,7 +19,7 @@
 
 typedef struct attn_additive_params {
     attn_params m;            /* sizes (Hq = Hkv = 1, Dk of k), masks, lse, weights,
-                                 path, threads: filled by attn_params_init            */
+                                 path, threads: filled by ai_params_init            */
     int64_t Dq, A;            /* query width, units                                    */
     const float *q;   int64_t q_s[4];   /* (B, 1, Lq, Dq) float32                      */
     const float *k;   int64_t k_s[4];   /* (B, 1, Lk, Dk) float32                      */
@@ -67,23 +67,23 @@ ATTN_PRIVATE extern const attn_additive_kernels attn_additive_kernels_avx512;
 
 /* The table for the kernel the dot-product path chose (attn_kernel_name(), ATTN_ISA
  * included): avx512 and avx512bf16 take avx512; NULL when none can run. */
-ATTN_PRIVATE const attn_additive_kernels *attn_additive_select(void);
+ATTN_PRIVATE const attn_additive_kernels *ai_additive_select(void);
 /* The table of the ISA called `name` if this build has it and the CPU runs it. */
-ATTN_PRIVATE const attn_additive_kernels *attn_additive_kernels_named(const char *name);
+ATTN_PRIVATE const attn_additive_kernels *ai_additive_kernels_named(const char *name);
 
 /* The keys some query row of batch b reads, [*j0, *j1) (the union of the rows' structural
  * ranges, which is one interval): the products through U read only these rows of K. */
-ATTN_PRIVATE void attn_additive_read_keys(const attn_additive_params *p, int64_t b,
+ATTN_PRIVATE void ai_additive_read_keys(const attn_additive_params *p, int64_t b,
                                           int64_t *j0, int64_t *j1);
 
 /* ṽ = v, or g v / ‖v‖ when normalize (float64 for the norm); writes A floats. */
-ATTN_PRIVATE void attn_additive_effective_v(const attn_additive_params *p, float *vt);
+ATTN_PRIVATE void ai_additive_effective_v(const attn_additive_params *p, float *vt);
 
 /* The overlap rule (overlap.c) for the additive calls: the forward's o, opt->lse and
  * opt->weights (gr NULL; more = {o, NULL}), or the backward's weight gradients gr (more =
  * {o, d_o}, inputs then), against q, k, v, the weights' arrays, the mask, kv_len and
- * each other. After attn_additive_params_init accepted p. */
-ATTN_PRIVATE attn_status attn_additive_check_aliasing(const attn_additive_params *p,
+ * each other. After ai_additive_params_init accepted p. */
+ATTN_PRIVATE attn_status ai_additive_check_aliasing(const attn_additive_params *p,
                                                       const attn_tensor *q,
                                                       const attn_tensor *k,
                                                       const attn_tensor *v,
@@ -91,13 +91,13 @@ ATTN_PRIVATE attn_status attn_additive_check_aliasing(const attn_additive_params
                                                       const attn_tensor *const more[2],
                                                       const attn_additive_grads *gr);
 
-ATTN_PRIVATE attn_status attn_additive_params_init(
+ATTN_PRIVATE attn_status ai_additive_params_init(
     attn_additive_params *p, const attn_tensor *q, const attn_tensor *k,
     const attn_tensor *val, const attn_additive_weights *w, const attn_tensor *o,
     const attn_options *opt, bool need_data);
 
-ATTN_PRIVATE attn_status attn_additive_fused_forward(const attn_additive_params *p);
-ATTN_PRIVATE attn_status attn_additive_reference_forward(const attn_additive_params *p);
+ATTN_PRIVATE attn_status ai_additive_fused_forward(const attn_additive_params *p);
+ATTN_PRIVATE attn_status ai_additive_reference_forward(const attn_additive_params *p);
 
 /* The backward's extra arguments: the forward's o and lse, dO, and the outputs. */
 typedef struct attn_additive_bwd {
@@ -109,14 +109,14 @@ typedef struct attn_additive_bwd {
     attn_additive_grads gr;                /* the weights' gradients, each optional   */
 } attn_additive_bwd;
 
-ATTN_PRIVATE attn_status attn_additive_fused_backward(const attn_additive_params *p,
+ATTN_PRIVATE attn_status ai_additive_fused_backward(const attn_additive_params *p,
                                                       const attn_additive_bwd *g);
-ATTN_PRIVATE attn_status attn_additive_reference_backward(const attn_additive_params *p,
+ATTN_PRIVATE attn_status ai_additive_reference_backward(const attn_additive_params *p,
                                                           const attn_additive_bwd *g);
 
 /* The gradient of ṽ carried back to v (and g): dv = dṽ, or, when normalize,
  * dv = (g/‖v‖) (dṽ - v (v·dṽ)/‖v‖²) and dg = v·dṽ / ‖v‖ (float64). */
-ATTN_PRIVATE void attn_additive_v_grad(const attn_additive_params *p, const double *dvt,
+ATTN_PRIVATE void ai_additive_v_grad(const attn_additive_params *p, const double *dvt,
                                        float *dv, float *dg);
 
 #endif /* ATTN_ADDITIVE_H */

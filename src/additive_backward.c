@@ -153,22 +153,22 @@ static attn_status through_weights(const attn_additive_params *p, const attn_add
     const attn_additive_grads *gr = &g->gr;
     int64_t ld;
     if (g->dq) {  /* x = Q W  ->  dQ = dQp Wᵀ */
-        TRY(attn_proj_product(false, true, Lq, p->Dq, A, dqp, A, p->w_query, A, false, bm->tmp, p->Dq));
+        TRY(ai_proj_product(false, true, Lq, p->Dq, A, dqp, A, p->w_query, A, false, bm->tmp, p->Dq));
         scatter(bm->tmp, Lq, p->Dq, g->dq, g->dq_s, b);
     }
     if (gr->d_w_query) {  /* dW += Qᵀ dQp */
-        const float *qb = attn_proj_rows(p->q, p->q_s, b, Lq, p->Dq, attn_proj_gather(pr, 0), &ld);
-        TRY(attn_proj_product(true, false, p->Dq, A, Lq, qb, ld, dqp, A, b > 0, gr->d_w_query, A));
+        const float *qb = ai_proj_rows(p->q, p->q_s, b, Lq, p->Dq, attn_proj_gather(pr, 0), &ld);
+        TRY(ai_proj_product(true, false, p->Dq, A, Lq, qb, ld, dqp, A, b > 0, gr->d_w_query, A));
     }
     if (g->dk) {  /* Kp = K U  ->  dK = dKp Uᵀ = (dKpᵀ)ᵀ Uᵀ */
-        TRY(attn_proj_product(true, true, Lk, m->Dk, A, dkpt, Lk, p->w_key, A, false, bm->tmp, m->Dk));
+        TRY(ai_proj_product(true, true, Lk, m->Dk, A, dkpt, Lk, p->w_key, A, false, bm->tmp, m->Dk));
         scatter(bm->tmp, Lk, m->Dk, g->dk, g->dk_s, b);
     }
     if (gr->d_w_key) {  /* dU += Kᵀ dKp = Kᵀ (dKpᵀ)ᵀ, over the keys some row reads */
         int64_t j0, j1;
-        attn_additive_read_keys(p, b, &j0, &j1);
-        const float *kb = attn_proj_rows(p->k, p->k_s, b, Lk, m->Dk, attn_proj_gather(pr, 0), &ld);
-        TRY(attn_proj_product(true, true, m->Dk, A, j1 - j0, kb + j0 * ld, ld, dkpt + j0, Lk,
+        ai_additive_read_keys(p, b, &j0, &j1);
+        const float *kb = ai_proj_rows(p->k, p->k_s, b, Lk, m->Dk, attn_proj_gather(pr, 0), &ld);
+        TRY(ai_proj_product(true, true, m->Dk, A, j1 - j0, kb + j0 * ld, ld, dkpt + j0, Lk,
                               b > 0, gr->d_w_key, A));
     }
     for (int64_t a = 0; a < A; a++)
@@ -176,7 +176,7 @@ static attn_status through_weights(const attn_additive_params *p, const attn_add
     return ATTN_OK;
 }
 
-attn_status attn_additive_fused_backward(const attn_additive_params *p,
+attn_status ai_additive_fused_backward(const attn_additive_params *p,
                                          const attn_additive_bwd *g) {
     const attn_params *m = &p->m;
     const int64_t A = p->A, B = m->B, Lq = m->Lq, Lk = m->Lk, Dv = m->Dv;
@@ -185,19 +185,19 @@ attn_status attn_additive_fused_backward(const attn_additive_params *p,
     const int64_t extra = B * Lq * A + B * A * Lk + B * bm.tiles * A + B * Lq + wide + 64;
     attn_additive_proj pr;
     /* per thread: the tile's t, e, p, de, and a dV tile */
-    TRY(attn_proj_init(&pr, p, m->threads, (A + 3) * ATTN_ADD_TILE + ATTN_ADD_TILE * Dv, extra));
+    TRY(ai_proj_init(&pr, p, m->threads, (A + 3) * ATTN_ADD_TILE + ATTN_ADD_TILE * Dv, extra));
     bm.dqp = pr.extra;
     bm.dkpt = bm.dqp + B * Lq * A;
     bm.dvt = bm.dkpt + B * A * Lk;
     bm.Dr = bm.dvt + B * bm.tiles * A;
     bm.tmp = bm.Dr + B * Lq;
-    attn_proj_vt(&pr, p);
+    ai_proj_vt(&pr, p);
     attn_status st = ATTN_OK;
     /* the sums of d bias and d ṽ over the batches, allocated before any output is written */
-    double *acc = attn_calloc((size_t)(2 * A + 1), sizeof(double));
+    double *acc = ai_calloc((size_t)(2 * A + 1), sizeof(double));
     if (!acc) {
-        attn_proj_free(&pr);
-        return attn_fail(ATTN_ERR_NOMEM, "additive backward: out of memory");
+        ai_proj_free(&pr);
+        return ai_fail(ATTN_ERR_NOMEM, "additive backward: out of memory");
     }
 #pragma omp parallel num_threads(m->threads)
     {
@@ -206,7 +206,7 @@ attn_status attn_additive_fused_backward(const attn_additive_params *p,
         float *dval_tile = w.de + ATTN_ADD_TILE;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t b = 0; b < B; b++) {
-            attn_status sb = attn_proj_batch(&pr, p, b, attn_proj_gather(&pr, th));
+            attn_status sb = ai_proj_batch(&pr, p, b, attn_proj_gather(&pr, th));
             if (sb != ATTN_OK) {
 #pragma omp critical(attn_additive_bwd_status)
                 st = sb;
@@ -241,10 +241,10 @@ attn_status attn_additive_fused_backward(const attn_additive_params *p,
         for (int64_t c = 0; c < B * bm.tiles; c++)
             for (int64_t a = 0; a < A; a++) acc[A + a] += bm.dvt[c * A + a];
         for (int64_t a = 0; gr->d_bias && a < A; a++) gr->d_bias[a] = (float)acc[a];
-        attn_additive_v_grad(p, acc + A, gr->d_v, gr->d_g);
+        ai_additive_v_grad(p, acc + A, gr->d_v, gr->d_g);
     }
-    attn_free(acc);
-    attn_proj_free(&pr);
+    ai_free(acc);
+    ai_proj_free(&pr);
     return st;
 }
 
@@ -252,14 +252,14 @@ attn_status attn_additive_fused_backward(const attn_additive_params *p,
 
 static attn_status check_grad_tensor(const attn_tensor *t, const char *name, int64_t B,
                                      int64_t L, int64_t D, bool output, bool need) {
-    if (!t) return need ? attn_fail(ATTN_ERR_NULL, "%s: NULL", name) : ATTN_OK;
-    TRY(attn_check_tensor(t, name, ATTN_F32, true));
+    if (!t) return need ? ai_fail(ATTN_ERR_NULL, "%s: NULL", name) : ATTN_OK;
+    TRY(ai_check_tensor(t, name, ATTN_F32, true));
     if (t->shape[0] != B || t->shape[1] != 1 || t->shape[2] != L || t->shape[3] != D)
-        return attn_fail(ATTN_ERR_SHAPE, "%s: shape [%lld, %lld, %lld, %lld], expected "
+        return ai_fail(ATTN_ERR_SHAPE, "%s: shape [%lld, %lld, %lld, %lld], expected "
                          "[%lld, 1, %lld, %lld]", name, (long long)t->shape[0],
                          (long long)t->shape[1], (long long)t->shape[2],
                          (long long)t->shape[3], (long long)B, (long long)L, (long long)D);
-    return output ? attn_check_output_strides(t, name, 4) : ATTN_OK;
+    return output ? ai_check_output_strides(t, name, 4) : ATTN_OK;
 }
 
 attn_status attn_additive_backward(const attn_tensor *q, const attn_tensor *k,
@@ -269,10 +269,10 @@ attn_status attn_additive_backward(const attn_tensor *q, const attn_tensor *k,
                                    const attn_tensor *dk, const attn_tensor *dv,
                                    const attn_additive_grads *grads, const attn_options *opt) {
     if (opt && (opt->lse || opt->weights))
-        return attn_fail(ATTN_ERR_VALUE, "options.lse and options.weights must be NULL in a "
+        return ai_fail(ATTN_ERR_VALUE, "options.lse and options.weights must be NULL in a "
                          "backward call (they are forward outputs)");
     attn_additive_params p;
-    TRY(attn_additive_params_init(&p, q, k, v, w, o, opt, true));
+    TRY(ai_additive_params_init(&p, q, k, v, w, o, opt, true));
     const int64_t B = p.m.B, Lq = p.m.Lq, Lk = p.m.Lk;
     TRY(check_grad_tensor(d_o, "d_o", B, Lq, p.m.Dv, false, true));
     TRY(check_grad_tensor(lse, "lse", B, Lq, 1, false, true));
@@ -288,9 +288,9 @@ attn_status attn_additive_backward(const attn_tensor *q, const attn_tensor *k,
                                                "options.mask", "options.kv_len"};
         const attn_tensor *out[] = {dq, dk, dv};
         static const char *const out_names[] = {"dq", "dk", "dv"};
-        TRY(attn_check_aliasing(in, in_names, 8, out, out_names, 3, NULL, 0));
+        TRY(ai_check_aliasing(in, in_names, 8, out, out_names, 3, NULL, 0));
         const attn_additive_grads none = {0};
-        TRY(attn_additive_check_aliasing(&p, q, k, v, opt, (const attn_tensor *const[]){o, d_o},
+        TRY(ai_additive_check_aliasing(&p, q, k, v, opt, (const attn_tensor *const[]){o, d_o},
                                          grads ? grads : &none));
         /* and the weight gradients against dq, dk, dv */
         const int64_t A = p.A, fs = (int64_t)sizeof(float);
@@ -305,7 +305,7 @@ attn_status attn_additive_backward(const attn_tensor *q, const attn_tensor *k,
             const attn_tensor *gout[] = {&go[0], &go[1], &go[2], &go[3], &go[4]};
             static const char *const gout_names[] = {"grads.d_w_query", "grads.d_w_key",
                                                      "grads.d_v", "grads.d_bias", "grads.d_g"};
-            TRY(attn_check_aliasing(gin, gin_names, 4, gout, gout_names, 5, NULL, 0));
+            TRY(ai_check_aliasing(gin, gin_names, 4, gout, gout_names, 5, NULL, 0));
         }
     }
     attn_additive_bwd g = {0};
@@ -315,7 +315,7 @@ attn_status attn_additive_backward(const attn_tensor *q, const attn_tensor *k,
     if (dk) { g.dk = dk->data; memcpy(g.dk_s, dk->stride, sizeof g.dk_s); }
     if (dv) { g.dval = dv->data; memcpy(g.dval_s, dv->stride, sizeof g.dval_s); }
     if (grads) g.gr = *grads;
-    attn_fail(ATTN_OK, "%s", "");
-    return p.m.path == ATTN_PATH_REFERENCE ? attn_additive_reference_backward(&p, &g)
-                                           : attn_additive_fused_backward(&p, &g);
+    ai_fail(ATTN_OK, "%s", "");
+    return p.m.path == ATTN_PATH_REFERENCE ? ai_additive_reference_backward(&p, &g)
+                                           : ai_additive_fused_backward(&p, &g);
 }

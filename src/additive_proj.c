@@ -19,7 +19,7 @@ static bool mul3(int64_t a, int64_t b, int64_t c, int64_t *r) {
     return !__builtin_mul_overflow(a, b, r) && !__builtin_mul_overflow(*r, c, r);
 }
 
-attn_status attn_proj_init(attn_additive_proj *pr, const attn_additive_params *p, int threads,
+attn_status ai_proj_init(attn_additive_proj *pr, const attn_additive_params *p, int threads,
                            int64_t per_thread, int64_t extra) {
     const attn_params *m = &p->m;
     *pr = (attn_additive_proj){.Lq = m->Lq, .Lk = m->Lk, .A = p->A, .per_thread = per_thread};
@@ -28,22 +28,22 @@ attn_status attn_proj_init(attn_additive_proj *pr, const attn_additive_params *p
     if (!mul3(m->B, m->Lq, p->A, &nq) || !mul3(m->B, m->Lk, p->A, &nk) ||
         !mul3(m->Lq, p->Dq, 1, &nqg) || !mul3(m->Lk, m->Dk, 1, &nkg) ||
         !mul3(threads, per_thread, 1, &ns))
-        return attn_fail(ATTN_ERR_OVERFLOW, "additive attention: workspace size overflows");
+        return ai_fail(ATTN_ERR_OVERFLOW, "additive attention: workspace size overflows");
     /* each piece rounded up to 16 floats (64 bytes) */
     int64_t ng;
     if (!mul3(threads, nqg > nkg ? nqg : nkg, 1, &ng))
-        return attn_fail(ATTN_ERR_OVERFLOW, "additive attention: workspace size overflows");
+        return ai_fail(ATTN_ERR_OVERFLOW, "additive attention: workspace size overflows");
     int64_t sizes[6] = {nq, nk, p->A, ng, ns, extra}, off[6];
     for (int c = 0; c < 6; c++) {
         off[c] = total;
         if (__builtin_add_overflow(total, (sizes[c] + 15) / 16 * 16, &total))
-            return attn_fail(ATTN_ERR_OVERFLOW, "additive attention: workspace size overflows");
+            return ai_fail(ATTN_ERR_OVERFLOW, "additive attention: workspace size overflows");
     }
     if (total > (int64_t)(SIZE_MAX / sizeof(float)) - 16)
-        return attn_fail(ATTN_ERR_OVERFLOW, "additive attention: workspace size overflows");
-    pr->mem = attn_malloc((size_t)total * sizeof(float) + 64);
+        return ai_fail(ATTN_ERR_OVERFLOW, "additive attention: workspace size overflows");
+    pr->mem = ai_malloc((size_t)total * sizeof(float) + 64);
     if (!pr->mem)
-        return attn_fail(ATTN_ERR_NOMEM, "additive attention: could not allocate %lld floats",
+        return ai_fail(ATTN_ERR_NOMEM, "additive attention: could not allocate %lld floats",
                          (long long)total);
     /* the blocks 64-byte aligned from the first whole line of the allocation */
     float *base = (float *)(((uintptr_t)pr->mem + 63) & ~(uintptr_t)63);
@@ -56,12 +56,12 @@ attn_status attn_proj_init(attn_additive_proj *pr, const attn_additive_params *p
     return ATTN_OK;
 }
 
-void attn_proj_free(attn_additive_proj *pr) {
-    attn_free(pr->mem);
+void ai_proj_free(attn_additive_proj *pr) {
+    ai_free(pr->mem);
     pr->mem = NULL;
 }
 
-const float *attn_proj_rows(const float *data, const int64_t s[4], int64_t b, int64_t L,
+const float *ai_proj_rows(const float *data, const int64_t s[4], int64_t b, int64_t L,
                             int64_t D, float *gather, int64_t *ld) {
     const float *base = data + b * s[0];
     if (s[3] == 1 && (L <= 1 || s[2] >= D)) {
@@ -74,7 +74,7 @@ const float *attn_proj_rows(const float *data, const int64_t s[4], int64_t b, in
     return gather;
 }
 
-attn_status attn_proj_product(bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+attn_status ai_proj_product(bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                               const float *a, int64_t lda, const float *b, int64_t ldb,
                               bool accumulate, float *c, int64_t ldc) {
     if (m == 0 || n == 0) return ATTN_OK;
@@ -83,29 +83,29 @@ attn_status attn_proj_product(bool ta, bool tb, int64_t m, int64_t n, int64_t k,
             for (int64_t r = 0; r < m; r++) memset(c + r * ldc, 0, (size_t)n * sizeof(float));
         return ATTN_OK;
     }
-    attn_status st = attn_gemm_f32(ta, tb, m, n, k, 1.0f, a, lda, b, ldb,
+    attn_status st = ai_gemm_f32(ta, tb, m, n, k, 1.0f, a, lda, b, ldb,
                                    accumulate ? 1.0f : 0.0f, c, ldc);
-    return st == ATTN_OK ? st : attn_fail(st, "additive attention: the BLAS product failed");
+    return st == ATTN_OK ? st : ai_fail(st, "additive attention: the BLAS product failed");
 }
 
-void attn_proj_vt(attn_additive_proj *pr, const attn_additive_params *p) {
-    attn_additive_effective_v(p, pr->vt);
+void ai_proj_vt(attn_additive_proj *pr, const attn_additive_params *p) {
+    ai_additive_effective_v(p, pr->vt);
 }
 
-attn_status attn_proj_batch(attn_additive_proj *pr, const attn_additive_params *p, int64_t b,
+attn_status ai_proj_batch(attn_additive_proj *pr, const attn_additive_params *p, int64_t b,
                             float *gather) {
     const attn_params *m = &p->m;
     const int64_t A = p->A;
     int64_t ld;
     /* Qp_b [Lq, A] = Q_b [Lq, Dq] · W [Dq, A] */
-    const float *qb = attn_proj_rows(p->q, p->q_s, b, m->Lq, p->Dq, gather, &ld);
-    attn_status st = attn_proj_product(false, false, m->Lq, A, p->Dq, qb, ld, p->w_query, A,
+    const float *qb = ai_proj_rows(p->q, p->q_s, b, m->Lq, p->Dq, gather, &ld);
+    attn_status st = ai_proj_product(false, false, m->Lq, A, p->Dq, qb, ld, p->w_query, A,
                                        false, pr->qp + b * m->Lq * A, A);
     if (st != ATTN_OK) return st;
     /* Kpᵀ_b [A, Lk] = Uᵀ [A, Dk] · K_bᵀ [Dk, Lk], then + b[a] on row a */
-    const float *kb = attn_proj_rows(p->k, p->k_s, b, m->Lk, m->Dk, gather, &ld);
+    const float *kb = ai_proj_rows(p->k, p->k_s, b, m->Lk, m->Dk, gather, &ld);
     float *kpt = pr->kpt + b * A * m->Lk;
-    st = attn_proj_product(true, true, A, m->Lk, m->Dk, p->w_key, A, kb, ld, false, kpt, m->Lk);
+    st = ai_proj_product(true, true, A, m->Lk, m->Dk, p->w_key, A, kb, ld, false, kpt, m->Lk);
     if (st != ATTN_OK) return st;
     for (int64_t a = 0; p->bias && a < A; a++)
         for (int64_t j = 0; j < m->Lk; j++) kpt[a * m->Lk + j] += p->bias[a];

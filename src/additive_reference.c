@@ -7,7 +7,7 @@
  * kp_ja), the softmax and every gradient in float64 with libm's tanh and exp, one query
  * row at a time; no BLAS, no tiles. It allocates O(L·A + L·D) doubles per batch. Masks and
  * the edge cases follow docs/CONTRACT.md through the dot-product path's own helpers
- * (attn_row_range, attn_ref_finish). Serial: the same on any thread count.
+ * (attn_row_range, ai_ref_finish). Serial: the same on any thread count.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -27,7 +27,7 @@ typedef struct ref_ws {
 } ref_ws;
 
 static double *dalloc(int64_t n, bool *ok) {
-    double *p = attn_calloc((size_t)(n > 0 ? n : 1), sizeof(double));
+    double *p = ai_calloc((size_t)(n > 0 ? n : 1), sizeof(double));
     if (!p) *ok = false;
     return p;
 }
@@ -47,8 +47,8 @@ static bool ws_alloc(const attn_additive_params *p, ref_ws *w) {
 }
 
 static void ws_free(ref_ws *w) {
-    attn_free(w->qp); attn_free(w->kp); attn_free(w->vt); attn_free(w->e); attn_free(w->pr);
-    attn_free(w->dqp); attn_free(w->dkp); attn_free(w->dvt); attn_free(w->dval); attn_free(w->acc);
+    ai_free(w->qp); ai_free(w->kp); ai_free(w->vt); ai_free(w->e); ai_free(w->pr);
+    ai_free(w->dqp); ai_free(w->dkp); ai_free(w->dvt); ai_free(w->dval); ai_free(w->acc);
 }
 
 static double at(const float *x, const int64_t s[4], int64_t b, int64_t r, int64_t d) {
@@ -94,7 +94,7 @@ static double row_softmax(const attn_additive_params *p, int64_t b, int64_t i, r
         if (j < lo || j >= hi) continue;  /* never read */
         double s = 0;
         for (int64_t a = 0; a < A; a++) s += w->vt[a] * tanh(w->qp[i * A + a] + w->kp[j * A + a]);
-        w->e[j] = attn_ref_finish(m, s, b, 0, i, j, d_i, NULL);
+        w->e[j] = ai_ref_finish(m, s, b, 0, i, j, d_i, NULL);
         if (w->e[j] > mx) mx = w->e[j];
         nan |= isnan(w->e[j]);
     }
@@ -106,12 +106,12 @@ static double row_softmax(const attn_additive_params *p, int64_t b, int64_t i, r
     return mx + log(l);
 }
 
-attn_status attn_additive_reference_forward(const attn_additive_params *p) {
+attn_status ai_additive_reference_forward(const attn_additive_params *p) {
     const attn_params *m = &p->m;
     ref_ws w;
     if (!ws_alloc(p, &w)) {
         ws_free(&w);
-        return attn_fail(ATTN_ERR_NOMEM, "additive reference: out of memory");
+        return ai_fail(ATTN_ERR_NOMEM, "additive reference: out of memory");
     }
     for (int64_t b = 0; b < m->B; b++) {
         project(p, b, &w);
@@ -190,7 +190,7 @@ static void through_weights(const float *W, int64_t Dw, int64_t A, const double 
             for (int64_t r = r0; r < r1; r++) grad[c * A + a] += at(in, in_s, b, r, c) * dx[r * A + a];
 }
 
-attn_status attn_additive_reference_backward(const attn_additive_params *p,
+attn_status ai_additive_reference_backward(const attn_additive_params *p,
                                              const attn_additive_bwd *g) {
     const attn_params *m = &p->m;
     const int64_t A = p->A;
@@ -198,14 +198,14 @@ attn_status attn_additive_reference_backward(const attn_additive_params *p,
     bool ok = ws_alloc(p, &w);
     double *gw = dalloc(p->Dq * A, &ok), *gu = dalloc(m->Dk * A, &ok), *gb = dalloc(A, &ok);
     if (!ok) {
-        ws_free(&w); attn_free(gw); attn_free(gu); attn_free(gb);
-        return attn_fail(ATTN_ERR_NOMEM, "additive reference: out of memory");
+        ws_free(&w); ai_free(gw); ai_free(gu); ai_free(gb);
+        return ai_fail(ATTN_ERR_NOMEM, "additive reference: out of memory");
     }
     for (int64_t b = 0; b < m->B; b++) {
         project(p, b, &w);
         backward_batch(p, g, b, &w);
         int64_t j0, j1;
-        attn_additive_read_keys(p, b, &j0, &j1);
+        ai_additive_read_keys(p, b, &j0, &j1);
         through_weights(p->w_query, p->Dq, A, w.dqp, m->Lq, 0, m->Lq, p->q, p->q_s, b, g->dq,
                         g->dq_s, gw);
         through_weights(p->w_key, m->Dk, A, w.dkp, m->Lk, j0, j1, p->k, p->k_s, b, g->dk,
@@ -221,7 +221,7 @@ attn_status attn_additive_reference_backward(const attn_additive_params *p,
     for (int64_t c = 0; gr->d_w_query && c < p->Dq * A; c++) gr->d_w_query[c] = (float)gw[c];
     for (int64_t c = 0; gr->d_w_key && c < m->Dk * A; c++) gr->d_w_key[c] = (float)gu[c];
     for (int64_t a = 0; gr->d_bias && a < A; a++) gr->d_bias[a] = (float)gb[a];
-    attn_additive_v_grad(p, w.dvt, gr->d_v, gr->d_g);
-    ws_free(&w); attn_free(gw); attn_free(gu); attn_free(gb);
+    ai_additive_v_grad(p, w.dvt, gr->d_v, gr->d_g);
+    ws_free(&w); ai_free(gw); ai_free(gu); ai_free(gb);
     return ATTN_OK;
 }

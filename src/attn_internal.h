@@ -3,7 +3,7 @@
  *                   struct every kernel reads, the structural key range of a row, and
  *                   the entry points of the paths.
  *
- * The params are filled and validated in one place (params.c, attn_params_init); the
+ * The params are filled and validated in one place (params.c, ai_params_init); the
  * paths trust them. Shapes and strides are in elements, int64 throughout.
  */
 #ifndef ATTN_INTERNAL_H
@@ -64,41 +64,41 @@ static inline int64_t attn_row_bytes(attn_dtype t, int64_t n) {
     return attn_is_block_dtype(t) ? n / 32 * attn_elem_bytes(t) : n * attn_elem_bytes(t);
 }
 
-/* A block dtype's layout rules (attn.h, q8_0's) on a tensor attn_check_tensor has
+/* A block dtype's layout rules (attn.h, q8_0's) on a tensor ai_check_tensor has
  * accepted otherwise: shape[3] a multiple of 32, stride[3] = 1, stride[0..2] multiples
  * of 32 (on dims of size > 1), and its byte offsets within int64 (core.c). */
-ATTN_PRIVATE attn_status attn_check_q8_0_layout(const attn_tensor *t, const char *name);
+ATTN_PRIVATE attn_status ai_check_q8_0_layout(const attn_tensor *t, const char *name);
 
 /* The quantization of one row of n float32 values (stride xs, n a multiple of 32) into
  * n / 32 contiguous q8_0 blocks at dst, as attn_quantize_q8_0 does it; for appends into
- * a cache (q8_0.c). attn_q8_0_row_check first: the index of the first block it refuses
+ * a cache (q8_0.c). ai_q8_0_row_check first: the index of the first block it refuses
  * (a NaN or infinity, or a scale beyond float16), -1 when none, so that a refused append
  * writes nothing. */
-ATTN_PRIVATE int64_t attn_q8_0_row_check(const float *x, int64_t xs, int64_t n);
-ATTN_PRIVATE void attn_q8_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst);
+ATTN_PRIVATE int64_t ai_q8_0_row_check(const float *x, int64_t xs, int64_t n);
+ATTN_PRIVATE void ai_q8_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst);
 
 /* The portable dequantization of n q8_0 blocks into 32 n floats (q8_0.c); the kernels'
  * dequant_q8_0 entry where they have none. */
-ATTN_PRIVATE void attn_dequant_q8_0_blocks(int64_t n, const uint8_t *src, float *dst);
+ATTN_PRIVATE void ai_dequant_q8_0_blocks(int64_t n, const uint8_t *src, float *dst);
 
 /* q4_0's counterparts (q4_0.c): the first block of a row it refuses (a NaN or infinity,
  * or a scale max / -8 beyond float16) or -1; a row quantized as attn_quantize_q4_0 does;
  * n blocks dequantized, d * (nibble - 8), exact in float32. */
-ATTN_PRIVATE int64_t attn_q4_0_row_check(const float *x, int64_t xs, int64_t n);
-ATTN_PRIVATE void attn_q4_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst);
-ATTN_PRIVATE void attn_dequant_q4_0_blocks(int64_t n, const uint8_t *src, float *dst);
+ATTN_PRIVATE int64_t ai_q4_0_row_check(const float *x, int64_t xs, int64_t n);
+ATTN_PRIVATE void ai_q4_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst);
+ATTN_PRIVATE void ai_dequant_q4_0_blocks(int64_t n, const uint8_t *src, float *dst);
 
 /* The public conversions of a block dtype, written once for both (q8_0.c): src float32
  * into dst of block dtype dt (row_check refusing first, then quantize_row), and back. */
-ATTN_PRIVATE attn_status attn_block_quantize(attn_dtype dt, const attn_tensor *src,
+ATTN_PRIVATE attn_status ai_block_quantize(attn_dtype dt, const attn_tensor *src,
                                              const attn_tensor *dst);
-ATTN_PRIVATE attn_status attn_block_dequantize(attn_dtype dt, const attn_tensor *src,
+ATTN_PRIVATE attn_status ai_block_dequantize(attn_dtype dt, const attn_tensor *src,
                                                const attn_tensor *dst);
 
 /* An fp8 cache's k_scale or v_scale (attn.h) checked against the cache's dtype and Hkv
  * (core.c): *data its first float (NULL: none given, scale 1), *stride the step between
  * key/value heads (0: one for all). */
-ATTN_PRIVATE attn_status attn_check_kv_scale(const attn_tensor *t, const char *name,
+ATTN_PRIVATE attn_status ai_check_kv_scale(const attn_tensor *t, const char *name,
                                              attn_dtype kv_dt, int64_t Hkv, bool need_data,
                                              const float **data, int64_t *stride);
 
@@ -116,7 +116,7 @@ static inline float attn_kv_scale(const float *s, int64_t stride, int64_t g) {
  *   kernels  the micro-kernels (one this CPU runs), NULL: dispatch.c's choice
  *   bq, bk   the tiles of the class's use (the forward's, or the backward's): bq a
  *            multiple of the kernel's row_pad in [16, ATTN_FWD_BQ_LIMIT], bk a multiple of
- *            row_pad in [bk_min, bk_max] (kernels/list.h); 0: attn_choose_tiles' rule
+ *            row_pad in [bk_min, bk_max] (kernels/list.h); 0: ai_choose_tiles' rule
  *   split    decoding only: the most key chunks of an item, 1..ATTN_TUNE_SPLIT_MAX (1: no
  *            split); 0: fused.c's rule */
 typedef struct attn_tune_config {
@@ -233,7 +233,7 @@ static inline bool attn_block_keep(const struct attn_block_mask *m, int64_t b, i
 
 /* Row i of head h, batch b under block mask m: s[c * ld] = -inf for each key j0 + c
  * (0 <= c < n) that m does not keep; the others are left as they are. */
-ATTN_PRIVATE void attn_block_mask_row(const struct attn_block_mask *m, int64_t b, int64_t h,
+ATTN_PRIVATE void ai_block_mask_row(const struct attn_block_mask *m, int64_t b, int64_t h,
                                       int64_t i, int64_t j0, int64_t n, float *s, int64_t ld);
 
 /* The dropout row r of (b, h, i) and the key count of the group formula (philox.h),
@@ -349,14 +349,14 @@ static inline bool attn_has_elementwise(const attn_params *p) {
 /* The one place that fills attn_params from the public arguments (params.c). need_data =
  * false for workspace queries, which may come before any buffer exists. On failure the
  * detail is in attn_last_error(). */
-ATTN_PRIVATE attn_status attn_params_init(attn_params *p, const attn_tensor *q,
+ATTN_PRIVATE attn_status ai_params_init(attn_params *p, const attn_tensor *q,
                                           const attn_tensor *k, const attn_tensor *v,
                                           const attn_tensor *o, const attn_options *opt,
                                           bool need_data);
-/* attn_params_init for a call of a given use: backward (the backward's forward params)
+/* ai_params_init for a call of a given use: backward (the backward's forward params)
  * or a forward; its fused path takes the configuration of its shape class, force when
  * not NULL (the tuner's candidates, tune.c), else the process's wisdom (wisdom.h). */
-ATTN_PRIVATE attn_status attn_params_init_for(attn_params *p, const attn_tensor *q,
+ATTN_PRIVATE attn_status ai_params_init_for(attn_params *p, const attn_tensor *q,
                                               const attn_tensor *k, const attn_tensor *v,
                                               const attn_tensor *o, const attn_options *opt,
                                               bool need_data, bool backward,
@@ -378,17 +378,17 @@ static inline void attn_set_drop_layout(attn_params *p, const attn_drop_layout *
 
 /* attn_forward with dropout's layout `drop` (NULL: the call's own), and everything else
  * as attn_forward: the checks, the workspace (opt's or allocated), the path. */
-ATTN_PRIVATE attn_status attn_forward_piece(const attn_tensor *q, const attn_tensor *k,
+ATTN_PRIVATE attn_status ai_forward_piece(const attn_tensor *q, const attn_tensor *k,
                                             const attn_tensor *v, const attn_tensor *o,
                                             const attn_options *opt,
                                             const attn_drop_layout *drop);
 /* attn_forward with options.key_scores: the forward, then the eviction scores from its
  * LSE (key_scores.c). */
-ATTN_PRIVATE attn_status attn_forward_key_scores(const attn_tensor *q, const attn_tensor *k,
+ATTN_PRIVATE attn_status ai_forward_key_scores(const attn_tensor *q, const attn_tensor *k,
                                                  const attn_tensor *v, const attn_tensor *o,
                                                  const attn_options *opt);
 /* attn_backward likewise (backward.c). */
-ATTN_PRIVATE attn_status attn_backward_piece(const attn_tensor *q, const attn_tensor *k,
+ATTN_PRIVATE attn_status ai_backward_piece(const attn_tensor *q, const attn_tensor *k,
                                              const attn_tensor *v, const attn_tensor *o,
                                              const attn_tensor *d_o, const attn_tensor *lse,
                                              const attn_tensor *dq, const attn_tensor *dk,
@@ -401,10 +401,10 @@ ATTN_PRIVATE attn_status attn_backward_piece(const attn_tensor *q, const attn_te
  * but float64 (a bool mask that is key padding runs as key lengths, as in attn_forward;
  * `attn bench` times its masked rows' static column so), ATTN_ERR_UNSUPPORTED otherwise; no aliasing check (the tuner's own
  * buffers). api.c and backward.c. */
-ATTN_PRIVATE attn_status attn_forward_forced(const attn_tune_config *force, const attn_tensor *q,
+ATTN_PRIVATE attn_status ai_forward_forced(const attn_tune_config *force, const attn_tensor *q,
                                              const attn_tensor *k, const attn_tensor *v,
                                              const attn_tensor *o, const attn_options *opt);
-ATTN_PRIVATE attn_status attn_backward_forced(const attn_tune_config *force,
+ATTN_PRIVATE attn_status ai_backward_forced(const attn_tune_config *force,
                                               const attn_tensor *q, const attn_tensor *k,
                                               const attn_tensor *v, const attn_tensor *o,
                                               const attn_tensor *d_o, const attn_tensor *lse,
@@ -414,10 +414,10 @@ ATTN_PRIVATE attn_status attn_backward_forced(const attn_tune_config *force,
 /* The workspace the two above need with force (as attn_forward_workspace_size and
  * attn_backward_workspace_size do with the wisdom's): `attn bench` sizes one workspace
  * for both of a pair of static and tuned calls. */
-ATTN_PRIVATE attn_status attn_forward_forced_workspace_size(
+ATTN_PRIVATE attn_status ai_forward_forced_workspace_size(
     const attn_tune_config *force, const attn_tensor *q, const attn_tensor *k,
     const attn_tensor *v, const attn_tensor *o, const attn_options *opt, size_t *bytes);
-ATTN_PRIVATE attn_status attn_backward_forced_workspace_size(
+ATTN_PRIVATE attn_status ai_backward_forced_workspace_size(
     const attn_tune_config *force, const attn_tensor *q, const attn_tensor *k,
     const attn_tensor *v, const attn_tensor *o, const attn_tensor *d_o,
     const attn_tensor *lse, const attn_tensor *dq, const attn_tensor *dk,
@@ -426,35 +426,35 @@ ATTN_PRIVATE attn_status attn_backward_forced_workspace_size(
 /* The workspace of a call needing `need` bytes ((size_t)-1: the size overflowed): the
  * caller's opt->workspace if it is large enough, else ATTN_ERR_WORKSPACE; or, without
  * one, a malloc the caller frees through *owned. */
-ATTN_PRIVATE attn_status attn_workspace_acquire(const attn_options *opt, size_t need,
+ATTN_PRIVATE attn_status ai_workspace_acquire(const attn_options *opt, size_t need,
                                                 void **ws, void **owned);
 
 /* A tensor's soundness: present, of dtype `want` (ATTN_DTYPE_COUNT: any of float32,
  * float16, bfloat16), sizes >= 0, element count and extreme offsets within int64, data
  * present when non-empty. And an output's: no element reachable twice through its first
  * `dims` strides. Both record the failure's detail (api.c). */
-ATTN_PRIVATE attn_status attn_check_tensor(const attn_tensor *t, const char *name,
+ATTN_PRIVATE attn_status ai_check_tensor(const attn_tensor *t, const char *name,
                                            attn_dtype want, bool need_data);
-ATTN_PRIVATE attn_status attn_check_output_strides(const attn_tensor *t, const char *name,
+ATTN_PRIVATE attn_status ai_check_output_strides(const attn_tensor *t, const char *name,
                                                    int dims);
 
 /* Whether two views can share a byte (exact; overlap.c says how). Empty views and views
  * with NULL data share none. */
-ATTN_PRIVATE bool attn_views_overlap(const attn_tensor *a, const attn_tensor *b);
+ATTN_PRIVATE bool ai_views_overlap(const attn_tensor *a, const attn_tensor *b);
 
 /* ATTN_ERR_STRIDE (with the detail) when an output of attn_forward — o, opt->lse,
  * opt->weights, or the first ws_need bytes of opt->workspace — shares a byte with any
  * input (q, k, v, mask, bias, kv_len, alibi_slopes) or another output (overlap.c). Run on
- * the call's own tensors after attn_params_init accepted them; not by the workspace
+ * the call's own tensors after ai_params_init accepted them; not by the workspace
  * query, which reads no data pointer. */
-ATTN_PRIVATE attn_status attn_check_forward_aliasing(const attn_tensor *q, const attn_tensor *k,
+ATTN_PRIVATE attn_status ai_check_forward_aliasing(const attn_tensor *q, const attn_tensor *k,
                                                      const attn_tensor *v, const attn_tensor *o,
                                                      const attn_options *opt, size_t ws_need);
 
 /* The same rule for any call: each output (NULL entries skipped) against every input and
  * every output before it, then the first ws_need bytes of opt->workspace against all of
  * them; ATTN_ERR_STRIDE naming both. At most 32 tensors in all. */
-ATTN_PRIVATE attn_status attn_check_aliasing(const attn_tensor *const *in,
+ATTN_PRIVATE attn_status ai_check_aliasing(const attn_tensor *const *in,
                                              const char *const *in_names, int n_in,
                                              const attn_tensor *const *out,
                                              const char *const *out_names, int n_out,
@@ -469,30 +469,30 @@ static inline attn_tensor attn_bytes_view(const void *p, int64_t n) {
 
 /* What the params hold for tensor t: its data and its first n strides into s, or, when
  * t is empty, the address of a small static block no path touches and strides 0 (api.c). */
-ATTN_PRIVATE const void *attn_view_data(const attn_tensor *t, int64_t *s, int n);
+ATTN_PRIVATE const void *ai_view_data(const attn_tensor *t, int64_t *s, int n);
 
 /* "float32", "float16", ... for messages */
 
 /* Records the detail of a failure for attn_last_error() and returns status. */
-ATTN_PRIVATE attn_status attn_fail(attn_status status, const char *fmt, ...)
+ATTN_PRIVATE attn_status ai_fail(attn_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* A success: clears attn_last_error() (every call's success does) and returns ATTN_OK. */
-ATTN_PRIVATE attn_status attn_ok(void);
+ATTN_PRIVATE attn_status ai_ok(void);
 
 /* paths; each returns ATTN_OK or ATTN_ERR_WORKSPACE/NOMEM. The workspace functions
  * return the bytes the path needs, (size_t)-1 on overflow. */
-ATTN_PRIVATE size_t attn_fused_workspace(const attn_params *p);
-ATTN_PRIVATE attn_status attn_fused_forward(const attn_params *p, void *ws);
+ATTN_PRIVATE size_t ai_fused_workspace(const attn_params *p);
+ATTN_PRIVATE attn_status ai_fused_forward(const attn_params *p, void *ws);
 /* The float64 fused path (fused_f64.c): q, k, v, o all ATTN_F64. */
-ATTN_PRIVATE size_t attn_fused_f64_workspace(const attn_params *p);
-ATTN_PRIVATE attn_status attn_fused_f64_forward(const attn_params *p, void *ws);
-ATTN_PRIVATE size_t attn_reference_workspace(const attn_params *p);
-ATTN_PRIVATE attn_status attn_reference_forward(const attn_params *p, void *ws);
+ATTN_PRIVATE size_t ai_fused_f64_workspace(const attn_params *p);
+ATTN_PRIVATE attn_status ai_fused_f64_forward(const attn_params *p, void *ws);
+ATTN_PRIVATE size_t ai_reference_workspace(const attn_params *p);
+ATTN_PRIVATE attn_status ai_reference_forward(const attn_params *p, void *ws);
 /* The float64 reference's logit from raw = scale * (q_i · k_j), in the CONTRACT's order:
  * softcap (*cap gets its factor 1 - tanh² when cap is not NULL), + bias, - ALiBi, then the
  * bool mask (-inf). Shared by the reference forward and the reference backward. */
-ATTN_PRIVATE double attn_ref_finish(const attn_params *p, double raw, int64_t b, int64_t h,
+ATTN_PRIVATE double ai_ref_finish(const attn_params *p, double raw, int64_t b, int64_t h,
                                     int64_t i, int64_t j, int64_t d_i, double *cap);
 
 /* This thread's number in the enclosing OpenMP team (0 without OpenMP). */

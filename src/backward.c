@@ -21,10 +21,10 @@
 #include "half.h"
 
 /* ---- argument checks ------------------------------------------------------------------
- * attn_params_init (api.c) checks q, k, v, o and the options exactly as the forward call
+ * ai_params_init (api.c) checks q, k, v, o and the options exactly as the forward call
  * does; what follows checks the tensors only the backward has. */
 
-/* d_o, lse and the gradients: sound (attn_check_tensor), of the expected shape. */
+/* d_o, lse and the gradients: sound (ai_check_tensor), of the expected shape. */
 static attn_status check_extra(const attn_tensor *t, const char *name, const int64_t want[4],
                              const char *const what[4], bool f64, bool need_data) {
     /* a float64 call (q float64): d_o and the gradients float64, the LSE float32 or
@@ -32,10 +32,10 @@ static attn_status check_extra(const attn_tensor *t, const char *name, const int
     const bool is_lse = strcmp(name, "lse") == 0;
     const attn_dtype dt = is_lse ? (f64 && t && t->dtype == ATTN_F64 ? ATTN_F64 : ATTN_F32)
                                  : (f64 ? ATTN_F64 : ATTN_DTYPE_COUNT);
-    TRY(attn_check_tensor(t, name, dt, need_data));
+    TRY(ai_check_tensor(t, name, dt, need_data));
     for (int d = 0; d < 4; d++)
         if (t->shape[d] != want[d])
-            return attn_fail(ATTN_ERR_SHAPE, "%s: shape[%d] (%s) is %lld, expected %lld", name,
+            return ai_fail(ATTN_ERR_SHAPE, "%s: shape[%d] (%s) is %lld, expected %lld", name,
                              d, what[d], (long long)t->shape[d], (long long)want[d]);
     return ATTN_OK;
 }
@@ -52,20 +52,20 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
                                    const attn_tune_config *force) {
     *bp = (attn_bwd_params){0};
     if (opt && opt->block_table)  // paged caches: forward only (CONTRACT, "A paged KV cache")
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "attn_backward: options.block_table (a paged "
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "attn_backward: options.block_table (a paged "
                          "cache) is forward only");
     if (opt && (opt->lse || opt->weights))
-        return attn_fail(ATTN_ERR_VALUE, "options.%s must be NULL in attn_backward (the "
+        return ai_fail(ATTN_ERR_VALUE, "options.%s must be NULL in attn_backward (the "
                          "forward's LSE is the lse argument)", opt->lse ? "lse" : "weights");
     attn_params *p = &bp->fwd;
     /* the forward's checks, without d_sinks (the forward's filler refuses it) */
     attn_options fo = opt ? *opt : (attn_options){0};
     fo.d_sinks = NULL;
     fo.d_bias = NULL;
-    TRY(attn_params_init_for(p, q, k, v, o, &fo, need_data, true, force));
+    TRY(ai_params_init_for(p, q, k, v, o, &fo, need_data, true, force));
     if (attn_is_block_dtype(p->kv_dt) || p->kv_dt == ATTN_FP8_E4M3 || p->kv_dt == ATTN_FP8_E5M2)
         /* the forward-only cache dtypes: no gradient path reads them */
-        return attn_fail(ATTN_ERR_DTYPE, "k, v: %s is a forward-only KV cache dtype; the "
+        return ai_fail(ATTN_ERR_DTYPE, "k, v: %s is a forward-only KV cache dtype; the "
                          "backward takes float32, float16 or bfloat16",
                          attn_dtype_name(p->kv_dt));
     const bool f64 = p->q_dt == ATTN_F64;
@@ -73,7 +73,7 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
         for (int x = 0; x < 4; x++) {
             const attn_tensor *t = (const attn_tensor *[]){d_o, dq, dk, dv}[x];
             if (t && t->dtype == ATTN_F64)
-                return attn_fail(ATTN_ERR_DTYPE, "%s: dtype float64 under %s q: float64 needs "
+                return ai_fail(ATTN_ERR_DTYPE, "%s: dtype float64 under %s q: float64 needs "
                                  "q, k, v, o, d_o and the gradients all float64",
                                  (const char *[]){"d_o", "dq", "dk", "dv"}[x],
                                  attn_dtype_name(p->q_dt));
@@ -89,40 +89,40 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
     TRY(check_extra(dq, "dq", (const int64_t[4]){p->B, p->Hq, p->Lq, p->Dk}, dq_dims, f64, need_data));
     TRY(check_extra(dk, "dk", (const int64_t[4]){p->B, p->Hkv, p->Lk, p->Dk}, dk_dims, f64, need_data));
     TRY(check_extra(dv, "dv", (const int64_t[4]){p->B, p->Hkv, p->Lk, p->Dv}, dv_dims, f64, need_data));
-    TRY(attn_check_output_strides(dq, "dq", 4));
-    TRY(attn_check_output_strides(dk, "dk", 4));
-    TRY(attn_check_output_strides(dv, "dv", 4));
+    TRY(ai_check_output_strides(dq, "dq", 4));
+    TRY(ai_check_output_strides(dk, "dk", 4));
+    TRY(ai_check_output_strides(dv, "dv", 4));
     if (opt && opt->d_sinks) {
         const attn_tensor *t = opt->d_sinks;
         if (!opt->sinks)
-            return attn_fail(ATTN_ERR_VALUE, "options.d_sinks is given without options.sinks "
+            return ai_fail(ATTN_ERR_VALUE, "options.d_sinks is given without options.sinks "
                              "(there is no sink to differentiate)");
-        TRY(attn_check_tensor(t, "d_sinks", ATTN_F32, need_data));
+        TRY(ai_check_tensor(t, "d_sinks", ATTN_F32, need_data));
         if (t->shape[0] != p->Hq || t->shape[1] != 1 || t->shape[2] != 1 || t->shape[3] != 1)
-            return attn_fail(ATTN_ERR_SHAPE, "d_sinks: shape [%lld, %lld, %lld, %lld], "
+            return ai_fail(ATTN_ERR_SHAPE, "d_sinks: shape [%lld, %lld, %lld, %lld], "
                              "expected [Hq = %lld, 1, 1, 1]", (long long)t->shape[0],
                              (long long)t->shape[1], (long long)t->shape[2],
                              (long long)t->shape[3], (long long)p->Hq);
-        TRY(attn_check_output_strides(t, "d_sinks", 1));
-        bp->d_sinks = (float *)attn_view_data(t, &bp->d_sinks_s, 1);
+        TRY(ai_check_output_strides(t, "d_sinks", 1));
+        bp->d_sinks = (float *)ai_view_data(t, &bp->d_sinks_s, 1);
     }
 
     if (opt && opt->score_mod && !opt->score_mod_grad)
-        return attn_fail(ATTN_ERR_VALUE, "options.score_mod is given without score_mod_grad, "
+        return ai_fail(ATTN_ERR_VALUE, "options.score_mod is given without score_mod_grad, "
                          "its derivative, which attn_backward needs");
     if (opt && opt->d_bias) {
         const attn_tensor *t = opt->d_bias, *bias = opt->bias;
         if (!bias)
-            return attn_fail(ATTN_ERR_VALUE, "options.d_bias is given without options.bias "
+            return ai_fail(ATTN_ERR_VALUE, "options.d_bias is given without options.bias "
                              "(there is no bias to differentiate)");
-        TRY(attn_check_tensor(t, "d_bias", ATTN_F32, need_data));
+        TRY(ai_check_tensor(t, "d_bias", ATTN_F32, need_data));
         for (int d = 0; d < 4; d++)
             if (t->shape[d] != bias->shape[d])
-                return attn_fail(ATTN_ERR_SHAPE, "d_bias: shape[%d] is %lld, expected %lld "
+                return ai_fail(ATTN_ERR_SHAPE, "d_bias: shape[%d] is %lld, expected %lld "
                                  "(the bias's shape)", d, (long long)t->shape[d],
                                  (long long)bias->shape[d]);
-        TRY(attn_check_output_strides(t, "d_bias", 4));
-        bp->d_bias = (float *)attn_view_data(t, bp->d_bias_s, 4);
+        TRY(ai_check_output_strides(t, "d_bias", 4));
+        bp->d_bias = (float *)ai_view_data(t, bp->d_bias_s, 4);
         const int64_t full[4] = {p->B, p->Hq, p->Lq, p->Lk};
         bp->d_bias_full = true;
         for (int d = 0; d < 4; d++) {
@@ -131,11 +131,11 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
         }
     }
 
-    bp->d_o = attn_view_data(d_o, bp->do_s, 4);
-    bp->lse = attn_view_data(lse, bp->lse_s, 3);
-    bp->dq = (float *)attn_view_data(dq, bp->dq_s, 4);
-    bp->dk = (float *)attn_view_data(dk, bp->dk_s, 4);
-    bp->dv = (float *)attn_view_data(dv, bp->dv_s, 4);
+    bp->d_o = ai_view_data(d_o, bp->do_s, 4);
+    bp->lse = ai_view_data(lse, bp->lse_s, 3);
+    bp->dq = (float *)ai_view_data(dq, bp->dq_s, 4);
+    bp->dk = (float *)ai_view_data(dk, bp->dk_s, 4);
+    bp->dv = (float *)ai_view_data(dv, bp->dv_s, 4);
     return ATTN_OK;
 }
 
@@ -146,15 +146,15 @@ static bool bwd_reference(const attn_bwd_params *bp) {
     return bp->fwd.path == ATTN_PATH_REFERENCE;
 }
 
-/* the key lengths of attn_key_padding (mask_summary.h), after the path's bytes */
+/* the key lengths of ai_key_padding (mask_summary.h), after the path's bytes */
 static size_t bwd_padding_bytes(const attn_bwd_params *bp) {
-    return bwd_reference(bp) ? 0 : attn_key_padding_bytes(&bp->fwd);
+    return bwd_reference(bp) ? 0 : ai_key_padding_bytes(&bp->fwd);
 }
 
 static size_t bwd_workspace(const attn_bwd_params *bp) {
-    const size_t path = bwd_reference(bp)             ? attn_reference_backward_workspace(bp)
-                        : bp->fwd.q_dt == ATTN_F64 ? attn_fused_f64_backward_workspace(bp)
-                                                       : attn_fused_backward_workspace(bp);
+    const size_t path = bwd_reference(bp)             ? ai_reference_backward_workspace(bp)
+                        : bp->fwd.q_dt == ATTN_F64 ? ai_fused_f64_backward_workspace(bp)
+                                                       : ai_fused_backward_workspace(bp);
     const size_t pad = bwd_padding_bytes(bp);
     return path == (size_t)-1 || path > SIZE_MAX - pad ? (size_t)-1 : path + pad;
 }
@@ -198,9 +198,9 @@ static attn_status half_plan(const attn_tensor *const t[H_N], const attn_tensor 
     static const char *const names[H_N] = {"q", "k", "v", "o", "d_o", "dq", "dk", "dv"};
     attn_tensor shadow[H_N];
     for (int i = 0; i < H_N; i++) {
-        if (!t[i]) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", names[i]);
+        if (!t[i]) return ai_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", names[i]);
         if (t[i]->dtype != ATTN_F32 && !is_half(t[i]))
-            return attn_fail(ATTN_ERR_DTYPE, "%s: dtype %s, expected float32, float16 or "
+            return ai_fail(ATTN_ERR_DTYPE, "%s: dtype %s, expected float32, float16 or "
                              "bfloat16", names[i], attn_dtype_name(t[i]->dtype));
         shadow[i] = *t[i];
         shadow[i].dtype = ATTN_F32;
@@ -210,7 +210,7 @@ static attn_status half_plan(const attn_tensor *const t[H_N], const attn_tensor 
         if (shadow[i].data) shadow[i].data = (void *)(uintptr_t)&g_any;
     }
     if (t[H_K]->dtype != t[H_V]->dtype)
-        return attn_fail(ATTN_ERR_DTYPE, "v: dtype %s, expected %s like k (k and v must have "
+        return ai_fail(ATTN_ERR_DTYPE, "v: dtype %s, expected %s like k (k and v must have "
                          "one dtype)", attn_dtype_name(t[H_V]->dtype), attn_dtype_name(t[H_K]->dtype));
     attn_bwd_params bp;
     TRY(bwd_params_init(&bp, &shadow[H_Q], &shadow[H_K], &shadow[H_V], &shadow[H_O],
@@ -239,9 +239,9 @@ static attn_status backward_half(const attn_tensor *const t[H_N], const attn_ten
     attn_tensor dense[H_N + 1];
     size_t copies, inner;
     TRY(half_plan(t, lse, opt, true, dense, &copies, &inner));
-    TRY(attn_check_backward_aliasing(t, lse, opt, copies + inner + 64));
+    TRY(ai_check_backward_aliasing(t, lse, opt, copies + inner + 64));
     void *ws, *owned;
-    TRY(attn_workspace_acquire(opt, copies + inner + 64, &ws, &owned));
+    TRY(ai_workspace_acquire(opt, copies + inner + 64, &ws, &owned));
     char *base = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
     for (int i = 0; i <= H_N; i++) dense[i].data = base + (uintptr_t)dense[i].data;
     for (int i = H_Q; i <= H_DO; i++)
@@ -256,18 +256,18 @@ static attn_status backward_half(const attn_tensor *const t[H_N], const attn_ten
         f.d_sinks = NULL;  // the backward's outputs
         f.d_bias = NULL;
         f.lse = &dense[H_N];
-        st = attn_forward_piece(&dense[H_Q], &dense[H_K], &dense[H_V], &dense[H_O], &f, drop);
+        st = ai_forward_piece(&dense[H_Q], &dense[H_K], &dense[H_V], &dense[H_O], &f, drop);
         lse_used = &dense[H_N];
     }
     o.workspace = inner ? base + copies : NULL;
     o.workspace_bytes = inner;
     if (st == ATTN_OK)
-        st = attn_backward_piece(&dense[H_Q], &dense[H_K], &dense[H_V], &dense[H_O],
+        st = ai_backward_piece(&dense[H_Q], &dense[H_K], &dense[H_V], &dense[H_O],
                                  &dense[H_DO], lse_used, &dense[H_DQ], &dense[H_DK],
                                  &dense[H_DV], &o, drop);
     if (st == ATTN_OK)
         for (int i = H_DQ; i <= H_DV; i++) copy_tensor(&dense[i], t[i]);
-    attn_free(owned);
+    ai_free(owned);
     return st;
 }
 
@@ -278,7 +278,7 @@ attn_status attn_backward_workspace_size(const attn_tensor *q, const attn_tensor
                                          const attn_tensor *dv, const attn_options *opt,
                                          size_t *bytes) {
     attn_bwd_params bp;
-    if (!bytes) return attn_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
+    if (!bytes) return ai_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
     const attn_tensor *const t[H_N] = {q, k, v, o, d_o, dq, dk, dv};
     bool half = false;
     for (int i = 0; i < H_N; i++) half |= is_half(t[i]);
@@ -287,14 +287,14 @@ attn_status attn_backward_workspace_size(const attn_tensor *q, const attn_tensor
         size_t copies, inner;
         TRY(half_plan(t, lse, opt, false, dense, &copies, &inner));
         *bytes = copies + inner + 64;
-        attn_fail(ATTN_OK, "%s", "");
+        ai_fail(ATTN_OK, "%s", "");
         return ATTN_OK;
     }
     TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, false, NULL));
     const size_t n = bwd_workspace(&bp);
-    if (n == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+    if (n == (size_t)-1) return ai_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
     *bytes = n;
-    attn_fail(ATTN_OK, "%s", "");
+    ai_fail(ATTN_OK, "%s", "");
     return ATTN_OK;
 }
 
@@ -302,10 +302,10 @@ attn_status attn_backward(const attn_tensor *q, const attn_tensor *k, const attn
                           const attn_tensor *o, const attn_tensor *d_o, const attn_tensor *lse,
                           const attn_tensor *dq, const attn_tensor *dk, const attn_tensor *dv,
                           const attn_options *opt) {
-    return attn_backward_piece(q, k, v, o, d_o, lse, dq, dk, dv, opt, NULL);
+    return ai_backward_piece(q, k, v, o, d_o, lse, dq, dk, dv, opt, NULL);
 }
 
-attn_status attn_backward_piece(const attn_tensor *q, const attn_tensor *k,
+attn_status ai_backward_piece(const attn_tensor *q, const attn_tensor *k,
                                 const attn_tensor *v, const attn_tensor *o,
                                 const attn_tensor *d_o, const attn_tensor *lse,
                                 const attn_tensor *dq, const attn_tensor *dk,
@@ -318,25 +318,25 @@ attn_status attn_backward_piece(const attn_tensor *q, const attn_tensor *k,
     TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, true, NULL));
     attn_set_drop_layout(&bp.fwd, drop);
     const size_t need = bwd_workspace(&bp);
-    TRY(attn_check_backward_aliasing(t, lse, opt, need == (size_t)-1 ? 0 : need));
-    attn_fail(ATTN_OK, "%s", "");
+    TRY(ai_check_backward_aliasing(t, lse, opt, need == (size_t)-1 ? 0 : need));
+    ai_fail(ATTN_OK, "%s", "");
     /* Empty sizes need no special case: with Lq = 0 (or Hq = 0) no row reads a key and
      * dk, dv are written as 0; with Lk = 0 every row is fully masked and dq is 0. */
     void *ws, *owned;
-    TRY(attn_workspace_acquire(opt, need, &ws, &owned));
+    TRY(ai_workspace_acquire(opt, need, &ws, &owned));
     /* key padding runs as the key lengths it is, on the fused paths (mask_summary.h) */
     const size_t pad = bwd_padding_bytes(&bp);
     attn_bwd_params padded = bp;
-    if (pad && attn_key_padding(&bp.fwd, (char *)ws + (need - pad), &padded.fwd) == &padded.fwd)
+    if (pad && ai_key_padding(&bp.fwd, (char *)ws + (need - pad), &padded.fwd) == &padded.fwd)
         bp = padded;
-    const attn_status st = bwd_reference(&bp)          ? attn_reference_backward(&bp, ws)
-                           : bp.fwd.q_dt == ATTN_F64 ? attn_fused_f64_backward(&bp, ws)
-                                                     : attn_fused_backward(&bp, ws);
-    attn_free(owned);
+    const attn_status st = bwd_reference(&bp)          ? ai_reference_backward(&bp, ws)
+                           : bp.fwd.q_dt == ATTN_F64 ? ai_fused_f64_backward(&bp, ws)
+                                                     : ai_fused_backward(&bp, ws);
+    ai_free(owned);
     return st;
 }
 
-attn_status attn_backward_forced_workspace_size(const attn_tune_config *force,
+attn_status ai_backward_forced_workspace_size(const attn_tune_config *force,
                                                 const attn_tensor *q, const attn_tensor *k,
                                                 const attn_tensor *v, const attn_tensor *o,
                                                 const attn_tensor *d_o, const attn_tensor *lse,
@@ -346,11 +346,11 @@ attn_status attn_backward_forced_workspace_size(const attn_tune_config *force,
     attn_bwd_params bp;
     TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, false, force));
     *bytes = bwd_workspace(&bp);
-    if (*bytes == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
-    return attn_ok();
+    if (*bytes == (size_t)-1) return ai_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+    return ai_ok();
 }
 
-attn_status attn_backward_forced(const attn_tune_config *force, const attn_tensor *q,
+attn_status ai_backward_forced(const attn_tune_config *force, const attn_tensor *q,
                                  const attn_tensor *k, const attn_tensor *v,
                                  const attn_tensor *o, const attn_tensor *d_o,
                                  const attn_tensor *lse, const attn_tensor *dq,
@@ -359,13 +359,13 @@ attn_status attn_backward_forced(const attn_tune_config *force, const attn_tenso
     attn_bwd_params bp;
     TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, true, force));
     if (bwd_reference(&bp) || bp.fwd.q_dt == ATTN_F64 || bwd_padding_bytes(&bp) != 0)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "attn_backward_forced: float32 fused calls "
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "ai_backward_forced: float32 fused calls "
                          "without key padding only");
     const size_t need = bwd_workspace(&bp);
-    if (need == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+    if (need == (size_t)-1) return ai_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
     void *ws, *owned;
-    TRY(attn_workspace_acquire(opt, need, &ws, &owned));
-    const attn_status st = attn_fused_backward(&bp, ws);
-    attn_free(owned);
+    TRY(ai_workspace_acquire(opt, need, &ws, &owned));
+    const attn_status st = ai_fused_backward(&bp, ws);
+    ai_free(owned);
     return st;
 }

@@ -1,12 +1,12 @@
 /*
  * backward_f64.c — the fused backward pass for float64 q, k, v, o, d_o and gradients
- *                  (attn_fused_f64_backward, called by attn_backward in backward.c once
+ *                  (ai_fused_f64_backward, called by attn_backward in backward.c once
  *                  the arguments are checked): portable C, float64 throughout, never the
  *                  Lq x Lk matrix.
  *
  * Three sweeps, each over tiles of BQ query rows against BK keys, recomputing the tile's
  * logits from Q and K exactly as the forward (fused_f64.c) does — the dot product summed
- * over d in order, times the scale, then attn_ref_finish:
+ * over d in order, times the scale, then ai_ref_finish:
  *   1. rows (b, h, query block): the row's LSE in float64, an online max and sum over its
  *      structural key range plus the sink, and D_i = dO_i · O_i; both kept per row. The
  *      lse argument is not read (a float32 one would cost float64 accuracy).
@@ -22,7 +22,7 @@
  * masked key's NaN (in K, V, dO or Q of a masked row) cannot leak (the products' zero
  * skip, gemm_f64.h).
  *
- * The products are attn_gemm_f64's (gemm_f64.h), blocked in registers, each element's sum
+ * The products are ai_gemm_f64's (gemm_f64.h), blocked in registers, each element's sum
  * in order: the logits S = Q Kᵀ and dP = dO Vᵀ from K and V transposed into the scratch,
  * over d in order 0 .. D-1 (the forward's and the reference's order, so the same bits);
  * dQ += dS K in the order of the keys, dK += dSᵀ Q and dV += Pᵀ dO in the order of the
@@ -93,7 +93,7 @@ static bool make_plan(const attn_bwd_params *bp, f64b_plan *pl) {
     pl->off_D = t;
     if (__builtin_add_overflow(t, (pl->rows + 7) & ~(int64_t)7, &t)) return false;
     pl->off_sum = t;
-    const size_t sum_bytes = attn_mask_summary_bytes(p);
+    const size_t sum_bytes = ai_mask_summary_bytes(p);
     if (sum_bytes == (size_t)-1 || sum_bytes / 8 > (size_t)INT64_MAX / 2 ||
         __builtin_add_overflow(t, (int64_t)(sum_bytes / 8) + 8, &t))  // + 8: to align
         return false;
@@ -108,7 +108,7 @@ static bool make_plan(const attn_bwd_params *bp, f64b_plan *pl) {
     return true;
 }
 
-size_t attn_fused_f64_backward_workspace(const attn_bwd_params *bp) {
+size_t ai_fused_f64_backward_workspace(const attn_bwd_params *bp) {
     f64b_plan pl;
     if (!make_plan(bp, &pl)) return (size_t)-1;
     return (size_t)pl.total * sizeof(double);
@@ -171,11 +171,11 @@ static void load_keys(const attn_params *p, const f64b_scratch *w, int64_t b, in
  *   a (nq, n)  bt (n, BK)  out (nq, BK) */
 static void tile_product(const double *a, int64_t n, const double *bt, int64_t nq, int64_t nk,
                          double *out) {
-    attn_gemm_f64(nq, nk, n, a, n, 1, bt, BK, out, BK, false, false);
+    ai_gemm_f64(nq, nk, n, a, n, 1, bt, BK, out, BK, false, false);
 }
 
 /* Row i's logits over the tile's keys j0 + c, c_lo <= c < c_hi (inside the row's range),
- * from their dot products s (in place): scale * dot then attn_ref_finish under pr (the
+ * from their dot products s (in place): scale * dot then ai_ref_finish under pr (the
  * forward's, fused_f64.c tile_logits, bit for bit); cap the softcap factors. The cells
  * outside are left as they are. */
 static void finish_row(const attn_params *pr, double *s, double *cap, int64_t c_lo,
@@ -191,7 +191,7 @@ static void finish_row(const attn_params *pr, double *s, double *cap, int64_t c_
     }
     if (pr->mask && !pr->bias && !pr->alibi && !(pr->softcap > 0.0f) &&
         !pr->block && !pr->score_mod) {
-        /* a bool mask alone: attn_ref_finish keeps the logit or makes it -inf, here by
+        /* a bool mask alone: ai_ref_finish keeps the logit or makes it -inf, here by
          * the byte read in line */
         const uint8_t *m_i = pr->mask + b * pr->mask_s[0] + h * pr->mask_s[1] + i * pr->mask_s[2];
         for (int64_t c = c_lo; c < c_hi; c++) {
@@ -202,7 +202,7 @@ static void finish_row(const attn_params *pr, double *s, double *cap, int64_t c_
     }
     for (int64_t c = c_lo; c < c_hi; c++) {
         double cp = 1.0;
-        s[c] = attn_ref_finish(pr, scale * s[c], b, h, i, j0 + c, d_i, &cp);
+        s[c] = ai_ref_finish(pr, scale * s[c], b, h, i, j0 + c, d_i, &cp);
         cap[c] = cp;
     }
 }
@@ -220,7 +220,7 @@ static void tile_span(int64_t lo, int64_t hi, int64_t j0, int64_t nk, int64_t *c
 static bool row_range(const attn_params *p, const f64b_scratch *w, int64_t lk_b, int64_t b,
                       int64_t h, int64_t i, int64_t *lo, int64_t *hi) {
     attn_row_range(p, lk_b, i, lo, hi);
-    return w->sum && attn_mask_summary_row(p, w->sum, b, h, i, lo, hi);
+    return w->sum && ai_mask_summary_row(p, w->sum, b, h, i, lo, hi);
 }
 
 /* The class of the tile (rows i0 .., keys j0 .. j0+nk-1 of head h, batch b) as far as the
@@ -228,7 +228,7 @@ static bool row_range(const attn_params *p, const f64b_scratch *w, int64_t lk_b,
  * rows, a multiple of BQ: the block holding i0 covers the tile. */
 static attn_tile_class tile_class(const attn_params *p, const f64b_scratch *w, int64_t b,
                                   int64_t h, int64_t i0, int64_t j0, int64_t nk) {
-    return w->sum ? attn_mask_summary_tile(p, w->sum, b, h, 1, i0 / ATTN_SUM_ROWS, j0, nk)
+    return w->sum ? ai_mask_summary_tile(p, w->sum, b, h, 1, i0 / ATTN_SUM_ROWS, j0, nk)
                   : ATTN_TILE_MIXED;
 }
 
@@ -324,7 +324,7 @@ static void tile_grads(const attn_bwd_params *bp, const f64b_scratch *w, int64_t
     const int64_t lk_b = attn_key_len(p, b);
     /* raw_ij = q_i · k_j, and (forward: o_i = Σ_j P_ij v_j) dP_ij = dO_i · v_j, for every
      * cell; a cell of a masked key is overwritten below without being read (dropout:
-     * refused for float64 by attn_params_init, as in the forward) */
+     * refused for float64 by ai_params_init, as in the forward) */
     tile_product(w->q, p->Dk, w->kt, nq, nk, w->P);
     tile_product(w->d_o, p->Dv, w->vt, nq, nk, w->dS);
     for (int64_t r = 0; r < nq; r++) {
@@ -373,7 +373,7 @@ static void rows_dq(const attn_bwd_params *bp, const f64b_scratch *w, int64_t b,
         tile_grads(bp, w, b, h, i0, nq, j0, nk, cls, lse, D, NULL);
         /* forward: raw_ij = scale q_i · k_j, so dQ_i += Σ_j dS_ij k_j, the keys in order; a
          * dS of 0 adds +0 (skip_zero): a masked key's K is not multiplied */
-        attn_gemm_f64(nq, Dk, nk, w->dS, BK, 1, w->k, Dk, w->acc, Dk, true, true);
+        ai_gemm_f64(nq, Dk, nk, w->dS, BK, 1, w->k, Dk, w->acc, Dk, true, true);
     }
     double *dq = (double *)bp->dq;
     for (int64_t r = 0; r < nq; r++) {
@@ -412,11 +412,11 @@ static void keys_dkdv(const attn_bwd_params *bp, const f64b_plan *pl, const f64b
             /* dV_j += Σ_i P_ij dO_i;  dK_j += Σ_i dS_ij q_i: the tile's rows in order, Pᵀ
              * and dSᵀ read in place (A[c][r] at r BK + c); a weight of 0 adds +0, so a
              * fully masked row's dO and Q are not multiplied */
-            attn_gemm_f64(nk, Dv, nq, w->P, 1, BK, w->d_o, Dv, dV, Dv, true, true);
-            attn_gemm_f64(nk, Dk, nq, w->dS, 1, BK, w->q, Dk, dK, Dk, true, true);
+            ai_gemm_f64(nk, Dv, nq, w->P, 1, BK, w->d_o, Dv, dV, Dv, true, true);
+            ai_gemm_f64(nk, Dk, nq, w->dS, 1, BK, w->q, Dk, dK, Dk, true, true);
             /* dQ_i += Σ_j dS_ij k_j, as rows_dq adds them: this block's keys in order */
             if (with_dq)
-                attn_gemm_f64(nq, Dk, nk, w->dS, BK, 1, w->k, Dk,
+                ai_gemm_f64(nq, Dk, nk, w->dS, BK, 1, w->k, Dk,
                               (double *)bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1] + i0 * bp->dq_s[2],
                               bp->dq_s[2], true, true);
         }
@@ -447,15 +447,15 @@ static void group_grads(const attn_bwd_params *bp, const f64b_plan *pl, const f6
     for (int64_t kb = 0; kb < pl->k_blocks; kb++) keys_dkdv(bp, pl, w, b, g, kb * BK, LSE, Dall, true);
 }
 
-attn_status attn_fused_f64_backward(const attn_bwd_params *bp, void *ws) {
+attn_status ai_fused_f64_backward(const attn_bwd_params *bp, void *ws) {
     const attn_params *p = &bp->fwd;
     f64b_plan pl;
-    if (!make_plan(bp, &pl)) return attn_fail(ATTN_ERR_OVERFLOW, "float64 backward plan overflows");
+    if (!make_plan(bp, &pl)) return ai_fail(ATTN_ERR_OVERFLOW, "float64 backward plan overflows");
     double *base = ws, *LSE = base + pl.off_lse, *D = base + pl.off_D;
     attn_mask_summary sum;
     attn_params open;
     if (p->mask || p->bias || p->block) {
-        attn_mask_summary_init(p, (void *)(((uintptr_t)(base + pl.off_sum) + 63) & ~(uintptr_t)63),
+        ai_mask_summary_init(p, (void *)(((uintptr_t)(base + pl.off_sum) + 63) & ~(uintptr_t)63),
                                &sum);
         open = *p;
         open.mask = NULL;
@@ -520,6 +520,6 @@ attn_status attn_fused_f64_backward(const attn_bwd_params *bp, void *ws) {
             }
         }
     }
-    if (bp->d_bias) attn_d_bias_reduce(bp, pl.gb, true);
+    if (bp->d_bias) ai_d_bias_reduce(bp, pl.gb, true);
     return ATTN_OK;
 }

@@ -1,6 +1,6 @@
 /*
  * backward_fused.c — the backward pass's fused path, FlashAttention-2's backward on the
- *                     CPU (attn_fused_backward, called by attn_backward in backward.c
+ *                     CPU (ai_fused_backward, called by attn_backward in backward.c
  *                     once the arguments are checked).
  *
  * The fused path recomputes the probabilities tile by tile from Q, K and the forward's
@@ -45,7 +45,7 @@
  * fully masked row) must not multiply a NaN or Inf of dO, Q or K: gemm's skip_zeros
  * is asked for whenever those rows are not known to be finite. */
 
-/* bq query rows and bk keys per tile (attn_choose_tiles, fused_geom.c: the kernel's
+/* bq query rows and bk keys per tile (ai_choose_tiles, fused_geom.c: the kernel's
  * geometry for this CPU; bk shrinks so that the key block's copies and gradients stay near
  * 256 KiB). C key chunks per (b, g), fixed by the shapes:
  * enough items for the threads when B * Hkv is small, never more than CHUNKS_MAX copies
@@ -61,7 +61,7 @@ enum { TILE_SKEW = 16 };
 #define PARTIALS_MAX ((int64_t)256 << 20)
 
 typedef struct bwd_plan {
-    int64_t bq, row_pad;    // query rows per tile (attn_choose_tiles), the kernel's row padding
+    int64_t bq, row_pad;    // query rows per tile (ai_choose_tiles), the kernel's row padding
     int64_t bk;             // keys per block, a multiple of row_pad
     int64_t ld;             // the row stride of the tiles, Kᵀ and Vᵀ: bk + TILE_SKEW
     int64_t k_blocks;       // ceil(Lk / bk)
@@ -79,7 +79,7 @@ typedef struct bwd_plan {
     size_t off_gb;          // a broadcast d_bias's logits (B, Hq, Lq, Lk), after the summary
     /* where each logit's bias gradient goes (options.d_bias): the bias's own gradient when
      * it broadcasts nowhere, else the (B, Hq, Lq, Lk) array at off_gb; NULL = not wanted
-     * (set by attn_fused_backward) */
+     * (set by ai_fused_backward) */
     float *gb;
     int64_t gb_s[4];
     /* gb is d_bias itself, written by the items directly (a bias that broadcasts nowhere
@@ -88,7 +88,7 @@ typedef struct bwd_plan {
      * stores 0 over the tiles it skips. Otherwise gb is the (B, Hq, Lq, Lk) array. */
     bool gb_direct;
     /* the summary and the params without mask and bias, for the tiles they leave open;
-     * both NULL without mask or bias (set by attn_fused_backward) */
+     * both NULL without mask or bias (set by ai_fused_backward) */
     const attn_mask_summary *sum;
     const attn_params *open;
 } bwd_plan;
@@ -114,7 +114,7 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     const int64_t dk = p->Dk, dv = p->Dv;
     *plan = (bwd_plan){0};
     if (dk > (int64_t)1 << 32 || dv > (int64_t)1 << 32 || p->Lq > (int64_t)1 << 48) return false;
-    const attn_tiles tiles = attn_choose_tiles(p->kernels, ATTN_TILES_BACKWARD, p->kv_dt, dk, dv,
+    const attn_tiles tiles = ai_choose_tiles(p->kernels, ATTN_TILES_BACKWARD, p->kv_dt, dk, dv,
                                                 &p->tune);
     const int64_t bk = tiles.bk;
     plan->bq = tiles.bq, plan->row_pad = p->kernels->geom.row_pad;
@@ -173,18 +173,18 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     plan->off_part = total;
     if (__builtin_add_overflow(total, round64((size_t)part * sizeof(float)), &total)) return false;
     plan->off_sum = total;
-    const size_t sum_bytes = attn_mask_summary_bytes(p);
+    const size_t sum_bytes = ai_mask_summary_bytes(p);
     if (sum_bytes == (size_t)-1 || __builtin_add_overflow(total, sum_bytes, &total)) return false;
     total = round64(total);
     plan->off_gb = total;
-    const size_t gb_bytes = d_bias_in_place(bp) ? 0 : attn_d_bias_scratch(bp, sizeof(float));
+    const size_t gb_bytes = d_bias_in_place(bp) ? 0 : ai_d_bias_scratch(bp, sizeof(float));
     if (gb_bytes == (size_t)-1 || __builtin_add_overflow(total, gb_bytes, &total)) return false;
     if (__builtin_add_overflow(total, (size_t)64, &total)) return false;  // to align
     plan->total = total;
     return true;
 }
 
-size_t attn_fused_backward_workspace(const attn_bwd_params *bp) {
+size_t ai_fused_backward_workspace(const attn_bwd_params *bp) {
     bwd_plan plan;
     return make_plan(bp, &plan) ? plan.total : (size_t)-1;
 }
@@ -341,7 +341,7 @@ static bool tile_rows(const attn_bwd_params *bp, const bwd_plan *plan, const bwd
         attn_row_range(p, t->lk_b, t->i0 + r, &w->lo[r], &w->hi[r]);
         /* keys outside the hull of the row's mask and bias are masked by structure */
         if (plan->sum)
-            dense &= attn_mask_summary_row(p, plan->sum, t->b, t->h, t->i0 + r, &w->lo[r], &w->hi[r]);
+            dense &= ai_mask_summary_row(p, plan->sum, t->b, t->h, t->i0 + r, &w->lo[r], &w->hi[r]);
     }
     return dense;
 }
@@ -551,14 +551,14 @@ static void bwd_trim(const attn_params *p, const bwd_plan *plan, bwd_tile *t, in
     int64_t a = t->j0, e = t->j0 + t->nk;
     for (;;) {
         const int64_t g = (a / ATTN_SUM_KEYS + 1) * ATTN_SUM_KEYS, to = g < e ? g : e;
-        if (to >= e || attn_mask_summary_rows(p, plan->sum, t->b, t->h, t->i0, i1, a, to - a) !=
+        if (to >= e || ai_mask_summary_rows(p, plan->sum, t->b, t->h, t->i0, i1, a, to - a) !=
                            ATTN_TILE_MASKED)
             break;
         a = to;
     }
     for (;;) {
         const int64_t g = (e - 1) / ATTN_SUM_KEYS * ATTN_SUM_KEYS, from = g > a ? g : a;
-        if (from <= a || attn_mask_summary_rows(p, plan->sum, t->b, t->h, t->i0, i1, from, e - from) !=
+        if (from <= a || ai_mask_summary_rows(p, plan->sum, t->b, t->h, t->i0, i1, from, e - from) !=
                              ATTN_TILE_MASKED)
             break;
         e = from;
@@ -610,7 +610,7 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
             for (int64_t hh = 0; hh < (plan->sum ? G : 1); hh++) {  // the mask's hulls per head
                 int64_t lo, hi;
                 attn_row_range(p, lk_b, i, &lo, &hi);
-                if (plan->sum) attn_mask_summary_row(p, plan->sum, b, g * G + hh, i, &lo, &hi);
+                if (plan->sum) ai_mask_summary_row(p, plan->sum, b, g * G + hh, i, &lo, &hi);
                 if (lo >= hi) continue;
                 if (lo < jmin) jmin = lo;
                 if (hi > jmax) jmax = hi;
@@ -640,7 +640,7 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                 }
                 /* a tile the mask or bias masks whole adds nothing; an open one needs neither */
                 const attn_tile_class cls =
-                    plan->sum ? attn_mask_summary_rows(p, plan->sum, b, t.h, qb * plan->bq,
+                    plan->sum ? ai_mask_summary_rows(p, plan->sum, b, t.h, qb * plan->bq,
                                                        (qb + 1) * plan->bq < Lq ? (qb + 1) * plan->bq : Lq,
                                                        t.j0, t.nk)
                               : ATTN_TILE_MIXED;
@@ -660,7 +660,7 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                 attn_tile_class tc = cls;
                 if (cls == ATTN_TILE_MIXED && plan->sum && lse_ordinary(bp, b, t.h, t.i0, t.n)) {
                     bwd_trim(p, plan, &tt, t.i0 + t.n, clear);
-                    tc = attn_mask_summary_rows(p, plan->sum, b, t.h, t.i0, t.i0 + t.n, tt.j0, tt.nk);
+                    tc = ai_mask_summary_rows(p, plan->sum, b, t.h, t.i0, t.i0 + t.n, tt.j0, tt.nk);
                 }
                 if (plan->in_place)
                     tile_backward(bp, plan, w, &tt, D + (b * p->Hq + t.h) * Lq,
@@ -680,7 +680,7 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
     }
 }
 
-attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
+attn_status ai_fused_backward(const attn_bwd_params *bp, void *ws) {
     const attn_params *p = &bp->fwd;
     bwd_plan plan;
     make_plan(bp, &plan);  // cannot fail: the workspace query succeeded with the same bp
@@ -689,9 +689,9 @@ attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
     float *part = (float *)(base + plan.off_part);
     attn_mask_summary sum;
     attn_params open;
-    /* key padding reaches here as key lengths already (attn_key_padding, mask_summary.h) */
+    /* key padding reaches here as key lengths already (ai_key_padding, mask_summary.h) */
     if (p->mask || p->bias || p->block) {
-        attn_mask_summary_init(p, base + plan.off_sum, &sum);
+        ai_mask_summary_init(p, base + plan.off_sum, &sum);
         open = *p;
         open.mask = NULL;
         open.bias = NULL;
@@ -752,6 +752,6 @@ attn_status attn_fused_backward(const attn_bwd_params *bp, void *ws) {
             }
         }
     }
-    if (bp->d_bias && !plan.gb_direct) attn_d_bias_reduce(bp, plan.gb, false);
+    if (bp->d_bias && !plan.gb_direct) ai_d_bias_reduce(bp, plan.gb, false);
     return ATTN_OK;
 }

@@ -1,5 +1,5 @@
 /*
- * blas.c — attn_gemm_f32 / attn_gemm_bf16 over CBLAS, and attn_blas_name(): the
+ * blas.c — ai_gemm_f32 / ai_gemm_bf16 over CBLAS, and attn_blas_name(): the
  *          checks CBLAS does not make (sizes that fit its `int`, leading dimensions
  *          that cover a row), then one call. See blas.h.
  */
@@ -36,7 +36,7 @@ static attn_status gemm_check(bool trans_a, bool trans_b, int64_t m, int64_t n, 
     return ATTN_OK;
 }
 
-attn_status attn_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+attn_status ai_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                           float alpha, const float *a, int64_t lda, const float *b,
                           int64_t ldb, float beta, float *c, int64_t ldc) {
     attn_status st = gemm_check(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
@@ -52,7 +52,7 @@ attn_status attn_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
 #endif
 }
 
-attn_status attn_gemv_f32(bool trans, int64_t rows, int64_t cols, float alpha, const float *a,
+attn_status ai_gemv_f32(bool trans, int64_t rows, int64_t cols, float alpha, const float *a,
                           int64_t lda, const float *x, float beta, float *y) {
     /* the checks of a [rows, cols] · [cols, 1] product (or its transpose) */
     attn_status st = gemm_check(trans, false, trans ? cols : rows, 1, trans ? rows : cols, a,
@@ -74,7 +74,7 @@ attn_status attn_gemv_f32(bool trans, int64_t rows, int64_t cols, float alpha, c
 #endif
 }
 
-bool attn_have_gemm_bf16(void) {
+bool ai_have_gemm_bf16(void) {
 #if defined(ATTN_HAVE_CBLAS) && defined(ATTN_HAVE_SBGEMM)
     return true;
 #else
@@ -82,7 +82,7 @@ bool attn_have_gemm_bf16(void) {
 #endif
 }
 
-attn_status attn_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+attn_status ai_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                            float alpha, const uint16_t *a, int64_t lda, const uint16_t *b,
                            int64_t ldb, float beta, float *c, int64_t ldc) {
     attn_status st = gemm_check(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);

@@ -3,7 +3,7 @@
  *                structure, which every call given it reads instead of the mask.
  *
  * What it owns: making one (from a callback or a bool tensor), freeing it, its counts,
- * and the one row operation the fused forward asks of it (attn_block_mask_row). The
+ * and the one row operation the fused forward asks of it (ai_block_mask_row). The
  * layout is attn_internal.h's struct attn_block_mask: per block of ATTN_BLOCK_ROWS rows x
  * ATTN_BLOCK_KEYS keys a code (full, empty, partial) and, for a partial block only, its
  * elements; per row the hull of its kept keys and whether the hull is all kept. Those are
@@ -45,7 +45,7 @@ static bool alloc_arrays(attn_block_mask *m) {
         return false;
     const size_t a = round64((size_t)rows * 2 * sizeof(int64_t)), b = round64((size_t)rows),
                  c = round64((size_t)cells), d = round64((size_t)cells * sizeof(int64_t));
-    char *mem = attn_malloc(a + b + c + d);
+    char *mem = ai_malloc(a + b + c + d);
     if (!mem) return false;
     m->hull = (int64_t *)mem;
     m->dense = (uint8_t *)(mem + a);
@@ -118,8 +118,8 @@ static void store_partials(attn_block_mask *m, const source *src) {
 static attn_status make(int64_t B, int64_t H, int64_t Lq, int64_t Lk, const source *src,
                         attn_block_mask **out) {
     const char *what = src->keep ? "attn_block_mask_create" : "attn_block_mask_from_tensor";
-    attn_block_mask *m = attn_calloc(1, sizeof *m);
-    if (!m) return attn_fail(ATTN_ERR_NOMEM, "%s: out of memory", what);
+    attn_block_mask *m = ai_calloc(1, sizeof *m);
+    if (!m) return ai_fail(ATTN_ERR_NOMEM, "%s: out of memory", what);
     m->nb = B, m->nh = H, m->Lq = Lq, m->Lk = Lk;
     m->qblocks = (Lq + ATTN_BLOCK_ROWS - 1) / ATTN_BLOCK_ROWS;
     m->granules = (Lk + ATTN_BLOCK_KEYS - 1) / ATTN_BLOCK_KEYS;
@@ -127,40 +127,40 @@ static attn_status make(int64_t B, int64_t H, int64_t Lq, int64_t Lk, const sour
     int64_t *kept = NULL;
     int64_t total;
     if (__builtin_mul_overflow(B * H, Lq, &total) || __builtin_mul_overflow(total, Lk, &total)) {
-        attn_free(m);
-        return attn_fail(ATTN_ERR_OVERFLOW, "%s: B x H x Lq x Lk does not fit in 64 bits", what);
+        ai_free(m);
+        return ai_fail(ATTN_ERR_OVERFLOW, "%s: B x H x Lq x Lk does not fit in 64 bits", what);
     }
-    if (!alloc_arrays(m) || !(row = attn_malloc((size_t)Lk)) ||
-        !(kept = attn_malloc((size_t)m->granules * sizeof *kept))) {
-        attn_free(row);
+    if (!alloc_arrays(m) || !(row = ai_malloc((size_t)Lk)) ||
+        !(kept = ai_malloc((size_t)m->granules * sizeof *kept))) {
+        ai_free(row);
         attn_block_mask_free(m);
-        return attn_fail(ATTN_ERR_NOMEM, "%s: out of memory", what);
+        return ai_fail(ATTN_ERR_NOMEM, "%s: out of memory", what);
     }
     for (int64_t bh = 0; bh < B * H; bh++)
         for (int64_t qb = 0; qb < m->qblocks; qb++)
             m->partial += scan_block_row(m, src, bh, qb, row, kept);
-    attn_free(row);
-    attn_free(kept);
+    ai_free(row);
+    ai_free(kept);
     const size_t cell_bytes = (size_t)ATTN_BLOCK_ROWS * ATTN_BLOCK_KEYS;
     if ((uint64_t)m->partial > SIZE_MAX / cell_bytes ||
-        (m->partial && !(m->cells = attn_malloc((size_t)m->partial * cell_bytes)))) {
+        (m->partial && !(m->cells = ai_malloc((size_t)m->partial * cell_bytes)))) {
         attn_block_mask_free(m);
-        return attn_fail(ATTN_ERR_NOMEM, "%s: out of memory (%lld partial blocks)", what,
+        return ai_fail(ATTN_ERR_NOMEM, "%s: out of memory (%lld partial blocks)", what,
                          (long long)m->partial);
     }
     m->bytes += (size_t)m->partial * cell_bytes;
     store_partials(m, src);
     *out = m;
-    return attn_ok();
+    return ai_ok();
 }
 
 attn_status attn_block_mask_create(int64_t B, int64_t H, int64_t Lq, int64_t Lk,
                                    int (*keep)(int64_t, int64_t, int64_t, int64_t, void *),
                                    void *ctx, attn_block_mask **out) {
     if (!out || !keep)
-        return attn_fail(ATTN_ERR_NULL, "attn_block_mask_create: %s is NULL", out ? "keep" : "out");
+        return ai_fail(ATTN_ERR_NULL, "attn_block_mask_create: %s is NULL", out ? "keep" : "out");
     if (B < 1 || H < 1 || Lq < 1 || Lk < 1)
-        return attn_fail(ATTN_ERR_SHAPE, "attn_block_mask_create: B, H, Lq, Lk = %lld, %lld, "
+        return ai_fail(ATTN_ERR_SHAPE, "attn_block_mask_create: B, H, Lq, Lk = %lld, %lld, "
                          "%lld, %lld, expected each >= 1", (long long)B, (long long)H,
                          (long long)Lq, (long long)Lk);
     const source src = {.keep = keep, .ctx = ctx};
@@ -168,12 +168,12 @@ attn_status attn_block_mask_create(int64_t B, int64_t H, int64_t Lq, int64_t Lk,
 }
 
 attn_status attn_block_mask_from_tensor(const attn_tensor *mask, attn_block_mask **out) {
-    if (!out) return attn_fail(ATTN_ERR_NULL, "attn_block_mask_from_tensor: out is NULL");
-    attn_status st = attn_check_tensor(mask, "mask", ATTN_BOOL, true);
+    if (!out) return ai_fail(ATTN_ERR_NULL, "attn_block_mask_from_tensor: out is NULL");
+    attn_status st = ai_check_tensor(mask, "mask", ATTN_BOOL, true);
     if (st != ATTN_OK) return st;
     const int64_t *n = mask->shape;
     if (n[0] < 1 || n[1] < 1 || n[2] < 1 || n[3] < 1)
-        return attn_fail(ATTN_ERR_SHAPE, "attn_block_mask_from_tensor: mask shape [%lld, %lld, "
+        return ai_fail(ATTN_ERR_SHAPE, "attn_block_mask_from_tensor: mask shape [%lld, %lld, "
                          "%lld, %lld], expected every size >= 1", (long long)n[0],
                          (long long)n[1], (long long)n[2], (long long)n[3]);
     source src = {.data = mask->data};
@@ -185,22 +185,22 @@ attn_status attn_block_mask_from_tensor(const attn_tensor *mask, attn_block_mask
 
 void attn_block_mask_free(attn_block_mask *m) {
     if (!m) return;
-    attn_free(m->cells);
-    attn_free(m->hull);  // the one allocation of hull, dense, code and slot
-    attn_free(m);
+    ai_free(m->cells);
+    ai_free(m->hull);  // the one allocation of hull, dense, code and slot
+    ai_free(m);
 }
 
 attn_status attn_block_mask_get_info(const attn_block_mask *m, attn_block_mask_info *info) {
     if (!m || !info)
-        return attn_fail(ATTN_ERR_NULL, "attn_block_mask_get_info: %s is NULL", m ? "info" : "mask");
+        return ai_fail(ATTN_ERR_NULL, "attn_block_mask_get_info: %s is NULL", m ? "info" : "mask");
     *info = (attn_block_mask_info){.B = m->nb, .H = m->nh, .Lq = m->Lq, .Lk = m->Lk,
                                    .block_rows = ATTN_BLOCK_ROWS, .block_keys = ATTN_BLOCK_KEYS,
                                    .empty = m->empty, .full = m->full, .partial = m->partial,
                                    .bytes = m->bytes};
-    return attn_ok();
+    return ai_ok();
 }
 
-void attn_block_mask_row(const attn_block_mask *m, int64_t b, int64_t h, int64_t i, int64_t j0,
+void ai_block_mask_row(const attn_block_mask *m, int64_t b, int64_t h, int64_t i, int64_t j0,
                          int64_t n, float *s, int64_t ld) {
     const int64_t bh = (m->nb == 1 ? 0 : b) * m->nh + (m->nh == 1 ? 0 : h);
     const int64_t u0 = (bh * m->qblocks + i / ATTN_BLOCK_ROWS) * m->granules;

@@ -42,22 +42,22 @@ typedef struct cascade_plan {
 
 static attn_status refuse_options(const attn_options *opt) {
     if (opt->mask || opt->bias || opt->alibi_slopes || opt->block_mask || opt->score_mod)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "cascade: options.mask, bias, alibi_slopes, "
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "cascade: options.mask, bias, alibi_slopes, "
                          "block_mask and score_mod are not supported (they would be cut "
                          "between prefix and suffix)");
     if (opt->has_window)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "cascade: a sliding window is not supported");
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "cascade: a sliding window is not supported");
     if (opt->weights)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "cascade: the weights output is not supported");
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "cascade: the weights output is not supported");
     if (opt->dropout_p != 0.0f)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "cascade: dropout is not supported");
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "cascade: dropout is not supported");
     if (opt->kv_len || opt->block_table)
-        return attn_fail(ATTN_ERR_VALUE, "cascade: options.kv_len and options.block_table must be "
+        return ai_fail(ATTN_ERR_VALUE, "cascade: options.kv_len and options.block_table must be "
                          "NULL (the prefix's and the suffixes' own are in attn_cascade_kv)");
     if (opt->d_sinks)
-        return attn_fail(ATTN_ERR_VALUE, "cascade: options.d_sinks must be NULL (a forward call)");
+        return ai_fail(ATTN_ERR_VALUE, "cascade: options.d_sinks must be NULL (a forward call)");
     if (opt->causal && opt->align != ATTN_ALIGN_BOTTOM_RIGHT)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "cascade: causal needs align = "
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "cascade: causal needs align = "
                          "ATTN_ALIGN_BOTTOM_RIGHT (the queries are the last rows of each sequence)");
     return ATTN_OK;
 }
@@ -68,35 +68,35 @@ static attn_status make_plan(const attn_tensor *q, const attn_cascade_kv *prefix
                              const attn_options *opt, bool need_data, cascade_plan *c) {
     memset(c, 0, sizeof *c);
     TRY(refuse_options(opt));
-    TRY(attn_check_tensor(q, "q", ATTN_DTYPE_COUNT, need_data));
-    TRY(attn_check_tensor(o, "o", ATTN_DTYPE_COUNT, need_data));
-    TRY(attn_check_output_strides(o, "o", 4));
+    TRY(ai_check_tensor(q, "q", ATTN_DTYPE_COUNT, need_data));
+    TRY(ai_check_tensor(o, "o", ATTN_DTYPE_COUNT, need_data));
+    TRY(ai_check_output_strides(o, "o", 4));
     const int64_t B = q->shape[0], Hq = q->shape[1], Lq = q->shape[2], Dk = q->shape[3];
     const int64_t Dv = o->shape[3];
     if (o->shape[0] != B || o->shape[1] != Hq || o->shape[2] != Lq)
-        return attn_fail(ATTN_ERR_SHAPE, "cascade: o is [%lld, %lld, %lld, %lld], expected [B, Hq, "
+        return ai_fail(ATTN_ERR_SHAPE, "cascade: o is [%lld, %lld, %lld, %lld], expected [B, Hq, "
                          "Lq] = [%lld, %lld, %lld] first", (long long)o->shape[0],
                          (long long)o->shape[1], (long long)o->shape[2], (long long)o->shape[3],
                          (long long)B, (long long)Hq, (long long)Lq);
     if (present(prefix)) {
         if (!prefix->k || !prefix->v)
-            return attn_fail(ATTN_ERR_NULL, "cascade: prefix->%s is NULL", prefix->k ? "v" : "k");
+            return ai_fail(ATTN_ERR_NULL, "cascade: prefix->%s is NULL", prefix->k ? "v" : "k");
         const attn_tensor *batch = prefix->block_table ? prefix->block_table : prefix->k;
         if (batch->shape[0] != 1)
-            return attn_fail(ATTN_ERR_SHAPE, "cascade: the prefix's %s has shape[0] = %lld, "
+            return ai_fail(ATTN_ERR_SHAPE, "cascade: the prefix's %s has shape[0] = %lld, "
                              "expected 1 (one prefix shared by the batch)",
                              prefix->block_table ? "block table" : "k", (long long)batch->shape[0]);
         if (prefix->kv_len && prefix->kv_len->shape[0] != 1)
-            return attn_fail(ATTN_ERR_SHAPE, "cascade: prefix->kv_len has shape[0] = %lld, expected 1",
+            return ai_fail(ATTN_ERR_SHAPE, "cascade: prefix->kv_len has shape[0] = %lld, expected 1",
                              (long long)prefix->kv_len->shape[0]);
     }
     if (present(suffix) && (!suffix->k || !suffix->v))
-        return attn_fail(ATTN_ERR_NULL, "cascade: suffix->%s is NULL", suffix->k ? "v" : "k");
+        return ai_fail(ATTN_ERR_NULL, "cascade: suffix->%s is NULL", suffix->k ? "v" : "k");
     if (opt->sinks) {
-        TRY(attn_check_tensor(opt->sinks, "sinks", ATTN_F32, need_data));
+        TRY(ai_check_tensor(opt->sinks, "sinks", ATTN_F32, need_data));
         if (opt->sinks->shape[0] != Hq || opt->sinks->shape[1] != 1 || opt->sinks->shape[2] != 1 ||
             opt->sinks->shape[3] != 1)
-            return attn_fail(ATTN_ERR_SHAPE, "sinks: shape is [%lld, %lld, %lld, %lld], expected "
+            return ai_fail(ATTN_ERR_SHAPE, "sinks: shape is [%lld, %lld, %lld, %lld], expected "
                              "[Hq, 1, 1, 1] = [%lld, 1, 1, 1]", (long long)opt->sinks->shape[0],
                              (long long)opt->sinks->shape[1], (long long)opt->sinks->shape[2],
                              (long long)opt->sinks->shape[3], (long long)Hq);
@@ -104,7 +104,7 @@ static attn_status make_plan(const attn_tensor *q, const attn_cascade_kv *prefix
     int64_t rows, n_o, n_q;
     if (__builtin_mul_overflow(B, Lq, &rows) || __builtin_mul_overflow(rows, Hq, &n_q) ||
         __builtin_mul_overflow(n_q, Dv, &n_o) || __builtin_mul_overflow(n_q, Dk, &n_q))
-        return attn_fail(ATTN_ERR_OVERFLOW, "cascade: B·Hq·Lq·D overflows int64");
+        return ai_fail(ATTN_ERR_OVERFLOW, "cascade: B·Hq·Lq·D overflows int64");
     c->B = B, c->Hq = Hq, c->Lq = Lq, c->Dk = Dk, c->Dv = Dv, c->rows = rows;
 
     /* q' = the rows (b, i) of each head as one run of B·Lq rows: a view when row (b, i)
@@ -151,7 +151,7 @@ static attn_status make_plan(const attn_tensor *q, const attn_cascade_kv *prefix
     }
     c->sub_bytes = ws_pre > ws_suf ? ws_pre : ws_suf;
     if (c->sub_bytes > SIZE_MAX - at - 64)
-        return attn_fail(ATTN_ERR_OVERFLOW, "cascade: workspace size overflows size_t");
+        return ai_fail(ATTN_ERR_OVERFLOW, "cascade: workspace size overflows size_t");
     c->total = at + round64(c->sub_bytes);
     return ATTN_OK;
 }
@@ -159,12 +159,12 @@ static attn_status make_plan(const attn_tensor *q, const attn_cascade_kv *prefix
 attn_status attn_cascade_forward_workspace_size(const attn_tensor *q, const attn_cascade_kv *prefix,
                                                 const attn_cascade_kv *suffix, const attn_tensor *o,
                                                 const attn_options *opt, size_t *bytes) {
-    if (!bytes) return attn_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
+    if (!bytes) return ai_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
     const attn_options none = {0};
     cascade_plan c;
     TRY(make_plan(q, prefix, suffix, o, opt ? opt : &none, false, &c));
     *bytes = c.total;
-    attn_fail(ATTN_OK, "%s", "");
+    ai_fail(ATTN_OK, "%s", "");
     return ATTN_OK;
 }
 
@@ -192,11 +192,11 @@ static attn_status check_aliasing(const attn_tensor *q, const attn_cascade_kv *p
     for (int a = 0; a < 3; a++) {
         if (!out[a]) continue;
         for (int b = 0; b < n; b++)
-            if (in[b] && attn_views_overlap(out[a], in[b]))
-                return attn_fail(ATTN_ERR_STRIDE, "cascade: %s overlaps an input", names[a]);
+            if (in[b] && ai_views_overlap(out[a], in[b]))
+                return ai_fail(ATTN_ERR_STRIDE, "cascade: %s overlaps an input", names[a]);
         for (int b = a + 1; b < 3; b++)
-            if (out[b] && attn_views_overlap(out[a], out[b]))
-                return attn_fail(ATTN_ERR_STRIDE, "cascade: %s overlaps %s", names[a], names[b]);
+            if (out[b] && ai_views_overlap(out[a], out[b]))
+                return ai_fail(ATTN_ERR_STRIDE, "cascade: %s overlaps %s", names[a], names[b]);
     }
     return ATTN_OK;
 }
@@ -209,14 +209,14 @@ attn_status attn_cascade_forward(const attn_tensor *q, const attn_cascade_kv *pr
     cascade_plan c;
     TRY(make_plan(q, prefix, suffix, o, opt, true, &c));
     if (opt->lse) {  // attn_merge checks it too, after the sub-calls: refused before them
-        TRY(attn_check_tensor(opt->lse, "lse", ATTN_F32, true));
+        TRY(ai_check_tensor(opt->lse, "lse", ATTN_F32, true));
         if (opt->lse->shape[0] != c.B || opt->lse->shape[1] != c.Hq || opt->lse->shape[2] != c.Lq ||
             opt->lse->shape[3] != 1)
-            return attn_fail(ATTN_ERR_SHAPE, "lse: expected shape [B, Hq, Lq, 1]");
-        TRY(attn_check_output_strides(opt->lse, "lse", 3));
+            return ai_fail(ATTN_ERR_SHAPE, "lse: expected shape [B, Hq, Lq, 1]");
+        TRY(ai_check_output_strides(opt->lse, "lse", 3));
     }
     void *ws, *owned;
-    TRY(attn_workspace_acquire(opt, c.total, &ws, &owned));
+    TRY(ai_workspace_acquire(opt, c.total, &ws, &owned));
     const attn_tensor ws_view = bytes_view(ws, c.total);
     attn_status st = check_aliasing(q, prefix, suffix, o, opt, opt->workspace ? &ws_view : NULL);
     if (st != ATTN_OK) goto done;
@@ -247,7 +247,7 @@ attn_status attn_cascade_forward(const attn_tensor *q, const attn_cascade_kv *pr
                                                 : ((const int64_t *)kl->data)[b * kl->stride[0]];
                 }
                 if (s_b < c.Lq - 1) {
-                    st = attn_fail(ATTN_ERR_UNSUPPORTED, "cascade: causal with sequence %lld's "
+                    st = ai_fail(ATTN_ERR_UNSUPPORTED, "cascade: causal with sequence %lld's "
                                    "suffix of %lld keys under Lq = %lld query rows: its first rows "
                                    "would see only part of the prefix (needs S_b >= Lq - 1)",
                                    (long long)b, (long long)s_b, (long long)c.Lq);
@@ -289,6 +289,6 @@ attn_status attn_cascade_forward(const attn_tensor *q, const attn_cascade_kv *pr
     }
     st = attn_merge(n, parts_o, parts_lse, o, opt->lse, opt->threads);
 done:
-    attn_free(owned);
+    ai_free(owned);
     return st;
 }

@@ -1,9 +1,9 @@
 /*
  * core.c — the floor every call stands on: status strings and the per-thread error
- *          detail (attn_fail, attn_ok, attn_last_error), the version, the dtype table,
- *          the checks of one tensor (attn_check_tensor, attn_check_output_strides), the
- *          params' view of a tensor's data (attn_view_data) and the workspace a call
- *          uses or allocates (attn_workspace_acquire).
+ *          detail (ai_fail, ai_ok, attn_last_error), the version, the dtype table,
+ *          the checks of one tensor (ai_check_tensor, ai_check_output_strides), the
+ *          params' view of a tensor's data (ai_view_data) and the workspace a call
+ *          uses or allocates (ai_workspace_acquire).
  *
  * What it is not: an entry point or a path. It calls nothing else of the library, so
  * every other file may call it without an include circle.
@@ -40,7 +40,7 @@ const char *attn_version(void) {
         ATTN_VERSION_PATCH);
 }
 
-attn_status attn_fail(attn_status status, const char *fmt, ...) {
+attn_status ai_fail(attn_status status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(g_last_error, sizeof g_last_error, fmt, ap);
@@ -48,7 +48,7 @@ attn_status attn_fail(attn_status status, const char *fmt, ...) {
     return status;
 }
 
-attn_status attn_ok(void) {
+attn_status ai_ok(void) {
     g_last_error[0] = '\0';
     return ATTN_OK;
 }
@@ -78,19 +78,19 @@ int64_t attn_dtype_block(attn_dtype t) {
  * 1, 1}, only with an fp8 kv_dt, each value finite and > 0 (read when need_data). *data
  * gets its first element (NULL when t is), *stride the step between heads (0: one scale
  * for every head). */
-attn_status attn_check_kv_scale(const attn_tensor *t, const char *name, attn_dtype kv_dt,
+attn_status ai_check_kv_scale(const attn_tensor *t, const char *name, attn_dtype kv_dt,
                                 int64_t Hkv, bool need_data, const float **data,
                                 int64_t *stride) {
     *data = NULL;
     *stride = 0;
     if (!t) return ATTN_OK;
     if (kv_dt != ATTN_FP8_E4M3 && kv_dt != ATTN_FP8_E5M2)
-        return attn_fail(ATTN_ERR_VALUE, "%s: given with a %s cache (scales are for the fp8 "
+        return ai_fail(ATTN_ERR_VALUE, "%s: given with a %s cache (scales are for the fp8 "
                          "dtypes only)", name, attn_dtype_name(kv_dt));
-    TRY(attn_check_tensor(t, name, ATTN_F32, need_data));
+    TRY(ai_check_tensor(t, name, ATTN_F32, need_data));
     if ((t->shape[0] != 1 && t->shape[0] != Hkv) || t->shape[1] != 1 || t->shape[2] != 1 ||
         t->shape[3] != 1)
-        return attn_fail(ATTN_ERR_SHAPE, "%s: shape [%lld, %lld, %lld, %lld], expected [1 or "
+        return ai_fail(ATTN_ERR_SHAPE, "%s: shape [%lld, %lld, %lld, %lld], expected [1 or "
                          "Hkv = %lld, 1, 1, 1]", name, (long long)t->shape[0],
                          (long long)t->shape[1], (long long)t->shape[2],
                          (long long)t->shape[3], (long long)Hkv);
@@ -98,7 +98,7 @@ attn_status attn_check_kv_scale(const attn_tensor *t, const char *name, attn_dty
     const float *x = t->data;
     for (int64_t g = 0; need_data && g < n; g++)
         if (!(x[g * st] > 0.0f) || isinf(x[g * st]))
-            return attn_fail(ATTN_ERR_VALUE, "%s[%lld] is %g, expected a finite scale > 0", name,
+            return ai_fail(ATTN_ERR_VALUE, "%s[%lld] is %g, expected a finite scale > 0", name,
                              (long long)g, (double)x[g * st]);
     *data = x;
     *stride = st;
@@ -107,11 +107,11 @@ attn_status attn_check_kv_scale(const attn_tensor *t, const char *name, attn_dty
 
 /* A tensor's basic soundness: present, the expected dtype, sizes >= 0, element count
  * and extreme offsets representable in int64, data present when non-empty. */
-/* a block dtype's layout rules (attn.h, q8_0's; q4_0 the same), for attn_check_tensor */
-attn_status attn_check_q8_0_layout(const attn_tensor *t, const char *name) {
+/* a block dtype's layout rules (attn.h, q8_0's; q4_0 the same), for ai_check_tensor */
+attn_status ai_check_q8_0_layout(const attn_tensor *t, const char *name) {
     const char *dn = attn_dtype_name(t->dtype);
     if (t->shape[3] % 32 != 0)
-        return attn_fail(ATTN_ERR_SHAPE, "%s: %s needs shape[3] (the head dimension) a "
+        return ai_fail(ATTN_ERR_SHAPE, "%s: %s needs shape[3] (the head dimension) a "
                          "multiple of 32, got %lld", name, dn, (long long)t->shape[3]);
     int64_t span = 0;
     for (int d = 0; d < 4; d++) {
@@ -119,58 +119,58 @@ attn_status attn_check_q8_0_layout(const attn_tensor *t, const char *name) {
         span += (t->shape[d] - 1) * (t->stride[d] < 0 ? -t->stride[d] : t->stride[d]);
     }
     if (t->stride[3] != 1)
-        return attn_fail(ATTN_ERR_STRIDE, "%s: %s needs stride[3] = 1 (32 consecutive "
+        return ai_fail(ATTN_ERR_STRIDE, "%s: %s needs stride[3] = 1 (32 consecutive "
                          "elements share a block), got %lld", name, dn, (long long)t->stride[3]);
     for (int d = 0; d < 3; d++)
         if (t->shape[d] > 1 && t->stride[d] % 32 != 0)
-            return attn_fail(ATTN_ERR_STRIDE, "%s: %s needs stride[%d] a multiple of 32 "
+            return ai_fail(ATTN_ERR_STRIDE, "%s: %s needs stride[%d] a multiple of 32 "
                              "elements (every row starts a block), got %lld", name, dn, d,
                              (long long)t->stride[d]);
-    /* the span (in elements, within int64: attn_check_tensor) in bytes, one block more */
+    /* the span (in elements, within int64: ai_check_tensor) in bytes, one block more */
     if (span / 32 > INT64_MAX / attn_elem_bytes(t->dtype) - 1)
-        return attn_fail(ATTN_ERR_OVERFLOW, "%s: %s byte offsets overflow int64", name, dn);
+        return ai_fail(ATTN_ERR_OVERFLOW, "%s: %s byte offsets overflow int64", name, dn);
     return ATTN_OK;
 }
 
-attn_status attn_check_tensor(const attn_tensor *t, const char *name, attn_dtype want,
+attn_status ai_check_tensor(const attn_tensor *t, const char *name, attn_dtype want,
                               bool need_data) {
-    if (!t) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", name);
+    if (!t) return ai_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", name);
     /* want = ATTN_F32 for q, k, v, o means any floating type: float32, float16, bfloat16 */
     const bool floating = t->dtype == ATTN_F32 || t->dtype == ATTN_F16 || t->dtype == ATTN_BF16;
     if (want == ATTN_DTYPE_COUNT ? !floating : t->dtype != want)
-        return attn_fail(ATTN_ERR_DTYPE, "%s: dtype is %s, expected %s", name,
+        return ai_fail(ATTN_ERR_DTYPE, "%s: dtype is %s, expected %s", name,
                     attn_dtype_name(t->dtype),
                     want == ATTN_DTYPE_COUNT ? "float32, float16 or bfloat16" : attn_dtype_name(want));
     int64_t count = 1, span = 0, extent = 1;
     for (int d = 0; d < 4; d++) {
         if (t->shape[d] < 0)
-            return attn_fail(ATTN_ERR_SHAPE, "%s: shape[%d] = %lld is negative", name, d,
+            return ai_fail(ATTN_ERR_SHAPE, "%s: shape[%d] = %lld is negative", name, d,
                         (long long)t->shape[d]);
         if (!mul_ok(count, t->shape[d], &count))
-            return attn_fail(ATTN_ERR_OVERFLOW, "%s: element count overflows int64", name);
+            return ai_fail(ATTN_ERR_OVERFLOW, "%s: element count overflows int64", name);
         /* the sizes other than 0 too: an empty tensor whose other sizes' product does not
          * fit has no dense layout (NumPy refuses to make one) */
         if (t->shape[d] > 0 && !mul_ok(extent, t->shape[d], &extent))
-            return attn_fail(ATTN_ERR_OVERFLOW, "%s: the product of the sizes other than 0 "
+            return ai_fail(ATTN_ERR_OVERFLOW, "%s: the product of the sizes other than 0 "
                              "overflows int64", name);
     }
     for (int d = 0; d < 4 && count > 0; d++) {
         int64_t s = t->stride[d], ext;
         if (s == INT64_MIN || !mul_ok(t->shape[d] - 1, s < 0 ? -s : s, &ext) ||
             !add_ok(span, ext, &span))
-            return attn_fail(ATTN_ERR_OVERFLOW, "%s: offsets overflow int64 (stride[%d] = %lld)",
+            return ai_fail(ATTN_ERR_OVERFLOW, "%s: offsets overflow int64 (stride[%d] = %lld)",
                         name, d, (long long)s);
     }
     if (need_data && count > 0 && !t->data)
-        return attn_fail(ATTN_ERR_NULL, "%s: data is NULL for %lld elements", name,
+        return ai_fail(ATTN_ERR_NULL, "%s: data is NULL for %lld elements", name,
                     (long long)count);
-    if (attn_is_block_dtype(t->dtype)) return attn_check_q8_0_layout(t, name);  // want was it
+    if (attn_is_block_dtype(t->dtype)) return ai_check_q8_0_layout(t, name);  // want was it
     /* every element at a multiple of its size (strides count elements, so the first
      * decides): the kernels load a float through a float pointer, which a misaligned
      * address makes undefined (and a trap on some CPUs). q8_0 blocks are read by byte. */
     const size_t es = attn_dtype_size(t->dtype);
     if (count > 0 && t->data && es > 1 && (uintptr_t)t->data % es != 0)
-        return attn_fail(ATTN_ERR_STRIDE, "%s: data %p is not aligned to its element size "
+        return ai_fail(ATTN_ERR_STRIDE, "%s: data %p is not aligned to its element size "
                          "(%zu bytes for %s)", name, t->data, es, attn_dtype_name(t->dtype));
     return ATTN_OK;
 }
@@ -178,7 +178,7 @@ attn_status attn_check_tensor(const attn_tensor *t, const char *name, attn_dtype
 /* An output must not write one element twice. Sufficient test: with the dimensions of
  * size > 1 sorted by |stride|, each stride exceeds the farthest offset the smaller ones
  * reach. (Exotic interleaved layouts that never overlap are refused too.) */
-attn_status attn_check_output_strides(const attn_tensor *t, const char *name, int dims) {
+attn_status ai_check_output_strides(const attn_tensor *t, const char *name, int dims) {
     int64_t st[4], sh[4];
     int idx[4], m = 0;
     for (int d = 0; d < 4; d++)
@@ -198,7 +198,7 @@ attn_status attn_check_output_strides(const attn_tensor *t, const char *name, in
     int64_t reach = 0;  // the largest offset the dimensions so far can form
     for (int a = 0; a < m; a++) {
         if (st[a] <= reach)
-            return attn_fail(ATTN_ERR_STRIDE, "%s: stride[%d] = %lld makes elements overlap (the "
+            return ai_fail(ATTN_ERR_STRIDE, "%s: stride[%d] = %lld makes elements overlap (the "
                         "smaller dimensions already reach offset %lld)", name, idx[a],
                         (long long)t->stride[idx[a]], (long long)reach);
         reach += (sh[a] - 1) * st[a];
@@ -211,7 +211,7 @@ attn_status attn_check_output_strides(const attn_tensor *t, const char *name, in
  * so that no path does arithmetic on NULL or on an empty tensor's arbitrary strides. */
 static _Alignas(64) char g_nothing[64];
 
-const void *attn_view_data(const attn_tensor *t, int64_t *s, int n) {
+const void *ai_view_data(const attn_tensor *t, int64_t *s, int n) {
     for (int d = 0; d < 4; d++)
         if (t->shape[d] == 0) {
             memset(s, 0, sizeof *s * (size_t)n);
@@ -221,18 +221,18 @@ const void *attn_view_data(const attn_tensor *t, int64_t *s, int n) {
     return t->data;
 }
 
-attn_status attn_workspace_acquire(const attn_options *opt, size_t need, void **ws,
+attn_status ai_workspace_acquire(const attn_options *opt, size_t need, void **ws,
                                    void **owned) {
     *ws = opt ? opt->workspace : NULL;
     *owned = NULL;
-    if (need == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+    if (need == (size_t)-1) return ai_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
     if (*ws) {
         if (opt->workspace_bytes < need)
-            return attn_fail(ATTN_ERR_WORKSPACE, "options.workspace_bytes is %zu, this call "
+            return ai_fail(ATTN_ERR_WORKSPACE, "options.workspace_bytes is %zu, this call "
                              "needs %zu", opt->workspace_bytes, need);
     } else if (need > 0) {
-        *owned = *ws = attn_malloc(need);
-        if (!*ws) return attn_fail(ATTN_ERR_NOMEM, "workspace: could not allocate %zu bytes", need);
+        *owned = *ws = ai_malloc(need);
+        if (!*ws) return ai_fail(ATTN_ERR_NOMEM, "workspace: could not allocate %zu bytes", need);
     } else {
         *ws = g_nothing;  // none needed: still no path computes on NULL
     }

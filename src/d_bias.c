@@ -1,8 +1,8 @@
 /*
  * d_bias.c — the bias's gradient (options.d_bias) where the bias broadcasts: the scratch
  *            array of every logit's gradient the backward paths fill, and its reduction
- *            over the broadcast dimensions into d_bias (attn_d_bias_scratch,
- *            attn_d_bias_reduce; backward.h). Shared by the three backward paths.
+ *            over the broadcast dimensions into d_bias (ai_d_bias_scratch,
+ *            ai_d_bias_reduce; backward.h). Shared by the three backward paths.
  *
  * What it is not: the gradient of a logit (each path forms it, tile by tile) or the
  * in-place case of a full or batch-shared bias (backward_fused.c writes those itself).
@@ -10,7 +10,7 @@
 #include "alloc.h"
 #include "backward.h"
 
-size_t attn_d_bias_scratch(const attn_bwd_params *bp, size_t elem) {
+size_t ai_d_bias_scratch(const attn_bwd_params *bp, size_t elem) {
     if (!bp->d_bias || bp->d_bias_full) return 0;
     const attn_params *p = &bp->fwd;
     int64_t n = 1;
@@ -21,7 +21,7 @@ size_t attn_d_bias_scratch(const attn_bwd_params *bp, size_t elem) {
     return (((size_t)n * elem) + 63) & ~(size_t)63;
 }
 
-void attn_d_bias_reduce(const attn_bwd_params *bp, const void *g, bool f64) {
+void ai_d_bias_reduce(const attn_bwd_params *bp, const void *g, bool f64) {
     const attn_params *p = &bp->fwd;
     const int64_t *n = bp->d_bias_n, *s = bp->d_bias_s;
     const int64_t full[4] = {p->B, p->Hq, p->Lq, p->Lk};
@@ -35,7 +35,7 @@ void attn_d_bias_reduce(const attn_bwd_params *bp, const void *g, bool f64) {
      * order b, h, i and, for a bias of one key, the keys j) */
 #pragma omp parallel num_threads(p->threads) if (rows * n[3] > 4096 && p->threads > 1)
     {
-        double *acc = attn_malloc((size_t)(n[3] > 0 ? n[3] : 1) * sizeof(double));
+        double *acc = ai_malloc((size_t)(n[3] > 0 ? n[3] : 1) * sizeof(double));
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             const int64_t a = r / (n[1] * n[2]), b = r / n[2] % n[1], c = r % n[2];
@@ -73,6 +73,6 @@ void attn_d_bias_reduce(const attn_bwd_params *bp, const void *g, bool f64) {
                     }
             for (int64_t x = 0; x < n[3]; x++) out[x * s[3]] = (float)acc[x];
         }
-        attn_free(acc);
+        ai_free(acc);
     }
 }

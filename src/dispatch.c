@@ -3,7 +3,7 @@
  *              kernel of the list (kernels/list.h) that it can run is taken, and ATTN_ISA
  *              can force another. ATTN_VERBOSE=1 says on stderr which one was chosen.
  *              Also the CPU model the kernels' per-CPU geometry is chosen by
- *              (attn_cpu_model_now, kernels.h).
+ *              (ai_cpu_model_now, kernels.h).
  *
  * The library itself is compiled for the baseline ISA; only the kernel files get ISA
  * flags, so nothing here may touch a vector type.
@@ -28,7 +28,7 @@ static bool cpu_has_f16c(void) {
 
 /* This CPU's vendor string (12 characters and a NUL), family and model as CPUID leaf 1
  * gives them (the extended fields folded in for family 0Fh); "unknown", 0, 0 elsewhere. */
-void attn_cpu_ident(char vendor[13], unsigned *family, unsigned *model) {
+void ai_cpu_ident(char vendor[13], unsigned *family, unsigned *model) {
     memcpy(vendor, "unknown", 8);
     *family = *model = 0;
 #if defined(__x86_64__) || defined(_M_X64)
@@ -48,7 +48,7 @@ void attn_cpu_ident(char vendor[13], unsigned *family, unsigned *model) {
 static bool cpu_is_zen3(void) {
     char vendor[13];
     unsigned family, model;
-    attn_cpu_ident(vendor, &family, &model);
+    ai_cpu_ident(vendor, &family, &model);
     return strcmp(vendor, "AuthenticAMD") == 0 && family == 0x19 &&
            (model <= 0x0F || (model >= 0x20 && model <= 0x2F) || (model >= 0x40 && model <= 0x5F));
 }
@@ -58,7 +58,7 @@ static attn_cpu_model g_model;
 static pthread_once_t g_model_once = PTHREAD_ONCE_INIT;
 static void probe_model(void) { g_model = cpu_is_zen3() ? ATTN_CPU_ZEN3 : ATTN_CPU_OTHER; }
 
-attn_cpu_model attn_cpu_model_now(void) {
+attn_cpu_model ai_cpu_model_now(void) {
     pthread_once(&g_model_once, probe_model);
     return g_model;
 }
@@ -129,20 +129,20 @@ static void choose(void) {
 /* pthread_once: the probe and getenv run once, whichever thread calls first */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
-const attn_kernels *attn_select_kernels(const char **why) {
+const attn_kernels *ai_select_kernels(const char **why) {
     pthread_once(&g_once, choose);
     if (why) *why = g_why;
     return g_chosen;
 }
 
 const char *attn_kernel_name(void) {
-    const attn_kernels *k = attn_select_kernels(NULL);
+    const attn_kernels *k = ai_select_kernels(NULL);
     return k ? k->name : "none";
 }
 
-bool attn_kernel_supported(const char *name) { return attn_kernels_named(name) != NULL; }
+bool attn_kernel_supported(const char *name) { return ai_kernels_named(name) != NULL; }
 
-const attn_kernels *attn_kernels_named(const char *name) {
+const attn_kernels *ai_kernels_named(const char *name) {
     if (!name) return NULL;
     for (int i = 0; i < N_KERNELS; i++)
         if (strcmp(name, g_list[i].table->name) == 0)
@@ -163,10 +163,10 @@ static const attn_kernels *kernels_with(const attn_kernels *kern, size_t flag) {
     return kern;
 }
 
-const attn_kernels *attn_kernels_for_q8_0(const attn_kernels *kern) {
+const attn_kernels *ai_kernels_for_q8_0(const attn_kernels *kern) {
     return kernels_with(kern, offsetof(attn_kernels, decode_q8_0));
 }
 
-const attn_kernels *attn_kernels_for_fp8(const attn_kernels *kern) {
+const attn_kernels *ai_kernels_for_fp8(const attn_kernels *kern) {
     return kernels_with(kern, offsetof(attn_kernels, decode_fp8));
 }

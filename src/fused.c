@@ -43,7 +43,7 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
     const int64_t dk = p->Dk, dv = p->Dv;
     if (dk > (int64_t)1 << 40 || dv > (int64_t)1 << 40) return false;
     *plan = (fused_plan){0};
-    const attn_tiles sizes = attn_choose_tiles(p->kernels, ATTN_TILES_FORWARD, p->kv_dt, dk, dv,
+    const attn_tiles sizes = ai_choose_tiles(p->kernels, ATTN_TILES_FORWARD, p->kv_dt, dk, dv,
                                                 &p->tune);
     const int64_t bq = sizes.bq, bk = sizes.bk;
     plan->bq = bq, plan->row_pad = p->kernels->geom.row_pad;
@@ -124,10 +124,10 @@ static bool partial_bytes(const fused_plan *plan, size_t *bytes) {
 }
 
 /* after the threads' slices and the partials: the mask summary (mask_summary.h) */
-size_t attn_fused_workspace(const attn_params *p) {
+size_t ai_fused_workspace(const attn_params *p) {
     fused_plan plan;
     size_t partials;
-    const size_t summary = attn_mask_summary_bytes(p);
+    const size_t summary = ai_mask_summary_bytes(p);
     if (!make_plan(p, &plan) || !partial_bytes(&plan, &partials) || summary == (size_t)-1 ||
         partials > SIZE_MAX / 4 - summary)
         return (size_t)-1;
@@ -193,7 +193,7 @@ static fused_block item_rows(const attn_params *p, const fused_plan *plan,
         attn_row_range(p, blk.lk_b, w->i[r], &w->lo[r], &w->hi[r]);
         /* keys outside the hull of a row's mask and bias are masked: by structure now */
         if (plan->sum)
-            blk.dense &= attn_mask_summary_row(p, plan->sum, blk.b, w->h[r], w->i[r], &w->lo[r], &w->hi[r]);
+            blk.dense &= ai_mask_summary_row(p, plan->sum, blk.b, w->h[r], w->i[r], &w->lo[r], &w->hi[r]);
         if (w->lo[r] < w->hi[r]) {
             if (w->lo[r] < blk.jmin) blk.jmin = w->lo[r];
             if (w->hi[r] > blk.jmax) blk.jmax = w->hi[r];
@@ -243,7 +243,7 @@ static void finish_tile(const attn_params *p, const fused_scratch *w, const fuse
         if (!elementwise) continue;
         const int64_t h = w->h[r], i = w->i[r];
         if (block_only) {  // the block mask's elements, a run of keys at a time
-            attn_block_mask_row(p->block, b, h, i, j0 + c_lo, c_hi - c_lo, s_r + c_lo * lds, lds);
+            ai_block_mask_row(p->block, b, h, i, j0 + c_lo, c_hi - c_lo, s_r + c_lo * lds, lds);
             continue;
         }
         const uint8_t *m = p->mask ? p->mask + b * p->mask_s[0] + h * p->mask_s[1] +
@@ -328,8 +328,8 @@ static const float *kv_block(const attn_kernels *kern, attn_dtype dt, kv_tile t,
     }
     if (attn_is_block_dtype(dt)) {  // unit stride along the row, rows on block starts (api.c)
         void (*deq)(int64_t, const uint8_t *, float *) =
-            dt == ATTN_Q4_0 ? attn_dequant_q4_0_blocks  // the portable one: no kernel has its own
-            : kern->dequant_q8_0 ? kern->dequant_q8_0 : attn_dequant_q8_0_blocks;
+            dt == ATTN_Q4_0 ? ai_dequant_q4_0_blocks  // the portable one: no kernel has its own
+            : kern->dequant_q8_0 ? kern->dequant_q8_0 : ai_dequant_q8_0_blocks;
         for (int64_t c = 0; c < nk; c++)
             deq(width / 32, (const uint8_t *)t.data + attn_row_byte_offset(dt, c * t.ld),
                 buf + c * width);
@@ -712,7 +712,7 @@ static void merge_partials(const attn_params *p, const fused_plan *plan, const f
     const float *x[SPLIT_MAX];
     for (int64_t r = 0; r < blk->n; r++) {
         for (int64_t c = 0; c < plan->split; c++) x[c] = part + c * pf + 2 * plan->bq + r * dv;
-        w->m[r] = attn_merge_row(plan->split, part + r, pf, part + plan->bq + r, pf, x, NULL, dv,
+        w->m[r] = ai_merge_row(plan->split, part + r, pf, part + plan->bq + r, pf, x, NULL, dv,
                                  w->acc + r * dv, &w->l[r]);
     }
 }
@@ -721,10 +721,10 @@ static void merge_partials(const attn_params *p, const fused_plan *plan, const f
  * the store and the weights read them: both then see the denominator with the sink. */
 static void fold_sinks(const attn_params *p, const fused_block *blk, const fused_scratch *w) {
     for (int64_t r = 0; r < blk->n; r++)
-        attn_merge_sink(&w->m[r], &w->l[r], w->acc + r * p->Dv, p->Dv, attn_sink(p, w->h[r]));
+        ai_merge_sink(&w->m[r], &w->l[r], w->acc + r * p->Dv, p->Dv, attn_sink(p, w->h[r]));
 }
 
-attn_status attn_fused_forward(const attn_params *p, void *ws) {
+attn_status ai_fused_forward(const attn_params *p, void *ws) {
     fused_plan plan;
     size_t partials;
     make_plan(p, &plan);  // cannot fail: the workspace query succeeded with the same p
@@ -733,9 +733,9 @@ attn_status attn_fused_forward(const attn_params *p, void *ws) {
     float *part = (float *)(base + (size_t)p->threads * plan.thread_bytes);
     attn_mask_summary sum;
     attn_params open;
-    /* key padding reaches here as key lengths already (attn_key_padding, mask_summary.h) */
+    /* key padding reaches here as key lengths already (ai_key_padding, mask_summary.h) */
     if (p->mask || p->bias || p->block) {
-        attn_mask_summary_init(p, (char *)part + round64(partials), &sum);
+        ai_mask_summary_init(p, (char *)part + round64(partials), &sum);
         open = *p;
         open.mask = NULL;
         open.bias = NULL;

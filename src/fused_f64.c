@@ -6,7 +6,7 @@
  * walks the union of its rows' structural key ranges (key length, causal band, window)
  * in tiles of BK keys. Per tile it copies K transposed and V into dense scratch, forms
  * the rows' logits in float64 — the dot products of the tile as one product (gemm_f64.h:
- * blocked, each summed over d in order 0 .. Dk-1), times the scale, then attn_ref_finish
+ * blocked, each summed over d in order 0 .. Dk-1), times the scale, then ai_ref_finish
  * (softcap, bias, ALiBi, bool mask): the reference's own logit, bit for bit — and updates
  * each row's running max m, running sum l and unnormalized accumulator, rescaled by
  * exp(m_old - m_new) when the max grows, the tile's P·V added as one product. A row is
@@ -81,7 +81,7 @@ static bool make_plan(const attn_params *p, f64_plan *pl) {
     CARVE(off_l, (int64_t)BQ);
 #undef CARVE
     pl->per_thread = n;
-    const size_t sum_bytes = attn_mask_summary_bytes(p);
+    const size_t sum_bytes = ai_mask_summary_bytes(p);
     if (__builtin_mul_overflow(pl->per_thread, (int64_t)p->threads, &t) ||
         sum_bytes == (size_t)-1 || sum_bytes / 8 > (size_t)INT64_MAX / 2 ||
         __builtin_add_overflow(t, (int64_t)(sum_bytes / 8) + (sum_bytes ? 8 : 0), &t) ||  // + 8: to align
@@ -91,7 +91,7 @@ static bool make_plan(const attn_params *p, f64_plan *pl) {
     return true;
 }
 
-size_t attn_fused_f64_workspace(const attn_params *p) {
+size_t ai_fused_f64_workspace(const attn_params *p) {
     f64_plan pl;
     if (!make_plan(p, &pl)) return (size_t)-1;
     return (size_t)pl.total * sizeof(double);
@@ -114,11 +114,11 @@ static void load_tile(const attn_params *p, int64_t k_bg, int64_t v_bg, int64_t 
  * each over d in order as reference.c's ref_logit (gemm_f64.h: blocking changes no bit). */
 static void tile_dots(const attn_params *p, const double *q, const double *kt, int64_t nq,
                       int64_t nk, double *s) {
-    attn_gemm_f64(nq, nk, p->Dk, q, p->Dk, 1, kt, BK, s, BK, false, false);
+    ai_gemm_f64(nq, nk, p->Dk, q, p->Dk, 1, kt, BK, s, BK, false, false);
 }
 
 /* Row r's final logits over the tile from its dot products s_r (in place, nk of them):
- * -inf outside [lo, hi), else scale * dot then attn_ref_finish: reference.c's logit. */
+ * -inf outside [lo, hi), else scale * dot then ai_ref_finish: reference.c's logit. */
 static void tile_logits(const attn_params *p, int64_t j0, int64_t nk, int64_t lo, int64_t hi,
                         int64_t b, int64_t h, int64_t i, int64_t d_i, double *s_r) {
     const double scale = p->scale64;
@@ -130,7 +130,7 @@ static void tile_logits(const attn_params *p, int64_t j0, int64_t nk, int64_t lo
     }
     if (p->mask && !p->bias && !p->alibi && !(p->softcap > 0.0f) &&
         !p->block && !p->score_mod) {
-        /* a bool mask alone: attn_ref_finish keeps the logit or makes it -inf, here by
+        /* a bool mask alone: ai_ref_finish keeps the logit or makes it -inf, here by
          * the byte read in line */
         const uint8_t *m_i = p->mask + b * p->mask_s[0] + h * p->mask_s[1] + i * p->mask_s[2];
         for (int64_t c = 0; c < nk; c++) {
@@ -146,7 +146,7 @@ static void tile_logits(const attn_params *p, int64_t j0, int64_t nk, int64_t lo
             continue;
         }
         const double raw = scale * s_r[c];
-        s_r[c] = elementwise ? attn_ref_finish(p, raw, b, h, i, j, d_i, NULL) : raw;
+        s_r[c] = elementwise ? ai_ref_finish(p, raw, b, h, i, j, d_i, NULL) : raw;
     }
 }
 
@@ -160,7 +160,7 @@ static const attn_params *row_params(const f64_call *x, bool dense, attn_tile_cl
  * block holds the tile's rows); MIXED without a summary. */
 static attn_tile_class tile_class(const f64_call *x, int64_t b, int64_t h, int64_t i0,
                                   int64_t j0, int64_t nk) {
-    return x->sum ? attn_mask_summary_tile(x->p, x->sum, b, h, 1, i0 / ATTN_SUM_ROWS, j0, nk)
+    return x->sum ? ai_mask_summary_tile(x->p, x->sum, b, h, 1, i0 / ATTN_SUM_ROWS, j0, nk)
                   : ATTN_TILE_MIXED;
 }
 
@@ -191,7 +191,7 @@ static void item_open(const f64_call *x, const f64_plan *pl, double *w, int64_t 
         const int64_t i = it->i0 + r;
         attn_row_range(p, it->lk_b, i, &it->lo[r], &it->hi[r]);
         /* keys outside the hulls of the row's mask and bias are masked: by structure now */
-        it->dense[r] = x->sum && attn_mask_summary_row(p, x->sum, b, h, i, &it->lo[r], &it->hi[r]);
+        it->dense[r] = x->sum && ai_mask_summary_row(p, x->sum, b, h, i, &it->lo[r], &it->hi[r]);
         it->dg[r] = attn_diagonal(p, it->lk_b, i);
         if (it->lo[r] < it->hi[r]) {
             if (it->lo[r] < it->blo) it->blo = it->lo[r];
@@ -242,7 +242,7 @@ static void item_tile_softmax(const f64_call *x, f64_item *it, int64_t j0, int64
 }
 
 /* The head's sink (CONTRACT "Attention sinks"): one more term of the denominator with no
- * value, folded into each row's final (m, l, acc) as merge.c's attn_merge_sink does in
+ * value, folded into each row's final (m, l, acc) as merge.c's ai_merge_sink does in
  * float32 (a fully masked row then has m = sink, l = 1, acc = 0); then O and the LSE. */
 static void item_close(const f64_call *x, f64_item *it) {
     const attn_params *p = x->p;
@@ -319,22 +319,22 @@ static void item_forward(const f64_call *x, const f64_plan *pl, double *w, int64
         item_tile_softmax(x, &it, j0, nk, cls);
         /* acc_r += Σ_c e_rc v_c, over the keys in order; a weight of exactly 0 adds +0
          * (skip_zero): a masked key's V is never multiplied */
-        attn_gemm_f64(it.nq, p->Dv, nk, it.s, BK, 1, it.v, p->Dv, it.acc, p->Dv, true, true);
+        ai_gemm_f64(it.nq, p->Dv, nk, it.s, BK, 1, it.v, p->Dv, it.acc, p->Dv, true, true);
     }
     item_close(x, &it);
     if (p->weights) item_weights(x, &it);
 }
 
-attn_status attn_fused_f64_forward(const attn_params *p, void *ws) {
+attn_status ai_fused_f64_forward(const attn_params *p, void *ws) {
     f64_plan pl;
-    if (!make_plan(p, &pl)) return attn_fail(ATTN_ERR_OVERFLOW, "float64 fused plan overflows");
+    if (!make_plan(p, &pl)) return ai_fail(ATTN_ERR_OVERFLOW, "float64 fused plan overflows");
     double *base = ws;
     attn_mask_summary sum;
     attn_params open;
     f64_call x = {.p = p};
     if (p->mask || p->bias || p->block) {
         void *at = (void *)(((uintptr_t)(base + pl.per_thread * p->threads) + 63) & ~(uintptr_t)63);
-        attn_mask_summary_init(p, at, &sum);
+        ai_mask_summary_init(p, at, &sum);
         open = *p;
         open.mask = NULL;
         open.bias = NULL;

@@ -1,5 +1,5 @@
 /*
- * fused_geom.c — the tile sizes of a call (attn_choose_tiles, kernels.h), the one place
+ * fused_geom.c — the tile sizes of a call (ai_choose_tiles, kernels.h), the one place
  *                the forward, its weights, attn_weights_grid and the fused backward take
  *                them from: how many query rows share a key block (bq) and how many keys
  *                a block holds (bk), from the kernel's line of kernels/list.h, its
@@ -54,14 +54,14 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 /* the per-CPU table's bq for this CPU and use, 0 without one */
 static int64_t cpu_bq(const attn_kernels *kern, attn_tile_use use) {
     if (!kern->cpu_geom) return 0;
-    const attn_cpu_model cpu = attn_cpu_model_now();
+    const attn_cpu_model cpu = ai_cpu_model_now();
     if (cpu == ATTN_CPU_OTHER) return 0;
     for (const attn_cpu_geom *g = kern->cpu_geom; g->cpu != ATTN_CPU_OTHER; g++)
         if (g->cpu == cpu) return use == ATTN_TILES_BACKWARD ? g->bwd_bq : g->fwd_bq;
     return 0;
 }
 
-attn_tiles attn_choose_tiles(const attn_kernels *kern, attn_tile_use use, attn_dtype kv_dt,
+attn_tiles ai_choose_tiles(const attn_kernels *kern, attn_tile_use use, attn_dtype kv_dt,
                              int64_t dk, int64_t dv, const attn_tune_config *tuned) {
     pthread_once(&g_once, probe);
     const attn_kernel_geom *geom = &kern->geom;

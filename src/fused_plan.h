@@ -10,7 +10,7 @@
 #include "kernels.h"
 #include "mask_summary.h"
 
-/* Tile sizes, from the kernel's geometry (kernels/list.h) by attn_choose_tiles
+/* Tile sizes, from the kernel's geometry (kernels/list.h) by ai_choose_tiles
  * (fused_geom.c): bq query rows share each key block; bk keys per block, chosen so that a
  * key and a value block together, in their own dtype, stay near 64 KiB (a Zen 4 core has
  * 32 KiB of L1d and 1 MiB of L2), within the kernel's [bk_min, bk_max]. Key splitting for decoding-shaped
@@ -25,7 +25,7 @@ enum {
 _Static_assert(SPLIT_MAX == ATTN_TUNE_SPLIT_MAX, "a tuned split is bounded by SPLIT_MAX");
 _Static_assert(SPLIT_MAX_LQ == ATTN_DECODE_MAX_ROWS, "the tuner's decoding class is the split's");
 
-/* The forward's tile sizes: attn_choose_tiles(kern, ATTN_TILES_FORWARD, ...) (kernels.h,
+/* The forward's tile sizes: ai_choose_tiles(kern, ATTN_TILES_FORWARD, ...) (kernels.h,
  * fused_geom.c): bq a multiple of the kernel's row_pad in [16, ATTN_FWD_BQ_LIMIT], bk in
  * [1, ATTN_BK_LIMIT]; the same for every call of a process. */
 

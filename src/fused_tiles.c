@@ -29,7 +29,7 @@ const attn_params *fused_tile_params(const attn_params *p, const fused_plan *pla
     attn_tile_class cls = ATTN_TILE_MIXED;
     for (int64_t sb = i0 / ATTN_SUM_ROWS; sb * ATTN_SUM_ROWS < i1; sb++) {
         const attn_tile_class c =
-            attn_mask_summary_tile(p, plan->sum, blk->b, blk->h0, blk->nh, sb, j0, nk);
+            ai_mask_summary_tile(p, plan->sum, blk->b, blk->h0, blk->nh, sb, j0, nk);
         if (sb > i0 / ATTN_SUM_ROWS && c != cls) return p;
         cls = c;
     }

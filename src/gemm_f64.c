@@ -1,5 +1,5 @@
 /*
- * gemm_f64.c — attn_gemm_f64 (gemm_f64.h): blocks of 2 rows x 8 columns of C held in
+ * gemm_f64.c — ai_gemm_f64 (gemm_f64.h): blocks of 2 rows x 8 columns of C held in
  *              sixteen doubles of registers across the whole sum over k, as two-wide
  *              vectors (GCC / Clang vector extensions: SSE2 on baseline x86-64, NEON on
  *              arm64, scalar code elsewhere), each A element broadcast once per block and
@@ -55,7 +55,7 @@ static void block8(int64_t i0, bool two, int64_t j0, int64_t kk, const double *A
     store2(c0, s00), store2(c0 + 2, s01), store2(c0 + 4, s02), store2(c0 + 6, s03);
 }
 
-void attn_gemm_f64(int64_t m, int64_t n, int64_t kk, const double *A, int64_t ar, int64_t ak,
+void ai_gemm_f64(int64_t m, int64_t n, int64_t kk, const double *A, int64_t ar, int64_t ak,
                    const double *B, int64_t ldb, double *C, int64_t ldc, bool accumulate,
                    bool skip_zero) {
     const int64_t n8 = n / 8 * 8;

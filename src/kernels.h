@@ -85,7 +85,7 @@ static inline attn_decode_pf attn_decode_pf_make(bool prefetch, const void *v, i
 
 /* M(DT) for the K/V dtype dt (float32, bfloat16 or float16), DT a compile-time constant:
  * how the kernels instantiate their dtype templates. Any other dtype runs nothing: the
- * API admits only these three to the kernels (attn_check_tensor refuses the rest with
+ * API admits only these three to the kernels (ai_check_tensor refuses the rest with
  * ATTN_ERR_DTYPE), and a new one needs its own branch here, never a fall-through. */
 #define ATTN_KV_DTYPE_SWITCH(dt, M)                                                         \
     do {                                                                                    \
@@ -127,16 +127,16 @@ typedef struct attn_kernel_geom {
     int32_t row_pad, bq, bk_min, bk_max;
 } attn_kernel_geom;
 
-/* A CPU a kernel's geometry is tuned for: attn_cpu_model_now() (dispatch.c) says which
+/* A CPU a kernel's geometry is tuned for: ai_cpu_model_now() (dispatch.c) says which
  * one this is, probed once (ATTN_CPU_OTHER: none of the tuned ones). */
 typedef enum attn_cpu_model {
     ATTN_CPU_OTHER = 0,
     ATTN_CPU_ZEN3,  /* AuthenticAMD, family 19h, models 00-0Fh, 20-2Fh, 40-5Fh (not Zen 4) */
 } attn_cpu_model;
-ATTN_PRIVATE attn_cpu_model attn_cpu_model_now(void);
+ATTN_PRIVATE attn_cpu_model ai_cpu_model_now(void);
 /* This CPU's CPUID vendor string, family and model ("unknown", 0, 0 off x86-64):
  * dispatch.c, for the model above and the wisdom's cpu line (wisdom.h). */
-ATTN_PRIVATE void attn_cpu_ident(char vendor[13], unsigned *family, unsigned *model);
+ATTN_PRIVATE void ai_cpu_ident(char vendor[13], unsigned *family, unsigned *model);
 
 /* One line of a kernel's per-CPU geometry (its folder's table, the kernel table's
  * cpu_geom): on CPU cpu, the forward's (and attn_weights_grid's) query rows per block and
@@ -251,7 +251,7 @@ struct attn_kernels {
     /* The same ISA's micro-kernels of additive attention (additive.h), in its folder. */
     const struct attn_additive_kernels *additive;
 
-    /* Optional (NULL: attn_dequant_q8_0_blocks, the portable one): dst = the 32 n values
+    /* Optional (NULL: ai_dequant_q8_0_blocks, the portable one): dst = the 32 n values
      * of n contiguous q8_0 blocks (attn.h), d * qs[i], exact in float32. */
     void (*dequant_q8_0)(int64_t n, const uint8_t *src, float *dst);
     /* Whether decode and decode_qk also take dt = ATTN_Q8_0 (k and v pointing at a row's
@@ -310,7 +310,7 @@ struct attn_kernels {
      * NaN, infinity and subnormal results): the output rows of a 16-bit O. */
     void (*from_f32)(attn_dtype dt, int64_t n, const float *src, uint16_t *dst);
     /* Optional (NULL: the list's geometry on every CPU): the kernel's per-CPU geometry,
-     * read by attn_choose_tiles alone. */
+     * read by ai_choose_tiles alone. */
     const attn_cpu_geom *cpu_geom;
     /* Optional (NULL: the portable loops of mha_gemv.c): the decoding step's one-row
      * bfloat16 products, bit for bit those loops (mha_gemv.h): rows over [in, out]
@@ -337,7 +337,7 @@ typedef enum attn_tile_use {
 typedef struct attn_tiles {
     int64_t bq, bk;  /* query rows per block, keys per block */
 } attn_tiles;
-ATTN_PRIVATE attn_tiles attn_choose_tiles(const attn_kernels *kern, attn_tile_use use,
+ATTN_PRIVATE attn_tiles ai_choose_tiles(const attn_kernels *kern, attn_tile_use use,
                                           attn_dtype kv_dt, int64_t dk, int64_t dv,
                                           const attn_tune_config *tuned);
 
@@ -366,56 +366,56 @@ ATTN_KERNEL_LIST(ATTN_X_GEOM_CHECK)
 #undef ATTN_X_GEOM_CHECK
 
 /* the AVX-512 float32 kernels, shared by the avx512bf16 table */
-ATTN_PRIVATE void attn_qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
+ATTN_PRIVATE void ai_qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
                                  const float *qt, int64_t ldq, const float *k, int64_t ldk,
                                  float scale, float *s, int64_t lds);
-ATTN_PRIVATE void attn_softmax_avx512(int64_t npad, int64_t nk, float *s, int64_t lds, float *m,
+ATTN_PRIVATE void ai_softmax_avx512(int64_t npad, int64_t nk, float *s, int64_t lds, float *m,
                                       float *l, float *alpha);
-ATTN_PRIVATE void attn_pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p,
+ATTN_PRIVATE void ai_pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p,
                                  int64_t lds, const float *v, int64_t ldv, const float *alpha,
                                  float *acc, int64_t ldo, bool skip_zeros);
-ATTN_PRIVATE void attn_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
+ATTN_PRIVATE void ai_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                                      attn_dtype dt, bool round_p, const void *k, int64_t ldk,
                                      const void *v, int64_t ldv, float scale, float *s, float *m,
                                      float *l, float *alpha, float *acc, bool prefetch,
                                      const void *next_k, int64_t next_nk);
-ATTN_PRIVATE void attn_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q,
+ATTN_PRIVATE void ai_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q,
                                         attn_dtype dt, const void *k, int64_t ldk, float scale,
                                         float *s, int64_t lds);
-ATTN_PRIVATE void attn_exp_array_avx512(int64_t n, const float *x, float *y);
-ATTN_PRIVATE void attn_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst);
-ATTN_PRIVATE void attn_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,
+ATTN_PRIVATE void ai_exp_array_avx512(int64_t n, const float *x, float *y);
+ATTN_PRIVATE void ai_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst);
+ATTN_PRIVATE void ai_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,
                                         float *s, int64_t lds);
 /* the AVX2 decoding step (avx2/decode.c) */
-ATTN_PRIVATE void attn_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
+ATTN_PRIVATE void ai_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                                    attn_dtype dt, bool round_p, const void *k, int64_t ldk,
                                    const void *v, int64_t ldv, float scale, float *s, float *m,
                                    float *l, float *alpha, float *acc, bool prefetch,
                                    const void *next_k, int64_t next_nk);
-ATTN_PRIVATE void attn_decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q,
+ATTN_PRIVATE void ai_decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q,
                                       attn_dtype dt, const void *k, int64_t ldk, float scale,
                                       float *s, int64_t lds);
-ATTN_PRIVATE void attn_decode_rows_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv,
+ATTN_PRIVATE void ai_decode_rows_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv,
                                         const float *q, attn_dtype dt, bool round_p,
                                         const char *const *k_rows, const char *const *v_rows,
                                         float scale, float *s, float *m, float *l, float *alpha,
                                         float *acc, bool prefetch, const char *const *next_k_rows,
                                         int64_t next_nk);
 /* the AVX2 rounding of float32 rows to 16 bits (avx2/convert.c) */
-ATTN_PRIVATE void attn_from_f32_avx2(attn_dtype dt, int64_t n, const float *src, uint16_t *dst);
-ATTN_PRIVATE void attn_rows_from_st_avx2(int64_t n, int64_t nk, const float *s, int64_t lds,
+ATTN_PRIVATE void ai_from_f32_avx2(attn_dtype dt, int64_t n, const float *src, uint16_t *dst);
+ATTN_PRIVATE void ai_rows_from_st_avx2(int64_t n, int64_t nk, const float *s, int64_t lds,
                                          float *const *out);
 /* the gemm entries (each in its folder's gemm.c); avx512bf16 shares the avx512 one */
 #define ATTN_GEMM_DECLARE(name)                                                            \
     ATTN_PRIVATE void name(bool trans_a, int64_t m, int64_t n, int64_t k, const float *a,    \
                            int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc, \
                            bool skip_zeros);
-ATTN_GEMM_DECLARE(attn_gemm_generic)
-ATTN_GEMM_DECLARE(attn_gemm_avx2)
-ATTN_GEMM_DECLARE(attn_gemm_avx512)
+ATTN_GEMM_DECLARE(ai_gemm_generic)
+ATTN_GEMM_DECLARE(ai_gemm_avx2)
+ATTN_GEMM_DECLARE(ai_gemm_avx512)
 #undef ATTN_GEMM_DECLARE
 /* the portable bool mask, shared by the kernels with no vector version */
-ATTN_PRIVATE void attn_mask_bool_generic(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,
+ATTN_PRIVATE void ai_mask_bool_generic(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,
                                          float *s, int64_t lds);
 
 #define ATTN_X_DECLARE(name, ...) ATTN_PRIVATE extern const attn_kernels attn_kernels_##name;
@@ -424,20 +424,20 @@ ATTN_KERNEL_LIST(ATTN_X_DECLARE)
 
 /* The table of the kernel `name`, NULL when this build has none of that name or this CPU
  * cannot run it. */
-ATTN_PRIVATE const attn_kernels *attn_kernels_named(const char *name);
+ATTN_PRIVATE const attn_kernels *ai_kernels_named(const char *name);
 
 /* The kernels this process uses: probed once, or forced by ATTN_ISA. NULL when ATTN_ISA
  * names a kernel this CPU cannot run (or none at all): the call then fails with
  * ATTN_ERR_UNSUPPORTED and attn_last_error() says why. */
-ATTN_PRIVATE const attn_kernels *attn_select_kernels(const char **why);
+ATTN_PRIVATE const attn_kernels *ai_select_kernels(const char **why);
 
 /* The kernel a decoding-shaped call over a q8_0 cache runs on when `kern` was chosen:
  * kern itself when it has the q8_0 decoding step (decode_q8_0), else the best kernel
  * after it in the list that has the step and this CPU runs (an AVX-512 CPU: avx2, whose
  * step reads the blocks in registers, where avx512's tiles would dequantize every block
  * to float32 first: docs/KERNELS.md, "The q8_0 cache"), else kern (generic). */
-ATTN_PRIVATE const attn_kernels *attn_kernels_for_q8_0(const attn_kernels *kern);
+ATTN_PRIVATE const attn_kernels *ai_kernels_for_q8_0(const attn_kernels *kern);
 /* The same for an fp8 cache without scales and the fp8 decoding step (decode_fp8). */
-ATTN_PRIVATE const attn_kernels *attn_kernels_for_fp8(const attn_kernels *kern);
+ATTN_PRIVATE const attn_kernels *ai_kernels_for_fp8(const attn_kernels *kern);
 
 #endif /* ATTN_KERNELS_H */

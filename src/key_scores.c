@@ -4,7 +4,7 @@
  *                call's query rows and the query heads of its key/value head, the score
  *                H2O, SnapKV and OpenVINO's paged attention keep the largest keys by.
  *
- * What it is: the forward (api.c's attn_forward_piece, with an LSE of its own when the
+ * What it is: the forward (api.c's ai_forward_piece, with an LSE of its own when the
  * caller wants none), then attn_weights_grid with one row cell and a cell per key, which
  * recomputes P = exp(s - lse) from that LSE and sums it over the rows (float64, rounded
  * once), then the group's heads added in head order. Every check runs before the forward
@@ -20,27 +20,27 @@
 
 /* key_scores [B, Hkv, Lk] (shape {B, Hkv, Lk, 1}), float32, an output's strides */
 static attn_status check_scores(const attn_tensor *t, const attn_params *p) {
-    TRY(attn_check_tensor(t, "options.key_scores", ATTN_F32, true));
+    TRY(ai_check_tensor(t, "options.key_scores", ATTN_F32, true));
     const int64_t want[4] = {p->B, p->Hkv, p->Lk, 1};
     for (int d = 0; d < 4; d++)
         if (t->shape[d] != want[d])
-            return attn_fail(ATTN_ERR_SHAPE, "options.key_scores: shape [%lld, %lld, %lld, %lld], "
+            return ai_fail(ATTN_ERR_SHAPE, "options.key_scores: shape [%lld, %lld, %lld, %lld], "
                              "expected [B = %lld, Hkv = %lld, Lk = %lld, 1]",
                              (long long)t->shape[0], (long long)t->shape[1], (long long)t->shape[2],
                              (long long)t->shape[3], (long long)p->B, (long long)p->Hkv,
                              (long long)p->Lk);
-    return attn_check_output_strides(t, "options.key_scores", 3);
+    return ai_check_output_strides(t, "options.key_scores", 3);
 }
 
-attn_status attn_forward_key_scores(const attn_tensor *q, const attn_tensor *k,
+attn_status ai_forward_key_scores(const attn_tensor *q, const attn_tensor *k,
                                     const attn_tensor *v, const attn_tensor *o,
                                     const attn_options *opt) {
     attn_options fwd = *opt;
     fwd.key_scores = NULL;
     attn_params p;
-    TRY(attn_params_init(&p, q, k, v, o, &fwd, true));
+    TRY(ai_params_init(&p, q, k, v, o, &fwd, true));
     if (p.q_dt == ATTN_F64)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "options.key_scores: float64 calls have none "
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "options.key_scores: float64 calls have none "
                          "(float32, 16-bit and q8_0 calls do)");
     const attn_tensor *ks = opt->key_scores;
     TRY(check_scores(ks, &p));
@@ -54,7 +54,7 @@ attn_status attn_forward_key_scores(const attn_tensor *q, const attn_tensor *k,
         const attn_tensor *out[] = {o, opt->lse, opt->weights, ks};
         static const char *const out_names[] = {"o", "options.lse", "options.weights",
                                                 "options.key_scores"};
-        TRY(attn_check_aliasing(in, in_names, 11, out, out_names, 4, NULL, 0));
+        TRY(ai_check_aliasing(in, in_names, 11, out, out_names, 4, NULL, 0));
     }
     const int64_t B = p.B, Hq = p.Hq, Hkv = p.Hkv, Lq = p.Lq, Lk = p.Lk;
     /* the LSE the grid reads (the caller's, or ours) and the grid [B, Hq, 1, Lk] */
@@ -62,14 +62,14 @@ attn_status attn_forward_key_scores(const attn_tensor *q, const attn_tensor *k,
     const size_t grid_floats = Lq > 0 ? (size_t)(B * Hq * Lk) : 0;
     float *mem = NULL;
     if (lse_floats + grid_floats > 0) {
-        mem = attn_malloc((lse_floats + grid_floats) * sizeof(float));
+        mem = ai_malloc((lse_floats + grid_floats) * sizeof(float));
         if (!mem)
-            return attn_fail(ATTN_ERR_NOMEM, "options.key_scores: could not allocate %zu bytes",
+            return ai_fail(ATTN_ERR_NOMEM, "options.key_scores: could not allocate %zu bytes",
                              (lse_floats + grid_floats) * sizeof(float));
     }
     attn_tensor lse_own = attn_tensor_4d(mem, ATTN_F32, B, Hq, Lq, 1);
     if (!opt->lse) fwd.lse = &lse_own;
-    attn_status st = attn_forward_piece(q, k, v, o, &fwd, NULL);
+    attn_status st = ai_forward_piece(q, k, v, o, &fwd, NULL);
     float *grid = mem + lse_floats;
     if (st == ATTN_OK && grid_floats > 0) {
         attn_options go = *opt;
@@ -92,6 +92,6 @@ attn_status attn_forward_key_scores(const attn_tensor *q, const attn_tensor *k,
                     out[b * ks->stride[0] + g * ks->stride[1] + j * ks->stride[2]] = (float)sum;
                 }
     }
-    attn_free(mem);
-    return st == ATTN_OK ? attn_ok() : st;
+    ai_free(mem);
+    return st == ATTN_OK ? ai_ok() : st;
 }

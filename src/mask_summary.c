@@ -5,7 +5,7 @@
  *                  the cells hold.
  *
  * What it is not: a decision about tiles (the fused paths make those from the answers of
- * attn_mask_summary_row and attn_mask_summary_tile) or a second definition of a logit.
+ * ai_mask_summary_row and ai_mask_summary_tile) or a second definition of a logit.
  *
  * Cost: each cell is read once, counted by a short vectorizable loop per granule; the
  * first and last kept key of a row are then searched within their granules only. A block
@@ -58,7 +58,7 @@ static size_t length_bytes(const attn_params *p) {
     return p->mask || p->bias ? round64((size_t)p->B * 2 * sizeof(int64_t)) : 0;
 }
 
-size_t attn_mask_summary_bytes(const attn_params *p) {
+size_t ai_mask_summary_bytes(const attn_params *p) {
     attn_mask_summary s;
     both(p, &s);
     size_t a, b;
@@ -176,7 +176,7 @@ static void build_block(const attn_params *p, const attn_sum_one *t, const int64
     }
 }
 
-void attn_mask_summary_init(const attn_params *p, void *mem, attn_mask_summary *s) {
+void ai_mask_summary_init(const attn_params *p, void *mem, attn_mask_summary *s) {
     both(p, s);
     if (p->block) {  // its summary is the block mask itself
         const attn_block_mask *m = p->block;
@@ -224,7 +224,7 @@ static bool narrow(const attn_params *p, const attn_sum_one *t, bool is_bool, in
     return t->dense[row] != 0;
 }
 
-bool attn_mask_summary_row(const attn_params *p, const attn_mask_summary *s, int64_t b,
+bool ai_mask_summary_row(const attn_params *p, const attn_mask_summary *s, int64_t b,
                            int64_t h, int64_t i, int64_t *lo, int64_t *hi) {
     const bool dm = narrow(p, &s->mask, true, b, h, i, lo, hi);
     const bool db = narrow(p, &s->bias, false, b, h, i, lo, hi);
@@ -248,7 +248,7 @@ static unsigned tile_flags(const attn_params *p, const attn_sum_one *t, bool is_
     return f;
 }
 
-attn_tile_class attn_mask_summary_tile(const attn_params *p, const attn_mask_summary *s,
+attn_tile_class ai_mask_summary_tile(const attn_params *p, const attn_mask_summary *s,
                                        int64_t b, int64_t h0, int64_t nh, int64_t qb, int64_t j0,
                                        int64_t nk) {
     const unsigned fm = tile_flags(p, &s->mask, true, b, h0, nh, qb, j0, nk);
@@ -260,12 +260,12 @@ attn_tile_class attn_mask_summary_tile(const attn_params *p, const attn_mask_sum
     return ATTN_TILE_MIXED;
 }
 
-attn_tile_class attn_mask_summary_rows(const attn_params *p, const attn_mask_summary *s,
+attn_tile_class ai_mask_summary_rows(const attn_params *p, const attn_mask_summary *s,
                                        int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t j0,
                                        int64_t nk) {
-    const attn_tile_class first = attn_mask_summary_tile(p, s, b, h, 1, i0 / ATTN_SUM_ROWS, j0, nk);
+    const attn_tile_class first = ai_mask_summary_tile(p, s, b, h, 1, i0 / ATTN_SUM_ROWS, j0, nk);
     for (int64_t sb = i0 / ATTN_SUM_ROWS + 1; sb * ATTN_SUM_ROWS < i1; sb++)
-        if (attn_mask_summary_tile(p, s, b, h, 1, sb, j0, nk) != first) return ATTN_TILE_MIXED;
+        if (ai_mask_summary_tile(p, s, b, h, 1, sb, j0, nk) != first) return ATTN_TILE_MIXED;
     return first;
 }
 
@@ -375,19 +375,19 @@ static bool key_lengths(const attn_params *p, int64_t *lengths, int64_t *scratch
     return true;
 }
 
-bool attn_mask_summary_lengths(const attn_params *p, const attn_mask_summary *s,
+bool ai_mask_summary_lengths(const attn_params *p, const attn_mask_summary *s,
                                attn_params *out) {
     return s->lengths && key_lengths(p, s->lengths, s->scratch, out);
 }
 
-size_t attn_key_padding_bytes(const attn_params *p) {
+size_t ai_key_padding_bytes(const attn_params *p) {
     if (p->path != ATTN_PATH_FUSED || (uint64_t)p->B > SIZE_MAX / 64) return 0;
     const size_t bytes = length_bytes(p);
     return bytes ? bytes + 64 : 0;  // + 64: to align
 }
 
-const attn_params *attn_key_padding(const attn_params *p, void *mem, attn_params *out) {
-    if (!attn_key_padding_bytes(p)) return p;
+const attn_params *ai_key_padding(const attn_params *p, void *mem, attn_params *out) {
+    if (!ai_key_padding_bytes(p)) return p;
     int64_t *lengths = (int64_t *)(((uintptr_t)mem + 63) & ~(uintptr_t)63);
     return key_lengths(p, lengths, lengths + p->B, out) ? out : p;
 }

@@ -16,7 +16,7 @@
  * then added, and NaN reaches the row as the contract says.
  *
  * Memory: hulls 2 int64 and a byte per collapsed row, a byte per (block, granule), a
- * state per block, and 2 int64 per batch (the key lengths of attn_mask_summary_lengths):
+ * state per block, and 2 int64 per batch (the key lengths of ai_mask_summary_lengths):
  * (rows / 64) x (Lk / 16) bytes — 1/1024 of the mask itself, never more than the mask.
  */
 #ifndef ATTN_MASK_SUMMARY_H
@@ -64,12 +64,12 @@ typedef struct attn_mask_summary {
 
 /* Bytes attn_mask_summary_build needs for p's mask and bias (0 without either), a
  * multiple of 64; (size_t)-1 on overflow. */
-ATTN_PRIVATE size_t attn_mask_summary_bytes(const attn_params *p);
+ATTN_PRIVATE size_t ai_mask_summary_bytes(const attn_params *p);
 
-/* Lays out p's summary in mem (attn_mask_summary_bytes(p) bytes, 64-aligned), before the
+/* Lays out p's summary in mem (ai_mask_summary_bytes(p) bytes, 64-aligned), before the
  * call's parallel region. Nothing is summarized yet: each block of rows is, by the first
  * thread whose question (below) needs it; the others wait for that thread. */
-ATTN_PRIVATE void attn_mask_summary_init(const attn_params *p, void *mem, attn_mask_summary *s);
+ATTN_PRIVATE void ai_mask_summary_init(const attn_params *p, void *mem, attn_mask_summary *s);
 
 /* Whether p's mask and bias are key padding, per batch a prefix of keys open and the rest
  * masked, the same prefix for every head and row (possibly cut by a top-left causal band:
@@ -79,38 +79,38 @@ ATTN_PRIVATE void attn_mask_summary_init(const attn_params *p, void *mem, attn_m
  * per-logit test. One pass over the tensors (in parallel, p->threads), ending at the first
  * row that is not such a prefix; false then, and the summary is used as before. Also false
  * where a shorter key length would move p's diagonal (bottom-right alignment with causal,
- * a window or ALiBi). Before the call's parallel region, after attn_mask_summary_init.
+ * a window or ALiBi). Before the call's parallel region, after ai_mask_summary_init.
  * The memory is the summary's lengths; no hull is touched. */
-ATTN_PRIVATE bool attn_mask_summary_lengths(const attn_params *p, const attn_mask_summary *s,
+ATTN_PRIVATE bool ai_mask_summary_lengths(const attn_params *p, const attn_mask_summary *s,
                                             attn_params *out);
 
 /* Key padding as key lengths for every fused call (float32, 16-bit and float64 forward,
  * backward, attn_weights_grid), at the one place each passes through: the entry point
  * that runs it (api.c attn_forward, backward.c attn_backward, weights_grid.c), after
- * attn_params_init, before the path. attn_key_padding_bytes(p): the bytes the lengths
+ * ai_params_init, before the path. ai_key_padding_bytes(p): the bytes the lengths
  * take in that call's workspace (0 without mask and bias, and on the reference path,
- * which keeps the tensors as given); attn_key_padding(p, mem, out): out, filled as
- * attn_mask_summary_lengths does, when p's mask and bias are key padding, else p. The
+ * which keeps the tensors as given); ai_key_padding(p, mem, out): out, filled as
+ * ai_mask_summary_lengths does, when p's mask and bias are key padding, else p. The
  * conversion is exact: the call gives the bits it gives with the mask. */
-ATTN_PRIVATE size_t attn_key_padding_bytes(const attn_params *p);
-ATTN_PRIVATE const attn_params *attn_key_padding(const attn_params *p, void *mem,
+ATTN_PRIVATE size_t ai_key_padding_bytes(const attn_params *p);
+ATTN_PRIVATE const attn_params *ai_key_padding(const attn_params *p, void *mem,
                                                  attn_params *out);
 
 /* The class of the tile of rows i0 .. i1-1 (i0 < i1) of head h, keys j0 .. j0+nk-1, for a
  * block of rows other than the summary's: open (masked) where it is so in every summary
  * block the rows reach, mixed otherwise. */
-ATTN_PRIVATE attn_tile_class attn_mask_summary_rows(const attn_params *p, const attn_mask_summary *s,
+ATTN_PRIVATE attn_tile_class ai_mask_summary_rows(const attn_params *p, const attn_mask_summary *s,
                                                     int64_t b, int64_t h, int64_t i0, int64_t i1,
                                                     int64_t j0, int64_t nk);
 
 /* Row i of head h, batch b: narrows [*lo, *hi) to the hulls of the mask and the bias;
  * true when every key left is open in both (the row then needs neither). */
-ATTN_PRIVATE bool attn_mask_summary_row(const attn_params *p, const attn_mask_summary *s,
+ATTN_PRIVATE bool ai_mask_summary_row(const attn_params *p, const attn_mask_summary *s,
                                         int64_t b, int64_t h, int64_t i, int64_t *lo, int64_t *hi);
 
 /* The class of the tile of query block qb (rows qb * ATTN_SUM_ROWS ..., or all rows when
  * a block stacks heads) of heads h0 .. h0 + nh - 1, keys j0 .. j0 + nk - 1 (nk >= 1). */
-ATTN_PRIVATE attn_tile_class attn_mask_summary_tile(const attn_params *p,
+ATTN_PRIVATE attn_tile_class ai_mask_summary_tile(const attn_params *p,
                                                     const attn_mask_summary *s, int64_t b,
                                                     int64_t h0, int64_t nh, int64_t qb,
                                                     int64_t j0, int64_t nk);

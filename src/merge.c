@@ -1,6 +1,6 @@
 /*
  * merge.c — merging partial attention results: the one per-row merge of softmax states
- *           (attn_merge_row, also the split-KV path's in fused.c) and the public
+ *           (ai_merge_row, also the split-KV path's in fused.c) and the public
  *           attn_merge over (O, LSE) tensors.
  *
  * A partial result is attention over a subset of the keys: O_c normalized over that
@@ -16,7 +16,7 @@
 #include "half.h"
 #include "merge.h"
 
-float attn_merge_row(int64_t n, const float *a, int64_t a_s, const float *mass, int64_t mass_s,
+float ai_merge_row(int64_t n, const float *a, int64_t a_s, const float *mass, int64_t mass_s,
                      const float *const *x, const int64_t *x_s, int64_t dv, float *acc,
                      float *l_out) {
     float m = -INFINITY;
@@ -44,7 +44,7 @@ float attn_merge_row(int64_t n, const float *a, int64_t a_s, const float *mass, 
     return m;
 }
 
-void attn_merge_sink(float *m, float *l, float *acc, int64_t dv, float sink) {
+void ai_merge_sink(float *m, float *l, float *acc, int64_t dv, float sink) {
     if (sink == -INFINITY) return;  // empty: no sink
     const float m0 = *m;
     const float M = isnan(m0) || isnan(sink) ? NAN : m0 > sink ? m0 : sink;
@@ -65,7 +65,7 @@ static attn_status same_shape(const attn_tensor *t, const char *name, int64_t c,
                               const int64_t want[4]) {
     for (int d = 0; d < 4; d++)
         if (t->shape[d] != want[d])
-            return attn_fail(ATTN_ERR_SHAPE, "%s[%lld]: shape[%d] = %lld, expected %lld", name,
+            return ai_fail(ATTN_ERR_SHAPE, "%s[%lld]: shape[%d] = %lld, expected %lld", name,
                              (long long)c, d, (long long)t->shape[d], (long long)want[d]);
     return ATTN_OK;
 }
@@ -81,39 +81,39 @@ static bool same_view(const attn_tensor *a, const attn_tensor *b) {
 static attn_status check_merge(int64_t n, const attn_tensor *o_parts,
                                const attn_tensor *lse_parts, const attn_tensor *o,
                                const attn_tensor *lse, int32_t threads) {
-    if (n < 0) return attn_fail(ATTN_ERR_VALUE, "n = %lld partials, expected >= 0", (long long)n);
+    if (n < 0) return ai_fail(ATTN_ERR_VALUE, "n = %lld partials, expected >= 0", (long long)n);
     if (threads < 0)
-        return attn_fail(ATTN_ERR_VALUE, "threads is %d, expected >= 0 (0 = default)", (int)threads);
-    if (n > 0 && !o_parts) return attn_fail(ATTN_ERR_NULL, "o_parts is NULL for %lld partials", (long long)n);
-    if (n > 0 && !lse_parts) return attn_fail(ATTN_ERR_NULL, "lse_parts is NULL for %lld partials", (long long)n);
-    TRY(attn_check_tensor(o, "o", ATTN_DTYPE_COUNT, true));
-    TRY(attn_check_output_strides(o, "o", 4));
+        return ai_fail(ATTN_ERR_VALUE, "threads is %d, expected >= 0 (0 = default)", (int)threads);
+    if (n > 0 && !o_parts) return ai_fail(ATTN_ERR_NULL, "o_parts is NULL for %lld partials", (long long)n);
+    if (n > 0 && !lse_parts) return ai_fail(ATTN_ERR_NULL, "lse_parts is NULL for %lld partials", (long long)n);
+    TRY(ai_check_tensor(o, "o", ATTN_DTYPE_COUNT, true));
+    TRY(ai_check_output_strides(o, "o", 4));
     const int64_t rows[4] = {o->shape[0], o->shape[1], o->shape[2], 1};
     if (lse) {
-        TRY(attn_check_tensor(lse, "lse", ATTN_F32, true));
+        TRY(ai_check_tensor(lse, "lse", ATTN_F32, true));
         TRY(same_shape(lse, "lse", 0, rows));
-        TRY(attn_check_output_strides(lse, "lse", 3));
+        TRY(ai_check_output_strides(lse, "lse", 3));
     }
     for (int64_t c = 0; c < n; c++) {
-        TRY(attn_check_tensor(&o_parts[c], "o_parts[c]", ATTN_F32, true));
+        TRY(ai_check_tensor(&o_parts[c], "o_parts[c]", ATTN_F32, true));
         TRY(same_shape(&o_parts[c], "o_parts", c, o->shape));
-        TRY(attn_check_tensor(&lse_parts[c], "lse_parts[c]", ATTN_F32, true));
+        TRY(ai_check_tensor(&lse_parts[c], "lse_parts[c]", ATTN_F32, true));
         TRY(same_shape(&lse_parts[c], "lse_parts", c, rows));
     }
     /* o and lse share no byte with each other, nor with a partial unless they are that
      * partial itself (in place: each row reads every partial before it writes) */
-    if (lse && attn_views_overlap(o, lse))
-        return attn_fail(ATTN_ERR_STRIDE, "lse: overlaps the output o in memory");
+    if (lse && ai_views_overlap(o, lse))
+        return ai_fail(ATTN_ERR_STRIDE, "lse: overlaps the output o in memory");
     for (int64_t c = 0; c < n; c++) {
-        if (attn_views_overlap(o, &lse_parts[c]))
-            return attn_fail(ATTN_ERR_STRIDE, "o: overlaps lse_parts[%lld] in memory", (long long)c);
-        if (!same_view(o, &o_parts[c]) && attn_views_overlap(o, &o_parts[c]))
-            return attn_fail(ATTN_ERR_STRIDE, "o: overlaps o_parts[%lld] in memory and is not "
+        if (ai_views_overlap(o, &lse_parts[c]))
+            return ai_fail(ATTN_ERR_STRIDE, "o: overlaps lse_parts[%lld] in memory", (long long)c);
+        if (!same_view(o, &o_parts[c]) && ai_views_overlap(o, &o_parts[c]))
+            return ai_fail(ATTN_ERR_STRIDE, "o: overlaps o_parts[%lld] in memory and is not "
                              "that partial itself", (long long)c);
-        if (lse && attn_views_overlap(lse, &o_parts[c]))
-            return attn_fail(ATTN_ERR_STRIDE, "lse: overlaps o_parts[%lld] in memory", (long long)c);
-        if (lse && !same_view(lse, &lse_parts[c]) && attn_views_overlap(lse, &lse_parts[c]))
-            return attn_fail(ATTN_ERR_STRIDE, "lse: overlaps lse_parts[%lld] in memory and is "
+        if (lse && ai_views_overlap(lse, &o_parts[c]))
+            return ai_fail(ATTN_ERR_STRIDE, "lse: overlaps o_parts[%lld] in memory", (long long)c);
+        if (lse && !same_view(lse, &lse_parts[c]) && ai_views_overlap(lse, &lse_parts[c]))
+            return ai_fail(ATTN_ERR_STRIDE, "lse: overlaps lse_parts[%lld] in memory and is "
                              "not that partial itself", (long long)c);
     }
     return ATTN_OK;
@@ -124,7 +124,7 @@ attn_status attn_merge(int64_t n, const attn_tensor *o_parts, const attn_tensor 
     TRY(check_merge(n, o_parts, lse_parts, o, lse, threads));
     const int64_t B = o->shape[0], H = o->shape[1], L = o->shape[2], dv = o->shape[3];
     const int64_t nrows = B * H * L;  // within int64: o's element count is
-    if (nrows == 0) return attn_ok();
+    if (nrows == 0) return ai_ok();
     int nt = 1;
 #ifdef _OPENMP
     nt = threads > 0 ? threads : omp_get_max_threads();
@@ -134,14 +134,14 @@ attn_status attn_merge(int64_t n, const attn_tensor *o_parts, const attn_tensor 
     if (nt > nrows) nt = (int)nrows;
     /* per thread: the row's n log-weights and vector pointers, and its accumulator */
     if ((size_t)n > SIZE_MAX / 64 || (size_t)dv > SIZE_MAX / 64)
-        return attn_fail(ATTN_ERR_OVERFLOW, "merge scratch overflows size_t");
+        return ai_fail(ATTN_ERR_OVERFLOW, "merge scratch overflows size_t");
     const size_t per = ((size_t)n * (sizeof(float) + sizeof(float *)) + (size_t)dv * sizeof(float) + 63) &
                        ~(size_t)63;
     const size_t x_s_bytes = ((size_t)n * sizeof(int64_t) + 63) & ~(size_t)63;
     if (per > (SIZE_MAX - x_s_bytes - 16) / (size_t)nt)
-        return attn_fail(ATTN_ERR_OVERFLOW, "merge scratch overflows size_t");
-    char *scratch = attn_malloc(x_s_bytes + (size_t)nt * per + 16);
-    if (!scratch) return attn_fail(ATTN_ERR_NOMEM, "merge scratch: could not allocate");
+        return ai_fail(ATTN_ERR_OVERFLOW, "merge scratch overflows size_t");
+    char *scratch = ai_malloc(x_s_bytes + (size_t)nt * per + 16);
+    if (!scratch) return ai_fail(ATTN_ERR_NOMEM, "merge scratch: could not allocate");
     int64_t *x_s = (int64_t *)scratch;
     for (int64_t c = 0; c < n; c++) x_s[c] = o_parts[c].stride[3];
 
@@ -160,7 +160,7 @@ attn_status attn_merge(int64_t n, const attn_tensor *o_parts, const attn_tensor 
                 x[c] = (const float *)u->data + b * u->stride[0] + h * u->stride[1] + i * u->stride[2];
             }
             float l;
-            const float m = attn_merge_row(n, a, 1, NULL, 0, x, x_s, dv, acc, &l);
+            const float m = ai_merge_row(n, a, 1, NULL, 0, x, x_s, dv, acc, &l);
             /* every partial has been read: o and lse may be one of them (in place) */
             const bool empty = m == -INFINITY;
             const int64_t o_bhi = b * o->stride[0] + h * o->stride[1] + i * o->stride[2];
@@ -171,6 +171,6 @@ attn_status attn_merge(int64_t n, const attn_tensor *o_parts, const attn_tensor 
                     empty ? -INFINITY : m + logf(l);
         }
     }
-    attn_free(scratch);
-    return attn_ok();
+    ai_free(scratch);
+    return ai_ok();
 }

@@ -19,7 +19,7 @@
  * vector is read. Every a_c = -inf (or n = 0): m = -inf, l = 0, acc = 0. A NaN a_c makes
  * m NaN and so l and acc; a_c = +inf gives exp(inf - inf) = NaN likewise.
  * acc: (Dv) float32, unit stride. Returns m; *l_out gets l. */
-ATTN_PRIVATE float attn_merge_row(int64_t n, const float *a, int64_t a_s, const float *mass,
+ATTN_PRIVATE float ai_merge_row(int64_t n, const float *a, int64_t a_s, const float *mass,
                                   int64_t mass_s, const float *const *x, const int64_t *x_s,
                                   int64_t dv, float *acc, float *l_out);
 
@@ -29,6 +29,6 @@ ATTN_PRIVATE float attn_merge_row(int64_t n, const float *a, int64_t a_s, const 
  * sink = -inf is empty (nothing changes); a fully masked row (m = -inf) becomes
  * (sink, 1, 0), so that its O is 0 and its LSE is the sink; a NaN on either side makes
  * the row NaN, and sink = +inf gives exp(inf - inf) = NaN. acc: (Dv) float32. */
-ATTN_PRIVATE void attn_merge_sink(float *m, float *l, float *acc, int64_t dv, float sink);
+ATTN_PRIVATE void ai_merge_sink(float *m, float *l, float *acc, int64_t dv, float sink);
 
 #endif /* ATTN_MERGE_H */

@@ -3,7 +3,7 @@
  *         query) and the parts its backward and decoding step share: the checked plan,
  *         the operands handed to the BLAS door, the projections, the heads' attention.
  *
- * The layer is a composition of parts that exist: Q = x_q W_Q + b_Q (attn_gemm_f32),
+ * The layer is a composition of parts that exist: Q = x_q W_Q + b_Q (ai_gemm_f32),
  * RoPE (rope.c), O = attn_forward on [B, L, H, D] views, y = O W_O + b_O. What it is not:
  * a GEMM of its own (bfloat16 operands are widened to float32 copies, then multiplied by
  * the BLAS), or a kernel. Extra memory is the projections and O, O(B·L·E), plus copies of
@@ -23,13 +23,13 @@
 
 /* A [B, L, C] activation (shape {B, L, C, 1}) of float32 or bfloat16. */
 static attn_status check_rows(const attn_tensor *x, const char *name, bool need_data) {
-    if (!x) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", name);
+    if (!x) return ai_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", name);
     if (x->dtype != ATTN_F32 && x->dtype != ATTN_BF16)
-        return attn_fail(ATTN_ERR_DTYPE, "%s: dtype is %s, expected float32 or bfloat16",
+        return ai_fail(ATTN_ERR_DTYPE, "%s: dtype is %s, expected float32 or bfloat16",
                          name, attn_dtype_name(x->dtype));
-    TRY(attn_check_tensor(x, name, x->dtype, need_data));
+    TRY(ai_check_tensor(x, name, x->dtype, need_data));
     if (x->shape[3] != 1)
-        return attn_fail(ATTN_ERR_SHAPE, "%s: shape[3] is %lld, expected 1 (a [B, L, C] "
+        return ai_fail(ATTN_ERR_SHAPE, "%s: shape[3] is %lld, expected 1 (a [B, L, C] "
                          "tensor is {B, L, C, 1})", name, (long long)x->shape[3]);
     return ATTN_OK;
 }
@@ -41,7 +41,7 @@ static attn_status check_matrix(const attn_tensor *t, const char *name, int64_t 
     const bool bias = in < 0;
     const int64_t want0 = bias ? out : in, want1 = bias ? 1 : out;
     if (t->shape[0] != want0 || t->shape[1] != want1 || t->shape[2] != 1)
-        return attn_fail(ATTN_ERR_SHAPE, "%s: shape [%lld, %lld, %lld, %lld], expected "
+        return ai_fail(ATTN_ERR_SHAPE, "%s: shape [%lld, %lld, %lld, %lld], expected "
                          "[%lld, %lld, 1, 1]", name, (long long)t->shape[0],
                          (long long)t->shape[1], (long long)t->shape[2],
                          (long long)t->shape[3], (long long)want0, (long long)want1);
@@ -55,7 +55,7 @@ attn_status mha_plan_init(mha_plan *pl, const attn_mha *m, const attn_tensor *x_
     static const char *const wname[MHA_N] = {"w_q", "w_k", "w_v", "w_o"};
     static const char *const bname[MHA_N] = {"b_q", "b_k", "b_v", "b_o"};
     *pl = (mha_plan){0};
-    if (!m) return attn_fail(ATTN_ERR_NULL, "m: NULL module");
+    if (!m) return ai_fail(ATTN_ERR_NULL, "m: NULL module");
     TRY(check_rows(x_q, "x_q", need_data));
     if (x_kv) TRY(check_rows(x_kv, "x_kv", need_data));
     pl->xq = x_q;
@@ -67,28 +67,28 @@ attn_status mha_plan_init(mha_plan *pl, const attn_mha *m, const attn_tensor *x_
     pl->Lk = pl->xkv->shape[1];
     pl->Ekv = pl->xkv->shape[2];
     if (pl->xkv->shape[0] != pl->B)
-        return attn_fail(ATTN_ERR_SHAPE, "x_kv: shape[0] (B) is %lld, expected %lld as x_q",
+        return ai_fail(ATTN_ERR_SHAPE, "x_kv: shape[0] (B) is %lld, expected %lld as x_q",
                          (long long)pl->xkv->shape[0], (long long)pl->B);
 
     const attn_tensor *const w[MHA_N] = {m->w_q, m->w_k, m->w_v, m->w_o};
     const attn_tensor *const b[MHA_N] = {m->b_q, m->b_k, m->b_v, m->b_o};
     for (int n = 0; n < MHA_N; n++) {
-        if (!w[n]) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", wname[n]);
+        if (!w[n]) return ai_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", wname[n]);
         pl->w[n] = w[n];
         pl->b[n] = b[n];
     }
     pl->Hq = m->Hq;
     pl->Hkv = m->Hkv ? m->Hkv : m->Hq;
     if (pl->Hq <= 0 || pl->Hkv <= 0 || pl->Hq % pl->Hkv != 0)
-        return attn_fail(ATTN_ERR_HEADS, "m: Hq = %lld, Hkv = %lld, expected Hq > 0 a "
+        return ai_fail(ATTN_ERR_HEADS, "m: Hq = %lld, Hkv = %lld, expected Hq > 0 a "
                          "multiple of Hkv > 0", (long long)m->Hq, (long long)m->Hkv);
     /* the widths follow from W_Q and W_V's columns, which the heads must divide */
     const int64_t qcols = w[MHA_Q]->shape[1], vcols = w[MHA_V]->shape[1];
     if (qcols % pl->Hq != 0)
-        return attn_fail(ATTN_ERR_SHAPE, "w_q: %lld columns are not divisible by Hq = %lld",
+        return ai_fail(ATTN_ERR_SHAPE, "w_q: %lld columns are not divisible by Hq = %lld",
                          (long long)qcols, (long long)pl->Hq);
     if (vcols % pl->Hkv != 0)
-        return attn_fail(ATTN_ERR_SHAPE, "w_v: %lld columns are not divisible by Hkv = %lld",
+        return ai_fail(ATTN_ERR_SHAPE, "w_v: %lld columns are not divisible by Hkv = %lld",
                          (long long)vcols, (long long)pl->Hkv);
     pl->Dk = qcols / pl->Hq;
     pl->Dv = vcols / pl->Hkv;
@@ -101,27 +101,27 @@ attn_status mha_plan_init(mha_plan *pl, const attn_mha *m, const attn_tensor *x_
         pl->out[n] = out[n];
         /* the BLAS takes int sizes: every product's sizes and leading dimensions */
         if (!fits_int(in[n]) || !fits_int(out[n]))
-            return attn_fail(ATTN_ERR_OVERFLOW, "%s: [%lld, %lld] does not fit the BLAS's int",
+            return ai_fail(ATTN_ERR_OVERFLOW, "%s: [%lld, %lld] does not fit the BLAS's int",
                              wname[n], (long long)in[n], (long long)out[n]);
     }
     int64_t mq, mk;
     if (__builtin_mul_overflow(pl->B, pl->Lq, &mq) || __builtin_mul_overflow(pl->B, pl->Lk, &mk) ||
         !fits_int(mq) || !fits_int(mk))
-        return attn_fail(ATTN_ERR_OVERFLOW, "B·L rows do not fit the BLAS's int");
+        return ai_fail(ATTN_ERR_OVERFLOW, "B·L rows do not fit the BLAS's int");
     if (y) {
         TRY(check_rows(y, "y", need_data));
         if (y->shape[0] != pl->B || y->shape[1] != pl->Lq || y->shape[2] != pl->E)
-            return attn_fail(ATTN_ERR_SHAPE, "y: shape [%lld, %lld, %lld], expected [B = %lld, "
+            return ai_fail(ATTN_ERR_SHAPE, "y: shape [%lld, %lld, %lld], expected [B = %lld, "
                              "Lq = %lld, E = %lld]", (long long)y->shape[0],
                              (long long)y->shape[1], (long long)y->shape[2], (long long)pl->B,
                              (long long)pl->Lq, (long long)pl->E);
-        TRY(attn_check_output_strides(y, "y", 3));
+        TRY(ai_check_output_strides(y, "y", 3));
     }
-    TRY(attn_rope_check(&m->rope, pl->Dk, &pl->rdim, &pl->base));
+    TRY(ai_rope_check(&m->rope, pl->Dk, &pl->rdim, &pl->base));
     pl->rope = m->rope.kind;
     pl->offset = m->rope.offset;
     if (strcmp(attn_blas_name(), "none") == 0)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "this build has no BLAS (BLAS=none): the "
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "this build has no BLAS (BLAS=none): the "
                          "module's projections need one");
     return ATTN_OK;
 }
@@ -211,22 +211,22 @@ static void gemv_w(bool transposed, const float *a, const mha_op *w, float beta,
     const int64_t in = w->in, out = w->out;
     if (!w->src) {
         const bool gt = transposed ? w->trans : !w->trans;
-        (void)attn_gemv_f32(gt, w->trans ? out : in, w->trans ? in : out, 1.0f, w->p, w->ld, a,
+        (void)ai_gemv_f32(gt, w->trans ? out : in, w->trans ? in : out, 1.0f, w->p, w->ld, a,
                             beta, c);
         return;
     }
     if (mha_gemv_bf16(transposed, a, w, beta, c)) return;  /* bfloat16 read in place */
     if (in == 0 && !transposed) {
-        (void)attn_gemv_f32(true, 0, out, 1.0f, w->p, w->ld, a, beta, c);
+        (void)ai_gemv_f32(true, 0, out, 1.0f, w->p, w->ld, a, beta, c);
         return;
     }
     for (int64_t k0 = 0; k0 < in; k0 += MHA_PANEL) {
         const int64_t kc = in - k0 < MHA_PANEL ? in - k0 : MHA_PANEL;
         float *panel = widen_panel(w, k0, kc);
         if (!transposed)  /* c += panelᵀ a[k0 .. k0 + kc) */
-            (void)attn_gemv_f32(true, kc, out, 1.0f, panel, w->ld, a + k0, k0 ? 1.0f : beta, c);
+            (void)ai_gemv_f32(true, kc, out, 1.0f, panel, w->ld, a + k0, k0 ? 1.0f : beta, c);
         else  /* c[k0 .. k0 + kc) = panel a */
-            (void)attn_gemv_f32(false, kc, out, 1.0f, panel, w->ld, a, beta, c + k0);
+            (void)ai_gemv_f32(false, kc, out, 1.0f, panel, w->ld, a, beta, c + k0);
     }
 }
 
@@ -240,23 +240,23 @@ void mha_gemm_w(bool transposed, int64_t M, const float *a, int64_t lda, const m
     }
     if (!w->src) {
         if (!transposed)
-            (void)attn_gemm_f32(false, w->trans, M, out, in, 1.0f, a, lda, w->p, w->ld, beta, c, ldc);
+            (void)ai_gemm_f32(false, w->trans, M, out, in, 1.0f, a, lda, w->p, w->ld, beta, c, ldc);
         else
-            (void)attn_gemm_f32(false, !w->trans, M, in, out, 1.0f, a, lda, w->p, w->ld, beta, c, ldc);
+            (void)ai_gemm_f32(false, !w->trans, M, in, out, 1.0f, a, lda, w->p, w->ld, beta, c, ldc);
         return;
     }
     if (in == 0 && !transposed) {  /* an empty sum: c = beta · c */
-        (void)attn_gemm_f32(false, false, M, out, 0, 1.0f, a, lda, w->p, w->ld, beta, c, ldc);
+        (void)ai_gemm_f32(false, false, M, out, 0, 1.0f, a, lda, w->p, w->ld, beta, c, ldc);
         return;
     }
     for (int64_t k0 = 0; k0 < in; k0 += MHA_PANEL) {
         const int64_t kc = in - k0 < MHA_PANEL ? in - k0 : MHA_PANEL;
         float *panel = widen_panel(w, k0, kc);
         if (!transposed)  /* c += a[:, k0 .. k0 + kc) · panel */
-            (void)attn_gemm_f32(false, false, M, out, kc, 1.0f, a + k0, lda, panel, w->ld,
+            (void)ai_gemm_f32(false, false, M, out, kc, 1.0f, a + k0, lda, panel, w->ld,
                                 k0 ? 1.0f : beta, c, ldc);
         else  /* c[:, k0 .. k0 + kc) = a · panelᵀ */
-            (void)attn_gemm_f32(false, true, M, kc, out, 1.0f, a, lda, panel, w->ld, beta,
+            (void)ai_gemm_f32(false, true, M, kc, out, 1.0f, a, lda, panel, w->ld, beta,
                                 c + k0, ldc);
     }
 }
@@ -302,20 +302,20 @@ attn_status mha_attend(const attn_tensor *q, const attn_tensor *k, const attn_te
     static const attn_options defaults = {0};
     attn_options opt = opt_in ? *opt_in : defaults;
     if (opt.block_table)  // the module's K and V are its own, never paged
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "multi-head layer: options.block_table is not "
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "multi-head layer: options.block_table is not "
                          "supported");
     /* the module may call the attention on batch rows and head chunks (below), whose
      * indices a block mask or a score function would read as the whole call's */
     if (opt.block_mask || opt.score_mod)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "multi-head layer: options.%s is not supported",
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "multi-head layer: options.%s is not supported",
                          opt.block_mask ? "block_mask" : "score_mod");
     if (opt.lse || opt.weights)
-        return attn_fail(ATTN_ERR_VALUE, "options.%s must be NULL for the module (its weights "
+        return ai_fail(ATTN_ERR_VALUE, "options.%s must be NULL for the module (its weights "
                          "are an argument)", opt.lse ? "lse" : "weights");
     /* the module calls the attention on batch rows and head chunks when it averages the
      * weights, where dropout's (b, h) rows would not be the heads' own: not offered */
     if (opt.dropout_p != 0.0f)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "options.dropout_p = %g: the multi-head "
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "options.dropout_p = %g: the multi-head "
                          "module has no dropout", (double)opt.dropout_p);
     opt.workspace = NULL;
     opt.workspace_bytes = 0;
@@ -323,13 +323,13 @@ attn_status mha_attend(const attn_tensor *q, const attn_tensor *k, const attn_te
     const int64_t B = q->shape[0], Hq = q->shape[1], Lq = q->shape[2], Lk = k->shape[2];
     if (weights) {
         const int64_t want[4] = {B, average ? 1 : Hq, Lq, Lk};
-        TRY(attn_check_tensor(weights, "weights", ATTN_F32, !w->count_only));
+        TRY(ai_check_tensor(weights, "weights", ATTN_F32, !w->count_only));
         for (int d = 0; d < 4; d++)
             if (weights->shape[d] != want[d])
-                return attn_fail(ATTN_ERR_SHAPE, "weights: shape[%d] is %lld, expected %lld%s",
+                return ai_fail(ATTN_ERR_SHAPE, "weights: shape[%d] is %lld, expected %lld%s",
                                  d, (long long)weights->shape[d], (long long)want[d],
                                  average ? " (averaged over heads: [B, 1, Lq, Lk])" : "");
-        TRY(attn_check_output_strides(weights, "weights", 4));
+        TRY(ai_check_output_strides(weights, "weights", 4));
     }
     if (!weights || !average) {
         /* one call over every head */
@@ -382,9 +382,9 @@ void mha_qkv_project(const mha_plan *pl, const mha_qkv *s, const int64_t *pos0) 
     mha_project(s->q, pl->out[MHA_Q], mq, s->xq, s->w[MHA_Q], pl->b[MHA_Q]);
     mha_project(s->k, pl->out[MHA_K], mk, s->xkv, s->w[MHA_K], pl->b[MHA_K]);
     mha_project(s->v, pl->out[MHA_V], mk, s->xkv, s->w[MHA_V], pl->b[MHA_V]);
-    attn_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, pos0, s->q, pl->B, pl->Lq,
+    ai_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, pos0, s->q, pl->B, pl->Lq,
                     pl->Hq, pl->Dk, false);
-    attn_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, pos0, s->k, pl->B, pl->Lk,
+    ai_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, pos0, s->k, pl->B, pl->Lk,
                     pl->Hkv, pl->Dk, false);
 }
 
@@ -404,7 +404,7 @@ attn_status mha_forward_ws(const mha_plan *pl, const attn_tensor *y,
     attn_tensor o = mha_heads_view(s->o, pl->B, pl->Lq, pl->Hq, pl->Dv);
     attn_tensor lt = attn_tensor_4d(lse, ATTN_F32, pl->B, pl->Hq, pl->Lq, 1);
     TRY(mha_attend(&q, &k, &v, &o, lse_out || pl->keep ? &lt : NULL, weights, average, opt, w));
-    if (w->overflow) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+    if (w->overflow) return ai_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
     if (lse_out) *lse_out = lse;
     if (w->count_only || !y) return ATTN_OK;
     mha_out_project(pl, s, y, &yt);
@@ -453,7 +453,7 @@ void mha_io_init(mha_io *io, const mha_plan *pl, const attn_options *opt) {
 }
 
 attn_status mha_io_check(const mha_io *io, const attn_options *opt, size_t ws_need) {
-    return attn_check_aliasing(io->in, io->in_name, io->n_in, io->out, io->out_name,
+    return ai_check_aliasing(io->in, io->in_name, io->n_in, io->out, io->out_name,
                                io->n_out, opt, ws_need);
 }
 
@@ -463,15 +463,15 @@ attn_status mha_two_pass(mha_body body, const void *ctx, const attn_options *opt
     TRY(body(ctx, opt, &w));
     if (bytes) {
         *bytes = w.used;
-        return attn_ok();
+        return ai_ok();
     }
     if (io) TRY(mha_io_check(io, opt, w.used));
     void *ws, *owned;
-    TRY(attn_workspace_acquire(opt, w.used, &ws, &owned));
+    TRY(ai_workspace_acquire(opt, w.used, &ws, &owned));
     mha_ws run = {.base = ws};
     attn_status st = body(ctx, opt, &run);
-    attn_free(owned);
-    return st == ATTN_OK ? attn_ok() : st;  // a success clears attn_last_error()
+    ai_free(owned);
+    return st == ATTN_OK ? ai_ok() : st;  // a success clears attn_last_error()
 }
 
 typedef struct fwd_ctx {
@@ -509,6 +509,6 @@ attn_status attn_mha_forward_workspace_size(const attn_mha *m, const attn_tensor
                                             const attn_tensor *x_kv, const attn_tensor *y,
                                             const attn_tensor *weights, bool average_weights,
                                             const attn_options *opt, size_t *bytes) {
-    if (!bytes) return attn_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
+    if (!bytes) return ai_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
     return forward_call(m, x_q, x_kv, y, weights, average_weights, opt, bytes);
 }

@@ -5,7 +5,7 @@
  *
  * What it is not: a second attention. The heads' attention is attn_forward /
  * attn_backward on strided views of the projections' output, and every matrix product
- * is attn_gemm_f32 (blas.h).
+ * is ai_gemm_f32 (blas.h).
  *
  * Layout of the module's scratch (float32, dense): the projections are kept as
  * [B, L, H, D] — what x W gives row by row — and handed to the attention as views with
@@ -21,7 +21,7 @@
 /* The four projections' index in the plan's arrays */
 enum { MHA_Q = 0, MHA_K, MHA_V, MHA_O, MHA_N };
 
-/* A float32 operand as attn_gemm_f32 reads it: op(p) is [rows, cols], p is [cols, rows]
+/* A float32 operand as ai_gemm_f32 reads it: op(p) is [rows, cols], p is [cols, rows]
  * row-major with leading dimension ld when trans. A weight the BLAS cannot read in place
  * (bfloat16, or no unit stride) has src set: p is then a panel of MHA_PANEL of its rows,
  * widened to float32 just before each product that reads them (mha_gemm_w). */
@@ -43,7 +43,7 @@ typedef struct mha_op {
  * the first pass only. */
 typedef attn_status (*mha_body)(const void *ctx, const attn_options *opt, mha_ws *w);
 
-/* What a call reads and what it writes, for overlap.c's rule (attn_check_aliasing): no
+/* What a call reads and what it writes, for overlap.c's rule (ai_check_aliasing): no
  * output may share a byte with an input, another output or the workspace. Byte ranges
  * (the saved buffer, the decoding lengths) are held as one-dimensional tensors in
  * span[]; so an mha_io is filled in place and never copied. */
@@ -183,9 +183,9 @@ ATTN_PRIVATE attn_status mha_forward_ws(const mha_plan *pl, const attn_tensor *y
  * d and d + rdim/2; interleaved: 2d and 2d + 1) by theta = pos · base^(-2d / rdim), pos =
  * offset + (pos0 ? pos0[b] : 0) + i. inverse rotates by -theta (the backward's
  * transpose). Angles and their cos/sin in double, applied in float32. */
-ATTN_PRIVATE attn_status attn_rope_check(const attn_rope *r, int64_t Dk, int64_t *rdim,
+ATTN_PRIVATE attn_status ai_rope_check(const attn_rope *r, int64_t Dk, int64_t *rdim,
                                          double *base);
-ATTN_PRIVATE void attn_rope_apply(attn_rope_kind kind, int64_t rdim, double base,
+ATTN_PRIVATE void ai_rope_apply(attn_rope_kind kind, int64_t rdim, double base,
                                   int64_t offset, const int64_t *pos0, float *x, int64_t B,
                                   int64_t L, int64_t H, int64_t D, bool inverse);
 

@@ -1,7 +1,7 @@
 /*
  * mha_backward.c — the multi-head module's gradients (attn_mha_backward): the forward
  *                  recomputed (mha.c), then each line of it differentiated, the heads'
- *                  part through attn_backward and every product through attn_gemm_f32.
+ *                  part through attn_backward and every product through ai_gemm_f32.
  *
  * What it is not: a store of activations between calls (attn_mha_backward recomputes
  * the forward's Q, K, V, O and LSE, one extra forward; attn_mha_backward_saved reads
@@ -27,29 +27,29 @@
 static attn_status check_grad(const attn_tensor *t, const char *name, const int64_t want[4],
                               int dims, bool need_data) {
     if (!t) return ATTN_OK;
-    TRY(attn_check_tensor(t, name, ATTN_F32, need_data));
+    TRY(ai_check_tensor(t, name, ATTN_F32, need_data));
     for (int d = 0; d < 4; d++)
         if (t->shape[d] != want[d])
-            return attn_fail(ATTN_ERR_SHAPE, "%s: shape[%d] is %lld, expected %lld", name, d,
+            return ai_fail(ATTN_ERR_SHAPE, "%s: shape[%d] is %lld, expected %lld", name, d,
                              (long long)t->shape[d], (long long)want[d]);
-    return attn_check_output_strides(t, name, dims);
+    return ai_check_output_strides(t, name, dims);
 }
 
 static attn_status check_grads(const mha_plan *pl, const attn_tensor *dy,
                                const attn_mha_grads *g, bool self, bool need_data) {
-    if (!dy) return attn_fail(ATTN_ERR_NULL, "dy: tensor pointer is NULL");
+    if (!dy) return ai_fail(ATTN_ERR_NULL, "dy: tensor pointer is NULL");
     if (dy->dtype != ATTN_F32 && dy->dtype != ATTN_BF16)
-        return attn_fail(ATTN_ERR_DTYPE, "dy: dtype is %s, expected float32 or bfloat16",
+        return ai_fail(ATTN_ERR_DTYPE, "dy: dtype is %s, expected float32 or bfloat16",
                          attn_dtype_name(dy->dtype));
-    TRY(attn_check_tensor(dy, "dy", dy->dtype, need_data));
+    TRY(ai_check_tensor(dy, "dy", dy->dtype, need_data));
     const int64_t ydims[4] = {pl->B, pl->Lq, pl->E, 1};
     for (int d = 0; d < 4; d++)
         if (dy->shape[d] != ydims[d])
-            return attn_fail(ATTN_ERR_SHAPE, "dy: shape[%d] is %lld, expected %lld (as y)", d,
+            return ai_fail(ATTN_ERR_SHAPE, "dy: shape[%d] is %lld, expected %lld (as y)", d,
                              (long long)dy->shape[d], (long long)ydims[d]);
-    if (!g) return attn_fail(ATTN_ERR_NULL, "g: NULL gradients");
+    if (!g) return ai_fail(ATTN_ERR_NULL, "g: NULL gradients");
     if (self && g->dx_kv)
-        return attn_fail(ATTN_ERR_VALUE, "g->dx_kv must be NULL in self-attention (x_kv "
+        return ai_fail(ATTN_ERR_VALUE, "g->dx_kv must be NULL in self-attention (x_kv "
                          "NULL): dx_q gets both paths' gradient");
     TRY(check_grad(g->dx_q, "dx_q", ydims, 3, need_data));
     TRY(check_grad(g->dx_kv, "dx_kv", (const int64_t[4]){pl->B, pl->Lk, pl->Ekv, 1}, 3,
@@ -100,14 +100,14 @@ static void wgrad_run(const wgrad *r, mha_op a, const float *g, int64_t M) {
     bool tr;
     if (!r->scratch && wgrad_direct(dw, &tr)) {
         if (!tr)
-            (void)attn_gemm_f32(true, false, in, out, M, 1.0f, a.p, a.ld, g, ldg, 0.0f,
+            (void)ai_gemm_f32(true, false, in, out, M, 1.0f, a.p, a.ld, g, ldg, 0.0f,
                                 (float *)dw->data, dw->stride[0]);
         else
-            (void)attn_gemm_f32(true, false, out, in, M, 1.0f, g, ldg, a.p, a.ld, 0.0f,
+            (void)ai_gemm_f32(true, false, out, in, M, 1.0f, g, ldg, a.p, a.ld, 0.0f,
                                 (float *)dw->data, dw->stride[1]);
         return;
     }
-    (void)attn_gemm_f32(true, false, in, out, M, 1.0f, a.p, a.ld, g, ldg, 0.0f, r->scratch,
+    (void)ai_gemm_f32(true, false, in, out, M, 1.0f, a.p, a.ld, g, ldg, 0.0f, r->scratch,
                         ldg);
     for (int64_t i = 0; i < in; i++)
         for (int64_t o = 0; o < out; o++)
@@ -192,7 +192,7 @@ static attn_status backward_ws(const mha_plan *pl, const attn_tensor *dy,
     TRY(attn_backward_workspace_size(&q, &k, &v, &o, &vdo, &tl, &vdq, &vdk, &vdv, &bo, &need));
     bo.workspace = mha_take(w, (int64_t)((need + 3) / 4));
     bo.workspace_bytes = need;
-    if (w->overflow) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+    if (w->overflow) return ai_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
     if (w->count_only) return ATTN_OK;
 
     /* dO = G W_Oᵀ */
@@ -200,8 +200,8 @@ static attn_status backward_ws(const mha_plan *pl, const attn_tensor *dy,
     mha_gemm_w(true, mq, gy.p, gy.ld, &s.w[MHA_O], 0.0f, d_o, ho > 1 ? ho : 1);
     TRY(attn_backward(&q, &k, &v, &o, &vdo, &tl, &vdq, &vdk, &vdv, &bo));
     /* Q = rope(x_q W_Q + b_Q): the rotation's transpose is the inverse rotation */
-    attn_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, NULL, dq, B, Lq, Hq, pl->Dk, true);
-    attn_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, NULL, dk, B, Lk, Hkv, pl->Dk, true);
+    ai_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, NULL, dq, B, Lq, Hq, pl->Dk, true);
+    ai_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, NULL, dk, B, Lk, Hkv, pl->Dk, true);
 
     /* every gradient below is written only now, after the last call that can fail */
     if (gdense) {  /* the bias sum and dW_O read G dense */
@@ -249,10 +249,10 @@ static attn_status backward_call(const attn_mha *m, const attn_tensor *x_q,
                                  const void *saved, size_t saved_bytes, size_t *bytes) {
     bwd_ctx b = {.dy = dy, .g = g};
     if (opt && opt->dropout_p != 0.0f)  // as the forward (mha.c, mha_attend)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "options.dropout_p = %g: the multi-head module "
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "options.dropout_p = %g: the multi-head module "
                          "has no dropout", (double)opt->dropout_p);
     if (opt && opt->d_bias)  // the heads' calls would each write it: not summed over them
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "options.d_bias: the multi-head module does "
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "options.d_bias: the multi-head module does "
                          "not return the bias's gradient");
     TRY(mha_plan_init(&b.pl, m, x_q, x_kv, NULL, bytes == NULL));
     TRY(check_grads(&b.pl, dy, g, x_kv == NULL, bytes == NULL));
@@ -281,7 +281,7 @@ attn_status attn_mha_backward_saved(const attn_mha *m, const attn_tensor *x_q,
                                     const attn_tensor *x_kv, const attn_tensor *dy,
                                     const attn_mha_grads *g, const attn_options *opt,
                                     const void *saved, size_t saved_bytes) {
-    if (!saved) return attn_fail(ATTN_ERR_NULL, "saved: NULL buffer");
+    if (!saved) return ai_fail(ATTN_ERR_NULL, "saved: NULL buffer");
     return backward_call(m, x_q, x_kv, dy, g, opt, saved, saved_bytes, NULL);
 }
 
@@ -290,6 +290,6 @@ attn_status attn_mha_backward_workspace_size(const attn_mha *m, const attn_tenso
                                              const attn_mha_grads *g, const attn_options *opt,
                                              const void *saved, size_t saved_bytes,
                                              size_t *bytes) {
-    if (!bytes) return attn_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
+    if (!bytes) return ai_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
     return backward_call(m, x_q, x_kv, dy, g, opt, saved, saved_bytes, bytes);
 }

@@ -37,21 +37,21 @@ static void clock_phase(int phase, double *t0) {
 static attn_status check_pages(const mha_plan *pl, const attn_kv_cache *c, bool need_data,
                                int64_t *Lmax) {
     const attn_tensor *t = c->block_table;
-    if (!t) return attn_fail(ATTN_ERR_NULL, "cache.block_table: NULL for a paged cache");
-    TRY(attn_check_tensor(t, "cache.block_table", ATTN_I32, need_data));
+    if (!t) return ai_fail(ATTN_ERR_NULL, "cache.block_table: NULL for a paged cache");
+    TRY(ai_check_tensor(t, "cache.block_table", ATTN_I32, need_data));
     if (t->shape[0] != pl->B || t->shape[2] != 1 || t->shape[3] != 1)
-        return attn_fail(ATTN_ERR_SHAPE, "cache.block_table: shape [%lld, %lld, %lld, %lld], "
+        return ai_fail(ATTN_ERR_SHAPE, "cache.block_table: shape [%lld, %lld, %lld, %lld], "
                          "expected [B = %lld, max_pages, 1, 1]", (long long)t->shape[0],
                          (long long)t->shape[1], (long long)t->shape[2], (long long)t->shape[3],
                          (long long)pl->B);
     const int64_t np = c->k.shape[0], ps = c->k.shape[2];
     if (c->v.shape[0] != np || c->v.shape[2] != ps)
-        return attn_fail(ATTN_ERR_SHAPE, "cache: k pool [%lld pages, .., %lld rows, ..] and v "
+        return ai_fail(ATTN_ERR_SHAPE, "cache: k pool [%lld pages, .., %lld rows, ..] and v "
                          "pool [%lld, .., %lld, ..] differ", (long long)np, (long long)ps,
                          (long long)c->v.shape[0], (long long)c->v.shape[2]);
-    if (ps == 0) return attn_fail(ATTN_ERR_VALUE, "cache: a page size of 0");  // as attn_forward
+    if (ps == 0) return ai_fail(ATTN_ERR_VALUE, "cache: a page size of 0");  // as attn_forward
     if (__builtin_mul_overflow(t->shape[1], ps, Lmax))
-        return attn_fail(ATTN_ERR_OVERFLOW, "cache: max_pages * page_size overflows");
+        return ai_fail(ATTN_ERR_OVERFLOW, "cache: max_pages * page_size overflows");
     for (int64_t b = 0; need_data && b < pl->B; b++) {
         const int64_t len = c->len[b];
         if (len < 0 || len > *Lmax - pl->Lq) continue;  /* check_cache's own message */
@@ -59,7 +59,7 @@ static attn_status check_pages(const mha_plan *pl, const attn_kv_cache *c, bool 
         for (int64_t p = 0; p < pages; p++) {
             const int64_t e = ((const int32_t *)t->data)[b * t->stride[0] + p * t->stride[1]];
             if (e < 0 || e >= np)
-                return attn_fail(ATTN_ERR_VALUE, "cache.block_table[%lld][%lld] = %lld, "
+                return ai_fail(ATTN_ERR_VALUE, "cache.block_table[%lld][%lld] = %lld, "
                                  "expected a page of the pool, [0, %lld)", (long long)b,
                                  (long long)p, (long long)e, (long long)np);
         }
@@ -68,29 +68,29 @@ static attn_status check_pages(const mha_plan *pl, const attn_kv_cache *c, bool 
 }
 
 static attn_status check_cache(const mha_plan *pl, const attn_kv_cache *c, bool need_data) {
-    if (!c) return attn_fail(ATTN_ERR_NULL, "cache: NULL");
+    if (!c) return ai_fail(ATTN_ERR_NULL, "cache: NULL");
     if (c->kind != ATTN_CACHE_CONTIGUOUS && c->kind != ATTN_CACHE_PAGED)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "cache.kind is %d: expected ATTN_CACHE_CONTIGUOUS "
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "cache.kind is %d: expected ATTN_CACHE_CONTIGUOUS "
                          "or ATTN_CACHE_PAGED", (int)c->kind);
     const bool paged = c->kind == ATTN_CACHE_PAGED;
     if (!paged && c->block_table)
-        return attn_fail(ATTN_ERR_VALUE, "cache.block_table: given for a contiguous cache "
+        return ai_fail(ATTN_ERR_VALUE, "cache.block_table: given for a contiguous cache "
                          "(kind ATTN_CACHE_PAGED takes one)");
     const bool cache_dt = attn_is_block_dtype(c->k.dtype) || c->k.dtype == ATTN_FP8_E4M3 ||
                           c->k.dtype == ATTN_FP8_E5M2;
-    TRY(attn_check_tensor(&c->k, "cache.k", cache_dt ? c->k.dtype : ATTN_DTYPE_COUNT, need_data));
-    TRY(attn_check_tensor(&c->v, "cache.v", c->k.dtype, need_data));
+    TRY(ai_check_tensor(&c->k, "cache.k", cache_dt ? c->k.dtype : ATTN_DTYPE_COUNT, need_data));
+    TRY(ai_check_tensor(&c->v, "cache.v", c->k.dtype, need_data));
     if (attn_is_block_dtype(c->k.dtype)) {
-        TRY(attn_check_q8_0_layout(&c->k, "cache.k"));
-        TRY(attn_check_q8_0_layout(&c->v, "cache.v"));
+        TRY(ai_check_q8_0_layout(&c->k, "cache.k"));
+        TRY(ai_check_q8_0_layout(&c->v, "cache.v"));
     }
     {  // an fp8 cache's scales (attn_kv_append_scaled and attn_forward check them again)
         const float *sd;
         int64_t ss;
-        TRY(attn_check_kv_scale(c->k_scale, "cache.k_scale", c->k.dtype, pl->Hkv, need_data, &sd, &ss));
-        TRY(attn_check_kv_scale(c->v_scale, "cache.v_scale", c->k.dtype, pl->Hkv, need_data, &sd, &ss));
+        TRY(ai_check_kv_scale(c->k_scale, "cache.k_scale", c->k.dtype, pl->Hkv, need_data, &sd, &ss));
+        TRY(ai_check_kv_scale(c->v_scale, "cache.v_scale", c->k.dtype, pl->Hkv, need_data, &sd, &ss));
     }
-    if (!c->len) return attn_fail(ATTN_ERR_NULL, "cache.len: NULL");
+    if (!c->len) return ai_fail(ATTN_ERR_NULL, "cache.len: NULL");
     /* rows per sequence: Lmax, or the table's max_pages * page_size */
     int64_t Lmax = c->k.shape[2];
     const int64_t n0 = paged ? c->k.shape[0] : pl->B;
@@ -98,7 +98,7 @@ static attn_status check_cache(const mha_plan *pl, const attn_kv_cache *c, bool 
     const int64_t wv[4] = {n0, pl->Hkv, c->k.shape[2], pl->Dv};
     for (int d = 0; d < 4; d++)
         if (c->k.shape[d] != wk[d] || c->v.shape[d] != wv[d])
-            return attn_fail(ATTN_ERR_SHAPE, "cache: k [%lld, %lld, %lld, %lld] and v [.., %lld], "
+            return ai_fail(ATTN_ERR_SHAPE, "cache: k [%lld, %lld, %lld, %lld] and v [.., %lld], "
                              "expected [%s, Hkv = %lld, %s, Dk = %lld] and Dv = %lld",
                              (long long)c->k.shape[0], (long long)c->k.shape[1],
                              (long long)c->k.shape[2], (long long)c->k.shape[3],
@@ -106,14 +106,14 @@ static attn_status check_cache(const mha_plan *pl, const attn_kv_cache *c, bool 
                              (long long)pl->Hkv, paged ? "page_size" : "Lmax",
                              (long long)pl->Dk, (long long)pl->Dv);
     if (!paged && c->k.shape[0] != pl->B)
-        return attn_fail(ATTN_ERR_SHAPE, "cache: k has %lld sequences, expected B = %lld",
+        return ai_fail(ATTN_ERR_SHAPE, "cache: k has %lld sequences, expected B = %lld",
                          (long long)c->k.shape[0], (long long)pl->B);
     if (paged) TRY(check_pages(pl, c, false, &Lmax));
-    TRY(attn_check_output_strides(&c->k, "cache.k", 4));
-    TRY(attn_check_output_strides(&c->v, "cache.v", 4));
+    TRY(ai_check_output_strides(&c->k, "cache.k", 4));
+    TRY(ai_check_output_strides(&c->v, "cache.v", 4));
     for (int64_t b = 0; need_data && b < pl->B; b++)
         if (c->len[b] < 0 || c->len[b] > Lmax - pl->Lq)
-            return attn_fail(ATTN_ERR_VALUE, "cache.len[%lld] = %lld: %lld new tokens do not "
+            return ai_fail(ATTN_ERR_VALUE, "cache.len[%lld] = %lld: %lld new tokens do not "
                              "fit Lmax = %lld", (long long)b, (long long)c->len[b],
                              (long long)pl->Lq, (long long)Lmax);
     if (paged && need_data) TRY(check_pages(pl, c, true, &Lmax));
@@ -127,13 +127,13 @@ static attn_status attend_paged(const attn_tensor *q, const attn_kv_cache *c,
                                 const attn_tensor *o, const attn_options *opt_in, mha_ws *w) {
     attn_options opt = *opt_in;
     if (opt.lse || opt.weights)
-        return attn_fail(ATTN_ERR_VALUE, "options.%s must be NULL for the module",
+        return ai_fail(ATTN_ERR_VALUE, "options.%s must be NULL for the module",
                          opt.lse ? "lse" : "weights");
     if (opt.dropout_p != 0.0f)  /* as mha_attend */
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "options.dropout_p = %g: the multi-head "
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "options.dropout_p = %g: the multi-head "
                          "module has no dropout", (double)opt.dropout_p);
     if (opt.block_mask || opt.score_mod)  /* as mha_attend */
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "multi-head layer: options.%s is not supported",
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "multi-head layer: options.%s is not supported",
                          opt.block_mask ? "block_mask" : "score_mod");
     opt.block_table = c->block_table;
     opt.workspace = NULL;
@@ -175,13 +175,13 @@ static attn_status decode_ws(const mha_plan *pl, const attn_kv_cache *c, const a
     static const attn_options defaults = {0};
     attn_options opt = opt_in ? *opt_in : defaults;
     if (opt.causal || opt.align != ATTN_ALIGN_TOP_LEFT || opt.kv_len)
-        return attn_fail(ATTN_ERR_VALUE, "options.causal, align and kv_len are the decoding "
+        return ai_fail(ATTN_ERR_VALUE, "options.causal, align and kv_len are the decoding "
                          "step's own: leave them unset");
     if (opt.block_table)
-        return attn_fail(ATTN_ERR_VALUE, "options.block_table: a paged cache's table is "
+        return ai_fail(ATTN_ERR_VALUE, "options.block_table: a paged cache's table is "
                          "cache.block_table (kind ATTN_CACHE_PAGED)");
     if (opt.k_scale || opt.v_scale)
-        return attn_fail(ATTN_ERR_VALUE, "options.%s: an fp8 cache's scales are "
+        return ai_fail(ATTN_ERR_VALUE, "options.%s: an fp8 cache's scales are "
                          "cache.k_scale and cache.v_scale", opt.k_scale ? "k_scale" : "v_scale");
     opt.k_scale = c->k_scale;
     opt.v_scale = c->v_scale;
@@ -199,15 +199,15 @@ static attn_status decode_ws(const mha_plan *pl, const attn_kv_cache *c, const a
     if (w->count_only) {
         if (paged) TRY(attend_paged(&q, c, &o, &opt, w));
         else TRY(mha_attend(&q, &c->k, &c->v, &o, NULL, NULL, false, &opt, w));
-        if (w->overflow) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+        if (w->overflow) return ai_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
         return ATTN_OK;
     }
     double t0 = mha_decode_clock ? omp_get_wtime() : 0;
     for (int64_t b = 0; b < pl->B; b++) kv_len[b] = c->len[b] + pl->Lq;
     if (project_qkv_one_token(pl, &s)) {
-        attn_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, c->len, s.q, pl->B, pl->Lq,
+        ai_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, c->len, s.q, pl->B, pl->Lq,
                         pl->Hq, pl->Dk, false);
-        attn_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, c->len, s.k, pl->B, pl->Lk,
+        ai_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, c->len, s.k, pl->B, pl->Lk,
                         pl->Hkv, pl->Dk, false);
     } else {
         mha_qkv_project(pl, &s, c->len);
@@ -244,7 +244,7 @@ static attn_status decode_body(const void *ctx, const attn_options *opt, mha_ws 
 attn_status attn_mha_decode(const attn_mha *m, const attn_tensor *x, const attn_kv_cache *cache,
                             const attn_tensor *y, const attn_options *opt) {
     dec_ctx d = {.cache = cache, .y = y};
-    if (!y) return attn_fail(ATTN_ERR_NULL, "y: tensor pointer is NULL");
+    if (!y) return ai_fail(ATTN_ERR_NULL, "y: tensor pointer is NULL");
     TRY(mha_plan_init(&d.pl, m, x, NULL, y, true));
     TRY(check_cache(&d.pl, cache, true));
     /* the cache's rows and lengths are written too: nothing read may lie in them */

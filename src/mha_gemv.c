@@ -67,7 +67,7 @@ static void rows_generic(float *acc, const uint16_t *w, int64_t ld, int64_t r0, 
  * kernels/avx2/gemv.c, bit for bit the portable loop, under the x86-64 kernels but
  * generic); the portable loop where the table has none (ATTN_ISA=generic, elsewhere). */
 static rows_fn *rows_loop(void) {
-    const attn_kernels *k = attn_select_kernels(NULL);
+    const attn_kernels *k = ai_select_kernels(NULL);
     return k && k->gemv_rows_bf16 ? k->gemv_rows_bf16 : rows_generic;
 }
 
@@ -188,7 +188,7 @@ static void dots_generic(float *dot, const uint16_t *w, int64_t ld, int64_t r0, 
 /* c[r] = beta·c[r] + Σ_{j < N} w[r·ld + j] · a[j] for r < R */
 static void gemv_dots(const uint16_t *w, int64_t ld, int64_t R, int64_t N, const float *a,
                       float beta, float *c) {
-    const attn_kernels *k = attn_select_kernels(NULL);
+    const attn_kernels *k = ai_select_kernels(NULL);
     rows_fn *dots = k && k->gemv_dots_bf16 ? k->gemv_dots_bf16 : dots_generic;
     const int64_t nb = (R + GEMV_DOT_ROWS - 1) / GEMV_DOT_ROWS;
     /* blocks taken one at a time by whichever thread is free, as run_rows's chunks */

@@ -29,12 +29,12 @@ static void keep_header(const mha_plan *pl, int64_t h[8]) {
 
 attn_status mha_keep_check(mha_plan *pl, const void *saved, size_t saved_bytes, bool written) {
     const size_t need = mha_keep_layout(pl, NULL, NULL, NULL);
-    if (need == SIZE_MAX) return attn_fail(ATTN_ERR_OVERFLOW, "saved: its size overflows size_t");
-    if (!saved) return attn_fail(ATTN_ERR_NULL, "saved: NULL buffer");
+    if (need == SIZE_MAX) return ai_fail(ATTN_ERR_OVERFLOW, "saved: its size overflows size_t");
+    if (!saved) return ai_fail(ATTN_ERR_NULL, "saved: NULL buffer");
     if ((uintptr_t)saved % sizeof(float) != 0)
-        return attn_fail(ATTN_ERR_VALUE, "saved: %p is not aligned to a float (4 bytes)", saved);
+        return ai_fail(ATTN_ERR_VALUE, "saved: %p is not aligned to a float (4 bytes)", saved);
     if (saved_bytes < need)
-        return attn_fail(ATTN_ERR_WORKSPACE, "saved: %zu bytes, this layer needs %zu "
+        return ai_fail(ATTN_ERR_WORKSPACE, "saved: %zu bytes, this layer needs %zu "
                          "(attn_mha_saved_size)", saved_bytes, need);
     pl->keep = (char *)saved;
     if (written) {
@@ -42,10 +42,10 @@ attn_status mha_keep_check(mha_plan *pl, const void *saved, size_t saved_bytes, 
         keep_header(pl, want);
         memcpy(got, pl->keep, sizeof got);
         if (got[0] != MHA_KEEP_MAGIC)
-            return attn_fail(ATTN_ERR_VALUE, "saved: not written by a successful "
+            return ai_fail(ATTN_ERR_VALUE, "saved: not written by a successful "
                              "attn_mha_forward_save");
         if (memcmp(got, want, sizeof got) != 0)
-            return attn_fail(ATTN_ERR_VALUE, "saved: kept for B=%lld Lq=%lld Lk=%lld Hq=%lld "
+            return ai_fail(ATTN_ERR_VALUE, "saved: kept for B=%lld Lq=%lld Lk=%lld Hq=%lld "
                              "Hkv=%lld Dk=%lld Dv=%lld, this call has B=%lld Lq=%lld Lk=%lld "
                              "Hq=%lld Hkv=%lld Dk=%lld Dv=%lld", (long long)got[1],
                              (long long)got[2], (long long)got[3], (long long)got[4],
@@ -59,11 +59,11 @@ attn_status mha_keep_check(mha_plan *pl, const void *saved, size_t saved_bytes, 
 
 attn_status attn_mha_saved_size(const attn_mha *m, const attn_tensor *x_q,
                                 const attn_tensor *x_kv, size_t *bytes) {
-    if (!bytes) return attn_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
+    if (!bytes) return ai_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
     mha_plan pl;
     TRY(mha_plan_init(&pl, m, x_q, x_kv, NULL, false));
     const size_t need = mha_keep_layout(&pl, NULL, NULL, NULL);
-    if (need == SIZE_MAX) return attn_fail(ATTN_ERR_OVERFLOW, "saved: its size overflows size_t");
+    if (need == SIZE_MAX) return ai_fail(ATTN_ERR_OVERFLOW, "saved: its size overflows size_t");
     *bytes = need;
     return ATTN_OK;
 }
@@ -86,7 +86,7 @@ attn_status attn_mha_forward_save(const attn_mha *m, const attn_tensor *x_q,
                                   const attn_options *opt, void *saved, size_t saved_bytes) {
     save_ctx f = {.y = y, .weights = weights, .average = average_weights};
     TRY(mha_plan_init(&f.pl, m, x_q, x_kv, y, true));
-    if (!y) return attn_fail(ATTN_ERR_NULL, "y: tensor pointer is NULL");
+    if (!y) return ai_fail(ATTN_ERR_NULL, "y: tensor pointer is NULL");
     TRY(mha_keep_check(&f.pl, saved, saved_bytes, false));
     mha_io io;
     mha_io_init(&io, &f.pl, opt);
@@ -107,7 +107,7 @@ attn_status attn_mha_forward_save_workspace_size(const attn_mha *m, const attn_t
                                                  const attn_tensor *weights,
                                                  bool average_weights, const attn_options *opt,
                                                  size_t *bytes) {
-    if (!bytes) return attn_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
+    if (!bytes) return ai_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
     save_ctx f = {.y = y, .weights = weights, .average = average_weights};
     TRY(mha_plan_init(&f.pl, m, x_q, x_kv, y, false));
     static float sizing[16];  /* only counted: a non-NULL keep that nothing reads */

@@ -4,7 +4,7 @@
  *
  * What it owns: the exact overlap test of two views and the lists of what each call
  * reads and writes. What it does not: an output overlapping itself (api.c,
- * attn_check_output_strides) or any other check of a tensor's soundness, which has run
+ * ai_check_output_strides) or any other check of a tensor's soundness, which has run
  * before (sizes >= 0, offsets within int64).
  *
  * The test. A view is a set of elements, each es bytes at base + Σ i_d·s_d (bytes, i_d <
@@ -137,7 +137,7 @@ static bool overlap(const span_view *a, const span_view *b, int64_t *steps) {
     return false;
 }
 
-bool attn_views_overlap(const attn_tensor *a, const attn_tensor *b) {
+bool ai_views_overlap(const attn_tensor *a, const attn_tensor *b) {
     span_view va, vb;
     if (!make_span(a, &va) || !make_span(b, &vb)) return false;
     int64_t steps = OVERLAP_STEPS;
@@ -156,7 +156,7 @@ static attn_status check_outputs(const attn_tensor *const *in, const char *const
     const char *names[MAX_VIEWS];
     const int n = n_in + n_out + 1;
     if (n > MAX_VIEWS)  // a call with more tensors than this needs MAX_VIEWS raised
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "overlap check: %d tensors, at most %d", n,
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "overlap check: %d tensors, at most %d", n,
                          (int)MAX_VIEWS);
     for (int a = 0; a < n_in + n_out; a++) {
         has[a] = make_span(a < n_in ? in[a] : out[a - n_in], &v[a]);
@@ -170,7 +170,7 @@ static attn_status check_outputs(const attn_tensor *const *in, const char *const
         for (int b = 0; b < a; b++) {
             int64_t steps = OVERLAP_STEPS;
             if (has[b] && overlap(&v[a], &v[b], &steps))
-                return attn_fail(ATTN_ERR_STRIDE, "%s: overlaps %s %s in memory (what a call "
+                return ai_fail(ATTN_ERR_STRIDE, "%s: overlaps %s %s in memory (what a call "
                                  "writes may share no byte with anything else it reads or "
                                  "writes)", names[a], b < n_in ? "the input" : "the output",
                                  names[b]);
@@ -182,7 +182,7 @@ static attn_status check_outputs(const attn_tensor *const *in, const char *const
 /* the entries of an array (the inputs and outputs below, each with its name) */
 #define COUNT(a) ((int)(sizeof(a) / sizeof *(a)))
 
-attn_status attn_check_forward_aliasing(const attn_tensor *q, const attn_tensor *k,
+attn_status ai_check_forward_aliasing(const attn_tensor *q, const attn_tensor *k,
                                         const attn_tensor *v, const attn_tensor *o,
                                         const attn_options *opt, size_t ws_need) {
     static const char *const in_names[] = {"q", "k", "v", "mask", "bias", "kv_len",
@@ -197,7 +197,7 @@ attn_status attn_check_forward_aliasing(const attn_tensor *q, const attn_tensor 
     return check_outputs(in, in_names, COUNT(in), out, out_names, COUNT(out), opt, ws_need);
 }
 
-attn_status attn_check_backward_aliasing(const attn_tensor *const t[8], const attn_tensor *lse,
+attn_status ai_check_backward_aliasing(const attn_tensor *const t[8], const attn_tensor *lse,
                                          const attn_options *opt, size_t ws_need) {
     static const char *const in_names[] = {"q", "k", "v", "o", "d_o", "lse", "mask", "bias",
                                            "kv_len", "alibi_slopes", "sinks"};
@@ -211,7 +211,7 @@ attn_status attn_check_backward_aliasing(const attn_tensor *const t[8], const at
     return check_outputs(in, in_names, COUNT(in), out, out_names, COUNT(out), opt, ws_need);
 }
 
-attn_status attn_check_aliasing(const attn_tensor *const *in, const char *const *in_names,
+attn_status ai_check_aliasing(const attn_tensor *const *in, const char *const *in_names,
                                 int n_in, const attn_tensor *const *out,
                                 const char *const *out_names, int n_out,
                                 const attn_options *opt, size_t ws_need) {

@@ -2,21 +2,21 @@
  * q4_0.c — the q4_0 cache dtype's blocks: the quantization a cache append (or
  *          attn_quantize_q4_0) does once, and the portable dequantization attention and
  *          users read it back with. The tensor-level calls share q8_0.c's
- *          attn_block_quantize / attn_block_dequantize; the layout rule is core.c's.
+ *          ai_block_quantize / ai_block_dequantize; the layout rule is core.c's.
  *
  * The format is llama.cpp's block_q4_0, byte for byte (attn.h): 18 bytes a block, the
  * float16 scale d little-endian in bytes 0-1, then 16 bytes qs; element i < 16 is the low
  * nibble of qs[i], element i + 16 its high nibble, each value d * (nibble - 8), exact in
  * float32 (an 11-bit by 4-bit product). The quantization follows the description of
  * llama.cpp's reference quantize_row_q4_0 (written here from it, not copied). No kernel
- * reads q4_0 itself: fused.c's kv_block converts a tile with attn_dequant_q4_0_blocks.
+ * reads q4_0 itself: fused.c's kv_block converts a tile with ai_dequant_q4_0_blocks.
  */
 #include <math.h>
 
 #include "half.h"
 #include "attn_internal.h"
 
-void attn_dequant_q4_0_blocks(int64_t n, const uint8_t *src, float *dst) {
+void ai_dequant_q4_0_blocks(int64_t n, const uint8_t *src, float *dst) {
     for (int64_t c = 0; c < n; c++) {
         const uint8_t *b = src + c * ATTN_Q4_0_BYTES;
         const float d = attn_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
@@ -59,7 +59,7 @@ static void quantize_block(const float *x, uint8_t *out) {
     }
 }
 
-int64_t attn_q4_0_row_check(const float *x, int64_t xs, int64_t n) {
+int64_t ai_q4_0_row_check(const float *x, int64_t xs, int64_t n) {
     float buf[ATTN_Q4_0_BLOCK];
     for (int64_t c = 0; c < n / ATTN_Q4_0_BLOCK; c++) {
         for (int i = 0; i < ATTN_Q4_0_BLOCK; i++) {
@@ -71,7 +71,7 @@ int64_t attn_q4_0_row_check(const float *x, int64_t xs, int64_t n) {
     return -1;
 }
 
-void attn_q4_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst) {
+void ai_q4_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst) {
     float buf[ATTN_Q4_0_BLOCK];
     for (int64_t c = 0; c < n / ATTN_Q4_0_BLOCK; c++) {
         const float *xb = x + c * ATTN_Q4_0_BLOCK * xs;
@@ -84,9 +84,9 @@ void attn_q4_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst)
 }
 
 attn_status attn_quantize_q4_0(const attn_tensor *src, const attn_tensor *dst) {
-    return attn_block_quantize(ATTN_Q4_0, src, dst);
+    return ai_block_quantize(ATTN_Q4_0, src, dst);
 }
 
 attn_status attn_dequantize_q4_0(const attn_tensor *src, const attn_tensor *dst) {
-    return attn_block_dequantize(ATTN_Q4_0, src, dst);
+    return ai_block_dequantize(ATTN_Q4_0, src, dst);
 }

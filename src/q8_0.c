@@ -6,7 +6,7 @@
  * The format is llama.cpp's block_q8_0, byte for byte (attn.h): 34 bytes a block, the
  * float16 scale d little-endian in bytes 0-1, then 32 int8 qs; value = d * qs[i], exact
  * in float32 (an 11-bit by 8-bit product). Written here from that description, not
- * copied. The tensor conversions (attn_block_quantize, attn_block_dequantize) serve q4_0
+ * copied. The tensor conversions (ai_block_quantize, ai_block_dequantize) serve q4_0
  * too (q4_0.c has its blocks). What is not here: reading q8_0 inside attention (fused.c's
  * kv_block, the kernels' dequant_q8_0 entry, half.h's attn_load for the reference).
  */
@@ -16,7 +16,7 @@
 #include "half.h"
 #include "attn_internal.h"
 
-void attn_dequant_q8_0_blocks(int64_t n, const uint8_t *src, float *dst) {
+void ai_dequant_q8_0_blocks(int64_t n, const uint8_t *src, float *dst) {
     for (int64_t c = 0; c < n; c++) {
         const uint8_t *b = src + c * ATTN_Q8_0_BYTES;
         const float d = attn_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
@@ -50,21 +50,21 @@ static void quantize_block(const float *x, uint8_t *out) {
 static attn_status check_pair(const attn_tensor *f32, const char *fname, const attn_tensor *q8,
                               attn_dtype dt, const char *qname, const attn_tensor *out,
                               const char *oname) {
-    TRY(attn_check_tensor(f32, fname, ATTN_F32, true));
-    TRY(attn_check_tensor(q8, qname, dt, true));
+    TRY(ai_check_tensor(f32, fname, ATTN_F32, true));
+    TRY(ai_check_tensor(q8, qname, dt, true));
     for (int d = 0; d < 4; d++)
         if (f32->shape[d] != q8->shape[d])
-            return attn_fail(ATTN_ERR_SHAPE, "%s: shape[%d] is %lld, %s's is %lld", fname, d,
+            return ai_fail(ATTN_ERR_SHAPE, "%s: shape[%d] is %lld, %s's is %lld", fname, d,
                              (long long)f32->shape[d], qname, (long long)q8->shape[d]);
-    TRY(attn_check_output_strides(out, oname, 4));
-    if (attn_views_overlap(f32, q8))
-        return attn_fail(ATTN_ERR_STRIDE, "%s: overlaps %s in memory", oname,
+    TRY(ai_check_output_strides(out, oname, 4));
+    if (ai_views_overlap(f32, q8))
+        return ai_fail(ATTN_ERR_STRIDE, "%s: overlaps %s in memory", oname,
                          out == f32 ? qname : fname);
     return ATTN_OK;
 }
 
 /* A success clears attn_last_error(), as every call's does. */
-static attn_status ok(void) { return attn_fail(ATTN_OK, "%s", ""); }
+static attn_status ok(void) { return ai_fail(ATTN_OK, "%s", ""); }
 
 static bool is_empty(const attn_tensor *t) {
     return t->shape[0] == 0 || t->shape[1] == 0 || t->shape[2] == 0 || t->shape[3] == 0;
@@ -75,7 +75,7 @@ static uint8_t *q8_row(const attn_tensor *t, int64_t i0, int64_t i1, int64_t i2)
                                                      i1 * t->stride[1] + i2 * t->stride[2]);
 }
 
-int64_t attn_q8_0_row_check(const float *x, int64_t xs, int64_t n) {
+int64_t ai_q8_0_row_check(const float *x, int64_t xs, int64_t n) {
     float buf[ATTN_Q8_0_BLOCK];
     for (int64_t c = 0; c < n / ATTN_Q8_0_BLOCK; c++) {
         for (int i = 0; i < ATTN_Q8_0_BLOCK; i++) buf[i] = x[(c * ATTN_Q8_0_BLOCK + i) * xs];
@@ -85,7 +85,7 @@ int64_t attn_q8_0_row_check(const float *x, int64_t xs, int64_t n) {
     return -1;
 }
 
-void attn_q8_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst) {
+void ai_q8_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst) {
     float buf[ATTN_Q8_0_BLOCK];
     for (int64_t c = 0; c < n / ATTN_Q8_0_BLOCK; c++) {
         const float *xb = x + c * ATTN_Q8_0_BLOCK * xs;
@@ -97,14 +97,14 @@ void attn_q8_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst)
     }
 }
 
-attn_status attn_block_quantize(attn_dtype dt, const attn_tensor *src, const attn_tensor *dst) {
-    if (!src || !dst) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", src ? "dst" : "src");
+attn_status ai_block_quantize(attn_dtype dt, const attn_tensor *src, const attn_tensor *dst) {
+    if (!src || !dst) return ai_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", src ? "dst" : "src");
     TRY(check_pair(src, "src", dst, dt, "dst", dst, "dst"));
     if (is_empty(src)) return ok();
     int64_t (*row_check)(const float *, int64_t, int64_t) =
-        dt == ATTN_Q4_0 ? attn_q4_0_row_check : attn_q8_0_row_check;
+        dt == ATTN_Q4_0 ? ai_q4_0_row_check : ai_q8_0_row_check;
     void (*quantize_row)(const float *, int64_t, int64_t, uint8_t *) =
-        dt == ATTN_Q4_0 ? attn_q4_0_quantize_row : attn_q8_0_quantize_row;
+        dt == ATTN_Q4_0 ? ai_q4_0_quantize_row : ai_q8_0_quantize_row;
     const int64_t n1 = src->shape[1], n2 = src->shape[2], D = src->shape[3];
     const int64_t rows = src->shape[0] * n1 * n2;
     const float *x0 = src->data;
@@ -114,7 +114,7 @@ attn_status attn_block_quantize(attn_dtype dt, const attn_tensor *src, const att
         const int64_t c = row_check(x0 + i0 * src->stride[0] + i1 * src->stride[1] +
                                         i2 * src->stride[2], src->stride[3], D);
         if (c >= 0)
-            return attn_fail(ATTN_ERR_VALUE, "src: block %lld of row (%lld, %lld, %lld) holds a "
+            return ai_fail(ATTN_ERR_VALUE, "src: block %lld of row (%lld, %lld, %lld) holds a "
                              "NaN or infinity, or a value whose scale (%s) is beyond "
                              "float16's range", (long long)c, (long long)i0, (long long)i1,
                              (long long)i2, dt == ATTN_Q4_0 ? "max / -8" : "amax / 127");
@@ -128,12 +128,12 @@ attn_status attn_block_quantize(attn_dtype dt, const attn_tensor *src, const att
     return ok();
 }
 
-attn_status attn_block_dequantize(attn_dtype dt, const attn_tensor *src, const attn_tensor *dst) {
-    if (!src || !dst) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", src ? "dst" : "src");
+attn_status ai_block_dequantize(attn_dtype dt, const attn_tensor *src, const attn_tensor *dst) {
+    if (!src || !dst) return ai_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", src ? "dst" : "src");
     TRY(check_pair(dst, "dst", src, dt, "src", dst, "dst"));
     if (is_empty(src)) return ok();
     void (*deq)(int64_t, const uint8_t *, float *) =
-        dt == ATTN_Q4_0 ? attn_dequant_q4_0_blocks : attn_dequant_q8_0_blocks;
+        dt == ATTN_Q4_0 ? ai_dequant_q4_0_blocks : ai_dequant_q8_0_blocks;
     const int64_t bb = attn_elem_bytes(dt);
     const int64_t n1 = src->shape[1], n2 = src->shape[2], D = src->shape[3];
     const int64_t rows = src->shape[0] * n1 * n2;
@@ -153,9 +153,9 @@ attn_status attn_block_dequantize(attn_dtype dt, const attn_tensor *src, const a
 }
 
 attn_status attn_quantize_q8_0(const attn_tensor *src, const attn_tensor *dst) {
-    return attn_block_quantize(ATTN_Q8_0, src, dst);
+    return ai_block_quantize(ATTN_Q8_0, src, dst);
 }
 
 attn_status attn_dequantize_q8_0(const attn_tensor *src, const attn_tensor *dst) {
-    return attn_block_dequantize(ATTN_Q8_0, src, dst);
+    return ai_block_dequantize(ATTN_Q8_0, src, dst);
 }

@@ -16,14 +16,14 @@
 #include "half.h"
 #include "philox.h"
 
-size_t attn_reference_workspace(const attn_params *p) {
+size_t ai_reference_workspace(const attn_params *p) {
     int64_t n;
     if (__builtin_mul_overflow(p->Lq, p->Lk, &n) || n > (int64_t)(SIZE_MAX / sizeof(double)))
         return (size_t)-1;
     return (size_t)n * sizeof(double);
 }
 
-double attn_ref_finish(const attn_params *p, double raw, int64_t b, int64_t h, int64_t i,
+double ai_ref_finish(const attn_params *p, double raw, int64_t b, int64_t h, int64_t i,
                        int64_t j, int64_t d_i, double *cap) {
     double s = raw, g = 1.0;
     if (p->score_mod) {  // the user's function is float32's: on the logit rounded to float
@@ -51,7 +51,7 @@ double attn_ref_finish(const attn_params *p, double raw, int64_t b, int64_t h, i
     return s;
 }
 
-/* s_ij in float64, CONTRACT order: scale * dot, then attn_ref_finish. */
+/* s_ij in float64, CONTRACT order: scale * dot, then ai_ref_finish. */
 /* A key or value element in float64: the value the cache stands for, an fp8 byte times
  * its head's scale rounded once to float32 (attn.h), exactly as the fused path reads it */
 static double ref_kv(const attn_params *p, const void *base, int64_t idx, float scale) {
@@ -66,10 +66,10 @@ static double ref_logit(const attn_params *p, int64_t q_bhi, int64_t k_bgj, int6
     for (int64_t d = 0; d < p->Dk; d++)
         dot += attn_load_f64(p->q_dt, p->q, q_bhi + d * p->q_s[3]) *
                ref_kv(p, p->k, k_bgj + d * p->k_s[3], ks);
-    return attn_ref_finish(p, p->scale64 * dot, b, h, i, j, d_i, NULL);
+    return ai_ref_finish(p, p->scale64 * dot, b, h, i, j, d_i, NULL);
 }
 
-attn_status attn_reference_forward(const attn_params *p, void *ws) {
+attn_status ai_reference_forward(const attn_params *p, void *ws) {
     double *scores = ws;  // (Lq, Lk), one (b, h) at a time
     for (int64_t b = 0; b < p->B; b++) {
         const int64_t lk_b = attn_key_len(p, b);

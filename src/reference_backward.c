@@ -55,7 +55,7 @@ static double ref_row(const attn_params *p, int64_t b, int64_t h, int64_t i,
         const double *k_j = k + j * Dk;
         double dot = 0.0;
         for (int64_t d = 0; d < Dk; d++) dot += q_i[d] * k_j[d];
-        const double s = attn_ref_finish(p, p->scale64 * dot, b, h, i, j, d_i,
+        const double s = ai_ref_finish(p, p->scale64 * dot, b, h, i, j, d_i,
                                          cap_i ? &cap_i[j] : NULL);
         P_i[j] = s;
         if (isnan(s) || s > m) m = s;  // NaN sticks, as in the forward
@@ -289,7 +289,7 @@ static int64_t dbias_doubles(const attn_bwd_params *bp) {
     return n;
 }
 
-size_t attn_reference_backward_workspace(const attn_bwd_params *bp) {
+size_t ai_reference_backward_workspace(const attn_bwd_params *bp) {
     int64_t n = group_doubles(&bp->fwd, true);
     const int64_t nb = dbias_doubles(bp);
     if (n < 0 || nb < 0 || __builtin_add_overflow(n, sink_doubles(bp), &n) ||
@@ -313,7 +313,7 @@ static void scatter(const double *in, int64_t rows, int64_t cols, attn_dtype dt,
             attn_store_f64(dt, x, at + r * s_row + c * s_col, in[r * cols + c]);
 }
 
-attn_status attn_reference_backward(const attn_bwd_params *bp, void *ws) {
+attn_status ai_reference_backward(const attn_bwd_params *bp, void *ws) {
     const attn_params *p = &bp->fwd;
     const int64_t Lq = p->Lq, Lk = p->Lk, Dk = p->Dk, Dv = p->Dv, G = p->group;
     double *mats = ws;
@@ -383,13 +383,13 @@ attn_status attn_reference_backward(const attn_bwd_params *bp, void *ws) {
 static double *alloc_mats(const attn_params *p) {
     const int64_t n = group_doubles(p, false);
     if (n < 0 || (uint64_t)n > SIZE_MAX / sizeof(double)) return NULL;
-    return attn_malloc(n > 0 ? (size_t)n * sizeof(double) : 1);
+    return ai_malloc(n > 0 ? (size_t)n * sizeof(double) : 1);
 }
 
-attn_status attn_ref64_forward(const attn_params *p, const double *q, const double *k,
+attn_status ai_ref64_forward(const attn_params *p, const double *q, const double *k,
                                const double *v, double *o, double *lse) {
     double *P = alloc_mats(p);
-    if (!P) return attn_fail(ATTN_ERR_NOMEM, "attn_ref64_forward: scratch");
+    if (!P) return ai_fail(ATTN_ERR_NOMEM, "ai_ref64_forward: scratch");
     const int64_t Lq = p->Lq, Lk = p->Lk, G = p->group;
     for (int64_t b = 0; b < p->B; b++)
         for (int64_t g = 0; g < p->Hkv; g++) {
@@ -398,28 +398,28 @@ attn_status attn_ref64_forward(const attn_params *p, const double *q, const doub
                               v + g0 * Lk * p->Dv, o + h0 * Lq * p->Dv,
                               lse ? lse + h0 * Lq : NULL, P);
         }
-    attn_free(P);
+    ai_free(P);
     return ATTN_OK;
 }
 
-attn_status attn_ref64_backward(const attn_params *p, const double *q, const double *k,
+attn_status ai_ref64_backward(const attn_params *p, const double *q, const double *k,
                                 const double *v, const double *d_o, double *dq, double *dk,
                                 double *dv, bool magnitudes) {
-    return attn_ref64_backward_bias(p, q, k, v, d_o, dq, dk, dv, NULL, NULL, magnitudes);
+    return ai_ref64_backward_bias(p, q, k, v, d_o, dq, dk, dv, NULL, NULL, magnitudes);
 }
 
-attn_status attn_ref64_backward_bias(const attn_params *p, const double *q, const double *k,
+attn_status ai_ref64_backward_bias(const attn_params *p, const double *q, const double *k,
                                      const double *v, const double *d_o, double *dq, double *dk,
                                      double *dv, double *d_bias, const int64_t d_bias_n[4],
                                      bool magnitudes) {
     double *mats = alloc_mats(p);
-    if (!mats) return attn_fail(ATTN_ERR_NOMEM, "attn_ref64_backward: scratch");
+    if (!mats) return ai_fail(ATTN_ERR_NOMEM, "ai_ref64_backward: scratch");
     ref_dbias db = {0};
     if (d_bias) {
-        db.g = attn_malloc((size_t)(p->Lq * p->Lk + 1) * sizeof(double));
+        db.g = ai_malloc((size_t)(p->Lq * p->Lk + 1) * sizeof(double));
         if (!db.g) {
-            attn_free(mats);
-            return attn_fail(ATTN_ERR_NOMEM, "attn_ref64_backward: scratch");
+            ai_free(mats);
+            return ai_fail(ATTN_ERR_NOMEM, "ai_ref64_backward: scratch");
         }
         db.acc = d_bias;
         memcpy(db.n, d_bias_n, sizeof db.n);
@@ -434,7 +434,7 @@ attn_status attn_ref64_backward_bias(const attn_params *p, const double *q, cons
                                dv + g0 * Lk * Dv, mats, magnitudes, NULL, NULL,
                                d_bias ? &db : NULL);
         }
-    attn_free(mats);
-    attn_free(db.g);
+    ai_free(mats);
+    ai_free(db.g);
     return ATTN_OK;
 }

@@ -19,7 +19,7 @@ static void read_env(void) {
     if (*end == '\0' && x >= 0.0 && x <= 1e30) g_min_flops = x;
 }
 
-double attn_team_min_flops(void) {
+double ai_team_min_flops(void) {
     pthread_once(&g_once, read_env);
     return g_min_flops;
 }

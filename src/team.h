@@ -20,7 +20,7 @@
 #define ATTN_TEAM_MIN_FLOPS_DEFAULT 1.0e6
 
 /* the threshold in flops: the environment's, or ATTN_TEAM_MIN_FLOPS_DEFAULT (team.c) */
-ATTN_PRIVATE double attn_team_min_flops(void);
+ATTN_PRIVATE double ai_team_min_flops(void);
 
 /* the work estimate of p's forward, in flops (a double: no overflow) */
 static inline double attn_call_flops(const attn_params *p) {
@@ -34,7 +34,7 @@ static inline double attn_call_flops(const attn_params *p) {
 /* whether a parallel region of p's call, of passes times the forward's work, takes p's
  * threads (true) or the calling thread alone */
 static inline bool attn_run_parallel(const attn_params *p, double passes) {
-    return p->threads > 1 && passes * attn_call_flops(p) >= attn_team_min_flops();
+    return p->threads > 1 && passes * attn_call_flops(p) >= ai_team_min_flops();
 }
 
 #endif

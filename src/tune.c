@@ -182,9 +182,9 @@ static bool call_make(tune_call *c, const tune_case *tc, int threads) {
 
 static attn_status call_run(tune_call *c, const attn_tune_config *cfg) {
     if (c->tc.cls.phase == ATTN_PHASE_BACKWARD)
-        return attn_backward_forced(cfg, &c->q, &c->k, &c->v, &c->o, &c->d_o, &c->lse, &c->dq,
+        return ai_backward_forced(cfg, &c->q, &c->k, &c->v, &c->o, &c->d_o, &c->lse, &c->dq,
                                     &c->dk, &c->dv, &c->opt);
-    return attn_forward_forced(cfg, &c->q, &c->k, &c->v, &c->o, &c->opt);
+    return ai_forward_forced(cfg, &c->q, &c->k, &c->v, &c->o, &c->opt);
 }
 
 /* ---- timing ------------------------------------------------------------------------- */
@@ -289,7 +289,7 @@ static void note(tune_result *r, const char *fmt, ...) {
 
 static void config_label(const attn_tune_config *cfg, char *buf, size_t cap) {
     char line[160];
-    attn_wisdom_format((attn_tune_class){0}, cfg, line, sizeof line);
+    ai_wisdom_format((attn_tune_class){0}, cfg, line, sizeof line);
     const char *eq = strstr(line, "= ");
     snprintf(buf, cap, "%s", eq ? eq + 2 : line);
 }
@@ -322,7 +322,7 @@ static void tune_class(const tune_case *tc, bool quick, int threads, tune_result
     r->tc = *tc;
     tune_call c;
     char name[64];
-    attn_tune_class_name(tc->cls, name, sizeof name);
+    ai_tune_class_name(tc->cls, name, sizeof name);
     note(r, "# %s: B %lld, Hq %lld, Hkv %lld, Lq %lld, Lk %lld, D %lld; %d threads\n", name,
          (long long)tc->B, (long long)tc->Hq, (long long)tc->Hkv, (long long)tc->Lq,
          (long long)tc->Lk, (long long)tc->D, threads);
@@ -346,10 +346,10 @@ static void tune_class(const tune_case *tc, bool quick, int threads, tune_result
     int n = 0, win = 0;
 
     /* 1. the kernel */
-    const attn_kernels *stat = attn_select_kernels(NULL);
+    const attn_kernels *stat = ai_select_kernels(NULL);
     add(cands, &n, none);
     for (const char *const *k = attn_kernel_list(); *k; k++) {
-        const attn_kernels *kt = attn_kernels_named(*k);
+        const attn_kernels *kt = ai_kernels_named(*k);
         if (kt && kt != stat) add(cands, &n, (attn_tune_config){.kernels = kt});
     }
     bool ok = race(&c, cands, n, rounds, reps, &win);
@@ -357,7 +357,7 @@ static void tune_class(const tune_case *tc, bool quick, int threads, tune_result
     attn_tune_config kept = cands[win].cfg;
 
     /* 2. the tiles, one field at a time, on the kernel kept (not the static sizes again) */
-    const attn_tiles st = attn_choose_tiles(kept.kernels ? kept.kernels : stat,
+    const attn_tiles st = ai_choose_tiles(kept.kernels ? kept.kernels : stat,
                                             decode_or_fwd(tc->cls.phase), k_kv_dtype[tc->cls.dtype],
                                             tc->D, tc->D, NULL);
     static const int32_t bqs[] = {32, 64, 96, 112, 128, 160};
@@ -370,12 +370,12 @@ static void tune_class(const tune_case *tc, bool quick, int threads, tune_result
         if (decode || (quick && (bqs[i] == 32 || bqs[i] == 160))) continue;
         attn_tune_config x = kept;
         x.bq = bqs[i];
-        if (bqs[i] != st.bq && attn_tune_config_valid(&x, tc->cls.phase)) add(cands, &n, x);
+        if (bqs[i] != st.bq && ai_tune_config_valid(&x, tc->cls.phase)) add(cands, &n, x);
     }
     for (size_t i = 0; i < sizeof bks / sizeof bks[0]; i++) {
         attn_tune_config x = kept;
         x.bk = bks[i];
-        if (bks[i] != st.bk && attn_tune_config_valid(&x, tc->cls.phase)) add(cands, &n, x);
+        if (bks[i] != st.bk && ai_tune_config_valid(&x, tc->cls.phase)) add(cands, &n, x);
     }
     for (size_t i = 0; decode && i < sizeof splits / sizeof splits[0]; i++) {
         attn_tune_config x = kept;
@@ -437,7 +437,7 @@ static attn_status can_write(const char *path) {
     make_parents(path);
     FILE *f = fopen(tmp, "w");
     if (!f)
-        return attn_fail(ATTN_ERR_IO, "attn_tune: cannot write %s: %s", tmp, strerror(errno));
+        return ai_fail(ATTN_ERR_IO, "attn_tune: cannot write %s: %s", tmp, strerror(errno));
     fclose(f);
     remove(tmp);
     return ATTN_OK;
@@ -450,8 +450,8 @@ static attn_status write_file(const char *path, const tune_result *res, int nres
     make_parents(path);
     FILE *f = fopen(tmp, "w");
     if (!f)
-        return attn_fail(ATTN_ERR_IO, "attn_tune: cannot write %s: %s", tmp, strerror(errno));
-    fprintf(f, "attn-wisdom 1\n%s\n", attn_wisdom_cpu_line());
+        return ai_fail(ATTN_ERR_IO, "attn_tune: cannot write %s: %s", tmp, strerror(errno));
+    fprintf(f, "attn-wisdom 1\n%s\n", ai_wisdom_cpu_line());
     fprintf(f, "# written by attn_tune%s on %d threads in %.1f s; a class line is the call's\n"
                "# configuration (static: the library's own choice), the comments above it\n"
                "# the medians of its candidates (docs/KERNELS.md, \"Tuner\")\n",
@@ -460,18 +460,18 @@ static attn_status write_file(const char *path, const tune_result *res, int nres
         fputs(res[i].notes, f);
         if (!res[i].ok) continue;
         char line[256];
-        attn_wisdom_format(res[i].tc.cls, &res[i].chosen, line, sizeof line);
+        ai_wisdom_format(res[i].tc.cls, &res[i].chosen, line, sizeof line);
         fprintf(f, "%s\n", line);
     }
     const bool bad = ferror(f) != 0;
     if (fclose(f) != 0 || bad) {
         remove(tmp);
-        return attn_fail(ATTN_ERR_IO, "attn_tune: writing %s failed", tmp);
+        return ai_fail(ATTN_ERR_IO, "attn_tune: writing %s failed", tmp);
     }
     if (rename(tmp, path) != 0) {
         const int e = errno;
         remove(tmp);
-        return attn_fail(ATTN_ERR_IO, "attn_tune: cannot rename %s to %s: %s", tmp, path,
+        return ai_fail(ATTN_ERR_IO, "attn_tune: cannot rename %s to %s: %s", tmp, path,
                          strerror(e));
     }
     return ATTN_OK;
@@ -481,26 +481,26 @@ attn_status attn_tune(const attn_tune_options *opt_in) {
     static const attn_tune_options defaults = {0};
     const attn_tune_options *opt = opt_in ? opt_in : &defaults;
     if (opt->threads < 0)
-        return attn_fail(ATTN_ERR_VALUE, "attn_tune: threads is %d, expected >= 0 (0 = default)",
+        return ai_fail(ATTN_ERR_VALUE, "attn_tune: threads is %d, expected >= 0 (0 = default)",
                          (int)opt->threads);
     /* what would make the measured calls differ from the tuned ones later */
     static const char *const env[] = {"ATTN_ISA", "ATTN_FWD_BQ", "ATTN_FWD_BK", "ATTN_BWD_BQ"};
     for (size_t i = 0; i < sizeof env / sizeof env[0]; i++) {
         const char *s = getenv(env[i]);
         if (s && *s)
-            return attn_fail(ATTN_ERR_UNSUPPORTED, "attn_tune: %s is set; it overrides what the "
+            return ai_fail(ATTN_ERR_UNSUPPORTED, "attn_tune: %s is set; it overrides what the "
                              "tuner chooses, unset it to tune", env[i]);
     }
     char path[4096];
     if (opt->out) {
-        if (!*opt->out) return attn_fail(ATTN_ERR_VALUE, "attn_tune: out is an empty path");
+        if (!*opt->out) return ai_fail(ATTN_ERR_VALUE, "attn_tune: out is an empty path");
         snprintf(path, sizeof path, "%s", opt->out);
-    } else if (!attn_wisdom_default_path(path, sizeof path)) {
-        return attn_fail(ATTN_ERR_VALUE, "attn_tune: no out path, and none of ATTN_WISDOM, "
+    } else if (!ai_wisdom_default_path(path, sizeof path)) {
+        return ai_fail(ATTN_ERR_VALUE, "attn_tune: no out path, and none of ATTN_WISDOM, "
                          "XDG_CACHE_HOME, HOME is set");
     }
-    if (!attn_select_kernels(NULL))
-        return attn_fail(ATTN_ERR_UNSUPPORTED, "attn_tune: no kernel runs on this CPU");
+    if (!ai_select_kernels(NULL))
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "attn_tune: no kernel runs on this CPU");
     TRY(can_write(path));
     int threads = opt->threads;
 #ifdef _OPENMP
@@ -511,7 +511,7 @@ attn_status attn_tune(const attn_tune_options *opt_in) {
     const size_t nq = sizeof k_quick / sizeof k_quick[0], nm = sizeof k_full_more / sizeof k_full_more[0];
     const int n = (int)(opt->quick ? nq : nq + nm);
     tune_result *res = calloc((size_t)n, sizeof *res);
-    if (!res) return attn_fail(ATTN_ERR_NOMEM, "attn_tune: out of memory");
+    if (!res) return ai_fail(ATTN_ERR_NOMEM, "attn_tune: out of memory");
     const double t0 = now_s();
     for (int i = 0; i < n; i++) {
         const attn_tune_class cls = (size_t)i < nq ? k_quick[i] : k_full_more[i - (int)nq];
@@ -519,7 +519,7 @@ attn_status attn_tune(const attn_tune_options *opt_in) {
         tune_class(&tc, opt->quick, threads, &res[i]);
         if (opt->verbose) {
             char line[256];
-            attn_wisdom_format(cls, &res[i].chosen, line, sizeof line);
+            ai_wisdom_format(cls, &res[i].chosen, line, sizeof line);
             if (res[i].ok)
                 fprintf(stderr, "attn tune: %s  (static %.3f ms, chosen %.3f ms)\n", line,
                         res[i].static_ms, res[i].chosen_ms);
@@ -529,5 +529,5 @@ attn_status attn_tune(const attn_tune_options *opt_in) {
     }
     const attn_status st = write_file(path, res, n, opt->quick, threads, now_s() - t0);
     free(res);
-    return st == ATTN_OK ? attn_ok() : st;
+    return st == ATTN_OK ? ai_ok() : st;
 }

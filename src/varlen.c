@@ -35,37 +35,37 @@ static int64_t cu_at(const attn_tensor *t, int64_t s) {
  * each difference <= max_seqlen. */
 static attn_status check_cu(const attn_tensor *t, const char *name, int64_t total,
                             int64_t max_seqlen, const char *max_name) {
-    if (!t) return attn_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", name);
+    if (!t) return ai_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", name);
     if (t->dtype != ATTN_I32 && t->dtype != ATTN_I64)
-        return attn_fail(ATTN_ERR_DTYPE, "%s: dtype is %s, expected int32 or int64", name,
+        return ai_fail(ATTN_ERR_DTYPE, "%s: dtype is %s, expected int32 or int64", name,
                          attn_dtype_name(t->dtype));
-    TRY(attn_check_tensor(t, name, t->dtype, true));
+    TRY(ai_check_tensor(t, name, t->dtype, true));
     if (t->shape[0] < 1 || t->shape[1] != 1 || t->shape[2] != 1 || t->shape[3] != 1)
-        return attn_fail(ATTN_ERR_SHAPE, "%s: shape [%lld, %lld, %lld, %lld], expected "
+        return ai_fail(ATTN_ERR_SHAPE, "%s: shape [%lld, %lld, %lld, %lld], expected "
                          "[B + 1 >= 1, 1, 1, 1]", name, (long long)t->shape[0],
                          (long long)t->shape[1], (long long)t->shape[2], (long long)t->shape[3]);
     if (max_seqlen < 0)
-        return attn_fail(ATTN_ERR_VALUE, "%s is %lld, expected >= 0", max_name,
+        return ai_fail(ATTN_ERR_VALUE, "%s is %lld, expected >= 0", max_name,
                          (long long)max_seqlen);
     const int64_t n = t->shape[0];
     if (cu_at(t, 0) != 0)
-        return attn_fail(ATTN_ERR_VALUE, "%s[0] = %lld, expected 0", name, (long long)cu_at(t, 0));
+        return ai_fail(ATTN_ERR_VALUE, "%s[0] = %lld, expected 0", name, (long long)cu_at(t, 0));
     for (int64_t s = 0; s + 1 < n; s++) {
         const int64_t a = cu_at(t, s), b = cu_at(t, s + 1);
         if (b < a)
-            return attn_fail(ATTN_ERR_VALUE, "%s[%lld] = %lld < %s[%lld] = %lld, expected "
+            return ai_fail(ATTN_ERR_VALUE, "%s[%lld] = %lld < %s[%lld] = %lld, expected "
                              "non-decreasing offsets", name, (long long)(s + 1), (long long)b,
                              name, (long long)s, (long long)a);
         if (b > total)  // before b - a, which then cannot overflow
-            return attn_fail(ATTN_ERR_VALUE, "%s[%lld] = %lld, beyond the %lld packed rows",
+            return ai_fail(ATTN_ERR_VALUE, "%s[%lld] = %lld, beyond the %lld packed rows",
                              name, (long long)(s + 1), (long long)b, (long long)total);
         if (b - a > max_seqlen)
-            return attn_fail(ATTN_ERR_VALUE, "sequence %lld has %lld rows (%s), more than %s "
+            return ai_fail(ATTN_ERR_VALUE, "sequence %lld has %lld rows (%s), more than %s "
                              "= %lld", (long long)s, (long long)(b - a), name, max_name,
                              (long long)max_seqlen);
     }
     if (cu_at(t, n - 1) != total)
-        return attn_fail(ATTN_ERR_VALUE, "%s[%lld] = %lld, expected the packed rows, %lld",
+        return ai_fail(ATTN_ERR_VALUE, "%s[%lld] = %lld, expected the packed rows, %lld",
                          name, (long long)(n - 1), (long long)cu_at(t, n - 1), (long long)total);
     return ATTN_OK;
 }
@@ -79,21 +79,21 @@ static attn_status refuse_options(const attn_options *opt, bool paged_ok) {
     static const char *const what = "packed (varlen) calls take no %s (%s)";
     const bool paged = paged_ok && opt->block_table;
     if (opt->mask && !paged)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.mask",
+        return ai_fail(ATTN_ERR_UNSUPPORTED, what, "options.mask",
                          "a [B, Hq, Lq, Lk] tensor; a paged forward takes one");
-    if (opt->bias) return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.bias", "a [B, Hq, Lq, Lk] tensor");
+    if (opt->bias) return ai_fail(ATTN_ERR_UNSUPPORTED, what, "options.bias", "a [B, Hq, Lq, Lk] tensor");
     if (opt->kv_len && !paged)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.kv_len", "cu_seqlens_k gives the keys");
+        return ai_fail(ATTN_ERR_UNSUPPORTED, what, "options.kv_len", "cu_seqlens_k gives the keys");
     if (opt->block_mask)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.block_mask", "a mask over the padded batch");
+        return ai_fail(ATTN_ERR_UNSUPPORTED, what, "options.block_mask", "a mask over the padded batch");
     if (opt->score_mod)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.score_mod",
+        return ai_fail(ATTN_ERR_UNSUPPORTED, what, "options.score_mod",
                          "its indices would be each sequence's own");
     if (opt->block_table && !paged_ok)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.block_table",
+        return ai_fail(ATTN_ERR_UNSUPPORTED, what, "options.block_table",
                          "the backward of a paged cache");
     if (opt->weights)
-        return attn_fail(ATTN_ERR_UNSUPPORTED, what, "options.weights", "a [B, Hq, Lq, Lk] tensor");
+        return ai_fail(ATTN_ERR_UNSUPPORTED, what, "options.weights", "a [B, Hq, Lq, Lk] tensor");
     return ATTN_OK;
 }
 
@@ -108,22 +108,22 @@ static int64_t len_at(const attn_tensor *t, int64_t s) {
  * bound by the cache's rows is each sequence's own call's check. */
 static attn_status check_seqused(const attn_tensor *t, int64_t B, int64_t max_k) {
     if (!t)
-        return attn_fail(ATTN_ERR_NULL, "options.kv_len: NULL; a paged packed call takes each "
+        return ai_fail(ATTN_ERR_NULL, "options.kv_len: NULL; a paged packed call takes each "
                          "sequence's key count there (seqused_k), cu_seqlens_k NULL");
     if (t->dtype != ATTN_I32 && t->dtype != ATTN_I64)
-        return attn_fail(ATTN_ERR_DTYPE, "options.kv_len: dtype is %s, expected int32 or int64",
+        return ai_fail(ATTN_ERR_DTYPE, "options.kv_len: dtype is %s, expected int32 or int64",
                          attn_dtype_name(t->dtype));
-    TRY(attn_check_tensor(t, "options.kv_len", t->dtype, true));
+    TRY(ai_check_tensor(t, "options.kv_len", t->dtype, true));
     if (t->shape[0] != B || t->shape[1] != 1 || t->shape[2] != 1 || t->shape[3] != 1)
-        return attn_fail(ATTN_ERR_SHAPE, "options.kv_len: shape [%lld, %lld, %lld, %lld], expected "
+        return ai_fail(ATTN_ERR_SHAPE, "options.kv_len: shape [%lld, %lld, %lld, %lld], expected "
                          "[B = %lld, 1, 1, 1]", (long long)t->shape[0], (long long)t->shape[1],
                          (long long)t->shape[2], (long long)t->shape[3], (long long)B);
     if (max_k < 0)
-        return attn_fail(ATTN_ERR_VALUE, "max_seqlen_k is %lld, expected >= 0", (long long)max_k);
+        return ai_fail(ATTN_ERR_VALUE, "max_seqlen_k is %lld, expected >= 0", (long long)max_k);
     for (int64_t s = 0; s < B; s++) {
         const int64_t n = len_at(t, s);
         if (n < 0 || n > max_k)
-            return attn_fail(ATTN_ERR_VALUE, "options.kv_len[%lld] = %lld, expected 0 .. "
+            return ai_fail(ATTN_ERR_VALUE, "options.kv_len[%lld] = %lld, expected 0 .. "
                              "max_seqlen_k = %lld", (long long)s, (long long)n, (long long)max_k);
     }
     return ATTN_OK;
@@ -137,19 +137,19 @@ static attn_status check_packing(const attn_tensor *q, const attn_tensor *k,
                                  int64_t max_q, int64_t max_k, const attn_tensor *kv_len,
                                  bool paged, int64_t *B) {
     if (q->shape[0] != 1)
-        return attn_fail(ATTN_ERR_SHAPE, "q: shape[0] is %lld, expected 1 (packed tensors are "
+        return ai_fail(ATTN_ERR_SHAPE, "q: shape[0] is %lld, expected 1 (packed tensors are "
                          "{1, H, total, D})", (long long)q->shape[0]);
     TRY(check_cu(cu_q, "cu_seqlens_q", q->shape[2], max_q, "max_seqlen_q"));
     *B = cu_q->shape[0] - 1;
     if (paged) {
         if (cu_k)
-            return attn_fail(ATTN_ERR_VALUE, "cu_seqlens_k: given with options.block_table; a "
+            return ai_fail(ATTN_ERR_VALUE, "cu_seqlens_k: given with options.block_table; a "
                              "paged packed call takes each sequence's key count in "
                              "options.kv_len (seqused_k) and cu_seqlens_k NULL");
         return check_seqused(kv_len, *B, max_k);
     }
     if (cu_k && cu_k->shape[0] != cu_q->shape[0])  // before its entries are read
-        return attn_fail(ATTN_ERR_SHAPE, "cu_seqlens_k: %lld entries, expected %lld as "
+        return ai_fail(ATTN_ERR_SHAPE, "cu_seqlens_k: %lld entries, expected %lld as "
                          "cu_seqlens_q (B + 1)", (long long)cu_k->shape[0],
                          (long long)cu_q->shape[0]);
     TRY(check_cu(cu_k, "cu_seqlens_k", k->shape[2], max_k, "max_seqlen_k"));
@@ -224,10 +224,10 @@ static attn_status check_padded_mask(const attn_options *opt, const attn_tensor 
     if (!m) return ATTN_OK;
     const int64_t lk = opt->block_table->shape[1] * k->shape[2];
     if (m->dtype != ATTN_BOOL)
-        return attn_fail(ATTN_ERR_DTYPE, "options.mask: dtype is %s, expected bool",
+        return ai_fail(ATTN_ERR_DTYPE, "options.mask: dtype is %s, expected bool",
                          attn_dtype_name(m->dtype));
     if (m->shape[0] != B || m->shape[2] != max_q || m->shape[3] != lk)
-        return attn_fail(ATTN_ERR_MASK, "options.mask: shape [%lld, %lld, %lld, %lld], expected "
+        return ai_fail(ATTN_ERR_MASK, "options.mask: shape [%lld, %lld, %lld, %lld], expected "
                          "the padded batch [B = %lld, Hq or 1, max_seqlen_q = %lld, Lk = %lld]",
                          (long long)m->shape[0], (long long)m->shape[1], (long long)m->shape[2],
                          (long long)m->shape[3], (long long)B, (long long)max_q, (long long)lk);
@@ -251,9 +251,9 @@ static attn_status forward_plan(const attn_tensor *q, const attn_tensor *k, cons
         k0.shape[2] = v0.shape[2] = 0;
         attn_options o0 = *opt;
         o0.block_table = NULL, o0.kv_len = NULL, o0.mask = NULL;
-        TRY(attn_params_init(&whole, q, &k0, &v0, o, &o0, need_data));
+        TRY(ai_params_init(&whole, q, &k0, &v0, o, &o0, need_data));
     } else {
-        TRY(attn_params_init(&whole, q, k, v, o, opt, need_data));
+        TRY(ai_params_init(&whole, q, k, v, o, opt, need_data));
     }
     TRY(check_packing(q, k, cu_q, cu_k, max_q, max_k, opt ? opt->kv_len : NULL, paged, B));
     if (paged) TRY(check_padded_mask(opt, k, *B, max_q));
@@ -266,7 +266,7 @@ static attn_status forward_plan(const attn_tensor *q, const attn_tensor *k, cons
         sv.opt.lse = opt && opt->lse ? &sv.lse : NULL;
         if (paged) {  // every sequence's pool, table row, key count before any writes
             attn_params ps;
-            TRY(attn_params_init(&ps, &sv.q, &sv.k, &sv.v, &sv.o, &sv.opt, need_data));
+            TRY(ai_params_init(&ps, &sv.q, &sv.k, &sv.v, &sv.o, &sv.opt, need_data));
         }
         size_t n;
         TRY(attn_forward_workspace_size(&sv.q, &sv.k, &sv.v, &sv.o, &sv.opt, &n));
@@ -281,13 +281,13 @@ attn_status attn_varlen_forward_workspace_size(const attn_tensor *q, const attn_
                                                const attn_tensor *cu_seqlens_k,
                                                int64_t max_seqlen_q, int64_t max_seqlen_k,
                                                const attn_options *opt, size_t *bytes) {
-    if (!bytes) return attn_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
+    if (!bytes) return ai_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
     int64_t B;
     size_t need;
     TRY(forward_plan(q, k, v, o, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opt,
                      false, &B, &need));
     *bytes = need;
-    return attn_ok();
+    return ai_ok();
 }
 
 attn_status attn_varlen_forward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
@@ -299,16 +299,16 @@ attn_status attn_varlen_forward(const attn_tensor *q, const attn_tensor *k, cons
     TRY(forward_plan(q, k, v, o, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opt,
                      true, &B, &need));
     /* the outputs against every input, cu_seqlens included, and the workspace */
-    TRY(attn_check_forward_aliasing(q, k, v, o, opt, need));
+    TRY(ai_check_forward_aliasing(q, k, v, o, opt, need));
     {
         static const char *const in_names[] = {"cu_seqlens_q", "cu_seqlens_k"};
         static const char *const out_names[] = {"o", "lse"};
         const attn_tensor *in[] = {cu_seqlens_q, cu_seqlens_k};
         const attn_tensor *out[] = {o, opt ? opt->lse : NULL};
-        TRY(attn_check_aliasing(in, in_names, 2, out, out_names, 2, opt, need));
+        TRY(ai_check_aliasing(in, in_names, 2, out, out_names, 2, opt, need));
     }
     void *ws, *owned;
-    TRY(attn_workspace_acquire(opt, need, &ws, &owned));
+    TRY(ai_workspace_acquire(opt, need, &ws, &owned));
     const attn_tensor *const t[9] = {q, k, v, o, opt ? opt->lse : NULL, NULL, NULL, NULL, NULL};
     attn_status st = ATTN_OK;
     for (int64_t s = 0; s < B && st == ATTN_OK; s++) {
@@ -318,10 +318,10 @@ attn_status attn_varlen_forward(const attn_tensor *q, const attn_tensor *k, cons
         sv.opt.lse = opt && opt->lse ? &sv.lse : NULL;
         sv.opt.workspace = ws;
         sv.opt.workspace_bytes = need;
-        st = attn_forward_piece(&sv.q, &sv.k, &sv.v, &sv.o, &sv.opt, &sv.drop);
+        st = ai_forward_piece(&sv.q, &sv.k, &sv.v, &sv.o, &sv.opt, &sv.drop);
     }
-    attn_free(owned);
-    return st == ATTN_OK ? attn_ok() : st;
+    ai_free(owned);
+    return st == ATTN_OK ? ai_ok() : st;
 }
 
 /* ---- the backward ------------------------------------------------------------------------
@@ -347,8 +347,8 @@ static attn_status backward_plan(const attn_tensor *const t[9], const attn_tenso
                                      &unused));
     static const char *const names[9] = {"q", "k", "v", "o", "lse", "d_o", "dq", "dk", "dv"};
     for (int x = 0; need_data && x < 9; x++)
-        TRY(attn_check_tensor(t[x], names[x], t[x]->dtype, true));
-    if (need_data && opt && opt->d_sinks) TRY(attn_check_tensor(opt->d_sinks, "d_sinks", ATTN_F32, true));
+        TRY(ai_check_tensor(t[x], names[x], t[x]->dtype, true));
+    if (need_data && opt && opt->d_sinks) TRY(ai_check_tensor(opt->d_sinks, "d_sinks", ATTN_F32, true));
     TRY(check_packing(t[0], t[1], cu_q, cu_k, max_q, max_k, NULL, false, B));
     /* a sequence's d_sinks: a stand-in of the right shape (the workspace query reads no
      * data pointer) */
@@ -367,7 +367,7 @@ static attn_status backward_plan(const attn_tensor *const t[9], const attn_tenso
     }
     const size_t extra = sinks_bytes(t[0], opt);
     *need = *seq_need > SIZE_MAX - extra ? (size_t)-1 : *seq_need + extra;
-    if (*need == (size_t)-1) return attn_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
+    if (*need == (size_t)-1) return ai_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
     return ATTN_OK;
 }
 
@@ -376,14 +376,14 @@ attn_status attn_varlen_backward_workspace_size(
     const attn_tensor *d_o, const attn_tensor *lse, const attn_tensor *dq, const attn_tensor *dk,
     const attn_tensor *dv, const attn_tensor *cu_seqlens_q, const attn_tensor *cu_seqlens_k,
     int64_t max_seqlen_q, int64_t max_seqlen_k, const attn_options *opt, size_t *bytes) {
-    if (!bytes) return attn_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
+    if (!bytes) return ai_fail(ATTN_ERR_NULL, "bytes: NULL output pointer");
     const attn_tensor *const t[9] = {q, k, v, o, lse, d_o, dq, dk, dv};
     int64_t B;
     size_t seq_need, need;
     TRY(backward_plan(t, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opt, false, &B,
                       &seq_need, &need));
     *bytes = need;
-    return attn_ok();
+    return ai_ok();
 }
 
 attn_status attn_varlen_backward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
@@ -399,16 +399,16 @@ attn_status attn_varlen_backward(const attn_tensor *q, const attn_tensor *k, con
     TRY(backward_plan(t, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opt, true, &B,
                       &seq_need, &need));
     const attn_tensor *const bt[8] = {q, k, v, o, d_o, dq, dk, dv};
-    TRY(attn_check_backward_aliasing(bt, lse, opt, need));
+    TRY(ai_check_backward_aliasing(bt, lse, opt, need));
     {
         static const char *const in_names[] = {"cu_seqlens_q", "cu_seqlens_k"};
         static const char *const out_names[] = {"dq", "dk", "dv", "d_sinks"};
         const attn_tensor *in[] = {cu_seqlens_q, cu_seqlens_k};
         const attn_tensor *out[] = {dq, dk, dv, opt ? opt->d_sinks : NULL};
-        TRY(attn_check_aliasing(in, in_names, 2, out, out_names, 4, opt, need));
+        TRY(ai_check_aliasing(in, in_names, 2, out, out_names, 4, opt, need));
     }
     void *ws, *owned;
-    TRY(attn_workspace_acquire(opt, need, &ws, &owned));
+    TRY(ai_workspace_acquire(opt, need, &ws, &owned));
     const int64_t Hq = q->shape[1];
     const bool sinks = opt && opt->d_sinks;
     float *ds_seq = NULL, *ds_sum = NULL;  // (Hq) each
@@ -429,7 +429,7 @@ attn_status attn_varlen_backward(const attn_tensor *q, const attn_tensor *k, con
         sv.opt.d_sinks = sinks ? &ds : NULL;
         if (sinks)
             for (int64_t h = 0; h < Hq; h++) ds_seq[h] = 0.0f;
-        st = attn_backward_piece(&sv.q, &sv.k, &sv.v, &sv.o, &sv.d_o, &sv.lse, &sv.dq, &sv.dk,
+        st = ai_backward_piece(&sv.q, &sv.k, &sv.v, &sv.o, &sv.d_o, &sv.lse, &sv.dq, &sv.dk,
                                  &sv.dv, &sv.opt, &sv.drop);
         if (sinks)
             for (int64_t h = 0; h < Hq; h++) ds_sum[h] += ds_seq[h];
@@ -438,6 +438,6 @@ attn_status attn_varlen_backward(const attn_tensor *q, const attn_tensor *k, con
         float *d = (float *)opt->d_sinks->data;  // (Hq), stride[0]
         for (int64_t h = 0; h < Hq; h++) d[h * opt->d_sinks->stride[0]] = ds_sum[h];
     }
-    attn_free(owned);
-    return st == ATTN_OK ? attn_ok() : st;
+    ai_free(owned);
+    return st == ATTN_OK ? ai_ok() : st;
 }

@@ -5,7 +5,7 @@
  *
  * One more pass over K: each block of query rows recomputes its logits tile by tile (the
  * fused path's Q·Kᵀ micro-kernel, or float64 dot products on the reference path), applies
- * the call's masks in the contract's order (attn_finish_logit / attn_ref_finish) and
+ * the call's masks in the contract's order (attn_finish_logit / ai_ref_finish) and
  * folds every weight into its cell at once. Memory is the grid and a few tiles per
  * thread; the Lq x Lk matrix is never held, so a picture of 100K tokens costs time, not
  * memory. With R = Lq and C = Lk the grid is the weights themselves.
@@ -26,7 +26,7 @@
 #include "team.h"
 
 
-/* The per-thread scratch of one tile of rows x keys (the forward's tiles, attn_choose_tiles:
+/* The per-thread scratch of one tile of rows x keys (the forward's tiles, ai_choose_tiles:
  * bq rows, bk keys, rows padded to the kernel's row_pad): float32 rows for the
  * micro-kernel, the tile's logits S^T (keys, rows), the key block as float32, the rows'
  * ranges, and the cells of the current grid row in float64. */
@@ -146,7 +146,7 @@ static void wg_rows_reference(const attn_params *p, const wg_scratch *w, const f
             for (int64_t d = 0; d < p->Dk; d++)
                 dot += (double)attn_load(p->q_dt, p->q, q_bhi + d * p->q_s[3]) *
                        (double)(attn_load(p->kv_dt, p->k, k_bgj + d * p->k_s[3]) * ks);
-            const double s = attn_ref_finish(p, (double)p->scale * dot, b, h, i, j, d_i, NULL);
+            const double s = ai_ref_finish(p, (double)p->scale * dot, b, h, i, j, d_i, NULL);
             while (j >= next) next = wg_first(++cell + 1, C, p->Lk);
             if (s == -INFINITY) continue;
             wg_fold(&w->cells[cell], exp(s - lse), reduce);
@@ -162,36 +162,36 @@ static attn_status wg_check(const attn_tensor *q, const attn_tensor *k, const at
                             const attn_tensor *grid, attn_reduce reduce, const attn_options *base,
                             attn_params *p) {
     if (base->lse || base->weights)
-        return attn_fail(ATTN_ERR_VALUE, "options.lse and options.weights must be NULL (the "
+        return ai_fail(ATTN_ERR_VALUE, "options.lse and options.weights must be NULL (the "
                          "LSE is an input here, the grid the output)");
-    if (!lse) return attn_fail(ATTN_ERR_NULL, "lse: tensor pointer is NULL");
-    if (!q) return attn_fail(ATTN_ERR_NULL, "q: tensor pointer is NULL");
+    if (!lse) return ai_fail(ATTN_ERR_NULL, "lse: tensor pointer is NULL");
+    if (!q) return ai_fail(ATTN_ERR_NULL, "q: tensor pointer is NULL");
     if ((unsigned)reduce > (unsigned)ATTN_REDUCE_MAX)
-        return attn_fail(ATTN_ERR_VALUE, "reduce is %d, expected ATTN_REDUCE_SUM or "
+        return ai_fail(ATTN_ERR_VALUE, "reduce is %d, expected ATTN_REDUCE_SUM or "
                          "ATTN_REDUCE_MAX", (int)reduce);
     if (q->dtype == ATTN_F64)
-        return attn_fail(ATTN_ERR_DTYPE, "q: dtype is float64, which attn_weights_grid does "
+        return ai_fail(ATTN_ERR_DTYPE, "q: dtype is float64, which attn_weights_grid does "
                          "not take (float32, float16 or bfloat16)");
     attn_options opt = *base;
     opt.lse = lse;
     const attn_tensor o = attn_tensor_4d(q->data, ATTN_F32, q->shape[0], q->shape[1],
                                          q->shape[2], k ? k->shape[3] : 0);
-    TRY(attn_params_init(p, q, k, k, &o, &opt, true));
-    TRY(attn_check_tensor(grid, "grid", ATTN_F32, true));
+    TRY(ai_params_init(p, q, k, k, &o, &opt, true));
+    TRY(ai_check_tensor(grid, "grid", ATTN_F32, true));
     const int64_t R = grid->shape[2], C = grid->shape[3];
     if (grid->shape[0] != p->B || grid->shape[1] != p->Hq)
-        return attn_fail(ATTN_ERR_SHAPE, "grid: shape [%lld, %lld, ...], expected [B = %lld, "
+        return ai_fail(ATTN_ERR_SHAPE, "grid: shape [%lld, %lld, ...], expected [B = %lld, "
                          "Hq = %lld, R, C]", (long long)grid->shape[0],
                          (long long)grid->shape[1], (long long)p->B, (long long)p->Hq);
     if (R > p->Lq || C > p->Lk || (R == 0) != (p->Lq == 0) || (C == 0) != (p->Lk == 0))
-        return attn_fail(ATTN_ERR_SHAPE, "grid: R = %lld, C = %lld, expected 1 <= R <= Lq = "
+        return ai_fail(ATTN_ERR_SHAPE, "grid: R = %lld, C = %lld, expected 1 <= R <= Lq = "
                          "%lld and 1 <= C <= Lk = %lld (0 only for an empty Lq or Lk)",
                          (long long)R, (long long)C, (long long)p->Lq, (long long)p->Lk);
     int64_t t1, t2;
     if (__builtin_mul_overflow(p->Lq, R, &t1) || __builtin_mul_overflow(p->Lk, C, &t2) ||
         __builtin_add_overflow(t1, R, &t1) || __builtin_add_overflow(t2, C, &t2))
-        return attn_fail(ATTN_ERR_OVERFLOW, "grid: Lq * R or Lk * C overflows int64");
-    TRY(attn_check_output_strides(grid, "grid", 4));
+        return ai_fail(ATTN_ERR_OVERFLOW, "grid: Lq * R or Lk * C overflows int64");
+    TRY(ai_check_output_strides(grid, "grid", 4));
     /* the grid shares no byte with anything the call reads (overlap.c's rule) */
     const attn_tensor *in[] = {q, k, lse, base->mask, base->bias, base->kv_len,
                                base->alibi_slopes, base->sinks, base->block_table};
@@ -200,7 +200,7 @@ static attn_status wg_check(const attn_tensor *q, const attn_tensor *k, const at
                                            "options.sinks", "options.block_table"};
     const attn_tensor *out[] = {grid};
     static const char *const out_names[] = {"grid"};
-    return attn_check_aliasing(in, in_names, 9, out, out_names, 1, NULL, 0);
+    return ai_check_aliasing(in, in_names, 9, out, out_names, 1, NULL, 0);
 }
 
 attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
@@ -210,28 +210,28 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
     attn_params p;
     TRY(wg_check(q, k, lse, grid, reduce, opt_in ? opt_in : &defaults, &p));
     const int64_t R = grid->shape[2], C = grid->shape[3];
-    attn_fail(ATTN_OK, "%s", "");
+    ai_fail(ATTN_OK, "%s", "");
     if (p.B == 0 || p.Hq == 0 || R == 0 || C == 0) return ATTN_OK;
     /* key padding as the key lengths it is (mask_summary.h), in lengths_mem */
-    const size_t pad = attn_key_padding_bytes(&p);
-    void *lengths_mem = pad ? attn_malloc(pad) : NULL;
+    const size_t pad = ai_key_padding_bytes(&p);
+    void *lengths_mem = pad ? ai_malloc(pad) : NULL;
     if (pad && !lengths_mem)
-        return attn_fail(ATTN_ERR_NOMEM, "grid: could not allocate %zu bytes of key lengths", pad);
+        return ai_fail(ATTN_ERR_NOMEM, "grid: could not allocate %zu bytes of key lengths", pad);
     attn_params padded;
-    if (pad && attn_key_padding(&p, lengths_mem, &padded) == &padded) p = padded;
+    if (pad && ai_key_padding(&p, lengths_mem, &padded) == &padded) p = padded;
 
-    /* the forward's tiles (attn_choose_tiles: the same blocks of rows and keys); the
+    /* the forward's tiles (ai_choose_tiles: the same blocks of rows and keys); the
      * reference path takes the generic kernel's */
-    const attn_kernels *tk = p.kernels ? p.kernels : attn_kernels_named("generic");
-    const attn_tiles tiles = attn_choose_tiles(tk, ATTN_TILES_FORWARD, p.kv_dt, p.Dk, p.Dv,
+    const attn_kernels *tk = p.kernels ? p.kernels : ai_kernels_named("generic");
+    const attn_tiles tiles = ai_choose_tiles(tk, ATTN_TILES_FORWARD, p.kv_dt, p.Dk, p.Dv,
                                                 p.kernels ? &p.tune : NULL);
     const attn_kernel_geom geom = tk->geom;
     const int64_t rows = tiles.bq, keys = tiles.bk;
     const size_t per_thread = wg_scratch_floats(p.Dk, rows, keys) * sizeof(float) +
                               2 * (size_t)rows * sizeof(int64_t) + (size_t)C * sizeof(double);
-    char *ws = attn_malloc(per_thread * (size_t)p.threads);
-    if (!ws) attn_free(lengths_mem);
-    if (!ws) return attn_fail(ATTN_ERR_NOMEM, "grid: could not allocate %zu bytes of scratch",
+    char *ws = ai_malloc(per_thread * (size_t)p.threads);
+    if (!ws) ai_free(lengths_mem);
+    if (!ws) return ai_fail(ATTN_ERR_NOMEM, "grid: could not allocate %zu bytes of scratch",
                               per_thread * (size_t)p.threads);
     float *g_out = grid->data;
     const float *lse_data = lse->data;
@@ -265,7 +265,7 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
             for (int64_t c = 0; c < C; c++) g_bhr[c * grid->stride[3]] = (float)w.cells[c];
         }
     }
-    attn_free(ws);
-    attn_free(lengths_mem);
+    ai_free(ws);
+    ai_free(lengths_mem);
     return ATTN_OK;
 }

@@ -27,7 +27,7 @@ static const char *const k_dim[ATTN_TUNE_DIMS] = {"d32", "d64", "d128", "d256"};
 static const char *const k_mask[ATTN_TUNE_MASKS] = {"none", "causal", "keylen", "mixed"};
 static const char *const k_group[ATTN_TUNE_GROUPS] = {"g1", "g2", "g4", "g8"};
 
-attn_tune_class attn_tune_class_of(const attn_params *p, bool backward, bool key_lengths) {
+attn_tune_class ai_tune_class_of(const attn_params *p, bool backward, bool key_lengths) {
     attn_tune_class c;
     c.phase = backward ? ATTN_PHASE_BACKWARD
               : p->Lq <= ATTN_DECODE_MAX_ROWS ? ATTN_PHASE_DECODE : ATTN_PHASE_PREFILL;
@@ -43,12 +43,12 @@ attn_tune_class attn_tune_class_of(const attn_params *p, bool backward, bool key
     return c;
 }
 
-int attn_tune_class_index(attn_tune_class c) {
+int ai_tune_class_index(attn_tune_class c) {
     return (((c.phase * ATTN_TUNE_DTYPES + c.dtype) * ATTN_TUNE_DIMS + c.dim) * ATTN_TUNE_MASKS +
             c.mask) * ATTN_TUNE_GROUPS + c.group;
 }
 
-void attn_tune_class_name(attn_tune_class c, char *buf, size_t cap) {
+void ai_tune_class_name(attn_tune_class c, char *buf, size_t cap) {
     snprintf(buf, cap, "%s %s %s %s %s", k_phase[c.phase], k_dtype[c.dtype], k_dim[c.dim],
              k_mask[c.mask], k_group[c.group]);
 }
@@ -61,7 +61,7 @@ static pthread_once_t g_cpu_once = PTHREAD_ONCE_INIT;
 static void make_cpu_line(void) {
     char vendor[13];
     unsigned family, model;
-    attn_cpu_ident(vendor, &family, &model);
+    ai_cpu_ident(vendor, &family, &model);
     int at = snprintf(g_cpu_line, sizeof g_cpu_line, "cpu vendor=%s family=%u model=%u isa=",
                       vendor, family, model);
     const char *sep = "";
@@ -73,7 +73,7 @@ static void make_cpu_line(void) {
     snprintf(g_cpu_line + at, sizeof g_cpu_line - (size_t)at, " version=%s", attn_version());
 }
 
-const char *attn_wisdom_cpu_line(void) {
+const char *ai_wisdom_cpu_line(void) {
     pthread_once(&g_cpu_once, make_cpu_line);
     return g_cpu_line;
 }
@@ -83,11 +83,11 @@ const char *attn_wisdom_cpu_line(void) {
 /* the kernel a configuration's tiles are checked against: its own, or the static choice */
 static const attn_kernels *config_kernels(const attn_tune_config *cfg) {
     if (cfg->kernels) return cfg->kernels;
-    const attn_kernels *k = attn_select_kernels(NULL);
-    return k ? k : attn_kernels_named("generic");
+    const attn_kernels *k = ai_select_kernels(NULL);
+    return k ? k : ai_kernels_named("generic");
 }
 
-bool attn_tune_config_valid(const attn_tune_config *cfg, int phase) {
+bool ai_tune_config_valid(const attn_tune_config *cfg, int phase) {
     const attn_kernel_geom *g = &config_kernels(cfg)->geom;
     if (cfg->bq != 0 && (cfg->bq < 16 || cfg->bq > ATTN_FWD_BQ_LIMIT || cfg->bq % g->row_pad != 0))
         return false;
@@ -102,9 +102,9 @@ static void put_value(char *buf, size_t cap, int32_t v) {
     else snprintf(buf, cap, "%d", (int)v);
 }
 
-void attn_wisdom_format(attn_tune_class c, const attn_tune_config *cfg, char *buf, size_t cap) {
+void ai_wisdom_format(attn_tune_class c, const attn_tune_config *cfg, char *buf, size_t cap) {
     char name[64], bq[16], bk[16], split[16];
-    attn_tune_class_name(c, name, sizeof name);
+    ai_tune_class_name(c, name, sizeof name);
     put_value(bq, sizeof bq, cfg->bq);
     put_value(bk, sizeof bk, cfg->bk);
     put_value(split, sizeof split, cfg->split);
@@ -163,7 +163,7 @@ static bool parse_class_line(char *line, attn_wisdom *w, char *why, size_t cap) 
     }
     const char *kname = word[6] + 7;
     if (strcmp(kname, "static") != 0) {
-        cfg.kernels = attn_kernels_named(kname);
+        cfg.kernels = ai_kernels_named(kname);
         if (!cfg.kernels) {
             bool known = false;
             for (const char *const *k = attn_kernel_list(); *k; k++) known |= strcmp(*k, kname) == 0;
@@ -178,12 +178,12 @@ static bool parse_class_line(char *line, attn_wisdom *w, char *why, size_t cap) 
                  word[7], word[8], word[9]);
         return false;
     }
-    if (!attn_tune_config_valid(&cfg, c.phase)) {
+    if (!ai_tune_config_valid(&cfg, c.phase)) {
         snprintf(why, cap, "bq=%s bk=%s split=%s: outside the kernel's limits (or a split "
                  "outside decoding)", word[7] + 3, word[8] + 3, word[9] + 6);
         return false;
     }
-    const int i = attn_tune_class_index(c);
+    const int i = ai_tune_class_index(c);
     if (w->has[i]) {
         snprintf(why, cap, "a second line for the class");
         return false;
@@ -199,7 +199,7 @@ static void trim_end(char *s) {
     while (n > 0 && strchr("\r\n \t", s[n - 1])) s[--n] = '\0';
 }
 
-attn_status attn_wisdom_parse(const char *path, attn_wisdom *w, char *why, size_t cap) {
+attn_status ai_wisdom_parse(const char *path, attn_wisdom *w, char *why, size_t cap) {
     memset(w, 0, sizeof *w);
     FILE *f = fopen(path, "r");
     if (!f) {
@@ -225,10 +225,10 @@ attn_status attn_wisdom_parse(const char *path, attn_wisdom *w, char *why, size_
         }
         if (line[0] == '#' || line[strspn(line, " \t")] == '\0') continue;
         if (stage == 1) {
-            ok = strcmp(line, attn_wisdom_cpu_line()) == 0;
+            ok = strcmp(line, ai_wisdom_cpu_line()) == 0;
             if (!ok)
                 snprintf(detail, sizeof detail, "made for '%.100s', this is '%.100s'", line,
-                         attn_wisdom_cpu_line());
+                         ai_wisdom_cpu_line());
             stage = 2;
             continue;
         }
@@ -251,7 +251,7 @@ attn_status attn_wisdom_parse(const char *path, attn_wisdom *w, char *why, size_
 
 /* ---- the process's wisdom ----------------------------------------------------------- */
 
-bool attn_wisdom_default_path(char *buf, size_t cap) {
+bool ai_wisdom_default_path(char *buf, size_t cap) {
     const char *env = getenv("ATTN_WISDOM"), *xdg = getenv("XDG_CACHE_HOME");
     const char *home = getenv("HOME");
     int n;
@@ -276,11 +276,11 @@ static void load(void) {
     g_forced_isa = isa && *isa;
     if (tune && strcmp(tune, "0") == 0) return;
     char path[4096], why[512];
-    if (!attn_wisdom_default_path(path, sizeof path)) return;
+    if (!ai_wisdom_default_path(path, sizeof path)) return;
     FILE *probe = fopen(path, "r");
     if (!probe && errno == ENOENT) return;  // no file: the static choices, silently
     if (probe) fclose(probe);
-    if (attn_wisdom_parse(path, &g_wisdom, why, sizeof why) != ATTN_OK) {
+    if (ai_wisdom_parse(path, &g_wisdom, why, sizeof why) != ATTN_OK) {
         fprintf(stderr, "attn: wisdom %s ignored: %s\n", path, why);
         return;
     }
@@ -293,32 +293,32 @@ static void load(void) {
     }
 }
 
-const attn_wisdom *attn_wisdom_get(void) {
+const attn_wisdom *ai_wisdom_get(void) {
     pthread_once(&g_once, load);
     return g_loaded ? &g_wisdom : NULL;
 }
 
-attn_tune_config attn_wisdom_lookup(attn_tune_class c) {
-    const attn_wisdom *w = attn_wisdom_get();
-    const int i = attn_tune_class_index(c);
+attn_tune_config ai_wisdom_lookup(attn_tune_class c) {
+    const attn_wisdom *w = ai_wisdom_get();
+    const int i = ai_tune_class_index(c);
     if (!w || g_forced_isa || !w->has[i]) return (attn_tune_config){0};
     return w->cfg[i];
 }
 
-bool attn_wisdom_in_use(void) { return attn_wisdom_get() != NULL && !g_forced_isa; }
+bool ai_wisdom_in_use(void) { return ai_wisdom_get() != NULL && !g_forced_isa; }
 
 attn_status attn_tune_check(const char *path) {
     char buf[4096], why[512];
     if (!path) {
-        if (!attn_wisdom_default_path(buf, sizeof buf))
-            return attn_fail(ATTN_ERR_VALUE, "no wisdom path: none of ATTN_WISDOM, "
+        if (!ai_wisdom_default_path(buf, sizeof buf))
+            return ai_fail(ATTN_ERR_VALUE, "no wisdom path: none of ATTN_WISDOM, "
                              "XDG_CACHE_HOME, HOME is set");
         path = buf;
     }
     attn_wisdom *w = malloc(sizeof *w);
-    if (!w) return attn_fail(ATTN_ERR_NOMEM, "attn_tune_check: out of memory");
-    const attn_status st = attn_wisdom_parse(path, w, why, sizeof why);
+    if (!w) return ai_fail(ATTN_ERR_NOMEM, "attn_tune_check: out of memory");
+    const attn_status st = ai_wisdom_parse(path, w, why, sizeof why);
     free(w);
-    if (st != ATTN_OK) return attn_fail(st, "wisdom %s: %s", path, why);
-    return attn_ok();
+    if (st != ATTN_OK) return ai_fail(st, "wisdom %s: %s", path, why);
+    return ai_ok();
 }

@@ -14,7 +14,7 @@
  *   cpu vendor=AuthenticAMD family=23 model=49 isa=avx2,generic version=0.1.0
  *   prefill f32 d64 none g1 = kernel=avx2 bq=static bk=64 split=static
  *   # comments (the candidates' times), blank lines
- * A file whose cpu line is not this process's (attn_wisdom_cpu_line), or any line of
+ * A file whose cpu line is not this process's (ai_wisdom_cpu_line), or any line of
  * which does not parse or names what this CPU cannot run, is refused whole.
  */
 #ifndef ATTN_WISDOM_H
@@ -46,20 +46,20 @@ typedef struct attn_tune_class {
 
 /* attn_tune_config, the configuration of a class: attn_internal.h (the params hold one). */
 
-/* The class of a call whose params attn_params_init has filled (backward: its forward
+/* The class of a call whose params ai_params_init has filled (backward: its forward
  * params); key_lengths: whether the call gave options.kv_len (p->kv_len is NULL in a
  * workspace query without data, whose class must be the call's). And the class's index
  * in [0, ATTN_TUNE_CLASSES). */
-ATTN_PRIVATE attn_tune_class attn_tune_class_of(const attn_params *p, bool backward,
+ATTN_PRIVATE attn_tune_class ai_tune_class_of(const attn_params *p, bool backward,
                                                 bool key_lengths);
-ATTN_PRIVATE int attn_tune_class_index(attn_tune_class c);
+ATTN_PRIVATE int ai_tune_class_index(attn_tune_class c);
 
 /* The class as its line names it ("prefill f32 d64 none g1"), into buf. */
-ATTN_PRIVATE void attn_tune_class_name(attn_tune_class c, char *buf, size_t cap);
+ATTN_PRIVATE void ai_tune_class_name(attn_tune_class c, char *buf, size_t cap);
 
 /* This process's cpu line (no newline): vendor, family, model, the kernels this CPU runs
  * and attn_version(), probed once. */
-ATTN_PRIVATE const char *attn_wisdom_cpu_line(void);
+ATTN_PRIVATE const char *ai_wisdom_cpu_line(void);
 
 /* A parsed wisdom: the configuration of each class it names. */
 typedef struct attn_wisdom {
@@ -71,33 +71,33 @@ typedef struct attn_wisdom {
  * be opened, ATTN_ERR_VALUE when it is not a wisdom this process may trust (another CPU
  * or version, a line that does not parse, a kernel this CPU cannot run, a duplicate
  * class): then *w is all static and why (cap bytes) says which line and what. */
-ATTN_PRIVATE attn_status attn_wisdom_parse(const char *path, attn_wisdom *w, char *why,
+ATTN_PRIVATE attn_status ai_wisdom_parse(const char *path, attn_wisdom *w, char *why,
                                            size_t cap);
 
-/* The file attn_wisdom_get reads: $ATTN_WISDOM, else $XDG_CACHE_HOME/attn/wisdom, else
+/* The file ai_wisdom_get reads: $ATTN_WISDOM, else $XDG_CACHE_HOME/attn/wisdom, else
  * $HOME/.cache/attn/wisdom (into buf); false when none can be named. */
-ATTN_PRIVATE bool attn_wisdom_default_path(char *buf, size_t cap);
+ATTN_PRIVATE bool ai_wisdom_default_path(char *buf, size_t cap);
 
-/* The process's wisdom, loaded once (pthread_once) from attn_wisdom_default_path unless
+/* The process's wisdom, loaded once (pthread_once) from ai_wisdom_default_path unless
  * ATTN_TUNE=0; NULL when there is none (no file, refused, disabled). A refused file gives
  * one line on stderr, once. */
-ATTN_PRIVATE const attn_wisdom *attn_wisdom_get(void);
+ATTN_PRIVATE const attn_wisdom *ai_wisdom_get(void);
 
 /* The configuration a call of class c takes from the process's wisdom: zero (static)
  * without one, without a line for c, or when ATTN_ISA forces the kernel. */
-ATTN_PRIVATE attn_tune_config attn_wisdom_lookup(attn_tune_class c);
+ATTN_PRIVATE attn_tune_config ai_wisdom_lookup(attn_tune_class c);
 
 /* Whether this process's calls take configurations from a wisdom: one was loaded (at the
  * first call of this, or of any call) and ATTN_ISA does not force the kernel. `attn bench`
  * times its rows static and tuned side by side when it does. */
-ATTN_PRIVATE bool attn_wisdom_in_use(void);
+ATTN_PRIVATE bool ai_wisdom_in_use(void);
 
 /* One class line of a configuration ("prefill f32 d64 none g1 = kernel=... split=..."),
  * without a newline, into buf. */
-ATTN_PRIVATE void attn_wisdom_format(attn_tune_class c, const attn_tune_config *cfg,
+ATTN_PRIVATE void ai_wisdom_format(attn_tune_class c, const attn_tune_config *cfg,
                                      char *buf, size_t cap);
 
 /* Whether cfg is one a call of phase `phase` may take (the bounds above). */
-ATTN_PRIVATE bool attn_tune_config_valid(const attn_tune_config *cfg, int phase);
+ATTN_PRIVATE bool ai_tune_config_valid(const attn_tune_config *cfg, int phase);
 
 #endif /* ATTN_WISDOM_H */

@@ -348,7 +348,7 @@ int main(void) {
     planted();
     static const char *const isas[] = {"generic", "avx2", "avx512"};
     for (int x = 0; x < 3; x++) {
-        const attn_additive_kernels *k = attn_additive_kernels_named(isas[x]);
+        const attn_additive_kernels *k = ai_additive_kernels_named(isas[x]);
         if (k) test_tanh(k);
         else printf("  %s tanh: skipped, this CPU cannot run it\n", isas[x]);
     }

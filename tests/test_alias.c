@@ -75,7 +75,7 @@ static void views_against_bytes(void) {
         memset(bytes, 0, sizeof bytes);
         touch(&a, buf, bytes, true);
         const bool truth = touch(&b, buf, bytes, false);
-        const bool got = attn_views_overlap(&a, &b), got2 = attn_views_overlap(&b, &a);
+        const bool got = ai_views_overlap(&a, &b), got2 = ai_views_overlap(&b, &a);
         meet += truth;
         if (got != truth || got2 != truth) {
             if (wrong++ < 5)

@@ -3,8 +3,8 @@
  *                   the fused path against the reference, and the backward's promises.
  *
  * What it covers:
- *  1. The reference's float64 gradients (attn_ref64_backward) against central finite
- *     differences of its float64 forward (attn_ref64_forward), on small shapes with every
+ *  1. The reference's float64 gradients (ai_ref64_backward) against central finite
+ *     differences of its float64 forward (ai_ref64_forward), on small shapes with every
  *     feature: scale, softcap, bool mask, bias with -inf, causal under both alignments
  *     with Lq < Lk and Lq > Lk, windows, kv_len (0 included), ALiBi, GQA, Dk != Dv.
  *     Relative Frobenius error under 1e-6 per gradient. The float64 forward differenced
@@ -26,7 +26,7 @@
 /* worst errors seen, reported at the end */
 static double g_fd_worst[3], g_fused_worst[3], g_fused_maxerr_rel[3], g_mag_worst[3], g_cancel_worst[3];
 static int g_cancel_cases;
-static double g_ref64_worst;  // attn_ref64_forward against the oracle
+static double g_ref64_worst;  // ai_ref64_forward against the oracle
 
 /* ---- 1. the reference against finite differences ----------------------------------- */
 
@@ -51,7 +51,7 @@ static double max_rel(const double *a, const double *b, int64_t n) {
     return err / (1.0 + mag);
 }
 
-/* The finite differences below difference attn_ref64_forward, the library's own float64
+/* The finite differences below difference ai_ref64_forward, the library's own float64
  * forward: it must be the contract too. Its O and LSE against the tests' oracle
  * (oracle.h, written from the contract without the library's code) on the same float
  * values: both are float64 sums of the same terms, so they agree to rounding (1e-12). */
@@ -70,7 +70,7 @@ static void ref64_against_oracle(const bcase *c, const attn_params *p, const att
     attn_tensor tv = attn_tensor_4d(f[2], ATTN_F32, c->B, c->Hkv, c->Lk, c->Dv);
     double *o = xcalloc(no, sizeof(double)), *lse = xcalloc(nl, sizeof(double));
     double *oo = xcalloc(no, sizeof(double)), *olse = xcalloc(nl, sizeof(double));
-    CHECK(attn_ref64_forward(p, x[0], x[1], x[2], o, lse) == ATTN_OK, "ref64 forward [%s]", desc);
+    CHECK(ai_ref64_forward(p, x[0], x[1], x[2], o, lse) == ATTN_OK, "ref64 forward [%s]", desc);
     /* the library keeps its scale in float32 (1/sqrt(Dk) rounded), the oracle's default is
      * the double 1/sqrt(Dk): handed the library's float, the two agree to 1e-16 instead of
      * 1e-9, and a wrong mask or logit rule stands out */
@@ -104,7 +104,7 @@ static void fd_case(const bcase *c) {
     attn_tensor tv = attn_tensor_4d(NULL, ATTN_F32, c->B, c->Hkv, c->Lk, c->Dv);
     attn_tensor to = attn_tensor_4d(NULL, ATTN_F32, c->B, c->Hq, c->Lq, c->Dv);
     attn_params p;
-    attn_status st = attn_params_init(&p, &tq, &tk, &tv, &to, &opt, false);
+    attn_status st = ai_params_init(&p, &tq, &tk, &tv, &to, &opt, false);
     CHECK(st == ATTN_OK, "fd: params: %s [%s]", attn_last_error(), desc);
     if (st != ATTN_OK) {
         free_options(&s);
@@ -123,7 +123,7 @@ static void fd_case(const bcase *c) {
     for (int64_t e = 0; e < no; e++) d_o[e] = rng_sym(&r);
     ref64_against_oracle(c, &p, &opt, x, desc);
 
-    st = attn_ref64_backward(&p, x[0], x[1], x[2], d_o, grad[0], grad[1], grad[2], false);
+    st = ai_ref64_backward(&p, x[0], x[1], x[2], d_o, grad[0], grad[1], grad[2], false);
     CHECK(st == ATTN_OK, "fd: backward status %d [%s]", (int)st, desc);
     for (int a = 0; a < 3; a++) {
         fd_grad(&p, x[0], x[1], x[2], d_o, o, no, x[a], n[a], fd[a]);

@@ -81,7 +81,7 @@ static void poisoned_keys(void) {
             CHECK(bcall_forward(&t) == ATTN_OK, "poison: forward failed");
             /* which keys does any row read? */
             attn_params p;
-            attn_params_init(&p, &t.q, &t.k, &t.v, &t.o, &t.opt, true);
+            ai_params_init(&p, &t.q, &t.k, &t.v, &t.o, &t.opt, true);
             int64_t poisoned = 0;
             for (int64_t b = 0; b < c->B; b++) {
                 const int64_t lkb = attn_key_len(&p, b);

@@ -134,8 +134,8 @@ static void run_case(const bcase *c, attn_dtype t) {
     attn_tensor tm = attn_tensor_4d(mask, ATTN_BOOL, 1, 1, c->Lq, c->Lk);
     attn_options opt = {.causal = c->causal, .mask = c->bool_mask ? &tm : NULL};
     attn_params p;
-    CHECK(attn_params_init(&p, &tq, &tk, &tv, &tdo, &opt, false) == ATTN_OK &&
-              attn_ref64_backward(&p, xq, xk, xv, xdo, rdq, rdk, rdv, false) == ATTN_OK,
+    CHECK(ai_params_init(&p, &tq, &tk, &tv, &tdo, &opt, false) == ATTN_OK &&
+              ai_ref64_backward(&p, xq, xk, xv, xdo, rdq, rdk, rdv, false) == ATTN_OK,
           "oracle failed: %s", attn_last_error());
 
     /* the naive 16-bit backward, head by head */

@@ -3,7 +3,7 @@
  *                    "The bias's gradient").
  *
  * What it covers:
- *  1. The float64 reference's d(bias) (attn_ref64_backward_bias) against Richardson-
+ *  1. The float64 reference's d(bias) (ai_ref64_backward_bias) against Richardson-
  *     extrapolated central differences of its own forward, for every broadcast pattern
  *     of the bias ([B|1, Hq|1, Lq|1, Lk|1]), with -inf entries (gradient exactly 0),
  *     causal, GQA, softcap, ALiBi, a bool mask and key lengths.
@@ -37,7 +37,7 @@ typedef struct dense_in {
 static void dense_build(dense_in *d, bcall *t) {
     attn_options f = t->opt;
     f.path = ATTN_PATH_REFERENCE;
-    CHECK(attn_params_init(&d->p, &t->q, &t->k, &t->v, &t->o, &f, true) == ATTN_OK, "params: %s",
+    CHECK(ai_params_init(&d->p, &t->q, &t->k, &t->v, &t->o, &f, true) == ATTN_OK, "params: %s",
           attn_last_error());
     const attn_tensor *src[4] = {&t->q, &t->k, &t->v, &t->d_o};
     for (int a = 0; a < 4; a++) {
@@ -55,14 +55,14 @@ static void ref_dbias(bcall *t, dense_in *d, double *db, bool mag) {
     bias_shape(t, n);
     double *g[3];
     for (int a = 0; a < 3; a++) g[a] = xcalloc(t->n[a], sizeof(double));
-    CHECK(attn_ref64_backward_bias(&d->p, d->x[0], d->x[1], d->x[2], d->x[3], g[0], g[1], g[2], db,
+    CHECK(ai_ref64_backward_bias(&d->p, d->x[0], d->x[1], d->x[2], d->x[3], g[0], g[1], g[2], db,
                                    n, mag) == ATTN_OK, "ref64 d_bias: %s", attn_last_error());
     for (int a = 0; a < 3; a++) free(g[a]);
 }
 
 /* Σ dO ∘ O of the float64 forward, the loss whose gradient the backward takes */
 static double loss(bcall *t, dense_in *d, double *o) {
-    CHECK(attn_ref64_forward(&d->p, d->x[0], d->x[1], d->x[2], o, NULL) == ATTN_OK, "ref64 forward");
+    CHECK(ai_ref64_forward(&d->p, d->x[0], d->x[1], d->x[2], o, NULL) == ATTN_OK, "ref64 forward");
     double l = 0;
     for (int64_t e = 0; e < numel(&t->d_o); e++) l += d->x[3][e] * o[e];
     return l;
@@ -331,7 +331,7 @@ static void planted(void) {
     const int64_t nf[4] = {2, 2, 12, 13};
     double *g[3];
     for (int a = 0; a < 3; a++) g[a] = xcalloc(t.n[a], sizeof(double));
-    CHECK(attn_ref64_backward_bias(&d.p, d.x[0], d.x[1], d.x[2], d.x[3], g[0], g[1], g[2], full, nf,
+    CHECK(ai_ref64_backward_bias(&d.p, d.x[0], d.x[1], d.x[2], d.x[3], g[0], g[1], g[2], full, nf,
                                    false) == ATTN_OK, "planted: full d_bias");
     float *got = xcalloc(nb, sizeof(float));
     CHECK(run_dbias(&t, ATTN_PATH_FUSED, 0, got) == ATTN_OK, "planted: backward");

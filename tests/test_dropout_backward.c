@@ -66,9 +66,9 @@ static void fd_case(const dcase *c) {
     attn_options f = t.opt;
     f.path = ATTN_PATH_REFERENCE, f.threads = 1;
     attn_params p, p_other;
-    attn_status st = attn_params_init(&p, &t.tq, &t.tk, &t.tv, &t.to, &f, true);
+    attn_status st = ai_params_init(&p, &t.tq, &t.tk, &t.tv, &t.to, &f, true);
     f.dropout_offset++;
-    if (st == ATTN_OK) st = attn_params_init(&p_other, &t.tq, &t.tk, &t.tv, &t.to, &f, true);
+    if (st == ATTN_OK) st = ai_params_init(&p_other, &t.tq, &t.tk, &t.tv, &t.to, &f, true);
     CHECK(st == ATTN_OK, "fd params: %s", attn_last_error());
     const int64_t n[3] = {n_of(&t.tq), n_of(&t.tk), n_of(&t.tv)}, no = n_of(&t.to);
     double *x[3] = {to_double(t.q, n[0]), to_double(t.k, n[1]), to_double(t.v, n[2])};
@@ -78,8 +78,8 @@ static void fd_case(const dcase *c) {
         g[a] = xcalloc(n[a], sizeof(double)), fd[a] = xcalloc(n[a], sizeof(double));
         g_other[a] = xcalloc(n[a], sizeof(double));
     }
-    attn_ref64_backward(&p, x[0], x[1], x[2], d_o, g[0], g[1], g[2], false);
-    attn_ref64_backward(&p_other, x[0], x[1], x[2], d_o, g_other[0], g_other[1], g_other[2], false);
+    ai_ref64_backward(&p, x[0], x[1], x[2], d_o, g[0], g[1], g[2], false);
+    ai_ref64_backward(&p_other, x[0], x[1], x[2], d_o, g_other[0], g_other[1], g_other[2], false);
     for (int a = 0; a < 3; a++) {
         fd_grad(&p, x[0], x[1], x[2], d_o, o, no, x[a], n[a], fd[a]);  // fd64.h
         const double err = rel_frob(g[a], fd[a], n[a]);

@@ -88,7 +88,7 @@ static void check_factors(const char *name, attn_dropout_words_fn words) {
 int main(void) {
     int kernels = 0;
     for (const char *const *name = attn_kernel_list(); *name; name++) {
-        const attn_kernels *kern = attn_kernels_named(*name);
+        const attn_kernels *kern = ai_kernels_named(*name);
         if (!kern) {
             printf("test_dropout_words: kernel %s not runnable on this CPU, skipped\n", *name);
             continue;

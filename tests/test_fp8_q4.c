@@ -637,17 +637,17 @@ static void test_fp8_kernel_choice(void) {
     int bad = 0;
     const char *const *list = attn_kernel_list();
     for (int i = 0; list[i]; i++) {
-        const attn_kernels *k = attn_kernels_named(list[i]);
+        const attn_kernels *k = ai_kernels_named(list[i]);
         if (!k) continue;  // this CPU cannot run it
-        const attn_kernels *c = attn_kernels_for_fp8(k);
+        const attn_kernels *c = ai_kernels_for_fp8(k);
         bool later = false;
         for (int j = i; list[j]; j++) {
-            const attn_kernels *kj = attn_kernels_named(list[j]);
+            const attn_kernels *kj = ai_kernels_named(list[j]);
             later |= kj && kj->decode_fp8;
         }
         bad += later ? !c->decode_fp8 : c != k;
     }
-    CHECK(bad == 0, "attn_kernels_for_fp8: %d kernels mapped wrong", bad);
+    CHECK(bad == 0, "ai_kernels_for_fp8: %d kernels mapped wrong", bad);
 }
 
 /* ---- 4. misuse ------------------------------------------------------------------------- */

@@ -60,7 +60,7 @@ int main(void) {
     static const int64_t rows[] = {1, 7, 8, 9, 16, 67, 4096};
     int kernels = 0;
     for (const char *const *name = attn_kernel_list(); *name; name++) {
-        const attn_kernels *kern = attn_kernels_named(*name);
+        const attn_kernels *kern = ai_kernels_named(*name);
         if (!kern || !kern->from_f32) continue;
         kernels++;
         for (int t = 0; t < 2; t++) {

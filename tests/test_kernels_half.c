@@ -68,7 +68,7 @@ int main(void) {
     const int64_t dvs[] = {1, 7, 8, 15, 16, 17, 32, 64, 100, 128};
     int kernels = 0;
     for (const char *const *name = attn_kernel_list(); *name; name++) {
-        const attn_kernels *kern = attn_kernels_named(*name);
+        const attn_kernels *kern = ai_kernels_named(*name);
         if (!kern || !kern->pv_h) continue;
         kernels++;
         for (int t = 0; t < 2; t++) {

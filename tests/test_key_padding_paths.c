@@ -1,6 +1,6 @@
 /*
  * test_key_padding_paths.c — key padding given as a mask or bias runs as the key lengths
- *                            it is on every fused path (attn_key_padding, mask_summary.h),
+ *                            it is on every fused path (ai_key_padding, mask_summary.h),
  *                            not only the float32 forward and backward.
  *
  * What it covers (B = 3 of key lengths 97, 50 and 0, Hq = 2, Hkv = 1, Lq = 40, Lk = 97,
@@ -160,10 +160,10 @@ static void check_detector(inputs *in, int form, bool f64) {
     attn_tensor k = f64 ? attn_tensor_4d(in->k, ATTN_F64, B, HKV, LK, D) : attn_tensor_4d(in->kf, ATTN_F32, B, HKV, LK, D);
     attn_tensor o = f64 ? attn_tensor_4d(o64, ATTN_F64, B, HQ, LQ, D) : attn_tensor_4d(o32, ATTN_F32, B, HQ, LQ, D);
     attn_params p, out;
-    CHECK(attn_params_init(&p, &q, &k, &k, &o, &opt, true) == ATTN_OK, "params: %s", attn_last_error());
-    const size_t bytes = attn_key_padding_bytes(&p);
+    CHECK(ai_params_init(&p, &q, &k, &k, &o, &opt, true) == ATTN_OK, "params: %s", attn_last_error());
+    const size_t bytes = ai_key_padding_bytes(&p);
     void *mem = xcalloc((int64_t)bytes, 1);
-    const attn_params *r = attn_key_padding(&p, mem, &out);
+    const attn_params *r = ai_key_padding(&p, mem, &out);
     const char *what = f64 ? "float64" : "float32 (weights)";
     if (form == FORM_SPOILED) {
         CHECK(r == &p && p.mask, "%s, %s: not key padding, yet converted", what, g_form[form]);
@@ -178,8 +178,8 @@ static void check_detector(inputs *in, int form, bool f64) {
     }
     /* the reference path keeps the tensors as given */
     opt.path = ATTN_PATH_REFERENCE;
-    CHECK(attn_params_init(&p, &q, &k, &k, &o, &opt, true) == ATTN_OK && attn_key_padding_bytes(&p) == 0 &&
-          attn_key_padding(&p, mem, &out) == &p, "%s, %s: the reference path converts", what, g_form[form]);
+    CHECK(ai_params_init(&p, &q, &k, &k, &o, &opt, true) == ATTN_OK && ai_key_padding_bytes(&p) == 0 &&
+          ai_key_padding(&p, mem, &out) == &p, "%s, %s: the reference path converts", what, g_form[form]);
     free(mem);
 }
 

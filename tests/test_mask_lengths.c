@@ -1,8 +1,8 @@
 /*
  * test_mask_lengths.c — key padding given as a mask or a bias, run as the key lengths it
- *                       is (attn_mask_summary_lengths, src/mask_summary.c).
+ *                       is (ai_mask_summary_lengths, src/mask_summary.c).
  *
- * What it covers: the detector itself on attn_params made by attn_params_init (which
+ * What it covers: the detector itself on attn_params made by ai_params_init (which
  * masks it turns into lengths, which lengths, whether it adds the causal band, and every
  * near miss it must refuse: a kept key past the prefix, a masked key inside it, a kept key
  * above the causal band, NaN, +inf or a valued bias in the masked part, one head's rows
@@ -167,13 +167,13 @@ static void check_detector(const lcase *c, ltensors *t) {
     float *ob = xcalloc(c->B * c->H * c->Lq * c->D, 4);
     o.data = ob;
     const attn_options opt = options(c, t, ATTN_PATH_FUSED, 2);
-    CHECK(attn_params_init(&p, &t->q, &t->k, &t->v, &o, &opt, true) == ATTN_OK, "%s: params: %s",
+    CHECK(ai_params_init(&p, &t->q, &t->k, &t->v, &o, &opt, true) == ATTN_OK, "%s: params: %s",
           c->what, attn_last_error());
-    const size_t bytes = attn_mask_summary_bytes(&p);
+    const size_t bytes = ai_mask_summary_bytes(&p);
     void *mem = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
     attn_mask_summary s;
-    attn_mask_summary_init(&p, mem, &s);
-    const bool got = attn_mask_summary_lengths(&p, &s, &out);
+    ai_mask_summary_init(&p, mem, &s);
+    const bool got = ai_mask_summary_lengths(&p, &s, &out);
     CHECK(got == c->expect, "%s: detector says %d, expected %d", c->what, got, c->expect);
     if (got && c->expect) {
         int bad = 0;

@@ -217,20 +217,20 @@ static void test_rope(void) {
                             .offset = 17};
             int64_t pos0[2] = {0, 40}, r_out;
             double base_out;
-            CHECK(attn_rope_check(&rp, D, &r_out, &base_out) == ATTN_OK, "rope check");
+            CHECK(ai_rope_check(&rp, D, &r_out, &base_out) == ATTN_OK, "rope check");
             rng_t r = {(uint64_t)(kind * 100 + rdim)};
             const int64_t n = B * L * H * D;
             float *x = xcalloc(n, sizeof(float));
             double *ref = xcalloc(n, sizeof(double));
             for (int64_t e = 0; e < n; e++) ref[e] = x[e] = (float)rng_range(&r, -2, 2);
-            attn_rope_apply(rp.kind, r_out, base_out, rp.offset, pos0, x, B, L, H, D, false);
+            ai_rope_apply(rp.kind, r_out, base_out, rp.offset, pos0, x, B, L, H, D, false);
             mref_rope(&rp, ref, B, L, H, D, pos0);
             tol_result t;
             int ok = within_f32_tol(x, ref, n, &t);
             CHECK(ok, "rope kind %d rdim %lld: max err %.3g rel %.3g", kind, (long long)rdim,
                   t.max_err, t.rel_err);
             /* the inverse undoes it */
-            attn_rope_apply(rp.kind, r_out, base_out, rp.offset, pos0, x, B, L, H, D, true);
+            ai_rope_apply(rp.kind, r_out, base_out, rp.offset, pos0, x, B, L, H, D, true);
             rng_t r2 = {(uint64_t)(kind * 100 + rdim)};
             for (int64_t e = 0; e < n; e++) ref[e] = (float)rng_range(&r2, -2, 2);
             ok = within_f32_tol(x, ref, n, &t);

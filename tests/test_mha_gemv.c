@@ -79,14 +79,14 @@ static void test_avx2_rows(void) {
         for (int64_t e = 0; e < r1 * ld; e++) w[e] = attn_f32_to_bf16(rnd());
         for (int64_t r = 0; r < r1; r++) a[r] = rnd();
         for (int64_t j = 0; j < n; j++) x[j] = y[j] = rnd();
-        attn_gemv_rows_bf16_avx2(x, w, ld, r0, r1, n, a);
+        ai_gemv_rows_bf16_avx2(x, w, ld, r0, r1, n, a);
         rows_scalar(y, w, ld, r0, r1, n, a);
         int64_t at = -1;
         CHECK(same_bits(x, y, n, &at), "avx2 rows [%lld, %lld) x %lld (ld %lld): element %lld "
               "%.9g vs %.9g", (long long)r0, (long long)r1, (long long)n, (long long)ld,
               (long long)at, at >= 0 ? x[at] : 0.0, at >= 0 ? y[at] : 0.0);
         float *d = xcalloc(r1, 4), *e = xcalloc(r1, 4);
-        attn_gemv_dots_bf16_avx2(d, w, ld, r0, r1, n, x);
+        ai_gemv_dots_bf16_avx2(d, w, ld, r0, r1, n, x);
         for (int64_t r = r0; r < r1; r++) e[r - r0] = dot_scalar(w + r * ld, x, n);
         CHECK(same_bits(d, e, r1 - r0, &at), "avx2 dots [%lld, %lld) x %lld (ld %lld): row "
               "%lld", (long long)r0, (long long)r1, (long long)n, (long long)ld, (long long)at);

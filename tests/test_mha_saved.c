@@ -313,10 +313,10 @@ static void test_nomem(void) {
     int points = 0;
     for (int64_t n = 1; n < 100; n++) {
         fill_sentinel(l.sy, ny);
-        attn_fault_arm(n);
+        ai_fault_arm(n);
         attn_status st = attn_mha_forward_save(&l.m, &l.txq, &l.txkv, &l.ty, NULL, false, NULL,
                                                saved, sb);
-        attn_fault_arm(0);
+        ai_fault_arm(0);
         if (st == ATTN_OK) break;
         points++;
         CHECK(st == ATTN_ERR_NOMEM && !count_written(l.sy, ny), "forward_save, allocation %lld "
@@ -325,9 +325,9 @@ static void test_nomem(void) {
     CHECK(attn_mha_forward_save(&l.m, &l.txq, &l.txkv, &l.ty, NULL, false, NULL, saved, sb) ==
           ATTN_OK, "forward_save");
     for (int64_t n = 1; n < 100; n++) {
-        attn_fault_arm(n);
+        ai_fault_arm(n);
         attn_status st = attn_mha_backward_saved(&l.m, &l.txq, &l.txkv, &dy, &g.g, NULL, saved, sb);
-        attn_fault_arm(0);
+        ai_fault_arm(0);
         if (st == ATTN_OK) break;
         points++;
         CHECK(st == ATTN_ERR_NOMEM && grads_untouched(&g), "backward_saved, allocation %lld "

@@ -164,10 +164,10 @@ static void poison(const out_span *s, int n) {
  * allocation tried), then once more with memory again. */
 static void fail_each(const char *name, attn_status (*run)(void *), void *ctx, const out_span *s,
                       int ns) {
-    attn_fault_arm(0);
+    ai_fault_arm(0);
     poison(s, ns);
     attn_status st = run(ctx);
-    const int64_t n_alloc = attn_fault_count();
+    const int64_t n_alloc = ai_fault_count();
     CHECK(st == ATTN_OK, "%s: clean call: status %d (%s)", name, (int)st, attn_last_error());
     CHECK(n_alloc >= 1, "%s: no allocation counted: the call allocates its workspace",
           name);
@@ -175,10 +175,10 @@ static void fail_each(const char *name, attn_status (*run)(void *), void *ctx, c
 
     for (int64_t n = 1; n <= n_alloc; n++) {
         poison(s, ns);
-        attn_fault_arm(n);
+        ai_fault_arm(n);
         st = run(ctx);
-        const int64_t tried = attn_fault_count();
-        attn_fault_arm(0);
+        const int64_t tried = ai_fault_count();
+        ai_fault_arm(0);
         CHECK(st == ATTN_ERR_NOMEM, "%s: allocation %lld of %lld failed: status %d, expected "
               "ATTN_ERR_NOMEM", name, (long long)n, (long long)n_alloc, (int)st);
         CHECK(untouched(s, ns), "%s: allocation %lld of %lld failed, yet an output was "

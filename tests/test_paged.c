@@ -42,7 +42,7 @@
  * gathered); else it is read segment by segment, which rounds differently. */
 static bool one_step_tiles(void) {
     const char *why = NULL;
-    const attn_kernels *k = attn_select_kernels(&why);
+    const attn_kernels *k = ai_select_kernels(&why);
     return k && (k->decode_rows || !k->decode);
 }
 

@@ -265,7 +265,7 @@ int main(void) {
     ATTN_KERNEL_LIST(X_TEST)
 #undef X_TEST
     const char *why = NULL;
-    const attn_kernels *k = attn_select_kernels(&why);
+    const attn_kernels *k = ai_select_kernels(&why);
     /* the tiles across pages in one step (decode_rows), or no decoding step at all (every
      * tile gathered): the contiguous cache's bits */
     const bool bits = k && (k->decode_rows || !k->decode);

@@ -194,12 +194,12 @@ static void test_known(void) {
         for (int i = 0; i < QB; i++)
             want[c * QB + i] = attn_f16_to_f32(scales[c / 8]) * (float)(int8_t)((c % 8) * QB + i);
     for (const char *const *name = attn_kernel_list(); *name; name++) {
-        const attn_kernels *kern = attn_kernels_named(*name);
+        const attn_kernels *kern = ai_kernels_named(*name);
         if (!kern || !kern->dequant_q8_0) continue;
         kern->dequant_q8_0(NBLK, blocks, got);
         CHECK(same_bits(got, want, NBLK * QB) == 0, "kernel %s: dequant_q8_0 differs from d * qs", *name);
     }
-    attn_dequant_q8_0_blocks(NBLK, blocks, got);
+    ai_dequant_q8_0_blocks(NBLK, blocks, got);
     CHECK(same_bits(got, want, NBLK * QB) == 0, "the portable dequantization differs from d * qs");
 }
 
@@ -212,10 +212,10 @@ static void test_q8_0_kernel_choice(void) {
     int n = 0;
     while (list[n]) n++;
     for (int i = n - 1; i >= 0; i--) {
-        const attn_kernels *kern = attn_kernels_named(list[i]);
+        const attn_kernels *kern = ai_kernels_named(list[i]);
         if (!kern) continue;
         seen_step = seen_step || kern->decode_q8_0;
-        const attn_kernels *got = attn_kernels_for_q8_0(kern);
+        const attn_kernels *got = ai_kernels_for_q8_0(kern);
         CHECK(got != NULL, "kernel %s: no kernel for q8_0", list[i]);
         if (!got) continue;
         CHECK(!seen_step || got->decode_q8_0, "kernel %s: a q8_0 decoding call runs on %s, "

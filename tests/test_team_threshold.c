@@ -79,7 +79,7 @@ static bool decides_team(int64_t lk, int threads, double passes) {
     attn_options opt = {0};
     opt.threads = threads;
     attn_params p;
-    CHECK(attn_params_init(&p, &q, &k, &k, &to, &opt, true) == ATTN_OK, "params: %s", attn_last_error());
+    CHECK(ai_params_init(&p, &q, &k, &k, &to, &opt, true) == ATTN_OK, "params: %s", attn_last_error());
     return attn_run_parallel(&p, passes);
 }
 
@@ -102,7 +102,7 @@ int main(void) {
     }
     for (int i = 0; i < LQ * LK_MAX; i++) g_mask[i] = (i * 2654435761u >> 7) % 5 != 0;  // not key padding
     static result one, many, other;
-    const double t = attn_team_min_flops();
+    const double t = ai_team_min_flops();
     printf("threshold %.3g flops\n", t);
     for (int bwd = 0; bwd <= 1; bwd++) {
         const double passes = bwd ? ATTN_TEAM_BACKWARD_PASSES : 1.0;

@@ -2,7 +2,7 @@
  * test_wisdom.c — the tuner's wisdom (src/wisdom.c): the file's parser, its refusals, and
  *                 that a wisdom's configuration is what the fused path runs.
  *
- * - The parser: a file written by attn_wisdom_format reads back to the same
+ * - The parser: a file written by ai_wisdom_format reads back to the same
  *   configurations (comments and blank lines skipped); each kind of bad file (another
  *   CPU, another version, a header, a class, a value out of the kernel's limits, a split
  *   outside decoding, a duplicate class, a kernel this CPU cannot run or that does not
@@ -51,14 +51,14 @@ static void write_file(const char *name, const char *header, const char *cpu, co
         exit(2);
     }
     if (header) fprintf(f, "%s\n", header);
-    fprintf(f, "%s\n%s", cpu ? cpu : attn_wisdom_cpu_line(), body);
+    fprintf(f, "%s\n%s", cpu ? cpu : ai_wisdom_cpu_line(), body);
     fclose(f);
 }
 
 static attn_status parse(const char *name, attn_wisdom *w, char *why, size_t cap) {
     char path[512];
     path_of(path, sizeof path, name);
-    return attn_wisdom_parse(path, w, why, cap);
+    return ai_wisdom_parse(path, w, why, cap);
 }
 
 static int classes_in(const attn_wisdom *w) {
@@ -70,8 +70,8 @@ static int classes_in(const attn_wisdom *w) {
 /* ---- the parser --------------------------------------------------------------------- */
 
 static void test_round_trip(void) {
-    const attn_kernels *generic = attn_kernels_named("generic");
-    const attn_kernels *best = attn_select_kernels(NULL);
+    const attn_kernels *generic = ai_kernels_named("generic");
+    const attn_kernels *best = ai_select_kernels(NULL);
     const struct {
         attn_tune_class c;
         attn_tune_config cfg;
@@ -86,7 +86,7 @@ static void test_round_trip(void) {
     char body[4096] = "# a comment\n\n";
     for (int i = 0; i < n; i++) {
         char line[256];
-        attn_wisdom_format(lines[i].c, &lines[i].cfg, line, sizeof line);
+        ai_wisdom_format(lines[i].c, &lines[i].cfg, line, sizeof line);
         strcat(body, "# the candidates' times\n");
         strcat(body, line);
         strcat(body, i % 2 ? "\r\n" : "  \n");  // a CRLF line, trailing blanks
@@ -98,7 +98,7 @@ static void test_round_trip(void) {
     CHECK(st == ATTN_OK, "round trip: parse gave %d (%s)", (int)st, why);
     CHECK(classes_in(&w) == n, "round trip: %d classes read, %d written", classes_in(&w), n);
     for (int i = 0; i < n; i++) {
-        const int x = attn_tune_class_index(lines[i].c);
+        const int x = ai_tune_class_index(lines[i].c);
         const attn_tune_config *g = &w.cfg[x], *e = &lines[i].cfg;
         CHECK(w.has[x] && g->kernels == e->kernels && g->bq == e->bq && g->bk == e->bk &&
                   g->split == e->split,
@@ -110,7 +110,7 @@ static void test_round_trip(void) {
     for (int p = 0; p < ATTN_PHASES; p++)
         for (int d = 0; d < ATTN_TUNE_DTYPES; d++)
             for (int m = 0; m < ATTN_TUNE_MASKS; m++) {
-                const int x = attn_tune_class_index((attn_tune_class){p, d, 3, m, 3});
+                const int x = ai_tune_class_index((attn_tune_class){p, d, 3, m, 3});
                 seen += x >= 0 && x < ATTN_TUNE_CLASSES;
             }
     CHECK(seen == ATTN_PHASES * ATTN_TUNE_DTYPES * ATTN_TUNE_MASKS, "class indices out of range");
@@ -127,10 +127,10 @@ static void test_refusals(void) {
     const char *good = "prefill f32 d64 none g1 = kernel=static bq=32 bk=32 split=static\n";
     char cpu_other[300], cpu_version[300], body[1024];
     snprintf(cpu_other, sizeof cpu_other, "cpu vendor=GenuineIntel family=6 model=106 isa=%s",
-             strstr(attn_wisdom_cpu_line(), "isa=") + 4);
+             strstr(ai_wisdom_cpu_line(), "isa=") + 4);
     snprintf(cpu_version, sizeof cpu_version, "%.*sversion=99.0.0",
-             (int)(strstr(attn_wisdom_cpu_line(), "version=") - attn_wisdom_cpu_line()),
-             attn_wisdom_cpu_line());
+             (int)(strstr(ai_wisdom_cpu_line(), "version=") - ai_wisdom_cpu_line()),
+             ai_wisdom_cpu_line());
     const struct {
         const char *what, *header, *cpu, *bad;  // bad: a line after the good one
     } cases[] = {
@@ -207,9 +207,9 @@ static void test_refusals(void) {
     char path[512];
     path_of(path, sizeof path, "empty");
     fclose(fopen(path, "w"));
-    CHECK(attn_wisdom_parse(path, &w, why, sizeof why) == ATTN_ERR_VALUE, "an empty file was accepted");
+    CHECK(ai_wisdom_parse(path, &w, why, sizeof why) == ATTN_ERR_VALUE, "an empty file was accepted");
     path_of(path, sizeof path, "absent");
-    CHECK(attn_wisdom_parse(path, &w, why, sizeof why) == ATTN_ERR_IO, "a missing file: not ATTN_ERR_IO");
+    CHECK(ai_wisdom_parse(path, &w, why, sizeof why) == ATTN_ERR_IO, "a missing file: not ATTN_ERR_IO");
     /* the public check agrees */
     path_of(path, sizeof path, "round");
     CHECK(attn_tune_check(path) == ATTN_OK, "attn_tune_check refused the round-trip file: %s",
@@ -422,23 +422,23 @@ static const char *const k_forcing =
     "backward f32 d64 none g1 = kernel=static bq=32 bk=32 split=static\n";
 
 static void child_applied(payload *pay) {
-    CHECK(attn_wisdom_get() != NULL, "the forcing wisdom was not loaded");
+    CHECK(ai_wisdom_get() != NULL, "the forcing wisdom was not loaded");
     /* the params of the prefill case take the class's kernel and tiles */
     const fcase pc = case_prefill();
     tcall t;
     tcall_build(&t, &pc);
     attn_params p;
     t.opt.path = ATTN_PATH_FUSED;
-    CHECK(attn_params_init(&p, &t.q, &t.k, &t.v, &t.o, &t.opt, true) == ATTN_OK, "params: %s",
+    CHECK(ai_params_init(&p, &t.q, &t.k, &t.v, &t.o, &t.opt, true) == ATTN_OK, "params: %s",
           attn_last_error());
-    CHECK(p.kernels == attn_kernels_named("generic") && p.tune.bq == 32 && p.tune.bk == 32,
+    CHECK(p.kernels == ai_kernels_named("generic") && p.tune.bq == 32 && p.tune.bk == 32,
           "prefill: the params run %s with bq %d bk %d, the wisdom says generic 32 32",
           p.kernels ? p.kernels->name : "(none)", p.tune.bq, p.tune.bk);
-    const attn_tiles tl = attn_choose_tiles(p.kernels, ATTN_TILES_FORWARD, p.kv_dt, p.Dk, p.Dv, &p.tune);
+    const attn_tiles tl = ai_choose_tiles(p.kernels, ATTN_TILES_FORWARD, p.kv_dt, p.Dk, p.Dv, &p.tune);
     CHECK(tl.bq == 32 && tl.bk == 32, "prefill: tiles %lld x %lld, expected 32 x 32",
           (long long)tl.bq, (long long)tl.bk);
-    CHECK(attn_params_init_for(&p, &t.q, &t.k, &t.v, &t.o, &t.opt, true, true, NULL) == ATTN_OK &&
-              p.tune.bq == 32 && p.tune.bk == 32 && p.kernels == attn_select_kernels(NULL),
+    CHECK(ai_params_init_for(&p, &t.q, &t.k, &t.v, &t.o, &t.opt, true, true, NULL) == ATTN_OK &&
+              p.tune.bq == 32 && p.tune.bk == 32 && p.kernels == ai_select_kernels(NULL),
           "the backward class of the same shapes: bq %d bk %d kernel %s", p.tune.bq, p.tune.bk,
           p.kernels ? p.kernels->name : "(none)");
     tcall_free(&t);
@@ -446,7 +446,7 @@ static void child_applied(payload *pay) {
 }
 
 static void child_static(payload *pay) {
-    CHECK(attn_wisdom_get() == NULL, "a wisdom was loaded with ATTN_TUNE=0");
+    CHECK(ai_wisdom_get() == NULL, "a wisdom was loaded with ATTN_TUNE=0");
     run_cases(pay, false);
 }
 
@@ -455,12 +455,12 @@ static void child_plain(payload *pay) { run_cases(pay, false); }
 
 /* a refused file: the static choices, whatever the file says */
 static void child_refused(payload *pay) {
-    CHECK(attn_wisdom_get() == NULL, "a refused wisdom was loaded");
-    const attn_tune_config z = attn_wisdom_lookup((attn_tune_class){ATTN_PHASE_PREFILL, 0, 1, 0, 0});
+    CHECK(ai_wisdom_get() == NULL, "a refused wisdom was loaded");
+    const attn_tune_config z = ai_wisdom_lookup((attn_tune_class){ATTN_PHASE_PREFILL, 0, 1, 0, 0});
     CHECK(z.kernels == NULL && z.bq == 0 && z.bk == 0 && z.split == 0,
           "a refused wisdom's configuration was used");
     run_cases(pay, false);
-    attn_wisdom_get();  // asked again: no second warning
+    ai_wisdom_get();  // asked again: no second warning
 }
 
 int main(void) {
@@ -486,7 +486,7 @@ int main(void) {
     path_of(forcing, sizeof forcing, "forcing");
     char cpu_other[300];
     snprintf(cpu_other, sizeof cpu_other, "cpu vendor=GenuineIntel family=6 model=143 isa=avx512,%s",
-             strstr(attn_wisdom_cpu_line(), "isa=") + 4);
+             strstr(ai_wisdom_cpu_line(), "isa=") + 4);
     write_file("foreign", "attn-wisdom 1", cpu_other, k_forcing);
     path_of(foreign, sizeof foreign, "foreign");
     char body[1024];

@@ -16,7 +16,7 @@ static inline attn_status linear_forward(float *out, const float *inp, const flo
                                   const float *bias, int64_t N, int64_t IC, int64_t OC) {
     if (bias)
         for (int64_t n = 0; n < N; n++) memcpy(out + n * OC, bias, (size_t)OC * sizeof(float));
-    return attn_gemm_f32(false, false, N, OC, IC, 1.0f, inp, IC, w, OC, bias ? 1.0f : 0.0f,
+    return ai_gemm_f32(false, false, N, OC, IC, 1.0f, inp, IC, w, OC, bias ? 1.0f : 0.0f,
                          out, OC);
 }
 
@@ -25,9 +25,9 @@ static inline attn_status linear_forward(float *out, const float *inp, const flo
 static inline attn_status linear_backward(float *dinp, float *dw, float *dbias, const float *dout,
                                    const float *inp, const float *w, int64_t N, int64_t IC,
                                    int64_t OC) {
-    attn_status st = attn_gemm_f32(false, true, N, IC, OC, 1.0f, dout, OC, w, OC, 1.0f, dinp, IC);
+    attn_status st = ai_gemm_f32(false, true, N, IC, OC, 1.0f, dout, OC, w, OC, 1.0f, dinp, IC);
     if (st == ATTN_OK)
-        st = attn_gemm_f32(true, false, IC, OC, N, 1.0f, inp, IC, dout, OC, 1.0f, dw, OC);
+        st = ai_gemm_f32(true, false, IC, OC, N, 1.0f, inp, IC, dout, OC, 1.0f, dw, OC);
     if (st == ATTN_OK && dbias)
         for (int64_t n = 0; n < N; n++)
             for (int64_t c = 0; c < OC; c++) dbias[c] += dout[n * OC + c];

@@ -4,7 +4,7 @@
  *
  * The embeddings, layer norms, GELU and cross-entropy are examples/train/model_ops.h,
  * instantiated here for float; every matrix product is the library's BLAS door
- * (attn_gemm_f32, src/blas.h). Each block's attention layer is the library's multi-head
+ * (ai_gemm_f32, src/blas.h). Each block's attention layer is the library's multi-head
  * module (attn_mha_forward / attn_mha_backward): W_Q, W_K and W_V are the three column
  * blocks of the packed (C, 3C) w_qkv, read in place with leading dimension 3C, their
  * gradients written the same way into the packed gradient. A forward with targets (one
@@ -385,15 +385,15 @@ int model_forward(model *m, const int *tokens, const int *targets, int b, int t,
         for (int64_t e = 0; e < N * C; e++) a->x2[e] += a->x[e];  // x2 = x + attention
         layernorm_forward_f(a->ln2, a->ln2_mean, a->ln2_rstd, a->x2, p->ln2_g, p->ln2_b, N, C);
         st = linear_forward(a->fc, a->ln2, p->w_fc, p->b_fc, N, C, 4 * C);
-        if (st != ATTN_OK) return fail(m, "attn_gemm_f32", st);
+        if (st != ATTN_OK) return fail(m, "ai_gemm_f32", st);
         gelu_forward_f(a->fch, a->fc, N * 4 * C);
         st = linear_forward(out, a->fch, p->w_pr, p->b_pr, N, 4 * C, C);
-        if (st != ATTN_OK) return fail(m, "attn_gemm_f32", st);
+        if (st != ATTN_OK) return fail(m, "ai_gemm_f32", st);
         for (int64_t e = 0; e < N * C; e++) out[e] += a->x2[e];  // out = x2 + MLP
     }
     layernorm_forward_f(m->lnf, m->lnf_mean, m->lnf_rstd, m->x_final, m->p.lnf_g, m->p.lnf_b, N, C);
     const attn_status st = linear_forward(m->probs, m->lnf, m->p.w_out, NULL, N, C, V);  // the logits,
-    if (st != ATTN_OK) return fail(m, "attn_gemm_f32", st);                           // then
+    if (st != ATTN_OK) return fail(m, "ai_gemm_f32", st);                           // then
     const double mean = crossentropy_forward_f(m->probs, m->losses, m->probs, m->targets, N, V);
     if (loss) *loss = targets ? mean : 0.0;
     return 0;
@@ -437,7 +437,7 @@ int model_backward(model *m) {
     memset(m->dln, 0, nc);
     attn_status st = linear_backward(m->dln, m->g.w_out, NULL, m->dlogits, m->lnf, m->p.w_out,
                                      N, C, V);
-    if (st != ATTN_OK) return fail(m, "attn_gemm_f32", st);
+    if (st != ATTN_OK) return fail(m, "ai_gemm_f32", st);
     /* forward: lnf = LN(x_final) */
     memset(m->dx, 0, nc);
     layernorm_backward_f(m->dx, m->g.lnf_g, m->g.lnf_b, m->dln, m->x_final, m->p.lnf_g,
@@ -451,14 +451,14 @@ int model_backward(model *m) {
          * m->dx holds dout */
         memset(m->dfch, 0, (size_t)(N * 4 * C) * sizeof(float));
         st = linear_backward(m->dfch, g->w_pr, g->b_pr, m->dx, a->fch, p->w_pr, N, 4 * C, C);
-        if (st != ATTN_OK) return fail(m, "attn_gemm_f32", st);
+        if (st != ATTN_OK) return fail(m, "ai_gemm_f32", st);
         /* forward: fch = GELU(fc) */
         memset(m->dfc, 0, (size_t)(N * 4 * C) * sizeof(float));
         gelu_backward_f(m->dfc, a->fc, m->dfch, N * 4 * C);
         /* forward: fc = ln2 w_fc + b_fc */
         memset(m->dln, 0, nc);
         st = linear_backward(m->dln, g->w_fc, g->b_fc, m->dfc, a->ln2, p->w_fc, N, C, 4 * C);
-        if (st != ATTN_OK) return fail(m, "attn_gemm_f32", st);
+        if (st != ATTN_OK) return fail(m, "ai_gemm_f32", st);
         /* forward: ln2 = LN(x2); dx2 = dout + LN's share */
         memcpy(m->dx2, m->dx, nc);
         layernorm_backward_f(m->dx2, g->ln2_g, g->ln2_b, m->dln, a->x2, p->ln2_g, a->ln2_mean,

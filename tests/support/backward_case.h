@@ -30,7 +30,7 @@
  * contract's (within_f32_tol: relative Frobenius error <= 1e-6, max error
  * <= 1e-5 (1 + max|ref|)) — except for a gradient that is a near-total cancellation,
  * ‖mag‖ >= 100 ‖ref‖ (mag the same gradient summed over absolute values:
- * attn_ref64_backward's magnitudes), where a relative error to the small result means
+ * ai_ref64_backward's magnitudes), where a relative error to the small result means
  * nothing (the exact dQ and dK are 0 when every row reads one key, as P = 1 makes dP - D
  * vanish). There the error model's worst case decides, element by element:
  * |got - ref| <= eps mag + 2^-126, eps from grad_eps below — a bound any kernel meeting
@@ -274,7 +274,7 @@ static inline attn_status bcall_reference(bcall *t, bool magnitudes) {
     attn_params p;
     attn_options f = t->opt;
     f.path = ATTN_PATH_REFERENCE;
-    attn_status st = attn_params_init(&p, &t->q, &t->k, &t->v, &t->o, &f, true);
+    attn_status st = ai_params_init(&p, &t->q, &t->k, &t->v, &t->o, &f, true);
     if (st != ATTN_OK) return st;
     double *in[4];
     const attn_tensor *src[4] = {&t->q, &t->k, &t->v, &t->d_o};
@@ -283,7 +283,7 @@ static inline attn_status bcall_reference(bcall *t, bool magnitudes) {
         gather_d(src[a], in[a]);
     }
     double **out = magnitudes ? t->mag : t->ref;
-    st = attn_ref64_backward(&p, in[0], in[1], in[2], in[3], out[0], out[1], out[2], magnitudes);
+    st = ai_ref64_backward(&p, in[0], in[1], in[2], in[3], out[0], out[1], out[2], magnitudes);
     for (int a = 0; a < 4; a++) free(in[a]);
     t->have_mag |= magnitudes && st == ATTN_OK;
     return st;

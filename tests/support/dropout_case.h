@@ -6,7 +6,7 @@
  *                  call with its mask or another offset's.
  *
  * What it is not: a check (the suites hold the results to their tolerances) or a second
- * dropout: the mask is the library's (attn_params_init fills it from the options).
+ * dropout: the mask is the library's (ai_params_init fills it from the options).
  */
 #ifndef ATTN_TEST_DROPOUT_CASE_H
 #define ATTN_TEST_DROPOUT_CASE_H
@@ -126,13 +126,13 @@ static inline attn_status dcall_ref64(const dcall *t, uint64_t offset_shift, dou
     f.dropout_offset += offset_shift;
     f.path = ATTN_PATH_REFERENCE;
     attn_params p;
-    TRY(attn_params_init(&p, &t->tq, &t->tk, &t->tv, &t->to, &f, true));
+    TRY(ai_params_init(&p, &t->tq, &t->tk, &t->tv, &t->to, &f, true));
     double *q = to_double(t->q, n_of(&t->tq)), *k = to_double(t->k, n_of(&t->tk));
     double *v = to_double(t->v, n_of(&t->tv)), *d_o = to_double(t->d_o, n_of(&t->tdo));
     attn_status st = ATTN_OK;
-    if (o) st = attn_ref64_forward(&p, q, k, v, o, lse);
+    if (o) st = ai_ref64_forward(&p, q, k, v, o, lse);
     if (st == ATTN_OK && grads)
-        st = attn_ref64_backward(&p, q, k, v, d_o, grads[0], grads[1], grads[2], magnitudes);
+        st = ai_ref64_backward(&p, q, k, v, d_o, grads[0], grads[1], grads[2], magnitudes);
     free(q), free(k), free(v), free(d_o);
     return st;
 }

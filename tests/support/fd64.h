@@ -1,7 +1,7 @@
 /*
  * fd64.h — what the gradient suites (test_backward.c, test_dropout_backward.c) share to
  *          check the float64 reference backward against its own forward: the loss
- *          L = Σ dO ∘ O of attn_ref64_forward, its central differences in one input (step
+ *          L = Σ dO ∘ O of ai_ref64_forward, its central differences in one input (step
  *          1e-5), and the relative Frobenius error that compares them.
  *
  * What it is not: the float32 tolerances (check.h, backward_case.h) or a gradient of its
@@ -28,7 +28,7 @@ static inline double rel_frob(const double *got, const double *ref, int64_t n) {
 /* L = Σ dO ∘ O of the float64 forward (o: scratch of no elements) */
 static inline double fd_loss(const attn_params *p, const double *q, const double *k,
                              const double *v, const double *d_o, double *o, int64_t no) {
-    attn_ref64_forward(p, q, k, v, o, NULL);
+    ai_ref64_forward(p, q, k, v, o, NULL);
     double l = 0;
     for (int64_t e = 0; e < no; e++) l += d_o[e] * o[e];
     return l;

@@ -4,7 +4,7 @@
  *
  * What it is: the layer written out in double, independent of src/mha.c — projections
  * as triple loops, RoPE by its formula, the attention by the library's float64
- * reference arithmetic (attn_ref64_forward, itself checked by test_backward.c), W_O —
+ * reference arithmetic (ai_ref64_forward, itself checked by test_backward.c), W_O —
  * and `mcase`, which draws one layer's inputs and weights (float32 or bfloat16, dense,
  * padded or PyTorch-packed) and describes them to attn_mha_forward.
  * What it is not: a validator (it assumes arguments the module accepts).
@@ -301,8 +301,8 @@ static inline attn_status mref_forward(const mlayer *l, const double *xq, const 
     attn_tensor tv = attn_tensor_4d(NULL, ATTN_F32, B, c->Hkv, Lk, c->Dv);
     attn_tensor to = attn_tensor_4d(NULL, ATTN_F32, B, c->Hq, Lq, c->Dv);
     attn_params p;
-    attn_status st = attn_params_init(&p, &tq, &tk, &tv, &to, opt, false);
-    if (st == ATTN_OK) st = attn_ref64_forward(&p, heads[0], heads[1], heads[2], o, NULL);
+    attn_status st = ai_params_init(&p, &tq, &tk, &tv, &to, opt, false);
+    if (st == ATTN_OK) st = ai_ref64_forward(&p, heads[0], heads[1], heads[2], o, NULL);
     mref_swap(o, orows, B, Lq, c->Hq, c->Dv, false);
     mref_project(y, orows, w[W_O], bias[W_O], B * Lq, c->E, c->Hq * c->Dv);
     for (int n = 0; n < 3; n++) {

@@ -38,7 +38,7 @@ static const char USAGE[] =
 static int show(const char *file) {
     char path[4096];
     if (file) snprintf(path, sizeof path, "%s", file);
-    else if (!attn_wisdom_default_path(path, sizeof path)) {
+    else if (!ai_wisdom_default_path(path, sizeof path)) {
         fprintf(stderr, "attn tune: no wisdom path (none of ATTN_WISDOM, XDG_CACHE_HOME, HOME)\n");
         return 1;
     }
@@ -49,7 +49,7 @@ static int show(const char *file) {
     }
     const attn_status st = attn_tune_check(path);
     printf("wisdom %s\n", path);
-    printf("this CPU: %s\n", attn_wisdom_cpu_line());
+    printf("this CPU: %s\n", ai_wisdom_cpu_line());
     if (st == ATTN_OK) printf("this process would use it\n");
     else printf("this process would ignore it: %s\n", attn_last_error());
     printf("\n");
@@ -106,7 +106,7 @@ int cli_tune(int argc, char **argv) {
     }
     char path[4096];
     if (opt.out) snprintf(path, sizeof path, "%s", opt.out);
-    else attn_wisdom_default_path(path, sizeof path);
+    else ai_wisdom_default_path(path, sizeof path);
     printf("attn tune: wrote %s in %.1f s (attn tune --show%s%s for the times)\n", path,
            (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec),
            opt.out ? " " : "", opt.out ? opt.out : "");

@@ -102,7 +102,7 @@ static int demo_reshape(void) {
     const attn_options causal = {.causal = true};
     if (failed(attn_mha_forward(&l.m, &tx, NULL, &ty, NULL, false, &causal))) return 1;
     for (int n = 0; n < 3; n++) {  /* Q, K, V = x W, then view (B, T, H, hd).transpose(1, 2) */
-        if (failed(attn_gemm_f32(false, false, B * T, D, D, 1.0f, x, D, l.w[n], D, 0.0f, p[n], D)))
+        if (failed(ai_gemm_f32(false, false, B * T, D, D, 1.0f, x, D, l.w[n], D, 0.0f, p[n], D)))
             return 1;
         for (int t = 0; t < T; t++)
             for (int h = 0; h < H; h++)
@@ -116,7 +116,7 @@ static int demo_reshape(void) {
     for (int t = 0; t < T; t++)  /* out.transpose(1, 2).contiguous().view(B, T, D) */
         for (int h = 0; h < H; h++)
             memcpy(&cat[t * D + h * HD], &o[(h * T + t) * HD], HD * sizeof(float));
-    if (failed(attn_gemm_f32(false, false, B * T, D, D, 1.0f, cat, D, l.w[3], D, 0.0f, byhand, D)))
+    if (failed(ai_gemm_f32(false, false, B * T, D, D, 1.0f, cat, D, l.w[3], D, 0.0f, byhand, D)))
         return 1;
     double diff = 0, norm = 0;
     for (int e = 0; e < B * T * D; e++) {

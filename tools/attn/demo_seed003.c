@@ -6,7 +6,7 @@
  *                  run, and seed 002's comparison row by row.
  *
  * Every number is computed by the library on data drawn from the demo's fixed stream
- * (demo.h). Projections go through the BLAS door (attn_gemm_f32). What it is not: a
+ * (demo.h). Projections go through the BLAS door (ai_gemm_f32). What it is not: a
  * benchmark (attn bench) or a test (tests/test_viz.sh runs the small sections).
  */
 #include <math.h>
@@ -69,7 +69,7 @@ int demo_sdpa(void) {
 
 /* y (n, d) = x (n, d) w (d, d) through the BLAS */
 static int demo_project(const float *x, const float *w, float *y, int64_t n, int64_t d) {
-    attn_status st = attn_gemm_f32(false, false, n, d, d, 1.0f, x, d, w, d, 0.0f, y, d);
+    attn_status st = ai_gemm_f32(false, false, n, d, d, 1.0f, x, d, w, d, 0.0f, y, d);
     return st == ATTN_OK ? 0 : demo_fail(st);
 }
 

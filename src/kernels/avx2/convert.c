@@ -32,7 +32,7 @@ static inline __m128i bf16x8(__m256 f) {
     return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
 }
 
-void attn_from_f32_avx2(attn_dtype dt, int64_t n, const float *src, uint16_t *dst) {
+void ai_from_f32_avx2(attn_dtype dt, int64_t n, const float *src, uint16_t *dst) {
     int64_t i = 0;
     if (dt == ATTN_F16) {
         for (; i + 8 <= n; i += 8)
@@ -68,7 +68,7 @@ static inline void st_block8(const float *s, int64_t lds, float *const *out, int
     }
 }
 
-void attn_rows_from_st_avx2(int64_t n, int64_t nk, const float *s, int64_t lds, float *const *out) {
+void ai_rows_from_st_avx2(int64_t n, int64_t nk, const float *s, int64_t lds, float *const *out) {
     int64_t r = 0;
     for (; r + 8 <= n; r += 8) {
         int64_t c = 0;

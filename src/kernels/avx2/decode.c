@@ -382,7 +382,7 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t nk, int64_t dk, in
     default: decode_tile(DT, 4, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, s, m, l, alpha, acc, &pf); break; \
     }
 
-void attn_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
+void ai_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                       attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
                       int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
                       float *acc, bool prefetch, const void *next_k, int64_t next_nk) {
@@ -419,7 +419,7 @@ void attn_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float
 }
 
 /* decode_avx2's logits alone (kernels.h: decode_qk), for the weights' sweep */
-void attn_decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, attn_dtype dt,
+void ai_decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, attn_dtype dt,
                          const void *k, int64_t ldk, float scale, float *st, int64_t lds) {
     const attn_decode_pf none = {0};
     float s[4 * (ATTN_BK_LIMIT + 4)];  // the step's compact lanes, then into st
@@ -443,7 +443,7 @@ void attn_decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, attn
 
 /* decode_avx2 on rows given by their addresses (kernels.h: decode_rows): a paged tile's
  * rows read in place from their pages, in one step */
-void attn_decode_rows_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
+void ai_decode_rows_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                            attn_dtype dt, bool round_p, const char *const *kr,
                            const char *const *vr, float scale, float *s, float *m, float *l,
                            float *alpha, float *acc, bool prefetch,

@@ -64,7 +64,7 @@ static inline __attribute__((always_inline)) void rows_pass(int K, float *acc, c
     }
 }
 
-void attn_gemv_rows_bf16_avx2(float *acc, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
+void ai_gemv_rows_bf16_avx2(float *acc, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
                               int64_t n, const float *a) {
     int64_t r = r0;
     for (; r + 8 <= r1; r += 8) rows_pass(8, acc, w, ld, r, n, a);
@@ -82,7 +82,7 @@ static inline float dot_finish(__m256 s, const uint16_t *row, const float *a, in
     return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
 }
 
-void attn_gemv_dots_bf16_avx2(float *dot, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
+void ai_gemv_dots_bf16_avx2(float *dot, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
                               int64_t n, const float *a) {
     int64_t r = r0;
     for (; r + 4 <= r1; r += 4) {  /* four rows side by side: four chains of additions */

@@ -1,6 +1,6 @@
 /*
  * geom.c — the avx2 kernel's per-CPU geometry (kernels.h, attn_cpu_geom), read by
- *          attn_choose_tiles (fused_geom.c) through the kernel table's cpu_geom.
+ *          ai_choose_tiles (fused_geom.c) through the kernel table's cpu_geom.
  *
  * Zen 3: the forward's blocks are 112 rows. The query block's transposed rows (qt) and
  * the logits (S^T) are bq floats a row; at bq = 64 that is 256 bytes, a power of two, so

@@ -371,9 +371,9 @@ static void mask_bool_avx2(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,
                 _mm256_storeu_ps(x_t, _mm256_blendv_ps(_mm256_loadu_ps(x_t), neg_inf, _mm256_castsi256_ps(masked)));
             }
         }
-        if (nk8 < nk) attn_mask_bool_generic(8, nk - nk8, mr + nk8, ldm, s + nk8 * lds + r, lds);
+        if (nk8 < nk) ai_mask_bool_generic(8, nk - nk8, mr + nk8, ldm, s + nk8 * lds + r, lds);
     }
-    if (n8 < n) attn_mask_bool_generic(n - n8, nk, m + n8 * ldm, ldm, s + n8, lds);
+    if (n8 < n) ai_mask_bool_generic(n - n8, nk, m + n8 * ldm, ldm, s + n8, lds);
 }
 
 static void exp_array_avx2(int64_t n, const float *x, float *y) {
@@ -469,20 +469,20 @@ const attn_kernels attn_kernels_avx2 = {
     .pv = pv_avx2,
     .mask_bool = mask_bool_avx2,
     .to_f32 = to_f32_avx2,
-    .decode = attn_decode_avx2,
-    .decode_qk = attn_decode_qk_avx2,
+    .decode = ai_decode_avx2,
+    .decode_qk = ai_decode_qk_avx2,
     .exp = exp_array_avx2,
     .additive = &attn_additive_kernels_avx2,
     .dequant_q8_0 = dequant_q8_0_avx2,
     .decode_q8_0 = true,
     .decode_fp8 = true,
     .dropout = dropout_avx2,
-    .gemm = attn_gemm_avx2,
-    .decode_rows = attn_decode_rows_avx2,
+    .gemm = ai_gemm_avx2,
+    .decode_rows = ai_decode_rows_avx2,
     .pv_h = pv_h_avx2,
-    .from_f32 = attn_from_f32_avx2,
-    .gemv_rows_bf16 = attn_gemv_rows_bf16_avx2,  // avx2/gemv.c
-    .gemv_dots_bf16 = attn_gemv_dots_bf16_avx2,
-    .rows_from_st = attn_rows_from_st_avx2,  // avx2/convert.c
+    .from_f32 = ai_from_f32_avx2,
+    .gemv_rows_bf16 = ai_gemv_rows_bf16_avx2,  // avx2/gemv.c
+    .gemv_dots_bf16 = ai_gemv_dots_bf16_avx2,
+    .rows_from_st = ai_rows_from_st_avx2,  // avx2/convert.c
 };
 #endif

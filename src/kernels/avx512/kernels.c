@@ -119,7 +119,7 @@ QK_DOT(2)
 QK_DOT(3)
 QK_DOT(4)
 
-void attn_qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
+void ai_qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
                       const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale,
                       float *s, int64_t lds) {
     if (n <= ATTN_DECODE_MAX_ROWS) {
@@ -139,7 +139,7 @@ void attn_qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float
     }
 }
 
-void attn_softmax_avx512(int64_t npad, int64_t nk, float *s, int64_t lds, float *m, float *l,
+void ai_softmax_avx512(int64_t npad, int64_t nk, float *s, int64_t lds, float *m, float *l,
                            float *alpha) {
     const __m512 zero = _mm512_setzero_ps();
     for (int64_t r = 0; r < npad; r += 16) {
@@ -245,7 +245,7 @@ PV_COLS(2)
 PV_COLS(3)
 PV_COLS(4)
 
-void attn_pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p,
+void ai_pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p,
                       int64_t lds, const float *v, int64_t ldv, const float *alpha,
                       float *acc, int64_t ldo, bool skip_zeros) {
     (void)npad;
@@ -497,7 +497,7 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int
     __m512 mx;
     __mmask16 nan;
     dec_logits(DT, NR, nk, dk, q, k, ldk, scale, s, pf, &mx, &nan);
-    /* the online-softmax update of attn_softmax_avx512, on the compact layout */
+    /* the online-softmax update of ai_softmax_avx512, on the compact layout */
     const __m512 m_old = _mm512_broadcast_f32x4(_mm_loadu_ps(m));
     nan |= _mm512_cmp_ps_mask(m_old, m_old, _CMP_UNORD_Q);
     nan = (__mmask16)(((nan | nan >> 4 | nan >> 8 | nan >> 12) & 0xF) * 0x1111u);
@@ -558,7 +558,7 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int
     default: decode_tile(DT, 4, round_p, n, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
     }
 
-void attn_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
+void ai_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                         attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
                         int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
                         float *acc, bool prefetch, const void *next_k, int64_t next_nk) {
@@ -570,7 +570,7 @@ void attn_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const flo
 }
 
 /* decode's logits alone (kernels.h: decode_qk), for the weights' sweep */
-void attn_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q, attn_dtype dt,
+void ai_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q, attn_dtype dt,
                            const void *k, int64_t ldk, float scale, float *st, int64_t lds) {
     const attn_decode_pf none = {0};
     float s[4 * (ATTN_BK_LIMIT + 4)];  // the step's compact lanes, then into st
@@ -590,7 +590,7 @@ void attn_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q, at
     attn_decode_qk_store(n, nk, s, st, lds);
 }
 
-void attn_exp_array_avx512(int64_t n, const float *x, float *y) {
+void ai_exp_array_avx512(int64_t n, const float *x, float *y) {
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 mk = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
         _mm512_mask_storeu_ps(y + i, mk, exp_avx512(_mm512_maskz_loadu_ps(mk, x + i)));
@@ -601,7 +601,7 @@ void attn_exp_array_avx512(int64_t n, const float *x, float *y) {
  * each of the 16 rows (two 8-lane gathers: row offsets are 64-bit), then each key's byte
  * becomes a lane mask that sets the masked logits to -inf. Keys left over (nk not a
  * multiple of 4) and rows past a multiple of 16 take the portable loop. */
-void attn_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm, float *s,
+void ai_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm, float *s,
                            int64_t lds) {
     const int64_t n16 = n / 16 * 16, nk4 = nk / 4 * 4;
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
@@ -620,13 +620,13 @@ void attn_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,
                 _mm512_mask_storeu_ps(x, masked, neg_inf);
             }
         }
-        if (nk4 < nk) attn_mask_bool_generic(16, nk - nk4, m + r * ldm + nk4, ldm, s + nk4 * lds + r, lds);
+        if (nk4 < nk) ai_mask_bool_generic(16, nk - nk4, m + r * ldm + nk4, ldm, s + nk4 * lds + r, lds);
     }
-    if (n16 < n) attn_mask_bool_generic(n - n16, nk, m + n16 * ldm, ldm, s + n16, lds);
+    if (n16 < n) ai_mask_bool_generic(n - n16, nk, m + n16 * ldm, ldm, s + n16, lds);
 }
 
 /* 16-bit rows to float32: F16C's vcvtph2ps (exact), bfloat16 by a 16-bit shift. */
-void attn_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst) {
+void ai_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst) {
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 mk = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
         const __m256i h = _mm256_maskz_loadu_epi16(mk, src + i);
@@ -646,19 +646,19 @@ static void dropout_avx512(int64_t n, const uint64_t *grp, uint64_t seed, uint64
 const attn_kernels attn_kernels_avx512 = {
     .name = "avx512",
     .geom = ATTN_GEOM(avx512),
-    .qk = attn_qk_avx512,
-    .softmax = attn_softmax_avx512,
-    .pv = attn_pv_avx512,
-    .mask_bool = attn_mask_bool_avx512,
-    .to_f32 = attn_to_f32_avx512,
-    .decode = attn_decode_avx512,
-    .decode_qk = attn_decode_qk_avx512,
-    .exp = attn_exp_array_avx512,
+    .qk = ai_qk_avx512,
+    .softmax = ai_softmax_avx512,
+    .pv = ai_pv_avx512,
+    .mask_bool = ai_mask_bool_avx512,
+    .to_f32 = ai_to_f32_avx512,
+    .decode = ai_decode_avx512,
+    .decode_qk = ai_decode_qk_avx512,
+    .exp = ai_exp_array_avx512,
     .additive = &attn_additive_kernels_avx512,
     .dropout = dropout_avx512,
-    .gemm = attn_gemm_avx512,
-    .gemv_rows_bf16 = attn_gemv_rows_bf16_avx2,  // avx2/gemv.c
-    .gemv_dots_bf16 = attn_gemv_dots_bf16_avx2,
-    .rows_from_st = attn_rows_from_st_avx2,  // avx2/convert.c
+    .gemm = ai_gemm_avx512,
+    .gemv_rows_bf16 = ai_gemv_rows_bf16_avx2,  // avx2/gemv.c
+    .gemv_dots_bf16 = ai_gemv_dots_bf16_avx2,
+    .rows_from_st = ai_rows_from_st_avx2,  // avx2/convert.c
 };
 #endif

@@ -184,7 +184,7 @@ static void pv_bf16_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, cons
     }
 }
 
-/* attn_softmax_avx512 with its p written as bfloat16 key pairs (kernels.h): the same
+/* ai_softmax_avx512 with its p written as bfloat16 key pairs (kernels.h): the same
  * exps summed in the same order, so m, l, alpha and the rounded pairs are bit for bit
  * those of softmax followed by pv_bf16's own packing. */
 static void softmax_pairs_avx512(int64_t npad, int64_t nk, const float *s, int64_t lds,
@@ -218,22 +218,22 @@ static void dropout_avx512bf16(int64_t n, const uint64_t *grp, uint64_t seed, ui
 const attn_kernels attn_kernels_avx512bf16 = {
     .name = "avx512bf16",
     .geom = ATTN_GEOM(avx512bf16),
-    .qk = attn_qk_avx512,
-    .softmax = attn_softmax_avx512,
-    .pv = attn_pv_avx512,
+    .qk = ai_qk_avx512,
+    .softmax = ai_softmax_avx512,
+    .pv = ai_pv_avx512,
     .qk_bf16 = qk_bf16_avx512,
     .pv_bf16 = pv_bf16_avx512,
     .softmax_pairs = softmax_pairs_avx512,
-    .mask_bool = attn_mask_bool_avx512,
-    .to_f32 = attn_to_f32_avx512,
-    .decode = attn_decode_avx512,
-    .decode_qk = attn_decode_qk_avx512,
-    .exp = attn_exp_array_avx512,
+    .mask_bool = ai_mask_bool_avx512,
+    .to_f32 = ai_to_f32_avx512,
+    .decode = ai_decode_avx512,
+    .decode_qk = ai_decode_qk_avx512,
+    .exp = ai_exp_array_avx512,
     .additive = &attn_additive_kernels_avx512,
     .dropout = dropout_avx512bf16,
-    .gemm = attn_gemm_avx512,
-    .gemv_rows_bf16 = attn_gemv_rows_bf16_avx2,  // avx2/gemv.c
-    .gemv_dots_bf16 = attn_gemv_dots_bf16_avx2,
-    .rows_from_st = attn_rows_from_st_avx2,  // avx2/convert.c
+    .gemm = ai_gemm_avx512,
+    .gemv_rows_bf16 = ai_gemv_rows_bf16_avx2,  // avx2/gemv.c
+    .gemv_dots_bf16 = ai_gemv_dots_bf16_avx2,
+    .rows_from_st = ai_rows_from_st_avx2,  // avx2/convert.c
 };
 #endif

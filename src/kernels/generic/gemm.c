@@ -9,7 +9,7 @@
  */
 #include "kernels.h"
 
-void attn_gemm_generic(bool trans_a, int64_t m, int64_t n, int64_t k, const float *a,
+void ai_gemm_generic(bool trans_a, int64_t m, int64_t n, int64_t k, const float *a,
                        int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
                        bool skip_zeros) {
     float tmp[256];

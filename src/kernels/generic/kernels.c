@@ -85,7 +85,7 @@ static void exp_array_generic(int64_t n, const float *x, float *y) {
 /* branch-free: a random mask would mispredict half its branches. The logit's bits are
  * kept, or replaced by -inf's (0xff800000), through an all-ones or all-zeros word (the
  * library is built with -fno-strict-aliasing). */
-void attn_mask_bool_generic(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm, float *s,
+void ai_mask_bool_generic(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm, float *s,
                               int64_t lds) {
     for (int64_t r = 0; r < n; r++) {
         uint32_t *u_r = (uint32_t *)s + r;
@@ -116,10 +116,10 @@ const attn_kernels attn_kernels_generic = {
     .qk = qk_generic,
     .softmax = softmax_generic,
     .pv = pv_generic,
-    .mask_bool = attn_mask_bool_generic,
+    .mask_bool = ai_mask_bool_generic,
     .to_f32 = to_f32_generic,
     .exp = exp_array_generic,
     .additive = &attn_additive_kernels_generic,
     .dropout = dropout_generic,
-    .gemm = attn_gemm_generic,
+    .gemm = ai_gemm_generic,
 };
