@@ -1,5 +1,6 @@
 /*
- * bench_q8.c — `attn bench --q8`: decoding over float32, bfloat16 and q8_0 KV caches.
+ * bench_q8.c — `attn bench --q8`: decoding over float32, bfloat16, q8_0, fp8 (e4m3, e5m2,
+ *              scale 1) and q4_0 KV caches.
  *
  * Method (docs/KERNELS.md quotes it):
  *   - the case is decoding, Lq = 1, Lk = 16384, Hq = 32, Hkv = 8, D = 128, B = 1, float32
@@ -101,14 +102,22 @@ int bench_q8(int argc, char **argv) {
     float *o = malloc((size_t)nq * 4), *o_ref = malloc((size_t)nq * 4), *o_f32 = malloc((size_t)nq * 4);
     uint16_t *kb = malloc((size_t)nkv * 2), *vb = malloc((size_t)nkv * 2);
     uint8_t *k8 = malloc((size_t)(nkv / 32 * 34)), *v8 = malloc((size_t)(nkv / 32 * 34));
-    if (!kf || !vf || !q || !o || !o_ref || !o_f32 || !kb || !vb || !k8 || !v8)
+    uint8_t *k4 = malloc((size_t)(nkv / 32 * 18)), *v4 = malloc((size_t)(nkv / 32 * 18));
+    uint8_t *ke4 = malloc((size_t)nkv), *ve4 = malloc((size_t)nkv);
+    uint8_t *ke5 = malloc((size_t)nkv), *ve5 = malloc((size_t)nkv);
+    if (!kf || !vf || !q || !o || !o_ref || !o_f32 || !kb || !vb || !k8 || !v8 || !k4 || !v4 ||
+        !ke4 || !ve4 || !ke5 || !ve5)
         return fprintf(stderr, "attn: bench --q8: out of memory\n"), 1;
-    cache c[3] = {
+    enum { NC = 6 };  // float32, bfloat16, then the smaller caches (2: q8_0)
+    cache c[NC] = {
         {ATTN_F32, "float32", 4.0, kf, vf, {0}, {0}},
         {ATTN_BF16, "bfloat16", 2.0, kb, vb, {0}, {0}},
         {ATTN_Q8_0, "q8_0", 34.0 / 32.0, k8, v8, {0}, {0}},
+        {ATTN_FP8_E4M3, "fp8_e4m3", 1.0, ke4, ve4, {0}, {0}},
+        {ATTN_FP8_E5M2, "fp8_e5m2", 1.0, ke5, ve5, {0}, {0}},
+        {ATTN_Q4_0, "q4_0", 18.0 / 32.0, k4, v4, {0}, {0}},
     };
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < NC; i++) {
         c[i].tk = attn_tensor_4d(c[i].k, c[i].dt, B, Hkv, Lk, D);
         c[i].tv = attn_tensor_4d(c[i].v, c[i].dt, B, Hkv, Lk, D);
     }
@@ -121,11 +130,18 @@ int bench_q8(int argc, char **argv) {
         fill(kf, nkv, 11 + dist, dist), fill(vf, nkv, 12 + dist, dist), fill(q, nq, 13 + dist, dist);
         for (int64_t i = 0; i < nkv; i++) kb[i] = attn_f32_to_bf16(kf[i]), vb[i] = attn_f32_to_bf16(vf[i]);
         const double tq0 = now_s();
-        if (attn_quantize_q8_0(&tkf, &c[2].tk) != ATTN_OK || attn_quantize_q8_0(&tvf, &c[2].tv) != ATTN_OK)
+        if (attn_quantize_q8_0(&tkf, &c[2].tk) != ATTN_OK || attn_quantize_q8_0(&tvf, &c[2].tv) != ATTN_OK ||
+            attn_quantize_q4_0(&tkf, &c[5].tk) != ATTN_OK || attn_quantize_q4_0(&tvf, &c[5].tv) != ATTN_OK)
             return fprintf(stderr, "attn: bench --q8: quantize: %s\n", attn_last_error()), 1;
+        /* fp8: the library's saturating rounding (attn_kv_append at rows 0 .., scale 1) */
+        int64_t zero = 0;
+        const attn_tensor tz = {&zero, ATTN_I64, {1, 1, 1, 1}, {1, 1, 1, 1}};
+        for (int i = 3; i < 5; i++)
+            if (attn_kv_append(&tkf, &tvf, &c[i].tk, &c[i].tv, NULL, NULL, &tz) != ATTN_OK)
+                return fprintf(stderr, "attn: bench --q8: append: %s\n", attn_last_error()), 1;
         const double tquant = now_s() - tq0;
         attn_options opt = {.threads = threads};
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < NC; i++) {
             opt.path = ATTN_PATH_FUSED;
             attn_status st = attn_forward(&tq, &c[i].tk, &c[i].tv, &to, &opt);
             attn_tensor tr = to;
@@ -159,7 +175,7 @@ int bench_q8(int argc, char **argv) {
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t i = 0; i < nflush; i++) flush[i] = 1e-3f * (float)(i & 7);
     double *t = malloc(sizeof(double) * (size_t)reps), *bw = malloc(sizeof(double) * (size_t)reps);
-    for (int i = 0; i < 3; i++) {  // the compute bound of each cache's step (decode_bound.h)
+    for (int i = 0; i < NC; i++) {  // the compute bound of each cache's step (decode_bound.h)
         char why[320];
         dec_describe(c[i].dt, why, sizeof why);
         printf("  compute bound, %s\n", why);
@@ -167,7 +183,7 @@ int bench_q8(int argc, char **argv) {
     printf("  %-8s %10s %9s %9s %11s %11s %9s %10s %12s %9s\n", "cache", "bytes/el", "KV MiB", "median ms",
            "cache GB/s", "read GB/s", "of read", "Mkeys/s", "compute GB/s", "of bound");
     double ms_bf16 = 0;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < NC; i++) {
         attn_options opt = {.threads = threads};
         for (int w = 0; w < 2; w++) attn_forward(&tq, &c[i].tk, &c[i].tv, &to, &opt);
         read_pass(flush, nflush, nt);
@@ -189,10 +205,11 @@ int bench_q8(int argc, char **argv) {
                100 * bytes / med * 1e-9 / bwm, (double)(B * Hkv * Lk) / med * 1e-6,
                dec_fmt(cgs, sizeof cgs, 12, 2, cg),
                100 * bytes / med * 1e-9 / bound);
-        if (i == 2) printf("   (%.2fx bfloat16's speed)", ms_bf16 / med);
+        if (i >= 2) printf("   (%.2fx bfloat16's speed)", ms_bf16 / med);
         printf("\n");
     }
     free(t), free(bw), free(flush);
     free(kf), free(vf), free(q), free(o), free(o_ref), free(o_f32), free(kb), free(vb), free(k8), free(v8);
+    free(k4), free(v4), free(ke4), free(ve4), free(ke5), free(ve5);
     return 0;
 }
