@@ -374,7 +374,7 @@ static void test_mha_call(void) {
     float *xn = fill32(B * NEW * E, 122), *yn = fill32(B * NEW * E, 123);
     int64_t len[2] = {3, 3};
     c.len0[0] = c.len0[1] = 3;
-    c.cache = (attn_kv_cache){ATTN_CACHE_CONTIGUOUS, t4(ck, B, HKV, LMAX, D), t4(cv, B, HKV, LMAX, D), len, NULL};
+    c.cache = (attn_kv_cache){ATTN_CACHE_CONTIGUOUS, t4(ck, B, HKV, LMAX, D), t4(cv, B, HKV, LMAX, D), len, NULL, NULL, NULL};
     c.x = t4(xn, B, NEW, E, 1), c.y = t4(yn, B, NEW, E, 1);
     c.which = 2;
     const out_span ds[3] = {{yn, B * NEW * E * 4}, {ck, B * HKV * LMAX * D * 4}, {cv, B * HKV * LMAX * D * 4}};
@@ -383,7 +383,7 @@ static void test_mha_call(void) {
      * 8 pages of 2 rows, sequence b on pages 4b .. 4b + 3 in reverse order */
     int32_t table[2 * 4] = {3, 2, 1, 0, 7, 6, 5, 4};
     attn_tensor bt = {table, ATTN_I32, {B, 4, 1, 1}, {4, 1, 1, 1}};
-    c.cache = (attn_kv_cache){ATTN_CACHE_PAGED, t4(ck, 8, HKV, 2, D), t4(cv, 8, HKV, 2, D), len, &bt};
+    c.cache = (attn_kv_cache){ATTN_CACHE_PAGED, t4(ck, 8, HKV, 2, D), t4(cv, 8, HKV, 2, D), len, &bt, NULL, NULL};
     fail_each("attn_mha_decode (paged cache)", run_mha, &c, ds, 3);
     free(x), free(y), free(dy), free(dx), free(ck), free(cv), free(xn), free(yn);
     for (int i = 0; i < 4; i++) free(w[i]), free(b[i]), free(dw[i]), free(db[i]);
