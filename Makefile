@@ -70,7 +70,7 @@ TEST_BIN  = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
 VERSION = $(shell sed -n 's/^\#define ATTN_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)/\2/p' include/attn.h | paste -sd.)
 
-.PHONY: all demo check tests install uninstall clean
+.PHONY: all demo check tests test-bins install uninstall clean
 all: $(BUILD)/libattn.so $(BUILD)/libattn.a $(BUILD)/attn $(BUILD)/attn.pc
 
 # Only the files of a kernel's folder, src/kernels/<isa>/, get ISA flags: those of its
@@ -85,7 +85,7 @@ $(foreach i,$(KERNEL_ISAS),$(eval ISA_FLAGS_$(i) := $(call isa_flags,$(i))))
 
 $(BUILD)/obj/kernels/%.o: src/kernels/%.c include/attn.h $(wildcard src/*.h src/kernels/*.h src/kernels/*/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(LIB_CFLAGS) $(ISA_FLAGS_$(firstword $(subst /, ,$*))) -Isrc -c $< -o $@
+	$(CC) $(LIB_CFLAGS) $(ISA_FLAGS_$(firstword $(subst /, ,$*))) $(if $(SAN),$(OPT)) -Isrc -c $< -o $@
 
 $(BUILD)/obj/%.o: src/%.c include/attn.h $(wildcard src/*.h src/kernels/*.h)
 	@mkdir -p $(dir $@)
@@ -115,6 +115,9 @@ $(BUILD)/tests/%: tests/%.c $(TEST_HDR) $(APP_HDR) $(BUILD)/libattn.a $(TEST_TOO
 $(BUILD)/tests/test_model: examples/train/model.c
 
 tests: $(TEST_BIN) $(BUILD)/attn
+
+# the C suites alone (the sanitizer run of scripts/check.sh: no command, bench or ring)
+test-bins: $(TEST_BIN)
 
 $(BUILD)/attn.pc: attn.pc.in include/attn.h
 	@mkdir -p $(BUILD)

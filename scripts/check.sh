@@ -102,10 +102,11 @@ rotation=0
 
 # run_all BUILD_DIR LABEL: every suite against one build (LABEL empty: the plain build).
 run_all() {
-    local b=$1 label=$2 kernels cannot picked
-    kernels=$("$b/attn" --kernels | awk '$2 == "runs" { print $1 }' | xargs)
-    cannot=$("$b/attn" --kernels | awk '$2 != "runs" { print $1 }' | xargs)
-    picked=$("$b/attn" --version | sed -n -E 's/.*\(kernel ([a-z0-9_]+);.*/\1/p')
+    local b=$1 label=$2 kernels cannot picked cli=$1/attn
+    [ -x "$cli" ] || cli=build/attn  # a build of the suites alone: the plain build's command
+    kernels=$("$cli" --kernels | awk '$2 == "runs" { print $1 }' | xargs)
+    cannot=$("$cli" --kernels | awk '$2 != "runs" { print $1 }' | xargs)
+    picked=$("$cli" --version | sed -n -E 's/.*\(kernel ([a-z0-9_]+);.*/\1/p')
     local not_here=""
     [ -z "$cannot" ] || not_here="; not run, this CPU cannot: $cannot"
     echo "== ${label}kernels this CPU runs: $kernels (dispatch picks $picked)$not_here"
@@ -194,10 +195,10 @@ if [ "${ATTN_CHECK_CROSS:-1}" != 0 ] && [ "$(uname -m)" = x86_64 ]; then
         # shellcheck disable=SC2086
         if timed "build aarch64" make -s -j"$jobs" CC=aarch64-linux-gnu-gcc BUILD=build-arm64 BLAS=none $targets; then
             for t in $CROSS_SUITES; do
-                # the case matrices one case in 4: the build and the generic kernel on
+                # the case matrices one case in 8: the build and the generic kernel on
                 # this ISA are what this run tests; the matrices run in full natively
                 run_suite "aarch64 (qemu) $t" env QEMU_LD_PREFIX=/usr/aarch64-linux-gnu \
-                    ATTN_TEST_EVERY=4 qemu-aarch64 "build-arm64/tests/$t"
+                    ATTN_TEST_EVERY=8 qemu-aarch64 "build-arm64/tests/$t"
             done
         else
             echo "aarch64 cross build failed: counted as 1 failure"
@@ -211,10 +212,16 @@ fi
 if [ "${ATTN_CHECK_SANITIZE:-1}" != 0 ]; then
     san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
     san="$san -DATTN_FAULT_INJECTION"
-    if timed "build asan+ubsan" make -s -j"$jobs" BUILD=build-san OPT=-O1 SAN="$san" all tests; then
+    # the library and the C suites only (the command, the bench and the ring are the plain
+    # build's business), every file at -O1, the kernels' own -O3 included
+    if timed "build asan+ubsan" make -s -j"$jobs" BUILD=build-san OPT=-O1 SAN="$san" test-bins; then
         export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
         export UBSAN_OPTIONS=print_stacktrace=1
+        # the case matrices one case in 2 under the sanitizers (every code path they reach
+        # still runs; the full matrices run in the plain build): `make check` in 20 minutes
+        export ATTN_TEST_EVERY=2
         run_all build-san "asan+ubsan "
+        unset ATTN_TEST_EVERY
     else
         echo "sanitizer build failed: counted as 1 failure"
         total_fail=$((total_fail + 1))
