@@ -51,7 +51,8 @@ static inline int within_f32_tol(const float *got, const double *ref, int64_t n,
 }
 
 /* ATTN_TEST_EVERY=n (scripts/check.sh sets it for the emulated AArch64 run, where the
- * portable build is what is tested, not the size of the case matrix): the big case loops
+ * portable build is what is tested, and the sanitizer run, where the memory errors are,
+ * not the size of the case matrix): the big case loops
  * run one case in n, in a fixed order (1 when unset: all). True when this case is one to
  * skip; the loops call it once per case. */
 static inline int test_case_skipped(void) {
