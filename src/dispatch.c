@@ -153,7 +153,7 @@ const attn_kernels *ai_kernels_named(const char *name) {
 const char *const *attn_kernel_list(void) { return g_names; }
 
 /* kern, or the best kernel after it in the list that this CPU runs and whose table has
- * the flag at byte offset `flag` set (decode_q8_0, decode_fp8); kern when none has */
+ * the flag at byte offset `flag` set (decode_q8_0, decode_fp8, decode_q4_0); kern when none has */
 static const attn_kernels *kernels_with(const attn_kernels *kern, size_t flag) {
     int at = 0;
     while (at < N_KERNELS && g_list[at].table != kern) at++;
@@ -169,4 +169,8 @@ const attn_kernels *ai_kernels_for_q8_0(const attn_kernels *kern) {
 
 const attn_kernels *ai_kernels_for_fp8(const attn_kernels *kern) {
     return kernels_with(kern, offsetof(attn_kernels, decode_fp8));
+}
+
+const attn_kernels *ai_kernels_for_q4_0(const attn_kernels *kern) {
+    return kernels_with(kern, offsetof(attn_kernels, decode_q4_0));
 }

@@ -262,6 +262,9 @@ struct attn_kernels {
      * value, with no scale, so the framework calls them only for a call without k_scale
      * and v_scale (where the value is the byte's own); else the tile path. */
     bool decode_fp8;
+    /* Whether decode, decode_qk and decode_rows also take dt = ATTN_Q4_0 (as q8_0's:
+     * rows on block starts, dk and dv multiples of 32). */
+    bool decode_q4_0;
 
     /* Optional (NULL: the portable attn_dropout_words of philox.h): dropout's Philox words
      * of n groups, grp (n) the group indices, word w of group t into u[w * ldu + t]; bit
@@ -439,5 +442,7 @@ ATTN_PRIVATE const attn_kernels *ai_select_kernels(const char **why);
 ATTN_PRIVATE const attn_kernels *ai_kernels_for_q8_0(const attn_kernels *kern);
 /* The same for an fp8 cache without scales and the fp8 decoding step (decode_fp8). */
 ATTN_PRIVATE const attn_kernels *ai_kernels_for_fp8(const attn_kernels *kern);
+/* The same for a q4_0 cache and the q4_0 decoding step (decode_q4_0). */
+ATTN_PRIVATE const attn_kernels *ai_kernels_for_q4_0(const attn_kernels *kern);
 
 #endif /* ATTN_KERNELS_H */

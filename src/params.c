@@ -367,6 +367,10 @@ static attn_status fill_run(attn_params *p, const attn_options *opt, bool backwa
             p->Lq <= ATTN_DECODE_MAX_ROWS && p->group <= ATTN_DECODE_MAX_ROWS &&
             p->Lq * p->group <= ATTN_DECODE_MAX_ROWS)
             p->kernels = ai_kernels_for_fp8(p->kernels);
+        if (p->kv_dt == ATTN_Q4_0 && !p->kernels->decode_q4_0 &&
+            p->Lq <= ATTN_DECODE_MAX_ROWS && p->group <= ATTN_DECODE_MAX_ROWS &&
+            p->Lq * p->group <= ATTN_DECODE_MAX_ROWS)
+            p->kernels = ai_kernels_for_q4_0(p->kernels);
         /* FAST pays only on bf16 dot products (the kernel's pv_bf16): elsewhere rounding P
          * is one more pass over each tile and no product gets cheaper (slower than the
          * default level: docs/KERNELS.md), so those kernels run the default level, which is more

@@ -650,6 +650,24 @@ static void test_fp8_kernel_choice(void) {
     CHECK(bad == 0, "ai_kernels_for_fp8: %d kernels mapped wrong", bad);
 }
 
+/* the same for a q4_0 cache and the q4_0 step */
+static void test_q4_kernel_choice(void) {
+    int bad = 0;
+    const char *const *list = attn_kernel_list();
+    for (int i = 0; list[i]; i++) {
+        const attn_kernels *k = ai_kernels_named(list[i]);
+        if (!k) continue;
+        const attn_kernels *c = ai_kernels_for_q4_0(k);
+        bool later = false;
+        for (int j = i; list[j]; j++) {
+            const attn_kernels *kj = ai_kernels_named(list[j]);
+            later |= kj && kj->decode_q4_0;
+        }
+        bad += later ? !c->decode_q4_0 : c != k;
+    }
+    CHECK(bad == 0, "ai_kernels_for_q4_0: %d kernels mapped wrong", bad);
+}
+
 /* ---- 4. misuse ------------------------------------------------------------------------- */
 
 static void test_misuse(const fmt *f) {
@@ -1019,6 +1037,7 @@ int main(void) {
         test_misuse(fmts[i]);
     }
     test_fp8_kernel_choice();
+    test_q4_kernel_choice();
     test_q4_blocks();
     test_forward(&Q4);
     test_grid(&Q4);

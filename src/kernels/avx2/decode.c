@@ -21,6 +21,16 @@
  * Each stream is prefetched into the outer caches during the other's phase: this tile's
  * V rows while Q·Kᵀ reads K, the next tile's K rows while P·V reads V. */
 
+/* 8 values e .. e + 7 (e a multiple of 8) of a q4_0 block's 16 bytes qs, before its scale:
+ * element i < 16 is the low nibble of qs[i], element i + 16 the high one, minus 8; exact
+ * as float32 (so the product with the scale is load_row's, the reference's) */
+INLINE __m256 q4_eight(const uint8_t *qs, int64_t e) {
+    const __m128i x = _mm_loadl_epi64((const __m128i *)(qs + e % 16));
+    const __m128i nib = e < 16 ? _mm_and_si128(x, _mm_set1_epi8(0x0F))
+                               : _mm_and_si128(_mm_srli_epi16(x, 4), _mm_set1_epi8(0x0F));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_sub_epi8(nib, _mm_set1_epi8(8))));
+}
+
 /* 8 values of a row from column d as float32 (n < 8: the first n, zeros after) */
 INLINE __m256 load_row(int DT, const void *row, int64_t d, int64_t n) {
     if (n < 8) {
@@ -34,6 +44,11 @@ INLINE __m256 load_row(int DT, const void *row, int64_t d, int64_t n) {
         const __m128i q8 = _mm_loadl_epi64((const __m128i *)(b + 2 + d % ATTN_Q8_0_BLOCK));
         return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8))),
                              _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)));
+    }
+    if (DT == ATTN_Q4_0) {  // 8 of the 32 nibbles of block d / 32 (d a multiple of 8), times d
+        const uint8_t *b = (const uint8_t *)row + d / ATTN_Q4_0_BLOCK * ATTN_Q4_0_BYTES;
+        return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8))),
+                             q4_eight(b + 2, d % ATTN_Q4_0_BLOCK));
     }
     if (DT == ATTN_FP8_E5M2 || DT == ATTN_FP8_E4M3) {  // 8 bytes, through float16 (F16C)
         /* each byte into the top of a 16-bit lane: for e5m2 that is its float16, exact */
@@ -105,6 +120,23 @@ INLINE __m256 dec_qk4(int DT, bool HALVES, int NR, int KC, int64_t dk, const flo
                 UNROLL for (int j = 0; j < KC; j++)
                     kv[j] = _mm256_mul_ps(sc[j], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
                                                      _mm_loadl_epi64((const __m128i *)(b[j] + 2 + 8 * h)))));
+                UNROLL for (int r = 0; r < NR; r++) {
+                    const __m256 qv = _mm256_loadu_ps(q + r * dk + d + 8 * h);
+                    UNROLL for (int j = 0; j < KC; j++) acc[j][r] = _mm256_fmadd_ps(qv, kv[j], acc[j][r]);
+                }
+            }
+        }
+    } else if (DT == ATTN_Q4_0) {  // block by block (dk a multiple of 32), as q8_0's
+        for (int64_t d = 0; d < dk; d += 32) {
+            const uint8_t *b[2];
+            __m256 sc[2];
+            UNROLL for (int j = 0; j < KC; j++) {
+                b[j] = (const uint8_t *)kr[j] + d / ATTN_Q4_0_BLOCK * ATTN_Q4_0_BYTES;
+                sc[j] = _mm256_set1_ps(_cvtsh_ss((unsigned short)(b[j][0] | b[j][1] << 8)));
+            }
+            UNROLL for (int h = 0; h < 4; h++) {
+                __m256 kv[2];
+                UNROLL for (int j = 0; j < KC; j++) kv[j] = _mm256_mul_ps(sc[j], q4_eight(b[j] + 2, 8 * h));
                 UNROLL for (int r = 0; r < NR; r++) {
                     const __m256 qv = _mm256_loadu_ps(q + r * dk + d + 8 * h);
                     UNROLL for (int j = 0; j < KC; j++) acc[j][r] = _mm256_fmadd_ps(qv, kv[j], acc[j][r]);
@@ -246,7 +278,7 @@ INLINE void dec_pv_keys(int DT, int NR, bool WHOLE, bool FLAT, int64_t nk, const
     const __m256i hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
     const int64_t n0 = nd < 8 ? nd : 8, n1 = nd - n0;
     /* a whole pass's columns from a pointer at column d0: one pointer a key in the loop */
-    const int64_t at = WHOLE && DT != ATTN_Q8_0 ? d0 * (int64_t)attn_elem_bytes((attn_dtype)DT) : 0;
+    const int64_t at = WHOLE && !attn_is_block_dtype((attn_dtype)DT) ? d0 * (int64_t)attn_elem_bytes((attn_dtype)DT) : 0;
     for (int64_t c = 0; c < nk; c++) {
         const char *row = (vrows ? vrows[c] : v + c * ldv) + at;
         __m256 v0, v1;
@@ -261,6 +293,11 @@ INLINE void dec_pv_keys(int DT, int NR, bool WHOLE, bool FLAT, int64_t nk, const
             /* its scale converted once for both halves, each product as load_row's */
             v0 = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q16)));
             v1 = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q16, 8))));
+        } else if (DT == ATTN_Q4_0) {  // dv a multiple of 32: the 16 columns in one block
+            const uint8_t *b = (const uint8_t *)row + d0 / ATTN_Q4_0_BLOCK * ATTN_Q4_0_BYTES;
+            const __m256 sc = _mm256_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8)));
+            v0 = _mm256_mul_ps(sc, q4_eight(b + 2, d0 % ATTN_Q4_0_BLOCK));
+            v1 = _mm256_mul_ps(sc, q4_eight(b + 2, d0 % ATTN_Q4_0_BLOCK + 8));
         } else if (WHOLE) {
             v0 = load_row(DT, row, 0, 8);
             v1 = load_row(DT, row, 8, 8);
@@ -299,8 +336,8 @@ INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, in
     const int64_t npa = pf_k_lines(pf, l0, l1, step ? ((nk - 1) >> step) + 1 : kmax, pa, &flat);
     if (npa == 0) flat = (const char *)s;  // nothing to ask for: a line of the loop's own, in L1
     else if (flat) step = (64 * npa + nk - 1) / nk;  // up to (nk - 1) / 64 lines past l1's: a hint
-    /* a q8_0 V has dv a multiple of 32, so every pass is whole */
-    if (nd == 16 || DT == ATTN_Q8_0) {
+    /* a q8_0 or q4_0 V has dv a multiple of 32, so every pass is whole */
+    if (nd == 16 || attn_is_block_dtype((attn_dtype)DT)) {
         if (flat) dec_pv_keys(DT, NR, true, true, nk, s, v, ldv, vrows, d0, 16, pa, flat, step, t);
         else dec_pv_keys(DT, NR, true, false, nk, s, v, ldv, vrows, d0, 16, pa, flat, step, t);
         if (DT == ATTN_BF16)  // even and odd columns back in order
@@ -391,7 +428,7 @@ void ai_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *
     const int64_t ldkb = attn_row_byte_offset(dt, ldk), ldvb = attn_row_byte_offset(dt, ldv);
     attn_decode_pf pf = attn_decode_pf_make(prefetch, v, ldv, nk, dv, next_k, ldk, next_nk, dk, es);
     const char *const *kr = NULL, *const *vr = NULL;  // at one stride
-    if (dt == ATTN_Q8_0) {  // rows of blocks: strides and lines in bytes of blocks
+    if (attn_is_block_dtype(dt)) {  // rows of blocks: strides and lines in bytes of blocks
         pf.ldv = ldvb, pf.ldk = ldkb;
         pf.lines_v = (attn_row_bytes(dt, dv) + 63) / 64, pf.lines_k = (attn_row_bytes(dt, dk) + 63) / 64;
     }
@@ -405,6 +442,10 @@ void ai_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *
     }
     if (dt == ATTN_Q8_0) {
         DECODE_AVX2(ATTN_Q8_0);
+        return;
+    }
+    if (dt == ATTN_Q4_0) {
+        DECODE_AVX2(ATTN_Q4_0);
         return;
     }
     if (dt == ATTN_FP8_E4M3) {  // bytes: the framework sends them without scales (kernels.h)
@@ -434,6 +475,7 @@ void ai_decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, attn_d
     default: dec_logits(DT, 4, nk, dk, q, kb, ldkb, NULL, scale, s, &none, &mx, &nan); break;   \
     }
     if (dt == ATTN_Q8_0) LOGITS(ATTN_Q8_0)
+    else if (dt == ATTN_Q4_0) LOGITS(ATTN_Q4_0)
     else if (dt == ATTN_FP8_E4M3) LOGITS(ATTN_FP8_E4M3)
     else if (dt == ATTN_FP8_E5M2) LOGITS(ATTN_FP8_E5M2)
     else ATTN_KV_DTYPE_SWITCH(dt, LOGITS);
@@ -454,9 +496,10 @@ void ai_decode_rows_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const fl
     attn_decode_pf pf = attn_decode_pf_make(prefetch, vr[0], 0, nk, dv,
                                             next_nk > 0 ? next_kr[0] : NULL, 0, next_nk, dk, es);
     pf.v_rows = vr, pf.k_rows = next_kr;
-    if (dt == ATTN_Q8_0) {  // rows of blocks: lines in bytes of blocks
+    if (attn_is_block_dtype(dt)) {  // rows of blocks: lines in bytes of blocks
         pf.lines_v = (attn_row_bytes(dt, dv) + 63) / 64, pf.lines_k = (attn_row_bytes(dt, dk) + 63) / 64;
-        DECODE_AVX2(ATTN_Q8_0);
+        if (dt == ATTN_Q8_0) DECODE_AVX2(ATTN_Q8_0)
+        else DECODE_AVX2(ATTN_Q4_0)
         return;
     }
     if (dt == ATTN_FP8_E4M3) {

@@ -476,6 +476,7 @@ const attn_kernels attn_kernels_avx2 = {
     .dequant_q8_0 = dequant_q8_0_avx2,
     .decode_q8_0 = true,
     .decode_fp8 = true,
+    .decode_q4_0 = true,
     .dropout = dropout_avx2,
     .gemm = ai_gemm_avx2,
     .decode_rows = ai_decode_rows_avx2,
