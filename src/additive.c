@@ -215,6 +215,8 @@ attn_status attn_luong_concat_forward(const attn_tensor *q, const attn_tensor *k
 attn_status attn_luong_general_forward(const attn_tensor *q, const attn_tensor *k,
                                        const attn_tensor *v, const float *w,
                                        const attn_tensor *o, const attn_options *opt) {
+    if (opt && opt->key_scores)  // the inner attn_forward would take them: refused, as elsewhere
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "options.key_scores: an output of attn_forward alone");
     TRY(ai_check_tensor(q, "q", ATTN_F32, true));
     TRY(ai_check_tensor(k, "k", ATTN_DTYPE_COUNT, true));
     const int64_t B = q->shape[0], H = q->shape[1], Lq = q->shape[2], Dq = q->shape[3];

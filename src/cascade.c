@@ -41,10 +41,11 @@ typedef struct cascade_plan {
 } cascade_plan;
 
 static attn_status refuse_options(const attn_options *opt) {
-    if (opt->mask || opt->bias || opt->alibi_slopes || opt->block_mask || opt->score_mod)
+    if (opt->mask || opt->bias || opt->alibi_slopes || opt->block_mask || opt->score_mod ||
+        opt->key_scores)
         return ai_fail(ATTN_ERR_UNSUPPORTED, "cascade: options.mask, bias, alibi_slopes, "
-                         "block_mask and score_mod are not supported (they would be cut "
-                         "between prefix and suffix)");
+                         "block_mask, score_mod and key_scores are not supported (they would "
+                         "be cut between prefix and suffix)");
     if (opt->has_window)
         return ai_fail(ATTN_ERR_UNSUPPORTED, "cascade: a sliding window is not supported");
     if (opt->weights)

@@ -306,9 +306,9 @@ attn_status mha_attend(const attn_tensor *q, const attn_tensor *k, const attn_te
                          "supported");
     /* the module may call the attention on batch rows and head chunks (below), whose
      * indices a block mask or a score function would read as the whole call's */
-    if (opt.block_mask || opt.score_mod)
+    if (opt.block_mask || opt.score_mod || opt.key_scores)
         return ai_fail(ATTN_ERR_UNSUPPORTED, "multi-head layer: options.%s is not supported",
-                         opt.block_mask ? "block_mask" : "score_mod");
+                         opt.block_mask ? "block_mask" : opt.score_mod ? "score_mod" : "key_scores");
     if (opt.lse || opt.weights)
         return ai_fail(ATTN_ERR_VALUE, "options.%s must be NULL for the module (its weights "
                          "are an argument)", opt.lse ? "lse" : "weights");

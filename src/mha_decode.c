@@ -132,9 +132,9 @@ static attn_status attend_paged(const attn_tensor *q, const attn_kv_cache *c,
     if (opt.dropout_p != 0.0f)  /* as mha_attend */
         return ai_fail(ATTN_ERR_UNSUPPORTED, "options.dropout_p = %g: the multi-head "
                          "module has no dropout", (double)opt.dropout_p);
-    if (opt.block_mask || opt.score_mod)  /* as mha_attend */
+    if (opt.block_mask || opt.score_mod || opt.key_scores)  /* as mha_attend */
         return ai_fail(ATTN_ERR_UNSUPPORTED, "multi-head layer: options.%s is not supported",
-                         opt.block_mask ? "block_mask" : "score_mod");
+                         opt.block_mask ? "block_mask" : opt.score_mod ? "score_mod" : "key_scores");
     opt.block_table = c->block_table;
     opt.workspace = NULL;
     opt.workspace_bytes = 0;

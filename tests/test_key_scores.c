@@ -277,6 +277,14 @@ static void check_edges_and_refusals(void) {
     attn_options vo_opt = {.key_scores = &c.tks};
     st = attn_varlen_forward(&vq, &vk, &vv, &vo, &tcu, &tcuk, k.Lq, k.Lk, &vo_opt);
     CHECK(st == ATTN_ERR_UNSUPPORTED, "attn_varlen_forward with key_scores: %s", attn_status_string(st));
+    /* the calls built on attn_forward refuse it before anything is written: Luong's
+     * general form (its inner attn_forward would otherwise take it) */
+    float wl[32 * 32] = {0};
+    fill_sentinel(c.o, no);
+    attn_options lo = {.key_scores = &c.tks};
+    st = attn_luong_general_forward(&c.tq, &c.tk, &c.tv, wl, &c.to, &lo);
+    CHECK(st == ATTN_ERR_UNSUPPORTED && count_written(c.o, no) == 0,
+          "attn_luong_general_forward with key_scores: %s", attn_status_string(st));
 #undef REFUSED
     release(&c);
 }

@@ -305,9 +305,10 @@ static attn_status check_local(const attn_tensor *q, const attn_tensor *k, const
      * process (each holds only its rows of it): refused, as are ALiBi and the weights;
      * sinks, which each partial result would count again; and dropout, whose pieces would
      * draw the mask of their own (j, Lk), not the whole call's */
-    if (opt && (opt->block_mask || opt->score_mod))
+    if (opt && (opt->block_mask || opt->score_mod || opt->key_scores))
         return ring_fail(ATTN_ERR_UNSUPPORTED, "the ring takes no %s",
-                         opt->block_mask ? "block mask" : "score function");
+                         opt->block_mask ? "block mask" : opt->score_mod ? "score function"
+                                                                         : "eviction scores");
     if (opt && (opt->mask || opt->bias || opt->alibi_slopes || opt->weights || opt->sinks ||
                 opt->d_sinks || opt->dropout_p != 0.0f))
         return ring_fail(ATTN_ERR_UNSUPPORTED, "the ring takes no %s",
