@@ -214,7 +214,7 @@ if [ "${ATTN_CHECK_SANITIZE:-1}" != 0 ]; then
     san="$san -DATTN_FAULT_INJECTION"
     # the library and the C suites only (the command, the bench and the ring are the plain
     # build's business), every file at -O1, the kernels' own -O3 included
-    if timed "build asan+ubsan" make -s -j"$jobs" BUILD=build-san OPT=-O1 SAN="$san" test-bins; then
+    if timed "build asan+ubsan" make -s -j"$jobs" BUILD=build-san OPT=-O1 SAN="$san" test-bins build-san/attn; then
         export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
         export UBSAN_OPTIONS=print_stacktrace=1
         # the case matrices one case in 2 under the sanitizers (every code path they reach
