@@ -212,8 +212,8 @@ fi
 if [ "${ATTN_CHECK_SANITIZE:-1}" != 0 ]; then
     san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
     san="$san -DATTN_FAULT_INJECTION"
-    # the library and the C suites only (the command, the bench and the ring are the plain
-    # build's business), every file at -O1, the kernels' own -O3 included
+    # the library, the C suites and the command the shell suites run (no bench examples'
+    # ring), every file at -O1, the kernels' own -O3 included
     if timed "build asan+ubsan" make -s -j"$jobs" BUILD=build-san OPT=-O1 SAN="$san" test-bins build-san/attn; then
         export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
         export UBSAN_OPTIONS=print_stacktrace=1
