@@ -22,7 +22,7 @@ CFLAGS_BASE = -std=c11 $(OPT) -g $(OPENMP) -Wall -Wextra -Wshadow -Wno-unused-pa
               -fno-strict-aliasing -D_POSIX_C_SOURCE=200809L -Iinclude $(SAN)
 LIB_CFLAGS  = $(CFLAGS_BASE) -fPIC -fvisibility=hidden $(if $(SAN),-DATTN_SANITIZED)
 
-# The BLAS of the projections (src/blas.c): OpenBLAS through pkg-config by default; any
+# The BLAS of the projections (src/core/blas.c): OpenBLAS through pkg-config by default; any
 # other CBLAS with  make BLAS=name BLAS_CFLAGS=-I... BLAS_LIBS="-L... -lcblas"  (name is
 # what `attn --version` prints); BLAS=none builds without one (calls that need it return
 # ATTN_ERR_UNSUPPORTED, and `make check` fails on x86-64 unless ATTN_CHECK_NO_BLAS=1).
@@ -49,7 +49,10 @@ endif
 LIB_CFLAGS += $(BLAS_CFLAGS) $(BLAS_DEFS)
 LDLIBS      = $(BLAS_LIBS) -lm -lpthread
 
-LIB_SRC   = $(wildcard src/*.c) $(wildcard src/kernels/*/*.c)
+# the library: a folder per concern (src/core, kernels, forward, backward, cache, varlen, mha,
+# additive, tune; README.md "Layout"), the kernels' own folders under src/kernels/<isa>;
+# src/mpi is libattn_mpi's
+LIB_SRC   = $(filter-out src/mpi/%,$(wildcard src/*/*.c)) $(wildcard src/kernels/*/*.c)
 LIB_OBJ   = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 # Everything outside the library that links into the attn command, one folder per room
 # (README.md, "Layout"): the command itself (tools/attn), what it shares with the tests and
@@ -80,14 +83,14 @@ all: $(BUILD)/libattn.so $(BUILD)/libattn.a $(BUILD)/attn $(BUILD)/attn.pc
 X86_64 := $(findstring x86_64,$(shell $(CC) -dumpmachine))
 open_paren := (
 isa_flags = $(if $(X86_64),$(shell sed -n 's/^ *X[$(open_paren)]$(1), *"\([^"]*\)".*/\1/p' src/kernels/list.h))
-KERNEL_ISAS := $(notdir $(wildcard src/kernels/*))
+KERNEL_ISAS := $(notdir $(patsubst %/,%,$(wildcard src/kernels/*/)))
 $(foreach i,$(KERNEL_ISAS),$(eval ISA_FLAGS_$(i) := $(call isa_flags,$(i))))
 
-$(BUILD)/obj/kernels/%.o: src/kernels/%.c include/attn.h $(wildcard src/*.h src/kernels/*.h src/kernels/*/*.h)
+$(BUILD)/obj/kernels/%.o: src/kernels/%.c include/attn.h $(wildcard src/*/*.h src/kernels/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(LIB_CFLAGS) $(ISA_FLAGS_$(firstword $(subst /, ,$*))) $(if $(SAN),$(OPT)) -Isrc -c $< -o $@
 
-$(BUILD)/obj/%.o: src/%.c include/attn.h $(wildcard src/*.h src/kernels/*.h)
+$(BUILD)/obj/%.o: src/%.c include/attn.h $(wildcard src/*/*.h src/kernels/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(LIB_CFLAGS) -Isrc -c $< -o $@
 
@@ -97,7 +100,7 @@ $(BUILD)/libattn.so: $(LIB_OBJ)
 $(BUILD)/libattn.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/obj/app/%.o: %.c include/attn.h $(APP_HDR) $(wildcard src/kernels/*.h)
+$(BUILD)/obj/app/%.o: %.c include/attn.h $(APP_HDR) $(wildcard src/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(APP_INC) -Isrc -c $< -o $@
 
@@ -158,7 +161,7 @@ MPI_OBJ = $(patsubst src/mpi/%.c,$(BUILD)/obj/mpi/%.o,$(MPI_SRC))
 all: $(BUILD)/libattn_mpi.a $(BUILD)/libattn_mpi.so $(BUILD)/attn-ring
 tests: $(BUILD)/tests/mpi/test_ring $(if $(wildcard tools/mpi/ring_bench.c),$(BUILD)/ring_bench)
 
-$(BUILD)/obj/mpi/%.o: src/mpi/%.c include/attn.h include/attn_mpi.h $(wildcard src/mpi/*.h src/*.h)
+$(BUILD)/obj/mpi/%.o: src/mpi/%.c include/attn.h include/attn_mpi.h $(wildcard src/*/*.h)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(LIB_CFLAGS) -Isrc -c $< -o $@
 

@@ -1,5 +1,5 @@
 """setup.py — builds the `attn` Python package: the CPython extension attn._attn, compiled
-together with every C source of the library (src/*.c), so `pip install .` needs neither
+together with every C source of the library (src/<folder>/*.c), so `pip install .` needs neither
 `make` nor a prebuilt libattn.
 
 What it is not: the package metadata (pyproject.toml) or the Makefile. The flags mirror the
@@ -68,9 +68,13 @@ ISA_NAME = re.compile(r"(sse|avx|fma|neon|sve|f16c|amx)", re.IGNORECASE)
 
 
 def library_sources():
-    """Every C source of the library, sorted, as paths relative to the repository root."""
-    return sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "src", "*.c"))
-                  + glob.glob(os.path.join(HERE, "src", "kernels", "*", "*.c")))
+    """Every C source of the library, sorted, as paths relative to the repository root: the
+    folders of src/ (a folder per concern) and the kernels' own, src/kernels/<isa>/; not
+    src/mpi/, which is libattn_mpi's."""
+    found = (glob.glob(os.path.join(HERE, "src", "*", "*.c"))
+             + glob.glob(os.path.join(HERE, "src", "kernels", "*", "*.c")))
+    rel = (os.path.relpath(p, HERE) for p in found)
+    return sorted(p for p in rel if not p.startswith(os.path.join("src", "mpi") + os.sep))
 
 
 def version():
@@ -139,8 +143,7 @@ def main():
                  "python/attn/_mha.c"] + library_sources(),
         include_dirs=["include", "src"],
         depends=["include/attn.h", "python/attn/_attn.h"] + sorted(
-            os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "src", "*.h"))
-            + glob.glob(os.path.join(HERE, "src", "kernels", "*.h"))
+            os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "src", "*", "*.h"))
             + glob.glob(os.path.join(HERE, "src", "kernels", "*", "*.h"))),
         extra_compile_args=BASE_FLAGS + BLAS_CFLAGS,
         extra_link_args=LINK_FLAGS + BLAS_LIBS,

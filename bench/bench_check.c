@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn_internal.h"  // ai_forward_forced, ai_backward_forced
+#include "core/attn_internal.h"  // ai_forward_forced, ai_backward_forced
 #include "bench_sweep.h"
-#include "half.h"
+#include "core/half.h"
 #include "naive.h"
 #include "tolerance.h"
 

@@ -48,10 +48,10 @@
 #include "bench_clock.h"
 #include "bench_machine.h"
 #include "bench_peer.h"
-#include "blas.h"
+#include "core/blas.h"
 #include "cli.h"
-#include "half.h"
-#include "mha_clock.h"
+#include "core/half.h"
+#include "mha/mha_clock.h"
 
 static float *randf(int64_t n, float scale, uint64_t seed) {
     float *p = malloc((size_t)n * sizeof(float));

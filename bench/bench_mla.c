@@ -30,7 +30,7 @@
 #include "bench_clock.h"
 #include "bench_machine.h"
 #include "cliopt.h"
-#include "half.h"
+#include "core/half.h"
 #include "rng.h"
 #include "tolerance.h"
 

@@ -31,7 +31,7 @@
 #include "bench_clock.h"
 #include "cliopt.h"
 #include "decode_bound.h"
-#include "half.h"
+#include "core/half.h"
 #include "rng.h"
 #include "tolerance.h"
 

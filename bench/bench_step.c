@@ -26,7 +26,7 @@
 #include "attn.h"
 #include "bench_clock.h"
 #include "cliopt.h"
-#include "half.h"
+#include "core/half.h"
 #include "rng.h"
 
 static const char USAGE[] =

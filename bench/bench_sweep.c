@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "bench_sweep.h"
-#include "half.h"
+#include "core/half.h"
 #include "naive.h"
 #include "rng.h"
 

@@ -61,7 +61,7 @@
 #include "cli.h"
 #include "cli_files.h"
 #include "cliopt.h"
-#include "wisdom.h"  // ai_wisdom_in_use, and (attn_internal.h) the forced calls
+#include "kernels/wisdom.h"  // ai_wisdom_in_use, and (attn_internal.h) the forced calls
 
 enum { EXIT_FAIL = 1, EXIT_USAGE = 2 };
 

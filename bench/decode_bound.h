@@ -42,7 +42,7 @@
 
 #include "attn.h"
 #include "bench_clock.h"
-#include "kernels.h"       // ai_select_kernels, ai_kernels_for_q8_0 (private, linked)
+#include "kernels/kernels.h"       // ai_select_kernels, ai_kernels_for_q8_0 (private, linked)
 #include "kernels/peak.h"  // the ISAs' peak and read loops
 
 typedef struct dec_loop {

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "attn.h"
-#include "half.h"
+#include "core/half.h"
 #include "rng.h"
 
 #ifndef FUZZ_NAME

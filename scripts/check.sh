@@ -9,7 +9,7 @@
 #        ATTN_CHECK_CROSS=0 bash scripts/check.sh      skip the AArch64 run under qemu
 # then the hardening runs of scripts/check_harden.sh (ThreadSanitizer, valgrind, the
 # fuzzers; ATTN_CHECK_TSAN=0, ATTN_CHECK_VALGRIND=0, ATTN_CHECK_FUZZ=0 skip them). The
-# sanitizer build is also the fault-injection build (src/alloc.h) that test_nomem needs.
+# sanitizer build is also the fault-injection build (src/core/alloc.h) that test_nomem needs.
 set -u
 cd "$(dirname "$0")/.."
 

@@ -17,7 +17,7 @@
  * PAGE=ps (ps < BK, dividing BK): the cache in pools [L / ps, HKV, ps, D] with the pages in
  * a shuffled order, each tile across pages by decode_rows on its rows' addresses, the
  * next tile's K addresses handed on and the first 4 lines of each of its page runs, K
- * and V, asked for first, as the framework does (src/fused.c, block_sweep and
+ * and V, asked for first, as the framework does (src/forward/fused.c, block_sweep and
  * prefetch_runs); the read is then of the pools in order.
  */
 #include <immintrin.h>
@@ -28,7 +28,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #ifndef NV
 #define NV 2

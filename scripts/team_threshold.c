@@ -1,5 +1,5 @@
 /*
- * team_threshold.c — the measurement behind ATTN_TEAM_MIN_FLOPS (src/team.h): the median
+ * team_threshold.c — the measurement behind ATTN_TEAM_MIN_FLOPS (src/core/team.h): the median
  *                    time of small forward and backward calls on 2 threads, for the
  *                    threshold the environment sets (run it with ATTN_TEAM_MIN_FLOPS=0,
  *                    every call wakes the team, and =1e30, none does, alternately).

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "additive.h"
+#include "additive/additive.h"
 #include "additive_case.h"
 
 /* ---- the tanh ----------------------------------------------------------------------- */

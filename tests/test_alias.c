@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn_internal.h"
+#include "core/attn_internal.h"
 #include "check.h"
 #include "oracle.h"
 

@@ -17,9 +17,9 @@
 #include <string.h>
 
 #include "attn.h"
-#include "backward.h"
+#include "backward/backward.h"
 #include "check.h"
-#include "half.h"
+#include "core/half.h"
 #include "naive.h"
 #include "rng.h"
 

@@ -26,7 +26,7 @@
 
 #include "attn.h"
 #include "check.h"
-#include "half.h"
+#include "core/half.h"
 #include "oracle.h"
 
 typedef struct ccase {

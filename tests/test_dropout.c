@@ -3,7 +3,7 @@
  *                  forward and the backward with a mask, and its misuse.
  *
  * What it covers:
- *  1. Philox4x32-10 (src/philox.h) against the published known-answer vectors, and the
+ *  1. Philox4x32-10 (src/core/philox.h) against the published known-answer vectors, and the
  *     7-round ones (the round count is a parameter: a key schedule off by one round fails
  *     both).
  *  2. The keep decisions' statistics (bounds a biased generator fails, each shown failing
@@ -32,7 +32,7 @@
 #include "check.h"
 #include "dropout_case.h"
 #include "oracle.h"
-#include "philox.h"
+#include "core/philox.h"
 #include "rng.h"
 
 /* ---- 1. known answers -------------------------------------------------------------------

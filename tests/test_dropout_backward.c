@@ -19,10 +19,10 @@
 #include <string.h>
 
 #include "attn.h"
-#include "backward.h"
+#include "backward/backward.h"
 #include "check.h"
 #include "dropout_case.h"
-#include "half.h"
+#include "core/half.h"
 #include "rng.h"
 
 /* ---- 5. the backward ---------------------------------------------------------------------- */

@@ -17,8 +17,8 @@
 
 #include "attn.h"
 #include "check.h"
-#include "kernels.h"
-#include "philox.h"
+#include "kernels/kernels.h"
+#include "core/philox.h"
 #include "rng.h"
 
 static rng_t g_state = {0x243F6A8885A308D3ull};

@@ -1,5 +1,5 @@
 /*
- * test_f64_backward.c — the fused float64 backward (src/backward_f64.c, CONTRACT.md
+ * test_f64_backward.c — the fused float64 backward (src/backward/backward_f64.c, CONTRACT.md
  *                       "float64", Backward) against the float64 reference backward, its
  *                       own finite differences, and its promises. (tests/test_f64.c holds
  *                       the same path to an independent long double backward.)

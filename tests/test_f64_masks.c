@@ -1,6 +1,6 @@
 /*
- * test_f64_masks.c — the float64 fused forward (src/fused_f64.c) under bool masks and
- *                    biases read through their summary (src/mask_summary.h): tiles the
+ * test_f64_masks.c — the float64 fused forward (src/forward/fused_f64.c) under bool masks and
+ *                    biases read through their summary (src/forward/mask_summary.h): tiles the
  *                    mask masks whole are skipped, rows and tiles it leaves open take no
  *                    per-logit test, and no kept key is ever skipped.
  *

@@ -21,7 +21,7 @@
 
 #include "attn.h"
 #include "check.h"
-#include "half.h"
+#include "core/half.h"
 #include "rng.h"
 
 typedef struct fcase {

@@ -17,7 +17,7 @@
 
 #include "attn.h"
 #include "check.h"
-#include "half.h"
+#include "core/half.h"
 #include "oracle.h"
 
 static const int64_t k_L[] = {1, 2, 3, 17, 63, 64, 65, 127, 128, 129};

@@ -40,8 +40,8 @@
 #include <string.h>
 
 #include "attn.h"
-#include "half.h"
-#include "kernels.h"
+#include "core/half.h"
+#include "kernels/kernels.h"
 #include "oracle.h"
 #include "pages.h"
 

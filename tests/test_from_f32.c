@@ -19,8 +19,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "half.h"
-#include "kernels.h"
+#include "core/half.h"
+#include "kernels/kernels.h"
 
 /* 1 when kern->from_f32 gives half.h's rounding of each x[i], rows of `row` elements */
 static int agree(const attn_kernels *kern, attn_dtype dt, const uint32_t *bits, int64_t n,

@@ -1,5 +1,5 @@
 /*
- * test_fwd_geom.c — the fused forward's tile sizes (src/fused_geom.c): the query block
+ * test_fwd_geom.c — the fused forward's tile sizes (src/forward/fused_geom.c): the query block
  *                   (bq) of the kernel's list line, of the Zen 3 avx2 choice, or of
  *                   ATTN_FWD_BQ, and the key block (bk) of ATTN_FWD_BK.
  *

@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "kernels.h"
+#include "kernels/kernels.h"
 #include "rng.h"
 
 enum { GUARD = 3 };  // extra columns of every leading dimension

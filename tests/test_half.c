@@ -23,8 +23,8 @@
 
 #include "attn.h"
 #include "check.h"
-#include "half.h"
-#include "kernels.h"
+#include "core/half.h"
+#include "kernels/kernels.h"
 #include "naive.h"
 #include "rng.h"
 

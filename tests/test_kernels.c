@@ -5,7 +5,7 @@
  *                  width), NaN in skipped value rows, and the tolerance checks failing on
  *                  planted errors.
  *
- * It calls the kernel tables directly (src/kernels.h), so a kernel that dispatch never
+ * It calls the kernel tables directly (src/kernels/kernels.h), so a kernel that dispatch never
  * picks on this machine is still tested when the CPU can run it. Not a test of the
  * framework: test_forward and test_edge do that through the public API.
  */
@@ -16,8 +16,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "half.h"
-#include "kernels.h"
+#include "core/half.h"
+#include "kernels/kernels.h"
 #include "rng.h"
 
 /* Each test case reseeds the stream from its own parameters (RNG_CASE), never from the

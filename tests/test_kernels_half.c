@@ -7,7 +7,7 @@
  *                       further apart than Dv), and with NaN and Inf stored in the value rows
  *                       of masked keys (p = 0), which must not reach the accumulator.
  *
- * It calls the kernel tables directly (src/kernels.h), every kernel this CPU runs that has
+ * It calls the kernel tables directly (src/kernels/kernels.h), every kernel this CPU runs that has
  * the entry. A planted error (one value of the float32 copy changed by 2^-11 of itself) must make
  * the comparison fail. Not a test of the framework (test_half does that through the API).
  */
@@ -18,8 +18,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "half.h"
-#include "kernels.h"
+#include "core/half.h"
+#include "kernels/kernels.h"
 #include "rng.h"
 
 /* One case: 1 when pv_h and pv agree bit for bit (and, with zeros, nothing is NaN);

@@ -22,7 +22,7 @@
 
 #include "attn.h"
 #include "check.h"
-#include "mask_summary.h"
+#include "forward/mask_summary.h"
 #include "rng.h"
 
 enum { B = 3, HQ = 2, HKV = 1, LQ = 40, LK = 97, D = 16 };

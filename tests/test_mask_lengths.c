@@ -1,6 +1,6 @@
 /*
  * test_mask_lengths.c — key padding given as a mask or a bias, run as the key lengths it
- *                       is (ai_mask_summary_lengths, src/mask_summary.c).
+ *                       is (ai_mask_summary_lengths, src/forward/mask_summary.c).
  *
  * What it covers: the detector itself on attn_params made by ai_params_init (which
  * masks it turns into lengths, which lengths, whether it adds the causal band, and every
@@ -19,7 +19,7 @@
 #include "attn.h"
 #include "check.h"
 #include "rng.h"
-#include "mask_summary.h"
+#include "forward/mask_summary.h"
 #include "oracle.h"
 
 /* what the cells hold: an open prefix per batch, the prefix cut by the top-left causal

@@ -1,7 +1,7 @@
 /*
  * test_masks.c — bool masks and float biases by their structure: the fused path (which
  *                summarizes them once per call and skips, narrows or cleans tiles by that
- *                summary, src/mask_summary.c) against the float64 reference path.
+ *                summary, src/forward/mask_summary.c) against the float64 reference path.
  *
  * What it covers: masks of every broadcast shape ([B, Hq, Lq, Lk], [B, 1, Lq, Lk],
  * [B, 1, 1, Lk], stride-0 expanded views, [1, 1, Lq, Lk]) and structure (key padding per

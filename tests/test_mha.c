@@ -20,7 +20,7 @@
  *     tolerance used here.
  * What it is not: the backward or the decoding step (test_mha_backward.c).
  */
-#include "mha.h"
+#include "mha/mha.h"
 #include "mha_ref.h"
 
 /* y of the layer against the composition: float32 tolerance, or bfloat16 rounding */

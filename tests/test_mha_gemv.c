@@ -17,10 +17,10 @@
 #include <string.h>
 
 #include "check.h"
-#include "half.h"
-#include "mha.h"
+#include "core/half.h"
+#include "mha/mha.h"
 #include "kernels/avx2/gemv.h"
-#include "mha_gemv.h"
+#include "mha/mha_gemv.h"
 
 static uint64_t g_seed = 12345;
 static float rnd(void) {

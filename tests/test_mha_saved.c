@@ -295,7 +295,7 @@ static void test_misuse(void) {
 }
 
 #ifdef ATTN_FAULT_INJECTION
-#include "alloc.h"
+#include "core/alloc.h"
 /* each allocation of the saved pair failed in turn (the sanitizer build of
  * scripts/check.sh): ATTN_ERR_NOMEM, y and the gradients not written, nothing leaked */
 static void test_nomem(void) {

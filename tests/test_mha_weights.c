@@ -18,7 +18,7 @@
  * What it is not: the weights against the float64 oracle (test_mha.c does that, per head
  * and averaged).
  */
-#include "mha.h"
+#include "mha/mha.h"
 #include "mha_ref.h"
 
 typedef struct wcase {

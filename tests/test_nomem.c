@@ -1,6 +1,6 @@
 /*
  * test_nomem.c — allocation failure at every point of a call: in a build with
- * -DATTN_FAULT_INJECTION (the sanitizer run of scripts/check.sh, src/alloc.h), each call
+ * -DATTN_FAULT_INJECTION (the sanitizer run of scripts/check.sh, src/core/alloc.h), each call
  * below is run once to count its allocations, then once per allocation with that one
  * made to fail. Each failing run must return ATTN_ERR_NOMEM and leave every output byte
  * as it was; LeakSanitizer (the same build) reports anything it failed to free. In any
@@ -19,10 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc.h"
+#include "core/alloc.h"
 #include "attn.h"
 #include "check.h"
-#include "half.h"
+#include "core/half.h"
 
 enum { POISON = 0xA5 };
 

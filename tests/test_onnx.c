@@ -36,7 +36,7 @@
 
 #include "attn.h"
 #include "check.h"
-#include "half.h"
+#include "core/half.h"
 #include "json.h"
 #include "npy.h"
 #include "onnx_case.h"

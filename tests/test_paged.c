@@ -33,8 +33,8 @@
 #include "attn.h"
 #include "check.h"
 #include "pages.h"
-#include "half.h"
-#include "kernels.h"
+#include "core/half.h"
+#include "kernels/kernels.h"
 #include "oracle.h"
 
 /* Whether a decoding step's tile across pages computes the contiguous cache's bits: one

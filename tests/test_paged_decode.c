@@ -30,8 +30,8 @@
 
 #include "attn.h"
 #include "check.h"
-#include "half.h"
-#include "kernels.h"
+#include "core/half.h"
+#include "kernels/kernels.h"
 #include "pages.h"
 
 static uint64_t g_rng = 0x6a09e667f3bcc909ull;

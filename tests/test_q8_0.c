@@ -29,8 +29,8 @@
 
 #include "attn.h"
 #include "oracle.h"
-#include "half.h"
-#include "kernels.h"
+#include "core/half.h"
+#include "kernels/kernels.h"
 
 enum { QB = 32, QBYTES = 34 };
 

@@ -30,7 +30,7 @@
 #include <string.h>
 
 #include "attn.h"
-#include "half.h"
+#include "core/half.h"
 #include "mha_ref.h"
 #include "oracle.h"
 #include "sinks_case.h"

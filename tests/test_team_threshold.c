@@ -1,6 +1,6 @@
 /*
  * test_team_threshold.c — calls below the work threshold run on the calling thread
- *                         (src/team.h, ATTN_TEAM_MIN_FLOPS), above it on the team, and
+ *                         (src/core/team.h, ATTN_TEAM_MIN_FLOPS), above it on the team, and
  *                         either way give the bits of 1 thread.
  *
  * What it covers: for the threshold in force (the default, or the environment's), shapes
@@ -17,7 +17,7 @@
 
 #include "attn.h"
 #include "check.h"
-#include "team.h"
+#include "core/team.h"
 
 enum { HQ = 4, HKV = 2, LQ = 8, D = 16, LK_MAX = 4096 };
 

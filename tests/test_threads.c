@@ -18,7 +18,7 @@
 
 #include "attn.h"
 #include "check.h"
-#include "half.h"
+#include "core/half.h"
 
 enum { NTHREADS = 8, ROUNDS = 3, NCALLS = 8 };
 

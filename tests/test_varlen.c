@@ -31,7 +31,7 @@
 #include <string.h>
 
 #include "attn.h"
-#include "half.h"
+#include "core/half.h"
 #include "oracle.h"
 #include "sinks_case.h"
 

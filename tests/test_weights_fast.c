@@ -1,6 +1,6 @@
 /*
  * test_weights_fast.c — the fused forward's `weights` output against a float64 reference,
- *                       on shapes that reach each branch of the weights' path (src/fused.c:
+ *                       on shapes that reach each branch of the weights' path (src/forward/fused.c:
  *                       tile_weights in the sweep, block_weights after it).
  *
  * What it covers, per kernel (run it under ATTN_ISA=avx2, generic, ...): a row's keys
@@ -30,7 +30,7 @@
 #include "attn.h"
 #include "check.h"
 #include "oracle.h"
-#include "philox.h"
+#include "core/philox.h"
 
 typedef struct wcase {
     const char *name;

@@ -1,5 +1,5 @@
 /*
- * test_wisdom.c — the tuner's wisdom (src/wisdom.c): the file's parser, its refusals, and
+ * test_wisdom.c — the tuner's wisdom (src/kernels/wisdom.c): the file's parser, its refusals, and
  *                 that a wisdom's configuration is what the fused path runs.
  *
  * - The parser: a file written by ai_wisdom_format reads back to the same
@@ -32,7 +32,7 @@
 #include "attn.h"
 #include "check.h"
 #include "oracle.h"
-#include "wisdom.h"
+#include "kernels/wisdom.h"
 
 static char g_dir[256];
 

@@ -187,7 +187,7 @@ static int append_path(text *t, const char *path) {
 }
 
 /* The source tree: the executable's directory's parent (build/attn), the executable's
- * directory, or the current directory — the first that has src/attn_internal.h. */
+ * directory, or the current directory — the first that has src/core/attn_internal.h. */
 static bool find_tree(char *root, size_t n) {
     char exe[PATH_MAX];
     const ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -226,7 +226,7 @@ static int load_text(const train_opts *o, text *t) {
     }
     char root[PATH_MAX];
     if (!find_tree(root, sizeof root)) {
-        fprintf(stderr, "attn train: cannot find this project's source tree (src/attn_internal.h) "
+        fprintf(stderr, "attn train: cannot find this project's source tree (src/core/attn_internal.h) "
                         "next to the executable or in the current directory; give --data\n");
         return -1;
     }

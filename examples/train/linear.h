@@ -1,5 +1,5 @@
 /*
- * linear.h — a dense layer over the library's BLAS door (src/blas.h): the forward
+ * linear.h — a dense layer over the library's BLAS door (src/core/blas.h): the forward
  *            out = inp w + bias and its backward, for the tools' models (`attn train`'s
  *            transformer, `attn seq2seq`'s GRU). Header-only; not the library's API.
  */
@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "blas.h"
+#include "core/blas.h"
 
 /* out (N, OC) = inp (N, IC) w (IC, OC) + bias (OC, or NULL) */
 static inline attn_status linear_forward(float *out, const float *inp, const float *w,

@@ -4,7 +4,7 @@
  *
  * The embeddings, layer norms, GELU and cross-entropy are examples/train/model_ops.h,
  * instantiated here for float; every matrix product is the library's BLAS door
- * (ai_gemm_f32, src/blas.h). Each block's attention layer is the library's multi-head
+ * (ai_gemm_f32, src/core/blas.h). Each block's attention layer is the library's multi-head
  * module (attn_mha_forward / attn_mha_backward): W_Q, W_K and W_V are the three column
  * blocks of the packed (C, 3C) w_qkv, read in place with leading dimension 3C, their
  * gradients written the same way into the packed gradient. A forward with targets (one
@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "attn.h"
-#include "blas.h"
+#include "core/blas.h"
 #include "linear.h"
 #include "model.h"
 

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "half.h"  // the library's float32 -> float16/bfloat16 rounding (src/half.h)
+#include "core/half.h"  // the library's float32 -> float16/bfloat16 rounding (src/core/half.h)
 
 /* One gradient the library writes. Where the caller's tensor has every size of the call's
  * view (dX of the broadcast input), the library writes it in place, whatever its strides

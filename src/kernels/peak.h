@@ -15,7 +15,7 @@
 
 #include <stdint.h>
 
-#include "kernels/list.h"
+#include "list.h"
 
 typedef struct bench_loops {
     const char *isa;  /* "avx512", "avx2", "generic": the name attn_kernel_supported() takes */

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "half.h"
+#include "core/half.h"
 #include "ring_internal.h"
 
 static _Thread_local char g_ring_error[512];

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "half.h"
+#include "core/half.h"
 #include "ring_internal.h"
 
 /* x[i] += y[i] over n floats */

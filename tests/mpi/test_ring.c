@@ -18,7 +18,7 @@
 
 #include "attn_mpi.h"
 #include "check.h"
-#include "half.h"
+#include "core/half.h"
 #include "oracle.h"
 
 static int g_rank, g_size;

@@ -169,7 +169,7 @@ def test_f64_torch_broadcast_grad():
                                   dict(window=(20, 5), sinks=True), dict(mask=True)])
 def test_f64_torch_fused_backward(opts):
     """Autograd in float64 on the default path runs the fused float64 backward
-    (src/backward_f64.c): over several 16 x 64 tiles (Lq 40, Lk 150, GQA), with softcap,
+    (src/backward/backward_f64.c): over several 16 x 64 tiles (Lq 40, Lk 150, GQA), with softcap,
     window, sinks (their gradient too) or a bool mask, it agrees with the float64
     reference backward (path="reference") within F64_TOL, and passes gradcheck on a
     small shape."""

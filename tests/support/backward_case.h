@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "attn.h"
-#include "backward.h"
+#include "backward/backward.h"
 #include "check.h"
 #include "fd64.h"
 #include "rng.h"

@@ -5,7 +5,7 @@
  *          1e-5), and the relative Frobenius error that compares them.
  *
  * What it is not: the float32 tolerances (check.h, backward_case.h) or a gradient of its
- * own: the forward is the library's float64 path (src/backward.h).
+ * own: the forward is the library's float64 path (src/backward/backward.h).
  */
 #ifndef ATTN_TEST_FD64_H
 #define ATTN_TEST_FD64_H
@@ -13,7 +13,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "backward.h"
+#include "backward/backward.h"
 
 /* ‖got - ref‖ / ‖ref‖ (or ‖got - ref‖ when ref = 0) */
 static inline double rel_frob(const double *got, const double *ref, int64_t n) {

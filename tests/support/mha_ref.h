@@ -2,7 +2,7 @@
  * mha_ref.h — the multi-head suites' float64 composition of the layer and the case
  *             builder around it (test_mha.c, test_mha_backward.c).
  *
- * What it is: the layer written out in double, independent of src/mha.c — projections
+ * What it is: the layer written out in double, independent of src/mha/mha.c — projections
  * as triple loops, RoPE by its formula, the attention by the library's float64
  * reference arithmetic (ai_ref64_forward, itself checked by test_backward.c), W_O —
  * and `mcase`, which draws one layer's inputs and weights (float32 or bfloat16, dense,
@@ -15,8 +15,8 @@
 #define ATTN_TEST_MHA_REF_H
 
 #include "attn.h"
-#include "backward.h"
-#include "half.h"
+#include "backward/backward.h"
+#include "core/half.h"
 #include "oracle.h"
 
 enum { W_Q = 0, W_K, W_V, W_O };

@@ -23,7 +23,7 @@
 
 #include "attn.h"
 #include "check.h"
-#include "half.h"
+#include "core/half.h"
 #include "rng.h"
 #include "views.h"
 

@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "attn.h"
-#include "half.h"
+#include "core/half.h"
 #include "oracle.h"
 
 typedef struct sk_case {

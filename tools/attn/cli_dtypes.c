@@ -15,7 +15,7 @@
 
 #include "attn.h"
 #include "cli.h"
-#include "half.h"
+#include "core/half.h"
 #include "naive.h"
 #include "rng.h"
 

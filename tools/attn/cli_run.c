@@ -26,7 +26,7 @@
 #include "cli_run.h"
 #include "cliopt.h"
 #include "run_args.h"
-#include "half.h"
+#include "core/half.h"
 #include "npy.h"
 
 

@@ -9,8 +9,8 @@
  *                                                    choice with its candidates' times,
  *                                                    and whether this process would use it
  * Exit status 0, 1 when the file cannot be written (or, with --show, read or trusted), 2
- * on a usage error. What it is not: the tuner itself (src/tune.c) or the file's reader
- * (src/wisdom.c).
+ * on a usage error. What it is not: the tuner itself (src/tune/tune.c) or the file's reader
+ * (src/kernels/wisdom.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +19,7 @@
 
 #include "attn.h"
 #include "cli.h"
-#include "wisdom.h"
+#include "kernels/wisdom.h"
 
 static const char USAGE[] =
     "usage: attn tune [--quick] [--out FILE] [--threads N]\n"

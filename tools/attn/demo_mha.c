@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "attn.h"
-#include "blas.h"
+#include "core/blas.h"
 #include "cli.h"
 #include "rng.h"
 

@@ -17,9 +17,9 @@
 #include <time.h>
 
 #include "attn.h"
-#include "blas.h"
+#include "core/blas.h"
 #include "demo.h"
-#include "half.h"
+#include "core/half.h"
 #include "rng.h"
 
 static double demo_now(void) {

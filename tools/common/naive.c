@@ -6,7 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "half.h"
+#include "core/half.h"
 
 float naive_round(attn_dtype t, float x) {
     if (t == ATTN_F16) return attn_f16_to_f32(attn_f32_to_f16(x));

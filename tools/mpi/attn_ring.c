@@ -25,7 +25,7 @@
 #include "cli_files.h"
 #include "cli_run.h"
 #include "cliopt.h"
-#include "half.h"
+#include "core/half.h"
 #include "npy.h"
 
 static int g_rank, g_size;

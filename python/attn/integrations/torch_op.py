@@ -434,7 +434,7 @@ def public_sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask, alibi_slop
     LSE and weights not differentiable). With 16-bit inputs the
     gradients are the eager call's bits too, though the eager autograd Function keeps a
     float32 output for its backward and the op keeps the 16-bit one: the library's
-    backward never reads a 16-bit O, it recomputes it in float32 (src/backward.c), the
+    backward never reads a 16-bit O, it recomputes it in float32 (src/backward/backward.c), the
     same bits as the float32 output of the forward."""
     causal, scale, gqa, align, window, softcap, path, level, threads, p, seed, _ = options
     left, right = (-1, -1) if window is None else window

@@ -16,8 +16,8 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
-#include "half.h"
-#include "kernels.h"
+#include "core/half.h"
+#include "kernels/kernels.h"
 
 static inline __m128i bf16x8(__m256 f) {
     const __m256i x = _mm256_castps_si256(f);

@@ -9,8 +9,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "half.h"
-#include "kernels.h"
+#include "core/half.h"
+#include "kernels/kernels.h"
 #include "exp.h"
 
 /* ---- decoding: the whole step of one clean tile for at most 4 query rows ------------------

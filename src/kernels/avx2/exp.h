@@ -9,7 +9,7 @@
 
 #include <immintrin.h>
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
 #define INLINE ATTN_KERNEL_INLINE

@@ -19,7 +19,7 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
-#include "kernels/avx2/gemv.h"
+#include "gemv.h"
 
 static inline __m256 widen8(const uint16_t *p) {
     const __m128i h = _mm_loadu_si128((const __m128i *)p);

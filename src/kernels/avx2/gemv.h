@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "attn_internal.h"
+#include "core/attn_internal.h"
 
 /* acc[0 .. n) += Σ_{r0 <= r < r1} a[r] · w[r·ld + 0 .. n) over bfloat16 rows, each
  * element's products and sums in row order, each product rounded to float32 before its

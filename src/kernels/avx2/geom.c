@@ -9,7 +9,7 @@
  * rows instead of 64. The backward's blocks are 112 rows too: not slower in its A/B
  * under load (docs/KERNELS.md, "The backward's query block on Zen 3").
  */
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 const attn_cpu_geom attn_cpu_geom_avx2[] = {
     {ATTN_CPU_ZEN3, 112, 112},  // forward, backward

@@ -18,11 +18,11 @@
 #include <math.h>
 #include <string.h>
 
-#include "half.h"
-#include "additive.h"
-#include "kernels.h"
-#include "kernels/avx2/gemv.h"
-#include "philox.h"
+#include "core/half.h"
+#include "kernels/additive_kernels.h"
+#include "kernels/kernels.h"
+#include "gemv.h"
+#include "core/philox.h"
 #include "exp.h"
 
 INLINE void qk_tile(int RV, int KC, int64_t dk, const float *qt, int64_t ldq, const float *k,

@@ -12,7 +12,7 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
 #define INLINE ATTN_KERNEL_INLINE

@@ -15,10 +15,10 @@
 #include <string.h>
 
 #include "kernels/avx512/softmax.h"
-#include "additive.h"
-#include "kernels.h"
+#include "kernels/additive_kernels.h"
+#include "kernels/kernels.h"
 #include "kernels/avx2/gemv.h"
-#include "philox.h"
+#include "core/philox.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
 #define INLINE ATTN_KERNEL_INLINE

@@ -7,7 +7,7 @@
  * vectorizes it without reordering any sum (no fast-math). The yardstick of the vector
  * versions, and what a non-x86 build runs.
  */
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 void ai_gemm_generic(bool trans_a, int64_t m, int64_t n, int64_t k, const float *a,
                        int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,

@@ -9,10 +9,10 @@
 #include <math.h>
 #include <string.h>
 
-#include "half.h"
-#include "additive.h"
-#include "kernels.h"
-#include "philox.h"
+#include "core/half.h"
+#include "kernels/additive_kernels.h"
+#include "kernels/kernels.h"
+#include "core/philox.h"
 
 static void qk_generic(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
                        const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale, float *s, int64_t lds) {
