@@ -844,8 +844,10 @@ ATTN_API attn_status attn_mha_decode(const attn_mha *m, const attn_tensor *x,
  * process reads once at its first call: $ATTN_WISDOM, else $XDG_CACHE_HOME/attn/wisdom,
  * else ~/.cache/attn/wisdom. The static choice is always a candidate and is kept unless
  * another is 3% faster. A file made on another CPU or version, or one that does not
- * parse, is ignored whole with one line on stderr; ATTN_TUNE=0 ignores any file; ATTN_ISA
- * set means no wisdom is used. A configuration never depends on the thread count: for a
+ * parse, is ignored whole with one line on stderr; ATTN_TUNE=0 ignores any file;
+ * ATTN_TUNE=auto, when there is no file at the default path, runs the quick tune at the
+ * first call that reads the wisdom, writes the file there and uses it (an existing file
+ * is never rewritten); ATTN_ISA set means no wisdom is used. A configuration never depends on the thread count: for a
  * given wisdom, results are the same bits for any number of threads (docs/CONTRACT.md,
  * "Wisdom"); between wisdoms the last bits may differ. docs/KERNELS.md, "Tuner". */
 typedef struct attn_tune_options {

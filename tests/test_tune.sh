@@ -2,13 +2,13 @@
 # test_tune.sh — `attn tune` (tools/attn/cli_tune.c) through its files and exit codes:
 #                one quick tune into a fresh folder, its file's shape, --show on it and on
 #                a foreign copy, and each refusal (exit 2 for usage, 1 for a file, one
-#                line on stderr, no file left behind).
+#                line on stderr, no file left behind); ATTN_TUNE=auto's tune at first use.
 #
 # Usage: bash tests/test_tune.sh [path/to/attn]      (default build/attn)
 #
 # What it is not: a test of the wisdom's reading and use (tests/test_wisdom.c) or of what
-# the tuner chooses (timings are not checked: any valid choice passes). About 5 s on 2
-# cores: one `attn tune --quick`.
+# the tuner chooses (timings are not checked: any valid choice passes). About 10 s on 2
+# cores: one `attn tune --quick`, and one under ATTN_TUNE=auto.
 
 . "$(dirname "$0")/lib.sh"
 suite tune
@@ -84,5 +84,58 @@ sed '2s/^cpu vendor=[^ ]*/cpu vendor=OtherVendor/' "$T/sub/dir/w" >foreign
 check "--show of a foreign file exits 1" "$([ $? = 1 ] && echo 0 || echo 1)"
 grep -q "would ignore it: .*line 2" out.txt
 check "--show says why it would be ignored" $?
+
+# ATTN_TUNE=auto: the first fused call (attn demo's) of a process that finds no file at the
+# default path runs the quick tune, writes the file (its folder made) and says so once; a
+# second process reads it and tunes nothing; a corrupt file is warned about and left as it
+# is; ATTN_ISA set: one warning, no file. `timeout`: a tuner call that waited on the
+# loading's pthread_once would hang here.
+# auto_run DIR [VAR=VALUE...]: attn demo under ATTN_TUNE=auto with XDG_CACHE_HOME=DIR
+auto_run() {
+    local dir=$1
+    shift
+    env ATTN_TUNE=auto XDG_CACHE_HOME="$dir" OMP_NUM_THREADS=2 "$@" \
+        timeout 300 "$ATTN" demo --section seed000 >out.txt 2>err.txt
+}
+W="$T/auto/attn/wisdom"
+auto_run "$T/auto"
+check "ATTN_TUNE=auto, no file: exits 0 ($(tail -n 1 err.txt))" $?
+grep -q "3.1  query" out.txt
+check "ATTN_TUNE=auto: the demo's output is there" $?
+[ -f "$W" ]
+check "ATTN_TUNE=auto wrote \$XDG_CACHE_HOME/attn/wisdom" $?
+lines=$(wc -l <err.txt)
+tuned=$(grep -c -E "^attn: ATTN_TUNE=auto: tuned 5 classes in [0-9.]+ s, wrote $W\$" err.txt)
+check "ATTN_TUNE=auto: one line on stderr, the tuning's ($tuned of $lines)" \
+    "$([ "$lines" = 1 ] && [ "$tuned" = 1 ] && echo 0 || echo 1)"
+left=$(find "$T/auto" -name '*.tmp.*' 2>/dev/null | wc -l)
+check "ATTN_TUNE=auto: no temporary file left ($left)" "$([ "$left" = 0 ] && echo 0 || echo 1)"
+"$ATTN" tune --show "$W" >out.txt 2>err.txt && grep -q "this process would use it" out.txt
+check "ATTN_TUNE=auto: --show accepts the file" $?
+cp "$W" auto.copy
+auto_run "$T/auto"
+check "ATTN_TUNE=auto, the file there: exits 0" $?
+[ ! -s err.txt ]
+check "ATTN_TUNE=auto, the file there: nothing on stderr (not tuned again)" $?
+cmp -s "$W" auto.copy
+check "ATTN_TUNE=auto, the file there: the file unchanged" $?
+
+mkdir -p "$T/bad/attn" && printf 'attn-wisdom 1\nnot a cpu line\n' >"$T/bad/attn/wisdom"
+cp "$T/bad/attn/wisdom" bad.copy
+auto_run "$T/bad"
+check "ATTN_TUNE=auto, a corrupt file: exits 0" $?
+lines=$(wc -l <err.txt)
+grep -q "^attn: wisdom $T/bad/attn/wisdom ignored: " err.txt && [ "$lines" = 1 ]
+check "ATTN_TUNE=auto, a corrupt file: one warning ($lines lines)" $?
+cmp -s "$T/bad/attn/wisdom" bad.copy
+check "ATTN_TUNE=auto, a corrupt file: left untouched" $?
+
+auto_run "$T/isa" ATTN_ISA=generic
+check "ATTN_TUNE=auto with ATTN_ISA: exits 0" $?
+lines=$(wc -l <err.txt)
+grep -q "^attn: ATTN_TUNE=auto: not tuned, .*ATTN_ISA" err.txt && [ "$lines" = 1 ]
+check "ATTN_TUNE=auto with ATTN_ISA: one warning ($lines lines)" $?
+[ ! -e "$T/isa/attn/wisdom" ]
+check "ATTN_TUNE=auto with ATTN_ISA: no file" $?
 
 finish

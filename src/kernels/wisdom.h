@@ -80,7 +80,10 @@ ATTN_PRIVATE bool ai_wisdom_default_path(char *buf, size_t cap);
 
 /* The process's wisdom, loaded once (pthread_once) from ai_wisdom_default_path unless
  * ATTN_TUNE=0; NULL when there is none (no file, refused, disabled). A refused file gives
- * one line on stderr, once. */
+ * one line on stderr, once. ATTN_TUNE=auto and no file there: the quick tune first
+ * (attn_tune), written at that path, then read as any file, with one line on stderr
+ * saying so (or one saying why not: then NULL); an existing file is never rewritten.
+ * Any other value of ATTN_TUNE, or none, reads the file if there is one. */
 ATTN_PRIVATE const attn_wisdom *ai_wisdom_get(void);
 
 /* The configuration a call of class c takes from the process's wisdom: zero (static)

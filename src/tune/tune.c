@@ -4,7 +4,8 @@
  *          file (wisdom.h) that later processes read.
  *
  * What it is not: the reader of the file (wisdom.c), nor anything a call does at run
- * time: a call takes a configuration from the file, never from a clock.
+ * time: a call takes a configuration from the file, never from a clock (ATTN_TUNE=auto
+ * runs attn_tune once, before the first call reads the file it wrote: wisdom.c).
  *
  * Per class, one representative call (class_case) and three rounds of candidates, each
  * timed as interleaved medians (the candidates take turns, so that a slow spell of a
@@ -172,9 +173,13 @@ static bool call_make(tune_call *c, const tune_case *tc, int threads) {
         if (ok) c->lse = attn_tensor_4d(lse, ATTN_F32, nl[0], nl[1], nl[2], 1);
         ok = ok && make_tensor(c, &c->d_o, ATTN_F32, nq, 5) && make_tensor(c, &c->dq, ATTN_F32, nq, 6) &&
              make_tensor(c, &c->dk, ATTN_F32, nk, 7) && make_tensor(c, &c->dv, ATTN_F32, nk, 8);
+        /* forced as the timed calls are: attn_forward would read the wisdom, and under
+         * ATTN_TUNE=auto this runs inside its loading (wisdom.c), whose pthread_once a
+         * call of it would wait on for ever */
         attn_options f = c->opt;
         f.lse = &c->lse;
-        ok = ok && attn_forward(&c->q, &c->k, &c->v, &c->o, &f) == ATTN_OK;
+        const attn_tune_config none = {0};
+        ok = ok && ai_forward_forced(&none, &c->q, &c->k, &c->v, &c->o, &f) == ATTN_OK;
     }
     if (!ok) call_free(c);
     return ok;
