@@ -18,6 +18,7 @@
 #include "core/alloc.h"
 #include "core/attn_internal.h"
 #include "core/half.h"
+#include "core/pages.h"
 
 /* The one conversion of a row into the cache: width float32 values (stride ss) into the
  * cache's dtype at element `at` of base (stride ds), each rounded to nearest even; or,
@@ -99,25 +100,24 @@ static attn_status check_index(const attn_tensor *t, const char *name, bool i64_
 /* The destination slot of every token (b, t) into slot[b * n + t], -1 for a padding
  * token, each checked. */
 static attn_status find_slots(int64_t B, int64_t n, int64_t num_pages, int64_t page_size,
-                              const attn_tensor *slot_mapping, const attn_tensor *block_table,
+                              const attn_tensor *slot_mapping, const ai_pages *pg,
                               const attn_tensor *kv_len, int64_t *slot) {
-    int64_t s_st[2], bt_st[2], len_st[1];
+    int64_t s_st[2], len_st[1];
     const void *sm = slot_mapping ? ai_view_data(slot_mapping, s_st, 2) : NULL;
-    const int32_t *bt = block_table ? ai_view_data(block_table, bt_st, 2) : NULL;
     const void *len = kv_len ? ai_view_data(kv_len, len_st, 1) : NULL;
-    const int64_t max_pages = block_table ? block_table->shape[1] : 1;
+    const int64_t rows = pg ? pg->rows : page_size;
     for (int64_t b = 0; b < B; b++) {
         int64_t lb = 0;
         if (!sm) {
             lb = load_index(len, kv_len->dtype, b * len_st[0]);
             /* positions lb .. lb+n-1 within the table's pages (or the contiguous rows) */
-            if (lb < 0 || lb > max_pages * page_size - n)
+            if (lb < 0 || lb > rows - n)
                 /* "kv_len + n - 1" in words: it overflows int64 for kv_len near INT64_MAX */
                 return ai_fail(ATTN_ERR_VALUE, "kv_len[%lld] = %lld: the %lld new tokens' "
                                  "positions from there lie beyond the %s (%lld rows)",
                                  (long long)b, (long long)lb, (long long)n,
-                                 bt ? "block table's pages" : "cache",
-                                 (long long)(max_pages * page_size));
+                                 pg ? "block table's pages" : "cache", (long long)rows);
+            if (pg) TRY(ai_pages_check(pg, "block_table", b, lb, lb + n));
         }
         for (int64_t t = 0; t < n; t++) {
             int64_t s;
@@ -132,14 +132,9 @@ static attn_status find_slots(int64_t B, int64_t n, int64_t num_pages, int64_t p
                                      "-1 or 0 <= slot < num_pages * page_size = %lld * %lld",
                                      (long long)b, (long long)t, (long long)s,
                                      (long long)num_pages, (long long)page_size);
-            } else if (bt) {
-                const int64_t pos = lb + t, pg = pos / page_size;
-                const int64_t e = bt[b * bt_st[0] + pg * bt_st[1]];
-                if (e < 0 || e >= num_pages)
-                    return ai_fail(ATTN_ERR_VALUE, "block_table[%lld][%lld] = %lld, expected "
-                                     "0 <= entry < num_pages = %lld", (long long)b,
-                                     (long long)pg, (long long)e, (long long)num_pages);
-                s = e * page_size + pos % page_size;
+            } else if (pg) {
+                const int64_t pos = lb + t;
+                s = ai_page_of(pg->bt, pg->bt_s, b, pos, page_size) * page_size + pos % page_size;
             } else {
                 s = b * page_size + lb + t;  // the contiguous cache: one "page" per batch
             }
@@ -164,13 +159,14 @@ typedef struct append_scales {
 } append_scales;
 
 /* Every check of an append before anything is read past the arguments or written: the
- * tensors, their shapes and strides, the scales (into *sc), the index tensors, and that
- * no cache shares a byte with an input or the other cache. */
+ * tensors, their shapes and strides, the scales (into *sc), the index tensors (a block
+ * table's shape into *pg), and that no cache shares a byte with an input or the other
+ * cache. */
 static attn_status append_check(const attn_tensor *k_new, const attn_tensor *v_new,
                                 const attn_tensor *k_cache, const attn_tensor *v_cache,
                                 const attn_tensor *slot_mapping, const attn_tensor *block_table,
                                 const attn_tensor *kv_len, const attn_tensor *k_scale,
-                                const attn_tensor *v_scale, append_scales *sc) {
+                                const attn_tensor *v_scale, append_scales *sc, ai_pages *pg) {
     TRY(ai_check_tensor(k_new, "k_new", ATTN_F32, true));
     TRY(ai_check_tensor(v_new, "v_new", ATTN_F32, true));
     /* the cache: float32, float16 or bfloat16 (ATTN_DTYPE_COUNT), or q8_0 with its layout,
@@ -211,13 +207,9 @@ static attn_status append_check(const attn_tensor *k_new, const attn_tensor *v_n
             return ai_fail(ATTN_ERR_NULL, "kv_len: required to append by position (no "
                              "slot_mapping)");
         TRY(check_index(kv_len, "kv_len", true, B, 1));
-        if (block_table) {
-            TRY(check_index(block_table, "block_table", false, B, -1));
-            int64_t rows;
-            if (__builtin_mul_overflow(block_table->shape[1], page_size, &rows))
-                return ai_fail(ATTN_ERR_OVERFLOW, "block_table: max_pages * page_size "
-                                 "overflows");
-        }
+        if (block_table)  // its entries: those of the rows written, in find_slots
+            TRY(ai_pages_init(pg, block_table, "block_table", B, k_cache->shape[0], page_size,
+                              true));
     }
     /* the caches are written: no byte shared with an input or with each other */
     const attn_tensor *in[] = {k_new, v_new, slot_mapping, block_table, kv_len, k_scale, v_scale};
@@ -269,8 +261,9 @@ attn_status attn_kv_append_scaled(const attn_tensor *k_new, const attn_tensor *v
                                   const attn_tensor *kv_len, const attn_tensor *k_scale,
                                   const attn_tensor *v_scale) {
     append_scales sc;
+    ai_pages pg;
     TRY(append_check(k_new, v_new, k_cache, v_cache, slot_mapping, block_table, kv_len, k_scale,
-                     v_scale, &sc));
+                     v_scale, &sc, &pg));
     const int64_t B = k_new->shape[0], Hkv = k_new->shape[1], n = k_new->shape[2];
     const bool paged = slot_mapping || block_table;
     const int64_t num_pages = k_cache->shape[0], page_size = k_cache->shape[2];
@@ -282,7 +275,8 @@ attn_status attn_kv_append_scaled(const attn_tensor *k_new, const attn_tensor *v
     if (!slot) return ai_fail(ATTN_ERR_NOMEM, "attn_kv_append: %lld slots",
                                 (long long)tokens);
     attn_status st = find_slots(B, n, num_pages, paged ? page_size : k_cache->shape[2],
-                                slot_mapping, block_table, kv_len, slot);
+                                slot_mapping, block_table && !slot_mapping ? &pg : NULL, kv_len,
+                                slot);
     if (st == ATTN_OK) {  // two tokens on one row: which one wins would be an accident
         int64_t *sorted = slot + tokens;
         memcpy(sorted, slot, (size_t)tokens * sizeof(int64_t));

@@ -253,6 +253,13 @@ static inline float attn_sink(const attn_params *p, int64_t h) {
     return p->sinks ? p->sinks[h * p->sinks_s] : -INFINITY;
 }
 
+/* The page of a block table bt (strides bt_s) that holds row j of sequence b (core/pages.h
+ * checks the tables). */
+static inline int64_t ai_page_of(const int32_t *bt, const int64_t bt_s[2], int64_t b,
+                                 int64_t j, int64_t page_size) {
+    return bt[b * bt_s[0] + (j / page_size) * bt_s[1]];
+}
+
 /* The one place that decides where key/value row j of (b, g) lives: its offset in
  * elements in a tensor of strides st (k_s or v_s), contiguous or through the pages. A
  * cache dtype whose rows are not whole elements changes this and the conversion of a
@@ -260,7 +267,7 @@ static inline float attn_sink(const attn_params *p, int64_t h) {
 static inline int64_t attn_kv_offset(const attn_params *p, const int64_t st[4], int64_t b,
                                      int64_t g, int64_t j) {
     if (!p->block_table) return b * st[0] + g * st[1] + j * st[2];
-    const int64_t page = p->block_table[b * p->bt_s[0] + (j / p->page_size) * p->bt_s[1]];
+    const int64_t page = ai_page_of(p->block_table, p->bt_s, b, j, p->page_size);
     return page * st[0] + g * st[1] + (j % p->page_size) * st[2];
 }
 

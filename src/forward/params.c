@@ -13,8 +13,9 @@
 #endif
 
 #include "core/half.h"
-#include "kernels/kernels.h"
+#include "core/pages.h"
 #include "core/philox.h"
+#include "kernels/kernels.h"
 #include "kernels/wisdom.h"
 
 /* A size query (need_data false) may pass tensors without data. What a call asks for
@@ -24,7 +25,6 @@
 static _Alignas(64) char size_query_placeholder[64];
 static void *given(const void *data) { return data ? (void *)data : size_query_placeholder; }
 
-static bool mul_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_mul_overflow(a, b, r); }
 
 static attn_status expect_dim(const attn_tensor *t, const char *name, int d, int64_t want,
                               const char *what) {
@@ -102,24 +102,17 @@ static attn_status fill_tensors(attn_params *p, const attn_tensor *q, const attn
     if (opt->block_table && p->q_dt == ATTN_F64)  // fused_f64.c reads contiguous K and V
         return ai_fail(ATTN_ERR_UNSUPPORTED, "block_table: float64 calls take a contiguous "
                          "cache (the paged one is float32, float16, bfloat16 or q8_0)");
-    if (opt->block_table) {  // page pools: [num_pages, Hkv, page_size, D]
-        const attn_tensor *t = opt->block_table;
-        TRY(ai_check_tensor(t, "block_table", ATTN_I32, need_data));
-        if (t->shape[0] != p->B || t->shape[2] != 1 || t->shape[3] != 1)
-            return ai_fail(ATTN_ERR_SHAPE, "block_table: shape [%lld, %lld, %lld, %lld], "
-                             "expected [B = %lld, max_pages, 1, 1]", (long long)t->shape[0],
-                             (long long)t->shape[1], (long long)t->shape[2],
-                             (long long)t->shape[3], (long long)p->B);
-        p->num_pages = k->shape[0];
-        p->page_size = k->shape[2];
-        if (p->page_size == 0)
-            return ai_fail(ATTN_ERR_VALUE, "k: page size (shape[2]) is 0, expected >= 1 "
-                             "with a block table");
-        if (!mul_ok(t->shape[1], p->page_size, &p->Lk))
-            return ai_fail(ATTN_ERR_OVERFLOW, "block_table: max_pages * page_size overflows");
+    if (opt->block_table) {  // page pools: [num_pages, Hkv, page_size, D] (core/pages.h)
+        ai_pages pg;
+        TRY(ai_pages_init(&pg, opt->block_table, "block_table", p->B, k->shape[0], k->shape[2],
+                          need_data));
+        p->num_pages = pg.num_pages;
+        p->page_size = pg.page_size;
+        p->Lk = pg.rows;
         TRY(expect_dim(v, "v", 0, p->num_pages, "num_pages, as k"));
         TRY(expect_dim(v, "v", 2, p->page_size, "page_size, as k"));
-        p->block_table = given(ai_view_data(t, p->bt_s, 2));
+        p->block_table = given(pg.bt);
+        memcpy(p->bt_s, pg.bt_s, sizeof p->bt_s);
     } else {
         TRY(expect_dim(k, "k", 0, p->B, "B, as q"));
         TRY(expect_dim(v, "v", 0, p->B, "B, as q"));
@@ -239,15 +232,9 @@ static attn_status fill_masks(attn_params *p, const attn_options *opt, bool need
     /* the table entries of the pages that hold valid keys, and no other: an entry past
      * them (-1, garbage) is never read */
     for (int64_t b = 0; need_data && p->block_table && b < p->B; b++) {
-        const int64_t pages = (attn_key_len(p, b) + p->page_size - 1) / p->page_size;
-        for (int64_t pg = 0; pg < pages; pg++) {
-            const int64_t e = p->block_table[b * p->bt_s[0] + pg * p->bt_s[1]];
-            if (e < 0 || e >= p->num_pages)
-                return ai_fail(ATTN_ERR_VALUE, "block_table[%lld][%lld] = %lld, expected a "
-                                 "page of the pool, 0 <= entry < num_pages = %lld",
-                                 (long long)b, (long long)pg, (long long)e,
-                                 (long long)p->num_pages);
-        }
+        const ai_pages pg = {.bt = p->block_table, .bt_s = {p->bt_s[0], p->bt_s[1]},
+                             .num_pages = p->num_pages, .page_size = p->page_size};
+        TRY(ai_pages_check(&pg, "block_table", b, 0, attn_key_len(p, b)));
     }
     if (opt->alibi_slopes) {
         TRY(head_vector(opt->alibi_slopes, "alibi_slopes", p->Hq, need_data));

@@ -15,6 +15,7 @@
 #include <omp.h>
 
 #include "core/half.h"
+#include "core/pages.h"
 #include "mha.h"
 #include "mha_clock.h"
 #include "mha_gemv.h"
@@ -36,33 +37,20 @@ static void clock_phase(int phase, double *t0) {
  * rows. */
 static attn_status check_pages(const mha_plan *pl, const attn_kv_cache *c, bool need_data,
                                int64_t *Lmax) {
-    const attn_tensor *t = c->block_table;
-    if (!t) return ai_fail(ATTN_ERR_NULL, "cache.block_table: NULL for a paged cache");
-    TRY(ai_check_tensor(t, "cache.block_table", ATTN_I32, need_data));
-    if (t->shape[0] != pl->B || t->shape[2] != 1 || t->shape[3] != 1)
-        return ai_fail(ATTN_ERR_SHAPE, "cache.block_table: shape [%lld, %lld, %lld, %lld], "
-                         "expected [B = %lld, max_pages, 1, 1]", (long long)t->shape[0],
-                         (long long)t->shape[1], (long long)t->shape[2], (long long)t->shape[3],
-                         (long long)pl->B);
+    if (!c->block_table)
+        return ai_fail(ATTN_ERR_NULL, "cache.block_table: NULL for a paged cache");
     const int64_t np = c->k.shape[0], ps = c->k.shape[2];
     if (c->v.shape[0] != np || c->v.shape[2] != ps)
         return ai_fail(ATTN_ERR_SHAPE, "cache: k pool [%lld pages, .., %lld rows, ..] and v "
                          "pool [%lld, .., %lld, ..] differ", (long long)np, (long long)ps,
                          (long long)c->v.shape[0], (long long)c->v.shape[2]);
-    if (ps == 0) return ai_fail(ATTN_ERR_VALUE, "cache: a page size of 0");  // as attn_forward
-    if (__builtin_mul_overflow(t->shape[1], ps, Lmax))
-        return ai_fail(ATTN_ERR_OVERFLOW, "cache: max_pages * page_size overflows");
+    ai_pages pg;
+    TRY(ai_pages_init(&pg, c->block_table, "cache.block_table", pl->B, np, ps, need_data));
+    *Lmax = pg.rows;
     for (int64_t b = 0; need_data && b < pl->B; b++) {
         const int64_t len = c->len[b];
         if (len < 0 || len > *Lmax - pl->Lq) continue;  /* check_cache's own message */
-        const int64_t pages = (len + pl->Lq + ps - 1) / ps;
-        for (int64_t p = 0; p < pages; p++) {
-            const int64_t e = ((const int32_t *)t->data)[b * t->stride[0] + p * t->stride[1]];
-            if (e < 0 || e >= np)
-                return ai_fail(ATTN_ERR_VALUE, "cache.block_table[%lld][%lld] = %lld, "
-                                 "expected a page of the pool, [0, %lld)", (long long)b,
-                                 (long long)p, (long long)e, (long long)np);
-        }
+        TRY(ai_pages_check(&pg, "cache.block_table", b, 0, len + pl->Lq));
     }
     return ATTN_OK;
 }
