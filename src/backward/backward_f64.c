@@ -253,11 +253,27 @@ static void block_range(const attn_params *p, const f64b_scratch *w, int64_t b, 
     }
 }
 
+/* The walk of sweeps 1 and 2 over the key tiles of rows i0 .. i0+nq-1 of head (b, h):
+ * from *j0 on (BK apart, up to bhi, block_range's end), the next tile that is not fully
+ * masked, its nk keys loaded and its class in *cls; false when none is left. */
+static bool next_key_tile(const attn_params *p, const f64b_scratch *w, int64_t b, int64_t h,
+                          int64_t i0, int64_t bhi, int64_t *j0, int64_t *nk,
+                          attn_tile_class *cls) {
+    for (; *j0 < bhi; *j0 += BK) {
+        *nk = bhi - *j0 < BK ? bhi - *j0 : BK;
+        *cls = tile_class(p, w, b, h, i0, *j0, *nk);
+        if (*cls == ATTN_TILE_MASKED) continue;
+        load_keys(p, w, b, h / p->group, *j0, *nk);
+        return true;
+    }
+    return false;
+}
+
 /* Sweep 1: the LSE and D of rows i0 .. of head (b, h). */
 static void rows_stats(const attn_bwd_params *bp, const f64b_scratch *w, int64_t b, int64_t h,
                        int64_t i0, int64_t nq, double *lse, double *D) {
     const attn_params *p = &bp->fwd;
-    const int64_t g = h / p->group, lk_b = attn_key_len(p, b);
+    const int64_t lk_b = attn_key_len(p, b);
     double m[BQ], l[BQ];
     int64_t lo[BQ], hi[BQ], dg[BQ];
     bool dense[BQ];
@@ -270,11 +286,8 @@ static void rows_stats(const attn_bwd_params *bp, const f64b_scratch *w, int64_t
     }
     int64_t blo, bhi;
     block_range(p, w, b, h, lk_b, i0, nq, &blo, &bhi);
-    for (int64_t j0 = blo; j0 < bhi; j0 += BK) {
-        const int64_t nk = bhi - j0 < BK ? bhi - j0 : BK;
-        const attn_tile_class cls = tile_class(p, w, b, h, i0, j0, nk);
-        if (cls == ATTN_TILE_MASKED) continue;
-        load_keys(p, w, b, g, j0, nk);
+    attn_tile_class cls;
+    for (int64_t j0 = blo, nk; next_key_tile(p, w, b, h, i0, bhi, &j0, &nk, &cls); j0 += BK) {
         tile_product(w->q, p->Dk, w->kt, nq, nk, w->P);
         for (int64_t r = 0; r < nq; r++) {
             double *s = w->P + r * BK, mt = -INFINITY;
@@ -360,16 +373,13 @@ static void tile_grads(const attn_bwd_params *bp, const f64b_scratch *w, int64_t
 static void rows_dq(const attn_bwd_params *bp, const f64b_scratch *w, int64_t b, int64_t h,
                     int64_t i0, int64_t nq, const double *lse, const double *D) {
     const attn_params *p = &bp->fwd;
-    const int64_t g = h / p->group, lk_b = attn_key_len(p, b), Dk = p->Dk;
+    const int64_t lk_b = attn_key_len(p, b), Dk = p->Dk;
     load_rows(bp, w, b, h, i0, nq);
     for (int64_t e = 0; e < nq * Dk; e++) w->acc[e] = 0.0;
     int64_t blo, bhi;
     block_range(p, w, b, h, lk_b, i0, nq, &blo, &bhi);
-    for (int64_t j0 = blo; j0 < bhi; j0 += BK) {
-        const int64_t nk = bhi - j0 < BK ? bhi - j0 : BK;
-        const attn_tile_class cls = tile_class(p, w, b, h, i0, j0, nk);
-        if (cls == ATTN_TILE_MASKED) continue;
-        load_keys(p, w, b, g, j0, nk);
+    attn_tile_class cls;
+    for (int64_t j0 = blo, nk; next_key_tile(p, w, b, h, i0, bhi, &j0, &nk, &cls); j0 += BK) {
         tile_grads(bp, w, b, h, i0, nq, j0, nk, cls, lse, D, NULL);
         /* forward: raw_ij = scale q_i · k_j, so dQ_i += Σ_j dS_ij k_j, the keys in order; a
          * dS of 0 adds +0 (skip_zero): a masked key's K is not multiplied */

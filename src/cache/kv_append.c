@@ -23,12 +23,11 @@
 /* The one conversion of a row into the cache: width float32 values (stride ss) into the
  * cache's dtype at element `at` of base (stride ds), each rounded to nearest even; or,
  * for q8_0, quantized into the width / 32 blocks that start at element `at` (ds is 1,
- * ai_check_q8_0_layout) — checked before by ai_q8_0_row_check. */
+ * ai_check_q8_0_layout) — checked before by ai_block_row_check. */
 static void store_row(attn_dtype dt, void *base, int64_t at, int64_t ds, const float *src,
                       int64_t ss, int64_t width, float scale) {
     if (attn_is_block_dtype(dt)) {
-        (dt == ATTN_Q4_0 ? ai_q4_0_quantize_row : ai_q8_0_quantize_row)(
-            src, ss, width, (uint8_t *)base + attn_row_byte_offset(dt, at));
+        ai_block_quantize_row(dt, src, ss, width, (uint8_t *)base + attn_row_byte_offset(dt, at));
         return;
     }
     if (attn_is_fp8(dt)) {  // fp8(fl32(x / scale)), rounded to nearest even, saturating
@@ -42,8 +41,6 @@ static void store_row(attn_dtype dt, void *base, int64_t at, int64_t ds, const f
  * scales within float16), before any is written. Padding tokens (slot -1) are not written, so not read. */
 static attn_status check_q8_rows(const attn_tensor *k_new, const attn_tensor *v_new,
                                  const int64_t *slot, attn_dtype dt) {
-    int64_t (*row_check)(const float *, int64_t, int64_t) =
-        dt == ATTN_Q4_0 ? ai_q4_0_row_check : ai_q8_0_row_check;
     const char *what = dt == ATTN_Q4_0 ? "max / -8" : "amax / 127";
     const int64_t B = k_new->shape[0], Hkv = k_new->shape[1], n = k_new->shape[2];
     for (int c = 0; c < 2; c++) {
@@ -54,8 +51,8 @@ static attn_status check_q8_rows(const attn_tensor *k_new, const attn_tensor *v_
             for (int64_t t = 0; t < n; t++) {
                 if (slot[b * n + t] < 0) continue;
                 for (int64_t g = 0; g < Hkv; g++) {
-                    const int64_t blk = row_check(x0 + b * xs[0] + g * xs[1] + t * xs[2],
-                                                  xs[3], x->shape[3]);
+                    const float *row = x0 + b * xs[0] + g * xs[1] + t * xs[2];
+                    const int64_t blk = ai_block_row_check(dt, row, xs[3], x->shape[3]);
                     if (blk >= 0)
                         return ai_fail(ATTN_ERR_VALUE, "%s: block %lld of row (%lld, %lld, "
                                          "%lld) holds a NaN or infinity, or a scale %s beyond "

@@ -69,24 +69,27 @@ static inline int64_t attn_row_bytes(attn_dtype t, int64_t n) {
  * of 32 (on dims of size > 1), and its byte offsets within int64 (core.c). */
 ATTN_PRIVATE attn_status ai_check_q8_0_layout(const attn_tensor *t, const char *name);
 
-/* The quantization of one row of n float32 values (stride xs, n a multiple of 32) into
- * n / 32 contiguous q8_0 blocks at dst, as attn_quantize_q8_0 does it; for appends into
- * a cache (q8_0.c). ai_q8_0_row_check first: the index of the first block it refuses
- * (a NaN or infinity, or a scale beyond float16), -1 when none, so that a refused append
- * writes nothing. */
+/* Whether one row of n float32 values (stride xs, n a multiple of 32) can be quantized
+ * into q8_0 blocks (q8_0.c): the index of the first block it refuses (a NaN or infinity,
+ * or a scale beyond float16), -1 when none, so that a refused append writes nothing. */
 ATTN_PRIVATE int64_t ai_q8_0_row_check(const float *x, int64_t xs, int64_t n);
-ATTN_PRIVATE void ai_q8_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst);
 
 /* The portable dequantization of n q8_0 blocks into 32 n floats (q8_0.c); the kernels'
  * dequant_q8_0 entry where they have none. */
 ATTN_PRIVATE void ai_dequant_q8_0_blocks(int64_t n, const uint8_t *src, float *dst);
 
 /* q4_0's counterparts (q4_0.c): the first block of a row it refuses (a NaN or infinity,
- * or a scale max / -8 beyond float16) or -1; a row quantized as attn_quantize_q4_0 does;
- * n blocks dequantized, d * (nibble - 8), exact in float32. */
+ * or a scale max / -8 beyond float16) or -1; one block of 32 quantized as
+ * attn_quantize_q4_0 does; n blocks dequantized, d * (nibble - 8), exact in float32. */
 ATTN_PRIVATE int64_t ai_q4_0_row_check(const float *x, int64_t xs, int64_t n);
-ATTN_PRIVATE void ai_q4_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst);
+ATTN_PRIVATE void ai_q4_0_quantize_block(const float *x, uint8_t *out);
 ATTN_PRIVATE void ai_dequant_q4_0_blocks(int64_t n, const uint8_t *src, float *dst);
+
+/* Either block dtype dt (q8_0.c): its row check, and one row of n floats (stride xs, n
+ * a multiple of 32) quantized into n / 32 contiguous blocks at dst. */
+ATTN_PRIVATE int64_t ai_block_row_check(attn_dtype dt, const float *x, int64_t xs, int64_t n);
+ATTN_PRIVATE void ai_block_quantize_row(attn_dtype dt, const float *x, int64_t xs, int64_t n,
+                                          uint8_t *dst);
 
 /* The public conversions of a block dtype, written once for both (q8_0.c): src float32
  * into dst of block dtype dt (row_check refusing first, then quantize_row), and back. */

@@ -43,7 +43,7 @@ static float block_scale(const float *x) {
 /* One block: the float16 scale, then q = min(15, trunc(x * (1 / d) + 8.5)) from the
  * float32 d (x * (1 / d) lies in [-8, 8] up to a few ulps, so the sum is >= 0 and the
  * truncation is the rounding of x / d + 8 to nearest, ties up); d = 0 gives q = 8. */
-static void quantize_block(const float *x, uint8_t *out) {
+void ai_q4_0_quantize_block(const float *x, uint8_t *out) {
     const float d = block_scale(x), id = d != 0.0f ? 1.0f / d : 0.0f;
     const uint16_t h = attn_f32_to_f16(d);
     out[0] = (uint8_t)(h & 0xFF);
@@ -69,18 +69,6 @@ int64_t ai_q4_0_row_check(const float *x, int64_t xs, int64_t n) {
         if (isinf(attn_f16_to_f32(attn_f32_to_f16(block_scale(buf))))) return c;
     }
     return -1;
-}
-
-void ai_q4_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst) {
-    float buf[ATTN_Q4_0_BLOCK];
-    for (int64_t c = 0; c < n / ATTN_Q4_0_BLOCK; c++) {
-        const float *xb = x + c * ATTN_Q4_0_BLOCK * xs;
-        if (xs != 1) {
-            for (int i = 0; i < ATTN_Q4_0_BLOCK; i++) buf[i] = xb[i * xs];
-            xb = buf;
-        }
-        quantize_block(xb, dst + c * ATTN_Q4_0_BYTES);
-    }
 }
 
 attn_status attn_quantize_q4_0(const attn_tensor *src, const attn_tensor *dst) {

@@ -85,7 +85,14 @@ int64_t ai_q8_0_row_check(const float *x, int64_t xs, int64_t n) {
     return -1;
 }
 
-void ai_q8_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst) {
+int64_t ai_block_row_check(attn_dtype dt, const float *x, int64_t xs, int64_t n) {
+    return dt == ATTN_Q4_0 ? ai_q4_0_row_check(x, xs, n) : ai_q8_0_row_check(x, xs, n);
+}
+
+void ai_block_quantize_row(attn_dtype dt, const float *x, int64_t xs, int64_t n, uint8_t *dst) {
+    void (*block)(const float *, uint8_t *) =
+        dt == ATTN_Q4_0 ? ai_q4_0_quantize_block : quantize_block;
+    const int64_t bytes = attn_row_bytes(dt, ATTN_Q8_0_BLOCK);  // both blocks hold 32 values
     float buf[ATTN_Q8_0_BLOCK];
     for (int64_t c = 0; c < n / ATTN_Q8_0_BLOCK; c++) {
         const float *xb = x + c * ATTN_Q8_0_BLOCK * xs;
@@ -93,7 +100,7 @@ void ai_q8_0_quantize_row(const float *x, int64_t xs, int64_t n, uint8_t *dst) {
             for (int i = 0; i < ATTN_Q8_0_BLOCK; i++) buf[i] = xb[i * xs];
             xb = buf;
         }
-        quantize_block(xb, dst + c * ATTN_Q8_0_BYTES);
+        block(xb, dst + c * bytes);
     }
 }
 
@@ -101,17 +108,13 @@ attn_status ai_block_quantize(attn_dtype dt, const attn_tensor *src, const attn_
     if (!src || !dst) return ai_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", src ? "dst" : "src");
     TRY(check_pair(src, "src", dst, dt, "dst", dst, "dst"));
     if (is_empty(src)) return ok();
-    int64_t (*row_check)(const float *, int64_t, int64_t) =
-        dt == ATTN_Q4_0 ? ai_q4_0_row_check : ai_q8_0_row_check;
-    void (*quantize_row)(const float *, int64_t, int64_t, uint8_t *) =
-        dt == ATTN_Q4_0 ? ai_q4_0_quantize_row : ai_q8_0_quantize_row;
     const int64_t n1 = src->shape[1], n2 = src->shape[2], D = src->shape[3];
     const int64_t rows = src->shape[0] * n1 * n2;
     const float *x0 = src->data;
     /* first every block's scale checked: a refused call writes nothing */
     for (int64_t r = 0; r < rows; r++) {
         const int64_t i0 = r / (n1 * n2), i1 = r / n2 % n1, i2 = r % n2;
-        const int64_t c = row_check(x0 + i0 * src->stride[0] + i1 * src->stride[1] +
+        const int64_t c = ai_block_row_check(dt, x0 + i0 * src->stride[0] + i1 * src->stride[1] +
                                         i2 * src->stride[2], src->stride[3], D);
         if (c >= 0)
             return ai_fail(ATTN_ERR_VALUE, "src: block %lld of row (%lld, %lld, %lld) holds a "
@@ -122,7 +125,7 @@ attn_status ai_block_quantize(attn_dtype dt, const attn_tensor *src, const attn_
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t i0 = r / (n1 * n2), i1 = r / n2 % n1, i2 = r % n2;
-        quantize_row(x0 + i0 * src->stride[0] + i1 * src->stride[1] + i2 * src->stride[2],
+        ai_block_quantize_row(dt, x0 + i0 * src->stride[0] + i1 * src->stride[1] + i2 * src->stride[2],
                      src->stride[3], D, q8_row(dst, i0, i1, i2));
     }
     return ok();
