@@ -51,19 +51,23 @@ static inline int within_f32_tol(const float *got, const double *ref, int64_t n,
 }
 
 /* ATTN_TEST_EVERY=n (scripts/check.sh sets it for the emulated AArch64 run, where the
- * portable build is what is tested, and the sanitizer run, where the memory errors are,
- * not the size of the case matrix): the big case loops
- * run one case in n, in a fixed order (1 when unset: all). True when this case is one to
- * skip; the loops call it once per case. */
+ * portable build is what is tested; the sanitizer run, where the memory errors are, not
+ * the size of the case matrix; and the kernels dispatch does not pick on this CPU, whose
+ * numbers the picked kernel's full run and theirs share out): the big case loops run one
+ * case in n, in a fixed order, the cases c with c % n == ATTN_TEST_PHASE (0 when unset;
+ * all when n is unset or 1). True when this case is one to skip; the loops call it once
+ * per case. */
 static inline int test_case_skipped(void) {
-    static int64_t every = -1, seen = 0;
+    static int64_t every = -1, phase = 0, seen = 0;
     if (every < 0) {
-        const char *e = getenv("ATTN_TEST_EVERY");
+        const char *e = getenv("ATTN_TEST_EVERY"), *ph = getenv("ATTN_TEST_PHASE");
         every = e && atoi(e) > 1 ? atoi(e) : 1;
-        if (every > 1) printf("ATTN_TEST_EVERY=%lld: the case matrices run one case in %lld\n",
-                              (long long)every, (long long)every);
+        phase = ph && atoi(ph) > 0 ? atoi(ph) % every : 0;
+        if (every > 1)
+            printf("ATTN_TEST_EVERY=%lld: the case matrices run one case in %lld (from case "
+                   "%lld)\n", (long long)every, (long long)every, (long long)phase);
     }
-    return seen++ % every != 0;
+    return seen++ % every != phase;
 }
 
 /* calloc of n (at least 1) elements, or the suite exits 2 when out of memory */
