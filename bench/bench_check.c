@@ -74,7 +74,7 @@ attn_status call_case_static(const bench_case *c, const case_buffers *cb, int r,
     const attn_tune_config none = {0};  // every field the static choice's
     if (c->bwd)
         return ai_backward_forced(&none, &x.q, &x.k, &x.v, &x.o, &x.d_o, &x.lse, &x.dq, &x.dk,
-                                    &x.dv, &opt);
+                                  &x.dv, &opt);
     return ai_forward_forced(&none, &x.q, &x.k, &x.v, &x.o, &opt);
 }
 

@@ -165,7 +165,7 @@ static attn_status run_gemms(void *ctx) {
     attn_status st = ATTN_OK;
     for (int k = 0; k < 3 && st == ATTN_OK; k++)
         st = ai_gemm_f32(false, false, M, E, E, 1.0f, l->x, E, l->w[k], E, 0.0f,
-                           a->qkv + k * E, 3 * E);
+                         a->qkv + k * E, 3 * E);
     if (st == ATTN_OK)
         st = ai_gemm_f32(false, false, M, E, E, 1.0f, a->o, E, l->w[3], E, 0.0f, l->y, E);
     return st;
@@ -220,7 +220,7 @@ typedef struct gemm_arg {
 static attn_status run_gemm_alone(void *ctx) {
     const gemm_arg *g = ctx;
     return ai_gemm_f32(false, g->nt, g->M, g->N, g->K, 1.0f, g->a, g->K, g->w,
-                         g->nt ? g->K : g->N, 0.0f, g->c, g->N);
+                       g->nt ? g->K : g->N, 0.0f, g->c, g->N);
 }
 
 static int bench_gemm_alone(int64_t M, int64_t K, int reps, double peak) {

@@ -376,10 +376,10 @@ int cli_bench(int argc, char **argv) {
                 const attn_tune_config none = {0};
                 size_t sb = 0;
                 st = c->bwd ? ai_backward_forced_workspace_size(&none, &t.q, &t.k, &t.v, &t.o,
-                                                                  &t.d_o, &t.lse, &t.dq, &t.dk,
-                                                                  &t.dv, &wopt, &sb)
+                                                                &t.d_o, &t.lse, &t.dq, &t.dk,
+                                                                &t.dv, &wopt, &sb)
                             : ai_forward_forced_workspace_size(&none, &t.q, &t.k, &t.v, &t.o,
-                                                                 &wopt, &sb);
+                                                               &wopt, &sb);
                 if (sb > cb.ws_bytes) cb.ws_bytes = sb;
             }
             if (!call_failed(c, st, "workspace size") && cb.ws_bytes && !(cb.ws = malloc(cb.ws_bytes)))

@@ -56,7 +56,7 @@ static void ref_dbias(bcall *t, dense_in *d, double *db, bool mag) {
     double *g[3];
     for (int a = 0; a < 3; a++) g[a] = xcalloc(t->n[a], sizeof(double));
     CHECK(ai_ref64_backward_bias(&d->p, d->x[0], d->x[1], d->x[2], d->x[3], g[0], g[1], g[2], db,
-                                   n, mag) == ATTN_OK, "ref64 d_bias: %s", attn_last_error());
+                                 n, mag) == ATTN_OK, "ref64 d_bias: %s", attn_last_error());
     for (int a = 0; a < 3; a++) free(g[a]);
 }
 
@@ -332,7 +332,7 @@ static void planted(void) {
     double *g[3];
     for (int a = 0; a < 3; a++) g[a] = xcalloc(t.n[a], sizeof(double));
     CHECK(ai_ref64_backward_bias(&d.p, d.x[0], d.x[1], d.x[2], d.x[3], g[0], g[1], g[2], full, nf,
-                                   false) == ATTN_OK, "planted: full d_bias");
+                                 false) == ATTN_OK, "planted: full d_bias");
     float *got = xcalloc(nb, sizeof(float));
     CHECK(run_dbias(&t, ATTN_PATH_FUSED, 0, got) == ATTN_OK, "planted: backward");
     double ratio;

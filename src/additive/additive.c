@@ -35,7 +35,7 @@ attn_status attn_additive_tanh(int64_t n, const float *x, float *y) {
     const attn_tensor ty = attn_bytes_view(y, n * (int64_t)sizeof(float));
     if (x != y && ai_views_overlap(&tx, &ty))
         return ai_fail(ATTN_ERR_STRIDE, "y: overlaps x in memory (only y = x, in place, "
-                         "may share bytes)");
+                       "may share bytes)");
     const attn_additive_kernels *kern = ai_additive_select();
     if (!kern) return ai_fail(ATTN_ERR_UNSUPPORTED, "no kernel this CPU can run (ATTN_ISA)");
     kern->tanh(n, x, y);
@@ -154,10 +154,10 @@ attn_status ai_additive_fused_forward(const attn_additive_params *p) {
 /* ---- public calls --------------------------------------------------------------------------- */
 
 attn_status ai_additive_check_aliasing(const attn_additive_params *p, const attn_tensor *q,
-                                         const attn_tensor *k, const attn_tensor *v,
-                                         const attn_options *opt,
-                                         const attn_tensor *const more[2],
-                                         const attn_additive_grads *gr) {
+                                       const attn_tensor *k, const attn_tensor *v,
+                                       const attn_options *opt,
+                                       const attn_tensor *const more[2],
+                                       const attn_additive_grads *gr) {
     const int64_t A = p->A, fs = (int64_t)sizeof(float);
     /* the weights' byte ranges (sizes within int64: params_init checked D x A) */
     const attn_tensor wq = attn_bytes_view(p->w_query, p->Dq * A * fs);
@@ -199,7 +199,7 @@ attn_status attn_additive_forward(const attn_tensor *q, const attn_tensor *k,
     attn_additive_params p;
     TRY(ai_additive_params_init(&p, q, k, v, w, o, opt, true));
     TRY(ai_additive_check_aliasing(&p, q, k, v, opt, (const attn_tensor *const[]){o, NULL},
-                                     NULL));
+                                   NULL));
     ai_fail(ATTN_OK, "%s", "");
     if (p.m.B == 0 || p.m.Lq == 0) return ATTN_OK;
     return p.m.path == ATTN_PATH_REFERENCE ? ai_additive_reference_forward(&p)
@@ -246,9 +246,9 @@ attn_status attn_luong_general_forward(const attn_tensor *q, const attn_tensor *
     for (int64_t bh = 0; st == ATTN_OK && bh < B * H; bh++) {
         int64_t ld;
         const float *rows = ai_proj_rows((const float *)q->data + (bh % H) * q->stride[1],
-                                           q->stride, bh / H, Lq, Dq, gather, &ld);
+                                         q->stride, bh / H, Lq, Dq, gather, &ld);
         st = ai_proj_product(false, false, Lq, Dk, Dq, rows, ld, w, Dk, false,
-                               qp + bh * Lq * Dk, Dk);
+                             qp + bh * Lq * Dk, Dk);
     }
     if (st == ATTN_OK) {
         attn_tensor qt = attn_tensor_4d(qp, ATTN_F32, B, H, Lq, Dk);

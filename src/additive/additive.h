@@ -40,7 +40,7 @@ ATTN_PRIVATE const attn_additive_kernels *ai_additive_kernels_named(const char *
 /* The keys some query row of batch b reads, [*j0, *j1) (the union of the rows' structural
  * ranges, which is one interval): the products through U read only these rows of K. */
 ATTN_PRIVATE void ai_additive_read_keys(const attn_additive_params *p, int64_t b,
-                                          int64_t *j0, int64_t *j1);
+                                        int64_t *j0, int64_t *j1);
 
 /* ṽ = v, or g v / ‖v‖ when normalize (float64 for the norm); writes A floats. */
 ATTN_PRIVATE void ai_additive_effective_v(const attn_additive_params *p, float *vt);
@@ -50,12 +50,12 @@ ATTN_PRIVATE void ai_additive_effective_v(const attn_additive_params *p, float *
  * {o, d_o}, inputs then), against q, k, v, the weights' arrays, the mask, kv_len and
  * each other. After ai_additive_params_init accepted p. */
 ATTN_PRIVATE attn_status ai_additive_check_aliasing(const attn_additive_params *p,
-                                                      const attn_tensor *q,
-                                                      const attn_tensor *k,
-                                                      const attn_tensor *v,
-                                                      const attn_options *opt,
-                                                      const attn_tensor *const more[2],
-                                                      const attn_additive_grads *gr);
+                                                    const attn_tensor *q,
+                                                    const attn_tensor *k,
+                                                    const attn_tensor *v,
+                                                    const attn_options *opt,
+                                                    const attn_tensor *const more[2],
+                                                    const attn_additive_grads *gr);
 
 ATTN_PRIVATE attn_status ai_additive_params_init(
     attn_additive_params *p, const attn_tensor *q, const attn_tensor *k,
@@ -76,13 +76,13 @@ typedef struct attn_additive_bwd {
 } attn_additive_bwd;
 
 ATTN_PRIVATE attn_status ai_additive_fused_backward(const attn_additive_params *p,
-                                                      const attn_additive_bwd *g);
+                                                    const attn_additive_bwd *g);
 ATTN_PRIVATE attn_status ai_additive_reference_backward(const attn_additive_params *p,
-                                                          const attn_additive_bwd *g);
+                                                        const attn_additive_bwd *g);
 
 /* The gradient of ṽ carried back to v (and g): dv = dṽ, or, when normalize,
  * dv = (g/‖v‖) (dṽ - v (v·dṽ)/‖v‖²) and dg = v·dṽ / ‖v‖ (float64). */
 ATTN_PRIVATE void ai_additive_v_grad(const attn_additive_params *p, const double *dvt,
-                                       float *dv, float *dg);
+                                     float *dv, float *dg);
 
 #endif /* ATTN_ADDITIVE_H */

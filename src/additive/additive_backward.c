@@ -169,7 +169,7 @@ static attn_status through_weights(const attn_additive_params *p, const attn_add
         ai_additive_read_keys(p, b, &j0, &j1);
         const float *kb = ai_proj_rows(p->k, p->k_s, b, Lk, m->Dk, attn_proj_gather(pr, 0), &ld);
         TRY(ai_proj_product(true, true, m->Dk, A, j1 - j0, kb + j0 * ld, ld, dkpt + j0, Lk,
-                              b > 0, gr->d_w_key, A));
+                            b > 0, gr->d_w_key, A));
     }
     for (int64_t a = 0; a < A; a++)
         for (int64_t j = 0; j < Lk; j++) dbias[a] += dkpt[a * Lk + j];
@@ -177,7 +177,7 @@ static attn_status through_weights(const attn_additive_params *p, const attn_add
 }
 
 attn_status ai_additive_fused_backward(const attn_additive_params *p,
-                                         const attn_additive_bwd *g) {
+                                       const attn_additive_bwd *g) {
     const attn_params *m = &p->m;
     const int64_t A = p->A, B = m->B, Lq = m->Lq, Lk = m->Lk, Dv = m->Dv;
     bwd_mem bm = {.tiles = (Lk + ATTN_ADD_TILE - 1) / ATTN_ADD_TILE};
@@ -256,9 +256,9 @@ static attn_status check_grad_tensor(const attn_tensor *t, const char *name, int
     TRY(ai_check_tensor(t, name, ATTN_F32, true));
     if (t->shape[0] != B || t->shape[1] != 1 || t->shape[2] != L || t->shape[3] != D)
         return ai_fail(ATTN_ERR_SHAPE, "%s: shape [%lld, %lld, %lld, %lld], expected "
-                         "[%lld, 1, %lld, %lld]", name, (long long)t->shape[0],
-                         (long long)t->shape[1], (long long)t->shape[2],
-                         (long long)t->shape[3], (long long)B, (long long)L, (long long)D);
+                       "[%lld, 1, %lld, %lld]", name, (long long)t->shape[0],
+                       (long long)t->shape[1], (long long)t->shape[2],
+                       (long long)t->shape[3], (long long)B, (long long)L, (long long)D);
     return output ? ai_check_output_strides(t, name, 4) : ATTN_OK;
 }
 
@@ -270,7 +270,7 @@ attn_status attn_additive_backward(const attn_tensor *q, const attn_tensor *k,
                                    const attn_additive_grads *grads, const attn_options *opt) {
     if (opt && (opt->lse || opt->weights))
         return ai_fail(ATTN_ERR_VALUE, "options.lse and options.weights must be NULL in a "
-                         "backward call (they are forward outputs)");
+                       "backward call (they are forward outputs)");
     attn_additive_params p;
     TRY(ai_additive_params_init(&p, q, k, v, w, o, opt, true));
     const int64_t B = p.m.B, Lq = p.m.Lq, Lk = p.m.Lk;
@@ -291,7 +291,7 @@ attn_status attn_additive_backward(const attn_tensor *q, const attn_tensor *k,
         TRY(ai_check_aliasing(in, in_names, 8, out, out_names, 3, NULL, 0));
         const attn_additive_grads none = {0};
         TRY(ai_additive_check_aliasing(&p, q, k, v, opt, (const attn_tensor *const[]){o, d_o},
-                                         grads ? grads : &none));
+                                       grads ? grads : &none));
         /* and the weight gradients against dq, dk, dv */
         const int64_t A = p.A, fs = (int64_t)sizeof(float);
         if (grads) {

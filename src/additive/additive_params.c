@@ -29,7 +29,7 @@ const attn_additive_kernels *ai_additive_select(void) {
 }
 
 void ai_additive_read_keys(const attn_additive_params *p, int64_t b, int64_t *j0,
-                             int64_t *j1) {
+                           int64_t *j1) {
     /* lo_i and hi_i grow by at most 1 a row, and only the first and last rows can be
      * empty, so the nonempty ranges overlap or touch: their union is [min lo, max hi) */
     const int64_t lk_b = attn_key_len(&p->m, b);
@@ -62,7 +62,7 @@ void ai_additive_effective_v(const attn_additive_params *p, float *vt) {
 }
 
 void ai_additive_v_grad(const attn_additive_params *p, const double *dvt, float *dv,
-                          float *dg) {
+                        float *dg) {
     if (!p->normalize) {
         for (int64_t a = 0; dv && a < p->A; a++) dv[a] = (float)dvt[a];
         if (dg) *dg = 0.0f;
@@ -81,9 +81,9 @@ void ai_additive_v_grad(const attn_additive_params *p, const double *dvt, float 
 /* ---- argument checking ------------------------------------------------------------------ */
 
 attn_status ai_additive_params_init(attn_additive_params *p, const attn_tensor *q,
-                                      const attn_tensor *k, const attn_tensor *val,
-                                      const attn_additive_weights *w, const attn_tensor *o,
-                                      const attn_options *opt, bool need_data) {
+                                    const attn_tensor *k, const attn_tensor *val,
+                                    const attn_additive_weights *w, const attn_tensor *o,
+                                    const attn_options *opt, bool need_data) {
     *p = (attn_additive_params){0};
     TRY(ai_check_tensor(q, "q", ATTN_F32, need_data));
     TRY(ai_check_tensor(k, "k", ATTN_F32, need_data));
@@ -102,19 +102,19 @@ attn_status ai_additive_params_init(attn_additive_params *p, const attn_tensor *
     else if (!q_as_k.data) q_as_k.data = (void *)k->data;  /* q is empty: checked above */
     if (opt && opt->block_table)
         return ai_fail(ATTN_ERR_UNSUPPORTED, "additive attention: options.block_table (a "
-                         "paged cache) is not supported");
+                       "paged cache) is not supported");
     TRY(ai_params_init(&p->m, &q_as_k, k, val, o, opt, need_data));
     if (opt && (opt->has_scale || opt->softcap != 0.0f || opt->bias || opt->alibi_slopes ||
                 opt->sinks || opt->block_mask || opt->score_mod))
         return ai_fail(ATTN_ERR_UNSUPPORTED, "additive attention: options.has_scale, "
-                         "softcap, bias, alibi_slopes, sinks, block_mask and score_mod are "
-                         "not supported");
+                       "softcap, bias, alibi_slopes, sinks, block_mask and score_mod are "
+                       "not supported");
     if (p->m.dropout)
         return ai_fail(ATTN_ERR_UNSUPPORTED, "additive attention: options.dropout_p = %g is "
-                         "not supported (dropout is the dot-product calls')", (double)opt->dropout_p);
+                       "not supported (dropout is the dot-product calls')", (double)opt->dropout_p);
     if (opt && opt->workspace)
         return ai_fail(ATTN_ERR_UNSUPPORTED, "additive attention: options.workspace is not "
-                         "supported (the call allocates its own)");
+                       "supported (the call allocates its own)");
 
     p->Dq = q->shape[3];
     p->A = w->units;
@@ -139,10 +139,10 @@ attn_status ai_additive_params_init(attn_additive_params *p, const attn_tensor *
     if (p->m.path == ATTN_PATH_FUSED) {
         p->kern = ai_additive_select();
         if (!p->kern) return ai_fail(ATTN_ERR_UNSUPPORTED, "additive attention: no scoring "
-                                       "kernel for the kernel '%s'", attn_kernel_name());
+                                     "kernel for the kernel '%s'", attn_kernel_name());
         if (strcmp(attn_blas_name(), "none") == 0)
             return ai_fail(ATTN_ERR_UNSUPPORTED, "additive attention: this build has no BLAS "
-                             "for the projections (use ATTN_PATH_REFERENCE)");
+                           "for the projections (use ATTN_PATH_REFERENCE)");
     }
     return ATTN_OK;
 }

@@ -20,7 +20,7 @@ static bool mul3(int64_t a, int64_t b, int64_t c, int64_t *r) {
 }
 
 attn_status ai_proj_init(attn_additive_proj *pr, const attn_additive_params *p, int threads,
-                           int64_t per_thread, int64_t extra) {
+                         int64_t per_thread, int64_t extra) {
     const attn_params *m = &p->m;
     *pr = (attn_additive_proj){.Lq = m->Lq, .Lk = m->Lk, .A = p->A, .per_thread = per_thread};
     pr->per_gather = m->Lq * p->Dq > m->Lk * m->Dk ? m->Lq * p->Dq : m->Lk * m->Dk;
@@ -44,7 +44,7 @@ attn_status ai_proj_init(attn_additive_proj *pr, const attn_additive_params *p, 
     pr->mem = ai_malloc((size_t)total * sizeof(float) + 64);
     if (!pr->mem)
         return ai_fail(ATTN_ERR_NOMEM, "additive attention: could not allocate %lld floats",
-                         (long long)total);
+                       (long long)total);
     /* the blocks 64-byte aligned from the first whole line of the allocation */
     float *base = (float *)(((uintptr_t)pr->mem + 63) & ~(uintptr_t)63);
     pr->qp = base + off[0];
@@ -62,7 +62,7 @@ void ai_proj_free(attn_additive_proj *pr) {
 }
 
 const float *ai_proj_rows(const float *data, const int64_t s[4], int64_t b, int64_t L,
-                            int64_t D, float *gather, int64_t *ld) {
+                          int64_t D, float *gather, int64_t *ld) {
     const float *base = data + b * s[0];
     if (s[3] == 1 && (L <= 1 || s[2] >= D)) {
         *ld = L > 1 ? s[2] : (D > 0 ? D : 1);
@@ -75,8 +75,8 @@ const float *ai_proj_rows(const float *data, const int64_t s[4], int64_t b, int6
 }
 
 attn_status ai_proj_product(bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                              const float *a, int64_t lda, const float *b, int64_t ldb,
-                              bool accumulate, float *c, int64_t ldc) {
+                            const float *a, int64_t lda, const float *b, int64_t ldb,
+                            bool accumulate, float *c, int64_t ldc) {
     if (m == 0 || n == 0) return ATTN_OK;
     if (k == 0) {  /* no BLAS call: what a BLAS does with k = 0 is not everywhere the same */
         if (!accumulate)
@@ -84,7 +84,7 @@ attn_status ai_proj_product(bool ta, bool tb, int64_t m, int64_t n, int64_t k,
         return ATTN_OK;
     }
     attn_status st = ai_gemm_f32(ta, tb, m, n, k, 1.0f, a, lda, b, ldb,
-                                   accumulate ? 1.0f : 0.0f, c, ldc);
+                                 accumulate ? 1.0f : 0.0f, c, ldc);
     return st == ATTN_OK ? st : ai_fail(st, "additive attention: the BLAS product failed");
 }
 
@@ -93,14 +93,14 @@ void ai_proj_vt(attn_additive_proj *pr, const attn_additive_params *p) {
 }
 
 attn_status ai_proj_batch(attn_additive_proj *pr, const attn_additive_params *p, int64_t b,
-                            float *gather) {
+                          float *gather) {
     const attn_params *m = &p->m;
     const int64_t A = p->A;
     int64_t ld;
     /* Qp_b [Lq, A] = Q_b [Lq, Dq] · W [Dq, A] */
     const float *qb = ai_proj_rows(p->q, p->q_s, b, m->Lq, p->Dq, gather, &ld);
     attn_status st = ai_proj_product(false, false, m->Lq, A, p->Dq, qb, ld, p->w_query, A,
-                                       false, pr->qp + b * m->Lq * A, A);
+                                     false, pr->qp + b * m->Lq * A, A);
     if (st != ATTN_OK) return st;
     /* Kpᵀ_b [A, Lk] = Uᵀ [A, Dk] · K_bᵀ [Dk, Lk], then + b[a] on row a */
     const float *kb = ai_proj_rows(p->k, p->k_s, b, m->Lk, m->Dk, gather, &ld);

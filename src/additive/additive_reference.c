@@ -191,7 +191,7 @@ static void through_weights(const float *W, int64_t Dw, int64_t A, const double 
 }
 
 attn_status ai_additive_reference_backward(const attn_additive_params *p,
-                                             const attn_additive_bwd *g) {
+                                           const attn_additive_bwd *g) {
     const attn_params *m = &p->m;
     const int64_t A = p->A;
     ref_ws w;

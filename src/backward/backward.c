@@ -36,7 +36,7 @@ static attn_status check_extra(const attn_tensor *t, const char *name, const int
     for (int d = 0; d < 4; d++)
         if (t->shape[d] != want[d])
             return ai_fail(ATTN_ERR_SHAPE, "%s: shape[%d] (%s) is %lld, expected %lld", name,
-                             d, what[d], (long long)t->shape[d], (long long)want[d]);
+                           d, what[d], (long long)t->shape[d], (long long)want[d]);
     return ATTN_OK;
 }
 
@@ -53,10 +53,10 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
     *bp = (attn_bwd_params){0};
     if (opt && opt->block_table)  // paged caches: forward only (CONTRACT, "A paged KV cache")
         return ai_fail(ATTN_ERR_UNSUPPORTED, "attn_backward: options.block_table (a paged "
-                         "cache) is forward only");
+                       "cache) is forward only");
     if (opt && (opt->lse || opt->weights))
         return ai_fail(ATTN_ERR_VALUE, "options.%s must be NULL in attn_backward (the "
-                         "forward's LSE is the lse argument)", opt->lse ? "lse" : "weights");
+                       "forward's LSE is the lse argument)", opt->lse ? "lse" : "weights");
     attn_params *p = &bp->fwd;
     /* the forward's checks, without d_sinks (the forward's filler refuses it) */
     attn_options fo = opt ? *opt : (attn_options){0};
@@ -66,17 +66,17 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
     if (attn_is_block_dtype(p->kv_dt) || p->kv_dt == ATTN_FP8_E4M3 || p->kv_dt == ATTN_FP8_E5M2)
         /* the forward-only cache dtypes: no gradient path reads them */
         return ai_fail(ATTN_ERR_DTYPE, "k, v: %s is a forward-only KV cache dtype; the "
-                         "backward takes float32, float16 or bfloat16",
-                         attn_dtype_name(p->kv_dt));
+                       "backward takes float32, float16 or bfloat16",
+                       attn_dtype_name(p->kv_dt));
     const bool f64 = p->q_dt == ATTN_F64;
     if (!f64)
         for (int x = 0; x < 4; x++) {
             const attn_tensor *t = (const attn_tensor *[]){d_o, dq, dk, dv}[x];
             if (t && t->dtype == ATTN_F64)
                 return ai_fail(ATTN_ERR_DTYPE, "%s: dtype float64 under %s q: float64 needs "
-                                 "q, k, v, o, d_o and the gradients all float64",
-                                 (const char *[]){"d_o", "dq", "dk", "dv"}[x],
-                                 attn_dtype_name(p->q_dt));
+                               "q, k, v, o, d_o and the gradients all float64",
+                               (const char *[]){"d_o", "dq", "dk", "dv"}[x],
+                               attn_dtype_name(p->q_dt));
         }
 
     static const char *const q_dims[4] = {"B", "Hq", "Lq", "Dv"};
@@ -96,31 +96,31 @@ static attn_status bwd_params_init(attn_bwd_params *bp, const attn_tensor *q,
         const attn_tensor *t = opt->d_sinks;
         if (!opt->sinks)
             return ai_fail(ATTN_ERR_VALUE, "options.d_sinks is given without options.sinks "
-                             "(there is no sink to differentiate)");
+                           "(there is no sink to differentiate)");
         TRY(ai_check_tensor(t, "d_sinks", ATTN_F32, need_data));
         if (t->shape[0] != p->Hq || t->shape[1] != 1 || t->shape[2] != 1 || t->shape[3] != 1)
             return ai_fail(ATTN_ERR_SHAPE, "d_sinks: shape [%lld, %lld, %lld, %lld], "
-                             "expected [Hq = %lld, 1, 1, 1]", (long long)t->shape[0],
-                             (long long)t->shape[1], (long long)t->shape[2],
-                             (long long)t->shape[3], (long long)p->Hq);
+                           "expected [Hq = %lld, 1, 1, 1]", (long long)t->shape[0],
+                           (long long)t->shape[1], (long long)t->shape[2],
+                           (long long)t->shape[3], (long long)p->Hq);
         TRY(ai_check_output_strides(t, "d_sinks", 1));
         bp->d_sinks = (float *)ai_view_data(t, &bp->d_sinks_s, 1);
     }
 
     if (opt && opt->score_mod && !opt->score_mod_grad)
         return ai_fail(ATTN_ERR_VALUE, "options.score_mod is given without score_mod_grad, "
-                         "its derivative, which attn_backward needs");
+                       "its derivative, which attn_backward needs");
     if (opt && opt->d_bias) {
         const attn_tensor *t = opt->d_bias, *bias = opt->bias;
         if (!bias)
             return ai_fail(ATTN_ERR_VALUE, "options.d_bias is given without options.bias "
-                             "(there is no bias to differentiate)");
+                           "(there is no bias to differentiate)");
         TRY(ai_check_tensor(t, "d_bias", ATTN_F32, need_data));
         for (int d = 0; d < 4; d++)
             if (t->shape[d] != bias->shape[d])
                 return ai_fail(ATTN_ERR_SHAPE, "d_bias: shape[%d] is %lld, expected %lld "
-                                 "(the bias's shape)", d, (long long)t->shape[d],
-                                 (long long)bias->shape[d]);
+                               "(the bias's shape)", d, (long long)t->shape[d],
+                               (long long)bias->shape[d]);
         TRY(ai_check_output_strides(t, "d_bias", 4));
         bp->d_bias = (float *)ai_view_data(t, bp->d_bias_s, 4);
         const int64_t full[4] = {p->B, p->Hq, p->Lq, p->Lk};
@@ -201,7 +201,7 @@ static attn_status half_plan(const attn_tensor *const t[H_N], const attn_tensor 
         if (!t[i]) return ai_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", names[i]);
         if (t[i]->dtype != ATTN_F32 && !is_half(t[i]))
             return ai_fail(ATTN_ERR_DTYPE, "%s: dtype %s, expected float32, float16 or "
-                             "bfloat16", names[i], attn_dtype_name(t[i]->dtype));
+                           "bfloat16", names[i], attn_dtype_name(t[i]->dtype));
         shadow[i] = *t[i];
         shadow[i].dtype = ATTN_F32;
         /* a 16-bit tensor is 2-byte aligned, a float32 stand-in must be 4: the stand-in
@@ -211,7 +211,7 @@ static attn_status half_plan(const attn_tensor *const t[H_N], const attn_tensor 
     }
     if (t[H_K]->dtype != t[H_V]->dtype)
         return ai_fail(ATTN_ERR_DTYPE, "v: dtype %s, expected %s like k (k and v must have "
-                         "one dtype)", attn_dtype_name(t[H_V]->dtype), attn_dtype_name(t[H_K]->dtype));
+                       "one dtype)", attn_dtype_name(t[H_V]->dtype), attn_dtype_name(t[H_K]->dtype));
     attn_bwd_params bp;
     TRY(bwd_params_init(&bp, &shadow[H_Q], &shadow[H_K], &shadow[H_V], &shadow[H_O],
                         &shadow[H_DO], lse, &shadow[H_DQ], &shadow[H_DK], &shadow[H_DV], opt,
@@ -263,8 +263,8 @@ static attn_status backward_half(const attn_tensor *const t[H_N], const attn_ten
     o.workspace_bytes = inner;
     if (st == ATTN_OK)
         st = ai_backward_piece(&dense[H_Q], &dense[H_K], &dense[H_V], &dense[H_O],
-                                 &dense[H_DO], lse_used, &dense[H_DQ], &dense[H_DK],
-                                 &dense[H_DV], &o, drop);
+                               &dense[H_DO], lse_used, &dense[H_DQ], &dense[H_DK],
+                               &dense[H_DV], &o, drop);
     if (st == ATTN_OK)
         for (int i = H_DQ; i <= H_DV; i++) copy_tensor(&dense[i], t[i]);
     ai_free(owned);
@@ -276,7 +276,7 @@ static attn_status backward_half(const attn_tensor *const t[H_N], const attn_ten
 
 /* the backward's lists for the overlap rule (core/overlap.c) */
 attn_status ai_check_backward_aliasing(const attn_tensor *const t[8], const attn_tensor *lse,
-                                         const attn_options *opt, size_t ws_need) {
+                                       const attn_options *opt, size_t ws_need) {
     static const char *const in_names[] = {"q", "k", "v", "o", "d_o", "lse", "mask", "bias",
                                            "kv_len", "alibi_slopes", "sinks"};
     static const char *const out_names[] = {"dq", "dk", "dv", "d_sinks", "d_bias"};
@@ -324,11 +324,11 @@ attn_status attn_backward(const attn_tensor *q, const attn_tensor *k, const attn
 }
 
 attn_status ai_backward_piece(const attn_tensor *q, const attn_tensor *k,
-                                const attn_tensor *v, const attn_tensor *o,
-                                const attn_tensor *d_o, const attn_tensor *lse,
-                                const attn_tensor *dq, const attn_tensor *dk,
-                                const attn_tensor *dv, const attn_options *opt,
-                                const attn_drop_layout *drop) {
+                              const attn_tensor *v, const attn_tensor *o,
+                              const attn_tensor *d_o, const attn_tensor *lse,
+                              const attn_tensor *dq, const attn_tensor *dk,
+                              const attn_tensor *dv, const attn_options *opt,
+                              const attn_drop_layout *drop) {
     attn_bwd_params bp;
     const attn_tensor *const t[H_N] = {q, k, v, o, d_o, dq, dk, dv};
     for (int i = 0; i < H_N; i++)
@@ -355,12 +355,12 @@ attn_status ai_backward_piece(const attn_tensor *q, const attn_tensor *k,
 }
 
 attn_status ai_backward_forced_workspace_size(const attn_tune_config *force,
-                                                const attn_tensor *q, const attn_tensor *k,
-                                                const attn_tensor *v, const attn_tensor *o,
-                                                const attn_tensor *d_o, const attn_tensor *lse,
-                                                const attn_tensor *dq, const attn_tensor *dk,
-                                                const attn_tensor *dv, const attn_options *opt,
-                                                size_t *bytes) {
+                                              const attn_tensor *q, const attn_tensor *k,
+                                              const attn_tensor *v, const attn_tensor *o,
+                                              const attn_tensor *d_o, const attn_tensor *lse,
+                                              const attn_tensor *dq, const attn_tensor *dk,
+                                              const attn_tensor *dv, const attn_options *opt,
+                                              size_t *bytes) {
     attn_bwd_params bp;
     TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, false, force));
     *bytes = bwd_workspace(&bp);
@@ -369,16 +369,16 @@ attn_status ai_backward_forced_workspace_size(const attn_tune_config *force,
 }
 
 attn_status ai_backward_forced(const attn_tune_config *force, const attn_tensor *q,
-                                 const attn_tensor *k, const attn_tensor *v,
-                                 const attn_tensor *o, const attn_tensor *d_o,
-                                 const attn_tensor *lse, const attn_tensor *dq,
-                                 const attn_tensor *dk, const attn_tensor *dv,
-                                 const attn_options *opt) {
+                               const attn_tensor *k, const attn_tensor *v,
+                               const attn_tensor *o, const attn_tensor *d_o,
+                               const attn_tensor *lse, const attn_tensor *dq,
+                               const attn_tensor *dk, const attn_tensor *dv,
+                               const attn_options *opt) {
     attn_bwd_params bp;
     TRY(bwd_params_init(&bp, q, k, v, o, d_o, lse, dq, dk, dv, opt, true, force));
     if (bwd_reference(&bp) || bp.fwd.q_dt == ATTN_F64 || bwd_padding_bytes(&bp) != 0)
         return ai_fail(ATTN_ERR_UNSUPPORTED, "ai_backward_forced: float32 fused calls "
-                         "without key padding only");
+                       "without key padding only");
     const size_t need = bwd_workspace(&bp);
     if (need == (size_t)-1) return ai_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
     void *ws, *owned;

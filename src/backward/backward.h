@@ -48,8 +48,8 @@ ATTN_PRIVATE size_t ai_d_bias_scratch(const attn_bwd_params *bp, size_t elem);
  * input (the first five, lse, the masks, the sinks) or each other; ATTN_ERR_STRIDE
  * otherwise. */
 ATTN_PRIVATE attn_status ai_check_backward_aliasing(const attn_tensor *const t[8],
-                                                      const attn_tensor *lse,
-                                                      const attn_options *opt, size_t ws_need);
+                                                    const attn_tensor *lse,
+                                                    const attn_options *opt, size_t ws_need);
 
 /* The paths. Each returns ATTN_OK (the workspace was sized by the matching function,
  * which returns (size_t)-1 when the size overflows). */
@@ -74,18 +74,18 @@ ATTN_PRIVATE attn_status ai_reference_backward(const attn_bwd_params *bp, void *
  * |D_i| = Σ_j P_ij |dP_ij|, |dS_ij| = |scale| P_ij (|dP_ij| + |D_i|) (softcap's factor,
  * at most 1, taken as 1), then dQ, dK, dV over |K|, |Q|, |dO|. */
 ATTN_PRIVATE attn_status ai_ref64_forward(const attn_params *p, const double *q,
-                                            const double *k, const double *v, double *o,
-                                            double *lse);
+                                          const double *k, const double *v, double *o,
+                                          double *lse);
 ATTN_PRIVATE attn_status ai_ref64_backward(const attn_params *p, const double *q,
-                                             const double *k, const double *v,
-                                             const double *d_o, double *dq, double *dk,
-                                             double *dv, bool magnitudes);
+                                           const double *k, const double *v,
+                                           const double *d_o, double *dq, double *dk,
+                                           double *dv, bool magnitudes);
 /* The same, with the bias's gradient (or its magnitude) into d_bias, dense float64 of the
  * bias's shape d_bias_n (1 where it broadcasts); d_bias NULL: none */
 ATTN_PRIVATE attn_status ai_ref64_backward_bias(const attn_params *p, const double *q,
-                                                  const double *k, const double *v,
-                                                  const double *d_o, double *dq, double *dk,
-                                                  double *dv, double *d_bias,
-                                                  const int64_t d_bias_n[4], bool magnitudes);
+                                                const double *k, const double *v,
+                                                const double *d_o, double *dq, double *dk,
+                                                double *dv, double *d_bias,
+                                                const int64_t d_bias_n[4], bool magnitudes);
 
 #endif /* ATTN_BACKWARD_H */

@@ -427,8 +427,8 @@ static void keys_dkdv(const attn_bwd_params *bp, const f64b_plan *pl, const f64b
             /* dQ_i += Σ_j dS_ij k_j, as rows_dq adds them: this block's keys in order */
             if (with_dq)
                 ai_gemm_f64(nq, Dk, nk, w->dS, BK, 1, w->k, Dk,
-                              (double *)bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1] + i0 * bp->dq_s[2],
-                              bp->dq_s[2], true, true);
+                            (double *)bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1] + i0 * bp->dq_s[2],
+                            bp->dq_s[2], true, true);
         }
     }
     double *dk = (double *)bp->dk, *dv = (double *)bp->dv;
@@ -466,7 +466,7 @@ attn_status ai_fused_f64_backward(const attn_bwd_params *bp, void *ws) {
     attn_params open;
     if (p->mask || p->bias || p->block) {
         ai_mask_summary_init(p, (void *)(((uintptr_t)(base + pl.off_sum) + 63) & ~(uintptr_t)63),
-                               &sum);
+                             &sum);
         open = *p;
         open.mask = NULL;
         open.bias = NULL;

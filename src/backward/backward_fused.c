@@ -641,8 +641,8 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                 /* a tile the mask or bias masks whole adds nothing; an open one needs neither */
                 const attn_tile_class cls =
                     plan->sum ? ai_mask_summary_rows(p, plan->sum, b, t.h, qb * plan->bq,
-                                                       (qb + 1) * plan->bq < Lq ? (qb + 1) * plan->bq : Lq,
-                                                       t.j0, t.nk)
+                                                     (qb + 1) * plan->bq < Lq ? (qb + 1) * plan->bq : Lq,
+                                                     t.j0, t.nk)
                               : ATTN_TILE_MIXED;
                 if (cls == ATTN_TILE_MASKED) {
                     if (clear) d_bias_clear(plan, b, t.h, qi0, qn, t.j0, t.nk);

@@ -56,7 +56,7 @@ static double ref_row(const attn_params *p, int64_t b, int64_t h, int64_t i,
         double dot = 0.0;
         for (int64_t d = 0; d < Dk; d++) dot += q_i[d] * k_j[d];
         const double s = ai_ref_finish(p, p->scale64 * dot, b, h, i, j, d_i,
-                                         cap_i ? &cap_i[j] : NULL);
+                                       cap_i ? &cap_i[j] : NULL);
         P_i[j] = s;
         if (isnan(s) || s > m) m = s;  // NaN sticks, as in the forward
     }
@@ -387,7 +387,7 @@ static double *alloc_mats(const attn_params *p) {
 }
 
 attn_status ai_ref64_forward(const attn_params *p, const double *q, const double *k,
-                               const double *v, double *o, double *lse) {
+                             const double *v, double *o, double *lse) {
     double *P = alloc_mats(p);
     if (!P) return ai_fail(ATTN_ERR_NOMEM, "ai_ref64_forward: scratch");
     const int64_t Lq = p->Lq, Lk = p->Lk, G = p->group;
@@ -403,15 +403,15 @@ attn_status ai_ref64_forward(const attn_params *p, const double *q, const double
 }
 
 attn_status ai_ref64_backward(const attn_params *p, const double *q, const double *k,
-                                const double *v, const double *d_o, double *dq, double *dk,
-                                double *dv, bool magnitudes) {
+                              const double *v, const double *d_o, double *dq, double *dk,
+                              double *dv, bool magnitudes) {
     return ai_ref64_backward_bias(p, q, k, v, d_o, dq, dk, dv, NULL, NULL, magnitudes);
 }
 
 attn_status ai_ref64_backward_bias(const attn_params *p, const double *q, const double *k,
-                                     const double *v, const double *d_o, double *dq, double *dk,
-                                     double *dv, double *d_bias, const int64_t d_bias_n[4],
-                                     bool magnitudes) {
+                                   const double *v, const double *d_o, double *dq, double *dk,
+                                   double *dv, double *d_bias, const int64_t d_bias_n[4],
+                                   bool magnitudes) {
     double *mats = alloc_mats(p);
     if (!mats) return ai_fail(ATTN_ERR_NOMEM, "ai_ref64_backward: scratch");
     ref_dbias db = {0};

@@ -44,8 +44,8 @@ static attn_status refuse_options(const attn_options *opt) {
     if (opt->mask || opt->bias || opt->alibi_slopes || opt->block_mask || opt->score_mod ||
         opt->key_scores)
         return ai_fail(ATTN_ERR_UNSUPPORTED, "cascade: options.mask, bias, alibi_slopes, "
-                         "block_mask, score_mod and key_scores are not supported (they would "
-                         "be cut between prefix and suffix)");
+                       "block_mask, score_mod and key_scores are not supported (they would "
+                       "be cut between prefix and suffix)");
     if (opt->has_window)
         return ai_fail(ATTN_ERR_UNSUPPORTED, "cascade: a sliding window is not supported");
     if (opt->weights)
@@ -54,12 +54,12 @@ static attn_status refuse_options(const attn_options *opt) {
         return ai_fail(ATTN_ERR_UNSUPPORTED, "cascade: dropout is not supported");
     if (opt->kv_len || opt->block_table)
         return ai_fail(ATTN_ERR_VALUE, "cascade: options.kv_len and options.block_table must be "
-                         "NULL (the prefix's and the suffixes' own are in attn_cascade_kv)");
+                       "NULL (the prefix's and the suffixes' own are in attn_cascade_kv)");
     if (opt->d_sinks)
         return ai_fail(ATTN_ERR_VALUE, "cascade: options.d_sinks must be NULL (a forward call)");
     if (opt->causal && opt->align != ATTN_ALIGN_BOTTOM_RIGHT)
         return ai_fail(ATTN_ERR_UNSUPPORTED, "cascade: causal needs align = "
-                         "ATTN_ALIGN_BOTTOM_RIGHT (the queries are the last rows of each sequence)");
+                       "ATTN_ALIGN_BOTTOM_RIGHT (the queries are the last rows of each sequence)");
     return ATTN_OK;
 }
 
@@ -76,20 +76,20 @@ static attn_status make_plan(const attn_tensor *q, const attn_cascade_kv *prefix
     const int64_t Dv = o->shape[3];
     if (o->shape[0] != B || o->shape[1] != Hq || o->shape[2] != Lq)
         return ai_fail(ATTN_ERR_SHAPE, "cascade: o is [%lld, %lld, %lld, %lld], expected [B, Hq, "
-                         "Lq] = [%lld, %lld, %lld] first", (long long)o->shape[0],
-                         (long long)o->shape[1], (long long)o->shape[2], (long long)o->shape[3],
-                         (long long)B, (long long)Hq, (long long)Lq);
+                       "Lq] = [%lld, %lld, %lld] first", (long long)o->shape[0],
+                       (long long)o->shape[1], (long long)o->shape[2], (long long)o->shape[3],
+                       (long long)B, (long long)Hq, (long long)Lq);
     if (present(prefix)) {
         if (!prefix->k || !prefix->v)
             return ai_fail(ATTN_ERR_NULL, "cascade: prefix->%s is NULL", prefix->k ? "v" : "k");
         const attn_tensor *batch = prefix->block_table ? prefix->block_table : prefix->k;
         if (batch->shape[0] != 1)
             return ai_fail(ATTN_ERR_SHAPE, "cascade: the prefix's %s has shape[0] = %lld, "
-                             "expected 1 (one prefix shared by the batch)",
-                             prefix->block_table ? "block table" : "k", (long long)batch->shape[0]);
+                           "expected 1 (one prefix shared by the batch)",
+                           prefix->block_table ? "block table" : "k", (long long)batch->shape[0]);
         if (prefix->kv_len && prefix->kv_len->shape[0] != 1)
             return ai_fail(ATTN_ERR_SHAPE, "cascade: prefix->kv_len has shape[0] = %lld, expected 1",
-                             (long long)prefix->kv_len->shape[0]);
+                           (long long)prefix->kv_len->shape[0]);
     }
     if (present(suffix) && (!suffix->k || !suffix->v))
         return ai_fail(ATTN_ERR_NULL, "cascade: suffix->%s is NULL", suffix->k ? "v" : "k");
@@ -98,9 +98,9 @@ static attn_status make_plan(const attn_tensor *q, const attn_cascade_kv *prefix
         if (opt->sinks->shape[0] != Hq || opt->sinks->shape[1] != 1 || opt->sinks->shape[2] != 1 ||
             opt->sinks->shape[3] != 1)
             return ai_fail(ATTN_ERR_SHAPE, "sinks: shape is [%lld, %lld, %lld, %lld], expected "
-                             "[Hq, 1, 1, 1] = [%lld, 1, 1, 1]", (long long)opt->sinks->shape[0],
-                             (long long)opt->sinks->shape[1], (long long)opt->sinks->shape[2],
-                             (long long)opt->sinks->shape[3], (long long)Hq);
+                           "[Hq, 1, 1, 1] = [%lld, 1, 1, 1]", (long long)opt->sinks->shape[0],
+                           (long long)opt->sinks->shape[1], (long long)opt->sinks->shape[2],
+                           (long long)opt->sinks->shape[3], (long long)Hq);
     }
     int64_t rows, n_o, n_q;
     if (__builtin_mul_overflow(B, Lq, &rows) || __builtin_mul_overflow(rows, Hq, &n_q) ||
@@ -249,9 +249,9 @@ attn_status attn_cascade_forward(const attn_tensor *q, const attn_cascade_kv *pr
                 }
                 if (s_b < c.Lq - 1) {
                     st = ai_fail(ATTN_ERR_UNSUPPORTED, "cascade: causal with sequence %lld's "
-                                   "suffix of %lld keys under Lq = %lld query rows: its first rows "
-                                   "would see only part of the prefix (needs S_b >= Lq - 1)",
-                                   (long long)b, (long long)s_b, (long long)c.Lq);
+                                 "suffix of %lld keys under Lq = %lld query rows: its first rows "
+                                 "would see only part of the prefix (needs S_b >= Lq - 1)",
+                                 (long long)b, (long long)s_b, (long long)c.Lq);
                     goto done;
                 }
             }

@@ -55,10 +55,10 @@ static attn_status check_q8_rows(const attn_tensor *k_new, const attn_tensor *v_
                     const int64_t blk = ai_block_row_check(dt, row, xs[3], x->shape[3]);
                     if (blk >= 0)
                         return ai_fail(ATTN_ERR_VALUE, "%s: block %lld of row (%lld, %lld, "
-                                         "%lld) holds a NaN or infinity, or a scale %s beyond "
-                                         "float16's range (the %s cache cannot hold it)",
-                                         c ? "v_new" : "k_new", (long long)blk, (long long)b,
-                                         (long long)g, (long long)t, what, attn_dtype_name(dt));
+                                       "%lld) holds a NaN or infinity, or a scale %s beyond "
+                                       "float16's range (the %s cache cannot hold it)",
+                                       c ? "v_new" : "k_new", (long long)blk, (long long)b,
+                                       (long long)g, (long long)t, what, attn_dtype_name(dt));
                 }
             }
     }
@@ -78,7 +78,7 @@ static attn_status expect(const attn_tensor *t, const char *name, int d, int64_t
                           const char *what) {
     if (t->shape[d] != want)
         return ai_fail(ATTN_ERR_SHAPE, "%s: shape[%d] (%s) is %lld, expected %lld", name, d,
-                         what, (long long)t->shape[d], (long long)want);
+                       what, (long long)t->shape[d], (long long)want);
     return ATTN_OK;
 }
 
@@ -111,9 +111,9 @@ static attn_status find_slots(int64_t B, int64_t n, int64_t num_pages, int64_t p
             if (lb < 0 || lb > rows - n)
                 /* "kv_len + n - 1" in words: it overflows int64 for kv_len near INT64_MAX */
                 return ai_fail(ATTN_ERR_VALUE, "kv_len[%lld] = %lld: the %lld new tokens' "
-                                 "positions from there lie beyond the %s (%lld rows)",
-                                 (long long)b, (long long)lb, (long long)n,
-                                 pg ? "block table's pages" : "cache", (long long)rows);
+                               "positions from there lie beyond the %s (%lld rows)",
+                               (long long)b, (long long)lb, (long long)n,
+                               pg ? "block table's pages" : "cache", (long long)rows);
             if (pg) TRY(ai_pages_check(pg, "block_table", b, lb, lb + n));
         }
         for (int64_t t = 0; t < n; t++) {
@@ -126,9 +126,9 @@ static attn_status find_slots(int64_t B, int64_t n, int64_t num_pages, int64_t p
                 }
                 if (s < 0 || s / page_size >= num_pages)
                     return ai_fail(ATTN_ERR_VALUE, "slot_mapping[%lld][%lld] = %lld, expected "
-                                     "-1 or 0 <= slot < num_pages * page_size = %lld * %lld",
-                                     (long long)b, (long long)t, (long long)s,
-                                     (long long)num_pages, (long long)page_size);
+                                   "-1 or 0 <= slot < num_pages * page_size = %lld * %lld",
+                                   (long long)b, (long long)t, (long long)s,
+                                   (long long)num_pages, (long long)page_size);
             } else if (pg) {
                 const int64_t pos = lb + t;
                 s = ai_page_of(pg->bt, pg->bt_s, b, pos, page_size) * page_size + pos % page_size;
@@ -170,10 +170,10 @@ static attn_status append_check(const attn_tensor *k_new, const attn_tensor *v_n
      * or an fp8 dtype */
     const bool cache_dt = k_cache && (attn_is_block_dtype(k_cache->dtype) || attn_is_fp8(k_cache->dtype));
     TRY(ai_check_tensor(k_cache, "k_cache", cache_dt ? k_cache->dtype : ATTN_DTYPE_COUNT,
-                          true));
+                        true));
     if (v_cache && v_cache->dtype != k_cache->dtype)
         return ai_fail(ATTN_ERR_DTYPE, "v_cache: dtype is %s, expected %s like k_cache",
-                         attn_dtype_name(v_cache->dtype), attn_dtype_name(k_cache->dtype));
+                       attn_dtype_name(v_cache->dtype), attn_dtype_name(k_cache->dtype));
     TRY(ai_check_tensor(v_cache, "v_cache", k_cache->dtype, true));
     const int64_t B = k_new->shape[0], Hkv = k_new->shape[1], n = k_new->shape[2];
     const int64_t Dk = k_new->shape[3], Dv = v_new->shape[3];
@@ -202,7 +202,7 @@ static attn_status append_check(const attn_tensor *k_new, const attn_tensor *v_n
     } else {
         if (!kv_len)
             return ai_fail(ATTN_ERR_NULL, "kv_len: required to append by position (no "
-                             "slot_mapping)");
+                           "slot_mapping)");
         TRY(check_index(kv_len, "kv_len", true, B, 1));
         if (block_table)  // its entries: those of the rows written, in find_slots
             TRY(ai_pages_init(pg, block_table, "block_table", B, k_cache->shape[0], page_size,
@@ -217,7 +217,7 @@ static attn_status append_check(const attn_tensor *k_new, const attn_tensor *v_n
         for (int a = 0; a < 7; a++)
             if (in[a] && ai_views_overlap(out, in[a]))
                 return ai_fail(ATTN_ERR_STRIDE, "%s overlaps %s", c ? "v_cache" : "k_cache",
-                                 in_names[a]);
+                               in_names[a]);
     }
     if (ai_views_overlap(k_cache, v_cache))
         return ai_fail(ATTN_ERR_STRIDE, "v_cache overlaps k_cache");
@@ -270,7 +270,7 @@ attn_status attn_kv_append_scaled(const attn_tensor *k_new, const attn_tensor *v
     if (tokens == 0) return ai_ok();
     int64_t *slot = ai_malloc((size_t)tokens * 2 * sizeof(int64_t));
     if (!slot) return ai_fail(ATTN_ERR_NOMEM, "attn_kv_append: %lld slots",
-                                (long long)tokens);
+                              (long long)tokens);
     attn_status st = find_slots(B, n, num_pages, paged ? page_size : k_cache->shape[2],
                                 slot_mapping, block_table && !slot_mapping ? &pg : NULL, kv_len,
                                 slot);
@@ -281,7 +281,7 @@ attn_status attn_kv_append_scaled(const attn_tensor *k_new, const attn_tensor *v
         for (int64_t a = 1; a < tokens && st == ATTN_OK; a++)
             if (sorted[a] >= 0 && sorted[a] == sorted[a - 1])
                 st = ai_fail(ATTN_ERR_VALUE, "two new tokens are aimed at one cache row "
-                               "(slot %lld)", (long long)sorted[a]);
+                             "(slot %lld)", (long long)sorted[a]);
     }
     if (st == ATTN_OK && attn_is_block_dtype(k_cache->dtype))
         st = check_q8_rows(k_new, v_new, slot, k_cache->dtype);

@@ -89,21 +89,21 @@ ATTN_PRIVATE void ai_dequant_q4_0_blocks(int64_t n, const uint8_t *src, float *d
  * a multiple of 32) quantized into n / 32 contiguous blocks at dst. */
 ATTN_PRIVATE int64_t ai_block_row_check(attn_dtype dt, const float *x, int64_t xs, int64_t n);
 ATTN_PRIVATE void ai_block_quantize_row(attn_dtype dt, const float *x, int64_t xs, int64_t n,
-                                          uint8_t *dst);
+                                        uint8_t *dst);
 
 /* The public conversions of a block dtype, written once for both (q8_0.c): src float32
  * into dst of block dtype dt (row_check refusing first, then quantize_row), and back. */
 ATTN_PRIVATE attn_status ai_block_quantize(attn_dtype dt, const attn_tensor *src,
-                                             const attn_tensor *dst);
+                                           const attn_tensor *dst);
 ATTN_PRIVATE attn_status ai_block_dequantize(attn_dtype dt, const attn_tensor *src,
-                                               const attn_tensor *dst);
+                                             const attn_tensor *dst);
 
 /* An fp8 cache's k_scale or v_scale (attn.h) checked against the cache's dtype and Hkv
  * (core.c): *data its first float (NULL: none given, scale 1), *stride the step between
  * key/value heads (0: one for all). */
 ATTN_PRIVATE attn_status ai_check_kv_scale(const attn_tensor *t, const char *name,
-                                             attn_dtype kv_dt, int64_t Hkv, bool need_data,
-                                             const float **data, int64_t *stride);
+                                           attn_dtype kv_dt, int64_t Hkv, bool need_data,
+                                           const float **data, int64_t *stride);
 
 /* The scale of key/value head g: 1 when none was given (every dtype but fp8). */
 static inline float attn_kv_scale(const float *s, int64_t stride, int64_t g) {
@@ -237,7 +237,7 @@ static inline bool attn_block_keep(const struct attn_block_mask *m, int64_t b, i
 /* Row i of head h, batch b under block mask m: s[c * ld] = -inf for each key j0 + c
  * (0 <= c < n) that m does not keep; the others are left as they are. */
 ATTN_PRIVATE void ai_block_mask_row(const struct attn_block_mask *m, int64_t b, int64_t h,
-                                      int64_t i, int64_t j0, int64_t n, float *s, int64_t ld);
+                                    int64_t i, int64_t j0, int64_t n, float *s, int64_t ld);
 
 /* The dropout row r of (b, h, i) and the key count of the group formula (philox.h),
  * through the call's layout (drop_b0, drop_Lq, drop_Lk above): every path that draws a
@@ -360,17 +360,17 @@ static inline bool attn_has_elementwise(const attn_params *p) {
  * false for workspace queries, which may come before any buffer exists. On failure the
  * detail is in attn_last_error(). */
 ATTN_PRIVATE attn_status ai_params_init(attn_params *p, const attn_tensor *q,
-                                          const attn_tensor *k, const attn_tensor *v,
-                                          const attn_tensor *o, const attn_options *opt,
-                                          bool need_data);
+                                        const attn_tensor *k, const attn_tensor *v,
+                                        const attn_tensor *o, const attn_options *opt,
+                                        bool need_data);
 /* ai_params_init for a call of a given use: backward (the backward's forward params)
  * or a forward; its fused path takes the configuration of its shape class, force when
  * not NULL (the tuner's candidates, tune.c), else the process's wisdom (wisdom.h). */
 ATTN_PRIVATE attn_status ai_params_init_for(attn_params *p, const attn_tensor *q,
-                                              const attn_tensor *k, const attn_tensor *v,
-                                              const attn_tensor *o, const attn_options *opt,
-                                              bool need_data, bool backward,
-                                              const attn_tune_config *force);
+                                            const attn_tensor *k, const attn_tensor *v,
+                                            const attn_tensor *o, const attn_options *opt,
+                                            bool need_data, bool backward,
+                                            const attn_tune_config *force);
 
 /* Dropout's layout for a call that is one piece of a larger one (attn_params' drop_b0,
  * drop_Lq, drop_Lk): the packed batches of varlen.c run each sequence as a call of
@@ -392,21 +392,21 @@ static inline void attn_set_drop_layout(attn_params *p, const attn_drop_layout *
  * ai_key_padding; (size_t)-1 when the size overflows (piece.c). */
 ATTN_PRIVATE size_t ai_forward_bytes(const attn_params *p);
 ATTN_PRIVATE attn_status ai_forward_piece(const attn_tensor *q, const attn_tensor *k,
-                                            const attn_tensor *v, const attn_tensor *o,
-                                            const attn_options *opt,
-                                            const attn_drop_layout *drop);
+                                          const attn_tensor *v, const attn_tensor *o,
+                                          const attn_options *opt,
+                                          const attn_drop_layout *drop);
 /* attn_forward with options.key_scores: the forward, then the eviction scores from its
  * LSE (key_scores.c). */
 ATTN_PRIVATE attn_status ai_forward_key_scores(const attn_tensor *q, const attn_tensor *k,
-                                                 const attn_tensor *v, const attn_tensor *o,
-                                                 const attn_options *opt);
+                                               const attn_tensor *v, const attn_tensor *o,
+                                               const attn_options *opt);
 /* attn_backward likewise (backward.c). */
 ATTN_PRIVATE attn_status ai_backward_piece(const attn_tensor *q, const attn_tensor *k,
-                                             const attn_tensor *v, const attn_tensor *o,
-                                             const attn_tensor *d_o, const attn_tensor *lse,
-                                             const attn_tensor *dq, const attn_tensor *dk,
-                                             const attn_tensor *dv, const attn_options *opt,
-                                             const attn_drop_layout *drop);
+                                           const attn_tensor *v, const attn_tensor *o,
+                                           const attn_tensor *d_o, const attn_tensor *lse,
+                                           const attn_tensor *dq, const attn_tensor *dk,
+                                           const attn_tensor *dv, const attn_options *opt,
+                                           const attn_drop_layout *drop);
 
 /* attn_forward and attn_backward on the fused path with the configuration force instead
  * of the wisdom's (the tuner's candidates, tune.c; force's fields 0 keep the static
@@ -415,14 +415,14 @@ ATTN_PRIVATE attn_status ai_backward_piece(const attn_tensor *q, const attn_tens
  * `attn bench` times its masked rows' static column so), ATTN_ERR_UNSUPPORTED otherwise; no aliasing check (the tuner's own
  * buffers). piece.c and backward.c. */
 ATTN_PRIVATE attn_status ai_forward_forced(const attn_tune_config *force, const attn_tensor *q,
-                                             const attn_tensor *k, const attn_tensor *v,
-                                             const attn_tensor *o, const attn_options *opt);
+                                           const attn_tensor *k, const attn_tensor *v,
+                                           const attn_tensor *o, const attn_options *opt);
 ATTN_PRIVATE attn_status ai_backward_forced(const attn_tune_config *force,
-                                              const attn_tensor *q, const attn_tensor *k,
-                                              const attn_tensor *v, const attn_tensor *o,
-                                              const attn_tensor *d_o, const attn_tensor *lse,
-                                              const attn_tensor *dq, const attn_tensor *dk,
-                                              const attn_tensor *dv, const attn_options *opt);
+                                            const attn_tensor *q, const attn_tensor *k,
+                                            const attn_tensor *v, const attn_tensor *o,
+                                            const attn_tensor *d_o, const attn_tensor *lse,
+                                            const attn_tensor *dq, const attn_tensor *dk,
+                                            const attn_tensor *dv, const attn_options *opt);
 
 /* The workspace the two above need with force (as attn_forward_workspace_size and
  * attn_backward_workspace_size do with the wisdom's): `attn bench` sizes one workspace
@@ -440,16 +440,16 @@ ATTN_PRIVATE attn_status ai_backward_forced_workspace_size(
  * caller's opt->workspace if it is large enough, else ATTN_ERR_WORKSPACE; or, without
  * one, a malloc the caller frees through *owned. */
 ATTN_PRIVATE attn_status ai_workspace_acquire(const attn_options *opt, size_t need,
-                                                void **ws, void **owned);
+                                              void **ws, void **owned);
 
 /* A tensor's soundness: present, of dtype `want` (ATTN_DTYPE_COUNT: any of float32,
  * float16, bfloat16), sizes >= 0, element count and extreme offsets within int64, data
  * present when non-empty. And an output's: no element reachable twice through its first
  * `dims` strides. Both record the failure's detail (core.c). */
 ATTN_PRIVATE attn_status ai_check_tensor(const attn_tensor *t, const char *name,
-                                           attn_dtype want, bool need_data);
+                                         attn_dtype want, bool need_data);
 ATTN_PRIVATE attn_status ai_check_output_strides(const attn_tensor *t, const char *name,
-                                                   int dims);
+                                                 int dims);
 
 /* Whether two views can share a byte (exact; overlap.c says how). Empty views and views
  * with NULL data share none. */
@@ -461,17 +461,17 @@ ATTN_PRIVATE bool ai_views_overlap(const attn_tensor *a, const attn_tensor *b);
  * the call's own tensors after ai_params_init accepted them; not by the workspace
  * query, which reads no data pointer. */
 ATTN_PRIVATE attn_status ai_check_forward_aliasing(const attn_tensor *q, const attn_tensor *k,
-                                                     const attn_tensor *v, const attn_tensor *o,
-                                                     const attn_options *opt, size_t ws_need);
+                                                   const attn_tensor *v, const attn_tensor *o,
+                                                   const attn_options *opt, size_t ws_need);
 
 /* The same rule for any call: each output (NULL entries skipped) against every input and
  * every output before it, then the first ws_need bytes of opt->workspace against all of
  * them; ATTN_ERR_STRIDE naming both. At most 32 tensors in all. */
 ATTN_PRIVATE attn_status ai_check_aliasing(const attn_tensor *const *in,
-                                             const char *const *in_names, int n_in,
-                                             const attn_tensor *const *out,
-                                             const char *const *out_names, int n_out,
-                                             const attn_options *opt, size_t ws_need);
+                                           const char *const *in_names, int n_in,
+                                           const attn_tensor *const *out,
+                                           const char *const *out_names, int n_out,
+                                           const attn_options *opt, size_t ws_need);
 
 /* n bytes at p as a one-dimensional tensor (of bool), for the overlap rule of a raw array
  * (the additive weights, a saved buffer): empty when p is NULL or n <= 0. */
@@ -506,7 +506,7 @@ ATTN_PRIVATE attn_status ai_reference_forward(const attn_params *p, void *ws);
  * softcap (*cap gets its factor 1 - tanh² when cap is not NULL), + bias, - ALiBi, then the
  * bool mask (-inf). Shared by the reference forward and the reference backward. */
 ATTN_PRIVATE double ai_ref_finish(const attn_params *p, double raw, int64_t b, int64_t h,
-                                    int64_t i, int64_t j, int64_t d_i, double *cap);
+                                  int64_t i, int64_t j, int64_t d_i, double *cap);
 
 /* This thread's number in the enclosing OpenMP team (0 without OpenMP). */
 static inline int attn_thread_num(void) {

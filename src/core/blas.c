@@ -37,8 +37,8 @@ static attn_status gemm_check(bool trans_a, bool trans_b, int64_t m, int64_t n, 
 }
 
 attn_status ai_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                          float alpha, const float *a, int64_t lda, const float *b,
-                          int64_t ldb, float beta, float *c, int64_t ldc) {
+                        float alpha, const float *a, int64_t lda, const float *b,
+                        int64_t ldb, float beta, float *c, int64_t ldc) {
     attn_status st = gemm_check(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
     if (st != ATTN_OK || m == 0 || n == 0) return st;
 #ifdef ATTN_HAVE_CBLAS
@@ -53,7 +53,7 @@ attn_status ai_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
 }
 
 attn_status ai_gemv_f32(bool trans, int64_t rows, int64_t cols, float alpha, const float *a,
-                          int64_t lda, const float *x, float beta, float *y) {
+                        int64_t lda, const float *x, float beta, float *y) {
     /* the checks of a [rows, cols] · [cols, 1] product (or its transpose) */
     attn_status st = gemm_check(trans, false, trans ? cols : rows, 1, trans ? rows : cols, a,
                                 lda, x, 1, y, 1);
@@ -83,8 +83,8 @@ bool ai_have_gemm_bf16(void) {
 }
 
 attn_status ai_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                           float alpha, const uint16_t *a, int64_t lda, const uint16_t *b,
-                           int64_t ldb, float beta, float *c, int64_t ldc) {
+                         float alpha, const uint16_t *a, int64_t lda, const uint16_t *b,
+                         int64_t ldb, float beta, float *c, int64_t ldc) {
     attn_status st = gemm_check(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
     if (st != ATTN_OK || m == 0 || n == 0) return st;
 #if defined(ATTN_HAVE_CBLAS) && defined(ATTN_HAVE_SBGEMM)

@@ -25,25 +25,25 @@
  * trans_a) and op(b) is [k, n] (b is [n, k] when trans_b). beta = 0 ignores c's contents
  * (NaN included), as BLAS does. */
 ATTN_BLAS_PRIVATE attn_status ai_gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n,
-                                            int64_t k, float alpha, const float *a,
-                                            int64_t lda, const float *b, int64_t ldb,
-                                            float beta, float *c, int64_t ldc);
+                                          int64_t k, float alpha, const float *a,
+                                          int64_t lda, const float *b, int64_t ldb,
+                                          float beta, float *c, int64_t ldc);
 
 /* y = alpha * op(a) x + beta * y for a [rows, cols] (lda): op(a) = a (y has rows
  * elements, x cols) or aᵀ when trans (y has cols, x rows); unit strides. beta = 0
  * ignores y's contents (NaN included). cblas_sgemv: one row of a product (M = 1). */
 ATTN_BLAS_PRIVATE attn_status ai_gemv_f32(bool trans, int64_t rows, int64_t cols, float alpha,
-                                            const float *a, int64_t lda, const float *x,
-                                            float beta, float *y);
+                                          const float *a, int64_t lda, const float *x,
+                                          float beta, float *y);
 
 /* The same with bfloat16 a and b (as uint16_t) and a float32 c, accumulated in float32:
  * cblas_sbgemm, in a build with ATTN_HAVE_SBGEMM (an OpenBLAS built with BUILD_BFLOAT16;
  * Debian's 0.3.21 declares cblas_sbgemm but does not export it), ATTN_ERR_UNSUPPORTED
  * otherwise: callers then widen bfloat16 operands to float32 and use ai_gemm_f32. */
 ATTN_BLAS_PRIVATE attn_status ai_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n,
-                                             int64_t k, float alpha, const uint16_t *a,
-                                             int64_t lda, const uint16_t *b, int64_t ldb,
-                                             float beta, float *c, int64_t ldc);
+                                           int64_t k, float alpha, const uint16_t *a,
+                                           int64_t lda, const uint16_t *b, int64_t ldb,
+                                           float beta, float *c, int64_t ldc);
 
 /* Whether ai_gemm_bf16 is available in this build. */
 ATTN_BLAS_PRIVATE bool ai_have_gemm_bf16(void);

@@ -79,27 +79,27 @@ int64_t attn_dtype_block(attn_dtype t) {
  * gets its first element (NULL when t is), *stride the step between heads (0: one scale
  * for every head). */
 attn_status ai_check_kv_scale(const attn_tensor *t, const char *name, attn_dtype kv_dt,
-                                int64_t Hkv, bool need_data, const float **data,
-                                int64_t *stride) {
+                              int64_t Hkv, bool need_data, const float **data,
+                              int64_t *stride) {
     *data = NULL;
     *stride = 0;
     if (!t) return ATTN_OK;
     if (kv_dt != ATTN_FP8_E4M3 && kv_dt != ATTN_FP8_E5M2)
         return ai_fail(ATTN_ERR_VALUE, "%s: given with a %s cache (scales are for the fp8 "
-                         "dtypes only)", name, attn_dtype_name(kv_dt));
+                       "dtypes only)", name, attn_dtype_name(kv_dt));
     TRY(ai_check_tensor(t, name, ATTN_F32, need_data));
     if ((t->shape[0] != 1 && t->shape[0] != Hkv) || t->shape[1] != 1 || t->shape[2] != 1 ||
         t->shape[3] != 1)
         return ai_fail(ATTN_ERR_SHAPE, "%s: shape [%lld, %lld, %lld, %lld], expected [1 or "
-                         "Hkv = %lld, 1, 1, 1]", name, (long long)t->shape[0],
-                         (long long)t->shape[1], (long long)t->shape[2],
-                         (long long)t->shape[3], (long long)Hkv);
+                       "Hkv = %lld, 1, 1, 1]", name, (long long)t->shape[0],
+                       (long long)t->shape[1], (long long)t->shape[2],
+                       (long long)t->shape[3], (long long)Hkv);
     const int64_t n = t->shape[0], st = n == 1 ? 0 : t->stride[0];
     const float *x = t->data;
     for (int64_t g = 0; need_data && g < n; g++)
         if (!(x[g * st] > 0.0f) || isinf(x[g * st]))
             return ai_fail(ATTN_ERR_VALUE, "%s[%lld] is %g, expected a finite scale > 0", name,
-                             (long long)g, (double)x[g * st]);
+                           (long long)g, (double)x[g * st]);
     *data = x;
     *stride = st;
     return ATTN_OK;
@@ -112,7 +112,7 @@ attn_status ai_check_q8_0_layout(const attn_tensor *t, const char *name) {
     const char *dn = attn_dtype_name(t->dtype);
     if (t->shape[3] % 32 != 0)
         return ai_fail(ATTN_ERR_SHAPE, "%s: %s needs shape[3] (the head dimension) a "
-                         "multiple of 32, got %lld", name, dn, (long long)t->shape[3]);
+                       "multiple of 32, got %lld", name, dn, (long long)t->shape[3]);
     int64_t span = 0;
     for (int d = 0; d < 4; d++) {
         if (t->shape[d] == 0) return ATTN_OK;  // no element: no block to place
@@ -120,12 +120,12 @@ attn_status ai_check_q8_0_layout(const attn_tensor *t, const char *name) {
     }
     if (t->stride[3] != 1)
         return ai_fail(ATTN_ERR_STRIDE, "%s: %s needs stride[3] = 1 (32 consecutive "
-                         "elements share a block), got %lld", name, dn, (long long)t->stride[3]);
+                       "elements share a block), got %lld", name, dn, (long long)t->stride[3]);
     for (int d = 0; d < 3; d++)
         if (t->shape[d] > 1 && t->stride[d] % 32 != 0)
             return ai_fail(ATTN_ERR_STRIDE, "%s: %s needs stride[%d] a multiple of 32 "
-                             "elements (every row starts a block), got %lld", name, dn, d,
-                             (long long)t->stride[d]);
+                           "elements (every row starts a block), got %lld", name, dn, d,
+                           (long long)t->stride[d]);
     /* the span (in elements, within int64: ai_check_tensor) in bytes, one block more */
     if (span / 32 > INT64_MAX / attn_elem_bytes(t->dtype) - 1)
         return ai_fail(ATTN_ERR_OVERFLOW, "%s: %s byte offsets overflow int64", name, dn);
@@ -133,7 +133,7 @@ attn_status ai_check_q8_0_layout(const attn_tensor *t, const char *name) {
 }
 
 attn_status ai_check_tensor(const attn_tensor *t, const char *name, attn_dtype want,
-                              bool need_data) {
+                            bool need_data) {
     if (!t) return ai_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", name);
     /* want = ATTN_F32 for q, k, v, o means any floating type: float32, float16, bfloat16 */
     const bool floating = t->dtype == ATTN_F32 || t->dtype == ATTN_F16 || t->dtype == ATTN_BF16;
@@ -152,7 +152,7 @@ attn_status ai_check_tensor(const attn_tensor *t, const char *name, attn_dtype w
          * fit has no dense layout (NumPy refuses to make one) */
         if (t->shape[d] > 0 && !mul_ok(extent, t->shape[d], &extent))
             return ai_fail(ATTN_ERR_OVERFLOW, "%s: the product of the sizes other than 0 "
-                             "overflows int64", name);
+                           "overflows int64", name);
     }
     for (int d = 0; d < 4 && count > 0; d++) {
         int64_t s = t->stride[d], ext;
@@ -171,7 +171,7 @@ attn_status ai_check_tensor(const attn_tensor *t, const char *name, attn_dtype w
     const size_t es = attn_dtype_size(t->dtype);
     if (count > 0 && t->data && es > 1 && (uintptr_t)t->data % es != 0)
         return ai_fail(ATTN_ERR_STRIDE, "%s: data %p is not aligned to its element size "
-                         "(%zu bytes for %s)", name, t->data, es, attn_dtype_name(t->dtype));
+                       "(%zu bytes for %s)", name, t->data, es, attn_dtype_name(t->dtype));
     return ATTN_OK;
 }
 
@@ -222,14 +222,14 @@ const void *ai_view_data(const attn_tensor *t, int64_t *s, int n) {
 }
 
 attn_status ai_workspace_acquire(const attn_options *opt, size_t need, void **ws,
-                                   void **owned) {
+                                 void **owned) {
     *ws = opt ? opt->workspace : NULL;
     *owned = NULL;
     if (need == (size_t)-1) return ai_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
     if (*ws) {
         if (opt->workspace_bytes < need)
             return ai_fail(ATTN_ERR_WORKSPACE, "options.workspace_bytes is %zu, this call "
-                             "needs %zu", opt->workspace_bytes, need);
+                           "needs %zu", opt->workspace_bytes, need);
     } else if (need > 0) {
         *owned = *ws = ai_malloc(need);
         if (!*ws) return ai_fail(ATTN_ERR_NOMEM, "workspace: could not allocate %zu bytes", need);

@@ -56,8 +56,8 @@ static void block8(int64_t i0, bool two, int64_t j0, int64_t kk, const double *A
 }
 
 void ai_gemm_f64(int64_t m, int64_t n, int64_t kk, const double *A, int64_t ar, int64_t ak,
-                   const double *B, int64_t ldb, double *C, int64_t ldc, bool accumulate,
-                   bool skip_zero) {
+                 const double *B, int64_t ldb, double *C, int64_t ldc, bool accumulate,
+                 bool skip_zero) {
     const int64_t n8 = n / 8 * 8;
     for (int64_t i = 0; i < m; i += 2) {
         const bool two = i + 1 < m;

@@ -23,7 +23,7 @@
 #include "attn_internal.h"
 
 ATTN_PRIVATE void ai_gemm_f64(int64_t m, int64_t n, int64_t kk, const double *A, int64_t ar,
-                                int64_t ak, const double *B, int64_t ldb, double *C, int64_t ldc,
-                                bool accumulate, bool skip_zero);
+                              int64_t ak, const double *B, int64_t ldb, double *C, int64_t ldc,
+                              bool accumulate, bool skip_zero);
 
 #endif /* ATTN_GEMM_F64_H */

@@ -157,7 +157,7 @@ static attn_status check_outputs(const attn_tensor *const *in, const char *const
     const int n = n_in + n_out + 1;
     if (n > MAX_VIEWS)  // a call with more tensors than this needs MAX_VIEWS raised
         return ai_fail(ATTN_ERR_UNSUPPORTED, "overlap check: %d tensors, at most %d", n,
-                         (int)MAX_VIEWS);
+                       (int)MAX_VIEWS);
     for (int a = 0; a < n_in + n_out; a++) {
         has[a] = make_span(a < n_in ? in[a] : out[a - n_in], &v[a]);
         names[a] = a < n_in ? in_names[a] : out_names[a - n_in];
@@ -171,9 +171,9 @@ static attn_status check_outputs(const attn_tensor *const *in, const char *const
             int64_t steps = OVERLAP_STEPS;
             if (has[b] && overlap(&v[a], &v[b], &steps))
                 return ai_fail(ATTN_ERR_STRIDE, "%s: overlaps %s %s in memory (what a call "
-                                 "writes may share no byte with anything else it reads or "
-                                 "writes)", names[a], b < n_in ? "the input" : "the output",
-                                 names[b]);
+                               "writes may share no byte with anything else it reads or "
+                               "writes)", names[a], b < n_in ? "the input" : "the output",
+                               names[b]);
         }
     }
     return ATTN_OK;
@@ -183,8 +183,8 @@ static attn_status check_outputs(const attn_tensor *const *in, const char *const
 #define COUNT(a) ((int)(sizeof(a) / sizeof *(a)))
 
 attn_status ai_check_forward_aliasing(const attn_tensor *q, const attn_tensor *k,
-                                        const attn_tensor *v, const attn_tensor *o,
-                                        const attn_options *opt, size_t ws_need) {
+                                      const attn_tensor *v, const attn_tensor *o,
+                                      const attn_options *opt, size_t ws_need) {
     static const char *const in_names[] = {"q", "k", "v", "mask", "bias", "kv_len",
                                            "alibi_slopes", "sinks", "block_table",
                                            "k_scale", "v_scale"};
@@ -198,8 +198,8 @@ attn_status ai_check_forward_aliasing(const attn_tensor *q, const attn_tensor *k
 }
 
 attn_status ai_check_aliasing(const attn_tensor *const *in, const char *const *in_names,
-                                int n_in, const attn_tensor *const *out,
-                                const char *const *out_names, int n_out,
-                                const attn_options *opt, size_t ws_need) {
+                              int n_in, const attn_tensor *const *out,
+                              const char *const *out_names, int n_out,
+                              const attn_options *opt, size_t ws_need) {
     return check_outputs(in, in_names, n_in, out, out_names, n_out, opt, ws_need);
 }

@@ -24,13 +24,13 @@ typedef struct ai_pages {
  * rows: int32, shape [B, max_pages, 1, 1], page_size >= 1 (ATTN_ERR_VALUE), max_pages *
  * page_size within int64 (ATTN_ERR_OVERFLOW); with need_data its data too. */
 ATTN_PRIVATE attn_status ai_pages_init(ai_pages *pg, const attn_tensor *t, const char *name,
-                                         int64_t B, int64_t num_pages, int64_t page_size,
-                                         bool need_data);
+                                       int64_t B, int64_t num_pages, int64_t page_size,
+                                       bool need_data);
 
 /* Every entry of the pages that hold rows [r0, r1) of sequence b (0 <= r0 <= r1 <=
  * pg->rows) is a page of the pool, in [0, num_pages); ATTN_ERR_VALUE naming the first that
  * is not. Entries of other pages are never read (-1 or garbage there is allowed). */
 ATTN_PRIVATE attn_status ai_pages_check(const ai_pages *pg, const char *name, int64_t b,
-                                          int64_t r0, int64_t r1);
+                                        int64_t r0, int64_t r1);
 
 #endif

@@ -55,11 +55,11 @@ static attn_status check_pair(const attn_tensor *f32, const char *fname, const a
     for (int d = 0; d < 4; d++)
         if (f32->shape[d] != q8->shape[d])
             return ai_fail(ATTN_ERR_SHAPE, "%s: shape[%d] is %lld, %s's is %lld", fname, d,
-                             (long long)f32->shape[d], qname, (long long)q8->shape[d]);
+                           (long long)f32->shape[d], qname, (long long)q8->shape[d]);
     TRY(ai_check_output_strides(out, oname, 4));
     if (ai_views_overlap(f32, q8))
         return ai_fail(ATTN_ERR_STRIDE, "%s: overlaps %s in memory", oname,
-                         out == f32 ? qname : fname);
+                       out == f32 ? qname : fname);
     return ATTN_OK;
 }
 
@@ -118,9 +118,9 @@ attn_status ai_block_quantize(attn_dtype dt, const attn_tensor *src, const attn_
                                         i2 * src->stride[2], src->stride[3], D);
         if (c >= 0)
             return ai_fail(ATTN_ERR_VALUE, "src: block %lld of row (%lld, %lld, %lld) holds a "
-                             "NaN or infinity, or a value whose scale (%s) is beyond "
-                             "float16's range", (long long)c, (long long)i0, (long long)i1,
-                             (long long)i2, dt == ATTN_Q4_0 ? "max / -8" : "amax / 127");
+                           "NaN or infinity, or a value whose scale (%s) is beyond "
+                           "float16's range", (long long)c, (long long)i0, (long long)i1,
+                           (long long)i2, dt == ATTN_Q4_0 ? "max / -8" : "amax / 127");
     }
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++) {

@@ -146,7 +146,7 @@ static attn_status make(int64_t B, int64_t H, int64_t Lq, int64_t Lk, const sour
         (m->partial && !(m->cells = ai_malloc((size_t)m->partial * cell_bytes)))) {
         attn_block_mask_free(m);
         return ai_fail(ATTN_ERR_NOMEM, "%s: out of memory (%lld partial blocks)", what,
-                         (long long)m->partial);
+                       (long long)m->partial);
     }
     m->bytes += (size_t)m->partial * cell_bytes;
     store_partials(m, src);
@@ -161,8 +161,8 @@ attn_status attn_block_mask_create(int64_t B, int64_t H, int64_t Lq, int64_t Lk,
         return ai_fail(ATTN_ERR_NULL, "attn_block_mask_create: %s is NULL", out ? "keep" : "out");
     if (B < 1 || H < 1 || Lq < 1 || Lk < 1)
         return ai_fail(ATTN_ERR_SHAPE, "attn_block_mask_create: B, H, Lq, Lk = %lld, %lld, "
-                         "%lld, %lld, expected each >= 1", (long long)B, (long long)H,
-                         (long long)Lq, (long long)Lk);
+                       "%lld, %lld, expected each >= 1", (long long)B, (long long)H,
+                       (long long)Lq, (long long)Lk);
     const source src = {.keep = keep, .ctx = ctx};
     return make(B, H, Lq, Lk, &src, out);
 }
@@ -174,8 +174,8 @@ attn_status attn_block_mask_from_tensor(const attn_tensor *mask, attn_block_mask
     const int64_t *n = mask->shape;
     if (n[0] < 1 || n[1] < 1 || n[2] < 1 || n[3] < 1)
         return ai_fail(ATTN_ERR_SHAPE, "attn_block_mask_from_tensor: mask shape [%lld, %lld, "
-                         "%lld, %lld], expected every size >= 1", (long long)n[0],
-                         (long long)n[1], (long long)n[2], (long long)n[3]);
+                       "%lld, %lld], expected every size >= 1", (long long)n[0],
+                       (long long)n[1], (long long)n[2], (long long)n[3]);
     source src = {.data = mask->data};
     memcpy(src.st, mask->stride, sizeof src.st);
     /* a batch or head dim of stride 0 holds one mask for all: stored once */
@@ -201,7 +201,7 @@ attn_status attn_block_mask_get_info(const attn_block_mask *m, attn_block_mask_i
 }
 
 void ai_block_mask_row(const attn_block_mask *m, int64_t b, int64_t h, int64_t i, int64_t j0,
-                         int64_t n, float *s, int64_t ld) {
+                       int64_t n, float *s, int64_t ld) {
     const int64_t bh = (m->nb == 1 ? 0 : b) * m->nh + (m->nh == 1 ? 0 : h);
     const int64_t u0 = (bh * m->qblocks + i / ATTN_BLOCK_ROWS) * m->granules;
     const int64_t r = i % ATTN_BLOCK_ROWS;

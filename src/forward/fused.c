@@ -713,7 +713,7 @@ static void merge_partials(const attn_params *p, const fused_plan *plan, const f
     for (int64_t r = 0; r < blk->n; r++) {
         for (int64_t c = 0; c < plan->split; c++) x[c] = part + c * pf + 2 * plan->bq + r * dv;
         w->m[r] = ai_merge_row(plan->split, part + r, pf, part + plan->bq + r, pf, x, NULL, dv,
-                                 w->acc + r * dv, &w->l[r]);
+                               w->acc + r * dv, &w->l[r]);
     }
 }
 

@@ -62,7 +62,7 @@ static int64_t cpu_bq(const attn_kernels *kern, attn_tile_use use) {
 }
 
 attn_tiles ai_choose_tiles(const attn_kernels *kern, attn_tile_use use, attn_dtype kv_dt,
-                             int64_t dk, int64_t dv, const attn_tune_config *tuned) {
+                           int64_t dk, int64_t dv, const attn_tune_config *tuned) {
     pthread_once(&g_once, probe);
     const attn_kernel_geom *geom = &kern->geom;
     const int64_t pad = geom->row_pad, per_cpu = cpu_bq(kern, use);

@@ -25,23 +25,23 @@ static attn_status check_scores(const attn_tensor *t, const attn_params *p) {
     for (int d = 0; d < 4; d++)
         if (t->shape[d] != want[d])
             return ai_fail(ATTN_ERR_SHAPE, "options.key_scores: shape [%lld, %lld, %lld, %lld], "
-                             "expected [B = %lld, Hkv = %lld, Lk = %lld, 1]",
-                             (long long)t->shape[0], (long long)t->shape[1], (long long)t->shape[2],
-                             (long long)t->shape[3], (long long)p->B, (long long)p->Hkv,
-                             (long long)p->Lk);
+                           "expected [B = %lld, Hkv = %lld, Lk = %lld, 1]",
+                           (long long)t->shape[0], (long long)t->shape[1], (long long)t->shape[2],
+                           (long long)t->shape[3], (long long)p->B, (long long)p->Hkv,
+                           (long long)p->Lk);
     return ai_check_output_strides(t, "options.key_scores", 3);
 }
 
 attn_status ai_forward_key_scores(const attn_tensor *q, const attn_tensor *k,
-                                    const attn_tensor *v, const attn_tensor *o,
-                                    const attn_options *opt) {
+                                  const attn_tensor *v, const attn_tensor *o,
+                                  const attn_options *opt) {
     attn_options fwd = *opt;
     fwd.key_scores = NULL;
     attn_params p;
     TRY(ai_params_init(&p, q, k, v, o, &fwd, true));
     if (p.q_dt == ATTN_F64)
         return ai_fail(ATTN_ERR_UNSUPPORTED, "options.key_scores: float64 calls have none "
-                         "(float32, 16-bit and q8_0 calls do)");
+                       "(float32, 16-bit and q8_0 calls do)");
     const attn_tensor *ks = opt->key_scores;
     TRY(check_scores(ks, &p));
     {  /* the scores against every input and the forward's outputs */
@@ -65,7 +65,7 @@ attn_status ai_forward_key_scores(const attn_tensor *q, const attn_tensor *k,
         mem = ai_malloc((lse_floats + grid_floats) * sizeof(float));
         if (!mem)
             return ai_fail(ATTN_ERR_NOMEM, "options.key_scores: could not allocate %zu bytes",
-                             (lse_floats + grid_floats) * sizeof(float));
+                           (lse_floats + grid_floats) * sizeof(float));
     }
     attn_tensor lse_own = attn_tensor_4d(mem, ATTN_F32, B, Hq, Lq, 1);
     if (!opt->lse) fwd.lse = &lse_own;

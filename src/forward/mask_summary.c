@@ -225,7 +225,7 @@ static bool narrow(const attn_params *p, const attn_sum_one *t, bool is_bool, in
 }
 
 bool ai_mask_summary_row(const attn_params *p, const attn_mask_summary *s, int64_t b,
-                           int64_t h, int64_t i, int64_t *lo, int64_t *hi) {
+                         int64_t h, int64_t i, int64_t *lo, int64_t *hi) {
     const bool dm = narrow(p, &s->mask, true, b, h, i, lo, hi);
     const bool db = narrow(p, &s->bias, false, b, h, i, lo, hi);
     const bool dk = narrow(p, &s->block, true, b, h, i, lo, hi);
@@ -249,8 +249,8 @@ static unsigned tile_flags(const attn_params *p, const attn_sum_one *t, bool is_
 }
 
 attn_tile_class ai_mask_summary_tile(const attn_params *p, const attn_mask_summary *s,
-                                       int64_t b, int64_t h0, int64_t nh, int64_t qb, int64_t j0,
-                                       int64_t nk) {
+                                     int64_t b, int64_t h0, int64_t nh, int64_t qb, int64_t j0,
+                                     int64_t nk) {
     const unsigned fm = tile_flags(p, &s->mask, true, b, h0, nh, qb, j0, nk);
     const unsigned fb = tile_flags(p, &s->bias, false, b, h0, nh, qb, j0, nk);
     const unsigned fk = tile_flags(p, &s->block, true, b, h0, nh, qb, j0, nk);
@@ -261,8 +261,8 @@ attn_tile_class ai_mask_summary_tile(const attn_params *p, const attn_mask_summa
 }
 
 attn_tile_class ai_mask_summary_rows(const attn_params *p, const attn_mask_summary *s,
-                                       int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t j0,
-                                       int64_t nk) {
+                                     int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t j0,
+                                     int64_t nk) {
     const attn_tile_class first = ai_mask_summary_tile(p, s, b, h, 1, i0 / ATTN_SUM_ROWS, j0, nk);
     for (int64_t sb = i0 / ATTN_SUM_ROWS + 1; sb * ATTN_SUM_ROWS < i1; sb++)
         if (ai_mask_summary_tile(p, s, b, h, 1, sb, j0, nk) != first) return ATTN_TILE_MIXED;
@@ -376,7 +376,7 @@ static bool key_lengths(const attn_params *p, int64_t *lengths, int64_t *scratch
 }
 
 bool ai_mask_summary_lengths(const attn_params *p, const attn_mask_summary *s,
-                               attn_params *out) {
+                             attn_params *out) {
     return s->lengths && key_lengths(p, s->lengths, s->scratch, out);
 }
 

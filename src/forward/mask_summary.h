@@ -82,7 +82,7 @@ ATTN_PRIVATE void ai_mask_summary_init(const attn_params *p, void *mem, attn_mas
  * a window or ALiBi). Before the call's parallel region, after ai_mask_summary_init.
  * The memory is the summary's lengths; no hull is touched. */
 ATTN_PRIVATE bool ai_mask_summary_lengths(const attn_params *p, const attn_mask_summary *s,
-                                            attn_params *out);
+                                          attn_params *out);
 
 /* Key padding as key lengths for every fused call (float32, 16-bit and float64 forward,
  * backward, attn_weights_grid), at the one place each passes through: the entry point
@@ -94,25 +94,25 @@ ATTN_PRIVATE bool ai_mask_summary_lengths(const attn_params *p, const attn_mask_
  * conversion is exact: the call gives the bits it gives with the mask. */
 ATTN_PRIVATE size_t ai_key_padding_bytes(const attn_params *p);
 ATTN_PRIVATE const attn_params *ai_key_padding(const attn_params *p, void *mem,
-                                                 attn_params *out);
+                                               attn_params *out);
 
 /* The class of the tile of rows i0 .. i1-1 (i0 < i1) of head h, keys j0 .. j0+nk-1, for a
  * block of rows other than the summary's: open (masked) where it is so in every summary
  * block the rows reach, mixed otherwise. */
 ATTN_PRIVATE attn_tile_class ai_mask_summary_rows(const attn_params *p, const attn_mask_summary *s,
-                                                    int64_t b, int64_t h, int64_t i0, int64_t i1,
-                                                    int64_t j0, int64_t nk);
+                                                  int64_t b, int64_t h, int64_t i0, int64_t i1,
+                                                  int64_t j0, int64_t nk);
 
 /* Row i of head h, batch b: narrows [*lo, *hi) to the hulls of the mask and the bias;
  * true when every key left is open in both (the row then needs neither). */
 ATTN_PRIVATE bool ai_mask_summary_row(const attn_params *p, const attn_mask_summary *s,
-                                        int64_t b, int64_t h, int64_t i, int64_t *lo, int64_t *hi);
+                                      int64_t b, int64_t h, int64_t i, int64_t *lo, int64_t *hi);
 
 /* The class of the tile of query block qb (rows qb * ATTN_SUM_ROWS ..., or all rows when
  * a block stacks heads) of heads h0 .. h0 + nh - 1, keys j0 .. j0 + nk - 1 (nk >= 1). */
 ATTN_PRIVATE attn_tile_class ai_mask_summary_tile(const attn_params *p,
-                                                    const attn_mask_summary *s, int64_t b,
-                                                    int64_t h0, int64_t nh, int64_t qb,
-                                                    int64_t j0, int64_t nk);
+                                                  const attn_mask_summary *s, int64_t b,
+                                                  int64_t h0, int64_t nh, int64_t qb,
+                                                  int64_t j0, int64_t nk);
 
 #endif /* ATTN_MASK_SUMMARY_H */

@@ -17,8 +17,8 @@
 #include "merge.h"
 
 float ai_merge_row(int64_t n, const float *a, int64_t a_s, const float *mass, int64_t mass_s,
-                     const float *const *x, const int64_t *x_s, int64_t dv, float *acc,
-                     float *l_out) {
+                   const float *const *x, const int64_t *x_s, int64_t dv, float *acc,
+                   float *l_out) {
     float m = -INFINITY;
     bool nan = false;
     for (int64_t c = 0; c < n; c++) {
@@ -66,7 +66,7 @@ static attn_status same_shape(const attn_tensor *t, const char *name, int64_t c,
     for (int d = 0; d < 4; d++)
         if (t->shape[d] != want[d])
             return ai_fail(ATTN_ERR_SHAPE, "%s[%lld]: shape[%d] = %lld, expected %lld", name,
-                             (long long)c, d, (long long)t->shape[d], (long long)want[d]);
+                           (long long)c, d, (long long)t->shape[d], (long long)want[d]);
     return ATTN_OK;
 }
 
@@ -109,12 +109,12 @@ static attn_status check_merge(int64_t n, const attn_tensor *o_parts,
             return ai_fail(ATTN_ERR_STRIDE, "o: overlaps lse_parts[%lld] in memory", (long long)c);
         if (!same_view(o, &o_parts[c]) && ai_views_overlap(o, &o_parts[c]))
             return ai_fail(ATTN_ERR_STRIDE, "o: overlaps o_parts[%lld] in memory and is not "
-                             "that partial itself", (long long)c);
+                           "that partial itself", (long long)c);
         if (lse && ai_views_overlap(lse, &o_parts[c]))
             return ai_fail(ATTN_ERR_STRIDE, "lse: overlaps o_parts[%lld] in memory", (long long)c);
         if (lse && !same_view(lse, &lse_parts[c]) && ai_views_overlap(lse, &lse_parts[c]))
             return ai_fail(ATTN_ERR_STRIDE, "lse: overlaps lse_parts[%lld] in memory and is "
-                             "not that partial itself", (long long)c);
+                           "not that partial itself", (long long)c);
     }
     return ATTN_OK;
 }

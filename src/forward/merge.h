@@ -20,8 +20,8 @@
  * m NaN and so l and acc; a_c = +inf gives exp(inf - inf) = NaN likewise.
  * acc: (Dv) float32, unit stride. Returns m; *l_out gets l. */
 ATTN_PRIVATE float ai_merge_row(int64_t n, const float *a, int64_t a_s, const float *mass,
-                                  int64_t mass_s, const float *const *x, const int64_t *x_s,
-                                  int64_t dv, float *acc, float *l_out);
+                                int64_t mass_s, const float *const *x, const int64_t *x_s,
+                                int64_t dv, float *acc, float *l_out);
 
 /* One more state folded into a row's (m, l, acc): an attention sink, the state of one
  * logit `sink` of mass 1 and vector 0, by the rules above:

@@ -53,8 +53,8 @@ static attn_status head_vector(const attn_tensor *t, const char *name, int64_t H
     TRY(ai_check_tensor(t, name, ATTN_F32, need_data));
     if (t->shape[0] != Hq || t->shape[1] != 1 || t->shape[2] != 1 || t->shape[3] != 1)
         return ai_fail(ATTN_ERR_SHAPE, "%s: shape [%lld, %lld, %lld, %lld], expected [Hq = "
-                         "%lld, 1, 1, 1]", name, (long long)t->shape[0], (long long)t->shape[1],
-                         (long long)t->shape[2], (long long)t->shape[3], (long long)Hq);
+                       "%lld, 1, 1, 1]", name, (long long)t->shape[0], (long long)t->shape[1],
+                       (long long)t->shape[2], (long long)t->shape[3], (long long)Hq);
     return ATTN_OK;
 }
 
@@ -72,8 +72,8 @@ static attn_status fill_tensors(attn_params *p, const attn_tensor *q, const attn
         for (int x = 1; x < 4; x++)
             if (qkvo[x] && qkvo[x]->dtype == ATTN_F64 && q)
                 return ai_fail(ATTN_ERR_DTYPE, "%s: dtype is float64 but q is %s: float64 "
-                                 "needs q, k, v and o all float64", names[x],
-                                 attn_dtype_name(q->dtype));
+                               "needs q, k, v and o all float64", names[x],
+                               attn_dtype_name(q->dtype));
     }
     /* ATTN_DTYPE_COUNT here: any of float32, float16, bfloat16; k and v may instead both
      * be q8_0, q4_0 or one fp8 dtype (the only inputs that may), under queries of those three */
@@ -84,7 +84,7 @@ static attn_status fill_tensors(attn_params *p, const attn_tensor *q, const attn
     TRY(ai_check_tensor(k, "k", !f64 && cache_dt ? k->dtype : want, need_data));
     if (v && v->dtype != k->dtype)
         return ai_fail(ATTN_ERR_DTYPE, "v: dtype is %s, expected %s like k (k and v must "
-                         "have one dtype)", attn_dtype_name(v->dtype), attn_dtype_name(k->dtype));
+                       "have one dtype)", attn_dtype_name(v->dtype), attn_dtype_name(k->dtype));
     TRY(ai_check_tensor(v, "v", k->dtype, need_data));
     TRY(ai_check_tensor(o, "o", want, need_data));
     p->q_dt = q->dtype;
@@ -101,7 +101,7 @@ static attn_status fill_tensors(attn_params *p, const attn_tensor *q, const attn
 
     if (opt->block_table && p->q_dt == ATTN_F64)  // fused_f64.c reads contiguous K and V
         return ai_fail(ATTN_ERR_UNSUPPORTED, "block_table: float64 calls take a contiguous "
-                         "cache (the paged one is float32, float16, bfloat16 or q8_0)");
+                       "cache (the paged one is float32, float16, bfloat16 or q8_0)");
     if (opt->block_table) {  // page pools: [num_pages, Hkv, page_size, D] (core/pages.h)
         ai_pages pg;
         TRY(ai_pages_init(&pg, opt->block_table, "block_table", p->B, k->shape[0], k->shape[2],
@@ -133,9 +133,9 @@ static attn_status fill_tensors(attn_params *p, const attn_tensor *q, const attn
 
     /* an fp8 cache's scales: per tensor or per key/value head */
     TRY(ai_check_kv_scale(opt->k_scale, "k_scale", p->kv_dt, p->Hkv, need_data, &p->k_scale,
-                            &p->k_scale_s));
+                          &p->k_scale_s));
     TRY(ai_check_kv_scale(opt->v_scale, "v_scale", p->kv_dt, p->Hkv, need_data, &p->v_scale,
-                            &p->v_scale_s));
+                          &p->v_scale_s));
 
     p->q = ai_view_data(q, p->q_s, 4);
     p->k = ai_view_data(k, p->k_s, 4);
@@ -162,7 +162,7 @@ static attn_status fill_logits(attn_params *p, const attn_options *opt) {
         if (opt->has_scale && opt->scale_f64 != 0.0) {
             if (!isfinite(opt->scale_f64))
                 return ai_fail(ATTN_ERR_VALUE, "options.scale_f64 is %g, expected a finite "
-                                 "number", opt->scale_f64);
+                               "number", opt->scale_f64);
             p->scale64 = opt->scale_f64;
         } else if (!opt->has_scale) {
             p->scale64 = p->Dk > 0 ? 1.0 / sqrt((double)p->Dk) : 1.0;
@@ -249,15 +249,15 @@ static attn_status fill_masks(attn_params *p, const attn_options *opt, bool need
         if ((m->nb != 1 && m->nb != p->B) || (m->nh != 1 && m->nh != p->Hq) ||
             m->Lq != p->Lq || m->Lk != p->Lk)
             return ai_fail(ATTN_ERR_MASK, "options.block_mask is [%lld, %lld, %lld, %lld], "
-                             "expected [B = %lld or 1, Hq = %lld or 1, Lq = %lld, Lk = %lld]",
-                             (long long)m->nb, (long long)m->nh, (long long)m->Lq,
-                             (long long)m->Lk, (long long)p->B, (long long)p->Hq,
-                             (long long)p->Lq, (long long)p->Lk);
+                           "expected [B = %lld or 1, Hq = %lld or 1, Lq = %lld, Lk = %lld]",
+                           (long long)m->nb, (long long)m->nh, (long long)m->Lq,
+                           (long long)m->Lk, (long long)p->B, (long long)p->Hq,
+                           (long long)p->Lq, (long long)p->Lk);
         p->block = m;
     }
     if (opt->score_mod_grad && !opt->score_mod)
         return ai_fail(ATTN_ERR_VALUE, "options.score_mod_grad is given without "
-                         "options.score_mod");
+                       "options.score_mod");
     p->score_mod = opt->score_mod;
     p->score_mod_grad = opt->score_mod_grad;
     p->score_mod_ctx = opt->score_mod_ctx;
@@ -265,7 +265,7 @@ static attn_status fill_masks(attn_params *p, const attn_options *opt, bool need
      * without it */
     if (opt->d_sinks || opt->d_bias)
         return ai_fail(ATTN_ERR_VALUE, "options.%s must be NULL here (it is an output "
-                         "of attn_backward only)", opt->d_sinks ? "d_sinks" : "d_bias");
+                       "of attn_backward only)", opt->d_sinks ? "d_sinks" : "d_bias");
     return ATTN_OK;
 }
 
@@ -299,7 +299,7 @@ static attn_status fill_outputs(attn_params *p, const attn_options *opt, bool ne
     /* attn_forward takes it off the options before they come here (forward.c) */
     if (opt->key_scores)
         return ai_fail(ATTN_ERR_UNSUPPORTED, "options.key_scores: an output of attn_forward "
-                         "alone (float32, 16-bit and q8_0 calls)");
+                       "alone (float32, 16-bit and q8_0 calls)");
     return ATTN_OK;
 }
 
@@ -309,16 +309,16 @@ static attn_status fill_run(attn_params *p, const attn_options *opt, bool backwa
     const bool f64 = p->q_dt == ATTN_F64;
     if ((unsigned)opt->precision > (unsigned)ATTN_PRECISION_FAST)
         return ai_fail(ATTN_ERR_VALUE, "options.precision is %d, expected an "
-                         "attn_precision value", (int)opt->precision);
+                       "attn_precision value", (int)opt->precision);
     p->precision = opt->precision;
 
     /* dropout (philox.h) */
     if (!(opt->dropout_p >= 0.0f && opt->dropout_p <= 1.0f))
         return ai_fail(ATTN_ERR_VALUE, "options.dropout_p is %g, expected 0 <= dropout_p <= 1 "
-                         "(0 = off)", (double)opt->dropout_p);
+                       "(0 = off)", (double)opt->dropout_p);
     if (opt->dropout_p > 0.0f && p->q_dt == ATTN_F64)  // fused_f64.c draws no mask
         return ai_fail(ATTN_ERR_UNSUPPORTED, "options.dropout_p = %g: float64 calls have no "
-                         "dropout (float32, float16 and bfloat16 do)", (double)opt->dropout_p);
+                       "dropout (float32, float16 and bfloat16 do)", (double)opt->dropout_p);
     if (opt->dropout_p > 0.0f) {
         p->dropout = true;
         p->dropout_p = opt->dropout_p;
@@ -389,15 +389,15 @@ static attn_status fill_run(attn_params *p, const attn_options *opt, bool backwa
 /* need_data = false for the workspace query, which may be asked before any buffer
  * exists. */
 attn_status ai_params_init(attn_params *p, const attn_tensor *q, const attn_tensor *k,
-                             const attn_tensor *v, const attn_tensor *o,
-                             const attn_options *opt_in, bool need_data) {
+                           const attn_tensor *v, const attn_tensor *o,
+                           const attn_options *opt_in, bool need_data) {
     return ai_params_init_for(p, q, k, v, o, opt_in, need_data, false, NULL);
 }
 
 attn_status ai_params_init_for(attn_params *p, const attn_tensor *q, const attn_tensor *k,
-                                 const attn_tensor *v, const attn_tensor *o,
-                                 const attn_options *opt_in, bool need_data, bool backward,
-                                 const attn_tune_config *force) {
+                               const attn_tensor *v, const attn_tensor *o,
+                               const attn_options *opt_in, bool need_data, bool backward,
+                               const attn_tune_config *force) {
     static const attn_options defaults = {0};
     const attn_options *opt = opt_in ? opt_in : &defaults;
     *p = (attn_params){0};

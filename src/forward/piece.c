@@ -21,8 +21,8 @@ size_t ai_forward_bytes(const attn_params *p) {
 }
 
 attn_status ai_forward_piece(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
-                               const attn_tensor *o, const attn_options *opt,
-                               const attn_drop_layout *drop) {
+                             const attn_tensor *o, const attn_options *opt,
+                             const attn_drop_layout *drop) {
     attn_params p;
     TRY(ai_params_init(&p, q, k, v, o, opt, true));
     attn_set_drop_layout(&p, drop);
@@ -37,7 +37,7 @@ attn_status ai_forward_piece(const attn_tensor *q, const attn_tensor *k, const a
      * the lengths after the path's bytes, which it was sized for with the mask */
     attn_params padded;
     const attn_params *run = ai_key_padding(&p, (char *)ws + (need - ai_key_padding_bytes(&p)),
-                                              &padded);
+                                            &padded);
     attn_status st = run->path == ATTN_PATH_REFERENCE ? ai_reference_forward(run, ws)
                      : run->q_dt == ATTN_F64          ? ai_fused_f64_forward(run, ws)
                                                       : ai_fused_forward(run, ws);
@@ -46,9 +46,9 @@ attn_status ai_forward_piece(const attn_tensor *q, const attn_tensor *k, const a
 }
 
 attn_status ai_forward_forced_workspace_size(const attn_tune_config *force,
-                                               const attn_tensor *q, const attn_tensor *k,
-                                               const attn_tensor *v, const attn_tensor *o,
-                                               const attn_options *opt, size_t *bytes) {
+                                             const attn_tensor *q, const attn_tensor *k,
+                                             const attn_tensor *v, const attn_tensor *o,
+                                             const attn_options *opt, size_t *bytes) {
     attn_params p;
     TRY(ai_params_init_for(&p, q, k, v, o, opt, false, false, force));
     *bytes = ai_forward_bytes(&p);
@@ -57,13 +57,13 @@ attn_status ai_forward_forced_workspace_size(const attn_tune_config *force,
 }
 
 attn_status ai_forward_forced(const attn_tune_config *force, const attn_tensor *q,
-                                const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
-                                const attn_options *opt) {
+                              const attn_tensor *k, const attn_tensor *v, const attn_tensor *o,
+                              const attn_options *opt) {
     attn_params p;
     TRY(ai_params_init_for(&p, q, k, v, o, opt, true, false, force));
     if (p.path != ATTN_PATH_FUSED || p.q_dt == ATTN_F64)
         return ai_fail(ATTN_ERR_UNSUPPORTED, "ai_forward_forced: float32, float16 and "
-                         "bfloat16 fused calls only");
+                       "bfloat16 fused calls only");
     if (p.B == 0 || p.Hq == 0 || p.Lq == 0) return ai_ok();
     const size_t need = ai_forward_bytes(&p);
     if (need == (size_t)-1) return ai_fail(ATTN_ERR_OVERFLOW, "workspace size overflows size_t");
@@ -72,7 +72,7 @@ attn_status ai_forward_forced(const attn_tune_config *force, const attn_tensor *
     /* a bool mask that is key padding runs as key lengths, as in attn_forward */
     attn_params padded;
     const attn_params *run = ai_key_padding(&p, (char *)ws + (need - ai_key_padding_bytes(&p)),
-                                              &padded);
+                                            &padded);
     const attn_status st = ai_fused_forward(run, ws);
     ai_free(owned);
     return st;

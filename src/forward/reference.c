@@ -24,7 +24,7 @@ size_t ai_reference_workspace(const attn_params *p) {
 }
 
 double ai_ref_finish(const attn_params *p, double raw, int64_t b, int64_t h, int64_t i,
-                       int64_t j, int64_t d_i, double *cap) {
+                     int64_t j, int64_t d_i, double *cap) {
     double s = raw, g = 1.0;
     if (p->score_mod) {  // the user's function is float32's: on the logit rounded to float
         const float r = (float)raw;

@@ -163,15 +163,15 @@ static attn_status wg_check(const attn_tensor *q, const attn_tensor *k, const at
                             attn_params *p) {
     if (base->lse || base->weights)
         return ai_fail(ATTN_ERR_VALUE, "options.lse and options.weights must be NULL (the "
-                         "LSE is an input here, the grid the output)");
+                       "LSE is an input here, the grid the output)");
     if (!lse) return ai_fail(ATTN_ERR_NULL, "lse: tensor pointer is NULL");
     if (!q) return ai_fail(ATTN_ERR_NULL, "q: tensor pointer is NULL");
     if ((unsigned)reduce > (unsigned)ATTN_REDUCE_MAX)
         return ai_fail(ATTN_ERR_VALUE, "reduce is %d, expected ATTN_REDUCE_SUM or "
-                         "ATTN_REDUCE_MAX", (int)reduce);
+                       "ATTN_REDUCE_MAX", (int)reduce);
     if (q->dtype == ATTN_F64)
         return ai_fail(ATTN_ERR_DTYPE, "q: dtype is float64, which attn_weights_grid does "
-                         "not take (float32, float16 or bfloat16)");
+                       "not take (float32, float16 or bfloat16)");
     attn_options opt = *base;
     opt.lse = lse;
     const attn_tensor o = attn_tensor_4d(q->data, ATTN_F32, q->shape[0], q->shape[1],
@@ -181,12 +181,12 @@ static attn_status wg_check(const attn_tensor *q, const attn_tensor *k, const at
     const int64_t R = grid->shape[2], C = grid->shape[3];
     if (grid->shape[0] != p->B || grid->shape[1] != p->Hq)
         return ai_fail(ATTN_ERR_SHAPE, "grid: shape [%lld, %lld, ...], expected [B = %lld, "
-                         "Hq = %lld, R, C]", (long long)grid->shape[0],
-                         (long long)grid->shape[1], (long long)p->B, (long long)p->Hq);
+                       "Hq = %lld, R, C]", (long long)grid->shape[0],
+                       (long long)grid->shape[1], (long long)p->B, (long long)p->Hq);
     if (R > p->Lq || C > p->Lk || (R == 0) != (p->Lq == 0) || (C == 0) != (p->Lk == 0))
         return ai_fail(ATTN_ERR_SHAPE, "grid: R = %lld, C = %lld, expected 1 <= R <= Lq = "
-                         "%lld and 1 <= C <= Lk = %lld (0 only for an empty Lq or Lk)",
-                         (long long)R, (long long)C, (long long)p->Lq, (long long)p->Lk);
+                       "%lld and 1 <= C <= Lk = %lld (0 only for an empty Lq or Lk)",
+                       (long long)R, (long long)C, (long long)p->Lq, (long long)p->Lk);
     int64_t t1, t2;
     if (__builtin_mul_overflow(p->Lq, R, &t1) || __builtin_mul_overflow(p->Lk, C, &t2) ||
         __builtin_add_overflow(t1, R, &t1) || __builtin_add_overflow(t2, C, &t2))
@@ -232,7 +232,7 @@ attn_status attn_weights_grid(const attn_tensor *q, const attn_tensor *k,
     char *ws = ai_malloc(per_thread * (size_t)p.threads);
     if (!ws) ai_free(lengths_mem);
     if (!ws) return ai_fail(ATTN_ERR_NOMEM, "grid: could not allocate %zu bytes of scratch",
-                              per_thread * (size_t)p.threads);
+                            per_thread * (size_t)p.threads);
     float *g_out = grid->data;
     const float *lse_data = lse->data;
     const int64_t units = p.B * p.Hq * R;

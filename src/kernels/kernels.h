@@ -341,8 +341,8 @@ typedef struct attn_tiles {
     int64_t bq, bk;  /* query rows per block, keys per block */
 } attn_tiles;
 ATTN_PRIVATE attn_tiles ai_choose_tiles(const attn_kernels *kern, attn_tile_use use,
-                                          attn_dtype kv_dt, int64_t dk, int64_t dv,
-                                          const attn_tune_config *tuned);
+                                        attn_dtype kv_dt, int64_t dk, int64_t dv,
+                                        const attn_tune_config *tuned);
 
 /* Every kernel's geometry, from its line of the list (kernels/list.h), as constants:
  * ATTN_ROW_PAD_<name>, ATTN_BQ_<name>, ATTN_BK_MIN_<name>, ATTN_BK_MAX_<name>; a
@@ -370,44 +370,44 @@ ATTN_KERNEL_LIST(ATTN_X_GEOM_CHECK)
 
 /* the AVX-512 float32 kernels, shared by the avx512bf16 table */
 ATTN_PRIVATE void ai_qk_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
-                                 const float *qt, int64_t ldq, const float *k, int64_t ldk,
-                                 float scale, float *s, int64_t lds);
+                               const float *qt, int64_t ldq, const float *k, int64_t ldk,
+                               float scale, float *s, int64_t lds);
 ATTN_PRIVATE void ai_softmax_avx512(int64_t npad, int64_t nk, float *s, int64_t lds, float *m,
-                                      float *l, float *alpha);
+                                    float *l, float *alpha);
 ATTN_PRIVATE void ai_pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, const float *p,
-                                 int64_t lds, const float *v, int64_t ldv, const float *alpha,
-                                 float *acc, int64_t ldo, bool skip_zeros);
+                               int64_t lds, const float *v, int64_t ldv, const float *alpha,
+                               float *acc, int64_t ldo, bool skip_zeros);
 ATTN_PRIVATE void ai_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
-                                     attn_dtype dt, bool round_p, const void *k, int64_t ldk,
-                                     const void *v, int64_t ldv, float scale, float *s, float *m,
-                                     float *l, float *alpha, float *acc, bool prefetch,
-                                     const void *next_k, int64_t next_nk);
-ATTN_PRIVATE void ai_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q,
-                                        attn_dtype dt, const void *k, int64_t ldk, float scale,
-                                        float *s, int64_t lds);
-ATTN_PRIVATE void ai_exp_array_avx512(int64_t n, const float *x, float *y);
-ATTN_PRIVATE void ai_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst);
-ATTN_PRIVATE void ai_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,
-                                        float *s, int64_t lds);
-/* the AVX2 decoding step (avx2/decode.c) */
-ATTN_PRIVATE void ai_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                                    attn_dtype dt, bool round_p, const void *k, int64_t ldk,
                                    const void *v, int64_t ldv, float scale, float *s, float *m,
                                    float *l, float *alpha, float *acc, bool prefetch,
                                    const void *next_k, int64_t next_nk);
-ATTN_PRIVATE void ai_decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q,
+ATTN_PRIVATE void ai_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q,
                                       attn_dtype dt, const void *k, int64_t ldk, float scale,
                                       float *s, int64_t lds);
+ATTN_PRIVATE void ai_exp_array_avx512(int64_t n, const float *x, float *y);
+ATTN_PRIVATE void ai_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst);
+ATTN_PRIVATE void ai_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,
+                                      float *s, int64_t lds);
+/* the AVX2 decoding step (avx2/decode.c) */
+ATTN_PRIVATE void ai_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
+                                 attn_dtype dt, bool round_p, const void *k, int64_t ldk,
+                                 const void *v, int64_t ldv, float scale, float *s, float *m,
+                                 float *l, float *alpha, float *acc, bool prefetch,
+                                 const void *next_k, int64_t next_nk);
+ATTN_PRIVATE void ai_decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q,
+                                    attn_dtype dt, const void *k, int64_t ldk, float scale,
+                                    float *s, int64_t lds);
 ATTN_PRIVATE void ai_decode_rows_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv,
-                                        const float *q, attn_dtype dt, bool round_p,
-                                        const char *const *k_rows, const char *const *v_rows,
-                                        float scale, float *s, float *m, float *l, float *alpha,
-                                        float *acc, bool prefetch, const char *const *next_k_rows,
-                                        int64_t next_nk);
+                                      const float *q, attn_dtype dt, bool round_p,
+                                      const char *const *k_rows, const char *const *v_rows,
+                                      float scale, float *s, float *m, float *l, float *alpha,
+                                      float *acc, bool prefetch, const char *const *next_k_rows,
+                                      int64_t next_nk);
 /* the AVX2 rounding of float32 rows to 16 bits (avx2/convert.c) */
 ATTN_PRIVATE void ai_from_f32_avx2(attn_dtype dt, int64_t n, const float *src, uint16_t *dst);
 ATTN_PRIVATE void ai_rows_from_st_avx2(int64_t n, int64_t nk, const float *s, int64_t lds,
-                                         float *const *out);
+                                       float *const *out);
 /* the gemm entries (each in its folder's gemm.c); avx512bf16 shares the avx512 one */
 #define ATTN_GEMM_DECLARE(name)                                                            \
     ATTN_PRIVATE void name(bool trans_a, int64_t m, int64_t n, int64_t k, const float *a,    \
@@ -419,7 +419,7 @@ ATTN_GEMM_DECLARE(ai_gemm_avx512)
 #undef ATTN_GEMM_DECLARE
 /* the portable bool mask, shared by the kernels with no vector version */
 ATTN_PRIVATE void ai_mask_bool_generic(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,
-                                         float *s, int64_t lds);
+                                       float *s, int64_t lds);
 
 #define ATTN_X_DECLARE(name, ...) ATTN_PRIVATE extern const attn_kernels attn_kernels_##name;
 ATTN_KERNEL_LIST(ATTN_X_DECLARE)

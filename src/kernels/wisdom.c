@@ -289,7 +289,7 @@ static bool auto_tune(const char *path, double *seconds) {
     const attn_tune_options opt = {.quick = true, .out = path};
     const attn_status st = path ? attn_tune(&opt)
                                 : ai_fail(ATTN_ERR_VALUE, "no wisdom path: none of "
-                                            "ATTN_WISDOM, XDG_CACHE_HOME, HOME is set");
+                                          "ATTN_WISDOM, XDG_CACHE_HOME, HOME is set");
     *seconds = now_s() - t0;
     if (st != ATTN_OK)
         fprintf(stderr, "attn: ATTN_TUNE=auto: not tuned, the static choices: %s\n",
@@ -349,7 +349,7 @@ attn_status attn_tune_check(const char *path) {
     if (!path) {
         if (!ai_wisdom_default_path(buf, sizeof buf))
             return ai_fail(ATTN_ERR_VALUE, "no wisdom path: none of ATTN_WISDOM, "
-                             "XDG_CACHE_HOME, HOME is set");
+                           "XDG_CACHE_HOME, HOME is set");
         path = buf;
     }
     attn_wisdom *w = malloc(sizeof *w);

@@ -51,7 +51,7 @@ typedef struct attn_tune_class {
  * workspace query without data, whose class must be the call's). And the class's index
  * in [0, ATTN_TUNE_CLASSES). */
 ATTN_PRIVATE attn_tune_class ai_tune_class_of(const attn_params *p, bool backward,
-                                                bool key_lengths);
+                                              bool key_lengths);
 ATTN_PRIVATE int ai_tune_class_index(attn_tune_class c);
 
 /* The class as its line names it ("prefill f32 d64 none g1"), into buf. */
@@ -72,7 +72,7 @@ typedef struct attn_wisdom {
  * or version, a line that does not parse, a kernel this CPU cannot run, a duplicate
  * class): then *w is all static and why (cap bytes) says which line and what. */
 ATTN_PRIVATE attn_status ai_wisdom_parse(const char *path, attn_wisdom *w, char *why,
-                                           size_t cap);
+                                         size_t cap);
 
 /* The file ai_wisdom_get reads: $ATTN_WISDOM, else $XDG_CACHE_HOME/attn/wisdom, else
  * $HOME/.cache/attn/wisdom (into buf); false when none can be named. */
@@ -98,7 +98,7 @@ ATTN_PRIVATE bool ai_wisdom_in_use(void);
 /* One class line of a configuration ("prefill f32 d64 none g1 = kernel=... split=..."),
  * without a newline, into buf. */
 ATTN_PRIVATE void ai_wisdom_format(attn_tune_class c, const attn_tune_config *cfg,
-                                     char *buf, size_t cap);
+                                   char *buf, size_t cap);
 
 /* Whether cfg is one a call of phase `phase` may take (the bounds above). */
 ATTN_PRIVATE bool ai_tune_config_valid(const attn_tune_config *cfg, int phase);

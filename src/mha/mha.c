@@ -26,11 +26,11 @@ static attn_status check_rows(const attn_tensor *x, const char *name, bool need_
     if (!x) return ai_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", name);
     if (x->dtype != ATTN_F32 && x->dtype != ATTN_BF16)
         return ai_fail(ATTN_ERR_DTYPE, "%s: dtype is %s, expected float32 or bfloat16",
-                         name, attn_dtype_name(x->dtype));
+                       name, attn_dtype_name(x->dtype));
     TRY(ai_check_tensor(x, name, x->dtype, need_data));
     if (x->shape[3] != 1)
         return ai_fail(ATTN_ERR_SHAPE, "%s: shape[3] is %lld, expected 1 (a [B, L, C] "
-                         "tensor is {B, L, C, 1})", name, (long long)x->shape[3]);
+                       "tensor is {B, L, C, 1})", name, (long long)x->shape[3]);
     return ATTN_OK;
 }
 
@@ -42,9 +42,9 @@ static attn_status check_matrix(const attn_tensor *t, const char *name, int64_t 
     const int64_t want0 = bias ? out : in, want1 = bias ? 1 : out;
     if (t->shape[0] != want0 || t->shape[1] != want1 || t->shape[2] != 1)
         return ai_fail(ATTN_ERR_SHAPE, "%s: shape [%lld, %lld, %lld, %lld], expected "
-                         "[%lld, %lld, 1, 1]", name, (long long)t->shape[0],
-                         (long long)t->shape[1], (long long)t->shape[2],
-                         (long long)t->shape[3], (long long)want0, (long long)want1);
+                       "[%lld, %lld, 1, 1]", name, (long long)t->shape[0],
+                       (long long)t->shape[1], (long long)t->shape[2],
+                       (long long)t->shape[3], (long long)want0, (long long)want1);
     return ATTN_OK;
 }
 
@@ -68,7 +68,7 @@ attn_status mha_plan_init(mha_plan *pl, const attn_mha *m, const attn_tensor *x_
     pl->Ekv = pl->xkv->shape[2];
     if (pl->xkv->shape[0] != pl->B)
         return ai_fail(ATTN_ERR_SHAPE, "x_kv: shape[0] (B) is %lld, expected %lld as x_q",
-                         (long long)pl->xkv->shape[0], (long long)pl->B);
+                       (long long)pl->xkv->shape[0], (long long)pl->B);
 
     const attn_tensor *const w[MHA_N] = {m->w_q, m->w_k, m->w_v, m->w_o};
     const attn_tensor *const b[MHA_N] = {m->b_q, m->b_k, m->b_v, m->b_o};
@@ -81,15 +81,15 @@ attn_status mha_plan_init(mha_plan *pl, const attn_mha *m, const attn_tensor *x_
     pl->Hkv = m->Hkv ? m->Hkv : m->Hq;
     if (pl->Hq <= 0 || pl->Hkv <= 0 || pl->Hq % pl->Hkv != 0)
         return ai_fail(ATTN_ERR_HEADS, "m: Hq = %lld, Hkv = %lld, expected Hq > 0 a "
-                         "multiple of Hkv > 0", (long long)m->Hq, (long long)m->Hkv);
+                       "multiple of Hkv > 0", (long long)m->Hq, (long long)m->Hkv);
     /* the widths follow from W_Q and W_V's columns, which the heads must divide */
     const int64_t qcols = w[MHA_Q]->shape[1], vcols = w[MHA_V]->shape[1];
     if (qcols % pl->Hq != 0)
         return ai_fail(ATTN_ERR_SHAPE, "w_q: %lld columns are not divisible by Hq = %lld",
-                         (long long)qcols, (long long)pl->Hq);
+                       (long long)qcols, (long long)pl->Hq);
     if (vcols % pl->Hkv != 0)
         return ai_fail(ATTN_ERR_SHAPE, "w_v: %lld columns are not divisible by Hkv = %lld",
-                         (long long)vcols, (long long)pl->Hkv);
+                       (long long)vcols, (long long)pl->Hkv);
     pl->Dk = qcols / pl->Hq;
     pl->Dv = vcols / pl->Hkv;
     const int64_t in[MHA_N] = {pl->E, pl->Ekv, pl->Ekv, pl->Hq * pl->Dv};
@@ -102,7 +102,7 @@ attn_status mha_plan_init(mha_plan *pl, const attn_mha *m, const attn_tensor *x_
         /* the BLAS takes int sizes: every product's sizes and leading dimensions */
         if (!fits_int(in[n]) || !fits_int(out[n]))
             return ai_fail(ATTN_ERR_OVERFLOW, "%s: [%lld, %lld] does not fit the BLAS's int",
-                             wname[n], (long long)in[n], (long long)out[n]);
+                           wname[n], (long long)in[n], (long long)out[n]);
     }
     int64_t mq, mk;
     if (__builtin_mul_overflow(pl->B, pl->Lq, &mq) || __builtin_mul_overflow(pl->B, pl->Lk, &mk) ||
@@ -112,9 +112,9 @@ attn_status mha_plan_init(mha_plan *pl, const attn_mha *m, const attn_tensor *x_
         TRY(check_rows(y, "y", need_data));
         if (y->shape[0] != pl->B || y->shape[1] != pl->Lq || y->shape[2] != pl->E)
             return ai_fail(ATTN_ERR_SHAPE, "y: shape [%lld, %lld, %lld], expected [B = %lld, "
-                             "Lq = %lld, E = %lld]", (long long)y->shape[0],
-                             (long long)y->shape[1], (long long)y->shape[2], (long long)pl->B,
-                             (long long)pl->Lq, (long long)pl->E);
+                           "Lq = %lld, E = %lld]", (long long)y->shape[0],
+                           (long long)y->shape[1], (long long)y->shape[2], (long long)pl->B,
+                           (long long)pl->Lq, (long long)pl->E);
         TRY(ai_check_output_strides(y, "y", 3));
     }
     TRY(ai_rope_check(&m->rope, pl->Dk, &pl->rdim, &pl->base));
@@ -122,7 +122,7 @@ attn_status mha_plan_init(mha_plan *pl, const attn_mha *m, const attn_tensor *x_
     pl->offset = m->rope.offset;
     if (strcmp(attn_blas_name(), "none") == 0)
         return ai_fail(ATTN_ERR_UNSUPPORTED, "this build has no BLAS (BLAS=none): the "
-                         "module's projections need one");
+                       "module's projections need one");
     return ATTN_OK;
 }
 
@@ -212,7 +212,7 @@ static void gemv_w(bool transposed, const float *a, const mha_op *w, float beta,
     if (!w->src) {
         const bool gt = transposed ? w->trans : !w->trans;
         (void)ai_gemv_f32(gt, w->trans ? out : in, w->trans ? in : out, 1.0f, w->p, w->ld, a,
-                            beta, c);
+                          beta, c);
         return;
     }
     if (mha_gemv_bf16(transposed, a, w, beta, c)) return;  /* bfloat16 read in place */
@@ -254,10 +254,10 @@ void mha_gemm_w(bool transposed, int64_t M, const float *a, int64_t lda, const m
         float *panel = widen_panel(w, k0, kc);
         if (!transposed)  /* c += a[:, k0 .. k0 + kc) · panel */
             (void)ai_gemm_f32(false, false, M, out, kc, 1.0f, a + k0, lda, panel, w->ld,
-                                k0 ? 1.0f : beta, c, ldc);
+                              k0 ? 1.0f : beta, c, ldc);
         else  /* c[:, k0 .. k0 + kc) = a · panelᵀ */
             (void)ai_gemm_f32(false, true, M, kc, out, 1.0f, a, lda, panel, w->ld, beta,
-                                c + k0, ldc);
+                              c + k0, ldc);
     }
 }
 
@@ -303,20 +303,20 @@ attn_status mha_attend(const attn_tensor *q, const attn_tensor *k, const attn_te
     attn_options opt = opt_in ? *opt_in : defaults;
     if (opt.block_table)  // the module's K and V are its own, never paged
         return ai_fail(ATTN_ERR_UNSUPPORTED, "multi-head layer: options.block_table is not "
-                         "supported");
+                       "supported");
     /* the module may call the attention on batch rows and head chunks (below), whose
      * indices a block mask or a score function would read as the whole call's */
     if (opt.block_mask || opt.score_mod || opt.key_scores)
         return ai_fail(ATTN_ERR_UNSUPPORTED, "multi-head layer: options.%s is not supported",
-                         opt.block_mask ? "block_mask" : opt.score_mod ? "score_mod" : "key_scores");
+                       opt.block_mask ? "block_mask" : opt.score_mod ? "score_mod" : "key_scores");
     if (opt.lse || opt.weights)
         return ai_fail(ATTN_ERR_VALUE, "options.%s must be NULL for the module (its weights "
-                         "are an argument)", opt.lse ? "lse" : "weights");
+                       "are an argument)", opt.lse ? "lse" : "weights");
     /* the module calls the attention on batch rows and head chunks when it averages the
      * weights, where dropout's (b, h) rows would not be the heads' own: not offered */
     if (opt.dropout_p != 0.0f)
         return ai_fail(ATTN_ERR_UNSUPPORTED, "options.dropout_p = %g: the multi-head "
-                         "module has no dropout", (double)opt.dropout_p);
+                       "module has no dropout", (double)opt.dropout_p);
     opt.workspace = NULL;
     opt.workspace_bytes = 0;
     opt.lse = lse;
@@ -327,8 +327,8 @@ attn_status mha_attend(const attn_tensor *q, const attn_tensor *k, const attn_te
         for (int d = 0; d < 4; d++)
             if (weights->shape[d] != want[d])
                 return ai_fail(ATTN_ERR_SHAPE, "weights: shape[%d] is %lld, expected %lld%s",
-                                 d, (long long)weights->shape[d], (long long)want[d],
-                                 average ? " (averaged over heads: [B, 1, Lq, Lk])" : "");
+                               d, (long long)weights->shape[d], (long long)want[d],
+                               average ? " (averaged over heads: [B, 1, Lq, Lk])" : "");
         TRY(ai_check_output_strides(weights, "weights", 4));
     }
     if (!weights || !average) {
@@ -383,9 +383,9 @@ void mha_qkv_project(const mha_plan *pl, const mha_qkv *s, const int64_t *pos0) 
     mha_project(s->k, pl->out[MHA_K], mk, s->xkv, s->w[MHA_K], pl->b[MHA_K]);
     mha_project(s->v, pl->out[MHA_V], mk, s->xkv, s->w[MHA_V], pl->b[MHA_V]);
     ai_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, pos0, s->q, pl->B, pl->Lq,
-                    pl->Hq, pl->Dk, false);
+                  pl->Hq, pl->Dk, false);
     ai_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, pos0, s->k, pl->B, pl->Lk,
-                    pl->Hkv, pl->Dk, false);
+                  pl->Hkv, pl->Dk, false);
 }
 
 attn_status mha_forward_ws(const mha_plan *pl, const attn_tensor *y,
@@ -454,7 +454,7 @@ void mha_io_init(mha_io *io, const mha_plan *pl, const attn_options *opt) {
 
 attn_status mha_io_check(const mha_io *io, const attn_options *opt, size_t ws_need) {
     return ai_check_aliasing(io->in, io->in_name, io->n_in, io->out, io->out_name,
-                               io->n_out, opt, ws_need);
+                             io->n_out, opt, ws_need);
 }
 
 attn_status mha_two_pass(mha_body body, const void *ctx, const attn_options *opt,

@@ -184,9 +184,9 @@ ATTN_PRIVATE attn_status mha_forward_ws(const mha_plan *pl, const attn_tensor *y
  * offset + (pos0 ? pos0[b] : 0) + i. inverse rotates by -theta (the backward's
  * transpose). Angles and their cos/sin in double, applied in float32. */
 ATTN_PRIVATE attn_status ai_rope_check(const attn_rope *r, int64_t Dk, int64_t *rdim,
-                                         double *base);
+                                       double *base);
 ATTN_PRIVATE void ai_rope_apply(attn_rope_kind kind, int64_t rdim, double base,
-                                  int64_t offset, const int64_t *pos0, float *x, int64_t B,
-                                  int64_t L, int64_t H, int64_t D, bool inverse);
+                                int64_t offset, const int64_t *pos0, float *x, int64_t B,
+                                int64_t L, int64_t H, int64_t D, bool inverse);
 
 #endif /* ATTN_MHA_H */

@@ -31,7 +31,7 @@ static attn_status check_grad(const attn_tensor *t, const char *name, const int6
     for (int d = 0; d < 4; d++)
         if (t->shape[d] != want[d])
             return ai_fail(ATTN_ERR_SHAPE, "%s: shape[%d] is %lld, expected %lld", name, d,
-                             (long long)t->shape[d], (long long)want[d]);
+                           (long long)t->shape[d], (long long)want[d]);
     return ai_check_output_strides(t, name, dims);
 }
 
@@ -40,17 +40,17 @@ static attn_status check_grads(const mha_plan *pl, const attn_tensor *dy,
     if (!dy) return ai_fail(ATTN_ERR_NULL, "dy: tensor pointer is NULL");
     if (dy->dtype != ATTN_F32 && dy->dtype != ATTN_BF16)
         return ai_fail(ATTN_ERR_DTYPE, "dy: dtype is %s, expected float32 or bfloat16",
-                         attn_dtype_name(dy->dtype));
+                       attn_dtype_name(dy->dtype));
     TRY(ai_check_tensor(dy, "dy", dy->dtype, need_data));
     const int64_t ydims[4] = {pl->B, pl->Lq, pl->E, 1};
     for (int d = 0; d < 4; d++)
         if (dy->shape[d] != ydims[d])
             return ai_fail(ATTN_ERR_SHAPE, "dy: shape[%d] is %lld, expected %lld (as y)", d,
-                             (long long)dy->shape[d], (long long)ydims[d]);
+                           (long long)dy->shape[d], (long long)ydims[d]);
     if (!g) return ai_fail(ATTN_ERR_NULL, "g: NULL gradients");
     if (self && g->dx_kv)
         return ai_fail(ATTN_ERR_VALUE, "g->dx_kv must be NULL in self-attention (x_kv "
-                         "NULL): dx_q gets both paths' gradient");
+                       "NULL): dx_q gets both paths' gradient");
     TRY(check_grad(g->dx_q, "dx_q", ydims, 3, need_data));
     TRY(check_grad(g->dx_kv, "dx_kv", (const int64_t[4]){pl->B, pl->Lk, pl->Ekv, 1}, 3,
                    need_data));
@@ -101,14 +101,14 @@ static void wgrad_run(const wgrad *r, mha_op a, const float *g, int64_t M) {
     if (!r->scratch && wgrad_direct(dw, &tr)) {
         if (!tr)
             (void)ai_gemm_f32(true, false, in, out, M, 1.0f, a.p, a.ld, g, ldg, 0.0f,
-                                (float *)dw->data, dw->stride[0]);
+                              (float *)dw->data, dw->stride[0]);
         else
             (void)ai_gemm_f32(true, false, out, in, M, 1.0f, g, ldg, a.p, a.ld, 0.0f,
-                                (float *)dw->data, dw->stride[1]);
+                              (float *)dw->data, dw->stride[1]);
         return;
     }
     (void)ai_gemm_f32(true, false, in, out, M, 1.0f, a.p, a.ld, g, ldg, 0.0f, r->scratch,
-                        ldg);
+                      ldg);
     for (int64_t i = 0; i < in; i++)
         for (int64_t o = 0; o < out; o++)
             ((float *)dw->data)[i * dw->stride[0] + o * dw->stride[1]] = r->scratch[i * out + o];
@@ -250,10 +250,10 @@ static attn_status backward_call(const attn_mha *m, const attn_tensor *x_q,
     bwd_ctx b = {.dy = dy, .g = g};
     if (opt && opt->dropout_p != 0.0f)  // as the forward (mha.c, mha_attend)
         return ai_fail(ATTN_ERR_UNSUPPORTED, "options.dropout_p = %g: the multi-head module "
-                         "has no dropout", (double)opt->dropout_p);
+                       "has no dropout", (double)opt->dropout_p);
     if (opt && opt->d_bias)  // the heads' calls would each write it: not summed over them
         return ai_fail(ATTN_ERR_UNSUPPORTED, "options.d_bias: the multi-head module does "
-                         "not return the bias's gradient");
+                       "not return the bias's gradient");
     TRY(mha_plan_init(&b.pl, m, x_q, x_kv, NULL, bytes == NULL));
     TRY(check_grads(&b.pl, dy, g, x_kv == NULL, bytes == NULL));
     if (saved) TRY(mha_keep_check(&b.pl, saved, saved_bytes, bytes == NULL));

@@ -42,8 +42,8 @@ static attn_status check_pages(const mha_plan *pl, const attn_kv_cache *c, bool 
     const int64_t np = c->k.shape[0], ps = c->k.shape[2];
     if (c->v.shape[0] != np || c->v.shape[2] != ps)
         return ai_fail(ATTN_ERR_SHAPE, "cache: k pool [%lld pages, .., %lld rows, ..] and v "
-                         "pool [%lld, .., %lld, ..] differ", (long long)np, (long long)ps,
-                         (long long)c->v.shape[0], (long long)c->v.shape[2]);
+                       "pool [%lld, .., %lld, ..] differ", (long long)np, (long long)ps,
+                       (long long)c->v.shape[0], (long long)c->v.shape[2]);
     ai_pages pg;
     TRY(ai_pages_init(&pg, c->block_table, "cache.block_table", pl->B, np, ps, need_data));
     *Lmax = pg.rows;
@@ -59,11 +59,11 @@ static attn_status check_cache(const mha_plan *pl, const attn_kv_cache *c, bool 
     if (!c) return ai_fail(ATTN_ERR_NULL, "cache: NULL");
     if (c->kind != ATTN_CACHE_CONTIGUOUS && c->kind != ATTN_CACHE_PAGED)
         return ai_fail(ATTN_ERR_UNSUPPORTED, "cache.kind is %d: expected ATTN_CACHE_CONTIGUOUS "
-                         "or ATTN_CACHE_PAGED", (int)c->kind);
+                       "or ATTN_CACHE_PAGED", (int)c->kind);
     const bool paged = c->kind == ATTN_CACHE_PAGED;
     if (!paged && c->block_table)
         return ai_fail(ATTN_ERR_VALUE, "cache.block_table: given for a contiguous cache "
-                         "(kind ATTN_CACHE_PAGED takes one)");
+                       "(kind ATTN_CACHE_PAGED takes one)");
     const bool cache_dt = attn_is_block_dtype(c->k.dtype) || c->k.dtype == ATTN_FP8_E4M3 ||
                           c->k.dtype == ATTN_FP8_E5M2;
     TRY(ai_check_tensor(&c->k, "cache.k", cache_dt ? c->k.dtype : ATTN_DTYPE_COUNT, need_data));
@@ -87,23 +87,23 @@ static attn_status check_cache(const mha_plan *pl, const attn_kv_cache *c, bool 
     for (int d = 0; d < 4; d++)
         if (c->k.shape[d] != wk[d] || c->v.shape[d] != wv[d])
             return ai_fail(ATTN_ERR_SHAPE, "cache: k [%lld, %lld, %lld, %lld] and v [.., %lld], "
-                             "expected [%s, Hkv = %lld, %s, Dk = %lld] and Dv = %lld",
-                             (long long)c->k.shape[0], (long long)c->k.shape[1],
-                             (long long)c->k.shape[2], (long long)c->k.shape[3],
-                             (long long)c->v.shape[3], paged ? "num_pages" : "B",
-                             (long long)pl->Hkv, paged ? "page_size" : "Lmax",
-                             (long long)pl->Dk, (long long)pl->Dv);
+                           "expected [%s, Hkv = %lld, %s, Dk = %lld] and Dv = %lld",
+                           (long long)c->k.shape[0], (long long)c->k.shape[1],
+                           (long long)c->k.shape[2], (long long)c->k.shape[3],
+                           (long long)c->v.shape[3], paged ? "num_pages" : "B",
+                           (long long)pl->Hkv, paged ? "page_size" : "Lmax",
+                           (long long)pl->Dk, (long long)pl->Dv);
     if (!paged && c->k.shape[0] != pl->B)
         return ai_fail(ATTN_ERR_SHAPE, "cache: k has %lld sequences, expected B = %lld",
-                         (long long)c->k.shape[0], (long long)pl->B);
+                       (long long)c->k.shape[0], (long long)pl->B);
     if (paged) TRY(check_pages(pl, c, false, &Lmax));
     TRY(ai_check_output_strides(&c->k, "cache.k", 4));
     TRY(ai_check_output_strides(&c->v, "cache.v", 4));
     for (int64_t b = 0; need_data && b < pl->B; b++)
         if (c->len[b] < 0 || c->len[b] > Lmax - pl->Lq)
             return ai_fail(ATTN_ERR_VALUE, "cache.len[%lld] = %lld: %lld new tokens do not "
-                             "fit Lmax = %lld", (long long)b, (long long)c->len[b],
-                             (long long)pl->Lq, (long long)Lmax);
+                           "fit Lmax = %lld", (long long)b, (long long)c->len[b],
+                           (long long)pl->Lq, (long long)Lmax);
     if (paged && need_data) TRY(check_pages(pl, c, true, &Lmax));
     return ATTN_OK;
 }
@@ -116,13 +116,13 @@ static attn_status attend_paged(const attn_tensor *q, const attn_kv_cache *c,
     attn_options opt = *opt_in;
     if (opt.lse || opt.weights)
         return ai_fail(ATTN_ERR_VALUE, "options.%s must be NULL for the module",
-                         opt.lse ? "lse" : "weights");
+                       opt.lse ? "lse" : "weights");
     if (opt.dropout_p != 0.0f)  /* as mha_attend */
         return ai_fail(ATTN_ERR_UNSUPPORTED, "options.dropout_p = %g: the multi-head "
-                         "module has no dropout", (double)opt.dropout_p);
+                       "module has no dropout", (double)opt.dropout_p);
     if (opt.block_mask || opt.score_mod || opt.key_scores)  /* as mha_attend */
         return ai_fail(ATTN_ERR_UNSUPPORTED, "multi-head layer: options.%s is not supported",
-                         opt.block_mask ? "block_mask" : opt.score_mod ? "score_mod" : "key_scores");
+                       opt.block_mask ? "block_mask" : opt.score_mod ? "score_mod" : "key_scores");
     opt.block_table = c->block_table;
     opt.workspace = NULL;
     opt.workspace_bytes = 0;
@@ -164,13 +164,13 @@ static attn_status decode_ws(const mha_plan *pl, const attn_kv_cache *c, const a
     attn_options opt = opt_in ? *opt_in : defaults;
     if (opt.causal || opt.align != ATTN_ALIGN_TOP_LEFT || opt.kv_len)
         return ai_fail(ATTN_ERR_VALUE, "options.causal, align and kv_len are the decoding "
-                         "step's own: leave them unset");
+                       "step's own: leave them unset");
     if (opt.block_table)
         return ai_fail(ATTN_ERR_VALUE, "options.block_table: a paged cache's table is "
-                         "cache.block_table (kind ATTN_CACHE_PAGED)");
+                       "cache.block_table (kind ATTN_CACHE_PAGED)");
     if (opt.k_scale || opt.v_scale)
         return ai_fail(ATTN_ERR_VALUE, "options.%s: an fp8 cache's scales are "
-                         "cache.k_scale and cache.v_scale", opt.k_scale ? "k_scale" : "v_scale");
+                       "cache.k_scale and cache.v_scale", opt.k_scale ? "k_scale" : "v_scale");
     opt.k_scale = c->k_scale;
     opt.v_scale = c->v_scale;
     const bool paged = c->kind == ATTN_CACHE_PAGED;
@@ -194,9 +194,9 @@ static attn_status decode_ws(const mha_plan *pl, const attn_kv_cache *c, const a
     for (int64_t b = 0; b < pl->B; b++) kv_len[b] = c->len[b] + pl->Lq;
     if (project_qkv_one_token(pl, &s)) {
         ai_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, c->len, s.q, pl->B, pl->Lq,
-                        pl->Hq, pl->Dk, false);
+                      pl->Hq, pl->Dk, false);
         ai_rope_apply(pl->rope, pl->rdim, pl->base, pl->offset, c->len, s.k, pl->B, pl->Lk,
-                        pl->Hkv, pl->Dk, false);
+                      pl->Hkv, pl->Dk, false);
     } else {
         mha_qkv_project(pl, &s, c->len);
     }

@@ -35,7 +35,7 @@ attn_status mha_keep_check(mha_plan *pl, const void *saved, size_t saved_bytes, 
         return ai_fail(ATTN_ERR_VALUE, "saved: %p is not aligned to a float (4 bytes)", saved);
     if (saved_bytes < need)
         return ai_fail(ATTN_ERR_WORKSPACE, "saved: %zu bytes, this layer needs %zu "
-                         "(attn_mha_saved_size)", saved_bytes, need);
+                       "(attn_mha_saved_size)", saved_bytes, need);
     pl->keep = (char *)saved;
     if (written) {
         int64_t want[8], got[8];
@@ -43,16 +43,16 @@ attn_status mha_keep_check(mha_plan *pl, const void *saved, size_t saved_bytes, 
         memcpy(got, pl->keep, sizeof got);
         if (got[0] != MHA_KEEP_MAGIC)
             return ai_fail(ATTN_ERR_VALUE, "saved: not written by a successful "
-                             "attn_mha_forward_save");
+                           "attn_mha_forward_save");
         if (memcmp(got, want, sizeof got) != 0)
             return ai_fail(ATTN_ERR_VALUE, "saved: kept for B=%lld Lq=%lld Lk=%lld Hq=%lld "
-                             "Hkv=%lld Dk=%lld Dv=%lld, this call has B=%lld Lq=%lld Lk=%lld "
-                             "Hq=%lld Hkv=%lld Dk=%lld Dv=%lld", (long long)got[1],
-                             (long long)got[2], (long long)got[3], (long long)got[4],
-                             (long long)got[5], (long long)got[6], (long long)got[7],
-                             (long long)want[1], (long long)want[2], (long long)want[3],
-                             (long long)want[4], (long long)want[5], (long long)want[6],
-                             (long long)want[7]);
+                           "Hkv=%lld Dk=%lld Dv=%lld, this call has B=%lld Lq=%lld Lk=%lld "
+                           "Hq=%lld Hkv=%lld Dk=%lld Dv=%lld", (long long)got[1],
+                           (long long)got[2], (long long)got[3], (long long)got[4],
+                           (long long)got[5], (long long)got[6], (long long)got[7],
+                           (long long)want[1], (long long)want[2], (long long)want[3],
+                           (long long)want[4], (long long)want[5], (long long)want[6],
+                           (long long)want[7]);
     }
     return ATTN_OK;
 }

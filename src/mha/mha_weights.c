@@ -58,7 +58,7 @@ static attn_status check_kv_len(const attn_tensor *t, int64_t B, int64_t Lk) {
         }
         if (n < 0 || n > Lk)
             return ai_fail(ATTN_ERR_VALUE, "kv_len[%lld] = %lld, expected 0 <= kv_len <= "
-                             "Lk = %lld", (long long)b, (long long)n, (long long)Lk);
+                           "Lk = %lld", (long long)b, (long long)n, (long long)Lk);
     }
     return ATTN_OK;
 }

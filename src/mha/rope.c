@@ -16,25 +16,25 @@ attn_status ai_rope_check(const attn_rope *r, int64_t Dk, int64_t *rdim, double 
     if (r->kind == ATTN_ROPE_NONE) return ATTN_OK;
     if ((unsigned)r->kind > (unsigned)ATTN_ROPE_INTERLEAVED)
         return ai_fail(ATTN_ERR_VALUE, "rope.kind is %d, expected an attn_rope_kind value",
-                         (int)r->kind);
+                       (int)r->kind);
     int64_t d = r->rotary_dim ? r->rotary_dim : Dk;
     if (d < 0 || d > Dk || d % 2 != 0)
         return ai_fail(ATTN_ERR_VALUE, "rope.rotary_dim is %lld, expected an even number "
-                         "0 < r <= Dk = %lld (0 = Dk)", (long long)r->rotary_dim, (long long)Dk);
+                       "0 < r <= Dk = %lld (0 = Dk)", (long long)r->rotary_dim, (long long)Dk);
     if (r->base != 0.0 && !(r->base > 0.0 && isfinite(r->base)))
         return ai_fail(ATTN_ERR_VALUE, "rope.base is %g, expected a finite positive number "
-                         "(0 = 10000)", r->base);
+                       "(0 = 10000)", r->base);
     if (r->offset < 0)
         return ai_fail(ATTN_ERR_VALUE, "rope.offset is %lld, expected >= 0",
-                         (long long)r->offset);
+                       (long long)r->offset);
     *rdim = d;
     if (r->base != 0.0) *base = r->base;
     return ATTN_OK;
 }
 
 void ai_rope_apply(attn_rope_kind kind, int64_t rdim, double base, int64_t offset,
-                     const int64_t *pos0, float *x, int64_t B, int64_t L, int64_t H,
-                     int64_t D, bool inverse) {
+                   const int64_t *pos0, float *x, int64_t B, int64_t L, int64_t H,
+                   int64_t D, bool inverse) {
     if (kind == ATTN_ROPE_NONE || rdim == 0) return;
     const int64_t half = rdim / 2;
     /* pair c of a head: elements (c, c + half) or (2c, 2c + 1) */

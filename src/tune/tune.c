@@ -188,7 +188,7 @@ static bool call_make(tune_call *c, const tune_case *tc, int threads) {
 static attn_status call_run(tune_call *c, const attn_tune_config *cfg) {
     if (c->tc.cls.phase == ATTN_PHASE_BACKWARD)
         return ai_backward_forced(cfg, &c->q, &c->k, &c->v, &c->o, &c->d_o, &c->lse, &c->dq,
-                                    &c->dk, &c->dv, &c->opt);
+                                  &c->dk, &c->dv, &c->opt);
     return ai_forward_forced(cfg, &c->q, &c->k, &c->v, &c->o, &c->opt);
 }
 
@@ -363,8 +363,8 @@ static void tune_class(const tune_case *tc, bool quick, int threads, tune_result
 
     /* 2. the tiles, one field at a time, on the kernel kept (not the static sizes again) */
     const attn_tiles st = ai_choose_tiles(kept.kernels ? kept.kernels : stat,
-                                            decode_or_fwd(tc->cls.phase), k_kv_dtype[tc->cls.dtype],
-                                            tc->D, tc->D, NULL);
+                                          decode_or_fwd(tc->cls.phase), k_kv_dtype[tc->cls.dtype],
+                                          tc->D, tc->D, NULL);
     static const int32_t bqs[] = {32, 64, 96, 112, 128, 160};
     static const int32_t bks[] = {32, 64, 128};
     static const int32_t splits[] = {1, 2, 4, 8, 16};
@@ -477,7 +477,7 @@ static attn_status write_file(const char *path, const tune_result *res, int nres
         const int e = errno;
         remove(tmp);
         return ai_fail(ATTN_ERR_IO, "attn_tune: cannot rename %s to %s: %s", tmp, path,
-                         strerror(e));
+                       strerror(e));
     }
     return ATTN_OK;
 }
@@ -487,14 +487,14 @@ attn_status attn_tune(const attn_tune_options *opt_in) {
     const attn_tune_options *opt = opt_in ? opt_in : &defaults;
     if (opt->threads < 0)
         return ai_fail(ATTN_ERR_VALUE, "attn_tune: threads is %d, expected >= 0 (0 = default)",
-                         (int)opt->threads);
+                       (int)opt->threads);
     /* what would make the measured calls differ from the tuned ones later */
     static const char *const env[] = {"ATTN_ISA", "ATTN_FWD_BQ", "ATTN_FWD_BK", "ATTN_BWD_BQ"};
     for (size_t i = 0; i < sizeof env / sizeof env[0]; i++) {
         const char *s = getenv(env[i]);
         if (s && *s)
             return ai_fail(ATTN_ERR_UNSUPPORTED, "attn_tune: %s is set; it overrides what the "
-                             "tuner chooses, unset it to tune", env[i]);
+                           "tuner chooses, unset it to tune", env[i]);
     }
     char path[4096];
     if (opt->out) {
@@ -502,7 +502,7 @@ attn_status attn_tune(const attn_tune_options *opt_in) {
         snprintf(path, sizeof path, "%s", opt->out);
     } else if (!ai_wisdom_default_path(path, sizeof path)) {
         return ai_fail(ATTN_ERR_VALUE, "attn_tune: no out path, and none of ATTN_WISDOM, "
-                         "XDG_CACHE_HOME, HOME is set");
+                       "XDG_CACHE_HOME, HOME is set");
     }
     if (!ai_select_kernels(NULL))
         return ai_fail(ATTN_ERR_UNSUPPORTED, "attn_tune: no kernel runs on this CPU");

@@ -38,15 +38,15 @@ static attn_status check_cu(const attn_tensor *t, const char *name, int64_t tota
     if (!t) return ai_fail(ATTN_ERR_NULL, "%s: tensor pointer is NULL", name);
     if (t->dtype != ATTN_I32 && t->dtype != ATTN_I64)
         return ai_fail(ATTN_ERR_DTYPE, "%s: dtype is %s, expected int32 or int64", name,
-                         attn_dtype_name(t->dtype));
+                       attn_dtype_name(t->dtype));
     TRY(ai_check_tensor(t, name, t->dtype, true));
     if (t->shape[0] < 1 || t->shape[1] != 1 || t->shape[2] != 1 || t->shape[3] != 1)
         return ai_fail(ATTN_ERR_SHAPE, "%s: shape [%lld, %lld, %lld, %lld], expected "
-                         "[B + 1 >= 1, 1, 1, 1]", name, (long long)t->shape[0],
-                         (long long)t->shape[1], (long long)t->shape[2], (long long)t->shape[3]);
+                       "[B + 1 >= 1, 1, 1, 1]", name, (long long)t->shape[0],
+                       (long long)t->shape[1], (long long)t->shape[2], (long long)t->shape[3]);
     if (max_seqlen < 0)
         return ai_fail(ATTN_ERR_VALUE, "%s is %lld, expected >= 0", max_name,
-                         (long long)max_seqlen);
+                       (long long)max_seqlen);
     const int64_t n = t->shape[0];
     if (cu_at(t, 0) != 0)
         return ai_fail(ATTN_ERR_VALUE, "%s[0] = %lld, expected 0", name, (long long)cu_at(t, 0));
@@ -54,19 +54,19 @@ static attn_status check_cu(const attn_tensor *t, const char *name, int64_t tota
         const int64_t a = cu_at(t, s), b = cu_at(t, s + 1);
         if (b < a)
             return ai_fail(ATTN_ERR_VALUE, "%s[%lld] = %lld < %s[%lld] = %lld, expected "
-                             "non-decreasing offsets", name, (long long)(s + 1), (long long)b,
-                             name, (long long)s, (long long)a);
+                           "non-decreasing offsets", name, (long long)(s + 1), (long long)b,
+                           name, (long long)s, (long long)a);
         if (b > total)  // before b - a, which then cannot overflow
             return ai_fail(ATTN_ERR_VALUE, "%s[%lld] = %lld, beyond the %lld packed rows",
-                             name, (long long)(s + 1), (long long)b, (long long)total);
+                           name, (long long)(s + 1), (long long)b, (long long)total);
         if (b - a > max_seqlen)
             return ai_fail(ATTN_ERR_VALUE, "sequence %lld has %lld rows (%s), more than %s "
-                             "= %lld", (long long)s, (long long)(b - a), name, max_name,
-                             (long long)max_seqlen);
+                           "= %lld", (long long)s, (long long)(b - a), name, max_name,
+                           (long long)max_seqlen);
     }
     if (cu_at(t, n - 1) != total)
         return ai_fail(ATTN_ERR_VALUE, "%s[%lld] = %lld, expected the packed rows, %lld",
-                         name, (long long)(n - 1), (long long)cu_at(t, n - 1), (long long)total);
+                       name, (long long)(n - 1), (long long)cu_at(t, n - 1), (long long)total);
     return ATTN_OK;
 }
 
@@ -80,7 +80,7 @@ static attn_status refuse_options(const attn_options *opt, bool paged_ok) {
     const bool paged = paged_ok && opt->block_table;
     if (opt->mask && !paged)
         return ai_fail(ATTN_ERR_UNSUPPORTED, what, "options.mask",
-                         "a [B, Hq, Lq, Lk] tensor; a paged forward takes one");
+                       "a [B, Hq, Lq, Lk] tensor; a paged forward takes one");
     if (opt->bias) return ai_fail(ATTN_ERR_UNSUPPORTED, what, "options.bias", "a [B, Hq, Lq, Lk] tensor");
     if (opt->kv_len && !paged)
         return ai_fail(ATTN_ERR_UNSUPPORTED, what, "options.kv_len", "cu_seqlens_k gives the keys");
@@ -88,10 +88,10 @@ static attn_status refuse_options(const attn_options *opt, bool paged_ok) {
         return ai_fail(ATTN_ERR_UNSUPPORTED, what, "options.block_mask", "a mask over the padded batch");
     if (opt->score_mod)
         return ai_fail(ATTN_ERR_UNSUPPORTED, what, "options.score_mod",
-                         "its indices would be each sequence's own");
+                       "its indices would be each sequence's own");
     if (opt->block_table && !paged_ok)
         return ai_fail(ATTN_ERR_UNSUPPORTED, what, "options.block_table",
-                         "the backward of a paged cache");
+                       "the backward of a paged cache");
     if (opt->weights)
         return ai_fail(ATTN_ERR_UNSUPPORTED, what, "options.weights", "a [B, Hq, Lq, Lk] tensor");
     return ATTN_OK;
@@ -109,22 +109,22 @@ static int64_t len_at(const attn_tensor *t, int64_t s) {
 static attn_status check_seqused(const attn_tensor *t, int64_t B, int64_t max_k) {
     if (!t)
         return ai_fail(ATTN_ERR_NULL, "options.kv_len: NULL; a paged packed call takes each "
-                         "sequence's key count there (seqused_k), cu_seqlens_k NULL");
+                       "sequence's key count there (seqused_k), cu_seqlens_k NULL");
     if (t->dtype != ATTN_I32 && t->dtype != ATTN_I64)
         return ai_fail(ATTN_ERR_DTYPE, "options.kv_len: dtype is %s, expected int32 or int64",
-                         attn_dtype_name(t->dtype));
+                       attn_dtype_name(t->dtype));
     TRY(ai_check_tensor(t, "options.kv_len", t->dtype, true));
     if (t->shape[0] != B || t->shape[1] != 1 || t->shape[2] != 1 || t->shape[3] != 1)
         return ai_fail(ATTN_ERR_SHAPE, "options.kv_len: shape [%lld, %lld, %lld, %lld], expected "
-                         "[B = %lld, 1, 1, 1]", (long long)t->shape[0], (long long)t->shape[1],
-                         (long long)t->shape[2], (long long)t->shape[3], (long long)B);
+                       "[B = %lld, 1, 1, 1]", (long long)t->shape[0], (long long)t->shape[1],
+                       (long long)t->shape[2], (long long)t->shape[3], (long long)B);
     if (max_k < 0)
         return ai_fail(ATTN_ERR_VALUE, "max_seqlen_k is %lld, expected >= 0", (long long)max_k);
     for (int64_t s = 0; s < B; s++) {
         const int64_t n = len_at(t, s);
         if (n < 0 || n > max_k)
             return ai_fail(ATTN_ERR_VALUE, "options.kv_len[%lld] = %lld, expected 0 .. "
-                             "max_seqlen_k = %lld", (long long)s, (long long)n, (long long)max_k);
+                           "max_seqlen_k = %lld", (long long)s, (long long)n, (long long)max_k);
     }
     return ATTN_OK;
 }
@@ -138,20 +138,20 @@ static attn_status check_packing(const attn_tensor *q, const attn_tensor *k,
                                  bool paged, int64_t *B) {
     if (q->shape[0] != 1)
         return ai_fail(ATTN_ERR_SHAPE, "q: shape[0] is %lld, expected 1 (packed tensors are "
-                         "{1, H, total, D})", (long long)q->shape[0]);
+                       "{1, H, total, D})", (long long)q->shape[0]);
     TRY(check_cu(cu_q, "cu_seqlens_q", q->shape[2], max_q, "max_seqlen_q"));
     *B = cu_q->shape[0] - 1;
     if (paged) {
         if (cu_k)
             return ai_fail(ATTN_ERR_VALUE, "cu_seqlens_k: given with options.block_table; a "
-                             "paged packed call takes each sequence's key count in "
-                             "options.kv_len (seqused_k) and cu_seqlens_k NULL");
+                           "paged packed call takes each sequence's key count in "
+                           "options.kv_len (seqused_k) and cu_seqlens_k NULL");
         return check_seqused(kv_len, *B, max_k);
     }
     if (cu_k && cu_k->shape[0] != cu_q->shape[0])  // before its entries are read
         return ai_fail(ATTN_ERR_SHAPE, "cu_seqlens_k: %lld entries, expected %lld as "
-                         "cu_seqlens_q (B + 1)", (long long)cu_k->shape[0],
-                         (long long)cu_q->shape[0]);
+                       "cu_seqlens_q (B + 1)", (long long)cu_k->shape[0],
+                       (long long)cu_q->shape[0]);
     TRY(check_cu(cu_k, "cu_seqlens_k", k->shape[2], max_k, "max_seqlen_k"));
     return ATTN_OK;
 }
@@ -225,12 +225,12 @@ static attn_status check_padded_mask(const attn_options *opt, const attn_tensor 
     const int64_t lk = opt->block_table->shape[1] * k->shape[2];
     if (m->dtype != ATTN_BOOL)
         return ai_fail(ATTN_ERR_DTYPE, "options.mask: dtype is %s, expected bool",
-                         attn_dtype_name(m->dtype));
+                       attn_dtype_name(m->dtype));
     if (m->shape[0] != B || m->shape[2] != max_q || m->shape[3] != lk)
         return ai_fail(ATTN_ERR_MASK, "options.mask: shape [%lld, %lld, %lld, %lld], expected "
-                         "the padded batch [B = %lld, Hq or 1, max_seqlen_q = %lld, Lk = %lld]",
-                         (long long)m->shape[0], (long long)m->shape[1], (long long)m->shape[2],
-                         (long long)m->shape[3], (long long)B, (long long)max_q, (long long)lk);
+                       "the padded batch [B = %lld, Hq or 1, max_seqlen_q = %lld, Lk = %lld]",
+                       (long long)m->shape[0], (long long)m->shape[1], (long long)m->shape[2],
+                       (long long)m->shape[3], (long long)B, (long long)max_q, (long long)lk);
     return ATTN_OK;
 }
 
@@ -430,7 +430,7 @@ attn_status attn_varlen_backward(const attn_tensor *q, const attn_tensor *k, con
         if (sinks)
             for (int64_t h = 0; h < Hq; h++) ds_seq[h] = 0.0f;
         st = ai_backward_piece(&sv.q, &sv.k, &sv.v, &sv.o, &sv.d_o, &sv.lse, &sv.dq, &sv.dk,
-                                 &sv.dv, &sv.opt, &sv.drop);
+                               &sv.dv, &sv.opt, &sv.drop);
         if (sinks)
             for (int64_t h = 0; h < Hq; h++) ds_sum[h] += ds_seq[h];
     }

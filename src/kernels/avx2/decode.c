@@ -420,9 +420,9 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t nk, int64_t dk, in
     }
 
 void ai_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
-                      attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
-                      int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
-                      float *acc, bool prefetch, const void *next_k, int64_t next_nk) {
+                    attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
+                    int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
+                    float *acc, bool prefetch, const void *next_k, int64_t next_nk) {
     const int64_t es = attn_elem_bytes(dt);
     const char *kb = (const char *)k, *vb = (const char *)v;
     const int64_t ldkb = attn_row_byte_offset(dt, ldk), ldvb = attn_row_byte_offset(dt, ldv);
@@ -461,7 +461,7 @@ void ai_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *
 
 /* decode_avx2's logits alone (kernels.h: decode_qk), for the weights' sweep */
 void ai_decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, attn_dtype dt,
-                         const void *k, int64_t ldk, float scale, float *st, int64_t lds) {
+                       const void *k, int64_t ldk, float scale, float *st, int64_t lds) {
     const attn_decode_pf none = {0};
     float s[4 * (ATTN_BK_LIMIT + 4)];  // the step's compact lanes, then into st
     const char *kb = (const char *)k;
@@ -486,10 +486,10 @@ void ai_decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, attn_d
 /* decode_avx2 on rows given by their addresses (kernels.h: decode_rows): a paged tile's
  * rows read in place from their pages, in one step */
 void ai_decode_rows_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
-                           attn_dtype dt, bool round_p, const char *const *kr,
-                           const char *const *vr, float scale, float *s, float *m, float *l,
-                           float *alpha, float *acc, bool prefetch,
-                           const char *const *next_kr, int64_t next_nk) {
+                         attn_dtype dt, bool round_p, const char *const *kr,
+                         const char *const *vr, float scale, float *s, float *m, float *l,
+                         float *alpha, float *acc, bool prefetch,
+                         const char *const *next_kr, int64_t next_nk) {
     const int64_t es = attn_elem_bytes(dt);
     const char *kb = kr[0], *vb = vr[0];
     const int64_t ldkb = 0, ldvb = 0;  // unused: every row from kr, vr

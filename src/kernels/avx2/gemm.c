@@ -80,7 +80,7 @@ GEMM_ROWS(gemm_rows_tn, true, false)
 GEMM_ROWS(gemm_rows_tn_skip, true, true)
 
 void ai_gemm_avx2(bool trans_a, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                    const float *b, int64_t ldb, float *c, int64_t ldc, bool skip_zeros) {
+                  const float *b, int64_t ldb, float *c, int64_t ldc, bool skip_zeros) {
     _Alignas(32) float panel[ATTN_BK_LIMIT * 16];
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i expo = _mm256_set1_epi32(0x7f800000);

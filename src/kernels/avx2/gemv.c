@@ -65,7 +65,7 @@ static inline __attribute__((always_inline)) void rows_pass(int K, float *acc, c
 }
 
 void ai_gemv_rows_bf16_avx2(float *acc, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
-                              int64_t n, const float *a) {
+                            int64_t n, const float *a) {
     int64_t r = r0;
     for (; r + 8 <= r1; r += 8) rows_pass(8, acc, w, ld, r, n, a);
     for (; r + 4 <= r1; r += 4) rows_pass(4, acc, w, ld, r, n, a);
@@ -83,7 +83,7 @@ static inline float dot_finish(__m256 s, const uint16_t *row, const float *a, in
 }
 
 void ai_gemv_dots_bf16_avx2(float *dot, const uint16_t *w, int64_t ld, int64_t r0, int64_t r1,
-                              int64_t n, const float *a) {
+                            int64_t n, const float *a) {
     int64_t r = r0;
     for (; r + 4 <= r1; r += 4) {  /* four rows side by side: four chains of additions */
         const uint16_t *w0 = w + r * ld, *w1 = w0 + ld, *w2 = w1 + ld, *w3 = w2 + ld;

@@ -16,10 +16,10 @@
  * element's products and sums in row order, each product rounded to float32 before its
  * sum (no fused multiply-add): bit for bit the portable loop of mha_gemv.c. */
 ATTN_PRIVATE void ai_gemv_rows_bf16_avx2(float *acc, const uint16_t *w, int64_t ld,
-                                           int64_t r0, int64_t r1, int64_t n, const float *a);
+                                         int64_t r0, int64_t r1, int64_t n, const float *a);
 /* dot[r - r0] = Σ_{j < n} w[r·ld + j] · a[j] for r0 <= r < r1, in the portable dots
  * loop's eight lanes and order (mha_gemv.c), bit for bit. */
 ATTN_PRIVATE void ai_gemv_dots_bf16_avx2(float *dot, const uint16_t *w, int64_t ld,
-                                           int64_t r0, int64_t r1, int64_t n, const float *a);
+                                         int64_t r0, int64_t r1, int64_t n, const float *a);
 
 #endif /* ATTN_KERNELS_AVX2_GEMV_H */

@@ -72,8 +72,8 @@ GEMM_ROWS(gemm_rows_tn, true, false)
 GEMM_ROWS(gemm_rows_tn_skip, true, true)
 
 void ai_gemm_avx512(bool trans_a, int64_t m, int64_t n, int64_t k, const float *a,
-                      int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
-                      bool skip_zeros) {
+                    int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
+                    bool skip_zeros) {
     _Alignas(64) float panel[ATTN_BK_LIMIT * 32];
     const __m512i expo = _mm512_set1_epi32(0x7f800000);
     if (m <= 0 || k <= 0) return;

@@ -559,9 +559,9 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int
     }
 
 void ai_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
-                        attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
-                        int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
-                        float *acc, bool prefetch, const void *next_k, int64_t next_nk) {
+                      attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
+                      int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
+                      float *acc, bool prefetch, const void *next_k, int64_t next_nk) {
     const int64_t es = attn_elem_bytes(dt);
     const char *kb = (const char *)k, *vb = (const char *)v;
     const int64_t ldkb = ldk * es, ldvb = ldv * es;
@@ -571,7 +571,7 @@ void ai_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float
 
 /* decode's logits alone (kernels.h: decode_qk), for the weights' sweep */
 void ai_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q, attn_dtype dt,
-                           const void *k, int64_t ldk, float scale, float *st, int64_t lds) {
+                         const void *k, int64_t ldk, float scale, float *st, int64_t lds) {
     const attn_decode_pf none = {0};
     float s[4 * (ATTN_BK_LIMIT + 4)];  // the step's compact lanes, then into st
     const char *kb = (const char *)k;
@@ -602,7 +602,7 @@ void ai_exp_array_avx512(int64_t n, const float *x, float *y) {
  * becomes a lane mask that sets the masked logits to -inf. Keys left over (nk not a
  * multiple of 4) and rows past a multiple of 16 take the portable loop. */
 void ai_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm, float *s,
-                           int64_t lds) {
+                         int64_t lds) {
     const int64_t n16 = n / 16 * 16, nk4 = nk / 4 * 4;
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
     for (int64_t r = 0; r < n16; r += 16) {

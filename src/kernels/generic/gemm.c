@@ -10,8 +10,8 @@
 #include "kernels/kernels.h"
 
 void ai_gemm_generic(bool trans_a, int64_t m, int64_t n, int64_t k, const float *a,
-                       int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
-                       bool skip_zeros) {
+                     int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
+                     bool skip_zeros) {
     float tmp[256];
     for (int64_t i = 0; i < m; i++) {
         float *c_i = c + i * ldc;
