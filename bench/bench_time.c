@@ -48,10 +48,12 @@ int time_path(bench_case *c, const case_buffers *cb, int threads, attn_path path
     int call = 1;  /* the check used set 0: start on the next one */
     const bool pair = path == ATTN_PATH_FUSED && c->sts;
     for (int w = 0; w < warmup; w++, call++) {
-        if (call_failed(c, call_case(c, cb, call % cb->rot, threads, path), "warm-up")) return -1;
-        if (pair && call_failed(c, call_case_static(c, cb, ++call % cb->rot, threads),
-                                "warm-up (static)"))
+        if (call_failed(c, call_case(c, cb, call % cb->rot, threads, path), "warm-up") ||
+            (pair && call_failed(c, call_case_static(c, cb, ++call % cb->rot, threads),
+                                 "warm-up (static)"))) {
+            free(bw_buf);
             return -1;
+        }
     }
     int n = 0, want = reps;
     double spent = 0;

@@ -19,12 +19,14 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/half.h"
 #include "wisdom.h"
 
 /* ---- shape classes ------------------------------------------------------------------ */
 
 static const char *const k_phase[ATTN_PHASES] = {"prefill", "decode", "backward"};
-static const char *const k_dtype[ATTN_TUNE_DTYPES] = {"f32", "bf16", "f16", "q8_0"};
+static const char *const k_dtype[ATTN_TUNE_DTYPES] = {"f32", "bf16", "f16", "q8_0", "fp8",
+                                                         "q4_0"};
 static const char *const k_dim[ATTN_TUNE_DIMS] = {"d32", "d64", "d128", "d256"};
 static const char *const k_mask[ATTN_TUNE_MASKS] = {"none", "causal", "keylen", "mixed"};
 static const char *const k_group[ATTN_TUNE_GROUPS] = {"g1", "g2", "g4", "g8"};
@@ -33,7 +35,8 @@ attn_tune_class ai_tune_class_of(const attn_params *p, bool backward, bool key_l
     attn_tune_class c;
     c.phase = backward ? ATTN_PHASE_BACKWARD
               : p->Lq <= ATTN_DECODE_MAX_ROWS ? ATTN_PHASE_DECODE : ATTN_PHASE_PREFILL;
-    c.dtype = p->kv_dt == ATTN_BF16 ? 1 : p->kv_dt == ATTN_F16 ? 2 : p->kv_dt == ATTN_Q8_0 ? 3 : 0;
+    c.dtype = p->kv_dt == ATTN_BF16 ? 1 : p->kv_dt == ATTN_F16 ? 2 : p->kv_dt == ATTN_Q8_0 ? 3
+              : attn_is_fp8(p->kv_dt)  ? 4 : p->kv_dt == ATTN_Q4_0 ? 5 : 0;
     c.dim = p->Dk <= 32 ? 0 : p->Dk <= 64 ? 1 : p->Dk <= 128 ? 2 : 3;
     /* the masks that decide which tiles a row reads: structure (causal, window), key
      * lengths, per-element masks (bool mask, bias, block mask); two kinds at once are

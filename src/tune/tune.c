@@ -75,7 +75,10 @@ static tune_case class_case(attn_tune_class c, bool quick) {
     return t;
 }
 
-static const attn_dtype k_kv_dtype[ATTN_TUNE_DTYPES] = {ATTN_F32, ATTN_BF16, ATTN_F16, ATTN_Q8_0};
+/* the K/V dtype of each class's call (fp8 and q4_0: classes of their own, which the lists
+ * above do not tune: they keep the static choices) */
+static const attn_dtype k_kv_dtype[ATTN_TUNE_DTYPES] = {ATTN_F32, ATTN_BF16, ATTN_F16,
+                                                        ATTN_Q8_0, ATTN_FP8_E4M3, ATTN_Q4_0};
 
 /* The buffers of one class's call. */
 typedef struct tune_call {
