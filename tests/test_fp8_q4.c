@@ -13,9 +13,11 @@
  * 3. The forward over fp8 K and V (fused and reference, 1 and 2 threads) against the tests'
  *    float64 oracle over the dequantized cache, at the contract's float32 tolerance:
  *    prefill, GQA causal, decoding on the split path, kv_len (unread rows NaN), mask and
- *    bias, window + ALiBi + softcap, LSE and weights, per-head scales. The same check must
- *    fail against the oracle of the UNquantized values and on a cache with one code
- *    changed (the tolerance sees both). A paged cache (shuffled pages) gives the
+ *    bias, window + ALiBi + softcap, LSE and weights, per-head scales; decoding (1 to 16
+ *    rows a block) with no scales, per-tensor and per-head ones, which the kernel's
+ *    decoding step takes where it reads fp8. The same check must fail against the
+ *    oracle of the UNquantized values and on a cache with one code changed (the
+ *    tolerance sees both). A paged cache (shuffled pages) gives the
  *    contiguous cache's output bit for bit; varlen gives attn_forward's per sequence;
  *    attn_weights_grid over fp8 K is the dequantized K's grid; attn_cascade_forward over
  *    fp8 parts is attention over their concatenated keys.
@@ -265,7 +267,11 @@ static void fp8_build(fp8cache *fc, tcall *t, const fmt *f, int per_head) {
                     for (int64_t j = 0; j < c->Lk; j++)
                         for (int64_t d = 0; d < src->shape[3]; d++)
                             amax = fmax(amax, fabs(*view_ptr(src, b, gg, j, d)));
-            s[g] = amax > 0 ? (float)(amax / f->max) * (per_head ? (float)(1 + g) : 1.0f) : 1.0f;
+            /* V's scale 3 times its calibration (the values still fit, in a third of the
+             * range): K's and V's scales differ even where K and V have one range, so
+             * that a kernel applying one in place of the other is seen */
+            s[g] = amax > 0 ? (float)(amax / f->max) * (per_head ? (float)(1 + g) : 1.0f) * (x ? 3.0f : 1.0f)
+                            : 1.0f;
             if (per_head < 0) s[g] = 1.0f;  // none given: the values must fit (U(-1, 1) do)
         }
     }
@@ -470,6 +476,20 @@ static void test_forward(const fmt *f) {
     c = fcase_new(10, 2, 4, 4, 3, 161, 40, 24);
     c.causal = 1, c.align = 1;
     cases[n++] = (fp8case){c, -1, "decode causal, D 40/24 (tails), no scales"};
+    /* scales per tensor and per head on the decoding step (the step multiplies each fp8
+     * value by its head's scale as it reads it), 1 to 16 rows a block: GQA groups, several
+     * query rows, the weights' sweep (decode_qk), tails; and their paged copies
+     * (decode_rows) */
+    c = fcase_new(11, 2, 8, 2, 1, 300, 64, 64);
+    cases[n++] = (fp8case){c, 0, "decode GQA 4, per-tensor scales"};
+    c = fcase_new(12, 2, 8, 2, 4, 208, 64, 64);  // batch 1 all 208 keys: clean tiles
+    c.causal = 1, c.align = 1, c.kvlen = 1;
+    cases[n++] = (fp8case){c, 1, "decode 16 rows (GQA 4 x Lq 4) causal kv_len, per-head scales"};
+    c = fcase_new(13, 2, 3, 3, 16, 160, 40, 24);
+    c.lse = 1, c.weights = 1;
+    cases[n++] = (fp8case){c, 1, "decode Lq 16, D 40/24 (tails), lse+weights, per-head scales"};
+    c = fcase_new(14, 1, 6, 2, 3, 4133, 128, 128);
+    cases[n++] = (fp8case){c, 0, "decode split, Lq 3 GQA 3, D 128, per-tensor scales"};
     for (int i = 0; i < n; i++) {
         if (test_case_skipped()) continue;  // ATTN_TEST_EVERY (the emulated run)
         if (f->dt == ATTN_Q4_0 && cases[i].c.Dv % 32) cases[i].c.Dv = 64;  // whole blocks
@@ -631,7 +651,7 @@ static void test_grid(const fmt *f) {
           attn_last_error(), tr.max_err);
 }
 
-/* the kernel a decoding call without scales runs on: one with the fp8 step where a kernel
+/* the kernel a decoding call (with scales or without) runs on: one with the fp8 step where a kernel
  * this CPU runs has it at or after the chosen one in the list, else the chosen one */
 static void test_fp8_kernel_choice(void) {
     int bad = 0;

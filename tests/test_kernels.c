@@ -234,13 +234,13 @@ static void test_decode(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk
     }
     const float scale = 0.37f;
     bool state_ok_qk = true;
-    k->decode(n, nk, dk, dv, q, dt, round_p, kk, ldk, v, ldv, scale, s, m, l, alpha, acc,
+    k->decode(n, nk, dk, dv, q, dt, round_p, kk, ldk, v, ldv, scale, 1.0f, 1.0f, s, m, l, alpha, acc,
               prefetch, prefetch ? kk + nk * ldk * es : NULL, prefetch ? nk : 0);
     /* decode_qk: the step's logits alone, checked against float64 dot products below */
     const int64_t lds = n + 3;  // the tile's S^T layout, wider than the rows: the lanes
     float *sq = malloc((size_t)(lds * nk) * sizeof(float));  // past n must stay untouched
     for (int64_t i = 0; i < lds * nk; i++) sq[i] = 12345.0f;
-    k->decode_qk(n, nk, dk, q, dt, kk, ldk, scale, sq, lds);
+    k->decode_qk(n, nk, dk, q, dt, kk, ldk, scale, 1.0f, sq, lds);
     for (int64_t i = 0; i < lds * nk; i++) state_ok_qk &= i % lds < n || sq[i] == 12345.0f;
     /* the bounds, from the contract's error model (tolerance.h): each logit within
      * tol_dot_rel(dk) of its magnitude, ds the largest such error of the row; m within ds;

@@ -7,9 +7,10 @@
  * decode_rows), so that it computes what the contiguous cache's tile does. Checks:
  * - decode_rows on rows scattered through a buffer (the free slots NaN) = decode on the
  *   same rows at one stride, bit for bit: m, l, alpha and acc, from a running state, for
- *   n = 1..4 rows, tiles of 1 to 128 keys, float32 / float16 / bfloat16 (and q8_0 where
- *   the kernel reads it) K and V, the FAST precision's rounding, with and without a next
- *   tile to prefetch (its rows scattered too);
+ *   n = 1..4 rows, tiles of 1 to 128 keys, float32 / float16 / bfloat16 (and q8_0, and
+ *   fp8_e4m3 / fp8_e5m2 with k and v scales, where the kernel reads them) K and V, the
+ *   FAST precision's rounding, with and without a next tile to prefetch (its rows
+ *   scattered too);
  * - through the API, a paged cache (page sizes 1, 3, 16, 48, 64, 100, pages shuffled, NaN
  *   in every slot no valid key occupies, -1 past the valid pages of the table) = the
  *   contiguous cache, bit for bit, O, LSE and weights, on decoding shapes: 1, 4 and 16
@@ -63,9 +64,10 @@ static void fill_rows(attn_dtype dt, int64_t rows, int64_t width, float amp, voi
 /* ---- the kernel entry alone ----------------------------------------------------------- */
 
 /* decode_rows on rows scattered through slots of a NaN-filled buffer against decode on
- * the same rows at one stride (nk keys of this tile, then nk_next of the next one). */
+ * the same rows at one stride (nk keys of this tile, then nk_next of the next one); ks, vs
+ * the fp8 scales (1 for the other dtypes). */
 static void kernel_case(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk, int64_t dv,
-                        attn_dtype dt, bool round_p, int64_t nk_next) {
+                        attn_dtype dt, bool round_p, int64_t nk_next, float ks, float vs) {
     const int64_t rk = nbytes(dt, dk), rv = nbytes(dt, dv), rows = nk + nk_next;
     const int64_t slots = 3 * rows + 1;
     char *kc = malloc((size_t)(rows * rk) + 1), *vc = malloc((size_t)(rows * rv) + 1);
@@ -94,9 +96,9 @@ static void kernel_case(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk
     }
     const float scale = 0.37f;
     const int64_t ldk = dk, ldv = dv;  // dense rows: the stride is the width (in elements)
-    k->decode(n, nk, dk, dv, q, dt, round_p, kc, ldk, vc, ldv, scale, s, m, l, a, acc,
+    k->decode(n, nk, dk, dv, q, dt, round_p, kc, ldk, vc, ldv, scale, ks, vs, s, m, l, a, acc,
               nk_next > 0, nk_next > 0 ? kc + nk * rk : NULL, nk_next);
-    k->decode_rows(n, nk, dk, dv, q, dt, round_p, kr, vr, scale, s2, m2, l2, a2, acc2,
+    k->decode_rows(n, nk, dk, dv, q, dt, round_p, kr, vr, scale, ks, vs, s2, m2, l2, a2, acc2,
                    nk_next > 0, kr + nk, nk_next);
     const bool same = memcmp(m, m2, (size_t)n * sizeof(float)) == 0 &&
                       memcmp(l, l2, (size_t)n * sizeof(float)) == 0 &&
@@ -114,18 +116,22 @@ static void kernel_case(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk
 
 static void test_kernel(const attn_kernels *k) {
     static const int64_t nks[] = {1, 2, 3, 16, 17, 64, 127, 128};
-    static const attn_dtype dts[] = {ATTN_F32, ATTN_F16, ATTN_BF16, ATTN_Q8_0};
+    static const attn_dtype dts[] = {ATTN_F32, ATTN_F16, ATTN_BF16, ATTN_Q8_0, ATTN_FP8_E4M3,
+                                     ATTN_FP8_E5M2};
     static const int64_t dims[][2] = {{64, 64}, {128, 128}, {40, 24}, {17, 65}, {96, 160}};
-    for (size_t t = 0; t < 4; t++) {
+    for (size_t t = 0; t < sizeof dts / sizeof dts[0]; t++) {
         if (dts[t] == ATTN_Q8_0 && !k->decode_q8_0) continue;
+        if (attn_is_fp8(dts[t]) && !k->decode_fp8) continue;
+        /* fp8: scales whose products round (not powers of two), k's and v's different */
+        const float ks = attn_is_fp8(dts[t]) ? 0.0123f : 1.0f, vs = attn_is_fp8(dts[t]) ? 3.7f : 1.0f;
         for (int64_t n = 1; n <= 4; n++)
             for (size_t b = 0; b < sizeof nks / sizeof nks[0]; b++) {
                 const size_t di = (size_t)(n + (int64_t)b) % 5;
                 int64_t dk = dims[di][0], dv = dims[di][1];
                 if (dts[t] == ATTN_Q8_0) dk = (dk + 31) / 32 * 32, dv = (dv + 31) / 32 * 32;
                 const int64_t next = b % 3 == 0 ? 0 : b % 3 == 1 ? nks[b] : 5;
-                kernel_case(k, n, nks[b], dk, dv, dts[t], false, next);
-                if (dts[t] == ATTN_BF16) kernel_case(k, n, nks[b], dk, dv, dts[t], true, next);
+                kernel_case(k, n, nks[b], dk, dv, dts[t], false, next, ks, vs);
+                if (dts[t] == ATTN_BF16) kernel_case(k, n, nks[b], dk, dv, dts[t], true, next, ks, vs);
             }
     }
 }

@@ -543,8 +543,9 @@ static void tile_decode_rows(const attn_params *p, const attn_kernels *kern,
     if (next_nk > 0) prefetch_runs(p, blk, j1, next_nk);
     for (int64_t r0 = 0; r0 < n; r0 += 4)
         kern->decode_rows(n - r0 < 4 ? n - r0 : 4, nk, dk, dv, w->q + r0 * dk, p->kv_dt, fast,
-                          kr, vr, p->scale, w->s, w->m + r0, w->l + r0, w->alpha + r0,
-                          w->acc + r0 * dv, r0 == 0, kn, next_nk);
+                          kr, vr, p->scale, attn_kv_scale(p->k_scale, p->k_scale_s, blk->g),
+                          attn_kv_scale(p->v_scale, p->v_scale_s, blk->g), w->s, w->m + r0,
+                          w->l + r0, w->alpha + r0, w->acc + r0 * dv, r0 == 0, kn, next_nk);
 }
 
 /* A clean tile of a decoding block in segments of rows at one stride: the whole tile in
@@ -556,6 +557,9 @@ static void tile_decode(const attn_params *p, const attn_kernels *kern, const fu
                         const fused_scratch *w, const fused_block *blk, int64_t jb, int64_t j0,
                         int64_t nk, bool fast) {
     const int64_t dk = p->Dk, dv = p->Dv, n = blk->n;
+    /* the fp8 scales of the block's key/value head (1 for none and the other dtypes) */
+    const float ks = attn_kv_scale(p->k_scale, p->k_scale_s, blk->g);
+    const float vs = attn_kv_scale(p->v_scale, p->v_scale_s, blk->g);
     if (p->block_table && p->page_size < plan->bk) {
         /* small pages: the hardware prefetcher loses the stream at each page, so the rows
          * of the tile PREFETCH_TILES ahead are asked for here too */
@@ -570,7 +574,7 @@ static void tile_decode(const attn_params *p, const attn_kernels *kern, const fu
         const char *k = fused_kv_row(p, blk, p->k, p->k_s, s0), *v = fused_kv_row(p, blk, p->v, p->v_s, s0);
         for (int64_t r0 = 0; r0 < n; r0 += 4)
             kern->decode(n - r0 < 4 ? n - r0 : 4, seg, dk, dv, w->q + r0 * dk, p->kv_dt, fast, k,
-                         p->k_s[2], v, p->v_s[2], p->scale, w->s, w->m + r0, w->l + r0,
+                         p->k_s[2], v, p->v_s[2], p->scale, ks, vs, w->s, w->m + r0, w->l + r0,
                          w->alpha + r0, w->acc + r0 * dv, r0 == 0, next_k, next_nk);
     }
 }

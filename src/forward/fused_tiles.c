@@ -60,12 +60,11 @@ int64_t fused_kv_segment(const attn_params *p, int64_t j, int64_t nk) {
  * group) takes several calls on each clean tile, the tile then in the cache for all but
  * the first. */
 bool fused_takes_decode(const attn_params *p, const attn_kernels *kern, int64_t n) {
-    /* q8_0 and q4_0 where the kernel's step reads them, fp8 where it does and no scale
-     * is given (the step reads bytes without one); else the tile path (kv_block
-     * dequantizes) */
-    const bool fp8_ok = kern->decode_fp8 && !p->k_scale && !p->v_scale;
+    /* q8_0, q4_0 and fp8 (with its scales or without) where the kernel's step reads them;
+     * else the tile path (kv_block dequantizes) */
     return kern->decode && kern->decode_qk && n <= ATTN_DECODE_MAX_ROWS &&
-           (p->kv_dt != ATTN_Q8_0 || kern->decode_q8_0) && (!attn_is_fp8(p->kv_dt) || fp8_ok) &&
+           (p->kv_dt != ATTN_Q8_0 || kern->decode_q8_0) &&
+           (!attn_is_fp8(p->kv_dt) || kern->decode_fp8) &&
            (p->kv_dt != ATTN_Q4_0 || kern->decode_q4_0) &&
            !attn_has_elementwise(p) &&
            !p->dropout && p->k_s[3] == 1 && p->v_s[3] == 1;

@@ -110,7 +110,9 @@ void fused_block_weights(const attn_params *p, const attn_kernels *kern,
             const char *k = fused_kv_row(p, blk, p->k, p->k_s, s0);
             for (int64_t r0 = 0; r0 < n; r0 += 4)
                 kern->decode_qk(n - r0 < 4 ? n - r0 : 4, seg, p->Dk, w->q + r0 * p->Dk,
-                                p->kv_dt, k, p->k_s[2], p->scale, w->s + (s0 - j0) * ld + r0, ld);
+                                p->kv_dt, k, p->k_s[2], p->scale,
+                                attn_kv_scale(p->k_scale, p->k_scale_s, blk->g),
+                                w->s + (s0 - j0) * ld + r0, ld);
         }
         /* x = s - m, a key's rows contiguous, and the kernel's exp over them in place (a
          * row with m = -inf is skipped below; 0 keeps its lanes finite) */

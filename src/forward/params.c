@@ -349,8 +349,8 @@ static attn_status fill_run(attn_params *p, const attn_options *opt, bool backwa
             p->Lq <= ATTN_DECODE_MAX_ROWS && p->group <= ATTN_DECODE_MAX_ROWS &&
             p->Lq * p->group <= ATTN_DECODE_MAX_ROWS)
             p->kernels = ai_kernels_for_q8_0(p->kernels);
-        /* the same for an fp8 cache the step reads (no scales given, fused_takes_decode) */
-        if (attn_is_fp8(p->kv_dt) && !p->k_scale && !p->v_scale && !p->kernels->decode_fp8 &&
+        /* the same for an fp8 cache, with its scales or without (fused_takes_decode) */
+        if (attn_is_fp8(p->kv_dt) && !p->kernels->decode_fp8 &&
             p->Lq <= ATTN_DECODE_MAX_ROWS && p->group <= ATTN_DECODE_MAX_ROWS &&
             p->Lq * p->group <= ATTN_DECODE_MAX_ROWS)
             p->kernels = ai_kernels_for_fp8(p->kernels);

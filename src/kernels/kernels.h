@@ -229,20 +229,26 @@ struct attn_kernels {
      *      for P·V; l still sums the float32 p, as softmax does
      *   s scratch of 4 * round_up(nk, 4) floats; m, l, alpha (4) as in softmax (entries
      *      past n are scratch); acc (n, dv), row stride dv, as in pv
+     *   k_scale, v_scale: an fp8 cache's scales of the tile's key/value head
+     *      (attn_kv_scale: 1 where none is given); each fp8 element is read as
+     *      fl32(its value · scale), one rounding, kv_block's value; the other dtypes
+     *      never read them (1 by convention)
      *   prefetch: ask for this tile's V rows while Q·Kᵀ runs, and for the next tile's K
      *      rows (next_k, next_nk keys, same stride; next_nk = 0 for none) while P·V runs,
      *      into the outer caches (the first call on a tile; the others find them there) */
     void (*decode)(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                    attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
-                   int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
-                   float *acc, bool prefetch, const void *next_k, int64_t next_nk);
+                   int64_t ldv, float scale, float k_scale, float v_scale, float *s, float *m,
+                   float *l, float *alpha, float *acc, bool prefetch, const void *next_k,
+                   int64_t next_nk);
 
     /* With decode: the logits decode computes for the same arguments, bit for bit, in the
      * tile's layout S^T (as qk writes them): s[c * lds + r] = scale q_r · k_c for keys
      * c < nk <= ATTN_BK_LIMIT and rows r < n, lds >= n; nothing else of s is written. The
      * step's own compact lanes stay inside the kernel (attn_decode_qk_store). */
     void (*decode_qk)(int64_t n, int64_t nk, int64_t dk, const float *q, attn_dtype dt,
-                      const void *k, int64_t ldk, float scale, float *s, int64_t lds);
+                      const void *k, int64_t ldk, float scale, float k_scale, float *s,
+                      int64_t lds);
 
     /* y = exp(x) elementwise with the kernel's own exp (the one softmax uses), for x <= 0
      * (and NaN, -inf). For the tests of its error bound. */
@@ -258,9 +264,9 @@ struct attn_kernels {
      * first block, ldk and ldv in elements, multiples of 32; dk and dv multiples of 32). */
     bool decode_q8_0;
     /* Whether decode, decode_qk and decode_rows also take dt = ATTN_FP8_E4M3 and
-     * ATTN_FP8_E5M2 (k and v bytes, strides in elements): each byte read as its exact
-     * value, with no scale, so the framework calls them only for a call without k_scale
-     * and v_scale (where the value is the byte's own); else the tile path. */
+     * ATTN_FP8_E5M2 (k and v bytes, strides in elements): each byte's exact value times
+     * its head's k_scale or v_scale in float32, one rounding (the contract's value, the
+     * tile path's: with or without scales, per tensor or per head). */
     bool decode_fp8;
     /* Whether decode, decode_qk and decode_rows also take dt = ATTN_Q4_0 (as q8_0's:
      * rows on block starts, dk and dv multiples of 32). */
@@ -295,8 +301,8 @@ struct attn_kernels {
      * whichever pages its rows are in. */
     void (*decode_rows)(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                         attn_dtype dt, bool round_p, const char *const *k_rows,
-                        const char *const *v_rows, float scale, float *s, float *m, float *l,
-                        float *alpha, float *acc, bool prefetch,
+                        const char *const *v_rows, float scale, float k_scale, float v_scale,
+                        float *s, float *m, float *l, float *alpha, float *acc, bool prefetch,
                         const char *const *next_k_rows, int64_t next_nk);
     /* Optional (NULL: the framework converts the value block to float32 and calls pv): pv
      * on a 16-bit value block, converted as it is read, so that the block is not written
@@ -379,12 +385,12 @@ ATTN_PRIVATE void ai_pv_avx512(int64_t n, int64_t npad, int64_t nk, int64_t dv, 
                                float *acc, int64_t ldo, bool skip_zeros);
 ATTN_PRIVATE void ai_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                                    attn_dtype dt, bool round_p, const void *k, int64_t ldk,
-                                   const void *v, int64_t ldv, float scale, float *s, float *m,
-                                   float *l, float *alpha, float *acc, bool prefetch,
-                                   const void *next_k, int64_t next_nk);
+                                   const void *v, int64_t ldv, float scale, float k_scale,
+                                   float v_scale, float *s, float *m, float *l, float *alpha,
+                                   float *acc, bool prefetch, const void *next_k, int64_t next_nk);
 ATTN_PRIVATE void ai_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q,
                                       attn_dtype dt, const void *k, int64_t ldk, float scale,
-                                      float *s, int64_t lds);
+                                      float k_scale, float *s, int64_t lds);
 ATTN_PRIVATE void ai_exp_array_avx512(int64_t n, const float *x, float *y);
 ATTN_PRIVATE void ai_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst);
 ATTN_PRIVATE void ai_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,
@@ -392,18 +398,18 @@ ATTN_PRIVATE void ai_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, i
 /* the AVX2 decoding step (avx2/decode.c) */
 ATTN_PRIVATE void ai_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                                  attn_dtype dt, bool round_p, const void *k, int64_t ldk,
-                                 const void *v, int64_t ldv, float scale, float *s, float *m,
-                                 float *l, float *alpha, float *acc, bool prefetch,
-                                 const void *next_k, int64_t next_nk);
+                                 const void *v, int64_t ldv, float scale, float k_scale,
+                                 float v_scale, float *s, float *m, float *l, float *alpha,
+                                 float *acc, bool prefetch, const void *next_k, int64_t next_nk);
 ATTN_PRIVATE void ai_decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q,
                                     attn_dtype dt, const void *k, int64_t ldk, float scale,
-                                    float *s, int64_t lds);
+                                    float k_scale, float *s, int64_t lds);
 ATTN_PRIVATE void ai_decode_rows_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv,
                                       const float *q, attn_dtype dt, bool round_p,
                                       const char *const *k_rows, const char *const *v_rows,
-                                      float scale, float *s, float *m, float *l, float *alpha,
-                                      float *acc, bool prefetch, const char *const *next_k_rows,
-                                      int64_t next_nk);
+                                      float scale, float k_scale, float v_scale, float *s,
+                                      float *m, float *l, float *alpha, float *acc, bool prefetch,
+                                      const char *const *next_k_rows, int64_t next_nk);
 /* the AVX2 rounding of float32 rows to 16 bits (avx2/convert.c) */
 ATTN_PRIVATE void ai_from_f32_avx2(attn_dtype dt, int64_t n, const float *src, uint16_t *dst);
 ATTN_PRIVATE void ai_rows_from_st_avx2(int64_t n, int64_t nk, const float *s, int64_t lds,
@@ -440,7 +446,8 @@ ATTN_PRIVATE const attn_kernels *ai_select_kernels(const char **why);
  * step reads the blocks in registers, where avx512's tiles would dequantize every block
  * to float32 first: docs/KERNELS.md, "The q8_0 cache"), else kern (generic). */
 ATTN_PRIVATE const attn_kernels *ai_kernels_for_q8_0(const attn_kernels *kern);
-/* The same for an fp8 cache without scales and the fp8 decoding step (decode_fp8). */
+/* The same for an fp8 cache (with or without scales) and the fp8 decoding step
+ * (decode_fp8). */
 ATTN_PRIVATE const attn_kernels *ai_kernels_for_fp8(const attn_kernels *kern);
 /* The same for a q4_0 cache and the q4_0 decoding step (decode_q4_0). */
 ATTN_PRIVATE const attn_kernels *ai_kernels_for_q4_0(const attn_kernels *kern);

@@ -2,7 +2,8 @@
  * avx2/decode.c — the AVX2 decoding step: Q·Kᵀ, online softmax and P·V of one clean
  *                 tile for at most 4 query rows in one call (kernels.h: decode,
  *                 decode_qk, decode_rows), on contiguous or paged rows of any cache
- *                 dtype (fp8 read as bytes through F16C, without scales). The tile kernels are kernels.c's; both share exp.h.
+ *                 dtype (fp8 read as bytes through F16C, times the head's scale). The
+ *                 tile kernels are kernels.c's; both share exp.h.
  */
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -70,6 +71,14 @@ INLINE __m256 load_row(int DT, const void *row, int64_t d, int64_t n) {
     return _mm256_cvtph_ps(h);
 }
 
+/* load_row on a K or V row: an fp8 value times its head's scale sc (k_scale or v_scale,
+ * 1 where none is given), one rounding, kv_block's fl32(value · scale) (the value itself
+ * is exact, so is its product with 1); the other dtypes as load_row */
+INLINE __m256 load_kv(int DT, const void *row, int64_t d, int64_t n, __m256 sc) {
+    const __m256 x = load_row(DT, row, d, n);
+    return DT == ATTN_FP8_E4M3 || DT == ATTN_FP8_E5M2 ? _mm256_mul_ps(x, sc) : x;
+}
+
 /* the lines of the V rows c, c+1 (those that exist), asked for before the Q·Kᵀ of keys
  * c, c+1: outside its loop, whose every instruction counts where the group is large
  * (docs/BENCHMARKS.md, decoding's two bounds) */
@@ -82,12 +91,12 @@ INLINE void pf_v_rows(const attn_decode_pf *pf, int64_t c) {
 }
 
 /* logits of NR rows x KC (1 or 2) keys at kr[0], kr[1]: lanes 4c + r, scaled; lanes of a missing
- * second key -inf. HALVES (a bfloat16 K, Dk a multiple of 16): q comes split by halves
+ * second key -inf; an fp8 K's values times ksc (load_kv). HALVES (a bfloat16 K, Dk a multiple of 16): q comes split by halves
  * and each load of 16 key values gives the even and the odd ones by a shift and an and,
  * where widening takes twice the operations (as dec_qk4_halves in avx512/kernels.c). */
 INLINE __m256 dec_qk4(int DT, bool HALVES, int NR, int KC, int64_t dk, const float *q,
-                       const char *const kr[2], __m256 scale, const attn_decode_pf *pf,
-                       int64_t c) {
+                       const char *const kr[2], __m256 scale, __m256 ksc,
+                       const attn_decode_pf *pf, int64_t c) {
     __m256 acc[2][4];
     UNROLL for (int j = 0; j < 2; j++)
         UNROLL for (int r = 0; r < 4; r++) acc[j][r] = _mm256_setzero_ps();
@@ -148,7 +157,7 @@ INLINE __m256 dec_qk4(int DT, bool HALVES, int NR, int KC, int64_t dk, const flo
         int64_t d = 0;
         for (; d + 8 <= dk; d += 8) {
             __m256 kv[2];
-            UNROLL for (int j = 0; j < KC; j++) kv[j] = load_row(DT, kr[j], d, 8);
+            UNROLL for (int j = 0; j < KC; j++) kv[j] = load_kv(DT, kr[j], d, 8, ksc);
             UNROLL for (int r = 0; r < NR; r++) {
                 const __m256 qv = _mm256_loadu_ps(q + r * dk + d);
                 UNROLL for (int j = 0; j < KC; j++) acc[j][r] = _mm256_fmadd_ps(qv, kv[j], acc[j][r]);
@@ -157,7 +166,7 @@ INLINE __m256 dec_qk4(int DT, bool HALVES, int NR, int KC, int64_t dk, const flo
         for (; d < dk; d += 8) {
             const int64_t left = dk - d < 8 ? dk - d : 8;
             __m256 kv[2];
-            UNROLL for (int j = 0; j < KC; j++) kv[j] = load_row(DT, kr[j], d, left);
+            UNROLL for (int j = 0; j < KC; j++) kv[j] = load_kv(DT, kr[j], d, left, ksc);
             UNROLL for (int r = 0; r < NR; r++) {
                 const __m256 qv = load_row(ATTN_F32, q + r * dk, d, left);
                 UNROLL for (int j = 0; j < KC; j++) acc[j][r] = _mm256_fmadd_ps(qv, kv[j], acc[j][r]);
@@ -187,12 +196,13 @@ INLINE void split_halves(int NR, int64_t dk, const float *q, float *qh) {
 
 /* The tile's logits for NR rows, 2 keys a vector (lane 4c + r; lanes of a key past nk
  * -inf) into s; *mx gets their lane-wise max, *nan the lanes that saw a NaN. Key c at
- * k + c * ldk, or at rows[c] where rows is given (decode_rows). The one Q·Kᵀ of the
- * decoding step, for decode, decode_rows and decode_qk alike. */
+ * k + c * ldk, or at rows[c] where rows is given (decode_rows); an fp8 K's values times
+ * k_scale. The one Q·Kᵀ of the decoding step, for decode, decode_rows and decode_qk
+ * alike. */
 INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, const char *k,
-                        int64_t ldk, const char *const *rows, float scale, float *s,
-                        const attn_decode_pf *pf, __m256 *mx, __m256 *nan) {
-    const __m256 vscale = _mm256_set1_ps(scale);
+                        int64_t ldk, const char *const *rows, float scale, float k_scale,
+                        float *s, const attn_decode_pf *pf, __m256 *mx, __m256 *nan) {
+    const __m256 vscale = _mm256_set1_ps(scale), ksc = _mm256_set1_ps(k_scale);
     const bool halves = DT == ATTN_BF16 && dk % 16 == 0 && dk <= DEC_HALVES_MAX_DK;
     float qh[4 * DEC_HALVES_MAX_DK];
     if (halves) split_halves(NR, dk, q, qh);
@@ -203,11 +213,11 @@ INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, c
         const char *kr[2] = {rows ? rows[c] : k + c * ldk, NULL};
         if (c + 1 < nk) kr[1] = rows ? rows[c + 1] : kr[0] + ldk;
         if (halves)
-            z = c + 2 <= nk ? dec_qk4(DT, true, NR, 2, dk, qh, kr, vscale, pf, c)
-                            : dec_qk4(DT, true, NR, 1, dk, qh, kr, vscale, pf, c);
+            z = c + 2 <= nk ? dec_qk4(DT, true, NR, 2, dk, qh, kr, vscale, ksc, pf, c)
+                            : dec_qk4(DT, true, NR, 1, dk, qh, kr, vscale, ksc, pf, c);
         else
-            z = c + 2 <= nk ? dec_qk4(DT, false, NR, 2, dk, q, kr, vscale, pf, c)
-                            : dec_qk4(DT, false, NR, 1, dk, q, kr, vscale, pf, c);
+            z = c + 2 <= nk ? dec_qk4(DT, false, NR, 2, dk, q, kr, vscale, ksc, pf, c)
+                            : dec_qk4(DT, false, NR, 1, dk, q, kr, vscale, ksc, pf, c);
         _mm256_storeu_ps(s + 4 * c, z);
         *mx = _mm256_max_ps(*mx, z);
         *nan = _mm256_or_ps(*nan, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));
@@ -270,11 +280,12 @@ INLINE int64_t pf_k_lines(const attn_decode_pf *pf, int64_t l0, int64_t l1, int6
  * lines than keys, so that the loop has no test of its own for it (docs/KERNELS.md, "The
  * decoding step's P·V loop"). WHOLE: a pass of 16 columns, a bfloat16 V by halves
  * (t[r][0] the even columns, t[r][1] the odd ones); else the last pass of a row, nd < 16
- * columns. Each kind of pass in a loop of its own, its tests hoisted out of it. */
+ * columns. Each kind of pass in a loop of its own, its tests hoisted out of it. An fp8
+ * V's values times vsc (load_kv). */
 INLINE void dec_pv_keys(int DT, int NR, bool WHOLE, bool FLAT, int64_t nk, const float *s,
                         const char *v, int64_t ldv, const char *const *vrows, int64_t d0,
                         int64_t nd, const char *const *pa, const char *flat, int64_t step,
-                        __m256 t[4][2]) {
+                        __m256 vsc, __m256 t[4][2]) {
     const __m256i hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
     const int64_t n0 = nd < 8 ? nd : 8, n1 = nd - n0;
     /* a whole pass's columns from a pointer at column d0: one pointer a key in the loop */
@@ -299,11 +310,11 @@ INLINE void dec_pv_keys(int DT, int NR, bool WHOLE, bool FLAT, int64_t nk, const
             v0 = _mm256_mul_ps(sc, q4_eight(b + 2, d0 % ATTN_Q4_0_BLOCK));
             v1 = _mm256_mul_ps(sc, q4_eight(b + 2, d0 % ATTN_Q4_0_BLOCK + 8));
         } else if (WHOLE) {
-            v0 = load_row(DT, row, 0, 8);
-            v1 = load_row(DT, row, 8, 8);
+            v0 = load_kv(DT, row, 0, 8, vsc);
+            v1 = load_kv(DT, row, 8, 8, vsc);
         } else {
-            v0 = load_row(DT, row, d0, n0);
-            v1 = n1 > 0 ? load_row(DT, row, d0 + 8, n1) : _mm256_setzero_ps();
+            v0 = load_kv(DT, row, d0, n0, vsc);
+            v1 = n1 > 0 ? load_kv(DT, row, d0 + 8, n1, vsc) : _mm256_setzero_ps();
         }
         _mm_prefetch(FLAT ? flat + c * step : pa[c >> step], _MM_HINT_T2);
         UNROLL for (int r = 0; r < NR; r++) {
@@ -316,10 +327,13 @@ INLINE void dec_pv_keys(int DT, int NR, bool WHOLE, bool FLAT, int64_t nk, const
 
 /* acc rows 0..NR-1, value columns d0..d0+nd-1 (nd <= 16), from the compact p (key c of row
  * r at s[4c + r]; its V row at v + c * ldv, or vrows[c] where vrows is given), rescaled by
- * alpha; lines [l0, l1) of the next tile's K (pf_k_lines) asked for over the pass's keys */
+ * alpha; lines [l0, l1) of the next tile's K (pf_k_lines) asked for over the pass's keys;
+ * an fp8 V's values times v_scale */
 INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, int64_t ldv,
-                    const char *const *vrows, int64_t d0, int64_t nd, const float *alpha,
-                    float *acc, int64_t dv, const attn_decode_pf *pf, int64_t l0, int64_t l1) {
+                    const char *const *vrows, int64_t d0, int64_t nd, float v_scale,
+                    const float *alpha, float *acc, int64_t dv, const attn_decode_pf *pf,
+                    int64_t l0, int64_t l1) {
+    const __m256 vsc = _mm256_set1_ps(v_scale);
     __m256 t[4][2];
     UNROLL for (int r = 0; r < 4; r++) t[r][0] = t[r][1] = _mm256_setzero_ps();
     /* the lines over the nk keys, at most one a key: at one pointer, line floor(c npa / nk)
@@ -338,8 +352,8 @@ INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, in
     else if (flat) step = (64 * npa + nk - 1) / nk;  // up to (nk - 1) / 64 lines past l1's: a hint
     /* a q8_0 or q4_0 V has dv a multiple of 32, so every pass is whole */
     if (nd == 16 || attn_is_block_dtype((attn_dtype)DT)) {
-        if (flat) dec_pv_keys(DT, NR, true, true, nk, s, v, ldv, vrows, d0, 16, pa, flat, step, t);
-        else dec_pv_keys(DT, NR, true, false, nk, s, v, ldv, vrows, d0, 16, pa, flat, step, t);
+        if (flat) dec_pv_keys(DT, NR, true, true, nk, s, v, ldv, vrows, d0, 16, pa, flat, step, vsc, t);
+        else dec_pv_keys(DT, NR, true, false, nk, s, v, ldv, vrows, d0, 16, pa, flat, step, vsc, t);
         if (DT == ATTN_BF16)  // even and odd columns back in order
             UNROLL for (int r = 0; r < NR; r++) {
                 const __m256 lo = _mm256_unpacklo_ps(t[r][0], t[r][1]), hi = _mm256_unpackhi_ps(t[r][0], t[r][1]);
@@ -354,8 +368,8 @@ INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, in
         }
         return;
     }
-    if (flat) dec_pv_keys(DT, NR, false, true, nk, s, v, ldv, vrows, d0, nd, pa, flat, step, t);
-    else dec_pv_keys(DT, NR, false, false, nk, s, v, ldv, vrows, d0, nd, pa, flat, step, t);
+    if (flat) dec_pv_keys(DT, NR, false, true, nk, s, v, ldv, vrows, d0, nd, pa, flat, step, vsc, t);
+    else dec_pv_keys(DT, NR, false, false, nk, s, v, ldv, vrows, d0, nd, pa, flat, step, vsc, t);
     const int64_t n0 = nd < 8 ? nd : 8, n1 = nd - n0;
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     UNROLL for (int r = 0; r < NR; r++) {
@@ -371,16 +385,17 @@ INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, in
 }
 
 /* one step on the tile's rows: at k + c * ldk, v + c * ldv, or at k_rows[c], v_rows[c]
- * where those are given (decode_rows); the same arithmetic either way */
+ * where those are given (decode_rows); the same arithmetic either way. An fp8 cache's
+ * values times k_scale, v_scale (kernels.h: decode). */
 INLINE void decode_tile(int DT, int NR, bool round_p, int64_t nk, int64_t dk, int64_t dv,
                              const float *q, const char *k, int64_t ldk, const char *v,
                              int64_t ldv, const char *const *k_rows, const char *const *v_rows,
-                             float scale, float *s, float *m, float *l,
-                             float *alpha, float *acc, const attn_decode_pf *pf) {
+                             float scale, float k_scale, float v_scale, float *s, float *m,
+                             float *l, float *alpha, float *acc, const attn_decode_pf *pf) {
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
     const int64_t nv = (nk + 1) / 2;
     __m256 mx, nan;
-    dec_logits(DT, NR, nk, dk, q, k, ldk, k_rows, scale, s, pf, &mx, &nan);
+    dec_logits(DT, NR, nk, dk, q, k, ldk, k_rows, scale, k_scale, s, pf, &mx, &nan);
     /* the online-softmax update of softmax_avx2, on the compact layout */
     const __m256 m_old = _mm256_broadcast_ps((const __m128 *)m);
     nan = _mm256_or_ps(nan, _mm256_cmp_ps(m_old, m_old, _CMP_UNORD_Q));
@@ -406,23 +421,24 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t nk, int64_t dk, in
     const int64_t passes = (dv + 15) / 16, lines = pf->k ? pf->nk * pf->lines_k : 0;
     for (int64_t p = 0; p < passes; p++) {
         const int64_t d0 = 16 * p, nd = dv - d0 < 16 ? dv - d0 : 16;
-        dec_pv(DT, NR, nk, s, v, ldv, v_rows, d0, nd, alpha, acc, dv, pf, p * lines / passes,
-                (p + 1) * lines / passes);
+        dec_pv(DT, NR, nk, s, v, ldv, v_rows, d0, nd, v_scale, alpha, acc, dv, pf,
+               p * lines / passes, (p + 1) * lines / passes);
     }
 }
 
 #define DECODE_AVX2(DT)                                                                       \
     switch (n) {                                                                              \
-    case 1: decode_tile(DT, 1, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, s, m, l, alpha, acc, &pf); break; \
-    case 2: decode_tile(DT, 2, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, s, m, l, alpha, acc, &pf); break; \
-    case 3: decode_tile(DT, 3, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, s, m, l, alpha, acc, &pf); break; \
-    default: decode_tile(DT, 4, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, s, m, l, alpha, acc, &pf); break; \
+    case 1: decode_tile(DT, 1, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, k_scale, v_scale, s, m, l, alpha, acc, &pf); break; \
+    case 2: decode_tile(DT, 2, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, k_scale, v_scale, s, m, l, alpha, acc, &pf); break; \
+    case 3: decode_tile(DT, 3, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, k_scale, v_scale, s, m, l, alpha, acc, &pf); break; \
+    default: decode_tile(DT, 4, round_p, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, k_scale, v_scale, s, m, l, alpha, acc, &pf); break; \
     }
 
 void ai_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                     attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
-                    int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
-                    float *acc, bool prefetch, const void *next_k, int64_t next_nk) {
+                    int64_t ldv, float scale, float k_scale, float v_scale, float *s, float *m,
+                    float *l, float *alpha, float *acc, bool prefetch, const void *next_k,
+                    int64_t next_nk) {
     const int64_t es = attn_elem_bytes(dt);
     const char *kb = (const char *)k, *vb = (const char *)v;
     const int64_t ldkb = attn_row_byte_offset(dt, ldk), ldvb = attn_row_byte_offset(dt, ldv);
@@ -448,7 +464,7 @@ void ai_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *
         DECODE_AVX2(ATTN_Q4_0);
         return;
     }
-    if (dt == ATTN_FP8_E4M3) {  // bytes: the framework sends them without scales (kernels.h)
+    if (dt == ATTN_FP8_E4M3) {  // bytes, each value times its head's scale (load_kv)
         DECODE_AVX2(ATTN_FP8_E4M3);
         return;
     }
@@ -461,7 +477,8 @@ void ai_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *
 
 /* decode_avx2's logits alone (kernels.h: decode_qk), for the weights' sweep */
 void ai_decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, attn_dtype dt,
-                       const void *k, int64_t ldk, float scale, float *st, int64_t lds) {
+                       const void *k, int64_t ldk, float scale, float k_scale, float *st,
+                       int64_t lds) {
     const attn_decode_pf none = {0};
     float s[4 * (ATTN_BK_LIMIT + 4)];  // the step's compact lanes, then into st
     const char *kb = (const char *)k;
@@ -469,10 +486,10 @@ void ai_decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, attn_d
     __m256 mx, nan;
 #define LOGITS(DT)                                                                              \
     switch (n) {                                                                                \
-    case 1: dec_logits(DT, 1, nk, dk, q, kb, ldkb, NULL, scale, s, &none, &mx, &nan); break;    \
-    case 2: dec_logits(DT, 2, nk, dk, q, kb, ldkb, NULL, scale, s, &none, &mx, &nan); break;    \
-    case 3: dec_logits(DT, 3, nk, dk, q, kb, ldkb, NULL, scale, s, &none, &mx, &nan); break;    \
-    default: dec_logits(DT, 4, nk, dk, q, kb, ldkb, NULL, scale, s, &none, &mx, &nan); break;   \
+    case 1: dec_logits(DT, 1, nk, dk, q, kb, ldkb, NULL, scale, k_scale, s, &none, &mx, &nan); break;    \
+    case 2: dec_logits(DT, 2, nk, dk, q, kb, ldkb, NULL, scale, k_scale, s, &none, &mx, &nan); break;    \
+    case 3: dec_logits(DT, 3, nk, dk, q, kb, ldkb, NULL, scale, k_scale, s, &none, &mx, &nan); break;    \
+    default: dec_logits(DT, 4, nk, dk, q, kb, ldkb, NULL, scale, k_scale, s, &none, &mx, &nan); break;   \
     }
     if (dt == ATTN_Q8_0) LOGITS(ATTN_Q8_0)
     else if (dt == ATTN_Q4_0) LOGITS(ATTN_Q4_0)
@@ -487,8 +504,8 @@ void ai_decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q, attn_d
  * rows read in place from their pages, in one step */
 void ai_decode_rows_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                          attn_dtype dt, bool round_p, const char *const *kr,
-                         const char *const *vr, float scale, float *s, float *m, float *l,
-                         float *alpha, float *acc, bool prefetch,
+                         const char *const *vr, float scale, float k_scale, float v_scale,
+                         float *s, float *m, float *l, float *alpha, float *acc, bool prefetch,
                          const char *const *next_kr, int64_t next_nk) {
     const int64_t es = attn_elem_bytes(dt);
     const char *kb = kr[0], *vb = vr[0];

@@ -560,8 +560,10 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int
 
 void ai_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                       attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
-                      int64_t ldv, float scale, float *s, float *m, float *l, float *alpha,
-                      float *acc, bool prefetch, const void *next_k, int64_t next_nk) {
+                      int64_t ldv, float scale, float k_scale, float v_scale, float *s,
+                      float *m, float *l, float *alpha, float *acc, bool prefetch,
+                      const void *next_k, int64_t next_nk) {
+    (void)k_scale, (void)v_scale;  // fp8's alone (kernels.h): this table has no decode_fp8
     const int64_t es = attn_elem_bytes(dt);
     const char *kb = (const char *)k, *vb = (const char *)v;
     const int64_t ldkb = ldk * es, ldvb = ldv * es;
@@ -571,7 +573,9 @@ void ai_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float
 
 /* decode's logits alone (kernels.h: decode_qk), for the weights' sweep */
 void ai_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q, attn_dtype dt,
-                         const void *k, int64_t ldk, float scale, float *st, int64_t lds) {
+                         const void *k, int64_t ldk, float scale, float k_scale, float *st,
+                         int64_t lds) {
+    (void)k_scale;  // fp8's alone (kernels.h): this table has no decode_fp8
     const attn_decode_pf none = {0};
     float s[4 * (ATTN_BK_LIMIT + 4)];  // the step's compact lanes, then into st
     const char *kb = (const char *)k;
