@@ -1,7 +1,7 @@
 /*
  * decode_bound.h — the compute bound of a decoding row (bench --paged, bench --q8): the
  *                  time the decoding step of the kernel that runs (attn_kernel_name(),
- *                  or for a q8_0 cache the kernel its step runs on) takes per cached
+ *                  or for a quantized cache the kernel its step runs on) takes per cached
  *                  element, from its hot loops' FMAs and loads against this core's rates
  *                  of the same instructions, measured here.
  *
@@ -42,7 +42,7 @@
 
 #include "attn.h"
 #include "bench_clock.h"
-#include "kernels/kernels.h"       // ai_select_kernels, ai_kernels_for_q8_0 (private, linked)
+#include "kernels/kernels.h"       // ai_select_kernels, ai_kernels_for_* (private, linked)
 #include "kernels/peak.h"  // the ISAs' peak and read loops
 
 typedef struct dec_loop {
@@ -75,6 +75,19 @@ static const dec_loops DEC_LOOPS[] = {
     {"avx512bf16", "avx512", ATTN_F32, {0, 16, 8, 64}, {0, 16, 8, 64}},
     {"avx512bf16", "avx512", ATTN_BF16, {0, 32, 12, 128}, {0, 16, 6, 64}},
     {"avx512bf16", "avx512", ATTN_F16, {0, 16, 8, 64}, {0, 16, 8, 64}},
+    /* the quantized caches on the avx512 step (load_kv): each K or V vector of 16 values
+     * also takes a multiply on the FMA ports (q8_0, q4_0: the block's scale, loaded and
+     * broadcast, one more load; fp8: the head's scale, and for e4m3 the 2^8 too). Q·Kᵀ
+     * (dec_qk4): 16 FMAs + 4 (or 8) multiplies, 4 K + 4 query (+ 4 scale) loads; P·V
+     * (pv_tile): 16 FMAs + 4 (or 8) multiplies, 4 V + 4 broadcasts (+ 4 scale) loads */
+    {"avx512", "avx512", ATTN_Q8_0, {0, 20, 12, 64}, {0, 20, 12, 64}},
+    {"avx512", "avx512", ATTN_Q4_0, {0, 20, 12, 64}, {0, 20, 12, 64}},
+    {"avx512", "avx512", ATTN_FP8_E5M2, {0, 20, 8, 64}, {0, 20, 8, 64}},
+    {"avx512", "avx512", ATTN_FP8_E4M3, {0, 24, 8, 64}, {0, 24, 8, 64}},
+    {"avx512bf16", "avx512", ATTN_Q8_0, {0, 20, 12, 64}, {0, 20, 12, 64}},
+    {"avx512bf16", "avx512", ATTN_Q4_0, {0, 20, 12, 64}, {0, 20, 12, 64}},
+    {"avx512bf16", "avx512", ATTN_FP8_E5M2, {0, 20, 8, 64}, {0, 20, 8, 64}},
+    {"avx512bf16", "avx512", ATTN_FP8_E4M3, {0, 24, 8, 64}, {0, 24, 8, 64}},
 };
 
 /* the name of the kernel a decoding call over a cache of dtype dt runs on ("none": no
@@ -82,6 +95,8 @@ static const dec_loops DEC_LOOPS[] = {
 static inline const char *dec_kernel(attn_dtype dt) {
     const attn_kernels *k = ai_select_kernels(NULL);
     if (k && dt == ATTN_Q8_0) k = ai_kernels_for_q8_0(k);
+    if (k && (dt == ATTN_FP8_E4M3 || dt == ATTN_FP8_E5M2)) k = ai_kernels_for_fp8(k);
+    if (k && dt == ATTN_Q4_0) k = ai_kernels_for_q4_0(k);
     return k ? k->name : "none";
 }
 

@@ -19,9 +19,9 @@
  *   and within the contract's float32 tolerance of the float64 reference;
  * - a planted error (one valid key of the pool turned towards the query after the copy)
  *   must fail both checks.
- * On a kernel without decode_rows (the AVX-512 ones) such tiles are read segment by
- * segment and round differently: there the API cases meet the reference only (the bit
- * checks are reported as skipped). The kernel is chosen by ATTN_ISA.
+ * On a kernel without decode_rows (generic) such tiles are read segment by segment and
+ * round differently: there the API cases meet the reference only (the bit checks are
+ * reported as skipped). The kernel is chosen by ATTN_ISA.
  */
 #include <math.h>
 #include <stdint.h>

@@ -391,6 +391,13 @@ ATTN_PRIVATE void ai_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv
 ATTN_PRIVATE void ai_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q,
                                       attn_dtype dt, const void *k, int64_t ldk, float scale,
                                       float k_scale, float *s, int64_t lds);
+ATTN_PRIVATE void ai_decode_rows_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv,
+                                        const float *q, attn_dtype dt, bool round_p,
+                                        const char *const *k_rows, const char *const *v_rows,
+                                        float scale, float k_scale, float v_scale, float *s,
+                                        float *m, float *l, float *alpha, float *acc,
+                                        bool prefetch, const char *const *next_k_rows,
+                                        int64_t next_nk);
 ATTN_PRIVATE void ai_exp_array_avx512(int64_t n, const float *x, float *y);
 ATTN_PRIVATE void ai_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst);
 ATTN_PRIVATE void ai_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,

@@ -156,43 +156,86 @@ void ai_softmax_avx512(int64_t npad, int64_t nk, float *s, int64_t lds, float *m
     }
 }
 
-/* 16 elements of row `row` from column d, as float32; DT is a compile-time constant */
+/* 16 elements of row `row` from column d, as float32; DT is a compile-time constant. A
+ * block dtype's d is a multiple of 16 and its rows whole blocks (mk all ones): the 16
+ * values of half a block, exact, times the block's float16 scale (exact: an 11-bit
+ * significand times at most 8 bits), as avx2/decode.c's load_row. An fp8 byte through
+ * float16 as there: e5m2 is a float16's top byte; e4m3 shifted right one (sign kept in
+ * bit 15, bit 14 cleared) is sign | (x & 0x7F) << 7, the float16 of x / 2^8, so times
+ * 2^8, its NaN codes given float16's top exponent bit first; all exact. */
 INLINE __m512 load_row(int DT, const void *row, int64_t d, __mmask16 mk) {
     if (DT == ATTN_F32)
         return mk == 0xFFFF ? _mm512_loadu_ps((const float *)row + d)
                             : _mm512_maskz_loadu_ps(mk, (const float *)row + d);
+    if (DT == ATTN_Q8_0 || DT == ATTN_Q4_0) {
+        const int64_t bytes = DT == ATTN_Q8_0 ? ATTN_Q8_0_BYTES : ATTN_Q4_0_BYTES;
+        const uint8_t *b = (const uint8_t *)row + d / 32 * bytes;
+        const __m512 sc = _mm512_cvtph_ps(_mm256_set1_epi16((short)(b[0] | b[1] << 8)));
+        __m128i x;
+        if (DT == ATTN_Q8_0) {
+            x = _mm_loadu_si128((const __m128i *)(b + 2 + d % 32));
+        } else {  // element i < 16 the low nibble of byte i, i + 16 its high one; minus 8
+            const __m128i qs = _mm_loadu_si128((const __m128i *)(b + 2));
+            x = _mm_and_si128(d % 32 ? _mm_srli_epi16(qs, 4) : qs, _mm_set1_epi8(0x0F));
+            x = _mm_sub_epi8(x, _mm_set1_epi8(8));
+        }
+        return _mm512_mul_ps(sc, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x)));
+    }
+    if (DT == ATTN_FP8_E4M3 || DT == ATTN_FP8_E5M2) {
+        const __m128i x = _mm_maskz_loadu_epi8(mk, (const uint8_t *)row + d);
+        const __m256i w = _mm256_slli_epi16(_mm256_cvtepu8_epi16(x), 8);
+        if (DT == ATTN_FP8_E5M2) return _mm512_cvtph_ps(w);
+        const __m256i h = _mm256_and_si256(_mm256_srai_epi16(w, 1), _mm256_set1_epi16((short)0xBFFF));
+        const __m256i m7 = _mm256_set1_epi16(0x3F80);
+        const __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi16(_mm256_and_si256(h, m7), m7),
+                                             _mm256_set1_epi16(0x4000));
+        return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(h, nan)), _mm512_set1_ps(256.0f));
+    }
     const __m256i h = _mm256_maskz_loadu_epi16(mk, (const uint16_t *)row + d);
     if (DT == ATTN_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     return _mm512_cvtph_ps(h);
 }
 
-/* line i of the V rows c..c+3 (those that exist) */
+/* load_row on a K or V row: an fp8 value times its head's scale sc (k_scale or v_scale,
+ * 1 where none is given), one rounding, kv_block's fl32(value · scale); the other dtypes
+ * as load_row */
+INLINE __m512 load_kv(int DT, const void *row, int64_t d, __mmask16 mk, __m512 sc) {
+    const __m512 x = load_row(DT, row, d, mk);
+    return DT == ATTN_FP8_E4M3 || DT == ATTN_FP8_E5M2 ? _mm512_mul_ps(x, sc) : x;
+}
+
+/* line i of the V rows c..c+3 (those that exist; at pf->v_rows[c] where given) */
 INLINE void pf_v_line(const attn_decode_pf *pf, int64_t c, int64_t i) {
     if (!pf->v || i >= pf->lines_v) return;
     const int64_t rows = pf->nv - c < 4 ? pf->nv - c : 4;
-    for (int64_t r = 0; r < rows; r++) _mm_prefetch(pf->v + (c + r) * pf->ldv + 64 * i, _MM_HINT_T2);
+    for (int64_t r = 0; r < rows; r++)
+        _mm_prefetch((pf->v_rows ? pf->v_rows[c + r] : pf->v + (c + r) * pf->ldv) + 64 * i, _MM_HINT_T2);
 }
 
 /* lines [i0, i1) of the next tile's K row c, if it has one */
 INLINE void pf_k_lines(const attn_decode_pf *pf, int64_t c, int64_t i0, int64_t i1) {
     if (!pf || !pf->k || c >= pf->nk) return;
-    for (int64_t i = i0; i < i1; i++) _mm_prefetch(pf->k + c * pf->ldk + 64 * i, _MM_HINT_T2);
+    const char *row = pf->k_rows ? pf->k_rows[c] : pf->k + c * pf->ldk;
+    for (int64_t i = i0; i < i1; i++) _mm_prefetch(row + 64 * i, _MM_HINT_T2);
 }
 
-/* RR rows x DC zmm of value columns (V's rows of dtype DT, ldv bytes apart); the last
- * zmm loads and stores under `tail`. acc = acc * alpha + sum_c p[c][i] V[c], the tile's
+/* RR rows x DC zmm of value columns (V's rows of dtype DT, ldv bytes apart, or at
+ * vrows[c] + voff where vrows is given; an fp8 V's values times vsc); the last zmm loads
+ * and stores under `tail`. acc = acc * alpha + sum_c p[c][i] V[c], the tile's
  * sum from zero. SKIP: a p of exactly 0 leaves the accumulator untouched. pf (decoding,
  * else NULL): lines [i0, i1) of the next tile's K row c are asked for with key c. */
 INLINE void pv_tile(int DT, int RR, int DC, bool SKIP, int64_t nk, const float *p, int64_t lds,
-                    const char *v, int64_t ldv, const float *alpha, float *acc, int64_t ldo,
-                    __mmask16 tail, const attn_decode_pf *pf, int64_t i0, int64_t i1) {
+                    const char *v, int64_t ldv, const char *const *vrows, int64_t voff,
+                    __m512 vsc, const float *alpha, float *acc, int64_t ldo, __mmask16 tail,
+                    const attn_decode_pf *pf, int64_t i0, int64_t i1) {
     __m512 t[4][4];
     UNROLL for (int i = 0; i < RR; i++)
         UNROLL for (int j = 0; j < DC; j++) t[i][j] = _mm512_setzero_ps();
     for (int64_t c = 0; c < nk; c++) {
         __m512 vv[4];
+        const char *row = vrows ? vrows[c] + voff : v + c * ldv;
         UNROLL for (int j = 0; j < DC; j++)
-            vv[j] = load_row(DT, v + c * ldv, 16 * j, j == DC - 1 ? tail : (__mmask16)0xFFFF);
+            vv[j] = load_kv(DT, row, 16 * j, j == DC - 1 ? tail : (__mmask16)0xFFFF, vsc);
         pf_k_lines(pf, c, i0, i1);
         UNROLL for (int i = 0; i < RR; i++) {
             const __m512 pb = _mm512_set1_ps(p[c * lds + i]);
@@ -230,14 +273,14 @@ INLINE __mmask16 column_chunks(int64_t nd, int *dc) {
         int64_t r = 0;                                                                      \
         if (skip) {                                                                         \
             for (; r + 4 <= n; r += 4)                                                      \
-                pv_tile(ATTN_F32, 4, DC, true, nk, p + r, lds, (const char *)v, 4 * ldv, alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
+                pv_tile(ATTN_F32, 4, DC, true, nk, p + r, lds, (const char *)v, 4 * ldv, NULL, 0, _mm512_set1_ps(1.0f), alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
             for (; r < n; r++)                                                              \
-                pv_tile(ATTN_F32, 1, DC, true, nk, p + r, lds, (const char *)v, 4 * ldv, alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
+                pv_tile(ATTN_F32, 1, DC, true, nk, p + r, lds, (const char *)v, 4 * ldv, NULL, 0, _mm512_set1_ps(1.0f), alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
         } else {                                                                            \
             for (; r + 4 <= n; r += 4)                                                      \
-                pv_tile(ATTN_F32, 4, DC, false, nk, p + r, lds, (const char *)v, 4 * ldv, alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
+                pv_tile(ATTN_F32, 4, DC, false, nk, p + r, lds, (const char *)v, 4 * ldv, NULL, 0, _mm512_set1_ps(1.0f), alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
             for (; r < n; r++)                                                              \
-                pv_tile(ATTN_F32, 1, DC, false, nk, p + r, lds, (const char *)v, 4 * ldv, alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
+                pv_tile(ATTN_F32, 1, DC, false, nk, p + r, lds, (const char *)v, 4 * ldv, NULL, 0, _mm512_set1_ps(1.0f), alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
         }                                                                                   \
     }
 PV_COLS(1)
@@ -287,17 +330,19 @@ INLINE __mmask32 mask32(int64_t left) {
     return left >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << left) - 1);
 }
 
-/* logits of NR rows x 4 keys (keys c..c+3 at k, k + ldk, ...): lanes 4c + r, scaled; the
- * FMAs and the tree of qk_dot_tile, on keys converted to float32 in registers */
-INLINE __m512 dec_qk4(int DT, int NR, int64_t dk, const float *q, int64_t ldq, const char *k,
-                      int64_t ldk, __m512 scale, const attn_decode_pf *pf, int64_t c) {
+/* logits of NR rows x 4 keys (keys c..c+3 at kr[0..3]): lanes 4c + r, scaled; the
+ * FMAs and the tree of qk_dot_tile, on keys converted to float32 in registers (an fp8
+ * K's values times ksc, load_kv) */
+INLINE __m512 dec_qk4(int DT, int NR, int64_t dk, const float *q, int64_t ldq,
+                      const char *const kr[4], __m512 scale, __m512 ksc,
+                      const attn_decode_pf *pf, int64_t c) {
     __m512 acc[4][4];
     UNROLL for (int r = 0; r < 4; r++)
         UNROLL for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
     for (int64_t d = 0; d < dk; d += 16) {
         const __mmask16 mk = dk - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (dk - d)) - 1);
         __m512 kv[4];
-        UNROLL for (int j = 0; j < 4; j++) kv[j] = load_row(DT, k + j * ldk, d, mk);
+        UNROLL for (int j = 0; j < 4; j++) kv[j] = load_kv(DT, kr[j], d, mk, ksc);
         pf_v_line(pf, c, d / 16);
         UNROLL for (int r = 0; r < NR; r++) {
             const __m512 qv = _mm512_maskz_loadu_ps(mk, q + r * ldq + d);
@@ -316,7 +361,7 @@ INLINE __m512 dec_qk4(int DT, int NR, int64_t dk, const float *q, int64_t ldq, c
  * its logits from decode_qk, this same code, not from qk (kernels.h). */
 enum { DEC_HALVES_MAX_DK = 256 };
 
-INLINE __m512 dec_qk4_halves(int NR, int64_t dk, const float *qh, const char *k, int64_t ldk,
+INLINE __m512 dec_qk4_halves(int NR, int64_t dk, const float *qh, const char *const kr[4],
                              __m512 scale, const attn_decode_pf *pf, int64_t c) {
     __m512 acc[4][4];
     UNROLL for (int r = 0; r < 4; r++)
@@ -324,7 +369,7 @@ INLINE __m512 dec_qk4_halves(int NR, int64_t dk, const float *qh, const char *k,
     for (int64_t d = 0; d < dk; d += 32) {
         __m512 ke[4], ko[4];
         UNROLL for (int j = 0; j < 4; j++)
-            bf16_halves((const uint16_t *)(k + j * ldk), d, (__mmask32)0xFFFFFFFFu, &ke[j], &ko[j]);
+            bf16_halves((const uint16_t *)kr[j], d, (__mmask32)0xFFFFFFFFu, &ke[j], &ko[j]);
         pf_v_line(pf, c, d / 32);
         UNROLL for (int r = 0; r < NR; r++) {
             const __m512 qe = _mm512_loadu_ps(qh + r * dk + d), qo = _mm512_loadu_ps(qh + r * dk + d + 16);
@@ -346,22 +391,6 @@ INLINE void split_halves(int NR, int64_t dk, const float *q, float *qh) {
             _mm512_storeu_ps(qh + r * dk + d, _mm512_permutex2var_ps(a, even, b));
             _mm512_storeu_ps(qh + r * dk + d + 16, _mm512_permutex2var_ps(a, odd, b));
         }
-}
-
-/* one key (the tile's last keys when nk % 4 != 0): its NR logits in lanes 0..NR-1 */
-INLINE __m128 dec_qk1(int DT, int NR, int64_t dk, const float *q, int64_t ldq, const char *k,
-                      float scale) {
-    __m512 acc[4];
-    UNROLL for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < dk; d += 16) {
-        const __mmask16 mk = dk - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (dk - d)) - 1);
-        const __m512 kv = load_row(DT, k, d, mk);
-        UNROLL for (int r = 0; r < NR; r++)
-            acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q + r * ldq + d), kv, acc[r]);
-    }
-    float x[4];
-    UNROLL for (int r = 0; r < 4; r++) x[r] = scale * _mm512_reduce_add_ps(acc[r]);
-    return _mm_loadu_ps(x);
 }
 
 /* the max (or sum) of each row over the 4 key lanes of a compact vector, in every
@@ -386,11 +415,14 @@ INLINE void pass_lines(const attn_decode_pf *pf, int64_t d0, int64_t dv, int64_t
 /* acc rows r0..r0+RR-1, value columns d0.. in DC zmm (the last under `tail`), from the
  * compact probabilities (key c of row r at s[4c + r]); pf as in pv_tile */
 INLINE void dec_pv(int DT, int RR, int DC, int64_t nk, const float *s, int r0, const char *v,
-                   int64_t ldv, int64_t d0, const float *alpha, float *acc, int64_t dv,
-                   __mmask16 tail, const attn_decode_pf *pf) {
+                   int64_t ldv, const char *const *vrows, __m512 vsc, int64_t d0,
+                   const float *alpha, float *acc, int64_t dv, __mmask16 tail,
+                   const attn_decode_pf *pf) {
     int64_t i0, i1;
     pass_lines(pf, d0, dv, &i0, &i1);
-    pv_tile(DT, RR, DC, false, nk, s + r0, 4, v + d0 * attn_elem_bytes(DT), ldv, alpha + r0,
+    /* a block dtype's d0 (a multiple of 64) starts a block */
+    const int64_t off = attn_row_byte_offset((attn_dtype)DT, d0);
+    pv_tile(DT, RR, DC, false, nk, s + r0, 4, v + off, ldv, vrows, off, vsc, alpha + r0,
             acc + r0 * dv + d0, dv, tail, pf, i0, i1);
 }
 
@@ -398,7 +430,7 @@ INLINE void dec_pv(int DT, int RR, int DC, int64_t nk, const float *s, int r0, c
  * at most 64); the tile's sums of the even and odd columns are put back in order once,
  * before they meet the accumulator. */
 INLINE void dec_pv_bf16(int RR, int NC, int64_t nk, const float *s, int r0, const char *v,
-                        int64_t ldv, int64_t d0, int64_t nd, const float *alpha, float *acc,
+                        int64_t ldv, const char *const *vrows, int64_t d0, int64_t nd, const float *alpha, float *acc,
                         int64_t dv, const attn_decode_pf *pf) {
     int64_t i0, i1;
     pass_lines(pf, d0, dv, &i0, &i1);
@@ -410,7 +442,8 @@ INLINE void dec_pv_bf16(int RR, int NC, int64_t nk, const float *s, int r0, cons
     for (int64_t c = 0; c < nk; c++) {
         __m512 vv[4];
         UNROLL for (int h = 0; h < NC; h++)
-            bf16_halves((const uint16_t *)(v + c * ldv), d0 + 32 * h, mk[h], &vv[2 * h], &vv[2 * h + 1]);
+            bf16_halves((const uint16_t *)(vrows ? vrows[c] : v + c * ldv), d0 + 32 * h, mk[h],
+                        &vv[2 * h], &vv[2 * h + 1]);
         pf_k_lines(pf, c, i0, i1);
         UNROLL for (int i = 0; i < RR; i++) {
             const __m512 pb = _mm512_set1_ps(s[4 * c + r0 + i]);
@@ -438,10 +471,10 @@ INLINE void dec_pv_bf16(int RR, int NC, int64_t nk, const float *s, int r0, cons
 /* P V over rows 0..n-1 in groups of RR rows, columns in chunks of DC zmm */
 #define DEC_PV_ROWS(DT, DC, RR)                                                              \
     for (int r0 = 0; r0 < n; r0 += RR) {                                                          \
-        if (n - r0 >= RR) dec_pv(DT, RR, DC, nk, s, r0, v, ldv, d0, alpha, acc, dv, tail, pf);   \
-        else if (n - r0 == 3) dec_pv(DT, 3, DC, nk, s, r0, v, ldv, d0, alpha, acc, dv, tail, pf);\
-        else if (n - r0 == 2) dec_pv(DT, 2, DC, nk, s, r0, v, ldv, d0, alpha, acc, dv, tail, pf);\
-        else dec_pv(DT, 1, DC, nk, s, r0, v, ldv, d0, alpha, acc, dv, tail, pf);                 \
+        if (n - r0 >= RR) dec_pv(DT, RR, DC, nk, s, r0, v, ldv, vrows, vsc, d0, alpha, acc, dv, tail, pf);   \
+        else if (n - r0 == 3) dec_pv(DT, 3, DC, nk, s, r0, v, ldv, vrows, vsc, d0, alpha, acc, dv, tail, pf);\
+        else if (n - r0 == 2) dec_pv(DT, 2, DC, nk, s, r0, v, ldv, vrows, vsc, d0, alpha, acc, dv, tail, pf);\
+        else dec_pv(DT, 1, DC, nk, s, r0, v, ldv, vrows, vsc, d0, alpha, acc, dv, tail, pf);                 \
     }
 
 /* x rounded to the nearest bfloat16, ties to even, as attn_f32_to_bf16 (half.h) rounds
@@ -457,31 +490,33 @@ INLINE __m512 round_bf16(__m512 x) {
 }
 
 /* The tile's logits for NR rows, 4 keys a vector (lane 4c + r; the lanes of keys past nk
- * -inf) into s; *mx gets their lane-wise max, *nan the lanes that saw a NaN. The one
- * Q·Kᵀ of the decoding step, for decode and for decode_qk alike. */
+ * -inf) into s; *mx gets their lane-wise max, *nan the lanes that saw a NaN. Key c at
+ * k + c * ldk, or at rows[c] where rows is given (decode_rows); an fp8 K's
+ * values times k_scale. The one Q·Kᵀ of the decoding step, for decode and for decode_qk
+ * alike. */
 INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, const char *k,
-                       int64_t ldk, float scale, float *s, const attn_decode_pf *pf, __m512 *mx,
-                       __mmask16 *nan) {
-    const __m512 vscale = _mm512_set1_ps(scale);
+                       int64_t ldk, const char *const *rows, float scale, float k_scale,
+                       float *s, const attn_decode_pf *pf, __m512 *mx, __mmask16 *nan) {
+    const __m512 vscale = _mm512_set1_ps(scale), ksc = _mm512_set1_ps(k_scale);
     const int64_t nv = (nk + 3) / 4;
-    const bool halves = DT == ATTN_BF16 && dk % 32 == 0 && dk <= DEC_HALVES_MAX_DK && nk >= 4;
+    const bool halves = DT == ATTN_BF16 && dk % 32 == 0 && dk <= DEC_HALVES_MAX_DK;
     float qh[4 * DEC_HALVES_MAX_DK];
     if (halves) split_halves(NR, dk, q, qh);
     *mx = _mm512_set1_ps(-INFINITY);
     *nan = 0;
     for (int64_t x = 0; x < nv; x++) {
-        const int64_t c = 4 * x;
-        __m512 z;
-        if (c + 4 <= nk) {
-            z = halves ? dec_qk4_halves(NR, dk, qh, k + c * ldk, ldk, vscale, pf, c)
-                       : dec_qk4(DT, NR, dk, q, dk, k + c * ldk, ldk, vscale, pf, c);
-        } else {
-            float buf[16];
-            for (int i = 0; i < 16; i++) buf[i] = -INFINITY;
-            for (int64_t j = c; j < nk; j++) _mm_storeu_ps(buf + 4 * (j - c), dec_qk1(DT, NR, dk, q, dk, k + j * ldk, scale));
-            for (int64_t i = 0; i < pf->lines_v; i++) pf_v_line(pf, c, i);
-            z = _mm512_loadu_ps(buf);
+        /* the tile's last keys (nk % 4 of them) in a group of 4 too, the last one repeated
+         * and its copies' lanes -inf: each key's logit is the same sum wherever it falls,
+         * so a tile read in segments (pages, the weights' sweep) has the whole tile's bits */
+        const int64_t c = 4 * x, live = nk - c < 4 ? nk - c : 4;
+        const char *kr[4];
+        UNROLL for (int j = 0; j < 4; j++) {
+            const int64_t key = c + (j < live ? j : live - 1);
+            kr[j] = rows ? rows[key] : k + key * ldk;
         }
+        __m512 z = halves ? dec_qk4_halves(NR, dk, qh, kr, vscale, pf, c)
+                          : dec_qk4(DT, NR, dk, q, dk, kr, vscale, ksc, pf, c);
+        if (live < 4) z = _mm512_mask_mov_ps(z, (__mmask16)(0xFFFFu << (4 * live)), _mm512_set1_ps(-INFINITY));
         _mm512_storeu_ps(s + 16 * x, z);
         *mx = _mm512_max_ps(*mx, z);
         *nan |= _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q);
@@ -490,13 +525,14 @@ INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, c
 
 INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int64_t dk, int64_t dv,
                         const float *q, const char *k, int64_t ldk, const char *v, int64_t ldv,
-                        float scale, float *s, float *m, float *l, float *alpha,
-                        float *acc, const attn_decode_pf *pf) {
+                        const char *const *k_rows, const char *const *vrows, float scale,
+                        float k_scale, float v_scale, float *s, float *m, float *l,
+                        float *alpha, float *acc, const attn_decode_pf *pf) {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
     const int64_t nv = (nk + 3) / 4;
     __m512 mx;
     __mmask16 nan;
-    dec_logits(DT, NR, nk, dk, q, k, ldk, scale, s, pf, &mx, &nan);
+    dec_logits(DT, NR, nk, dk, q, k, ldk, k_rows, scale, k_scale, s, pf, &mx, &nan);
     /* the online-softmax update of ai_softmax_avx512, on the compact layout */
     const __m512 m_old = _mm512_broadcast_f32x4(_mm_loadu_ps(m));
     nan |= _mm512_cmp_ps_mask(m_old, m_old, _CMP_UNORD_Q);
@@ -524,8 +560,8 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int
             const int64_t nd = dv - d0 < 64 ? dv - d0 : 64;
             for (int r0 = 0; r0 < n; r0 += 4) {
                 const int rr = n - r0 < 4 ? (int)(n - r0) : 4;
-#define PV_BF16(RR) (nd > 32 ? dec_pv_bf16(RR, 2, nk, s, r0, v, ldv, d0, nd, alpha, acc, dv, pf) \
-                             : dec_pv_bf16(RR, 1, nk, s, r0, v, ldv, d0, nd, alpha, acc, dv, pf))
+#define PV_BF16(RR) (nd > 32 ? dec_pv_bf16(RR, 2, nk, s, r0, v, ldv, vrows, d0, nd, alpha, acc, dv, pf) \
+                             : dec_pv_bf16(RR, 1, nk, s, r0, v, ldv, vrows, d0, nd, alpha, acc, dv, pf))
                 switch (rr) {
                 case 4: PV_BF16(4); break;
                 case 3: PV_BF16(3); break;
@@ -537,6 +573,7 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int
         }
         return;
     }
+    const __m512 vsc = _mm512_set1_ps(v_scale);
     for (int64_t d0 = 0; d0 < dv; d0 += 64) {
         const int64_t nd = dv - d0 < 64 ? dv - d0 : 64;
         int dc;
@@ -552,44 +589,79 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int
 
 #define DECODE_DT(DT)                                                                           \
     switch (n) {                                                                                \
-    case 1: decode_tile(DT, 1, round_p, n, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
-    case 2: decode_tile(DT, 2, round_p, n, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
-    case 3: decode_tile(DT, 3, round_p, n, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
-    default: decode_tile(DT, 4, round_p, n, nk, dk, dv, q, kb, ldkb, vb, ldvb, scale, s, m, l, alpha, acc, &pf); break; \
+    case 1: decode_tile(DT, 1, round_p, n, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, k_scale, v_scale, s, m, l, alpha, acc, &pf); break; \
+    case 2: decode_tile(DT, 2, round_p, n, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, k_scale, v_scale, s, m, l, alpha, acc, &pf); break; \
+    case 3: decode_tile(DT, 3, round_p, n, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, k_scale, v_scale, s, m, l, alpha, acc, &pf); break; \
+    default: decode_tile(DT, 4, round_p, n, nk, dk, dv, q, kb, ldkb, vb, ldvb, kr, vr, scale, k_scale, v_scale, s, m, l, alpha, acc, &pf); break; \
     }
+
+/* DECODE_DT for every cache dtype: float32, the 16-bit ones, q8_0, q4_0 and fp8 */
+#define DECODE_ANY(dt)                                                                          \
+    do {                                                                                        \
+        if ((dt) == ATTN_Q8_0) DECODE_DT(ATTN_Q8_0)                                             \
+        else if ((dt) == ATTN_Q4_0) DECODE_DT(ATTN_Q4_0)                                        \
+        else if ((dt) == ATTN_FP8_E4M3) DECODE_DT(ATTN_FP8_E4M3)                                \
+        else if ((dt) == ATTN_FP8_E5M2) DECODE_DT(ATTN_FP8_E5M2)                                \
+        else ATTN_KV_DTYPE_SWITCH(dt, DECODE_DT);                                               \
+    } while (0)
 
 void ai_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                       attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
                       int64_t ldv, float scale, float k_scale, float v_scale, float *s,
                       float *m, float *l, float *alpha, float *acc, bool prefetch,
                       const void *next_k, int64_t next_nk) {
-    (void)k_scale, (void)v_scale;  // fp8's alone (kernels.h): this table has no decode_fp8
     const int64_t es = attn_elem_bytes(dt);
     const char *kb = (const char *)k, *vb = (const char *)v;
-    const int64_t ldkb = ldk * es, ldvb = ldv * es;
-    const attn_decode_pf pf = attn_decode_pf_make(prefetch, v, ldv, nk, dv, next_k, ldk, next_nk, dk, es);
-    ATTN_KV_DTYPE_SWITCH(dt, DECODE_DT);
+    const int64_t ldkb = attn_row_byte_offset(dt, ldk), ldvb = attn_row_byte_offset(dt, ldv);
+    const char *const *kr = NULL, *const *vr = NULL;  // at one stride
+    attn_decode_pf pf = attn_decode_pf_make(prefetch, v, ldv, nk, dv, next_k, ldk, next_nk, dk, es);
+    if (attn_is_block_dtype(dt)) {  // rows of blocks: strides and lines in bytes of blocks
+        pf.ldv = ldvb, pf.ldk = ldkb;
+        pf.lines_v = (attn_row_bytes(dt, dv) + 63) / 64, pf.lines_k = (attn_row_bytes(dt, dk) + 63) / 64;
+    }
+    DECODE_ANY(dt);
+}
+
+/* decode on rows given by their addresses (kernels.h: decode_rows): a paged tile's rows
+ * read in place from their pages, the same arithmetic as decode's */
+void ai_decode_rows_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
+                           attn_dtype dt, bool round_p, const char *const *kr,
+                           const char *const *vr, float scale, float k_scale, float v_scale,
+                           float *s, float *m, float *l, float *alpha, float *acc,
+                           bool prefetch, const char *const *next_kr, int64_t next_nk) {
+    const int64_t es = attn_elem_bytes(dt);
+    const char *kb = kr[0], *vb = vr[0];
+    const int64_t ldkb = 0, ldvb = 0;  // unused: every row from kr, vr
+    attn_decode_pf pf = attn_decode_pf_make(prefetch, vr[0], 0, nk, dv,
+                                            next_nk > 0 ? next_kr[0] : NULL, 0, next_nk, dk, es);
+    pf.v_rows = vr, pf.k_rows = next_kr;
+    if (attn_is_block_dtype(dt))  // rows of blocks: lines in bytes of blocks
+        pf.lines_v = (attn_row_bytes(dt, dv) + 63) / 64, pf.lines_k = (attn_row_bytes(dt, dk) + 63) / 64;
+    DECODE_ANY(dt);
 }
 
 /* decode's logits alone (kernels.h: decode_qk), for the weights' sweep */
 void ai_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q, attn_dtype dt,
                          const void *k, int64_t ldk, float scale, float k_scale, float *st,
                          int64_t lds) {
-    (void)k_scale;  // fp8's alone (kernels.h): this table has no decode_fp8
     const attn_decode_pf none = {0};
     float s[4 * (ATTN_BK_LIMIT + 4)];  // the step's compact lanes, then into st
     const char *kb = (const char *)k;
-    const int64_t ldkb = ldk * (attn_elem_bytes(dt));
+    const int64_t ldkb = attn_row_byte_offset(dt, ldk);
     __m512 mx;
     __mmask16 nan;
 #define LOGITS(DT)                                                                            \
     switch (n) {                                                                              \
-    case 1: dec_logits(DT, 1, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;         \
-    case 2: dec_logits(DT, 2, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;         \
-    case 3: dec_logits(DT, 3, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;         \
-    default: dec_logits(DT, 4, nk, dk, q, kb, ldkb, scale, s, &none, &mx, &nan); break;        \
+    case 1: dec_logits(DT, 1, nk, dk, q, kb, ldkb, NULL, scale, k_scale, s, &none, &mx, &nan); break;         \
+    case 2: dec_logits(DT, 2, nk, dk, q, kb, ldkb, NULL, scale, k_scale, s, &none, &mx, &nan); break;         \
+    case 3: dec_logits(DT, 3, nk, dk, q, kb, ldkb, NULL, scale, k_scale, s, &none, &mx, &nan); break;         \
+    default: dec_logits(DT, 4, nk, dk, q, kb, ldkb, NULL, scale, k_scale, s, &none, &mx, &nan); break;        \
     }
-    ATTN_KV_DTYPE_SWITCH(dt, LOGITS);
+    if (dt == ATTN_Q8_0) LOGITS(ATTN_Q8_0)
+    else if (dt == ATTN_Q4_0) LOGITS(ATTN_Q4_0)
+    else if (dt == ATTN_FP8_E4M3) LOGITS(ATTN_FP8_E4M3)
+    else if (dt == ATTN_FP8_E5M2) LOGITS(ATTN_FP8_E5M2)
+    else ATTN_KV_DTYPE_SWITCH(dt, LOGITS);
 #undef LOGITS
     attn_decode_qk_store(n, nk, s, st, lds);
 }
@@ -657,6 +729,10 @@ const attn_kernels attn_kernels_avx512 = {
     .to_f32 = ai_to_f32_avx512,
     .decode = ai_decode_avx512,
     .decode_qk = ai_decode_qk_avx512,
+    .decode_q8_0 = true,
+    .decode_fp8 = true,
+    .decode_q4_0 = true,
+    .decode_rows = ai_decode_rows_avx512,
     .exp = ai_exp_array_avx512,
     .additive = &attn_additive_kernels_avx512,
     .dropout = dropout_avx512,
