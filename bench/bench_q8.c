@@ -1,6 +1,6 @@
 /*
  * bench_q8.c — `attn bench --q8`: decoding over float32, bfloat16, q8_0, fp8 (e4m3, e5m2,
- *              scale 1) and q4_0 KV caches.
+ *              scale 1, and e4m3 with per-head scales) and q4_0 KV caches.
  *
  * Method (docs/KERNELS.md quotes it):
  *   - the case is decoding, Lq = 1, Lk = 16384, Hq = 32, Hkv = 8, D = 128, B = 1, float32
@@ -47,6 +47,7 @@ typedef struct cache {
     double bytes_per_elem;
     void *k, *v;
     attn_tensor tk, tv;
+    const attn_tensor *k_scale, *v_scale;  // an fp8 cache's per-head scales, or NULL
 } cache;
 
 static volatile double g_sink;
@@ -105,17 +106,23 @@ int bench_q8(int argc, char **argv) {
     uint8_t *k4 = malloc((size_t)(nkv / 32 * 18)), *v4 = malloc((size_t)(nkv / 32 * 18));
     uint8_t *ke4 = malloc((size_t)nkv), *ve4 = malloc((size_t)nkv);
     uint8_t *ke5 = malloc((size_t)nkv), *ve5 = malloc((size_t)nkv);
+    uint8_t *ks4 = malloc((size_t)nkv), *vs4 = malloc((size_t)nkv);
     if (!kf || !vf || !q || !o || !o_ref || !o_f32 || !kb || !vb || !k8 || !v8 || !k4 || !v4 ||
-        !ke4 || !ve4 || !ke5 || !ve5)
+        !ke4 || !ve4 || !ke5 || !ve5 || !ks4 || !vs4)
         return fprintf(stderr, "attn: bench --q8: out of memory\n"), 1;
-    enum { NC = 6 };  // float32, bfloat16, then the smaller caches (2: q8_0)
+    /* the scaled e4m3 cache's scales: per head, its amax / 448 (vLLM's calibration) */
+    float ksc[8], vsc[8];
+    const attn_tensor tks = attn_tensor_4d(ksc, ATTN_F32, Hkv, 1, 1, 1);
+    const attn_tensor tvs = attn_tensor_4d(vsc, ATTN_F32, Hkv, 1, 1, 1);
+    enum { NC = 7 };  // float32, bfloat16, then the smaller caches (2: q8_0)
     cache c[NC] = {
-        {ATTN_F32, "float32", 4.0, kf, vf, {0}, {0}},
-        {ATTN_BF16, "bfloat16", 2.0, kb, vb, {0}, {0}},
-        {ATTN_Q8_0, "q8_0", 34.0 / 32.0, k8, v8, {0}, {0}},
-        {ATTN_FP8_E4M3, "fp8_e4m3", 1.0, ke4, ve4, {0}, {0}},
-        {ATTN_FP8_E5M2, "fp8_e5m2", 1.0, ke5, ve5, {0}, {0}},
-        {ATTN_Q4_0, "q4_0", 18.0 / 32.0, k4, v4, {0}, {0}},
+        {ATTN_F32, "float32", 4.0, kf, vf, {0}, {0}, NULL, NULL},
+        {ATTN_BF16, "bfloat16", 2.0, kb, vb, {0}, {0}, NULL, NULL},
+        {ATTN_Q8_0, "q8_0", 34.0 / 32.0, k8, v8, {0}, {0}, NULL, NULL},
+        {ATTN_FP8_E4M3, "fp8_e4m3", 1.0, ke4, ve4, {0}, {0}, NULL, NULL},
+        {ATTN_FP8_E5M2, "fp8_e5m2", 1.0, ke5, ve5, {0}, {0}, NULL, NULL},
+        {ATTN_Q4_0, "q4_0", 18.0 / 32.0, k4, v4, {0}, {0}, NULL, NULL},
+        {ATTN_FP8_E4M3, "e4m3+sc", 1.0, ks4, vs4, {0}, {0}, &tks, &tvs},
     };
     for (int i = 0; i < NC; i++) {
         c[i].tk = attn_tensor_4d(c[i].k, c[i].dt, B, Hkv, Lk, D);
@@ -136,12 +143,21 @@ int bench_q8(int argc, char **argv) {
         /* fp8: the library's saturating rounding (attn_kv_append at rows 0 .., scale 1) */
         int64_t zero = 0;
         const attn_tensor tz = {&zero, ATTN_I64, {1, 1, 1, 1}, {1, 1, 1, 1}};
-        for (int i = 3; i < 5; i++)
-            if (attn_kv_append(&tkf, &tvf, &c[i].tk, &c[i].tv, NULL, NULL, &tz) != ATTN_OK)
+        for (int64_t h = 0; h < Hkv; h++) {
+            float ka = 0, va = 0;
+            for (int64_t e = h * Lk * D; e < (h + 1) * Lk * D; e++)
+                ka = fmaxf(ka, fabsf(kf[e])), va = fmaxf(va, fabsf(vf[e]));
+            ksc[h] = ka > 0 ? ka / 448.0f : 1.0f, vsc[h] = va > 0 ? va / 448.0f : 1.0f;
+        }
+        for (int i = 3; i < NC; i++)
+            if ((c[i].dt == ATTN_FP8_E4M3 || c[i].dt == ATTN_FP8_E5M2) &&
+                attn_kv_append_scaled(&tkf, &tvf, &c[i].tk, &c[i].tv, NULL, NULL, &tz,
+                                      c[i].k_scale, c[i].v_scale) != ATTN_OK)
                 return fprintf(stderr, "attn: bench --q8: append: %s\n", attn_last_error()), 1;
         const double tquant = now_s() - tq0;
         attn_options opt = {.threads = threads};
         for (int i = 0; i < NC; i++) {
+            opt.k_scale = c[i].k_scale, opt.v_scale = c[i].v_scale;
             opt.path = ATTN_PATH_FUSED;
             attn_status st = attn_forward(&tq, &c[i].tk, &c[i].tv, &to, &opt);
             attn_tensor tr = to;
@@ -176,6 +192,7 @@ int bench_q8(int argc, char **argv) {
     for (int64_t i = 0; i < nflush; i++) flush[i] = 1e-3f * (float)(i & 7);
     double *t = malloc(sizeof(double) * (size_t)reps), *bw = malloc(sizeof(double) * (size_t)reps);
     for (int i = 0; i < NC; i++) {  // the compute bound of each cache's step (decode_bound.h)
+        if (c[i].k_scale) continue;  // its dtype's line is printed already
         char why[320];
         dec_describe(c[i].dt, why, sizeof why);
         printf("  compute bound, %s\n", why);
@@ -184,7 +201,7 @@ int bench_q8(int argc, char **argv) {
            "cache GB/s", "read GB/s", "of read", "Mkeys/s", "compute GB/s", "of bound");
     double ms_bf16 = 0;
     for (int i = 0; i < NC; i++) {
-        attn_options opt = {.threads = threads};
+        attn_options opt = {.threads = threads, .k_scale = c[i].k_scale, .v_scale = c[i].v_scale};
         for (int w = 0; w < 2; w++) attn_forward(&tq, &c[i].tk, &c[i].tv, &to, &opt);
         read_pass(flush, nflush, nt);
         for (int r = 0; r < reps; r++) {
@@ -210,6 +227,6 @@ int bench_q8(int argc, char **argv) {
     }
     free(t), free(bw), free(flush);
     free(kf), free(vf), free(q), free(o), free(o_ref), free(o_f32), free(kb), free(vb), free(k8), free(v8);
-    free(k4), free(v4), free(ke4), free(ve4), free(ke5), free(ve5);
+    free(k4), free(v4), free(ke4), free(ve4), free(ke5), free(ve5), free(ks4), free(vs4);
     return 0;
 }
