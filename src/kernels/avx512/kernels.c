@@ -204,6 +204,27 @@ INLINE __m512 load_kv(int DT, const void *row, int64_t d, __mmask16 mk, __m512 s
     return DT == ATTN_FP8_E4M3 || DT == ATTN_FP8_E5M2 ? _mm512_mul_ps(x, sc) : x;
 }
 
+/* A block dtype's (q8_0, q4_0) 32 values of row `row` from column d (a multiple of 32),
+ * as load_row gives them, in two vectors: the block's float16 scale converted once */
+INLINE void load_block(int DT, const void *row, int64_t d, __m512 *lo, __m512 *hi) {
+    const int64_t bytes = DT == ATTN_Q8_0 ? ATTN_Q8_0_BYTES : ATTN_Q4_0_BYTES;
+    const uint8_t *b = (const uint8_t *)row + d / 32 * bytes;
+    const __m512 sc = _mm512_cvtph_ps(_mm256_set1_epi16((short)(b[0] | b[1] << 8)));
+    __m128i x0, x1;
+    if (DT == ATTN_Q8_0) {
+        x0 = _mm_loadu_si128((const __m128i *)(b + 2));
+        x1 = _mm_loadu_si128((const __m128i *)(b + 18));
+    } else {
+        const __m128i qs = _mm_loadu_si128((const __m128i *)(b + 2)), lo4 = _mm_set1_epi8(0x0F);
+        x0 = _mm_sub_epi8(_mm_and_si128(qs, lo4), _mm_set1_epi8(8));
+        x1 = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(qs, 4), lo4), _mm_set1_epi8(8));
+    }
+    *lo = _mm512_mul_ps(sc, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x0)));
+    *hi = _mm512_mul_ps(sc, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x1)));
+}
+
+#define IS_BLOCK(DT) ((DT) == ATTN_Q8_0 || (DT) == ATTN_Q4_0)
+
 /* line i of the V rows c..c+3 (those that exist; at pf->v_rows[c] where given) */
 INLINE void pf_v_line(const attn_decode_pf *pf, int64_t c, int64_t i) {
     if (!pf->v || i >= pf->lines_v) return;
@@ -234,8 +255,13 @@ INLINE void pv_tile(int DT, int RR, int DC, bool SKIP, int64_t nk, const float *
     for (int64_t c = 0; c < nk; c++) {
         __m512 vv[4];
         const char *row = vrows ? vrows[c] + voff : v + c * ldv;
-        UNROLL for (int j = 0; j < DC; j++)
-            vv[j] = load_kv(DT, row, 16 * j, j == DC - 1 ? tail : (__mmask16)0xFFFF, vsc);
+        if (IS_BLOCK(DT)) {  // whole blocks (Dv a multiple of 32): DC even, tail all ones
+            UNROLL for (int j = 0; j + 1 < DC; j += 2) load_block(DT, row, 16 * j, &vv[j], &vv[j + 1]);
+            if (DC % 2) vv[DC - 1] = load_kv(DT, row, 16 * (DC - 1), tail, vsc);
+        } else {
+            UNROLL for (int j = 0; j < DC; j++)
+                vv[j] = load_kv(DT, row, 16 * j, j == DC - 1 ? tail : (__mmask16)0xFFFF, vsc);
+        }
         pf_k_lines(pf, c, i0, i1);
         UNROLL for (int i = 0; i < RR; i++) {
             const __m512 pb = _mm512_set1_ps(p[c * lds + i]);
@@ -339,6 +365,21 @@ INLINE __m512 dec_qk4(int DT, int NR, int64_t dk, const float *q, int64_t ldq,
     __m512 acc[4][4];
     UNROLL for (int r = 0; r < 4; r++)
         UNROLL for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
+    if (IS_BLOCK(DT)) {  // dk a multiple of 32: a block's two halves in turn, as below
+        for (int64_t d = 0; d < dk; d += 32) {
+            __m512 klo[4], khi[4];
+            UNROLL for (int j = 0; j < 4; j++) load_block(DT, kr[j], d, &klo[j], &khi[j]);
+            pf_v_line(pf, c, d / 16);
+            pf_v_line(pf, c, d / 16 + 1);
+            UNROLL for (int r = 0; r < NR; r++) {
+                const __m512 q0 = _mm512_loadu_ps(q + r * ldq + d), q1 = _mm512_loadu_ps(q + r * ldq + d + 16);
+                UNROLL for (int j = 0; j < 4; j++)
+                    acc[r][j] = _mm512_fmadd_ps(q1, khi[j], _mm512_fmadd_ps(q0, klo[j], acc[r][j]));
+            }
+        }
+        for (int64_t i = dk / 16; i < pf->lines_v; i++) pf_v_line(pf, c, i);
+        return lane_sums_4x4(acc, scale);
+    }
     for (int64_t d = 0; d < dk; d += 16) {
         const __mmask16 mk = dk - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (dk - d)) - 1);
         __m512 kv[4];
