@@ -10,8 +10,9 @@
  *     page sizes 16, 64 and 256;
  *   - each paged answer is checked first: within the contract's float32 tolerance of the
  *     float64 reference, and bit for bit the contiguous answer where the tiles are the
- *     same (every page size on the avx2 and generic kernels, else page sizes multiples of
- *     128); --plant-error turns one key of the pool towards
+ *     same (every page size on a kernel whose decoding step reads rows across pages, or
+ *     without a step; else page sizes multiples of 128); --plant-error turns one key of
+ *     the pool towards
  *     the query and must fail;
  *   - one warm-up call each, then --reps rounds (default 15); a round times the contiguous
  *     call and each paged call in turn, and after each call a plain read of a buffer of
@@ -266,12 +267,13 @@ static int run_shape(int64_t B, int64_t Hq, int64_t Lk, attn_dtype dt, int reps,
             return fprintf(stderr, "attn: bench --paged: out of memory for the pools\n"), 1;
     /* the check: each paged answer within the contract's float32 tolerance of the float64
      * reference, and bit for bit the contiguous answer where the tiles are the same: every
-     * page size where a tile across pages is one decoding step (the avx2 kernel's
-     * decode_rows) or the kernel has no decoding step (generic: every tile gathered); on
-     * the others page sizes that are multiples of the 128-key tile (smaller pages are read
-     * segment by segment there, which rounds differently) */
+     * page size where a tile across pages is one decoding step (the kernel's decode_rows:
+     * avx2's and the avx512 ones') or the kernel has no decoding step (generic: every tile
+     * gathered); on another, page sizes that are multiples of the 128-key tile (smaller
+     * pages would be read segment by segment there, which rounds differently) */
     int bad = 0;
-    const bool one_step = strcmp(attn_kernel_name(), "avx2") == 0 || strcmp(attn_kernel_name(), "generic") == 0;
+    const attn_kernels *kern = ai_select_kernels(NULL);
+    const bool one_step = kern && (kern->decode_rows || !kern->decode);
     float *oref = malloc((size_t)(B * Hq * D) * sizeof(float));
     const attn_tensor tref = attn_tensor_4d(oref, ATTN_F32, B, Hq, 1, D);
     attn_options ropt = {.threads = threads, .path = ATTN_PATH_REFERENCE};
