@@ -139,21 +139,25 @@ static void test_codes(const fmt *f) {
     uint8_t k[32] = {0}, v[256];
     for (int c = 0; c < 256; c++) v[c] = (uint8_t)c;
     float q[32] = {0}, o[256];
-    const float scales[3] = {1.0f, 0.5f, 3.0f};
+    /* with the extremes of a step that folds e4m3's 2^8 into the scale: 2^99 (the step
+     * takes it), 2^110 and above (the tile path: 2^8 times it could overflow), 2^-140
+     * (products below float32's normal range, rounded once) */
+    enum { NS = 7 };
+    const float scales[NS] = {1.0f, 0.5f, 3.0f, 0x1p99f, 0x1p110f, 0x1.3p120f, 0x1p-140f};
     attn_tensor tq = attn_tensor_4d(q, ATTN_F32, 1, 1, 1, 32), to = attn_tensor_4d(o, ATTN_F32, 1, 1, 1, 256);
     attn_tensor tk = attn_tensor_4d(k, f->dt, 1, 1, 1, 32), tv = attn_tensor_4d(v, f->dt, 1, 1, 1, 256);
-    for (int si = 0; si < 4; si++) {  // si 3: no scale given (1), the decoding step's case
-        attn_tensor ts = attn_tensor_4d((void *)&scales[si % 3], ATTN_F32, 1, 1, 1, 1);
+    for (int si = 0; si <= NS; si++) {  // si NS: no scale given (1), the decoding step's case
+        attn_tensor ts = attn_tensor_4d((void *)&scales[si % NS], ATTN_F32, 1, 1, 1, 1);
         for (int path = 0; path < 2; path++) {
-            attn_options opt = {.path = path ? ATTN_PATH_REFERENCE : ATTN_PATH_FUSED, .v_scale = si < 3 ? &ts : NULL};
+            attn_options opt = {.path = path ? ATTN_PATH_REFERENCE : ATTN_PATH_FUSED, .v_scale = si < NS ? &ts : NULL};
             fill_sentinel(o, 256);
             attn_status st = attn_forward(&tq, &tk, &tv, &to, &opt);
             CHECK(st == ATTN_OK, "%s: forward over the 256 codes: %s", f->name, attn_last_error());
             bad = 0;
             for (int c = 0; c < 256; c++)  // fl32(value * scale): one rounding
-                bad += !same_float(o[c], (double)(float)(dec(f, (uint8_t)c) * (double)scales[si % 3]));
+                bad += !same_float(o[c], (double)(float)(dec(f, (uint8_t)c) * (double)scales[si % NS]));
             CHECK(bad == 0, "%s, v_scale %g%s, %s path: %d of 256 codes read as another value", f->name,
-                  (double)scales[si % 3], si < 3 ? "" : " (none given)", path ? "reference" : "fused", bad);
+                  (double)scales[si % NS], si < NS ? "" : " (none given)", path ? "reference" : "fused", bad);
         }
     }
 }

@@ -266,7 +266,8 @@ struct attn_kernels {
     /* Whether decode, decode_qk and decode_rows also take dt = ATTN_FP8_E4M3 and
      * ATTN_FP8_E5M2 (k and v bytes, strides in elements): each byte's exact value times
      * its head's k_scale or v_scale in float32, one rounding (the contract's value, the
-     * tile path's: with or without scales, per tensor or per head). */
+     * tile path's: with or without scales, per tensor or per head). An e4m3 scale is
+     * at most 2^100 (fused_takes_decode), so 2^8 times it is finite. */
     bool decode_fp8;
     /* Whether decode, decode_qk and decode_rows also take dt = ATTN_Q4_0 (as q8_0's:
      * rows on block starts, dk and dv multiples of 32). */

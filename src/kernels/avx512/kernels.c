@@ -161,8 +161,9 @@ void ai_softmax_avx512(int64_t npad, int64_t nk, float *s, int64_t lds, float *m
  * values of half a block, exact, times the block's float16 scale (exact: an 11-bit
  * significand times at most 8 bits), as avx2/decode.c's load_row. An fp8 byte through
  * float16 as there: e5m2 is a float16's top byte; e4m3 shifted right one (sign kept in
- * bit 15, bit 14 cleared) is sign | (x & 0x7F) << 7, the float16 of x / 2^8, so times
- * 2^8, its NaN codes given float16's top exponent bit first; all exact. */
+ * bit 15, bit 14 cleared) is sign | (x & 0x7F) << 7, the float16 of x / 2^8 (returned
+ * so: load_kv's scale has the 2^8), its NaN codes given float16's top exponent bit
+ * first; all exact. */
 INLINE __m512 load_row(int DT, const void *row, int64_t d, __mmask16 mk) {
     if (DT == ATTN_F32)
         return mk == 0xFFFF ? _mm512_loadu_ps((const float *)row + d)
@@ -189,16 +190,23 @@ INLINE __m512 load_row(int DT, const void *row, int64_t d, __mmask16 mk) {
         const __m256i m7 = _mm256_set1_epi16(0x3F80);
         const __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi16(_mm256_and_si256(h, m7), m7),
                                              _mm256_set1_epi16(0x4000));
-        return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(h, nan)), _mm512_set1_ps(256.0f));
+        return _mm512_cvtph_ps(_mm256_or_si256(h, nan));  // x / 2^8: load_kv's scale has the 2^8
     }
     const __m256i h = _mm256_maskz_loadu_epi16(mk, (const uint16_t *)row + d);
     if (DT == ATTN_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     return _mm512_cvtph_ps(h);
 }
 
-/* load_row on a K or V row: an fp8 value times its head's scale sc (k_scale or v_scale,
- * 1 where none is given), one rounding, kv_block's fl32(value · scale); the other dtypes
- * as load_row */
+/* load_row on a K or V row: an fp8 value times its head's scale (k_scale or v_scale, 1
+ * where none is given), one rounding, kv_block's fl32(value · scale); the other dtypes as
+ * load_row. sc is kv_sc's: for e4m3, whose load_row gives x / 2^8, the scale times 2^8
+ * (exact: fused_takes_decode sends the step no scale that would overflow), so x / 2^8 ·
+ * (2^8 · scale) is the exact product x · scale rounded once, as a second multiply would
+ * give it. */
+INLINE __m512 kv_sc(int DT, float scale) {
+    return _mm512_set1_ps(DT == ATTN_FP8_E4M3 ? 256.0f * scale : scale);
+}
+
 INLINE __m512 load_kv(int DT, const void *row, int64_t d, __mmask16 mk, __m512 sc) {
     const __m512 x = load_row(DT, row, d, mk);
     return DT == ATTN_FP8_E4M3 || DT == ATTN_FP8_E5M2 ? _mm512_mul_ps(x, sc) : x;
@@ -538,7 +546,7 @@ INLINE __m512 round_bf16(__m512 x) {
 INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, const char *k,
                        int64_t ldk, const char *const *rows, float scale, float k_scale,
                        float *s, const attn_decode_pf *pf, __m512 *mx, __mmask16 *nan) {
-    const __m512 vscale = _mm512_set1_ps(scale), ksc = _mm512_set1_ps(k_scale);
+    const __m512 vscale = _mm512_set1_ps(scale), ksc = kv_sc(DT, k_scale);
     const int64_t nv = (nk + 3) / 4;
     const bool halves = DT == ATTN_BF16 && dk % 32 == 0 && dk <= DEC_HALVES_MAX_DK;
     float qh[4 * DEC_HALVES_MAX_DK];
@@ -614,7 +622,7 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int
         }
         return;
     }
-    const __m512 vsc = _mm512_set1_ps(v_scale);
+    const __m512 vsc = kv_sc(DT, v_scale);
     for (int64_t d0 = 0; d0 < dv; d0 += 64) {
         const int64_t nd = dv - d0 < 64 ? dv - d0 : 64;
         int dc;
