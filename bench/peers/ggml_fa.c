@@ -200,8 +200,9 @@ int main(int argc, char **argv) {
         }
         const double rel = sqrt(num / den);
         if (!(rel <= 5e-2)) {
-            printf("ggml %-5s rel_err %.2e max_err %.2e FAILED (above 5e-2: a wrong call or layout); "
-                   "not timed\n", T[ti].name, rel, mxe);
+            printf("ggml %-5s rel_err %.2e max_err %.2e FAILED (above 5e-2: a wrong call or layout%s); "
+                   "not timed\n", T[ti].name, rel, mxe,
+                   ty == GGML_TYPE_F16 ? ", or at a long Lk ggml's float16 P.V accumulator" : "");
             failed = 1;
             free(work), ggml_free(ctx);
             continue;
