@@ -95,7 +95,18 @@ typedef enum attn_status {
  * (little-endian) then 16 bytes qs; element i < 16 is d * ((qs[i] & 0x0F) - 8), element
  * i + 16 is d * ((qs[i] >> 4) - 8). Every rule of q8_0 above holds with 18 for 34: strides
  * count logical elements, shape[3] a multiple of 32, stride[3] = 1, stride[0..2]
- * multiples of 32; attn_dtype_size(ATTN_Q4_0) is 18, attn_dtype_block 32. */
+ * multiples of 32; attn_dtype_size(ATTN_Q4_0) is 18, attn_dtype_block 32.
+ *
+ * The block dtype ATTN_U4 (KIVI's and OpenVINO's u4 cache): 32 consecutive elements
+ * along the last dimension form a block of 16 bytes and no scale inside; element i of a
+ * block is the low nibble of byte i / 2 when i is even, the high nibble when i is odd
+ * (OpenVINO's u4 order). A code c (0..15) stands for fmaf(c, scale, zero), one rounding,
+ * with the scale and zero given outside the data (attn_options.k_scale, k_zero, v_scale,
+ * v_zero): keys per channel (one pair per group of kv_group keys and per channel), values
+ * per token (one pair per token and per 32 channels). Every layout rule of q4_0 holds
+ * with 16 for 18; attn_dtype_size(ATTN_U4) is 16, attn_dtype_block 32. Only attn_forward's
+ * contiguous k and v (both u4) and the conversions below take it (docs/CONTRACT.md, "The
+ * u4 cache (KIVI)"). */
 /* One list gives the enum, the names (attn_dtype_name) and the element sizes
  * (attn_dtype_size): X(enumerator, name, bytes); for a block dtype, the bytes of one
  * block. New dtypes go at the end. */
@@ -110,7 +121,8 @@ typedef enum attn_status {
     X(ATTN_F64, "float64", 8)   /* double: q, k, v, o all float64 (docs/CONTRACT.md)   */ \
     X(ATTN_FP8_E4M3, "fp8_e4m3", 1) /* OCP E4M3FN byte, times a scale (see below)     */ \
     X(ATTN_FP8_E5M2, "fp8_e5m2", 1) /* OCP E5M2 byte, times a scale (see below)       */ \
-    X(ATTN_Q4_0, "q4_0", 18)    /* blocks of 32: float16 scale + 16 bytes of nibbles  */
+    X(ATTN_Q4_0, "q4_0", 18)    /* blocks of 32: float16 scale + 16 bytes of nibbles  */ \
+    X(ATTN_U4, "u4", 16)        /* blocks of 32: 16 bytes of nibbles, scales outside  */
 
 typedef enum attn_dtype {
 #define ATTN_X_ENUM(e, name, bytes) e,
@@ -295,8 +307,20 @@ typedef struct attn_options {
      * shape {1, 1, 1, 1} (one for the tensor) or {Hkv, 1, 1, 1} (one per key/value head),
      * any strides; each finite and > 0 (else ATTN_ERR_VALUE). NULL = 1. Only with k and v
      * of an fp8 dtype: given with another, ATTN_ERR_VALUE. docs/CONTRACT.md, "The fp8
-     * cache dtypes". */
+     * cache dtypes". With k and v ATTN_U4 they are instead the u4 scales, below. */
     const attn_tensor *k_scale, *v_scale;
+    /* A u4 cache (k and v ATTN_U4; fields added after the rest): a key code c of channel
+     * d at key j stands for fmaf(c, k_scale[b, g, j / G, d], k_zero[b, g, j / G, d]), a
+     * value code of channel d at key j for fmaf(c, v_scale[b, g, j, d / 32],
+     * v_zero[b, g, j, d / 32]), G = kv_group (0 = 32) keys a key group.
+     *   k_scale, k_zero  ATTN_F32 [B, Hkv, ceil(Lk / G), Dk]   per channel, per key group
+     *   v_scale, v_zero  ATTN_F32 [B, Hkv, Lk, Dv / 32]        per token, per 32 channels
+     * any strides; all four required (NULL: ATTN_ERR_NULL), scales finite and > 0, zeros
+     * finite (else ATTN_ERR_VALUE); kv_group >= 0 (else ATTN_ERR_VALUE). k_zero, v_zero
+     * or kv_group given with another cache dtype: ATTN_ERR_VALUE. attn_quantize_u4_keys
+     * and attn_quantize_u4_values write them. docs/CONTRACT.md, "The u4 cache (KIVI)". */
+    const attn_tensor *k_zero, *v_zero;
+    int64_t kv_group;
 } attn_options;
 
 /* ---- calls -------------------------------------------------------------------------- */
@@ -307,7 +331,7 @@ typedef struct attn_options {
  * dtypes: q, k, v and o each ATTN_F32, ATTN_F16 or ATTN_BF16, with k and v alike (a
  * 16-bit KV cache under float32 queries works); accumulation is float32 throughout and
  * o is rounded to its dtype once, at the end. k and v may also be ATTN_Q8_0, ATTN_Q4_0,
- * or
+ * ATTN_U4 with opt->k_scale, k_zero, v_scale, v_zero (contiguous only), or
  * ATTN_FP8_E4M3 or ATTN_FP8_E5M2 with opt->k_scale, v_scale (both alike): the
  * result is attention over their dequantized values (queries of any of the three float
  * dtypes are widened to float32, never quantized). Or q, k, v and o all ATTN_F64 (no mixing):
@@ -496,7 +520,7 @@ ATTN_API attn_status attn_kv_append_scaled(const attn_tensor *k_new, const attn_
  * list; and the bytes of one element, 0 outside the list. */
 ATTN_API const char *attn_dtype_name(attn_dtype dtype);
 ATTN_API size_t attn_dtype_size(attn_dtype dtype);
-/* The elements of one unit of attn_dtype_size: 32 for ATTN_Q8_0 and ATTN_Q4_0, 1 for the
+/* The elements of one unit of attn_dtype_size: 32 for ATTN_Q8_0, ATTN_Q4_0 and ATTN_U4, 1 for the
  * other dtypes, 0 outside the list. */
 ATTN_API int64_t attn_dtype_block(attn_dtype dtype);
 
@@ -529,6 +553,38 @@ ATTN_API attn_status attn_quantize_q4_0(const attn_tensor *src, const attn_tenso
 
 /* The values a q4_0 tensor holds, d * (q - 8) (exact in float32), into dst. */
 ATTN_API attn_status attn_dequantize_q4_0(const attn_tensor *src, const attn_tensor *dst);
+
+/* ---- the u4 cache dtype (KIVI) ---------------------------------------------------------
+ * Quantize float32 keys into a u4 cache, per channel over groups of G keys (KIVI's key
+ * quantization; G = group, 0 = 32): for each (b, h, key group, channel d), over the group's
+ * keys (a last partial group: the keys it has) the least value m and the largest M;
+ * zero = m, scale = (M - m) / 15 in float32, or 1 when that is 0 (M == m, or a difference
+ * that rounds to 0: every code then 0 and every value m, within 15 * 2^-149); each code
+ * c = nearbyintf((x - zero) / scale) (float32, ties to even) clamped to 0..15; the value
+ * read back is fmaf(c, scale, zero).
+ *   src    [B, H, L, D]           ATTN_F32, any strides
+ *   dst    [B, H, L, D]           ATTN_U4 (layout rules above)
+ *   scale, zero [B, H, ceil(L / G), D]  ATTN_F32, any strides
+ * The outputs share no byte with src or each other. ATTN_ERR_VALUE for a NaN or infinite
+ * input, a group whose M - m overflows, or group < 0: nothing written then, nor on any
+ * other error. */
+ATTN_API attn_status attn_quantize_u4_keys(const attn_tensor *src, const attn_tensor *dst,
+                                           const attn_tensor *scale, const attn_tensor *zero,
+                                           int64_t group);
+/* The same per token over each run of 32 channels (KIVI's value quantization):
+ *   src, dst [B, H, L, D]   scale, zero [B, H, L, D / 32] */
+ATTN_API attn_status attn_quantize_u4_values(const attn_tensor *src, const attn_tensor *dst,
+                                             const attn_tensor *scale,
+                                             const attn_tensor *zero);
+/* The values a u4 tensor holds, fmaf(c, scale, zero), into dst (ATTN_F32, the same shape,
+ * any strides, sharing no byte with the inputs); scale and zero as for the quantizers
+ * above (keys: per channel over groups of `group` keys, 0 = 32; values: per token). */
+ATTN_API attn_status attn_dequantize_u4_keys(const attn_tensor *src, const attn_tensor *dst,
+                                             const attn_tensor *scale,
+                                             const attn_tensor *zero, int64_t group);
+ATTN_API attn_status attn_dequantize_u4_values(const attn_tensor *src, const attn_tensor *dst,
+                                               const attn_tensor *scale,
+                                               const attn_tensor *zero);
 
 /* The (O, LSE) of attention over the union of the keys of n partial results of the same
  * rows (each, say, attn_forward with an lse output over its own range of keys):

@@ -86,7 +86,7 @@ run_suite() {
 
 # The suites whose results depend on the micro-kernels run once per kernel this CPU
 # supports (ATTN_ISA), not only the one dispatch picks; the others run once.
-PER_KERNEL="test_forward test_paged test_paged_decode test_edge test_onnx test_half test_backward test_backward_edge test_backward_half test_masks test_mask_lengths test_key_padding_paths test_team_threshold test_weights test_q8_0 test_kv_append_q8 test_fp8_q4 test_sinks test_sinks_backward test_dropout test_dropout_backward test_cascade test_weights_fast test_fast_level test_varlen test_bias_grad test_block_mask test_mla test_varlen_paged test_key_scores"
+PER_KERNEL="test_forward test_paged test_paged_decode test_edge test_onnx test_half test_backward test_backward_edge test_backward_half test_masks test_mask_lengths test_key_padding_paths test_team_threshold test_weights test_q8_0 test_kv_append_q8 test_fp8_q4 test_u4 test_sinks test_sinks_backward test_dropout test_dropout_backward test_cascade test_weights_fast test_fast_level test_varlen test_bias_grad test_block_mask test_mla test_varlen_paged test_key_scores"
 
 # The suites that test each kernel table the CPU runs from inside, one after another (the
 # rest run the kernel dispatch picks).

@@ -26,7 +26,7 @@
  *    different dtypes, the backward.
  * 5. The error table of docs/CONTRACT.md: one call's error against the float64 answer on
  *    the TRUE float32 values, for caches of float32, bfloat16, float16, q8_0, fp8_e4m3,
- *    fp8_e5m2 and q4_0 (printed, and each checked against a loose ceiling).
+ *    fp8_e5m2, q4_0 and u4 (printed, and each checked against a loose ceiling).
  * 6. q4_0 (llama.cpp's block_q4_0): blocks written by hand read back bit for bit (the
  *    conversion and the forward) and quantized again to the same bytes; known inputs
  *    (ties up, the clip at 15, the first max's sign, all zeros, the float16 scale); a
@@ -817,12 +817,18 @@ static void test_error_table(void) {
     attn_tensor tk = attn_tensor_4d(k, ATTN_F32, B, H, LK, D), tv = attn_tensor_4d(v, ATTN_F32, B, H, LK, D);
     oracle_forward(&tq, &tk, &tv, NULL, ref, NULL, NULL);
     void *kc = malloc((size_t)nk * 4), *vc = malloc((size_t)nk * 4);
-    const attn_dtype dts[7] = {ATTN_F32, ATTN_BF16, ATTN_F16, ATTN_Q8_0, ATTN_FP8_E4M3, ATTN_FP8_E5M2, ATTN_Q4_0};
-    const double ceiling[7] = {1e-5, 1e-2, 2e-3, 1e-2, 1e-1, 2e-1, 3e-1};
+    const attn_dtype dts[8] = {ATTN_F32, ATTN_BF16, ATTN_F16, ATTN_Q8_0, ATTN_FP8_E4M3, ATTN_FP8_E5M2, ATTN_Q4_0,
+                               ATTN_U4};
+    const double ceiling[8] = {1e-5, 1e-2, 2e-3, 1e-2, 1e-1, 2e-1, 3e-1, 3e-1};
+    /* u4 (KIVI): keys per channel over groups of 32 keys, values per token per 32 channels */
+    float *u4s = malloc(sizeof(float) * 4 * (size_t)(B * H * LK * D / 32));
+    float *kss = u4s, *kzs = u4s + nk / 32, *vss = u4s + 2 * (nk / 32), *vzs = u4s + 3 * (nk / 32);
+    attn_tensor tkss = attn_tensor_4d(kss, ATTN_F32, B, H, LK / 32, D), tkzs = attn_tensor_4d(kzs, ATTN_F32, B, H, LK / 32, D);
+    attn_tensor tvss = attn_tensor_4d(vss, ATTN_F32, B, H, LK, D / 32), tvzs = attn_tensor_4d(vzs, ATTN_F32, B, H, LK, D / 32);
     printf("error against float64 on the true float32 values, B=%d H=%d Lq=%d Lk=%d D=%d, N(0,1) q k v;\n"
            "fp8 scales amax / largest per tensor (vLLM's calibration):\n", B, H, LQ, LK, D);
     printf("  %-10s %12s %12s\n", "cache", "max |err|", "rel Frob");
-    for (int x = 0; x < 7; x++) {
+    for (int x = 0; x < 8; x++) {
         const attn_dtype dt = dts[x];
         attn_tensor ck = attn_tensor_4d(kc, dt, B, H, LK, D), cv = attn_tensor_4d(vc, dt, B, H, LK, D);
         attn_options opt = {0};
@@ -832,6 +838,10 @@ static void test_error_table(void) {
             CHECK(attn_quantize_q8_0(&tk, &ck) == ATTN_OK && attn_quantize_q8_0(&tv, &cv) == ATTN_OK, "table q8_0");
         } else if (dt == ATTN_Q4_0) {
             CHECK(attn_quantize_q4_0(&tk, &ck) == ATTN_OK && attn_quantize_q4_0(&tv, &cv) == ATTN_OK, "table q4_0");
+        } else if (dt == ATTN_U4) {
+            CHECK(attn_quantize_u4_keys(&tk, &ck, &tkss, &tkzs, 32) == ATTN_OK &&
+                  attn_quantize_u4_values(&tv, &cv, &tvss, &tvzs) == ATTN_OK, "table u4: %s", attn_last_error());
+            opt.k_scale = &tkss, opt.k_zero = &tkzs, opt.v_scale = &tvss, opt.v_zero = &tvzs;
         } else {
             if (attn_is_fp8(dt)) {
                 const double mx = dt == ATTN_FP8_E4M3 ? 448.0 : 57344.0;
@@ -855,7 +865,7 @@ static void test_error_table(void) {
         CHECK(sqrt(se / sr) < ceiling[x], "table %s: relative error %.3g above %.3g", attn_dtype_name(dt),
               sqrt(se / sr), ceiling[x]);
     }
-    free(q), free(k), free(v), free(o), free(ref), free(kc), free(vc);
+    free(q), free(k), free(v), free(o), free(ref), free(kc), free(vc), free(u4s);
 }
 
 /* ---- 6. q4_0 ------------------------------------------------------------------------------ */

@@ -51,7 +51,8 @@ class _Options(ctypes.Structure):
                 ("block_mask", ctypes.c_void_p), ("score_mod", ctypes.c_void_p),
                 ("score_mod_grad", ctypes.c_void_p), ("score_mod_ctx", ctypes.c_void_p),
                 ("key_scores", ctypes.c_void_p), ("k_scale", ctypes.c_void_p),
-                ("v_scale", ctypes.c_void_p)]
+                ("v_scale", ctypes.c_void_p), ("k_zero", ctypes.c_void_p),
+                ("v_zero", ctypes.c_void_p), ("kv_group", ctypes.c_int64)]
 
 
 class _Weights(ctypes.Structure):

@@ -93,6 +93,12 @@ static attn_status make_plan(const attn_tensor *q, const attn_cascade_kv *prefix
     }
     if (present(suffix) && (!suffix->k || !suffix->v))
         return ai_fail(ATTN_ERR_NULL, "cascade: suffix->%s is NULL", suffix->k ? "v" : "k");
+    /* a u4 cache's scales and zeros are per key: one set could not serve both parts */
+    if ((prefix && prefix->k && prefix->k->dtype == ATTN_U4) ||
+        (suffix && suffix->k && suffix->k->dtype == ATTN_U4) ||
+        opt->k_zero || opt->v_zero || opt->kv_group)
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "cascade: a u4 cache is read by attn_forward "
+                       "only (its parts merged with attn_merge)");
     if (opt->sinks) {
         TRY(ai_check_tensor(opt->sinks, "sinks", ATTN_F32, need_data));
         if (opt->sinks->shape[0] != Hq || opt->sinks->shape[1] != 1 || opt->sinks->shape[2] != 1 ||

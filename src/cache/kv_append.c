@@ -166,6 +166,11 @@ static attn_status append_check(const attn_tensor *k_new, const attn_tensor *v_n
                                 const attn_tensor *v_scale, append_scales *sc, ai_pages *pg) {
     TRY(ai_check_tensor(k_new, "k_new", ATTN_F32, true));
     TRY(ai_check_tensor(v_new, "v_new", ATTN_F32, true));
+    /* a u4 cache is written whole by attn_quantize_u4_keys / _values (its key scales span
+     * groups of keys an append would cut) */
+    if ((k_cache && k_cache->dtype == ATTN_U4) || (v_cache && v_cache->dtype == ATTN_U4))
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "k_cache, v_cache: a u4 cache takes no append "
+                       "(attn_quantize_u4_keys and attn_quantize_u4_values write it)");
     /* the cache: float32, float16 or bfloat16 (ATTN_DTYPE_COUNT), or q8_0 with its layout,
      * or an fp8 dtype */
     const bool cache_dt = k_cache && (attn_is_block_dtype(k_cache->dtype) || attn_is_fp8(k_cache->dtype));

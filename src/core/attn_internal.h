@@ -47,7 +47,22 @@ static inline int64_t attn_elem_bytes(attn_dtype t) {
  * is position e mod 32 of block floor(e / 32), at attn_elem_bytes (the list's bytes of
  * one block) times that from data. */
 enum { ATTN_Q8_0_BLOCK = 32, ATTN_Q8_0_BYTES = 34, ATTN_Q4_0_BLOCK = 32, ATTN_Q4_0_BYTES = 18 };
-static inline bool attn_is_block_dtype(attn_dtype t) { return t == ATTN_Q8_0 || t == ATTN_Q4_0; }
+/* u4 (attn.h): 32 elements a block of 16 bytes, no scale inside: element i the low nibble
+ * of byte i / 2 when i is even, the high one when odd; the scales and zeros are outside
+ * (attn_params' u4_scale, u4_zero) */
+enum { ATTN_U4_BLOCK = 32, ATTN_U4_BYTES = 16 };
+static inline bool attn_is_block_dtype(attn_dtype t) {
+    return t == ATTN_Q8_0 || t == ATTN_Q4_0 || t == ATTN_U4;
+}
+/* The code (0..15) of element pos of the run of u4 blocks that starts at blk (16 bytes a
+ * block of 32: byte pos / 2, whichever block) */
+static inline int attn_u4_code(const uint8_t *blk, int64_t pos) {
+    return pos % 2 == 0 ? blk[pos / 2] & 0x0F : blk[pos / 2] >> 4;
+}
+/* The value of a u4 code: c * scale + zero rounded once (KIVI's c * scale + min) */
+static inline float attn_u4_value(int c, float scale, float zero) {
+    return fmaf((float)c, scale, zero);
+}
 static inline int64_t attn_q8_0_block_of(int64_t e) {
     const int64_t q = e / ATTN_Q8_0_BLOCK;
     return e % ATTN_Q8_0_BLOCK < 0 ? q - 1 : q;
@@ -203,7 +218,25 @@ typedef struct attn_params {
      * 1; stride 0 = one for every key/value head */
     const float *k_scale, *v_scale;
     int64_t k_scale_s, v_scale_s;
+    /* a u4 cache's scales and zeros (kv_dt ATTN_U4; NULL otherwise), [0] the keys'
+     * (B, Hkv, ceil(Lk / u4_group), Dk), [1] the values' (B, Hkv, Lk, Dv / 32), read
+     * through ai_u4_row; u4_group the keys of a key group */
+    const float *u4_scale[2], *u4_zero[2];
+    int64_t u4_scale_s[2][4], u4_zero_s[2][4];
+    int64_t u4_group;
 } attn_params;
+
+/* Row j of key/value head g, batch b, of a u4 cache (values: the V side, else K): the n
+ * codes of the n / 32 blocks at row (16 bytes each) as float32 into dst, each
+ * fmaf(c, scale, zero) with the row's scales and zeros (u4.c). */
+ATTN_PRIVATE void ai_u4_row(const attn_params *p, bool values, int64_t b, int64_t g, int64_t j,
+                            const uint8_t *row, int64_t n, float *dst);
+/* Element d of that row, the same value (the reference's reading). */
+ATTN_PRIVATE float ai_u4_load(const attn_params *p, bool values, int64_t b, int64_t g, int64_t j,
+                              int64_t d);
+/* The u4 options of a forward call (params.c): opt's k_scale, k_zero, v_scale, v_zero and
+ * kv_group checked against the call's shapes and filled into p (u4.c). */
+ATTN_PRIVATE attn_status ai_u4_fill(attn_params *p, const attn_options *opt, bool need_data);
 
 /* The block mask's layout (attn.h's opaque attn_block_mask; made by block_mask.c, read
  * by the mask summary and per logit by attn_block_keep). Blocks of ATTN_BLOCK_ROWS query

@@ -48,7 +48,7 @@ static bool make_span(const attn_tensor *t, span_view *v) {
         if (t->shape[d] <= 0) return false;
     /* q8_0 (attn.h; its layout checked before): a row of D elements is D / 32 blocks of
      * 34 contiguous bytes, one "element" here, and the other strides, multiples of 32
-     * elements, are 34 bytes each 32; q4_0 the same with 18 */
+     * elements, are 34 bytes each 32; q4_0 the same with 18, u4 with 16 */
     const bool q8 = attn_is_block_dtype(t->dtype);
     const int64_t bb = elem_bytes(t->dtype);  // a block dtype: its block's bytes
     const int64_t es = q8 ? t->shape[3] / 32 * bb : bb;
@@ -187,12 +187,13 @@ attn_status ai_check_forward_aliasing(const attn_tensor *q, const attn_tensor *k
                                       const attn_options *opt, size_t ws_need) {
     static const char *const in_names[] = {"q", "k", "v", "mask", "bias", "kv_len",
                                            "alibi_slopes", "sinks", "block_table",
-                                           "k_scale", "v_scale"};
+                                           "k_scale", "v_scale", "k_zero", "v_zero"};
     static const char *const out_names[] = {"o", "lse", "weights"};
     const attn_tensor *in[] = {q, k, v, opt ? opt->mask : NULL, opt ? opt->bias : NULL,
                                opt ? opt->kv_len : NULL, opt ? opt->alibi_slopes : NULL,
                                opt ? opt->sinks : NULL, opt ? opt->block_table : NULL,
-                               opt ? opt->k_scale : NULL, opt ? opt->v_scale : NULL};
+                               opt ? opt->k_scale : NULL, opt ? opt->v_scale : NULL,
+                               opt ? opt->k_zero : NULL, opt ? opt->v_zero : NULL};
     const attn_tensor *out[] = {o, opt ? opt->lse : NULL, opt ? opt->weights : NULL};
     return check_outputs(in, in_names, COUNT(in), out, out_names, COUNT(out), opt, ws_need);
 }

@@ -310,10 +310,20 @@ static kv_tile kv_rows(const attn_params *p, const fused_block *blk, const void 
 /* The conversion of a block of nk rows (t, as kv_rows gives them) to float32: t itself
  * when it is float32 with unit element stride, else converted into buf (the kernel's
  * vector conversion for 16-bit rows with unit element stride). *ld gets the row stride.
- * scale is the rows' fp8 scale (attn_kv_scale; 1 for the other dtypes, not read). */
-static const float *kv_block(const attn_kernels *kern, attn_dtype dt, kv_tile t, int64_t width,
-                             int64_t nk, float scale, float *buf, int64_t *ld) {
+ * scale is the rows' fp8 scale (attn_kv_scale; 1 for the other dtypes, not read). A u4
+ * cache's rows are keys j0 .. j0+nk-1 of the block's head, of V when values, each read
+ * with its own scales and zeros (ai_u4_row). */
+static const float *kv_block(const attn_params *p, const fused_block *blk, bool values,
+                             int64_t j0, const attn_kernels *kern, attn_dtype dt, kv_tile t,
+                             int64_t width, int64_t nk, float scale, float *buf, int64_t *ld) {
     *ld = width;
+    if (dt == ATTN_U4) {  // unit stride along the row, rows on block starts (params.c)
+        for (int64_t c = 0; c < nk; c++)
+            ai_u4_row(p, values, blk->b, blk->g, j0 + c,
+                      (const uint8_t *)t.data + attn_row_byte_offset(dt, c * t.ld), width,
+                      buf + c * width);
+        return buf;
+    }
     if (attn_is_fp8(dt)) {
         /* the 256 values a byte can stand for, fl32(fp8 * scale) each (attn.h), then one
          * look-up an element: the same value as converting each one, for 256 products a
@@ -360,7 +370,7 @@ static void tile_logits(const attn_params *p, const attn_kernels *kern, const fu
                       p->scale, w->s, w->ld);
     } else {
         int64_t ldk;
-        const float *k = kv_block(kern, p->kv_dt, kt, dk, nk,
+        const float *k = kv_block(p, blk, false, j0, kern, p->kv_dt, kt, dk, nk,
                                   attn_kv_scale(p->k_scale, p->k_scale_s, blk->g), w->k, &ldk);
         kern->qk(blk->n, blk->npad, nk, dk, w->q, w->qt, w->ld, k, ldk, p->scale, w->s, w->ld);
     }
@@ -620,7 +630,7 @@ static void tile_general(const attn_params *p, const attn_params *pt, const attn
         return;
     }
     int64_t ldv;
-    const float *v = kv_block(kern, p->kv_dt, vt, dv, nk,
+    const float *v = kv_block(p, blk, true, j0, kern, p->kv_dt, vt, dv, nk,
                               attn_kv_scale(p->v_scale, p->v_scale_s, blk->g), w->v, &ldv);
     /* a dropped weight is 0, like a masked one: it must not multiply its V either, which
      * matters only where the value block holds a NaN or Inf (0 · v = 0 exactly otherwise),

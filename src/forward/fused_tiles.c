@@ -72,12 +72,13 @@ static bool e4m3_scales_fold(const attn_params *p) {
 
 bool fused_takes_decode(const attn_params *p, const attn_kernels *kern, int64_t n) {
     /* q8_0, q4_0 and fp8 (with its scales or without) where the kernel's step reads them;
-     * else the tile path (kv_block dequantizes) */
+     * else (u4 always) the tile path (kv_block dequantizes) */
     return kern->decode && kern->decode_qk && n <= ATTN_DECODE_MAX_ROWS &&
            (p->kv_dt != ATTN_Q8_0 || kern->decode_q8_0) &&
            (!attn_is_fp8(p->kv_dt) || kern->decode_fp8) &&
            (p->kv_dt != ATTN_FP8_E4M3 || e4m3_scales_fold(p)) &&
            (p->kv_dt != ATTN_Q4_0 || kern->decode_q4_0) &&
+           p->kv_dt != ATTN_U4 &&  // no kernel's step reads u4: its scales are per key
            !attn_has_elementwise(p) &&
            !p->dropout && p->k_s[3] == 1 && p->v_s[3] == 1;
 }

@@ -39,6 +39,8 @@ attn_status ai_forward_key_scores(const attn_tensor *q, const attn_tensor *k,
     fwd.key_scores = NULL;
     attn_params p;
     TRY(ai_params_init(&p, q, k, v, o, &fwd, true));
+    if (p.kv_dt == ATTN_U4)  // its key pass is attn_weights_grid's
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "options.key_scores: a u4 cache has none");
     if (p.q_dt == ATTN_F64)
         return ai_fail(ATTN_ERR_UNSUPPORTED, "options.key_scores: float64 calls have none "
                        "(float32, 16-bit and q8_0 calls do)");

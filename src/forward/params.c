@@ -76,7 +76,7 @@ static attn_status fill_tensors(attn_params *p, const attn_tensor *q, const attn
                                attn_dtype_name(q->dtype));
     }
     /* ATTN_DTYPE_COUNT here: any of float32, float16, bfloat16; k and v may instead both
-     * be q8_0, q4_0 or one fp8 dtype (the only inputs that may), under queries of those three */
+     * be q8_0, q4_0, u4 or one fp8 dtype (the only inputs that may), under queries of those three */
     const attn_dtype want = f64 ? ATTN_F64 : ATTN_DTYPE_COUNT;
     TRY(ai_check_tensor(q, "q", want, need_data));
     const bool cache_dt = k && (attn_is_block_dtype(k->dtype) || k->dtype == ATTN_FP8_E4M3 ||
@@ -131,11 +131,18 @@ static attn_status fill_tensors(attn_params *p, const attn_tensor *q, const attn
                     (long long)p->Hq, (long long)p->Hkv);
     p->group = p->Hkv ? p->Hq / p->Hkv : 1;
 
-    /* an fp8 cache's scales: per tensor or per key/value head */
-    TRY(ai_check_kv_scale(opt->k_scale, "k_scale", p->kv_dt, p->Hkv, need_data, &p->k_scale,
-                          &p->k_scale_s));
-    TRY(ai_check_kv_scale(opt->v_scale, "v_scale", p->kv_dt, p->Hkv, need_data, &p->v_scale,
-                          &p->v_scale_s));
+    /* an fp8 cache's scales: per tensor or per key/value head; a u4 cache's scales and
+     * zeros (u4.c), which also refuses k_zero, v_zero and kv_group with another dtype */
+    if (p->kv_dt != ATTN_U4) {
+        TRY(ai_check_kv_scale(opt->k_scale, "k_scale", p->kv_dt, p->Hkv, need_data,
+                              &p->k_scale, &p->k_scale_s));
+        TRY(ai_check_kv_scale(opt->v_scale, "v_scale", p->kv_dt, p->Hkv, need_data,
+                              &p->v_scale, &p->v_scale_s));
+    } else {
+        p->k_scale = p->v_scale = NULL;  // the fp8 scales: 1 (the u4 ones are apart)
+        p->k_scale_s = p->v_scale_s = 0;
+    }
+    TRY(ai_u4_fill(p, opt, need_data));
 
     p->q = ai_view_data(q, p->q_s, 4);
     p->k = ai_view_data(k, p->k_s, 4);

@@ -63,6 +63,12 @@ static double ref_logit(const attn_params *p, int64_t q_bhi, int64_t k_bgj, int6
                         int64_t h, int64_t i, int64_t j, int64_t d_i) {
     const float ks = attn_kv_scale(p->k_scale, p->k_scale_s, h / p->group);
     double dot = 0.0;
+    if (p->kv_dt == ATTN_U4) {  // each code with its channel's scale and zero (u4.c)
+        for (int64_t d = 0; d < p->Dk; d++)
+            dot += attn_load_f64(p->q_dt, p->q, q_bhi + d * p->q_s[3]) *
+                   (double)ai_u4_load(p, false, b, h / p->group, j, d);
+        return ai_ref_finish(p, p->scale64 * dot, b, h, i, j, d_i, NULL);
+    }
     for (int64_t d = 0; d < p->Dk; d++)
         dot += attn_load_f64(p->q_dt, p->q, q_bhi + d * p->q_s[3]) *
                ref_kv(p, p->k, k_bgj + d * p->k_s[3], ks);
@@ -133,9 +139,11 @@ attn_status ai_reference_forward(const attn_params *p, void *ws) {
                      * never multiplied, so NaN stored there cannot leak */
                     for (int64_t j = lo; j < hi; j++)
                         if (s_i[j] != 0.0)
-                            acc += s_i[j] * ref_kv(p, p->v,
-                                                   attn_kv_offset(p, p->v_s, b, g, j) + d * p->v_s[3],
-                                                   attn_kv_scale(p->v_scale, p->v_scale_s, g));
+                            acc += s_i[j] * (p->kv_dt == ATTN_U4
+                                                 ? (double)ai_u4_load(p, true, b, g, j, d)
+                                                 : ref_kv(p, p->v,
+                                                          attn_kv_offset(p, p->v_s, b, g, j) + d * p->v_s[3],
+                                                          attn_kv_scale(p->v_scale, p->v_scale_s, g)));
                     /* float64 -> float32 -> the output dtype: both steps round to nearest
                      * even; the double rounding can differ from a direct one by at most
                      * one ulp of the 16-bit type, only on exact ties. A float64 o takes

@@ -172,6 +172,8 @@ static attn_status wg_check(const attn_tensor *q, const attn_tensor *k, const at
     if (q->dtype == ATTN_F64)
         return ai_fail(ATTN_ERR_DTYPE, "q: dtype is float64, which attn_weights_grid does "
                        "not take (float32, float16 or bfloat16)");
+    if (k && k->dtype == ATTN_U4)  // its key pass reads K element by element (attn_load)
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "k: attn_weights_grid does not read a u4 cache");
     attn_options opt = *base;
     opt.lse = lse;
     const attn_tensor o = attn_tensor_4d(q->data, ATTN_F32, q->shape[0], q->shape[1],

@@ -36,7 +36,8 @@ attn_tune_class ai_tune_class_of(const attn_params *p, bool backward, bool key_l
     c.phase = backward ? ATTN_PHASE_BACKWARD
               : p->Lq <= ATTN_DECODE_MAX_ROWS ? ATTN_PHASE_DECODE : ATTN_PHASE_PREFILL;
     c.dtype = p->kv_dt == ATTN_BF16 ? 1 : p->kv_dt == ATTN_F16 ? 2 : p->kv_dt == ATTN_Q8_0 ? 3
-              : attn_is_fp8(p->kv_dt)  ? 4 : p->kv_dt == ATTN_Q4_0 ? 5 : 0;
+              : attn_is_fp8(p->kv_dt)  ? 4
+              : p->kv_dt == ATTN_Q4_0 || p->kv_dt == ATTN_U4 ? 5 : 0;  // the 4-bit caches: untuned
     c.dim = p->Dk <= 32 ? 0 : p->Dk <= 64 ? 1 : p->Dk <= 128 ? 2 : 3;
     /* the masks that decide which tiles a row reads: structure (causal, window), key
      * lengths, per-element masks (bool mask, bias, block mask); two kinds at once are

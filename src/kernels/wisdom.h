@@ -33,7 +33,7 @@ typedef enum attn_tune_phase {
     ATTN_PHASES
 } attn_tune_phase;
 enum {
-    ATTN_TUNE_DTYPES = 6,  /* K/V: f32, bf16, f16, q8_0, fp8 (either), q4_0              */
+    ATTN_TUNE_DTYPES = 6,  /* K/V: f32, bf16, f16, q8_0, fp8 (either), q4_0 (and u4)     */
     ATTN_TUNE_DIMS = 4,    /* Dk up to 32, 64, 128, more                                  */
     ATTN_TUNE_MASKS = 4,   /* none, causal (causal or window), keylen, mixed (the rest)   */
     ATTN_TUNE_GROUPS = 4,  /* Hq / Hkv: 1, 2, 3-4, 5 or more                              */

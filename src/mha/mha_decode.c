@@ -64,6 +64,9 @@ static attn_status check_cache(const mha_plan *pl, const attn_kv_cache *c, bool 
     if (!paged && c->block_table)
         return ai_fail(ATTN_ERR_VALUE, "cache.block_table: given for a contiguous cache "
                        "(kind ATTN_CACHE_PAGED takes one)");
+    if (c->k.dtype == ATTN_U4 || c->v.dtype == ATTN_U4)  // no append writes one (kv_append.c)
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "cache.k, cache.v: a u4 cache is read by "
+                       "attn_forward only");
     const bool cache_dt = attn_is_block_dtype(c->k.dtype) || c->k.dtype == ATTN_FP8_E4M3 ||
                           c->k.dtype == ATTN_FP8_E5M2;
     TRY(ai_check_tensor(&c->k, "cache.k", cache_dt ? c->k.dtype : ATTN_DTYPE_COUNT, need_data));

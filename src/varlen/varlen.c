@@ -74,9 +74,14 @@ static attn_status check_cu(const attn_tensor *t, const char *name, int64_t tota
  * paged forward (paged: options.block_table given) takes the block table, kv_len (each
  * sequence's cached keys, FlashAttention's seqused_k) and a bool mask over the padded
  * batch [B, Hq|1, max_seqlen_q, Lk] (Lk = max_pages * page_size, the cache's rows). */
-static attn_status refuse_options(const attn_options *opt, bool paged_ok) {
-    if (!opt) return ATTN_OK;
+static attn_status refuse_options(const attn_tensor *k, const attn_options *opt, bool paged_ok) {
     static const char *const what = "packed (varlen) calls take no %s (%s)";
+    /* a u4 cache's per-key scales would have to be cut per sequence too */
+    if (k && k->dtype == ATTN_U4)
+        return ai_fail(ATTN_ERR_UNSUPPORTED, what, "u4 cache", "attn_forward reads one");
+    if (!opt) return ATTN_OK;
+    if (opt->k_zero || opt->v_zero || opt->kv_group)
+        return ai_fail(ATTN_ERR_UNSUPPORTED, what, "u4 options", "attn_forward takes them");
     const bool paged = paged_ok && opt->block_table;
     if (opt->mask && !paged)
         return ai_fail(ATTN_ERR_UNSUPPORTED, what, "options.mask",
@@ -242,7 +247,7 @@ static attn_status forward_plan(const attn_tensor *q, const attn_tensor *k, cons
                                 const attn_tensor *cu_k, int64_t max_q, int64_t max_k,
                                 const attn_options *opt, bool need_data, int64_t *B,
                                 size_t *need) {
-    TRY(refuse_options(opt, true));
+    TRY(refuse_options(k, opt, true));
     const bool paged = opt && opt->block_table;
     attn_params whole;  // the rectangular checks on the packed tensors
     if (paged) {  // q, o, lse and the options against K and V of no key (k, v are pools)
@@ -340,7 +345,7 @@ static attn_status backward_plan(const attn_tensor *const t[9], const attn_tenso
                                  const attn_tensor *cu_k, int64_t max_q, int64_t max_k,
                                  const attn_options *opt, bool need_data, int64_t *B,
                                  size_t *seq_need, size_t *need) {
-    TRY(refuse_options(opt, false));
+    TRY(refuse_options(t[1], opt, false));
     /* the rectangular checks on the packed tensors (data and alignment below) */
     size_t unused;
     TRY(attn_backward_workspace_size(t[0], t[1], t[2], t[3], t[5], t[4], t[6], t[7], t[8], opt,
