@@ -566,8 +566,9 @@ __all__ += ["additive_attention", "additive_attention_grad"]
 
 # decoding against a contiguous or paged KV cache (python/attn/_kvcache.py)
 from ._kvcache import attention_with_kvcache, varlen_attention_with_kvcache  # noqa: E402
-from ._kvcache import quantize_kv  # noqa: E402
-__all__ += ["attention_with_kvcache", "varlen_attention_with_kvcache", "quantize_kv"]
+from ._kvcache import quantize_kv, quantize_kv_u4, dequantize_kv_u4  # noqa: E402
+__all__ += ["attention_with_kvcache", "varlen_attention_with_kvcache", "quantize_kv",
+            "quantize_kv_u4", "dequantize_kv_u4"]
 
 # packed (variable-length) batches, FlashAttention's varlen call (python/attn/_varlen.py)
 from ._varlen import varlen_attention  # noqa: E402

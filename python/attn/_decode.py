@@ -26,8 +26,8 @@ from typing import Any, Optional
 import numpy as np
 
 from ._additive import _Tensor, _lib
-from ._kvcache import (_F32, _FP8_E4M3, _FP8_E5M2, _I32, _Q8_0, _View, _index, _is_torch,
-                       _scale, _torch)
+from ._kvcache import (_F32, _FP8_E4M3, _FP8_E5M2, _I32, _Q8_0, _U4, _View, _index, _is_torch,
+                       _scale, _torch, _u4_refused)
 from ._options import _INT32, integer, integers
 
 __all__ = ["KVCache", "mha_decode"]
@@ -95,6 +95,8 @@ class KVCache:
         self._vv = _View(v, "v", True, cache_dtype)
         if self._kv.dtype != self._vv.dtype and max(self._kv.dtype, self._vv.dtype) >= _Q8_0:
             raise ValueError("k, v: one cache dtype for both")
+        if _U4 in (self._kv.dtype, self._vv.dtype):
+            raise _u4_refused("KVCache", "attn_mha_decode (its appends and decoding step)")
         self._scale_keep: list = []
         self._k_scale = self._v_scale = None
         if k_scale is not None or v_scale is not None:

@@ -23,11 +23,11 @@ from ._additive import _Options, _Tensor, _check, _lib
 from ._options import _INT32, integer, integers, window
 
 _F32, _F16, _BF16, _BOOL, _I32, _I64 = 0, 1, 2, 3, 4, 5
-_Q8_0, _FP8_E4M3, _FP8_E5M2, _Q4_0 = 6, 8, 9, 10
+_Q8_0, _FP8_E4M3, _FP8_E5M2, _Q4_0, _U4 = 6, 8, 9, 10, 11
 # cache_dtype= names (attn_dtype_name's): the attn dtype, and for a block dtype the bytes
 # of one block of 32 elements (0: one byte an element)
 _CACHE_DT = {"q8_0": (_Q8_0, 34), "q4_0": (_Q4_0, 18), "fp8_e4m3": (_FP8_E4M3, 0),
-             "fp8_e5m2": (_FP8_E5M2, 0)}
+             "fp8_e5m2": (_FP8_E5M2, 0), "u4": (_U4, 16)}
 _TORCH_FP8 = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 _P = ctypes.c_void_p
 _lib.attn_forward.argtypes = [_P] * 5
@@ -85,8 +85,8 @@ class _View:
 
     def _cache(self, name: str, dt: str, cache_dtype: Optional[str]) -> None:
         """A quantized or fp8 cache: torch float8 tensors name their dtype; uint8 storage
-        needs cache_dtype. q8_0 / q4_0: the last dimension is the row's block bytes
-        (D / 32 * 34 or 18), mapped to attn's logical-element strides (a row starts a
+        needs cache_dtype. q8_0 / q4_0 / u4: the last dimension is the row's block bytes
+        (D / 32 * 34, 18 or 16), mapped to attn's logical-element strides (a row starts a
         block)."""
         if dt in _TORCH_FP8:
             if cache_dtype is not None and cache_dtype != _TORCH_FP8[dt]:
@@ -194,6 +194,61 @@ def _scales(opt: Any, tk: Any, k_scale: Any, v_scale: Any, keep: list) -> None:
         opt.v_scale = _scale(v_scale, "v_scale", Hkv, keep)
 
 
+def _f32_array(x: Any, name: str, shape: Tuple[int, ...], keep: list) -> int:
+    """A float32 array / tensor of exactly `shape` (a 16-bit or float64 one converted; a
+    copy when not contiguous float32 already) as an attn_tensor: its address (the arrays
+    kept alive in keep)."""
+    if _is_torch(x):
+        x = x.detach().cpu().float().numpy()
+    a = np.ascontiguousarray(x, np.float32)
+    if a.shape != tuple(shape):
+        raise ValueError("%s: expected shape %s, got %s" % (name, tuple(shape), a.shape))
+    st = [1] * 4
+    for i in (2, 1, 0):
+        st[i] = st[i + 1] * shape[i + 1]
+    t = _Tensor(a.ctypes.data if a.size else None, _F32, (ctypes.c_int64 * 4)(*shape),
+                (ctypes.c_int64 * 4)(*st))
+    keep += [a, t]
+    return ctypes.addressof(t)
+
+
+def _u4_options(opt: Any, tk: Any, tv: Any, k_scale: Any, v_scale: Any, k_zero: Any,
+                v_zero: Any, kv_group: Any, keep: list) -> bool:
+    """attn_options.k_scale, v_scale, k_zero, v_zero, kv_group of a u4 cache (attn's
+    [B, Hkv, ...] order, as the C call takes them); False (nothing set) for another cache,
+    which takes none of k_zero, v_zero, kv_group."""
+    if tk.dtype != _U4 and tv.dtype != _U4:
+        if k_zero is not None or v_zero is not None or kv_group is not None:
+            raise ValueError("k_zero, v_zero, kv_group: only a u4 cache (cache_dtype=\"u4\") "
+                             "takes them")
+        return False
+    missing = [n for n, x in (("k_scale", k_scale), ("v_scale", v_scale), ("k_zero", k_zero),
+                              ("v_zero", v_zero)) if x is None]
+    if missing:
+        raise ValueError("cache_dtype=\"u4\": k_scale, v_scale, k_zero and v_zero are all "
+                         "required (missing %s)" % ", ".join(missing))
+    G = 0 if kv_group is None else integer("kv_group", kv_group)
+    if G < 0:
+        raise ValueError("kv_group: 0 (= 32) or a positive number of keys, got %d" % G)
+    B, Hkv, Lk, Dk = tk.shape
+    Dv = tv.shape[3]
+    g = G or 32
+    kshape = (B, Hkv, -(-Lk // g), Dk)
+    vshape = (B, Hkv, Lk, Dv // 32)
+    opt.k_scale = _f32_array(k_scale, "k_scale", kshape, keep)
+    opt.k_zero = _f32_array(k_zero, "k_zero", kshape, keep)
+    opt.v_scale = _f32_array(v_scale, "v_scale", vshape, keep)
+    opt.v_zero = _f32_array(v_zero, "v_zero", vshape, keep)
+    opt.kv_group = G
+    return True
+
+
+def _u4_refused(call: str, what: str) -> NotImplementedError:
+    return NotImplementedError("%s: a u4 cache with %s is not supported (the C library "
+                               "refuses it: only attn_forward over a contiguous u4 cache reads "
+                               "u4; docs/CONTRACT.md, \"The u4 cache (KIVI)\")" % (call, what))
+
+
 def _cache_options(opt: Any, keep: list, Hq: int, softmax_scale: Optional[float],
                    causal: bool, window_size: Tuple[int, int], softcap: float,
                    alibi_slopes: Any, sinks: Any) -> None:
@@ -221,7 +276,8 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v:
                            alibi_slopes: Any = None, return_softmax_lse: bool = False,
                            sinks: Any = None, return_key_scores: bool = False, *,
                            cache_dtype: Optional[str] = None, k_scale: Any = None,
-                           v_scale: Any = None):
+                           v_scale: Any = None, k_zero: Any = None, v_zero: Any = None,
+                           kv_group: Optional[int] = None):
     """out = attention of q over the cache, FlashAttention's flash_attn_with_kvcache.
 
     q            [B, Lq, Hq, D]  float32, float16 or bfloat16
@@ -245,15 +301,31 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v:
                  mass each cached key received over the call's rows and the query heads
                  of its key/value head (attn_options.key_scores; docs/CONTRACT.md,
                  "Eviction scores"); Lk = the cache's rows (max_pages * page_size paged)
-    cache_dtype  (keyword-only) "fp8_e4m3", "fp8_e5m2", "q8_0" or "q4_0": the caches
-                 are uint8 storage of that dtype (torch.float8_e4m3fn / float8_e5m2
+    cache_dtype  (keyword-only) "fp8_e4m3", "fp8_e5m2", "q8_0", "q4_0" or "u4": the
+                 caches are uint8 storage of that dtype (torch.float8_e4m3fn / float8_e5m2
                  tensors say fp8 themselves). fp8: one byte an element, [..., D]. q8_0 /
-                 q4_0 (llama.cpp's blocks): the last dimension is the row's bytes, D / 32
-                 * 34 or D / 32 * 18, contiguous, every row starting a block
+                 q4_0 (llama.cpp's blocks) / u4: the last dimension is the row's bytes,
+                 D / 32 * 34, D / 32 * 18 or D / 32 * 16 (= D / 2), contiguous, every row
+                 starting a block. u4 (KIVI's / OpenVINO's 4-bit cache): element i of a
+                 row is the low nibble of byte i / 2 when i is even, the high one when odd;
+                 a code c stands for fmaf(c, scale, zero) with the scales and zeros below
+                 (attn.quantize_kv_u4 writes all three). A u4 cache is read only as a whole
+                 contiguous cache: with block_table, new rows k, v or return_key_scores
+                 it is refused (NotImplementedError; the C library refuses them)
     k_scale, v_scale  (keyword-only) an fp8 cache's scales: a float or float32 [Hkv]
                  (vLLM's k_scale, v_scale; attn_options.k_scale): a byte x stands for
                  fl32(fp8(x) * scale). New rows k, v are written as
-                 attn_kv_append_scaled writes them with the same scales
+                 attn_kv_append_scaled writes them with the same scales.
+                 A u4 cache's scales (with k_zero, v_zero; all four required), float32
+                 arrays / tensors in attn's head-major order (what the C call takes, and
+                 what quantize_kv_u4 returns), not the caches' [B, Lk, Hkv, ...] order:
+                   k_scale, k_zero  [B, Hkv, ceil(Lk / G), D]  per key channel over each
+                                    group of G = kv_group keys (key j reads row j // G)
+                   v_scale, v_zero  [B, Hkv, Lk, Dv / 32]  per token over each 32 channels
+    k_zero, v_zero  (keyword-only) a u4 cache's zeros (attn_options.k_zero, v_zero), shapes
+                 as k_scale, v_scale above; refused with any other cache
+    kv_group     (keyword-only) a u4 cache's key group G (attn_options.kv_group): None or
+                 0 = 32; refused with any other cache
     Returns out [B, Lq, Hq, D] (q's dtype), and with return_softmax_lse also the
     natural-log LSE [B, Hq, Lq] float32, then with return_key_scores the scores.
     NumPy in, NumPy out; torch in, torch out.
@@ -261,6 +333,7 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v:
     writes k_cache and v_cache in place); as in eager, no gradient flows through it.
     """
     quantized = (cache_dtype is not None or k_scale is not None or v_scale is not None
+                 or k_zero is not None or v_zero is not None or kv_group is not None
                  or str(getattr(k_cache, "dtype", "")).replace("torch.", "") in _TORCH_FP8)
     ops = None if return_key_scores else _traced_ops(_torch_tensor_type(), q, k_cache, v_cache, k, v)
     if ops is not None and quantized:
@@ -272,12 +345,13 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v:
                                   return_softmax_lse, sinks)
     return _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale,
                    causal, window_size, softcap, alibi_slopes, return_softmax_lse, sinks,
-                   return_key_scores, cache_dtype, k_scale, v_scale)
+                   return_key_scores, cache_dtype, k_scale, v_scale, k_zero, v_zero, kv_group)
 
 
 def _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
             window_size, softcap, alibi_slopes, return_softmax_lse, sinks,
-            return_key_scores=False, cache_dtype=None, k_scale=None, v_scale=None):
+            return_key_scores=False, cache_dtype=None, k_scale=None, v_scale=None,
+            k_zero=None, v_zero=None, kv_group=None):
     """attention_with_kvcache's work, on NumPy arrays or CPU torch tensors (eager, or the
     real implementation of attn::kvcache)."""
     qv = _View(q, "q")
@@ -294,6 +368,12 @@ def _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale
     B, Lq, Hq, D = qv.shape
     tk, tv = kc.bshd("k_cache"), vc.bshd("v_cache")  # (B | num_pages, Hkv, Lk | page_size, D)
     keep = [qv, kc, vc]
+    if _U4 in (kc.dtype, vc.dtype):
+        for what, given in (("block_table (a paged cache)", block_table is not None),
+                            ("new rows k, v (attn_kv_append)", k is not None),
+                            ("return_key_scores", return_key_scores)):
+            if given:
+                raise _u4_refused("attention_with_kvcache", what)
     tbt = None
     if block_table is not None:
         bv, bx = _index(block_table, "block_table", 2)
@@ -317,7 +397,8 @@ def _attend(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale
         tkn, tvn = kn.bshd("k"), vn.bshd("v")
         n = tkn.shape[2]
     opt = _Options()
-    _scales(opt, tk, k_scale, v_scale, keep)
+    if not _u4_options(opt, tk, tv, k_scale, v_scale, k_zero, v_zero, kv_group, keep):
+        _scales(opt, tk, k_scale, v_scale, keep)
     if tlen is not None:
         lens = (np.asarray(lx.cpu().numpy() if _is_torch(lx) else lx, np.int64).reshape(-1) + n)
         keep.append(lens)
@@ -425,6 +506,8 @@ def varlen_attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, cu_seqlens
                                                                   cache_dtype)
     if kc.dtype != vc.dtype and max(kc.dtype, vc.dtype) >= _Q8_0:
         raise ValueError("k_cache, v_cache: one cache dtype for both")
+    if _U4 in (kc.dtype, vc.dtype):
+        raise _u4_refused("varlen_attention_with_kvcache", "a paged pool (attn_varlen_forward)")
     tk, tv = kc.bshd("k_cache"), vc.bshd("v_cache")  # (num_pages, Hkv, page_size, D)
     cv, cx = _index(cu_seqlens_q, "cu_seqlens_q", 1)
     sv, sx = _index(seqused_k, "seqused_k", 1)
@@ -490,6 +573,9 @@ def quantize_kv(x: Any, dtype: str, scale: Any = None):
     vector of x's heads, x [..., H, D]. Returns uint8 (NumPy) or, for torch input, a uint8
     tensor (q8_0, q4_0) or torch.float8_e4m3fn / float8_e5m2 (fp8), on the CPU.
     """
+    if dtype == "u4":
+        raise ValueError("quantize_kv: a u4 cache's scales and zeros are outside its bytes; "
+                         "use attn.quantize_kv_u4(x, kind=\"keys\" | \"values\")")
     if dtype not in _CACHE_DT:
         raise ValueError("quantize_kv: dtype %r is not one of %s" % (dtype, ", ".join(_CACHE_DT)))
     torch_in = _is_torch(x)
@@ -550,3 +636,113 @@ def quantize_kv(x: Any, dtype: str, scale: Any = None):
         return torch.from_numpy(out).view(
             torch.float8_e4m3fn if code == _FP8_E4M3 else torch.float8_e5m2)
     return out
+
+
+_U4_CALLS = {"keys": ("attn_quantize_u4_keys", "attn_dequantize_u4_keys"),
+             "values": ("attn_quantize_u4_values", "attn_dequantize_u4_values")}
+for _name in ("attn_quantize_u4_keys", "attn_quantize_u4_values", "attn_dequantize_u4_keys",
+              "attn_dequantize_u4_values"):
+    getattr(_lib, _name).restype = ctypes.c_int
+    getattr(_lib, _name).argtypes = [_P] * 4 + ([ctypes.c_int64] if "keys" in _name else [])
+
+
+def _u4_layout(shape: Tuple[int, ...], kind: str, group: int, fn: str):
+    """For x [B, L, H, D]: attn's [B, H, L, D] shape and element strides of x (and of the
+    u4 bytes [B, L, H, D / 2], in logical elements), and the scales' shape [B, H, ...]."""
+    if kind not in _U4_CALLS:
+        raise ValueError("%s: kind must be \"keys\" or \"values\", got %r" % (fn, kind))
+    if len(shape) != 4:
+        raise ValueError("%s: x [B, L, Hkv, D] (4 dimensions) expected, got shape %s"
+                         % (fn, tuple(shape)))
+    B, L, H, D = shape
+    if D % 32 or D == 0:
+        raise ValueError("%s: u4 needs D a positive multiple of 32, got %d" % (fn, D))
+    if group < 0:
+        raise ValueError("%s: group must be >= 0 (0 = 32), got %d" % (fn, group))
+    g = group or 32
+    sshape = (B, H, -(-L // g), D) if kind == "keys" else (B, H, L, D // 32)
+    return (B, H, L, D), (L * H * D, D, H * D, 1), sshape
+
+
+def _contiguous_tensor(a: np.ndarray, dtype: int, keep: list) -> _Tensor:
+    st = [1] * 4
+    for i in (2, 1, 0):
+        st[i] = st[i + 1] * a.shape[i + 1]
+    t = _Tensor(a.ctypes.data if a.size else None, dtype, (ctypes.c_int64 * 4)(*a.shape),
+                (ctypes.c_int64 * 4)(*st))
+    keep.append(t)
+    return t
+
+
+def quantize_kv_u4(x: Any, kind: str = "keys", group: int = 32):
+    """A u4 cache (KIVI's / OpenVINO's 4-bit cache) of the float values x [B, L, Hkv, D]
+    (FlashAttention's cache layout, D a multiple of 32), through the C library's
+    attn_quantize_u4_keys (kind="keys": per channel over each group of `group` keys, 0 =
+    32) or attn_quantize_u4_values (kind="values": per token over each 32 channels).
+
+    Returns (codes, scale, zero): codes uint8 [B, L, Hkv, D / 2] (the bytes
+    attention_with_kvcache(..., cache_dtype="u4") reads: element i of a row is the low
+    nibble of byte i / 2 when i is even, the high one when odd), and scale, zero float32 in
+    attn's head-major order, as attention_with_kvcache takes them:
+        keys    [B, Hkv, ceil(L / group), D]      (its k_scale, k_zero; kv_group=group)
+        values  [B, Hkv, L, D / 32]               (its v_scale, v_zero)
+    A code c stands for fmaf(c, scale, zero); zero is the set's least value, scale
+    (max - min) / 15 (1 where that is 0). NaN or infinite input: ValueError, nothing
+    returned. NumPy in, NumPy out; a torch tensor in, CPU torch tensors out.
+    docs/CONTRACT.md, "The u4 cache (KIVI)".
+    """
+    group = integer("group", group)
+    torch_in = _is_torch(x)
+    a = np.ascontiguousarray(x.detach().float().cpu().numpy() if torch_in else x, np.float32)
+    shape4, st4, sshape = _u4_layout(a.shape, kind, group, "quantize_kv_u4")
+    B, L, H, D = a.shape
+    codes = np.zeros((B, L, H, D // 2), np.uint8)
+    scale = np.zeros(sshape, np.float32)
+    zero = np.zeros(sshape, np.float32)
+    if a.size:
+        keep: list = []
+        src = _Tensor(a.ctypes.data, _F32, (ctypes.c_int64 * 4)(*shape4),
+                      (ctypes.c_int64 * 4)(*st4))
+        dst = _Tensor(codes.ctypes.data, _U4, (ctypes.c_int64 * 4)(*shape4),
+                      (ctypes.c_int64 * 4)(*st4))
+        ts, tz = _contiguous_tensor(scale, _F32, keep), _contiguous_tensor(zero, _F32, keep)
+        args = [ctypes.byref(src), ctypes.byref(dst), ctypes.byref(ts), ctypes.byref(tz)]
+        fn = _U4_CALLS[kind][0]
+        _check(getattr(_lib, fn)(*(args + ([group] if kind == "keys" else []))), "quantize_kv_u4")
+        del keep
+    if torch_in:
+        torch = _torch()
+        return torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(zero)
+    return codes, scale, zero
+
+
+def dequantize_kv_u4(codes: Any, scale: Any, zero: Any, kind: str = "keys", group: int = 32):
+    """The float32 values [B, L, Hkv, D] a u4 cache holds, fmaf(c, scale, zero), through
+    attn_dequantize_u4_keys / _values: codes uint8 [B, L, Hkv, D / 2], scale and zero as
+    quantize_kv_u4 returns them (kind and group as there). NumPy in, NumPy out; torch in,
+    torch out."""
+    group = integer("group", group)
+    torch_in = _is_torch(codes)
+    c = np.ascontiguousarray(codes.detach().cpu().numpy() if torch_in else codes)
+    if c.dtype != np.uint8:
+        raise ValueError("dequantize_kv_u4: codes must be uint8 [B, L, Hkv, D / 2], got %s"
+                         % c.dtype)
+    if c.ndim != 4:
+        raise ValueError("dequantize_kv_u4: codes [B, L, Hkv, D / 2] expected, got shape %s"
+                         % (c.shape,))
+    shape4, st4, sshape = _u4_layout(c.shape[:3] + (c.shape[3] * 2,), kind, group,
+                                     "dequantize_kv_u4")
+    out = np.zeros(c.shape[:3] + (c.shape[3] * 2,), np.float32)
+    keep: list = []
+    ts = _f32_array(scale, "scale", sshape, keep)
+    tz = _f32_array(zero, "zero", sshape, keep)
+    if out.size:
+        src = _Tensor(c.ctypes.data, _U4, (ctypes.c_int64 * 4)(*shape4),
+                      (ctypes.c_int64 * 4)(*st4))
+        dst = _Tensor(out.ctypes.data, _F32, (ctypes.c_int64 * 4)(*shape4),
+                      (ctypes.c_int64 * 4)(*st4))
+        args = [ctypes.byref(src), ctypes.byref(dst), ctypes.c_void_p(ts), ctypes.c_void_p(tz)]
+        fn = _U4_CALLS[kind][1]
+        _check(getattr(_lib, fn)(*(args + ([group] if kind == "keys" else []))), "dequantize_kv_u4")
+    del keep
+    return _torch().from_numpy(out) if torch_in else out

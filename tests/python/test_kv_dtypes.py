@@ -14,12 +14,20 @@ tolerance instead). The append path writes the bytes attn_quantize_q8_0 / q4_0 g
 here (ties even, saturating), scaled per tensor or per head. Refusals come before
 anything is written. torch float8 tensors and FlashAttention 3's k_descale / v_descale
 where PyTorch is installed (skipped with a reason otherwise).
+
+u4 (KIVI; cache_dtype="u4" with k_scale, v_scale, k_zero, v_zero, kv_group): attn's
+quantizer (quantize_kv_u4) against the format decoded here by hand and the library's
+dequantizer, bit for bit; attention over the u4 cache against the float64 oracle over
+those values at the contract's float32 tolerance, a flipped nibble in the reference copy
+caught; the refusals (paged, new rows, key scores, varlen, KVCache, missing or misshapen
+scales and zeros) before anything is written.
 """
 import numpy as np
 import pytest
 
 import attn
 import attn._kvcache as _kv
+from oracle import reference, tolerance_failure
 
 try:
     import torch
@@ -446,3 +454,190 @@ def test_mha_decode_fp8_cache(rng, paged):
     with pytest.raises(ValueError, match="only an fp8 cache"):
         attn.KVCache(np.zeros((B, L, HKV, Dh), np.float32), np.zeros((B, L, HKV, Dh),
                                                                       np.float32), k_scale=1.0)
+
+
+# ---- u4 (KIVI): keys per channel, values per token, scales and zeros outside ------------
+def _u4_codes(b):
+    """The codes of u4 bytes [..., D / 2]: element i is the low nibble of byte i / 2 when i
+    is even, the high nibble when odd (the documented format, decoded by hand)."""
+    c = np.empty(b.shape[:-1] + (b.shape[-1] * 2,), np.uint8)
+    c[..., 0::2], c[..., 1::2] = b & 15, b >> 4
+    return c
+
+
+def _u4_decode(b, scale, zero, kind, group=32):
+    """float32 values [B, L, H, D] of u4 bytes [B, L, H, D / 2] with attn-order scales and
+    zeros ([B, H, ceil(L / G), D] keys, [B, H, L, D / 32] values): fmaf(c, scale, zero),
+    computed in float64 (c * scale exact, the sum exact here) and rounded once."""
+    c = _u4_codes(b).astype(np.float64)               # [B, L, H, D]
+    s = np.asarray(scale, np.float32).astype(np.float64).transpose(0, 2, 1, 3)
+    z = np.asarray(zero, np.float32).astype(np.float64).transpose(0, 2, 1, 3)
+    if kind == "keys":
+        rows = np.arange(c.shape[1]) // (group or 32)
+        s, z = s[:, rows], z[:, rows]                  # [B, L, H, D]
+    else:
+        s, z = np.repeat(s, 32, -1), np.repeat(z, 32, -1)
+    return (c * s + z).astype(np.float32)
+
+
+LU4 = 40  # a partial last key group for G = 16 and 32
+
+
+def _u4_case(rng, group):
+    k = rng.standard_normal((B, LU4, HKV, D)).astype(np.float32)
+    k[..., 5] *= 20  # an outlier channel: per-channel keys keep their own range
+    v = rng.standard_normal((B, LU4, HKV, D)).astype(np.float32)
+    kb, ks, kz = attn.quantize_kv_u4(k, "keys", group)
+    vb, vs, vz = attn.quantize_kv_u4(v, "values")
+    return k, v, (kb, ks, kz), (vb, vs, vz)
+
+
+def _bhld(x):  # [B, L, H, D] -> [B, H, L, D]
+    return np.ascontiguousarray(np.transpose(x, (0, 2, 1, 3)))
+
+
+@pytest.mark.parametrize("group", [0, 16, 32, 7])
+def test_quantize_kv_u4(rng, group):
+    k, v, (kb, ks, kz), (vb, vs, vz) = _u4_case(rng, group)
+    ng = -(-LU4 // (group or 32))
+    assert kb.dtype == np.uint8 and kb.shape == (B, LU4, HKV, D // 2)
+    assert ks.dtype == kz.dtype == np.float32 and ks.shape == kz.shape == (B, HKV, ng, D)
+    assert vs.shape == vz.shape == (B, HKV, LU4, D // 32)
+    kf, vf = _u4_decode(kb, ks, kz, "keys", group), _u4_decode(vb, vs, vz, "values")
+    # the library's dequantizer gives the hand decoding, bit for bit
+    np.testing.assert_array_equal(attn.dequantize_kv_u4(kb, ks, kz, "keys", group), kf)
+    np.testing.assert_array_equal(attn.dequantize_kv_u4(vb, vs, vz, "values"), vf)
+    # zero is each set's least value; within half a step (plus a few ulps) of x
+    rows = np.arange(LU4) // (group or 32)
+    kmin = np.stack([k[:, rows == g].min(1) for g in range(ng)], 2)  # [B, H, ng, D]
+    np.testing.assert_array_equal(kz, kmin)
+    np.testing.assert_array_equal(vz, _bhld(v.reshape(B, LU4, HKV, D // 32, 32).min(-1)))
+    ksx = _bhld(ks.transpose(0, 2, 1, 3)[:, rows])
+    assert (np.abs(kf - k) <= _bhld(ksx) * 0.5 + 1e-5 * np.abs(k).max()).all()
+    assert (np.abs(vf - v) <= np.repeat(_bhld(vs), 32, -1) * 0.5 + 1e-5 * 4).all()
+
+
+@pytest.mark.parametrize("lq", [16, 1])
+@pytest.mark.parametrize("group", [0, 16])
+def test_u4_attention_against_oracle(rng, lq, group):
+    """attention_with_kvcache over the u4 cache = float64 attention over the values the
+    format defines (decoded here by hand), at the contract's float32 tolerance; a flipped
+    nibble in the reference copy is caught."""
+    k, v, (kb, ks, kz), (vb, vs, vz) = _u4_case(rng, group)
+    q = rng.standard_normal((B, lq, HQ, D)).astype(np.float32)
+    lens = np.array([LU4, 27], np.int32)
+    kw = dict(cache_seqlens=lens, causal=True, return_softmax_lse=True)
+    o, lse = attn.attention_with_kvcache(q, kb, vb, cache_dtype="u4", k_scale=ks, v_scale=vs,
+                                         k_zero=kz, v_zero=vz, kv_group=group, **kw)
+    kf, vf = _u4_decode(kb, ks, kz, "keys", group), _u4_decode(vb, vs, vz, "values")
+
+    def oracle(kf, vf):
+        return reference(_bhld(q).astype(np.float64), _bhld(kf).astype(np.float64),
+                         _bhld(vf).astype(np.float64), causal=True, gqa=True,
+                         align="bottom-right", kv_len=lens)
+    ref_o, ref_l, _ = oracle(kf, vf)
+    assert np.isfinite(o).all()
+    assert tolerance_failure(_bhld(o), ref_o) is None, tolerance_failure(_bhld(o), ref_o)
+    assert tolerance_failure(lse, ref_l) is None, tolerance_failure(lse, ref_l)
+    # the same call over a float32 cache of those values: the same rule, close
+    o32, lse32 = attn.attention_with_kvcache(q, kf, vf, **kw)
+    np.testing.assert_allclose(o, o32, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lse, lse32, rtol=1e-6, atol=1e-6)
+    # planted errors: one nibble flipped in the reference copy (a value in a key every
+    # row sees; a key code) must fail the comparison
+    for which in ("v", "k"):
+        bad = (vb if which == "v" else kb).copy()
+        bad[1, 0, 1, 0] ^= 0x08  # element 0's code +-8 (kv head 1, key 0, sequence 1)
+        bk = _u4_decode(bad, ks, kz, "keys", group) if which == "k" else kf
+        bv = _u4_decode(bad, vs, vz, "values") if which == "v" else vf
+        assert tolerance_failure(_bhld(o), oracle(bk, bv)[0]) is not None, which
+
+
+@needs_torch
+def test_u4_torch(rng):
+    k, v, (kb, ks, kz), (vb, vs, vz) = _u4_case(rng, 16)
+    kt, vt = torch.from_numpy(k), torch.from_numpy(v)
+    tkb, tks, tkz = attn.quantize_kv_u4(kt, "keys", 16)
+    tvb, tvs, tvz = attn.quantize_kv_u4(vt, kind="values")
+    assert isinstance(tkb, torch.Tensor) and tkb.dtype == torch.uint8
+    for a, b in ((tkb, kb), (tks, ks), (tkz, kz), (tvb, vb), (tvs, vs), (tvz, vz)):
+        np.testing.assert_array_equal(a.numpy(), b)
+    q = rng.standard_normal((B, 3, HQ, D)).astype(np.float32)
+    lens = np.array([LU4, 27], np.int32)
+    o = attn.attention_with_kvcache(torch.from_numpy(q), tkb, tvb,
+                                    cache_seqlens=torch.from_numpy(lens), cache_dtype="u4",
+                                    k_scale=tks, v_scale=tvs, k_zero=tkz, v_zero=tvz,
+                                    kv_group=16)
+    o_np = attn.attention_with_kvcache(q, kb, vb, cache_seqlens=lens, cache_dtype="u4",
+                                       k_scale=ks, v_scale=vs, k_zero=kz, v_zero=vz,
+                                       kv_group=16)
+    assert isinstance(o, torch.Tensor)
+    np.testing.assert_array_equal(o.numpy(), o_np)
+    np.testing.assert_array_equal(attn.dequantize_kv_u4(tkb, tks, tkz, "keys", 16).numpy(),
+                                  _u4_decode(kb, ks, kz, "keys", 16))
+    # a bfloat16 query over the u4 cache
+    ob = attn.attention_with_kvcache(torch.from_numpy(q).bfloat16(), tkb, tvb,
+                                     cache_seqlens=torch.from_numpy(lens), cache_dtype="u4",
+                                     k_scale=tks, v_scale=tvs, k_zero=tkz, v_zero=tvz,
+                                     kv_group=16)
+    assert ob.dtype == torch.bfloat16 and torch.isfinite(ob.float()).all()
+
+
+def test_u4_refusals(rng):
+    k, v, (kb, ks, kz), (vb, vs, vz) = _u4_case(rng, 32)
+    q = rng.standard_normal((B, 1, HQ, D)).astype(np.float32)
+    lens = np.array([LU4, 27], np.int32)
+    u4 = dict(cache_dtype="u4", k_scale=ks, v_scale=vs, k_zero=kz, v_zero=vz)
+
+    def refused(exc, match, *a, **over):
+        args = dict(q=q, k_cache=kb, v_cache=vb, cache_seqlens=lens, **u4)
+        args.update(over)
+        before = (kb.copy(), vb.copy())
+        with pytest.raises(exc, match=match):
+            attn.attention_with_kvcache(**args)
+        np.testing.assert_array_equal(kb, before[0])
+        np.testing.assert_array_equal(vb, before[1])
+
+    table = np.arange(B * (LU4 // 8), dtype=np.int32).reshape(B, -1)
+    pool = lambda x: x.reshape(B * (LU4 // 8), 8, HKV, -1)  # noqa: E731
+    refused(NotImplementedError, "paged.*C library refuses", k_cache=pool(kb),
+            v_cache=pool(vb), block_table=table)
+    refused(NotImplementedError, "new rows.*C library refuses",
+            k=np.ones((B, 1, HKV, D), np.float32), v=np.ones((B, 1, HKV, D), np.float32))
+    refused(NotImplementedError, "return_key_scores", return_key_scores=True)
+    for name in ("k_zero", "v_zero", "k_scale", "v_scale"):
+        refused(ValueError, "missing %s" % name, **{name: None})
+    refused(ValueError, r"k_scale: expected shape \(2, 2, 2, 64\)", k_scale=vs)
+    refused(ValueError, r"v_zero: expected shape \(2, 2, 40, 2\)", v_zero=vz[:, :, :4])
+    refused(ValueError, "kv_group", kv_group=-1)
+    refused(ValueError, r"k_scale: expected shape \(2, 2, 3, 64\)", kv_group=16)  # G != 32
+    refused(ValueError, "multiple of 16", k_cache=kb[..., :24], v_cache=vb[..., :24])
+    bad_s = ks.copy()
+    bad_s[0, 0, 0, 0] = 0.0
+    refused(ValueError, "attention_with_kvcache", k_scale=bad_s)  # the C library's check
+    bad_z = vz.copy()
+    bad_z[0, 0, 0, 0] = np.nan
+    refused(ValueError, "attention_with_kvcache", v_zero=bad_z)
+    # k_zero, v_zero, kv_group with another cache dtype
+    qb, _, _, _ = _setup(rng, "q8_0", False)
+    for over in (dict(k_zero=kz), dict(v_zero=vz), dict(kv_group=32)):
+        with pytest.raises(ValueError, match="only a u4 cache"):
+            attn.attention_with_kvcache(q, qb, qb.copy(), cache_seqlens=lens,
+                                        cache_dtype="q8_0", **over)
+    # the other calls the C library refuses u4 in
+    with pytest.raises(NotImplementedError, match="C library refuses"):
+        attn.varlen_attention_with_kvcache(q[:, 0], pool(kb), pool(vb),
+                                           np.array([0, 1, 2], np.int32), lens, table, 1, LU4,
+                                           cache_dtype="u4", k_scale=ks, v_scale=vs)
+    with pytest.raises(NotImplementedError, match="C library refuses"):
+        attn.KVCache(kb.copy(), vb.copy(), cache_dtype="u4")
+    with pytest.raises(ValueError, match="quantize_kv_u4"):
+        attn.quantize_kv(k, "u4")
+    bad = k.copy()
+    bad[0, 3, 1, 7] = np.inf
+    with pytest.raises(ValueError, match="quantize_kv_u4"):
+        attn.quantize_kv_u4(bad, "keys")
+    with pytest.raises(ValueError, match="kind"):
+        attn.quantize_kv_u4(k, "rows")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        attn.quantize_kv_u4(k[..., :48], "values")
