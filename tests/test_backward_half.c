@@ -204,7 +204,48 @@ static void run_case(const bcase *c, attn_dtype t) {
     free(xq), free(xk), free(xv), free(xdo), free(rdq), free(rdk), free(rdv), free(keep), free(mask);
 }
 
+/* The backward given the 16-bit O (which it recomputes in float32) against the backward
+ * given the forward's own float32 O (what attn's Python autograd keeps): the same dQ, dK,
+ * dV and d_sinks bit for bit, on every kernel (a recomputation on float32 copies of Q, K,
+ * V ran float32 tiles where the 16-bit forward ran bf16 dot products: another last bit of
+ * d_sinks on avx512bf16). With a bias and sinks, as test_compile.py's bf16 case. */
+static uint16_t to16(attn_dtype t, float x) {
+    return t == ATTN_BF16 ? attn_f32_to_bf16(x) : attn_f32_to_f16(x);
+}
+
+static void same_o_either_way(attn_dtype t) {
+    enum { B = 2, H = 4, L = 9, D = 16, N = B * H * L * D };
+    uint16_t q[N], k[N], v[N], o16[N], d_o[N], g[2][3][N];
+    float o32[N], lse[B * H * L], bias[H * L * L], sinks[H] = {0.4f, -0.7f, 1.1f, 0.05f}, ds[2][H];
+    for (int i = 0; i < N; i++) {
+        q[i] = to16(t, 2 * sym()), k[i] = to16(t, 2 * sym());
+        v[i] = to16(t, 2 * sym()), d_o[i] = to16(t, sym());
+    }
+    for (int i = 0; i < H * L * L; i++) bias[i] = sym();
+    const attn_tensor tq = attn_tensor_4d(q, t, B, H, L, D), tk = attn_tensor_4d(k, t, B, H, L, D),
+                      tv = attn_tensor_4d(v, t, B, H, L, D), tdo = attn_tensor_4d(d_o, t, B, H, L, D),
+                      to16 = attn_tensor_4d(o16, t, B, H, L, D), to32 = attn_tensor_4d(o32, ATTN_F32, B, H, L, D),
+                      tl = attn_tensor_4d(lse, ATTN_F32, B, H, L, 1), tb = attn_tensor_4d(bias, ATTN_F32, 1, H, L, L),
+                      ts = attn_tensor_4d(sinks, ATTN_F32, H, 1, 1, 1);
+    attn_options fo = {.scale = 0.3f, .bias = &tb, .sinks = &ts, .lse = &tl};
+    CHECK(attn_forward(&tq, &tk, &tv, &to32, &fo) == ATTN_OK && attn_forward(&tq, &tk, &tv, &to16, &fo) == ATTN_OK,
+          "%s: forward: %s", attn_dtype_name(t), attn_last_error());
+    for (int w = 0; w < 2; w++) {
+        const attn_tensor tds = attn_tensor_4d(ds[w], ATTN_F32, H, 1, 1, 1);
+        const attn_tensor tg[3] = {attn_tensor_4d(g[w][0], t, B, H, L, D), attn_tensor_4d(g[w][1], t, B, H, L, D),
+                                   attn_tensor_4d(g[w][2], t, B, H, L, D)};
+        attn_options bo = {.scale = 0.3f, .bias = &tb, .sinks = &ts, .d_sinks = &tds};
+        CHECK(attn_backward(&tq, &tk, &tv, w ? &to16 : &to32, &tdo, &tl, &tg[0], &tg[1], &tg[2], &bo) == ATTN_OK,
+              "%s: backward: %s", attn_dtype_name(t), attn_last_error());
+    }
+    CHECK(memcmp(g[0], g[1], sizeof g[0]) == 0 && memcmp(ds[0], ds[1], sizeof ds[0]) == 0,
+          "%s: the backward given the 16-bit O differs from the one given the float32 O (d_sinks %.9g vs %.9g)",
+          attn_dtype_name(t), (double)ds[1][0], (double)ds[0][0]);
+}
+
 int main(void) {
+    same_o_either_way(ATTN_F16);
+    same_o_either_way(ATTN_BF16);
     static const bcase cases[] = {
         {1, 1, 1, 1, 1, 8, 8, false, false},
         {1, 2, 2, 17, 17, 16, 16, true, false},

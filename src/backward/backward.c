@@ -168,8 +168,12 @@ static size_t bwd_workspace(const attn_bwd_params *bp) {
  * Lq x Lk. The LSE stays float32, as the forward writes it.
  * A 16-bit O is not used: the backward's row sums D = dO · O would inherit its rounding,
  * which can dominate dQ and dK where they are small next to |dO| |O| (several times the
- * error of a naive 16-bit backward). O and its LSE are recomputed in float32 from the
- * float32 copies instead (one forward pass; its workspace is allocated by that call). */
+ * error of a naive 16-bit backward). O and its LSE are recomputed instead, by the forward
+ * on the 16-bit Q, K, V themselves with a float32 output: the very float32 O (before its
+ * rounding) and LSE the caller's forward computed, on every kernel (a forward on the
+ * float32 copies would take float32 tiles where the 16-bit call took bf16 dot products:
+ * other last bits, so the gradients would depend on which O the caller kept). One forward
+ * pass; its workspace is allocated by that call. */
 enum { H_Q, H_K, H_V, H_O, H_DO, H_DQ, H_DK, H_DV, H_N };
 
 static bool is_half(const attn_tensor *t) {
@@ -256,7 +260,7 @@ static attn_status backward_half(const attn_tensor *const t[H_N], const attn_ten
         f.d_sinks = NULL;  // the backward's outputs
         f.d_bias = NULL;
         f.lse = &dense[H_N];
-        st = ai_forward_piece(&dense[H_Q], &dense[H_K], &dense[H_V], &dense[H_O], &f, drop);
+        st = ai_forward_piece(t[H_Q], t[H_K], t[H_V], &dense[H_O], &f, drop);
         lse_used = &dense[H_N];
     }
     o.workspace = inner ? base + copies : NULL;
