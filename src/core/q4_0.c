@@ -1,8 +1,9 @@
 /*
  * q4_0.c — the q4_0 cache dtype's blocks: the quantization a cache append (or
  *          attn_quantize_q4_0) does once, and the portable dequantization attention and
- *          users read it back with. The tensor-level calls share q8_0.c's
- *          ai_block_quantize / ai_block_dequantize; the layout rule is core.c's.
+ *          users read it back with. The tensor-level calls (attn_quantize_q4_0,
+ *          attn_dequantize_q4_0) are q8_0.c's, which walks the tensors for both block
+ *          dtypes with this file's block functions; the layout rule is core.c's.
  *
  * The format is llama.cpp's block_q4_0, byte for byte (attn.h): 18 bytes a block, the
  * float16 scale d little-endian in bytes 0-1, then 16 bytes qs; element i < 16 is the low
@@ -69,12 +70,4 @@ int64_t ai_q4_0_row_check(const float *x, int64_t xs, int64_t n) {
         if (isinf(attn_f16_to_f32(attn_f32_to_f16(block_scale(buf))))) return c;
     }
     return -1;
-}
-
-attn_status attn_quantize_q4_0(const attn_tensor *src, const attn_tensor *dst) {
-    return ai_block_quantize(ATTN_Q4_0, src, dst);
-}
-
-attn_status attn_dequantize_q4_0(const attn_tensor *src, const attn_tensor *dst) {
-    return ai_block_dequantize(ATTN_Q4_0, src, dst);
 }

@@ -7,7 +7,8 @@
  * float16 scale d little-endian in bytes 0-1, then 32 int8 qs; value = d * qs[i], exact
  * in float32 (an 11-bit by 8-bit product). Written here from that description, not
  * copied. The tensor conversions (ai_block_quantize, ai_block_dequantize) serve q4_0
- * too (q4_0.c has its blocks). What is not here: reading q8_0 inside attention (fused.c's
+ * too, and its public calls are here (q4_0.c has its blocks and calls nothing here). What
+ * is not here: reading q8_0 inside attention (fused.c's
  * kv_block, the kernels' dequant_q8_0 entry, half.h's attn_load for the reference).
  */
 #include <math.h>
@@ -161,4 +162,12 @@ attn_status attn_quantize_q8_0(const attn_tensor *src, const attn_tensor *dst) {
 
 attn_status attn_dequantize_q8_0(const attn_tensor *src, const attn_tensor *dst) {
     return ai_block_dequantize(ATTN_Q8_0, src, dst);
+}
+
+attn_status attn_quantize_q4_0(const attn_tensor *src, const attn_tensor *dst) {
+    return ai_block_quantize(ATTN_Q4_0, src, dst);
+}
+
+attn_status attn_dequantize_q4_0(const attn_tensor *src, const attn_tensor *dst) {
+    return ai_block_dequantize(ATTN_Q4_0, src, dst);
 }
