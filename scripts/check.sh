@@ -228,9 +228,9 @@ if [ "${ATTN_CHECK_SANITIZE:-1}" != 0 ]; then
     if timed "build asan+ubsan" make -s -j"$jobs" BUILD=build-san OPT=-O1 SAN="$san" test-bins build-san/attn; then
         export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
         export UBSAN_OPTIONS=print_stacktrace=1
-        # the case matrices one case in 3 under the sanitizers (every code path they reach
+        # the case matrices one case in 4 under the sanitizers (every code path they reach
         # still runs; the full matrices run in the plain build): `make check` in 20 minutes
-        export ATTN_TEST_EVERY=3
+        export ATTN_TEST_EVERY=4
         run_all build-san "asan+ubsan "
         unset ATTN_TEST_EVERY
     else

@@ -92,7 +92,7 @@ if [ "${ATTN_CHECK_FUZZ:-1}" != 0 ]; then
         if timed "build fuzz" make -s -j"$jobs" fuzz-build >/dev/null; then
             for f in fuzz/fuzz_*.c; do
                 h=$(basename "$f" .c)
-                run_suite "fuzz $h" bash scripts/fuzz.sh "${ATTN_CHECK_FUZZ_TIME:-20}" build-fuzz "$h"
+                run_suite "fuzz $h" bash scripts/fuzz.sh "${ATTN_CHECK_FUZZ_TIME:-10}" build-fuzz "$h"
             done
         else
             echo "fuzz build failed: counted as 1 failure"
