@@ -218,6 +218,9 @@ typedef struct attn_params {
      * 1; stride 0 = one for every key/value head */
     const float *k_scale, *v_scale;
     int64_t k_scale_s, v_scale_s;
+    /* every head's e4m3 scales at most 2^100, so 2^8 times each is finite (params.c; true
+     * for the other dtypes): a decoding step may fold e4m3's 2^8 into them */
+    bool kv_scale_folds;
     /* a u4 cache's scales and zeros (kv_dt ATTN_U4; NULL otherwise), [0] the keys'
      * (B, Hkv, ceil(Lk / u4_group), Dk), [1] the values' (B, Hkv, Lk, Dv / 32), read
      * through ai_u4_row; u4_group the keys of a key group */

@@ -59,24 +59,13 @@ int64_t fused_kv_segment(const attn_params *p, int64_t j, int64_t nk) {
  * 4 rows a call, so a block of up to ATTN_DECODE_MAX_ROWS rows (the query heads of a GQA
  * group) takes several calls on each clean tile, the tile then in the cache for all but
  * the first. */
-/* Whether each key/value head's e4m3 scales times 2^8 are finite: a step may multiply an
- * e4m3 byte's x / 2^8 by 2^8 · scale in one go (exact then). Scales above 2^100 (whose
- * values overflow float32 but for the smallest codes) take the tile path. */
-static bool e4m3_scales_fold(const attn_params *p) {
-    for (int64_t g = 0; g < p->Hkv; g++)
-        if (attn_kv_scale(p->k_scale, p->k_scale_s, g) > 0x1p100f ||
-            attn_kv_scale(p->v_scale, p->v_scale_s, g) > 0x1p100f)
-            return false;
-    return true;
-}
-
 bool fused_takes_decode(const attn_params *p, const attn_kernels *kern, int64_t n) {
     /* q8_0, q4_0 and fp8 (with its scales or without) where the kernel's step reads them;
      * else (u4 always) the tile path (kv_block dequantizes) */
     return kern->decode && kern->decode_qk && n <= ATTN_DECODE_MAX_ROWS &&
            (p->kv_dt != ATTN_Q8_0 || kern->decode_q8_0) &&
            (!attn_is_fp8(p->kv_dt) || kern->decode_fp8) &&
-           (p->kv_dt != ATTN_FP8_E4M3 || e4m3_scales_fold(p)) &&
+           p->kv_scale_folds &&  // e4m3 scales above 2^100: the tiles (params.c)
            (p->kv_dt != ATTN_Q4_0 || kern->decode_q4_0) &&
            p->kv_dt != ATTN_U4 &&  // no kernel's step reads u4: its scales are per key
            !attn_has_elementwise(p) &&

@@ -143,6 +143,11 @@ static attn_status fill_tensors(attn_params *p, const attn_tensor *q, const attn
         p->k_scale_s = p->v_scale_s = 0;
     }
     TRY(ai_u4_fill(p, opt, need_data));
+    p->kv_scale_folds = true;
+    for (int64_t g = 0; need_data && p->kv_dt == ATTN_FP8_E4M3 && g < p->Hkv; g++)
+        if (attn_kv_scale(p->k_scale, p->k_scale_s, g) > 0x1p100f ||
+            attn_kv_scale(p->v_scale, p->v_scale_s, g) > 0x1p100f)
+            p->kv_scale_folds = false;
 
     p->q = ai_view_data(q, p->q_s, 4);
     p->k = ai_view_data(k, p->k_s, 4);
