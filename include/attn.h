@@ -901,9 +901,8 @@ ATTN_API attn_status attn_mha_decode(const attn_mha *m, const attn_tensor *x,
  * else ~/.cache/attn/wisdom. The static choice is always a candidate and is kept unless
  * another is 3% faster. A file made on another CPU or version, or one that does not
  * parse, is ignored whole with one line on stderr; ATTN_TUNE=0 ignores any file;
- * ATTN_TUNE=auto, when there is no file at the default path, runs the quick tune at the
- * first call that reads the wisdom, writes the file there and uses it (an existing file
- * is never rewritten); ATTN_ISA set means no wisdom is used. A configuration never depends on the thread count: for a
+ * ATTN_TUNE=auto asks attn_tune_auto (below) for the quick tune when there is no file;
+ * ATTN_ISA set means no wisdom is used. A configuration never depends on the thread count: for a
  * given wisdom, results are the same bits for any number of threads (docs/CONTRACT.md,
  * "Wisdom"); between wisdoms the last bits may differ. docs/KERNELS.md, "Tuner". */
 typedef struct attn_tune_options {
@@ -923,6 +922,17 @@ ATTN_API attn_status attn_tune(const attn_tune_options *opt);
  * ATTN_OK, or ATTN_ERR_IO (cannot be opened) or ATTN_ERR_VALUE (another CPU or version,
  * a line that does not parse), with the line and the reason in attn_last_error(). */
 ATTN_API attn_status attn_tune_check(const char *path);
+
+/* ATTN_TUNE=auto's step, run once a process (later calls return the first's status): when
+ * the variable is "auto" and no file is at the default path, the quick tune (as attn_tune
+ * with quick) writes one there, with one line on stderr, which then takes effect at the
+ * process's first attention call (an existing file is never rewritten). Any other value,
+ * or a file there: nothing, ATTN_OK. An attention call never tunes by itself: the attn
+ * command runs this before its subcommand (not `attn tune`), the Python package when it
+ * is imported; a C program calls it before its first attention call (after one, the file
+ * takes effect in the next process). The error of attn_tune when the tuning fails (also
+ * said on stderr; the calls then keep the static choices). */
+ATTN_API attn_status attn_tune_auto(void);
 
 #ifdef __cplusplus
 }

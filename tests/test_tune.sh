@@ -2,7 +2,7 @@
 # test_tune.sh — `attn tune` (tools/attn/cli_tune.c) through its files and exit codes:
 #                one quick tune into a fresh folder, its file's shape, --show on it and on
 #                a foreign copy, and each refusal (exit 2 for usage, 1 for a file, one
-#                line on stderr, no file left behind); ATTN_TUNE=auto's tune at first use.
+#                line on stderr, no file left behind); ATTN_TUNE=auto's tune at the command's start.
 #
 # Usage: bash tests/test_tune.sh [path/to/attn]      (default build/attn)
 #
@@ -85,11 +85,11 @@ check "--show of a foreign file exits 1" "$([ $? = 1 ] && echo 0 || echo 1)"
 grep -q "would ignore it: .*line 2" out.txt
 check "--show says why it would be ignored" $?
 
-# ATTN_TUNE=auto: the first fused call (attn demo's) of a process that finds no file at the
-# default path runs the quick tune, writes the file (its folder made) and says so once; a
-# second process reads it and tunes nothing; a corrupt file is warned about and left as it
-# is; ATTN_ISA set: one warning, no file. `timeout`: a tuner call that waited on the
-# loading's pthread_once would hang here.
+# ATTN_TUNE=auto: `attn demo` in a process that finds no file at the default path runs the
+# quick tune before its subcommand (attn_tune_auto), writes the file (its folder made) and
+# says so once; a second process reads it and tunes nothing; a corrupt file is warned
+# about and left as it is; ATTN_ISA set: one warning, no file. `timeout`: a tune that
+# waited on a pthread_once of its own would hang here.
 # auto_run DIR [VAR=VALUE...]: attn demo under ATTN_TUNE=auto with XDG_CACHE_HOME=DIR
 auto_run() {
     local dir=$1

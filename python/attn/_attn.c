@@ -111,8 +111,11 @@ static struct PyModuleDef module = {
 };
 
 /* OPTIONS_SIZE: sizeof(attn_options), for the ctypes mirror of the struct (_additive.py),
- * which a test holds to it so that a field added in attn.h cannot be read past its end */
+ * which a test holds to it so that a field added in attn.h cannot be read past its end.
+ * ATTN_TUNE=auto: the quick tune at import when no wisdom file is there (attn_tune_auto;
+ * its failure is one line on stderr, the calls keep the static choices). */
 PyMODINIT_FUNC PyInit__attn(void) {
+    (void)attn_tune_auto();
     PyObject *m = PyModule_Create(&module);
     if (m && PyModule_AddIntConstant(m, "OPTIONS_SIZE", (long)sizeof(attn_options)) != 0) {
         Py_DECREF(m);

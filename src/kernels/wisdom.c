@@ -1,9 +1,9 @@
 /*
  * wisdom.c — the wisdom file (wisdom.h): the shape class of a call, the file's lines
- *            parsed and written, and the process's wisdom loaded once (under
- *            ATTN_TUNE=auto, tuned first when there is no file: auto_tune).
+ *            parsed and written, and the process's wisdom loaded once.
  *
- * What it is not: the tuner that measures and writes the file (tune.c), nor what a
+ * What it is not: the tuner that measures and writes the file (tune.c), nor ATTN_TUNE=auto's
+ * tuning (tune/auto.c: the program asks for it, a call never does), nor what a
  * configuration does (fused_geom.c takes bq and bk, fused.c the split, params.c the
  * kernel).
  *
@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/half.h"
 #include "wisdom.h"
@@ -277,61 +276,26 @@ static bool env_on(const char *name) {
     return s && *s && strcmp(s, "0") != 0;
 }
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* ATTN_TUNE=auto without a file at path (NULL: none can be named): the quick tune, as
- * `attn tune --quick`, written at path (attn_tune makes its folders and renames a
- * temporary file onto it). true when written; false after one line on stderr. Runs under
- * g_once: the tuner's calls are forced (ai_forward_forced, ai_backward_forced), none of
- * them reads the wisdom, so none waits on the once that is running them. */
-static bool auto_tune(const char *path, double *seconds) {
-    const double t0 = now_s();
-    const attn_tune_options opt = {.quick = true, .out = path};
-    const attn_status st = path ? attn_tune(&opt)
-                                : ai_fail(ATTN_ERR_VALUE, "no wisdom path: none of "
-                                          "ATTN_WISDOM, XDG_CACHE_HOME, HOME is set");
-    *seconds = now_s() - t0;
-    if (st != ATTN_OK)
-        fprintf(stderr, "attn: ATTN_TUNE=auto: not tuned, the static choices: %s\n",
-                attn_last_error());
-    (void)ai_ok();  // the caller's call goes on: no detail left from the tuner
-    return st == ATTN_OK;
-}
-
 static void load(void) {
     const char *tune = getenv("ATTN_TUNE"), *isa = getenv("ATTN_ISA");
     g_forced_isa = isa && *isa;
     if (tune && strcmp(tune, "0") == 0) return;
-    const bool autotune = tune && strcmp(tune, "auto") == 0;
     char path[4096], why[512];
-    double seconds = -1.0;  // >= 0: this process tuned and wrote the file
-    if (!ai_wisdom_default_path(path, sizeof path)) {
-        if (autotune) auto_tune(NULL, &seconds);
-        return;
-    }
+    if (!ai_wisdom_default_path(path, sizeof path)) return;
     FILE *probe = fopen(path, "r");
-    if (!probe && errno == ENOENT) {  // no file: the static choices, silently; or auto
-        if (!autotune || !auto_tune(path, &seconds)) return;
-    } else if (probe) {
-        fclose(probe);
-    }
+    if (!probe && errno == ENOENT) return;  // no file: the static choices, silently
+    if (probe) fclose(probe);
     if (ai_wisdom_parse(path, &g_wisdom, why, sizeof why) != ATTN_OK) {
         fprintf(stderr, "attn: wisdom %s ignored: %s\n", path, why);
         return;
     }
     g_loaded = true;
-    int n = 0;
-    for (int i = 0; i < ATTN_TUNE_CLASSES; i++) n += g_wisdom.has[i];
-    if (seconds >= 0.0)
-        fprintf(stderr, "attn: ATTN_TUNE=auto: tuned %d classes in %.1f s, wrote %s\n", n,
-                seconds, path);
-    if (env_on("ATTN_VERBOSE"))
+    if (env_on("ATTN_VERBOSE")) {
+        int n = 0;
+        for (int i = 0; i < ATTN_TUNE_CLASSES; i++) n += g_wisdom.has[i];
         fprintf(stderr, "attn: wisdom %s: %d classes%s\n", path, n,
                 g_forced_isa ? " (not used: ATTN_ISA is set)" : "");
+    }
 }
 
 const attn_wisdom *ai_wisdom_get(void) {

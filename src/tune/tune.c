@@ -5,7 +5,7 @@
  *
  * What it is not: the reader of the file (wisdom.c), nor anything a call does at run
  * time: a call takes a configuration from the file, never from a clock (ATTN_TUNE=auto
- * runs attn_tune once, before the first call reads the file it wrote: wisdom.c).
+ * runs attn_tune once, before the first call reads the file it wrote: auto.c).
  *
  * Per class, one representative call (class_case) and three rounds of candidates, each
  * timed as interleaved medians (the candidates take turns, so that a slow spell of a

@@ -50,7 +50,12 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     for (int i = 0; i < N_COMMANDS; i++)
-        if (strcmp(cmd, COMMANDS[i].name) == 0) return COMMANDS[i].run(argc - 1, argv + 1);
+        if (strcmp(cmd, COMMANDS[i].name) == 0) {
+            /* ATTN_TUNE=auto: the quick tune before the first call reads the wisdom; `attn
+             * tune` measures and writes a file itself */
+            if (COMMANDS[i].run != cli_tune) (void)attn_tune_auto();
+            return COMMANDS[i].run(argc - 1, argv + 1);
+        }
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         usage();
         return 0;
