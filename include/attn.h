@@ -906,7 +906,7 @@ ATTN_API attn_status attn_mha_decode(const attn_mha *m, const attn_tensor *x,
  * given wisdom, results are the same bits for any number of threads (docs/CONTRACT.md,
  * "Wisdom"); between wisdoms the last bits may differ. docs/KERNELS.md, "Tuner". */
 typedef struct attn_tune_options {
-    bool quick;        /* the common classes only, shorter timings (about 10 s on 2 cores) */
+    bool quick;        /* the common classes only, shorter timings (docs/KERNELS.md)     */
     const char *out;   /* the file written (atomically); NULL = the default path above    */
     int32_t threads;   /* the threads of the timed calls; 0 = OpenMP's default             */
     bool verbose;      /* a line on stderr per class as it is decided                      */

@@ -28,7 +28,7 @@ static const char USAGE[] =
     "  Times the fused path's candidate configurations (kernel, block sizes, decoding\n"
     "  split) for each shape class on this machine and writes the winners to a wisdom\n"
     "  file that later processes read (docs/KERNELS.md, \"Tuner\").\n"
-    "  --quick     the common classes only (about 10 s on 2 cores; the full list under a minute)\n"
+    "  --quick     the common classes only (the full list takes a few times longer: docs/KERNELS.md)\n"
     "  --out FILE  the file to write (default: $ATTN_WISDOM, else $XDG_CACHE_HOME/attn/wisdom,\n"
     "              else ~/.cache/attn/wisdom)\n"
     "  --threads N the threads of the timed calls (default: OpenMP's)\n"
