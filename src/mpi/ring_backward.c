@@ -157,6 +157,94 @@ static void store_dq(const ring_call *rc, const float *dq_acc, const attn_tensor
                                dq_acc[((b * rc->Hq + h) * rc->lq_r + i) * rc->Dk + d]);
 }
 
+/* The messages of the travelling sums in flight: the sends from acc[x] (the ring's, and
+ * process 0's late one home) pending until acc[x] is reused, the next step's incoming
+ * sums, and this process's late chunk's sums coming home from process 0. */
+typedef struct bwd_flow {
+    MPI_Request acc_send[2][2], acc_recv, late_recv;
+    int n_acc_send[2];
+} bwd_flow;
+
+/* After step s: the block's sums, incoming (none at step 0) + this process's, sent on to
+ * r - 1 (the late chunk's, at process 0, home), and the next step's incoming posted. */
+static void pass_sums(const ring_call *rc, int s, const bwd_mem *m, bwd_flow *f,
+                      attn_ring_stats *stats) {
+    const int P = rc->P, r = rc->r, to = (r + P - 1) % P, from = (r + 1) % P;
+    const int src = (r + s) % P;
+    const size_t held = ring_block_bytes(rc, src, 4, ring_needs_late(rc, r, s));
+    float *sums = m->acc[s % 2];
+    if (s == 0) {
+        memcpy(sums, m->mine, held);
+    } else {
+        ring_wait(&f->acc_recv, 1, stats);
+        add_into(sums, m->mine, (int64_t)(held / 4));
+    }
+    if (P > 1) {
+        const bool late_on = ring_needs_late(rc, to, s + 1) && s + 1 < P;
+        ring_isend(rc, sums, ring_block_bytes(rc, src, 4, late_on), to, RING_TAG_ACC,
+                   &f->acc_send[s % 2][0], stats);
+        f->n_acc_send[s % 2] = 1;
+        if (r == 0 && rc->chunks == 2) {  // the late chunk's last user: its sums go home
+            const size_t early = ring_block_bytes(rc, src, 4, false);
+            if (src == 0)
+                memcpy(m->late_home, (char *)sums + early, m->late_bytes);
+            else
+                ring_isend(rc, (char *)sums + early, ring_block_bytes(rc, src, 4, true) - early, src,
+                           RING_TAG_LATE, &f->acc_send[s % 2][f->n_acc_send[s % 2]++], stats);
+        }
+        /* the next step's incoming sums (after the last step: this block's own) */
+        const int nx = (s + 1) % 2;
+        ring_wait(f->acc_send[nx], f->n_acc_send[nx], stats);
+        f->n_acc_send[nx] = 0;
+        ring_irecv(rc, m->acc[nx], ring_block_bytes(rc, (r + s + 1) % P, 4, ring_needs_late(rc, r, s + 1) && s + 1 < P),
+                   from, RING_TAG_ACC, &f->acc_recv);
+    }
+}
+
+/* The P steps: K and V move on as in the forward while a step computes, its sums after
+ * it; then the last messages in. *home gets this process's early chunk's finished sums
+ * (the late chunk's are in m->late_home). Returns this process's first error. */
+static attn_status backward_ring(const ring_call *rc, const bwd_mem *m, const bwd_io *io,
+                                 attn_ring_stats *stats, const void **home) {
+    const int P = rc->P, r = rc->r, to = (r + P - 1) % P, from = (r + 1) % P;
+    attn_status st = ATTN_OK;
+    bwd_flow f = {.acc_recv = MPI_REQUEST_NULL, .late_recv = MPI_REQUEST_NULL, .n_acc_send = {0, 0}};
+    if (rc->chunks == 2 && r != 0 && P > 1)
+        ring_irecv(rc, m->late_home, m->late_bytes, 0, RING_TAG_LATE, &f.late_recv);
+    for (int s = 0; s < P; s++) {
+        const int src = (r + s) % P;
+        MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+        int nreq = 0;
+        if (s + 1 < P) {  // K and V move on as in the forward
+            const int next = (r + s + 1) % P;
+            ring_irecv(rc, m->blk[(s + 1) % 2], ring_block_bytes(rc, next, rc->kv_es, ring_needs_late(rc, r, s + 1)),
+                       from, RING_TAG_KV, &req[nreq++]);
+            ring_isend(rc, m->blk[s % 2], ring_block_bytes(rc, src, rc->kv_es, ring_needs_late(rc, to, s + 1)),
+                       to, RING_TAG_KV, &req[nreq++], stats);
+        }
+        const double c0 = MPI_Wtime();
+        if (st == ATTN_OK) {
+            /* the travelling sums of the previous step move with this step's K and V */
+            MPI_Request all[4] = {req[0], req[1], f.acc_recv, MPI_REQUEST_NULL};
+            st = backward_step(rc, s, m->blk[s % 2], io, all, 3);
+            req[0] = all[0], req[1] = all[1], f.acc_recv = all[2];
+        }
+        if (stats) stats->compute_s += MPI_Wtime() - c0;
+        ring_wait(req, nreq, stats);
+        pass_sums(rc, s, m, &f, stats);
+    }
+    *home = m->acc[0];
+    if (P > 1) {
+        ring_wait(&f.acc_recv, 1, stats);
+        *home = m->acc[P % 2];
+        for (int x = 0; x < 2; x++) ring_wait(f.acc_send[x], f.n_acc_send[x], stats);
+        ring_wait(&f.late_recv, 1, stats);
+    } else if (rc->chunks == 2) {
+        memcpy(m->late_home, (const char *)m->acc[0] + ring_block_bytes(rc, 0, 4, false), m->late_bytes);
+    }
+    return st;
+}
+
 attn_status attn_ring_backward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                                const attn_tensor *o, const attn_tensor *d_o, const attn_tensor *lse,
                                const attn_tensor *dq, const attn_tensor *dk, const attn_tensor *dv,
@@ -170,95 +258,26 @@ attn_status attn_ring_backward(const attn_tensor *q, const attn_tensor *k, const
         ring_end(&rc);
         return st;
     }
-    const int P = rc.P, r = rc.r, to = (r + P - 1) % P, from = (r + 1) % P;
     bwd_mem bm;
     st = bwd_mem_alloc(&rc, &bm);
     if (st != ATTN_OK) return st;
-    void **blk = bm.blk, **acc = bm.acc, *mine = bm.mine, *tmp = bm.tmp, *late_home = bm.late_home;
-    float *dq_acc = bm.dq_acc, *dq_part = bm.dq_part;
-    const size_t late_bytes = bm.late_bytes;
-    const int64_t n_early = bm.n_early, n_late = bm.n_late;
-    const attn_tensor dq_part_t = attn_tensor_4d(dq_part, ATTN_F32, rc.B, rc.Hq, rc.lq_r, rc.Dk);
-    const bwd_io io = {q, o, d_o, lse, &dq_part_t, dq_acc, mine, tmp};
-    ring_pack(&rc, k, v, blk[0]);
-
-    /* sends from acc[x] (the ring's, and process 0's late one home) pending until reuse */
-    MPI_Request acc_send[2][2], acc_recv = MPI_REQUEST_NULL, late_recv = MPI_REQUEST_NULL;
-    int n_acc_send[2] = {0, 0};
-    if (rc.chunks == 2 && r != 0 && P > 1)
-        ring_irecv(&rc, late_home, late_bytes, 0, RING_TAG_LATE, &late_recv);
-    for (int s = 0; s < P; s++) {
-        const int src = (r + s) % P;
-        MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-        int nreq = 0;
-        if (s + 1 < P) {  // K and V move on as in the forward
-            const int next = (r + s + 1) % P;
-            ring_irecv(&rc, blk[(s + 1) % 2], ring_block_bytes(&rc, next, rc.kv_es, ring_needs_late(&rc, r, s + 1)),
-                       from, RING_TAG_KV, &req[nreq++]);
-            ring_isend(&rc, blk[s % 2], ring_block_bytes(&rc, src, rc.kv_es, ring_needs_late(&rc, to, s + 1)),
-                       to, RING_TAG_KV, &req[nreq++], stats);
-        }
-        const double c0 = MPI_Wtime();
-        if (st == ATTN_OK) {
-            /* the travelling sums of the previous step move with this step's K and V */
-            MPI_Request all[4] = {req[0], req[1], acc_recv, MPI_REQUEST_NULL};
-            st = backward_step(&rc, s, blk[s % 2], &io, all, 3);
-            req[0] = all[0], req[1] = all[1], acc_recv = all[2];
-        }
-        if (stats) stats->compute_s += MPI_Wtime() - c0;
-        ring_wait(req, nreq, stats);
-
-        /* the block's sums: incoming (none at step 0) + this process's */
-        const size_t held = ring_block_bytes(&rc, src, 4, ring_needs_late(&rc, r, s));
-        float *sums = acc[s % 2];
-        if (s == 0) {
-            memcpy(sums, mine, held);
-        } else {
-            ring_wait(&acc_recv, 1, stats);
-            add_into(sums, mine, (int64_t)(held / 4));
-        }
-        if (P > 1) {
-            const bool late_on = ring_needs_late(&rc, to, s + 1) && s + 1 < P;
-            ring_isend(&rc, sums, ring_block_bytes(&rc, src, 4, late_on), to, RING_TAG_ACC,
-                       &acc_send[s % 2][0], stats);
-            n_acc_send[s % 2] = 1;
-            if (r == 0 && rc.chunks == 2) {  // the late chunk's last user: its sums go home
-                const size_t early = ring_block_bytes(&rc, src, 4, false);
-                if (src == 0)
-                    memcpy(late_home, (char *)sums + early, late_bytes);
-                else
-                    ring_isend(&rc, (char *)sums + early, ring_block_bytes(&rc, src, 4, true) - early, src,
-                               RING_TAG_LATE, &acc_send[s % 2][n_acc_send[s % 2]++], stats);
-            }
-            /* the next step's incoming sums (after the last step: this block's own) */
-            const int nx = (s + 1) % 2;
-            ring_wait(acc_send[nx], n_acc_send[nx], stats);
-            n_acc_send[nx] = 0;
-            ring_irecv(&rc, acc[nx], ring_block_bytes(&rc, (r + s + 1) % P, 4, ring_needs_late(&rc, r, s + 1) && s + 1 < P),
-                       from, RING_TAG_ACC, &acc_recv);
-        }
-    }
-    const void *home = acc[0];
-    if (P > 1) {
-        ring_wait(&acc_recv, 1, stats);
-        home = acc[P % 2];
-        for (int x = 0; x < 2; x++) ring_wait(acc_send[x], n_acc_send[x], stats);
-        ring_wait(&late_recv, 1, stats);
-    } else if (rc.chunks == 2) {
-        memcpy(late_home, (const char *)acc[0] + ring_block_bytes(&rc, 0, 4, false), late_bytes);
-    }
+    const attn_tensor dq_part_t = attn_tensor_4d(bm.dq_part, ATTN_F32, rc.B, rc.Hq, rc.lq_r, rc.Dk);
+    const bwd_io io = {q, o, d_o, lse, &dq_part_t, bm.dq_acc, bm.mine, bm.tmp};
+    ring_pack(&rc, k, v, bm.blk[0]);
+    const void *home;
+    st = backward_ring(&rc, &bm, &io, stats, &home);
     const double a0 = MPI_Wtime();  // waiting here is waiting for the slowest process
     st = ring_agree(&rc, st);
     if (stats) stats->wait_s += MPI_Wtime() - a0;
     if (st == ATTN_OK) {
-        store_chunk(&rc, home, n_early, dk, dv, 0);
-        if (rc.chunks == 2) store_chunk(&rc, late_home, n_late, dk, dv, n_early);
-        store_dq(&rc, dq_acc, dq);
+        store_chunk(&rc, home, bm.n_early, dk, dv, 0);
+        if (rc.chunks == 2) store_chunk(&rc, bm.late_home, bm.n_late, dk, dv, bm.n_early);
+        store_dq(&rc, bm.dq_acc, dq);
     }
     free(bm.mem);
     ring_end(&rc);
     if (stats) {
-        stats->steps = P;
+        stats->steps = rc.P;
         stats->total_s = MPI_Wtime() - t0;
     }
     if (st == ATTN_OK) ring_ok();

@@ -389,11 +389,9 @@ void run_inputs_free(run_inputs *in) {
     npy_free(&in->bt);
 }
 
-int run_load_inputs(const run_args *a, run_inputs *in) {
+/* Q, K and V loaded and checked, their shapes into in (Lk from the block table when paged). */
+static int load_qkv(const run_args *a, run_inputs *in) {
     int rc;
-    attn_options *opt = &in->opt;
-    *opt = (attn_options){0};
-    if ((rc = options_from_args(a, opt))) return rc;
     npy_array *q = &in->q, *k = &in->k, *v = &in->v;
     if ((rc = load(a->q, q)) || (rc = check_qkv(a->q, q)) || (rc = load(a->k, k)) ||
         (rc = check_qkv(a->k, k)) || (rc = load(a->v, v)) || (rc = check_qkv(a->v, v)))
@@ -401,9 +399,12 @@ int run_load_inputs(const run_args *a, run_inputs *in) {
     /* q [B, Hq, Lq, Dk]   k [B, Hkv, Lk, Dk]   v [B, Hkv, Lk, Dv], or paged
      * k [num_pages, Hkv, page_size, Dk]   v [num_pages, Hkv, page_size, Dv] */
     const bool paged = a->block_table != NULL;
-    const int64_t B = in->B = q->shape[0], Hq = in->Hq = q->shape[1], Lq = in->Lq = q->shape[2];
-    const int64_t Dk = in->Dk = q->shape[3];
-    const int64_t Hkv = in->Hkv = k->shape[1], Dv = in->Dv = v->shape[3];
+    in->B = q->shape[0];
+    const int64_t Hq = in->Hq = q->shape[1];
+    in->Lq = q->shape[2];
+    in->Dk = q->shape[3];
+    const int64_t Hkv = in->Hkv = k->shape[1];
+    in->Dv = v->shape[3];
     int64_t Lk = in->Lk = k->shape[2];
     if ((!paged && (rc = same_dim(a->k, k, a->q, q, 0, "B"))) ||
         (rc = same_dim(a->k, k, a->q, q, 3, "Dk")) ||
@@ -415,8 +416,14 @@ int run_load_inputs(const run_args *a, run_inputs *in) {
     if (Hkv == 0 ? Hq != 0 : Hq % Hkv != 0)
         return say(EXIT_DATA, "%s: its %lld heads do not divide the %lld query heads of %s", a->k,
                    (long long)Hkv, (long long)Hq, a->q);
-    /* dtypes: --dtype converts all three; otherwise each keeps its file's type, K and V
-     * alike, and O is float16 only when all three are */
+    return 0;
+}
+
+/* The dtypes: --dtype converts all three; otherwise each keeps its file's type, K and V
+ * alike, and O is float16 only when all three are. */
+static int qkv_dtypes(const run_args *a, run_inputs *in) {
+    int rc;
+    npy_array *q = &in->q, *k = &in->k, *v = &in->v;
     in->o_dtype = q->dtype == ATTN_F16 && k->dtype == ATTN_F16 && v->dtype == ATTN_F16
                       ? ATTN_F16 : ATTN_F32;
     if (a->dtype) {
@@ -441,71 +448,95 @@ int run_load_inputs(const run_args *a, run_inputs *in) {
                    "or use --dtype)", a->v, attn_dtype_name(v->dtype), attn_dtype_name(k->dtype), a->k);
     }
     if (q->dtype == ATTN_F64) in->o_dtype = ATTN_F64;
-    in->tq = attn_tensor_4d(q->data, q->dtype, B, Hq, Lq, Dk);
-    /* the pools as they are in the files (paged), or the contiguous cache */
-    in->tk = attn_tensor_4d(k->data, k->dtype, k->shape[0], Hkv, k->shape[2], Dk);
-    in->tv = attn_tensor_4d(v->data, v->dtype, v->shape[0], Hkv, v->shape[2], Dv);
+    return 0;
+}
 
-    if (a->mask) {
-        /* right-aligned to [B, Hq, Lq, Lk]; a size-1 dimension broadcasts through stride 0 */
-        npy_array *mask = &in->mask;
-        const int64_t full[4] = {B, Hq, Lq, Lk};
-        char s1[200], s2[200];
-        if ((rc = load(a->mask, mask))) return rc;
-        if (mask->dtype != ATTN_BOOL && mask->dtype != ATTN_F32)
-            return say(EXIT_DATA, "%s: dtype %s, expected bool or float32", a->mask,
-                       attn_dtype_name(mask->dtype));
-        if (mask->ndim > 4)
-            return say(EXIT_DATA, "%s: shape %s has rank %d, expected at most 4 [B, Hq, Lq, Lk]",
-                       a->mask, shape_str(s1, sizeof s1, mask->ndim, mask->shape), mask->ndim);
-        in->tmask = (attn_tensor){mask->data, mask->dtype, {0}, {0}};
-        int64_t stride = 1;
-        for (int d = 3; d >= 0; d--) {
-            int md = d - (4 - mask->ndim);  /* the mask's own dimension, < 0 if absent */
-            int64_t m = md >= 0 ? mask->shape[md] : 1;
-            if (m != full[d] && m != 1)
-                return say(EXIT_DATA, "%s: shape %s does not broadcast to [B, Hq, Lq, Lk] = %s "
-                           "(its dimension %d is %lld)", a->mask,
-                           shape_str(s1, sizeof s1, mask->ndim, mask->shape),
-                           shape_str(s2, sizeof s2, 4, full), md, (long long)m);
-            in->tmask.shape[d] = full[d];
-            in->tmask.stride[d] = m == 1 ? 0 : stride;
-            stride *= m > 1 ? m : 1;
-        }
-        if (mask->dtype == ATTN_BOOL) opt->mask = &in->tmask;
-        else opt->bias = &in->tmask;
-        /* seed 003's pitfall: 0 where -inf was meant. A float mask of only 0s and 1s is
-         * almost always a bool mask saved as float: added to the logits, it masks nothing */
-        bool zero_one = mask->dtype == ATTN_F32 && mask->count > 0;
-        for (int64_t e = 0; zero_one && e < mask->count; e++)
-            zero_one = ((const float *)mask->data)[e] == 0.0f || ((const float *)mask->data)[e] == 1.0f;
-        if (zero_one)
-            fprintf(stderr, "attn: warning: %s: a float32 mask of only 0s and 1s is added to the "
-                    "logits and masks nothing; for a mask save it as bool (true = attend) or "
-                    "use -inf for the masked keys\n", a->mask);
+/* --mask: loaded, checked and set as the call's mask (bool) or bias (float32). */
+static int load_mask(const run_args *a, run_inputs *in) {
+    int rc;
+    attn_options *opt = &in->opt;
+    /* right-aligned to [B, Hq, Lq, Lk]; a size-1 dimension broadcasts through stride 0 */
+    npy_array *mask = &in->mask;
+    const int64_t full[4] = {in->B, in->Hq, in->Lq, in->Lk};
+    char s1[200], s2[200];
+    if ((rc = load(a->mask, mask))) return rc;
+    if (mask->dtype != ATTN_BOOL && mask->dtype != ATTN_F32)
+        return say(EXIT_DATA, "%s: dtype %s, expected bool or float32", a->mask,
+                   attn_dtype_name(mask->dtype));
+    if (mask->ndim > 4)
+        return say(EXIT_DATA, "%s: shape %s has rank %d, expected at most 4 [B, Hq, Lq, Lk]",
+                   a->mask, shape_str(s1, sizeof s1, mask->ndim, mask->shape), mask->ndim);
+    in->tmask = (attn_tensor){mask->data, mask->dtype, {0}, {0}};
+    int64_t stride = 1;
+    for (int d = 3; d >= 0; d--) {
+        int md = d - (4 - mask->ndim);  /* the mask's own dimension, < 0 if absent */
+        int64_t m = md >= 0 ? mask->shape[md] : 1;
+        if (m != full[d] && m != 1)
+            return say(EXIT_DATA, "%s: shape %s does not broadcast to [B, Hq, Lq, Lk] = %s "
+                       "(its dimension %d is %lld)", a->mask,
+                       shape_str(s1, sizeof s1, mask->ndim, mask->shape),
+                       shape_str(s2, sizeof s2, 4, full), md, (long long)m);
+        in->tmask.shape[d] = full[d];
+        in->tmask.stride[d] = m == 1 ? 0 : stride;
+        stride *= m > 1 ? m : 1;
     }
-    if (a->kv_len) {
-        npy_array *kvl = &in->kvl;
-        if ((rc = load(a->kv_len, kvl)) ||
-            (rc = check_vector(a->kv_len, kvl, ATTN_I32, ATTN_I64, "int32 or int64", B, "B")))
-            return rc;
-        for (int64_t b = 0; b < B; b++) {
-            int64_t len = kvl->dtype == ATTN_I32 ? ((int32_t *)kvl->data)[b] : ((int64_t *)kvl->data)[b];
-            if (len < 0 || len > Lk)
-                return say(EXIT_DATA, "%s: element %lld is %lld, expected 0 <= length <= Lk = %lld",
-                           a->kv_len, (long long)b, (long long)len, (long long)Lk);
-        }
-        in->tkvl = attn_tensor_4d(kvl->data, kvl->dtype, B, 1, 1, 1);
-        opt->kv_len = &in->tkvl;
+    if (mask->dtype == ATTN_BOOL) opt->mask = &in->tmask;
+    else opt->bias = &in->tmask;
+    /* seed 003's pitfall: 0 where -inf was meant. A float mask of only 0s and 1s is
+     * almost always a bool mask saved as float: added to the logits, it masks nothing */
+    bool zero_one = mask->dtype == ATTN_F32 && mask->count > 0;
+    for (int64_t e = 0; zero_one && e < mask->count; e++)
+        zero_one = ((const float *)mask->data)[e] == 0.0f || ((const float *)mask->data)[e] == 1.0f;
+    if (zero_one)
+        fprintf(stderr, "attn: warning: %s: a float32 mask of only 0s and 1s is added to the "
+                "logits and masks nothing; for a mask save it as bool (true = attend) or "
+                "use -inf for the masked keys\n", a->mask);
+    return 0;
+}
+
+/* --kv-len: loaded, each length checked against Lk, set as the call's kv_len. */
+static int load_kv_len(const run_args *a, run_inputs *in) {
+    int rc;
+    const int64_t B = in->B, Lk = in->Lk;
+    npy_array *kvl = &in->kvl;
+    if ((rc = load(a->kv_len, kvl)) ||
+        (rc = check_vector(a->kv_len, kvl, ATTN_I32, ATTN_I64, "int32 or int64", B, "B")))
+        return rc;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t len = kvl->dtype == ATTN_I32 ? ((int32_t *)kvl->data)[b] : ((int64_t *)kvl->data)[b];
+        if (len < 0 || len > Lk)
+            return say(EXIT_DATA, "%s: element %lld is %lld, expected 0 <= length <= Lk = %lld",
+                       a->kv_len, (long long)b, (long long)len, (long long)Lk);
     }
-    if (paged && (rc = check_block_table(a, in))) return rc;
-    if (a->alibi) {
-        if ((rc = load(a->alibi, &in->alibi)) ||
-            (rc = check_vector(a->alibi, &in->alibi, ATTN_F32, ATTN_F32, "float32", Hq, "Hq")))
-            return rc;
-        in->talibi = attn_tensor_4d(in->alibi.data, ATTN_F32, Hq, 1, 1, 1);
-        opt->alibi_slopes = &in->talibi;
-    }
+    in->tkvl = attn_tensor_4d(kvl->data, kvl->dtype, B, 1, 1, 1);
+    in->opt.kv_len = &in->tkvl;
+    return 0;
+}
+
+/* --alibi: loaded, checked, set as the call's slopes. */
+static int load_alibi(const run_args *a, run_inputs *in) {
+    int rc;
+    if ((rc = load(a->alibi, &in->alibi)) ||
+        (rc = check_vector(a->alibi, &in->alibi, ATTN_F32, ATTN_F32, "float32", in->Hq, "Hq")))
+        return rc;
+    in->talibi = attn_tensor_4d(in->alibi.data, ATTN_F32, in->Hq, 1, 1, 1);
+    in->opt.alibi_slopes = &in->talibi;
+    return 0;
+}
+
+int run_load_inputs(const run_args *a, run_inputs *in) {
+    int rc;
+    in->opt = (attn_options){0};
+    if ((rc = options_from_args(a, &in->opt)) || (rc = load_qkv(a, in)) || (rc = qkv_dtypes(a, in)))
+        return rc;
+    const npy_array *q = &in->q, *k = &in->k, *v = &in->v;
+    in->tq = attn_tensor_4d(q->data, q->dtype, in->B, in->Hq, in->Lq, in->Dk);
+    /* the pools as they are in the files (paged), or the contiguous cache */
+    in->tk = attn_tensor_4d(k->data, k->dtype, k->shape[0], in->Hkv, k->shape[2], in->Dk);
+    in->tv = attn_tensor_4d(v->data, v->dtype, v->shape[0], in->Hkv, v->shape[2], in->Dv);
+    if ((a->mask && (rc = load_mask(a, in))) || (a->kv_len && (rc = load_kv_len(a, in))) ||
+        (a->block_table && (rc = check_block_table(a, in))) || (a->alibi && (rc = load_alibi(a, in))))
+        return rc;
     return 0;
 }
 

@@ -132,131 +132,180 @@ static void gather_rows(char *g, const void *local, int64_t BH, int64_t L, int64
     }
 }
 
-static int run(int argc, char **argv) {
+/* One call's work: the options, the files, this process's rows of the inputs and of the
+ * outputs, and at process 0 the gathered outputs; ring_job_free releases it all. */
+typedef struct ring_job {
     run_args a;
-    attn_options opt;
-    int rc = cli_run_parse(argc, argv, &a, &opt);  // prints its own usage errors (every process)
+    attn_options opt;  // its kv_len points at tkvl
+    cli_path in[4], out[2];
+    int n_in, n_out;
+    npy_array q, k, v, kvl;
+    attn_tensor tkvl;
+    int64_t B, Hq, Lq, Dk, Hkv, Lk, Dv;
+    bool zz;                               // the zigzag split (--causal)
+    int64_t fq[2], nq[2], fk[2], nk[2];    // this process's rows of Q and of K, V
+    attn_dtype o_dt;
+    void *o, *go;        // this process's O, the gathered one (process 0)
+    float *lse, *glse;   // the same for the LSE
+} ring_job;
+
+/* attn run's options (its usage errors printed by every process), less those refused. */
+static int parse_options(int argc, char **argv, ring_job *j) {
+    const run_args *a = &j->a;
+    int rc = cli_run_parse(argc, argv, &j->a, &j->opt);  // prints its own usage errors (every process)
     if (rc) return rc;
-    const char *refused = a.mask ? "--mask" : a.alibi ? "--alibi" : a.weights ? "--weights"
-                          : a.block_table ? "--block-table" : NULL;  // a paged cache: not split
+    const char *refused = a->mask ? "--mask" : a->alibi ? "--alibi" : a->weights ? "--weights"
+                          : a->block_table ? "--block-table" : NULL;  // a paged cache: not split
     if (refused)
         return say(g_rank == 0, 2, "%s is not taken by the ring (see 'attn ring --help')", refused);
+    return 0;
+}
 
-    /* the files by attn run's rules, on process 0, before anything is read */
-    cli_path in[4], out[2];
-    int n_in = 0, n_out = 0;
-    in[n_in++] = (cli_path){.opt = "--q", .path = a.q};
-    in[n_in++] = (cli_path){.opt = "--k", .path = a.k};
-    in[n_in++] = (cli_path){.opt = "--v", .path = a.v};
-    if (a.kv_len) in[n_in++] = (cli_path){.opt = "--kv-len", .path = a.kv_len};
-    out[n_out++] = (cli_path){.opt = "--out", .path = a.out};
-    if (a.lse) out[n_out++] = (cli_path){.opt = "--lse", .path = a.lse};
+/* The files by attn run's rules, on process 0, before anything is read. */
+static int check_files(ring_job *j) {
+    const run_args *a = &j->a;
+    int rc = 0;
+    j->in[j->n_in++] = (cli_path){.opt = "--q", .path = a->q};
+    j->in[j->n_in++] = (cli_path){.opt = "--k", .path = a->k};
+    j->in[j->n_in++] = (cli_path){.opt = "--v", .path = a->v};
+    if (a->kv_len) j->in[j->n_in++] = (cli_path){.opt = "--kv-len", .path = a->kv_len};
+    j->out[j->n_out++] = (cli_path){.opt = "--out", .path = a->out};
+    if (a->lse) j->out[j->n_out++] = (cli_path){.opt = "--lse", .path = a->lse};
     if (g_rank == 0) {
         char err[512];
-        const int x = cli_files_check(in, n_in, out, n_out, err, sizeof err);
+        const int x = cli_files_check(j->in, j->n_in, j->out, j->n_out, err, sizeof err);
         if (x) rc = say(true, x == -2 ? 2 : 1, "%s", err);
     }
     if ((rc = agree(rc))) {
-        if (g_rank == 0) cli_files_abort(out, n_out);
+        if (g_rank == 0) cli_files_abort(j->out, j->n_out);
         return rc;
     }
+    return 0;
+}
 
-    npy_array q = {0}, k = {0}, v = {0}, kvl = {0};
-    void *o = NULL, *go = NULL;
-    float *lse = NULL, *glse = NULL;
-    attn_tensor tkvl;
-    /* the shapes, then this process's rows */
-    if ((rc = read_shape(a.q, &q)) || (rc = read_shape(a.k, &k)) || (rc = read_shape(a.v, &v))) goto done;
-    if (q.ndim != 4 || k.ndim != 4 || v.ndim != 4) {
-        rc = say(g_rank == 0, 1, "%s: rank %d, expected rank 4 [B, H, L, D]",
-                 q.ndim != 4 ? a.q : k.ndim != 4 ? a.k : a.v, q.ndim != 4 ? q.ndim : k.ndim != 4 ? k.ndim : v.ndim);
-        goto done;
+/* Q, K and V's shapes (the same on every process) read and checked against each other. */
+static int check_shapes(ring_job *j) {
+    const run_args *a = &j->a;
+    const npy_array *q = &j->q, *k = &j->k, *v = &j->v;
+    int rc;
+    if ((rc = read_shape(a->q, &j->q)) || (rc = read_shape(a->k, &j->k)) || (rc = read_shape(a->v, &j->v)))
+        return rc;
+    if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4)
+        return say(g_rank == 0, 1, "%s: rank %d, expected rank 4 [B, H, L, D]",
+                   q->ndim != 4 ? a->q : k->ndim != 4 ? a->k : a->v,
+                   q->ndim != 4 ? q->ndim : k->ndim != 4 ? k->ndim : v->ndim);
+    const int64_t B = j->B = q->shape[0], Dk = j->Dk = q->shape[3];
+    j->Hq = q->shape[1], j->Lq = q->shape[2];
+    const int64_t Hkv = j->Hkv = k->shape[1], Lk = j->Lk = k->shape[2];
+    j->Dv = v->shape[3];
+    if (k->shape[0] != B || k->shape[3] != Dk || v->shape[0] != B || v->shape[1] != Hkv || v->shape[2] != Lk)
+        return say(g_rank == 0, 1, "%s, %s, %s: shapes do not agree (Q [B, Hq, Lq, Dk], K [B, Hkv, "
+                   "Lk, Dk], V [B, Hkv, Lk, Dv])", a->q, a->k, a->v);
+    if (!a->dtype && k->dtype != v->dtype)
+        return say(g_rank == 0, 1, "%s: dtype %s, expected %s like %s (K and V share one dtype; "
+                   "or use --dtype)", a->v, attn_dtype_name(v->dtype), attn_dtype_name(k->dtype), a->k);
+    return 0;
+}
+
+/* This process's rows of Q, K and V, in the call's dtype, and --kv-len; the worst status
+ * of every process. */
+static int read_rows(ring_job *j) {
+    const run_args *a = &j->a;
+    npy_array *q = &j->q, *k = &j->k, *v = &j->v;
+    j->zz = j->opt.causal;
+    attn_ring_slice(j->Lq, g_size, g_rank, j->zz, j->fq, j->nq);
+    attn_ring_slice(j->Lk, g_size, g_rank, j->zz, j->fk, j->nk);
+    npy_free(q), npy_free(k), npy_free(v);
+    int rc = read_slice(a->q, j->fq, j->nq, q);
+    if (!rc) rc = read_slice(a->k, j->fk, j->nk, k);
+    if (!rc) rc = read_slice(a->v, j->fk, j->nk, v);
+    j->o_dt = q->dtype == ATTN_F16 && k->dtype == ATTN_F16 && v->dtype == ATTN_F16 ? ATTN_F16 : ATTN_F32;
+    if (!rc && a->dtype) {
+        j->o_dt = !strcmp(a->dtype, "f16") ? ATTN_F16 : !strcmp(a->dtype, "bf16") ? ATTN_BF16 : ATTN_F32;
+        if (!(rc = convert_to(q, j->o_dt)) && !(rc = convert_to(k, j->o_dt))) rc = convert_to(v, j->o_dt);
     }
-    const int64_t B = q.shape[0], Hq = q.shape[1], Lq = q.shape[2], Dk = q.shape[3];
-    const int64_t Hkv = k.shape[1], Lk = k.shape[2], Dv = v.shape[3];
-    if (k.shape[0] != B || k.shape[3] != Dk || v.shape[0] != B || v.shape[1] != Hkv || v.shape[2] != Lk) {
-        rc = say(g_rank == 0, 1, "%s, %s, %s: shapes do not agree (Q [B, Hq, Lq, Dk], K [B, Hkv, "
-                 "Lk, Dk], V [B, Hkv, Lk, Dv])", a.q, a.k, a.v);
-        goto done;
-    }
-    if (!a.dtype && k.dtype != v.dtype) {
-        rc = say(g_rank == 0, 1, "%s: dtype %s, expected %s like %s (K and V share one dtype; "
-                 "or use --dtype)", a.v, attn_dtype_name(v.dtype), attn_dtype_name(k.dtype), a.k);
-        goto done;
-    }
-    const bool zz = opt.causal;
-    int64_t fq[2], nq[2], fk[2], nk[2];
-    attn_ring_slice(Lq, g_size, g_rank, zz, fq, nq);
-    attn_ring_slice(Lk, g_size, g_rank, zz, fk, nk);
-    npy_free(&q), npy_free(&k), npy_free(&v);
-    rc = read_slice(a.q, fq, nq, &q);
-    if (!rc) rc = read_slice(a.k, fk, nk, &k);
-    if (!rc) rc = read_slice(a.v, fk, nk, &v);
-    attn_dtype o_dt = q.dtype == ATTN_F16 && k.dtype == ATTN_F16 && v.dtype == ATTN_F16 ? ATTN_F16 : ATTN_F32;
-    if (!rc && a.dtype) {
-        o_dt = !strcmp(a.dtype, "f16") ? ATTN_F16 : !strcmp(a.dtype, "bf16") ? ATTN_BF16 : ATTN_F32;
-        if (!(rc = convert_to(&q, o_dt)) && !(rc = convert_to(&k, o_dt))) rc = convert_to(&v, o_dt);
-    }
-    if (!rc && a.kv_len) {
+    if (!rc && a->kv_len) {
         char err[256];
-        if (npy_read(a.kv_len, &kvl, err, sizeof err)) {
-            rc = say(g_rank == 0, 1, "%s: %s", a.kv_len, err);
-        } else if ((kvl.dtype != ATTN_I32 && kvl.dtype != ATTN_I64) || kvl.ndim != 1 || kvl.shape[0] != B) {
-            rc = say(g_rank == 0, 1, "%s: expected int32 or int64 [B] = [%lld]", a.kv_len, (long long)B);
+        npy_array *kvl = &j->kvl;
+        if (npy_read(a->kv_len, kvl, err, sizeof err)) {
+            rc = say(g_rank == 0, 1, "%s: %s", a->kv_len, err);
+        } else if ((kvl->dtype != ATTN_I32 && kvl->dtype != ATTN_I64) || kvl->ndim != 1 || kvl->shape[0] != j->B) {
+            rc = say(g_rank == 0, 1, "%s: expected int32 or int64 [B] = [%lld]", a->kv_len, (long long)j->B);
         } else {
-            tkvl = attn_tensor_4d(kvl.data, kvl.dtype, B, 1, 1, 1);
-            opt.kv_len = &tkvl;
+            j->tkvl = attn_tensor_4d(kvl->data, kvl->dtype, j->B, 1, 1, 1);
+            j->opt.kv_len = &j->tkvl;
         }
     }
-    if ((rc = agree(rc))) goto done;
+    return agree(rc);
+}
 
-    const int64_t lq = nq[0] + nq[1], lk = nk[0] + nk[1];
-    const size_t o_es = attn_dtype_size(o_dt);
-    o = calloc((size_t)(B * Hq * lq * Dv) + 1, o_es);
-    lse = calloc((size_t)(B * Hq * lq) + 1, sizeof(float));
-    if (!o || !lse) rc = say(true, 1, "out of memory");
-    if ((rc = agree(rc))) goto done;
-    const attn_tensor tq = attn_tensor_4d(q.data, q.dtype, B, Hq, lq, Dk);
-    const attn_tensor tk = attn_tensor_4d(k.data, k.dtype, B, Hkv, lk, Dk);
-    const attn_tensor tv = attn_tensor_4d(v.data, v.dtype, B, Hkv, lk, Dv);
-    const attn_tensor to = attn_tensor_4d(o, o_dt, B, Hq, lq, Dv);
-    const attn_tensor tl = attn_tensor_4d(lse, ATTN_F32, B, Hq, lq, 1);
+/* The ring's forward on this process's rows, into its O and LSE. */
+static int compute(ring_job *j) {
+    const int64_t B = j->B, Hq = j->Hq, Hkv = j->Hkv, Dk = j->Dk, Dv = j->Dv;
+    const int64_t lq = j->nq[0] + j->nq[1], lk = j->nk[0] + j->nk[1];
+    int rc = 0;
+    j->o = calloc((size_t)(B * Hq * lq * Dv) + 1, attn_dtype_size(j->o_dt));
+    j->lse = calloc((size_t)(B * Hq * lq) + 1, sizeof(float));
+    if (!j->o || !j->lse) rc = say(true, 1, "out of memory");
+    if ((rc = agree(rc))) return rc;
+    const attn_tensor tq = attn_tensor_4d(j->q.data, j->q.dtype, B, Hq, lq, Dk);
+    const attn_tensor tk = attn_tensor_4d(j->k.data, j->k.dtype, B, Hkv, lk, Dk);
+    const attn_tensor tv = attn_tensor_4d(j->v.data, j->v.dtype, B, Hkv, lk, Dv);
+    const attn_tensor to = attn_tensor_4d(j->o, j->o_dt, B, Hq, lq, Dv);
+    const attn_tensor tl = attn_tensor_4d(j->lse, ATTN_F32, B, Hq, lq, 1);
+    attn_options opt = j->opt;
     opt.lse = &tl;
     const attn_status st = attn_ring_forward(&tq, &tk, &tv, &to, &opt, MPI_COMM_WORLD, NULL);
     if (st != ATTN_OK) {  // every process has the same status
         const char *d = attn_ring_last_error();
-        rc = say(g_rank == 0, 1, "%s (%s)", *d ? d : attn_status_string(st), attn_status_string(st));
-        goto done;
+        return say(g_rank == 0, 1, "%s (%s)", *d ? d : attn_status_string(st), attn_status_string(st));
     }
+    return 0;
+}
 
-    /* gathered at process 0 and written there */
+/* O and the LSE gathered at process 0 and written there, all-or-nothing. */
+static int gather_and_write(ring_job *j) {
+    const int64_t B = j->B, Hq = j->Hq, Lq = j->Lq, Dv = j->Dv;
+    int rc = 0;
     if (g_rank == 0) {
-        go = malloc((size_t)(B * Hq * Lq * Dv + 1) * 4);  // room to widen bfloat16 in place
-        glse = malloc((size_t)(B * Hq * Lq + 1) * sizeof(float));
-        if (!go || !glse) rc = say(true, 1, "out of memory gathering O");
+        j->go = malloc((size_t)(B * Hq * Lq * Dv + 1) * 4);  // room to widen bfloat16 in place
+        j->glse = malloc((size_t)(B * Hq * Lq + 1) * sizeof(float));
+        if (!j->go || !j->glse) rc = say(true, 1, "out of memory gathering O");
     }
-    if ((rc = agree(rc))) goto done;
-    gather_rows(go, o, B * Hq, Lq, Dv, o_es, zz);
-    gather_rows((char *)glse, lse, B * Hq, Lq, 1, 4, zz);
+    if ((rc = agree(rc))) return rc;
+    gather_rows(j->go, j->o, B * Hq, Lq, Dv, attn_dtype_size(j->o_dt), j->zz);
+    gather_rows((char *)j->glse, j->lse, B * Hq, Lq, 1, 4, j->zz);
     if (g_rank == 0) {
         char err[512];
         const int64_t n = B * Hq * Lq * Dv;
+        attn_dtype o_dt = j->o_dt;
         if (o_dt == ATTN_BF16) {  // NumPy has no bfloat16: its float32 values, exactly
             for (int64_t e = n - 1; e >= 0; e--)
-                ((float *)go)[e] = attn_bf16_to_f32(((const uint16_t *)go)[e]);
+                ((float *)j->go)[e] = attn_bf16_to_f32(((const uint16_t *)j->go)[e]);
             o_dt = ATTN_F32;
         }
-        if (cli_files_write(&out[0], o_dt, 4, (int64_t[]){B, Hq, Lq, Dv}, go, err, sizeof err) ||
-            (a.lse && cli_files_write(&out[1], ATTN_F32, 3, (int64_t[]){B, Hq, Lq}, glse, err, sizeof err)) ||
-            cli_files_commit(out, n_out, err, sizeof err))
+        if (cli_files_write(&j->out[0], o_dt, 4, (int64_t[]){B, Hq, Lq, Dv}, j->go, err, sizeof err) ||
+            (j->a.lse && cli_files_write(&j->out[1], ATTN_F32, 3, (int64_t[]){B, Hq, Lq}, j->glse, err,
+                                         sizeof err)) ||
+            cli_files_commit(j->out, j->n_out, err, sizeof err))
             rc = say(true, 1, "%s", err);
     }
-    rc = agree(rc);
+    return agree(rc);
+}
 
-done:
-    if (g_rank == 0) cli_files_abort(out, n_out);
-    npy_free(&q), npy_free(&k), npy_free(&v), npy_free(&kvl);
-    free(o), free(lse), free(go), free(glse);
+static void ring_job_free(ring_job *j) {
+    if (g_rank == 0) cli_files_abort(j->out, j->n_out);
+    npy_free(&j->q), npy_free(&j->k), npy_free(&j->v), npy_free(&j->kvl);
+    free(j->o), free(j->lse), free(j->go), free(j->glse);
+}
+
+static int run(int argc, char **argv) {
+    ring_job j = {0};
+    int rc = parse_options(argc, argv, &j);
+    if (rc || (rc = check_files(&j))) return rc;
+    if (!(rc = check_shapes(&j)) && !(rc = read_rows(&j)) && !(rc = compute(&j)))
+        rc = gather_and_write(&j);
+    ring_job_free(&j);
     return rc;
 }
 
