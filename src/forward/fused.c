@@ -103,10 +103,11 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
         if ((uint64_t)tiles > SIZE_MAX / 64 / (size_t)(bq * (int64_t)sizeof(float))) return false;
         CARVE(off_mt, (size_t)(tiles * bq) * sizeof(float));
     }
-    if (p->block_table) {  // a paged cache: the rows of a tile that crosses pages, gathered
+    plan->gather_rows = fused_gathers_rows(p);
+    if (p->block_table)  // a paged cache: the K rows of a tile that crosses pages, gathered
         CARVE(off_gk, (size_t)(bk * attn_row_bytes(p->kv_dt, dk)));
+    if (p->block_table || plan->gather_rows)  // V rows gathered dense (fused_kv_rows)
         CARVE(off_gv, (size_t)(bk * attn_row_bytes(p->kv_dt, dv)));
-    }
 #undef CARVE
     plan->thread_bytes = at;
     return true;
@@ -187,6 +188,7 @@ static fused_block item_rows(const attn_params *p, const fused_plan *plan,
      * few rows (decoding) the float32 dot-product kernel on converted keys is faster. */
     blk.qk_bf16 = p->q_dt == ATTN_BF16 && p->kv_dt == ATTN_BF16 && p->kernels->qk_bf16 &&
                   p->k_s[3] == 1 && blk.n > 4;
+    blk.gather = plan->gather_rows && blk.n >= FUSED_GATHER_MIN_ROWS;
     blk.jmin = INT64_MAX, blk.jmax = 0, blk.lo_max = 0, blk.hi_min = INT64_MAX;
     blk.dense = true;
     for (int64_t r = 0; r < blk.n; r++) {
@@ -264,113 +266,17 @@ static void finish_tile(const attn_params *p, const fused_scratch *w, const fuse
     }
 }
 
-/* A tile's key or value rows in the cache's own dtype: row c at data + c * ld elements,
- * element d of a row at + d * es. */
-typedef struct kv_tile {
-    const char *data;
-    int64_t ld, es;
-} kv_tile;
-
-/* Rows j0 .. j0+nk-1 (nk >= 1) of the block's head (b, g) in K or V (base, strides st,
- * rows of `width` elements): in place when they lie at one stride (a contiguous cache,
- * or a tile within one page: the pages' own memory, no copy), else gathered page by page
- * into gbuf as nk dense rows. The values are the same either way, so a paged call
- * computes what the contiguous one does on the same tiles, bit for bit. */
-static kv_tile kv_rows(const attn_params *p, const fused_block *blk, const void *base,
-                       const int64_t st[4], int64_t width, int64_t j0, int64_t nk, char *gbuf) {
-    const attn_dtype dt = p->kv_dt;
-    const int64_t ek = attn_elem_bytes(dt), rb = attn_row_bytes(dt, width);  // q8_0: blocks
-    if (attn_kv_one_run(p, j0, nk))
-        return (kv_tile){(const char *)base +
-                             attn_row_byte_offset(dt, attn_kv_offset(p, st, blk->b, blk->g, j0)),
-                         st[2], st[3]};
-    for (int64_t c = 0; c < nk;) {
-        const int64_t j = j0 + c;
-        int64_t run = p->page_size - j % p->page_size;  // rows left in j's page
-        if (run > nk - c) run = nk - c;
-        const int64_t at = attn_kv_offset(p, st, blk->b, blk->g, j);
-        if (st[3] == 1 && st[2] == width) {  // the run's rows are one block: one copy
-            memcpy(gbuf + c * rb, (const char *)base + attn_row_byte_offset(dt, at), (size_t)(run * rb));
-            c += run;
-            continue;
-        }
-        for (int64_t r = 0; r < run; r++, c++) {
-            char *dst = gbuf + c * rb;
-            const char *row = (const char *)base + attn_row_byte_offset(dt, at + r * st[2]);
-            if (st[3] == 1) {
-                memcpy(dst, row, (size_t)rb);
-            } else {
-                for (int64_t d = 0; d < width; d++) memcpy(dst + d * ek, row + d * st[3] * ek, (size_t)ek);
-            }
-        }
-    }
-    return (kv_tile){gbuf, width, 1};
-}
-
-/* The conversion of a block of nk rows (t, as kv_rows gives them) to float32: t itself
- * when it is float32 with unit element stride, else converted into buf (the kernel's
- * vector conversion for 16-bit rows with unit element stride). *ld gets the row stride.
- * scale is the rows' fp8 scale (attn_kv_scale; 1 for the other dtypes, not read). A u4
- * cache's rows are keys j0 .. j0+nk-1 of the block's head, of V when values, each read
- * with its own scales and zeros (ai_u4_row). */
-static const float *kv_block(const attn_params *p, const fused_block *blk, bool values,
-                             int64_t j0, const attn_kernels *kern, attn_dtype dt, kv_tile t,
-                             int64_t width, int64_t nk, float scale, float *buf, int64_t *ld) {
-    *ld = width;
-    if (dt == ATTN_U4) {  // unit stride along the row, rows on block starts (params.c)
-        for (int64_t c = 0; c < nk; c++)
-            ai_u4_row(p, values, blk->b, blk->g, j0 + c,
-                      (const uint8_t *)t.data + attn_row_byte_offset(dt, c * t.ld), width,
-                      buf + c * width);
-        return buf;
-    }
-    if (attn_is_fp8(dt)) {
-        /* the 256 values a byte can stand for, fl32(fp8 * scale) each (attn.h), then one
-         * look-up an element: the same value as converting each one, for 256 products a
-         * tile instead of nk * width */
-        float val[256];
-        for (int x = 0; x < 256; x++) val[x] = attn_fp8_to_f32(dt, (uint8_t)x) * scale;
-        for (int64_t c = 0; c < nk; c++) {
-            const uint8_t *row = (const uint8_t *)t.data + c * t.ld;
-            for (int64_t d = 0; d < width; d++) buf[c * width + d] = val[row[d * t.es]];
-        }
-        return buf;
-    }
-    if (attn_is_block_dtype(dt)) {  // unit stride along the row, rows on block starts (params.c)
-        void (*deq)(int64_t, const uint8_t *, float *) =
-            dt == ATTN_Q4_0 ? ai_dequant_q4_0_blocks  // the portable one: no kernel has its own
-            : kern->dequant_q8_0 ? kern->dequant_q8_0 : ai_dequant_q8_0_blocks;
-        for (int64_t c = 0; c < nk; c++)
-            deq(width / 32, (const uint8_t *)t.data + attn_row_byte_offset(dt, c * t.ld),
-                buf + c * width);
-        return buf;
-    }
-    if (t.es == 1) {
-        if (dt == ATTN_F32) {
-            *ld = t.ld;
-            return (const float *)t.data;
-        }
-        for (int64_t c = 0; c < nk; c++)
-            kern->to_f32(dt, width, (const uint16_t *)t.data + c * t.ld, buf + c * width);
-        return buf;
-    }
-    for (int64_t c = 0; c < nk; c++)
-        for (int64_t d = 0; d < width; d++)
-            buf[c * width + d] = attn_load(dt, t.data, c * t.ld + d * t.es);
-    return buf;
-}
-
 /* The logits of the tile at keys j0 .. j0+nk-1, masked: S^T in w->s. */
 static void tile_logits(const attn_params *p, const attn_kernels *kern, const fused_scratch *w,
                         const fused_block *blk, int64_t j0, int64_t nk, bool boundary) {
     const int64_t dk = p->Dk;
-    const kv_tile kt = kv_rows(p, blk, p->k, p->k_s, dk, j0, nk, w->gk);
+    const kv_tile kt = fused_kv_rows(p, blk, p->k, p->k_s, dk, j0, nk, false, w->gk);
     if (blk->qk_bf16) {
         kern->qk_bf16(blk->npad, nk, dk, w->qp, w->ld, (const uint16_t *)kt.data, kt.ld,
                       p->scale, w->s, w->ld);
     } else {
         int64_t ldk;
-        const float *k = kv_block(p, blk, false, j0, kern, p->kv_dt, kt, dk, nk,
+        const float *k = fused_kv_block(p, blk, false, j0, kern, p->kv_dt, kt, dk, nk,
                                   attn_kv_scale(p->k_scale, p->k_scale_s, blk->g), w->k, &ldk);
         kern->qk(blk->n, blk->npad, nk, dk, w->q, w->qt, w->ld, k, ldk, p->scale, w->s, w->ld);
     }
@@ -599,7 +505,7 @@ static void tile_general(const attn_params *p, const attn_params *pt, const attn
     if (n <= 4 && pj < jb) prefetch_tile(p, blk, pj, jb - pj < plan->bk ? jb - pj : plan->bk);
     tile_logits(pt, kern, w, blk, j0, nk, boundary);
     if (fast && clean && kern->pv_bf16 && p->v_s[3] == 1 && !p->dropout) {
-        const kv_tile vt = kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, w->gv);
+        const kv_tile vt = fused_kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, blk->gather, w->gv);
         const uint16_t *v = (const uint16_t *)vt.data;
         const float *probs = w->s;
         if (p->weights) {  // P kept in s for the weights: the same O (kernels.h)
@@ -621,7 +527,7 @@ static void tile_general(const attn_params *p, const attn_params *pt, const attn
         for (int64_t c = 0; c < nk; c++)
             for (int64_t r = 0; r < n; r++)
                 w->s[c * w->ld + r] = attn_bf16_to_f32(attn_f32_to_bf16(w->s[c * w->ld + r]));
-    const kv_tile vt = kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, w->gv);
+    const kv_tile vt = fused_kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, blk->gather, w->gv);
     if (kern->pv_h && (p->kv_dt == ATTN_BF16 || p->kv_dt == ATTN_F16) && vt.es == 1) {
         /* 16-bit values converted as pv reads them (its own zero-skipping test covers a
          * dropped weight's V too) */
@@ -630,7 +536,7 @@ static void tile_general(const attn_params *p, const attn_params *pt, const attn
         return;
     }
     int64_t ldv;
-    const float *v = kv_block(p, blk, true, j0, kern, p->kv_dt, vt, dv, nk,
+    const float *v = fused_kv_block(p, blk, true, j0, kern, p->kv_dt, vt, dv, nk,
                               attn_kv_scale(p->v_scale, p->v_scale_s, blk->g), w->v, &ldv);
     /* a dropped weight is 0, like a masked one: it must not multiply its V either, which
      * matters only where the value block holds a NaN or Inf (0 · v = 0 exactly otherwise),

@@ -3,9 +3,10 @@
  *                 ask of a tile before computing it: the params it is computed with under
  *                 the mask summary (fused_tile_params: open, mixed or skipped), the
  *                 address of a key or value row in a contiguous or paged cache
- *                 (fused_kv_row, fused_kv_segment) and whether a block of few rows takes
- *                 the kernels' one-pass decoding step (fused_takes_decode). fused_plan.h
- *                 declares them.
+ *                 (fused_kv_row, fused_kv_segment), a tile's rows as the kernels read
+ *                 them (fused_kv_rows: in place or gathered dense; fused_kv_block: as
+ *                 float32) and whether a block of few rows takes the kernels' one-pass
+ *                 decoding step (fused_takes_decode). fused_plan.h declares them.
  *
  * What it is not: the tile's arithmetic (fused.c, the kernels) or the plan's sizes
  * (fused_geom.c).
@@ -95,4 +96,111 @@ bool fused_tile_trim(const attn_params *p, const fused_plan *plan, const fused_b
     *j0 = a;
     *nk = e - a;
     return true;
+}
+
+/* Whether a call's prefill blocks gather their V tiles dense (fused_kv_rows): rows of a
+ * non-block dtype, unit stride along the row, at a row stride other than their width (V
+ * read as [B, S, H, D] memory: transformers' layout). P·V sweeps a V tile once per few
+ * query rows; at a row stride of a multiple of 1 KiB the tile's rows fall in a few of
+ * the L1's sets and evict each other between sweeps, where dense they stay. K is read
+ * once a tile (Q·Kᵀ holds the block's rows in registers): left in place. The copy is a
+ * small part of a block's work from FUSED_GATHER_MIN_ROWS rows (docs/KERNELS.md,
+ * "Strided rows"). Not for a paged cache (its own rule) or decoding's few rows. */
+bool fused_gathers_rows(const attn_params *p) {
+    if (p->block_table || attn_is_block_dtype(p->kv_dt) || p->kv_dt == ATTN_U4) return false;
+    return p->v_s[3] == 1 && p->v_s[2] != p->Dv;
+}
+
+
+/* Rows j0 .. j0+nk-1 (nk >= 1) of the block's head (b, g) in K or V (base, strides st,
+ * rows of `width` elements): in place when they lie at one stride (a contiguous cache,
+ * or a tile within one page: the pages' own memory, no copy), else gathered page by page
+ * into gbuf as nk dense rows; and gathered too where `dense` asks (a block's V rows,
+ * fused_gathers_rows) and the rows lie at a stride other than their width. The values are the same either
+ * way, so a paged or strided call computes what the contiguous one does on the same
+ * tiles, bit for bit. */
+kv_tile fused_kv_rows(const attn_params *p, const fused_block *blk, const void *base,
+                      const int64_t st[4], int64_t width, int64_t j0, int64_t nk, bool dense,
+                      char *gbuf) {
+    const attn_dtype dt = p->kv_dt;
+    const int64_t ek = attn_elem_bytes(dt), rb = attn_row_bytes(dt, width);  // q8_0: blocks
+    dense = dense && st[3] == 1 && st[2] != width;
+    if (attn_kv_one_run(p, j0, nk) && !dense)
+        return (kv_tile){(const char *)base +
+                             attn_row_byte_offset(dt, attn_kv_offset(p, st, blk->b, blk->g, j0)),
+                         st[2], st[3]};
+    for (int64_t c = 0; c < nk;) {
+        const int64_t j = j0 + c;
+        int64_t run = p->block_table ? p->page_size - j % p->page_size : nk - c;  // in j's page
+        if (run > nk - c) run = nk - c;
+        const int64_t at = attn_kv_offset(p, st, blk->b, blk->g, j);
+        if (st[3] == 1 && st[2] == width) {  // the run's rows are one block: one copy
+            memcpy(gbuf + c * rb, (const char *)base + attn_row_byte_offset(dt, at), (size_t)(run * rb));
+            c += run;
+            continue;
+        }
+        for (int64_t r = 0; r < run; r++, c++) {
+            char *dst = gbuf + c * rb;
+            const char *row = (const char *)base + attn_row_byte_offset(dt, at + r * st[2]);
+            if (st[3] == 1) {
+                memcpy(dst, row, (size_t)rb);
+            } else {
+                for (int64_t d = 0; d < width; d++) memcpy(dst + d * ek, row + d * st[3] * ek, (size_t)ek);
+            }
+        }
+    }
+    return (kv_tile){gbuf, width, 1};
+}
+
+/* The conversion of a block of nk rows (t, as fused_kv_rows gives them) to float32: t itself
+ * when it is float32 with unit element stride, else converted into buf (the kernel's
+ * vector conversion for 16-bit rows with unit element stride). *ld gets the row stride.
+ * scale is the rows' fp8 scale (attn_kv_scale; 1 for the other dtypes, not read). A u4
+ * cache's rows are keys j0 .. j0+nk-1 of the block's head, of V when values, each read
+ * with its own scales and zeros (ai_u4_row). */
+const float *fused_kv_block(const attn_params *p, const fused_block *blk, bool values,
+                             int64_t j0, const attn_kernels *kern, attn_dtype dt, kv_tile t,
+                             int64_t width, int64_t nk, float scale, float *buf, int64_t *ld) {
+    *ld = width;
+    if (dt == ATTN_U4) {  // unit stride along the row, rows on block starts (params.c)
+        for (int64_t c = 0; c < nk; c++)
+            ai_u4_row(p, values, blk->b, blk->g, j0 + c,
+                      (const uint8_t *)t.data + attn_row_byte_offset(dt, c * t.ld), width,
+                      buf + c * width);
+        return buf;
+    }
+    if (attn_is_fp8(dt)) {
+        /* the 256 values a byte can stand for, fl32(fp8 * scale) each (attn.h), then one
+         * look-up an element: the same value as converting each one, for 256 products a
+         * tile instead of nk * width */
+        float val[256];
+        for (int x = 0; x < 256; x++) val[x] = attn_fp8_to_f32(dt, (uint8_t)x) * scale;
+        for (int64_t c = 0; c < nk; c++) {
+            const uint8_t *row = (const uint8_t *)t.data + c * t.ld;
+            for (int64_t d = 0; d < width; d++) buf[c * width + d] = val[row[d * t.es]];
+        }
+        return buf;
+    }
+    if (attn_is_block_dtype(dt)) {  // unit stride along the row, rows on block starts (params.c)
+        void (*deq)(int64_t, const uint8_t *, float *) =
+            dt == ATTN_Q4_0 ? ai_dequant_q4_0_blocks  // the portable one: no kernel has its own
+            : kern->dequant_q8_0 ? kern->dequant_q8_0 : ai_dequant_q8_0_blocks;
+        for (int64_t c = 0; c < nk; c++)
+            deq(width / 32, (const uint8_t *)t.data + attn_row_byte_offset(dt, c * t.ld),
+                buf + c * width);
+        return buf;
+    }
+    if (t.es == 1) {
+        if (dt == ATTN_F32) {
+            *ld = t.ld;
+            return (const float *)t.data;
+        }
+        for (int64_t c = 0; c < nk; c++)
+            kern->to_f32(dt, width, (const uint16_t *)t.data + c * t.ld, buf + c * width);
+        return buf;
+    }
+    for (int64_t c = 0; c < nk; c++)
+        for (int64_t d = 0; d < width; d++)
+            buf[c * width + d] = attn_load(dt, t.data, c * t.ld + d * t.es);
+    return buf;
 }
