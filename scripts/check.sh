@@ -66,8 +66,14 @@ run_suite() {
     "$@" 2>&1 | tee "$log"
     local rc=${PIPESTATUS[0]}
     stage_time "$name" "$t0" "$c0"
-    local line
-    line=$(grep -E '^[A-Za-z0-9_-]+: [0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+    count_suite "$name" "$rc" "$log"
+}
+
+# count_suite NAME RC OUTPUT_FILE: adds one suite's counts (its last summary line) to the
+# totals; no summary line, or a failed exit with no failed check, is one failure.
+count_suite() {
+    local name=$1 rc=$2 out=$3 line
+    line=$(grep -E '^[A-Za-z0-9_-]+: [0-9]+ passed, [0-9]+ failed' "$out" | tail -n 1)
     if [ -z "$line" ]; then
         echo "$name: no summary line (exit $rc): counted as 1 failure"
         total_fail=$((total_fail + 1))
@@ -205,12 +211,38 @@ if [ "${ATTN_CHECK_CROSS:-1}" != 0 ] && [ "$(uname -m)" = x86_64 ]; then
         for t in $CROSS_SUITES; do targets="$targets build-arm64/tests/$t"; done
         # shellcheck disable=SC2086
         if timed "build aarch64" make -s -j"$jobs" CC=aarch64-linux-gnu-gcc BUILD=build-arm64 BLAS=none $targets; then
+            # the case matrices one case in 8: the build and the generic kernel on this
+            # ISA are what this run tests; the matrices run in full natively. Each suite
+            # is one emulated thread nearly all the time, so $jobs run at once, each into
+            # a file of its own; their outputs, counts and stage lines then follow in order.
+            qdir=$(mktemp -d)
+            q0=$(date +%s)
+            running=0
             for t in $CROSS_SUITES; do
-                # the case matrices one case in 8: the build and the generic kernel on
-                # this ISA are what this run tests; the matrices run in full natively
-                run_suite "aarch64 (qemu) $t" env QEMU_LD_PREFIX=/usr/aarch64-linux-gnu \
-                    ATTN_TEST_EVERY=8 qemu-aarch64 "build-arm64/tests/$t"
+                if [ "$running" -ge "$jobs" ]; then wait -n; running=$((running - 1)); fi
+                (
+                    s0=$(date +%s.%N)
+                    env QEMU_LD_PREFIX=/usr/aarch64-linux-gnu ATTN_TEST_EVERY=8 \
+                        qemu-aarch64 "build-arm64/tests/$t" >"$qdir/$t.out" 2>&1
+                    echo $? >"$qdir/$t.rc"
+                    times >"$qdir/$t.cpu"  # this subshell's children: the suite alone
+                    awk -v n="aarch64 (qemu) $t" -v a="$s0" -v b="$(date +%s.%N)" -v f="$qdir/$t.cpu" \
+                        'BEGIN { getline l1 < f; getline l2 < f; split(l2, x, " ");
+                                 split(x[1], u, /[ms]/); split(x[2], v, /[ms]/);
+                                 printf "%8.1f %8.1f  %s\n", b - a, u[1] * 60 + u[2] + v[1] * 60 + v[2], n }' \
+                        >"$qdir/$t.time"
+                ) &
+                running=$((running + 1))
             done
+            wait
+            for t in $CROSS_SUITES; do
+                echo "== aarch64 (qemu) $t"
+                cat "$qdir/$t.out"
+                cat "$qdir/$t.time" >>"$times_file" 2>/dev/null
+                count_suite "aarch64 (qemu) $t" "$(cat "$qdir/$t.rc" 2>/dev/null || echo 1)" "$qdir/$t.out"
+            done
+            echo "== aarch64 (qemu): $(wc -w <<<"$CROSS_SUITES") suites in $(($(date +%s) - q0)) s wall, $jobs at a time"
+            rm -rf "$qdir"
         else
             echo "aarch64 cross build failed: counted as 1 failure"
             total_fail=$((total_fail + 1))

@@ -15,6 +15,10 @@
  * multiple of the row padding, out of range, not a number). O's bits may differ between
  * settings: which rows share a block decides which of them form a block of few rows, and
  * those take the kernels' decoding forms (kernels.h).
+ * With ATTN_TEST_EVERY=n (the sanitizer run of scripts/check.sh) each child still sends the
+ * workspace of every case, so the parent's checks stay whole, but checks the outputs of one
+ * case in n, the cases taken in turn from child to child: every case is still run and
+ * checked on every kernel, under some of the settings.
  * What it is not: the forward's numbers at large (test_forward) or speed (docs/KERNELS.md).
  */
 #include <stdio.h>
@@ -96,8 +100,11 @@ static bool read_all(int fd, void *p, size_t n) {
 }
 
 /* The child: every case under this setting; per case its workspace bytes, then its pass
- * and fail counts. */
-static void child(int fd, const char *isa, const setting *s) {
+ * and fail counts. Under ATTN_TEST_EVERY=n it runs and checks the cases c with
+ * (c + turn) % n == the phase only (turn: this child's number, kernels by settings). */
+static void child(int fd, const char *isa, const setting *s, int turn) {
+    int64_t every, phase;
+    test_sampling(&every, &phase);
     g_pass = g_fail = 0;  // this process's own checks, not the parent's before the fork
     setenv("ATTN_ISA", isa, 1);
     if (s->bq) setenv("ATTN_FWD_BQ", s->bq, 1);
@@ -108,12 +115,17 @@ static void child(int fd, const char *isa, const setting *s) {
     for (int i = 0; make_case(i, &c); i++) {
         tcall t;
         tcall_build(&t, &c);
-        tcall_oracle(&t);
         size_t ws = 0;
         t.opt.path = ATTN_PATH_FUSED;
         t.opt.threads = 2;
         CHECK(attn_forward_workspace_size(&t.q, &t.k, &t.v, &t.o, &t.opt, &ws) == ATTN_OK,
               "workspace size [%s]", t.desc);
+        if ((i + turn) % every != phase) {  // sampled out: its workspace only
+            write_all(fd, &ws, sizeof ws);
+            tcall_free(&t);
+            continue;
+        }
+        tcall_oracle(&t);
         const attn_status st = tcall_run(&t, ATTN_PATH_FUSED, 2);
         CHECK(st == ATTN_OK, "%s ATTN_FWD_BQ=%s ATTN_FWD_BK=%s: %s [%s]", isa,
               s->bq ? s->bq : "-", s->bk ? s->bk : "-", attn_last_error(), t.desc);
@@ -143,7 +155,7 @@ typedef struct outcome {
     bool ok;  // the child ran to its end
 } outcome;
 
-static outcome run_setting(const char *isa, const setting *s, int ncases) {
+static outcome run_setting(const char *isa, const setting *s, int ncases, int turn) {
     outcome r = {xcalloc(ncases, sizeof(size_t)), false};
     int fds[2];
     if (pipe(fds) != 0) return r;
@@ -151,7 +163,7 @@ static outcome run_setting(const char *isa, const setting *s, int ncases) {
     const pid_t pid = fork();
     if (pid == 0) {
         close(fds[0]);
-        child(fds[1], isa, s);
+        child(fds[1], isa, s, turn);
         close(fds[1]);
         _exit(0);
     }
@@ -173,15 +185,17 @@ static void outcome_free(outcome *r) { free(r->ws); }
 
 int main(void) {
     const int ncases = count_cases();
+    int64_t every, phase;
+    test_sampling(&every, &phase);  // its line printed once, before the children
     int kernels = 0;
     for (const char *const *name = attn_kernel_list(); *name; name++) {
         if (!attn_kernel_supported(*name)) continue;
         kernels++;
-        outcome base = run_setting(*name, &k_settings[0], ncases);
+        outcome base = run_setting(*name, &k_settings[0], ncases, kernels * N_SETTINGS);
         CHECK(base.ok, "%s: the default setting's child did not finish", *name);
         for (int si = 1; si < N_SETTINGS && base.ok; si++) {
             const setting *s = &k_settings[si];
-            outcome r = run_setting(*name, s, ncases);
+            outcome r = run_setting(*name, s, ncases, kernels * N_SETTINGS + si);
             CHECK(r.ok, "%s ATTN_FWD_BQ=%s ATTN_FWD_BK=%s: the child did not finish", *name,
                   s->bq ? s->bq : "-", s->bk ? s->bk : "-");
             int ws_wrong = 0;

@@ -29,19 +29,21 @@
 #include "list.h"
 
 /* The kernels' templates (helpers whose tile sizes are constant arguments) are forced
- * inline, so that each expansion keeps its tile in registers. Under clang with a
- * sanitizer (the Makefile defines ATTN_SANITIZED when SAN is set) they are kept out of
- * line instead (also for a plain clang -fsanitize=address command): every expansion
- * inlined and unrolled, with a check on each access, made one file take clang more than
- * 8 minutes and 5 GB (docs/HARDENING.md). The arithmetic is the same either way; only
- * where it runs from changes. */
+ * inline, so that each expansion keeps its tile in registers. In a sanitizer build (the
+ * Makefile defines ATTN_SANITIZED when SAN is set; clang's feature tests catch a plain
+ * clang -fsanitize=address command) they are kept out of line instead, under gcc as under
+ * clang: every expansion inlined and unrolled, with a check on each access, is one huge
+ * function, and two kernel files then took longer to compile than the rest of the
+ * sanitizer build together (docs/HARDENING.md). The arithmetic and the memory accesses are
+ * the same either way, each access checked as before; only where the code runs from
+ * changes. */
 #if defined(__clang__) && defined(__has_feature)
 #if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
     __has_feature(memory_sanitizer)
 #define ATTN_KERNEL_OUT_OF_LINE
 #endif
 #endif
-#if defined(__clang__) && defined(ATTN_SANITIZED)  /* UBSan alone has no feature test */
+#if defined(ATTN_SANITIZED) && !defined(ATTN_KERNEL_OUT_OF_LINE)  /* UBSan alone has no feature test */
 #define ATTN_KERNEL_OUT_OF_LINE
 #endif
 #ifdef ATTN_KERNEL_OUT_OF_LINE

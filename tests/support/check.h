@@ -55,10 +55,11 @@ static inline int within_f32_tol(const float *got, const double *ref, int64_t n,
  * the size of the case matrix; and the kernels dispatch does not pick on this CPU, whose
  * numbers the picked kernel's full run and theirs share out): the big case loops run one
  * case in n, in a fixed order, the cases c with c % n == ATTN_TEST_PHASE (0 when unset;
- * all when n is unset or 1). True when this case is one to skip; the loops call it once
- * per case. */
-static inline int test_case_skipped(void) {
-    static int64_t every = -1, phase = 0, seen = 0;
+ * all when n is unset or 1). test_case_skipped is true when this case is one to skip; the
+ * loops call it once per case. test_sampling gives n and the phase, for a suite that picks
+ * its cases by another count (test_fwd_geom). */
+static inline void test_sampling(int64_t *every_out, int64_t *phase_out) {
+    static int64_t every = -1, phase = 0;
     if (every < 0) {
         const char *e = getenv("ATTN_TEST_EVERY"), *ph = getenv("ATTN_TEST_PHASE");
         every = e && atoi(e) > 1 ? atoi(e) : 1;
@@ -67,6 +68,14 @@ static inline int test_case_skipped(void) {
             printf("ATTN_TEST_EVERY=%lld: the case matrices run one case in %lld (from case "
                    "%lld)\n", (long long)every, (long long)every, (long long)phase);
     }
+    *every_out = every;
+    *phase_out = phase;
+}
+
+static inline int test_case_skipped(void) {
+    static int64_t seen = 0;
+    int64_t every, phase;
+    test_sampling(&every, &phase);
     return seen++ % every != phase;
 }
 
