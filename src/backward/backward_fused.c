@@ -288,25 +288,16 @@ static bool pack_key_block(const attn_params *p, const bwd_plan *plan, const bwd
 }
 
 /* rows i0 .. i0+n-1 of (b, h) of a [.., .., L, width] view: the caller's memory when its
- * rows are dense (last stride 1, rows width apart), else a packed copy in buf; *ld gets
- * the row stride. Rows at another stride (Q and dO read as [B, L, H, D] memory:
- * transformers' layout) are copied too: the tile's products sweep them once per panel of
- * keys, and at a row stride of a multiple of 1 KiB they would fall in a few of the L1's
- * sets and evict each other between sweeps (docs/KERNELS.md, "Strided rows"). */
+ * last stride is 1, else a packed copy in buf; *ld gets the row stride */
 static const float *query_rows(const float *base, const int64_t st[4], int64_t width, int64_t b,
                                int64_t h, int64_t i0, int64_t n, float *buf, int64_t *ld) {
     const float *x = base + b * st[0] + h * st[1] + i0 * st[2];
-    if (st[3] == 1 && (st[2] == width || n == 1)) {
+    if (st[3] == 1) {
         *ld = st[2];
         return x;
     }
-    for (int64_t r = 0; r < n; r++) {
-        if (st[3] == 1) {
-            memcpy(buf + r * width, x + r * st[2], (size_t)width * sizeof(float));
-            continue;
-        }
+    for (int64_t r = 0; r < n; r++)
         for (int64_t d = 0; d < width; d++) buf[r * width + d] = x[r * st[2] + d * st[3]];
-    }
     *ld = width;
     return buf;
 }

@@ -103,11 +103,10 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
         if ((uint64_t)tiles > SIZE_MAX / 64 / (size_t)(bq * (int64_t)sizeof(float))) return false;
         CARVE(off_mt, (size_t)(tiles * bq) * sizeof(float));
     }
-    plan->gather_rows = fused_gathers_rows(p);
-    if (p->block_table)  // a paged cache: the K rows of a tile that crosses pages, gathered
+    if (p->block_table) {  // a paged cache: the rows of a tile that crosses pages, gathered
         CARVE(off_gk, (size_t)(bk * attn_row_bytes(p->kv_dt, dk)));
-    if (p->block_table || plan->gather_rows)  // V rows gathered dense (fused_kv_rows)
         CARVE(off_gv, (size_t)(bk * attn_row_bytes(p->kv_dt, dv)));
+    }
 #undef CARVE
     plan->thread_bytes = at;
     return true;
@@ -188,7 +187,6 @@ static fused_block item_rows(const attn_params *p, const fused_plan *plan,
      * few rows (decoding) the float32 dot-product kernel on converted keys is faster. */
     blk.qk_bf16 = p->q_dt == ATTN_BF16 && p->kv_dt == ATTN_BF16 && p->kernels->qk_bf16 &&
                   p->k_s[3] == 1 && blk.n > 4;
-    blk.gather = plan->gather_rows && blk.n >= FUSED_GATHER_MIN_ROWS;
     blk.jmin = INT64_MAX, blk.jmax = 0, blk.lo_max = 0, blk.hi_min = INT64_MAX;
     blk.dense = true;
     for (int64_t r = 0; r < blk.n; r++) {
@@ -270,7 +268,7 @@ static void finish_tile(const attn_params *p, const fused_scratch *w, const fuse
 static void tile_logits(const attn_params *p, const attn_kernels *kern, const fused_scratch *w,
                         const fused_block *blk, int64_t j0, int64_t nk, bool boundary) {
     const int64_t dk = p->Dk;
-    const kv_tile kt = fused_kv_rows(p, blk, p->k, p->k_s, dk, j0, nk, false, w->gk);
+    const kv_tile kt = fused_kv_rows(p, blk, p->k, p->k_s, dk, j0, nk, w->gk);
     if (blk->qk_bf16) {
         kern->qk_bf16(blk->npad, nk, dk, w->qp, w->ld, (const uint16_t *)kt.data, kt.ld,
                       p->scale, w->s, w->ld);
@@ -505,7 +503,7 @@ static void tile_general(const attn_params *p, const attn_params *pt, const attn
     if (n <= 4 && pj < jb) prefetch_tile(p, blk, pj, jb - pj < plan->bk ? jb - pj : plan->bk);
     tile_logits(pt, kern, w, blk, j0, nk, boundary);
     if (fast && clean && kern->pv_bf16 && p->v_s[3] == 1 && !p->dropout) {
-        const kv_tile vt = fused_kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, blk->gather, w->gv);
+        const kv_tile vt = fused_kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, w->gv);
         const uint16_t *v = (const uint16_t *)vt.data;
         const float *probs = w->s;
         if (p->weights) {  // P kept in s for the weights: the same O (kernels.h)
@@ -527,7 +525,7 @@ static void tile_general(const attn_params *p, const attn_params *pt, const attn
         for (int64_t c = 0; c < nk; c++)
             for (int64_t r = 0; r < n; r++)
                 w->s[c * w->ld + r] = attn_bf16_to_f32(attn_f32_to_bf16(w->s[c * w->ld + r]));
-    const kv_tile vt = fused_kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, blk->gather, w->gv);
+    const kv_tile vt = fused_kv_rows(p, blk, p->v, p->v_s, dv, j0, nk, w->gv);
     if (kern->pv_h && (p->kv_dt == ATTN_BF16 || p->kv_dt == ATTN_F16) && vt.es == 1) {
         /* 16-bit values converted as pv reads them (its own zero-skipping test covers a
          * dropped weight's V too) */

@@ -44,7 +44,6 @@ typedef struct fused_plan {
     size_t off_q, off_qt, off_k, off_v, off_s, off_acc, off_m, off_l, off_alpha;
     size_t off_lo, off_hi, off_h, off_i, off_qp, off_pairs, off_gk, off_gv;
     size_t off_mt;            // with weights: each tile's running max of each row
-    bool gather_rows;         // fused_gathers_rows: prefill blocks gather V tiles dense
     /* the call's bool mask and bias, summarized once (mask_summary.h), and the params
      * without them, for the tiles they leave open; both NULL without mask or bias */
     const attn_mask_summary *sum;
@@ -65,7 +64,7 @@ typedef struct fused_scratch {
     int64_t *h, *i;        // (bq) each row's query head and row index
     uint32_t *qp;          // (ceil(Dk/2), bq) bf16 query pairs, for qk_bf16
     uint32_t *pairs;       // the packed P and V pairs of pv_bf16
-    char *gk, *gv;         // (bk, Dk), (bk, Dv) in the cache's dtype: a tile's rows gathered
+    char *gk, *gv;         // (bk, Dk), (bk, Dv) in the cache's dtype: a paged tile's rows
     float *mt;             // (tiles, bq) with weights: m after each tile of the sweep
 } fused_scratch;
 
@@ -78,11 +77,7 @@ typedef struct fused_block {
     int64_t jmin, jmax;      // union of the rows' ranges
     int64_t lo_max, hi_min;  // [lo_max, hi_min): keys every row may read
     bool qk_bf16;            // Q·Kᵀ on the kernel's bf16 dot products
-    bool gather;             // its tiles' strided V rows gathered dense
 } fused_block;
-
-/* the rows from which a block gathers strided V tiles (fused_gathers_rows) */
-enum { FUSED_GATHER_MIN_ROWS = 16 };
 
 /* A tile's key or value rows in the cache's own dtype: row c at data + c * ld elements,
  * element d of a row at + d * es. */
@@ -100,10 +95,8 @@ const char *fused_kv_row(const attn_params *p, const fused_block *blk, const voi
                          const int64_t st[4], int64_t j);
 int64_t fused_kv_segment(const attn_params *p, int64_t j, int64_t nk);
 bool fused_takes_decode(const attn_params *p, const attn_kernels *kern, int64_t n);
-bool fused_gathers_rows(const attn_params *p);
 kv_tile fused_kv_rows(const attn_params *p, const fused_block *blk, const void *base,
-                      const int64_t st[4], int64_t width, int64_t j0, int64_t nk, bool dense,
-                      char *gbuf);
+                      const int64_t st[4], int64_t width, int64_t j0, int64_t nk, char *gbuf);
 const float *fused_kv_block(const attn_params *p, const fused_block *blk, bool values,
                             int64_t j0, const attn_kernels *kern, attn_dtype dt, kv_tile t,
                             int64_t width, int64_t nk, float scale, float *buf, int64_t *ld);

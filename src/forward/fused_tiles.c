@@ -4,7 +4,7 @@
  *                 the mask summary (fused_tile_params: open, mixed or skipped), the
  *                 address of a key or value row in a contiguous or paged cache
  *                 (fused_kv_row, fused_kv_segment), a tile's rows as the kernels read
- *                 them (fused_kv_rows: in place or gathered dense; fused_kv_block: as
+ *                 them (fused_kv_rows: in place or gathered from pages; fused_kv_block: as
  *                 float32) and whether a block of few rows takes the kernels' one-pass
  *                 decoding step (fused_takes_decode). fused_plan.h declares them.
  *
@@ -98,40 +98,22 @@ bool fused_tile_trim(const attn_params *p, const fused_plan *plan, const fused_b
     return true;
 }
 
-/* Whether a call's prefill blocks gather their V tiles dense (fused_kv_rows): rows of a
- * non-block dtype, unit stride along the row, at a row stride other than their width (V
- * read as [B, S, H, D] memory: transformers' layout). P·V sweeps a V tile once per few
- * query rows; at a row stride of a multiple of 1 KiB the tile's rows fall in a few of
- * the L1's sets and evict each other between sweeps, where dense they stay. K is read
- * once a tile (Q·Kᵀ holds the block's rows in registers): left in place. The copy is a
- * small part of a block's work from FUSED_GATHER_MIN_ROWS rows (docs/KERNELS.md,
- * "Strided rows"). Not for a paged cache (its own rule) or decoding's few rows. */
-bool fused_gathers_rows(const attn_params *p) {
-    if (p->block_table || attn_is_block_dtype(p->kv_dt) || p->kv_dt == ATTN_U4) return false;
-    return p->v_s[3] == 1 && p->v_s[2] != p->Dv;
-}
-
-
 /* Rows j0 .. j0+nk-1 (nk >= 1) of the block's head (b, g) in K or V (base, strides st,
  * rows of `width` elements): in place when they lie at one stride (a contiguous cache,
  * or a tile within one page: the pages' own memory, no copy), else gathered page by page
- * into gbuf as nk dense rows; and gathered too where `dense` asks (a block's V rows,
- * fused_gathers_rows) and the rows lie at a stride other than their width. The values are the same either
- * way, so a paged or strided call computes what the contiguous one does on the same
- * tiles, bit for bit. */
+ * into gbuf as nk dense rows. The values are the same either way, so a paged call
+ * computes what the contiguous one does on the same tiles, bit for bit. */
 kv_tile fused_kv_rows(const attn_params *p, const fused_block *blk, const void *base,
-                      const int64_t st[4], int64_t width, int64_t j0, int64_t nk, bool dense,
-                      char *gbuf) {
+                      const int64_t st[4], int64_t width, int64_t j0, int64_t nk, char *gbuf) {
     const attn_dtype dt = p->kv_dt;
     const int64_t ek = attn_elem_bytes(dt), rb = attn_row_bytes(dt, width);  // q8_0: blocks
-    dense = dense && st[3] == 1 && st[2] != width;
-    if (attn_kv_one_run(p, j0, nk) && !dense)
+    if (attn_kv_one_run(p, j0, nk))
         return (kv_tile){(const char *)base +
                              attn_row_byte_offset(dt, attn_kv_offset(p, st, blk->b, blk->g, j0)),
                          st[2], st[3]};
     for (int64_t c = 0; c < nk;) {
         const int64_t j = j0 + c;
-        int64_t run = p->block_table ? p->page_size - j % p->page_size : nk - c;  // in j's page
+        int64_t run = p->page_size - j % p->page_size;  // rows left in j's page
         if (run > nk - c) run = nk - c;
         const int64_t at = attn_kv_offset(p, st, blk->b, blk->g, j);
         if (st[3] == 1 && st[2] == width) {  // the run's rows are one block: one copy
