@@ -92,7 +92,7 @@ count_suite() {
 
 # The suites whose results depend on the micro-kernels run once per kernel this CPU
 # supports (ATTN_ISA), not only the one dispatch picks; the others run once.
-PER_KERNEL="test_forward test_paged test_paged_decode test_edge test_onnx test_half test_backward test_backward_edge test_backward_half test_masks test_mask_lengths test_key_padding_paths test_team_threshold test_weights test_q8_0 test_kv_append_q8 test_fp8_q4 test_u4 test_sinks test_sinks_backward test_dropout test_dropout_backward test_cascade test_weights_fast test_fast_level test_varlen test_bias_grad test_block_mask test_mla test_varlen_paged test_key_scores"
+PER_KERNEL="test_forward test_paged test_paged_decode test_edge test_onnx test_half test_backward test_backward_edge test_backward_half test_masks test_mask_lengths test_key_padding_paths test_team_threshold test_weights test_q8_0 test_kv_append_q8 test_fp8_q4 test_u4 test_sinks test_sinks_backward test_dropout test_dropout_backward test_cascade test_weights_fast test_fast_level test_varlen test_bias_grad test_block_mask test_mla test_varlen_paged test_key_scores test_dense_kv"
 
 # The suites that test each kernel table the CPU runs from inside, one after another (the
 # rest run the kernel dispatch picks).
@@ -204,7 +204,7 @@ fi
 # The portable build on another CPU: on an x86-64 machine with an AArch64 cross compiler
 # and qemu-user (scripts/deps.sh installs them), the library and the C suites are built
 # for AArch64, where only the generic kernel exists, and run under emulation.
-CROSS_SUITES="test_api test_kernels test_gemm test_edge test_npy test_forward test_half test_onnx test_backward test_backward_edge test_backward_half test_empty test_alias test_weights test_q8_0 test_kv_append_q8 test_fp8_q4 test_sinks test_sinks_backward test_dropout test_dropout_backward test_cascade test_weights_fast test_f64_masks test_fast_level test_varlen test_bias_grad test_mla test_varlen_paged test_key_scores test_u4"
+CROSS_SUITES="test_api test_kernels test_gemm test_edge test_npy test_forward test_half test_onnx test_backward test_backward_edge test_backward_half test_empty test_alias test_weights test_q8_0 test_kv_append_q8 test_fp8_q4 test_sinks test_sinks_backward test_dropout test_dropout_backward test_cascade test_weights_fast test_f64_masks test_fast_level test_varlen test_bias_grad test_mla test_varlen_paged test_key_scores test_u4 test_dense_kv"
 if [ "${ATTN_CHECK_CROSS:-1}" != 0 ] && [ "$(uname -m)" = x86_64 ]; then
     if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >/dev/null 2>&1; then
         targets="build-arm64/libattn.a"

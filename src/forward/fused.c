@@ -78,6 +78,11 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
         plan->split = (p->Lk + chunk - 1) / chunk;
     }
     plan->partial_floats = (size_t)(2 * bq + bq * dv);
+    if (plan->head_chunks * plan->q_blocks >= DENSE_KV_MIN_READS) {
+        plan->dense_k = fused_dense_bytes(p, p->k_s, dk);
+        plan->dense_v = fused_dense_bytes(p, p->v_s, dv);
+        if (plan->dense_k > DENSE_KV_MAX_BYTES - plan->dense_v) plan->dense_k = plan->dense_v = 0;
+    }
 
     size_t at = 0;
 #define CARVE(field, nbytes) (plan->field = at, at += round64(nbytes))
@@ -129,9 +134,10 @@ size_t ai_fused_workspace(const attn_params *p) {
     size_t partials;
     const size_t summary = ai_mask_summary_bytes(p);
     if (!make_plan(p, &plan) || !partial_bytes(&plan, &partials) || summary == (size_t)-1 ||
-        partials > SIZE_MAX / 4 - summary)
+        partials > SIZE_MAX / 4 - summary || summary > SIZE_MAX / 4)
         return (size_t)-1;
-    partials = round64(partials) + summary;
+    /* then the dense K and V (at most DENSE_KV_MAX_BYTES), then the summary */
+    partials = round64(partials) + round64(plan.dense_k) + round64(plan.dense_v) + summary;
     if ((size_t)p->threads > (SIZE_MAX - 128 - partials) / plan.thread_bytes) return (size_t)-1;
     return (size_t)p->threads * plan.thread_bytes + partials + 64;  // + 64: to align
 }
@@ -642,18 +648,22 @@ static void fold_sinks(const attn_params *p, const fused_block *blk, const fused
         ai_merge_sink(&w->m[r], &w->l[r], w->acc + r * p->Dv, p->Dv, attn_sink(p, w->h[r]));
 }
 
-attn_status ai_fused_forward(const attn_params *p, void *ws) {
+attn_status ai_fused_forward(const attn_params *given, void *ws) {
     fused_plan plan;
     size_t partials;
-    make_plan(p, &plan);  // cannot fail: the workspace query succeeded with the same p
+    make_plan(given, &plan);  // cannot fail: the workspace query succeeded with the same p
     partial_bytes(&plan, &partials);
     char *base = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
-    float *part = (float *)(base + (size_t)p->threads * plan.thread_bytes);
+    float *part = (float *)(base + (size_t)given->threads * plan.thread_bytes);
+    char *dense_at = (char *)part + round64(partials);
+    attn_params dense;
+    const attn_params *p =
+        fused_dense_params(given, &plan, dense_at, dense_at + round64(plan.dense_k), &dense);
     attn_mask_summary sum;
     attn_params open;
     /* key padding reaches here as key lengths already (ai_key_padding, mask_summary.h) */
     if (p->mask || p->bias || p->block) {
-        ai_mask_summary_init(p, (char *)part + round64(partials), &sum);
+        ai_mask_summary_init(p, dense_at + round64(plan.dense_k) + round64(plan.dense_v), &sum);
         open = *p;
         open.mask = NULL;
         open.bias = NULL;
@@ -668,6 +678,10 @@ attn_status ai_fused_forward(const attn_params *p, void *ws) {
     {
         const int tid = attn_thread_num();
         const fused_scratch w = carve(&plan, base + (size_t)tid * plan.thread_bytes);
+        if (p != given) {
+#pragma omp for schedule(static)
+            for (int64_t s = 0; s < 2 * p->B * p->Hkv; s++) fused_dense_copy(given, p, s);
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t u = 0; u < units; u++) {
             const fused_block blk = item_rows(p, &plan, &w, u / plan.split);

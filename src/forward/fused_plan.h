@@ -22,6 +22,14 @@ enum {
     SPLIT_MAX_LQ = 16, SPLIT_MAX = 16, SPLIT_MIN_KEYS = 1024, SPLIT_LONG_KEYS = 4096,
     SPLIT_UNITS = 16,
 };
+/* K and V whose rows are not adjacent (transformers' [B, L, H, D] memory seen as
+ * [B, H, L, D], a packed batch's [T, H, D]) are copied dense into the workspace once when
+ * each row is read by DENSE_KV_MIN_READS blocks or more (a prefill), so that a tile's rows
+ * lie in as few pages as a contiguous call's; at most DENSE_KV_MAX_BYTES of copies, above
+ * which the rows are read in place. The copy changes addresses only, never which path or
+ * kernel runs, so the bits are those of the call on dense tensors. */
+#define DENSE_KV_MIN_READS 8
+#define DENSE_KV_MAX_BYTES ((size_t)256 << 20)
 _Static_assert(SPLIT_MAX == ATTN_TUNE_SPLIT_MAX, "a tuned split is bounded by SPLIT_MAX");
 _Static_assert(SPLIT_MAX_LQ == ATTN_DECODE_MAX_ROWS, "the tuner's decoding class is the split's");
 
@@ -44,6 +52,7 @@ typedef struct fused_plan {
     size_t off_q, off_qt, off_k, off_v, off_s, off_acc, off_m, off_l, off_alpha;
     size_t off_lo, off_hi, off_h, off_i, off_qp, off_pairs, off_gk, off_gv;
     size_t off_mt;            // with weights: each tile's running max of each row
+    size_t dense_k, dense_v;  // bytes of K's, V's dense copy after the partials (0: none)
     /* the call's bool mask and bias, summarized once (mask_summary.h), and the params
      * without them, for the tiles they leave open; both NULL without mask or bias */
     const attn_mask_summary *sum;
@@ -95,6 +104,14 @@ const char *fused_kv_row(const attn_params *p, const fused_block *blk, const voi
                          const int64_t st[4], int64_t j);
 int64_t fused_kv_segment(const attn_params *p, int64_t j, int64_t nk);
 bool fused_takes_decode(const attn_params *p, const attn_kernels *kern, int64_t n);
+/* fused_tiles.c: K and V copied dense for a prefill (the DENSE_KV rule above): the bytes
+ * of one copy (0 = read in place), slice s of the 2 * B * Hkv slices copied from the
+ * caller's tensors (given) to run's, and the params the sweep reads (given, or *dense
+ * with K and V at at_k, at_v) */
+size_t fused_dense_bytes(const attn_params *p, const int64_t st[4], int64_t d);
+void fused_dense_copy(const attn_params *given, const attn_params *run, int64_t s);
+const attn_params *fused_dense_params(const attn_params *given, const fused_plan *plan,
+                                      char *at_k, char *at_v, attn_params *dense);
 kv_tile fused_kv_rows(const attn_params *p, const fused_block *blk, const void *base,
                       const int64_t st[4], int64_t width, int64_t j0, int64_t nk, char *gbuf);
 const float *fused_kv_block(const attn_params *p, const fused_block *blk, bool values,

@@ -1,0 +1,262 @@
+/*
+ * test_dense_kv.c — K and V whose rows are not adjacent: transformers' [B, L, H, D] memory
+ *                   read as [B, H, L, D], rows reversed (a negative stride), rows padded.
+ *                   A prefill copies such K and V dense into its workspace (fused_plan.h's
+ *                   DENSE_KV rule); the contract is that a view gives the bits of the same
+ *                   values in dense tensors. Checked here bit for bit against the dense
+ *                   call — O, LSE and the weights — over dtypes (float32, bfloat16, an fp8
+ *                   cache with a scale), GQA, causal both ways, a window, a bool mask, a
+ *                   float bias, key lengths, sinks, 1 and 2 threads, with the call's own
+ *                   workspace and with one the caller sized by the query; and that the
+ *                   query asks for the copy's bytes where the copy is taken (every
+ *                   kernel's rows per block up to ATTN_FWD_BQ_LIMIT) and not for a decoding
+ *                   step.
+ */
+#include <string.h>
+
+#include "attn.h"
+#include "support/check.h"
+
+static int g_cases;
+static uint64_t g_state = 0x9E3779B97F4A7C15ull;
+static float uniform(void) {  // in [-1, 1)
+    g_state = g_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((int64_t)(g_state >> 40) - (1 << 23)) / (float)(1 << 23);
+}
+
+typedef struct dcase {
+    int64_t B, Hq, Hkv, Lq, Lk, D;
+    attn_dtype kv;  // q takes it too, but for fp8 (q float32)
+    int layout;     // 1 [B, L, H, D]; 2 the same, rows reversed; 3 rows padded by 24 elements
+    bool causal, bottom_right, window, mask, bias, kv_len, sinks, weights;
+    int threads;
+} dcase;
+
+/* bytes of one element of the dtypes used here */
+static int64_t esize(attn_dtype t) { return t == ATTN_F32 ? 4 : t == ATTN_FP8_E4M3 ? 1 : 2; }
+
+/* random values of dtype t, n of them (fp8: codes away from NaN) */
+static void fill(void *buf, attn_dtype t, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = uniform() * 2.0f;
+        if (t == ATTN_F32) {
+            ((float *)buf)[i] = x;
+        } else if (t == ATTN_BF16) {
+            uint32_t u;
+            memcpy(&u, &x, 4);
+            ((uint16_t *)buf)[i] = (uint16_t)(u >> 16);
+        } else {
+            const uint8_t c = (uint8_t)(uniform() * 120.0f + 120.0f);  // sign and 0..0x77
+            ((uint8_t *)buf)[i] = (uint8_t)(c & 0x7f) == 0x7f ? 0x7e : c;
+        }
+    }
+}
+
+/* An (B, H, L, D) view of dtype t over a fresh buffer in the case's layout, filled with
+ * random values; *dense the same values in a dense tensor over another buffer. */
+static attn_tensor make_kv(const dcase *c, int64_t H, int64_t L, attn_dtype t,
+                           attn_tensor *dense, void **owned, void **owned_dense) {
+    const int64_t es = esize(t), pad = c->layout == 3 ? 24 : 0, row = H * c->D + pad;
+    char *buf = xcalloc((size_t)(c->B * L * row + 1), (size_t)es);
+    char *dbuf = xcalloc((size_t)(c->B * H * L * c->D + 1), (size_t)es);
+    fill(buf, t, c->B * L * row);
+    attn_tensor v = {.data = buf, .dtype = t, .shape = {c->B, H, L, c->D},
+                     .stride = {L * row, c->D, row, 1}};
+    if (c->layout == 2) {  // row j at buffer row L - 1 - j
+        v.data = buf + (L - 1) * row * es;
+        v.stride[2] = -row;
+    }
+    *dense = attn_tensor_4d(dbuf, t, c->B, H, L, c->D);
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t j = 0; j < L; j++)
+                memcpy(dbuf + (((b * H + h) * L + j) * c->D) * es,
+                       (char *)v.data + (b * v.stride[0] + h * v.stride[1] + j * v.stride[2]) * es,
+                       (size_t)(c->D * es));
+    *owned = buf;
+    *owned_dense = dbuf;
+    return v;
+}
+
+typedef struct outs {
+    float *o, *lse, *w;
+    attn_tensor to, tlse, tw;
+} outs;
+
+static void outs_init(outs *r, const dcase *c) {
+    const int64_t no = c->B * c->Hq * c->Lq * c->D, nl = c->B * c->Hq * c->Lq;
+    r->o = xcalloc((size_t)no, sizeof(float));
+    r->lse = xcalloc((size_t)nl, sizeof(float));
+    r->w = c->weights ? xcalloc((size_t)(nl * c->Lk), sizeof(float)) : NULL;
+    r->to = attn_tensor_4d(r->o, ATTN_F32, c->B, c->Hq, c->Lq, c->D);
+    r->tlse = attn_tensor_4d(r->lse, ATTN_F32, c->B, c->Hq, c->Lq, 1);
+    if (r->w) r->tw = attn_tensor_4d(r->w, ATTN_F32, c->B, c->Hq, c->Lq, c->Lk);
+}
+
+static void outs_free(outs *r) {
+    free(r->o);
+    free(r->lse);
+    free(r->w);
+}
+
+static bool same_bytes(const void *a, const void *b, size_t n) { return memcmp(a, b, n) == 0; }
+
+static void run_case(const dcase *c, const char *name) {
+    const attn_dtype qt = c->kv == ATTN_FP8_E4M3 ? ATTN_F32 : c->kv;
+    void *qbuf = xcalloc((size_t)(c->B * c->Hq * c->Lq * c->D), (size_t)esize(qt));
+    fill(qbuf, qt, c->B * c->Hq * c->Lq * c->D);
+    const attn_tensor q = attn_tensor_4d(qbuf, qt, c->B, c->Hq, c->Lq, c->D);
+    attn_tensor kd, vd;
+    void *kb, *kdb, *vb, *vdb;
+    const attn_tensor k = make_kv(c, c->Hkv, c->Lk, c->kv, &kd, &kb, &kdb);
+    const attn_tensor v = make_kv(c, c->Hkv, c->Lk, c->kv, &vd, &vb, &vdb);
+
+    uint8_t *mbuf = NULL;
+    float *bbuf = NULL, sinks[16], kscale = 0.37f;
+    int64_t lens[8];
+    attn_tensor tm, tb, tl, ts, tks;
+    attn_options opt = {0};
+    opt.threads = c->threads;
+    opt.causal = c->causal;
+    opt.align = c->bottom_right ? ATTN_ALIGN_BOTTOM_RIGHT : ATTN_ALIGN_TOP_LEFT;
+    if (c->window) opt.has_window = true, opt.window_left = 97, opt.window_right = 5;
+    if (c->mask) {
+        mbuf = xcalloc((size_t)(c->Lq * c->Lk), 1);
+        for (int64_t i = 0; i < c->Lq * c->Lk; i++) mbuf[i] = uniform() > -0.6f;
+        tm = attn_tensor_4d(mbuf, ATTN_BOOL, 1, 1, c->Lq, c->Lk);
+        opt.mask = &tm;
+    }
+    if (c->bias) {
+        bbuf = xcalloc((size_t)(c->Hq * c->Lq * c->Lk), sizeof(float));
+        fill(bbuf, ATTN_F32, c->Hq * c->Lq * c->Lk);
+        tb = attn_tensor_4d(bbuf, ATTN_F32, 1, c->Hq, c->Lq, c->Lk);
+        opt.bias = &tb;
+    }
+    if (c->kv_len) {
+        for (int64_t b = 0; b < c->B; b++) lens[b] = b % 2 ? c->Lk : c->Lk * 2 / 3;
+        tl = attn_tensor_4d(lens, ATTN_I64, c->B, 1, 1, 1);
+        opt.kv_len = &tl;
+    }
+    if (c->sinks) {
+        for (int64_t h = 0; h < c->Hq; h++) sinks[h] = uniform();
+        ts = attn_tensor_4d(sinks, ATTN_F32, c->Hq, 1, 1, 1);
+        opt.sinks = &ts;
+    }
+    if (c->kv == ATTN_FP8_E4M3) {
+        tks = attn_tensor_4d(&kscale, ATTN_F32, 1, 1, 1, 1);
+        opt.k_scale = &tks;
+        opt.v_scale = &tks;
+    }
+
+    outs dense, view, given;
+    outs_init(&dense, c);
+    outs_init(&view, c);
+    outs_init(&given, c);
+    attn_options od = opt, ov = opt, og = opt;
+    od.lse = &dense.tlse, ov.lse = &view.tlse, og.lse = &given.tlse;
+    if (c->weights) od.weights = &dense.tw, ov.weights = &view.tw, og.weights = &given.tw;
+
+    attn_status st = attn_forward(&q, &kd, &vd, &dense.to, &od);
+    CHECK(st == ATTN_OK, "%s: dense call: %s", name, attn_last_error());
+    st = attn_forward(&q, &k, &v, &view.to, &ov);
+    CHECK(st == ATTN_OK, "%s: view call: %s", name, attn_last_error());
+    size_t need = 0;
+    st = attn_forward_workspace_size(&q, &k, &v, &given.to, &og, &need);
+    CHECK(st == ATTN_OK, "%s: workspace query: %s", name, attn_last_error());
+    void *ws = xcalloc(need + 1, 1);
+    og.workspace = ws, og.workspace_bytes = need;
+    st = attn_forward(&q, &k, &v, &given.to, &og);
+    CHECK(st == ATTN_OK, "%s: view call, caller's workspace: %s", name, attn_last_error());
+
+    const size_t nl = (size_t)(c->B * c->Hq * c->Lq) * 4, no = nl * (size_t)c->D;
+    CHECK(same_bytes(dense.o, view.o, no), "%s: O of the view differs from the dense call's", name);
+    CHECK(same_bytes(dense.lse, view.lse, nl), "%s: LSE of the view differs", name);
+    CHECK(same_bytes(dense.o, given.o, no) && same_bytes(dense.lse, given.lse, nl),
+          "%s: O or LSE with the caller's workspace differs", name);
+    if (c->weights)
+        CHECK(same_bytes(dense.w, view.w, nl * (size_t)c->Lk) &&
+              same_bytes(dense.w, given.w, nl * (size_t)c->Lk),
+              "%s: the weights of the view differ", name);
+    g_cases++;
+
+    outs_free(&dense);
+    outs_free(&view);
+    outs_free(&given);
+    free(ws);
+    free(mbuf);
+    free(bbuf);
+    free(qbuf);
+    free(kb);
+    free(kdb);
+    free(vb);
+    free(vdb);
+}
+
+/* The workspace query over a view asks for the dense copies of K and V exactly where the
+ * rule takes them: a prefill whose key rows are read by many blocks whatever the kernel's
+ * rows per block, never a decoding step. */
+static void workspace_rule(void) {
+    const int64_t Lk = 100, D = 32;
+    float *k = xcalloc((size_t)(Lk * 2 * D), sizeof(float));
+    float *q = xcalloc((size_t)(2048 * 2 * D), sizeof(float));
+    const attn_tensor kview = {.data = k, .dtype = ATTN_F32, .shape = {1, 1, Lk, D},
+                               .stride = {Lk * 2 * D, D, 2 * D, 1}};
+    const attn_tensor kdense = attn_tensor_4d(k, ATTN_F32, 1, 1, Lk, D);
+    const int64_t lqs[] = {1, 2048};
+    for (int n = 0; n < 2; n++) {
+        const int64_t Lq = lqs[n];
+        const attn_tensor tq = attn_tensor_4d(q, ATTN_F32, 1, 2, Lq, D);
+        const attn_tensor to = attn_tensor_4d(q, ATTN_F32, 1, 2, Lq, D);
+        attn_options opt = {0};
+        opt.threads = 1;
+        size_t a = 0, b = 0;
+        CHECK(attn_forward_workspace_size(&tq, &kview, &kview, &to, &opt, &a) == ATTN_OK &&
+              attn_forward_workspace_size(&tq, &kdense, &kdense, &to, &opt, &b) == ATTN_OK,
+              "workspace queries: %s", attn_last_error());
+        const size_t copies = 2 * (size_t)(Lk * D) * sizeof(float);
+        if (Lq == 1)
+            CHECK(a == b, "decoding step: the view asks %zu bytes, the dense call %zu", a, b);
+        else
+            CHECK(a >= b + copies,
+                  "prefill of %lld rows: the view asks %zu bytes, the dense call %zu "
+                  "(no room for the %zu bytes of dense K and V)", (long long)Lq, a, b, copies);
+    }
+    free(k);
+    free(q);
+}
+
+int main(void) {
+    /* the base case: a prefill of 600 rows (10 blocks of 64 rows) over 150 keys, GQA 2 */
+    const dcase base = {.B = 2, .Hq = 4, .Hkv = 2, .Lq = 600, .Lk = 150, .D = 32,
+                        .kv = ATTN_F32, .layout = 1, .threads = 2};
+    char name[160];
+    for (int layout = 1; layout <= 3; layout++) {
+        for (int f = 0; f < 12; f++) {
+            dcase c = base;
+            c.layout = layout;
+            const char *what = "plain";
+            switch (f) {
+            case 1: c.causal = true, what = "causal"; break;
+            case 2:
+                c.causal = c.bottom_right = true, c.Lq = 520, c.Lk = 600;
+                what = "causal bottom-right, Lq 520, Lk 600";
+                break;
+            case 3: c.window = true, what = "window"; break;
+            case 4: c.mask = true, what = "bool mask"; break;
+            case 5: c.bias = c.weights = true, what = "float bias, weights"; break;
+            case 6: c.kv_len = c.sinks = true, what = "key lengths, sinks"; break;
+            case 7: c.kv = ATTN_BF16, c.causal = true, what = "bfloat16 causal"; break;
+            case 8: c.kv = ATTN_FP8_E4M3, what = "fp8_e4m3 cache, scale"; break;
+            case 9: c.threads = 1, c.Lk = 77, c.D = 80, what = "1 thread, Lk 77, D 80"; break;
+            case 10: c.Hq = 8, c.Hkv = 1, c.Lq = 130, c.causal = true, what = "MQA, Lq 130"; break;
+            case 11: c.Lq = 3, c.Lk = 2000, what = "Lq 3 (no copy)"; break;
+            default: break;
+            }
+            snprintf(name, sizeof name, "layout %d, %s", layout, what);
+            run_case(&c, name);
+        }
+    }
+    workspace_rule();
+    printf("(%d cases)\n", g_cases);
+    return check_summary("test_dense_kv");
+}
