@@ -1,16 +1,17 @@
 /*
- * test_dense_kv.c — K and V whose rows are not adjacent: transformers' [B, L, H, D] memory
+ * test_dense_kv.c — tensors whose rows are not adjacent: transformers' [B, L, H, D] memory
  *                   read as [B, H, L, D], rows reversed (a negative stride), rows padded.
- *                   A prefill copies such K and V dense into its workspace (fused_plan.h's
- *                   DENSE_KV rule); the contract is that a view gives the bits of the same
- *                   values in dense tensors. Checked here bit for bit against the dense
- *                   call — O, LSE and the weights — over dtypes (float32, bfloat16, an fp8
- *                   cache with a scale), GQA, causal both ways, a window, a bool mask, a
- *                   float bias, key lengths, sinks, 1 and 2 threads, with the call's own
- *                   workspace and with one the caller sized by the query; and that the
- *                   query asks for the copy's bytes where the copy is taken (every
- *                   kernel's rows per block up to ATTN_FWD_BQ_LIMIT) and not for a decoding
- *                   step.
+ *                   A prefill copies such K and V dense into its workspace, the backward
+ *                   Q and dO (core/dense_rows.h); the contract is that a view gives the
+ *                   bits of the same values in dense tensors. Checked here bit for bit
+ *                   against the dense call — O, LSE, the weights, and in float32 dQ, dK,
+ *                   dV and the sinks' gradient — over dtypes (float32, bfloat16, an fp8
+ *                   cache with a scale), GQA and MQA, causal both ways, a window, a bool
+ *                   mask, a float bias, key lengths, sinks, 1 and 2 threads, with the
+ *                   call's own workspace and with one the caller sized by the query; and
+ *                   that the queries ask for the copies' bytes where they are taken (any
+ *                   kernel's block sizes up to their limits) and not for a decoding step
+ *                   or a backward over a few keys.
  */
 #include <string.h>
 
@@ -52,13 +53,13 @@ static void fill(void *buf, attn_dtype t, int64_t n) {
     }
 }
 
-/* An (B, H, L, D) view of dtype t over a fresh buffer in the case's layout, filled with
- * random values; *dense the same values in a dense tensor over another buffer. */
-static attn_tensor make_kv(const dcase *c, int64_t H, int64_t L, attn_dtype t,
-                           attn_tensor *dense, void **owned, void **owned_dense) {
+/* An (B, H, L, D) view of dtype t in the case's layout over a fresh buffer (*owned), its
+ * values random, or those of the dense tensor `from` when not NULL; *dense, when not
+ * NULL, gets the same values in a dense tensor over another buffer (*owned_dense). */
+static attn_tensor make_view(const dcase *c, int64_t H, int64_t L, attn_dtype t, const void *from,
+                             attn_tensor *dense, void **owned, void **owned_dense) {
     const int64_t es = esize(t), pad = c->layout == 3 ? 24 : 0, row = H * c->D + pad;
     char *buf = xcalloc((size_t)(c->B * L * row + 1), (size_t)es);
-    char *dbuf = xcalloc((size_t)(c->B * H * L * c->D + 1), (size_t)es);
     fill(buf, t, c->B * L * row);
     attn_tensor v = {.data = buf, .dtype = t, .shape = {c->B, H, L, c->D},
                      .stride = {L * row, c->D, row, 1}};
@@ -66,15 +67,23 @@ static attn_tensor make_kv(const dcase *c, int64_t H, int64_t L, attn_dtype t,
         v.data = buf + (L - 1) * row * es;
         v.stride[2] = -row;
     }
-    *dense = attn_tensor_4d(dbuf, t, c->B, H, L, c->D);
+    char *dbuf = (char *)from;
+    if (dense) {
+        dbuf = xcalloc((size_t)(c->B * H * L * c->D + 1), (size_t)es);
+        *dense = attn_tensor_4d(dbuf, t, c->B, H, L, c->D);
+        *owned_dense = dbuf;
+    }
     for (int64_t b = 0; b < c->B; b++)
         for (int64_t h = 0; h < H; h++)
-            for (int64_t j = 0; j < L; j++)
-                memcpy(dbuf + (((b * H + h) * L + j) * c->D) * es,
-                       (char *)v.data + (b * v.stride[0] + h * v.stride[1] + j * v.stride[2]) * es,
-                       (size_t)(c->D * es));
+            for (int64_t j = 0; j < L; j++) {
+                char *d = dbuf + (((b * H + h) * L + j) * c->D) * es;
+                char *x = (char *)v.data + (b * v.stride[0] + h * v.stride[1] + j * v.stride[2]) * es;
+                if (from)
+                    memcpy(x, d, (size_t)(c->D * es));
+                else
+                    memcpy(d, x, (size_t)(c->D * es));
+            }
     *owned = buf;
-    *owned_dense = dbuf;
     return v;
 }
 
@@ -101,15 +110,52 @@ static void outs_free(outs *r) {
 
 static bool same_bytes(const void *a, const void *b, size_t n) { return memcmp(a, b, n) == 0; }
 
+/* The backward over the views t[3..5] (Q, K, V) with O and dO as views too, against the
+ * backward over the dense t[0..2]: dQ, dK, dV (and the sinks' gradient) the same bytes.
+ * fw: the dense forward's O and LSE. */
+static void backward_pair(const dcase *c, const char *name, const attn_options *opt,
+                          const attn_tensor *t, const outs *fw) {
+    attn_tensor dod;
+    void *dob, *dodb, *ob;
+    const attn_tensor d_o = make_view(c, c->Hq, c->Lq, ATTN_F32, NULL, &dod, &dob, &dodb);
+    const attn_tensor o = make_view(c, c->Hq, c->Lq, ATTN_F32, fw->o, NULL, &ob, NULL);
+    const int64_t nq = c->B * c->Hq * c->Lq * c->D, nk = c->B * c->Hkv * c->Lk * c->D;
+    float *g[2][4];
+    attn_tensor tg[2][3];
+    for (int s = 0; s < 2; s++) {
+        g[s][0] = xcalloc(nq, sizeof(float));
+        g[s][1] = xcalloc(nk, sizeof(float));
+        g[s][2] = xcalloc(nk, sizeof(float));
+        g[s][3] = xcalloc(16, sizeof(float));
+        tg[s][0] = attn_tensor_4d(g[s][0], ATTN_F32, c->B, c->Hq, c->Lq, c->D);
+        tg[s][1] = attn_tensor_4d(g[s][1], ATTN_F32, c->B, c->Hkv, c->Lk, c->D);
+        tg[s][2] = attn_tensor_4d(g[s][2], ATTN_F32, c->B, c->Hkv, c->Lk, c->D);
+        attn_tensor tds = attn_tensor_4d(g[s][3], ATTN_F32, c->Hq, 1, 1, 1);
+        attn_options ob_opt = *opt;
+        if (c->sinks) ob_opt.d_sinks = &tds;
+        const attn_tensor *x = t + 3 * s;
+        const attn_status st = attn_backward(&x[0], &x[1], &x[2], s ? &o : &fw->to, s ? &d_o : &dod,
+                                             &fw->tlse, &tg[s][0], &tg[s][1], &tg[s][2], &ob_opt);
+        CHECK(st == ATTN_OK, "%s: backward %s: %s", name, s ? "view" : "dense", attn_last_error());
+    }
+    CHECK(same_bytes(g[0][0], g[1][0], (size_t)nq * 4), "%s: dQ of the views differs", name);
+    CHECK(same_bytes(g[0][1], g[1][1], (size_t)nk * 4) && same_bytes(g[0][2], g[1][2], (size_t)nk * 4),
+          "%s: dK or dV of the views differs", name);
+    CHECK(same_bytes(g[0][3], g[1][3], 16 * 4), "%s: d_sinks of the views differs", name);
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < 4; i++) free(g[s][i]);
+    free(dob);
+    free(dodb);
+    free(ob);
+}
+
 static void run_case(const dcase *c, const char *name) {
     const attn_dtype qt = c->kv == ATTN_FP8_E4M3 ? ATTN_F32 : c->kv;
-    void *qbuf = xcalloc((size_t)(c->B * c->Hq * c->Lq * c->D), (size_t)esize(qt));
-    fill(qbuf, qt, c->B * c->Hq * c->Lq * c->D);
-    const attn_tensor q = attn_tensor_4d(qbuf, qt, c->B, c->Hq, c->Lq, c->D);
-    attn_tensor kd, vd;
-    void *kb, *kdb, *vb, *vdb;
-    const attn_tensor k = make_kv(c, c->Hkv, c->Lk, c->kv, &kd, &kb, &kdb);
-    const attn_tensor v = make_kv(c, c->Hkv, c->Lk, c->kv, &vd, &vb, &vdb);
+    attn_tensor qd, kd, vd;
+    void *qb, *qdb, *kb, *kdb, *vb, *vdb;
+    const attn_tensor q = make_view(c, c->Hq, c->Lq, qt, NULL, &qd, &qb, &qdb);
+    const attn_tensor k = make_view(c, c->Hkv, c->Lk, c->kv, NULL, &kd, &kb, &kdb);
+    const attn_tensor v = make_view(c, c->Hkv, c->Lk, c->kv, NULL, &vd, &vb, &vdb);
 
     uint8_t *mbuf = NULL;
     float *bbuf = NULL, sinks[16], kscale = 0.37f;
@@ -156,7 +202,7 @@ static void run_case(const dcase *c, const char *name) {
     od.lse = &dense.tlse, ov.lse = &view.tlse, og.lse = &given.tlse;
     if (c->weights) od.weights = &dense.tw, ov.weights = &view.tw, og.weights = &given.tw;
 
-    attn_status st = attn_forward(&q, &kd, &vd, &dense.to, &od);
+    attn_status st = attn_forward(&qd, &kd, &vd, &dense.to, &od);
     CHECK(st == ATTN_OK, "%s: dense call: %s", name, attn_last_error());
     st = attn_forward(&q, &k, &v, &view.to, &ov);
     CHECK(st == ATTN_OK, "%s: view call: %s", name, attn_last_error());
@@ -177,6 +223,8 @@ static void run_case(const dcase *c, const char *name) {
         CHECK(same_bytes(dense.w, view.w, nl * (size_t)c->Lk) &&
               same_bytes(dense.w, given.w, nl * (size_t)c->Lk),
               "%s: the weights of the view differ", name);
+    if (c->kv == ATTN_F32) backward_pair(c, name, &opt, (attn_tensor[]){qd, kd, vd, q, k, v},
+                                         &dense);
     g_cases++;
 
     outs_free(&dense);
@@ -185,7 +233,8 @@ static void run_case(const dcase *c, const char *name) {
     free(ws);
     free(mbuf);
     free(bbuf);
-    free(qbuf);
+    free(qb);
+    free(qdb);
     free(kb);
     free(kdb);
     free(vb);
@@ -225,13 +274,46 @@ static void workspace_rule(void) {
     free(q);
 }
 
+/* The backward's query over views of Q and dO asks for their dense copies where each
+ * query row is read by many key blocks (any kernel's keys per block up to 256), and not
+ * over a few keys. */
+static void backward_workspace_rule(void) {
+    const int64_t Lq = 40, D = 32, H = 2;
+    float *x = xcalloc((size_t)(Lq * H * D), sizeof(float));
+    float *kv = xcalloc((size_t)(2100 * D), sizeof(float));
+    const attn_tensor view = {.data = x, .dtype = ATTN_F32, .shape = {1, H, Lq, D},
+                              .stride = {Lq * H * D, D, H * D, 1}};
+    const attn_tensor dense = attn_tensor_4d(x, ATTN_F32, 1, H, Lq, D);
+    const attn_tensor lse = attn_tensor_4d(x, ATTN_F32, 1, H, Lq, 1);
+    const int64_t lks[] = {16, 2100};
+    for (int n = 0; n < 2; n++) {
+        const attn_tensor k = attn_tensor_4d(kv, ATTN_F32, 1, 1, lks[n], D);
+        attn_options opt = {0};
+        opt.threads = 1;
+        size_t a = 0, b = 0;
+        CHECK(attn_backward_workspace_size(&view, &k, &k, &dense, &view, &lse, &dense, &k, &k,
+                                           &opt, &a) == ATTN_OK &&
+              attn_backward_workspace_size(&dense, &k, &k, &dense, &dense, &lse, &dense, &k,
+                                           &k, &opt, &b) == ATTN_OK,
+              "backward workspace queries: %s", attn_last_error());
+        const size_t copies = 2 * (size_t)(H * Lq * D) * sizeof(float);
+        if (n == 0)
+            CHECK(a == b, "backward over 16 keys: the views ask %zu bytes, dense %zu", a, b);
+        else
+            CHECK(a >= b + copies, "backward over 2100 keys: the views ask %zu bytes, dense %zu "
+                  "(no room for the %zu bytes of dense Q and dO)", a, b, copies);
+    }
+    free(x);
+    free(kv);
+}
+
 int main(void) {
     /* the base case: a prefill of 600 rows (10 blocks of 64 rows) over 150 keys, GQA 2 */
     const dcase base = {.B = 2, .Hq = 4, .Hkv = 2, .Lq = 600, .Lk = 150, .D = 32,
                         .kv = ATTN_F32, .layout = 1, .threads = 2};
     char name[160];
     for (int layout = 1; layout <= 3; layout++) {
-        for (int f = 0; f < 12; f++) {
+        for (int f = 0; f < 14; f++) {
             dcase c = base;
             c.layout = layout;
             const char *what = "plain";
@@ -250,6 +332,11 @@ int main(void) {
             case 9: c.threads = 1, c.Lk = 77, c.D = 80, what = "1 thread, Lk 77, D 80"; break;
             case 10: c.Hq = 8, c.Hkv = 1, c.Lq = 130, c.causal = true, what = "MQA, Lq 130"; break;
             case 11: c.Lq = 3, c.Lk = 2000, what = "Lq 3 (no copy)"; break;
+            case 12: c.Lq = 70, c.Lk = 1100, what = "Lq 70, Lk 1100"; break;
+            case 13:
+                c.Lq = 90, c.Lk = 1300, c.causal = c.bottom_right = c.mask = c.sinks = true;
+                what = "Lq 90, Lk 1300, causal bottom-right, mask, sinks";
+                break;
             default: break;
             }
             snprintf(name, sizeof name, "layout %d, %s", layout, what);
@@ -257,6 +344,7 @@ int main(void) {
         }
     }
     workspace_rule();
+    backward_workspace_rule();
     printf("(%d cases)\n", g_cases);
     return check_summary("test_dense_kv");
 }

@@ -34,6 +34,7 @@
 #include "mask_summary.h"
 #include "core/philox.h"
 #include "fused_plan.h"
+#include "core/dense_rows.h"
 #include "core/team.h"
 
 static size_t round64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
@@ -78,10 +79,10 @@ static bool make_plan(const attn_params *p, fused_plan *plan) {
         plan->split = (p->Lk + chunk - 1) / chunk;
     }
     plan->partial_floats = (size_t)(2 * bq + bq * dv);
-    if (plan->head_chunks * plan->q_blocks >= DENSE_KV_MIN_READS) {
+    if (plan->head_chunks * plan->q_blocks >= DENSE_ROWS_MIN_READS) {
         plan->dense_k = fused_dense_bytes(p, p->k_s, dk);
         plan->dense_v = fused_dense_bytes(p, p->v_s, dv);
-        if (plan->dense_k > DENSE_KV_MAX_BYTES - plan->dense_v) plan->dense_k = plan->dense_v = 0;
+        if (plan->dense_k > DENSE_ROWS_MAX_BYTES - plan->dense_v) plan->dense_k = plan->dense_v = 0;
     }
 
     size_t at = 0;
@@ -136,7 +137,7 @@ size_t ai_fused_workspace(const attn_params *p) {
     if (!make_plan(p, &plan) || !partial_bytes(&plan, &partials) || summary == (size_t)-1 ||
         partials > SIZE_MAX / 4 - summary || summary > SIZE_MAX / 4)
         return (size_t)-1;
-    /* then the dense K and V (at most DENSE_KV_MAX_BYTES), then the summary */
+    /* then the dense K and V (at most DENSE_ROWS_MAX_BYTES), then the summary */
     partials = round64(partials) + round64(plan.dense_k) + round64(plan.dense_v) + summary;
     if ((size_t)p->threads > (SIZE_MAX - 128 - partials) / plan.thread_bytes) return (size_t)-1;
     return (size_t)p->threads * plan.thread_bytes + partials + 64;  // + 64: to align

@@ -22,14 +22,8 @@ enum {
     SPLIT_MAX_LQ = 16, SPLIT_MAX = 16, SPLIT_MIN_KEYS = 1024, SPLIT_LONG_KEYS = 4096,
     SPLIT_UNITS = 16,
 };
-/* K and V whose rows are not adjacent (transformers' [B, L, H, D] memory seen as
- * [B, H, L, D], a packed batch's [T, H, D]) are copied dense into the workspace once when
- * each row is read by DENSE_KV_MIN_READS blocks or more (a prefill), so that a tile's rows
- * lie in as few pages as a contiguous call's; at most DENSE_KV_MAX_BYTES of copies, above
- * which the rows are read in place. The copy changes addresses only, never which path or
- * kernel runs, so the bits are those of the call on dense tensors. */
-#define DENSE_KV_MIN_READS 8
-#define DENSE_KV_MAX_BYTES ((size_t)256 << 20)
+/* K and V whose rows are not adjacent are copied dense into the workspace once when each
+ * row is read by DENSE_ROWS_MIN_READS blocks or more (a prefill; core/dense_rows.h) */
 _Static_assert(SPLIT_MAX == ATTN_TUNE_SPLIT_MAX, "a tuned split is bounded by SPLIT_MAX");
 _Static_assert(SPLIT_MAX_LQ == ATTN_DECODE_MAX_ROWS, "the tuner's decoding class is the split's");
 
@@ -104,7 +98,7 @@ const char *fused_kv_row(const attn_params *p, const fused_block *blk, const voi
                          const int64_t st[4], int64_t j);
 int64_t fused_kv_segment(const attn_params *p, int64_t j, int64_t nk);
 bool fused_takes_decode(const attn_params *p, const attn_kernels *kern, int64_t n);
-/* fused_tiles.c: K and V copied dense for a prefill (the DENSE_KV rule above): the bytes
+/* fused_tiles.c: K and V copied dense for a prefill (the rule above): the bytes
  * of one copy (0 = read in place), slice s of the 2 * B * Hkv slices copied from the
  * caller's tensors (given) to run's, and the params the sweep reads (given, or *dense
  * with K and V at at_k, at_v) */

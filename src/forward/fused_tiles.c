@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "fused_plan.h"
+#include "core/dense_rows.h"
 #include "core/half.h"
 #include "kernels/kernels.h"
 #include "mask_summary.h"
@@ -190,35 +191,24 @@ const float *fused_kv_block(const attn_params *p, const fused_block *blk, bool v
 }
 
 /* Bytes of the dense copy of K or V (strides st, rows of d elements) as (B, Hkv, Lk, d):
- * 0 where its rows are read in place — adjacent already, a paged cache, a block dtype, no
- * unit stride along d, or more than DENSE_KV_MAX_BYTES (fused_plan.h). */
+ * 0 where its rows are read in place — a paged cache, a block dtype, or as
+ * ai_dense_rows_bytes says (core/dense_rows.h). */
 size_t fused_dense_bytes(const attn_params *p, const int64_t st[4], int64_t d) {
-    const int64_t es = attn_elem_bytes(p->kv_dt);
-    if (p->block_table || attn_is_block_dtype(p->kv_dt) || es == 0 || st[3] != 1 ||
-        st[2] == d || p->Lk < 2)
-        return 0;
-    int64_t n = es;
-    const int64_t most = (int64_t)DENSE_KV_MAX_BYTES;
-    const int64_t dims[] = {p->B, p->Hkv, p->Lk, d};
-    for (int i = 0; i < 4; i++)
-        if (dims[i] > most || __builtin_mul_overflow(n, dims[i], &n) || n > most) return 0;
-    return (size_t)n;
+    if (p->block_table || attn_is_block_dtype(p->kv_dt)) return 0;
+    return ai_dense_rows_bytes(st, attn_elem_bytes(p->kv_dt), p->B, p->Hkv, p->Lk, d);
 }
 
 /* Slice s of the 2 * B * Hkv slices of K and V (K's first) copied from the caller's
  * tensors (given) into the dense ones of run (the same params but for K's and V's data
- * and strides): the copy of fused_plan.h's DENSE_KV rule. */
+ * and strides) where the plan copies them. */
 void fused_dense_copy(const attn_params *given, const attn_params *run, int64_t s) {
-    const bool is_v = s >= given->B * given->Hkv;
-    if (is_v) s -= given->B * given->Hkv;
-    const int64_t *st = is_v ? given->v_s : given->k_s, *to_s = is_v ? run->v_s : run->k_s;
-    if (to_s[2] == st[2]) return;  // this one is read in place
-    const int64_t b = s / given->Hkv, g = s % given->Hkv, es = attn_elem_bytes(given->kv_dt);
-    const size_t row = (size_t)((is_v ? given->Dv : given->Dk) * es);
-    const char *from = (const char *)(is_v ? given->v : given->k) + (b * st[0] + g * st[1]) * es;
-    char *to = (char *)(is_v ? run->v : run->k) + (b * to_s[0] + g * to_s[1]) * es;
-    for (int64_t j = 0; j < given->Lk; j++)
-        memcpy(to + (size_t)j * row, from + j * st[2] * es, row);
+    const int64_t n = given->B * given->Hkv, es = attn_elem_bytes(given->kv_dt);
+    if (s < n && run->k != given->k)
+        ai_dense_rows_copy(given->k, given->k_s, es, given->Hkv, given->Lk, given->Dk,
+                           (void *)run->k, s);
+    if (s >= n && run->v != given->v)
+        ai_dense_rows_copy(given->v, given->v_s, es, given->Hkv, given->Lk, given->Dv,
+                           (void *)run->v, s - n);
 }
 
 /* The params the sweep reads: given itself, or a copy in *dense whose K and V (those the
@@ -227,16 +217,13 @@ const attn_params *fused_dense_params(const attn_params *given, const fused_plan
                                       char *at_k, char *at_v, attn_params *dense) {
     if (!plan->dense_k && !plan->dense_v) return given;
     *dense = *given;
-    const int64_t lk = given->Lk, hkv = given->Hkv, dk = given->Dk, dv = given->Dv;
     if (plan->dense_k) {
         dense->k = at_k;
-        dense->k_s[0] = hkv * lk * dk, dense->k_s[1] = lk * dk, dense->k_s[2] = dk;
-        dense->k_s[3] = 1;
+        ai_dense_rows_strides(given->Hkv, given->Lk, given->Dk, dense->k_s);
     }
     if (plan->dense_v) {
         dense->v = at_v;
-        dense->v_s[0] = hkv * lk * dv, dense->v_s[1] = lk * dv, dense->v_s[2] = dv;
-        dense->v_s[3] = 1;
+        ai_dense_rows_strides(given->Hkv, given->Lk, given->Dv, dense->v_s);
     }
     return dense;
 }
