@@ -22,8 +22,6 @@ enum {
     SPLIT_MAX_LQ = 16, SPLIT_MAX = 16, SPLIT_MIN_KEYS = 1024, SPLIT_LONG_KEYS = 4096,
     SPLIT_UNITS = 16,
 };
-/* K and V whose rows are not adjacent are copied dense into the workspace once when each
- * row is read by DENSE_ROWS_MIN_READS blocks or more (a prefill; core/dense_rows.h) */
 _Static_assert(SPLIT_MAX == ATTN_TUNE_SPLIT_MAX, "a tuned split is bounded by SPLIT_MAX");
 _Static_assert(SPLIT_MAX_LQ == ATTN_DECODE_MAX_ROWS, "the tuner's decoding class is the split's");
 
@@ -46,7 +44,9 @@ typedef struct fused_plan {
     size_t off_q, off_qt, off_k, off_v, off_s, off_acc, off_m, off_l, off_alpha;
     size_t off_lo, off_hi, off_h, off_i, off_qp, off_pairs, off_gk, off_gv;
     size_t off_mt;            // with weights: each tile's running max of each row
-    size_t dense_k, dense_v;  // bytes of K's, V's dense copy after the partials (0: none)
+    /* K's, V's dense copies after the partials, in bytes (0: read in place): rows not
+     * adjacent, each read by DENSE_ROWS_MIN_READS blocks or more (core/dense_rows.h) */
+    size_t dense_k, dense_v;
     /* the call's bool mask and bias, summarized once (mask_summary.h), and the params
      * without them, for the tiles they leave open; both NULL without mask or bias */
     const attn_mask_summary *sum;
@@ -98,7 +98,7 @@ const char *fused_kv_row(const attn_params *p, const fused_block *blk, const voi
                          const int64_t st[4], int64_t j);
 int64_t fused_kv_segment(const attn_params *p, int64_t j, int64_t nk);
 bool fused_takes_decode(const attn_params *p, const attn_kernels *kern, int64_t n);
-/* fused_tiles.c: K and V copied dense for a prefill (the rule above): the bytes
+/* fused_tiles.c: K and V copied dense for a prefill (fused_plan.dense_k): the bytes
  * of one copy (0 = read in place), slice s of the 2 * B * Hkv slices copied from the
  * caller's tensors (given) to run's, and the params the sweep reads (given, or *dense
  * with K and V at at_k, at_v) */
