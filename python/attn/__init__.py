@@ -126,20 +126,42 @@ def _allocator(query: Any, tensor_type: Optional[type]):
     """alloc(shape, which, dtype) for the C extension: the result's kind follows the query.
 
     PyTorch query -> torch.empty (CPU); anything else -> numpy.empty. The extension asks
-    for the query's dtype for the output and float32 for LSE and weights.
+    for the query's dtype for the output and float32 for LSE and weights. A PyTorch
+    output has the query's memory order (_query_order): transformers' [B, L, H, D] memory
+    read as [B, H, L, D] gets its output so too, as from PyTorch's own CPU kernel, and the
+    caller's transpose back is dense without a copy.
     """
     if tensor_type is not None and isinstance(query, tensor_type):
         torch = sys.modules["torch"]
         dtypes = {"float32": torch.float32, "float16": torch.float16,
                   "bfloat16": torch.bfloat16, "float64": torch.float64}
+        order = _query_order(query)
 
         def alloc(shape, which, dtype):
-            return torch.empty(shape, dtype=dtypes[dtype])
+            if which != "output" or order is None or len(shape) != len(order):
+                return torch.empty(shape, dtype=dtypes[dtype])
+            back = sorted(range(len(order)), key=order.__getitem__)
+            return torch.empty([shape[i] for i in order], dtype=dtypes[dtype]).permute(back)
         return alloc
 
     def alloc(shape, which, dtype):
         return np.empty(shape, dtype=_numpy_dtype(dtype))
     return alloc
+
+
+def _query_order(query: Any) -> Optional[list]:
+    """The order of a PyTorch query's dimensions in memory, outermost first: those longer
+    than 1 by stride (ties in their own order), each size-1 one in its own place, the last
+    always last; None where that is the natural order or the query has under 3 dims."""
+    n = query.dim()
+    if n < 3:
+        return None
+    size, stride = query.shape, query.stride()
+    if any(stride[i] == 0 and size[i] > 1 for i in range(n)):
+        return None  # broadcast: no order of its own
+    big = iter(sorted((i for i in range(n - 1) if size[i] > 1), key=lambda i: (-stride[i], i)))
+    order = [i if size[i] == 1 else next(big) for i in range(n - 1)] + [n - 1]
+    return None if order == list(range(n)) else order
 
 
 def _to_query_kind(x: Any, query: Any) -> Any:
@@ -312,7 +334,10 @@ def _sdpa_function() -> Any:
             # each gradient in its input's dtype (float32, float16 or bfloat16): the library
             # computes in float32 and rounds once to it, so .grad needs no cast (a float32
             # buffer cast afterwards would round twice)
-            grads = [torch.empty(x.shape, dtype=dtype)
+            # in its input's memory layout where that is dense (transformers' [B, L, H, D]
+            # read as [B, H, L, D]), as PyTorch's own backward: the view's gradient is
+            # then dense again, and the projection's backward copies nothing
+            grads = [torch.empty_like(x, dtype=dtype)
                      if need and isinstance(x, tt) else None
                      for need, x, dtype in zip(ctx.needs_input_grad[:3], (q, k, v),
                                                ctx.dtypes)]
@@ -460,7 +485,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     Returns:
         The output (..., L, Dv), of the query's kind and dtype: NumPy in, NumPy out;
-        PyTorch in, PyTorch out (a new CPU tensor from torch.empty); a JAX array for a JAX
+        PyTorch in, PyTorch out (a new CPU tensor from torch.empty, in the query's memory
+        order: transformers' [B, L, H, D] memory read as [B, H, L, D] gets its output
+        so, as from PyTorch's CPU kernel; gradients in their inputs'); a JAX array for a JAX
         query; any other DLPack producer gets a NumPy array (float32 for a bfloat16 query
         where ml_dtypes is not installed). LSE and weights are float32. With return_lse /
         return_weights: the tuple (output, lse), (output, weights) or (output, lse,

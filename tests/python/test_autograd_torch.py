@@ -171,6 +171,41 @@ def test_torch_grads_strided_and_partial():
 
 
 @needs_torch
+@pytest.mark.parametrize("how", ["eager", "op"])
+def test_torch_layouts_follow_the_inputs(how):
+    """transformers' layout ([B, L, H, D] memory read as [B, H, L, D], GQA): the output in
+    the query's memory order and each gradient in its input's, as PyTorch's CPU kernel
+    gives them, so that the views' own backward and the caller's transpose back copy
+    nothing; the values those of dense inputs, bit for bit (strides move addresses, not
+    sums). how: the eager autograd Function, or the custom op transformers' backend calls
+    (whose output is [B, L, H, D] memory whatever the query's)."""
+    import attn.integrations.torch_op  # noqa: F401, PLC0415 — registers torch.ops.attn
+    B, H, Hkv, L, D = 2, 4, 2, 21, 16
+    src = [trand(B, L, h, D, seed=s).requires_grad_() for s, h in enumerate((H, Hkv, Hkv))]
+    views = [x.transpose(1, 2) for x in src]
+    seen = []
+    for x in views:
+        x.register_hook(lambda g, x=x: seen.append(g.stride() == x.stride()))
+
+    def call(q, k, v):
+        if how == "eager":
+            return attn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return torch.ops.attn.sdpa(q, k, v, None, True, None, True, -1, -1, 0.0, False)[0]
+
+    out = call(*views)
+    assert out.transpose(1, 2).is_contiguous(), out.stride()
+    up = trand(*out.shape, seed=9)
+    out.backward(up)
+    assert seen == [True, True, True], seen
+    dense = [x.detach().transpose(1, 2).contiguous().requires_grad_() for x in src]
+    ref = call(*dense)
+    ref.backward(up)
+    assert torch.equal(out, ref)
+    for x, y in zip(src, dense):
+        assert torch.equal(x.grad, y.grad.transpose(1, 2))
+
+
+@needs_torch
 def test_torch_one_tensor_three_roles():
     """query = key = value = x: x.grad is dQ + dK + dV, as PyTorch accumulates it."""
     x = trand(2, 3, 10, 8).requires_grad_()

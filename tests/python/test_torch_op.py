@@ -42,6 +42,10 @@ def samples():
     bmask = torch.rand(2, 1, 9, 11, generator=torch.Generator().manual_seed(3)) < 0.7
     fmask = torch.randn(1, 4, 9, 11, generator=torch.Generator().manual_seed(4))
     qh, kh, vh = qkv(dtype=torch.bfloat16)
+    # transformers' layout: [B, L, H, D] memory read as [B, H, L, D] (the fake's output
+    # and gradients must have the real ones' strides)
+    qt, kt, vt = (x.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+                  for x in (qg, kg, vg))
     # (query, key, value, mask, is_causal, scale, gqa, left, right, softcap, weights)
     return {
         "plain": (q, k, v, None, False, None, False, -1, -1, 0.0, False),
@@ -53,6 +57,7 @@ def samples():
         "mask-and-causal": (q, k, v, bmask, True, None, False, -1, -1, 0.0, True),
         "window-softcap": (q, k, v, None, True, None, False, 3, 0, 2.5, False),
         "bf16": (qh, kh, vh, None, True, None, False, -1, -1, 0.0, False),
+        "blhd-gqa": (qt, kt, vt, None, True, None, True, -1, -1, 0.0, False),
     }
 
 
