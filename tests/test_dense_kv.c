@@ -5,7 +5,8 @@
  *                   Q and dO (core/dense_rows.h); the contract is that a view gives the
  *                   bits of the same values in dense tensors. Checked here bit for bit
  *                   against the dense call — O, LSE, the weights, and in float32 dQ, dK,
- *                   dV and the sinks' gradient — over dtypes (float32, bfloat16, an fp8
+ *                   dV (written into views of the same layout) and the sinks' gradient
+ *                   — over dtypes (float32, bfloat16, an fp8
  *                   cache with a scale), GQA and MQA, causal both ways, a window, a bool
  *                   mask, a float bias, key lengths, sinks, 1 and 2 threads, with the
  *                   call's own workspace and with one the caller sized by the query; and
@@ -110,8 +111,19 @@ static void outs_free(outs *r) {
 
 static bool same_bytes(const void *a, const void *b, size_t n) { return memcmp(a, b, n) == 0; }
 
-/* The backward over the views t[3..5] (Q, K, V) with O and dO as views too, against the
- * backward over the dense t[0..2]: dQ, dK, dV (and the sinks' gradient) the same bytes.
+/* The rows of view v (H heads of L rows) gathered into the dense (B, H, L, D) dst */
+static void gather(const dcase *c, const attn_tensor *v, int64_t H, int64_t L, float *dst) {
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t j = 0; j < L; j++)
+                memcpy(dst + ((b * H + h) * L + j) * c->D,
+                       (const float *)v->data + b * v->stride[0] + h * v->stride[1] + j * v->stride[2],
+                       (size_t)c->D * sizeof(float));
+}
+
+/* The backward over the views t[3..5] (Q, K, V) with O and dO as views too, and dQ, dK
+ * and dV written into views of the same layout, against the backward over the dense
+ * t[0..2] into dense gradients: dQ, dK, dV (and the sinks' gradient) the same bytes.
  * fw: the dense forward's O and LSE. */
 static void backward_pair(const dcase *c, const char *name, const attn_options *opt,
                           const attn_tensor *t, const outs *fw) {
@@ -120,8 +132,9 @@ static void backward_pair(const dcase *c, const char *name, const attn_options *
     const attn_tensor d_o = make_view(c, c->Hq, c->Lq, ATTN_F32, NULL, &dod, &dob, &dodb);
     const attn_tensor o = make_view(c, c->Hq, c->Lq, ATTN_F32, fw->o, NULL, &ob, NULL);
     const int64_t nq = c->B * c->Hq * c->Lq * c->D, nk = c->B * c->Hkv * c->Lk * c->D;
-    float *g[2][4];
+    float *g[2][4], *zeros = xcalloc((size_t)(nq > nk ? nq : nk), sizeof(float));
     attn_tensor tg[2][3];
+    void *gv[3];
     for (int s = 0; s < 2; s++) {
         g[s][0] = xcalloc(nq, sizeof(float));
         g[s][1] = xcalloc(nk, sizeof(float));
@@ -130,6 +143,11 @@ static void backward_pair(const dcase *c, const char *name, const attn_options *
         tg[s][0] = attn_tensor_4d(g[s][0], ATTN_F32, c->B, c->Hq, c->Lq, c->D);
         tg[s][1] = attn_tensor_4d(g[s][1], ATTN_F32, c->B, c->Hkv, c->Lk, c->D);
         tg[s][2] = attn_tensor_4d(g[s][2], ATTN_F32, c->B, c->Hkv, c->Lk, c->D);
+        if (s) {  // the views' gradients in their layout (rows apart, reversed or padded)
+            tg[1][0] = make_view(c, c->Hq, c->Lq, ATTN_F32, zeros, NULL, &gv[0], NULL);
+            tg[1][1] = make_view(c, c->Hkv, c->Lk, ATTN_F32, zeros, NULL, &gv[1], NULL);
+            tg[1][2] = make_view(c, c->Hkv, c->Lk, ATTN_F32, zeros, NULL, &gv[2], NULL);
+        }
         attn_tensor tds = attn_tensor_4d(g[s][3], ATTN_F32, c->Hq, 1, 1, 1);
         attn_options ob_opt = *opt;
         if (c->sinks) ob_opt.d_sinks = &tds;
@@ -137,7 +155,14 @@ static void backward_pair(const dcase *c, const char *name, const attn_options *
         const attn_status st = attn_backward(&x[0], &x[1], &x[2], s ? &o : &fw->to, s ? &d_o : &dod,
                                              &fw->tlse, &tg[s][0], &tg[s][1], &tg[s][2], &ob_opt);
         CHECK(st == ATTN_OK, "%s: backward %s: %s", name, s ? "view" : "dense", attn_last_error());
+        if (s) {
+            gather(c, &tg[1][0], c->Hq, c->Lq, g[1][0]);
+            gather(c, &tg[1][1], c->Hkv, c->Lk, g[1][1]);
+            gather(c, &tg[1][2], c->Hkv, c->Lk, g[1][2]);
+            for (int i = 0; i < 3; i++) free(gv[i]);
+        }
     }
+    free(zeros);
     CHECK(same_bytes(g[0][0], g[1][0], (size_t)nq * 4), "%s: dQ of the views differs", name);
     CHECK(same_bytes(g[0][1], g[1][1], (size_t)nk * 4) && same_bytes(g[0][2], g[1][2], (size_t)nk * 4),
           "%s: dK or dV of the views differs", name);
@@ -313,7 +338,7 @@ int main(void) {
                         .kv = ATTN_F32, .layout = 1, .threads = 2};
     char name[160];
     for (int layout = 1; layout <= 3; layout++) {
-        for (int f = 0; f < 14; f++) {
+        for (int f = 0; f < 15; f++) {
             dcase c = base;
             c.layout = layout;
             const char *what = "plain";
@@ -336,6 +361,10 @@ int main(void) {
             case 13:
                 c.Lq = 90, c.Lk = 1300, c.causal = c.bottom_right = c.mask = c.sinks = true;
                 what = "Lq 90, Lk 1300, causal bottom-right, mask, sinks";
+                break;
+            case 14:  // B * Hkv >= 16: one key chunk, dQ summed without partials where dense
+                c.Hq = 16, c.Hkv = 8, c.Lq = 200, c.causal = true;
+                what = "16 key/value heads (one chunk), causal";
                 break;
             default: break;
             }
