@@ -21,9 +21,8 @@
  *
  * Extra memory (the workspace): per thread a few tiles and packed blocks (about 300 KiB
  * at D = 64) and a table of Lq / bq query blocks; D_i = dO_i · O_i for every row
- * (B * Hq * Lq floats); the C dQ partials (C * B * Hq * Lq * Dk floats; with C = 1, one
- * only where dq's rows are not adjacent, so that no tile walks a page a row). None of it
- * grows with Lq x Lk.
+ * (B * Hq * Lq floats); the C dQ partials (C * B * Hq * Lq * Dk floats). None of it grows
+ * with Lq x Lk.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -51,7 +50,7 @@
  * 256 KiB). C key chunks per (b, g), fixed by the shapes:
  * enough items for the threads when B * Hkv is small, never more than CHUNKS_MAX copies
  * of dQ, nor more copies than fit in PARTIALS_MAX bytes (beyond the first). With C = 1
- * and a dq of adjacent rows (last stride 1), dQ is summed in place in dq, no copy. */
+ * and a dq whose last stride is 1, dQ is summed in place in dq and needs no copy. */
 enum { TARGET_ITEMS = 16, CHUNKS_MAX = 8 };
 /* The rows of the tiles (S, P, dP, dS: bq rows of bk keys) and of the packed Kᵀ and Vᵀ
  * (Dk, Dv rows of bk keys) lie bk + TILE_SKEW floats apart, not a power of two: the
@@ -134,12 +133,7 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     plan->chunk_blocks = plan->k_blocks > 0 ? (plan->k_blocks + c - 1) / c : 0;
     plan->chunks = plan->chunk_blocks > 0 ? (plan->k_blocks + plan->chunk_blocks - 1) / plan->chunk_blocks : 1;
     if (__builtin_mul_overflow(heads, plan->chunks, &plan->items)) return false;
-    /* in place only where dq's rows are adjacent: rows apart (transformers' [B, L, H, D]
-     * memory read as [B, H, L, D]) would make every tile's dQ walk a page per row, as
-     * core/dense_rows.h's copies avoid for the inputs; then the one chunk's partial is a
-     * dense dQ, copied into dq at the end (the same sums, so the same bits) */
-    plan->in_place = plan->chunks == 1 && bp->dq_s[3] == 1 &&
-                     (bp->dq_s[2] == dk || p->Lq < 2 || dq_bytes > PARTIALS_MAX);
+    plan->in_place = plan->chunks == 1 && bp->dq_s[3] == 1;
 
     plan->ld = bk + TILE_SKEW;
     const size_t f = sizeof(float), tile = (size_t)(plan->bq * plan->ld) * f;
@@ -767,10 +761,6 @@ attn_status ai_fused_backward(const attn_bwd_params *given, void *ws) {
         for (int64_t r = 0; r < (plan.in_place ? 0 : rows); r++) {
             const int64_t i = r % p->Lq, bh = r / p->Lq, h = bh % p->Hq, b = bh / p->Hq;
             float *dq_i = bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1] + i * bp->dq_s[2];
-            if (plan.chunks == 1 && bp->dq_s[3] == 1) {  // one partial: a row's copy
-                memcpy(dq_i, part + r * Dk, (size_t)Dk * sizeof(float));
-                continue;
-            }
             for (int64_t d = 0; d < Dk; d++) {
                 float acc = part[r * Dk + d];
                 for (int64_t c = 1; c < plan.chunks; c++) acc += part[(c * rows + r) * Dk + d];
