@@ -173,33 +173,69 @@ class AttentionClock:
             inner = table[name]
 
             def timed(*a, _inner=inner, **k):
+                a = self._mark_inputs(a)
                 t = time.perf_counter()
                 try:
                     out = _inner(*a, **k)
                 finally:
                     self.inside += time.perf_counter() - t
-                self._time_backward(a, out)
-                return out
+                return self._mark_output(out)
             table[name] = timed
 
-    def _time_backward(self, args, out):
-        """Where autograd records the call: the time from its output's gradient to its
-        query's (the autograd engine runs one node at a time on the CPU, so what lies
-        between is the attention's own backward) goes into self.backward."""
+    def _functions(self):
+        """Two identity autograd Functions around each call: the backward of the one on its
+        output starts the clock, that of the one on its query, key and value stops it. The
+        engine runs a node as soon as its gradients are complete, highest sequence number
+        first, so the stop runs right after the attention's own backward node, whatever the
+        layout of the gradients it returns (hooks on the query tensor fired only when the
+        engine reached the query's producer, after other branches' nodes)."""
+        if getattr(self, "_fns", None):
+            return self._fns
+        import torch  # noqa: PLC0415
+        clock = self
+
+        class Start(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, o):
+                return o.view_as(o)
+
+            @staticmethod
+            def backward(ctx, g):
+                clock._t0 = time.perf_counter()
+                return g
+
+        class Stop(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v):
+                return q.view_as(q), k.view_as(k), v.view_as(v)
+
+            @staticmethod
+            def backward(ctx, gq, gk, gv):
+                t0 = getattr(clock, "_t0", None)
+                if t0 is not None:
+                    clock.backward += time.perf_counter() - t0
+                    clock._t0 = None
+                return gq, gk, gv
+        self._fns = (Start, Stop)
+        return self._fns
+
+    def _mark_inputs(self, args):
+        """(module, query, key, value, ...) with query, key and value through Stop where
+        the call is recorded by autograd"""
+        import torch  # noqa: PLC0415
+        if len(args) < 4 or not torch.is_grad_enabled():
+            return args
+        q, k, v = args[1:4]
+        if not any(getattr(x, "requires_grad", False) for x in (q, k, v)):
+            return args
+        return (args[0],) + self._functions()[1].apply(q, k, v) + tuple(args[4:])
+
+    def _mark_output(self, out):
         o = out[0] if isinstance(out, tuple) else out
-        q = args[1] if len(args) > 1 else None  # (module, query, key, value, mask, ...)
-        if not (getattr(o, "requires_grad", False) and getattr(q, "requires_grad", False)):
-            return
-        box = {}
-
-        def start(g):
-            box["t"] = time.perf_counter()
-
-        def stop(g):
-            if "t" in box:
-                self.backward += time.perf_counter() - box.pop("t")
-        o.register_hook(start)
-        q.register_hook(stop)
+        if not getattr(o, "requires_grad", False):
+            return out
+        o = self._functions()[0].apply(o)
+        return (o,) + tuple(out[1:]) if isinstance(out, tuple) else o
 
     backward = 0.0
 
@@ -235,8 +271,8 @@ def llama2k_rows(torch, transformers, args):
       a training step at L --train-len (forward, cross-entropy, backward);
       then packed_rows and batch_rows.
     Each row also reports the median time inside the attention calls (in the training
-    steps their backward too: from the attention output's gradient to its query's, by
-    autograd hooks) and outside them. Checked first: prefill logits within 1e-4 (relative
+    steps their backward too: from the attention output's gradient to the query's, key's
+    and value's, by identity autograd Functions around the call) and outside them. Checked first: prefill logits within 1e-4 (relative
     Frobenius) of sdpa's, the greedy tokens equal, the training loss within 1e-5 and
     q_proj's gradient within 1e-4."""
     L = args.big_len

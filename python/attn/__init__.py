@@ -334,10 +334,9 @@ def _sdpa_function() -> Any:
             # each gradient in its input's dtype (float32, float16 or bfloat16): the library
             # computes in float32 and rounds once to it, so .grad needs no cast (a float32
             # buffer cast afterwards would round twice)
-            # in its input's memory layout where that is dense (transformers' [B, L, H, D]
-            # read as [B, H, L, D]), as PyTorch's own backward: the view's gradient is
-            # then dense again, and the projection's backward copies nothing
-            grads = [torch.empty_like(x, dtype=dtype)
+            # contiguous: in transformers' [B, L, H, D] layout the views' backward would
+            # copy nothing, but the library writes them slower there (docs/PYTHON.md)
+            grads = [torch.empty(x.shape, dtype=dtype)
                      if need and isinstance(x, tt) else None
                      for need, x, dtype in zip(ctx.needs_input_grad[:3], (q, k, v),
                                                ctx.dtypes)]
@@ -487,7 +486,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         The output (..., L, Dv), of the query's kind and dtype: NumPy in, NumPy out;
         PyTorch in, PyTorch out (a new CPU tensor from torch.empty, in the query's memory
         order: transformers' [B, L, H, D] memory read as [B, H, L, D] gets its output
-        so, as from PyTorch's CPU kernel; gradients in their inputs'); a JAX array for a JAX
+        so, as from PyTorch's CPU kernel); a JAX array for a JAX
         query; any other DLPack producer gets a NumPy array (float32 for a bfloat16 query
         where ml_dtypes is not installed). LSE and weights are float32. With return_lse /
         return_weights: the tuple (output, lse), (output, weights) or (output, lse,

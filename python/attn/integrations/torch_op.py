@@ -287,10 +287,10 @@ def _sdpa_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor, 
     d_bias: summed over its broadcast dimensions) in its dtype and shape, (0,) float32
     otherwise. The forward's dropout_p and seed regenerate its mask; align, alibi_slopes,
     kv_len, path, precision and threads are the forward's."""
-    # each in its input's layout where that is dense (empty_like keeps a dense tensor's
-    # strides): transformers' [B, L, H, D] memory read as [B, H, L, D] gets gradients its
-    # views pass back without a copy, as PyTorch's own backward gives them
-    dq, dk, dv = (torch.empty_like(x) for x in (query, key, value))
+    # contiguous: in the inputs' layout (transformers' [B, L, H, D] memory read as
+    # [B, H, L, D]) the views' backward would copy nothing, but the library's backward
+    # writes them slower there (docs/PYTHON.md)
+    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype) for x in (query, key, value))
     options = _options(is_causal, scale, enable_gqa, window_left, window_right, softcap,
                        dropout_p, seed, align, path, precision, threads)
     lens = None if kv_len is None else kv_len.detach()
@@ -318,14 +318,13 @@ def _sdpa_backward_fake(grad_out, query, key, value, out, lse, attn_mask, is_cau
                         enable_gqa, window_left, window_right, softcap, dropout_p=0.0, seed=0,
                         sinks=None, mask_grad=False, align=0, alibi_slopes=None, kv_len=None,
                         path=0, precision=0, threads=0):
-    # the gradients in their inputs' layouts, as the real ones (empty_like); the others
-    # contiguous, as theirs
+    # contiguous, as the real ones are (torch.empty_like would copy a view's strides)
     d_sinks = (sinks.new_empty(sinks.shape) if sinks is not None
                else query.new_empty((0,), dtype=torch.float32))
     d_mask = (attn_mask.new_empty(attn_mask.shape) if mask_grad and _mask_has_grad(attn_mask)
               else query.new_empty((0,), dtype=torch.float32))
-    return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value),
-            d_sinks, d_mask)
+    return (query.new_empty(query.shape), key.new_empty(key.shape),
+            value.new_empty(value.shape), d_sinks, d_mask)
 
 
 # attn::sdpa's arguments from dropout_p on, with their defaults: inputs shorter than the
