@@ -34,19 +34,6 @@ typedef struct attn_bwd_params {
     bool d_bias_full;
 } attn_bwd_params;
 
-/* backward_dense.c: Q and dO whose rows are not adjacent, copied dense once for a pass
- * that reads each query row `reads` times (core/dense_rows.h's rule). The bytes of the
- * two copies (0: read in place); the params the pass reads (given, or *dense with Q at
- * at_q and dO at at_do where those are not NULL); slice s of the 2 * B * Hq slices of Q
- * and dO (Q's first) copied from given's tensors into bp's. */
-ATTN_PRIVATE void ai_bwd_dense_bytes(const attn_bwd_params *bp, int64_t reads, size_t *q,
-                                     size_t *d_o);
-ATTN_PRIVATE const attn_bwd_params *ai_bwd_dense_params(const attn_bwd_params *given,
-                                                        char *at_q, char *at_do,
-                                                        attn_bwd_params *dense);
-ATTN_PRIVATE void ai_bwd_dense_copy(const attn_bwd_params *given, const attn_bwd_params *bp,
-                                    int64_t s);
-
 /* Every element of d_bias: the sum, over the logits (b, h, i, j) it broadcasts to, of
  * g [B, Hq, Lq, Lk] (float, or double when f64), in the order b, h, i, j; summed in
  * double, rounded once. Parallel over d_bias's elements: the same bits for any thread

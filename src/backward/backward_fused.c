@@ -77,8 +77,6 @@ typedef struct bwd_plan {
         off_dv, off_lse, off_D, off_lo, off_hi, off_qr, off_fin, off_z, off_pd;
     size_t off_sum;         // the mask summary (mask_summary.h), after the partials
     size_t off_gb;          // a broadcast d_bias's logits (B, Hq, Lq, Lk), after the summary
-    size_t off_dense;       // Q's, then dO's dense copies, after it
-    size_t dense_q, dense_do;  // their bytes (0: read in place)
     /* where each logit's bias gradient goes (options.d_bias): the bias's own gradient when
      * it broadcasts nowhere, else the (B, Hq, Lq, Lk) array at off_gb; NULL = not wanted
      * (set by ai_fused_backward) */
@@ -181,12 +179,6 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     plan->off_gb = total;
     const size_t gb_bytes = d_bias_in_place(bp) ? 0 : ai_d_bias_scratch(bp, sizeof(float));
     if (gb_bytes == (size_t)-1 || __builtin_add_overflow(total, gb_bytes, &total)) return false;
-    /* Q and dO whose rows are not adjacent, copied dense (backward_dense.c): each query
-     * row is read once per key block */
-    ai_bwd_dense_bytes(bp, plan->k_blocks, &plan->dense_q, &plan->dense_do);
-    plan->off_dense = total = round64(total);
-    if (__builtin_add_overflow(total, round64(plan->dense_q) + round64(plan->dense_do), &total))
-        return false;  // the two: at most 256 MiB + 128 bytes
     if (__builtin_add_overflow(total, (size_t)64, &total)) return false;  // to align
     plan->total = total;
     return true;
@@ -688,14 +680,10 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
     }
 }
 
-attn_status ai_fused_backward(const attn_bwd_params *given, void *ws) {
+attn_status ai_fused_backward(const attn_bwd_params *bp, void *ws) {
     bwd_plan plan;
-    make_plan(given, &plan);  // cannot fail: the workspace query succeeded with the same bp
+    make_plan(bp, &plan);  // cannot fail: the workspace query succeeded with the same bp
     char *base = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
-    attn_bwd_params dense;
-    char *at_q = plan.dense_q ? base + plan.off_dense : NULL;
-    char *at_do = plan.dense_do ? base + plan.off_dense + round64(plan.dense_q) : NULL;
-    const attn_bwd_params *bp = ai_bwd_dense_params(given, at_q, at_do, &dense);
     const attn_params *p = &bp->fwd;
     float *D = (float *)(base + plan.off_d);
     float *part = (float *)(base + plan.off_part);
@@ -732,10 +720,6 @@ attn_status ai_fused_backward(const attn_bwd_params *given, void *ws) {
     {
         const int tid = attn_thread_num();
         const bwd_scratch w = carve(&plan, base + (size_t)tid * plan.thread_bytes);
-        if (bp != given) {
-#pragma omp for schedule(static)
-            for (int64_t s = 0; s < 2 * p->B * p->Hq; s++) ai_bwd_dense_copy(given, bp, s);
-        }
 #pragma omp for schedule(static)
         for (int64_t rc = 0; rc < row_chunks; rc++)
             row_dots(bp, D, rc * 256, rows - rc * 256 < 256 ? rows - rc * 256 : 256);

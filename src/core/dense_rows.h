@@ -2,8 +2,9 @@
  * dense_rows.h — a [n0, n1, L, D] view whose rows are not adjacent (transformers'
  *                [B, L, H, D] memory read as [B, H, L, D], a packed [T, H, D] batch,
  *                reversed or padded rows) copied dense once, for a pass that reads each
- *                row many times: the forward's K and V in a prefill (forward/fused.c),
- *                the backward's Q and dO (backward/backward_fused.c). A tile of 64 such
+ *                row many times: the forward's K and V in a prefill (forward/fused.c;
+ *                the backward's Q and dO so copied were slower inside a training step:
+ *                docs/KERNELS.md, "Designs tried"). A tile of 64 such
  *                rows spans 64 pages of 4 KiB, against 8 once dense. The copy changes
  *                addresses only, so the bits are those of the dense call.
  */
