@@ -14,7 +14,9 @@
  * - bk, forward: the list's bk_max, halved (down to bk_min) until a key and a value block,
  *   in the cache's own dtype, fit in 64 KiB (they stay in L2 while the block's rows use
  *   them). Backward: halved until the key block's float32 copies and gradients (4 (Dk +
- *   Dv) floats a key) fit in 256 KiB.
+ *   Dv) floats a key) fit in the CPU's budget, bwd_block_bytes: 512 KiB on Zen 4, whose
+ *   L2 is 1 MiB, 256 KiB elsewhere (docs/KERNELS.md, "The backward's key block on
+ *   Zen 4").
  * - a tuned configuration (the call's p->tune, from the wisdom: wisdom.h) replaces the two
  *   rules above by its bq and bk where they are not 0; the environment below still wins.
  * - ATTN_FWD_BQ=N (a multiple of the kernel's row_pad, 16 <= N <= ATTN_FWD_BQ_LIMIT) and
@@ -61,6 +63,14 @@ static int64_t cpu_bq(const attn_kernels *kern, attn_tile_use use) {
     return 0;
 }
 
+/* the backward key block's budget for its float32 copies and gradients, per CPU: on
+ * Zen 4, bk = 128 rather than 64 at D = 128 (64 rather than 32 at D = 256) measured
+ * 0.86-0.95 of the time at L >= 2048 under GQA, never slower beyond the noise; the
+ * other CPUs keep the first design's 256 KiB, not measured against it */
+static int64_t bwd_block_bytes(void) {
+    return ai_cpu_model_now() == ATTN_CPU_ZEN4 ? 512 * 1024 : 256 * 1024;
+}
+
 attn_tiles ai_choose_tiles(const attn_kernels *kern, attn_tile_use use, attn_dtype kv_dt,
                            int64_t dk, int64_t dv, const attn_tune_config *tuned) {
     pthread_once(&g_once, probe);
@@ -71,7 +81,7 @@ attn_tiles ai_choose_tiles(const attn_kernels *kern, attn_tile_use use, attn_dty
     if (tuned && tuned->bq > 0) t.bq = tuned->bq;  // checked against the geometry (wisdom.c)
     if (env_bq >= 16 && env_bq <= ATTN_FWD_BQ_LIMIT && env_bq % pad == 0) t.bq = env_bq;
     if (use == ATTN_TILES_BACKWARD) {
-        while (t.bk > geom->bk_min && t.bk * (dk + dv) * 4 * (int64_t)sizeof(float) > 256 * 1024)
+        while (t.bk > geom->bk_min && t.bk * (dk + dv) * 4 * (int64_t)sizeof(float) > bwd_block_bytes())
             t.bk /= 2;
         if (tuned && tuned->bk > 0) t.bk = tuned->bk;
         return t;

@@ -43,20 +43,26 @@ void ai_cpu_ident(char vendor[13], unsigned *family, unsigned *model) {
 #endif
 }
 
-/* Whether this CPU is a Zen 3 core: AuthenticAMD, family 19h, models 00-0Fh (Milan),
- * 20-2Fh (Vermeer), 40-5Fh (Rembrandt, Cezanne). Zen 4 (10-1Fh, 60-7Fh, A0-AFh) is not. */
-static bool cpu_is_zen3(void) {
+/* Which AMD Zen core this is by its CPUID family and model: AuthenticAMD, family 19h;
+ * Zen 3 models 00-0Fh (Milan), 20-2Fh (Vermeer), 40-5Fh (Rembrandt, Cezanne); Zen 4
+ * models 10-1Fh (Genoa), 60-7Fh (Raphael, Phoenix), A0-AFh (Bergamo, Siena). */
+static attn_cpu_model cpu_zen(void) {
     char vendor[13];
     unsigned family, model;
     ai_cpu_ident(vendor, &family, &model);
-    return strcmp(vendor, "AuthenticAMD") == 0 && family == 0x19 &&
-           (model <= 0x0F || (model >= 0x20 && model <= 0x2F) || (model >= 0x40 && model <= 0x5F));
+    if (strcmp(vendor, "AuthenticAMD") != 0 || family != 0x19) return ATTN_CPU_OTHER;
+    if (model <= 0x0F || (model >= 0x20 && model <= 0x2F) || (model >= 0x40 && model <= 0x5F))
+        return ATTN_CPU_ZEN3;
+    if ((model >= 0x10 && model <= 0x1F) || (model >= 0x60 && model <= 0x7F) ||
+        (model >= 0xA0 && model <= 0xAF))
+        return ATTN_CPU_ZEN4;
+    return ATTN_CPU_OTHER;
 }
 
 /* the CPU model the kernels' per-CPU geometry is looked up by (kernels.h), probed once */
 static attn_cpu_model g_model;
 static pthread_once_t g_model_once = PTHREAD_ONCE_INIT;
-static void probe_model(void) { g_model = cpu_is_zen3() ? ATTN_CPU_ZEN3 : ATTN_CPU_OTHER; }
+static void probe_model(void) { g_model = cpu_zen(); }
 
 attn_cpu_model ai_cpu_model_now(void) {
     pthread_once(&g_model_once, probe_model);

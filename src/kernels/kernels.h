@@ -134,6 +134,7 @@ typedef struct attn_kernel_geom {
 typedef enum attn_cpu_model {
     ATTN_CPU_OTHER = 0,
     ATTN_CPU_ZEN3,  /* AuthenticAMD, family 19h, models 00-0Fh, 20-2Fh, 40-5Fh (not Zen 4) */
+    ATTN_CPU_ZEN4,  /* AuthenticAMD, family 19h, models 10-1Fh, 60-7Fh, A0-AFh */
 } attn_cpu_model;
 ATTN_PRIVATE attn_cpu_model ai_cpu_model_now(void);
 /* This CPU's CPUID vendor string, family and model ("unknown", 0, 0 off x86-64):
