@@ -81,7 +81,8 @@ attn_tiles ai_choose_tiles(const attn_kernels *kern, attn_tile_use use, attn_dty
     if (tuned && tuned->bq > 0) t.bq = tuned->bq;  // checked against the geometry (wisdom.c)
     if (env_bq >= 16 && env_bq <= ATTN_FWD_BQ_LIMIT && env_bq % pad == 0) t.bq = env_bq;
     if (use == ATTN_TILES_BACKWARD) {
-        while (t.bk > geom->bk_min && t.bk * (dk + dv) * 4 * (int64_t)sizeof(float) > bwd_block_bytes())
+        const int64_t budget = bwd_block_bytes();
+        while (t.bk > geom->bk_min && t.bk * (dk + dv) * 4 * (int64_t)sizeof(float) > budget)
             t.bk /= 2;
         if (tuned && tuned->bk > 0) t.bk = tuned->bk;
         return t;
