@@ -411,22 +411,22 @@ static void block_open(const attn_params *p, const attn_kernels *kern, const fus
         /* a 16-bit row with unit stride by the kernel's vector conversion (exact, so the
          * same floats): element by element was measurably slower (docs/KERNELS.md) */
         const bool half_rows = (p->q_dt == ATTN_F16 || p->q_dt == ATTN_BF16) && p->q_s[3] == 1;
+        const bool f32_rows = p->q_dt == ATTN_F32 && p->q_s[3] == 1;
         for (int64_t r = 0; r < n; r++) {
             const int64_t q_bhi = blk->b * p->q_s[0] + w->h[r] * p->q_s[1] + w->i[r] * p->q_s[2];
             float *q_r = w->q + r * dk;
-            if (half_rows) {
-                kern->to_f32(p->q_dt, dk, (const uint16_t *)p->q + q_bhi, q_r);
-                for (int64_t d = 0; d < dk; d++) w->qt[d * w->ld + r] = q_r[d];
-                continue;
-            }
-            for (int64_t d = 0; d < dk; d++) {
-                const float x = attn_load(p->q_dt, p->q, q_bhi + d * p->q_s[3]);
-                q_r[d] = x;
-                w->qt[d * w->ld + r] = x;
-            }
+            if (half_rows) kern->to_f32(p->q_dt, dk, (const uint16_t *)p->q + q_bhi, q_r);
+            else if (f32_rows) memcpy(q_r, (const float *)p->q + q_bhi, (size_t)dk * sizeof(float));
+            else
+                for (int64_t d = 0; d < dk; d++) q_r[d] = attn_load(p->q_dt, p->q, q_bhi + d * p->q_s[3]);
         }
-        for (int64_t d = 0; d < dk; d++)
-            for (int64_t r = n; r < npad; r++) w->qt[d * w->ld + r] = 0.0f;
+        /* Qᵀ from the rows just packed (in L1), a row of it at a time: the rows read at
+         * their stride, Qᵀ written in order */
+        for (int64_t d = 0; d < dk; d++) {
+            float *qt_d = w->qt + d * w->ld;
+            for (int64_t r = 0; r < n; r++) qt_d[r] = w->q[r * dk + d];
+            for (int64_t r = n; r < npad; r++) qt_d[r] = 0.0f;
+        }
     }
     for (int64_t r = 0; r < npad; r++) {
         w->m[r] = -INFINITY;
