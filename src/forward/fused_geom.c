@@ -65,8 +65,8 @@ static int64_t cpu_bq(const attn_kernels *kern, attn_tile_use use) {
 
 /* the backward key block's budget for its float32 copies and gradients, per CPU: on
  * Zen 4, bk = 128 rather than 64 at D = 128 (64 rather than 32 at D = 256) measured
- * 0.86-0.95 of the time at L >= 2048 under GQA, never slower beyond the noise; the
- * other CPUs keep the first design's 256 KiB, not measured against it */
+ * 0.91-0.97 of the time at L >= 2048 under GQA, within 1.5% elsewhere (docs/KERNELS.md);
+ * the other CPUs keep the first design's 256 KiB, not measured against it */
 static int64_t bwd_block_bytes(void) {
     return ai_cpu_model_now() == ATTN_CPU_ZEN4 ? 512 * 1024 : 256 * 1024;
 }
