@@ -419,7 +419,7 @@ static void test_planted(void) {
 int main(void) {
     test_planted();
     static const int64_t ns[] = {1, 2, 3, 4, 5, 15, 16, 17, 33, 48, 63, 64};
-    static const int64_t nks[] = {1, 5, 6, 7, 12, 13, 64, 127, 128};
+    static const int64_t nks[] = {1, 5, 6, 7, 9, 12, 13, 63, 64, 127, 128};  // every nk % 6
     static const int64_t ds[] = {0, 1, 15, 16, 17, 63, 64, 65, 128, 257};
 #define X_TEST(name, ...)                                                               \
     if (attn_kernel_supported(#name)) {                                                \
