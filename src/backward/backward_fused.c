@@ -46,11 +46,12 @@
  * is asked for whenever those rows are not known to be finite. */
 
 /* bq query rows and bk keys per tile (ai_choose_tiles, fused_geom.c: the kernel's
- * geometry for this CPU; bk shrinks so that the key block's copies and gradients stay near
- * 256 KiB). C key chunks per (b, g), fixed by the shapes:
- * enough items for the threads when B * Hkv is small, never more than CHUNKS_MAX copies
- * of dQ, nor more copies than fit in PARTIALS_MAX bytes (beyond the first). With C = 1
- * and a dq whose last stride is 1, dQ is summed in place in dq and needs no copy. */
+ * geometry for this CPU; bk shrinks so that the key block's copies and gradients stay
+ * within the CPU's budget, 256 KiB or 512 KiB on Zen 4). C key chunks per (b, g), fixed
+ * by the shapes: enough items for the threads when B * Hkv is small, never more than
+ * CHUNKS_MAX copies of dQ, nor more copies than fit in PARTIALS_MAX bytes (beyond the
+ * first). With C = 1 and a dq whose last stride is 1, dQ is summed in place in dq and
+ * needs no copy. */
 enum { TARGET_ITEMS = 16, CHUNKS_MAX = 8 };
 /* The rows of the tiles (S, P, dP, dS: bq rows of bk keys) and of the packed Kᵀ and Vᵀ
  * (Dk, Dv rows of bk keys) lie bk + TILE_SKEW floats apart, not a power of two: the
