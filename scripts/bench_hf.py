@@ -160,6 +160,8 @@ class AttentionClock:
 
     def __init__(self, transformers, names):
         self.inside = 0.0
+        self._t0 = None  # when the backward of the last call's output began
+        self._start, self._stop = self._functions()
         self.wrap(names)
 
     def wrap(self, names):
@@ -189,8 +191,6 @@ class AttentionClock:
         first, so the stop runs right after the attention's own backward node, whatever the
         layout of the gradients it returns (hooks on the query tensor fired only when the
         engine reached the query's producer, after other branches' nodes)."""
-        if getattr(self, "_fns", None):
-            return self._fns
         import torch  # noqa: PLC0415
         clock = self
 
@@ -211,13 +211,11 @@ class AttentionClock:
 
             @staticmethod
             def backward(ctx, gq, gk, gv):
-                t0 = getattr(clock, "_t0", None)
-                if t0 is not None:
-                    clock.backward += time.perf_counter() - t0
+                if clock._t0 is not None:
+                    clock.backward += time.perf_counter() - clock._t0
                     clock._t0 = None
                 return gq, gk, gv
-        self._fns = (Start, Stop)
-        return self._fns
+        return Start, Stop
 
     def _mark_inputs(self, args):
         """(module, query, key, value, ...) with query, key and value through Stop where
@@ -228,13 +226,13 @@ class AttentionClock:
         q, k, v = args[1:4]
         if not any(getattr(x, "requires_grad", False) for x in (q, k, v)):
             return args
-        return (args[0],) + self._functions()[1].apply(q, k, v) + tuple(args[4:])
+        return (args[0],) + self._stop.apply(q, k, v) + tuple(args[4:])
 
     def _mark_output(self, out):
         o = out[0] if isinstance(out, tuple) else out
         if not getattr(o, "requires_grad", False):
             return out
-        o = self._functions()[0].apply(o)
+        o = self._start.apply(o)
         return (o,) + tuple(out[1:]) if isinstance(out, tuple) else o
 
     backward = 0.0
@@ -272,9 +270,9 @@ def llama2k_rows(torch, transformers, args):
       then packed_rows and batch_rows.
     Each row also reports the median time inside the attention calls (in the training
     steps their backward too: from the attention output's gradient to the query's, key's
-    and value's, by identity autograd Functions around the call) and outside them. Checked first: prefill logits within 1e-4 (relative
-    Frobenius) of sdpa's, the greedy tokens equal, the training loss within 1e-5 and
-    q_proj's gradient within 1e-4."""
+    and value's, by identity autograd Functions around the call) and outside them. Checked
+    first: prefill logits within 1e-4 (relative Frobenius) of sdpa's, the greedy tokens
+    equal, the training loss within 1e-5 and q_proj's gradient within 1e-4."""
     L = args.big_len
     cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
                                    num_hidden_layers=2, num_attention_heads=16,

@@ -4,9 +4,9 @@
  *                reversed or padded rows) copied dense once, for a pass that reads each
  *                row many times: the forward's K and V in a prefill (forward/fused.c;
  *                the backward's Q and dO so copied were slower inside a training step:
- *                docs/KERNELS.md, "Designs tried"). A tile of 64 such
- *                rows spans 64 pages of 4 KiB, against 8 once dense. The copy changes
- *                addresses only, so the bits are those of the dense call.
+ *                docs/KERNELS.md, "Designs tried"). A tile of 64 such rows spans 64
+ *                pages of 4 KiB, against 8 once dense. The copy changes addresses only,
+ *                so the bits are those of the dense call.
  */
 #ifndef ATTN_DENSE_ROWS_H
 #define ATTN_DENSE_ROWS_H
