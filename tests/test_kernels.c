@@ -193,8 +193,9 @@ static void test_tile(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk, 
 /* The decoding step (kernels that have one): for n <= 4 rows, from a running state some
  * rows of which already hold keys (m finite, l and acc set) and some fresh (m = -inf),
  * against the same update in float64 on the same rounded inputs. K and V in each dtype
- * with row strides wider than the rows, a tile ahead to prefetch or none. nan_key >= 0
- * stores NaN in that key's K row: every row's m must become NaN. plant: the tolerance
+ * with row strides wider than the rows, asking for this tile's V and the K of a tile ahead
+ * or for nothing. nan_key >= 0 stores NaN in that key's K row: every row's m must become
+ * NaN. plant: the tolerance
  * must catch one accumulator element off by 1e-4 of its sum of magnitudes (the check's
  * denominator). round_p (the FAST
  * precision): the P the step multiplied V by, left in its scratch s[4c + r], must be
@@ -235,7 +236,8 @@ static void test_decode(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk
     const float scale = 0.37f;
     bool state_ok_qk = true;
     k->decode(n, nk, dk, dv, q, dt, round_p, kk, ldk, v, ldv, scale, 1.0f, 1.0f, s, m, l, alpha, acc,
-              prefetch, prefetch ? kk + nk * ldk * es : NULL, prefetch ? nk : 0);
+              prefetch ? v : NULL, prefetch ? nk : 0, prefetch ? kk + nk * ldk * es : NULL,
+              prefetch ? nk : 0);
     /* decode_qk: the step's logits alone, checked against float64 dot products below */
     const int64_t lds = n + 3;  // the tile's S^T layout, wider than the rows: the lanes
     float *sq = malloc((size_t)(lds * nk) * sizeof(float));  // past n must stay untouched

@@ -96,10 +96,11 @@ static void kernel_case(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk
     }
     const float scale = 0.37f;
     const int64_t ldk = dk, ldv = dv;  // dense rows: the stride is the width (in elements)
+    /* both ask for the next tile's V and K, as a later pass over a tile does */
     k->decode(n, nk, dk, dv, q, dt, round_p, kc, ldk, vc, ldv, scale, ks, vs, s, m, l, a, acc,
-              nk_next > 0, nk_next > 0 ? kc + nk * rk : NULL, nk_next);
+              nk_next > 0 ? vc + nk * rv : NULL, nk_next, nk_next > 0 ? kc + nk * rk : NULL, nk_next);
     k->decode_rows(n, nk, dk, dv, q, dt, round_p, kr, vr, scale, ks, vs, s2, m2, l2, a2, acc2,
-                   nk_next > 0, kr + nk, nk_next);
+                   vr + nk, nk_next, kr + nk, nk_next);
     const bool same = memcmp(m, m2, (size_t)n * sizeof(float)) == 0 &&
                       memcmp(l, l2, (size_t)n * sizeof(float)) == 0 &&
                       memcmp(a, a2, (size_t)n * sizeof(float)) == 0 &&

@@ -442,38 +442,56 @@ typedef struct row_addrs {
     int64_t at;
 } row_addrs;
 
+/* What a pass over a decoding tile asks for (the decode entry's ask_v and next_k), 4 of
+ * the block's rows a pass: the first pass this tile's V (during its Q·Kᵀ) and the next
+ * tile's K (during its P·V); the last of several passes the next tile's V and, again,
+ * its K; the passes between nothing. The later passes read the tile from the caches, so
+ * without asks of their own the read would idle through them (GQA 8 at one stride,
+ * Zen 4: the last pass's asks took 10–18% off the step, docs/KERNELS.md). */
+typedef enum { ASK_NONE, ASK_THIS, ASK_NEXT } decode_ask;
+
+static decode_ask pass_ask(int64_t r0, int64_t n) {
+    return r0 == 0 ? ASK_THIS : r0 + 4 >= n ? ASK_NEXT : ASK_NONE;
+}
+
 /* A clean tile of a decoding block across pages, in one step on its rows' addresses: the
  * arithmetic of the contiguous cache's tile, bit for bit, read in place from the pages.
- * The kernel prefetches this tile's V (during Q·Kᵀ) and the next tile's K (during P·V)
- * row by row; those K addresses are computed once, here, into the other half of ra->k,
- * where the next tile finds them. */
+ * The kernel prefetches V and the next tile's K row by row (pass_ask); the next tile's
+ * K addresses are computed once, here, into the other half of ra->k, where the next tile
+ * finds them. */
 static void tile_decode_rows(const attn_params *p, const attn_kernels *kern,
                              const fused_plan *plan, const fused_scratch *w,
                              const fused_block *blk, int64_t ja, int64_t jb, int64_t j0,
                              int64_t nk, bool fast, row_addrs *ra) {
     const int64_t dk = p->Dk, dv = p->Dv, n = blk->n;
-    const char *vr[ATTN_BK_LIMIT];
+    const char *vr[ATTN_BK_LIMIT], *vn[ATTN_BK_LIMIT];
     const char **kr = ra->k[(j0 - ja) / plan->bk % 2], **kn = ra->k[(j0 - ja) / plan->bk % 2 ^ 1];
     if (ra->at != j0) kv_row_addrs(p, blk, p->k, p->k_s, j0, nk, kr);
     const int64_t j1 = j0 + nk, next_nk = j1 < jb ? (jb - j1 < plan->bk ? jb - j1 : plan->bk) : 0;
     if (next_nk > 0) kv_row_addrs(p, blk, p->k, p->k_s, j1, next_nk, kn);
     ra->at = next_nk > 0 ? j1 : -1;
     kv_row_addrs(p, blk, p->v, p->v_s, j0, nk, vr);
+    if (n > 4 && next_nk > 0) kv_row_addrs(p, blk, p->v, p->v_s, j1, next_nk, vn);
     /* and the first lines of each page run of the next tile, K and V: the hardware
      * prefetcher stops at each page (docs/KERNELS.md, "Paged decoding") */
     if (next_nk > 0) prefetch_runs(p, blk, j1, next_nk);
-    for (int64_t r0 = 0; r0 < n; r0 += 4)
+    for (int64_t r0 = 0; r0 < n; r0 += 4) {
+        const decode_ask ask = pass_ask(r0, n);
         kern->decode_rows(n - r0 < 4 ? n - r0 : 4, nk, dk, dv, w->q + r0 * dk, p->kv_dt, fast,
                           kr, vr, p->scale, attn_kv_scale(p->k_scale, p->k_scale_s, blk->g),
                           attn_kv_scale(p->v_scale, p->v_scale_s, blk->g), w->s, w->m + r0,
-                          w->l + r0, w->alpha + r0, w->acc + r0 * dv, r0 == 0, kn, next_nk);
+                          w->l + r0, w->alpha + r0, w->acc + r0 * dv,
+                          ask == ASK_THIS ? vr : vn, ask == ASK_THIS ? nk : ask == ASK_NEXT ? next_nk : 0,
+                          kn, ask == ASK_NONE ? 0 : next_nk);
+    }
 }
 
 /* A clean tile of a decoding block in segments of rows at one stride: the whole tile in
  * a contiguous cache or within a page, else (a kernel without decode_rows) page by page,
  * each read in place (a copy of the rows cost more than the extra online-softmax steps:
- * docs/KERNELS.md). The first call on a segment prefetches its V and the next segment's
- * K, when there is one (no pointer past the tensor otherwise). */
+ * docs/KERNELS.md). The calls on a segment ask for its V and the next segment's K and V
+ * as pass_ask says, where there is a next segment (no pointer past the tensor
+ * otherwise). */
 static void tile_decode(const attn_params *p, const attn_kernels *kern, const fused_plan *plan,
                         const fused_scratch *w, const fused_block *blk, int64_t jb, int64_t j0,
                         int64_t nk, bool fast) {
@@ -492,11 +510,16 @@ static void tile_decode(const attn_params *p, const attn_kernels *kern, const fu
         const int64_t j1 = s0 + seg;
         const int64_t next_nk = j1 < jb ? fused_kv_segment(p, j1, jb - j1 < plan->bk ? jb - j1 : plan->bk) : 0;
         const char *next_k = next_nk > 0 ? fused_kv_row(p, blk, p->k, p->k_s, j1) : NULL;
+        const char *next_v = next_nk > 0 ? fused_kv_row(p, blk, p->v, p->v_s, j1) : NULL;
         const char *k = fused_kv_row(p, blk, p->k, p->k_s, s0), *v = fused_kv_row(p, blk, p->v, p->v_s, s0);
-        for (int64_t r0 = 0; r0 < n; r0 += 4)
+        for (int64_t r0 = 0; r0 < n; r0 += 4) {
+            const decode_ask ask = pass_ask(r0, n);
             kern->decode(n - r0 < 4 ? n - r0 : 4, seg, dk, dv, w->q + r0 * dk, p->kv_dt, fast, k,
                          p->k_s[2], v, p->v_s[2], p->scale, ks, vs, w->s, w->m + r0, w->l + r0,
-                         w->alpha + r0, w->acc + r0 * dv, r0 == 0, next_k, next_nk);
+                         w->alpha + r0, w->acc + r0 * dv, ask == ASK_THIS ? v : next_v,
+                         ask == ASK_THIS ? seg : ask == ASK_NEXT ? next_nk : 0, next_k,
+                         ask == ASK_NONE ? 0 : next_nk);
+        }
     }
 }
 

@@ -59,11 +59,12 @@
 #define ATTN_DECODE_MAX_ROWS 16
 
 /* What a decoding step (the decode entry) prefetches into the outer caches, each stream
- * during the other's phase: this tile's V rows while Q·Kᵀ reads K, the next tile's K rows
- * while P·V reads V. A phase alone leaves the other stream idle, and the hardware
- * prefetcher does not run ahead of a stream nobody reads (docs/KERNELS.md). */
+ * during the other's phase: V rows while Q·Kᵀ reads K (this tile's, or on a later pass
+ * over the tile the next tile's), the next tile's K rows while P·V reads V. A phase alone
+ * leaves the other stream idle, and the hardware prefetcher does not run ahead of a
+ * stream nobody reads (docs/KERNELS.md). */
 typedef struct attn_decode_pf {
-    const char *v;                  // this tile's V rows, or NULL for none
+    const char *v;                  // the V rows to ask for, or NULL for none
     int64_t ldv, lines_v, nv;       // row stride in bytes, 64-byte lines a row, rows
     const char *k;                  // the next tile's K rows, or NULL for none
     int64_t ldk, lines_k, nk;
@@ -74,13 +75,13 @@ typedef struct attn_decode_pf {
 } attn_decode_pf;
 
 /* from the decode entry's arguments (strides in elements of es bytes) */
-static inline attn_decode_pf attn_decode_pf_make(bool prefetch, const void *v, int64_t ldv,
-                                                 int64_t nk, int64_t dv, const void *next_k,
-                                                 int64_t ldk, int64_t next_nk, int64_t dk,
-                                                 int64_t es) {
+static inline attn_decode_pf attn_decode_pf_make(const void *ask_v, int64_t ldv, int64_t ask_nv,
+                                                 int64_t dv, const void *next_k, int64_t ldk,
+                                                 int64_t next_nk, int64_t dk, int64_t es) {
     return (attn_decode_pf){
-        .v = prefetch ? (const char *)v : NULL, .ldv = ldv * es, .lines_v = (dv * es + 63) / 64,
-        .nv = nk, .k = prefetch && next_nk > 0 ? (const char *)next_k : NULL, .ldk = ldk * es,
+        .v = ask_nv > 0 ? (const char *)ask_v : NULL, .ldv = ldv * es,
+        .lines_v = (dv * es + 63) / 64, .nv = ask_nv,
+        .k = next_nk > 0 ? (const char *)next_k : NULL, .ldk = ldk * es,
         .lines_k = (dk * es + 63) / 64, .nk = next_nk,
     };
 }
@@ -236,14 +237,16 @@ struct attn_kernels {
      *      (attn_kv_scale: 1 where none is given); each fp8 element is read as
      *      fl32(its value · scale), one rounding, kv_block's value; the other dtypes
      *      never read them (1 by convention)
-     *   prefetch: ask for this tile's V rows while Q·Kᵀ runs, and for the next tile's K
-     *      rows (next_k, next_nk keys, same stride; next_nk = 0 for none) while P·V runs,
-     *      into the outer caches (the first call on a tile; the others find them there) */
+     *   ask_v, ask_nv: V rows (stride ldv) to ask for into the outer caches while Q·Kᵀ
+     *      runs, ask_nv of them (0: none); next_k, next_nk: the next tile's K rows (stride
+     *      ldk) to ask for while P·V runs (0: none). The framework's passes over a tile
+     *      (4 rows each) share them out: the first asks for this tile's V and the next
+     *      tile's K, the last of several for the next tile's V and K (fused.c) */
     void (*decode)(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                    attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
                    int64_t ldv, float scale, float k_scale, float v_scale, float *s, float *m,
-                   float *l, float *alpha, float *acc, bool prefetch, const void *next_k,
-                   int64_t next_nk);
+                   float *l, float *alpha, float *acc, const void *ask_v, int64_t ask_nv,
+                   const void *next_k, int64_t next_nk);
 
     /* With decode: the logits decode computes for the same arguments, bit for bit, in the
      * tile's layout S^T (as qk writes them): s[c * lds + r] = scale q_r · k_c for keys
@@ -299,14 +302,15 @@ struct attn_kernels {
     /* Optional (NULL where absent): decode on a tile whose rows do not lie at one stride
      * (a paged cache's tile across pages), each row given by its address: key c at
      * k_rows[c], value row c at v_rows[c] (bytes: the row's first element, or its first
-     * q8_0 block; unit stride along the row), the next tile's keys at next_k_rows[c],
-     * c < next_nk, to prefetch. Everything else as decode, and bit for bit decode's
-     * result on the same rows at one stride: the tile is one online-softmax step
-     * whichever pages its rows are in. */
+     * q8_0 block; unit stride along the row); the V rows to ask for at ask_v_rows[c],
+     * c < ask_nv, the next tile's keys at next_k_rows[c], c < next_nk. Everything else as
+     * decode, and bit for bit decode's result on the same rows at one stride: the tile is
+     * one online-softmax step whichever pages its rows are in. */
     void (*decode_rows)(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                         attn_dtype dt, bool round_p, const char *const *k_rows,
                         const char *const *v_rows, float scale, float k_scale, float v_scale,
-                        float *s, float *m, float *l, float *alpha, float *acc, bool prefetch,
+                        float *s, float *m, float *l, float *alpha, float *acc,
+                        const char *const *ask_v_rows, int64_t ask_nv,
                         const char *const *next_k_rows, int64_t next_nk);
     /* Optional (NULL: the framework converts the value block to float32 and calls pv): pv
      * on a 16-bit value block, converted as it is read, so that the block is not written
@@ -391,7 +395,8 @@ ATTN_PRIVATE void ai_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv
                                    attn_dtype dt, bool round_p, const void *k, int64_t ldk,
                                    const void *v, int64_t ldv, float scale, float k_scale,
                                    float v_scale, float *s, float *m, float *l, float *alpha,
-                                   float *acc, bool prefetch, const void *next_k, int64_t next_nk);
+                                   float *acc, const void *ask_v, int64_t ask_nv,
+                                   const void *next_k, int64_t next_nk);
 ATTN_PRIVATE void ai_decode_qk_avx512(int64_t n, int64_t nk, int64_t dk, const float *q,
                                       attn_dtype dt, const void *k, int64_t ldk, float scale,
                                       float k_scale, float *s, int64_t lds);
@@ -400,8 +405,8 @@ ATTN_PRIVATE void ai_decode_rows_avx512(int64_t n, int64_t nk, int64_t dk, int64
                                         const char *const *k_rows, const char *const *v_rows,
                                         float scale, float k_scale, float v_scale, float *s,
                                         float *m, float *l, float *alpha, float *acc,
-                                        bool prefetch, const char *const *next_k_rows,
-                                        int64_t next_nk);
+                                        const char *const *ask_v_rows, int64_t ask_nv,
+                                        const char *const *next_k_rows, int64_t next_nk);
 ATTN_PRIVATE void ai_exp_array_avx512(int64_t n, const float *x, float *y);
 ATTN_PRIVATE void ai_to_f32_avx512(attn_dtype dt, int64_t n, const uint16_t *src, float *dst);
 ATTN_PRIVATE void ai_mask_bool_avx512(int64_t n, int64_t nk, const uint8_t *m, int64_t ldm,
@@ -411,7 +416,8 @@ ATTN_PRIVATE void ai_decode_avx2(int64_t n, int64_t nk, int64_t dk, int64_t dv, 
                                  attn_dtype dt, bool round_p, const void *k, int64_t ldk,
                                  const void *v, int64_t ldv, float scale, float k_scale,
                                  float v_scale, float *s, float *m, float *l, float *alpha,
-                                 float *acc, bool prefetch, const void *next_k, int64_t next_nk);
+                                 float *acc, const void *ask_v, int64_t ask_nv,
+                                 const void *next_k, int64_t next_nk);
 ATTN_PRIVATE void ai_decode_qk_avx2(int64_t n, int64_t nk, int64_t dk, const float *q,
                                     attn_dtype dt, const void *k, int64_t ldk, float scale,
                                     float k_scale, float *s, int64_t lds);
@@ -419,7 +425,8 @@ ATTN_PRIVATE void ai_decode_rows_avx2(int64_t n, int64_t nk, int64_t dk, int64_t
                                       const float *q, attn_dtype dt, bool round_p,
                                       const char *const *k_rows, const char *const *v_rows,
                                       float scale, float k_scale, float v_scale, float *s,
-                                      float *m, float *l, float *alpha, float *acc, bool prefetch,
+                                      float *m, float *l, float *alpha, float *acc,
+                                      const char *const *ask_v_rows, int64_t ask_nv,
                                       const char *const *next_k_rows, int64_t next_nk);
 /* the AVX2 rounding of float32 rows to 16 bits (avx2/convert.c) */
 ATTN_PRIVATE void ai_from_f32_avx2(attn_dtype dt, int64_t n, const float *src, uint16_t *dst);

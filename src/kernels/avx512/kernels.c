@@ -669,13 +669,13 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int
 void ai_decode_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const float *q,
                       attn_dtype dt, bool round_p, const void *k, int64_t ldk, const void *v,
                       int64_t ldv, float scale, float k_scale, float v_scale, float *s,
-                      float *m, float *l, float *alpha, float *acc, bool prefetch,
-                      const void *next_k, int64_t next_nk) {
+                      float *m, float *l, float *alpha, float *acc, const void *ask_v,
+                      int64_t ask_nv, const void *next_k, int64_t next_nk) {
     const int64_t es = attn_elem_bytes(dt);
     const char *kb = (const char *)k, *vb = (const char *)v;
     const int64_t ldkb = attn_row_byte_offset(dt, ldk), ldvb = attn_row_byte_offset(dt, ldv);
     const char *const *kr = NULL, *const *vr = NULL;  // at one stride
-    attn_decode_pf pf = attn_decode_pf_make(prefetch, v, ldv, nk, dv, next_k, ldk, next_nk, dk, es);
+    attn_decode_pf pf = attn_decode_pf_make(ask_v, ldv, ask_nv, dv, next_k, ldk, next_nk, dk, es);
     if (attn_is_block_dtype(dt)) {  // rows of blocks: strides and lines in bytes of blocks
         pf.ldv = ldvb, pf.ldk = ldkb;
         pf.lines_v = (attn_row_bytes(dt, dv) + 63) / 64, pf.lines_k = (attn_row_bytes(dt, dk) + 63) / 64;
@@ -689,13 +689,14 @@ void ai_decode_rows_avx512(int64_t n, int64_t nk, int64_t dk, int64_t dv, const 
                            attn_dtype dt, bool round_p, const char *const *kr,
                            const char *const *vr, float scale, float k_scale, float v_scale,
                            float *s, float *m, float *l, float *alpha, float *acc,
-                           bool prefetch, const char *const *next_kr, int64_t next_nk) {
+                           const char *const *ask_vr, int64_t ask_nv,
+                           const char *const *next_kr, int64_t next_nk) {
     const int64_t es = attn_elem_bytes(dt);
     const char *kb = kr[0], *vb = vr[0];
     const int64_t ldkb = 0, ldvb = 0;  // unused: every row from kr, vr
-    attn_decode_pf pf = attn_decode_pf_make(prefetch, vr[0], 0, nk, dv,
+    attn_decode_pf pf = attn_decode_pf_make(ask_nv > 0 ? ask_vr[0] : NULL, 0, ask_nv, dv,
                                             next_nk > 0 ? next_kr[0] : NULL, 0, next_nk, dk, es);
-    pf.v_rows = vr, pf.k_rows = next_kr;
+    pf.v_rows = ask_vr, pf.k_rows = next_kr;
     if (attn_is_block_dtype(dt))  // rows of blocks: lines in bytes of blocks
         pf.lines_v = (attn_row_bytes(dt, dv) + 63) / 64, pf.lines_k = (attn_row_bytes(dt, dk) + 63) / 64;
     DECODE_ANY(dt);
