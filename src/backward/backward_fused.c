@@ -542,11 +542,32 @@ static void d_bias_clear(const bwd_plan *plan, int64_t b, int64_t h, int64_t i0,
     }
 }
 
+/* *t narrowed to its keys [a, e) (off its offset into the packed block; a and e on
+ * granules of ATTN_SUM_KEYS, or e the tile's end); the d_bias of the keys left out, when
+ * written in place, is cleared. */
+static void tile_keys(const bwd_plan *plan, bwd_tile *t, int64_t a, int64_t e, bool clear) {
+    if (clear && a > t->j0) d_bias_clear(plan, t->b, t->h, t->i0, t->n, t->j0, a - t->j0);
+    if (clear && e < t->j0 + t->nk) d_bias_clear(plan, t->b, t->h, t->i0, t->n, e, t->j0 + t->nk - e);
+    t->off += a - t->j0;
+    t->j0 = a;
+    t->nk = e - a;
+}
+
+/* A tile narrowed to the granules of keys its rows reach by structure, [jmin, jmax) the
+ * union of their ranges (item_backward's w->qr): a causal band's first tile on the
+ * diagonal reaches half its keys when bk = 2 bq. The keys left out have P = 0 in every
+ * row, so they add exact zeros to dQ, dK and dV: the same bits. */
+static void bwd_narrow(const bwd_plan *plan, bwd_tile *t, int64_t jmin, int64_t jmax,
+                       bool clear) {
+    const int64_t g = ATTN_SUM_KEYS, a = jmin / g * g, e = (jmax + g - 1) / g * g;
+    if (a > t->j0 || e < t->j0 + t->nk)
+        tile_keys(plan, t, a > t->j0 ? a : t->j0, e < t->j0 + t->nk ? e : t->j0 + t->nk, clear);
+}
+
 /* A mixed tile (rows i0 .. i1-1 of head h against keys j0 .. j0+nk-1 of the packed
  * block) narrowed to the keys from its first to its last granule of ATTN_SUM_KEYS that
  * some row keeps (the forward's fused_tile_trim): the granules masked for every row at
- * either end add nothing (P = 0 there). *t gets the range (off its offset into the
- * block); their d_bias, when written in place, is cleared. */
+ * either end add nothing (P = 0 there). */
 static void bwd_trim(const attn_params *p, const bwd_plan *plan, bwd_tile *t, int64_t i1,
                      bool clear) {
     int64_t a = t->j0, e = t->j0 + t->nk;
@@ -564,11 +585,7 @@ static void bwd_trim(const attn_params *p, const bwd_plan *plan, bwd_tile *t, in
             break;
         e = from;
     }
-    if (clear && a > t->j0) d_bias_clear(plan, t->b, t->h, t->i0, t->n, t->j0, a - t->j0);
-    if (clear && e < t->j0 + t->nk) d_bias_clear(plan, t->b, t->h, t->i0, t->n, e, t->j0 + t->nk - e);
-    t->off += a - t->j0;
-    t->j0 = a;
-    t->nk = e - a;
+    tile_keys(plan, t, a, e, clear);
 }
 
 /* Whether rows i0 .. i0+n-1 of head h have an LSE that is a number or -inf (a fully
@@ -656,12 +673,16 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                 t.i0 = qb * plan->bq;
                 t.n = Lq - t.i0 < plan->bq ? Lq - t.i0 : plan->bq;
                 uint8_t *fin = w->fin + 2 * (hh * plan->q_blocks + qb);
-                /* a mixed tile without the key granules its rows all mask at either end */
+                /* the tile without the key granules its rows all leave out: by structure,
+                 * and a mixed tile's by the mask at either end */
                 bwd_tile tt = t;
                 attn_tile_class tc = cls;
-                if (cls == ATTN_TILE_MIXED && plan->sum && lse_ordinary(bp, b, t.h, t.i0, t.n)) {
-                    bwd_trim(p, plan, &tt, t.i0 + t.n, clear);
-                    tc = ai_mask_summary_rows(p, plan->sum, b, t.h, t.i0, t.i0 + t.n, tt.j0, tt.nk);
+                if (lse_ordinary(bp, b, t.h, t.i0, t.n)) {
+                    bwd_narrow(plan, &tt, w->qr[2 * qb], w->qr[2 * qb + 1], clear);
+                    if (cls == ATTN_TILE_MIXED && plan->sum) {
+                        bwd_trim(p, plan, &tt, t.i0 + t.n, clear);
+                        tc = ai_mask_summary_rows(p, plan->sum, b, t.h, t.i0, t.i0 + t.n, tt.j0, tt.nk);
+                    }
                 }
                 if (plan->in_place)
                     tile_backward(bp, plan, w, &tt, D + (b * p->Hq + t.h) * Lq,
