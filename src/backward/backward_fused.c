@@ -15,14 +15,15 @@
  * the dK and dV rows of its keys, summed over the group's query heads in a fixed order,
  * so they need no combining. dQ gathers contributions from every key; item (b, g, c)
  * adds its own into a partial dQ of its chunk (C of them, C fixed by the shapes alone:
- * 1 when B * Hkv gives enough items, at most 8), and a last pass sums the C partials in
- * chunk order into dq. Every float is therefore produced by one thread in an order fixed
- * by the shapes: bit-identical for any thread count and on repeated runs.
+ * 1 when B * Hkv gives enough items, at most 8; chunk 0's is dq itself where dq's last
+ * stride is 1), and a last pass adds the other partials in chunk order. Every float is
+ * therefore produced by one thread in an order fixed by the shapes: bit-identical for
+ * any thread count and on repeated runs.
  *
  * Extra memory (the workspace): per thread a few tiles and packed blocks (about 300 KiB
  * at D = 64) and a table of Lq / bq query blocks; D_i = dO_i · O_i for every row
- * (B * Hq * Lq floats); the C dQ partials (C * B * Hq * Lq * Dk floats). None of it grows
- * with Lq x Lk.
+ * (B * Hq * Lq floats); the dQ partials ((C - 1) * B * Hq * Lq * Dk floats, C * ... where
+ * dq's last stride is not 1). None of it grows with Lq x Lk.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -50,8 +51,8 @@
  * within the CPU's budget, 256 KiB or 512 KiB on Zen 4). C key chunks per (b, g), fixed
  * by the shapes: enough items for the threads when B * Hkv is small, never more than
  * CHUNKS_MAX copies of dQ, nor more copies than fit in PARTIALS_MAX bytes (beyond the
- * first). With C = 1 and a dq whose last stride is 1, dQ is summed in place in dq and
- * needs no copy. */
+ * first). With a dq whose last stride is 1, chunk 0's dQ is summed in place in dq (with
+ * C = 1 all of it: no copy). */
 enum { TARGET_ITEMS = 16, CHUNKS_MAX = 8 };
 /* The rows of the tiles (S, P, dP, dS: bq rows of bk keys) and of the packed Kᵀ and Vᵀ
  * (Dk, Dv rows of bk keys) lie bk + TILE_SKEW floats apart, not a power of two: the
@@ -71,7 +72,7 @@ typedef struct bwd_plan {
     int64_t q_blocks;       // ceil(Lq / bq)
     int64_t items;          // B * Hkv * C
     size_t thread_bytes;    // one thread's slice, a multiple of 64
-    bool in_place;          // dQ summed in dq itself (C = 1, dq's last stride 1)
+    bool in_place;          // chunk 0's dQ summed in dq itself (dq's last stride 1)
     size_t off_d, off_part; // D (B, Hq, Lq) and the partials (C, B, Hq, Lq, Dk), after the slices
     size_t total;
     size_t off_kd, off_kt, off_vd, off_vt, off_q, off_do, off_s, off_dp, off_cap, off_dk,
@@ -132,7 +133,7 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     plan->chunk_blocks = plan->k_blocks > 0 ? (plan->k_blocks + c - 1) / c : 0;
     plan->chunks = plan->chunk_blocks > 0 ? (plan->k_blocks + plan->chunk_blocks - 1) / plan->chunk_blocks : 1;
     if (__builtin_mul_overflow(heads, plan->chunks, &plan->items)) return false;
-    plan->in_place = plan->chunks == 1 && bp->dq_s[3] == 1;
+    plan->in_place = bp->dq_s[3] == 1;
 
     plan->ld = bk + TILE_SKEW;
     const size_t f = sizeof(float), tile = (size_t)(plan->bq * plan->ld) * f;
@@ -163,9 +164,9 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     /* after the threads' slices: D, then the dQ partials */
     int64_t rows, part;
     if (__builtin_mul_overflow(p->B * p->Hq, p->Lq, &rows)) return false;
-    if (__builtin_mul_overflow(rows, dk, &part) || __builtin_mul_overflow(part, plan->chunks, &part))
+    if (__builtin_mul_overflow(rows, dk, &part) ||
+        __builtin_mul_overflow(part, plan->chunks - (plan->in_place ? 1 : 0), &part))
         return false;
-    if (plan->in_place) part = 0;
     if ((uint64_t)rows > SIZE_MAX / 8 || (uint64_t)part > SIZE_MAX / 8) return false;
     if ((size_t)p->threads > (SIZE_MAX / 4) / plan->thread_bytes) return false;
     size_t total = (size_t)p->threads * plan->thread_bytes;
@@ -608,16 +609,17 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
     const int64_t Lq = p->Lq, Dk = p->Dk, Dv = p->Dv, bk = plan->bk;
     const int64_t lk_b = attn_key_len(p, b);
 
-    /* this chunk's dQ of the group's heads, from 0: in dq itself, or the chunk's partial
-     * (G, Lq, Dk) */
+    /* this chunk's dQ of the group's heads, from 0: in dq itself (chunk 0), or the chunk's
+     * partial (G, Lq, Dk) */
     float *part_c = NULL;
-    if (plan->in_place) {
+    const bool in_dq = plan->in_place && c == 0;
+    if (in_dq) {
         for (int64_t h = g * G; h < (g + 1) * G; h++)
             for (int64_t i = 0; i < Lq; i++)
                 memset(bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1] + i * bp->dq_s[2], 0,
                        (size_t)Dk * sizeof(float));
     } else {
-        part_c = part + ((c * p->B + b) * p->Hq + g * G) * Lq * Dk;
+        part_c = part + (((c - plan->in_place) * p->B + b) * p->Hq + g * G) * Lq * Dk;
         memset(part_c, 0, (size_t)(G * Lq * Dk) * sizeof(float));
     }
 
@@ -684,7 +686,7 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                         tc = ai_mask_summary_rows(p, plan->sum, b, t.h, t.i0, t.i0 + t.n, tt.j0, tt.nk);
                     }
                 }
-                if (plan->in_place)
+                if (in_dq)
                     tile_backward(bp, plan, w, &tt, D + (b * p->Hq + t.h) * Lq,
                                   bp->dq + b * bp->dq_s[0] + t.h * bp->dq_s[1] + t.i0 * bp->dq_s[2],
                                   bp->dq_s[2], fin, tc == ATTN_TILE_OPEN);
@@ -762,14 +764,16 @@ attn_status ai_fused_backward(const attn_bwd_params *bp, void *ws) {
 #pragma omp for schedule(dynamic, 1)
             for (int64_t u = 0; u < plan.items; u++) item_backward(bp, &plan, &w, D, part, u, false);
         }
-        /* dq = the chunks' partials summed in chunk order (in place: done) */
+        /* dq = the chunks' partials summed in chunk order (chunk 0's in dq itself where
+         * in place: the others added to it; C = 1 in place: done) */
+        const int64_t first = plan.in_place ? 1 : 0;  // the chunk of partial 0
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < (plan.in_place ? 0 : rows); r++) {
+        for (int64_t r = 0; r < (plan.chunks > first ? rows : 0); r++) {
             const int64_t i = r % p->Lq, bh = r / p->Lq, h = bh % p->Hq, b = bh / p->Hq;
             float *dq_i = bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1] + i * bp->dq_s[2];
             for (int64_t d = 0; d < Dk; d++) {
-                float acc = part[r * Dk + d];
-                for (int64_t c = 1; c < plan.chunks; c++) acc += part[(c * rows + r) * Dk + d];
+                float acc = first ? dq_i[d] : part[r * Dk + d];
+                for (int64_t c = 1; c < plan.chunks; c++) acc += part[((c - first) * rows + r) * Dk + d];
                 dq_i[d * bp->dq_s[3]] = acc;
             }
         }
