@@ -117,6 +117,18 @@ int resolve_inputs(call_inputs *c, PyObject *oq, PyObject *ok, PyObject *ov, PyO
                    PyObject *oalibi, PyObject *okvlen, int gqa, bool one_group);
 int set_sinks(call_inputs *c, PyObject *osinks);
 
+/* The library's workspace kept between calls, one for the forward and one for the
+ * backward (_attn_inputs.c): a fresh workspace of tens of MiB on every call pays its page
+ * faults and the kernel's zeroing, a few per cent of a training step's backward. With the
+ * GIL held: workspace_take sets opt->workspace to the kept one, grown to `need` bytes,
+ * when it is free and need is at most WORKSPACE_KEEP_MAX (else leaves opt as it is: the
+ * library allocates its own, as before) and returns whether it did; workspace_give frees
+ * the slot for the next call. */
+enum { WORKSPACE_FORWARD, WORKSPACE_BACKWARD };
+#define WORKSPACE_KEEP_MAX ((size_t)256 << 20)
+bool workspace_take(int slot, size_t need, attn_options *opt);
+void workspace_give(int slot, attn_options *opt);
+
 /* ================================================================================
  * The bindings, for the module's method table (_attn.c)
  * ================================================================================ */

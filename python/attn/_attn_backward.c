@@ -240,6 +240,11 @@ PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
         goto done;
 
     attn_status st;
+    size_t need = 0;
+    const bool kept = attn_backward_workspace_size(&c.q, &c.k, &c.v, &o, &d_o, &lse, &g[0].call,
+                                                   &g[1].call, &g[2].call, &c.opt,
+                                                   &need) == ATTN_OK &&
+                      workspace_take(WORKSPACE_BACKWARD, need, &c.opt);
     Py_BEGIN_ALLOW_THREADS
     st = attn_backward(&c.q, &c.k, &c.v, &o, &d_o, &lse, &g[0].call, &g[1].call, &g[2].call,
                        &c.opt);
@@ -247,6 +252,7 @@ PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
         for (int i = 0; i < 3; i++)
             if (g[i].given && g[i].temp) grad_reduce(&g[i]);
     Py_END_ALLOW_THREADS
+    if (kept) workspace_give(WORKSPACE_BACKWARD, &c.opt);
     if (st != ATTN_OK) {
         raise_status(st, g_backward_names, "attn_backward");
         goto done;

@@ -123,9 +123,11 @@ PyObject *py_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
         w = to_4d(&t[WEIGHTS]);
     }
 
+    const bool kept = workspace_take(WORKSPACE_FORWARD, ws_bytes, &c.opt);
     Py_BEGIN_ALLOW_THREADS
     st = attn_forward(&c.q, &c.k, &c.v, &o, &c.opt);
     Py_END_ALLOW_THREADS
+    if (kept) workspace_give(WORKSPACE_FORWARD, &c.opt);
     if (st != ATTN_OK) {
         raise_status(st, g_forward_names, "attn_forward");
         goto done;

@@ -17,6 +17,9 @@
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 /* ================================================================================
  * Errors from the library: the status decides the exception type, the detail's leading
@@ -405,4 +408,53 @@ attn_tensor lse_view(const imported *t) {
     attn_tensor l3 = to_4d(t); /* (.., Lq) -> (1, B, H, Lq): shift to (B, H, Lq, 1) */
     return (attn_tensor){l3.data, l3.dtype, {l3.shape[1], l3.shape[2], l3.shape[3], 1},
                          {l3.stride[1], l3.stride[2], l3.stride[3], 0}};
+}
+
+/* ================================================================================
+ * The workspaces kept between calls (_attn.h). Each slot is taken and given back with
+ * the GIL held, so one call at a time uses it; a second call meanwhile (another Python
+ * thread, the GIL released during the first) finds it taken and lets the library
+ * allocate. The memory stays until the process ends; WORKSPACE_KEEP_MAX bounds it.
+ * ================================================================================ */
+
+typedef struct workspace_slot {
+    void *p;
+    size_t n;
+    bool busy;
+} workspace_slot;
+
+static workspace_slot g_workspace[2];
+
+/* advice to back the block's whole 2 MiB pages with huge pages, as the library asks for
+ * its own (src/core/core.c): fewer faults on first touch; a refusal changes nothing */
+static void advise_huge_pages(void *p, size_t n) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const uintptr_t page = (uintptr_t)2 << 20, a = ((uintptr_t)p + page - 1) & ~(page - 1),
+                    b = ((uintptr_t)p + n) & ~(page - 1);
+    if (b > a && b - a >= 2 * page) (void)madvise((void *)a, b - a, MADV_HUGEPAGE);
+#else
+    (void)p, (void)n;
+#endif
+}
+
+bool workspace_take(int slot, size_t need, attn_options *opt) {
+    workspace_slot *s = &g_workspace[slot];
+    if (s->busy || need == 0 || need > WORKSPACE_KEEP_MAX || opt->workspace) return false;
+    if (s->n < need) {
+        free(s->p);
+        s->p = malloc(need);
+        s->n = s->p ? need : 0;
+        if (!s->p) return false;
+        advise_huge_pages(s->p, need);
+    }
+    s->busy = true;
+    opt->workspace = s->p;
+    opt->workspace_bytes = s->n;
+    return true;
+}
+
+void workspace_give(int slot, attn_options *opt) {
+    g_workspace[slot].busy = false;
+    opt->workspace = NULL;
+    opt->workspace_bytes = 0;
 }
