@@ -173,9 +173,11 @@ PyObject *py_varlen_forward(PyObject *self, PyObject *args, PyObject *kwargs) {
         if (!outs[1]) goto done;
         lse = packed_lse_view(&t[LSE]);
     }
+    const bool kept = workspace_take(WORKSPACE_FORWARD, ws_bytes, &opt);
     Py_BEGIN_ALLOW_THREADS
     st = attn_varlen_forward(&in.q, &in.k, &in.v, &o, &in.cu_q, &in.cu_k, max_q, max_k, &opt);
     Py_END_ALLOW_THREADS
+    if (kept) workspace_give(WORKSPACE_FORWARD, &opt);
     if (st != ATTN_OK) {
         raise_status(st, g_varlen_forward_names, "attn_varlen_forward");
         goto done;
@@ -298,10 +300,17 @@ PyObject *py_varlen_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
         goto done;
 
     attn_status st;
+    size_t need = 0;
+    const bool kept = attn_varlen_backward_workspace_size(&in.q, &in.k, &in.v, &o, &d_o, &lse,
+                                                          &g[0].view, &g[1].view, &g[2].view,
+                                                          &in.cu_q, &in.cu_k, max_q, max_k,
+                                                          &opt, &need) == ATTN_OK &&
+                      workspace_take(WORKSPACE_BACKWARD, need, &opt);
     Py_BEGIN_ALLOW_THREADS
     st = attn_varlen_backward(&in.q, &in.k, &in.v, &o, &d_o, &lse, &g[0].view, &g[1].view,
                               &g[2].view, &in.cu_q, &in.cu_k, max_q, max_k, &opt);
     Py_END_ALLOW_THREADS
+    if (kept) workspace_give(WORKSPACE_BACKWARD, &opt);
     if (st != ATTN_OK) {
         raise_status(st, g_varlen_backward_names, "attn_varlen_backward");
         goto done;
