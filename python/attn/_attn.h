@@ -119,7 +119,7 @@ int set_sinks(call_inputs *c, PyObject *osinks);
 
 /* The library's workspace kept between calls, one for the forward and one for the
  * backward (_attn_inputs.c): a fresh workspace of tens of MiB on every call pays its page
- * faults and the kernel's zeroing, a few per cent of a training step's backward. With the
+ * faults and the kernel's zeroing (docs/PYTHON.md, "Threads and the GIL"). With the
  * GIL held: workspace_take sets opt->workspace to the kept one, grown to `need` bytes,
  * when it is free and need is at most WORKSPACE_KEEP_MAX (else leaves opt as it is: the
  * library allocates its own, as before) and returns whether it did; workspace_give frees

@@ -557,7 +557,8 @@ static void tile_keys(const bwd_plan *plan, bwd_tile *t, int64_t a, int64_t e, b
 /* A tile narrowed to the granules of keys its rows reach by structure, [jmin, jmax) the
  * union of their ranges (item_backward's w->qr): a causal band's first tile on the
  * diagonal reaches half its keys when bk = 2 bq. The keys left out have P = 0 in every
- * row, so they add exact zeros to dQ, dK and dV: the same bits. */
+ * row and added exact zeros to dQ, dK and dV; a tile left with 16 keys or fewer runs
+ * qk's dot-product form, another summation order (docs/KERNELS.md). */
 static void bwd_narrow(const bwd_plan *plan, bwd_tile *t, int64_t jmin, int64_t jmax,
                        bool clear) {
     const int64_t g = ATTN_SUM_KEYS, a = jmin / g * g, e = (jmax + g - 1) / g * g;

@@ -446,8 +446,8 @@ typedef struct row_addrs {
  * the block's rows a pass: the first pass this tile's V (during its Q·Kᵀ) and the next
  * tile's K (during its P·V); the last of several passes the next tile's V and, again,
  * its K; the passes between nothing. The later passes read the tile from the caches, so
- * without asks of their own the read would idle through them (GQA 8 at one stride,
- * Zen 4: the last pass's asks took 10–18% off the step, docs/KERNELS.md). */
+ * without asks of their own the read would idle through them (docs/KERNELS.md, "A block
+ * of more than 4 rows"). */
 typedef enum { ASK_NONE, ASK_THIS, ASK_NEXT } decode_ask;
 
 static decode_ask pass_ask(int64_t r0, int64_t n) {
