@@ -17,9 +17,8 @@
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
+
+#include "core/huge_pages.h"  // the library's advice for big blocks (src/core/huge_pages.h)
 
 /* ================================================================================
  * Errors from the library: the status decides the exception type, the detail's leading
@@ -425,18 +424,6 @@ typedef struct workspace_slot {
 
 static workspace_slot g_workspace[2];
 
-/* advice to back the block's whole 2 MiB pages with huge pages, as the library asks for
- * its own (src/core/core.c): fewer faults on first touch; a refusal changes nothing */
-static void advise_huge_pages(void *p, size_t n) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    const uintptr_t page = (uintptr_t)2 << 20, a = ((uintptr_t)p + page - 1) & ~(page - 1),
-                    b = ((uintptr_t)p + n) & ~(page - 1);
-    if (b > a && b - a >= 2 * page) (void)madvise((void *)a, b - a, MADV_HUGEPAGE);
-#else
-    (void)p, (void)n;
-#endif
-}
-
 bool workspace_take(int slot, size_t need, attn_options *opt) {
     workspace_slot *s = &g_workspace[slot];
     if (s->busy || need == 0 || need > WORKSPACE_KEEP_MAX || opt->workspace) return false;
@@ -445,7 +432,7 @@ bool workspace_take(int slot, size_t need, attn_options *opt) {
         s->p = malloc(need);
         s->n = s->p ? need : 0;
         if (!s->p) return false;
-        advise_huge_pages(s->p, need);
+        ai_huge_pages(s->p, need);  // as the library advises its own
     }
     s->busy = true;
     opt->workspace = s->p;

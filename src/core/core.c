@@ -8,16 +8,14 @@
  * What it is not: an entry point or a path. It calls nothing else of the library, so
  * every other file may call it without an include circle.
  */
-#define _DEFAULT_SOURCE  // madvise's MADV_HUGEPAGE (Linux)
+#define _DEFAULT_SOURCE  // madvise's MADV_HUGEPAGE (Linux, huge_pages.h)
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#ifdef __linux__
-#include <sys/mman.h>
-#endif
 
 #include "alloc.h"
+#include "huge_pages.h"
 #include "attn_internal.h"
 
 /* ---- status strings and the per-thread error detail ------------------------------ */
@@ -225,21 +223,6 @@ const void *ai_view_data(const attn_tensor *t, int64_t *s, int n) {
     return t->data;
 }
 
-/* A workspace of many MiB (a prefill's dense copies, the backward's partials) is fresh
- * memory on most calls: asked for on huge pages where the kernel gives them on request
- * (Linux, transparent huge pages "madvise"), its first touch faults once per 2 MiB
- * instead of once per 4 KiB, and a tile's rows need fewer TLB entries. The advice covers
- * the whole 2 MiB pages inside the block; it changes no byte, and a refusal is ignored. */
-static void huge_pages(void *p, size_t n) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    const uintptr_t page = (uintptr_t)2 << 20, a = ((uintptr_t)p + page - 1) & ~(page - 1),
-                    b = ((uintptr_t)p + n) & ~(page - 1);
-    if (b > a && b - a >= 2 * page) (void)madvise((void *)a, b - a, MADV_HUGEPAGE);
-#else
-    (void)p, (void)n;
-#endif
-}
-
 attn_status ai_workspace_acquire(const attn_options *opt, size_t need, void **ws,
                                  void **owned) {
     *ws = opt ? opt->workspace : NULL;
@@ -252,7 +235,7 @@ attn_status ai_workspace_acquire(const attn_options *opt, size_t need, void **ws
     } else if (need > 0) {
         *owned = *ws = ai_malloc(need);
         if (!*ws) return ai_fail(ATTN_ERR_NOMEM, "workspace: could not allocate %zu bytes", need);
-        huge_pages(*ws, need);
+        ai_huge_pages(*ws, need);
     } else {
         *ws = g_nothing;  // none needed: still no path computes on NULL
     }
