@@ -97,6 +97,10 @@ typedef struct bwd_plan {
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 
+/* the partial that holds chunk c's dQ (chunk 0 has none where it is summed in dq); with
+ * c = C, how many partials there are */
+static int64_t partial_of(const bwd_plan *plan, int64_t c) { return c - (plan->in_place ? 1 : 0); }
+
 /* n rounded up to the kernel's row padding */
 static int64_t pad_rows(const bwd_plan *plan, int64_t n) {
     return (n + plan->row_pad - 1) / plan->row_pad * plan->row_pad;
@@ -165,7 +169,7 @@ static bool make_plan(const attn_bwd_params *bp, bwd_plan *plan) {
     int64_t rows, part;
     if (__builtin_mul_overflow(p->B * p->Hq, p->Lq, &rows)) return false;
     if (__builtin_mul_overflow(rows, dk, &part) ||
-        __builtin_mul_overflow(part, plan->chunks - (plan->in_place ? 1 : 0), &part))
+        __builtin_mul_overflow(part, partial_of(plan, plan->chunks), &part))
         return false;
     if ((uint64_t)rows > SIZE_MAX / 8 || (uint64_t)part > SIZE_MAX / 8) return false;
     if ((size_t)p->threads > (SIZE_MAX / 4) / plan->thread_bytes) return false;
@@ -554,16 +558,17 @@ static void tile_keys(const bwd_plan *plan, bwd_tile *t, int64_t a, int64_t e, b
     t->nk = e - a;
 }
 
-/* A tile narrowed to the granules of keys its rows reach by structure, [jmin, jmax) the
- * union of their ranges (item_backward's w->qr): a causal band's first tile on the
- * diagonal reaches half its keys when bk = 2 bq. The keys left out have P = 0 in every
- * row and added exact zeros to dQ, dK and dV; a tile left with 16 keys or fewer runs
- * qk's dot-product form, another summation order (docs/KERNELS.md). */
-static void bwd_narrow(const bwd_plan *plan, bwd_tile *t, int64_t jmin, int64_t jmax,
-                       bool clear) {
-    const int64_t g = ATTN_SUM_KEYS, a = jmin / g * g, e = (jmax + g - 1) / g * g;
-    if (a > t->j0 || e < t->j0 + t->nk)
-        tile_keys(plan, t, a > t->j0 ? a : t->j0, e < t->j0 + t->nk ? e : t->j0 + t->nk, clear);
+/* The granules of keys [*a, *e) of tile t that its rows reach by structure, [jmin, jmax)
+ * the union of their ranges (item_backward's w->qr); whether that leaves some of the
+ * tile's keys out (a causal band's first tile on the diagonal reaches half its keys when
+ * bk = 2 bq). The keys left out have P = 0 in every row and add exact zeros to dQ, dK and
+ * dV; a tile left with 16 keys or fewer runs qk's dot-product form, another summation
+ * order (docs/KERNELS.md). */
+static bool reached_keys(const bwd_tile *t, int64_t jmin, int64_t jmax, int64_t *a, int64_t *e) {
+    const int64_t g = ATTN_SUM_KEYS, lo = jmin / g * g, hi = (jmax + g - 1) / g * g;
+    *a = lo > t->j0 ? lo : t->j0;
+    *e = hi < t->j0 + t->nk ? hi : t->j0 + t->nk;
+    return *a > t->j0 || *e < t->j0 + t->nk;
 }
 
 /* A mixed tile (rows i0 .. i1-1 of head h against keys j0 .. j0+nk-1 of the packed
@@ -620,7 +625,7 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                 memset(bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1] + i * bp->dq_s[2], 0,
                        (size_t)Dk * sizeof(float));
     } else {
-        part_c = part + (((c - plan->in_place) * p->B + b) * p->Hq + g * G) * Lq * Dk;
+        part_c = part + ((partial_of(plan, c) * p->B + b) * p->Hq + g * G) * Lq * Dk;
         memset(part_c, 0, (size_t)(G * Lq * Dk) * sizeof(float));
     }
 
@@ -680,9 +685,12 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
                  * and a mixed tile's by the mask at either end */
                 bwd_tile tt = t;
                 attn_tile_class tc = cls;
-                if (lse_ordinary(bp, b, t.h, t.i0, t.n)) {
-                    bwd_narrow(plan, &tt, w->qr[2 * qb], w->qr[2 * qb + 1], clear);
-                    if (cls == ATTN_TILE_MIXED && plan->sum) {
+                int64_t ka, ke;
+                const bool narrow = reached_keys(&t, w->qr[2 * qb], w->qr[2 * qb + 1], &ka, &ke);
+                const bool trim = cls == ATTN_TILE_MIXED && plan->sum;
+                if ((narrow || trim) && lse_ordinary(bp, b, t.h, t.i0, t.n)) {
+                    if (narrow) tile_keys(plan, &tt, ka, ke, clear);
+                    if (trim) {
                         bwd_trim(p, plan, &tt, t.i0 + t.n, clear);
                         tc = ai_mask_summary_rows(p, plan->sum, b, t.h, t.i0, t.i0 + t.n, tt.j0, tt.nk);
                     }
@@ -767,14 +775,14 @@ attn_status ai_fused_backward(const attn_bwd_params *bp, void *ws) {
         }
         /* dq = the chunks' partials summed in chunk order (chunk 0's in dq itself where
          * in place: the others added to it; C = 1 in place: done) */
-        const int64_t first = plan.in_place ? 1 : 0;  // the chunk of partial 0
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < (plan.chunks > first ? rows : 0); r++) {
+        for (int64_t r = 0; r < (partial_of(&plan, plan.chunks) > 0 ? rows : 0); r++) {
             const int64_t i = r % p->Lq, bh = r / p->Lq, h = bh % p->Hq, b = bh / p->Hq;
             float *dq_i = bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1] + i * bp->dq_s[2];
             for (int64_t d = 0; d < Dk; d++) {
-                float acc = first ? dq_i[d] : part[r * Dk + d];
-                for (int64_t c = 1; c < plan.chunks; c++) acc += part[((c - first) * rows + r) * Dk + d];
+                float acc = plan.in_place ? dq_i[d] : part[r * Dk + d];
+                for (int64_t c = 1; c < plan.chunks; c++)
+                    acc += part[(partial_of(&plan, c) * rows + r) * Dk + d];
                 dq_i[d * bp->dq_s[3]] = acc;
             }
         }

@@ -448,10 +448,15 @@ typedef struct row_addrs {
  * its K; the passes between nothing. The later passes read the tile from the caches, so
  * without asks of their own the read would idle through them (docs/KERNELS.md, "A block
  * of more than 4 rows"). */
-typedef enum { ASK_NONE, ASK_THIS, ASK_NEXT } decode_ask;
+typedef struct decode_ask {
+    bool next_v;     // the V rows asked for are the next tile's (else this tile's)
+    int64_t nv, nk;  // V rows and next-tile K rows asked for (0: none)
+} decode_ask;
 
-static decode_ask pass_ask(int64_t r0, int64_t n) {
-    return r0 == 0 ? ASK_THIS : r0 + 4 >= n ? ASK_NEXT : ASK_NONE;
+static decode_ask pass_ask(int64_t r0, int64_t n, int64_t nk, int64_t next_nk) {
+    if (r0 == 0) return (decode_ask){false, nk, next_nk};
+    if (r0 + 4 >= n) return (decode_ask){true, next_nk, next_nk};
+    return (decode_ask){false, 0, 0};
 }
 
 /* A clean tile of a decoding block across pages, in one step on its rows' addresses: the
@@ -476,13 +481,12 @@ static void tile_decode_rows(const attn_params *p, const attn_kernels *kern,
      * prefetcher stops at each page (docs/KERNELS.md, "Paged decoding") */
     if (next_nk > 0) prefetch_runs(p, blk, j1, next_nk);
     for (int64_t r0 = 0; r0 < n; r0 += 4) {
-        const decode_ask ask = pass_ask(r0, n);
+        const decode_ask ask = pass_ask(r0, n, nk, next_nk);
         kern->decode_rows(n - r0 < 4 ? n - r0 : 4, nk, dk, dv, w->q + r0 * dk, p->kv_dt, fast,
                           kr, vr, p->scale, attn_kv_scale(p->k_scale, p->k_scale_s, blk->g),
                           attn_kv_scale(p->v_scale, p->v_scale_s, blk->g), w->s, w->m + r0,
                           w->l + r0, w->alpha + r0, w->acc + r0 * dv,
-                          ask == ASK_THIS ? vr : vn, ask == ASK_THIS ? nk : ask == ASK_NEXT ? next_nk : 0,
-                          kn, ask == ASK_NONE ? 0 : next_nk);
+                          ask.next_v ? vn : vr, ask.nv, kn, ask.nk);
     }
 }
 
@@ -513,12 +517,11 @@ static void tile_decode(const attn_params *p, const attn_kernels *kern, const fu
         const char *next_v = next_nk > 0 ? fused_kv_row(p, blk, p->v, p->v_s, j1) : NULL;
         const char *k = fused_kv_row(p, blk, p->k, p->k_s, s0), *v = fused_kv_row(p, blk, p->v, p->v_s, s0);
         for (int64_t r0 = 0; r0 < n; r0 += 4) {
-            const decode_ask ask = pass_ask(r0, n);
+            const decode_ask ask = pass_ask(r0, n, seg, next_nk);
             kern->decode(n - r0 < 4 ? n - r0 : 4, seg, dk, dv, w->q + r0 * dk, p->kv_dt, fast, k,
                          p->k_s[2], v, p->v_s[2], p->scale, ks, vs, w->s, w->m + r0, w->l + r0,
-                         w->alpha + r0, w->acc + r0 * dv, ask == ASK_THIS ? v : next_v,
-                         ask == ASK_THIS ? seg : ask == ASK_NEXT ? next_nk : 0, next_k,
-                         ask == ASK_NONE ? 0 : next_nk);
+                         w->alpha + r0, w->acc + r0 * dv, ask.next_v ? next_v : v, ask.nv,
+                         next_k, ask.nk);
         }
     }
 }
