@@ -60,14 +60,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def timeit_interleaved(fns, warmup, reps):
     """{name: (median, min, max)}: warm-up calls of each, then reps rounds, each round
-    timing one call of every backend in turn, so a change of the machine's load during the
-    run reaches every backend alike (the machine is shared)."""
+    timing one call of every backend in turn, the order reversed every other round, so a
+    change of the machine's load during the run, and what one call leaves to the next,
+    reach every backend alike (the machine is shared)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
+    for r in range(reps):
+        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):  # the order turns
+            fn = fns[name]
             t = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t)
@@ -299,9 +301,11 @@ def llama2k_rows(torch, transformers, args):
                 fn()
         walls = {i: [] for i in fns}
         insides = {i: [] for i in fns}
-        for _ in range(args.reps):
-            for impl, fn in fns.items():
-                w, *a = fn()
+        for r in range(args.reps):
+            # the order turns every round: a step leaves its memory and caches to the next,
+            # and a fixed order gives that to one backend only
+            for impl in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+                w, *a = fns[impl]()
                 walls[impl].append(w)
                 insides[impl].append(sum(a) if a else None)
         for impl in fns:
@@ -310,6 +314,12 @@ def llama2k_rows(torch, transformers, args):
             if tokens:
                 extra["tokens_per_s"] = tokens / med
                 text = info % ("%.1f" % (tokens / med))
+            if impl != "sdpa" and "sdpa" in walls:
+                # sdpa's time over this backend's, round by round: a slow stretch of the
+                # machine reaches both sides of a round, not one side's median
+                pair = statistics.median(s / w for s, w in zip(walls["sdpa"], walls[impl]))
+                extra["sdpa_over_pairs"] = pair
+                text += "; sdpa/attn by round %.3fx" % pair
             if insides[impl][0] is None:  # a row that does not split the attention's time
                 yield (row, impl, "%s (%s)" % (text, shape), (med, min(walls[impl]), max(walls[impl])),
                        checks.get(impl, 0.0), extra)
