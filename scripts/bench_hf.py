@@ -18,7 +18,10 @@ Rows:
            calls (forward and backward) and outside them, and tokens per second
            (llama2k_rows; checked against sdpa, not eager). Sizes: --big-len,
            --dec-prompt, --dec-steps, --train-len, --packed-docs, --batch-prompts,
-           --batch-new.
+           --batch-new; --parts picks some of its rows (pre1, pre4, dec, train, packed,
+           batch). Besides the medians, sdpa's time over attn's round by round (whole
+           model, and inside the attention calls): a slow stretch of the machine reaches
+           both sides of a round.
 
 Method: torch.set_num_threads(--threads) (attn's op uses torch.get_num_threads() too),
 torch.no_grad(), --warmup untimed calls of each backend, then --reps rounds that each time
@@ -327,6 +330,11 @@ def llama2k_rows(torch, transformers, args):
             ins = statistics.median(insides[impl])
             out = statistics.median([w - a for w, a in zip(walls[impl], insides[impl])])
             extra.update({"inside_ms": ins * 1e3, "outside_ms": out * 1e3})
+            if impl != "sdpa" and "sdpa" in insides:
+                # the attention calls' ratio round by round too (the target's figure)
+                pair = statistics.median(s / a for s, a in zip(insides["sdpa"], insides[impl]))
+                extra["inside_sdpa_over_pairs"] = pair
+                text += "; inside, sdpa/attn by round %.3fx" % pair
             yield (row, impl, "%s; attention calls %.0f ms, outside %.0f ms (%s)"
                    % (text, ins * 1e3, out * 1e3, shape),
                    (med, min(walls[impl]), max(walls[impl])), checks.get(impl, 0.0), extra)
@@ -335,8 +343,11 @@ def llama2k_rows(torch, transformers, args):
         a, b = a.double(), b.double()
         return float(torch.linalg.norm(a - b) / torch.linalg.norm(b))
 
+    parts = set(args.parts.split(","))
     with torch.no_grad():
         for B in (1, 4):
+            if "pre%d" % B not in parts:
+                continue
             ids = torch.randint(0, 32000, (B, L), generator=gen)
             fns = {i: (lambda m=models[i]: clock.run(
                 lambda: m(input_ids=ids, use_cache=False, logits_to_keep=1))[1:]) for i in impls}
@@ -350,49 +361,53 @@ def llama2k_rows(torch, transformers, args):
             yield from report("l2k-pre%d" % B, "prefill B %d, L %d, logits_to_keep=1" % (B, L),
                               fns, checks)
 
-        prompt = torch.randint(0, 32000, (1, args.dec_prompt), generator=gen)
-        steps = args.dec_steps
+        if "dec" in parts:
+            prompt = torch.randint(0, 32000, (1, args.dec_prompt), generator=gen)
+            steps = args.dec_steps
 
-        def decode(m):
-            out = m(input_ids=prompt, use_cache=True, logits_to_keep=1)
-            cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-            # transformers 5.24 names the cache argument `cache` (past_key_values: deprecated)
-            arg = "cache" if "cache" in inspect.signature(m.forward).parameters else "past_key_values"
-            toks, wall, inside = [], 0.0, 0.0
-            for _ in range(steps):
-                out, w, a = clock.run(lambda: m(input_ids=nxt, use_cache=True, **{arg: cache}))
-                wall, inside = wall + w, inside + a
-                nxt = out.logits[:, -1:].argmax(-1)
-                toks.append(int(nxt))
-            return toks, wall, inside
-        toks = {i: decode(models[i])[0] for i in impls}
-        if toks["attn"] != toks["sdpa"] or args.plant_error:
-            raise CheckFailed("decoding: attn's %d greedy tokens differ from sdpa's" % steps)
-        fns = {i: (lambda m=models[i]: decode(m)[1:]) for i in impls}
-        yield from report("l2k-dec", "%d decode steps after a %d-token prompt (%s tokens/s)"
-                          % (steps, args.dec_prompt, "%s"), fns, {i: 0.0 for i in impls},
-                          tokens=steps)
+            def decode(m):
+                out = m(input_ids=prompt, use_cache=True, logits_to_keep=1)
+                cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+                # transformers 5.24 names the cache argument `cache` (past_key_values: deprecated)
+                arg = "cache" if "cache" in inspect.signature(m.forward).parameters else "past_key_values"
+                toks, wall, inside = [], 0.0, 0.0
+                for _ in range(steps):
+                    out, w, a = clock.run(lambda: m(input_ids=nxt, use_cache=True, **{arg: cache}))
+                    wall, inside = wall + w, inside + a
+                    nxt = out.logits[:, -1:].argmax(-1)
+                    toks.append(int(nxt))
+                return toks, wall, inside
+            toks = {i: decode(models[i])[0] for i in impls}
+            if toks["attn"] != toks["sdpa"] or args.plant_error:
+                raise CheckFailed("decoding: attn's %d greedy tokens differ from sdpa's" % steps)
+            fns = {i: (lambda m=models[i]: decode(m)[1:]) for i in impls}
+            yield from report("l2k-dec", "%d decode steps after a %d-token prompt (%s tokens/s)"
+                              % (steps, args.dec_prompt, "%s"), fns, {i: 0.0 for i in impls},
+                              tokens=steps)
 
-    T = args.train_len
-    ids = torch.randint(0, 32000, (1, T), generator=gen)
-    labels = torch.randint(0, 32000, (1, T), generator=gen)
+    if "train" in parts:
+        T = args.train_len
+        ids = torch.randint(0, 32000, (1, T), generator=gen)
+        labels = torch.randint(0, 32000, (1, T), generator=gen)
 
-    def train(m):
-        return clock.train_step(m, dict(input_ids=ids, labels=labels))
-    for m in models.values():
-        m.train()
-    got = {i: train(models[i]) for i in impls}
-    lrel = abs(float(got["attn"][0] - got["sdpa"][0])) / abs(float(got["sdpa"][0]))
-    grel = rel(got["attn"][1], got["sdpa"][1])
-    if args.plant_error:
-        grel = 1.0
-    if lrel > 1e-5 or grel > CHECK_REL:
-        raise CheckFailed("training step: loss %.3g, q_proj gradient %.3g from sdpa's" % (lrel, grel))
-    fns = {i: (lambda m=models[i]: train(m)[2:]) for i in impls}
-    yield from report("l2k-train", "training step, L %d (attention: forward and backward)" % T,
-                      fns, {"attn": grel, "sdpa": 0.0})
-    yield from packed_rows(torch, transformers, args, cfg, clock, report, rel)
-    yield from batch_rows(torch, transformers, args, cfg, report)
+        def train(m):
+            return clock.train_step(m, dict(input_ids=ids, labels=labels))
+        for m in models.values():
+            m.train()
+        got = {i: train(models[i]) for i in impls}
+        lrel = abs(float(got["attn"][0] - got["sdpa"][0])) / abs(float(got["sdpa"][0]))
+        grel = rel(got["attn"][1], got["sdpa"][1])
+        if args.plant_error:
+            grel = 1.0
+        if lrel > 1e-5 or grel > CHECK_REL:
+            raise CheckFailed("training step: loss %.3g, q_proj gradient %.3g from sdpa's" % (lrel, grel))
+        fns = {i: (lambda m=models[i]: train(m)[2:]) for i in impls}
+        yield from report("l2k-train", "training step, L %d (attention: forward and backward)" % T,
+                          fns, {"attn": grel, "sdpa": 0.0})
+    if "packed" in parts:
+        yield from packed_rows(torch, transformers, args, cfg, clock, report, rel)
+    if "batch" in parts:
+        yield from batch_rows(torch, transformers, args, cfg, report)
 
 
 def packed_rows(torch, transformers, args, cfg, clock, report, rel):
@@ -500,6 +515,8 @@ def main():
                    help="generate_batch's 16 prompt lengths")
     p.add_argument("--batch-new", type=int, default=32,
                    help="generate_batch's new tokens per request (default 32)")
+    p.add_argument("--parts", default="pre1,pre4,dec,train,packed,batch",
+                   help="the llama2k rows to run (default: all of pre1,pre4,dec,train,packed,batch)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--plant-error", action="store_true")
     args = p.parse_args()
@@ -508,6 +525,9 @@ def main():
     for row in rows:
         if row not in gens:
             p.error("--rows: unknown row %r (minilm, llama, llama2k)" % row)
+    for part in args.parts.split(","):
+        if part not in ("pre1", "pre4", "dec", "train", "packed", "batch"):
+            p.error("--parts: unknown part %r (pre1, pre4, dec, train, packed, batch)" % part)
 
     def emit(obj, text):
         print(json.dumps(obj) if args.json else text, flush=True)
