@@ -330,7 +330,7 @@ def llama2k_rows(torch, transformers, args):
             ins = statistics.median(insides[impl])
             out = statistics.median([w - a for w, a in zip(walls[impl], insides[impl])])
             extra.update({"inside_ms": ins * 1e3, "outside_ms": out * 1e3})
-            if impl != "sdpa" and "sdpa" in insides:
+            if impl != "sdpa" and "sdpa" in insides and all(insides[impl]):
                 # the attention calls' ratio round by round too (the target's figure)
                 pair = statistics.median(s / a for s, a in zip(insides["sdpa"], insides[impl]))
                 extra["inside_sdpa_over_pairs"] = pair
