@@ -264,6 +264,15 @@ class AttentionClock:
         return out, time.perf_counter() - t, self.inside
 
 
+LLAMA2K_PARTS = ("pre1", "pre4", "dec", "train", "packed", "batch")  # --parts
+
+
+def by_round(sdpa, mine):
+    """sdpa's time over this backend's, the median over rounds: a slow stretch of the
+    machine reaches both sides of a round, not one side's median."""
+    return statistics.median(s / m for s, m in zip(sdpa, mine))
+
+
 def llama2k_rows(torch, transformers, args):
     """The Llama-shaped model of issue 37 (2 layers, hidden 2048, 16 query heads of 128 over
     4 key/value heads, intermediate 5632, vocab 32000, random float32 weights), attn beside
@@ -318,9 +327,7 @@ def llama2k_rows(torch, transformers, args):
                 extra["tokens_per_s"] = tokens / med
                 text = info % ("%.1f" % (tokens / med))
             if impl != "sdpa" and "sdpa" in walls:
-                # sdpa's time over this backend's, round by round: a slow stretch of the
-                # machine reaches both sides of a round, not one side's median
-                pair = statistics.median(s / w for s, w in zip(walls["sdpa"], walls[impl]))
+                pair = by_round(walls["sdpa"], walls[impl])
                 extra["sdpa_over_pairs"] = pair
                 text += "; sdpa/attn by round %.3fx" % pair
             if insides[impl][0] is None:  # a row that does not split the attention's time
@@ -332,7 +339,7 @@ def llama2k_rows(torch, transformers, args):
             extra.update({"inside_ms": ins * 1e3, "outside_ms": out * 1e3})
             if impl != "sdpa" and "sdpa" in insides and all(insides[impl]):
                 # the attention calls' ratio round by round too (the target's figure)
-                pair = statistics.median(s / a for s, a in zip(insides["sdpa"], insides[impl]))
+                pair = by_round(insides["sdpa"], insides[impl])
                 extra["inside_sdpa_over_pairs"] = pair
                 text += "; inside, sdpa/attn by round %.3fx" % pair
             yield (row, impl, "%s; attention calls %.0f ms, outside %.0f ms (%s)"
@@ -346,9 +353,10 @@ def llama2k_rows(torch, transformers, args):
     parts = set(args.parts.split(","))
     with torch.no_grad():
         for B in (1, 4):
+            # every row's inputs drawn in the same order whatever --parts runs
+            ids = torch.randint(0, 32000, (B, L), generator=gen)
             if "pre%d" % B not in parts:
                 continue
-            ids = torch.randint(0, 32000, (B, L), generator=gen)
             fns = {i: (lambda m=models[i]: clock.run(
                 lambda: m(input_ids=ids, use_cache=False, logits_to_keep=1))[1:]) for i in impls}
             got = {i: models[i](input_ids=ids, use_cache=False, logits_to_keep=1).logits
@@ -361,8 +369,8 @@ def llama2k_rows(torch, transformers, args):
             yield from report("l2k-pre%d" % B, "prefill B %d, L %d, logits_to_keep=1" % (B, L),
                               fns, checks)
 
+        prompt = torch.randint(0, 32000, (1, args.dec_prompt), generator=gen)
         if "dec" in parts:
-            prompt = torch.randint(0, 32000, (1, args.dec_prompt), generator=gen)
             steps = args.dec_steps
 
             def decode(m):
@@ -385,10 +393,10 @@ def llama2k_rows(torch, transformers, args):
                               % (steps, args.dec_prompt, "%s"), fns, {i: 0.0 for i in impls},
                               tokens=steps)
 
+    T = args.train_len
+    ids = torch.randint(0, 32000, (1, T), generator=gen)
+    labels = torch.randint(0, 32000, (1, T), generator=gen)
     if "train" in parts:
-        T = args.train_len
-        ids = torch.randint(0, 32000, (1, T), generator=gen)
-        labels = torch.randint(0, 32000, (1, T), generator=gen)
 
         def train(m):
             return clock.train_step(m, dict(input_ids=ids, labels=labels))
@@ -515,8 +523,8 @@ def main():
                    help="generate_batch's 16 prompt lengths")
     p.add_argument("--batch-new", type=int, default=32,
                    help="generate_batch's new tokens per request (default 32)")
-    p.add_argument("--parts", default="pre1,pre4,dec,train,packed,batch",
-                   help="the llama2k rows to run (default: all of pre1,pre4,dec,train,packed,batch)")
+    p.add_argument("--parts", default=",".join(LLAMA2K_PARTS),
+                   help="the llama2k rows to run (default: all of %s)" % ",".join(LLAMA2K_PARTS))
     p.add_argument("--json", action="store_true")
     p.add_argument("--plant-error", action="store_true")
     args = p.parse_args()
@@ -526,8 +534,8 @@ def main():
         if row not in gens:
             p.error("--rows: unknown row %r (minilm, llama, llama2k)" % row)
     for part in args.parts.split(","):
-        if part not in ("pre1", "pre4", "dec", "train", "packed", "batch"):
-            p.error("--parts: unknown part %r (pre1, pre4, dec, train, packed, batch)" % part)
+        if part not in LLAMA2K_PARTS:
+            p.error("--parts: unknown part %r (%s)" % (part, ", ".join(LLAMA2K_PARTS)))
 
     def emit(obj, text):
         print(json.dumps(obj) if args.json else text, flush=True)
