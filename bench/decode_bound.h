@@ -77,17 +77,18 @@ static const dec_loops DEC_LOOPS[] = {
     {"avx512bf16", "avx512", ATTN_F16, {0, 16, 8, 64}, {0, 16, 8, 64}},
     /* the quantized caches on the avx512 step (load_kv): each K or V vector of 16 values
      * also takes a multiply on the FMA ports (q8_0, q4_0: the block's scale, loaded and
-     * broadcast, one more load; fp8: the head's scale, and for e4m3 the 2^8 too). Q·Kᵀ
-     * (dec_qk4): 16 FMAs + 4 (or 8) multiplies, 4 K + 4 query (+ 4 scale) loads; P·V
-     * (pv_tile): 16 FMAs + 4 (or 8) multiplies, 4 V + 4 broadcasts (+ 4 scale) loads */
+     * broadcast, one more load; fp8: the head's scale, for e4m3 with its 2^8 folded in,
+     * kv_sc, since 8fb0950). Q·Kᵀ (dec_qk4): 16 FMAs + 4 multiplies, 4 K + 4 query
+     * (+ 4 scale) loads; P·V (pv_tile): 16 FMAs + 4 multiplies, 4 V + 4 broadcasts (+ 4
+     * scale) loads */
     {"avx512", "avx512", ATTN_Q8_0, {0, 20, 12, 64}, {0, 20, 12, 64}},
     {"avx512", "avx512", ATTN_Q4_0, {0, 20, 12, 64}, {0, 20, 12, 64}},
     {"avx512", "avx512", ATTN_FP8_E5M2, {0, 20, 8, 64}, {0, 20, 8, 64}},
-    {"avx512", "avx512", ATTN_FP8_E4M3, {0, 24, 8, 64}, {0, 24, 8, 64}},
+    {"avx512", "avx512", ATTN_FP8_E4M3, {0, 20, 8, 64}, {0, 20, 8, 64}},
     {"avx512bf16", "avx512", ATTN_Q8_0, {0, 20, 12, 64}, {0, 20, 12, 64}},
     {"avx512bf16", "avx512", ATTN_Q4_0, {0, 20, 12, 64}, {0, 20, 12, 64}},
     {"avx512bf16", "avx512", ATTN_FP8_E5M2, {0, 20, 8, 64}, {0, 20, 8, 64}},
-    {"avx512bf16", "avx512", ATTN_FP8_E4M3, {0, 24, 8, 64}, {0, 24, 8, 64}},
+    {"avx512bf16", "avx512", ATTN_FP8_E4M3, {0, 20, 8, 64}, {0, 20, 8, 64}},
 };
 
 /* the name of the kernel a decoding call over a cache of dtype dt runs on ("none": no
