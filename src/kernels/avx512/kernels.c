@@ -196,13 +196,15 @@ INLINE __m512 load_row(int DT, const void *row, int64_t d, __mmask16 mk) {
     }
     if (DT == ATTN_FP8_E4M3 || DT == ATTN_FP8_E5M2) {
         const __m128i x = _mm_maskz_loadu_epi8(mk, (const uint8_t *)row + d);
-        const __m256i w = _mm256_slli_epi16(_mm256_cvtepu8_epi16(x), 8);
-        if (DT == ATTN_FP8_E5M2) return _mm512_cvtph_ps(w);
-        const __m256i h = _mm256_and_si256(_mm256_srai_epi16(w, 1), _mm256_set1_epi16((short)0xBFFF));
-        const __m256i m7 = _mm256_set1_epi16(0x3F80);
-        const __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi16(_mm256_and_si256(h, m7), m7),
-                                             _mm256_set1_epi16(0x4000));
-        return _mm512_cvtph_ps(_mm256_or_si256(h, nan));  // x / 2^8: load_kv's scale has the 2^8
+        if (DT == ATTN_FP8_E5M2) return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(x), 8));
+        /* e4m3: sign-extended and shifted left 7, bit 14 (a copy of the sign) cleared, the
+         * same float16 sign | (x & 0x7F) << 7; the NaN codes (x | 0x80 = 0xFF, found on
+         * the bytes) get float16's top exponent bit, 0x4000 */
+        const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(x), 7),
+                                           _mm256_set1_epi16((short)0xBFFF));
+        const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_or_si128(x, _mm_set1_epi8((char)0x80)),
+                                                  _mm_set1_epi8((char)0xFF));
+        return _mm512_cvtph_ps(_mm256_mask_add_epi16(h, nan, h, _mm256_set1_epi16(0x4000)));  // x / 2^8 (bit 14 clear: + is |); load_kv's scale has the 2^8
     }
     const __m256i h = _mm256_maskz_loadu_epi16(mk, (const uint16_t *)row + d);
     if (DT == ATTN_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
