@@ -195,16 +195,25 @@ INLINE __m512 load_row(int DT, const void *row, int64_t d, __mmask16 mk) {
         return _mm512_mul_ps(sc, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x)));
     }
     if (DT == ATTN_FP8_E4M3 || DT == ATTN_FP8_E5M2) {
-        const __m128i x = _mm_maskz_loadu_epi8(mk, (const uint8_t *)row + d);
-        if (DT == ATTN_FP8_E5M2) return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(x), 8));
-        /* e4m3: sign-extended and shifted left 7, bit 14 (a copy of the sign) cleared, the
-         * same float16 sign | (x & 0x7F) << 7; the NaN codes (x | 0x80 = 0xFF, found on
-         * the bytes) get float16's top exponent bit, 0x4000 */
-        const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(x), 7),
-                                           _mm256_set1_epi16((short)0xBFFF));
+        /* byte i into the top of 16-bit lane i by one in-lane shuffle of the 16 bytes in
+         * both 128-bit halves (a broadcast load; under a mask, loaded then broadcast):
+         * for e5m2 that is its float16, exact */
+        const __m256i top = _mm256_setr_epi8(-1, 0, -1, 1, -1, 2, -1, 3, -1, 4, -1, 5, -1, 6, -1, 7,
+                                             -1, 8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1, 15);
+        const uint8_t *src = (const uint8_t *)row + d;
+        const __m256i b = _mm256_broadcastsi128_si256(mk == (__mmask16)0xFFFF ? _mm_loadu_si128((const __m128i *)src)
+                                                                              : _mm_maskz_loadu_epi8(mk, src));
+        const __m128i x = _mm256_castsi256_si128(b);
+        const __m256i w = _mm256_shuffle_epi8(b, top);
+        if (DT == ATTN_FP8_E5M2) return _mm512_cvtph_ps(w);
+        /* e4m3: shifted right one, bit 14 (a copy of the sign) cleared, the float16
+         * sign | (x & 0x7F) << 7 of x / 2^8; the NaN codes (x | 0x80 = 0xFF, found on the
+         * bytes) get float16's top exponent bit, 0x4000, added under their mask (bit 14
+         * is clear: + is |). load_kv's scale has the 2^8. */
+        const __m256i h = _mm256_and_si256(_mm256_srai_epi16(w, 1), _mm256_set1_epi16((short)0xBFFF));
         const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_or_si128(x, _mm_set1_epi8((char)0x80)),
                                                   _mm_set1_epi8((char)0xFF));
-        return _mm512_cvtph_ps(_mm256_mask_add_epi16(h, nan, h, _mm256_set1_epi16(0x4000)));  // x / 2^8 (bit 14 clear: + is |); load_kv's scale has the 2^8
+        return _mm512_cvtph_ps(_mm256_mask_add_epi16(h, nan, h, _mm256_set1_epi16(0x4000)));
     }
     const __m256i h = _mm256_maskz_loadu_epi16(mk, (const uint16_t *)row + d);
     if (DT == ATTN_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
