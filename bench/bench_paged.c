@@ -443,7 +443,8 @@ static const char USAGE[] =
     "  compute bound of the decoding step of the kernel that runs (bench/decode_bound.h; n/a\n"
     "  for a kernel without a model) and the row's %% of min(read, compute).\n"
     "  --isa NAME: run these kernels of the library (ATTN_ISA).\n"
-    "  --in-cache: instead, the step's cycles a key with K and V in L2 (one thread, CPU time).\n";
+    "  --in-cache: instead, the step's cycles a key with K and V in L2 (one thread, CPU time),\n"
+    "  every cache dtype with a decoding step, Hq/Hkv 4 and 8, beside the model's.\n";
 
 int bench_paged(int argc, char **argv) {
     for (int i = 1; i < argc; i++)

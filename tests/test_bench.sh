@@ -425,8 +425,8 @@ for name in ("paged_default.txt", "q8_default.txt"):
         assert re.search(r"G vector FMAs/s, [0-9.]+ G vector loads/s a thread", t), t
 '
 expect "bench --paged --in-cache" 0 "$ATTN" bench --paged --in-cache
-if [ "$(grep -c "^in cache: .* cycles a key (model " out.txt)" = 4 ]; then
-    ok "bench --paged --in-cache prints its four rows"
+if [ "$(grep -c "^in cache: .* cycles a key (model " out.txt)" = 12 ]; then
+    ok "bench --paged --in-cache prints its twelve rows (six cache dtypes, GQA 4 and 8)"
 else bad "bench --paged --in-cache output"; sed 's/^/    /' out.txt | tail -8; fi
 expect "bench --paged --plant-error fails its check" 1 "$ATTN" bench --paged --quick --reps 1 --plant-error
 expect "bench --paged --reps 0" 2 "$ATTN" bench --paged --reps 0
