@@ -275,10 +275,10 @@ attn_tile_class ai_mask_summary_rows(const attn_params *p, const attn_mask_summa
  * row is not of that form (an "other" cell anywhere, a masked cell before an open one).
  * A unit-stride bool row: its first false byte by memchr, then whether any byte after it
  * is true (one OR over them); a unit-stride bias row likewise, its first cell that is not
- * +-0 found PREFIX_SUB cells at a time. A strided row: chunks of PREFIX_CHUNK cells counted as the
- * summary counts granules; the chunk where the prefix ends is searched by PREFIX_SUB
- * cells, then cell by cell, and the scan stops at the first chunk past it that is not all
- * masked. */
+ * +-0 found PREFIX_SUB cells at a time. A strided row: chunks of PREFIX_CHUNK cells
+ * counted as the summary counts granules; the chunk where the prefix ends is searched by
+ * PREFIX_SUB cells, then cell by cell, and the scan stops at the first chunk past it that
+ * is not all masked. */
 enum { PREFIX_CHUNK = 128, PREFIX_SUB = 16 };
 static int64_t row_prefix(const row_view *r) {
     if (r->is_bool && r->st == 1) {
@@ -301,10 +301,10 @@ static int64_t row_prefix(const row_view *r) {
             if (other) break;
         }
         while (e < r->lk && f[e] == 0.0f) e++;
-        unsigned open = 0;  // a cell past the prefix that is not -inf (NaN included)
-#pragma omp simd reduction(| : open)
-        for (int64_t c = e; c < r->lk; c++) open |= f[c] != -INFINITY;
-        return open ? -1 : e;
+        unsigned kept = 0;  // a cell past the prefix that is not -inf (NaN included)
+#pragma omp simd reduction(| : kept)
+        for (int64_t c = e; c < r->lk; c++) kept |= f[c] != -INFINITY;
+        return kept ? -1 : e;
     }
     int64_t e = r->lk;
     int open, masked;
