@@ -376,58 +376,57 @@ static double call_cycles(const attn_tensor *q, const attn_tensor *k, const attn
 static void in_cache_rows(void) {
     const int64_t Lk = 256, D = 128, calls = 400;
     static const attn_dtype DTS[] = {ATTN_F32, ATTN_BF16, ATTN_Q8_0, ATTN_Q4_0, ATTN_FP8_E4M3, ATTN_FP8_E5M2};
-    for (size_t d = 0; d < sizeof DTS / sizeof DTS[0]; d++)
-        for (int64_t g = 4; g <= 8; g += 4) {
-            const attn_dtype dt = DTS[d];
-            const size_t bytes = (size_t)attn_dtype_size(dt) * (size_t)(Lk * D / attn_dtype_block(dt));
-            void *k = kv_alloc(bytes), *v = kv_alloc(bytes);
-            float *kf = malloc((size_t)(Lk * D) * sizeof(float)), *vf = malloc((size_t)(Lk * D) * sizeof(float));
-            float *q = malloc((size_t)(g * D) * sizeof(float)), *o = malloc((size_t)(g * D) * sizeof(float));
-            if (!k || !v || !kf || !vf || !q || !o) {
-                fprintf(stderr, "attn: bench --paged --in-cache: out of memory\n");
-                free(k), free(v), free(kf), free(vf), free(q), free(o);
-                return;
-            }
+    for (size_t d = 0; d < sizeof DTS / sizeof DTS[0]; d++) {
+        const attn_dtype dt = DTS[d];
+        const size_t bytes = (size_t)attn_dtype_size(dt) * (size_t)(Lk * D / attn_dtype_block(dt));
+        void *k = kv_alloc(bytes), *v = kv_alloc(bytes);
+        float *kf = malloc((size_t)(Lk * D) * sizeof(float)), *vf = malloc((size_t)(Lk * D) * sizeof(float));
+        float *q = malloc((size_t)(8 * D) * sizeof(float)), *o = malloc((size_t)(8 * D) * sizeof(float));
+        if (!k || !v || !kf || !vf || !q || !o) {
+            fprintf(stderr, "attn: bench --paged --in-cache: out of memory\n");
+            free(k), free(v), free(kf), free(vf), free(q), free(o);
+            return;
+        }
+        for (int64_t x = 0; x < Lk * D; x++) {
+            kf[x] = (float)((x * 2654435761u) % 1000) * 2e-3f - 1.0f;
+            vf[x] = (float)((x * 40503u + 17) % 1000) * 1e-3f - 0.5f;
+        }
+        const attn_tensor tkf = attn_tensor_4d(kf, ATTN_F32, 1, 1, Lk, D), tvf = attn_tensor_4d(vf, ATTN_F32, 1, 1, Lk, D);
+        const attn_tensor tk = attn_tensor_4d(k, dt, 1, 1, Lk, D), tv = attn_tensor_4d(v, dt, 1, 1, Lk, D);
+        const attn_tensor tk64 = attn_tensor_4d(k, dt, 1, 1, 64, D), tv64 = attn_tensor_4d(v, dt, 1, 1, 64, D);
+        bool ok = true;
+        if (dt == ATTN_F32) {
+            memcpy(k, kf, bytes), memcpy(v, vf, bytes);
+        } else if (dt == ATTN_BF16) {  // the top half (run_shape's values)
             for (int64_t x = 0; x < Lk * D; x++) {
-                kf[x] = (float)((x * 2654435761u) % 1000) * 2e-3f - 1.0f;
-                vf[x] = (float)((x * 40503u + 17) % 1000) * 1e-3f - 0.5f;
+                uint32_t u, w;
+                memcpy(&u, &kf[x], 4), memcpy(&w, &vf[x], 4);
+                ((uint16_t *)k)[x] = (uint16_t)(u >> 16), ((uint16_t *)v)[x] = (uint16_t)(w >> 16);
             }
-            const attn_tensor tkf = attn_tensor_4d(kf, ATTN_F32, 1, 1, Lk, D), tvf = attn_tensor_4d(vf, ATTN_F32, 1, 1, Lk, D);
-            const attn_tensor tk = attn_tensor_4d(k, dt, 1, 1, Lk, D), tv = attn_tensor_4d(v, dt, 1, 1, Lk, D);
-            bool ok = true;
-            if (dt == ATTN_F32) {
-                memcpy(k, kf, bytes), memcpy(v, vf, bytes);
-            } else if (dt == ATTN_BF16) {  // the top half (run_shape's values)
-                for (int64_t x = 0; x < Lk * D; x++) {
-                    uint32_t u, w;
-                    memcpy(&u, &kf[x], 4), memcpy(&w, &vf[x], 4);
-                    ((uint16_t *)k)[x] = (uint16_t)(u >> 16), ((uint16_t *)v)[x] = (uint16_t)(w >> 16);
-                }
-            } else if (dt == ATTN_Q8_0) {
-                ok = attn_quantize_q8_0(&tkf, &tk) == ATTN_OK && attn_quantize_q8_0(&tvf, &tv) == ATTN_OK;
-            } else if (dt == ATTN_Q4_0) {
-                ok = attn_quantize_q4_0(&tkf, &tk) == ATTN_OK && attn_quantize_q4_0(&tvf, &tv) == ATTN_OK;
-            } else {  // fp8: bytes below 0x70 with either sign, never a NaN or an infinity
-                for (int64_t x = 0; x < Lk * D; x++) {
-                    ((uint8_t *)k)[x] = (uint8_t)(((x * 37) % 0x70) | (x & 1) << 7);
-                    ((uint8_t *)v)[x] = (uint8_t)(((x * 53 + 5) % 0x70) | (x & 2) << 6);
-                }
+        } else if (dt == ATTN_Q8_0) {
+            ok = attn_quantize_q8_0(&tkf, &tk) == ATTN_OK && attn_quantize_q8_0(&tvf, &tv) == ATTN_OK;
+        } else if (dt == ATTN_Q4_0) {
+            ok = attn_quantize_q4_0(&tkf, &tk) == ATTN_OK && attn_quantize_q4_0(&tvf, &tv) == ATTN_OK;
+        } else {  // fp8: bytes below 0x70 with either sign, never a NaN or an infinity
+            for (int64_t x = 0; x < Lk * D; x++) {
+                ((uint8_t *)k)[x] = (uint8_t)(((x * 37) % 0x70) | (x & 1) << 7);
+                ((uint8_t *)v)[x] = (uint8_t)(((x * 53 + 5) % 0x70) | (x & 2) << 6);
             }
+        }
+        if (!ok)
+            fprintf(stderr, "attn: bench --paged --in-cache: %s: the cache could not be written\n", attn_dtype_name(dt));
+        for (int64_t g = 4; ok && g <= 8; g += 4) {  // the same cache for both groups
             for (int64_t x = 0; x < g * D; x++) q[x] = (float)((x * 7919) % 200) * 1e-2f - 1.0f;
             const attn_tensor tq = attn_tensor_4d(q, ATTN_F32, 1, g, 1, D), to = attn_tensor_4d(o, ATTN_F32, 1, g, 1, D);
-            const attn_tensor tk64 = attn_tensor_4d(k, dt, 1, 1, 64, D), tv64 = attn_tensor_4d(v, dt, 1, 1, 64, D);
-            if (ok) {
-                const double c64 = call_cycles(&tq, &tk64, &tv64, &to, calls), c256 = call_cycles(&tq, &tk, &tv, &to, calls);
-                char model[16];
-                printf("in cache: %-8s Hq/Hkv %lld  %6.1f cycles a key (model %s; the whole call at Lk 256: "
-                       "%6.1f a key)\n", attn_dtype_name(dt), (long long)g, (c256 - c64) / (double)(Lk - 64),
-                       dec_fmt(model, sizeof model, 5, 1, dec_s_per_elem(dt, g, D) * 2.0 * (double)D * g_hz),
-                       c256 / (double)Lk);
-            } else {
-                fprintf(stderr, "attn: bench --paged --in-cache: %s: the cache could not be written\n", attn_dtype_name(dt));
-            }
-            free(k), free(v), free(kf), free(vf), free(q), free(o);
+            const double c64 = call_cycles(&tq, &tk64, &tv64, &to, calls), c256 = call_cycles(&tq, &tk, &tv, &to, calls);
+            char model[16];
+            printf("in cache: %-8s Hq/Hkv %lld  %6.1f cycles a key (model %s; the whole call at Lk 256: "
+                   "%6.1f a key)\n", attn_dtype_name(dt), (long long)g, (c256 - c64) / (double)(Lk - 64),
+                   dec_fmt(model, sizeof model, 5, 1, dec_s_per_elem(dt, g, D) * 2.0 * (double)D * g_hz),
+                   c256 / (double)Lk);
         }
+        free(k), free(v), free(kf), free(vf), free(q), free(o);
+    }
 }
 
 static const char USAGE[] =

@@ -276,19 +276,17 @@ attn_tile_class ai_mask_summary_rows(const attn_params *p, const attn_mask_summa
  * A unit-stride bool row: its first false byte by memchr, then whether any byte after it
  * is true (one OR over them); a unit-stride bias row likewise, its first cell that is not
  * +-0 found PREFIX_SUB cells at a time. A strided row: chunks of PREFIX_CHUNK cells
- * counted as the summary counts granules; the chunk where the prefix ends is searched by
- * PREFIX_SUB cells, then cell by cell, and the scan stops at the first chunk past it that
- * is not all masked. */
+ * counted as the summary counts granules; the chunk where the prefix ends is searched
+ * cell by cell, and the scan stops at the first chunk past it that is not all masked. */
 enum { PREFIX_CHUNK = 128, PREFIX_SUB = 16 };
 static int64_t row_prefix(const row_view *r) {
     if (r->is_bool && r->st == 1) {
         const uint8_t *z = memchr(r->m, 0, (size_t)r->lk);
         if (!z) return r->lk;
         const int64_t e = z - r->m, n = r->lk - e;
-        const uint8_t *m = z;
         unsigned any = 0;
 #pragma omp simd reduction(| : any)
-        for (int64_t c = 0; c < n; c++) any |= m[c];
+        for (int64_t c = 0; c < n; c++) any |= z[c];
         return any ? -1 : e;
     }
     if (!r->is_bool && r->st == 1) {
@@ -312,11 +310,7 @@ static int64_t row_prefix(const row_view *r) {
         const int64_t n = r->lk - j0 < PREFIX_CHUNK ? r->lk - j0 : PREFIX_CHUNK;
         count_granule(r, j0, n, &open, &masked);
         if (open == n) continue;
-        /* some cell of the chunk is not open: the prefix ends within it */
-        for (e = j0; e + PREFIX_SUB <= j0 + n; e += PREFIX_SUB) {
-            count_granule(r, e, PREFIX_SUB, &open, &masked);
-            if (open != PREFIX_SUB) break;
-        }
+        e = j0;  // some cell of the chunk is not open: the prefix ends within it
         while (r->is_bool ? r->m[e * r->st] != 0 : r->f[e * r->st] == 0.0f) e++;
         break;
     }
