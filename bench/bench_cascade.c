@@ -224,10 +224,8 @@ static int bench_dtype(setup *s, const machine *m, const bench_part_args *pa, in
     for (int i = 0; i < reps * VARIANTS && nr < VARIANTS * 64; i++) read_all[nr++] = bw[i];
     *gbs_read = median(read_all, nr);
     /* the bound: per-seq at the read bandwidth against the cascade at the FMA peak */
-    double peak = m->peak_n;
-    const char *isa = m->peak_isa;
-    for (int i = 0; i < m->npeaks; i++)
-        if (strcmp(m->peaks[i].isa, attn_kernel_name()) == 0) peak = m->peaks[i].gflops_n, isa = m->peaks[i].isa;
+    const char *isa;
+    const double peak = machine_kernel_peak(m, attn_kernel_name(), &isa);
     const double bw_best = m->bw_n > *gbs_read ? m->bw_n : *gbs_read;
     const double t_mem = bytes[0] / (bw_best * 1e9), t_comp = flop / (peak * 1e9);
     const double intensity = flop / bytes[0];  // flop per byte the per-seq calls read

@@ -141,6 +141,16 @@ void machine_cpu_model(char *out, size_t n) {
     fclose(f);
 }
 
+double machine_kernel_peak(const machine *m, const char *kernel, const char **isa) {
+    for (int i = 0; i < m->npeaks; i++)
+        if (strcmp(m->peaks[i].isa, kernel) == 0) {
+            if (isa) *isa = m->peaks[i].isa;
+            return m->peaks[i].gflops_n;
+        }
+    if (isa) *isa = m->peak_isa;
+    return m->peak_n;
+}
+
 int machine_measure(machine *m, bool quick, bool quiet) {
     const double seconds = quick ? 0.005 : 0.1;
     const int trials = quick ? 2 : 5;

@@ -48,6 +48,11 @@ double machine_others_pct(cpu_sample a, cpu_sample b);
 /* Measures m's peaks and bandwidth (m->threads set by the caller); 0 or 1 (told on stderr).
  * Afterwards machine_read_loops() is the read loop it used. */
 int machine_measure(machine *m, bool quick, bool quiet);
+/* The fp32 FMA peak on m->threads threads of the loops that measure `kernel` (a name of
+ * kernels/list.h): its own set where it has one, else the machine's best (avx512bf16's
+ * float32 arithmetic is avx512's: its own loops time vdpbf16ps, reported apart); the ISA
+ * of those loops into *isa where isa is not NULL. */
+double machine_kernel_peak(const machine *m, const char *kernel, const char **isa);
 /* The read loop of the bandwidth measurement; before one ran, the widest fp32 loads this
  * CPU has. */
 const bench_loops *machine_read_loops(void);

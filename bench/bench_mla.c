@@ -54,14 +54,12 @@ int bench_mla(int argc, char **argv) {
     machine m = {.threads = nt};
     if (machine_measure(&m, pa.quick, true)) return 1;
     machine_cpu_model(m.cpu, sizeof m.cpu);
-    const char *isa = attn_kernel_name();
-    double peak = 0;
-    for (int i = 0; i < m.npeaks; i++)
-        if (strcmp(m.peaks[i].isa, isa) == 0) peak = m.peaks[i].gflops_n;
+    const char *isa;
+    const double peak = machine_kernel_peak(&m, attn_kernel_name(), &isa);
     printf("MLA decoding: B=%lld Hq=%lld Hkv=1 Lq=%lld Lk=%lld Dk=%lld Dv=%lld page %lld, %d threads, "
-           "kernel %s; CPU %s, fp32 peak (%s) %.1f GFLOP/s\n", (long long)B, (long long)Hq,
-           (long long)Lq, (long long)Lk, (long long)Dk, (long long)Dl, (long long)page, nt, isa,
-           m.cpu, isa, peak);
+           "kernel %s; CPU %s, fp32 peak (%s loops) %.1f GFLOP/s\n", (long long)B, (long long)Hq,
+           (long long)Lq, (long long)Lk, (long long)Dk, (long long)Dl, (long long)page, nt,
+           attn_kernel_name(), m.cpu, isa, peak);
 
     float *pool = malloc((size_t)(rows * Dk) * 4), *q = malloc((size_t)(B * Hq * Dk) * 4);
     uint16_t *pool16 = malloc((size_t)(rows * Dk) * 2);

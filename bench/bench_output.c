@@ -124,7 +124,9 @@ void write_json(FILE *f, const machine *m, const bench_case *c, int n, const ben
         if (x->ran && !x->error[0] && x->pass) {
             fprintf(f, ",\n     \"reps\": %d, \"median_s\": %.6g, \"min_s\": %.6g, \"max_s\": %.6g, "
                     "\"gflops\": %.4g", x->reps, x->t_med, x->t_min, x->t_max, gflops(x, x->t_med));
-            if (m->measured) fprintf(f, ", \"pct_peak\": %.1f", 100 * gflops(x, x->t_med) / m->peak_n);
+            if (m->measured)
+                fprintf(f, ", \"pct_peak\": %.1f",
+                        100 * gflops(x, x->t_med) / machine_kernel_peak(m, attn_kernel_name(), NULL));
             if (x->s_med > 0)
                 fprintf(f, ",\n     \"tuned_ms\": %.6g, \"static_ms\": %.6g, \"static_min_ms\": %.6g, "
                         "\"static_max_ms\": %.6g, \"static_over_tuned\": %.4g", 1e3 * x->t_med,
@@ -174,11 +176,13 @@ void print_table(FILE *f, const machine *m, const bench_case *c, int n, const to
     }
     if (tp && tp->version[0]) fprintf(f, "torch %s (%s)\n", tp->version, tp->info);
     if (n == 0) return;
+    const char *peak_isa;
+    machine_kernel_peak(m, attn_kernel_name(), &peak_isa);
     fprintf(f, "medians; GFLOP/s = 2*(Dk+Dv)*B*Hq*pairs/time (x2.5 for bwd-* rows); %%peak of the "
-            "%d-thread fp32 FMA peak; GB/s = K and V bytes/time; %%bw of the median GB/s of a plain "
+            "%d-thread fp32 FMA peak of the kernel's ISA (%s loops); GB/s = K and V bytes/time; %%bw of the median GB/s of a plain "
             "read of as many bytes, timed after each call (memory bandwidth drifts); dtype Q/KV, "
             "+F = FAST precision; x f32 = this row's speed over the float32 row of the same shape\n\n",
-            m->threads);
+            m->threads, peak_isa);
     bool tuned = false;  // a wisdom in use: the static medians too (cli_bench.c)
     for (int i = 0; i < n; i++) tuned |= c[i].sts != NULL;
     if (tuned)
@@ -201,7 +205,9 @@ void print_table(FILE *f, const machine *m, const bench_case *c, int n, const to
         if (ok) {
             snprintf(cell[0], 24, "%.3f", x->t_med * 1e3);
             snprintf(cell[1], 24, "%.1f", gflops(x, x->t_med));
-            if (m->measured) snprintf(cell[2], 24, "%.0f%%", 100 * gflops(x, x->t_med) / m->peak_n);
+            if (m->measured)
+                snprintf(cell[2], 24, "%.0f%%",
+                         100 * gflops(x, x->t_med) / machine_kernel_peak(m, attn_kernel_name(), NULL));
             if (x->decode) {
                 snprintf(cell[3], 24, "%.1f", case_gbs(x));
                 const double bw = x->bw_here > 0 ? x->bw_here : m->measured ? m->bw_n : 0;
