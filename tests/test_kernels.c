@@ -118,6 +118,24 @@ static void test_tile(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk, 
     CHECK(worst_qk <= 1.0 && finite_pad,
           "%s qk n=%lld nk=%lld dk=%lld: error %.3g of the bound, padding finite %d", k->name,
           (long long)n, (long long)nk, (long long)dk, worst_qk, finite_pad);
+    if (n <= k->qk_q_rows) {
+        /* qk_q_rows: the framework leaves qt unpacked for such blocks, so a Qᵀ of NaN must
+         * give the same logits, bit for bit, padding rows finite */
+        float *qt_nan = malloc((size_t)((dk ? dk : 1) * ldq) * sizeof(float));
+        float *s2 = malloc((size_t)(nk * lds) * sizeof(float));
+        for (int64_t c = 0; c < (dk ? dk : 1) * ldq; c++) qt_nan[c] = NAN;
+        for (int64_t c = 0; c < nk * lds; c++) s2[c] = NAN;
+        k->qk(n, npad, nk, dk, q, qt_nan, ldq, kk, ldk, scale, s2, lds);
+        bool same = true;
+        for (int64_t c = 0; c < nk; c++) {
+            same &= memcmp(s2 + c * lds, s + c * lds, (size_t)n * sizeof(float)) == 0;
+            for (int64_t r = n; r < npad; r++) same &= isfinite(s2[c * lds + r]) != 0;
+        }
+        CHECK(same, "%s qk n=%lld <= qk_q_rows %lld nk=%lld dk=%lld: read Qᵀ", k->name,
+              (long long)n, (long long)k->qk_q_rows, (long long)nk, (long long)dk);
+        free(qt_nan);
+        free(s2);
+    }
 
     /* softmax from a fresh state, with some keys masked (-inf) in some rows; one row
      * fully masked */

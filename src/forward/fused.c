@@ -421,8 +421,9 @@ static void block_open(const attn_params *p, const attn_kernels *kern, const fus
                 for (int64_t d = 0; d < dk; d++) q_r[d] = attn_load(p->q_dt, p->q, q_bhi + d * p->q_s[3]);
         }
         /* Qᵀ from the rows just packed (in L1), a row of it at a time: the rows read at
-         * their stride, Qᵀ written in order */
-        for (int64_t d = 0; d < dk; d++) {
+         * their stride, Qᵀ written in order; not for a block whose rows qk reads as they
+         * are (kernels.h: qk_q_rows) */
+        for (int64_t d = 0; n > kern->qk_q_rows && d < dk; d++) {
             float *qt_d = w->qt + d * w->ld;
             for (int64_t r = 0; r < n; r++) qt_d[r] = w->q[r * dk + d];
             for (int64_t r = n; r < npad; r++) qt_d[r] = 0.0f;
@@ -675,6 +676,53 @@ static void fold_sinks(const attn_params *p, const fused_block *blk, const fused
         ai_merge_sink(&w->m[r], &w->l[r], w->acc + r * p->Dv, p->Dv, attn_sink(p, w->h[r]));
 }
 
+/* The forward's work for one thread of the team, or for the calling thread alone: the
+ * loops are orphaned worksharing constructs, so without a parallel region they run
+ * whole on the caller, with none of the team's barriers (each of which woke a futex,
+ * 0.2 us of a short call's 3 us: docs/KERNELS.md, "Threads for tiny calls"). */
+static void fused_run(const attn_params *given, const attn_params *p, const fused_plan *pl,
+                      char *base, float *part) {
+    const attn_kernels *kern = p->kernels;
+    const fused_plan plan = *pl;
+    const int64_t units = plan.items * plan.split;
+    const int tid = attn_thread_num();
+    const fused_scratch w = carve(&plan, base + (size_t)tid * plan.thread_bytes);
+    if (p != given) {
+#pragma omp for schedule(static)
+        for (int64_t s = 0; s < 2 * p->B * p->Hkv; s++) fused_dense_copy(given, p, s);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t u = 0; u < units; u++) {
+        const fused_block blk = item_rows(p, &plan, &w, u / plan.split);
+        if (plan.split == 1) {
+            block_sweep(p, kern, &plan, &w, &blk, blk.jmin, blk.jmax);
+            if (p->sinks) fold_sinks(p, &blk, &w);
+            block_store(p, &blk, w.m, w.l, w.acc, w.h, w.i);
+            if (p->weights) fused_block_weights(p, kern, &plan, &w, &blk);
+            continue;
+        }
+        /* one chunk of a split item: its keys within the block's range */
+        const int64_t c = u % plan.split;
+        int64_t ja = c * plan.split_keys, jb = ja + plan.split_keys;
+        if (ja < blk.jmin) ja = blk.jmin;
+        if (jb > blk.jmax) jb = blk.jmax;
+        block_sweep(p, kern, &plan, &w, &blk, ja, ja < jb ? jb : ja);
+        float *pc = part + (size_t)u * plan.partial_floats;
+        memcpy(pc, w.m, plan.bq * sizeof(float));
+        memcpy(pc + plan.bq, w.l, plan.bq * sizeof(float));
+        memcpy(pc + 2 * plan.bq, w.acc, (size_t)(blk.n * p->Dv) * sizeof(float));
+    }
+    if (plan.split > 1) {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < plan.items; t++) {
+            const fused_block blk = item_rows(p, &plan, &w, t);
+            merge_partials(p, &plan, &blk, part + (size_t)(t * plan.split) * plan.partial_floats, &w);
+            if (p->sinks) fold_sinks(p, &blk, &w);
+            block_store(p, &blk, w.m, w.l, w.acc, w.h, w.i);
+        }
+    }
+}
+
 attn_status ai_fused_forward(const attn_params *given, void *ws) {
     fused_plan plan;
     size_t partials;
@@ -698,47 +746,11 @@ attn_status ai_fused_forward(const attn_params *given, void *ws) {
         plan.sum = &sum;
         plan.open = &open;
     }
-    const attn_kernels *kern = p->kernels;
-    const int64_t units = plan.items * plan.split;
-
-#pragma omp parallel num_threads(p->threads) if (attn_run_parallel(p, 1.0))  // team.h
-    {
-        const int tid = attn_thread_num();
-        const fused_scratch w = carve(&plan, base + (size_t)tid * plan.thread_bytes);
-        if (p != given) {
-#pragma omp for schedule(static)
-            for (int64_t s = 0; s < 2 * p->B * p->Hkv; s++) fused_dense_copy(given, p, s);
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t u = 0; u < units; u++) {
-            const fused_block blk = item_rows(p, &plan, &w, u / plan.split);
-            if (plan.split == 1) {
-                block_sweep(p, kern, &plan, &w, &blk, blk.jmin, blk.jmax);
-                if (p->sinks) fold_sinks(p, &blk, &w);
-                block_store(p, &blk, w.m, w.l, w.acc, w.h, w.i);
-                if (p->weights) fused_block_weights(p, kern, &plan, &w, &blk);
-                continue;
-            }
-            /* one chunk of a split item: its keys within the block's range */
-            const int64_t c = u % plan.split;
-            int64_t ja = c * plan.split_keys, jb = ja + plan.split_keys;
-            if (ja < blk.jmin) ja = blk.jmin;
-            if (jb > blk.jmax) jb = blk.jmax;
-            block_sweep(p, kern, &plan, &w, &blk, ja, ja < jb ? jb : ja);
-            float *pc = part + (size_t)u * plan.partial_floats;
-            memcpy(pc, w.m, plan.bq * sizeof(float));
-            memcpy(pc + plan.bq, w.l, plan.bq * sizeof(float));
-            memcpy(pc + 2 * plan.bq, w.acc, (size_t)(blk.n * p->Dv) * sizeof(float));
-        }
-        if (plan.split > 1) {
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < plan.items; t++) {
-                const fused_block blk = item_rows(p, &plan, &w, t);
-                merge_partials(p, &plan, &blk, part + (size_t)(t * plan.split) * plan.partial_floats, &w);
-                if (p->sinks) fold_sinks(p, &blk, &w);
-                block_store(p, &blk, w.m, w.l, w.acc, w.h, w.i);
-            }
-        }
+    if (attn_run_parallel(p, 1.0)) {  // team.h
+#pragma omp parallel num_threads(p->threads)
+        fused_run(given, p, &plan, base, part);
+    } else {
+        fused_run(given, p, &plan, base, part);
     }
     return ATTN_OK;
 }

@@ -162,10 +162,14 @@ struct attn_kernels {
      *   k  (nk, dk),   row stride ldk    the key block, natural layout
      *   s  (nk, npad), row stride lds    written, every element (padding rows finite)
      * 1 <= n <= npad, 1 <= nk, 0 <= dk (dk = 0 gives s = 0). A kernel may read q or qt,
-     * whichever suits the number of rows. */
+     * whichever suits the number of rows, except as qk_q_rows says. */
     void (*qk)(int64_t n, int64_t npad, int64_t nk, int64_t dk, const float *q,
                const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale,
                float *s, int64_t lds);
+    /* qk reads q alone, never qt, when n <= qk_q_rows (0: it may read qt for any n): the
+     * framework then leaves qt unpacked (a decoding block's Qᵀ cost a tenth of a short
+     * call's time; docs/KERNELS.md, "Threads for tiny calls"). */
+    int64_t qk_q_rows;
 
     /* Online-softmax step over one tile of final logits (masked ones are -inf):
      *   s (nk, npad)  in: logits; out: p = exp(s - m_new), 0 where s = -inf

@@ -465,6 +465,7 @@ const attn_kernels attn_kernels_avx2 = {
     .geom = ATTN_GEOM(avx2),
     .cpu_geom = attn_cpu_geom_avx2,  // geom.c
     .qk = qk_avx2,
+    .qk_q_rows = ATTN_DECODE_MAX_ROWS,  // the dot-product form on q
     .softmax = softmax_avx2,
     .pv = pv_avx2,
     .mask_bool = mask_bool_avx2,

@@ -796,6 +796,7 @@ const attn_kernels attn_kernels_avx512 = {
     .name = "avx512",
     .geom = ATTN_GEOM(avx512),
     .qk = ai_qk_avx512,
+    .qk_q_rows = ATTN_DECODE_MAX_ROWS,  // the dot-product form on q
     .softmax = ai_softmax_avx512,
     .pv = ai_pv_avx512,
     .mask_bool = ai_mask_bool_avx512,

@@ -219,6 +219,7 @@ const attn_kernels attn_kernels_avx512bf16 = {
     .name = "avx512bf16",
     .geom = ATTN_GEOM(avx512bf16),
     .qk = ai_qk_avx512,
+    .qk_q_rows = ATTN_DECODE_MAX_ROWS,  // the dot-product form on q
     .softmax = ai_softmax_avx512,
     .pv = ai_pv_avx512,
     .qk_bf16 = qk_bf16_avx512,
