@@ -322,6 +322,26 @@ static int64_t row_prefix(const row_view *r) {
     return e;
 }
 
+/* tensor_lengths' check of one stored row against its batch's length: clears *pad_ok
+ * where the row is not that key-padding prefix, *band_ok where it is not the causal band
+ * cut at the length */
+static void check_length_row(const attn_params *p, const attn_sum_one *t,
+                             const int64_t st[4], bool is_bool, const int64_t *len,
+                             int64_t row, atomic_int *pad_ok, atomic_int *band_ok) {
+    const bool pad = atomic_load_explicit(pad_ok, memory_order_relaxed);
+    const bool band = atomic_load_explicit(band_ok, memory_order_relaxed);
+    if (!pad && !band) return;
+    const int64_t per_batch = t->nh * t->nq;
+    const int64_t i = row % t->nq, h = row / t->nq % t->nh, b = row / per_batch;
+    const int64_t x = b * st[0] + h * st[1] + i * st[2];
+    const row_view r = {.is_bool = is_bool, .st = st[3], .lk = p->Lk,
+                        .m = is_bool ? (const uint8_t *)t->src + x : NULL,
+                        .f = is_bool ? NULL : (const float *)t->src + x};
+    const int64_t e = row_prefix(&r), n = len[b];
+    if (pad && e != n) atomic_store_explicit(pad_ok, 0, memory_order_relaxed);
+    if (band && e != (i + 1 < n ? i + 1 : n)) atomic_store_explicit(band_ok, 0, memory_order_relaxed);
+}
+
 /* One tensor (t, strides st, collapsed) as lengths: len[bb] for each of its t->nb batches,
  * *causal when the rows need the top-left causal band beside them; false when it is not
  * key padding. Each batch's n is the prefix of its last stored row; then every row is
@@ -329,7 +349,7 @@ static int64_t row_prefix(const row_view *r) {
  * the band). No memory but len: the scan stops once neither form can hold. */
 static bool tensor_lengths(const attn_params *p, const attn_sum_one *t, const int64_t st[4],
                            bool is_bool, int64_t *len, bool *causal) {
-    const int64_t rows = t->nb * t->nh * t->nq, per_batch = t->nh * t->nq;
+    const int64_t rows = t->nb * t->nh * t->nq;
     for (int64_t bb = 0; bb < t->nb; bb++) {
         const int64_t x = bb * st[0] + (t->nq - 1) * st[2];
         const row_view r = {.is_bool = is_bool, .st = st[3], .lk = p->Lk,
@@ -343,19 +363,15 @@ static bool tensor_lengths(const attn_params *p, const attn_sum_one *t, const in
     atomic_int pad_ok, band_ok;
     atomic_init(&pad_ok, 1);
     atomic_init(&band_ok, t->nq > 1 || p->Lq <= 1);
-#pragma omp parallel for schedule(static) num_threads(p->threads) if (attn_run_parallel(p, 1.0))
-    for (int64_t row = 0; row < rows; row++) {
-        const bool pad = atomic_load_explicit(&pad_ok, memory_order_relaxed);
-        const bool band = atomic_load_explicit(&band_ok, memory_order_relaxed);
-        if (!pad && !band) continue;
-        const int64_t i = row % t->nq, h = row / t->nq % t->nh, b = row / per_batch;
-        const int64_t x = b * st[0] + h * st[1] + i * st[2];
-        const row_view r = {.is_bool = is_bool, .st = st[3], .lk = p->Lk,
-                            .m = is_bool ? (const uint8_t *)t->src + x : NULL,
-                            .f = is_bool ? NULL : (const float *)t->src + x};
-        const int64_t e = row_prefix(&r), n = len[b];
-        if (pad && e != n) atomic_store_explicit(&pad_ok, 0, memory_order_relaxed);
-        if (band && e != (i + 1 < n ? i + 1 : n)) atomic_store_explicit(&band_ok, 0, memory_order_relaxed);
+    /* without the team, a plain loop: a parallel region with its if clause false still
+     * ends on a barrier, a system call (docs/KERNELS.md, "Threads for tiny calls") */
+    if (attn_run_parallel(p, 1.0)) {
+#pragma omp parallel for schedule(static) num_threads(p->threads)
+        for (int64_t row = 0; row < rows; row++)
+            check_length_row(p, t, st, is_bool, len, row, &pad_ok, &band_ok);
+    } else {
+        for (int64_t row = 0; row < rows; row++)
+            check_length_row(p, t, st, is_bool, len, row, &pad_ok, &band_ok);
     }
     const bool all_pad = atomic_load(&pad_ok), all_band = atomic_load(&band_ok);
     *causal = !all_pad;
