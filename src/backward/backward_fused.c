@@ -713,6 +713,52 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
     }
 }
 
+/* The backward's work for one thread of the team, or for the calling thread alone: the
+ * loops are orphaned worksharing constructs, so without a parallel region they run whole
+ * on the caller, in the same order, with none of the team's barriers (system calls in
+ * libgomp even for a team of one: docs/KERNELS.md, "Threads for tiny calls"). */
+static void bwd_run(const attn_bwd_params *bp, const bwd_plan *plan, char *base, float *D,
+                    float *part, bool batch_shared) {
+    const attn_params *p = &bp->fwd;
+    const int64_t rows = p->B * p->Hq * p->Lq, Dk = p->Dk;
+    const int64_t row_chunks = (rows + 255) / 256;
+    const int tid = attn_thread_num();
+    const bwd_scratch w = carve(plan, base + (size_t)tid * plan->thread_bytes);
+#pragma omp for schedule(static)
+    for (int64_t rc = 0; rc < row_chunks; rc++)
+        row_dots(bp, D, rc * 256, rows - rc * 256 < 256 ? rows - rc * 256 : 256);
+    /* implicit barrier: every D_i is ready */
+    if (bp->d_sinks) {
+#pragma omp for schedule(static)
+        for (int64_t h = 0; h < p->Hq; h++) bp->d_sinks[h * bp->d_sinks_s] = sink_grad(bp, D, h);
+    }
+    if (batch_shared && p->B > 1) {
+        /* a bias shared by the batch, its gradient in place: an item's (g, c) for every
+         * batch in turn, the first storing, the rest adding (the same order for any
+         * thread count) */
+        const int64_t per_b = plan->items / p->B;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t u = 0; u < per_b; u++)
+            for (int64_t b = 0; b < p->B; b++) item_backward(bp, plan, &w, D, part, b * per_b + u, b > 0);
+    } else {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t u = 0; u < plan->items; u++) item_backward(bp, plan, &w, D, part, u, false);
+    }
+    /* dq = the chunks' partials summed in chunk order (chunk 0's in dq itself where
+     * in place: the others added to it; C = 1 in place: done) */
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < (partial_of(plan, plan->chunks) > 0 ? rows : 0); r++) {
+        const int64_t i = r % p->Lq, bh = r / p->Lq, h = bh % p->Hq, b = bh / p->Hq;
+        float *dq_i = bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1] + i * bp->dq_s[2];
+        for (int64_t d = 0; d < Dk; d++) {
+            float acc = plan->in_place ? dq_i[d] : part[r * Dk + d];
+            for (int64_t c = 1; c < plan->chunks; c++)
+                acc += part[(partial_of(plan, c) * rows + r) * Dk + d];
+            dq_i[d * bp->dq_s[3]] = acc;
+        }
+    }
+}
+
 attn_status ai_fused_backward(const attn_bwd_params *bp, void *ws) {
     bwd_plan plan;
     make_plan(bp, &plan);  // cannot fail: the workspace query succeeded with the same bp
@@ -732,8 +778,7 @@ attn_status ai_fused_backward(const attn_bwd_params *bp, void *ws) {
         plan.sum = &sum;
         plan.open = &open;
     }
-    const int64_t rows = p->B * p->Hq * p->Lq, Dk = p->Dk;
-    const int64_t row_chunks = (rows + 255) / 256;
+    const int64_t rows = p->B * p->Hq * p->Lq;
     /* options.d_bias: every logit's gradient into d_bias itself (in place) or the
      * (B, Hq, Lq, Lk) array, from 0 (the tiles no row reads are never visited) */
     const bool batch_shared = d_bias_in_place(bp) && !bp->d_bias_full;
@@ -749,43 +794,11 @@ attn_status ai_fused_backward(const attn_bwd_params *bp, void *ws) {
         memcpy(plan.gb_s, gs, sizeof gs);
     }
 
-#pragma omp parallel num_threads(p->threads) if (attn_run_parallel(p, ATTN_TEAM_BACKWARD_PASSES))
-    {
-        const int tid = attn_thread_num();
-        const bwd_scratch w = carve(&plan, base + (size_t)tid * plan.thread_bytes);
-#pragma omp for schedule(static)
-        for (int64_t rc = 0; rc < row_chunks; rc++)
-            row_dots(bp, D, rc * 256, rows - rc * 256 < 256 ? rows - rc * 256 : 256);
-        /* implicit barrier: every D_i is ready */
-        if (bp->d_sinks) {
-#pragma omp for schedule(static)
-            for (int64_t h = 0; h < p->Hq; h++) bp->d_sinks[h * bp->d_sinks_s] = sink_grad(bp, D, h);
-        }
-        if (batch_shared && p->B > 1) {
-            /* a bias shared by the batch, its gradient in place: an item's (g, c) for every
-             * batch in turn, the first storing, the rest adding (the same order for any
-             * thread count) */
-            const int64_t per_b = plan.items / p->B;
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t u = 0; u < per_b; u++)
-                for (int64_t b = 0; b < p->B; b++) item_backward(bp, &plan, &w, D, part, b * per_b + u, b > 0);
-        } else {
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t u = 0; u < plan.items; u++) item_backward(bp, &plan, &w, D, part, u, false);
-        }
-        /* dq = the chunks' partials summed in chunk order (chunk 0's in dq itself where
-         * in place: the others added to it; C = 1 in place: done) */
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < (partial_of(&plan, plan.chunks) > 0 ? rows : 0); r++) {
-            const int64_t i = r % p->Lq, bh = r / p->Lq, h = bh % p->Hq, b = bh / p->Hq;
-            float *dq_i = bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1] + i * bp->dq_s[2];
-            for (int64_t d = 0; d < Dk; d++) {
-                float acc = plan.in_place ? dq_i[d] : part[r * Dk + d];
-                for (int64_t c = 1; c < plan.chunks; c++)
-                    acc += part[(partial_of(&plan, c) * rows + r) * Dk + d];
-                dq_i[d * bp->dq_s[3]] = acc;
-            }
-        }
+    if (attn_run_parallel(p, ATTN_TEAM_BACKWARD_PASSES)) {  // team.h
+#pragma omp parallel num_threads(p->threads)
+        bwd_run(bp, &plan, base, D, part, batch_shared);
+    } else {
+        bwd_run(bp, &plan, base, D, part, batch_shared);
     }
     if (bp->d_bias && !plan.gb_direct) ai_d_bias_reduce(bp, plan.gb, false);
     return ATTN_OK;
