@@ -122,6 +122,9 @@ def _numpy_dtype(name: str) -> Any:
     return np.dtype(ml_dtypes.bfloat16)
 
 
+_TORCH_DTYPES: dict = {}  # the extension's dtype names as torch dtypes, filled on first use
+
+
 def _allocator(query: Any, tensor_type: Optional[type]):
     """alloc(shape, which, dtype) for the C extension: the result's kind follows the query.
 
@@ -133,8 +136,10 @@ def _allocator(query: Any, tensor_type: Optional[type]):
     """
     if tensor_type is not None and isinstance(query, tensor_type):
         torch = sys.modules["torch"]
-        dtypes = {"float32": torch.float32, "float16": torch.float16,
-                  "bfloat16": torch.bfloat16, "float64": torch.float64}
+        if not _TORCH_DTYPES:
+            _TORCH_DTYPES.update(float32=torch.float32, float16=torch.float16,
+                                 bfloat16=torch.bfloat16, float64=torch.float64)
+        dtypes = _TORCH_DTYPES
         order = _query_order(query)
 
         def alloc(shape, which, dtype):
@@ -154,7 +159,7 @@ def _query_order(query: Any) -> Optional[list]:
     than 1 by stride (ties in their own order), each size-1 one in its own place, the last
     always last; None where that is the natural order or the query has under 3 dims."""
     n = query.dim()
-    if n < 3:
+    if n < 3 or query.is_contiguous():  # contiguous: the natural order
         return None
     size, stride = query.shape, query.stride()
     if any(stride[i] == 0 and size[i] > 1 for i in range(n)):
@@ -260,10 +265,19 @@ def _traced_ops(tensor_type: Optional[type], *xs: Any) -> Any:
     on torch tensors is traced (torch.compile, torch.export, fake tensors: torch_op.traced),
     so that it goes through a custom op the tracer keeps in the graph; None otherwise
     (eager: the extension is called directly)."""
-    if tensor_type is None or not any(isinstance(x, tensor_type) for x in xs):
+    global _TORCH_OP
+    for x in xs:
+        if tensor_type is not None and isinstance(x, tensor_type):
+            break
+    else:
         return None
-    from .integrations import torch_op  # noqa: PLC0415 — imports torch, loaded already
-    return torch_op if torch_op.traced(*xs) else None
+    if _TORCH_OP is None:
+        from .integrations import torch_op  # noqa: PLC0415 — imports torch, loaded already
+        _TORCH_OP = torch_op
+    return _TORCH_OP if _TORCH_OP.traced(*xs) else None
+
+
+_TORCH_OP = None  # attn.integrations.torch_op once a torch tensor has arrived
 
 
 _FUNCTION = None

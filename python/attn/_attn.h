@@ -1,6 +1,7 @@
 /*
  * _attn.h — what the files of the CPython extension attn._attn share: a tensor imported
- *           from Python without a copy (`imported`: buffer protocol or DLPack), the
+ *           from Python without a copy (`imported`: buffer protocol, DLPack, or a PyTorch
+ *           tensor's own attributes), the
  *           library's errors raised as Python exceptions, and the inputs of a forward or
  *           backward call (`call_inputs`: query, key, value and the masks, broadcast to the
  *           library's [B, H, L, D] views, with the options).
@@ -38,10 +39,11 @@ enum { MAX_DIMS = 8 };
 
 typedef struct imported {
     const char *arg;            /* the Python argument's name, used in every message   */
-    const char *via;            /* "buffer" or "dlpack"                                */
+    const char *via;            /* "buffer", "dlpack" or "torch"                        */
     Py_buffer view;             /* buffer protocol: released by imported_release        */
     bool has_view;
     PyObject *capsule;          /* DLPack: the capsule, renamed "used_dltensor"         */
+    PyObject *owned;            /* torch: a tensor made for the call (resolve_neg)      */
     dl_managed_tensor *managed; /* DLPack: ours to delete once the call is done         */
     void *data;                 /* element [0, ..., 0]                                  */
     attn_dtype dtype;

@@ -1,8 +1,8 @@
 /*
  * _attn_import.c — one tensor of the CPython extension read from Python without a copy:
  *                  NumPy arrays through the buffer protocol (ml_dtypes' bfloat16 through a
- *                  uint16 view), anything else with __dlpack__ (PyTorch, JAX, ...) through
- *                  DLPack, as an `imported` view (_attn.h): dtype, shape, strides in
+ *                  uint16 view), PyTorch's own tensors from their attributes, anything
+ *                  else with __dlpack__ (JAX, tensor subclasses, ...) through DLPack, as an `imported` view (_attn.h): dtype, shape, strides in
  *                  elements. A GPU tensor, an unsupported dtype, a misaligned or
  *                  non-native-order buffer is refused with a message naming the argument.
  *
@@ -84,7 +84,7 @@ long long g_dlpack_taken, g_dlpack_released;
  * drops the last reference to an array, a buffer's release hook), so an exception being
  * raised is set aside meanwhile and restored after. */
 void imported_release(imported *t) {
-    if (!t->has_view && !t->managed && !t->capsule) return;
+    if (!t->has_view && !t->managed && !t->capsule && !t->owned) return;
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     if (t->has_view) PyBuffer_Release(&t->view);
@@ -97,6 +97,7 @@ void imported_release(imported *t) {
         t->managed = NULL;
     }
     Py_CLEAR(t->capsule);
+    Py_CLEAR(t->owned);
     PyErr_Restore(type, value, tb);
 }
 
@@ -328,6 +329,144 @@ static int import_dlpack(PyObject *obj, imported *t) {
     return 0;
 }
 
+/* ================================================================================
+ * PyTorch's own tensors, read from their attributes
+ *
+ * torch.Tensor's __dlpack__ and __dlpack_device__ are Python methods: the two took 4 us
+ * a tensor, a third of a short decoding call's time from Python (docs/PYTHON.md, "The
+ * cost of a call"). An object whose type is exactly torch.Tensor (not a subclass: those
+ * may override anything through __torch_function__, and go through DLPack) is read
+ * from data_ptr(), shape, stride() and dtype instead, the same memory DLPack would
+ * give, when it is a strided CPU tensor that does not require grad (the public calls
+ * detach first); anything else goes through DLPack and its messages. A tensor with the
+ * negative bit (torch._neg_view: its memory holds -x) is read through resolve_neg(), a
+ * copy of the values it stands for, where DLPack would export the memory as it is.
+ * ================================================================================ */
+
+enum { TORCH_DTYPES = 7 };
+static PyObject *g_torch_tensor;              /* torch.Tensor, once seen               */
+static PyObject *g_torch_strided;             /* torch.strided                         */
+static PyObject *g_torch_dtype[TORCH_DTYPES]; /* torch.float32, ... as k_torch_attn    */
+static const attn_dtype k_torch_attn[TORCH_DTYPES] = {ATTN_F32, ATTN_F64, ATTN_F16, ATTN_BF16,
+                                                      ATTN_BOOL, ATTN_I32, ATTN_I64};
+static const char *const k_torch_names[TORCH_DTYPES] = {"float32", "float64", "float16",
+                                                        "bfloat16", "bool", "int32", "int64"};
+
+/* torch's Tensor type, strided layout and dtypes from the loaded torch module (kept for
+ * the process); false, with no exception, where torch is not loaded or lacks one. */
+static bool learn_torch(void) {
+    PyObject *name = PyUnicode_FromString("torch");
+    PyObject *torch = name ? PyImport_GetModule(name) : NULL;
+    Py_XDECREF(name);
+    bool ok = torch != NULL;
+    PyObject *tensor = ok ? PyObject_GetAttrString(torch, "Tensor") : NULL;
+    PyObject *strided = ok ? PyObject_GetAttrString(torch, "strided") : NULL;
+    PyObject *dtypes[TORCH_DTYPES] = {NULL};
+    for (int i = 0; ok && i < TORCH_DTYPES; i++)
+        ok = (dtypes[i] = PyObject_GetAttrString(torch, k_torch_names[i])) != NULL;
+    ok = ok && tensor && strided && PyType_Check(tensor);
+    if (ok) {
+        g_torch_tensor = tensor, g_torch_strided = strided;  // the references are kept
+        memcpy(g_torch_dtype, dtypes, sizeof dtypes);
+    } else {
+        Py_XDECREF(tensor);
+        Py_XDECREF(strided);
+        for (int i = 0; i < TORCH_DTYPES; i++) Py_XDECREF(dtypes[i]);
+    }
+    Py_XDECREF(torch);
+    PyErr_Clear();
+    return ok;
+}
+
+/* Whether obj's type is exactly torch.Tensor (learnt the first time an object of a type
+ * named "Tensor" arrives) */
+static bool is_torch_tensor(PyObject *obj) {
+    if (!g_torch_tensor && (strcmp(Py_TYPE(obj)->tp_name, "Tensor") != 0 || !learn_torch()))
+        return false;
+    return (PyObject *)Py_TYPE(obj) == g_torch_tensor;
+}
+
+/* obj.name() or obj.name as a C truth value; -1 with an exception on failure */
+static int torch_flag(PyObject *obj, const char *name, bool call) {
+    PyObject *x = call ? PyObject_CallMethod(obj, name, NULL) : PyObject_GetAttrString(obj, name);
+    if (!x) return -1;
+    const int r = PyObject_IsTrue(x);
+    Py_DECREF(x);
+    return r;
+}
+
+/* A tuple (or torch.Size) of n ints into out; -1 with an exception otherwise */
+static int torch_ints(PyObject *seq, int64_t *out, int n) {
+    if (!PyTuple_Check(seq) || PyTuple_GET_SIZE(seq) != n) {
+        PyErr_SetString(PyExc_TypeError, "expected a tuple of the tensor's rank");
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(seq, i));
+        if (out[i] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+/* obj (exactly torch.Tensor) into t from its attributes: 1 done, 0 not this path's
+ * (DLPack then reads it, or refuses it with its message), -1 an exception. */
+static int import_torch(PyObject *obj, imported *t) {
+    int r = torch_flag(obj, "is_cpu", false);
+    if (r <= 0) return r;
+    if ((r = torch_flag(obj, "requires_grad", false)) != 0) return r < 0 ? -1 : 0;
+    PyObject *layout = PyObject_GetAttrString(obj, "layout");
+    if (!layout) return -1;
+    Py_DECREF(layout);  // compared by identity: torch.strided is kept alive by g_torch_strided
+    if (layout != g_torch_strided) return 0;
+    PyObject *dtype = PyObject_GetAttrString(obj, "dtype");
+    if (!dtype) return -1;
+    Py_DECREF(dtype);  // likewise
+    int which = -1;
+    for (int i = 0; i < TORCH_DTYPES; i++)
+        if (dtype == g_torch_dtype[i]) which = i;
+    if (which < 0) return 0;
+    if ((r = torch_flag(obj, "is_neg", true)) != 0) {
+        if (r < 0) return -1;
+        PyObject *plain = PyObject_CallMethod(obj, "resolve_neg", NULL);
+        if (!plain) return -1;
+        if ((PyObject *)Py_TYPE(plain) != g_torch_tensor) {
+            Py_DECREF(plain);
+            return 0;
+        }
+        r = import_torch(plain, t);
+        if (r == 1) t->owned = plain;
+        else Py_DECREF(plain);
+        return r;
+    }
+    PyObject *shape = PyObject_GetAttrString(obj, "shape");
+    if (!shape) return -1;
+    const Py_ssize_t ndim = PyTuple_Check(shape) ? PyTuple_GET_SIZE(shape) : -1;
+    if (ndim < 0 || ndim > MAX_DIMS) {
+        Py_DECREF(shape);
+        return 0;
+    }
+    PyObject *stride = PyObject_CallMethod(obj, "stride", NULL);
+    PyObject *ptr = stride ? PyObject_CallMethod(obj, "data_ptr", NULL) : NULL;
+    const int ok = ptr && torch_ints(shape, t->shape, (int)ndim) == 0 &&
+                   torch_ints(stride, t->stride, (int)ndim) == 0;
+    void *data = ok ? PyLong_AsVoidPtr(ptr) : NULL;
+    Py_DECREF(shape);
+    Py_XDECREF(stride);
+    Py_XDECREF(ptr);
+    if (!ok || PyErr_Occurred()) return -1;
+    t->via = "torch";
+    t->dtype = k_torch_attn[which];
+    t->ndim = (int)ndim;
+    t->data = data;
+    const int64_t size = (int64_t)attn_dtype_size(t->dtype);
+    if (t->data && (uintptr_t)t->data % (uintptr_t)size != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: data at %p is not aligned to its %lld-byte "
+                     "elements", t->arg, t->data, (long long)size);
+        return -1;
+    }
+    return 1;
+}
+
 /* Whether obj is a NumPy array (or a subclass) of the bfloat16 dtype that ml_dtypes (and
  * so JAX) adds to NumPy. NumPy exports such an array neither as a buffer ("cannot include
  * dtype 'E' in a buffer") nor through DLPack, so import_tensor reads it through a uint16
@@ -374,7 +513,11 @@ int import_tensor(PyObject *obj, const char *arg, bool writable, imported *t) {
     memset(t, 0, sizeof *t);
     t->arg = arg;
     int rc;
-    if (is_numpy_bfloat16(obj)) {
+    if (is_torch_tensor(obj) && (rc = import_torch(obj, t)) != 0) {
+        if (rc > 0) rc = 0;
+    } else if (PyErr_Occurred()) {
+        rc = -1;
+    } else if (is_numpy_bfloat16(obj)) {
         /* obj.view("uint16"): the same memory and strides; the buffer keeps the view (and
          * through it obj) alive until imported_release. */
         PyObject *raw = PyObject_CallMethod(obj, "view", "s", "uint16");

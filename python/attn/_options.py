@@ -31,6 +31,8 @@ def _scalar(x: Any) -> Any:
 
 def flag(name: str, x: Any) -> bool:
     """is_causal, enable_gqa, return_lse, return_weights: a bool."""
+    if x is True or x is False:  # the common case first: this runs on every call
+        return x
     v = _scalar(x)
     if type(v) is not bool:
         raise TypeError("%s=%r: expected a bool, not %s" % (name, x, type(x).__name__))
@@ -39,6 +41,8 @@ def flag(name: str, x: Any) -> bool:
 
 def number(name: str, x: Any) -> float:
     """scale, softcap: a real number (not a bool, not a string)."""
+    if type(x) is float:  # the common case first
+        return x
     v = _scalar(x)
     if type(v) is bool or not isinstance(v, (int, float)):
         raise TypeError("%s=%r: expected a number, not %s" % (name, x, type(x).__name__))
@@ -54,6 +58,8 @@ def integer(name: str, x: Any, lo_hi: Tuple[int, int] = _INT64) -> int:
     0-d integer array or tensor (not a bool, not a float, not even 2.0) within lo_hi
     (int64 by default), else TypeError / ValueError. Never wraps (ctypes' int64 fields
     and NumPy's casts would), never truncates."""
+    if type(x) is int and lo_hi[0] <= x <= lo_hi[1]:  # the common case first
+        return x
     v = _scalar(x)
     if type(v) is bool or not isinstance(v, int):
         raise TypeError("%s=%r: expected an int, not %s" % (name, x, type(x).__name__))

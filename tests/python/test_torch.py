@@ -103,9 +103,38 @@ def test_strided_views_read_in_place():
     compare(q, k, v)
     compare(q, k.expand(2, 3, 20, 8), v, is_causal=True)
     d = _attn._describe(q)
-    assert d["via"] == "dlpack"
+    assert d["via"] == "torch"   # a torch.Tensor's own attributes, not DLPack's capsule
     assert d["data"] == q.data_ptr() and d["strides"] == q.stride()
     assert d["shape"] == tuple(q.shape)
+
+
+class _Sub(torch.Tensor):
+    """A tensor subclass: read through DLPack, not torch.Tensor's attributes."""
+
+
+def test_tensor_paths_agree():
+    """The same memory through torch.Tensor's attributes and through DLPack (a subclass),
+    for every dtype either reads, an offset strided view and an empty tensor."""
+    base = randn(3, 9, 4, 10)
+    views = [base.transpose(1, 2)[1:, :, 2:7, 1::3], base[:, :0], randn(5)]
+    views += [base.to(dt)[0, 1:3] for dt in (torch.float16, torch.bfloat16, torch.float64)]
+    views += [base[0] > 0, torch.arange(6, dtype=torch.int32)[1:], torch.arange(4)]
+    for x in views:
+        d, s = _attn._describe(x), _attn._describe(x.as_subclass(_Sub))
+        assert (d["via"], s["via"]) == ("torch", "dlpack")
+        for key in ("dtype", "shape", "strides"):
+            assert d[key] == s[key], (key, d, s)
+        if x.numel():
+            assert d["data"] == s["data"] == x.data_ptr()
+
+
+def test_negative_view_is_read_as_its_values():
+    """torch._neg_view's memory holds -x: attn reads the values the tensor stands for
+    (through resolve_neg), as PyTorch's own sdpa does."""
+    q, k, v = randn(1, 2, 5, 8), randn(1, 2, 7, 8, seed=1), randn(1, 2, 7, 8, seed=2)
+    nq = torch._neg_view(-q)
+    assert nq.is_neg() and torch.equal(nq, q)
+    assert torch.equal(sdpa(nq, k, v), sdpa(q, k, v))
 
 
 def test_expanded_kv_is_not_copied():
@@ -139,11 +168,17 @@ def test_requires_grad_inputs_are_read():
 
 
 def test_capsules_released():
+    """torch.Tensor is read from its attributes (no capsule); a subclass through DLPack,
+    each capsule taken deleted once."""
     q = randn(2, 2, 6, 8)
     taken0, released0 = _attn._dlpack_counts()
     sdpa(q, q, q, attn_mask=torch.ones(6, 6, dtype=torch.bool), kv_len=torch.tensor([6, 3]))
     taken, released = _attn._dlpack_counts()
-    assert taken - taken0 == released - released0 == 6   # q, k, v, mask, kv_len, output
+    assert taken - taken0 == released - released0 == 0
+    for x in (q, torch.ones(6, 6, dtype=torch.bool), torch.tensor([6, 3])):
+        _attn._describe(x.as_subclass(_Sub))
+    taken, released = _attn._dlpack_counts()
+    assert taken - taken0 == released - released0 == 3
 
 
 def test_contract_differences_from_torch():
@@ -269,7 +304,7 @@ def test_16_bit_strided_views_read_in_place(dtype):
     k, v = cache[:, :, 5:25], cache.flip(-1)[:, :, 10:30]
     compare_half(q, k, v, is_causal=True)
     d = _attn._describe(q)
-    assert d["via"] == "dlpack" and d["dtype"] == HALF[dtype]
+    assert d["via"] == "torch" and d["dtype"] == HALF[dtype]
     assert d["data"] == q.data_ptr() and d["strides"] == q.stride()
 
 

@@ -228,14 +228,21 @@ def forward_no_grad(query: Tensor, key: Tensor, value: Tensor, attn_mask: Option
     return out, weights
 
 
+try:  # looked up once: an import statement in _in_mode cost a short call 0.8 us
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+except ImportError:
+    _get_current_dispatch_mode = None
+
+
 def _in_mode() -> bool:
     """Whether a torch function or dispatch mode is active (a tracer, a flop counter, a
     device context): it sees the op, so the op must run. True where torch cannot say."""
+    if _get_current_dispatch_mode is None:
+        return True
     try:
-        from torch.utils._python_dispatch import _get_current_dispatch_mode  # noqa: PLC0415
         return (_get_current_dispatch_mode() is not None
                 or torch._C._len_torch_function_stack() > 0)
-    except (ImportError, AttributeError):
+    except AttributeError:
         return True
 
 
@@ -404,8 +411,13 @@ def traced(*tensors) -> bool:
     directly (the same bits, no dispatcher) when it is not."""
     if torch.compiler.is_compiling() or torch.compiler.is_exporting() or _in_mode():
         return True
-    return any(isinstance(x, Tensor) and type(x) not in (Tensor, torch.nn.Parameter)
-               for x in tensors)
+    for x in tensors:  # a loop, not any() over a generator: this runs on every call
+        if type(x) not in _PLAIN_TYPES and isinstance(x, Tensor):
+            return True
+    return False
+
+
+_PLAIN_TYPES = (Tensor, torch.nn.Parameter)
 
 
 def _as_tensor(x, dtype) -> Optional[Tensor]:
