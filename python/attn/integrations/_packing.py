@@ -98,6 +98,21 @@ def _mask_ok(mask: Optional[torch.Tensor], cu: torch.Tensor, L: int, causal: boo
     return ok
 
 
+def maybe_packed(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> bool:
+    """packed_sequences' tests that need no tensor's values, first: batch 1 and either
+    the four cu_seq_lens / max_length keywords, or position_ids with L = S. False: the
+    call is certainly not packed (a decoding step, any batch above 1)."""
+    if query.shape[0] != 1 or key.shape[0] != 1:
+        return False
+    if all(kwargs.get(n) is not None for n in _VARLEN_KEYWORDS):
+        return True
+    return query.shape[2] == key.shape[2] and isinstance(kwargs.get("position_ids"),
+                                                          torch.Tensor)
+
+
+_VARLEN_KEYWORDS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
 def packed_sequences(query: torch.Tensor, key: torch.Tensor, mask: Optional[torch.Tensor],
                      causal: bool, window_left: int, kwargs: dict
                      ) -> Optional[Tuple[torch.Tensor, torch.Tensor, int, int]]:

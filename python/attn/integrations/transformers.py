@@ -74,16 +74,27 @@ def _want_weights(kwargs) -> bool:
     """Whether the model asked for the attention weights: output_attentions in the call's
     keywords, or transformers' output collector (v5's capture_outputs hooks) recording
     "attentions" for this forward."""
+    global _COLLECTOR
     if kwargs.get("output_attentions"):
         return True
     if torch.compiler.is_compiling():
         return False
+    if _COLLECTOR is None:  # looked up once (an import statement on every call cost 1 us)
+        try:
+            from transformers.utils.output_capturing import _active_collector  # noqa: PLC0415
+            _COLLECTOR = _active_collector
+        except (ImportError, AttributeError):
+            _COLLECTOR = False
+    if _COLLECTOR is False:
+        return False
     try:
-        from transformers.utils.output_capturing import _active_collector  # noqa: PLC0415
-        collected = _active_collector.get()
-    except (ImportError, LookupError, AttributeError):
+        collected = _COLLECTOR.get()
+    except (LookupError, AttributeError):
         return False
     return isinstance(collected, dict) and "attentions" in collected
+
+
+_COLLECTOR = None  # transformers' output collector (a ContextVar), False where it has none
 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -152,6 +163,8 @@ def _packed_forward(module, query, key, value, attention_mask, causal, scaling, 
     restarting at 0; _packing.py) as one attn.varlen_attention call without the mask:
     (1, L, H, Dv), or None where the call is not such a call (or wants the weights, or is
     traced: the varlen call is not a custom op) and takes the ordinary path."""
+    if not _packing.maybe_packed(query, key, kwargs):  # the cheap tests first
+        return None
     if torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch_op._in_mode():
         return None
     tensors = (query, key, value, attention_mask, sinks)
