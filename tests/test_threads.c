@@ -11,6 +11,9 @@
  * What it is not: a test of the numbers (test_forward, test_backward).
  */
 #include <pthread.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,6 +134,27 @@ int main(void) {
               "alone", t, w[t].mismatches, ROUNDS * NCALLS);
         free(w[t].r);
     }
+#ifdef _OPENMP
+    /* The same calls from inside the caller's own OpenMP team, each of its threads its own
+     * calls at once: a call's worksharing must bind to a team of the library's own (or to
+     * none), never to the caller's, and its scratch must be its own thread's. */
+    int omp_errors = 0, omp_mismatches = 0;
+#pragma omp parallel num_threads(4) reduction(+ : omp_errors, omp_mismatches)
+    {
+        worker ow = {.id = omp_get_thread_num(), .r = malloc(sizeof(result))};
+        if (ow.r) {
+            work(&ow);
+            free(ow.r);
+        } else {
+            ow.errors = 1;
+        }
+        omp_errors += ow.errors;
+        omp_mismatches += ow.mismatches;
+    }
+    CHECK(omp_errors == 0, "inside the caller's OpenMP team: %d calls failed", omp_errors);
+    CHECK(omp_mismatches == 0, "inside the caller's OpenMP team: %d results differ from the "
+          "same call alone", omp_mismatches);
+#endif
     printf("test_threads: %d threads x %d calls, compared bit for bit\n", NTHREADS,
            ROUNDS * NCALLS);
     return check_summary("test_threads");

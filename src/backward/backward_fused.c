@@ -713,50 +713,73 @@ static void item_backward(const attn_bwd_params *bp, const bwd_plan *plan, const
     }
 }
 
-/* The backward's work for one thread of the team, or for the calling thread alone: the
- * loops are orphaned worksharing constructs, so without a parallel region they run whole
- * on the caller, in the same order, with none of the team's barriers (system calls in
- * libgomp even for a team of one: docs/KERNELS.md, "Threads for tiny calls"). */
-static void bwd_run(const attn_bwd_params *bp, const bwd_plan *plan, char *base, float *D,
-                    float *part, bool batch_shared) {
+/* Row r of dQ: the chunks' partials summed in chunk order (chunk 0's in dq itself where
+ * in place: the others added to it) */
+static void dq_row(const attn_bwd_params *bp, const bwd_plan *plan, const float *part,
+                   int64_t rows, int64_t r) {
     const attn_params *p = &bp->fwd;
-    const int64_t rows = p->B * p->Hq * p->Lq, Dk = p->Dk;
+    const int64_t Dk = p->Dk;
+    const int64_t i = r % p->Lq, bh = r / p->Lq, h = bh % p->Hq, b = bh / p->Hq;
+    float *dq_i = bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1] + i * bp->dq_s[2];
+    for (int64_t d = 0; d < Dk; d++) {
+        float acc = plan->in_place ? dq_i[d] : part[r * Dk + d];
+        for (int64_t c = 1; c < plan->chunks; c++)
+            acc += part[(partial_of(plan, c) * rows + r) * Dk + d];
+        dq_i[d * bp->dq_s[3]] = acc;
+    }
+}
+
+/* The backward's work: for one thread of the team (team: its loops shared by the team's
+ * worksharing), or all of it on the calling thread with no OpenMP construct (as the
+ * forward's fused_run, src/forward/fused.c: no barrier's system call, and nothing that
+ * could bind to a caller's own parallel region). */
+static void bwd_run(const attn_bwd_params *bp, const bwd_plan *plan, char *base, float *D,
+                    float *part, bool batch_shared, bool team) {
+    const attn_params *p = &bp->fwd;
+    const int64_t rows = p->B * p->Hq * p->Lq;
     const int64_t row_chunks = (rows + 255) / 256;
-    const int tid = attn_thread_num();
-    const bwd_scratch w = carve(plan, base + (size_t)tid * plan->thread_bytes);
+    const bwd_scratch w = carve(plan, base + (size_t)(team ? attn_thread_num() : 0) *
+                                                 plan->thread_bytes);
+    const int64_t sink_heads = bp->d_sinks ? p->Hq : 0;
+    /* a bias shared by the batch, its gradient in place: an item's (g, c) for every batch
+     * in turn, the first storing, the rest adding (the same order for any thread count) */
+    const bool by_batch = batch_shared && p->B > 1;
+    const int64_t per_b = by_batch ? plan->items / p->B : 0, units = by_batch ? per_b : plan->items;
+    const int64_t dq_rows = partial_of(plan, plan->chunks) > 0 ? rows : 0;
+    if (team) {
 #pragma omp for schedule(static)
+        for (int64_t rc = 0; rc < row_chunks; rc++)
+            row_dots(bp, D, rc * 256, rows - rc * 256 < 256 ? rows - rc * 256 : 256);
+        /* implicit barrier: every D_i is ready */
+        if (sink_heads > 0) {
+#pragma omp for schedule(static)
+            for (int64_t h = 0; h < sink_heads; h++) bp->d_sinks[h * bp->d_sinks_s] = sink_grad(bp, D, h);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t u = 0; u < units; u++) {
+            if (!by_batch) {
+                item_backward(bp, plan, &w, D, part, u, false);
+                continue;
+            }
+            for (int64_t b = 0; b < p->B; b++) item_backward(bp, plan, &w, D, part, b * per_b + u, b > 0);
+        }
+        if (dq_rows > 0) {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < dq_rows; r++) dq_row(bp, plan, part, rows, r);
+        }
+        return;
+    }
     for (int64_t rc = 0; rc < row_chunks; rc++)
         row_dots(bp, D, rc * 256, rows - rc * 256 < 256 ? rows - rc * 256 : 256);
-    /* implicit barrier: every D_i is ready */
-    if (bp->d_sinks) {
-#pragma omp for schedule(static)
-        for (int64_t h = 0; h < p->Hq; h++) bp->d_sinks[h * bp->d_sinks_s] = sink_grad(bp, D, h);
-    }
-    if (batch_shared && p->B > 1) {
-        /* a bias shared by the batch, its gradient in place: an item's (g, c) for every
-         * batch in turn, the first storing, the rest adding (the same order for any
-         * thread count) */
-        const int64_t per_b = plan->items / p->B;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t u = 0; u < per_b; u++)
-            for (int64_t b = 0; b < p->B; b++) item_backward(bp, plan, &w, D, part, b * per_b + u, b > 0);
-    } else {
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t u = 0; u < plan->items; u++) item_backward(bp, plan, &w, D, part, u, false);
-    }
-    /* dq = the chunks' partials summed in chunk order (chunk 0's in dq itself where
-     * in place: the others added to it; C = 1 in place: done) */
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < (partial_of(plan, plan->chunks) > 0 ? rows : 0); r++) {
-        const int64_t i = r % p->Lq, bh = r / p->Lq, h = bh % p->Hq, b = bh / p->Hq;
-        float *dq_i = bp->dq + b * bp->dq_s[0] + h * bp->dq_s[1] + i * bp->dq_s[2];
-        for (int64_t d = 0; d < Dk; d++) {
-            float acc = plan->in_place ? dq_i[d] : part[r * Dk + d];
-            for (int64_t c = 1; c < plan->chunks; c++)
-                acc += part[(partial_of(plan, c) * rows + r) * Dk + d];
-            dq_i[d * bp->dq_s[3]] = acc;
+    for (int64_t h = 0; h < sink_heads; h++) bp->d_sinks[h * bp->d_sinks_s] = sink_grad(bp, D, h);
+    for (int64_t u = 0; u < units; u++) {
+        if (!by_batch) {
+            item_backward(bp, plan, &w, D, part, u, false);
+            continue;
         }
+        for (int64_t b = 0; b < p->B; b++) item_backward(bp, plan, &w, D, part, b * per_b + u, b > 0);
     }
+    for (int64_t r = 0; r < dq_rows; r++) dq_row(bp, plan, part, rows, r);
 }
 
 attn_status ai_fused_backward(const attn_bwd_params *bp, void *ws) {
@@ -796,9 +819,9 @@ attn_status ai_fused_backward(const attn_bwd_params *bp, void *ws) {
 
     if (attn_run_parallel(p, ATTN_TEAM_BACKWARD_PASSES)) {  // team.h
 #pragma omp parallel num_threads(p->threads)
-        bwd_run(bp, &plan, base, D, part, batch_shared);
+        bwd_run(bp, &plan, base, D, part, batch_shared, true);
     } else {
-        bwd_run(bp, &plan, base, D, part, batch_shared);
+        bwd_run(bp, &plan, base, D, part, batch_shared, false);
     }
     if (bp->d_bias && !plan.gb_direct) ai_d_bias_reduce(bp, plan.gb, false);
     return ATTN_OK;

@@ -676,50 +676,67 @@ static void fold_sinks(const attn_params *p, const fused_block *blk, const fused
         ai_merge_sink(&w->m[r], &w->l[r], w->acc + r * p->Dv, p->Dv, attn_sink(p, w->h[r]));
 }
 
-/* The forward's work for one thread of the team, or for the calling thread alone: the
- * loops are orphaned worksharing constructs, so without a parallel region they run
- * whole on the caller, with none of the team's barriers (each of which woke a futex,
- * 0.2 us of a short call's 3 us: docs/KERNELS.md, "Threads for tiny calls"). */
-static void fused_run(const attn_params *given, const attn_params *p, const fused_plan *pl,
-                      char *base, float *part) {
+/* One unit of the forward's work: a block whole (then its store and weights), or one
+ * chunk of a split block (then its partial). */
+static void fused_unit(const attn_params *p, const fused_plan *plan, const fused_scratch *w,
+                       float *part, int64_t u) {
     const attn_kernels *kern = p->kernels;
-    const fused_plan plan = *pl;
-    const int64_t units = plan.items * plan.split;
-    const int tid = attn_thread_num();
-    const fused_scratch w = carve(&plan, base + (size_t)tid * plan.thread_bytes);
-    if (p != given) {
+    const fused_block blk = item_rows(p, plan, w, u / plan->split);
+    if (plan->split == 1) {
+        block_sweep(p, kern, plan, w, &blk, blk.jmin, blk.jmax);
+        if (p->sinks) fold_sinks(p, &blk, w);
+        block_store(p, &blk, w->m, w->l, w->acc, w->h, w->i);
+        if (p->weights) fused_block_weights(p, kern, plan, w, &blk);
+        return;
+    }
+    /* one chunk of a split item: its keys within the block's range */
+    const int64_t c = u % plan->split;
+    int64_t ja = c * plan->split_keys, jb = ja + plan->split_keys;
+    if (ja < blk.jmin) ja = blk.jmin;
+    if (jb > blk.jmax) jb = blk.jmax;
+    block_sweep(p, kern, plan, w, &blk, ja, ja < jb ? jb : ja);
+    float *pc = part + (size_t)u * plan->partial_floats;
+    memcpy(pc, w->m, plan->bq * sizeof(float));
+    memcpy(pc + plan->bq, w->l, plan->bq * sizeof(float));
+    memcpy(pc + 2 * plan->bq, w->acc, (size_t)(blk.n * p->Dv) * sizeof(float));
+}
+
+/* A split item's chunks merged, then stored */
+static void fused_merge(const attn_params *p, const fused_plan *plan, const fused_scratch *w,
+                        const float *part, int64_t t) {
+    const fused_block blk = item_rows(p, plan, w, t);
+    merge_partials(p, plan, &blk, part + (size_t)(t * plan->split) * plan->partial_floats, w);
+    if (p->sinks) fold_sinks(p, &blk, w);
+    block_store(p, &blk, w->m, w->l, w->acc, w->h, w->i);
+}
+
+/* The forward's work: for one thread of the team (team: its loops shared by the team's
+ * worksharing), or all of it on the calling thread, with no OpenMP construct at all: a
+ * parallel region with its if clause false still ran its loops' barriers, and libgomp
+ * wakes a futex at each even in a team of one (0.6 us of a 3.3 us call: docs/KERNELS.md,
+ * "Threads for tiny calls"). Not orphaned worksharing either: called from inside the
+ * caller's own parallel region, that would bind to the caller's team. */
+static void fused_run(const attn_params *given, const attn_params *p, const fused_plan *plan,
+                      char *base, float *part, bool team) {
+    const fused_scratch w = carve(plan, base + (size_t)(team ? attn_thread_num() : 0) *
+                                                   plan->thread_bytes);
+    const int64_t copies = p != given ? 2 * p->B * p->Hkv : 0, units = plan->items * plan->split;
+    const int64_t merges = plan->split > 1 ? plan->items : 0;
+    if (team) {  // each loop where it has work: an empty one would still be a barrier
+        if (copies > 0) {
 #pragma omp for schedule(static)
-        for (int64_t s = 0; s < 2 * p->B * p->Hkv; s++) fused_dense_copy(given, p, s);
-    }
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t u = 0; u < units; u++) {
-        const fused_block blk = item_rows(p, &plan, &w, u / plan.split);
-        if (plan.split == 1) {
-            block_sweep(p, kern, &plan, &w, &blk, blk.jmin, blk.jmax);
-            if (p->sinks) fold_sinks(p, &blk, &w);
-            block_store(p, &blk, w.m, w.l, w.acc, w.h, w.i);
-            if (p->weights) fused_block_weights(p, kern, &plan, &w, &blk);
-            continue;
+            for (int64_t s = 0; s < copies; s++) fused_dense_copy(given, p, s);
         }
-        /* one chunk of a split item: its keys within the block's range */
-        const int64_t c = u % plan.split;
-        int64_t ja = c * plan.split_keys, jb = ja + plan.split_keys;
-        if (ja < blk.jmin) ja = blk.jmin;
-        if (jb > blk.jmax) jb = blk.jmax;
-        block_sweep(p, kern, &plan, &w, &blk, ja, ja < jb ? jb : ja);
-        float *pc = part + (size_t)u * plan.partial_floats;
-        memcpy(pc, w.m, plan.bq * sizeof(float));
-        memcpy(pc + plan.bq, w.l, plan.bq * sizeof(float));
-        memcpy(pc + 2 * plan.bq, w.acc, (size_t)(blk.n * p->Dv) * sizeof(float));
-    }
-    if (plan.split > 1) {
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < plan.items; t++) {
-            const fused_block blk = item_rows(p, &plan, &w, t);
-            merge_partials(p, &plan, &blk, part + (size_t)(t * plan.split) * plan.partial_floats, &w);
-            if (p->sinks) fold_sinks(p, &blk, &w);
-            block_store(p, &blk, w.m, w.l, w.acc, w.h, w.i);
+        for (int64_t u = 0; u < units; u++) fused_unit(p, plan, &w, part, u);
+        if (merges > 0) {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < merges; t++) fused_merge(p, plan, &w, part, t);
         }
+    } else {
+        for (int64_t s = 0; s < copies; s++) fused_dense_copy(given, p, s);
+        for (int64_t u = 0; u < units; u++) fused_unit(p, plan, &w, part, u);
+        for (int64_t t = 0; t < merges; t++) fused_merge(p, plan, &w, part, t);
     }
 }
 
@@ -748,9 +765,9 @@ attn_status ai_fused_forward(const attn_params *given, void *ws) {
     }
     if (attn_run_parallel(p, 1.0)) {  // team.h
 #pragma omp parallel num_threads(p->threads)
-        fused_run(given, p, &plan, base, part);
+        fused_run(given, p, &plan, base, part, true);
     } else {
-        fused_run(given, p, &plan, base, part);
+        fused_run(given, p, &plan, base, part, false);
     }
     return ATTN_OK;
 }
