@@ -167,7 +167,7 @@ struct attn_kernels {
                const float *qt, int64_t ldq, const float *k, int64_t ldk, float scale,
                float *s, int64_t lds);
     /* qk reads q alone, never qt, when n <= qk_q_rows (0: it may read qt for any n): the
-     * framework then leaves qt unpacked (a decoding block's Qᵀ cost a tenth of a short
+     * framework then leaves qt unpacked (a decoding block's Qᵀ cost a sixth of a short
      * call's time; docs/KERNELS.md, "Threads for tiny calls"). */
     int64_t qk_q_rows;
 
