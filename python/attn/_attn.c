@@ -22,8 +22,9 @@
 PyDoc_STRVAR(describe_doc,
 "_describe(obj) -> dict\n--\n\n"
 "Private, for the tests: what forward() would read from obj, through the same import\n"
-"(buffer protocol or DLPack): {'data': address of element [0, ..., 0], 'dtype',\n"
-"'shape', 'strides' (in elements), 'via': 'buffer', 'dlpack' or 'torch'}. Nothing is copied.");
+"(buffer protocol, a torch.Tensor's attributes, or DLPack): {'data': address of element\n"
+"[0, ..., 0], 'dtype', 'shape', 'strides' (in elements), 'via': 'buffer', 'dlpack' or\n"
+"'torch'}. Nothing is copied.");
 
 static PyObject *py_describe(PyObject *self, PyObject *obj) {
     imported t;

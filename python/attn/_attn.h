@@ -1,10 +1,10 @@
 /*
  * _attn.h — what the files of the CPython extension attn._attn share: a tensor imported
  *           from Python without a copy (`imported`: buffer protocol, DLPack, or a PyTorch
- *           tensor's own attributes), the
- *           library's errors raised as Python exceptions, and the inputs of a forward or
- *           backward call (`call_inputs`: query, key, value and the masks, broadcast to the
- *           library's [B, H, L, D] views, with the options).
+ *           tensor's own attributes), the library's errors raised as Python exceptions,
+ *           and the inputs of a forward or backward call (`call_inputs`: query, key,
+ *           value and the masks, broadcast to the library's [B, H, L, D] views, with the
+ *           options).
  *
  * The files, each owning one part (setup.py lists them):
  *   _attn.c           the module: its method table, init, and the small helpers for tests

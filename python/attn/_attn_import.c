@@ -2,9 +2,10 @@
  * _attn_import.c — one tensor of the CPython extension read from Python without a copy:
  *                  NumPy arrays through the buffer protocol (ml_dtypes' bfloat16 through a
  *                  uint16 view), PyTorch's own tensors from their attributes, anything
- *                  else with __dlpack__ (JAX, tensor subclasses, ...) through DLPack, as an `imported` view (_attn.h): dtype, shape, strides in
- *                  elements. A GPU tensor, an unsupported dtype, a misaligned or
- *                  non-native-order buffer is refused with a message naming the argument.
+ *                  else with __dlpack__ (JAX, tensor subclasses, ...) through DLPack, as
+ *                  an `imported` view (_attn.h): dtype, shape, strides in elements. A
+ *                  GPU tensor, an unsupported dtype, a misaligned or non-native-order
+ *                  buffer is refused with a message naming the argument.
  *
  * What it is not: the broadcasting of a call's inputs or the mapping of the library's
  * errors (_attn_inputs.c). Strides are converted from bytes (buffer protocol) to elements;
