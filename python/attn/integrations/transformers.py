@@ -57,7 +57,7 @@ backend takes it:
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 
@@ -68,6 +68,24 @@ from . import _packing, _padding, torch_op
 __all__ = ["attention_forward", "register", "NAME"]
 
 NAME = "attn"
+
+
+def _module_attr(module: Any, name: str, default: Any = None) -> Any:
+    """getattr(module, name, default) for a plain attribute of the layer (sliding_window,
+    is_causal), without torch.nn.Module.__getattr__ where that is all a miss would reach:
+    it looks only in the parameters, buffers and submodules, and its AttributeError took
+    2 us of every decoding call (a Llama layer has no sliding_window). A class with a
+    __getattr__ of its own (a wrapper that forwards) is asked as getattr asks it, and so
+    is every module under torch.compile (dynamo does not trace object.__getattribute__)."""
+    if torch.compiler.is_compiling():
+        return getattr(module, name, default)
+    try:
+        return object.__getattribute__(module, name)
+    except AttributeError:
+        pass
+    if getattr(type(module), "__getattr__", None) in (None, torch.nn.Module.__getattr__):
+        return default
+    return getattr(module, name, default)
 
 
 def _want_weights(kwargs) -> bool:
@@ -116,7 +134,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     sinks = kwargs.get("s_aux")
 
     L, S = query.shape[2], key.shape[2]
-    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if is_causal is None:
+        is_causal = _module_attr(module, "is_causal", True)
     if position_bias is None:
         out = _packed_forward(module, query, key, value, attention_mask, bool(is_causal),
                               scaling, dropout, seed, sinks, kwargs)
@@ -133,7 +152,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         is_causal = False
 
     window = (-1, -1)
-    sliding = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
+    sliding = (kwargs["sliding_window"] if "sliding_window" in kwargs
+               else _module_attr(module, "sliding_window"))
     if sliding and is_causal and L == S:
         window = (_options.integer("sliding_window", sliding) - 1, 0)  # keep j > i - sliding_window, as sdpa_mask's
 
@@ -172,7 +192,8 @@ def _packed_forward(module, query, key, value, attention_mask, causal, scaling, 
         return None
     if query.device.type != "cpu" or _want_weights(kwargs):
         return None
-    sliding = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
+    sliding = (kwargs["sliding_window"] if "sliding_window" in kwargs
+               else _module_attr(module, "sliding_window"))
     if sliding and not causal:
         return None
     window_left = _options.integer("sliding_window", sliding) - 1 if sliding else -1
