@@ -266,8 +266,10 @@ def _traced_ops(tensor_type: Optional[type], *xs: Any) -> Any:
     so that it goes through a custom op the tracer keeps in the graph; None otherwise
     (eager: the extension is called directly)."""
     global _TORCH_OP
-    for x in xs:
-        if tensor_type is not None and isinstance(x, tensor_type):
+    if tensor_type is None:
+        return None
+    for x in xs:  # a loop, not any() over a generator: this runs on every call
+        if isinstance(x, tensor_type):
             break
     else:
         return None

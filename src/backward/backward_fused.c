@@ -729,6 +729,18 @@ static void dq_row(const attn_bwd_params *bp, const bwd_plan *plan, const float 
     }
 }
 
+/* Unit u of the backward's items: item u; or, per_b > 0 (a bias shared by the batch, its
+ * gradient in place), item (g, c) = u for every batch in turn, the first storing, the
+ * rest adding (the same order for any thread count) */
+static void bwd_unit(const attn_bwd_params *bp, const bwd_plan *plan, const bwd_scratch *w,
+                     const float *D, float *part, int64_t u, int64_t per_b) {
+    if (per_b == 0) {
+        item_backward(bp, plan, w, D, part, u, false);
+        return;
+    }
+    for (int64_t b = 0; b < bp->fwd.B; b++) item_backward(bp, plan, w, D, part, b * per_b + u, b > 0);
+}
+
 /* The backward's work: for one thread of the team (team: its loops shared by the team's
  * worksharing), or all of it on the calling thread with no OpenMP construct (as the
  * forward's fused_run, src/forward/fused.c: no barrier's system call, and nothing that
@@ -741,10 +753,8 @@ static void bwd_run(const attn_bwd_params *bp, const bwd_plan *plan, char *base,
     const bwd_scratch w = carve(plan, base + (size_t)(team ? attn_thread_num() : 0) *
                                                  plan->thread_bytes);
     const int64_t sink_heads = bp->d_sinks ? p->Hq : 0;
-    /* a bias shared by the batch, its gradient in place: an item's (g, c) for every batch
-     * in turn, the first storing, the rest adding (the same order for any thread count) */
-    const bool by_batch = batch_shared && p->B > 1;
-    const int64_t per_b = by_batch ? plan->items / p->B : 0, units = by_batch ? per_b : plan->items;
+    const int64_t per_b = batch_shared && p->B > 1 ? plan->items / p->B : 0;
+    const int64_t units = per_b > 0 ? per_b : plan->items;
     const int64_t dq_rows = partial_of(plan, plan->chunks) > 0 ? rows : 0;
     if (team) {
 #pragma omp for schedule(static)
@@ -756,13 +766,7 @@ static void bwd_run(const attn_bwd_params *bp, const bwd_plan *plan, char *base,
             for (int64_t h = 0; h < sink_heads; h++) bp->d_sinks[h * bp->d_sinks_s] = sink_grad(bp, D, h);
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t u = 0; u < units; u++) {
-            if (!by_batch) {
-                item_backward(bp, plan, &w, D, part, u, false);
-                continue;
-            }
-            for (int64_t b = 0; b < p->B; b++) item_backward(bp, plan, &w, D, part, b * per_b + u, b > 0);
-        }
+        for (int64_t u = 0; u < units; u++) bwd_unit(bp, plan, &w, D, part, u, per_b);
         if (dq_rows > 0) {
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < dq_rows; r++) dq_row(bp, plan, part, rows, r);
@@ -772,13 +776,7 @@ static void bwd_run(const attn_bwd_params *bp, const bwd_plan *plan, char *base,
     for (int64_t rc = 0; rc < row_chunks; rc++)
         row_dots(bp, D, rc * 256, rows - rc * 256 < 256 ? rows - rc * 256 : 256);
     for (int64_t h = 0; h < sink_heads; h++) bp->d_sinks[h * bp->d_sinks_s] = sink_grad(bp, D, h);
-    for (int64_t u = 0; u < units; u++) {
-        if (!by_batch) {
-            item_backward(bp, plan, &w, D, part, u, false);
-            continue;
-        }
-        for (int64_t b = 0; b < p->B; b++) item_backward(bp, plan, &w, D, part, b * per_b + u, b > 0);
-    }
+    for (int64_t u = 0; u < units; u++) bwd_unit(bp, plan, &w, D, part, u, per_b);
     for (int64_t r = 0; r < dq_rows; r++) dq_row(bp, plan, part, rows, r);
 }
 
