@@ -334,7 +334,7 @@ static int run_shape(int64_t B, int64_t Hq, int64_t Lk, attn_dtype dt, int reps,
         else snprintf(name, sizeof name, "paged %lld", (long long)PAGE_SIZES[s - 1]);
         /* the compute bound of the contiguous row's arithmetic (decode_bound.h); the
          * bound = min(read, compute) as rates */
-        const double cg = dec_compute_gbs(dt, Hq / Hkv, D, kv_bytes, 2.0 * (double)(B * Hkv * Lk * D), nt);
+        const double cg = dec_compute_gbs(dt, Hq / Hkv, D, false, false, kv_bytes, 2.0 * (double)(B * Hkv * Lk * D), nt);
         const double bound = cg > 0 && cg < rb ? cg : rb;  // no model (n/a): the read alone
         char cgs[16];
         printf("decode B=%lld Hq=%lld Lk=%lld %-8s %-11s %8.3f ms %7.1f GB/s  read %6.1f GB/s  %5.1f%% read  "
@@ -422,7 +422,7 @@ static void in_cache_rows(void) {
             char model[16];
             printf("in cache: %-8s Hq/Hkv %lld  %6.1f cycles a key (model %s; the whole call at Lk 256: "
                    "%6.1f a key)\n", attn_dtype_name(dt), (long long)g, (c256 - c64) / (double)(Lk - 64),
-                   dec_fmt(model, sizeof model, 5, 1, dec_s_per_elem(dt, g, D) * 2.0 * (double)D * g_hz),
+                   dec_fmt(model, sizeof model, 5, 1, dec_s_per_elem(dt, g, D, false, false) * 2.0 * (double)D * g_hz),
                    c256 / (double)Lk);
         }
         free(k), free(v), free(kf), free(vf), free(q), free(o);

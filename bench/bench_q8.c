@@ -214,7 +214,8 @@ int bench_q8(int argc, char **argv) {
         const double bytes = c[i].bytes_per_elem * 2.0 * (double)nkv;
         if (i == 1) ms_bf16 = med;
         /* bound = min(read, compute) as rates */
-        const double cg = dec_compute_gbs(c[i].dt, Hq / Hkv, D, bytes, 2.0 * (double)nkv, nt);
+        const double cg = dec_compute_gbs(c[i].dt, Hq / Hkv, D, dec_fp8_scaled(c[i].dt, c[i].k_scale),
+                                          dec_fp8_scaled(c[i].dt, c[i].v_scale), bytes, 2.0 * (double)nkv, nt);
         const double bound = cg > 0 && cg < bwm ? cg : bwm;  // no model (n/a): the read alone
         char cgs[24];
         printf("  %-8s %10.4f %9.1f %9.3f %11.2f %11.2f %8.1f%% %10.1f %12s %8.1f%%", c[i].name,

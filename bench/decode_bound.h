@@ -47,6 +47,7 @@
 
 typedef struct dec_loop {
     double ins, fma, ld, elems;  // one iteration, and the cached elements it reads (ins 0: not counted)
+    double sc;  // more FMA-port multiplies an iteration where an fp8 scale stays on the values
 } dec_loop;
 
 typedef struct dec_loops {
@@ -59,36 +60,38 @@ typedef struct dec_loops {
 static const dec_loops DEC_LOOPS[] = {
     /* objdump -d build/obj/kernels/avx2/decode.o, the 4-row loops of ai_decode_avx2 (P·V
      * recounted after af1ca94: its key loop asks for a line every key, no test); 8 lanes */
-    {"avx2", "avx2", ATTN_F32, {13, 8, 10, 16}, {22, 8, 6, 16}},
-    {"avx2", "avx2", ATTN_BF16, {28, 16, 20, 32}, {24, 8, 6, 16}},
-    {"avx2", "avx2", ATTN_F16, {23, 8, 10, 16}, {22, 8, 6, 16}},
-    {"avx2", "avx2", ATTN_Q8_0, {93, 32, 48, 64}, {32, 8, 7, 16}},
+    {"avx2", "avx2", ATTN_F32, {13, 8, 10, 16, 0}, {22, 8, 6, 16, 0}},
+    {"avx2", "avx2", ATTN_BF16, {28, 16, 20, 32, 0}, {24, 8, 6, 16, 0}},
+    {"avx2", "avx2", ATTN_F16, {23, 8, 10, 16, 0}, {22, 8, 6, 16, 0}},
+    {"avx2", "avx2", ATTN_Q8_0, {93, 32, 48, 64, 0}, {32, 8, 7, 16, 0}},
     /* src/kernels/avx512/kernels.c, 4 rows, 16 lanes. Q·Kᵀ (dec_qk4): 4 keys x 16
      * columns an iteration, 4 K loads + 4 query loads, 16 FMAs; bfloat16 K by halves
      * (dec_qk4_halves, Dk a multiple of 32): 4 keys x 32 columns, 4 K loads + 8 query
      * loads, 32 FMAs. P·V (pv_tile, 4 zmm of columns): a key's 64 columns, 4 V loads + 4
      * broadcasts of p, 16 FMAs; bfloat16 (dec_pv_bf16): 2 V loads + 4 broadcasts */
-    {"avx512", "avx512", ATTN_F32, {0, 16, 8, 64}, {0, 16, 8, 64}},
-    {"avx512", "avx512", ATTN_BF16, {0, 32, 12, 128}, {0, 16, 6, 64}},
-    {"avx512", "avx512", ATTN_F16, {0, 16, 8, 64}, {0, 16, 8, 64}},
+    {"avx512", "avx512", ATTN_F32, {0, 16, 8, 64, 0}, {0, 16, 8, 64, 0}},
+    {"avx512", "avx512", ATTN_BF16, {0, 32, 12, 128, 0}, {0, 16, 6, 64, 0}},
+    {"avx512", "avx512", ATTN_F16, {0, 16, 8, 64, 0}, {0, 16, 8, 64, 0}},
     /* avx512bf16's table takes avx512's float32 step (ai_decode_avx512) */
-    {"avx512bf16", "avx512", ATTN_F32, {0, 16, 8, 64}, {0, 16, 8, 64}},
-    {"avx512bf16", "avx512", ATTN_BF16, {0, 32, 12, 128}, {0, 16, 6, 64}},
-    {"avx512bf16", "avx512", ATTN_F16, {0, 16, 8, 64}, {0, 16, 8, 64}},
-    /* the quantized caches on the avx512 step (load_kv): each K or V vector of 16 values
-     * also takes a multiply on the FMA ports (q8_0, q4_0: the block's scale, loaded and
-     * broadcast, one more load; fp8: the head's scale, for e4m3 with its 2^8 folded in,
-     * kv_sc, since 8fb0950). Q·Kᵀ (dec_qk4): 16 FMAs + 4 multiplies, 4 K + 4 query
+    {"avx512bf16", "avx512", ATTN_F32, {0, 16, 8, 64, 0}, {0, 16, 8, 64, 0}},
+    {"avx512bf16", "avx512", ATTN_BF16, {0, 32, 12, 128, 0}, {0, 16, 6, 64, 0}},
+    {"avx512bf16", "avx512", ATTN_F16, {0, 16, 8, 64, 0}, {0, 16, 8, 64, 0}},
+    /* the quantized caches on the avx512 step (load_kv): q8_0 and q4_0's K or V vectors
+     * of 16 values each take a multiply by the block's scale on the FMA ports (loaded and
+     * broadcast, one more load). Q·Kᵀ (dec_qk4): 16 FMAs + 4 multiplies, 4 K + 4 query
      * (+ 4 scale) loads; P·V (pv_tile): 16 FMAs + 4 multiplies, 4 V + 4 broadcasts (+ 4
-     * scale) loads */
-    {"avx512", "avx512", ATTN_Q8_0, {0, 20, 12, 64}, {0, 20, 12, 64}},
-    {"avx512", "avx512", ATTN_Q4_0, {0, 20, 12, 64}, {0, 20, 12, 64}},
-    {"avx512", "avx512", ATTN_FP8_E5M2, {0, 20, 8, 64}, {0, 20, 8, 64}},
-    {"avx512", "avx512", ATTN_FP8_E4M3, {0, 20, 8, 64}, {0, 20, 8, 64}},
-    {"avx512bf16", "avx512", ATTN_Q8_0, {0, 20, 12, 64}, {0, 20, 12, 64}},
-    {"avx512bf16", "avx512", ATTN_Q4_0, {0, 20, 12, 64}, {0, 20, 12, 64}},
-    {"avx512bf16", "avx512", ATTN_FP8_E5M2, {0, 20, 8, 64}, {0, 20, 8, 64}},
-    {"avx512bf16", "avx512", ATTN_FP8_E4M3, {0, 20, 8, 64}, {0, 20, 8, 64}},
+     * scale) loads. fp8: the head's scale (e4m3's with its 2^8, kv_sc) is moved onto the
+     * query and p where that is exact (fp8_foldable: a power of two from 1 to 2^64, as
+     * the default scale 1 gives), so the loops are float32's; else each vector takes
+     * the multiply (sc: 4 an iteration) */
+    {"avx512", "avx512", ATTN_Q8_0, {0, 20, 12, 64, 0}, {0, 20, 12, 64, 0}},
+    {"avx512", "avx512", ATTN_Q4_0, {0, 20, 12, 64, 0}, {0, 20, 12, 64, 0}},
+    {"avx512", "avx512", ATTN_FP8_E5M2, {0, 16, 8, 64, 4}, {0, 16, 8, 64, 4}},
+    {"avx512", "avx512", ATTN_FP8_E4M3, {0, 16, 8, 64, 4}, {0, 16, 8, 64, 4}},
+    {"avx512bf16", "avx512", ATTN_Q8_0, {0, 20, 12, 64, 0}, {0, 20, 12, 64, 0}},
+    {"avx512bf16", "avx512", ATTN_Q4_0, {0, 20, 12, 64, 0}, {0, 20, 12, 64, 0}},
+    {"avx512bf16", "avx512", ATTN_FP8_E5M2, {0, 16, 8, 64, 4}, {0, 16, 8, 64, 4}},
+    {"avx512bf16", "avx512", ATTN_FP8_E4M3, {0, 16, 8, 64, 4}, {0, 16, 8, 64, 4}},
 };
 
 /* the name of the kernel a decoding call over a cache of dtype dt runs on ("none": no
@@ -197,19 +200,35 @@ static inline bool dec_measure(const char *isa, dec_rates *out) {
     return ok;
 }
 
-static inline double dec_loop_s(dec_loop l, dec_rates r) {
-    const double f = l.fma / r.fma_s, m = l.ld / r.ld_s;
+/* the loop's seconds per cached element; scaled: an fp8 scale stays on these values */
+static inline double dec_loop_s(dec_loop l, bool scaled, dec_rates r) {
+    const double f = (l.fma + (scaled ? l.sc : 0)) / r.fma_s, m = l.ld / r.ld_s;
     return (f > m ? f : m) / l.elems;
+}
+
+/* Whether an fp8 step keeps the head's scale on the values (the kernels' fp8_foldable
+ * fails): any scale of the tensor (NULL: scale 1) not a power of two from 1 to 2^64
+ * once e4m3's 2^8 is in it */
+static inline bool dec_fp8_scaled(attn_dtype dt, const attn_tensor *scale) {
+    if (!scale || (dt != ATTN_FP8_E4M3 && dt != ATTN_FP8_E5M2)) return false;
+    const int64_t n = scale->shape[0] * scale->shape[1] * scale->shape[2] * scale->shape[3];
+    for (int64_t i = 0; i < n; i++) {
+        const float s = (dt == ATTN_FP8_E4M3 ? 256.0f : 1.0f) * ((const float *)scale->data)[i];
+        int e;
+        if (!(s >= 1.0f && s <= 0x1p64f && frexpf(s, &e) == 0.5f)) return true;
+    }
+    return false;
 }
 
 /* Seconds per cached element (a key's D of K and D of V: 2D elements) of the step that
  * runs for dt, on one thread, for a group of `group` query heads on a KV head; NaN where
  * there is no model (or no rate). */
-static inline double dec_s_per_elem(attn_dtype dt, int64_t group, int64_t d) {
+static inline double dec_s_per_elem(attn_dtype dt, int64_t group, int64_t d, bool k_scaled,
+                                     bool v_scaled) {
     const dec_loops *t = dec_model(dt);
     dec_rates r;
     if (!t || !dec_measure(t->isa, &r)) return NAN;
-    const double key = (double)d * dec_loop_s(t->qk, r) + (double)d * dec_loop_s(t->pv, r);
+    const double key = (double)d * dec_loop_s(t->qk, k_scaled, r) + (double)d * dec_loop_s(t->pv, v_scaled, r);
     return (double)((group + 3) / 4) * key / (2.0 * (double)d);
 }
 
@@ -239,9 +258,9 @@ static inline double dec_clock_hz(void) {
 
 /* The compute bound as the cache's bytes a second: bytes of nelem cached elements over
  * the model's time on `threads` cores; NaN where there is no model (print "n/a"). */
-static inline double dec_compute_gbs(attn_dtype dt, int64_t group, int64_t d, double bytes,
-                                     double nelem, int threads) {
-    const double spe = dec_s_per_elem(dt, group, d);
+static inline double dec_compute_gbs(attn_dtype dt, int64_t group, int64_t d, bool k_scaled,
+                                     bool v_scaled, double bytes, double nelem, int threads) {
+    const double spe = dec_s_per_elem(dt, group, d, k_scaled, v_scaled);
     if (!(spe > 0) || threads < 1) return NAN;
     return bytes / (nelem * spe / (double)threads) * 1e-9;
 }
@@ -262,11 +281,17 @@ static inline void dec_describe(attn_dtype dt, char *buf, size_t cap) {
                  attn_dtype_name(dt), dec_kernel(dt));
     else if (!dec_measure(t->isa, &r))
         snprintf(buf, cap, "%s: n/a (the %s loops cannot run)", attn_dtype_name(dt), t->isa);
+    else if (t->qk.sc > 0 || t->pv.sc > 0)
+        snprintf(buf, cap, "%s: the %s step, %s loops: %.2f G vector FMAs/s, %.2f G vector "
+                 "loads/s a thread; %.3f ns a cached element (Hq/Hkv 4, D 128; %.3f with "
+                 "scales kept on the values)",
+                 attn_dtype_name(dt), t->kernel, t->isa, r.fma_s * 1e-9, r.ld_s * 1e-9,
+                 1e9 * dec_s_per_elem(dt, 4, 128, false, false), 1e9 * dec_s_per_elem(dt, 4, 128, true, true));
     else
         snprintf(buf, cap, "%s: the %s step, %s loops: %.2f G vector FMAs/s, %.2f G vector "
                  "loads/s a thread; %.3f ns a cached element (Hq/Hkv 4, D 128)",
                  attn_dtype_name(dt), t->kernel, t->isa, r.fma_s * 1e-9, r.ld_s * 1e-9,
-                 1e9 * dec_s_per_elem(dt, 4, 128));
+                 1e9 * dec_s_per_elem(dt, 4, 128, false, false));
 }
 
 #endif /* ATTN_BENCH_DECODE_BOUND_H */

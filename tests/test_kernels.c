@@ -336,6 +336,53 @@ static void test_decode(const attn_kernels *k, int64_t n, int64_t nk, int64_t dk
     free(q), free(kk), free(v), free(kd), free(vd), free(s), free(acc), free(acc0), free(sq);
 }
 
+/* An fp8 step (decode_fp8) reads each byte as fl32(value · scale) (kernels.h): so its
+ * decode and decode_qk must give the float32 step's bits over a float32 K and V holding
+ * exactly those numbers, whatever the scales. The AVX-512 step moves a power-of-two scale
+ * from 1 to 2^64 (e4m3's with its 2^8) off the values onto the query and p, where that is
+ * exact; the scales here are on both sides of that rule (1, 4, 2^64, 2^65, 1/8, 0.37),
+ * and a query with an element past 2^60 must take the multiply instead (the fold's
+ * guard). Bytes of every finite code, none NaN or infinite. plant: one V value of the
+ * float32 copy off by 2^-10 of itself must make the outputs differ. */
+static void test_decode_fp8_bits(const attn_kernels *k, attn_dtype dt, int64_t n, int64_t nk,
+                                 int64_t dk, int64_t dv, float ksc, float vsc, bool big_q,
+                                 bool plant) {
+    uint8_t *k8 = malloc((size_t)(nk * dk)), *v8 = malloc((size_t)(nk * dv));
+    float *kf = malloc((size_t)(nk * dk) * sizeof(float)), *vf = malloc((size_t)(nk * dv) * sizeof(float));
+    float q[4 * 256], s[4 * 132], sq[2][4 * 128], mm[2][4], ll[2][4], al[2][4], acc[2][4 * 256];
+    g_rng.s = RNG_CASE(11, n, nk, dk, dv, dt, big_q, plant);
+    for (int64_t i = 0; i < nk * dk + nk * dv; i++) {
+        uint8_t b;
+        do b = (uint8_t)(uniform() * 256.0);
+        while (!isfinite(attn_fp8_to_f32(dt, b)));
+        if (i < nk * dk) k8[i] = b, kf[i] = attn_fp8_to_f32(dt, b) * ksc;
+        else v8[i - nk * dk] = b, vf[i - nk * dk] = attn_fp8_to_f32(dt, b) * vsc;
+    }
+    if (plant) vf[0] *= 1.0f + 0x1p-10f;
+    /* logits of moderate size: the query shrunk by the keys' largest value */
+    const double kmax = dt == ATTN_FP8_E4M3 ? 448.0 : 57344.0;
+    for (int64_t i = 0; i < n * dk; i++) q[i] = (float)(sym() / (kmax * (double)ksc * (double)dk));
+    if (big_q) q[dk / 2] = 0x1p61f, q[dk / 2 + 1] = -0x1p61f;  // their products cancel out of no logit: only the guard matters
+    for (int w = 0; w < 2; w++) {
+        for (int64_t r = 0; r < 4; r++) mm[w][r] = -INFINITY, ll[w][r] = 0;
+        memset(acc[w], 0, sizeof acc[w]);
+        const attn_dtype d = w ? ATTN_F32 : dt;
+        const void *kp = w ? (const void *)kf : k8, *vp = w ? (const void *)vf : v8;
+        k->decode(n, nk, dk, dv, q, d, false, kp, dk, vp, dv, 0.37f, w ? 1.0f : ksc, w ? 1.0f : vsc,
+                  s, mm[w], ll[w], al[w], acc[w], NULL, 0, NULL, 0);
+        k->decode_qk(n, nk, dk, q, d, kp, dk, 0.37f, w ? 1.0f : ksc, sq[w], n);
+    }
+    const bool same = memcmp(acc[0], acc[1], (size_t)(n * dv) * sizeof(float)) == 0 &&
+                      memcmp(mm[0], mm[1], (size_t)n * sizeof(float)) == 0 &&
+                      memcmp(ll[0], ll[1], (size_t)n * sizeof(float)) == 0 &&
+                      memcmp(sq[0], sq[1], (size_t)(n * nk) * sizeof(float)) == 0;
+    CHECK(plant ? !same : same, "%s decode %s%s n=%lld nk=%lld dk=%lld dv=%lld k_scale %g v_scale %g%s: "
+          "the same bits as the float32 step over the dequantized values: %d", k->name, attn_dtype_name(dt),
+          plant ? " (a planted change must differ)" : "", (long long)n, (long long)nk, (long long)dk,
+          (long long)dv, (double)ksc, (double)vsc, big_q ? ", a query past 2^60" : "", same);
+    free(k8), free(v8), free(kf), free(vf);
+}
+
 /* softmax_pairs (kernels that have it) against softmax followed by the packing pv_bf16
  * does: bit for bit the same m, l, alpha and rounded pairs, from a running state, with
  * masked keys and one fully masked row. */
@@ -477,6 +524,19 @@ int main(void) {
             test_decode(k, 4, 64, 128, 128, ATTN_F32, false, true, -1, true);           \
             test_decode(k, 2, 7, 17, 65, ATTN_F16, false, false, -1, true);             \
             test_decode(k, 4, 66, 128, 128, ATTN_BF16, true, true, -1, true);           \
+        }                                                                               \
+        if (k->decode && k->decode_fp8) {                                              \
+            static const float scs[] = {1.0f, 4.0f, 0x1p64f, 0x1p65f, 0.125f, 0.37f};   \
+            for (int e = 0; e < 2; e++)                                                 \
+                for (size_t a = 0; a < 6; a++) {                                        \
+                    const attn_dtype dt = e ? ATTN_FP8_E5M2 : ATTN_FP8_E4M3;            \
+                    const float ks = e ? scs[a] : scs[a] / 256.0f, vs = scs[(a + 2) % 6];\
+                    test_decode_fp8_bits(k, dt, 1 + (int64_t)a % 4, 13 + 20 * (int64_t)a, \
+                                         a % 2 ? 128 : 64, a % 3 ? 128 : 80, ks, vs, false, false); \
+                    test_decode_fp8_bits(k, dt, 4, 64, 128, 128, ks, vs, true, false);  \
+                }                                                                       \
+            test_decode_fp8_bits(k, ATTN_FP8_E4M3, 4, 64, 128, 128, 1.0f, 1.0f, false, true); \
+            test_decode_fp8_bits(k, ATTN_FP8_E5M2, 4, 64, 128, 128, 1.0f, 1.0f, false, true); \
         }                                                                               \
     } else {                                                                            \
         printf("  %s: skipped, this CPU cannot run it\n", #name);                      \

@@ -235,6 +235,20 @@ INLINE __m512 load_kv(int DT, const void *row, int64_t d, __mmask16 mk, __m512 s
     return DT == ATTN_FP8_E4M3 || DT == ATTN_FP8_E5M2 ? _mm512_mul_ps(x, sc) : x;
 }
 
+#define IS_FP8(DT) ((DT) == ATTN_FP8_E4M3 || (DT) == ATTN_FP8_E5M2)
+
+/* An fp8 step's scale (kv_sc's number) moved off the cached values onto the other
+ * factor, the query or p, when that gives the same bits: sc a power of two, 1 to 2^64,
+ * so x · sc is exact for every value x load_row gives (at most 57344 · 2^64: no
+ * overflow; at least 2^-24 · 1: no loss) and so is f · sc for the other factor f (p in
+ * [0, 1]; a query of magnitude at most 2^60, checked). Then fma(f · sc, x, a) is
+ * fma(f, x · sc, a) in every bit, and each cached vector's multiply is gone (the
+ * default scale 1: e5m2's sc 1, e4m3's 2^8). */
+INLINE bool fp8_foldable(float sc) {
+    int e;
+    return sc >= 1.0f && sc <= 0x1p64f && frexpf(sc, &e) == 0.5f;
+}
+
 /* A block dtype's (q8_0, q4_0) 32 values of row `row` from column d (a multiple of 32),
  * as load_row gives them, in two vectors: the block's float16 scale converted once */
 INLINE void load_block(int DT, const void *row, int64_t d, __m512 *lo, __m512 *hi) {
@@ -272,14 +286,15 @@ INLINE void pf_k_lines(const attn_decode_pf *pf, int64_t c, int64_t i0, int64_t 
 }
 
 /* RR rows x DC zmm of value columns (V's rows of dtype DT, ldv bytes apart, or at
- * vrows[c] + voff where vrows is given; an fp8 V's values times vsc); the last zmm loads
+ * vrows[c] + voff where vrows is given; an fp8 V's values times vsc where VMUL, else
+ * taken as load_row gives them: fp8_foldable's vsc is then on p); the last zmm loads
  * and stores under `tail`. acc = acc * alpha + sum_c p[c][i] V[c], the tile's
  * sum from zero. SKIP: a p of exactly 0 leaves the accumulator untouched. pf (decoding,
  * else NULL): lines [i0, i1) of the next tile's K row c are asked for with key c. */
-INLINE void pv_tile(int DT, int RR, int DC, bool SKIP, int64_t nk, const float *p, int64_t lds,
-                    const char *v, int64_t ldv, const char *const *vrows, int64_t voff,
-                    __m512 vsc, const float *alpha, float *acc, int64_t ldo, __mmask16 tail,
-                    const attn_decode_pf *pf, int64_t i0, int64_t i1) {
+INLINE void pv_tile(int DT, int RR, int DC, bool SKIP, bool VMUL, int64_t nk, const float *p,
+                    int64_t lds, const char *v, int64_t ldv, const char *const *vrows,
+                    int64_t voff, __m512 vsc, const float *alpha, float *acc, int64_t ldo,
+                    __mmask16 tail, const attn_decode_pf *pf, int64_t i0, int64_t i1) {
     __m512 t[4][4];
     UNROLL for (int i = 0; i < RR; i++)
         UNROLL for (int j = 0; j < DC; j++) t[i][j] = _mm512_setzero_ps();
@@ -290,8 +305,10 @@ INLINE void pv_tile(int DT, int RR, int DC, bool SKIP, int64_t nk, const float *
             UNROLL for (int j = 0; j + 1 < DC; j += 2) load_block(DT, row, 16 * j, &vv[j], &vv[j + 1]);
             if (DC % 2) vv[DC - 1] = load_kv(DT, row, 16 * (DC - 1), tail, vsc);
         } else {
-            UNROLL for (int j = 0; j < DC; j++)
-                vv[j] = load_kv(DT, row, 16 * j, j == DC - 1 ? tail : (__mmask16)0xFFFF, vsc);
+            UNROLL for (int j = 0; j < DC; j++) {
+                const __mmask16 mk = j == DC - 1 ? tail : (__mmask16)0xFFFF;
+                vv[j] = VMUL ? load_kv(DT, row, 16 * j, mk, vsc) : load_row(DT, row, 16 * j, mk);
+            }
         }
         pf_k_lines(pf, c, i0, i1);
         UNROLL for (int i = 0; i < RR; i++) {
@@ -330,14 +347,14 @@ INLINE __mmask16 column_chunks(int64_t nd, int *dc) {
         int64_t r = 0;                                                                      \
         if (skip) {                                                                         \
             for (; r + 4 <= n; r += 4)                                                      \
-                pv_tile(ATTN_F32, 4, DC, true, nk, p + r, lds, (const char *)v, 4 * ldv, NULL, 0, _mm512_set1_ps(1.0f), alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
+                pv_tile(ATTN_F32, 4, DC, true, true, nk, p + r, lds, (const char *)v, 4 * ldv, NULL, 0, _mm512_set1_ps(1.0f), alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
             for (; r < n; r++)                                                              \
-                pv_tile(ATTN_F32, 1, DC, true, nk, p + r, lds, (const char *)v, 4 * ldv, NULL, 0, _mm512_set1_ps(1.0f), alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
+                pv_tile(ATTN_F32, 1, DC, true, true, nk, p + r, lds, (const char *)v, 4 * ldv, NULL, 0, _mm512_set1_ps(1.0f), alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
         } else {                                                                            \
             for (; r + 4 <= n; r += 4)                                                      \
-                pv_tile(ATTN_F32, 4, DC, false, nk, p + r, lds, (const char *)v, 4 * ldv, NULL, 0, _mm512_set1_ps(1.0f), alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
+                pv_tile(ATTN_F32, 4, DC, false, true, nk, p + r, lds, (const char *)v, 4 * ldv, NULL, 0, _mm512_set1_ps(1.0f), alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
             for (; r < n; r++)                                                              \
-                pv_tile(ATTN_F32, 1, DC, false, nk, p + r, lds, (const char *)v, 4 * ldv, NULL, 0, _mm512_set1_ps(1.0f), alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
+                pv_tile(ATTN_F32, 1, DC, false, true, nk, p + r, lds, (const char *)v, 4 * ldv, NULL, 0, _mm512_set1_ps(1.0f), alpha + r, acc + r * ldo, ldo, tail, NULL, 0, 0); \
         }                                                                                   \
     }
 PV_COLS(1)
@@ -389,8 +406,9 @@ INLINE __mmask32 mask32(int64_t left) {
 
 /* logits of NR rows x 4 keys (keys c..c+3 at kr[0..3]): lanes 4c + r, scaled; the
  * FMAs and the tree of qk_dot_tile, on keys converted to float32 in registers (an fp8
- * K's values times ksc, load_kv) */
-INLINE __m512 dec_qk4(int DT, int NR, int64_t dk, const float *q, int64_t ldq,
+ * K's values times ksc, load_kv, where KMUL; else q is the rows times ksc,
+ * fp8_foldable) */
+INLINE __m512 dec_qk4(int DT, bool KMUL, int NR, int64_t dk, const float *q, int64_t ldq,
                       const char *const kr[4], __m512 scale, __m512 ksc,
                       const attn_decode_pf *pf, int64_t c) {
     __m512 acc[4][4];
@@ -414,7 +432,8 @@ INLINE __m512 dec_qk4(int DT, int NR, int64_t dk, const float *q, int64_t ldq,
     for (int64_t d = 0; d < dk; d += 16) {
         const __mmask16 mk = dk - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (dk - d)) - 1);
         __m512 kv[4];
-        UNROLL for (int j = 0; j < 4; j++) kv[j] = load_kv(DT, kr[j], d, mk, ksc);
+        UNROLL for (int j = 0; j < 4; j++)
+            kv[j] = KMUL ? load_kv(DT, kr[j], d, mk, ksc) : load_row(DT, kr[j], d, mk);
         pf_v_line(pf, c, d / 16);
         UNROLL for (int r = 0; r < NR; r++) {
             const __m512 qv = _mm512_maskz_loadu_ps(mk, q + r * ldq + d);
@@ -486,7 +505,7 @@ INLINE void pass_lines(const attn_decode_pf *pf, int64_t d0, int64_t dv, int64_t
 
 /* acc rows r0..r0+RR-1, value columns d0.. in DC zmm (the last under `tail`), from the
  * compact probabilities (key c of row r at s[4c + r]); pf as in pv_tile */
-INLINE void dec_pv(int DT, int RR, int DC, int64_t nk, const float *s, int r0, const char *v,
+INLINE void dec_pv(int DT, bool VMUL, int RR, int DC, int64_t nk, const float *s, int r0, const char *v,
                    int64_t ldv, const char *const *vrows, __m512 vsc, int64_t d0,
                    const float *alpha, float *acc, int64_t dv, __mmask16 tail,
                    const attn_decode_pf *pf) {
@@ -494,7 +513,7 @@ INLINE void dec_pv(int DT, int RR, int DC, int64_t nk, const float *s, int r0, c
     pass_lines(pf, d0, dv, &i0, &i1);
     /* a block dtype's d0 (a multiple of 64) starts a block */
     const int64_t off = attn_row_byte_offset((attn_dtype)DT, d0);
-    pv_tile(DT, RR, DC, false, nk, s + r0, 4, v + off, ldv, vrows, off, vsc, alpha + r0,
+    pv_tile(DT, RR, DC, false, VMUL, nk, s + r0, 4, v + off, ldv, vrows, off, vsc, alpha + r0,
             acc + r0 * dv + d0, dv, tail, pf, i0, i1);
 }
 
@@ -541,12 +560,26 @@ INLINE void dec_pv_bf16(int RR, int NC, int64_t nk, const float *s, int r0, cons
 }
 
 /* P V over rows 0..n-1 in groups of RR rows, columns in chunks of DC zmm */
-#define DEC_PV_ROWS(DT, DC, RR)                                                              \
+#define DEC_PV_ROWS(DT, VMUL, DC, RR)                                                        \
     for (int r0 = 0; r0 < n; r0 += RR) {                                                          \
-        if (n - r0 >= RR) dec_pv(DT, RR, DC, nk, s, r0, v, ldv, vrows, vsc, d0, alpha, acc, dv, tail, pf);   \
-        else if (n - r0 == 3) dec_pv(DT, 3, DC, nk, s, r0, v, ldv, vrows, vsc, d0, alpha, acc, dv, tail, pf);\
-        else if (n - r0 == 2) dec_pv(DT, 2, DC, nk, s, r0, v, ldv, vrows, vsc, d0, alpha, acc, dv, tail, pf);\
-        else dec_pv(DT, 1, DC, nk, s, r0, v, ldv, vrows, vsc, d0, alpha, acc, dv, tail, pf);                 \
+        if (n - r0 >= RR) dec_pv(DT, VMUL, RR, DC, nk, s, r0, v, ldv, vrows, vsc, d0, alpha, acc, dv, tail, pf);   \
+        else if (n - r0 == 3) dec_pv(DT, VMUL, 3, DC, nk, s, r0, v, ldv, vrows, vsc, d0, alpha, acc, dv, tail, pf);\
+        else if (n - r0 == 2) dec_pv(DT, VMUL, 2, DC, nk, s, r0, v, ldv, vrows, vsc, d0, alpha, acc, dv, tail, pf);\
+        else dec_pv(DT, VMUL, 1, DC, nk, s, r0, v, ldv, vrows, vsc, d0, alpha, acc, dv, tail, pf);                 \
+    }
+
+/* P V over every value column, 64 a pass */
+#define DEC_PV_ALL(DT, VMUL)                                                                 \
+    for (int64_t d0 = 0; d0 < dv; d0 += 64) {                                                \
+        const int64_t nd = dv - d0 < 64 ? dv - d0 : 64;                                      \
+        int dc;                                                                              \
+        const __mmask16 tail = column_chunks(nd, &dc);                                       \
+        switch (dc) {                                                                        \
+        case 4: DEC_PV_ROWS(DT, VMUL, 4, 4) break;                                           \
+        case 3: DEC_PV_ROWS(DT, VMUL, 3, 4) break;                                           \
+        case 2: DEC_PV_ROWS(DT, VMUL, 2, 4) break;                                           \
+        default: DEC_PV_ROWS(DT, VMUL, 1, 4) break;                                          \
+        }                                                                                    \
     }
 
 /* x rounded to the nearest bfloat16, ties to even, as attn_f32_to_bf16 (half.h) rounds
@@ -574,6 +607,25 @@ INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, c
     const bool halves = DT == ATTN_BF16 && dk % 32 == 0 && dk <= DEC_HALVES_MAX_DK;
     float qh[4 * DEC_HALVES_MAX_DK];
     if (halves) split_halves(NR, dk, q, qh);
+    /* an fp8 K's scale on the query instead (fp8_foldable; 1 needs no copy) */
+    const float ks = DT == ATTN_FP8_E4M3 ? 256.0f * k_scale : k_scale;
+    bool kmul = IS_FP8(DT);
+    const float *qk = q;
+    if (IS_FP8(DT) && fp8_foldable(ks) && dk <= DEC_HALVES_MAX_DK) {
+        if (ks == 1.0f) {
+            kmul = false;
+        } else {
+            const __m512 bound = _mm512_set1_ps(0x1p60f), mul = _mm512_set1_ps(ks);
+            __mmask16 big = 0;
+            for (int64_t x = 0; x < NR * dk; x += 16) {
+                const __mmask16 mk = NR * dk - x >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (NR * dk - x)) - 1);
+                const __m512 v = _mm512_maskz_loadu_ps(mk, q + x);
+                big |= _mm512_mask_cmp_ps_mask(mk, _mm512_abs_ps(v), bound, _CMP_NLE_UQ);  // NaN too
+                _mm512_mask_storeu_ps(qh + x, mk, _mm512_mul_ps(v, mul));
+            }
+            kmul = big != 0, qk = kmul ? q : qh;
+        }
+    }
     *mx = _mm512_set1_ps(-INFINITY);
     *nan = 0;
     for (int64_t x = 0; x < nv; x++) {
@@ -586,8 +638,9 @@ INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, c
             const int64_t key = c + (j < live ? j : live - 1);
             kr[j] = rows ? rows[key] : k + key * ldk;
         }
-        __m512 z = halves ? dec_qk4_halves(NR, dk, qh, kr, vscale, pf, c)
-                          : dec_qk4(DT, NR, dk, q, dk, kr, vscale, ksc, pf, c);
+        __m512 z = halves                   ? dec_qk4_halves(NR, dk, qh, kr, vscale, pf, c)
+                   : IS_FP8(DT) && !kmul ? dec_qk4(DT, false, NR, dk, qk, dk, kr, vscale, ksc, pf, c)
+                                         : dec_qk4(DT, true, NR, dk, q, dk, kr, vscale, ksc, pf, c);
         if (live < 4) z = _mm512_mask_mov_ps(z, (__mmask16)(0xFFFFu << (4 * live)), _mm512_set1_ps(-INFINITY));
         _mm512_storeu_ps(s + 16 * x, z);
         *mx = _mm512_max_ps(*mx, z);
@@ -614,10 +667,15 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int
     const __m512 shift = _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ),
                                             _mm512_setzero_ps());
     __m512 sum = _mm512_setzero_ps();
+    /* an fp8 V's scale on p instead (fp8_foldable), the sum l of the unscaled p */
+    const __m512 vsc = kv_sc(DT, v_scale);
+    const bool vfold = IS_FP8(DT) && fp8_foldable(_mm512_cvtss_f32(vsc));
+    const __m512 pmul = vfold ? vsc : _mm512_set1_ps(1.0f);
     for (int64_t x = 0; x < nv; x++) {
         const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * x), shift));
         /* FAST precision: P rounded to bfloat16 for P V, the sum l of the float32 p */
-        _mm512_storeu_ps(s + 16 * x, round_p ? round_bf16(e) : e);
+        const __m512 p = round_p ? round_bf16(e) : e;
+        _mm512_storeu_ps(s + 16 * x, IS_FP8(DT) ? _mm512_mul_ps(p, pmul) : p);
         sum = _mm512_add_ps(sum, e);
     }
     const __m512 a = exp_avx512(_mm512_sub_ps(m_old, shift));
@@ -645,18 +703,8 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int
         }
         return;
     }
-    const __m512 vsc = kv_sc(DT, v_scale);
-    for (int64_t d0 = 0; d0 < dv; d0 += 64) {
-        const int64_t nd = dv - d0 < 64 ? dv - d0 : 64;
-        int dc;
-        const __mmask16 tail = column_chunks(nd, &dc);
-        switch (dc) {
-        case 4: DEC_PV_ROWS(DT, 4, 4) break;
-        case 3: DEC_PV_ROWS(DT, 3, 4) break;
-        case 2: DEC_PV_ROWS(DT, 2, 4) break;
-        default: DEC_PV_ROWS(DT, 1, 4) break;
-        }
-    }
+    if (IS_FP8(DT) && vfold) DEC_PV_ALL(DT, false)
+    else DEC_PV_ALL(DT, true)
 }
 
 #define DECODE_DT(DT)                                                                           \
