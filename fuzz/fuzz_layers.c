@@ -387,7 +387,7 @@ static void fuzz_decode(reader *r) {
     if (f & 1) opt.has_scale = true, opt.scale = (float)(pick(r, 8) - 2) / 8.0f;
     opt.threads = 1;
     attn_kv_cache cache = {paged ? ATTN_CACHE_PAGED : ATTN_CACHE_CONTIGUOUS, kc.t, vc.t, len,
-                           paged ? &tab.t : NULL};
+                           paged ? &tab.t : NULL, NULL, NULL};
     /* the prediction: every row written inside the pool, none twice, every page read in */
     bool expect_ok = true;
     {

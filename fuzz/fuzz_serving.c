@@ -29,6 +29,18 @@
  *       lse, faults; against attn_forward's reference path over the concatenated keys:
  *       the element rule on O, the LSE within tol_lse_bound, 1 and 3 threads
  *       bit-identical.
+ *   (d) fp8 caches under scales (a first byte from 0xF0: the three surfaces above keep
+ *       the corpus's other bytes): e4m3 or e5m2 K and V of random bytes (NaN codes, and
+ *       e5m2's infinities, now and then), k_scale and v_scale absent, per tensor or per
+ *       head, from powers of two 2^-30 .. 2^80 (both sides of the AVX-512 step's fold,
+ *       1 .. 2^64 with e4m3's 2^8), other positive numbers, and as faults 0, -1, NaN,
+ *       inf; queries of moderate logits, or hostile ones (magnitudes up to 2^70, an
+ *       element past 2^60: the fold's guard). A fault is refused with nothing written;
+ *       otherwise 1 and 3 threads bit-identical and, on moderate logits, the element
+ *       rule against the call over float32 copies of fl32(value · scale) (every path
+ *       reads exactly those values) and against the reference path. (The same bits as
+ *       that float32 call hold for the decoding step itself, test_kernels; a whole call
+ *       may tile a byte cache otherwise.)
  * A broken rule aborts. Sizes stay small (a few thousand elements). Build: make fuzz-build.
  */
 #define FUZZ_NAME "fuzz_serving"
@@ -669,10 +681,136 @@ static void fuzz_cascade(reader *r) {
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) buf_free(all[i]);
 }
 
+/* ---- (d) fp8 caches under scales ----------------------------------------------------- */
+
+/* a scale: a power of two, another positive number, or (a fault) 0, -1, NaN or inf */
+static float fp8_scale(reader *r) {
+    const unsigned f = byte(r);
+    if (f < 160) return ldexpf(1.0f, (int)(f % 111) - 30);  // 2^-30 .. 2^80
+    if (f < 240) return (float)(0.001 + unif() * 3.0);
+    static const float bad[4] = {0.0f, -1.0f, NAN, INFINITY};
+    return bad[f % 4];
+}
+
+static void fuzz_fp8(reader *r) {
+    static const int64_t DS[7] = {16, 32, 48, 64, 128, 256, 288};
+    const attn_dtype dt = pick(r, 2) ? ATTN_FP8_E4M3 : ATTN_FP8_E5M2;
+    const int64_t B = 1 + pick(r, 2), Hkv = 1 + pick(r, 2), Hq = Hkv * (1 + pick(r, 8));
+    const int64_t Lq = pick(r, 3) ? 1 : 1 + pick(r, 3), Lk = 1 + pick(r, 200);
+    const int64_t Dk = DS[pick(r, 7)], Dv = pick(r, 2) ? Dk : DS[pick(r, 7)];
+    const unsigned f = byte(r);
+    buf kc, vc, ks, vs, q, o, lse;
+    buf_new(&kc, dt, B, Hkv, Lk, Dk);
+    buf_new(&vc, dt, B, Hkv, Lk, Dv);
+    const bool special = f & 1;  // NaN codes (and e5m2's infinities) among the bytes
+    for (int64_t i = 0; i < numel(&kc.t) + numel(&vc.t); i++) {
+        uint8_t x = (uint8_t)(unif() * 256.0);
+        if (!special && !isfinite(attn_fp8_to_f32(dt, x))) x &= 0x3F;
+        if (i < numel(&kc.t)) ((uint8_t *)kc.t.data)[i] = x;
+        else ((uint8_t *)vc.t.data)[i - numel(&kc.t)] = x;
+    }
+    /* scales: none, one for the tensor, or one per head */
+    bool fault;
+    const int64_t kn = pick(r, 3), vn = pick(r, 3);  // 0 none, 1 per tensor, 2 per head
+    buf_new(&ks, ATTN_F32, kn == 2 ? Hkv : 1, 1, 1, 1);
+    buf_new(&vs, ATTN_F32, vn == 2 ? Hkv : 1, 1, 1, 1);
+    for (int64_t h = 0; h < (kn == 2 ? Hkv : 1); h++) ((float *)ks.t.data)[h] = fp8_scale(r);
+    for (int64_t h = 0; h < (vn == 2 ? Hkv : 1); h++) ((float *)vs.t.data)[h] = fp8_scale(r);
+    fault = false;  // only a tensor that is passed can be at fault
+    for (int64_t h = 0; kn && h < (kn == 2 ? Hkv : 1); h++)
+        fault |= !(((float *)ks.t.data)[h] > 0 && isfinite(((float *)ks.t.data)[h]));
+    for (int64_t h = 0; vn && h < (vn == 2 ? Hkv : 1); h++)
+        fault |= !(((float *)vs.t.data)[h] > 0 && isfinite(((float *)vs.t.data)[h]));
+    /* queries: logits of moderate size (from the largest |k|), or hostile magnitudes */
+    const bool hostile = f & 2;
+    double kmax = 1e-30;
+    for (int64_t h = 0; h < Hkv; h++) {
+        const float sc = kn ? ((float *)ks.t.data)[kn == 2 ? h : 0] : 1.0f;
+        const double m = (dt == ATTN_FP8_E4M3 ? 448.0 : 57344.0) * fabs((double)sc);
+        if (isfinite(m) && m > kmax) kmax = m;
+    }
+    buf_new(&q, ATTN_F32, B, Hq, Lq, Dk);
+    const double qa = hostile ? ldexp(1.0, (int)pick(r, 111) - 40) : 4.0 / (kmax * sqrt((double)Dk));
+    fill(&q.t, qa);
+    if (hostile && (f & 4)) ((float *)q.t.data)[pick(r, Dk)] = (f & 8) ? 0x1p61f : -0x1p62f;
+    buf_new(&o, ATTN_F32, B, Hq, Lq, Dv);
+    buf_new(&lse, ATTN_F32, B, Hq, Lq, 1);
+    attn_options opt = {0};
+    opt.k_scale = kn ? &ks.t : NULL;
+    opt.v_scale = vn ? &vs.t : NULL;
+    opt.causal = (f & 16) && Lq <= Lk;
+    opt.align = ATTN_ALIGN_BOTTOM_RIGHT;
+    opt.lse = &lse.t;
+    opt.threads = 1;
+    opt.path = ATTN_PATH_FUSED;
+    const attn_status st = attn_forward(&q.t, &kc.t, &vc.t, &o.t, &opt);
+    if (fault) {
+        REQUIRE(st == ATTN_ERR_VALUE, "fp8: a bad scale was not refused (status %d)", (int)st);
+        REQUIRE(all_poison(&o) && all_poison(&lse), "fp8: a refused call wrote an output");
+    } else {
+        REQUIRE(st == ATTN_OK, "fp8: %s", attn_last_error());
+        buf o3, l3, of, lf, kf, vf;
+        buf_twin(&o3, &o);
+        buf_twin(&l3, &lse);
+        opt.threads = 3;
+        opt.lse = &l3.t;
+        REQUIRE(attn_forward(&q.t, &kc.t, &vc.t, &o3.t, &opt) == ATTN_OK, "fp8, 3 threads: %s",
+                attn_last_error());
+        REQUIRE(same_bytes(&o, &o3) && same_bytes(&lse, &l3), "fp8: 1 and 3 threads differ");
+        /* float32 copies of fl32(value · scale) */
+        buf_new(&kf, ATTN_F32, B, Hkv, Lk, Dk);
+        buf_new(&vf, ATTN_F32, B, Hkv, Lk, Dv);
+        for (int64_t i = 0; i < numel(&kf.t); i++) {
+            const int64_t h = i / (Lk * Dk) % Hkv;
+            const float sc = kn ? ((float *)ks.t.data)[kn == 2 ? h : 0] : 1.0f;
+            ((float *)kf.t.data)[i] = attn_fp8_to_f32(dt, ((uint8_t *)kc.t.data)[i]) * sc;
+        }
+        for (int64_t i = 0; i < numel(&vf.t); i++) {
+            const int64_t h = i / (Lk * Dv) % Hkv;
+            const float sc = vn ? ((float *)vs.t.data)[vn == 2 ? h : 0] : 1.0f;
+            ((float *)vf.t.data)[i] = attn_fp8_to_f32(dt, ((uint8_t *)vc.t.data)[i]) * sc;
+        }
+        buf_twin(&of, &o);
+        buf_twin(&lf, &lse);
+        attn_options fo = opt;
+        fo.k_scale = fo.v_scale = NULL;
+        fo.threads = 1;
+        fo.lse = &lf.t;
+        REQUIRE(attn_forward(&q.t, &kf.t, &vf.t, &of.t, &fo) == ATTN_OK, "fp8's float32 copy: %s",
+                attn_last_error());
+        if (!hostile) {  // both within the float32 rule of the same function (its NaNs too)
+            compare_t("fp8 O vs its float32 copy", &o.t, &of.t, 2e-5, 0);
+            compare_t("fp8 LSE vs its float32 copy", &lse.t, &lf.t, 2e-5, 1e-6);
+        }
+        if (!hostile && !special) {
+            buf orf, lrf;
+            buf_twin(&orf, &o);
+            buf_twin(&lrf, &lse);
+            opt.path = ATTN_PATH_REFERENCE;
+            opt.threads = 1;
+            opt.lse = &lrf.t;
+            REQUIRE(attn_forward(&q.t, &kc.t, &vc.t, &orf.t, &opt) == ATTN_OK, "fp8 reference: %s",
+                    attn_last_error());
+            compare_t("fp8 O vs reference", &o.t, &orf.t, 1e-5, 0);
+            buf_free(&orf);
+            buf_free(&lrf);
+        }
+        buf *more[] = {&o3, &l3, &of, &lf, &kf, &vf};
+        for (size_t i = 0; i < sizeof more / sizeof *more; i++) buf_free(more[i]);
+    }
+    buf *all[] = {&kc, &vc, &ks, &vs, &q, &o, &lse};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) buf_free(all[i]);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     reader r = {data, size};
     seed_from(data, size);
-    switch (byte(&r) % 3) {
+    const unsigned first = byte(&r);
+    if (first >= 0xF0) {
+        fuzz_fp8(&r);
+        return 0;
+    }
+    switch (first % 3) {
     case 0: fuzz_paged(&r); break;
     case 1: fuzz_merge(&r); break;
     default: fuzz_cascade(&r); break;
