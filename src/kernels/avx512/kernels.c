@@ -230,12 +230,12 @@ INLINE __m512 kv_sc(int DT, float scale) {
     return _mm512_set1_ps(DT == ATTN_FP8_E4M3 ? 256.0f * scale : scale);
 }
 
+#define IS_FP8(DT) ((DT) == ATTN_FP8_E4M3 || (DT) == ATTN_FP8_E5M2)
+
 INLINE __m512 load_kv(int DT, const void *row, int64_t d, __mmask16 mk, __m512 sc) {
     const __m512 x = load_row(DT, row, d, mk);
-    return DT == ATTN_FP8_E4M3 || DT == ATTN_FP8_E5M2 ? _mm512_mul_ps(x, sc) : x;
+    return IS_FP8(DT) ? _mm512_mul_ps(x, sc) : x;
 }
-
-#define IS_FP8(DT) ((DT) == ATTN_FP8_E4M3 || (DT) == ATTN_FP8_E5M2)
 
 /* An fp8 step's scale (kv_sc's number) moved off the cached values onto the other
  * factor, the query or p, when that gives the same bits: sc a power of two, 1 to 2^64,
@@ -608,7 +608,7 @@ INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, c
     float qh[4 * DEC_HALVES_MAX_DK];
     if (halves) split_halves(NR, dk, q, qh);
     /* an fp8 K's scale on the query instead (fp8_foldable; 1 needs no copy) */
-    const float ks = DT == ATTN_FP8_E4M3 ? 256.0f * k_scale : k_scale;
+    const float ks = _mm512_cvtss_f32(ksc);
     bool kmul = IS_FP8(DT);
     const float *qk = q;
     if (IS_FP8(DT) && fp8_foldable(ks) && dk <= DEC_HALVES_MAX_DK) {
