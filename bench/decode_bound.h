@@ -42,6 +42,7 @@
 
 #include "attn.h"
 #include "bench_clock.h"
+#include "core/half.h"             // attn_is_fp8, attn_fp8_factor_folds
 #include "kernels/kernels.h"       // ai_select_kernels, ai_kernels_for_* (private, linked)
 #include "kernels/peak.h"  // the ISAs' peak and read loops
 
@@ -81,7 +82,7 @@ static const dec_loops DEC_LOOPS[] = {
      * broadcast, one more load). Q·Kᵀ (dec_qk4): 16 FMAs + 4 multiplies, 4 K + 4 query
      * (+ 4 scale) loads; P·V (pv_tile): 16 FMAs + 4 multiplies, 4 V + 4 broadcasts (+ 4
      * scale) loads. fp8: the head's scale (e4m3's with its 2^8, kv_sc) is moved onto the
-     * query and p where that is exact (fp8_foldable: a power of two from 1 to 2^64, as
+     * query and p where that is exact (attn_fp8_factor_folds: a power of two from 1 to 2^64, as
      * the default scale 1 gives), so the loops are float32's; else each vector takes
      * the multiply (sc: 4 an iteration) */
     {"avx512", "avx512", ATTN_Q8_0, {0, 20, 12, 64, 0}, {0, 20, 12, 64, 0}},
@@ -206,17 +207,14 @@ static inline double dec_loop_s(dec_loop l, bool scaled, dec_rates r) {
     return (f > m ? f : m) / l.elems;
 }
 
-/* Whether an fp8 step keeps the head's scale on the values (the kernels' fp8_foldable
- * fails): any scale of the tensor (NULL: scale 1) not a power of two from 1 to 2^64
- * once e4m3's 2^8 is in it */
+/* Whether an fp8 step keeps the head's scale on the values: any scale of the tensor
+ * (NULL: scale 1), with e4m3's 2^8 in it, that attn_fp8_factor_folds refuses */
 static inline bool dec_fp8_scaled(attn_dtype dt, const attn_tensor *scale) {
-    if (!scale || (dt != ATTN_FP8_E4M3 && dt != ATTN_FP8_E5M2)) return false;
+    if (!scale || !attn_is_fp8(dt)) return false;
     const int64_t n = scale->shape[0] * scale->shape[1] * scale->shape[2] * scale->shape[3];
-    for (int64_t i = 0; i < n; i++) {
-        const float s = (dt == ATTN_FP8_E4M3 ? 256.0f : 1.0f) * ((const float *)scale->data)[i];
-        int e;
-        if (!(s >= 1.0f && s <= 0x1p64f && frexpf(s, &e) == 0.5f)) return true;
-    }
+    for (int64_t i = 0; i < n; i++)
+        if (!attn_fp8_factor_folds((dt == ATTN_FP8_E4M3 ? 256.0f : 1.0f) * ((const float *)scale->data)[i]))
+            return true;
     return false;
 }
 

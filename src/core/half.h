@@ -102,6 +102,18 @@ static inline uint8_t attn_f32_to_e5m2(float f) {
 
 static inline bool attn_is_fp8(attn_dtype dt) { return dt == ATTN_FP8_E4M3 || dt == ATTN_FP8_E5M2; }
 
+/* Whether an fp8 decoding step may move the factor sc off the cached values onto the
+ * other factor (the query or p) with the same bits: sc (the head's scale, times 2^8 for
+ * e4m3, whose bytes are read as x / 2^8) a power of two from 1 to 2^64. Then x · sc is
+ * exact for every value x (at most 57344 · 2^64: no overflow; at least 2^-24 · 1: no
+ * loss) and so is f · sc for the other factor f (p in [0, 1]; a query of magnitude at
+ * most 2^60, which the step checks), so fma(f · sc, x, a) is fma(f, x · sc, a) in every
+ * bit. The AVX-512 step's rule (docs/KERNELS.md) and bench/decode_bound.h's model of it. */
+static inline bool attn_fp8_factor_folds(float sc) {
+    int e;
+    return sc >= 1.0f && sc <= 0x1p64f && frexpf(sc, &e) == 0.5f;
+}
+
 /* the value of byte x of fp8 dtype dt (e5m2 unless dt is e4m3) */
 static inline float attn_fp8_to_f32(attn_dtype dt, uint8_t x) {
     return dt == ATTN_FP8_E4M3 ? attn_e4m3_to_f32(x) : attn_e5m2_to_f32(x);

@@ -18,6 +18,7 @@
 #include "kernels/additive_kernels.h"
 #include "kernels/kernels.h"
 #include "kernels/avx2/gemv.h"
+#include "core/half.h"  // attn_fp8_factor_folds
 #include "core/philox.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
@@ -237,17 +238,6 @@ INLINE __m512 load_kv(int DT, const void *row, int64_t d, __mmask16 mk, __m512 s
     return IS_FP8(DT) ? _mm512_mul_ps(x, sc) : x;
 }
 
-/* An fp8 step's scale (kv_sc's number) moved off the cached values onto the other
- * factor, the query or p, when that gives the same bits: sc a power of two, 1 to 2^64,
- * so x · sc is exact for every value x load_row gives (at most 57344 · 2^64: no
- * overflow; at least 2^-24 · 1: no loss) and so is f · sc for the other factor f (p in
- * [0, 1]; a query of magnitude at most 2^60, checked). Then fma(f · sc, x, a) is
- * fma(f, x · sc, a) in every bit, and each cached vector's multiply is gone (the
- * default scale 1: e5m2's sc 1, e4m3's 2^8). */
-INLINE bool fp8_foldable(float sc) {
-    int e;
-    return sc >= 1.0f && sc <= 0x1p64f && frexpf(sc, &e) == 0.5f;
-}
 
 /* A block dtype's (q8_0, q4_0) 32 values of row `row` from column d (a multiple of 32),
  * as load_row gives them, in two vectors: the block's float16 scale converted once */
@@ -287,8 +277,8 @@ INLINE void pf_k_lines(const attn_decode_pf *pf, int64_t c, int64_t i0, int64_t 
 
 /* RR rows x DC zmm of value columns (V's rows of dtype DT, ldv bytes apart, or at
  * vrows[c] + voff where vrows is given; an fp8 V's values times vsc where VMUL, else
- * taken as load_row gives them: fp8_foldable's vsc is then on p); the last zmm loads
- * and stores under `tail`. acc = acc * alpha + sum_c p[c][i] V[c], the tile's
+ * taken as load_row gives them: the scale is then on p, attn_fp8_factor_folds); the
+ * last zmm loads and stores under `tail`. acc = acc * alpha + sum_c p[c][i] V[c], the tile's
  * sum from zero. SKIP: a p of exactly 0 leaves the accumulator untouched. pf (decoding,
  * else NULL): lines [i0, i1) of the next tile's K row c are asked for with key c. */
 INLINE void pv_tile(int DT, int RR, int DC, bool SKIP, bool VMUL, int64_t nk, const float *p,
@@ -407,7 +397,7 @@ INLINE __mmask32 mask32(int64_t left) {
 /* logits of NR rows x 4 keys (keys c..c+3 at kr[0..3]): lanes 4c + r, scaled; the
  * FMAs and the tree of qk_dot_tile, on keys converted to float32 in registers (an fp8
  * K's values times ksc, load_kv, where KMUL; else q is the rows times ksc,
- * fp8_foldable) */
+ * attn_fp8_factor_folds: each cached vector's multiply gone) */
 INLINE __m512 dec_qk4(int DT, bool KMUL, int NR, int64_t dk, const float *q, int64_t ldq,
                       const char *const kr[4], __m512 scale, __m512 ksc,
                       const attn_decode_pf *pf, int64_t c) {
@@ -607,11 +597,11 @@ INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, c
     const bool halves = DT == ATTN_BF16 && dk % 32 == 0 && dk <= DEC_HALVES_MAX_DK;
     float qh[4 * DEC_HALVES_MAX_DK];
     if (halves) split_halves(NR, dk, q, qh);
-    /* an fp8 K's scale on the query instead (fp8_foldable; 1 needs no copy) */
+    /* an fp8 K's scale on the query instead (attn_fp8_factor_folds, half.h; 1 needs no copy) */
     const float ks = _mm512_cvtss_f32(ksc);
     bool kmul = IS_FP8(DT);
     const float *qk = q;
-    if (IS_FP8(DT) && fp8_foldable(ks) && dk <= DEC_HALVES_MAX_DK) {
+    if (IS_FP8(DT) && attn_fp8_factor_folds(ks) && dk <= DEC_HALVES_MAX_DK) {
         if (ks == 1.0f) {
             kmul = false;
         } else {
@@ -667,9 +657,9 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t n, int64_t nk, int
     const __m512 shift = _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ),
                                             _mm512_setzero_ps());
     __m512 sum = _mm512_setzero_ps();
-    /* an fp8 V's scale on p instead (fp8_foldable), the sum l of the unscaled p */
+    /* an fp8 V's scale on p instead (attn_fp8_factor_folds), the sum l of the unscaled p */
     const __m512 vsc = kv_sc(DT, v_scale);
-    const bool vfold = IS_FP8(DT) && fp8_foldable(_mm512_cvtss_f32(vsc));
+    const bool vfold = IS_FP8(DT) && attn_fp8_factor_folds(_mm512_cvtss_f32(vsc));
     const __m512 pmul = vfold ? vsc : _mm512_set1_ps(1.0f);
     for (int64_t x = 0; x < nv; x++) {
         const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * x), shift));
