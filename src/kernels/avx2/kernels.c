@@ -8,8 +8,8 @@
  *   qk: 2 ymm of rows x 6 keys (12 accumulators); for decoding blocks (at most
  *       ATTN_DECODE_MAX_ROWS rows) the dot-product form, 4 rows x 2 keys reduced by one
  *       hadd tree;
- *   pv: 4 rows x 2 ymm of value columns (8 accumulators); a column tail narrower than
- *       8 goes through a masked load/store; pv_h the same passes on a 16-bit value
+*   pv: 6 rows x 2 ymm of value columns (12 accumulators; 4 rows, 8, under the
+ *       zero-skipping blend); a column tail narrower than 8 goes through a masked load/store; pv_h the same passes on a 16-bit value
  *       block, converted as each pass's panel is filled;
  *   decode: the AVX-512 decoding step at half the width (decode.c).
  */
@@ -173,7 +173,7 @@ static void softmax_avx2(int64_t npad, int64_t nk, float *s, int64_t lds, float 
 INLINE void pv_tile(int RR, bool SKIP, bool MASKED, int64_t nk, const float *p, int64_t lds,
                     const float *vp, const float *alpha, float *acc, int64_t ldo,
                     __m256i tail0, __m256i tail1) {
-    __m256 t[4][2];
+    __m256 t[6][2];
     UNROLL for (int i = 0; i < RR; i++) t[i][0] = t[i][1] = _mm256_setzero_ps();
     for (int64_t c = 0; c < nk; c++) {
         const __m256 v0 = _mm256_load_ps(vp + 16 * c), v1 = _mm256_load_ps(vp + 16 * c + 8);
@@ -202,17 +202,34 @@ INLINE void pv_tile(int RR, bool SKIP, bool MASKED, int64_t nk, const float *p, 
     }
 }
 
-/* One pass of 16 value columns for all n rows: 4 rows a tile, the rows left over one at
- * a time. */
+/* One pass of 16 value columns for all n rows. Without SKIP 6 rows a tile: 12
+ * accumulators, as many as qk_tile's, so that two FMA pipes of latency 5 (Zen 2) find
+ * independent work (4 rows, 8 accumulators, cover a latency of 4 at most), and 8 loads
+ * for 12 FMAs where 4 rows take 6 for 8; the rows left over in one tile of their number.
+ * SKIP's blend needs two more registers than 6 rows leave of the 16: 4 rows a tile, the
+ * rest one at a time. A row's sums are the same whichever tile it is in. */
 #define PV_PASS(NAME, SKIP, MASKED)                                                          \
     static void NAME(int64_t n, int64_t nk, const float *p, int64_t lds, const float *vp,   \
                      const float *alpha, float *acc, int64_t ldo, __m256i tail0,            \
                      __m256i tail1) {                                                       \
         int64_t r = 0;                                                                      \
-        for (; r + 4 <= n; r += 4)                                                          \
-            pv_tile(4, SKIP, MASKED, nk, p + r, lds, vp, alpha + r, acc + r * ldo, ldo, tail0, tail1); \
-        for (; r < n; r++)                                                                  \
-            pv_tile(1, SKIP, MASKED, nk, p + r, lds, vp, alpha + r, acc + r * ldo, ldo, tail0, tail1); \
+        if (SKIP) {                                                                         \
+            for (; r + 4 <= n; r += 4)                                                      \
+                pv_tile(4, SKIP, MASKED, nk, p + r, lds, vp, alpha + r, acc + r * ldo, ldo, tail0, tail1); \
+            for (; r < n; r++)                                                              \
+                pv_tile(1, SKIP, MASKED, nk, p + r, lds, vp, alpha + r, acc + r * ldo, ldo, tail0, tail1); \
+            return;                                                                         \
+        }                                                                                   \
+        for (; r + 6 <= n; r += 6)                                                          \
+            pv_tile(6, SKIP, MASKED, nk, p + r, lds, vp, alpha + r, acc + r * ldo, ldo, tail0, tail1); \
+        switch (n - r) {                                                                    \
+        case 5: pv_tile(5, SKIP, MASKED, nk, p + r, lds, vp, alpha + r, acc + r * ldo, ldo, tail0, tail1); break; \
+        case 4: pv_tile(4, SKIP, MASKED, nk, p + r, lds, vp, alpha + r, acc + r * ldo, ldo, tail0, tail1); break; \
+        case 3: pv_tile(3, SKIP, MASKED, nk, p + r, lds, vp, alpha + r, acc + r * ldo, ldo, tail0, tail1); break; \
+        case 2: pv_tile(2, SKIP, MASKED, nk, p + r, lds, vp, alpha + r, acc + r * ldo, ldo, tail0, tail1); break; \
+        case 1: pv_tile(1, SKIP, MASKED, nk, p + r, lds, vp, alpha + r, acc + r * ldo, ldo, tail0, tail1); break; \
+        default: break;                                                                     \
+        }                                                                                   \
     }
 PV_PASS(pv_pass, false, false)
 PV_PASS(pv_pass_m, false, true)
