@@ -8,9 +8,10 @@
  *   qk: 2 ymm of rows x 6 keys (12 accumulators); for decoding blocks (at most
  *       ATTN_DECODE_MAX_ROWS rows) the dot-product form, 4 rows x 2 keys reduced by one
  *       hadd tree;
-*   pv: 6 rows x 2 ymm of value columns (12 accumulators; 4 rows, 8, under the
- *       zero-skipping blend); a column tail narrower than 8 goes through a masked load/store; pv_h the same passes on a 16-bit value
- *       block, converted as each pass's panel is filled;
+ *   pv: 6 rows x 2 ymm of value columns (12 accumulators; 4 rows, 8, under the
+ *       zero-skipping blend); a column tail narrower than 8 goes through a masked
+ *       load/store; pv_h the same passes on a 16-bit value block, converted as each
+ *       pass's panel is filled;
  *   decode: the AVX-512 decoding step at half the width (decode.c).
  */
 #if defined(__x86_64__) || defined(_M_X64)
