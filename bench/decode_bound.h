@@ -60,9 +60,10 @@ typedef struct dec_loops {
 
 static const dec_loops DEC_LOOPS[] = {
     /* objdump -d build/obj/kernels/avx2/decode.o, the 4-row loops of ai_decode_avx2 (P·V
-     * recounted after af1ca94: its key loop asks for a line every key, no test); 8 lanes */
+     * recounted after af1ca94: its key loop asks for a line every key, no test; bfloat16
+     * Q·Kᵀ recounted once it widened K as float16's loop does); 8 lanes */
     {"avx2", "avx2", ATTN_F32, {13, 8, 10, 16, 0}, {22, 8, 6, 16, 0}},
-    {"avx2", "avx2", ATTN_BF16, {28, 16, 20, 32, 0}, {24, 8, 6, 16, 0}},
+    {"avx2", "avx2", ATTN_BF16, {24, 8, 7, 16, 0}, {24, 8, 6, 16, 0}},
     {"avx2", "avx2", ATTN_F16, {23, 8, 10, 16, 0}, {22, 8, 6, 16, 0}},
     {"avx2", "avx2", ATTN_Q8_0, {93, 32, 48, 64, 0}, {32, 8, 7, 16, 0}},
     /* src/kernels/avx512/kernels.c, 4 rows, 16 lanes. Q·Kᵀ (dec_qk4): 4 keys x 16

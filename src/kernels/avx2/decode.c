@@ -92,32 +92,19 @@ INLINE void pf_v_rows(const attn_decode_pf *pf, int64_t c) {
 }
 
 /* logits of NR rows x KC (1 or 2) keys at kr[0], kr[1]: lanes 4c + r, scaled; lanes of a missing
- * second key -inf; an fp8 K's values times ksc (load_kv). HALVES (a bfloat16 K, Dk a multiple of 16): q comes split by halves
- * and each load of 16 key values gives the even and the odd ones by a shift and an and,
- * where widening takes twice the operations (as dec_qk4_halves in avx512/kernels.c). */
-INLINE __m256 dec_qk4(int DT, bool HALVES, int NR, int KC, int64_t dk, const float *q,
+ * second key -inf; an fp8 K's values times ksc (load_kv). A bfloat16 K is widened 8
+ * values at a time like float16, not split into even and odd halves as the AVX-512 step
+ * does: with 8 sums (2 keys x 4 rows), the halves' two FMAs on each sum a step are a
+ * chain as long as the step's FMA issue (16 FMAs in 8 cycles at latency 4), which ran
+ * Q·Kᵀ at the chain's pace (docs/KERNELS.md, "Designs tried"). */
+INLINE __m256 dec_qk4(int DT, int NR, int KC, int64_t dk, const float *q,
                        const char *const kr[2], __m256 scale, __m256 ksc,
                        const attn_decode_pf *pf, int64_t c) {
     __m256 acc[2][4];
     UNROLL for (int j = 0; j < 2; j++)
         UNROLL for (int r = 0; r < 4; r++) acc[j][r] = _mm256_setzero_ps();
     pf_v_rows(pf, c);
-    if (HALVES) {  // q split by halves (split_halves); 16 values of a bfloat16 K a load
-        const __m256i hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
-        for (int64_t d = 0; d < dk; d += 16) {
-            __m256 ke[2], ko[2];
-            UNROLL for (int j = 0; j < KC; j++) {
-                const __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)kr[j] + d));
-                ke[j] = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
-                ko[j] = _mm256_castsi256_ps(_mm256_and_si256(raw, hi16));
-            }
-            UNROLL for (int r = 0; r < NR; r++) {
-                const __m256 qe = _mm256_loadu_ps(q + r * dk + d), qo = _mm256_loadu_ps(q + r * dk + d + 8);
-                UNROLL for (int j = 0; j < KC; j++)
-                    acc[j][r] = _mm256_fmadd_ps(qo, ko[j], _mm256_fmadd_ps(qe, ke[j], acc[j][r]));
-            }
-        }
-    } else if (DT == ATTN_Q8_0) {  // block by block (dk a multiple of 32): a key's scale
+    if (DT == ATTN_Q8_0) {  // block by block (dk a multiple of 32): a key's scale
         for (int64_t d = 0; d < dk; d += 32) {  // converted once, as load_row's product
             const uint8_t *b[2];
             __m256 sc[2];
@@ -183,18 +170,6 @@ INLINE __m256 dec_qk4(int DT, bool HALVES, int NR, int KC, int64_t dk, const flo
     return _mm256_blend_ps(z, _mm256_set1_ps(-INFINITY), 0xF0);
 }
 
-enum { DEC_HALVES_MAX_DK = 256 };
-
-/* the rows q (NR x dk, dk a multiple of 16) with each 16 columns as 8 even, 8 odd */
-INLINE void split_halves(int NR, int64_t dk, const float *q, float *qh) {
-    for (int r = 0; r < NR; r++)
-        for (int64_t d = 0; d < dk; d += 16)
-            for (int x = 0; x < 8; x++) {
-                qh[r * dk + d + x] = q[r * dk + d + 2 * x];
-                qh[r * dk + d + 8 + x] = q[r * dk + d + 2 * x + 1];
-            }
-}
-
 /* The tile's logits for NR rows, 2 keys a vector (lane 4c + r; lanes of a key past nk
  * -inf) into s; *mx gets their lane-wise max, *nan the lanes that saw a NaN. Key c at
  * k + c * ldk, or at rows[c] where rows is given (decode_rows); an fp8 K's values times
@@ -204,21 +179,13 @@ INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, c
                         int64_t ldk, const char *const *rows, float scale, float k_scale,
                         float *s, const attn_decode_pf *pf, __m256 *mx, __m256 *nan) {
     const __m256 vscale = _mm256_set1_ps(scale), ksc = _mm256_set1_ps(k_scale);
-    const bool halves = DT == ATTN_BF16 && dk % 16 == 0 && dk <= DEC_HALVES_MAX_DK;
-    float qh[4 * DEC_HALVES_MAX_DK];
-    if (halves) split_halves(NR, dk, q, qh);
     *mx = _mm256_set1_ps(-INFINITY);
     *nan = _mm256_setzero_ps();
     for (int64_t c = 0; c < nk; c += 2) {
-        __m256 z;
         const char *kr[2] = {rows ? rows[c] : k + c * ldk, NULL};
         if (c + 1 < nk) kr[1] = rows ? rows[c + 1] : kr[0] + ldk;
-        if (halves)
-            z = c + 2 <= nk ? dec_qk4(DT, true, NR, 2, dk, qh, kr, vscale, ksc, pf, c)
-                            : dec_qk4(DT, true, NR, 1, dk, qh, kr, vscale, ksc, pf, c);
-        else
-            z = c + 2 <= nk ? dec_qk4(DT, false, NR, 2, dk, q, kr, vscale, ksc, pf, c)
-                            : dec_qk4(DT, false, NR, 1, dk, q, kr, vscale, ksc, pf, c);
+        const __m256 z = c + 2 <= nk ? dec_qk4(DT, NR, 2, dk, q, kr, vscale, ksc, pf, c)
+                              : dec_qk4(DT, NR, 1, dk, q, kr, vscale, ksc, pf, c);
         _mm256_storeu_ps(s + 4 * c, z);
         *mx = _mm256_max_ps(*mx, z);
         *nan = _mm256_or_ps(*nan, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));
