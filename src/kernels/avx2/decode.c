@@ -33,6 +33,21 @@ INLINE __m256 q4_eight(const uint8_t *qs, int64_t e) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_sub_epi8(nib, _mm_set1_epi8(8))));
 }
 
+/* 8 e4m3 bytes from column d as float32 values x / 2^8, exact, through float16 (F16C):
+ * each byte into the top of a 16-bit lane, shifted right one (the sign copied into bit
+ * 14, then cleared) it is sign | (x & 0x7F) << 7, the float16 of x / 2^8 (its 4 exponent
+ * bits in the low 4 of float16's 5, bias 15 = 7 + 8; subnormals too). The NaN codes
+ * (x & 0x7F = 0x7F, 0x3F80 here, which would read 480 / 2^8) get float16's top exponent
+ * bit too: 0x7F80, a float16 NaN. */
+INLINE __m256 e4m3_eighth(const void *row, int64_t d) {
+    const __m128i w = _mm_unpacklo_epi8(_mm_setzero_si128(),
+                                        _mm_loadl_epi64((const __m128i *)((const uint8_t *)row + d)));
+    const __m128i h = _mm_and_si128(_mm_srai_epi16(w, 1), _mm_set1_epi16((short)0xBFFF));
+    const __m128i m7 = _mm_set1_epi16(0x3F80);
+    const __m128i nan = _mm_and_si128(_mm_cmpeq_epi16(_mm_and_si128(h, m7), m7), _mm_set1_epi16(0x4000));
+    return _mm256_cvtph_ps(_mm_or_si128(h, nan));
+}
+
 /* 8 values of a row from column d as float32 (n < 8: the first n, zeros after) */
 INLINE __m256 load_row(int DT, const void *row, int64_t d, int64_t n) {
     if (n < 8) {
@@ -52,32 +67,33 @@ INLINE __m256 load_row(int DT, const void *row, int64_t d, int64_t n) {
         return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8))),
                              q4_eight(b + 2, d % ATTN_Q4_0_BLOCK));
     }
-    if (DT == ATTN_FP8_E5M2 || DT == ATTN_FP8_E4M3) {  // 8 bytes, through float16 (F16C)
-        /* each byte into the top of a 16-bit lane: for e5m2 that is its float16, exact */
-        const __m128i w = _mm_unpacklo_epi8(_mm_setzero_si128(),
-                                            _mm_loadl_epi64((const __m128i *)((const uint8_t *)row + d)));
-        if (DT == ATTN_FP8_E5M2) return _mm256_cvtph_ps(w);
-        /* e4m3: shifted right one (the sign copied into bit 14, then cleared) it is
-         * sign | (x & 0x7F) << 7, the float16 of value x / 2^8 (its 4 exponent bits in the
-         * low 4 of float16's 5, bias 15 = 7 + 8; subnormals too), so times 2^8, exact. The
-         * NaN codes (x & 0x7F = 0x7F, 0x3F80 here, which would read 480) get float16's top
-         * exponent bit too: 0x7F80, a float16 NaN */
-        const __m128i h = _mm_and_si128(_mm_srai_epi16(w, 1), _mm_set1_epi16((short)0xBFFF));
-        const __m128i m7 = _mm_set1_epi16(0x3F80);
-        const __m128i nan = _mm_and_si128(_mm_cmpeq_epi16(_mm_and_si128(h, m7), m7), _mm_set1_epi16(0x4000));
-        return _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(h, nan)), _mm256_set1_ps(256.0f));
+    if (DT == ATTN_FP8_E5M2) {  // 8 bytes, each into the top of a 16-bit lane: its float16, exact
+        return _mm256_cvtph_ps(_mm_unpacklo_epi8(_mm_setzero_si128(),
+                                                 _mm_loadl_epi64((const __m128i *)((const uint8_t *)row + d))));
     }
+    if (DT == ATTN_FP8_E4M3) return _mm256_mul_ps(e4m3_eighth(row, d), _mm256_set1_ps(256.0f));
     const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + d));
     if (DT == ATTN_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     return _mm256_cvtph_ps(h);
 }
 
-/* load_row on a K or V row: an fp8 value times its head's scale sc (k_scale or v_scale,
- * 1 where none is given), one rounding, kv_block's fl32(value · scale) (the value itself
- * is exact, so is its product with 1); the other dtypes as load_row */
+/* load_row on a K or V row: an fp8 value times its head's scale, one rounding, kv_block's
+ * fl32(value · scale) (the value itself is exact, so is its product with 1); the other
+ * dtypes as load_row. sc is kv_sc's: for e4m3 the scale times 2^8 (exact: an e4m3 scale
+ * is at most 2^100, kernels.h), so the whole vectors' x / 2^8 (e4m3_eighth) times it is
+ * x · scale rounded once, as x times the scale is, with one multiply instead of two; a
+ * tail's exact x takes sc / 2^8, the scale again. */
 INLINE __m256 load_kv(int DT, const void *row, int64_t d, int64_t n, __m256 sc) {
+    if (DT == ATTN_FP8_E4M3)
+        return n == 8 ? _mm256_mul_ps(e4m3_eighth(row, d), sc)
+                      : _mm256_mul_ps(load_row(DT, row, d, n), _mm256_mul_ps(sc, _mm256_set1_ps(0x1p-8f)));
     const __m256 x = load_row(DT, row, d, n);
-    return DT == ATTN_FP8_E4M3 || DT == ATTN_FP8_E5M2 ? _mm256_mul_ps(x, sc) : x;
+    return DT == ATTN_FP8_E5M2 ? _mm256_mul_ps(x, sc) : x;
+}
+
+/* The multiplier load_kv takes for an fp8 cache's head scale: e4m3's times 2^8 */
+INLINE __m256 kv_sc(int DT, float scale) {
+    return _mm256_set1_ps(DT == ATTN_FP8_E4M3 ? 256.0f * scale : scale);
 }
 
 /* the lines of the V rows c, c+1 (those that exist), asked for before the Q·Kᵀ of keys
@@ -178,7 +194,7 @@ INLINE __m256 dec_qk4(int DT, int NR, int KC, int64_t dk, const float *q,
 INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, const char *k,
                         int64_t ldk, const char *const *rows, float scale, float k_scale,
                         float *s, const attn_decode_pf *pf, __m256 *mx, __m256 *nan) {
-    const __m256 vscale = _mm256_set1_ps(scale), ksc = _mm256_set1_ps(k_scale);
+    const __m256 vscale = _mm256_set1_ps(scale), ksc = kv_sc(DT, k_scale);
     *mx = _mm256_set1_ps(-INFINITY);
     *nan = _mm256_setzero_ps();
     for (int64_t c = 0; c < nk; c += 2) {
@@ -301,7 +317,7 @@ INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, in
                     const char *const *vrows, int64_t d0, int64_t nd, float v_scale,
                     const float *alpha, float *acc, int64_t dv, const attn_decode_pf *pf,
                     int64_t l0, int64_t l1) {
-    const __m256 vsc = _mm256_set1_ps(v_scale);
+    const __m256 vsc = kv_sc(DT, v_scale);
     __m256 t[4][2];
     UNROLL for (int r = 0; r < 4; r++) t[r][0] = t[r][1] = _mm256_setzero_ps();
     /* the lines over the nk keys, at most one a key: at one pointer, line floor(c npa / nk)
