@@ -63,16 +63,17 @@ static const dec_loops DEC_LOOPS[] = {
      * shortest instance of each (recounted 2026-12-07 for every cache dtype, once the
      * step's bfloat16 Q·Kᵀ widened K as float16's does and e4m3 took one multiply); fma
      * counts the FMA-port operations, a scale's multiplies among them (q8_0 and q4_0: the
-     * block's; fp8: the head's, e4m3's 2^8 folded in, always kept on this step), as the
-     * avx512 rows do; 8 lanes. Q·Kᵀ: 2 keys x 8 columns an iteration (q8_0, q4_0: x 32,
+     * block's; fp8: the head's, e4m3's 2^8 folded in, sc where the scale stays on the
+     * values: as on the avx512 step, a power of two from 1 to 2^64 goes onto the query
+     * and p instead), as the avx512 rows do; 8 lanes. Q·Kᵀ: 2 keys x 8 columns an iteration (q8_0, q4_0: x 32,
      * a block); P·V: a key's 16 columns */
     {"avx2", "avx2", ATTN_F32, {13, 8, 10, 16, 0}, {21, 8, 6, 16, 0}},
     {"avx2", "avx2", ATTN_BF16, {15, 8, 10, 16, 0}, {32, 8, 6, 16, 0}},
     {"avx2", "avx2", ATTN_F16, {13, 8, 10, 16, 0}, {21, 8, 6, 16, 0}},
     {"avx2", "avx2", ATTN_Q8_0, {85, 40, 42, 64, 0}, {32, 10, 6, 16, 0}},
     {"avx2", "avx2", ATTN_Q4_0, {100, 40, 40, 64, 0}, {42, 10, 7, 16, 0}},
-    {"avx2", "avx2", ATTN_FP8_E5M2, {19, 10, 10, 16, 0}, {27, 10, 6, 16, 0}},
-    {"avx2", "avx2", ATTN_FP8_E4M3, {33, 10, 14, 16, 0}, {39, 10, 10, 16, 0}},
+    {"avx2", "avx2", ATTN_FP8_E5M2, {19, 8, 10, 16, 2}, {27, 8, 6, 16, 2}},
+    {"avx2", "avx2", ATTN_FP8_E4M3, {33, 8, 14, 16, 2}, {39, 8, 10, 16, 2}},
     /* src/kernels/avx512/kernels.c, 4 rows, 16 lanes. Q·Kᵀ (dec_qk4): 4 keys x 16
      * columns an iteration, 4 K loads + 4 query loads, 16 FMAs; bfloat16 K by halves
      * (dec_qk4_halves, Dk a multiple of 32): 4 keys x 32 columns, 4 K loads + 8 query

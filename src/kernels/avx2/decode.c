@@ -96,6 +96,18 @@ INLINE __m256 kv_sc(int DT, float scale) {
     return _mm256_set1_ps(DT == ATTN_FP8_E4M3 ? 256.0f * scale : scale);
 }
 
+#define IS_FP8(DT) ((DT) == ATTN_FP8_E4M3 || (DT) == ATTN_FP8_E5M2)
+
+/* load_kv without the multiply, where the step has moved kv_sc's factor onto the query
+ * rows or onto p instead (attn_fp8_factor_folds: a power of two from 1 to 2^64, so every
+ * product is the same number either way): an fp8 value x as load_row gives it, e4m3's as
+ * x / 2^8 (its 2^8 is in the factor) */
+INLINE __m256 load_unscaled(int DT, const void *row, int64_t d, int64_t n) {
+    if (DT == ATTN_FP8_E4M3)
+        return n == 8 ? e4m3_eighth(row, d) : _mm256_mul_ps(load_row(DT, row, d, n), _mm256_set1_ps(0x1p-8f));
+    return load_row(DT, row, d, n);
+}
+
 /* the lines of the V rows c, c+1 (those that exist), asked for before the Q·Kᵀ of keys
  * c, c+1: outside its loop, whose every instruction counts where the group is large
  * (docs/BENCHMARKS.md, decoding's two bounds) */
@@ -113,7 +125,7 @@ INLINE void pf_v_rows(const attn_decode_pf *pf, int64_t c) {
  * does: with 8 sums (2 keys x 4 rows), the halves' two FMAs on each sum a step are a
  * chain as long as the step's FMA issue (16 FMAs in 8 cycles at latency 4), which ran
  * Q·Kᵀ at the chain's pace (docs/KERNELS.md, "Designs tried"). */
-INLINE __m256 dec_qk4(int DT, int NR, int KC, int64_t dk, const float *q,
+INLINE __m256 dec_qk4(int DT, bool KMUL, int NR, int KC, int64_t dk, const float *q,
                        const char *const kr[2], __m256 scale, __m256 ksc,
                        const attn_decode_pf *pf, int64_t c) {
     __m256 acc[2][4];
@@ -161,7 +173,8 @@ INLINE __m256 dec_qk4(int DT, int NR, int KC, int64_t dk, const float *q,
         int64_t d = 0;
         for (; d + 8 <= dk; d += 8) {
             __m256 kv[2];
-            UNROLL for (int j = 0; j < KC; j++) kv[j] = load_kv(DT, kr[j], d, 8, ksc);
+            UNROLL for (int j = 0; j < KC; j++)
+                kv[j] = KMUL ? load_kv(DT, kr[j], d, 8, ksc) : load_unscaled(DT, kr[j], d, 8);
             UNROLL for (int r = 0; r < NR; r++) {
                 const __m256 qv = _mm256_loadu_ps(q + r * dk + d);
                 UNROLL for (int j = 0; j < KC; j++) acc[j][r] = _mm256_fmadd_ps(qv, kv[j], acc[j][r]);
@@ -170,7 +183,8 @@ INLINE __m256 dec_qk4(int DT, int NR, int KC, int64_t dk, const float *q,
         for (; d < dk; d += 8) {
             const int64_t left = dk - d < 8 ? dk - d : 8;
             __m256 kv[2];
-            UNROLL for (int j = 0; j < KC; j++) kv[j] = load_kv(DT, kr[j], d, left, ksc);
+            UNROLL for (int j = 0; j < KC; j++)
+                kv[j] = KMUL ? load_kv(DT, kr[j], d, left, ksc) : load_unscaled(DT, kr[j], d, left);
             UNROLL for (int r = 0; r < NR; r++) {
                 const __m256 qv = load_row(ATTN_F32, q + r * dk, d, left);
                 UNROLL for (int j = 0; j < KC; j++) acc[j][r] = _mm256_fmadd_ps(qv, kv[j], acc[j][r]);
@@ -186,6 +200,8 @@ INLINE __m256 dec_qk4(int DT, int NR, int KC, int64_t dk, const float *q,
     return _mm256_blend_ps(z, _mm256_set1_ps(-INFINITY), 0xF0);
 }
 
+enum { DEC_FOLD_MAX_DK = 256 };  // the query copy of a folded fp8 factor, on the stack
+
 /* The tile's logits for NR rows, 2 keys a vector (lane 4c + r; lanes of a key past nk
  * -inf) into s; *mx gets their lane-wise max, *nan the lanes that saw a NaN. Key c at
  * k + c * ldk, or at rows[c] where rows is given (decode_rows); an fp8 K's values times
@@ -195,13 +211,40 @@ INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, c
                         int64_t ldk, const char *const *rows, float scale, float k_scale,
                         float *s, const attn_decode_pf *pf, __m256 *mx, __m256 *nan) {
     const __m256 vscale = _mm256_set1_ps(scale), ksc = kv_sc(DT, k_scale);
+    /* an fp8 K's factor on the query instead (attn_fp8_factor_folds, half.h; 1 needs no
+     * copy), as the AVX-512 step: a row element past 2^60 (or a NaN) keeps the multiply */
+    const float ks = _mm256_cvtss_f32(ksc);
+    bool kmul = IS_FP8(DT);
+    const float *qk = q;
+    float qf[4 * DEC_FOLD_MAX_DK];
+    if (IS_FP8(DT) && attn_fp8_factor_folds(ks) && dk <= DEC_FOLD_MAX_DK) {
+        if (ks == 1.0f) {
+            kmul = false;
+        } else {
+            const __m256 bound = _mm256_set1_ps(0x1p60f), mul = _mm256_set1_ps(ks);
+            const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+            __m256 big = _mm256_setzero_ps();
+            int64_t x = 0;
+            for (; x + 8 <= NR * dk; x += 8) {
+                const __m256 v = _mm256_loadu_ps(q + x);
+                big = _mm256_or_ps(big, _mm256_cmp_ps(_mm256_and_ps(v, absmask), bound, _CMP_NLE_UQ));
+                _mm256_storeu_ps(qf + x, _mm256_mul_ps(v, mul));
+            }
+            bool tail_big = false;
+            for (; x < NR * dk; x++) tail_big |= !(fabsf(q[x]) <= 0x1p60f), qf[x] = q[x] * ks;
+            kmul = tail_big || _mm256_movemask_ps(big) != 0, qk = kmul ? q : qf;
+        }
+    }
     *mx = _mm256_set1_ps(-INFINITY);
     *nan = _mm256_setzero_ps();
     for (int64_t c = 0; c < nk; c += 2) {
         const char *kr[2] = {rows ? rows[c] : k + c * ldk, NULL};
         if (c + 1 < nk) kr[1] = rows ? rows[c + 1] : kr[0] + ldk;
-        const __m256 z = c + 2 <= nk ? dec_qk4(DT, NR, 2, dk, q, kr, vscale, ksc, pf, c)
-                              : dec_qk4(DT, NR, 1, dk, q, kr, vscale, ksc, pf, c);
+        const __m256 z = IS_FP8(DT) && !kmul
+                             ? (c + 2 <= nk ? dec_qk4(DT, false, NR, 2, dk, qk, kr, vscale, ksc, pf, c)
+                                            : dec_qk4(DT, false, NR, 1, dk, qk, kr, vscale, ksc, pf, c))
+                             : (c + 2 <= nk ? dec_qk4(DT, true, NR, 2, dk, q, kr, vscale, ksc, pf, c)
+                                            : dec_qk4(DT, true, NR, 1, dk, q, kr, vscale, ksc, pf, c));
         _mm256_storeu_ps(s + 4 * c, z);
         *mx = _mm256_max_ps(*mx, z);
         *nan = _mm256_or_ps(*nan, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));
@@ -266,7 +309,7 @@ INLINE int64_t pf_k_lines(const attn_decode_pf *pf, int64_t l0, int64_t l1, int6
  * (t[r][0] the even columns, t[r][1] the odd ones); else the last pass of a row, nd < 16
  * columns. Each kind of pass in a loop of its own, its tests hoisted out of it. An fp8
  * V's values times vsc (load_kv). */
-INLINE void dec_pv_keys(int DT, int NR, bool WHOLE, bool FLAT, int64_t nk, const float *s,
+INLINE void dec_pv_keys(int DT, int NR, bool VMUL, bool WHOLE, bool FLAT, int64_t nk, const float *s,
                         const char *v, int64_t ldv, const char *const *vrows, int64_t d0,
                         int64_t nd, const char *const *pa, const char *flat, int64_t step,
                         __m256 vsc, __m256 t[4][2]) {
@@ -294,11 +337,12 @@ INLINE void dec_pv_keys(int DT, int NR, bool WHOLE, bool FLAT, int64_t nk, const
             v0 = _mm256_mul_ps(sc, q4_eight(b + 2, d0 % ATTN_Q4_0_BLOCK));
             v1 = _mm256_mul_ps(sc, q4_eight(b + 2, d0 % ATTN_Q4_0_BLOCK + 8));
         } else if (WHOLE) {
-            v0 = load_kv(DT, row, 0, 8, vsc);
-            v1 = load_kv(DT, row, 8, 8, vsc);
+            v0 = VMUL ? load_kv(DT, row, 0, 8, vsc) : load_unscaled(DT, row, 0, 8);
+            v1 = VMUL ? load_kv(DT, row, 8, 8, vsc) : load_unscaled(DT, row, 8, 8);
         } else {
-            v0 = load_kv(DT, row, d0, n0, vsc);
-            v1 = n1 > 0 ? load_kv(DT, row, d0 + 8, n1, vsc) : _mm256_setzero_ps();
+            v0 = VMUL ? load_kv(DT, row, d0, n0, vsc) : load_unscaled(DT, row, d0, n0);
+            v1 = n1 <= 0 ? _mm256_setzero_ps()
+                 : VMUL  ? load_kv(DT, row, d0 + 8, n1, vsc) : load_unscaled(DT, row, d0 + 8, n1);
         }
         _mm_prefetch(FLAT ? flat + c * step : pa[c >> step], _MM_HINT_T2);
         UNROLL for (int r = 0; r < NR; r++) {
@@ -313,7 +357,7 @@ INLINE void dec_pv_keys(int DT, int NR, bool WHOLE, bool FLAT, int64_t nk, const
  * r at s[4c + r]; its V row at v + c * ldv, or vrows[c] where vrows is given), rescaled by
  * alpha; lines [l0, l1) of the next tile's K (pf_k_lines) asked for over the pass's keys;
  * an fp8 V's values times v_scale */
-INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, int64_t ldv,
+INLINE void dec_pv(int DT, int NR, bool VMUL, int64_t nk, const float *s, const char *v, int64_t ldv,
                     const char *const *vrows, int64_t d0, int64_t nd, float v_scale,
                     const float *alpha, float *acc, int64_t dv, const attn_decode_pf *pf,
                     int64_t l0, int64_t l1) {
@@ -336,8 +380,8 @@ INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, in
     else if (flat) step = (64 * npa + nk - 1) / nk;  // up to (nk - 1) / 64 lines past l1's: a hint
     /* a q8_0 or q4_0 V has dv a multiple of 32, so every pass is whole */
     if (nd == 16 || attn_is_block_dtype((attn_dtype)DT)) {
-        if (flat) dec_pv_keys(DT, NR, true, true, nk, s, v, ldv, vrows, d0, 16, pa, flat, step, vsc, t);
-        else dec_pv_keys(DT, NR, true, false, nk, s, v, ldv, vrows, d0, 16, pa, flat, step, vsc, t);
+        if (flat) dec_pv_keys(DT, NR, VMUL, true, true, nk, s, v, ldv, vrows, d0, 16, pa, flat, step, vsc, t);
+        else dec_pv_keys(DT, NR, VMUL, true, false, nk, s, v, ldv, vrows, d0, 16, pa, flat, step, vsc, t);
         if (DT == ATTN_BF16)  // even and odd columns back in order
             UNROLL for (int r = 0; r < NR; r++) {
                 const __m256 lo = _mm256_unpacklo_ps(t[r][0], t[r][1]), hi = _mm256_unpackhi_ps(t[r][0], t[r][1]);
@@ -352,8 +396,8 @@ INLINE void dec_pv(int DT, int NR, int64_t nk, const float *s, const char *v, in
         }
         return;
     }
-    if (flat) dec_pv_keys(DT, NR, false, true, nk, s, v, ldv, vrows, d0, nd, pa, flat, step, vsc, t);
-    else dec_pv_keys(DT, NR, false, false, nk, s, v, ldv, vrows, d0, nd, pa, flat, step, vsc, t);
+    if (flat) dec_pv_keys(DT, NR, VMUL, false, true, nk, s, v, ldv, vrows, d0, nd, pa, flat, step, vsc, t);
+    else dec_pv_keys(DT, NR, VMUL, false, false, nk, s, v, ldv, vrows, d0, nd, pa, flat, step, vsc, t);
     const int64_t n0 = nd < 8 ? nd : 8, n1 = nd - n0;
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     UNROLL for (int r = 0; r < NR; r++) {
@@ -388,10 +432,15 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t nk, int64_t dk, in
     m_new = _mm256_blendv_ps(m_new, _mm256_set1_ps(NAN), nan);
     const __m256 shift = _mm256_blendv_ps(m_new, _mm256_setzero_ps(), _mm256_cmp_ps(m_new, neg_inf, _CMP_EQ_OQ));
     __m256 sum = _mm256_setzero_ps();
+    /* an fp8 V's factor on p instead (attn_fp8_factor_folds), the sum l of the unscaled p */
+    const float vs = _mm256_cvtss_f32(kv_sc(DT, v_scale));
+    const bool vfold = IS_FP8(DT) && attn_fp8_factor_folds(vs);
+    const __m256 pmul = _mm256_set1_ps(vs);
     for (int64_t x = 0; x < nv; x++) {
         const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * x), shift));
         /* FAST precision: P rounded to bfloat16 for P V, the sum l of the float32 p */
-        _mm256_storeu_ps(s + 8 * x, round_p ? round_bf16(e) : e);
+        const __m256 p = round_p ? round_bf16(e) : e;
+        _mm256_storeu_ps(s + 8 * x, vfold ? _mm256_mul_ps(p, pmul) : p);
         sum = _mm256_add_ps(sum, e);
     }
     const __m256 a = exp_avx2(_mm256_sub_ps(m_old, shift));
@@ -405,8 +454,12 @@ INLINE void decode_tile(int DT, int NR, bool round_p, int64_t nk, int64_t dk, in
     const int64_t passes = (dv + 15) / 16, lines = pf->k ? pf->nk * pf->lines_k : 0;
     for (int64_t p = 0; p < passes; p++) {
         const int64_t d0 = 16 * p, nd = dv - d0 < 16 ? dv - d0 : 16;
-        dec_pv(DT, NR, nk, s, v, ldv, v_rows, d0, nd, v_scale, alpha, acc, dv, pf,
-               p * lines / passes, (p + 1) * lines / passes);
+        if (vfold)
+            dec_pv(DT, NR, false, nk, s, v, ldv, v_rows, d0, nd, v_scale, alpha, acc, dv, pf,
+                   p * lines / passes, (p + 1) * lines / passes);
+        else
+            dec_pv(DT, NR, true, nk, s, v, ldv, v_rows, d0, nd, v_scale, alpha, acc, dv, pf,
+                   p * lines / passes, (p + 1) * lines / passes);
     }
 }
 
