@@ -2,8 +2,9 @@
  * avx2/decode.c — the AVX2 decoding step: Q·Kᵀ, online softmax and P·V of one clean
  *                 tile for at most 4 query rows in one call (kernels.h: decode,
  *                 decode_qk, decode_rows), on contiguous or paged rows of any cache
- *                 dtype (fp8 read as bytes through F16C, times the head's scale). The
- *                 tile kernels are kernels.c's; both share exp.h.
+ *                 dtype (fp8 read as bytes through F16C, times the head's scale, or
+ *                 with the scale on the query and p where that is exact). The tile
+ *                 kernels are kernels.c's; both share exp.h.
  */
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
