@@ -67,13 +67,13 @@ static const dec_loops DEC_LOOPS[] = {
      * values: as on the avx512 step, a power of two from 1 to 2^64 goes onto the query
      * and p instead), as the avx512 rows do; 8 lanes. Q·Kᵀ: 2 keys x 8 columns an iteration (q8_0, q4_0: x 32,
      * a block); P·V: a key's 16 columns */
-    {"avx2", "avx2", ATTN_F32, {13, 8, 10, 16, 0}, {21, 8, 6, 16, 0}},
-    {"avx2", "avx2", ATTN_BF16, {15, 8, 10, 16, 0}, {32, 8, 6, 16, 0}},
-    {"avx2", "avx2", ATTN_F16, {13, 8, 10, 16, 0}, {21, 8, 6, 16, 0}},
+    {"avx2", "avx2", ATTN_F32, {17, 8, 6, 16, 0}, {21, 8, 6, 16, 0}},
+    {"avx2", "avx2", ATTN_BF16, {19, 8, 6, 16, 0}, {32, 8, 6, 16, 0}},
+    {"avx2", "avx2", ATTN_F16, {17, 8, 6, 16, 0}, {21, 8, 6, 16, 0}},
     {"avx2", "avx2", ATTN_Q8_0, {85, 40, 42, 64, 0}, {32, 10, 6, 16, 0}},
     {"avx2", "avx2", ATTN_Q4_0, {100, 40, 40, 64, 0}, {42, 10, 7, 16, 0}},
-    {"avx2", "avx2", ATTN_FP8_E5M2, {19, 8, 10, 16, 2}, {27, 8, 6, 16, 2}},
-    {"avx2", "avx2", ATTN_FP8_E4M3, {33, 8, 14, 16, 2}, {39, 8, 10, 16, 2}},
+    {"avx2", "avx2", ATTN_FP8_E5M2, {26, 8, 6, 16, 2}, {27, 8, 6, 16, 2}},
+    {"avx2", "avx2", ATTN_FP8_E4M3, {38, 8, 10, 16, 2}, {39, 8, 10, 16, 2}},
     /* src/kernels/avx512/kernels.c, 4 rows, 16 lanes. Q·Kᵀ (dec_qk4): 4 keys x 16
      * columns an iteration, 4 K loads + 4 query loads, 16 FMAs; bfloat16 K by halves
      * (dec_qk4_halves, Dk a multiple of 32): 4 keys x 32 columns, 4 K loads + 8 query

@@ -177,7 +177,8 @@ INLINE __m256 dec_qk4(int DT, bool KMUL, int NR, int KC, int64_t dk, const float
             UNROLL for (int j = 0; j < KC; j++)
                 kv[j] = KMUL ? load_kv(DT, kr[j], d, 8, ksc) : load_unscaled(DT, kr[j], d, 8);
             UNROLL for (int r = 0; r < NR; r++) {
-                const __m256 qv = _mm256_loadu_ps(q + r * dk + d);
+                __m256 qv = _mm256_loadu_ps(q + r * dk + d);
+                __asm__("" : "+x"(qv));  // one load for both keys' FMAs, not a memory operand in each
                 UNROLL for (int j = 0; j < KC; j++) acc[j][r] = _mm256_fmadd_ps(qv, kv[j], acc[j][r]);
             }
         }
