@@ -65,8 +65,8 @@ static const dec_loops DEC_LOOPS[] = {
      * counts the FMA-port operations, a scale's multiplies among them (q8_0 and q4_0: the
      * block's; fp8: the head's, e4m3's 2^8 folded in, sc where the scale stays on the
      * values: as on the avx512 step, a power of two from 1 to 2^64 goes onto the query
-     * and p instead), as the avx512 rows do; 8 lanes. Q·Kᵀ: 2 keys x 8 columns an iteration (q8_0, q4_0: x 32,
-     * a block); P·V: a key's 16 columns */
+     * and p instead), as the avx512 rows do; 8 lanes. Q·Kᵀ: 2 keys x 8 columns an
+     * iteration (q8_0, q4_0: x 32, a block); P·V: a key's 16 columns */
     {"avx2", "avx2", ATTN_F32, {17, 8, 6, 16, 0}, {21, 8, 6, 16, 0}},
     {"avx2", "avx2", ATTN_BF16, {19, 8, 6, 16, 0}, {32, 8, 6, 16, 0}},
     {"avx2", "avx2", ATTN_F16, {17, 8, 6, 16, 0}, {21, 8, 6, 16, 0}},

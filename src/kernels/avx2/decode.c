@@ -121,7 +121,8 @@ INLINE void pf_v_rows(const attn_decode_pf *pf, int64_t c) {
 }
 
 /* logits of NR rows x KC (1 or 2) keys at kr[0], kr[1]: lanes 4c + r, scaled; lanes of a missing
- * second key -inf; an fp8 K's values times ksc (load_kv). A bfloat16 K is widened 8
+ * second key -inf; an fp8 K's values times ksc (load_kv) where KMUL, else as they are
+ * (load_unscaled: the factor is on q, dec_logits). A bfloat16 K is widened 8
  * values at a time like float16, not split into even and odd halves as the AVX-512 step
  * does: with 8 sums (2 keys x 4 rows), the halves' two FMAs on each sum a step are a
  * chain as long as the step's FMA issue (16 FMAs in 8 cycles at latency 4), which ran
@@ -310,7 +311,7 @@ INLINE int64_t pf_k_lines(const attn_decode_pf *pf, int64_t l0, int64_t l1, int6
  * decoding step's P·V loop"). WHOLE: a pass of 16 columns, a bfloat16 V by halves
  * (t[r][0] the even columns, t[r][1] the odd ones); else the last pass of a row, nd < 16
  * columns. Each kind of pass in a loop of its own, its tests hoisted out of it. An fp8
- * V's values times vsc (load_kv). */
+ * V's values times vsc (load_kv) where VMUL, else as they are (the factor is on p). */
 INLINE void dec_pv_keys(int DT, int NR, bool VMUL, bool WHOLE, bool FLAT, int64_t nk, const float *s,
                         const char *v, int64_t ldv, const char *const *vrows, int64_t d0,
                         int64_t nd, const char *const *pa, const char *flat, int64_t step,
@@ -358,7 +359,7 @@ INLINE void dec_pv_keys(int DT, int NR, bool VMUL, bool WHOLE, bool FLAT, int64_
 /* acc rows 0..NR-1, value columns d0..d0+nd-1 (nd <= 16), from the compact p (key c of row
  * r at s[4c + r]; its V row at v + c * ldv, or vrows[c] where vrows is given), rescaled by
  * alpha; lines [l0, l1) of the next tile's K (pf_k_lines) asked for over the pass's keys;
- * an fp8 V's values times v_scale */
+ * an fp8 V's values times v_scale where VMUL (else decode_tile put it on p) */
 INLINE void dec_pv(int DT, int NR, bool VMUL, int64_t nk, const float *s, const char *v, int64_t ldv,
                     const char *const *vrows, int64_t d0, int64_t nd, float v_scale,
                     const float *alpha, float *acc, int64_t dv, const attn_decode_pf *pf,
