@@ -86,6 +86,22 @@ static inline attn_decode_pf attn_decode_pf_make(const void *ask_v, int64_t ldv,
     };
 }
 
+/* A decoding step's query rows (n values) for an fp8 K whose factor f (the head's scale,
+ * e4m3's 2^8 in it) the step moves off K onto the query (attn_fp8_factor_folds, core/
+ * half.h: a power of two from 1 to 2^64): q itself for f = 1, else q · f into out, every
+ * product exact while each element is within 2^60; NULL where one is not (or is a NaN):
+ * the step then keeps the multiply on K. The AVX-512 and AVX2 steps share it. */
+static inline const float *attn_fp8_fold_query(int64_t n, const float *restrict q, float f,
+                                               float *restrict out) {
+    if (f == 1.0f) return q;
+    int bad = 0;  // no branch in the loop, so that it vectorizes
+    for (int64_t i = 0; i < n; i++) {
+        bad |= !(q[i] >= -0x1p60f) | !(q[i] <= 0x1p60f);  // a NaN too
+        out[i] = q[i] * f;
+    }
+    return bad ? NULL : out;
+}
+
 /* M(DT) for the K/V dtype dt (float32, bfloat16 or float16), DT a compile-time constant:
  * how the kernels instantiate their dtype templates. Any other dtype runs nothing: the
  * API admits only these three to the kernels (ai_check_tensor refuses the rest with

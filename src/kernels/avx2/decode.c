@@ -78,35 +78,31 @@ INLINE __m256 load_row(int DT, const void *row, int64_t d, int64_t n) {
     return _mm256_cvtph_ps(h);
 }
 
-/* load_row on a K or V row: an fp8 value times its head's scale, one rounding, kv_block's
- * fl32(value · scale) (the value itself is exact, so is its product with 1); the other
- * dtypes as load_row. sc is kv_sc's: for e4m3 the scale times 2^8 (exact: an e4m3 scale
- * is at most 2^100, kernels.h), so the whole vectors' x / 2^8 (e4m3_eighth) times it is
- * x · scale rounded once, as x times the scale is, with one multiply instead of two; a
- * tail's exact x takes sc / 2^8, the scale again. */
-INLINE __m256 load_kv(int DT, const void *row, int64_t d, int64_t n, __m256 sc) {
-    if (DT == ATTN_FP8_E4M3)
-        return n == 8 ? _mm256_mul_ps(e4m3_eighth(row, d), sc)
-                      : _mm256_mul_ps(load_row(DT, row, d, n), _mm256_mul_ps(sc, _mm256_set1_ps(0x1p-8f)));
-    const __m256 x = load_row(DT, row, d, n);
-    return DT == ATTN_FP8_E5M2 ? _mm256_mul_ps(x, sc) : x;
-}
-
-/* The multiplier load_kv takes for an fp8 cache's head scale: e4m3's times 2^8 */
-INLINE __m256 kv_sc(int DT, float scale) {
-    return _mm256_set1_ps(DT == ATTN_FP8_E4M3 ? 256.0f * scale : scale);
-}
-
 #define IS_FP8(DT) ((DT) == ATTN_FP8_E4M3 || (DT) == ATTN_FP8_E5M2)
 
-/* load_kv without the multiply, where the step has moved kv_sc's factor onto the query
- * rows or onto p instead (attn_fp8_factor_folds: a power of two from 1 to 2^64, so every
- * product is the same number either way): an fp8 value x as load_row gives it, e4m3's as
- * x / 2^8 (its 2^8 is in the factor) */
+/* 8 values of a K or V row as the step multiplies them: an fp8 value x as load_row gives
+ * it, e4m3's as x / 2^8 (exact; its 2^8 goes with the scale, kv_sc); the other dtypes as
+ * load_row. Without a multiply where the step has moved the scale onto the query rows or
+ * onto p (attn_fp8_factor_folds: a power of two from 1 to 2^64, so every product is the
+ * same number either way). */
 INLINE __m256 load_unscaled(int DT, const void *row, int64_t d, int64_t n) {
     if (DT == ATTN_FP8_E4M3)
         return n == 8 ? e4m3_eighth(row, d) : _mm256_mul_ps(load_row(DT, row, d, n), _mm256_set1_ps(0x1p-8f));
     return load_row(DT, row, d, n);
+}
+
+/* The multiplier load_kv takes for an fp8 cache's head scale: e4m3's times 2^8 (exact:
+ * an e4m3 scale is at most 2^100, kernels.h) */
+INLINE __m256 kv_sc(int DT, float scale) {
+    return _mm256_set1_ps(DT == ATTN_FP8_E4M3 ? 256.0f * scale : scale);
+}
+
+/* load_unscaled times sc (kv_sc's) for an fp8 value: x · scale rounded once, kv_block's
+ * fl32(value · scale), with one multiply (the value itself is exact, so is its product
+ * with 1); the other dtypes as load_row */
+INLINE __m256 load_kv(int DT, const void *row, int64_t d, int64_t n, __m256 sc) {
+    const __m256 x = load_unscaled(DT, row, d, n);
+    return IS_FP8(DT) ? _mm256_mul_ps(x, sc) : x;
 }
 
 /* the lines of the V rows c, c+1 (those that exist), asked for before the Q·Kᵀ of keys
@@ -214,36 +210,17 @@ INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, c
                         int64_t ldk, const char *const *rows, float scale, float k_scale,
                         float *s, const attn_decode_pf *pf, __m256 *mx, __m256 *nan) {
     const __m256 vscale = _mm256_set1_ps(scale), ksc = kv_sc(DT, k_scale);
-    /* an fp8 K's factor on the query instead (attn_fp8_factor_folds, half.h; 1 needs no
-     * copy), as the AVX-512 step: a row element past 2^60 (or a NaN) keeps the multiply */
+    /* an fp8 K's factor on the query instead where that is exact (attn_fp8_fold_query) */
     const float ks = _mm256_cvtss_f32(ksc);
-    bool kmul = IS_FP8(DT);
-    const float *qk = q;
     float qf[4 * DEC_FOLD_MAX_DK];
-    if (IS_FP8(DT) && attn_fp8_factor_folds(ks) && dk <= DEC_FOLD_MAX_DK) {
-        if (ks == 1.0f) {
-            kmul = false;
-        } else {
-            const __m256 bound = _mm256_set1_ps(0x1p60f), mul = _mm256_set1_ps(ks);
-            const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-            __m256 big = _mm256_setzero_ps();
-            int64_t x = 0;
-            for (; x + 8 <= NR * dk; x += 8) {
-                const __m256 v = _mm256_loadu_ps(q + x);
-                big = _mm256_or_ps(big, _mm256_cmp_ps(_mm256_and_ps(v, absmask), bound, _CMP_NLE_UQ));
-                _mm256_storeu_ps(qf + x, _mm256_mul_ps(v, mul));
-            }
-            bool tail_big = false;
-            for (; x < NR * dk; x++) tail_big |= !(fabsf(q[x]) <= 0x1p60f), qf[x] = q[x] * ks;
-            kmul = tail_big || _mm256_movemask_ps(big) != 0, qk = kmul ? q : qf;
-        }
-    }
+    const float *qk = IS_FP8(DT) && attn_fp8_factor_folds(ks) && dk <= DEC_FOLD_MAX_DK
+                          ? attn_fp8_fold_query(NR * dk, q, ks, qf) : NULL;
     *mx = _mm256_set1_ps(-INFINITY);
     *nan = _mm256_setzero_ps();
     for (int64_t c = 0; c < nk; c += 2) {
         const char *kr[2] = {rows ? rows[c] : k + c * ldk, NULL};
         if (c + 1 < nk) kr[1] = rows ? rows[c + 1] : kr[0] + ldk;
-        const __m256 z = IS_FP8(DT) && !kmul
+        const __m256 z = qk
                              ? (c + 2 <= nk ? dec_qk4(DT, false, NR, 2, dk, qk, kr, vscale, ksc, pf, c)
                                             : dec_qk4(DT, false, NR, 1, dk, qk, kr, vscale, ksc, pf, c))
                              : (c + 2 <= nk ? dec_qk4(DT, true, NR, 2, dk, q, kr, vscale, ksc, pf, c)

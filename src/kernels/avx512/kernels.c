@@ -597,25 +597,10 @@ INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, c
     const bool halves = DT == ATTN_BF16 && dk % 32 == 0 && dk <= DEC_HALVES_MAX_DK;
     float qh[4 * DEC_HALVES_MAX_DK];
     if (halves) split_halves(NR, dk, q, qh);
-    /* an fp8 K's scale on the query instead (attn_fp8_factor_folds, half.h; 1 needs no copy) */
+    /* an fp8 K's scale on the query instead where that is exact (attn_fp8_fold_query) */
     const float ks = _mm512_cvtss_f32(ksc);
-    bool kmul = IS_FP8(DT);
-    const float *qk = q;
-    if (IS_FP8(DT) && attn_fp8_factor_folds(ks) && dk <= DEC_HALVES_MAX_DK) {
-        if (ks == 1.0f) {
-            kmul = false;
-        } else {
-            const __m512 bound = _mm512_set1_ps(0x1p60f), mul = _mm512_set1_ps(ks);
-            __mmask16 big = 0;
-            for (int64_t x = 0; x < NR * dk; x += 16) {
-                const __mmask16 mk = NR * dk - x >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (NR * dk - x)) - 1);
-                const __m512 v = _mm512_maskz_loadu_ps(mk, q + x);
-                big |= _mm512_mask_cmp_ps_mask(mk, _mm512_abs_ps(v), bound, _CMP_NLE_UQ);  // NaN too
-                _mm512_mask_storeu_ps(qh + x, mk, _mm512_mul_ps(v, mul));
-            }
-            kmul = big != 0, qk = kmul ? q : qh;
-        }
-    }
+    const float *qk = IS_FP8(DT) && attn_fp8_factor_folds(ks) && dk <= DEC_HALVES_MAX_DK
+                          ? attn_fp8_fold_query(NR * dk, q, ks, qh) : NULL;
     *mx = _mm512_set1_ps(-INFINITY);
     *nan = 0;
     for (int64_t x = 0; x < nv; x++) {
@@ -628,9 +613,9 @@ INLINE void dec_logits(int DT, int NR, int64_t nk, int64_t dk, const float *q, c
             const int64_t key = c + (j < live ? j : live - 1);
             kr[j] = rows ? rows[key] : k + key * ldk;
         }
-        __m512 z = halves                   ? dec_qk4_halves(NR, dk, qh, kr, vscale, pf, c)
-                   : IS_FP8(DT) && !kmul ? dec_qk4(DT, false, NR, dk, qk, dk, kr, vscale, ksc, pf, c)
-                                         : dec_qk4(DT, true, NR, dk, q, dk, kr, vscale, ksc, pf, c);
+        __m512 z = halves ? dec_qk4_halves(NR, dk, qh, kr, vscale, pf, c)
+                   : qk   ? dec_qk4(DT, false, NR, dk, qk, dk, kr, vscale, ksc, pf, c)
+                          : dec_qk4(DT, true, NR, dk, q, dk, kr, vscale, ksc, pf, c);
         if (live < 4) z = _mm512_mask_mov_ps(z, (__mmask16)(0xFFFFu << (4 * live)), _mm512_set1_ps(-INFINITY));
         _mm512_storeu_ps(s + 16 * x, z);
         *mx = _mm512_max_ps(*mx, z);
