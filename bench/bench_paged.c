@@ -36,7 +36,6 @@
  *     cycles a key in L2.
  * What it is not: a test (no time limit anywhere).
  */
-#define _GNU_SOURCE  // madvise's MADV_HUGEPAGE (Linux), for --thp
 #include <math.h>
 #include <omp.h>
 #include <stdbool.h>
@@ -45,9 +44,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 #include "attn.h"
 #include "bench_clock.h"
@@ -63,15 +59,14 @@ static volatile double g_sink;
 static bool g_thp;  // --thp: K, V and the pools in transparent huge pages
 static double g_hz;  // the core clock (decode_bound.h), for --in-cache's cycles
 
-/* bytes for a cache or a pool: 64-byte aligned, or with --thp 2 MiB aligned and marked for
- * huge pages (madvise; the kernel may still refuse: then it is 4 KiB pages as without) */
+/* bytes for a cache or a pool: 64-byte aligned, or with --thp 2 MiB aligned and on huge
+ * pages by attn_huge_pages (the system may still refuse: then it is 4 KiB pages as
+ * without) */
 static void *kv_alloc(size_t bytes) {
     const size_t huge = (size_t)2 << 20;
     if (!g_thp) return aligned_alloc(64, (bytes + 63) / 64 * 64);
     void *p = aligned_alloc(huge, (bytes + huge - 1) / huge * huge);
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (p) madvise(p, (bytes + huge - 1) / huge * huge, MADV_HUGEPAGE);
-#endif
+    if (p) (void)attn_huge_pages(p, (bytes + huge - 1) / huge * huge);
     return p;
 }
 
@@ -239,7 +234,7 @@ static int run_shape(int64_t B, int64_t Hq, int64_t Lk, attn_dtype dt, int reps,
     float *o0 = malloc((size_t)(B * Hq * D) * sizeof(float)), *o1 = malloc((size_t)(B * Hq * D) * sizeof(float));
     const double kv_bytes = 2.0 * (double)(B * Hkv * Lk * D) * (double)es;
     int64_t nbuf = (int64_t)(kv_bytes < 1073741824.0 ? kv_bytes : 1073741824.0) / 4 / (64 * nt) * (64 * nt);
-    float *rbuf = aligned_alloc(64, (size_t)nbuf * sizeof(float));
+    float *rbuf = kv_alloc((size_t)nbuf * sizeof(float));  // the read's buffer as the caches
     if (!c.k || !c.v || !q || !o0 || !o1 || !rbuf) return fprintf(stderr, "attn: bench --paged: out of memory\n"), 1;
     const int64_t n = B * Hkv * Lk * D;
 #pragma omp parallel for schedule(static)

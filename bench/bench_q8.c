@@ -77,18 +77,26 @@ static double err_rel(const float *a, const float *b, int64_t n, double *mx) {
 }
 
 static const char USAGE[] =
-    "usage: attn bench --q8 [--quick] [--threads N] [--reps N] [--isa NAME] [--plant-error]\n"
+    "usage: attn bench --q8 [--quick] [--threads N] [--reps N] [--isa NAME] [--thp] [--plant-error]\n"
     "\n"
     "  Decoding (Lq = 1, Lk = 16384, Hq = 32, Hkv = 8, D = 128, B = 1) over float32,\n"
     "  bfloat16 and q8_0 KV caches: each checked against the float64 path, the q8_0 and\n"
     "  bfloat16 errors against the float32 cache printed, then medians timed beside the\n"
     "  read bandwidth, and the compute bound of the step of the kernel that runs\n"
     "  (bench/decode_bound.h; n/a for a kernel without a model). --isa NAME: run these\n"
-    "  kernels of the library (ATTN_ISA).\n";
+    "  kernels of the library (ATTN_ISA). --thp: the filled caches and the read's buffer\n"
+    "  moved onto huge pages by attn_huge_pages before the timed calls.\n";
 
 int bench_q8(int argc, char **argv) {
+    /* --thp is this part's own flag: taken out before the shared scan */
+    bool thp = false;
+    char *args[64];
+    int na = 0;
+    for (int i = 0; i < argc && na < 64; i++)
+        if (strcmp(argv[i], "--thp") == 0) thp = true;
+        else args[na++] = argv[i];
     bench_part_args pa;
-    const int rc = bench_part_scan(argc, argv, "--q8", USAGE, 5, 21, 200, &pa);
+    const int rc = bench_part_scan(na, args, "--q8", USAGE, 5, 21, 200, &pa);
     if (rc >= 0) return rc;
     const bool quick = pa.quick, plant = pa.plant;
     const int threads = pa.threads, reps = pa.reps;
@@ -190,6 +198,19 @@ int bench_q8(int argc, char **argv) {
     if (!flush) return fprintf(stderr, "attn: bench --q8: out of memory\n"), 1;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t i = 0; i < nflush; i++) flush[i] = 1e-3f * (float)(i & 7);
+    if (thp) {  /* the filled caches and the read's buffer moved onto huge pages, as a server
+                 * would its pool once (attn_huge_pages) */
+        const double th0 = now_s();
+        attn_status st = attn_huge_pages(flush, (size_t)nflush * 4);
+        for (int i = 0; i < NC && st == ATTN_OK; i++) {
+            const size_t bytes = (size_t)((double)nkv * c[i].bytes_per_elem);
+            st = attn_huge_pages(c[i].k, bytes);
+            if (st == ATTN_OK) st = attn_huge_pages(c[i].v, bytes);
+        }
+        if (st != ATTN_OK) return fprintf(stderr, "attn: bench --q8: --thp: %s\n", attn_last_error()), 1;
+        printf("  huge pages: attn_huge_pages on the %d caches' K and V and the read's buffer: %.1f ms\n",
+               NC, 1e3 * (now_s() - th0));
+    }
     double *t = malloc(sizeof(double) * (size_t)reps), *bw = malloc(sizeof(double) * (size_t)reps);
     for (int i = 0; i < NC; i++) {  // the compute bound of each cache's step (decode_bound.h)
         if (c[i].k_scale) continue;  // its dtype's line is printed already

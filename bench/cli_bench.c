@@ -238,6 +238,8 @@ int cli_bench(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--paged") == 0) return bench_paged(argc - 1, argv + 1);
     /* the q8_0 cache's decoding rows: bench/bench_q8.c */
     if (argc > 1 && strcmp(argv[1], "--q8") == 0) return bench_q8(argc - 1, argv + 1);
+    /* streaming and computing at once, the decoding targets' ceiling: bench/bench_overlap.c */
+    if (argc > 1 && strcmp(argv[1], "--overlap") == 0) return bench_overlap(argc - 1, argv + 1);
     /* latent attention's decoding rows: bench/bench_mla.c */
     if (argc > 1 && strcmp(argv[1], "--mla") == 0) return bench_mla(argc - 1, argv + 1);
     /* a mixed serving step in one call: bench/bench_step.c */

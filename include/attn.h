@@ -678,6 +678,20 @@ ATTN_API bool attn_kernel_supported(const char *name);
  * run it: attn_kernel_supported). Static storage; never freed. */
 ATTN_API const char *const *attn_kernel_list(void);
 
+/* Asks that the memory [p, p + bytes) be backed by huge pages: meant for a KV cache or a
+ * paged pool that every decoding step reads, allocated once. Under a virtual machine's
+ * nested paging a 4 KiB page costs the decoding step a page walk every 16 to 64 keys; on
+ * 2 MiB pages the same step ran 10-40% faster (docs/BENCHMARKS.md, "Huge pages").
+ * Covers the whole 2 MiB pages inside the range (the ends stay as they are): advises
+ * them (Linux madvise MADV_HUGEPAGE, so pages touched later come huge), then moves the
+ * pages already touched onto huge pages (MADV_COLLAPSE, Linux 6.1 and later; a copy by
+ * the kernel, best effort, ignored where refused). No byte of the range changes, and
+ * nothing is kept: the memory stays the caller's, freed as it was allocated.
+ * ATTN_ERR_NULL for p NULL with bytes > 0; ATTN_ERR_UNSUPPORTED where the system gives no
+ * huge pages on request (not Linux, or transparent huge pages "never"); ATTN_OK
+ * otherwise, a range without a whole 2 MiB page included (nothing to do). */
+ATTN_API attn_status attn_huge_pages(void *p, size_t bytes);
+
 /* The BLAS this build calls for its matrix products (projections): OpenBLAS's own
  * description ("OpenBLAS 0.3.21 ..."), the name given at build time for another CBLAS,
  * or "none" for a build without one (calls that need it return ATTN_ERR_UNSUPPORTED). */

@@ -8,7 +8,7 @@
  * threads, enums), int64 overflow of sizes and offsets, workspace size and use,
  * attn_forward_workspace_size's own NULL, the status strings, attn_last_error (set on
  * failure, "" after success, per thread), attn_version, attn_kernel_name and
- * attn_kernel_list.
+ * attn_kernel_list, attn_huge_pages.
  * Each failing call is made with a sentinel in o, lse and weights, which must survive.
  * The status of the workspace query is checked to agree for the argument errors.
  * What it is not: a test of the numbers (test_forward.c, test_edge.c).
@@ -731,7 +731,54 @@ static void append_and_merge(void) {
     CHECK(attn_last_error()[0] == 0, "merge: last_error \"%s\" after success", attn_last_error());
 }
 
+/* attn_huge_pages: NULL refused, 0 bytes and a range without a whole 2 MiB page fine, and
+ * no byte of a range that holds several changes. Whether the pages became huge is the
+ * system's (its settings, free memory): printed from /proc/self/smaps_rollup where there
+ * is one, not checked; the status is, where the system says it gives huge pages on
+ * request (Linux's transparent_hugepage/enabled other than [never]). */
+static long anon_huge_kib(void) {
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    if (!f) return -1;
+    char line[256];
+    long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "AnonHugePages: %ld kB", &kib) == 1) break;
+    fclose(f);
+    return kib;
+}
+
+static void huge_pages(void) {
+    CHECK(attn_huge_pages(NULL, 16) == ATTN_ERR_NULL && attn_last_error()[0], "attn_huge_pages(NULL, 16) not ATTN_ERR_NULL");
+    CHECK(attn_huge_pages(NULL, 0) == ATTN_OK, "attn_huge_pages(NULL, 0): %s", attn_last_error());
+    const size_t n = (size_t)9 << 20;  // at least 3 whole 2 MiB pages wherever it starts
+    uint32_t *buf = malloc(n);
+    CHECK(buf != NULL, "malloc");
+    if (!buf) return;
+    for (size_t i = 0; i < n / 4; i++) buf[i] = (uint32_t)(i * 2654435761u);
+    CHECK(attn_huge_pages(buf, 4096) == ATTN_OK, "attn_huge_pages on 4 KiB: %s", attn_last_error());
+    const long before = anon_huge_kib();
+    const attn_status st = attn_huge_pages(buf, n);
+    const long after = anon_huge_kib();
+    size_t bad = 0;
+    for (size_t i = 0; i < n / 4; i++) bad += buf[i] != (uint32_t)(i * 2654435761u);
+    CHECK(bad == 0, "attn_huge_pages changed %zu of %zu words", bad, n / 4);
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    char mode[128] = "";
+    if (f) {
+        if (!fgets(mode, sizeof mode, f)) mode[0] = '\0';
+        fclose(f);
+    }
+    if (f && !strstr(mode, "[never]"))
+        CHECK(st == ATTN_OK, "attn_huge_pages on 9 MiB: %s (transparent huge pages: %s)", attn_last_error(), mode);
+    else
+        CHECK(st == ATTN_OK || st == ATTN_ERR_UNSUPPORTED, "attn_huge_pages on 9 MiB: status %d", (int)st);
+    printf("     attn_huge_pages on 9 MiB: %s; the process's AnonHugePages %ld -> %ld KiB\n",
+           attn_status_string(st), before, after);
+    free(buf);
+}
+
 int main(void) {
+    huge_pages();
     valid_call();
     nulls();
     dtypes();

@@ -160,6 +160,38 @@ static void test_codes(const fmt *f) {
                   (double)scales[si % NS], si < NS ? "" : " (none given)", path ? "reference" : "fused", bad);
         }
     }
+
+    /* as K: head h (256 of them, one query row each) has two keys, a zero row and a row
+     * whose first element is code h, under q = e_0 and V = (0, 1): o = the weight of the
+     * second key, sigmoid(value / 4) (Dk 16), NaN for a NaN code and for +inf, 0 for
+     * -inf. The decoding step reads K codes as V codes, NaN step included. */
+    enum { DK = 16 };
+    uint8_t *kk = calloc(256 * 2 * DK, 1), *vv = malloc(256 * 2);
+    float *qq = calloc(256 * DK, sizeof(float)), oo[256];
+    for (int h = 0; h < 256; h++) {
+        kk[(2 * h + 1) * DK] = (uint8_t)h;
+        vv[2 * h] = 0, vv[2 * h + 1] = f->max_code;  // 0 and the largest: o times it, exact
+        qq[h * DK] = 1.0f;
+    }
+    attn_tensor kq = attn_tensor_4d(qq, ATTN_F32, 1, 256, 1, DK), ko = attn_tensor_4d(oo, ATTN_F32, 1, 256, 1, 1);
+    attn_tensor kt = attn_tensor_4d(kk, f->dt, 1, 256, 2, DK), kv = attn_tensor_4d(vv, f->dt, 1, 256, 2, 1);
+    for (int path = 0; path < 2; path++) {
+        attn_options opt = {.path = path ? ATTN_PATH_REFERENCE : ATTN_PATH_FUSED};
+        fill_sentinel(oo, 256);
+        attn_status st = attn_forward(&kq, &kt, &kv, &ko, &opt);
+        CHECK(st == ATTN_OK, "%s: forward over the 256 codes as K: %s", f->name, attn_last_error());
+        bad = 0;
+        for (int c = 0; c < 256; c++) {
+            const double s = dec(f, (uint8_t)c) / 4.0;
+            const double want = isnan(s) || s == INFINITY ? NAN : f->max / (1.0 + exp(-s));
+            const int wrong = isnan(want) ? !isnan(oo[c]) : !(fabs(oo[c] - want) <= 1e-6 * f->max);
+            if (wrong && bad < 4) fprintf(stderr, "     %s: K code 0x%02x gives %.9g, expected %.9g\n", f->name, c, (double)oo[c], want);
+            bad += wrong;
+        }
+        CHECK(bad == 0, "%s, %s path: %d of 256 codes as K give another weight than their value's", f->name,
+              path ? "reference" : "fused", bad);
+    }
+    free(kk), free(vv), free(qq);
 }
 
 /* ---- 2. the conversion from float32 ---------------------------------------------------- */

@@ -241,3 +241,25 @@ attn_status ai_workspace_acquire(const attn_options *opt, size_t need, void **ws
     }
     return ATTN_OK;
 }
+
+/* attn.h. MADV_COLLAPSE is 25 in Linux's uapi headers from 6.1; glibc's may not name it
+ * yet. An older kernel refuses it (EINVAL): the advice alone then covers later faults. */
+attn_status attn_huge_pages(void *p, size_t bytes) {
+    if (bytes == 0) return ai_ok();
+    if (!p) return ai_fail(ATTN_ERR_NULL, "attn_huge_pages: p is NULL with bytes %zu", bytes);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    uintptr_t a, b;
+    if (!ai_huge_range(p, bytes, &a, &b)) return ai_ok();
+    if (madvise((void *)a, b - a, MADV_HUGEPAGE) != 0)
+        return ai_fail(ATTN_ERR_UNSUPPORTED, "attn_huge_pages: the system gives no huge pages "
+                       "on request (madvise MADV_HUGEPAGE refused)");
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25
+#endif
+    (void)madvise((void *)a, b - a, MADV_COLLAPSE);
+    return ai_ok();
+#else
+    return ai_fail(ATTN_ERR_UNSUPPORTED, "attn_huge_pages: huge pages on request are Linux's "
+                   "(madvise), not this system's");
+#endif
+}

@@ -14,11 +14,20 @@
 #ifndef ATTN_HUGE_PAGES_H
 #define ATTN_HUGE_PAGES_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #ifdef __linux__
 #include <sys/mman.h>
 #endif
+
+/* The whole 2 MiB pages inside [p, p + n): *a and *b, false where there are none */
+static inline bool ai_huge_range(const void *p, size_t n, uintptr_t *a, uintptr_t *b) {
+    const uintptr_t page = (uintptr_t)2 << 20;
+    *a = ((uintptr_t)p + page - 1) & ~(page - 1);
+    *b = ((uintptr_t)p + n) & ~(page - 1);
+    return *b > *a;
+}
 
 static inline void ai_huge_pages(void *p, size_t n) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)

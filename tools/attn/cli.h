@@ -19,6 +19,7 @@ int cli_seq2seq(int argc, char **argv);  /* attn seq2seq (examples/seq2seq/cli_s
 int bench_additive(int argc, char **argv); /* attn bench --additive (bench/bench_additive.c) */
 int bench_paged(int argc, char **argv);    /* attn bench --paged (bench/bench_paged.c) */
 int bench_q8(int argc, char **argv);       /* attn bench --q8 (bench/bench_q8.c) */
+int bench_overlap(int argc, char **argv);  /* attn bench --overlap (bench/bench_overlap.c) */
 int bench_mla(int argc, char **argv);      /* attn bench --mla (bench/bench_mla.c) */
 int bench_step(int argc, char **argv);     /* attn bench --step (bench/bench_step.c) */
 int bench_f64(int argc, char **argv);      /* attn bench --f64 (bench/bench_f64.c) */
