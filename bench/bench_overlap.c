@@ -22,9 +22,6 @@
  * beside the decoding rows.
  * What it is not: a test (no time limit anywhere), or a measure of the library's code.
  */
-#define _GNU_SOURCE  // madvise's MADV_HUGEPAGE (Linux), for --thp
-#include <immintrin.h>
-#include <sys/mman.h>
 #include <omp.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -36,6 +33,9 @@
 #include "bench_clock.h"
 #include "cli.h"
 #include "cliopt.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
 
 static volatile float g_sink;
 
@@ -109,21 +109,20 @@ static void flush(const float *big, int64_t n, int nt) {
     g_dsink += total;
 }
 
-/* n bytes, 2 MiB aligned; with huge, marked for transparent huge pages (madvise) */
+/* n bytes, 2 MiB aligned; with huge, on huge pages (attn_huge_pages: refused, 4 KiB) */
 static void *buffer(size_t n, bool huge) {
     const size_t page = (size_t)2 << 20;
     void *p = aligned_alloc(page, (n + page - 1) / page * page);
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (p && huge) madvise(p, (n + page - 1) / page * page, MADV_HUGEPAGE);
-#endif
+    if (p && huge) (void)attn_huge_pages(p, (n + page - 1) / page * page);
     return p;
 }
+#endif
 
 static const char USAGE[] =
     "usage: attn bench --overlap [--quick] [--threads N] [--reps N] [--isa NAME] [--mib N] [--thp]\n"
     "  the share of max(read time, FMA time) one loop reaches when it streams and computes\n"
     "  at once, F FMAs per 64-byte line (bench/bench_overlap.c says how); --mib: the\n"
-    "  streamed buffer (default 64, --quick 16); --thp: both buffers on transparent huge pages\n";
+    "  streamed buffer (default 64); --thp: both buffers on transparent huge pages\n";
 
 int bench_overlap(int argc, char **argv) {
     /* --mib is this part's own option: taken out before the shared scan */
@@ -146,8 +145,12 @@ int bench_overlap(int argc, char **argv) {
     bench_part_args pa;
     const int rc = bench_part_scan(na, args, "--overlap", USAGE, 3, 7, 100, &pa);
     if (rc >= 0) return rc;
+#if !defined(__x86_64__)
+    (void)thp, (void)mib;
+    return fprintf(stderr, "attn: bench --overlap: its loops are x86-64's (AVX2, AVX-512)\n"), 2;
+#else
     const int nt = pa.threads > 0 ? pa.threads : omp_get_max_threads();
-    if (!mib) mib = pa.quick ? 16 : 64;
+    if (!mib) mib = 64;  // twice this L3 (32 MiB), --quick too: a stream from memory
     const char *kernel = attn_kernel_name();
     const bool w512 = strncmp(kernel, "avx512", 6) == 0;
     if (!w512 && strcmp(kernel, "avx2") != 0)
@@ -182,4 +185,5 @@ int bench_overlap(int argc, char **argv) {
            "  max(t_read, t_fma) / the faster of the two streaming times\n");
     free(buf), free(big);
     return 0;
+#endif
 }

@@ -363,6 +363,21 @@ if grep -q "q8_0 .*uniform data: fused vs float64 .* ok" out.txt && grep -q "^  
 else bad "bench --q8 output"; sed 's/^/    /' out.txt | tail -8; fi
 expect "bench --q8 --plant-error fails its check" 1 "$ATTN" bench --q8 --quick --reps 1 --plant-error
 expect "bench --q8 --reps 0" 2 "$ATTN" bench --q8 --reps 0
+expect "bench --q8 --thp" 0 "$ATTN" bench --q8 --quick --reps 1 --thp
+if grep -q "^  huge pages: attn_huge_pages on the 7 caches" out.txt && grep -q "^  q8_0 .*bfloat16's speed" out.txt; then
+    ok "bench --q8 --thp moves its caches with attn_huge_pages, then times them"
+else bad "bench --q8 --thp output"; sed 's/^/    /' out.txt | tail -8; fi
+
+# ---- streaming and computing at once (bench/bench_overlap.c) ---------------------------------
+case "$(uname -m)" in
+x86_64)
+    expect "bench --overlap --quick" 0 "$ATTN" bench --overlap --quick --reps 1
+    if grep -q "^overlap probe: 64 MiB streamed" out.txt && grep -qE "^ +16 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +4\.0 +[0-9.]+%" out.txt; then
+        ok "bench --overlap prints its rows, F 16 among them"
+    else bad "bench --overlap output"; sed 's/^/    /' out.txt | tail -8; fi ;;
+*) expect "bench --overlap refuses a CPU without its loops" 2 "$ATTN" bench --overlap --quick --reps 1 ;;
+esac
+expect "bench --overlap --mib 0" 2 "$ATTN" bench --overlap --mib 0
 
 # ---- latent attention's decoding rows (bench/bench_mla.c) ----------------------------------
 expect "bench --mla --quick" 0 "$ATTN" bench --mla --quick --reps 1

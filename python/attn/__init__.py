@@ -635,6 +635,11 @@ from ._decode import KVCache, mha_decode  # noqa: E402
 
 __all__ += ["KVCache", "mha_decode"]
 
+# ---- a KV cache or page pool onto 2 MiB pages (python/attn/_huge.py) --------------------
+from ._huge import huge_pages  # noqa: E402
+
+__all__ += ["huge_pages"]
+
 # ---- FlexAttention-shaped calls: block masks and additive score_mods (python/attn/_flex.py)
 from ._flex import BlockMask, create_block_mask, flex_attention  # noqa: E402
 

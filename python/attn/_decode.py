@@ -130,10 +130,14 @@ class KVCache:
     def empty(cls, batch: int, max_len: int, num_kv_heads: int, head_dim: int,
               v_head_dim: Optional[int] = None, dtype: Any = np.float32) -> "KVCache":
         """A zeroed contiguous NumPy cache [batch, max_len, num_kv_heads, head_dim] (v's
-        last dimension v_head_dim, default head_dim) of dtype float32 or float16."""
+        last dimension v_head_dim, default head_dim) of dtype float32 or float16, on 2 MiB
+        pages where the system gives them (attn.huge_pages: the decoding step reads every
+        row on every step)."""
+        from ._huge import huge_pages
         dv = head_dim if v_head_dim is None else v_head_dim
         k = np.zeros((batch, max_len, num_kv_heads, head_dim), dtype)
         v = np.zeros((batch, max_len, num_kv_heads, dv), dtype)
+        huge_pages(k), huge_pages(v)
         return cls(k, v)
 
     @property
