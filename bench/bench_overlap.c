@@ -8,7 +8,8 @@
  * streams at its peak. This probe measures the best any loop does at that, with nothing
  * of attention in it: each thread streams its slice of a buffer one 64-byte line at a
  * time (one zmm load, or two ymm loads under the avx2 kernel) and issues F FMAs on the
- * loaded vector per line (12 accumulators, more than the FMA pipes' latency needs), for
+ * loaded vector per line (12 accumulators, 8 under AVX2: more than two FMA pipes of
+ * latency 4 need), for
  * F from 0 to 32. For each F:
  *   - t_read: the same stream with F = 0 (the median of its reps), the memory bound;
  *   - t_fma: the same loop with F FMAs a line over a slice that stays in L1 (the line
@@ -42,34 +43,36 @@ static volatile float g_sink;
 /* the accumulators' starting values and the FMAs' other factors, unknown to the compiler
  * (else it merges accumulators whose updates it can prove equal) */
 static volatile float g_start[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
-static volatile float g_fac[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+static volatile float g_fac[2] = {0.5f, 0.25f};
 
-#define LINE_LOOP(F, PF, SET1, LOAD, FMA, REDUCE, VT)                                      \
-    VT acc[12], kc[4], k0 = SET1(0.0f);                                                    \
-    _Pragma("GCC unroll 12") for (int j = 0; j < 12; j++) acc[j] = SET1(g_start[j]);        \
-    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) kc[j] = SET1(g_fac[j]);             \
+#define LINE_LOOP(F, PF, NA, SET1, LOAD, FMA, REDUCE, VT)                                  \
+    VT acc[NA], kc[2], k0 = SET1(0.0f);                                                    \
+    _Pragma("GCC unroll 12") for (int j = 0; j < NA; j++) acc[j] = SET1(g_start[j]);        \
+    _Pragma("GCC unroll 2") for (int j = 0; j < 2; j++) kc[j] = SET1(g_fac[j]);             \
     for (int64_t i = 0; i < lines; i++) {                                                  \
         const float *line = p + 16 * (i & wrap);                                           \
         if (PF) _mm_prefetch((const char *)(line + 16 * 16), _MM_HINT_T0);                 \
         LOAD                                                                               \
-        _Pragma("GCC unroll 32") for (int j = 0; j < F; j++) acc[j % 12] = FMA;            \
+        _Pragma("GCC unroll 32") for (int j = 0; j < F; j++) acc[j % NA] = FMA;            \
     }                                                                                       \
     REDUCE
 
-/* one thread's pass: `lines` lines from p (index & wrap), F FMAs a line, PF a prefetch */
+/* one thread's pass: `lines` lines from p (index & wrap), F FMAs a line, PF a prefetch;
+ * 12 accumulators in 32 zmm, 8 in AVX2's 16 ymm (12 spilled there): either is more than
+ * two FMA pipes of latency 4 need */
 #define AVX512_PASS(F, PF)                                                                  \
     __attribute__((target("avx512f"))) static void pass512_##F##_##PF(const float *p, int64_t lines, int64_t wrap) { \
-        LINE_LOOP(F, PF, _mm512_set1_ps, const __m512 x = _mm512_loadu_ps(line); k0 = _mm512_add_ps(k0, x);, \
-                  _mm512_fmadd_ps(x, kc[j % 4], acc[j % 12]),                               \
+        LINE_LOOP(F, PF, 12, _mm512_set1_ps, const __m512 x = _mm512_loadu_ps(line); k0 = _mm512_add_ps(k0, x);, \
+                  _mm512_fmadd_ps(x, kc[j % 2], acc[j % 12]),                               \
                   __m512 s = k0; for (int j = 0; j < 12; j++) s = _mm512_add_ps(s, acc[j]); \
                   g_sink += _mm512_reduce_add_ps(s);, __m512)                              \
     }
 #define AVX2_PASS(F, PF)                                                                    \
     __attribute__((target("avx2,fma"))) static void pass256_##F##_##PF(const float *p, int64_t lines, int64_t wrap) { \
-        LINE_LOOP(F, PF, _mm256_set1_ps, const __m256 x = _mm256_loadu_ps(line); const __m256 y = _mm256_loadu_ps(line + 8); \
+        LINE_LOOP(F, PF, 8, _mm256_set1_ps, const __m256 x = _mm256_loadu_ps(line); const __m256 y = _mm256_loadu_ps(line + 8); \
                   k0 = _mm256_add_ps(k0, _mm256_add_ps(x, y));,                            \
-                  _mm256_fmadd_ps(j % 2 ? x : y, kc[j % 4], acc[j % 12]),                   \
-                  __m256 s = k0; for (int j = 0; j < 12; j++) s = _mm256_add_ps(s, acc[j]); \
+                  _mm256_fmadd_ps(j % 2 ? x : y, kc[(j / 2) % 2], acc[j % 8]),               \
+                  __m256 s = k0; for (int j = 0; j < 8; j++) s = _mm256_add_ps(s, acc[j]); \
                   float t[8]; _mm256_storeu_ps(t, s); g_sink += t[0] + t[7];, __m256)       \
     }
 
