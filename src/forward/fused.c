@@ -352,6 +352,27 @@ static void prefetch_runs(const attn_params *p, const fused_block *blk, int64_t 
     prefetch_kv(p, blk, j0, nk, RUN_LINES);
 }
 
+/* One line in each 4 KiB page the K and V rows of keys j0 .. j0+nk-1 touch, asked for:
+ * the page walks of a tile PREFETCH_TILES ahead started while this one computes (a
+ * contiguous cache's decoding tiles; a 4 KiB page holds 16 to 64 keys' rows of a head,
+ * and under a VM's nested paging each walk is long; docs/KERNELS.md, "Decoding on 4 KiB
+ * pages"). Segment by segment; the lines themselves the kernel asks for later. */
+enum { SMALL_PAGE = 4096 };
+static void prefetch_pages(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
+    const bool q8 = attn_is_block_dtype(p->kv_dt);
+    const int64_t ek = attn_elem_bytes(p->kv_dt);
+    const int64_t kb = q8 ? attn_row_bytes(p->kv_dt, p->Dk) : p->Dk * p->k_s[3] * ek;
+    const int64_t vb = q8 ? attn_row_bytes(p->kv_dt, p->Dv) : p->Dv * p->v_s[3] * ek;
+    const int64_t ks = attn_row_byte_offset(p->kv_dt, p->k_s[2]), vs = attn_row_byte_offset(p->kv_dt, p->v_s[2]);
+    for (int64_t c = j0, seg; c < j0 + nk; c += seg) {
+        seg = fused_kv_segment(p, c, j0 + nk - c);
+        const char *k = fused_kv_row(p, blk, p->k, p->k_s, c), *v = fused_kv_row(p, blk, p->v, p->v_s, c);
+        const int64_t kn = (seg - 1) * ks + kb, vn = (seg - 1) * vs + vb;  // the spans' bytes
+        for (int64_t x = 0; x < kn; x += SMALL_PAGE) __builtin_prefetch(k + x, 0, 1);
+        for (int64_t x = 0; x < vn; x += SMALL_PAGE) __builtin_prefetch(v + x, 0, 1);
+    }
+}
+
 /* Dropout on the tile's probabilities (S^T layout, keys j0..j0+nk-1, rows r < n): a kept
  * one times 1 / (1 - p), a dropped one 0 (philox.h, one Philox call per four keys of a
  * row). After the softmax step, which has summed the undropped P into l; before P·V.
@@ -504,11 +525,13 @@ static void tile_decode(const attn_params *p, const attn_kernels *kern, const fu
     /* the fp8 scales of the block's key/value head (1 for none and the other dtypes) */
     const float ks = attn_kv_scale(p->k_scale, p->k_scale_s, blk->g);
     const float vs = attn_kv_scale(p->v_scale, p->v_scale_s, blk->g);
+    const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
     if (p->block_table && p->page_size < plan->bk) {
         /* small pages: the hardware prefetcher loses the stream at each page, so the rows
          * of the tile PREFETCH_TILES ahead are asked for here too */
-        const int64_t pj = j0 + PREFETCH_TILES * plan->bk;
         if (pj < jb) prefetch_tile(p, blk, pj, jb - pj < plan->bk ? jb - pj : plan->bk);
+    } else if (pj < jb) {
+        prefetch_pages(p, blk, pj, jb - pj < plan->bk ? jb - pj : plan->bk);
     }
     for (int64_t s0 = j0, seg; s0 < j0 + nk; s0 += seg) {
         seg = fused_kv_segment(p, s0, j0 + nk - s0);
