@@ -681,7 +681,7 @@ ATTN_API const char *const *attn_kernel_list(void);
 /* Asks that the memory [p, p + bytes) be backed by huge pages: meant for a KV cache or a
  * paged pool that every decoding step reads, allocated once. Under a virtual machine's
  * nested paging a 4 KiB page costs the decoding step a page walk every 16 to 64 keys; on
- * 2 MiB pages the same step ran 10-40% faster (docs/BENCHMARKS.md, "Huge pages").
+ * 2 MiB pages the same calls ran up to 23% faster (docs/BENCHMARKS.md, "Huge pages").
  * Covers the whole 2 MiB pages inside the range (the ends stay as they are): advises
  * them (Linux madvise MADV_HUGEPAGE, so pages touched later come huge), then moves the
  * pages already touched onto huge pages (MADV_COLLAPSE, Linux 6.1 and later; a copy by

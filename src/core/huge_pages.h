@@ -1,7 +1,8 @@
 /*
  * huge_pages.h — the advice that a block of many MiB be backed by huge pages, shared by
- *                the library's own workspaces (core.c, ai_workspace_acquire) and the
- *                Python extension's kept ones (python/attn/_attn_inputs.c).
+ *                the library's own workspaces (core.c, ai_workspace_acquire), the
+ *                Python extension's kept ones (python/attn/_attn_inputs.c) and
+ *                attn_huge_pages (core.c: a caller's cache, advised and collapsed).
  *
  * A workspace of many MiB (a prefill's dense copies, the backward's partials) is fresh
  * memory on most calls: asked for on huge pages where the kernel gives them on request
@@ -31,9 +32,9 @@ static inline bool ai_huge_range(const void *p, size_t n, uintptr_t *a, uintptr_
 
 static inline void ai_huge_pages(void *p, size_t n) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    const uintptr_t page = (uintptr_t)2 << 20, a = ((uintptr_t)p + page - 1) & ~(page - 1),
-                    b = ((uintptr_t)p + n) & ~(page - 1);
-    if (b > a && b - a >= 2 * page) (void)madvise((void *)a, b - a, MADV_HUGEPAGE);
+    uintptr_t a, b;
+    if (ai_huge_range(p, n, &a, &b) && b - a >= (uintptr_t)4 << 20)
+        (void)madvise((void *)a, b - a, MADV_HUGEPAGE);
 #else
     (void)p, (void)n;
 #endif

@@ -315,11 +315,15 @@ static void kv_row_addrs(const attn_params *p, const fused_block *blk, const voi
 }
 
 /* The K and V rows of keys j0 .. j0+nk-1 asked for, segment by segment (a page's rows at
- * one stride: one table look-up a page): every line of every row (first 0, prefetch_tile's
- * burst), or the first `first` lines of each segment (prefetch_runs), no further than the
- * segment's bytes where its rows lie end to end, else than its first row's. */
+ * one stride: one table look-up a page), as `how` says: every line of every row
+ * (prefetch_tile's burst); the first RUN_LINES lines of each segment, no further than
+ * the segment's bytes where its rows lie end to end, else than its first row's
+ * (prefetch_runs); or one line in each 4 KiB page of the segment's span (prefetch_pages:
+ * its page walks started early, the lines themselves asked for later by the kernel). */
+typedef enum { PF_EVERY_LINE, PF_RUN_START, PF_PAGES } prefetch_how;
+enum { SMALL_PAGE = 4096 };
 static void prefetch_kv(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk,
-                        int64_t first) {
+                        prefetch_how how) {
     /* a row's bytes from its first: q8_0 rows are contiguous blocks (stride 1) */
     const bool q8 = attn_is_block_dtype(p->kv_dt);
     const int64_t ek = attn_elem_bytes(p->kv_dt);
@@ -329,48 +333,39 @@ static void prefetch_kv(const attn_params *p, const fused_block *blk, int64_t j0
     for (int64_t c = j0, seg; c < j0 + nk; c += seg) {
         seg = fused_kv_segment(p, c, j0 + nk - c);
         const char *k = fused_kv_row(p, blk, p->k, p->k_s, c), *v = fused_kv_row(p, blk, p->v, p->v_s, c);
-        if (first > 0) {
+        if (how == PF_PAGES) {
+            const int64_t kn = (seg - 1) * ks + kb, vn = (seg - 1) * vs + vb;  // the spans' bytes
+            for (int64_t x = 0; x < kn; x += SMALL_PAGE) __builtin_prefetch(k + x, 0, 1);
+            for (int64_t x = 0; x < vn; x += SMALL_PAGE) __builtin_prefetch(v + x, 0, 1);
+        } else if (how == PF_RUN_START) {
             const int64_t kn = ks == kb ? seg * kb : kb, vn = vs == vb ? seg * vb : vb;
-            for (int64_t x = 0; x < first * 64; x += 64) {
+            for (int64_t x = 0; x < RUN_LINES * 64; x += 64) {
                 if (x < kn) __builtin_prefetch(k + x, 0, 1);
                 if (x < vn) __builtin_prefetch(v + x, 0, 1);
             }
-            continue;
-        }
-        for (int64_t r = 0; r < seg; r++, k += ks, v += vs) {
-            for (int64_t x = 0; x < kb; x += 64) __builtin_prefetch(k + x, 0, 1);
-            for (int64_t x = 0; x < vb; x += 64) __builtin_prefetch(v + x, 0, 1);
+        } else {
+            for (int64_t r = 0; r < seg; r++, k += ks, v += vs) {
+                for (int64_t x = 0; x < kb; x += 64) __builtin_prefetch(k + x, 0, 1);
+                for (int64_t x = 0; x < vb; x += 64) __builtin_prefetch(v + x, 0, 1);
+            }
         }
     }
 }
 
 static void prefetch_tile(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
-    prefetch_kv(p, blk, j0, nk, 0);
+    prefetch_kv(p, blk, j0, nk, PF_EVERY_LINE);
 }
 
 static void prefetch_runs(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
-    prefetch_kv(p, blk, j0, nk, RUN_LINES);
+    prefetch_kv(p, blk, j0, nk, PF_RUN_START);
 }
 
-/* One line in each 4 KiB page the K and V rows of keys j0 .. j0+nk-1 touch, asked for:
- * the page walks of a tile PREFETCH_TILES ahead started while this one computes (a
- * contiguous cache's decoding tiles; a 4 KiB page holds 16 to 64 keys' rows of a head,
- * and under a VM's nested paging each walk is long; docs/KERNELS.md, "Decoding on 4 KiB
- * pages"). Segment by segment; the lines themselves the kernel asks for later. */
-enum { SMALL_PAGE = 4096 };
+/* The page walks of a decoding tile PREFETCH_TILES ahead, started while this one
+ * computes (a contiguous cache's tiles, and pages that hold a whole tile): a 4 KiB page
+ * holds 16 to 64 keys' rows of a head, and under a VM's nested paging each walk is long
+ * (docs/KERNELS.md, "Decoding on 4 KiB pages"). */
 static void prefetch_pages(const attn_params *p, const fused_block *blk, int64_t j0, int64_t nk) {
-    const bool q8 = attn_is_block_dtype(p->kv_dt);
-    const int64_t ek = attn_elem_bytes(p->kv_dt);
-    const int64_t kb = q8 ? attn_row_bytes(p->kv_dt, p->Dk) : p->Dk * p->k_s[3] * ek;
-    const int64_t vb = q8 ? attn_row_bytes(p->kv_dt, p->Dv) : p->Dv * p->v_s[3] * ek;
-    const int64_t ks = attn_row_byte_offset(p->kv_dt, p->k_s[2]), vs = attn_row_byte_offset(p->kv_dt, p->v_s[2]);
-    for (int64_t c = j0, seg; c < j0 + nk; c += seg) {
-        seg = fused_kv_segment(p, c, j0 + nk - c);
-        const char *k = fused_kv_row(p, blk, p->k, p->k_s, c), *v = fused_kv_row(p, blk, p->v, p->v_s, c);
-        const int64_t kn = (seg - 1) * ks + kb, vn = (seg - 1) * vs + vb;  // the spans' bytes
-        for (int64_t x = 0; x < kn; x += SMALL_PAGE) __builtin_prefetch(k + x, 0, 1);
-        for (int64_t x = 0; x < vn; x += SMALL_PAGE) __builtin_prefetch(v + x, 0, 1);
-    }
+    prefetch_kv(p, blk, j0, nk, PF_PAGES);
 }
 
 /* Dropout on the tile's probabilities (S^T layout, keys j0..j0+nk-1, rows r < n): a kept
