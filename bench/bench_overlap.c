@@ -9,13 +9,12 @@
  * of attention in it: each thread streams its slice of a buffer one 64-byte line at a
  * time (one zmm load, or two ymm loads under the avx2 kernel) and issues F FMAs on the
  * loaded vector per line (12 accumulators, 8 under AVX2: more than two FMA pipes of
- * latency 4 need), for
- * F from 0 to 32. For each F:
- *   - t_read: the same stream with F = 0 (the median of its reps), the memory bound;
+ * latency 4 need), for F from 0 to 32. Each time is the median of its reps. For each F:
+ *   - t_read: the same stream with F = 0 (the faster of its two forms), the memory bound;
  *   - t_fma: the same loop with F FMAs a line over a slice that stays in L1 (the line
  *     index wrapped at 256 lines), the compute bound;
- *   - t: the stream with F FMAs a line, with and without a software prefetch 16 lines
- *     ahead (the better one reported);
+ *   - t: the stream with F FMAs a line, without and with a software prefetch 16 lines
+ *     ahead (both printed; the faster is the one "of bound" takes);
  *   - of bound = max(t_read, t_fma) / t: the share of the roofline this machine reaches.
  * Between timed passes a buffer twice as large is read, so each pass starts from memory.
  * The decoding step's loops read two streams (K, V) and do more than FMAs (conversions,
