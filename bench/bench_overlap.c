@@ -127,32 +127,24 @@ static const char USAGE[] =
     "  streamed buffer (default 64); --thp: both buffers on transparent huge pages\n";
 
 int bench_overlap(int argc, char **argv) {
-    /* --mib is this part's own option: taken out before the shared scan */
-    int64_t mib = 0;
-    bool thp = false;
-    char *args[64];
-    int na = 0;
-    for (int i = 0; i < argc && na < 64; i++) {
-        if (strcmp(argv[i], "--mib") == 0 && i + 1 < argc) {
-            char *end;
-            mib = strtoll(argv[++i], &end, 10);
-            if (*end || mib < 1 || mib > 4096)
-                return fprintf(stderr, "attn: bench --overlap: --mib: 1..4096, got '%s'\n", argv[i]), 2;
-        } else if (strcmp(argv[i], "--thp") == 0) {
-            thp = true;
-        } else {
-            args[na++] = argv[i];
-        }
-    }
+    bool thp = false;  // this part's own options
+    const char *mib_s = NULL;
+    const cli_opt more[] = {{"--mib", &mib_s, NULL}, {"--thp", NULL, &thp}};
     bench_part_args pa;
-    const int rc = bench_part_scan(na, args, "--overlap", USAGE, 3, 7, 100, &pa);
+    const int rc = bench_part_scan_more(argc, argv, "--overlap", USAGE, 3, 7, 100, more, 2, &pa);
     if (rc >= 0) return rc;
+    int64_t mib = 64;  // twice this L3 (32 MiB), --quick too: a stream from memory
+    if (mib_s) {
+        char *end;
+        mib = strtoll(mib_s, &end, 10);
+        if (*end || mib < 1 || mib > 4096)
+            return fprintf(stderr, "attn: bench --overlap: --mib: 1..4096, got '%s'\n", mib_s), 2;
+    }
 #if !defined(__x86_64__)
     (void)thp, (void)mib;
     return fprintf(stderr, "attn: bench --overlap: its loops are x86-64's (AVX2, AVX-512)\n"), 2;
 #else
     const int nt = pa.threads > 0 ? pa.threads : omp_get_max_threads();
-    if (!mib) mib = 64;  // twice this L3 (32 MiB), --quick too: a stream from memory
     const char *kernel = attn_kernel_name();
     const bool w512 = strncmp(kernel, "avx512", 6) == 0;
     if (!w512 && strcmp(kernel, "avx2") != 0)

@@ -88,15 +88,10 @@ static const char USAGE[] =
     "  moved onto huge pages by attn_huge_pages before the timed calls.\n";
 
 int bench_q8(int argc, char **argv) {
-    /* --thp is this part's own flag: taken out before the shared scan */
-    bool thp = false;
-    char *args[64];
-    int na = 0;
-    for (int i = 0; i < argc && na < 64; i++)
-        if (strcmp(argv[i], "--thp") == 0) thp = true;
-        else args[na++] = argv[i];
+    bool thp = false;  // this part's own flag
+    const cli_opt more[] = {{"--thp", NULL, &thp}};
     bench_part_args pa;
-    const int rc = bench_part_scan(na, args, "--q8", USAGE, 5, 21, 200, &pa);
+    const int rc = bench_part_scan_more(argc, argv, "--q8", USAGE, 5, 21, 200, more, 1, &pa);
     if (rc >= 0) return rc;
     const bool quick = pa.quick, plant = pa.plant;
     const int threads = pa.threads, reps = pa.reps;

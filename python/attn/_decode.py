@@ -26,6 +26,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ._additive import _Tensor, _lib
+from ._huge import huge_pages
 from ._kvcache import (_F32, _FP8_E4M3, _FP8_E5M2, _I32, _Q8_0, _U4, _View, _index, _is_torch,
                        _scale, _torch, _u4_refused)
 from ._options import _INT32, integer, integers
@@ -133,7 +134,6 @@ class KVCache:
         last dimension v_head_dim, default head_dim) of dtype float32 or float16, on 2 MiB
         pages where the system gives them (attn.huge_pages: the decoding step reads every
         row on every step)."""
-        from ._huge import huge_pages
         dv = head_dim if v_head_dim is None else v_head_dim
         k = np.zeros((batch, max_len, num_kv_heads, head_dim), dtype)
         v = np.zeros((batch, max_len, num_kv_heads, dv), dtype)

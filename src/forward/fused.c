@@ -299,7 +299,9 @@ static void tile_logits(const attn_params *p, const attn_kernels *kern, const fu
  * and V, on top of the kernel's own prefetch (prefetch_runs): the hardware prefetcher
  * restarts at each page, and a run's first lines were the ones that came late; the whole
  * next tile asked for at once did no better than nothing (docs/KERNELS.md, "Paged
- * decoding"). */
+ * decoding"). A contiguous tile, or one whose page holds it whole, asks for one line a
+ * 4 KiB page of the tile PREFETCH_TILES ahead (prefetch_pages): its page walks (docs/
+ * KERNELS.md, "Decoding on 4 KiB pages"). */
 enum { PREFETCH_TILES = 2, RUN_LINES = 4 };
 
 /* The addresses of rows j0 .. j0+nk-1 of the block's head in K or V into rows[], for the

@@ -68,17 +68,26 @@ int cli_scan(int argc, char **argv, const cli_opt *opts, int nopts, const char *
 
 int bench_part_scan(int argc, char **argv, const char *part, const char *usage, int reps_quick,
                     int reps_full, int reps_max, bench_part_args *a) {
+    return bench_part_scan_more(argc, argv, part, usage, reps_quick, reps_full, reps_max, NULL, 0, a);
+}
+
+int bench_part_scan_more(int argc, char **argv, const char *part, const char *usage,
+                         int reps_quick, int reps_full, int reps_max, const cli_opt *more,
+                         int nmore, bench_part_args *a) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
             return fputs(usage, stdout), 0;
     const char *threads_s = NULL, *reps_s = NULL, *isa = NULL;
     *a = (bench_part_args){0};
-    const cli_opt opts[] = {{"--quick", NULL, &a->quick}, {"--plant-error", NULL, &a->plant},
-                            {"--threads", &threads_s, NULL}, {"--reps", &reps_s, NULL},
-                            {"--isa", &isa, NULL}};
+    enum { SHARED = 5, MORE_MAX = 8 };
+    cli_opt opts[SHARED + MORE_MAX] = {{"--quick", NULL, &a->quick}, {"--plant-error", NULL, &a->plant},
+                                       {"--threads", &threads_s, NULL}, {"--reps", &reps_s, NULL},
+                                       {"--isa", &isa, NULL}};
+    if (nmore < 0 || nmore > MORE_MAX) return fprintf(stderr, "attn: bench %s: too many options\n", part), 2;
+    for (int i = 0; i < nmore; i++) opts[SHARED + i] = more[i];
     char prefix[64];
     snprintf(prefix, sizeof prefix, "bench %s: ", part);
-    const int rc = cli_scan(argc, argv, opts, 5, prefix, "bench");
+    const int rc = cli_scan(argc, argv, opts, SHARED + nmore, prefix, "bench");
     if (rc) return rc;
     if (isa) {  // ATTN_ISA is read once, at the library's first kernel choice: set it now
         if (!attn_kernel_supported(isa)) {

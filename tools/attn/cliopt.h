@@ -41,5 +41,10 @@ typedef struct bench_part_args {
 } bench_part_args;
 int bench_part_scan(int argc, char **argv, const char *part, const char *usage, int reps_quick,
                     int reps_full, int reps_max, bench_part_args *a);
+/* bench_part_scan with a part's own options too (at most 8), scanned with the shared
+ * ones (each at most once); their values the part checks itself */
+int bench_part_scan_more(int argc, char **argv, const char *part, const char *usage,
+                         int reps_quick, int reps_full, int reps_max, const cli_opt *more,
+                         int nmore, bench_part_args *a);
 
 #endif /* ATTN_CLIOPT_H */
